@@ -1,0 +1,103 @@
+"""adapter_params of ADPConnector: defaults, validation and clear errors.
+
+Everything is checked here, before any thread, file or socket is created, so a
+bad LMCache config fails with one message naming the parameter and what it
+accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+
+
+def default_card_path() -> str:
+    """The embedded card image when `card` is not given: under the user's cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return os.path.join(base, "lmcache-adp", "card.img")
+
+
+@dataclass(frozen=True)
+class Param:
+    default: Any
+    meaning: str
+
+
+# The public adapter_params (README's table is generated from the same words).
+PARAMS: dict[str, Param] = {
+    "gateway": Param("embedded", '"embedded" (card store in-process)'),
+    "card": Param(None, "embedded mode: card path (block device or image file); default " "~/.cache/lmcache-adp/card.img"),
+    "card_size_gb": Param(16, "embedded mode: size of the image file when it is created (sparse)"),
+    "num_workers": Param(4, "worker threads of the connector (1-64)"),
+    "timeout_ms": Param(10000, "deadline of one operation; past it the future completes as failed"),
+    "durable": Param(True, "fdatasync before a store is acknowledged (power-loss safety)"),
+}
+
+
+class ConfigError(ValueError):
+    """A bad adapter_params entry; the message names the key and what it accepts."""
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"adapter_params['{name}'] must be an integer in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"adapter_params['{name}'] must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    gateway: str = "embedded"
+    card: str = field(default_factory=default_card_path)
+    card_size_gb: float = 16
+    num_workers: int = 4
+    timeout_ms: int = 10000
+    durable: bool = True
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "ConnectorConfig":
+        unknown = sorted(set(params) - set(PARAMS))
+        if unknown:
+            raise ConfigError(
+                f"unknown adapter_params key(s) {', '.join(map(repr, unknown))}; "
+                f"valid keys: {', '.join(PARAMS)}"
+            )
+        gateway = params.get("gateway", "embedded")
+        if gateway != "embedded":
+            raise ConfigError(
+                f"adapter_params['gateway'] = {gateway!r} is not supported; valid choices: 'embedded'"
+            )
+        card = params.get("card") or default_card_path()
+        if not isinstance(card, str):
+            raise ConfigError(f"adapter_params['card'] must be a path string, got {card!r}")
+        size = params.get("card_size_gb", 16)
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0.015625 <= size <= 1 << 20:
+            raise ConfigError(
+                f"adapter_params['card_size_gb'] must be a number of GiB in [0.015625, 1048576], got {size!r}"
+            )
+        durable = params.get("durable", True)
+        if not isinstance(durable, bool):
+            raise ConfigError(f"adapter_params['durable'] must be true or false, got {durable!r}")
+        return cls(
+            gateway=gateway,
+            card=os.path.abspath(os.path.expanduser(card)),
+            card_size_gb=float(size),
+            num_workers=_int("num_workers", params.get("num_workers", 4), 1, 64),
+            timeout_ms=_int("timeout_ms", params.get("timeout_ms", 10000), 1, 3_600_000),
+            durable=durable,
+        )
+
+    def to_native(self) -> dict[str, Any]:
+        return {
+            "gateway": self.gateway,
+            "card": self.card,
+            "card_size_bytes": int(self.card_size_gb * GIB),
+            "num_workers": self.num_workers,
+            "timeout_ms": self.timeout_ms,
+            "durable": self.durable,
+        }

@@ -1,0 +1,25 @@
+"""ADPConnector: the class LMCache's native_plugin L2 adapter loads.
+
+    {"type": "native_plugin", "module_path": "lmcache_adp",
+     "class_name": "ADPConnector", "adapter_params": {...}}
+
+LMCache calls ``ADPConnector(**adapter_params)``, then event_fd,
+submit_batch_{get,set,exists,delete}, drain_completions and close: all of them
+are the C++ methods of the base class, so no Python runs per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcache_adp._native import NativeConnector
+from lmcache_adp.config import ConnectorConfig
+
+
+class ADPConnector(NativeConnector):
+    def __init__(self, **adapter_params: Any) -> None:
+        self.config = ConnectorConfig.from_params(adapter_params)
+        super().__init__(self.config.to_native())
+
+    def __repr__(self) -> str:
+        return f"ADPConnector({self.describe()})"

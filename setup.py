@@ -1,0 +1,51 @@
+"""Build of lmcache-adp: the Python package plus the pybind11 core in src_cpp/."""
+
+from pathlib import Path
+
+import os
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src_cpp").rglob("*.cc"))
+
+ParallelCompile("ADP_BUILD_JOBS", default=0).install()
+
+# Warnings are always on; ADP_WERROR=1 (set by the test script and CI) makes
+# them errors, so none lands, without breaking a user's build on a newer compiler.
+WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+if os.environ.get("ADP_WERROR") == "1":
+    WARNINGS.append("-Werror")
+
+ext = Pybind11Extension(
+    "lmcache_adp._native",
+    SOURCES,
+    include_dirs=["src_cpp"],
+    cxx_std=20,
+    extra_compile_args=["-O2", *WARNINGS],
+    extra_link_args=["-pthread"],
+)
+
+version = {}
+exec((ROOT / "lmcache_adp" / "_version.py").read_text(), version)
+
+setup(
+    name="lmcache-adp",
+    version=version["__version__"],
+    description="ADP storage card as the L2 tier of the LMCache multiprocess server",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["lmcache_adp", "lmcache_adp.*"]),
+    ext_modules=[ext],
+    cmdclass={"build_ext": build_ext},
+    install_requires=["numpy"],
+    extras_require={
+        "lmcache": ["lmcache>=0.5.4,<0.6"],
+        "test": ["pytest>=8", "pytest-benchmark", "numpy", "google-crc32c"],
+    },
+    entry_points={"console_scripts": ["lmcache-adp=lmcache_adp.cli:main"]},
+    zip_safe=False,
+)

@@ -1,0 +1,45 @@
+// Backend: where the connector's work goes. One implementation per transport:
+// the embedded card store (transport/embedded_backend), or a gateway reached
+// over a socket. The connector creates one Session per worker thread; a
+// Session is used by that thread only, and its calls block until done.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "store/card_store.h"
+#include "util/status.h"
+
+namespace adp {
+
+// Copies an object's bytes into the caller's buffer for key i. Returns false
+// when the caller no longer accepts them (deadline passed, wrong length);
+// the key then counts as a miss.
+using DeliverFn = std::function<bool(size_t i, const uint8_t* data, size_t size)>;
+
+class BackendSession {
+ public:
+  virtual ~BackendSession() = default;
+  // results[i] for each item; objects are indexed only if still_wanted()
+  // holds once their bytes are on the card.
+  virtual void put(const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted) = 0;
+  // results[i]: Ok (delivered), NotFound (miss) or an error.
+  virtual void get(const std::string_view* keys, size_t n, Status* results, const DeliverFn& deliver) = 0;
+  virtual void exists(const std::string_view* keys, size_t n, bool* found) = 0;
+  virtual void remove(const std::string_view* keys, size_t n, bool* removed) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::unique_ptr<BackendSession> new_session() = 0;
+  // One line for logs and status: which card or gateway this is.
+  virtual std::string describe() const = 0;
+  virtual StoreStats stats() const = 0;
+};
+
+}  // namespace adp

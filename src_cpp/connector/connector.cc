@@ -1,0 +1,270 @@
+#include "connector/connector.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "util/log.h"
+
+namespace adp {
+
+struct Connector::Batch {
+  uint64_t id = 0;
+  OpType op = OpType::kGet;
+  std::vector<std::string> keys;
+  std::vector<Buffer> buffers;
+  std::unique_ptr<BufferOwner> owner;
+  std::vector<uint8_t> results;          // per key; each worker writes only its slice
+  Clock::time_point deadline;
+  std::multimap<Clock::time_point, Batch*>::iterator deadline_it;
+  int tasks_left = 0;                    // guarded by Connector::mu_
+  std::mutex error_mu;
+  std::string first_error;               // guarded by error_mu
+  // Deliveries into caller buffers hold it shared; completion takes it
+  // exclusive, so once `completed` is set no delivery is in flight or starts.
+  std::shared_mutex guard;
+  bool completed = false;                // guarded by guard
+
+  void note_error(const std::string& e) {
+    std::lock_guard<std::mutex> l(error_mu);
+    if (first_error.empty()) first_error = e;
+  }
+  bool is_completed() {
+    std::shared_lock<std::shared_mutex> l(guard);
+    return completed;
+  }
+};
+
+Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& opts)
+    : backend_(std::move(backend)), description_(backend_->describe()), opts_(opts) {
+  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (event_fd_ < 0) throw std::runtime_error("eventfd failed: " + errno_text(errno));
+  for (int i = 0; i < opts_.num_workers; i++) workers_.emplace_back(&Connector::worker_loop, this, i);
+  deadline_thread_ = std::thread(&Connector::deadline_loop, this);
+  ADP_INFO("ADPConnector ready: %s, %d workers, timeout %d ms", description_.c_str(), opts_.num_workers,
+           opts_.timeout_ms);
+}
+
+Connector::~Connector() {
+  close();
+  free_retired();
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector<Buffer> buffers,
+                           std::unique_ptr<BufferOwner> owner) {
+  auto b = std::make_unique<Batch>();
+  b->op = op;
+  b->keys = std::move(keys);
+  b->buffers = std::move(buffers);
+  b->owner = std::move(owner);
+  b->results.assign(b->keys.size(), 0);
+  b->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
+  size_t n = b->keys.size();
+  // Exists is index work only: one task. The rest spread over the workers.
+  size_t slices = (op == OpType::kExists || n == 0) ? 1 : std::min<size_t>(n, workers_.size());
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Batch* raw = b.get();
+  raw->id = next_future_++;
+  live_.emplace(raw->id, std::move(b));
+  raw->deadline_it = deadlines_.emplace(raw->deadline, raw);
+  if (closed_ || n == 0) {
+    raw->tasks_left = 1;
+    complete_locked(raw, !closed_, closed_ ? "connector is closed" : "", false);
+    raw->tasks_left = 0;
+    uint64_t id = raw->id;
+    retired_.push_back(std::move(live_[id]));
+    live_.erase(id);
+    return id;
+  }
+  raw->tasks_left = static_cast<int>(slices);
+  for (size_t s = 0; s < slices; s++) tasks_.push_back({raw, n * s / slices, n * (s + 1) / slices});
+  work_cv_.notify_all();
+  if (raw->deadline_it == deadlines_.begin()) deadline_cv_.notify_one();
+  return raw->id;
+}
+
+void Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+  {
+    std::unique_lock<std::shared_mutex> g(b->guard);
+    if (b->completed) return;
+    b->completed = true;
+  }
+  deadlines_.erase(b->deadline_it);
+  Completion c{b->id, ok, error, {}};
+  c.per_key = use_results ? b->results : std::vector<uint8_t>(b->keys.size(), 0);
+  completions_.push_back(std::move(c));
+  uint64_t one = 1;
+  ssize_t w = ::write(event_fd_, &one, sizeof one);
+  (void)w;  // the counter cannot overflow in practice; a full counter still reads as readable
+}
+
+void Connector::task_done(Batch* b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--b->tasks_left > 0) return;
+  std::string err;
+  {
+    std::lock_guard<std::mutex> l(b->error_mu);
+    err = b->first_error;
+  }
+  complete_locked(b, err.empty(), err, true);
+  auto it = live_.find(b->id);
+  retired_.push_back(std::move(it->second));
+  live_.erase(it);
+}
+
+void Connector::run_task(BackendSession& session, const Task& t) {
+  Batch* b = t.batch;
+  if (b->is_completed()) return;  // timed out or closed while queued
+  size_t n = t.end - t.begin;
+  std::vector<std::string_view> keys(b->keys.begin() + t.begin, b->keys.begin() + t.end);
+  switch (b->op) {
+    case OpType::kSet: {
+      std::vector<PutItem> items(n);
+      for (size_t i = 0; i < n; i++) items[i] = {keys[i], b->buffers[t.begin + i].data, b->buffers[t.begin + i].size};
+      std::vector<Status> st(n);
+      session.put(items.data(), n, st.data(), [b] { return !b->is_completed(); });
+      for (size_t i = 0; i < n; i++) {
+        b->results[t.begin + i] = st[i].ok();
+        if (!st[i].ok()) b->note_error("store of key " + std::string(keys[i]) + " failed: " + st[i].message());
+      }
+      break;
+    }
+    case OpType::kGet: {
+      std::vector<Status> st(n);
+      DeliverFn deliver = [b, &t](size_t i, const uint8_t* data, size_t size) {
+        const Buffer& dst = b->buffers[t.begin + i];
+        std::shared_lock<std::shared_mutex> g(b->guard);
+        if (b->completed) return false;
+        if (size != dst.size) {
+          ADP_WARN("object %s holds %zu bytes but the load buffer has %zu: served as a miss",
+                   b->keys[t.begin + i].c_str(), size, dst.size);
+          return false;
+        }
+        std::memcpy(dst.data, data, size);
+        return true;
+      };
+      session.get(keys.data(), n, st.data(), deliver);
+      for (size_t i = 0; i < n; i++) {
+        b->results[t.begin + i] = st[i].ok();
+        if (!st[i].ok() && !st[i].is_not_found())
+          b->note_error("load of key " + std::string(keys[i]) + " failed: " + st[i].message());
+      }
+      break;
+    }
+    case OpType::kExists: {
+      std::unique_ptr<bool[]> found(new bool[n]());
+      session.exists(keys.data(), n, found.get());
+      for (size_t i = 0; i < n; i++) b->results[t.begin + i] = found[i];
+      break;
+    }
+    case OpType::kDelete: {
+      std::unique_ptr<bool[]> removed(new bool[n]());
+      session.remove(keys.data(), n, removed.get());
+      for (size_t i = 0; i < n; i++) b->results[t.begin + i] = removed[i];
+      break;
+    }
+  }
+}
+
+void Connector::worker_loop(int index) {
+  std::unique_ptr<BackendSession> session;
+  try {
+    session = backend_->new_session();
+  } catch (const std::exception& e) {
+    ADP_ERROR("worker %d could not start: %s", index, e.what());
+  }
+  for (;;) {
+    Task t;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [this] { return closed_ || !tasks_.empty(); });
+      if (tasks_.empty()) break;  // closed and nothing left
+      t = tasks_.front();
+      tasks_.pop_front();
+    }
+    if (session) {
+      try {
+        run_task(*session, t);
+      } catch (const std::exception& e) {
+        t.batch->note_error(std::string("internal error: ") + e.what());
+      }
+    } else {
+      t.batch->note_error("worker has no backend session");
+    }
+    task_done(t.batch);
+  }
+}
+
+void Connector::deadline_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closed_) {
+    if (deadlines_.empty()) {
+      deadline_cv_.wait(lock);
+      continue;
+    }
+    auto first = deadlines_.begin()->first;
+    if (Clock::now() < first) {
+      deadline_cv_.wait_until(lock, first);
+      continue;
+    }
+    Batch* b = deadlines_.begin()->second;
+    ADP_DEBUG("future %llu timed out", static_cast<unsigned long long>(b->id));
+    complete_locked(b, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms", false);
+  }
+}
+
+std::vector<Completion> Connector::drain() {
+  uint64_t v;
+  ssize_t r = ::read(event_fd_, &v, sizeof v);  // resets the counter; EAGAIN when already zero
+  (void)r;
+  std::vector<Completion> out;
+  std::vector<std::unique_ptr<Batch>> retired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.swap(completions_);
+    retired.swap(retired_);
+  }
+  return out;  // `retired` (and its buffer owners) is destroyed here, on the caller's thread
+}
+
+void Connector::free_retired() {
+  std::vector<std::unique_ptr<Batch>> retired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    retired.swap(retired_);
+  }
+}
+
+void Connector::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    // Everything still pending completes now, as failed.
+    while (!deadlines_.empty()) complete_locked(deadlines_.begin()->second, false, "connector closed", false);
+  }
+  work_cv_.notify_all();
+  deadline_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+  if (deadline_thread_.joinable()) deadline_thread_.join();
+  StoreStats st = backend_->stats();
+  backend_.reset();
+  ADP_INFO("ADPConnector closed: %s (%llu hits, %llu misses, %llu stores)", description_.c_str(),
+           static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
+           static_cast<unsigned long long>(st.stores));
+}
+
+StoreStats Connector::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backend_ ? backend_->stats() : StoreStats{};
+}
+
+}  // namespace adp

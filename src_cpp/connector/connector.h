@@ -1,0 +1,109 @@
+// Connector: the harness LMCache's NativeConnectorL2Adapter drives.
+//
+// submit() queues a batch and returns its future id at once; a pool of
+// worker threads runs it against a Backend, split into per-worker slices;
+// completions are queued and signalled through one eventfd, and drain()
+// hands them over. Every future completes exactly once: by its workers, at
+// its deadline (failed), or at close() (failed). After a future completed,
+// no worker writes into its buffers again, and a store that completed as
+// failed is never indexed.
+//
+// Threading: submit/drain/close may be called from any thread. Buffer owners
+// (see BufferOwner) are destroyed only inside drain() and free_retired(), so
+// the Python binding can release Python buffers while holding the GIL.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "connector/backend.h"
+
+namespace adp {
+
+enum class OpType { kGet, kSet, kExists, kDelete };
+
+// Keeps the memory behind a batch's buffers alive until its workers are done.
+class BufferOwner {
+ public:
+  virtual ~BufferOwner() = default;
+};
+
+struct Buffer {
+  uint8_t* data;
+  size_t size;
+};
+
+struct Completion {
+  uint64_t future_id;
+  bool ok;
+  std::string error;
+  std::vector<uint8_t> per_key;  // one entry per key
+};
+
+struct ConnectorOptions {
+  int num_workers = 4;
+  int timeout_ms = 30000;
+};
+
+class Connector {
+ public:
+  Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& opts);
+  ~Connector();
+  Connector(const Connector&) = delete;
+  Connector& operator=(const Connector&) = delete;
+
+  int event_fd() const { return event_fd_; }
+  uint64_t submit(OpType op, std::vector<std::string> keys, std::vector<Buffer> buffers,
+                  std::unique_ptr<BufferOwner> owner);
+  // Completions since the last call; consumes the eventfd.
+  std::vector<Completion> drain();
+  // Fails what is pending, stops the workers, closes the backend. Idempotent.
+  void close();
+  // Destroys buffer owners of batches whose workers are done.
+  void free_retired();
+  StoreStats stats() const;
+  std::string describe() const { return description_; }
+
+ private:
+  struct Batch;
+  struct Task {
+    Batch* batch;
+    size_t begin, end;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void worker_loop(int index);
+  void deadline_loop();
+  void run_task(BackendSession& session, const Task& t);
+  // Marks b completed (once) and queues its completion. Caller holds mu_.
+  void complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
+  void task_done(Batch* b);
+
+  std::unique_ptr<Backend> backend_;
+  const std::string description_;
+  const ConnectorOptions opts_;
+  int event_fd_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, deadline_cv_;
+  std::deque<Task> tasks_;
+  std::multimap<Clock::time_point, Batch*> deadlines_;
+  std::map<uint64_t, std::unique_ptr<Batch>> live_;   // submitted, workers not yet done
+  std::vector<std::unique_ptr<Batch>> retired_;       // workers done; owners to free
+  std::vector<Completion> completions_;
+  uint64_t next_future_ = 1;
+  bool closed_ = false;
+  std::vector<std::thread> workers_;
+  std::thread deadline_thread_;
+};
+
+}  // namespace adp

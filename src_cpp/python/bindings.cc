@@ -1,0 +1,262 @@
+// Python bindings: lmcache_adp._native. Kept thin: argument conversion, GIL
+// handling and Status -> exception. Validation of adapter_params lives in
+// lmcache_adp/config.py; this layer trusts its caller for types.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "connector/connector.h"
+#include "store/card_store.h"
+#include "transport/embedded_backend.h"
+#include "util/crc32c.h"
+
+namespace py = pybind11;
+
+namespace adp {
+namespace {
+
+[[noreturn]] void raise(const Status& s) {
+  if (s.code() == Status::Code::kInvalidArgument) throw py::value_error(s.message());
+  throw std::runtime_error(s.message());
+}
+
+// Holds Python buffer views for the life of a batch. Destroyed only with the
+// GIL held (Connector::drain / free_retired called from Python).
+class PyBufferOwner : public BufferOwner {
+ public:
+  ~PyBufferOwner() override {
+    for (auto& v : views) PyBuffer_Release(&v);
+  }
+  std::vector<Py_buffer> views;
+};
+
+std::vector<std::string> to_keys(const py::list& keys) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const py::handle& k : keys) {
+    if (PyUnicode_Check(k.ptr())) {
+      Py_ssize_t n;
+      const char* p = PyUnicode_AsUTF8AndSize(k.ptr(), &n);
+      if (!p) throw py::error_already_set();
+      out.emplace_back(p, static_cast<size_t>(n));
+    } else if (PyBytes_Check(k.ptr())) {
+      out.emplace_back(PyBytes_AS_STRING(k.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(k.ptr())));
+    } else {
+      throw py::type_error("keys must be str or bytes, got " + std::string(Py_TYPE(k.ptr())->tp_name));
+    }
+  }
+  return out;
+}
+
+// The class LMCache loads (subclassed in Python as lmcache_adp.ADPConnector).
+class NativeConnector {
+ public:
+  explicit NativeConnector(const py::dict& cfg) {
+    std::string gateway = cfg["gateway"].cast<std::string>();
+    ConnectorOptions opts;
+    opts.num_workers = cfg["num_workers"].cast<int>();
+    opts.timeout_ms = cfg["timeout_ms"].cast<int>();
+    if (gateway != "embedded") throw py::value_error("gateway '" + gateway + "' is not supported by this build");
+    CardOptions co;
+    co.path = cfg["card"].cast<std::string>();
+    co.create_bytes = cfg["card_size_bytes"].cast<uint64_t>();
+    co.durable = cfg["durable"].cast<bool>();
+    std::unique_ptr<CardStore> store;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = CardStore::Open(co, &store);
+    }
+    if (!s.ok()) raise(s);
+    connector_ = std::make_unique<Connector>(std::make_unique<EmbeddedBackend>(std::move(store)), opts);
+  }
+
+  int event_fd() const { return connector_->event_fd(); }
+
+  uint64_t submit_with_buffers(OpType op, const py::list& keys, const py::list& bufs) {
+    if (keys.size() != bufs.size())
+      throw py::value_error("got " + std::to_string(keys.size()) + " keys but " + std::to_string(bufs.size()) + " buffers");
+    std::vector<std::string> k = to_keys(keys);
+    auto owner = std::make_unique<PyBufferOwner>();
+    owner->views.reserve(bufs.size());
+    std::vector<Buffer> buffers;
+    buffers.reserve(bufs.size());
+    int flags = op == OpType::kGet ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS;
+    for (const py::handle& b : bufs) {
+      Py_buffer view;
+      if (PyObject_GetBuffer(b.ptr(), &view, flags) != 0) throw py::error_already_set();
+      owner->views.push_back(view);
+      buffers.push_back({static_cast<uint8_t*>(view.buf), static_cast<size_t>(view.len)});
+    }
+    py::gil_scoped_release nogil;
+    return connector_->submit(op, std::move(k), std::move(buffers), std::move(owner));
+  }
+
+  uint64_t submit_keys(OpType op, const py::list& keys) {
+    std::vector<std::string> k = to_keys(keys);
+    py::gil_scoped_release nogil;
+    return connector_->submit(op, std::move(k), {}, nullptr);
+  }
+
+  py::list drain_completions() {
+    std::vector<Completion> done = connector_->drain();
+    py::list out;
+    for (auto& c : done) {
+      py::list per_key;
+      for (uint8_t v : c.per_key) per_key.append(py::bool_(v != 0));
+      out.append(py::make_tuple(c.future_id, c.ok, c.error, per_key));
+    }
+    return out;
+  }
+
+  void close() {
+    {
+      py::gil_scoped_release nogil;
+      connector_->close();
+    }
+    connector_->free_retired();
+  }
+
+  py::dict stats() const { return stats_dict(connector_->stats()); }
+  std::string describe() const { return connector_->describe(); }
+
+  static py::dict stats_dict(const StoreStats& s) {
+    py::dict d;
+    d["capacity_bytes"] = s.capacity_bytes;
+    d["used_bytes"] = s.used_bytes;
+    d["objects"] = s.objects;
+    d["region_bytes"] = s.region_bytes;
+    d["num_regions"] = s.num_regions;
+    d["free_regions"] = s.free_regions;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["stores"] = s.stores;
+    d["store_failures"] = s.store_failures;
+    d["deletes"] = s.deletes;
+    d["evicted_objects"] = s.evicted_objects;
+    d["evicted_regions"] = s.evicted_regions;
+    d["checksum_failures"] = s.checksum_failures;
+    d["io_errors"] = s.io_errors;
+    d["bytes_written"] = s.bytes_written;
+    d["bytes_read"] = s.bytes_read;
+    d["recovered_objects"] = s.recovered_objects;
+    d["recovery_seconds"] = s.recovery_seconds;
+    return d;
+  }
+
+ private:
+  std::unique_ptr<Connector> connector_;
+};
+
+// Direct, synchronous access to a card: for tools (status/verify) and tests.
+class PyCardStore {
+ public:
+  PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes) {
+    CardOptions co;
+    co.path = path;
+    co.create_bytes = create_bytes;
+    co.durable = durable;
+    co.region_bytes = region_bytes;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = CardStore::Open(co, &store_);
+    }
+    if (!s.ok()) raise(s);
+    ctx_ = std::make_unique<IoContext>();
+  }
+
+  bool put(const std::string& key, const py::buffer& data) {
+    py::buffer_info info = data.request();
+    PutItem item{key, static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      store().put(*ctx_, &item, 1, &st, [] { return true; });
+    }
+    if (!st.ok()) raise(st);
+    return true;
+  }
+
+  py::object get(const std::string& key) {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = store().get(*ctx_, key, &data, &size);
+    }
+    if (s.is_not_found()) return py::none();
+    if (!s.ok()) raise(s);
+    return py::bytes(reinterpret_cast<const char*>(data), size);
+  }
+
+  bool exists(const std::string& key) { return store().exists(key); }
+  bool remove(const std::string& key) {
+    py::gil_scoped_release nogil;
+    return store().remove(*ctx_, key);
+  }
+  py::dict stats() const { return NativeConnector::stats_dict(store().stats()); }
+  uint64_t max_object_bytes() const { return store().max_object_bytes(); }
+  void close() {
+    ctx_.reset();
+    store_.reset();
+  }
+
+ private:
+  CardStore& store() const {
+    if (!store_) throw std::runtime_error("card store is closed");
+    return *store_;
+  }
+  std::unique_ptr<CardStore> store_;
+  std::unique_ptr<IoContext> ctx_;
+};
+
+}  // namespace
+}  // namespace adp
+
+PYBIND11_MODULE(_native, m) {
+  using namespace adp;
+  m.doc() = "lmcache-adp native core: card store and LMCache connector harness";
+  m.attr("FORMAT_VERSION") = kFormatVersion;
+  m.attr("MAX_KEY_BYTES") = kMaxKeyBytes;
+  m.def("crc32c", [](const py::buffer& b, uint32_t crc) {
+    py::buffer_info info = b.request();
+    return crc32c_extend(crc, info.ptr, static_cast<size_t>(info.size * info.itemsize));
+  }, py::arg("data"), py::arg("crc") = 0);
+  m.def("crc32c_implementation", &crc32c_implementation);
+  m.def("format_card", [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = CardStore::Format(path, create_bytes, region_bytes);
+    }
+    if (!s.ok()) raise(s);
+  }, py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0);
+
+  py::class_<NativeConnector>(m, "NativeConnector")
+      .def(py::init<const py::dict&>())
+      .def("event_fd", &NativeConnector::event_fd)
+      .def("submit_batch_get", [](NativeConnector& c, const py::list& k, const py::list& b) { return c.submit_with_buffers(OpType::kGet, k, b); })
+      .def("submit_batch_set", [](NativeConnector& c, const py::list& k, const py::list& b) { return c.submit_with_buffers(OpType::kSet, k, b); })
+      .def("submit_batch_exists", [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kExists, k); })
+      .def("submit_batch_delete", [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); })
+      .def("drain_completions", &NativeConnector::drain_completions)
+      .def("close", &NativeConnector::close)
+      .def("stats", &NativeConnector::stats)
+      .def("describe", &NativeConnector::describe);
+
+  py::class_<PyCardStore>(m, "CardStore")
+      .def(py::init<const std::string&, uint64_t, bool, uint64_t>(), py::arg("path"), py::arg("create_bytes") = 0,
+           py::arg("durable") = true, py::arg("region_bytes") = 0)
+      .def("put", &PyCardStore::put)
+      .def("get", &PyCardStore::get)
+      .def("exists", &PyCardStore::exists)
+      .def("remove", &PyCardStore::remove)
+      .def("stats", &PyCardStore::stats)
+      .def_property_readonly("max_object_bytes", &PyCardStore::max_object_bytes)
+      .def("close", &PyCardStore::close);
+}

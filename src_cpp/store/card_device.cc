@@ -1,0 +1,137 @@
+#include "store/card_device.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "store/card_format.h"
+#include "util/log.h"
+
+namespace adp {
+
+Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out) {
+  struct stat st {};
+  bool exists = ::stat(path.c_str(), &st) == 0;
+  if (!exists && errno != ENOENT) return Status::IoError("cannot stat card " + path + ": " + errno_text(errno));
+  if (!exists && create_bytes == 0) return Status::NotFound("card " + path + " does not exist");
+  if (exists && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+    return Status::InvalidArgument("card " + path + " is neither a regular file nor a block device");
+
+  int flags = O_RDWR | O_DIRECT | O_CLOEXEC;
+  if (!exists) {
+    std::error_code ec;
+    auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) return Status::IoError("cannot create directory " + parent.string() + ": " + ec.message());
+    flags |= O_CREAT | O_EXCL;
+  }
+  bool is_blk = exists && S_ISBLK(st.st_mode);
+  if (is_blk) flags |= O_EXCL;  // exclusive claim of the device against mounts and other O_EXCL openers
+
+  int fd = ::open(path.c_str(), flags, 0600);
+  if (fd < 0) {
+    int e = errno;
+    if (e == EINVAL) return Status::InvalidArgument("the filesystem of " + path + " does not support O_DIRECT");
+    if (e == EBUSY) return Status::Busy("block device " + path + " is in use (mounted or opened exclusively)");
+    if (e == EEXIST) return Status::Busy("card " + path + " was created concurrently by another process");
+    return Status::IoError("cannot open card " + path + ": " + errno_text(e));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    ::close(fd);
+    if (e == EWOULDBLOCK)
+      return Status::Busy("card " + path +
+                          " is already open by another connector or gateway; a card has one owner "
+                          "(share it through `lmcache-adp gateway`)");
+    return Status::IoError("cannot lock card " + path + ": " + errno_text(e));
+  }
+
+  uint64_t size = 0;
+  if (is_blk) {
+    if (::ioctl(fd, BLKGETSIZE64, &size) != 0) {
+      int e = errno;
+      ::close(fd);
+      return Status::IoError("cannot read size of block device " + path + ": " + errno_text(e));
+    }
+  } else if (!exists) {
+    create_bytes &= ~(kBlockSize - 1);
+    if (::ftruncate(fd, static_cast<off_t>(create_bytes)) != 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(path.c_str());
+      return Status::IoError("cannot size new card image " + path + ": " + errno_text(e));
+    }
+    size = create_bytes;
+    ADP_INFO("created card image %s (%.2f GiB, sparse)", path.c_str(), size / double(1ull << 30));
+  } else {
+    size = static_cast<uint64_t>(st.st_size);
+  }
+  out->reset(new CardDevice(path, fd, size, is_blk));
+  return Status::Ok();
+}
+
+CardDevice::~CardDevice() { ::close(fd_); }
+
+Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const {
+  size_t total = 0;
+  for (int i = 0; i < count; i++) total += iov[i].iov_len;
+  size_t done = 0;
+  std::vector<iovec> rest;  // only used after a short transfer (rare)
+  const iovec* cur = iov;
+  int cur_count = count;
+  while (done < total) {
+    ssize_t n = is_write ? ::pwritev(fd_, cur, cur_count, static_cast<off_t>(offset + done))
+                         : ::preadv(fd_, cur, cur_count, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(std::string(is_write ? "write" : "read") + " of " + std::to_string(total - done) +
+                             " bytes at offset " + std::to_string(offset + done) + " of " + path_ +
+                             " failed: " + errno_text(errno));
+    }
+    if (n == 0) return Status::IoError("unexpected end of card " + path_ + " at offset " + std::to_string(offset + done));
+    done += static_cast<size_t>(n);
+    if (done == total) break;
+    // Short transfer: rebuild the remaining iovecs.
+    rest.clear();
+    size_t skip = done;
+    for (int i = 0; i < count; i++) {
+      if (skip >= iov[i].iov_len) {
+        skip -= iov[i].iov_len;
+        continue;
+      }
+      rest.push_back({static_cast<char*>(iov[i].iov_base) + skip, iov[i].iov_len - skip});
+      skip = 0;
+    }
+    cur = rest.data();
+    cur_count = static_cast<int>(rest.size());
+  }
+  return Status::Ok();
+}
+
+Status CardDevice::read(uint64_t offset, void* buf, size_t n) const {
+  iovec v{buf, n};
+  return transfer(false, offset, &v, 1);
+}
+
+Status CardDevice::write(uint64_t offset, const void* buf, size_t n) const {
+  iovec v{const_cast<void*>(buf), n};
+  return transfer(true, offset, &v, 1);
+}
+
+Status CardDevice::readv(uint64_t offset, const iovec* iov, int count) const { return transfer(false, offset, iov, count); }
+Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const { return transfer(true, offset, iov, count); }
+
+Status CardDevice::sync() const {
+  if (::fdatasync(fd_) != 0) return Status::IoError("fdatasync of " + path_ + " failed: " + errno_text(errno));
+  return Status::Ok();
+}
+
+}  // namespace adp

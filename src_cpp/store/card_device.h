@@ -1,0 +1,48 @@
+// CardDevice: the card as a file descriptor opened with O_DIRECT, either a
+// block device or an image file (created sparse when missing). Holds an
+// exclusive flock for its lifetime, so a card has one owner at a time.
+// I/O calls are thread-safe (positional), and must use 4 KiB-aligned offsets,
+// lengths and memory: the card never enters the host page cache.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "util/status.h"
+
+namespace adp {
+
+class CardDevice {
+ public:
+  // Opens `path`. A missing file is created with `create_bytes` (sparse) if
+  // create_bytes > 0; otherwise a missing card is NotFound. Busy if another
+  // open description holds the card.
+  static Status Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out);
+  ~CardDevice();
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  bool is_block_device() const { return block_device_; }
+
+  Status read(uint64_t offset, void* buf, size_t n) const;
+  Status write(uint64_t offset, const void* buf, size_t n) const;
+  Status readv(uint64_t offset, const iovec* iov, int count) const;
+  Status writev(uint64_t offset, const iovec* iov, int count) const;
+  // Makes completed writes durable against power loss (fdatasync).
+  Status sync() const;
+
+ private:
+  CardDevice(std::string path, int fd, uint64_t size, bool block_device)
+      : path_(std::move(path)), fd_(fd), size_(size), block_device_(block_device) {}
+  Status transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const;
+
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+  bool block_device_;
+};
+
+}  // namespace adp

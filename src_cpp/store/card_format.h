@@ -1,0 +1,91 @@
+// On-card format, version 1. The prose spec is docs/card_format.md; keep the
+// two in step and bump kFormatVersion on any incompatible change.
+//
+//   offset 0                  Superblock (one 4 KiB block)
+//   kDataOffset               region 0 | region 1 | ... | region N-1
+//   region                    RegionHeader block, then objects back to back
+//   object                    ObjectHeader block (header + key), then the
+//                             payload, padded to a multiple of 4 KiB
+//
+// All integers little-endian. Every record carries a CRC32C of its own bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace adp {
+
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint64_t kBlockSize = 4096;               // unit of every on-card I/O
+constexpr uint64_t kDataOffset = 1u << 20;          // regions start at 1 MiB
+constexpr uint32_t kMaxKeyBytes = 1024;             // bound on a key, enforced at submit
+constexpr uint64_t kMinRegionBytes = 1u << 20;      // 1 MiB
+constexpr uint64_t kMaxRegionBytes = 256u << 20;    // 256 MiB
+constexpr uint32_t kMinRegions = 8;
+
+constexpr char kSuperMagic[8] = {'A', 'D', 'P', 'C', 'A', 'R', 'D', '1'};
+constexpr char kRegionMagic[8] = {'A', 'D', 'P', 'R', 'E', 'G', 'N', '1'};
+constexpr char kObjectMagic[8] = {'A', 'D', 'P', 'O', 'B', 'J', 'T', '1'};
+
+// Block 0 of the card. Written by `format`; read-only afterwards.
+struct Superblock {
+  char magic[8];
+  uint32_t format_version;
+  uint32_t block_size;
+  uint64_t card_bytes;      // bytes of the device/image the layout was made for
+  uint64_t region_bytes;
+  uint32_t num_regions;
+  uint32_t max_key_bytes;
+  uint64_t data_offset;
+  uint64_t card_id;         // random per format: records of an older format never match
+  uint64_t created_unix;
+  uint32_t reserved;
+  uint32_t crc;             // CRC32C of all bytes before this field
+};
+
+// First block of a region. A new epoch is written each time the region is
+// (re)opened for appending; objects carry the epoch they were written under,
+// so leftovers of an earlier use of the region are recognised and ignored.
+struct RegionHeader {
+  char magic[8];
+  uint64_t card_id;
+  uint64_t epoch;
+  uint32_t region_index;
+  uint32_t crc;             // CRC32C of all bytes before this field
+};
+
+enum ObjectFlags : uint32_t {
+  kObjectDeleted = 1,       // deleted or superseded; kept so the chain can be walked
+};
+
+// First block of an object; the key follows the struct in the same block.
+struct ObjectHeader {
+  char magic[8];
+  uint64_t card_id;
+  uint64_t epoch;           // epoch of the region when written
+  uint64_t seq;             // card-wide store sequence: the newest copy of a key wins
+  uint64_t key_hash;
+  uint64_t payload_bytes;
+  uint32_t flags;
+  uint32_t key_bytes;
+  uint32_t payload_crc;     // CRC32C of the payload
+  uint32_t header_crc;      // CRC32C of this struct up to here, then of the key
+};
+
+static_assert(sizeof(Superblock) == 72, "superblock layout");
+static_assert(sizeof(RegionHeader) == 32, "region header layout");
+static_assert(sizeof(ObjectHeader) == 64, "object header layout");
+static_assert(sizeof(ObjectHeader) + kMaxKeyBytes <= kBlockSize, "key must fit the header block");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "format is little-endian");
+
+inline uint64_t round_up_block(uint64_t n) { return (n + kBlockSize - 1) & ~(kBlockSize - 1); }
+
+// Bytes an object occupies in its region: header block + padded payload.
+inline uint64_t object_footprint(uint64_t payload_bytes) { return kBlockSize + round_up_block(payload_bytes); }
+
+// 64-bit hash of a key: the in-memory index stores only this (see docs).
+uint64_t hash_key(std::string_view key);
+
+}  // namespace adp

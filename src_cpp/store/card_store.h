@@ -1,0 +1,179 @@
+// CardStore: the storage engine on the card (format: docs/card_format.md).
+//
+// The card is cut into equal regions. Each writer (an IoContext) appends
+// objects to a region of its own, so a region is written strictly in order
+// and recovery can walk it as a chain and stop at the first record that does
+// not check out: a torn or cut-off store is never indexed. The in-memory
+// index maps a 64-bit key hash to the object's place; the full key lives in
+// the object's header block and is compared on every read, with both CRCs.
+// When no region is free, the least recently used sealed region is evicted
+// as a whole (its objects leave the index; its space is reused).
+//
+// Thread-safety: all public methods may be called from any thread; each
+// thread brings its own IoContext (staging memory, open region).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "store/card_device.h"
+#include "store/card_format.h"
+#include "util/aligned_buffer.h"
+#include "util/status.h"
+
+namespace adp {
+
+struct CardOptions {
+  std::string path;
+  uint64_t create_bytes = 0;   // size of a new image file; 0 = never create
+  uint64_t region_bytes = 0;   // region size when formatting; 0 = chosen from the card size
+  bool durable = true;         // fdatasync before a store is acknowledged
+  int recovery_threads = 4;
+};
+
+struct StoreStats {
+  uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
+  uint64_t region_bytes = 0, num_regions = 0, free_regions = 0;
+  uint64_t hits = 0, misses = 0, stores = 0, store_failures = 0, deletes = 0;
+  uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
+  uint64_t bytes_written = 0, bytes_read = 0;
+  uint64_t recovered_objects = 0;
+  double recovery_seconds = 0;
+};
+
+class CardStore;
+
+// Per-thread working state: staging memory and the region this thread appends to.
+class IoContext {
+ public:
+  IoContext() = default;
+  IoContext(const IoContext&) = delete;
+  IoContext& operator=(const IoContext&) = delete;
+  ~IoContext();
+
+ private:
+  friend class CardStore;
+  CardStore* store_ = nullptr;
+  AlignedBuffer staging_;
+  AlignedBuffer header_;        // header and tail blocks of a zero-copy write
+  int64_t open_region_ = -1;
+};
+
+struct PutItem {
+  std::string_view key;
+  const uint8_t* data;
+  size_t size;
+};
+
+class CardStore {
+ public:
+  // Opens the card at opts.path: formats it when blank or newly created,
+  // otherwise recovers the index from it (logged with count and duration).
+  static Status Open(const CardOptions& opts, std::unique_ptr<CardStore>* out);
+  // Writes a fresh superblock (new card id): every object on the card is gone.
+  static Status Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes);
+  ~CardStore();
+
+  // Stores items[0..n). results[i] says how item i went. Objects become
+  // visible only after all their bytes are written (and synced if durable)
+  // and only if still_wanted() is true at that moment; a caller that gave up
+  // (deadline) gets nothing indexed.
+  void put(IoContext& ctx, const PutItem* items, size_t n, Status* results,
+           const std::function<bool()>& still_wanted);
+
+  // Reads key into ctx's staging memory and checks it. On Ok, *payload and
+  // *size describe the object until the next call on ctx. NotFound on a miss,
+  // including a failed checksum (counted, and the object is dropped).
+  Status get(IoContext& ctx, std::string_view key, const uint8_t** payload, size_t* size);
+
+  bool exists(std::string_view key);
+  // True if the key was present and is now deleted on the card.
+  bool remove(IoContext& ctx, std::string_view key);
+
+  StoreStats stats() const;
+  const std::string& path() const { return device_->path(); }
+  // Largest payload one object can hold.
+  uint64_t max_object_bytes() const { return region_bytes_ - 2 * kBlockSize; }
+
+  // Validates a key against the format's bounds.
+  static Status check_key(std::string_view key);
+
+ private:
+  friend class IoContext;
+  enum class RegionState : uint8_t { kFree, kOpen, kSealed };
+  struct Region {
+    RegionState state = RegionState::kFree;
+    uint32_t pins = 0;                 // readers/invalidators in flight
+    uint64_t epoch = 0;
+    uint64_t write_offset = 0;         // next append offset within the region
+    uint64_t live_bytes = 0;           // footprint of indexed objects
+    uint64_t last_access = 0;          // LRU clock
+    std::vector<uint64_t> hashes;      // keys written under this epoch (for eviction)
+  };
+  struct IndexEntry {
+    uint32_t region;
+    uint32_t block;                    // offset within region / kBlockSize
+    uint32_t payload_bytes;
+    uint32_t reserved;
+    uint64_t seq;
+  };
+  struct Location {
+    uint32_t region;
+    uint64_t offset;
+    uint64_t epoch;
+    uint64_t seq;
+    uint64_t payload_bytes;
+  };
+
+  CardStore(std::unique_ptr<CardDevice> dev, const Superblock& sb, bool durable);
+  Status recover(int threads);
+  uint64_t region_offset(uint32_t r) const { return data_offset_ + uint64_t(r) * region_bytes_; }
+
+  // Gives ctx an open region with at least `footprint` bytes left.
+  Status reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, uint64_t* offset, uint64_t* epoch);
+  Status open_region(IoContext& ctx, uint32_t* region);
+  void evict_locked(uint32_t r);
+  void release_region(IoContext& ctx);
+  void unpin(uint32_t r);
+  // Marks the object at loc deleted on the card (region must be pinned).
+  Status write_tombstone(IoContext& ctx, const Location& loc);
+  void note_io_error(const Status& s);
+  void erase_entry_locked(uint64_t hash, const IndexEntry& e);
+
+  std::unique_ptr<CardDevice> device_;
+  const uint64_t card_id_;
+  const uint64_t data_offset_;
+  const uint64_t region_bytes_;
+  const uint32_t num_regions_;
+  const bool durable_;
+
+  mutable std::mutex mu_;
+  std::condition_variable unpinned_;
+  std::vector<Region> regions_;
+  std::vector<uint32_t> free_regions_;
+  std::unordered_map<uint64_t, IndexEntry> index_;
+  uint64_t used_bytes_ = 0;
+  uint64_t next_epoch_ = 1;
+  uint64_t next_seq_ = 1;
+  uint64_t clock_ = 0;
+  bool evicting_logged_ = false;
+
+  struct Counters {
+    std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
+    std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
+    std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
+  } counters_;
+  uint64_t recovered_objects_ = 0;
+  double recovery_seconds_ = 0;
+  std::atomic<bool> io_error_logged_{false};
+};
+
+}  // namespace adp

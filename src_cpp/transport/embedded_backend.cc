@@ -1,0 +1,45 @@
+#include "transport/embedded_backend.h"
+
+namespace adp {
+namespace {
+
+class EmbeddedSession : public BackendSession {
+ public:
+  explicit EmbeddedSession(std::shared_ptr<CardStore> store) : store_(std::move(store)) {}
+  ~EmbeddedSession() override {
+    ctx_.reset();  // seals this worker's open region before the store can go
+  }
+
+  void put(const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted) override {
+    store_->put(*ctx_, items, n, results, still_wanted);
+  }
+
+  void get(const std::string_view* keys, size_t n, Status* results, const DeliverFn& deliver) override {
+    for (size_t i = 0; i < n; i++) {
+      const uint8_t* data;
+      size_t size;
+      results[i] = store_->get(*ctx_, keys[i], &data, &size);
+      if (results[i].ok() && !deliver(i, data, size)) results[i] = Status::NotFound("not delivered");
+    }
+  }
+
+  void exists(const std::string_view* keys, size_t n, bool* found) override {
+    for (size_t i = 0; i < n; i++) found[i] = store_->exists(keys[i]);
+  }
+
+  void remove(const std::string_view* keys, size_t n, bool* removed) override {
+    for (size_t i = 0; i < n; i++) removed[i] = store_->remove(*ctx_, keys[i]);
+  }
+
+ private:
+  std::shared_ptr<CardStore> store_;
+  std::unique_ptr<IoContext> ctx_ = std::make_unique<IoContext>();
+};
+
+}  // namespace
+
+std::unique_ptr<BackendSession> EmbeddedBackend::new_session() { return std::make_unique<EmbeddedSession>(store_); }
+
+std::string EmbeddedBackend::describe() const { return "embedded card " + store_->path(); }
+
+}  // namespace adp

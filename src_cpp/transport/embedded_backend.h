@@ -1,0 +1,23 @@
+// EmbeddedBackend: the gateway in-process. The connector's workers call the
+// card store directly, each with an IoContext of its own.
+#pragma once
+
+#include <memory>
+
+#include "connector/backend.h"
+#include "store/card_store.h"
+
+namespace adp {
+
+class EmbeddedBackend : public Backend {
+ public:
+  explicit EmbeddedBackend(std::shared_ptr<CardStore> store) : store_(std::move(store)) {}
+  std::unique_ptr<BackendSession> new_session() override;
+  std::string describe() const override;
+  StoreStats stats() const override { return store_->stats(); }
+
+ private:
+  std::shared_ptr<CardStore> store_;
+};
+
+}  // namespace adp

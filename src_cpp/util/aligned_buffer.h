@@ -1,0 +1,29 @@
+// AlignedBuffer: page-aligned, pre-faulted memory for O_DIRECT staging.
+// Grows only (amortised by doubling) so a worker allocates a few times at
+// warm-up and never on the hot path afterwards. Owned by one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace adp {
+
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  ~AlignedBuffer();
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+
+  // Ensures capacity >= n bytes; contents are not preserved on growth.
+  // Returns false when memory cannot be mapped.
+  bool reserve(size_t n);
+  uint8_t* data() const { return data_; }
+  size_t capacity() const { return cap_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t cap_ = 0;
+};
+
+}  // namespace adp

@@ -1,0 +1,23 @@
+// CRC32C (Castagnoli) checksums for the card store.
+//
+// Uses the CPU's CRC32C instruction (SSE4.2 on x86-64, ARMv8 CRC on aarch64)
+// over three interleaved streams, joined with the GF(2) shift operator so the
+// result equals the plain byte-serial CRC. A bitwise fallback keeps other CPUs
+// correct (slowly). Thread-safe: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace adp {
+
+// Extends `crc` (a finished CRC32C value, 0 for the empty message) with `n`
+// bytes of `data`. crc32c_extend(0, "123456789", 9) == 0xE3069283.
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n);
+
+inline uint32_t crc32c(const void* data, size_t n) { return crc32c_extend(0, data, n); }
+
+// Which implementation crc32c_extend uses on this CPU ("sse4.2", "armv8", "bitwise").
+const char* crc32c_implementation();
+
+}  // namespace adp

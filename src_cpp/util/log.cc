@@ -1,0 +1,61 @@
+#include "util/log.h"
+
+#include <sys/time.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+
+namespace adp {
+namespace {
+
+LogLevel threshold_from_env() {
+  const char* v = std::getenv("ADP_LOG_LEVEL");
+  if (!v) return LogLevel::kInfo;
+  if (!strcasecmp(v, "DEBUG")) return LogLevel::kDebug;
+  if (!strcasecmp(v, "WARNING") || !strcasecmp(v, "WARN")) return LogLevel::kWarning;
+  if (!strcasecmp(v, "ERROR")) return LogLevel::kError;
+  return LogLevel::kInfo;
+}
+
+const char* level_name(LogLevel l) {
+  switch (l) {
+    case LogLevel::kDebug: return "DEBUG";
+    case LogLevel::kInfo: return "INFO";
+    case LogLevel::kWarning: return "WARNING";
+    case LogLevel::kError: return "ERROR";
+  }
+  return "?";
+}
+
+}  // namespace
+
+bool log_enabled(LogLevel level) {
+  static const LogLevel threshold = threshold_from_env();
+  return static_cast<int>(level) >= static_cast<int>(threshold);
+}
+
+void log_message(LogLevel level, const char* fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  tm t;
+  localtime_r(&tv.tv_sec, &t);
+  char ts[32];
+  strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &t);
+
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  fprintf(stderr, "[%s,%03ld] lmcache-adp %s: %s\n", ts, static_cast<long>(tv.tv_usec / 1000),
+          level_name(level), msg);
+  fflush(stderr);
+}
+
+}  // namespace adp
