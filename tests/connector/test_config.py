@@ -1,0 +1,40 @@
+"""adapter_params validation: clear errors, before anything is created."""
+
+import os
+
+import pytest
+
+from lmcache_adp import ADPConnector, ConfigError, ConnectorConfig, default_card_path
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"bogus": 1}, r"unknown adapter_params key\(s\) 'bogus'; valid keys: gateway, card"),
+        ({"gateway": "nfs://x"}, r"adapter_params\['gateway'\] = 'nfs://x' is not supported; valid choices"),
+        ({"num_workers": 0}, r"adapter_params\['num_workers'\] must be in \[1, 64\], got 0"),
+        ({"num_workers": "4"}, r"adapter_params\['num_workers'\] must be an integer"),
+        ({"num_workers": True}, r"adapter_params\['num_workers'\] must be an integer"),
+        ({"timeout_ms": -5}, r"adapter_params\['timeout_ms'\] must be in"),
+        ({"card_size_gb": 0}, r"adapter_params\['card_size_gb'\] must be a number of GiB"),
+        ({"card_size_gb": "big"}, r"adapter_params\['card_size_gb'\]"),
+        ({"card": 7}, r"adapter_params\['card'\] must be a path string"),
+        ({"durable": "yes"}, r"adapter_params\['durable'\] must be true or false"),
+    ],
+)
+def test_bad_params_raise_before_anything_is_created(tmp_path, params, match):
+    card = str(tmp_path / "c.img")
+    with pytest.raises(ConfigError, match=match):
+        ADPConnector(**{"card": card, **params})
+    assert not os.path.exists(card)
+
+
+def test_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = ConnectorConfig.from_params({})
+    assert cfg.card == default_card_path() == str(tmp_path / "lmcache-adp" / "card.img")
+    assert (cfg.gateway, cfg.num_workers, cfg.timeout_ms, cfg.durable) == ("embedded", 4, 10000, True)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)

@@ -1,0 +1,156 @@
+"""ADPConnector driven the way LMCache's NativeConnectorL2Adapter drives it."""
+
+from __future__ import annotations
+
+import ctypes
+import select
+
+import numpy as np
+import pytest
+
+from lmcache_adp import ADPConnector
+from tests.helpers import MIB, RawConnector, payload
+
+
+@pytest.fixture
+def conn(card):
+    c = ADPConnector(card=card, card_size_gb=0.0625, num_workers=4)
+    yield RawConnector(c)
+    c.close()
+
+
+def aligned_array(size: int, align: int = 4096, offset: int = 0) -> np.ndarray:
+    raw = np.empty(size + align + offset, dtype=np.uint8)
+    start = (-raw.ctypes.data) % align + offset
+    return raw[start : start + size]
+
+
+def test_interface_is_what_lmcache_checks(conn):
+    for name in ("event_fd", "submit_batch_get", "submit_batch_set", "submit_batch_exists",
+                 "submit_batch_delete", "drain_completions", "close"):
+        assert callable(getattr(conn.conn, name))
+    assert isinstance(conn.conn.event_fd(), int)
+
+
+def test_set_exists_get_delete_with_mixed_lengths_and_alignments(conn):
+    sizes = [1, 4096, 4097, 65536 + 5, 200_000, 8192]
+    keys = [f"m@00000000@0@{i:x}" for i in range(len(sizes))]
+    srcs = []
+    for i, (k, n) in enumerate(zip(keys, sizes)):
+        a = aligned_array(n, offset=0 if i % 2 == 0 else 3)  # zero-copy and staged paths
+        a[:] = np.frombuffer(payload(k, n), dtype=np.uint8)
+        srcs.append(memoryview(a))
+    ok, err, per_key = conn.set(keys, srcs)
+    assert ok and err == "" and per_key == [True] * len(keys)
+
+    ok, _, found = conn.exists(keys + ["m@00000000@0@missing"])
+    assert ok and found == [True] * len(keys) + [False]
+
+    dsts = [bytearray(n) for n in sizes]
+    ok, _, hits = conn.get(keys, [memoryview(d) for d in dsts])
+    assert ok and hits == [True] * len(keys)
+    assert [bytes(d) for d in dsts] == [payload(k, n) for k, n in zip(keys, sizes)]
+
+    ok, _, deleted = conn.delete([keys[0], "never-stored"])
+    assert deleted == [True, False]
+    ok, _, found = conn.exists(keys[:2])
+    assert found == [False, True]
+
+
+def test_get_miss_leaves_buffer_untouched(conn):
+    conn.set(["a"], [memoryview(payload("a", 5000))])
+    bufs = [bytearray(b"\x55" * 5000), bytearray(b"\x66" * 5000)]
+    ok, _, hits = conn.get(["a", "b"], [memoryview(b) for b in bufs])
+    assert ok and hits == [True, False]
+    assert bytes(bufs[0]) == payload("a", 5000) and bytes(bufs[1]) == b"\x66" * 5000
+
+
+def test_get_with_wrong_buffer_length_is_a_miss(conn):
+    conn.set(["a"], [memoryview(payload("a", 5000))])
+    buf = bytearray(b"\x11" * 4000)
+    ok, _, hits = conn.get(["a"], [memoryview(buf)])
+    assert hits == [False] and bytes(buf) == b"\x11" * 4000
+
+
+def test_failed_store_reports_reason(conn):
+    ok, err, per_key = conn.set(["ok", "x" * 2000], [memoryview(b"1" * 100), memoryview(b"2" * 100)])
+    assert not ok and per_key == [True, False]
+    assert "exceeds the bound of 1024 bytes" in err
+    ok, err, per_key = conn.set(["huge"], [memoryview(bytearray(80 * MIB))])
+    assert not ok and "larger than the largest object" in err
+    assert conn.exists(["huge"])[2] == [False]
+
+
+def test_empty_batches_complete(conn):
+    assert conn.set([], [])[0] and conn.exists([]) == (True, "", [])
+
+
+def test_key_count_must_match_buffers(conn):
+    with pytest.raises(ValueError, match="2 keys but 1 buffers"):
+        conn.conn.submit_batch_set(["a", "b"], [memoryview(b"x")])
+
+
+def test_readonly_buffer_rejected_for_get(conn):
+    with pytest.raises(BufferError):
+        conn.conn.submit_batch_get(["a"], [memoryview(b"readonly")])
+
+
+def test_drain_consumes_eventfd(conn):
+    fid = conn.conn.submit_batch_exists(["a"])
+    conn.wait(fid)
+    p = select.poll()
+    p.register(conn.conn.event_fd(), select.POLLIN)
+    assert p.poll(50) == []  # level-triggered fd is quiet after drain
+
+
+def test_every_future_completes_on_close_with_work_pending(card):
+    c = ADPConnector(card=card, card_size_gb=0.25, num_workers=2)
+    rc = RawConnector(c)
+    data = [memoryview(bytearray(2 * MIB)) for _ in range(8)]
+    fids = [c.submit_batch_set([f"k{j}-{i}" for i in range(8)], data) for j in range(30)]
+    fids += [c.submit_batch_get([f"k0-{i}" for i in range(8)], [memoryview(bytearray(2 * MIB)) for _ in range(8)])]
+    c.close()
+    got = {}
+    for cpl in c.drain_completions():
+        assert cpl[0] not in got
+        got[cpl[0]] = cpl
+    assert sorted(got) == sorted(fids)
+    failed = [f for f in fids if not got[f][1]]
+    assert failed and all(got[f][2] == "connector closed" for f in failed)
+    # After close, new work completes at once as failed; nothing hangs.
+    fid = c.submit_batch_exists(["a"])
+    assert rc.wait(fid, timeout=5) == (False, "connector is closed", [False])
+
+
+def test_deadline_completes_futures(card):
+    c = ADPConnector(card=card, card_size_gb=0.5, num_workers=1, timeout_ms=1)
+    rc = RawConnector(c)
+    keys = [[f"t{j}-{i}" for i in range(16)] for j in range(4)]
+    fids = [c.submit_batch_set(ks, [memoryview(payload(k, 4 * MIB)) for k in ks]) for ks in keys]
+    results = [rc.wait(f, timeout=10) for f in fids]
+    timed_out = [r for r in results if not r[0]]
+    assert timed_out and all(r[1] == "timed out after 1 ms" for r in timed_out)
+    c.close()
+    # Whatever a late store left behind is either absent or exactly right.
+    c2 = RawConnector(ADPConnector(card=card, num_workers=1))
+    for ks in keys:
+        bufs = [bytearray(4 * MIB) for _ in ks]
+        _, _, hits = c2.get(ks, [memoryview(b) for b in bufs])
+        assert all(bytes(b) == payload(k, 4 * MIB) for k, b, h in zip(ks, bufs, hits) if h)
+    c2.conn.close()
+
+
+def test_two_connectors_on_one_card_is_an_error(card):
+    c = ADPConnector(card=card, card_size_gb=0.0625)
+    with pytest.raises(RuntimeError, match="already open by another connector or gateway"):
+        ADPConnector(card=card)
+    c.close()
+
+
+def test_ctypes_memoryview_like_lmcache(conn):
+    """LMCache hands over ctypes-backed memoryviews of L1 memory."""
+    src = (ctypes.c_ubyte * 10000).from_buffer_copy(payload("c", 10000))
+    dst = (ctypes.c_ubyte * 10000)()
+    assert conn.set(["c"], [memoryview(src).cast("B")])[0]
+    assert conn.get(["c"], [memoryview(dst).cast("B")])[2] == [True]
+    assert bytes(dst) == payload("c", 10000)

@@ -1,0 +1,139 @@
+"""Drivers for the two faces of the plugin used across tests.
+
+RawConnector: ADPConnector driven as LMCache's native adapter drives it
+(submit, poll the eventfd, drain). L2: LMCache's own NativeConnectorL2Adapter,
+built by LMCache's native_plugin factory over ADPConnector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import select
+import time
+from typing import Any
+
+MIB = 1 << 20
+
+
+def payload(key: str, size: int) -> bytes:
+    """Deterministic bytes for a key, so any hit can be checked exactly."""
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+class RawConnector:
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self.done: dict[int, tuple] = {}
+
+    def wait(self, fid: int, timeout: float = 30.0) -> tuple:
+        """Waits for future fid; returns (ok, error, per_key)."""
+        poller = select.poll()
+        poller.register(self.conn.event_fd(), select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while fid not in self.done:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"future {fid} did not complete in {timeout} s")
+            if poller.poll(100):
+                for c in self.conn.drain_completions():
+                    assert c[0] not in self.done, f"future {c[0]} completed twice"
+                    self.done[c[0]] = c
+        _, ok, err, per_key = self.done[fid]
+        return ok, err, per_key
+
+    def set(self, keys, bufs):
+        return self.wait(self.conn.submit_batch_set(list(keys), list(bufs)))
+
+    def get(self, keys, bufs):
+        return self.wait(self.conn.submit_batch_get(list(keys), list(bufs)))
+
+    def exists(self, keys):
+        return self.wait(self.conn.submit_batch_exists(list(keys)))
+
+    def delete(self, keys):
+        return self.wait(self.conn.submit_batch_delete(list(keys)))
+
+
+def adapter_json(**params: Any) -> str:
+    return json.dumps(
+        {"type": "native_plugin", "module_path": "lmcache_adp", "class_name": "ADPConnector", "adapter_params": params}
+    )
+
+
+class L2:
+    """LMCache's L2 adapter over ADPConnector, with blocking helpers."""
+
+    def __init__(self, **params: Any):
+        from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+        from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+
+        cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[adapter_json(**params)]))
+        self.adapter = create_l2_adapter(cfg.adapters[0])
+
+    @staticmethod
+    def key(chunk: int, model: str = "meta-llama/Llama-3.1-8B", salt: str = "", rank: int = 0):
+        from lmcache.v1.distributed.api import ObjectKey
+
+        return ObjectKey(
+            chunk_hash=chunk.to_bytes(8, "little"), model_name=model, kv_rank=rank, object_group_id=0, cache_salt=salt
+        )
+
+    @staticmethod
+    def objects(datas: list[bytes]):
+        """TensorMemoryObjs over fresh tensors holding datas (as LMCache's bench builds them)."""
+        import torch
+        from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+        objs = []
+        for d in datas:
+            t = torch.frombuffer(bytearray(d), dtype=torch.uint8) if d else torch.empty(0, dtype=torch.uint8)
+            meta = MemoryObjMetadata(
+                shape=torch.Size([len(d)]), dtype=torch.uint8, address=0, phy_size=len(d),
+                fmt=MemoryFormat.KV_2LTD, ref_count=1,
+            )
+            objs.append(TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None))
+        return objs
+
+    @staticmethod
+    def _wait_fd(fd: int, timeout: float) -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(int(timeout * 1000))
+
+    def _until(self, fd: int, get, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            r = get()
+            if r is not None:
+                return r
+            if time.monotonic() > deadline:
+                raise TimeoutError("L2 task did not complete")
+            self._wait_fd(fd, 0.05)
+
+    def store(self, keys, datas):
+        objs = self.objects(datas)
+        tid = self.adapter.submit_store_task(keys, objs)
+        return self._until(self.adapter.get_store_event_fd(), lambda: self.adapter.pop_completed_store_tasks().get(tid))
+
+    def lookup(self, keys) -> list[bool]:
+        tid = self.adapter.submit_lookup_and_lock_task(keys, {})
+        bm = self._until(self.adapter.get_lookup_and_lock_event_fd(), lambda: self.adapter.query_lookup_and_lock_result(tid))
+        return [bm.test(i) for i in range(len(keys))]
+
+    def load(self, keys, sizes) -> tuple[list[bool], list[bytes]]:
+        objs = self.objects([b"\xee" * s for s in sizes])
+        tid = self.adapter.submit_load_task(keys, objs)
+        bm = self._until(self.adapter.get_load_event_fd(), lambda: self.adapter.query_load_result(tid))
+        return [bm.test(i) for i in range(len(keys))], [bytes(o.byte_array) for o in objs]
+
+    def delete(self, keys) -> None:
+        self.adapter.delete(keys)
+
+    @property
+    def native(self):
+        return self.adapter._client
+
+    def close(self) -> None:
+        self.adapter.close()
