@@ -112,10 +112,13 @@ class L2:
                 raise TimeoutError("L2 task did not complete")
             self._wait_fd(fd, 0.05)
 
-    def store(self, keys, datas):
+    def store(self, keys, datas) -> bool:
+        """Stores and waits; True if LMCache saw the store succeed."""
         objs = self.objects(datas)
         tid = self.adapter.submit_store_task(keys, objs)
-        return self._until(self.adapter.get_store_event_fd(), lambda: self.adapter.pop_completed_store_tasks().get(tid))
+        res = self._until(self.adapter.get_store_event_fd(), lambda: self.adapter.pop_completed_store_tasks().get(tid))
+        # lmcache 0.5.6: L2StoreResult(int), >= 0 on success; older releases: bool.
+        return bool(res) if isinstance(res, bool) else int(res) >= 0
 
     def lookup(self, keys) -> list[bool]:
         tid = self.adapter.submit_lookup_and_lock_task(keys, {})
