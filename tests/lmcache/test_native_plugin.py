@@ -143,7 +143,7 @@ def test_close_with_work_pending(card):
     waiting = set(a.adapter._pending_ops)  # futures LMCache had not seen complete
     done = {c[0]: c for c in native.drain_completions()}
     assert waiting <= set(done), "a future was left hanging"
-    assert all(not done[f][1] for f in waiting)
+    assert all(done[f][1] or done[f][2] == "connector closed" for f in waiting)
     assert len(tids) == 8
 
 

@@ -1,0 +1,624 @@
+// Stress test of the concurrent core without Python, built and run under
+// AddressSanitizer and ThreadSanitizer by scripts/sanitize.sh.
+//
+//   connector_stress CARD_IMAGE
+//
+// CARD_IMAGE must not exist; a 48 MiB card is created there (1 MiB regions,
+// so the workload evicts). Phases:
+//   1. Connector (4 workers) over EmbeddedBackend: submitters race mixed
+//      kSet/kGet/kExists/kDelete batches against a drainer thread; run three
+//      times: normal timeout, 1 ms timeout (deadlines race the workers), and
+//      close() while submitters are still going.
+//   2. CardStore directly: threads with their own IoContexts and keys, whose
+//      exact state each thread tracks.
+//   3. Close and reopen the card (twice), checking what recovery brings back.
+// Content is a function of (key, version), so every hit is checked byte for
+// byte; misses are allowed (eviction) but never a hit of a key that is known
+// to be gone. Exit code 0 only if every check passed.
+
+#include <poll.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "connector/connector.h"
+#include "store/card_store.h"
+#include "transport/embedded_backend.h"
+#include "util/crc32c.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kCardBytes = 48ull << 20;
+constexpr uint64_t kRegionBytes = 1ull << 20;
+constexpr size_t kMaxObject = 200 << 10;
+constexpr int kConnectorKeys = 400;
+constexpr uint8_t kSentinel = 0xA5;  // fill of get buffers: a miss must leave it
+
+std::atomic<uint64_t> g_failures{0};
+
+void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void fail(const char* fmt, ...) {
+  if (g_failures++ >= 20) return;  // the first few tell the story
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "CHECK FAILED: %s\n", msg);
+}
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t seed_of(std::string_view key, uint64_t version) {
+  return adp::hash_key(key) ^ (version * 0xD1B54A32D192ED03ull);
+}
+
+// Object size for a seed: tiny, sub-block, whole blocks (zero-copy body, no
+// tail), blocks plus a tail, or anything up to kMaxObject.
+size_t size_of(uint64_t seed) {
+  uint64_t s = seed, r = splitmix(s), v = r >> 3;
+  switch (r % 5) {
+    case 0: return 1 + v % 64;
+    case 1: return 1 + v % 4095;
+    case 2: return 4096 * (1 + v % 50);
+    case 3: return 4096 * (1 + v % 49) + 1 + (v >> 8) % 4095;
+    default: return 1 + v % kMaxObject;
+  }
+}
+
+void fill(uint8_t* p, size_t n, uint64_t seed) {
+  uint64_t s = ~seed;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = splitmix(s);
+    std::memcpy(p + i, &v, std::min<size_t>(8, n - i));
+  }
+}
+
+bool matches(const uint8_t* p, size_t n, uint64_t seed) {
+  uint64_t s = ~seed;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = splitmix(s);
+    if (std::memcmp(p + i, &v, std::min<size_t>(8, n - i)) != 0) return false;
+  }
+  return true;
+}
+
+bool all_sentinel(const uint8_t* p, size_t n) {
+  return std::all_of(p, p + n, [](uint8_t c) { return c == kSentinel; });
+}
+
+struct FreeDeleter {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+
+// Caller memory for one key: 4 KiB-aligned (the store's zero-copy path) or
+// deliberately off by 1..63 bytes (the staged path).
+struct Buf {
+  std::unique_ptr<uint8_t, FreeDeleter> mem;
+  uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+Buf make_buf(size_t size, bool aligned, uint64_t r) {
+  Buf b;
+  size_t cap = (size + 64 + 4095) & ~size_t(4095);
+  b.mem.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, cap)));
+  if (!b.mem) {
+    fprintf(stderr, "out of memory\n");
+    std::abort();
+  }
+  b.data = b.mem.get() + (aligned ? 0 : 1 + r % 63);
+  b.size = size;
+  return b;
+}
+
+std::string connector_key(uint64_t n) { return "conn/" + std::to_string(n); }
+
+const char* op_name(adp::OpType op) {
+  switch (op) {
+    case adp::OpType::kGet: return "get";
+    case adp::OpType::kSet: return "set";
+    case adp::OpType::kExists: return "exists";
+    case adp::OpType::kDelete: return "delete";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- connector
+
+struct Request {
+  adp::OpType op;
+  std::vector<std::string> keys;
+  std::vector<Buf> bufs;          // kSet and kGet: one per key
+  bool has_invalid_key = false;
+  std::vector<uint32_t> snapshot; // get buffers' CRCs when a failed completion was seen
+};
+
+struct Totals {
+  std::atomic<uint64_t> submitted{0}, completed{0}, failed{0}, hits{0}, misses{0}, verified_after_fail{0};
+};
+
+// Pairs each future id with its completion, whichever the submitter or the
+// drainer reports first, and checks each completion once both are known.
+class Tracker {
+ public:
+  explicit Tracker(Totals& t) : totals_(t) {}
+
+  // Blocks while `limit` futures are outstanding (bounds memory).
+  void acquire_slot(int limit) {
+    std::unique_lock<std::mutex> l(mu_);
+    slot_cv_.wait(l, [&] { return outstanding_ < limit; });
+    outstanding_++;
+  }
+
+  void on_submitted(uint64_t id, std::shared_ptr<Request> req) {
+    std::lock_guard<std::mutex> l(mu_);
+    totals_.submitted++;
+    if (!submitted_.insert(id).second) fail("future id %llu returned twice by submit()", ull(id));
+    auto early = early_.find(id);
+    if (early != early_.end()) {
+      check_locked(*req, early->second);
+      early_.erase(early);
+    } else {
+      waiting_.emplace(id, std::move(req));
+    }
+  }
+
+  void on_completion(adp::Completion c) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!completed_.insert(c.future_id).second) {
+      fail("future %llu completed twice", ull(c.future_id));
+      return;
+    }
+    auto it = waiting_.find(c.future_id);
+    if (it == waiting_.end()) {
+      uint64_t id = c.future_id;
+      early_.emplace(id, std::move(c));
+      return;
+    }
+    check_locked(*it->second, c);
+    waiting_.erase(it);
+  }
+
+  // Called when the connector destroys a batch's buffer owner: its workers
+  // are done, so its buffers hold their final bytes.
+  void on_retired(Request& req) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t i = 0; i < req.snapshot.size(); i++) {
+      if (adp::crc32c(req.bufs[i].data, req.bufs[i].size) != req.snapshot[i])
+        fail("get buffer of key %s was written after its future completed", req.keys[i].c_str());
+    }
+    if (!req.snapshot.empty()) totals_.verified_after_fail++;
+  }
+
+  // After close() and a final drain: every submitted id completed, once.
+  void check_all_done(const char* phase) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!waiting_.empty())
+      fail("%s: %zu futures never completed (e.g. %llu)", phase, waiting_.size(), ull(waiting_.begin()->first));
+    if (!early_.empty())
+      fail("%s: %zu completions for ids submit() never returned (e.g. %llu)", phase, early_.size(),
+           ull(early_.begin()->first));
+    if (submitted_ != completed_) fail("%s: submitted and completed id sets differ", phase);
+  }
+
+ private:
+  static unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
+
+  void check_locked(Request& req, const adp::Completion& c) {
+    outstanding_--;
+    slot_cv_.notify_one();
+    totals_.completed++;
+    if (!c.ok) totals_.failed++;
+    size_t n = req.keys.size();
+    if (c.per_key.size() != n) {
+      fail("future %llu (%s): %zu per-key results for %zu keys", ull(c.future_id), op_name(req.op),
+           c.per_key.size(), n);
+      return;
+    }
+    if (!c.ok && c.error.empty()) fail("future %llu failed without an error message", ull(c.future_id));
+    if (req.has_invalid_key && c.ok) fail("future %llu with an invalid key succeeded", ull(c.future_id));
+    if (req.op == adp::OpType::kSet && c.ok) {
+      for (size_t i = 0; i < n; i++)
+        if (c.per_key[i] != 1) fail("future %llu: set reported ok but key %zu not stored", ull(c.future_id), i);
+    }
+    if (req.op != adp::OpType::kGet) return;
+    for (size_t i = 0; i < n; i++) {
+      const Buf& b = req.bufs[i];
+      if (c.per_key[i]) {
+        totals_.hits++;
+        if (!matches(b.data, b.size, seed_of(req.keys[i], 0)))
+          fail("get of %s (%zu bytes) hit with wrong bytes", req.keys[i].c_str(), b.size);
+      } else if (c.ok) {
+        totals_.misses++;
+        if (!all_sentinel(b.data, b.size)) fail("get of %s missed but wrote into the buffer", req.keys[i].c_str());
+      }
+    }
+    if (!c.ok) {
+      // Workers may still run; they must not touch these buffers any more.
+      for (const Buf& b : req.bufs) req.snapshot.push_back(adp::crc32c(b.data, b.size));
+    }
+  }
+
+  Totals& totals_;
+  std::mutex mu_;
+  std::condition_variable slot_cv_;
+  int outstanding_ = 0;
+  std::unordered_set<uint64_t> submitted_, completed_;
+  std::unordered_map<uint64_t, std::shared_ptr<Request>> waiting_;
+  std::unordered_map<uint64_t, adp::Completion> early_;
+};
+
+std::atomic<int64_t> g_live_owners{0};
+
+class TestOwner : public adp::BufferOwner {
+ public:
+  TestOwner(Tracker& t, std::shared_ptr<Request> r) : tracker_(t), req_(std::move(r)) { g_live_owners++; }
+  ~TestOwner() override {
+    tracker_.on_retired(*req_);
+    g_live_owners--;
+  }
+
+ private:
+  Tracker& tracker_;
+  std::shared_ptr<Request> req_;
+};
+
+std::shared_ptr<Request> random_request(std::mt19937_64& rng) {
+  auto req = std::make_shared<Request>();
+  uint64_t r = rng();
+  unsigned pick = r % 100;
+  req->op = pick < 35 ? adp::OpType::kSet : pick < 75 ? adp::OpType::kGet
+                                      : pick < 90 ? adp::OpType::kExists : adp::OpType::kDelete;
+  size_t n = (r >> 8) % 50 == 0 ? 0 : 1 + (r >> 16) % 8;  // a few empty batches
+  for (size_t i = 0; i < n; i++) req->keys.push_back(connector_key(rng() % kConnectorKeys));
+  if (n && (r >> 24) % 60 == 0) {  // now and then a key the store must reject
+    req->keys[0] = (r >> 32) % 2 ? std::string() : std::string(adp::kMaxKeyBytes + 1, 'x');
+    req->has_invalid_key = true;
+  }
+  if (req->op == adp::OpType::kSet || req->op == adp::OpType::kGet) {
+    for (const std::string& k : req->keys) {
+      size_t size = k.empty() || k.size() > adp::kMaxKeyBytes ? 100 : size_of(seed_of(k, 0));
+      uint64_t a = rng();
+      Buf b = make_buf(size, a % 2 == 0, a >> 1);
+      if (req->op == adp::OpType::kSet)
+        fill(b.data, b.size, seed_of(k, 0));
+      else
+        std::memset(b.data, kSentinel, b.size);
+      req->bufs.push_back(std::move(b));
+    }
+  }
+  return req;
+}
+
+struct PhaseSpec {
+  const char* name;
+  int timeout_ms;
+  int submitters;
+  int batches_per_submitter;
+  int close_after;  // close() once this many futures were submitted; 0 = after the submitters finish
+};
+
+void run_connector_phase(const std::shared_ptr<adp::CardStore>& store, const PhaseSpec& spec, uint64_t seed,
+                         Totals& totals) {
+  Tracker tracker(totals);
+  adp::ConnectorOptions opts;
+  opts.num_workers = 4;
+  opts.timeout_ms = spec.timeout_ms;
+  adp::Connector conn(std::make_unique<adp::EmbeddedBackend>(store), opts);
+
+  std::atomic<bool> stop{false};
+  std::thread drainer([&] {
+    while (!stop.load()) {
+      pollfd p{conn.event_fd(), POLLIN, 0};
+      ::poll(&p, 1, 20);
+      for (adp::Completion& c : conn.drain()) tracker.on_completion(std::move(c));
+    }
+  });
+
+  std::atomic<int> submitted{0};
+  std::vector<std::thread> submitters;
+  for (int s = 0; s < spec.submitters; s++) {
+    submitters.emplace_back([&, s] {
+      std::mt19937_64 rng(seed * 1000 + s);
+      for (int i = 0; i < spec.batches_per_submitter; i++) {
+        std::shared_ptr<Request> req = random_request(rng);
+        std::vector<adp::Buffer> bufs;
+        for (Buf& b : req->bufs) bufs.push_back({b.data, b.size});
+        tracker.acquire_slot(12);
+        uint64_t id = conn.submit(req->op, req->keys, std::move(bufs), std::make_unique<TestOwner>(tracker, req));
+        tracker.on_submitted(id, std::move(req));
+        submitted++;
+      }
+    });
+  }
+
+  if (spec.close_after > 0) {
+    while (submitted.load() < spec.close_after) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    conn.close();  // submitters are still going: what is queued fails, later submits fail at once
+  }
+  for (auto& t : submitters) t.join();
+  conn.close();
+  stop = true;
+  drainer.join();
+  for (adp::Completion& c : conn.drain()) tracker.on_completion(std::move(c));
+  tracker.check_all_done(spec.name);
+}
+
+// ---------------------------------------------------------------- card store
+
+// What a thread knows about one of its keys: the version it last stored
+// successfully, or 0 when the key is certainly not on the card. Eviction by
+// other threads may drop a present key silently, never bring one back.
+using KeyState = std::vector<uint64_t>;
+
+std::string direct_key(int thread, int i) { return "direct/" + std::to_string(thread) + "/" + std::to_string(i); }
+
+struct DirectTotals {
+  std::atomic<uint64_t> puts{0}, hits{0}, misses{0}, removes{0};
+};
+
+// Checks a hit of key against the state; updates the state after a miss.
+void check_read(adp::CardStore& store, adp::IoContext& ctx, const std::string& key, uint64_t& state,
+                DirectTotals& t, const char* when) {
+  const uint8_t* data;
+  size_t size;
+  adp::Status s = store.get(ctx, key, &data, &size);
+  if (s.is_not_found()) {
+    t.misses++;
+    state = 0;  // gone from the index; only a new put may bring it back
+    return;
+  }
+  if (!s.ok()) {
+    fail("%s: get of %s failed: %s", when, key.c_str(), s.message().c_str());
+    return;
+  }
+  t.hits++;
+  if (state == 0) {
+    fail("%s: %s is deleted or was a miss, yet read back", when, key.c_str());
+    return;
+  }
+  uint64_t seed = seed_of(key, state);
+  if (size != size_of(seed) || !matches(data, size, seed))
+    fail("%s: %s read back %zu bytes that are not version %llu", when, key.c_str(), size,
+         static_cast<unsigned long long>(state));
+}
+
+void direct_worker(adp::CardStore& store, int thread, int keys, int iterations, KeyState& state, DirectTotals& t) {
+  adp::IoContext ctx;
+  std::mt19937_64 rng(7000 + thread);
+  uint64_t next_version = 1;
+  for (int it = 0; it < iterations; it++) {
+    uint64_t r = rng();
+    int k = static_cast<int>((r >> 8) % keys);
+    std::string key = direct_key(thread, k);
+    switch (r % 10) {
+      case 0: case 1: case 2: case 3: {  // put a batch of distinct keys
+        int n = 1 + (r >> 32) % 4;
+        std::vector<std::string> ks;
+        std::vector<uint64_t> versions;
+        std::vector<Buf> bufs;
+        std::vector<adp::PutItem> items;
+        for (int i = 0; i < n; i++) {
+          int idx = (k + i) % keys;
+          ks.push_back(direct_key(thread, idx));
+          versions.push_back(next_version++);
+          uint64_t seed = seed_of(ks.back(), versions.back());
+          uint64_t a = rng();
+          bufs.push_back(make_buf(size_of(seed), a % 2 == 0, a >> 1));
+          fill(bufs.back().data, bufs.back().size, seed);
+        }
+        for (int i = 0; i < n; i++) items.push_back({ks[i], bufs[i].data, bufs[i].size});
+        std::vector<adp::Status> results(n);
+        store.put(ctx, items.data(), n, results.data(), [] { return true; });
+        for (int i = 0; i < n; i++) {
+          int idx = (k + i) % keys;
+          if (results[i].ok()) {
+            state[idx] = versions[i];
+            t.puts++;
+          } else {
+            fail("put of %s failed: %s", ks[i].c_str(), results[i].message().c_str());
+          }
+        }
+        break;
+      }
+      case 4: case 5: case 6:
+        check_read(store, ctx, key, state[k], t, "direct");
+        break;
+      case 7: {
+        bool found = store.exists(key);
+        if (found && state[k] == 0) fail("exists(%s) is true for a deleted key", key.c_str());
+        if (!found) state[k] = 0;
+        break;
+      }
+      default: {
+        bool removed = store.remove(ctx, key);
+        if (removed && state[k] == 0) fail("remove(%s) removed a key that was not there", key.c_str());
+        if (removed) t.removes++;
+        state[k] = 0;
+        break;
+      }
+    }
+  }
+}
+
+adp::Status open_card(const std::string& path, std::shared_ptr<adp::CardStore>* out) {
+  adp::CardOptions co;
+  co.path = path;
+  co.create_bytes = kCardBytes;
+  co.region_bytes = kRegionBytes;
+  std::unique_ptr<adp::CardStore> s;
+  adp::Status st = adp::CardStore::Open(co, &s);
+  if (st.ok()) *out = std::move(s);
+  return st;
+}
+
+// Connector keys after a reopen: any hit must hold the key's bytes.
+void check_connector_keys(adp::CardStore& store, uint64_t* hits) {
+  adp::IoContext ctx;
+  for (int n = 0; n < kConnectorKeys; n++) {
+    std::string key = connector_key(n);
+    const uint8_t* data;
+    size_t size;
+    adp::Status s = store.get(ctx, key, &data, &size);
+    if (s.is_not_found()) continue;
+    if (!s.ok()) {
+      fail("reopen: get of %s failed: %s", key.c_str(), s.message().c_str());
+      continue;
+    }
+    ++*hits;
+    uint64_t seed = seed_of(key, 0);
+    if (size != size_of(seed) || !matches(data, size, seed)) fail("reopen: %s read back wrong bytes", key.c_str());
+  }
+}
+
+void check_store_health(const adp::CardStore& store, const char* when) {
+  adp::StoreStats st = store.stats();
+  if (st.checksum_failures) fail("%s: %llu checksum failures", when, static_cast<unsigned long long>(st.checksum_failures));
+  if (st.io_errors) fail("%s: %llu I/O errors", when, static_cast<unsigned long long>(st.io_errors));
+}
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s CARD_IMAGE (a path that does not exist yet)\n", argv[0]);
+    return 2;
+  }
+  const std::string path = argv[1];
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    fprintf(stderr, "%s exists; pass a new path (the test formats the card)\n", path.c_str());
+    return 2;
+  }
+  auto t0 = Clock::now();
+
+  std::shared_ptr<adp::CardStore> store;
+  adp::Status s = open_card(path, &store);
+  if (!s.ok()) {
+    fprintf(stderr, "cannot open card %s: %s\n", path.c_str(), s.message().c_str());
+    return 1;
+  }
+
+  // 1. Connector phases.
+  Totals totals;
+  const PhaseSpec phases[] = {
+      {"normal", 30000, 3, 120, 0},
+      {"1ms-timeout", 1, 3, 60, 0},
+      {"close-midway", 30000, 3, 80, 90},
+  };
+  uint64_t phase_seed = 1;
+  for (const PhaseSpec& p : phases) run_connector_phase(store, p, phase_seed++, totals);
+  if (g_live_owners != 0) fail("%lld buffer owners were never destroyed", static_cast<long long>(g_live_owners.load()));
+  check_store_health(*store, "connector phases");
+
+  // 2. CardStore directly: threads on the same store, each its own IoContext.
+  constexpr int kDirectThreads = 3, kDirectKeys = 60, kDirectIterations = 400;
+  std::vector<KeyState> states(kDirectThreads, KeyState(kDirectKeys, 0));
+  DirectTotals direct;
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kDirectThreads; t++)
+      threads.emplace_back(direct_worker, std::ref(*store), t, kDirectKeys, kDirectIterations, std::ref(states[t]),
+                           std::ref(direct));
+    for (auto& t : threads) t.join();
+  }
+  check_store_health(*store, "direct phase");
+  adp::StoreStats before = store->stats();
+  if (before.evicted_regions == 0) fail("the workload never evicted a region; the card is too large for the test");
+
+  // 3. Reopen: recovered objects read back exactly; deleted ones stay gone.
+  store.reset();
+  s = open_card(path, &store);
+  if (!s.ok()) {
+    fprintf(stderr, "cannot reopen card %s: %s\n", path.c_str(), s.message().c_str());
+    return 1;
+  }
+  uint64_t recovered = store->stats().recovered_objects;
+  if (recovered != before.objects)
+    fail("reopen recovered %llu objects; %llu were indexed at close", static_cast<unsigned long long>(recovered),
+         static_cast<unsigned long long>(before.objects));
+  uint64_t conn_hits = 0;
+  check_connector_keys(*store, &conn_hits);
+  DirectTotals reopened;
+  {
+    adp::IoContext ctx;
+    for (int t = 0; t < kDirectThreads; t++)
+      for (int k = 0; k < kDirectKeys; k++) check_read(*store, ctx, direct_key(t, k), states[t][k], reopened, "reopen");
+    // Overwrite what survived: after another reopen the newer copy must win
+    // (the recovered store continues the sequence numbers).
+    for (int t = 0; t < kDirectThreads; t++) {
+      for (int k = 0; k < kDirectKeys; k++) {
+        if (!states[t][k]) continue;
+        std::string key = direct_key(t, k);
+        uint64_t version = states[t][k] + 1000000;
+        uint64_t seed = seed_of(key, version);
+        Buf b = make_buf(size_of(seed), k % 2 == 0, k);
+        fill(b.data, b.size, seed);
+        adp::PutItem item{key, b.data, b.size};
+        adp::Status r;
+        store->put(ctx, &item, 1, &r, [] { return true; });
+        if (r.ok())
+          states[t][k] = version;
+        else
+          fail("put after reopen of %s failed: %s", key.c_str(), r.message().c_str());
+      }
+    }
+  }
+  check_store_health(*store, "first reopen");
+  store.reset();
+  s = open_card(path, &store);
+  if (!s.ok()) {
+    fprintf(stderr, "cannot reopen card %s a second time: %s\n", path.c_str(), s.message().c_str());
+    return 1;
+  }
+  {
+    adp::IoContext ctx;
+    for (int t = 0; t < kDirectThreads; t++)
+      for (int k = 0; k < kDirectKeys; k++) check_read(*store, ctx, direct_key(t, k), states[t][k], reopened, "second reopen");
+  }
+  check_store_health(*store, "second reopen");
+  store.reset();
+
+  if (totals.hits == 0) fail("no connector get ever hit");
+  if (direct.hits == 0 || reopened.hits == 0) fail("no direct get hit (direct %llu, after reopen %llu)",
+                                                   static_cast<unsigned long long>(direct.hits.load()),
+                                                   static_cast<unsigned long long>(reopened.hits.load()));
+  uint64_t failures = g_failures.load();
+  printf("connector_stress: %s in %.1f s: connector %llu futures (%llu failed, %llu hits, %llu misses, %llu "
+         "checked after failing), direct %llu puts %llu hits %llu removes, %llu regions evicted, reopen %llu "
+         "recovered %llu hits, %llu check failures\n",
+         failures ? "FAIL" : "PASS", since(t0), static_cast<unsigned long long>(totals.completed.load()),
+         static_cast<unsigned long long>(totals.failed.load()), static_cast<unsigned long long>(totals.hits.load()),
+         static_cast<unsigned long long>(totals.misses.load()),
+         static_cast<unsigned long long>(totals.verified_after_fail.load()),
+         static_cast<unsigned long long>(direct.puts.load()), static_cast<unsigned long long>(direct.hits.load()),
+         static_cast<unsigned long long>(direct.removes.load()),
+         static_cast<unsigned long long>(before.evicted_regions), static_cast<unsigned long long>(recovered),
+         static_cast<unsigned long long>(reopened.hits.load() + conn_hits), static_cast<unsigned long long>(failures));
+  return failures ? 1 : 0;
+}
