@@ -234,3 +234,32 @@ def test_killed_while_storing_loses_nothing_acknowledged(card):
     nxt = f"key{len(acked)}"
     assert s.get(nxt) in (None, payload(nxt, 1 << 20))
     assert st["checksum_failures"] == 0
+
+
+def test_eviction_order_after_restart_follows_write_order(card):
+    s = open_store(card, 32 * MIB)
+    for i in range(40):
+        s.put(f"old{i}", payload(f"old{i}", 256 * 1024))
+    for i in range(40):
+        s.put(f"new{i}", payload(f"new{i}", 256 * 1024))
+    s.close()
+    s = open_store(card, 32 * MIB)
+    for i in range(40):  # pushes ~10 MiB more through a card that is ~2/3 full
+        s.put(f"more{i}", payload(f"more{i}", 256 * 1024))
+    st = s.stats()
+    assert st["evicted_objects"] > 0
+    old_left = sum(s.exists(f"old{i}") for i in range(40))
+    new_left = sum(s.exists(f"new{i}") for i in range(40))
+    assert new_left == 40 and old_left < 40
+
+
+def test_recovery_is_reported(card):
+    s = open_store(card)
+    for i in range(25):
+        s.put(f"k{i}", b"x" * 3000)
+    s.close()
+    out = subprocess.run(
+        [sys.executable, "-c", f"from lmcache_adp import CardStore; CardStore({card!r})"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "recovered 25 objects" in out.stderr and " s\n" in out.stderr
