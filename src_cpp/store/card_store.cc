@@ -53,7 +53,7 @@ void encode_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t se
   h.flags = flags;
   h.key_bytes = static_cast<uint32_t>(key.size());
   h.payload_crc = payload_crc;
-  std::memcpy(block + sizeof h, key.data(), key.size());
+  if (!key.empty()) std::memcpy(block + sizeof h, key.data(), key.size());  // tombstones pass a null key
   h.header_crc = header_crc(h, block + sizeof h);
   std::memcpy(block, &h, sizeof h);
 }
