@@ -66,8 +66,9 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
   b->results.assign(b->keys.size(), 0);
   b->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
   size_t n = b->keys.size();
-  // Exists is index work only: one task. The rest spread over the workers.
-  size_t slices = (op == OpType::kExists || n == 0) ? 1 : std::min<size_t>(n, workers_.size());
+  // Exists is index work only: one task. The rest spread over the workers
+  // (counted from opts_: close() may be clearing workers_ concurrently).
+  size_t slices = (op == OpType::kExists || n == 0) ? 1 : std::min<size_t>(n, opts_.num_workers);
 
   std::lock_guard<std::mutex> lock(mu_);
   Batch* raw = b.get();
