@@ -19,6 +19,7 @@ struct Connector::Batch {
   std::vector<std::string> keys;
   std::vector<Buffer> buffers;
   std::unique_ptr<BufferOwner> owner;
+  Clock::time_point submitted;
   std::vector<uint8_t> results;          // per key; each worker writes only its slice
   Clock::time_point deadline;
   std::multimap<Clock::time_point, Batch*>::iterator deadline_it;
@@ -39,6 +40,16 @@ struct Connector::Batch {
     return completed;
   }
 };
+
+const char* op_name(OpType op) {
+  switch (op) {
+    case OpType::kGet: return "get";
+    case OpType::kSet: return "set";
+    case OpType::kExists: return "exists";
+    case OpType::kDelete: return "delete";
+  }
+  return "?";
+}
 
 Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& opts)
     : backend_(std::move(backend)), description_(backend_->describe()), opts_(opts) {
@@ -64,7 +75,8 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
   b->buffers = std::move(buffers);
   b->owner = std::move(owner);
   b->results.assign(b->keys.size(), 0);
-  b->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
+  b->submitted = Clock::now();
+  b->deadline = b->submitted + std::chrono::milliseconds(opts_.timeout_ms);
   size_t n = b->keys.size();
   // Exists is index work only: one task. The rest spread over the workers
   // (counted from opts_: close() may be clearing workers_ concurrently).
@@ -98,6 +110,8 @@ void Connector::complete_locked(Batch* b, bool ok, const std::string& error, boo
     b->completed = true;
   }
   deadlines_.erase(b->deadline_it);
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - b->submitted).count();
+  latency_[static_cast<int>(b->op)].record(static_cast<uint64_t>(us));
   Completion c{b->id, ok, error, {}};
   c.per_key = use_results ? b->results : std::vector<uint8_t>(b->keys.size(), 0);
   completions_.push_back(std::move(c));

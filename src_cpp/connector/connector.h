@@ -26,10 +26,13 @@
 #include <vector>
 
 #include "connector/backend.h"
+#include "util/latency_histogram.h"
 
 namespace adp {
 
 enum class OpType { kGet, kSet, kExists, kDelete };
+constexpr int kNumOpTypes = 4;
+const char* op_name(OpType op);
 
 // Keeps the memory behind a batch's buffers alive until its workers are done.
 class BufferOwner {
@@ -71,6 +74,8 @@ class Connector {
   // Destroys buffer owners of batches whose workers are done.
   void free_retired();
   StoreStats stats() const;
+  // Submit-to-completion latency of the futures of one kind (timeouts included).
+  LatencyHistogram::Snapshot latency(OpType op) const { return latency_[static_cast<int>(op)].snapshot(); }
   std::string describe() const { return description_; }
 
  private:
@@ -104,6 +109,7 @@ class Connector {
   bool closed_ = false;
   std::vector<std::thread> workers_;
   std::thread deadline_thread_;
+  LatencyHistogram latency_[kNumOpTypes];
 };
 
 }  // namespace adp

@@ -120,7 +120,20 @@ class NativeConnector {
     connector_->free_retired();
   }
 
-  py::dict stats() const { return stats_dict(connector_->stats()); }
+  py::dict stats() const {
+    py::dict d = stats_dict(connector_->stats());
+    py::dict lat;
+    for (int i = 0; i < kNumOpTypes; i++) {
+      auto snap = connector_->latency(static_cast<OpType>(i));
+      py::dict h;
+      h["count"] = snap.count;
+      h["sum_us"] = snap.sum_us;
+      h["buckets"] = std::vector<uint64_t>(snap.buckets.begin(), snap.buckets.end());
+      lat[op_name(static_cast<OpType>(i))] = h;
+    }
+    d["latency_us_log2"] = lat;
+    return d;
+  }
   std::string describe() const { return connector_->describe(); }
 
   static py::dict stats_dict(const StoreStats& s) {
@@ -200,6 +213,26 @@ class PyCardStore {
     return store().remove(*ctx_, key);
   }
   py::dict stats() const { return NativeConnector::stats_dict(store().stats()); }
+
+  // progress(done, total) is called from time to time, with the GIL.
+  py::dict verify(bool repair, const py::object& progress) {
+    VerifyReport r;
+    {
+      py::gil_scoped_release nogil;
+      store().verify(*ctx_, repair, [&progress](uint64_t done, uint64_t total) {
+        if (progress.is_none() || (done % 256 && done != total)) return;
+        py::gil_scoped_acquire gil;
+        progress(done, total);
+      }, &r);
+    }
+    py::dict d;
+    d["checked"] = r.checked;
+    d["bad"] = r.bad;
+    d["repaired"] = r.repaired;
+    d["bytes"] = r.bytes;
+    d["bad_objects"] = r.bad_objects;
+    return d;
+  }
   uint64_t max_object_bytes() const { return store().max_object_bytes(); }
   void close() {
     ctx_.reset();
@@ -257,6 +290,7 @@ PYBIND11_MODULE(_native, m) {
       .def("exists", &PyCardStore::exists)
       .def("remove", &PyCardStore::remove)
       .def("stats", &PyCardStore::stats)
+      .def("verify", &PyCardStore::verify, py::arg("repair") = false, py::arg("progress") = py::none())
       .def_property_readonly("max_object_bytes", &PyCardStore::max_object_bytes)
       .def("close", &PyCardStore::close);
 }

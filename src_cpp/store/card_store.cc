@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "util/crc32c.h"
 #include "util/log.h"
@@ -567,13 +568,57 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
+std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io) {
+  uint64_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Region& reg = regions_[e.region];
+    reg.pins++;
+    reg.last_access = ++clock_;
+    epoch = reg.epoch;
+  }
+  uint64_t fp = object_footprint(e.payload_bytes);
+  *io = ctx.staging_.reserve(fp) ? device_->read(region_offset(e.region) + uint64_t(e.block) * kBlockSize, ctx.staging_.data(), fp)
+                                 : Status::IoError("out of memory for staging");
+  unpin(e.region);
+  if (!io->ok()) {
+    note_io_error(*io);
+    return io->message();
+  }
+  counters_.bytes_read += fp;
+  const uint8_t* block = ctx.staging_.data();
+  ObjectHeader hdr;
+  if (!decode_header(block, card_id_, epoch, &hdr)) return "header damaged";
+  if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
+    return "header does not match the index";
+  if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
+    return "key does not match the index";
+  if (crc32c(block + kBlockSize, hdr.payload_bytes) != hdr.payload_crc) return "payload checksum mismatch";
+  return std::string();
+}
+
+void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e) {
+  counters_.checksum_failures++;
+  Location loc{e.region, uint64_t(e.block) * kBlockSize, 0, e.seq, e.payload_bytes};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(hash);
+    if (it == index_.end() || it->second.seq != e.seq) return;  // already replaced or gone
+    erase_entry_locked(hash, it->second);
+    regions_[e.region].pins++;
+    loc.epoch = regions_[e.region].epoch;
+  }
+  Status ts = write_tombstone(ctx, loc);
+  if (!ts.ok()) note_io_error(ts);
+  unpin(e.region);
+}
+
 Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payload, size_t* size) {
   ctx.store_ = this;
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
   uint64_t h = hash_key(key);
   IndexEntry e;
-  uint64_t epoch;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(h);
@@ -582,56 +627,67 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payl
       return Status::NotFound();
     }
     e = it->second;
-    Region& reg = regions_[e.region];
-    reg.pins++;
-    reg.last_access = ++clock_;
-    epoch = reg.epoch;
   }
-  uint64_t fp = object_footprint(e.payload_bytes);
-  uint64_t offset = uint64_t(e.block) * kBlockSize;
-  Status s = ctx.staging_.reserve(fp) ? device_->read(region_offset(e.region) + offset, ctx.staging_.data(), fp)
-                                      : Status::IoError("out of memory for staging");
-  unpin(e.region);
-  if (!s.ok()) {
-    note_io_error(s);
-    return s;
-  }
-  counters_.bytes_read += fp;
+  Status io;
+  std::string bad = read_and_check(ctx, h, e, &io);
+  if (!io.ok()) return io;
   const uint8_t* block = ctx.staging_.data();
   ObjectHeader hdr;
-  bool header_ok = decode_header(block, card_id_, epoch, &hdr) && !(hdr.flags & kObjectDeleted) &&
-                   hdr.seq == e.seq && hdr.payload_bytes == e.payload_bytes;
-  if (header_ok && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key) {
+  std::memcpy(&hdr, block, sizeof hdr);
+  if (bad.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key) {
     counters_.misses++;  // another key with the same 64-bit hash
     return Status::NotFound();
   }
-  if (!header_ok || crc32c(block + kBlockSize, hdr.payload_bytes) != hdr.payload_crc) {
-    counters_.checksum_failures++;
+  if (!bad.empty()) {
     counters_.misses++;
-    ADP_WARN("checksum mismatch for an object at region %u offset %" PRIu64 " of card %s: dropped, served as a miss",
-             e.region, offset, path().c_str());
-    Location loc{e.region, offset, epoch, e.seq, e.payload_bytes};
-    bool drop = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = index_.find(h);
-      if (it != index_.end() && it->second.seq == e.seq) {
-        erase_entry_locked(h, it->second);
-        regions_[e.region].pins++;
-        drop = true;
-      }
-    }
-    if (drop) {
-      Status ts = write_tombstone(ctx, loc);
-      if (!ts.ok()) note_io_error(ts);
-      unpin(e.region);
-    }
+    ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped, served as a miss", e.region,
+             uint64_t(e.block) * kBlockSize, path().c_str(), bad.c_str());
+    drop_damaged(ctx, h, e);
     return Status::NotFound();
   }
   counters_.hits++;
   *payload = block + kBlockSize;
   *size = hdr.payload_bytes;
   return Status::Ok();
+}
+
+void CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
+                       VerifyReport* report) {
+  ctx.store_ = this;
+  std::vector<std::pair<uint64_t, IndexEntry>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries.assign(index_.begin(), index_.end());
+  }
+  // Card order: regions are read front to back.
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.second.region, a.second.block) < std::tie(b.second.region, b.second.block);
+  });
+  uint64_t done = 0;
+  for (const auto& [hash, e] : entries) {
+    bool current;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = index_.find(hash);
+      current = it != index_.end() && it->second.seq == e.seq;
+    }
+    if (current) {
+      Status io;
+      std::string bad = read_and_check(ctx, hash, e, &io);
+      report->checked++;
+      report->bytes += e.payload_bytes;
+      if (!bad.empty()) {
+        report->bad++;
+        report->bad_objects.push_back("region " + std::to_string(e.region) + " offset " +
+                                      std::to_string(uint64_t(e.block) * kBlockSize) + ": " + bad);
+        if (repair && io.ok()) {
+          drop_damaged(ctx, hash, e);
+          report->repaired++;
+        }
+      }
+    }
+    progress(++done, entries.size());
+  }
 }
 
 bool CardStore::exists(std::string_view key) {

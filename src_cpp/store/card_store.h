@@ -67,6 +67,11 @@ class IoContext {
   int64_t open_region_ = -1;
 };
 
+struct VerifyReport {
+  uint64_t checked = 0, bad = 0, repaired = 0, bytes = 0;
+  std::vector<std::string> bad_objects;  // "region R offset O: reason"
+};
+
 struct PutItem {
   std::string_view key;
   const uint8_t* data;
@@ -97,6 +102,12 @@ class CardStore {
   bool exists(std::string_view key);
   // True if the key was present and is now deleted on the card.
   bool remove(IoContext& ctx, std::string_view key);
+
+  // Reads every indexed object and checks it as a load would. Bad objects
+  // are reported, and dropped (as a failed load drops them) when `repair`.
+  // progress(done, total) is called after each object.
+  void verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
+              VerifyReport* report);
 
   StoreStats stats() const;
   const std::string& path() const { return device_->path(); }
@@ -147,6 +158,11 @@ class CardStore {
   Status write_tombstone(IoContext& ctx, const Location& loc);
   void note_io_error(const Status& s);
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
+  // Reads the object of (hash, e) into ctx's staging and checks header, key
+  // hash and payload CRC. Empty string if good, else the reason.
+  std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io);
+  // Removes a damaged object from the index and marks it deleted on the card.
+  void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 
   std::unique_ptr<CardDevice> device_;
   const uint64_t card_id_;

@@ -154,3 +154,12 @@ def test_ctypes_memoryview_like_lmcache(conn):
     assert conn.set(["c"], [memoryview(src).cast("B")])[0]
     assert conn.get(["c"], [memoryview(dst).cast("B")])[2] == [True]
     assert bytes(dst) == payload("c", 10000)
+
+
+def test_latency_histograms_count_completions(conn):
+    conn.set(["a", "b"], [memoryview(b"1" * 100), memoryview(b"2" * 100)])
+    conn.exists(["a"])
+    conn.exists(["b"])
+    lat = conn.conn.stats()["latency_us_log2"]
+    assert lat["set"]["count"] == 1 and lat["exists"]["count"] == 2 and lat["get"]["count"] == 0
+    assert sum(lat["exists"]["buckets"]) == 2 and len(lat["exists"]["buckets"]) == 32

@@ -263,3 +263,33 @@ def test_recovery_is_reported(card):
         capture_output=True, text=True, check=True,
     )
     assert "recovered 25 objects" in out.stderr and " s\n" in out.stderr
+
+
+def flip_payload_byte(card: str, key: str, at: int = 100) -> None:
+    image = open(card, "rb").read()
+    pos = image.find(key.encode())
+    assert pos > 0
+    with open(card, "r+b") as f:
+        f.seek(pos - pos % 4096 + 4096 + at)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_verify_finds_and_repairs_damage(card):
+    s = open_store(card)
+    for i in range(30):
+        s.put(f"obj{i:02d}", payload(f"obj{i:02d}", 9000))
+    flip_payload_byte(card, "obj07")
+    seen = []
+    r = s.verify(repair=False, progress=lambda d, t: seen.append((d, t)))
+    assert (r["checked"], r["bad"], r["repaired"]) == (30, 1, 0)
+    assert "payload checksum mismatch" in r["bad_objects"][0]
+    assert seen[-1] == (30, 30)
+    assert s.stats()["objects"] == 30  # a report only
+    r = s.verify(repair=True)
+    assert (r["bad"], r["repaired"]) == (1, 1)
+    assert s.verify()["bad"] == 0 and s.stats()["objects"] == 29
+    s.close()
+    s = open_store(card)
+    assert s.get("obj07") is None and s.stats()["objects"] == 29

@@ -1,0 +1,95 @@
+"""Index scaling of the card store: lookup cost, memory per object and
+recovery time as the object count grows to a million.
+
+Method: one CardStore (the direct binding, durable=False so the run measures
+the index, not fdatasync) on a card image; objects of 1 byte (footprint 8 KiB:
+header block + one payload block) are added in steps. At each step: the
+per-key time of `exists` over 100 k random present keys and 100 k absent ones,
+through the binding (one Python call per key, so the figure includes about
+0.1 us of call overhead); the RSS growth per object since the empty card; then
+the card is closed and reopened and the recovery time is read from its stats.
+
+    python benchmarks/bench_index.py --card /dev/shm/index.img --steps 10000,100000,1000000
+
+Writes a markdown table to stdout (and --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+from lmcache_adp import CardStore
+
+FOOTPRINT = 8192
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def key(i: int) -> str:
+    return f"meta-llama/Llama-3.1-8B@00000000@0@{i:016x}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--card", required=True, help="card image path (removed first)")
+    ap.add_argument("--steps", default="10000,100000,1000000")
+    ap.add_argument("--output")
+    args = ap.parse_args()
+    steps = [int(s) for s in args.steps.split(",")]
+    size = int(max(steps) * FOOTPRINT * 1.15) + (64 << 20)
+    if os.path.exists(args.card):
+        os.unlink(args.card)
+
+    store = CardStore(args.card, size, durable=False)
+    base_rss = rss_bytes()
+    rows = []
+    n = 0
+    for target in steps:
+        t0 = time.perf_counter()
+        while n < target:
+            store.put(key(n), b"x")
+            n += 1
+        insert_s = time.perf_counter() - t0
+        probe = [key(random.randrange(n)) for _ in range(100_000)]
+        t0 = time.perf_counter()
+        hits = sum(map(store.exists, probe))
+        lookup_us = (time.perf_counter() - t0) / len(probe) * 1e6
+        assert hits == len(probe)
+        absent = [key(n + i) for i in range(100_000)]
+        t0 = time.perf_counter()
+        assert not any(map(store.exists, absent))
+        miss_us = (time.perf_counter() - t0) / len(absent) * 1e6
+        rss_per_obj = (rss_bytes() - base_rss) / n
+        store.close()
+        store = CardStore(args.card, durable=False)
+        st = store.stats()
+        assert st["objects"] == n
+        rows.append((n, insert_s, lookup_us, miss_us, rss_per_obj, st["recovery_seconds"]))
+        print(f"{n} objects: lookup hit {lookup_us:.2f} us, miss {miss_us:.2f} us, "
+              f"{rss_per_obj:.0f} B/object, recovery {st['recovery_seconds']:.2f} s", flush=True)
+    store.close()
+    os.unlink(args.card)
+
+    lines = [
+        "| objects | insert s (step) | exists hit us/key | exists miss us/key | RSS B/object | recovery s |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {n} | {ins:.1f} | {hit:.2f} | {miss:.2f} | {rss:.0f} | {rec:.2f} |" for n, ins, hit, miss, rss, rec in rows]
+    table = "\n".join(lines)
+    print(table)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
