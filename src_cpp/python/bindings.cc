@@ -157,6 +157,7 @@ class NativeConnector {
     d["bytes_read"] = s.bytes_read;
     d["recovered_objects"] = s.recovered_objects;
     d["recovery_seconds"] = s.recovery_seconds;
+    d["healthy"] = s.healthy;
     return d;
   }
 

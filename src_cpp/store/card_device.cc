@@ -116,21 +116,36 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
   return Status::Ok();
 }
 
+Status CardDevice::track(Status s) const {
+  if (s.ok()) {
+    if (!healthy_.load(std::memory_order_relaxed) && !healthy_.exchange(true))
+      ADP_INFO("card %s: I/O works again", path_.c_str());
+  } else if (healthy_.exchange(false)) {
+    ADP_ERROR("card %s: I/O failing: %s", path_.c_str(), s.message().c_str());
+  }
+  return s;
+}
+
 Status CardDevice::read(uint64_t offset, void* buf, size_t n) const {
   iovec v{buf, n};
-  return transfer(false, offset, &v, 1);
+  return track(transfer(false, offset, &v, 1));
 }
 
 Status CardDevice::write(uint64_t offset, const void* buf, size_t n) const {
   iovec v{const_cast<void*>(buf), n};
-  return transfer(true, offset, &v, 1);
+  return track(transfer(true, offset, &v, 1));
 }
 
-Status CardDevice::readv(uint64_t offset, const iovec* iov, int count) const { return transfer(false, offset, iov, count); }
-Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const { return transfer(true, offset, iov, count); }
+Status CardDevice::readv(uint64_t offset, const iovec* iov, int count) const {
+  return track(transfer(false, offset, iov, count));
+}
+
+Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const {
+  return track(transfer(true, offset, iov, count));
+}
 
 Status CardDevice::sync() const {
-  if (::fdatasync(fd_) != 0) return Status::IoError("fdatasync of " + path_ + " failed: " + errno_text(errno));
+  if (::fdatasync(fd_) != 0) return track(Status::IoError("fdatasync of " + path_ + " failed: " + errno_text(errno)));
   return Status::Ok();
 }
 

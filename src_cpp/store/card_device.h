@@ -7,6 +7,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,16 +34,20 @@ class CardDevice {
   Status writev(uint64_t offset, const iovec* iov, int count) const;
   // Makes completed writes durable against power loss (fdatasync).
   Status sync() const;
+  // False while the most recent I/O failed. Transitions are logged once each.
+  bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
 
  private:
   CardDevice(std::string path, int fd, uint64_t size, bool block_device)
       : path_(std::move(path)), fd_(fd), size_(size), block_device_(block_device) {}
   Status transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const;
+  Status track(Status s) const;
 
   std::string path_;
   int fd_;
   uint64_t size_;
   bool block_device_;
+  mutable std::atomic<bool> healthy_{true};
 };
 
 }  // namespace adp

@@ -236,7 +236,7 @@ Status CardStore::recover(int threads) {
   }
   for (auto& t : pool) t.join();
   if (!first_error.ok()) {
-    note_io_error(first_error);
+    count_io_error();
     return Status::IoError("recovery of card " + path() + " failed: " + first_error.message());
   }
 
@@ -293,11 +293,6 @@ Status CardStore::recover(int threads) {
            num_regions_ * double(region_bytes_) / double(1ull << 30), num_regions_, region_bytes_ >> 20,
            recovery_seconds_);
   return Status::Ok();
-}
-
-void CardStore::note_io_error(const Status& s) {
-  counters_.io_errors++;
-  if (!io_error_logged_.exchange(true)) ADP_ERROR("card I/O error: %s", s.message().c_str());
 }
 
 void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
@@ -379,7 +374,7 @@ Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
   std::memcpy(ctx.header_.data(), &rh, sizeof rh);
   Status s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
   if (!s.ok()) {
-    note_io_error(s);
+    count_io_error();
     std::lock_guard<std::mutex> lock(mu_);
     regions_[r].state = RegionState::kFree;
     free_regions_.push_back(r);
@@ -438,6 +433,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   }
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
+  // Regions holding this put's objects stay pinned until the commit: a region
+  // sealed by a later item would otherwise look empty and be evicted (and
+  // rewritten) before its objects are indexed.
+  std::vector<uint32_t> pinned;
   bool any_written = false;
   for (size_t i = 0; i < n; i++) {
     const PutItem& it = items[i];
@@ -462,7 +461,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     {
       std::lock_guard<std::mutex> lock(mu_);
       seq = next_seq_++;
+      regions_[region].pins++;
     }
+    pinned.push_back(region);
     uint32_t pcrc = crc32c(it.data, it.size);
     // Zero-copy when the caller's memory suits O_DIRECT: header block, the
     // aligned body straight from the caller, the tail through a block of ours.
@@ -497,7 +498,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     }
     s = device_->writev(region_offset(region) + offset, iov, iovcnt);
     if (!s.ok()) {
-      note_io_error(s);
+      count_io_error();
       results[i] = s;
       continue;
     }
@@ -508,7 +509,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   if (any_written && durable_) {
     Status s = device_->sync();
     if (!s.ok()) {
-      note_io_error(s);
+      count_io_error();
       for (size_t i = 0; i < n; i++)
         if (written[i].region != UINT32_MAX) results[i] = s, written[i].region = UINT32_MAX;
     }
@@ -544,10 +545,12 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       used_bytes_ += fp;
       counters_.stores++;
     }
+    for (uint32_t r : pinned)
+      if (--regions_[r].pins == 0) unpinned_.notify_all();
   }
   for (const Location& loc : superseded) {
     Status s = write_tombstone(ctx, loc);
-    if (!s.ok()) note_io_error(s);
+    if (!s.ok()) count_io_error();
     unpin(loc.region);
   }
   if (!wanted)
@@ -582,7 +585,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
                                  : Status::IoError("out of memory for staging");
   unpin(e.region);
   if (!io->ok()) {
-    note_io_error(*io);
+    count_io_error();
     return io->message();
   }
   counters_.bytes_read += fp;
@@ -609,7 +612,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
     loc.epoch = regions_[e.region].epoch;
   }
   Status ts = write_tombstone(ctx, loc);
-  if (!ts.ok()) note_io_error(ts);
+  if (!ts.ok()) count_io_error();
   unpin(e.region);
 }
 
@@ -726,7 +729,7 @@ bool CardStore::remove(IoContext& ctx, std::string_view key) {
     }
     if (--regions_[loc.region].pins == 0) unpinned_.notify_all();
   }
-  if (!s.ok()) note_io_error(s);
+  if (!s.ok()) count_io_error();
   if (erased) counters_.deletes++;
   return erased;
 }
@@ -755,6 +758,7 @@ StoreStats CardStore::stats() const {
   st.bytes_read = counters_.bytes_read;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;
+  st.healthy = device_->healthy();
   return st;
 }
 

@@ -47,6 +47,7 @@ struct StoreStats {
   uint64_t bytes_written = 0, bytes_read = 0;
   uint64_t recovered_objects = 0;
   double recovery_seconds = 0;
+  bool healthy = true;  // false while the card's most recent I/O failed
 };
 
 class CardStore;
@@ -156,7 +157,7 @@ class CardStore {
   void unpin(uint32_t r);
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
-  void note_io_error(const Status& s);
+  void count_io_error() { counters_.io_errors++; }  // the device logs failing/working transitions
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
   // Reads the object of (hash, e) into ctx's staging and checks header, key
   // hash and payload CRC. Empty string if good, else the reason.
@@ -189,7 +190,6 @@ class CardStore {
   } counters_;
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
-  std::atomic<bool> io_error_logged_{false};
 };
 
 }  // namespace adp

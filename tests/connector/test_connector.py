@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import select
 
 import numpy as np
@@ -163,3 +164,21 @@ def test_latency_histograms_count_completions(conn):
     lat = conn.conn.stats()["latency_us_log2"]
     assert lat["set"]["count"] == 1 and lat["exists"]["count"] == 2 and lat["get"]["count"] == 0
     assert sum(lat["exists"]["buckets"]) == 2 and len(lat["exists"]["buckets"]) == 32
+
+
+def test_card_io_failure_is_reported_and_recovers(card):
+    c = RawConnector(ADPConnector(card=card, card_size_gb=0.0625, num_workers=1))
+    c.set(["a", "b"], [memoryview(payload("a", 300_000)), memoryview(payload("b", 300_000))])
+    size = os.path.getsize(card)
+    os.truncate(card, 1 << 20)  # the card loses its data area under the store
+    buf = bytearray(300_000)
+    ok, err, hits = c.get(["a"], [memoryview(buf)])
+    assert not ok and hits == [False] and "unexpected end of card" in err
+    assert buf == bytearray(300_000)
+    st = c.conn.stats()
+    assert not st["healthy"] and st["io_errors"] >= 1
+    os.truncate(card, size)  # the card comes back (zeros now: the object reads as damaged)
+    ok, err, hits = c.get(["b"], [memoryview(buf)])
+    assert ok and hits == [False]  # a checked miss, not an error
+    assert c.conn.stats()["healthy"]
+    c.conn.close()
