@@ -41,7 +41,7 @@ setup(
     packages=find_packages(include=["lmcache_adp", "lmcache_adp.*"]),
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
-    install_requires=["numpy"],
+    install_requires=["numpy", "prometheus_client", "tqdm"],
     extras_require={
         "lmcache": ["lmcache>=0.5.4,<0.6"],
         "test": ["pytest>=8", "pytest-benchmark", "numpy", "google-crc32c"],

@@ -35,6 +35,7 @@ PARAMS: dict[str, Param] = {
     "num_workers": Param(4, "worker threads of the connector (1-64)"),
     "timeout_ms": Param(10000, "deadline of one operation; past it the future completes as failed"),
     "durable": Param(True, "fdatasync before a store is acknowledged (power-loss safety)"),
+    "metrics_port": Param(0, "serve Prometheus /metrics, /health and /stats on this port (0: off)"),
 }
 
 
@@ -58,6 +59,7 @@ class ConnectorConfig:
     num_workers: int = 4
     timeout_ms: int = 10000
     durable: bool = True
+    metrics_port: int = 0
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "ConnectorConfig":
@@ -90,6 +92,7 @@ class ConnectorConfig:
             num_workers=_int("num_workers", params.get("num_workers", 4), 1, 64),
             timeout_ms=_int("timeout_ms", params.get("timeout_ms", 10000), 1, 3_600_000),
             durable=durable,
+            metrics_port=_int("metrics_port", params.get("metrics_port", 0), 0, 65535),
         )
 
     def to_native(self) -> dict[str, Any]:

@@ -14,12 +14,25 @@ from typing import Any
 
 from lmcache_adp._native import NativeConnector
 from lmcache_adp.config import ConnectorConfig
+from lmcache_adp.metrics import MetricsServer
 
 
 class ADPConnector(NativeConnector):
     def __init__(self, **adapter_params: Any) -> None:
         self.config = ConnectorConfig.from_params(adapter_params)
         super().__init__(self.config.to_native())
+        self._metrics = MetricsServer(self.stats, self.config.metrics_port) if self.config.metrics_port else None
+
+    def stats(self) -> dict[str, Any]:
+        st = super().stats()
+        st["card"] = self.config.card
+        return st
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        super().close()
 
     def __repr__(self) -> str:
         return f"ADPConnector({self.describe()})"

@@ -1,0 +1,187 @@
+"""Operator commands: `lmcache-adp status`, `verify` and `format`.
+
+register(subparsers) adds them to the `lmcache-adp` command line; each handler
+returns the process exit code. Errors an operator can fix (bad arguments, a
+card in use, a missing card) are one clear line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from lmcache_adp._native import CardStore, format_card
+from lmcache_adp.config import GIB
+
+EXIT_OK, EXIT_BAD_CARD, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+
+
+def percentile_us(buckets: list[int], q: float) -> float | None:
+    """Upper bound (us) of the log2 bucket holding quantile q; None without samples."""
+    total = sum(buckets)
+    if not total:
+        return None
+    seen = 0
+    for i, n in enumerate(buckets):
+        seen += n
+        if seen >= q * total:
+            return float(2 ** (i + 1))
+    return float(2 ** len(buckets))
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def format_status(st: dict[str, Any]) -> str:
+    hits, misses = st.get("hits", 0), st.get("misses", 0)
+    ratio = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+    cap = st.get("capacity_bytes", 0)
+    rows = [
+        ("card", st.get("card", "-")),
+        ("healthy", "yes" if st.get("healthy", True) else "NO (last card I/O failed)"),
+        ("capacity", _size(cap)),
+        ("used", f"{_size(st.get('used_bytes', 0))} ({st.get('used_bytes', 0) / cap:.1%})" if cap else "-"),
+        ("objects", st.get("objects", 0)),
+        ("hits / misses", f"{hits} / {misses} (hit ratio {ratio})"),
+        ("stores (failed)", f"{st.get('stores', 0)} ({st.get('store_failures', 0)})"),
+        ("evictions", f"{st.get('evicted_objects', 0)} objects in {st.get('evicted_regions', 0)} regions"),
+        ("checksum failures", st.get("checksum_failures", 0)),
+        ("I/O errors", st.get("io_errors", 0)),
+        ("recovered at open", f"{st.get('recovered_objects', 0)} objects in {st.get('recovery_seconds', 0):.2f} s"),
+    ]
+    if "clients" in st:
+        rows.append(("connected clients", st["clients"]))
+    for op, snap in (st.get("latency_us_log2") or {}).items():
+        if snap["count"]:
+            p = [percentile_us(snap["buckets"], q) for q in (0.5, 0.9, 0.99)]
+            rows.append((f"{op} latency", f"p50 <{p[0]:.0f} us, p90 <{p[1]:.0f} us, p99 <{p[2]:.0f} us ({snap['count']} ops)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _open_card(path: str) -> CardStore:
+    if not os.path.exists(path):
+        raise SystemExit(_fail(f"card {path} does not exist", EXIT_USAGE))
+    try:
+        return CardStore(path, 0, durable=True)
+    except RuntimeError as e:
+        msg = str(e)
+        if "already open" in msg:
+            msg += "; ask the process that holds it (lmcache-adp status --url/--gateway)"
+        raise SystemExit(_fail(msg, EXIT_ERROR)) from None
+    except ValueError as e:
+        raise SystemExit(_fail(str(e), EXIT_BAD_CARD)) from None
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"lmcache-adp: error: {msg}", file=sys.stderr)
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.url:
+        try:
+            with urllib.request.urlopen(args.url.rstrip("/") + "/stats", timeout=5) as r:
+                st = json.load(r)
+        except OSError as e:
+            return _fail(f"cannot read {args.url}/stats: {e}", EXIT_ERROR)
+    else:
+        store = _open_card(args.card)
+        st = store.stats()
+        store.close()
+        st["card"] = args.card
+    print(json.dumps(st, indent=2, sort_keys=True) if args.json else format_status(st))
+    return EXIT_OK
+
+
+class _Progress:
+    """A bar on a terminal (tqdm), a line every few seconds otherwise."""
+
+    def __init__(self, stream=sys.stderr, every_s: float = 5.0):
+        self.stream, self.every_s, self.last, self.bar = stream, every_s, 0.0, None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=0, unit="obj", file=stream, desc="verify")
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.n = done
+            self.bar.refresh()
+        elif time.monotonic() - self.last >= self.every_s or done == total:
+            self.last = time.monotonic()
+            print(f"verify: {done}/{total} objects checked", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = _open_card(args.card)
+    progress = _Progress()
+    try:
+        report = store.verify(repair=args.repair, progress=progress)
+    finally:
+        progress.close()
+        store.close()
+    for line in report["bad_objects"]:
+        print(f"bad object: {line}")
+    verdict = "clean" if not report["bad"] else (f"{report['bad']} bad, {report['repaired']} dropped")
+    print(f"{args.card}: {report['checked']} objects, {_size(report['bytes'])} checked: {verdict}")
+    if report["bad"] and not args.repair:
+        print("run again with --repair to drop the bad objects")
+    return EXIT_OK if report["bad"] == report["repaired"] else EXIT_BAD_CARD
+
+
+def cmd_format(args: argparse.Namespace) -> int:
+    exists = os.path.exists(args.card)
+    if not exists and args.size_gb is None:
+        return _fail(f"card {args.card} does not exist; give --size-gb to create it", EXIT_USAGE)
+    if args.size_gb is not None and args.size_gb <= 0:
+        return _fail(f"--size-gb must be positive, got {args.size_gb}", EXIT_USAGE)
+    if exists and not args.yes:
+        if not sys.stdin.isatty():
+            return _fail(f"refusing to wipe {args.card} without --yes (no terminal to ask on)", EXIT_USAGE)
+        answer = input(f"Wipe every object on {args.card}? Type 'yes' to continue: ")
+        if answer.strip() != "yes":
+            print("not formatted")
+            return EXIT_USAGE
+    size = int(args.size_gb * GIB) if args.size_gb and not exists else 0
+    try:
+        format_card(args.card, size, 0)
+    except (RuntimeError, ValueError) as e:
+        return _fail(str(e), EXIT_ERROR)
+    print(f"formatted {args.card}")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="capacity, usage, hit ratio, errors and latency of a card")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--card", help="card path (must not be held by a running process)")
+    src.add_argument("--url", help="metrics URL of a running connector or gateway, e.g. http://127.0.0.1:9400")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("verify", help="check every object's checksum on a card no process holds")
+    p.add_argument("--card", required=True)
+    p.add_argument("--repair", action="store_true", help="drop the objects that fail")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("format", help="create or wipe a card")
+    p.add_argument("--card", required=True)
+    p.add_argument("--size-gb", type=float, help="size of a new image file")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_format)

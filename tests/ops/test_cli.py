@@ -1,0 +1,98 @@
+"""lmcache-adp status / verify / format: outputs, exit codes, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lmcache_adp import ADPConnector, CardStore
+from lmcache_adp.ops import percentile_us
+from tests.helpers import payload
+
+
+def run(*args, stdin=subprocess.DEVNULL):
+    return subprocess.run([sys.executable, "-m", "lmcache_adp.cli", *args], capture_output=True, text=True, stdin=stdin)
+
+
+@pytest.fixture
+def filled(card):
+    s = CardStore(card, 64 << 20)
+    for i in range(12):
+        s.put(f"k{i}", payload(f"k{i}", 20000))
+    s.close()
+    return card
+
+
+def test_console_script_is_installed():
+    out = subprocess.run(["lmcache-adp", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and all(c in out.stdout for c in ("status", "verify", "format"))
+
+
+def test_status_human_and_json(filled):
+    r = run("status", "--card", filled)
+    assert r.returncode == 0 and [l.split() for l in r.stdout.splitlines() if l.startswith("objects")] == [["objects", "12"]]
+    assert "capacity" in r.stdout and "hit ratio" in r.stdout
+    r = run("status", "--card", filled, "--json")
+    st = json.loads(r.stdout)
+    assert st["objects"] == 12 and st["capacity_bytes"] > 0 and st["healthy"] is True
+
+
+def test_status_of_card_held_by_a_connector(filled):
+    c = ADPConnector(card=filled)
+    try:
+        r = run("status", "--card", filled)
+        assert r.returncode == 3 and "already open" in r.stderr and "--url" in r.stderr
+    finally:
+        c.close()
+
+
+def test_status_bad_arguments():
+    r = run("status")
+    assert r.returncode == 2 and "one of the arguments --card --url is required" in r.stderr
+    r = run("status", "--card", "/nonexistent/card.img")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run("status", "--url", "http://127.0.0.1:1")
+    assert r.returncode == 3 and "cannot read" in r.stderr
+
+
+def test_verify_clean_then_damaged_then_repaired(filled):
+    r = run("verify", "--card", filled)
+    assert r.returncode == 0 and "12 objects" in r.stdout and "clean" in r.stdout
+    assert "verify: 12/12 objects checked" in r.stderr  # progress lines when not on a terminal
+    image = open(filled, "rb").read()
+    pos = image.find(b"k5")
+    with open(filled, "r+b") as f:
+        f.seek(pos - pos % 4096 + 4096 + 10)
+        f.write(b"\x00\xff\x00")
+    r = run("verify", "--card", filled)
+    assert r.returncode == 1 and "bad object: region" in r.stdout and "--repair" in r.stdout
+    r = run("verify", "--card", filled, "--repair")
+    assert r.returncode == 0 and "1 bad, 1 dropped" in r.stdout
+    assert run("verify", "--card", filled).returncode == 0
+
+
+def test_format_creates_asks_and_wipes(tmp_path, filled):
+    new = str(tmp_path / "new.img")
+    r = run("format", "--card", new)
+    assert r.returncode == 2 and "give --size-gb" in r.stderr
+    r = run("format", "--card", new, "--size-gb", "-1")
+    assert r.returncode == 2 and "must be positive" in r.stderr
+    assert run("format", "--card", new, "--size-gb", "0.05").returncode == 0
+    assert os.path.getsize(new) == int(0.05 * (1 << 30)) & ~4095
+    r = run("format", "--card", filled)  # no terminal, no --yes: refuse
+    assert r.returncode == 2 and "without --yes" in r.stderr
+    assert CardStore(filled).stats()["objects"] == 12
+    assert run("format", "--card", filled, "--yes").returncode == 0
+    assert CardStore(filled).stats()["objects"] == 0
+
+
+def test_percentiles_from_log2_buckets():
+    buckets = [0] * 32
+    buckets[3] = 90  # 8-16 us
+    buckets[10] = 10  # 1-2 ms
+    assert percentile_us(buckets, 0.5) == 16 and percentile_us(buckets, 0.99) == 2048
+    assert percentile_us([0] * 32, 0.5) is None

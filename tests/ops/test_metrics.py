@@ -1,0 +1,91 @@
+"""The metrics endpoint of an embedded connector: scrape, parse, counters move."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lmcache_adp import ADPConnector
+from tests.helpers import RawConnector, payload
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+@pytest.fixture
+def served(card):
+    port = free_port()
+    c = ADPConnector(card=card, card_size_gb=0.0625, metrics_port=port)
+    yield RawConnector(c), port
+    c.close()
+
+
+def test_counters_move_with_traffic(served):
+    c, port = served
+    before = scrape(port)
+    assert before["lmcache_adp_stores_total"] == 0 and before["lmcache_adp_healthy"] == 1
+    keys = [f"k{i}" for i in range(5)]
+    c.set(keys, [memoryview(payload(k, 50000)) for k in keys])
+    c.get(keys + ["absent"], [memoryview(bytearray(50000)) for _ in range(6)])
+    after = scrape(port)
+    assert after["lmcache_adp_stores_total"] == 5
+    assert after["lmcache_adp_hits_total"] == 5 and after["lmcache_adp_misses_total"] == 1
+    assert after["lmcache_adp_objects"] == 5
+    assert after["lmcache_adp_bytes_written_total"] >= 5 * 50000
+    assert after["lmcache_adp_bytes_read_total"] >= 5 * 50000
+    assert after["lmcache_adp_op_latency_seconds_count{op=set}"] == 1
+    assert after["lmcache_adp_op_latency_seconds_count{op=get}"] == 1
+    assert after["lmcache_adp_op_latency_seconds_bucket{le=+Inf,op=get}"] == 1
+
+
+def test_health_and_stats_endpoints(served, card):
+    c, port = served
+    c.set(["a"], [memoryview(payload("a", 300_000))])
+    health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5))
+    assert health["healthy"] is True
+    stats = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5))
+    assert stats["objects"] == 1 and stats["card"] == card
+    size = os.path.getsize(card)
+    os.truncate(card, 1 << 20)  # the card fails I/O
+    c.get(["a"], [memoryview(bytearray(300_000))])
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert e.value.code == 503 and json.load(e.value)["healthy"] is False
+    os.truncate(card, size)
+
+
+def test_status_reads_a_running_connector(served):
+    import subprocess
+    import sys
+
+    c, port = served
+    c.set(["a"], [memoryview(b"x" * 1000)])
+    r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "status", "--url", f"http://127.0.0.1:{port}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "set latency" in r.stdout and "objects" in r.stdout
+
+
+def test_metrics_port_validated():
+    from lmcache_adp import ConfigError
+
+    with pytest.raises(ConfigError, match=r"adapter_params\['metrics_port'\] must be in \[0, 65535\]"):
+        ADPConnector(metrics_port=70000)
