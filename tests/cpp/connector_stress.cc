@@ -1,17 +1,20 @@
 // Stress test of the concurrent core without Python, built and run under
 // AddressSanitizer and ThreadSanitizer by scripts/sanitize.sh.
 //
-//   connector_stress CARD_IMAGE
+//   connector_stress CARD_IMAGE [SCALE]
 //
 // CARD_IMAGE must not exist; a 48 MiB card is created there (1 MiB regions,
-// so the workload evicts). Phases:
+// so the workload evicts). SCALE (default 1) multiplies the work, for soak
+// runs. Phases:
 //   1. Connector (4 workers) over EmbeddedBackend: submitters race mixed
 //      kSet/kGet/kExists/kDelete batches against a drainer thread; run three
 //      times: normal timeout, 1 ms timeout (deadlines race the workers), and
 //      close() while submitters are still going.
 //   2. CardStore directly: threads with their own IoContexts and keys, whose
 //      exact state each thread tracks.
-//   3. Close and reopen the card (twice), checking what recovery brings back.
+//   3. Close and reopen the card (twice), checking what recovery brings back;
+//      then a put held between writing and indexing while another thread
+//      recycles every region.
 // Content is a function of (key, version), so every hit is checked byte for
 // byte; misses are allowed (eviction) but never a hit of a key that is known
 // to be gone. Exit code 0 only if every check passed.
@@ -136,16 +139,6 @@ Buf make_buf(size_t size, bool aligned, uint64_t r) {
 
 std::string connector_key(uint64_t n) { return "conn/" + std::to_string(n); }
 
-const char* op_name(adp::OpType op) {
-  switch (op) {
-    case adp::OpType::kGet: return "get";
-    case adp::OpType::kSet: return "set";
-    case adp::OpType::kExists: return "exists";
-    case adp::OpType::kDelete: return "delete";
-  }
-  return "?";
-}
-
 // ---------------------------------------------------------------- connector
 
 struct Request {
@@ -234,7 +227,7 @@ class Tracker {
     if (!c.ok) totals_.failed++;
     size_t n = req.keys.size();
     if (c.per_key.size() != n) {
-      fail("future %llu (%s): %zu per-key results for %zu keys", ull(c.future_id), op_name(req.op),
+      fail("future %llu (%s): %zu per-key results for %zu keys", ull(c.future_id), adp::op_name(req.op),
            c.per_key.size(), n);
       return;
     }
@@ -294,11 +287,11 @@ std::shared_ptr<Request> random_request(std::mt19937_64& rng) {
                                       : pick < 90 ? adp::OpType::kExists : adp::OpType::kDelete;
   size_t n = (r >> 8) % 50 == 0 ? 0 : 1 + (r >> 16) % 8;  // a few empty batches
   for (size_t i = 0; i < n; i++) req->keys.push_back(connector_key(rng() % kConnectorKeys));
-  if (n && (r >> 24) % 60 == 0) {  // now and then a key the store must reject
-    req->keys[0] = (r >> 32) % 2 ? std::string() : std::string(adp::kMaxKeyBytes + 1, 'x');
-    req->has_invalid_key = true;
-  }
   if (req->op == adp::OpType::kSet || req->op == adp::OpType::kGet) {
+    if (n && (r >> 24) % 60 == 0) {  // now and then a key the store must reject, failing the batch
+      req->keys[0] = (r >> 32) % 2 ? std::string() : std::string(adp::kMaxKeyBytes + 1, 'x');
+      req->has_invalid_key = true;
+    }
     for (const std::string& k : req->keys) {
       size_t size = k.empty() || k.size() > adp::kMaxKeyBytes ? 100 : size_of(seed_of(k, 0));
       uint64_t a = rng();
@@ -464,6 +457,51 @@ void direct_worker(adp::CardStore& store, int thread, int keys, int iterations, 
   }
 }
 
+// A put whose objects span two regions seals the first region before any of
+// its objects is indexed. Another thread cycles the whole card while the put
+// sits in that window (inside still_wanted(), which the store calls between
+// writing and indexing): the objects the put reports stored must be readable.
+void check_commit_window(adp::CardStore& store) {
+  const std::string keys[2] = {"window/0", "window/1"};
+  std::vector<Buf> bufs;
+  adp::PutItem items[2];
+  for (int i = 0; i < 2; i++) {
+    bufs.push_back(make_buf(600 << 10, true, 0));  // two do not fit one 1 MiB region
+    fill(bufs[i].data, bufs[i].size, seed_of(keys[i], 1));
+    items[i] = {keys[i], bufs[i].data, bufs[i].size};
+  }
+  auto other_writer = [&] {
+    adp::IoContext ctx;
+    Buf filler = make_buf(900 << 10, true, 0);  // one per region
+    fill(filler.data, filler.size, 0);
+    for (uint64_t i = 0; i < 2 * store.stats().num_regions; i++) {
+      std::string key = "window/filler/" + std::to_string(i);
+      adp::PutItem item{key, filler.data, filler.size};
+      adp::Status r;
+      store.put(ctx, &item, 1, &r, [] { return true; });
+    }
+  };
+  adp::IoContext ctx;
+  adp::Status results[2];
+  store.put(ctx, items, 2, results, [&] {
+    std::thread(other_writer).join();
+    return true;
+  });
+  for (int i = 0; i < 2; i++) {
+    if (!results[i].ok()) {
+      fail("commit window: put of %s failed: %s", keys[i].c_str(), results[i].message().c_str());
+      continue;
+    }
+    const uint8_t* data;
+    size_t size;
+    adp::Status s = store.get(ctx, keys[i], &data, &size);
+    if (!s.ok())
+      fail("commit window: %s was reported stored but reads as: %s", keys[i].c_str(), s.message().c_str());
+    else if (size != bufs[i].size || !matches(data, size, seed_of(keys[i], 1)))
+      fail("commit window: %s read back wrong bytes", keys[i].c_str());
+  }
+}
+
 adp::Status open_card(const std::string& path, std::shared_ptr<adp::CardStore>* out) {
   adp::CardOptions co;
   co.path = path;
@@ -505,8 +543,9 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s CARD_IMAGE (a path that does not exist yet)\n", argv[0]);
+  int scale = argc == 3 ? std::atoi(argv[2]) : 1;
+  if (argc < 2 || argc > 3 || scale < 1) {
+    fprintf(stderr, "usage: %s CARD_IMAGE [SCALE]  (CARD_IMAGE: a path that does not exist yet)\n", argv[0]);
     return 2;
   }
   const std::string path = argv[1];
@@ -527,9 +566,9 @@ int main(int argc, char** argv) {
   // 1. Connector phases.
   Totals totals;
   const PhaseSpec phases[] = {
-      {"normal", 30000, 3, 120, 0},
-      {"1ms-timeout", 1, 3, 60, 0},
-      {"close-midway", 30000, 3, 80, 90},
+      {"normal", 30000, 3, 120 * scale, 0},
+      {"1ms-timeout", 1, 3, 60 * scale, 0},
+      {"close-midway", 30000, 3, 80 * scale, 90 * scale},
   };
   uint64_t phase_seed = 1;
   for (const PhaseSpec& p : phases) run_connector_phase(store, p, phase_seed++, totals);
@@ -537,13 +576,14 @@ int main(int argc, char** argv) {
   check_store_health(*store, "connector phases");
 
   // 2. CardStore directly: threads on the same store, each its own IoContext.
-  constexpr int kDirectThreads = 3, kDirectKeys = 60, kDirectIterations = 400;
+  constexpr int kDirectThreads = 3, kDirectKeys = 60;
+  const int direct_iterations = 400 * scale;
   std::vector<KeyState> states(kDirectThreads, KeyState(kDirectKeys, 0));
   DirectTotals direct;
   {
     std::vector<std::thread> threads;
     for (int t = 0; t < kDirectThreads; t++)
-      threads.emplace_back(direct_worker, std::ref(*store), t, kDirectKeys, kDirectIterations, std::ref(states[t]),
+      threads.emplace_back(direct_worker, std::ref(*store), t, kDirectKeys, direct_iterations, std::ref(states[t]),
                            std::ref(direct));
     for (auto& t : threads) t.join();
   }
@@ -602,6 +642,8 @@ int main(int argc, char** argv) {
       for (int k = 0; k < kDirectKeys; k++) check_read(*store, ctx, direct_key(t, k), states[t][k], reopened, "second reopen");
   }
   check_store_health(*store, "second reopen");
+  check_commit_window(*store);  // last: it recycles every region
+  check_store_health(*store, "commit window");
   store.reset();
 
   if (totals.hits == 0) fail("no connector get ever hit");

@@ -1,0 +1,38 @@
+"""The C++ core under AddressSanitizer (+UBSan) and ThreadSanitizer.
+
+scripts/sanitize.sh builds src_cpp (without the Python bindings) together
+with tests/cpp/connector_stress.cc, a multi-threaded stress test of the
+connector and the card store, and runs it; any sanitizer report or failed
+check makes it exit non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "sanitize.sh"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_stress_under_sanitizer(mode, tmp_path):
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        pytest.skip(f"{cxx} not found: the sanitizer build needs a C++20 g++")
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), mode, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"sanitize.sh {mode} exited {proc.returncode}:\n{output[-20000:]}"
+    assert "connector_stress: PASS" in proc.stdout, output[-5000:]
