@@ -575,6 +575,13 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   uint64_t epoch;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Checked under the same lock as the pin: once unlocked after a lookup,
+    // the entry's region may have been evicted and reused under a new epoch.
+    auto it = index_.find(hash);
+    if (it == index_.end() || it->second.seq != e.seq) {
+      *io = Status::NotFound("evicted, replaced or deleted meanwhile");
+      return std::string();
+    }
     Region& reg = regions_[e.region];
     reg.pins++;
     reg.last_access = ++clock_;
@@ -592,6 +599,10 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   const uint8_t* block = ctx.staging_.data();
   ObjectHeader hdr;
   if (!decode_header(block, card_id_, epoch, &hdr)) return "header damaged";
+  if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
+    *io = Status::NotFound("deleted meanwhile");
+    return std::string();
+  }
   if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
     return "header does not match the index";
   if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
@@ -633,6 +644,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payl
   }
   Status io;
   std::string bad = read_and_check(ctx, h, e, &io);
+  if (io.is_not_found()) counters_.misses++;
   if (!io.ok()) return io;
   const uint8_t* block = ctx.staging_.data();
   ObjectHeader hdr;

@@ -160,7 +160,9 @@ class CardStore {
   void count_io_error() { counters_.io_errors++; }  // the device logs failing/working transitions
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
   // Reads the object of (hash, e) into ctx's staging and checks header, key
-  // hash and payload CRC. Empty string if good, else the reason.
+  // hash and payload CRC. Empty string if good, else the reason. *io is
+  // NotFound (and the reason empty) when the object is no longer current:
+  // evicted, replaced or deleted since e was looked up. That is no damage.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
