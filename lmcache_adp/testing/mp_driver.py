@@ -85,7 +85,42 @@ class ServerError(RuntimeError):
     pass
 
 
-class MPServer:
+class _Child:
+    """A child process we started and stop by its PID (SIGTERM, then SIGKILL)."""
+
+    proc: subprocess.Popen | None = None
+
+    def _spawn(self, args: list[str], log_path: Path, **popen: Any) -> None:
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **popen)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """Stops the process; returns its exit code (None if never started)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+
+    def start(self, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class MPServer(_Child):
     """One `lmcache server` child process, on free ports, stopped by PID."""
 
     def __init__(
@@ -114,7 +149,6 @@ class MPServer:
         ]  # fmt: skip
         for spec in l2_adapters:
             self.args += ["--l2-adapter", json.dumps(spec)]
-        self.proc: subprocess.Popen | None = None
         self._log_offset = 0
 
     @property
@@ -125,11 +159,6 @@ class MPServer:
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
     def start(self, timeout: float = 120.0) -> "MPServer":
         env = dict(os.environ)
         env.setdefault("LMCACHE_DISABLE_BANNER", "1")
@@ -138,11 +167,8 @@ class MPServer:
         # The prefetch report that says L1 or L2 is an INFO line.
         if env.get("LMCACHE_LOG_LEVEL", "INFO").upper() not in ("INFO", "DEBUG"):
             env["LMCACHE_LOG_LEVEL"] = "INFO"
-        with open(self.log_path, "ab") as log:
-            self._log_offset = log.tell()
-            self.proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.workdir
-            )
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._spawn(self.args, self.log_path, env=env, cwd=self.workdir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -155,23 +181,6 @@ class MPServer:
             time.sleep(0.3)
         self.stop()
         raise ServerError(f"lmcache server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM to our child's PID, SIGKILL if it does not exit; returns its exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait(10)
-
-    def __enter__(self) -> "MPServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     # --- observing the server -------------------------------------------------
 
@@ -246,6 +255,55 @@ class MPServer:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
+
+
+# --- the gateway daemon ------------------------------------------------------
+
+
+def gateway_unavailable() -> str | None:
+    """None if this install has `lmcache-adp gateway`, else why not."""
+    r = subprocess.run(
+        [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--help"], capture_output=True, text=True, timeout=60
+    )
+    if r.returncode == 0:
+        return None
+    return "`lmcache-adp gateway` is not in this build of lmcache_adp.cli yet: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+
+
+class Gateway(_Child):
+    """`lmcache-adp gateway` on a card, serving a Unix socket; stopped by PID."""
+
+    def __init__(self, card: str | os.PathLike, socket_path: str | os.PathLike, *, card_size_gb: float = 1,
+                 workdir: str | os.PathLike | None = None, extra_args: Iterable[str] = ()):  # fmt: skip
+        self.card = str(card)
+        self.socket_path = str(socket_path)
+        self.workdir = Path(workdir or Path(self.socket_path).parent)
+        self.log_path = self.workdir / "gateway.log"
+        self.args = [
+            sys.executable, "-m", "lmcache_adp.cli", "gateway",
+            "--card", self.card, "--card-size-gb", str(card_size_gb), "--socket", self.socket_path,
+            *extra_args,
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self, timeout: float = 60.0) -> "Gateway":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._spawn(self.args, self.log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"gateway exited with {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(self.socket_path)
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise ServerError(f"gateway not listening on {self.socket_path} after {timeout:.0f} s")
 
 
 # --- the vLLM side -----------------------------------------------------------

@@ -1,0 +1,137 @@
+"""End to end: a real `lmcache server` with the card as its L2 tier, driven
+through the client classes vLLM's LMCacheMPConnector uses (CPU KV tensors).
+
+Each test starts its servers on free ports and stops them by PID. Every test
+runs with the embedded card and through the gateway daemon; the gateway runs
+skip, with the reason, while this build has no `lmcache-adp gateway`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache")
+
+from lmcache_adp.testing.mp_driver import (  # noqa: E402
+    Gateway,
+    KVShape,
+    MPServer,
+    VLLMClient,
+    adp_adapter,
+    drop_l1,
+    gateway_unavailable,
+    prompt,
+    restore_prompt,
+    store_prompt,
+)
+
+pytestmark = [pytest.mark.lmcache, pytest.mark.slow]
+
+# 4 layers x 2 KV heads x 64 x fp16: 2 KiB per token, 512 KiB per 256-token chunk.
+SHAPE = KVShape(num_layers=4, num_heads=2, head_dim=64, block_size=16, num_blocks=160)
+TOKENS = 1024  # 4 chunks
+CARD_GB = 0.25
+
+
+@dataclass
+class L2Tier:
+    """The card as LMCache sees it (its --l2-adapter spec), embedded or behind a gateway."""
+
+    mode: str
+    card: Path
+    gateway: Gateway | None = None
+
+    def adapter(self) -> dict[str, Any]:
+        if self.gateway is None:
+            return adp_adapter(card=str(self.card), card_size_gb=CARD_GB)
+        return adp_adapter(gateway=self.gateway.url)
+
+    def restart_gateway(self) -> None:
+        assert self.gateway is not None
+        self.gateway.stop()
+        assert self.gateway.proc.poll() is not None
+        self.gateway.start()
+
+
+@pytest.fixture(scope="module")
+def gateway_missing() -> str | None:
+    return gateway_unavailable()
+
+
+@pytest.fixture(params=["embedded", "gateway"])
+def tier(request, tmp_path, gateway_missing):
+    card = tmp_path / "card.img"
+    if request.param == "embedded":
+        yield L2Tier("embedded", card)
+        return
+    if gateway_missing:
+        pytest.skip(gateway_missing)
+    with Gateway(card, tmp_path / "gw.sock", card_size_gb=CARD_GB, workdir=tmp_path) as gw:
+        yield L2Tier("gateway", card, gw)
+
+
+def server_on(tier: L2Tier, workdir: Path, name: str) -> MPServer:
+    return MPServer([tier.adapter()], workdir, l1_size_gb=1, name=name)
+
+
+def assert_restored_from_card(r) -> None:
+    assert r.hit_tokens == r.tokens, f"{r.hit_tokens}/{r.tokens} tokens hit"
+    assert r.retrieved, "the worker reported failed blocks"
+    assert r.identical, "retrieved KV differs from the stored KV"
+    assert r.prefetch is not None, "the server logged no prefetch for the lookup"
+    assert (r.prefetch.from_l1, r.prefetch.from_l2) == (0, r.tokens // 256), r.prefetch
+    assert r.l2_loaded_chunks == r.tokens // 256, "the server's L2-load counter disagrees"
+    assert r.from_l2
+
+
+def test_store_clear_l1_restore_from_card(tier, tmp_path):
+    with server_on(tier, tmp_path, "server") as server, VLLMClient(server.url, SHAPE) as client:
+        stored = store_prompt(server, client, TOKENS)
+        assert server.l1_object_count() == TOKENS // 256, "the stored prompt is not in L1"
+        assert drop_l1(server) == 0, "L1 still holds objects after POST /cache/clear"
+
+        assert_restored_from_card(restore_prompt(server, client, stored))
+        # A prompt that was never stored misses: hits come from what was stored.
+        assert client.lookup("never-stored", prompt(TOKENS, seed=7)) == 0
+        client.end_request("never-stored")
+        # Restoring again (L1 holds nothing: the default prefetch policy does
+        # not retain L2 loads in L1) reads the card again, with the same bytes.
+        assert_restored_from_card(restore_prompt(server, client, stored))
+
+
+def restore_after_restart(tier: L2Tier, tmp_path: Path, restart_gateway: bool) -> None:
+    with server_on(tier, tmp_path, "first") as first, VLLMClient(first.url, SHAPE) as client:
+        stored = store_prompt(first, client, TOKENS)
+    assert first.proc.poll() is not None, "the first server is still running"
+    if restart_gateway:
+        tier.restart_gateway()
+    with server_on(tier, tmp_path, "second") as second, VLLMClient(second.url, SHAPE) as client:
+        assert second.l1_object_count() == 0, "a new server starts with an empty L1"
+        assert_restored_from_card(restore_prompt(second, client, stored))
+
+
+def test_prompt_comes_back_after_server_restart(tier, tmp_path):
+    restore_after_restart(tier, tmp_path, restart_gateway=False)
+
+
+def test_prompt_comes_back_after_gateway_and_server_restart(tmp_path, gateway_missing):
+    if gateway_missing:
+        pytest.skip(gateway_missing)
+    with Gateway(tmp_path / "card.img", tmp_path / "gw.sock", card_size_gb=CARD_GB, workdir=tmp_path) as gw:
+        restore_after_restart(L2Tier("gateway", tmp_path / "card.img", gw), tmp_path, restart_gateway=True)
+
+
+def test_fresh_card_does_not_hit(tmp_path):
+    """Control for the restart test: the same prompt on a new server over a
+    different, empty card misses, so a hit after a restart comes from the card."""
+    tier = L2Tier("embedded", tmp_path / "card.img")
+    with server_on(tier, tmp_path, "first") as first, VLLMClient(first.url, SHAPE) as client:
+        stored = store_prompt(first, client, TOKENS)
+    other = L2Tier("embedded", tmp_path / "other" / "card.img")
+    with server_on(other, tmp_path, "other") as server, VLLMClient(server.url, SHAPE) as client:
+        assert client.lookup("on-empty-card", stored.tokens) == 0
+        client.end_request("on-empty-card")
