@@ -6,6 +6,7 @@
 #   scripts/sanitize.sh asan|tsan [card_dir]
 #
 # asan = AddressSanitizer + UndefinedBehaviorSanitizer, tsan = ThreadSanitizer.
+# ADP_STRESS_SCALE=N multiplies the stress test's work (default 1), for soak runs.
 # card_dir holds the test's card image (a 48 MiB file, removed afterwards) and
 # must support O_DIRECT; default /dev/shm (tmpfs has O_DIRECT since Linux 6.6),
 # else build/sanitize. Objects and the binary go to build/sanitize/<mode>/.
@@ -68,6 +69,6 @@ fi
 
 start=$SECONDS
 status=0
-"${run[@]}" "$out/connector_stress" "$card" || status=$?
+"${run[@]}" "$out/connector_stress" "$card" "${ADP_STRESS_SCALE:-1}" || status=$?
 echo "sanitize.sh: $mode run exited $status in $((SECONDS - start)) s"
 exit "$status"

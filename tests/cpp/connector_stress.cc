@@ -52,6 +52,7 @@ constexpr uint64_t kCardBytes = 48ull << 20;
 constexpr uint64_t kRegionBytes = 1ull << 20;
 constexpr size_t kMaxObject = 200 << 10;
 constexpr int kConnectorKeys = 400;
+constexpr int kHotKeys = 32;  // half of all picks: same-key races between workers
 constexpr uint8_t kSentinel = 0xA5;  // fill of get buffers: a miss must leave it
 
 std::atomic<uint64_t> g_failures{0};
@@ -286,7 +287,7 @@ std::shared_ptr<Request> random_request(std::mt19937_64& rng) {
   req->op = pick < 35 ? adp::OpType::kSet : pick < 75 ? adp::OpType::kGet
                                       : pick < 90 ? adp::OpType::kExists : adp::OpType::kDelete;
   size_t n = (r >> 8) % 50 == 0 ? 0 : 1 + (r >> 16) % 8;  // a few empty batches
-  for (size_t i = 0; i < n; i++) req->keys.push_back(connector_key(rng() % kConnectorKeys));
+  for (size_t i = 0; i < n; i++) req->keys.push_back(connector_key(rng() % (rng() % 2 ? kHotKeys : kConnectorKeys)));
   if (req->op == adp::OpType::kSet || req->op == adp::OpType::kGet) {
     if (n && (r >> 24) % 60 == 0) {  // now and then a key the store must reject, failing the batch
       req->keys[0] = (r >> 32) % 2 ? std::string() : std::string(adp::kMaxKeyBytes + 1, 'x');
@@ -566,9 +567,9 @@ int main(int argc, char** argv) {
   // 1. Connector phases.
   Totals totals;
   const PhaseSpec phases[] = {
-      {"normal", 30000, 3, 120 * scale, 0},
-      {"1ms-timeout", 1, 3, 60 * scale, 0},
-      {"close-midway", 30000, 3, 80 * scale, 90 * scale},
+      {"normal", 30000, 3, 300 * scale, 0},
+      {"1ms-timeout", 1, 3, 150 * scale, 0},
+      {"close-midway", 30000, 3, 200 * scale, 240 * scale},
   };
   uint64_t phase_seed = 1;
   for (const PhaseSpec& p : phases) run_connector_phase(store, p, phase_seed++, totals);
@@ -577,7 +578,7 @@ int main(int argc, char** argv) {
 
   // 2. CardStore directly: threads on the same store, each its own IoContext.
   constexpr int kDirectThreads = 3, kDirectKeys = 60;
-  const int direct_iterations = 400 * scale;
+  const int direct_iterations = 1000 * scale;
   std::vector<KeyState> states(kDirectThreads, KeyState(kDirectKeys, 0));
   DirectTotals direct;
   {
