@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -85,14 +86,28 @@ class ServerError(RuntimeError):
     pass
 
 
+def child_env() -> dict[str, str]:
+    """Environment of a child that loads the plugin: it must import this very
+    lmcache_adp (a source tree under test, not another install on the machine)."""
+    env = dict(os.environ)
+    import lmcache_adp
+
+    root = str(Path(lmcache_adp.__file__).resolve().parent.parent)
+    if root not in {str(Path(p).resolve()) for p in site.getsitepackages()}:
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 class _Child:
     """A child process we started and stop by its PID (SIGTERM, then SIGKILL)."""
 
     proc: subprocess.Popen | None = None
 
-    def _spawn(self, args: list[str], log_path: Path, **popen: Any) -> None:
+    def _spawn(self, args: list[str], log_path: Path, env: dict[str, str] | None = None, **popen: Any) -> None:
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **popen)
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env or child_env(), **popen
+            )
 
     @property
     def pid(self) -> int:
@@ -160,7 +175,7 @@ class MPServer(_Child):
         return f"http://127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 120.0) -> "MPServer":
-        env = dict(os.environ)
+        env = child_env()
         env.setdefault("LMCACHE_DISABLE_BANNER", "1")
         env.setdefault("LMCACHE_TRACK_USAGE", "false")  # no telemetry from tests
         env.setdefault("PYTHONWARNINGS", "ignore")
@@ -263,8 +278,9 @@ class MPServer(_Child):
 def gateway_unavailable() -> str | None:
     """None if this install has `lmcache-adp gateway`, else why not."""
     r = subprocess.run(
-        [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--help"], capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--help"],
+        capture_output=True, text=True, timeout=60, env=child_env(),
+    )  # fmt: skip
     if r.returncode == 0:
         return None
     return "`lmcache-adp gateway` is not in this build of lmcache_adp.cli yet: " + (r.stderr.strip().splitlines() or ["?"])[-1]

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Restore time of a long prompt through a real LMCache MP server, per tier.
+
+What a user waits for when vLLM asks for a prompt it has seen before: LOOKUP
+(LMCache prefetches the chunks into its CPU tier, L1) and RETRIEVE (L1 -> the
+worker's KV blocks), measured with the client classes vLLM's LMCacheMPConnector
+uses (lmcache_adp.testing.mp_driver), on CPU tensors, lmcache_driven transfer.
+
+In one run, on one disk, for one prompt (default 8192 tokens of Llama-8B-shaped
+KV: 32 layers, 8 KV heads, head dim 128, fp16 = 1 GiB in 32 chunks of 32 MiB):
+
+  cpu_tier   restore while the prompt is still in L1 (from each server below)
+  mock       L2 = LMCache's `mock` adapter: RAM, bandwidth limit set out of the way
+  adp        L2 = the card through this plugin (embedded; O_DIRECT on an image file)
+  adp_gw     the same through `lmcache-adp gateway` (when this build has it)
+  fs_native  L2 = LMCache's `fs_native` with use_odirect on the same disk
+  fio        the medium's limit: the prompt's bytes over fio's O_DIRECT sequential
+             read bandwidth, at the card's I/O size (one read per 32 MiB object)
+             and depth (its 4 workers), plus a deeper row for reference
+
+Each L2 tier gets its own fresh server: store the prompt, wait until LMCache
+has written every chunk to L2, restore it from L1 (--repeat times), then
+--repeat times: POST /cache/clear, restore from L2. Every restore must hit every
+token with identical bytes, and an L2 restore must be reported as L2 by the
+server (log line and counter) or it is not counted.
+
+Run from the repository root, on the tree under test (built in place):
+    PYTHONPATH=. python benchmarks/bench_restore.py
+
+The goal (issue 4): adp - mock (what the card adds) <= 1.05 x the medium's
+limit, and < fs_native - mock. Medians of the repeats are compared; every
+sample is kept. Writes benchmarks/results/<date>-restore.md and the raw
+outputs (JSON of every sample, fio's JSON, server logs) to
+benchmarks/results/raw/<date>-restore/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # client side; servers log INFO to raw/
+os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+from lmcache_adp import __version__ as adp_version  # noqa: E402
+from lmcache_adp.testing.mp_driver import (  # noqa: E402
+    Gateway,
+    KVShape,
+    MPServer,
+    VLLMClient,
+    adp_adapter,
+    drop_l1,
+    gateway_unavailable,
+    restore_prompt,
+    store_prompt,
+)
+
+GiB, MiB = 1 << 30, 1 << 20
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CHUNK_TOKENS = 256  # LMCache's default chunk size
+ADP_WORKERS = 4  # ADPConnector num_workers = fs_native num_workers = fio jobs
+
+
+def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path) -> dict:
+    """Sequential O_DIRECT read of an nbytes file, `jobs` threads each reading its share in bs requests."""
+    out = raw / f"fio-bs{bs // MiB}M-j{jobs}.json"
+    cmd = [
+        "/usr/bin/fio", "--name=restore-limit", f"--filename={path}", "--rw=read", "--direct=1",
+        "--ioengine=psync", f"--bs={bs}", f"--numjobs={jobs}", f"--size={nbytes // jobs}",
+        "--offset_increment=" + str(nbytes // jobs), "--group_reporting", "--loops=3",
+        "--output-format=json", f"--output={out}",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    job = json.loads(out.read_text())["jobs"][0]["read"]
+    return {"bs": bs, "jobs": jobs, "bw_bytes": job["bw_bytes"], "cmd": " ".join(cmd)}
+
+
+def fio_limit(work: Path, nbytes: int, raw: Path) -> list[dict]:
+    path = work / "fio.dat"
+    if not path.exists() or path.stat().st_size != nbytes:  # written once, for real (no holes)
+        subprocess.run(
+            ["dd", "if=/dev/urandom", f"of={path}", f"bs={64 * MiB}", f"count={nbytes // (64 * MiB)}",
+             "oflag=direct", "conv=fsync", "status=none"], check=True,
+        )  # fmt: skip
+    rows = [run_fio(path, nbytes, 32 * MiB, ADP_WORKERS, raw), run_fio(path, nbytes, 32 * MiB, 2 * ADP_WORKERS, raw)]
+    path.unlink()
+    return rows
+
+
+def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: int, l1_gb: float,
+                 raw: Path) -> dict:  # fmt: skip
+    """One fresh server with this L2: store, restores from L1, then restores from L2."""
+    server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name)
+    server.start()
+    samples: dict[str, list] = {"cpu_tier": [], "l2": []}
+    try:
+        with VLLMClient(server.url, shape, timeout=600) as client:
+            stored = store_prompt(server, client, tokens)
+            result = {"store_s": stored.store_s, "l2_written_s": stored.l2_write_s}
+            for _ in range(repeat):
+                samples["cpu_tier"].append(restore_prompt(server, client, stored))
+            for _ in range(repeat):
+                left = drop_l1(server)
+                if left:
+                    raise RuntimeError(f"{name}: {left} objects stay in L1 after POST /cache/clear")
+                samples["l2"].append(restore_prompt(server, client, stored))
+    finally:
+        server.stop()
+    for kind, rs in samples.items():
+        for r in rs:
+            if not r.ok:
+                raise RuntimeError(f"{name} {kind}: restore failed: {r}")
+            came_from_l2 = r.from_l2
+            if came_from_l2 != (kind == "l2"):
+                raise RuntimeError(f"{name} {kind}: restore came from the wrong tier: {r.prefetch}")
+        result[kind] = [
+            {**{k: v for k, v in asdict(r).items() if k != "prefetch"}, "prefetch": asdict(r.prefetch), "total_s": r.total_s}
+            for r in rs
+        ]
+    return result
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def render(res: dict) -> str:
+    nbytes = res["prompt"]["bytes"]
+    fio_rows = res["fio"]
+    limit_bw = max(r["bw_bytes"] for r in fio_rows if r["jobs"] == ADP_WORKERS)
+    limit_s = nbytes / limit_bw
+    tiers = res["tiers"]
+    lines = [
+        f"# Restore of a {res['prompt']['tokens']}-token prompt ({nbytes / GiB:.2f} GiB of KV) through the LMCache MP server",
+        "",
+        f"{res['when']}, {res['host']['cpus']} CPUs (load average {res['host']['loadavg_start'][0]:.1f} at the start, "
+        f"{res['host']['loadavg_end'][0]:.1f} at the end: the machine is shared), {res['host']['kernel']}, "
+        f"disk: {res['host']['disk']}; "
+        f"lmcache {res['versions']['lmcache']}, lmcache-adp {res['versions']['lmcache_adp']} ({res['versions']['git']}).",
+        f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
+        f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier; "
+        "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
+        "",
+        "Restore = LOOKUP (LMCache prefetches L2 -> L1) + RETRIEVE (L1 -> worker KV blocks). Medians; [min-max].",
+        "",
+        "| tier | restore s | lookup (prefetch) s | retrieve s | adds over RAM L2 s |",
+        "|---|---|---|---|---|",
+    ]
+    mock_l2 = median(tiers["mock"]["l2"], "total_s") if "mock" in tiers else None
+
+    def row(label: str, rs: list[dict], adds: bool) -> str:
+        tot = [r["total_s"] for r in rs]
+        add = f"{median(rs, 'total_s') - mock_l2:+.3f}" if adds and mock_l2 is not None else ""
+        return (f"| {label} | {statistics.median(tot):.3f} [{min(tot):.3f}-{max(tot):.3f}] | "
+                f"{median(rs, 'lookup_s'):.3f} | {median(rs, 'retrieve_s'):.3f} | {add} |")  # fmt: skip
+
+    cpu = [r for t in tiers.values() for r in t["cpu_tier"]]
+    lines.append(row("CPU tier (L1), all servers", cpu, False))
+    labels = {"mock": "RAM L2 (mock)", "adp": "card, this plugin (embedded)", "adp_gw": "card, this plugin (gateway)",
+              "fs_native": "fs_native, O_DIRECT, same disk"}  # fmt: skip
+    for name, t in tiers.items():
+        lines.append(row(labels[name], t["l2"], name != "mock"))
+    lines += [
+        f"| medium's limit: bytes / fio O_DIRECT read | {limit_s:.3f} | | | {limit_s:+.3f} |",
+        "",
+        "fio, sequential O_DIRECT read of a 1-prompt file on the same disk (psync, the jobs share it):",
+        "",
+        "| block | jobs | GiB/s | prompt in s |",
+        "|---|---|---|---|",
+    ]
+    for r in fio_rows:
+        lines.append(f"| {r['bs'] // MiB} MiB | {r['jobs']} | {r['bw_bytes'] / GiB:.2f} | {nbytes / r['bw_bytes']:.3f} |")
+    lines += ["", "## Goal", ""]
+    if "adp" in tiers and mock_l2 is not None:
+        adp_adds = median(tiers["adp"]["l2"], "total_s") - mock_l2
+        lines.append(f"- card adds {adp_adds:.3f} s; 1.05 x the medium's limit ({limit_s:.3f} s) = {1.05 * limit_s:.3f} s: "
+                     f"{'met' if adp_adds <= 1.05 * limit_s else 'MISSED'} ({adp_adds / limit_s:.2f}x the limit)")  # fmt: skip
+        if "fs_native" in tiers:
+            fs_adds = median(tiers["fs_native"]["l2"], "total_s") - mock_l2
+            lines.append(f"- fs_native adds {fs_adds:.3f} s: card below it: {'met' if adp_adds < fs_adds else 'MISSED'}")
+        if "adp_gw" in tiers:
+            gw_adds = median(tiers["adp_gw"]["l2"], "total_s") - mock_l2
+            lines.append(f"- through the gateway the card adds {gw_adds:.3f} s ({gw_adds / limit_s:.2f}x the limit)")
+    for name, note in res["notes"].items():
+        lines.append(f"- {name}: {note}")
+    lines.append("")
+    lines.append("Store (for reference, not a goal): " + "; ".join(
+        f"{n} STORE acknowledged in {t['store_s']:.2f} s, all chunks on L2 {t['l2_written_s']:.2f} s after it was sent"
+        for n, t in tiers.items()))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=8192, help="prompt length (multiple of 256; default 8192 = 1 GiB)")
+    ap.add_argument("--repeat", type=int, default=3, help="restores per tier and kind (default 3)")
+    ap.add_argument("--workdir", default=str(RESULTS / "tmp" / "restore"),
+                    help="on the disk under test: card image, fs_native files, fio file (removed after)")  # fmt: skip
+    ap.add_argument("--tiers", default="mock,adp,adp_gw,fs_native")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--tag", default="restore", help="result name: <date>-<tag>")
+    args = ap.parse_args()
+
+    shape = KVShape(num_layers=args.layers, num_heads=args.kv_heads, head_dim=args.head_dim, block_size=16,
+                    num_blocks=args.tokens // 16 + 1)  # fmt: skip
+    nbytes = args.tokens * shape.bytes_per_token
+    gib = nbytes / GiB
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    raw = RESULTS / "raw" / f"{stamp}-{args.tag}"
+    raw.mkdir(parents=True, exist_ok=True)
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    l1_gb = round(2 * gib + 1, 1)  # the stored copy and a prefetched copy
+    card_gb = max(8, 4 * gib)  # region = card/64 must hold one 32 MiB chunk
+
+    res: dict = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "prompt": {"tokens": args.tokens, "bytes": nbytes, "shape": asdict(shape),
+                   "chunk_bytes": CHUNK_TOKENS * shape.bytes_per_token},  # fmt: skip
+        "repeat": args.repeat,
+        "versions": {"lmcache_adp": adp_version, "lmcache": _version("lmcache"), "git": _git()},
+        "host": {"cpus": os.cpu_count(), "kernel": platform.release(), "disk": _disk(work),
+                 "loadavg_start": os.getloadavg()},  # fmt: skip
+        "l1_size_gb": l1_gb,
+        "notes": {},
+        "tiers": {},
+    }
+    print(f"fio on {work} ...", flush=True)
+    res["fio"] = fio_limit(work, nbytes, raw)
+    adapters = {
+        "mock": {"type": "mock", "max_size_gb": gib + 1, "mock_bandwidth_gb": 1000},
+        "adp": adp_adapter(card=str(work / "card.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
+        "fs_native": {"type": "fs_native", "base_path": str(work / "fs_native"), "use_odirect": True,
+                      "num_workers": ADP_WORKERS},  # fmt: skip
+    }
+    gateway = None
+    for name in args.tiers.split(","):
+        if name == "adp_gw":
+            why = gateway_unavailable()
+            if why:
+                res["notes"]["adp_gw"] = "not measured: " + why
+                print(f"adp_gw: skipped ({why})", flush=True)
+                continue
+            gateway = Gateway(work / "gw-card.img", work / "gw.sock", card_size_gb=card_gb, workdir=raw).start()
+            adapters["adp_gw"] = adp_adapter(gateway=gateway.url, num_workers=ADP_WORKERS)
+        print(f"{name} ...", flush=True)
+        try:
+            res["tiers"][name] = measure_tier(name, adapters[name], shape, args.tokens, args.repeat, l1_gb, raw)
+        finally:
+            if gateway is not None and name == "adp_gw":
+                gateway.stop()
+        t = res["tiers"][name]
+        print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, L2 restore {median(t['l2'], 'total_s'):.3f} s",
+              flush=True)  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+    res["host"]["loadavg_end"] = os.getloadavg()
+
+    (raw / "samples.json").write_text(json.dumps(res, indent=1))
+    report = render(res)
+    (RESULTS / f"{stamp}-{args.tag}.md").write_text(report)
+    print(report)
+    return 0
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def _git() -> str:
+    r = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "?"
+
+
+def _disk(path: Path) -> str:
+    r = subprocess.run(["df", "--output=source,fstype", str(path)], capture_output=True, text=True)
+    return " ".join(r.stdout.split()[2:]) or "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
