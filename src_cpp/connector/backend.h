@@ -37,6 +37,12 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::unique_ptr<BackendSession> new_session() = 0;
+  // Answers exists() at once, from memory, if this backend can (the embedded
+  // index can; a socket cannot). Returns false to have the workers do it.
+  virtual bool exists_now(const std::string* keys, size_t n, uint8_t* found) {
+    (void)keys, (void)n, (void)found;
+    return false;
+  }
   // One line for logs and status: which card or gateway this is.
   virtual std::string describe() const = 0;
   virtual StoreStats stats() const = 0;

@@ -82,14 +82,22 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
   // (counted from opts_: close() may be clearing workers_ concurrently).
   size_t slices = (op == OpType::kExists || n == 0) ? 1 : std::min<size_t>(n, opts_.num_workers);
 
+  // A lookup the backend answers from memory completes here: no worker
+  // hand-off on the path LMCache's lookup-and-lock waits on.
+  bool answered = false;
+  if (op == OpType::kExists && n > 0) {
+    std::shared_lock<std::shared_mutex> bl(backend_mu_);
+    answered = backend_ && backend_->exists_now(b->keys.data(), n, b->results.data());
+  }
+
   std::lock_guard<std::mutex> lock(mu_);
   Batch* raw = b.get();
   raw->id = next_future_++;
   live_.emplace(raw->id, std::move(b));
   raw->deadline_it = deadlines_.emplace(raw->deadline, raw);
-  if (closed_ || n == 0) {
+  if (closed_ || n == 0 || answered) {
     raw->tasks_left = 1;
-    complete_locked(raw, !closed_, closed_ ? "connector is closed" : "", false);
+    complete_locked(raw, !closed_, closed_ ? "connector is closed" : "", answered && !closed_);
     raw->tasks_left = 0;
     uint64_t id = raw->id;
     retired_.push_back(std::move(live_[id]));
@@ -271,14 +279,17 @@ void Connector::close() {
   workers_.clear();
   if (deadline_thread_.joinable()) deadline_thread_.join();
   StoreStats st = backend_->stats();
-  backend_.reset();
+  {
+    std::unique_lock<std::shared_mutex> bl(backend_mu_);
+    backend_.reset();
+  }
   ADP_INFO("ADPConnector closed: %s (%llu hits, %llu misses, %llu stores)", description_.c_str(),
            static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
            static_cast<unsigned long long>(st.stores));
 }
 
 StoreStats Connector::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock<std::shared_mutex> bl(backend_mu_);
   return backend_ ? backend_->stats() : StoreStats{};
 }
 

@@ -93,6 +93,7 @@ class Connector {
   void complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
   void task_done(Batch* b);
 
+  mutable std::shared_mutex backend_mu_;  // close() drops the backend while submit() may use it
   std::unique_ptr<Backend> backend_;
   const std::string description_;
   const ConnectorOptions opts_;
