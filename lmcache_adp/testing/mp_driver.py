@@ -136,7 +136,10 @@ class _Child:
 
 
 class MPServer(_Child):
-    """One `lmcache server` child process, on free ports, stopped by PID."""
+    """One `lmcache server` child process, on free ports, stopped by PID.
+
+    `args` is the command line it runs and `env` what it adds to the
+    environment: a test may swap in a launch script that honours the ports."""
 
     def __init__(
         self,
@@ -164,6 +167,7 @@ class MPServer(_Child):
         ]  # fmt: skip
         for spec in l2_adapters:
             self.args += ["--l2-adapter", json.dumps(spec)]
+        self.env: dict[str, str] = {}
         self._log_offset = 0
 
     @property
@@ -175,7 +179,7 @@ class MPServer(_Child):
         return f"http://127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 120.0) -> "MPServer":
-        env = child_env()
+        env = {**child_env(), **self.env}
         env.setdefault("LMCACHE_DISABLE_BANNER", "1")
         env.setdefault("LMCACHE_TRACK_USAGE", "false")  # no telemetry from tests
         env.setdefault("PYTHONWARNINGS", "ignore")

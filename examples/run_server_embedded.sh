@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The LMCache MP server with the ADP card as its L2 tier, embedded: the card
+# store runs inside the server process, on a card image file (or a block device).
+#
+#   examples/run_server_embedded.sh [extra `lmcache server` flags]
+#
+# Settings (environment, with defaults):
+#   ADP_CARD=~/.cache/lmcache-adp/card.img  card image (created sparse) or block device
+#   ADP_CARD_SIZE_GB=64     size of the image when it is created; one object (an LMCache
+#                           chunk) must fit in 1/64 of it: 256 tokens of Llama-8B = 32 MiB
+#   ADP_L1_SIZE_GB=16       LMCache's CPU tier (L1)
+#   ADP_MP_HOST=127.0.0.1 ADP_MP_PORT=5555          vLLM connects here (lmcache.mp.host/port)
+#   ADP_HTTP_HOST=127.0.0.1 ADP_HTTP_PORT=8080      LMCache's HTTP API (/healthcheck, /metrics)
+#   ADP_DRY_RUN=1           print the command instead of running it
+#
+# The script execs the server, so its PID is the server's: stop it with kill PID.
+set -euo pipefail
+
+card=${ADP_CARD:-${XDG_CACHE_HOME:-$HOME/.cache}/lmcache-adp/card.img}
+l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"embedded","card":"%s","card_size_gb":%s}}' \
+  "$card" "${ADP_CARD_SIZE_GB:-64}")
+
+cmd=(lmcache server
+  --host "${ADP_MP_HOST:-127.0.0.1}" --port "${ADP_MP_PORT:-5555}"
+  --http-host "${ADP_HTTP_HOST:-127.0.0.1}" --http-port "${ADP_HTTP_PORT:-8080}"
+  --l1-size-gb "${ADP_L1_SIZE_GB:-16}" --eviction-policy LRU
+  --l2-adapter "$l2_adapter"
+  "$@")
+
+if [[ ${ADP_DRY_RUN:-0} == 1 ]]; then
+  printf '%q ' "${cmd[@]}"; echo
+  exit 0
+fi
+mkdir -p "$(dirname "$card")"
+exec "${cmd[@]}"
