@@ -184,11 +184,17 @@ Status CardStore::recover(int threads) {
   std::atomic<uint32_t> next{0}, done{0};
   std::atomic<uint64_t> found{0};
   std::mutex err_mu;
-  Status first_error;
+  Status first_error;               // guarded by err_mu
+  std::atomic<bool> failed{false};
+  auto fail = [&](const Status& st) {
+    std::lock_guard<std::mutex> l(err_mu);
+    if (first_error.ok()) first_error = st;
+    failed = true;
+  };
 
   auto worker = [&] {
     AlignedBuffer block;
-    if (!block.reserve(kBlockSize)) return;
+    if (!block.reserve(kBlockSize)) return fail(Status::IoError("out of memory for recovery"));
     for (uint32_t r; (r = next.fetch_add(1)) < num_regions_; done++) {
       RegionScan& scan = scans[r];
       uint64_t base = region_offset(r);
@@ -215,10 +221,7 @@ Status CardStore::recover(int threads) {
         }
         scan.end = off;
       }
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> l(err_mu);
-        if (first_error.ok()) first_error = s;
-      }
+      if (!s.ok()) fail(s);
     }
   };
   int n = std::min<int>(threads, static_cast<int>(num_regions_));
@@ -226,7 +229,7 @@ Status CardStore::recover(int threads) {
   for (int i = 0; i < n; i++) pool.emplace_back(worker);
   // Progress for long recoveries: a line every 5 seconds.
   auto last_report = Clock::now();
-  while (done.load() < num_regions_ && first_error.ok()) {
+  while (done.load() < num_regions_ && !failed.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (seconds_since(last_report) >= 5) {
       last_report = Clock::now();
