@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Entrypoint of the lmcache-adp image: one role per container.
+#
+#   gateway          lmcache-adp gateway on $ADP_CARD, serving $ADP_SOCKET
+#   lmcache-server   the LMCache MP server with the card as L2: embedded on
+#                    $ADP_CARD, or through a gateway when $ADP_GATEWAY is set
+#                    (unix:///path/to/gateway.sock, a volume shared with it)
+#   vllm MODEL ...   vllm serve with LMCacheMPConnector to $ADP_MP_HOST:$ADP_MP_PORT
+#   healthcheck      what HEALTHCHECK runs: checks the role this container started
+#
+# Extra arguments go to the role's program. Settings are the ADP_* variables of
+# the launch scripts in /opt/lmcache-adp (examples/ in the repository).
+set -euo pipefail
+
+scripts=${ADP_SCRIPTS:-/opt/lmcache-adp}
+role_file=${ADP_ROLE_FILE:-/tmp/lmcache-adp.role}
+role=${1:-lmcache-server}
+shift || true
+
+case $role in
+  gateway)
+    echo gateway >"$role_file"
+    exec lmcache-adp gateway --card "$ADP_CARD" --card-size-gb "${ADP_CARD_SIZE_GB:-64}" --socket "$ADP_SOCKET" "$@"
+    ;;
+  lmcache-server)
+    echo lmcache-server >"$role_file"
+    if [[ -n ${ADP_GATEWAY:-} ]]; then
+      ADP_START_GATEWAY=0 ADP_SOCKET=${ADP_GATEWAY#unix://} exec "$scripts/run_server_gateway.sh" "$@"
+    fi
+    exec "$scripts/run_server_embedded.sh" "$@"
+    ;;
+  vllm)
+    echo vllm >"$role_file"
+    exec "$scripts/vllm_serve.sh" "$@"
+    ;;
+  healthcheck)
+    started=$(cat "$role_file" 2>/dev/null || echo none)
+    case $started in
+      gateway) exec python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])' "$ADP_SOCKET" ;;
+      lmcache-server) url=http://127.0.0.1:${ADP_HTTP_PORT:-8080}/healthcheck ;;
+      vllm) url=http://127.0.0.1:${ADP_VLLM_PORT:-8000}/health ;;
+      *) echo "no role started in this container" >&2; exit 1 ;;
+    esac
+    exec python3 -c 'import sys, urllib.request
+sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=5).status == 200 else 1)' "$url"
+    ;;
+  *)
+    echo "usage: entrypoint.sh gateway|lmcache-server|vllm|healthcheck [args]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,238 @@
+"""The Dockerfile, without a Docker engine: what it COPYs exists, what it pins
+matches the package, its final stage is what the issue asks for, and its
+install steps work.
+
+The install steps are run for real, with one substitution: the wheel goes into
+a fresh venv created with --system-site-packages, so torch and LMCache (large
+downloads) come from this machine instead of the vLLM base image; the lmcache
+pin is then checked against the installed release with the network off. The
+wheel is built from a context holding only what the Dockerfile COPYs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|cmake|make|pybind11|ninja)\b")
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (INSTRUCTION, arguments)
+
+    def all(self, instruction: str) -> list[str]:
+        return [args for ins, args in self.steps if ins == instruction]
+
+
+def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARG defaults and the stages, continuation lines joined, ${ARG}s of FROM resolved."""
+    lines, cur = [], ""
+    for raw in path.read_text().splitlines():
+        if not cur and (not raw.strip() or raw.lstrip().startswith("#")):
+            continue
+        if raw.lstrip().startswith("#"):
+            continue
+        cur += raw.rstrip()
+        if cur.endswith("\\"):
+            cur = cur[:-1] + " "
+            continue
+        lines.append(cur.strip())
+        cur = ""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in lines:
+        ins, _, rest = line.partition(" ")
+        ins = ins.upper()
+        if ins == "ARG" and not stages:
+            k, _, v = rest.partition("=")
+            args[k] = v
+        elif ins == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", rest, re.IGNORECASE)
+            base = re.sub(r"\$\{(\w+)\}", lambda a: args[a.group(1)], m.group(1))
+            stages.append(Stage(base, m.group(2)))
+        else:
+            stages[-1].steps.append((ins, rest))
+    return args, stages
+
+
+def stage_args(stage: Stage) -> dict[str, str]:
+    return dict(a.partition("=")[::2] for a in stage.all("ARG"))
+
+
+def copies(stage: Stage) -> list[tuple[list[str], str, str | None]]:
+    """(sources, destination, --from stage) of each COPY."""
+    out = []
+    for args in stage.all("COPY"):
+        words = shlex.split(args)
+        opts = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in words if w.startswith("--")}
+        paths = [w for w in words if not w.startswith("--")]
+        out.append((paths[:-1], paths[-1], opts.get("--from")))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dockerfile():
+    return parse(DOCKERFILE)
+
+
+def package_versions() -> tuple[str, Requirement]:
+    ns: dict = {}
+    exec((ROOT / "lmcache_adp" / "_version.py").read_text(), ns)
+    setup_py = (ROOT / "setup.py").read_text()
+    lmcache_req = re.search(r'"(lmcache[<>=!~][^"]*)"', setup_py).group(1)
+    return ns["__version__"], Requirement(lmcache_req)
+
+
+def test_every_copy_source_exists(dockerfile):
+    _, stages = dockerfile
+    names = {s.name for s in stages}
+    checked = 0
+    for stage in stages:
+        for sources, _, from_stage in copies(stage):
+            if from_stage:
+                assert from_stage in names, f"COPY --from={from_stage}: no such stage"
+                continue
+            for src in sources:
+                assert list(ROOT.glob(src)), f"COPY source {src} does not exist"
+                checked += 1
+    assert checked >= 5
+
+
+def test_dockerignore_keeps_copied_sources_and_drops_local_builds(dockerfile):
+    ignored = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert "**/*.so" in ignored and "build" in ignored, "a local build would leak into the image"
+    _, stages = dockerfile
+    for stage in stages:
+        for sources, _, from_stage in copies(stage):
+            for src in [] if from_stage else sources:
+                top = src.split("/")[0]
+                assert top not in ignored, f"{src} is COPYed but .dockerignore drops it"
+
+
+def test_pins_match_the_package(dockerfile):
+    global_args, stages = dockerfile
+    final = stage_args(stages[-1])
+    adp_version, lmcache_req = package_versions()
+    assert final["ADP_VERSION"] == adp_version, "ADP_VERSION differs from lmcache_adp/_version.py"
+    assert Version(final["LMCACHE_VERSION"]) in lmcache_req.specifier, f"lmcache pin outside setup.py's {lmcache_req}"
+    from importlib.metadata import version
+
+    assert final["LMCACHE_VERSION"] == version("lmcache"), "the image pins another LMCache than the tests run"
+    for stage in stages:
+        image, _, tag = stage.base.partition(":")
+        assert image == "vllm/vllm-openai" and re.fullmatch(r"v\d+\.\d+\.\d+", tag), f"unpinned base {stage.base}"
+    assert Version(global_args["VLLM_VERSION"]) >= Version("0.23"), "LMCache 0.5's MP connector needs vLLM >= 0.23"
+    assert len({s.base for s in stages}) == 1, "build and runtime stages must share the base (same Python ABI)"
+
+
+def test_final_stage(dockerfile):
+    _, stages = dockerfile
+    build, final = stages[0], stages[-1]
+    assert build.name and final.name is None
+    for run in final.all("RUN"):
+        assert not BUILD_TOOLS.search(run), f"build tools in the final stage: {run}"
+    assert any(BUILD_TOOLS.search(r) for r in build.all("RUN")), "the build stage should be where compilers are"
+    assert any(f == build.name and "/wheels" in srcs[0] for srcs, _, f in copies(final)), "the wheel comes from the build stage"
+    assert any("pip install" in r and ".whl" in r for r in final.all("RUN")), "the plugin is installed as a wheel"
+    user = final.all("USER")[-1]
+    assert user not in ("root", "0"), "runs as root"
+    assert final.all("HEALTHCHECK") and "healthcheck" in final.all("HEALTHCHECK")[-1]
+    entry = shlex.split(final.all("ENTRYPOINT")[-1].strip("[]").replace(",", " "))
+    (script,) = [ROOT / srcs[0] for srcs, dest, f in copies(final) if not f and Path(dest).name == entry[0].strip('"')]
+    r = subprocess.run(["bash", str(script), "nonsense-role"], capture_output=True, text=True)
+    assert r.returncode == 2 and "gateway|lmcache-server|vllm" in r.stderr
+
+
+def test_entrypoint_roles(tmp_path):
+    """Each role runs the program it names (dry run through the same launch scripts)."""
+    env = {
+        **os.environ, "ADP_SCRIPTS": str(ROOT / "examples"), "ADP_ROLE_FILE": str(tmp_path / "role"),
+        "ADP_DRY_RUN": "1", "ADP_CARD": "/var/lib/lmcache-adp/card.img", "ADP_SOCKET": "/run/lmcache-adp/gw.sock",
+    }  # fmt: skip
+    entry = ROOT / "docker" / "entrypoint.sh"
+
+    def role(*args: str, **extra: str) -> str:
+        r = subprocess.run(["bash", str(entry), *args], env={**env, **extra}, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert role("lmcache-server").startswith("lmcache server ") and "embedded" in role("lmcache-server")
+    out = role("lmcache-server", ADP_GATEWAY="unix:///run/lmcache-adp/gw.sock")
+    assert out.startswith("lmcache server ") and "unix:///run/lmcache-adp/gw.sock" in out, out
+    assert "lmcache-adp gateway" not in out, "a server role must not start its own gateway"
+    assert role("vllm", "some/model").startswith("vllm serve some/model ")
+    assert (tmp_path / "role").read_text().strip() == "vllm"
+    # The healthcheck checks the role this container started: nothing listens here.
+    r = subprocess.run(["bash", str(entry), "healthcheck"], env={**env, "ADP_VLLM_PORT": "1"}, capture_output=True)
+    assert r.returncode != 0
+
+
+@pytest.mark.slow
+def test_install_steps_build_and_install_the_wheel(tmp_path, dockerfile):
+    """The build stage's `pip wheel` on a context of only the COPYed files, then the
+    final stage's `pip install` into a fresh venv (see the module docstring)."""
+    _, stages = dockerfile
+    context = tmp_path / "context"
+    for sources, _, from_stage in copies(stages[0]):
+        for src in sources:
+            for p in ROOT.glob(src):
+                dest = context / p.relative_to(ROOT)
+                if p.is_dir():
+                    shutil.copytree(p, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+                else:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(p, dest)
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), "."],
+        cwd=context, check=True, capture_output=True, env={**os.environ, "ADP_BUILD_JOBS": "2"},
+    )  # fmt: skip
+    adp_version, _ = package_versions()
+    (wheel,) = wheels.glob(f"lmcache_adp-{adp_version}-*.whl")
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    py = env_dir / "bin" / "python"
+    lmcache_pin = stage_args(stages[-1])["LMCACHE_VERSION"]
+    for args in (["--no-deps", f"lmcache=={lmcache_pin}"], [str(wheel)]):  # LMCache's own deps: the base image's
+        r = subprocess.run(
+            [py, "-m", "pip", "install", "--no-index", "--no-cache-dir", *args], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+    # The installed wheel (not this source tree) loads, and stores on a card.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import select, tempfile\n"
+        "import lmcache_adp\n"
+        "print(lmcache_adp.__file__)\n"
+        "c = lmcache_adp.ADPConnector(card=tempfile.mkdtemp() + '/card.img', card_size_gb=0.0625)\n"
+        "fid = c.submit_batch_set(['m@00000000@0@1'], [memoryview(bytearray(b'x' * 4096))])\n"
+        "p = select.poll(); p.register(c.event_fd(), select.POLLIN)\n"
+        "done = []\n"
+        "while not done:\n"
+        "    p.poll(1000); done = [x for x in c.drain_completions() if x[0] == fid]\n"
+        "assert done[0][1], done\n"
+        "c.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([py, str(probe)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(str(env_dir)), f"imported {r.stdout.splitlines()[0]}, not the wheel"
+    r = subprocess.run([env_dir / "bin" / "lmcache-adp", "--version"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and adp_version in r.stdout
