@@ -123,6 +123,11 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        import lmcache  # noqa: F401
+    except ImportError:
+        print("FAIL: LMCache is not installed: pip install 'lmcache-adp[lmcache]'", file=sys.stderr)
+        return 1
     if args.workdir:
         workdir = Path(args.workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
