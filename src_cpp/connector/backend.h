@@ -4,6 +4,7 @@
 // Session is used by that thread only, and its calls block until done.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -21,16 +22,24 @@ namespace adp {
 // the key then counts as a miss.
 using DeliverFn = std::function<bool(size_t i, const uint8_t* data, size_t size)>;
 
+// The batch's deadline: a session that waits on I/O (a gateway) gives up by
+// then; past it the connector has already completed the future as failed.
+using Deadline = std::chrono::steady_clock::time_point;
+
 class BackendSession {
  public:
   virtual ~BackendSession() = default;
   // results[i] for each item; objects are indexed only if still_wanted()
   // holds once their bytes are on the card.
-  virtual void put(const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted) = 0;
-  // results[i]: Ok (delivered), NotFound (miss) or an error.
-  virtual void get(const std::string_view* keys, size_t n, Status* results, const DeliverFn& deliver) = 0;
-  virtual void exists(const std::string_view* keys, size_t n, bool* found) = 0;
-  virtual void remove(const std::string_view* keys, size_t n, bool* removed) = 0;
+  virtual void put(const PutItem* items, size_t n, Status* results, Deadline deadline,
+                   const std::function<bool()>& still_wanted) = 0;
+  // results[i]: Ok (delivered), NotFound (miss) or an error. sizes[i] is
+  // the length of the caller's buffer for key i (a gateway reserves room
+  // for it; deliver() still decides).
+  virtual void get(const std::string_view* keys, const size_t* sizes, size_t n, Status* results, Deadline deadline,
+                   const DeliverFn& deliver) = 0;
+  virtual void exists(const std::string_view* keys, size_t n, bool* found, Deadline deadline) = 0;
+  virtual void remove(const std::string_view* keys, size_t n, bool* removed, Deadline deadline) = 0;
 };
 
 class Backend {
@@ -46,6 +55,10 @@ class Backend {
   // One line for logs and status: which card or gateway this is.
   virtual std::string describe() const = 0;
   virtual StoreStats stats() const = 0;
+  // Makes session calls blocked on I/O return soon (as failed). Called by
+  // Connector::close() before it joins its workers; a no-op for backends
+  // that never block on a peer.
+  virtual void interrupt() {}
 };
 
 }  // namespace adp

@@ -152,7 +152,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       std::vector<PutItem> items(n);
       for (size_t i = 0; i < n; i++) items[i] = {keys[i], b->buffers[t.begin + i].data, b->buffers[t.begin + i].size};
       std::vector<Status> st(n);
-      session.put(items.data(), n, st.data(), [b] { return !b->is_completed(); });
+      session.put(items.data(), n, st.data(), b->deadline, [b] { return !b->is_completed(); });
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
         if (!st[i].ok()) b->note_error("store of key " + std::string(keys[i]) + " failed: " + st[i].message());
@@ -173,7 +173,9 @@ void Connector::run_task(BackendSession& session, const Task& t) {
         std::memcpy(dst.data, data, size);
         return true;
       };
-      session.get(keys.data(), n, st.data(), deliver);
+      std::vector<size_t> sizes(n);
+      for (size_t i = 0; i < n; i++) sizes[i] = b->buffers[t.begin + i].size;
+      session.get(keys.data(), sizes.data(), n, st.data(), b->deadline, deliver);
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
         if (!st[i].ok() && !st[i].is_not_found())
@@ -183,13 +185,13 @@ void Connector::run_task(BackendSession& session, const Task& t) {
     }
     case OpType::kExists: {
       std::unique_ptr<bool[]> found(new bool[n]());
-      session.exists(keys.data(), n, found.get());
+      session.exists(keys.data(), n, found.get(), b->deadline);
       for (size_t i = 0; i < n; i++) b->results[t.begin + i] = found[i];
       break;
     }
     case OpType::kDelete: {
       std::unique_ptr<bool[]> removed(new bool[n]());
-      session.remove(keys.data(), n, removed.get());
+      session.remove(keys.data(), n, removed.get(), b->deadline);
       for (size_t i = 0; i < n; i++) b->results[t.begin + i] = removed[i];
       break;
     }
@@ -275,6 +277,7 @@ void Connector::close() {
   }
   work_cv_.notify_all();
   deadline_cv_.notify_all();
+  backend_->interrupt();  // workers blocked on a gateway return instead of waiting out their deadline
   for (auto& w : workers_) w.join();
   workers_.clear();
   if (deadline_thread_.joinable()) deadline_thread_.join();

@@ -10,11 +10,13 @@ class EmbeddedSession : public BackendSession {
     ctx_.reset();  // seals this worker's open region before the store can go
   }
 
-  void put(const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted) override {
+  void put(const PutItem* items, size_t n, Status* results, Deadline,
+           const std::function<bool()>& still_wanted) override {
     store_->put(*ctx_, items, n, results, still_wanted);
   }
 
-  void get(const std::string_view* keys, size_t n, Status* results, const DeliverFn& deliver) override {
+  void get(const std::string_view* keys, const size_t*, size_t n, Status* results, Deadline,
+           const DeliverFn& deliver) override {
     for (size_t i = 0; i < n; i++) {
       const uint8_t* data;
       size_t size;
@@ -23,11 +25,11 @@ class EmbeddedSession : public BackendSession {
     }
   }
 
-  void exists(const std::string_view* keys, size_t n, bool* found) override {
+  void exists(const std::string_view* keys, size_t n, bool* found, Deadline) override {
     for (size_t i = 0; i < n; i++) found[i] = store_->exists(keys[i]);
   }
 
-  void remove(const std::string_view* keys, size_t n, bool* removed) override {
+  void remove(const std::string_view* keys, size_t n, bool* removed, Deadline) override {
     for (size_t i = 0; i < n; i++) removed[i] = store_->remove(*ctx_, keys[i]);
   }
 
