@@ -6,16 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lmcache_adp import ops
+from lmcache_adp import gateway, ops
 from lmcache_adp._version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lmcache-adp", description="ADP card as the L2 tier of the LMCache MP server: operations"
+        prog="lmcache-adp", description="ADP card as the L2 tier of the LMCache MP server: gateway daemon and operations"
     )
     parser.add_argument("--version", action="version", version=f"lmcache-adp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gateway.register(sub)
     ops.register(sub)
     return parser
 

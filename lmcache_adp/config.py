@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
+MIB = 1024**2
+DEFAULT_RING_MB = 64
+MAX_TOKEN_BYTES = 256  # the protocol's bound (docs/protocol.md)
 
 
 def default_card_path() -> str:
@@ -29,14 +32,25 @@ class Param:
 
 # The public adapter_params (README's table is generated from the same words).
 PARAMS: dict[str, Param] = {
-    "gateway": Param("embedded", '"embedded" (card store in-process)'),
+    "gateway": Param(
+        "embedded",
+        '"embedded" (card store in-process), "unix:///path/gateway.sock" or "tcp://host:port" (a gateway daemon)',
+    ),
     "card": Param(None, "embedded mode: card path (block device or image file); default " "~/.cache/lmcache-adp/card.img"),
     "card_size_gb": Param(16, "embedded mode: size of the image file when it is created (sparse)"),
     "num_workers": Param(4, "worker threads of the connector (1-64)"),
     "timeout_ms": Param(10000, "deadline of one operation; past it the future completes as failed"),
     "durable": Param(True, "fdatasync before a store is acknowledged (power-loss safety)"),
     "metrics_port": Param(0, "serve Prometheus /metrics, /health and /stats on this port (0: off)"),
+    "token_file": Param(None, "tcp gateway: file holding the shared token (required for tcp://)"),
+    "ring_mb": Param(
+        DEFAULT_RING_MB,
+        "unix gateway: shared-memory ring per worker connection, MiB (1-4096); bounds the largest object",
+    ),
 }
+
+# Keys that only mean something for one kind of gateway.
+_EMBEDDED_ONLY = ("card", "card_size_gb", "durable")
 
 
 class ConfigError(ValueError):
@@ -60,6 +74,8 @@ class ConnectorConfig:
     timeout_ms: int = 10000
     durable: bool = True
     metrics_port: int = 0
+    token: str = field(default="", repr=False)
+    ring_mb: int = DEFAULT_RING_MB
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "ConnectorConfig":
@@ -70,10 +86,25 @@ class ConnectorConfig:
                 f"valid keys: {', '.join(PARAMS)}"
             )
         gateway = params.get("gateway", "embedded")
-        if gateway != "embedded":
+        if not isinstance(gateway, str) or not (
+            gateway == "embedded" or gateway.startswith(("unix:///", "tcp://"))
+        ):
             raise ConfigError(
-                f"adapter_params['gateway'] = {gateway!r} is not supported; valid choices: 'embedded'"
+                f"adapter_params['gateway'] = {gateway!r} is not supported; valid choices: "
+                "'embedded', 'unix:///path/to/gateway.sock', 'tcp://host:port'"
             )
+        if gateway != "embedded":
+            misplaced = [k for k in _EMBEDDED_ONLY if k in params]
+            if misplaced:
+                raise ConfigError(
+                    f"adapter_params {', '.join(map(repr, misplaced))} apply to gateway='embedded' only; "
+                    "the gateway daemon owns its card (lmcache-adp gateway --card PATH)"
+                )
+        token = _token(gateway, params.get("token_file"))
+        ring_mb = params.get("ring_mb", DEFAULT_RING_MB)
+        if "ring_mb" in params and not gateway.startswith("unix://"):
+            raise ConfigError("adapter_params['ring_mb'] applies to a unix:// gateway only")
+        ring_mb = _int("ring_mb", ring_mb, 1, 4096)
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
             raise ConfigError(f"adapter_params['card'] must be a path string, got {card!r}")
@@ -93,6 +124,8 @@ class ConnectorConfig:
             timeout_ms=_int("timeout_ms", params.get("timeout_ms", 10000), 1, 3_600_000),
             durable=durable,
             metrics_port=_int("metrics_port", params.get("metrics_port", 0), 0, 65535),
+            token=token,
+            ring_mb=ring_mb,
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -103,4 +136,28 @@ class ConnectorConfig:
             "num_workers": self.num_workers,
             "timeout_ms": self.timeout_ms,
             "durable": self.durable,
+            "token": self.token,
+            "ring_bytes": self.ring_mb * MIB,
         }
+
+
+def read_token_file(path: str, what: str) -> str:
+    """The shared token of a TCP gateway: the file's content, surrounding whitespace stripped."""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read token file {path!r}: {e.strerror}") from None
+    if not token or len(token.encode()) > MAX_TOKEN_BYTES:
+        raise ConfigError(f"{what}: token file {path!r} must hold 1 to {MAX_TOKEN_BYTES} bytes of token")
+    return token
+
+
+def _token(gateway: str, token_file: Any) -> str:
+    if not gateway.startswith("tcp://"):
+        if token_file is not None:
+            raise ConfigError("adapter_params['token_file'] applies to a tcp:// gateway only")
+        return ""
+    if not isinstance(token_file, str) or not token_file:
+        raise ConfigError("adapter_params['token_file'] is required with a tcp:// gateway: a file holding the token")
+    return read_token_file(token_file, "adapter_params['token_file']")

@@ -4,13 +4,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "connector/connector.h"
+#include "gateway/gateway_server.h"
+#include "protocol/messages.h"
 #include "store/card_store.h"
 #include "transport/embedded_backend.h"
+#include "transport/remote_backend.h"
 #include "util/crc32c.h"
 
 namespace py = pybind11;
@@ -59,7 +64,11 @@ class NativeConnector {
     ConnectorOptions opts;
     opts.num_workers = cfg["num_workers"].cast<int>();
     opts.timeout_ms = cfg["timeout_ms"].cast<int>();
-    if (gateway != "embedded") throw py::value_error("gateway '" + gateway + "' is not supported by this build");
+    std::unique_ptr<Backend> backend = gateway == "embedded" ? open_embedded(cfg) : remote(gateway, cfg);
+    connector_ = std::make_unique<Connector>(std::move(backend), opts);
+  }
+
+  static std::unique_ptr<Backend> open_embedded(const py::dict& cfg) {
     CardOptions co;
     co.path = cfg["card"].cast<std::string>();
     co.create_bytes = cfg["card_size_bytes"].cast<uint64_t>();
@@ -71,7 +80,18 @@ class NativeConnector {
       s = CardStore::Open(co, &store);
     }
     if (!s.ok()) raise(s);
-    connector_ = std::make_unique<Connector>(std::make_unique<EmbeddedBackend>(std::move(store)), opts);
+    return std::make_unique<EmbeddedBackend>(std::move(store));
+  }
+
+  // Connects lazily: a gateway that is not up yet is not an error here.
+  static std::unique_ptr<Backend> remote(const std::string& gateway, const py::dict& cfg) {
+    GatewayClientOptions o;
+    Status s = proto::parse_endpoint(gateway, &o.endpoint);
+    if (!s.ok()) raise(s);
+    o.token = cfg["token"].cast<std::string>();
+    if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
+    o.client_name = "lmcache-adp connector, pid " + std::to_string(::getpid());
+    return std::make_unique<RemoteBackend>(std::move(o));
   }
 
   int event_fd() const { return connector_->event_fd(); }
@@ -249,6 +269,42 @@ class PyCardStore {
   std::unique_ptr<IoContext> ctx_;
 };
 
+// The gateway daemon's core, driven by `lmcache-adp gateway` (lmcache_adp/cli.py).
+class PyGatewayServer {
+ public:
+  explicit PyGatewayServer(const GatewayOptions& opts) {
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = GatewayServer::Start(opts, &server_);
+    }
+    if (!s.ok()) raise(s);
+  }
+  void stop() {
+    py::gil_scoped_release nogil;
+    if (server_) server_->stop();
+  }
+  bool wait(double timeout_s) {
+    py::gil_scoped_release nogil;
+    return !server_ || server_->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  }
+  uint16_t tcp_port() const { return server().tcp_port(); }
+  size_t clients() const { return server().clients(); }
+  py::dict stats() const { return NativeConnector::stats_dict(server().stats()); }
+  // Stops and closes the card now, not whenever Python collects the object.
+  void close() {
+    py::gil_scoped_release nogil;
+    server_.reset();
+  }
+
+ private:
+  const GatewayServer& server() const {
+    if (!server_) throw std::runtime_error("gateway server is closed");
+    return *server_;
+  }
+  std::unique_ptr<GatewayServer> server_;
+};
+
 }  // namespace
 }  // namespace adp
 
@@ -282,6 +338,38 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &NativeConnector::close)
       .def("stats", &NativeConnector::stats)
       .def("describe", &NativeConnector::describe);
+
+  m.attr("PROTOCOL_VERSION") = proto::kProtocolVersion;
+  m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
+  m.attr("MAX_FRAME_BODY_BYTES") = proto::kMaxFrameBodyBytes;
+  m.attr("MAX_HELLO_BODY_BYTES") = proto::kMaxHelloBodyBytes;
+  m.def("parse_frame", [](const py::bytes& frame) {
+    std::string_view v = frame;
+    Status s = proto::parse_frame({reinterpret_cast<const uint8_t*>(v.data()), v.size()});
+    if (!s.ok()) throw py::value_error(s.message());
+  }, "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
+
+  py::class_<PyGatewayServer>(m, "GatewayServer")
+      .def(py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
+                       const std::string& listen, const std::string& token, int io_contexts, bool durable) {
+             GatewayOptions o;
+             o.card.path = card;
+             o.card.create_bytes = card_size_bytes;
+             o.card.durable = durable;
+             o.socket_path = socket_path;
+             o.tcp_listen = listen;
+             o.token = token;
+             o.io_contexts = io_contexts;
+             return std::make_unique<PyGatewayServer>(o);
+           }),
+           py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
+           py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true)
+      .def("stop", &PyGatewayServer::stop)
+      .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"))
+      .def("close", &PyGatewayServer::close)
+      .def("stats", &PyGatewayServer::stats)
+      .def_property_readonly("tcp_port", &PyGatewayServer::tcp_port)
+      .def_property_readonly("clients", &PyGatewayServer::clients);
 
   py::class_<PyCardStore>(m, "CardStore")
       .def(py::init<const std::string&, uint64_t, bool, uint64_t>(), py::arg("path"), py::arg("create_bytes") = 0,

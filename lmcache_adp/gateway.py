@@ -1,0 +1,91 @@
+"""`lmcache-adp gateway`: the storage gateway daemon, in the foreground.
+
+It owns one card and serves every LMCache server on the host through a Unix
+socket (payload through shared-memory rings) and optionally TCP (payload
+inline, token required). The serving loop runs in C++ without the GIL; this
+module parses arguments, waits for SIGTERM/SIGINT and stops it: batches in
+flight finish, the card's open regions are sealed, the socket is removed and
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from lmcache_adp import _native
+from lmcache_adp.config import GIB, ConfigError, read_token_file
+from lmcache_adp.log import get_logger
+
+log = get_logger()
+
+DEFAULT_SOCKET = "/run/lmcache-adp/gateway.sock"
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="run the storage gateway daemon (foreground)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--card", required=True, help="block device or card image file")
+    p.add_argument("--card-size-gb", type=float, default=0,
+                   help="create the image file with this size (GiB, sparse) if it does not exist")
+    p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"Unix socket to serve on (default {DEFAULT_SOCKET})")
+    p.add_argument("--listen", default="", metavar="tcp://HOST:PORT", help="also serve TCP clients (needs --token-file)")
+    p.add_argument("--token-file", help="file holding the token TCP clients must present")
+    p.add_argument("--io-contexts", type=int, default=4, help="store operations run in parallel (default 4)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.listen and not args.token_file:
+        log.error("--listen needs --token-file: TCP clients must present a token")
+        return 2
+    if not 1 <= args.io_contexts <= 64:
+        log.error("--io-contexts must be in [1, 64], got %d", args.io_contexts)
+        return 2
+    try:
+        token = read_token_file(args.token_file, "--token-file") if args.listen else ""
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    socket_dir = os.path.dirname(os.path.abspath(args.socket))
+    try:
+        os.makedirs(socket_dir, exist_ok=True)
+    except OSError as e:
+        log.error("cannot create the socket directory %s: %s", socket_dir, e.strerror)
+        return 1
+
+    # Block the stop signals before the C++ threads start (they inherit the
+    # mask), so they reach this thread's sigwait and nothing else.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        server = _native.GatewayServer(
+            card=os.path.abspath(args.card),
+            card_size_bytes=int(args.card_size_gb * GIB),
+            socket_path=os.path.abspath(args.socket),
+            listen=args.listen,
+            token=token,
+            io_contexts=args.io_contexts,
+        )
+    except (RuntimeError, ValueError) as e:
+        log.error("gateway not started: %s", e)
+        return 1
+    where = f"unix://{os.path.abspath(args.socket)}"
+    if args.listen:
+        where += f" and tcp port {server.tcp_port}"
+    log.info("gateway ready (pid %d) on %s", os.getpid(), where)
+
+    while True:
+        sig = signal.sigtimedwait(STOP_SIGNALS, 1.0)
+        if sig is not None:
+            log.info("%s received: stopping", signal.Signals(sig.si_signo).name)
+            break
+        if server.wait(0):
+            log.error("gateway loop ended on its own")
+            server.close()
+            return 1
+    server.stop()
+    server.close()
+    log.info("gateway stopped")
+    return 0

@@ -1,0 +1,210 @@
+#include "gateway/client_handler.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "protocol/auth.h"
+#include "util/log.h"
+
+namespace adp {
+namespace {
+
+using proto::Clock;
+
+unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
+
+bool fits(uint64_t offset, uint64_t len, uint64_t area) { return offset <= area && len <= area - offset; }
+
+}  // namespace
+
+std::string ClientHandler::peer() const {
+  if (tcp_) {
+    sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    char host[64] = "?";
+    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0)
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&sa), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+    return std::string("tcp ") + host;
+  }
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  ::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+  return "unix pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
+}
+
+void ClientHandler::refuse(const Status& why) {
+  ADP_WARN("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(), why.message().c_str());
+  std::vector<uint8_t> body;
+  proto::encode_error(why.message(), &body);
+  proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
+                     Clock::now() + std::chrono::milliseconds(200));
+}
+
+Status ClientHandler::handshake() {
+  proto::Frame frame;
+  Status s = proto::read_frame(fd_, proto::kMaxHelloBodyBytes, Clock::now() + proto::kFrameTimeout, &frame,
+                               tcp_ ? 0 : 1);
+  if (s.code() == Status::Code::kTimedOut) return Status::InvalidArgument("no hello within the handshake timeout");
+  if (!s.ok()) return s;
+  if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kHello)) {
+    proto::close_fds(&frame.fds);
+    return Status::InvalidArgument("expected a hello frame, got type " + std::to_string(frame.header.type));
+  }
+  last_request_id_ = frame.header.request_id;
+  proto::Hello hello;
+  s = proto::decode_hello(frame.body, &hello);
+  if (s.ok() && tcp_ && !proto::token_matches(hello.token, shared_->token))
+    s = Status::InvalidArgument("authentication failed: wrong or missing token");
+  bool want_ring = hello.features & proto::kFeatureRing;
+  if (s.ok() && want_ring != (frame.fds.size() == 1))
+    s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP" : "ring feature and passed descriptor disagree");
+  if (!s.ok()) {
+    proto::close_fds(&frame.fds);
+    return s;
+  }
+  if (want_ring) {
+    s = proto::SharedRing::Attach(frame.fds[0], hello.ring_bytes, &ring_);
+    if (!s.ok()) return s;
+  }
+  proto::HelloOk ok;
+  ok.features = ring_ ? proto::kFeatureRing : 0;
+  ok.max_object_bytes = shared_->store->max_object_bytes();
+  ok.server = shared_->description;
+  std::vector<uint8_t> body;
+  proto::encode_hello_ok(ok, &body);
+  s = proto::write_frame(fd_, proto::FrameType::kHelloOk, frame.header.request_id, body, {},
+                         Clock::now() + proto::kFrameTimeout);
+  if (s.ok())
+    ADP_INFO("gateway: client #%llu connected (%s, %.*s, %s)", ull(id_), peer().c_str(),
+             static_cast<int>(hello.client_name.size()), hello.client_name.data(),
+             ring_ ? ("ring " + std::to_string(ring_->size() >> 20) + " MiB").c_str() : "payload inline");
+  return s;
+}
+
+void ClientHandler::run() {
+  Status s = handshake();
+  if (s.ok()) {
+    proto::Frame frame;
+    std::vector<uint8_t> table, payload;
+    uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
+    while (s.ok()) {
+      s = proto::read_frame(fd_, max_body, proto::kNoDeadline, &frame);
+      if (s.ok()) s = serve_batch(frame, &table, &payload);
+    }
+  }
+  if (s.code() == Status::Code::kClosed)
+    ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
+  else
+    refuse(s);
+}
+
+Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload) {
+  if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kBatch))
+    return Status::InvalidArgument("unexpected frame type " + std::to_string(frame.header.type) + " after the handshake");
+  if (frame.header.request_id <= last_request_id_)
+    return Status::InvalidArgument("request id " + std::to_string(frame.header.request_id) + " out of order (last " +
+                                   std::to_string(last_request_id_) + ")");
+  last_request_id_ = frame.header.request_id;
+  proto::BatchRequest req;
+  Status s = proto::decode_batch(frame.body, &req);
+  if (!s.ok()) return s;
+  if (ring_ && !req.payload.empty()) return Status::InvalidArgument("inline payload on a ring connection");
+
+  proto::BatchReply reply;
+  reply.results.resize(req.items.size());
+  payload->clear();
+  s = run_batch(req, &reply, payload);
+  if (!s.ok()) return s;
+  table->clear();
+  proto::encode_batch_reply(reply, table);
+  iovec iv{payload->data(), payload->size()};
+  served_++;
+  shared_->batches.fetch_add(1, std::memory_order_relaxed);
+  return proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
+                            {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
+}
+
+Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {
+  *base = nullptr;
+  *size = 0;
+  if (req.op != proto::Op::kPut && req.op != proto::Op::kGet) return Status::Ok();
+  if (ring_) {
+    *base = ring_->data();
+    *size = ring_->size();
+  } else if (req.op == proto::Op::kPut) {
+    *base = const_cast<uint8_t*>(req.payload.data());
+    *size = req.payload.size();
+  } else {
+    // Inline get: the hits travel back in the reply, which must stay bounded.
+    uint64_t total = 0;
+    for (const auto& it : req.items) total += it.size;
+    if (total > proto::kMaxInlinePayloadBytes) return Status::InvalidArgument("get asks for more than one frame's payload");
+    return Status::Ok();
+  }
+  for (const auto& it : req.items)
+    if (!fits(it.offset, it.size, *size))
+      return Status::InvalidArgument("item at offset " + std::to_string(it.offset) + " of " + std::to_string(it.size) +
+                                     " bytes lies outside the " + (ring_ ? "ring" : "payload"));
+  return Status::Ok();
+}
+
+Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchReply* reply, std::vector<uint8_t>* payload) {
+  uint8_t* base;
+  uint64_t area;
+  Status s = payload_area(req, &base, &area);
+  if (!s.ok()) return s;
+  const size_t n = req.items.size();
+  // The client's remaining budget, counted from arrival: work that ends past
+  // it is not indexed (put) or not done (get), as the client has given up.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  std::vector<Status> st(n);
+  {
+    auto ctx = shared_->pool->acquire();
+    CardStore& store = *shared_->store;
+    switch (req.op) {
+      case proto::Op::kPut: {
+        std::vector<PutItem> items(n);
+        for (size_t i = 0; i < n; i++) items[i] = {req.items[i].key, base + req.items[i].offset, req.items[i].size};
+        store.put(*ctx, items.data(), n, st.data(), [deadline] { return Clock::now() < deadline; });
+        break;
+      }
+      case proto::Op::kGet:
+        for (size_t i = 0; i < n; i++) {
+          const proto::BatchItem& it = req.items[i];
+          if (Clock::now() >= deadline) {
+            st[i] = Status::TimedOut("deadline passed in the gateway");
+            continue;
+          }
+          const uint8_t* data;
+          size_t size;
+          st[i] = store.get(*ctx, it.key, &data, &size);
+          if (!st[i].ok()) continue;
+          if (size != it.size) {
+            ADP_WARN("object %.*s holds %zu bytes but the load buffer has %llu: served as a miss",
+                     static_cast<int>(it.key.size()), it.key.data(), size, ull(it.size));
+            st[i] = Status::NotFound();
+          } else if (base) {
+            std::memcpy(base + it.offset, data, size);
+          } else {
+            payload->insert(payload->end(), data, data + size);
+          }
+        }
+        break;
+      case proto::Op::kExists:
+        for (size_t i = 0; i < n; i++) st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
+        break;
+      case proto::Op::kDelete:
+        for (size_t i = 0; i < n; i++) st[i] = store.remove(*ctx, req.items[i].key) ? Status::Ok() : Status::NotFound();
+        break;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    reply->results[i].size = st[i].ok() ? req.items[i].size : 0;
+    reply->results[i].status = std::move(st[i]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace adp

@@ -1,0 +1,55 @@
+// ClientHandler: the gateway's side of one client connection, run on a
+// thread of its own (no GIL anywhere). Handshake first (version, features,
+// token on TCP, ring fd on Unix sockets), then one batch at a time: decode,
+// run against the card store with a leased IoContext, reply. Any protocol
+// violation ends this connection only, with an Error frame and a logged
+// reason. stop: the server shuts the socket down; run() then returns once
+// the batch in progress (if any) has finished.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gateway/io_context_pool.h"
+#include "protocol/messages.h"
+#include "protocol/shared_ring.h"
+#include "protocol/socket_io.h"
+#include "store/card_store.h"
+
+namespace adp {
+
+// What every connection of one gateway shares.
+struct GatewayShared {
+  CardStore* store;
+  IoContextPool* pool;
+  std::string token;        // required from TCP clients
+  std::string description;  // sent in HelloOk
+  std::atomic<uint64_t> batches{0};
+};
+
+class ClientHandler {
+ public:
+  ClientHandler(int fd, bool tcp, uint64_t id, GatewayShared* shared) : fd_(fd), tcp_(tcp), id_(id), shared_(shared) {}
+  void run();
+
+ private:
+  Status handshake();
+  Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
+  Status run_batch(const proto::BatchRequest& req, proto::BatchReply* reply, std::vector<uint8_t>* payload);
+  // The memory a request's offsets refer to: the ring, or the inline payload.
+  Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
+  void refuse(const Status& why);
+  std::string peer() const;
+
+  const int fd_;
+  const bool tcp_;
+  const uint64_t id_;
+  GatewayShared* shared_;
+  std::unique_ptr<proto::SharedRing> ring_;
+  uint64_t last_request_id_ = 0;
+  uint64_t served_ = 0;
+};
+
+}  // namespace adp

@@ -1,0 +1,163 @@
+#include "gateway/gateway_server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/log.h"
+
+namespace adp {
+
+Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayServer>* out) {
+  std::unique_ptr<GatewayServer> g(new GatewayServer());
+  g->opts_ = opts;
+  Status s = proto::parse_endpoint("unix://" + opts.socket_path, &g->unix_ep_);
+  if (s.ok() && !opts.tcp_listen.empty()) {
+    s = proto::parse_endpoint(opts.tcp_listen, &g->tcp_ep_);
+    if (s.ok() && g->tcp_ep_.kind != proto::Endpoint::Kind::kTcp)
+      s = Status::InvalidArgument("--listen takes tcp://HOST:PORT, got " + opts.tcp_listen);
+    if (s.ok() && opts.token.empty()) s = Status::InvalidArgument("a TCP listener needs a token (--token-file)");
+  }
+  if (!s.ok()) return s;
+  // The card first: its lock tells a second gateway on the same card to go
+  // away before it touches the socket of the first.
+  s = CardStore::Open(opts.card, &g->store_);
+  if (!s.ok()) return s;
+  s = proto::listen_endpoint(&g->unix_ep_, 128, &g->unix_fd_);
+  if (s.ok() && !opts.tcp_listen.empty()) s = proto::listen_endpoint(&g->tcp_ep_, 128, &g->tcp_fd_);
+  if (s.ok()) {
+    g->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (g->wake_fd_ < 0) s = Status::IoError("eventfd: " + errno_text(errno));
+  }
+  if (!s.ok()) {
+    g->shutdown_store();
+    return s;
+  }
+  g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
+  g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
+  StoreStats st = g->store_->stats();
+  ADP_INFO("gateway: card %s open (%llu objects, %.1f of %.1f GiB used); listening on %s%s%s", opts.card.path.c_str(),
+           static_cast<unsigned long long>(st.objects), st.used_bytes / double(1ull << 30),
+           st.capacity_bytes / double(1ull << 30), g->unix_ep_.str().c_str(), g->tcp_fd_ >= 0 ? " and " : "",
+           g->tcp_fd_ >= 0 ? g->tcp_ep_.str().c_str() : "");
+  g->accept_thread_ = std::thread(&GatewayServer::accept_loop, g.get());
+  *out = std::move(g);
+  return Status::Ok();
+}
+
+GatewayServer::~GatewayServer() {
+  stop();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  shutdown_store();
+}
+
+void GatewayServer::wake() {
+  uint64_t one = 1;
+  ssize_t w = ::write(wake_fd_, &one, sizeof one);
+  (void)w;  // a full counter still wakes the loop
+}
+
+void GatewayServer::stop() {
+  if (stopping_.exchange(true) || wake_fd_ < 0) return;
+  wake();
+}
+
+bool GatewayServer::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  return stopped_cv_.wait_for(l, timeout, [this] { return stopped_; });
+}
+
+StoreStats GatewayServer::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return store_ ? store_->stats() : final_stats_;
+}
+
+size_t GatewayServer::clients() const {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t n = 0;
+  for (const Client& c : clients_) n += !c.done;
+  return n;
+}
+
+void GatewayServer::accept_one(int listen_fd, bool tcp) {
+  int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;  // EAGAIN, or the peer left first
+  std::lock_guard<std::mutex> l(mu_);
+  if (clients_.size() >= static_cast<size_t>(opts_.max_clients)) {
+    ADP_WARN("gateway: refusing a client: %d connections already", opts_.max_clients);
+    ::close(fd);
+    return;
+  }
+  Client& c = clients_.emplace_back();
+  c.id = next_client_++;
+  c.fd = fd;
+  c.thread = std::thread([this, &c, tcp] {
+    ClientHandler(c.fd, tcp, c.id, shared_.get()).run();
+    c.done = true;
+    wake();  // so its thread and descriptor are reaped now, not at the next connect
+  });
+}
+
+void GatewayServer::reap(bool all) {
+  std::list<Client> finished;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      auto next = std::next(it);
+      if (all) ::shutdown(it->fd, SHUT_RDWR);
+      if (all || it->done) finished.splice(finished.end(), clients_, it);
+      it = next;
+    }
+  }
+  for (Client& c : finished) {
+    c.thread.join();
+    ::close(c.fd);
+  }
+}
+
+void GatewayServer::accept_loop() {
+  while (!stopping_) {
+    pollfd p[3] = {{wake_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
+    int r = ::poll(p, tcp_fd_ >= 0 ? 3 : 2, -1);
+    if (r < 0) continue;  // EINTR
+    if (p[0].revents) {
+      uint64_t v;
+      ssize_t rd = ::read(wake_fd_, &v, sizeof v);
+      (void)rd;
+    }
+    if (stopping_) break;
+    if (p[1].revents & POLLIN) accept_one(unix_fd_, false);
+    if (tcp_fd_ >= 0 && (p[2].revents & POLLIN)) accept_one(tcp_fd_, true);
+    reap(false);
+  }
+  ADP_INFO("gateway: stopping (%zu clients connected)", clients());
+  reap(true);
+  shutdown_store();
+}
+
+void GatewayServer::shutdown_store() {
+  for (int* fd : {&unix_fd_, &tcp_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+  if (!unix_ep_.path.empty() && store_) ::unlink(unix_ep_.path.c_str());
+  pool_.reset();  // seals the open regions, before the store goes
+  std::unique_ptr<CardStore> store;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (store_) final_stats_ = store_->stats();
+    store = std::move(store_);
+  }
+  if (store) {
+    store.reset();
+    ADP_INFO("gateway: card %s closed (%llu batches served)", opts_.card.path.c_str(),
+             static_cast<unsigned long long>(shared_ ? shared_->batches.load() : 0));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  stopped_ = true;
+  stopped_cv_.notify_all();
+}
+
+}  // namespace adp

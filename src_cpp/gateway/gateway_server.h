@@ -1,0 +1,84 @@
+// GatewayServer: the daemon's core. Owns one card store, a fixed pool of
+// IoContexts over it, and listeners on a Unix socket (payload through
+// shared-memory rings) and optionally TCP (payload inline, token required).
+// Each client connection is served by a thread of its own (ClientHandler).
+//
+// Threading: Start() returns with an accept thread running. stop() may be
+// called from any thread (not from a signal handler); it shuts every socket
+// down, lets batches in progress finish, joins the clients, closes the card
+// (sealing open regions) and removes the socket file. wait() tells when that
+// is done.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "gateway/client_handler.h"
+#include "gateway/io_context_pool.h"
+#include "protocol/socket_io.h"
+#include "store/card_store.h"
+
+namespace adp {
+
+struct GatewayOptions {
+  CardOptions card;
+  std::string socket_path;    // Unix socket; required
+  std::string tcp_listen;     // "tcp://host:port" (port 0: any free port) or empty
+  std::string token;          // required with tcp_listen
+  int io_contexts = 4;        // store operations in parallel
+  int max_clients = 256;      // connections beyond this are refused
+};
+
+class GatewayServer {
+ public:
+  static Status Start(const GatewayOptions& opts, std::unique_ptr<GatewayServer>* out);
+  ~GatewayServer();
+  GatewayServer(const GatewayServer&) = delete;
+  GatewayServer& operator=(const GatewayServer&) = delete;
+
+  void stop();
+  // True once stopped and the card is closed; waits at most `timeout`.
+  bool wait(std::chrono::milliseconds timeout);
+  uint16_t tcp_port() const { return tcp_ep_.port; }
+  StoreStats stats() const;
+  size_t clients() const;
+
+ private:
+  struct Client {
+    uint64_t id;
+    int fd;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  GatewayServer() = default;
+  void accept_loop();
+  void accept_one(int listen_fd, bool tcp);
+  void reap(bool all);
+  void shutdown_store();
+  void wake();
+
+  GatewayOptions opts_;
+  proto::Endpoint unix_ep_, tcp_ep_;
+  int unix_fd_ = -1, tcp_fd_ = -1, wake_fd_ = -1;
+  std::unique_ptr<CardStore> store_;
+  std::unique_ptr<IoContextPool> pool_;
+  std::unique_ptr<GatewayShared> shared_;
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable stopped_cv_;
+  bool stopped_ = false;
+  std::list<Client> clients_;
+  uint64_t next_client_ = 1;
+  StoreStats final_stats_;
+};
+
+}  // namespace adp

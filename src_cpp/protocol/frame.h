@@ -1,0 +1,76 @@
+// Gateway protocol, version 1: frame header, message types and every bound
+// the parser enforces. The prose spec is docs/protocol.md; keep the two in
+// step and bump kProtocolVersion on any incompatible change.
+//
+//   frame  = FrameHeader (24 bytes) + body (body_bytes)
+//   body   = table (fixed fields, item descriptors, keys or texts)
+//            + payload (TCP only: object bytes inline; empty with a ring)
+//
+// All integers are little-endian. Every length and count is checked against
+// the bounds below before anything is allocated for it.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "store/card_format.h"
+#include "util/status.h"
+
+namespace adp::proto {
+
+static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
+
+constexpr uint8_t kProtocolVersion = 1;
+constexpr uint32_t kFrameMagic = 0x47504441;  // "ADPG" on the wire
+constexpr size_t kFrameHeaderBytes = 24;
+
+enum class FrameType : uint8_t {
+  kHello = 1,       // client -> gateway, first frame (carries the ring fd on Unix sockets)
+  kHelloOk = 2,     // gateway -> client
+  kBatch = 3,       // client -> gateway: one batch of one operation
+  kBatchReply = 4,  // gateway -> client: per-key results
+  kError = 5,       // gateway -> client: why the connection is being closed
+};
+
+enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
+
+// Feature bits negotiated in the handshake.
+constexpr uint32_t kFeatureRing = 1;  // payload through a shared-memory ring
+
+// Bounds (docs/protocol.md, "Bounds").
+constexpr uint32_t kMaxBatchKeys = 4096;
+constexpr uint32_t kMaxKeyBytes = adp::kMaxKeyBytes;    // the card's own bound
+constexpr uint32_t kMaxTokenBytes = 256;
+constexpr uint32_t kMaxNameBytes = 256;                 // client name, gateway description
+constexpr uint32_t kMaxMessageBytes = 256;              // per-key error text, error frame reason
+constexpr uint64_t kMaxObjectBytes = kMaxRegionBytes;   // no card holds a larger object
+constexpr uint64_t kMaxInlinePayloadBytes = 64u << 20;  // TCP: payload bytes in one frame
+constexpr uint64_t kMinRingBytes = 1u << 20;
+constexpr uint64_t kMaxRingBytes = 4ull << 30;
+constexpr uint32_t kMaxHelloBodyBytes = 4096;           // the only size accepted before the handshake
+
+constexpr size_t kBatchFixedBytes = 16;
+constexpr size_t kBatchItemBytes = 24;
+constexpr size_t kReplyFixedBytes = 8;
+constexpr size_t kReplyItemBytes = 16;
+constexpr uint32_t kMaxTableBytes = kBatchFixedBytes + kMaxBatchKeys * (kBatchItemBytes + kMaxKeyBytes);
+static_assert(kReplyFixedBytes + kMaxBatchKeys * (kReplyItemBytes + kMaxMessageBytes) <= kMaxTableBytes);
+constexpr uint32_t kMaxFrameBodyBytes = kMaxTableBytes + kMaxInlinePayloadBytes;
+
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t type;
+  uint16_t flags;         // 0 in version 1
+  uint32_t body_bytes;
+  uint32_t reserved;      // 0 in version 1
+  uint64_t request_id;    // client: strictly increasing; reply: the request's id
+};
+static_assert(sizeof(FrameHeader) == kFrameHeaderBytes, "frame header layout");
+
+FrameHeader make_header(FrameType type, uint64_t request_id, size_t body_bytes);
+// Checks magic, version, zero fields, a known type and body_bytes <= max_body.
+Status check_header(const FrameHeader& h, uint32_t max_body);
+
+}  // namespace adp::proto

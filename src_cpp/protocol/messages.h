@@ -1,0 +1,72 @@
+// The messages of protocol version 1 (docs/protocol.md): their fields and
+// their encoding into / decoding from a frame body. Decoders check every
+// count and length against frame.h's bounds before reserving memory; decoded
+// string views and spans point into the body, which must outlive them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "protocol/frame.h"
+#include "util/status.h"
+
+namespace adp::proto {
+
+struct Hello {
+  uint32_t features = 0;
+  uint64_t ring_bytes = 0;      // size of the ring whose fd rides on this frame; 0 = none
+  std::string_view token;       // required on TCP
+  std::string_view client_name; // for the gateway's log
+};
+
+struct HelloOk {
+  uint32_t features = 0;        // the subset of the client's features in use
+  uint32_t max_batch_keys = kMaxBatchKeys;
+  uint64_t max_object_bytes = 0;
+  uint64_t max_inline_payload = kMaxInlinePayloadBytes;
+  std::string_view server;      // the gateway's description, for the client's log
+};
+
+struct BatchItem {
+  std::string_view key;
+  uint64_t size = 0;    // put: payload bytes; get: the client's buffer length
+  uint64_t offset = 0;  // put/get: where the bytes are in the ring or inline payload
+};
+
+struct BatchRequest {
+  Op op = Op::kExists;
+  uint32_t timeout_ms = 0;  // what is left of the client's deadline when sent
+  std::vector<BatchItem> items;
+  std::span<const uint8_t> payload;  // inline payload (TCP put)
+};
+
+struct ItemResult {
+  Status status;            // Ok, NotFound (miss) or the error, with its message
+  uint64_t size = 0;        // get: object bytes delivered
+};
+
+struct BatchReply {
+  std::vector<ItemResult> results;
+  std::span<const uint8_t> payload;  // TCP get: hits' bytes, in item order
+};
+
+void encode_hello(const Hello& m, std::vector<uint8_t>* body);
+Status decode_hello(std::span<const uint8_t> body, Hello* m);
+void encode_hello_ok(const HelloOk& m, std::vector<uint8_t>* body);
+Status decode_hello_ok(std::span<const uint8_t> body, HelloOk* m);
+// Encodes the table only; an inline payload is sent after it (writev).
+void encode_batch(const BatchRequest& m, std::vector<uint8_t>* table);
+Status decode_batch(std::span<const uint8_t> body, BatchRequest* m);
+void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table);
+Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m);
+void encode_error(std::string_view reason, std::vector<uint8_t>* body);
+Status decode_error(std::span<const uint8_t> body, std::string_view* reason);
+
+// Checks one whole frame (header + body) as the gateway or a client would:
+// the entry point of the fuzz tests.
+Status parse_frame(std::span<const uint8_t> frame);
+
+}  // namespace adp::proto

@@ -1,0 +1,77 @@
+#include "protocol/shared_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "protocol/frame.h"
+
+namespace adp::proto {
+namespace {
+
+constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+Status check_size(uint64_t bytes) {
+  if (bytes < kMinRingBytes || bytes > kMaxRingBytes || bytes % kRingAlign)
+    return Status::InvalidArgument("ring size " + std::to_string(bytes) + " is not a multiple of 4 KiB in [" +
+                                   std::to_string(kMinRingBytes) + ", " + std::to_string(kMaxRingBytes) + "]");
+  return Status::Ok();
+}
+
+Status check_attachable(int fd, uint64_t bytes) {
+  Status s = check_size(bytes);
+  if (!s.ok()) return s;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes)
+    return Status::InvalidArgument("ring descriptor is not a memory file of the stated size");
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kRequiredSeals) != kRequiredSeals)
+    return Status::InvalidArgument("ring descriptor is not sealed against shrinking and growing");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SharedRing::Map(int fd, uint64_t bytes, std::unique_ptr<SharedRing>* out) {
+  // Populated up front: page faults would otherwise land on the first requests.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    ::close(fd);
+    return Status::IoError("cannot map the ring: " + errno_text(err));
+  }
+  out->reset(new SharedRing(fd, static_cast<uint8_t*>(p), bytes));
+  return Status::Ok();
+}
+
+Status SharedRing::Create(uint64_t bytes, std::unique_ptr<SharedRing>* out) {
+  Status s = check_size(bytes);
+  if (!s.ok()) return s;
+  int fd = ::memfd_create("lmcache-adp-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::IoError("memfd_create: " + errno_text(errno));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0 || ::fcntl(fd, F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Status::IoError("cannot size the ring: " + errno_text(err));
+  }
+  return Map(fd, bytes, out);
+}
+
+Status SharedRing::Attach(int fd, uint64_t bytes, std::unique_ptr<SharedRing>* out) {
+  Status s = check_attachable(fd, bytes);
+  if (!s.ok()) {
+    ::close(fd);
+    return s;
+  }
+  return Map(fd, bytes, out);
+}
+
+SharedRing::~SharedRing() {
+  ::munmap(data_, size_);
+  ::close(fd_);
+}
+
+}  // namespace adp::proto

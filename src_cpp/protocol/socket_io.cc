@@ -1,0 +1,303 @@
+#include "protocol/socket_io.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include "util/log.h"
+
+namespace adp::proto {
+namespace {
+
+int poll_ms(Deadline deadline) {
+  if (deadline == kNoDeadline) return -1;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left + 1, 0, 60000));  // re-checked after each wake
+}
+
+// Waits until fd is ready for `events`; Ok, TimedOut or Closed.
+Status wait_ready(int fd, short events, Deadline deadline) {
+  for (;;) {
+    if (deadline != kNoDeadline && Clock::now() >= deadline) return Status::TimedOut("gateway did not answer in time");
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, 1, poll_ms(deadline));
+    if (r < 0 && errno != EINTR) return Status::IoError("poll: " + errno_text(errno));
+    if (r > 0) {
+      if (p.revents & (POLLERR | POLLNVAL)) return Status::Closed("connection closed");
+      return Status::Ok();  // readable, writable or hung up: the next call tells which
+    }
+  }
+}
+
+Status sockaddr_of(const Endpoint& ep, sockaddr_storage* sa, socklen_t* len) {
+  std::memset(sa, 0, sizeof *sa);
+  if (ep.kind == Endpoint::Kind::kUnix) {
+    auto* un = reinterpret_cast<sockaddr_un*>(sa);
+    if (ep.path.empty() || ep.path.size() >= sizeof un->sun_path)
+      return Status::InvalidArgument("socket path must be 1 to " + std::to_string(sizeof un->sun_path - 1) +
+                                     " bytes: " + ep.path);
+    un->sun_family = AF_UNIX;
+    std::memcpy(un->sun_path, ep.path.data(), ep.path.size());
+    *len = sizeof(sockaddr_un);
+    return Status::Ok();
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(ep.host.c_str(), std::to_string(ep.port).c_str(), &hints, &res);
+  if (rc != 0 || !res) return Status::Unavailable("cannot resolve " + ep.host + ": " + gai_strerror(rc));
+  std::memcpy(sa, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return Status::Ok();
+}
+
+int new_socket(const sockaddr_storage& sa) {
+  return ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+}
+
+void tune_tcp(int fd, const sockaddr_storage& sa) {
+  if (sa.ss_family == AF_UNIX) return;
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // one request in flight: no Nagle wait
+}
+
+// Removes a Unix socket file nobody accepts on; refuses a live one.
+Status clear_stale_socket(const Endpoint& ep) {
+  struct stat st;
+  if (::lstat(ep.path.c_str(), &st) != 0) return Status::Ok();
+  if (!S_ISSOCK(st.st_mode)) return Status::InvalidArgument(ep.path + " exists and is not a socket; not replacing it");
+  int fd = -1;
+  Status s = connect_endpoint(ep, Clock::now() + std::chrono::seconds(2), &fd);
+  if (s.ok()) {
+    ::close(fd);
+    return Status::Busy("a gateway is already listening on " + ep.path);
+  }
+  if (::unlink(ep.path.c_str()) != 0 && errno != ENOENT)
+    return Status::IoError("cannot remove stale socket " + ep.path + ": " + errno_text(errno));
+  ADP_INFO("gateway: removed stale socket %s", ep.path.c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string Endpoint::str() const {
+  if (kind == Kind::kUnix) return "unix://" + path;
+  bool v6 = host.find(':') != std::string::npos;
+  return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Status parse_endpoint(std::string_view url, Endpoint* out) {
+  constexpr std::string_view kUnix = "unix://", kTcp = "tcp://";
+  if (url.starts_with(kUnix)) {
+    out->kind = Endpoint::Kind::kUnix;
+    out->path = std::string(url.substr(kUnix.size()));
+    if (out->path.empty() || out->path[0] != '/')
+      return Status::InvalidArgument("'" + std::string(url) + "': a unix endpoint needs an absolute path, as unix:///run/x.sock");
+    return Status::Ok();
+  }
+  if (!url.starts_with(kTcp))
+    return Status::InvalidArgument("'" + std::string(url) + "' is not unix:///path or tcp://host:port");
+  std::string_view rest = url.substr(kTcp.size());
+  size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0)
+    return Status::InvalidArgument("'" + std::string(url) + "': expected tcp://host:port");
+  std::string_view host = rest.substr(0, colon), port = rest.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  unsigned value = 0;
+  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc() || p != port.data() + port.size() || port.empty() || value > 65535)
+    return Status::InvalidArgument("'" + std::string(url) + "': port must be 0-65535");
+  out->kind = Endpoint::Kind::kTcp;
+  out->host = std::string(host);
+  out->port = static_cast<uint16_t>(value);
+  return Status::Ok();
+}
+
+Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd) {
+  sockaddr_storage sa;
+  socklen_t len;
+  Status s = sockaddr_of(ep, &sa, &len);
+  if (!s.ok()) return s;
+  int f = new_socket(sa);
+  if (f < 0) return Status::IoError("socket: " + errno_text(errno));
+  ::fcntl(f, F_SETFL, ::fcntl(f, F_GETFL) | O_NONBLOCK);
+  if (::connect(f, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    int err = errno;
+    if (err == EINPROGRESS || err == EAGAIN) {
+      s = wait_ready(f, POLLOUT, deadline);
+      socklen_t el = sizeof err;
+      if (s.ok() && ::getsockopt(f, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) {
+        tune_tcp(f, sa);
+        *fd = f;
+        return Status::Ok();
+      }
+    }
+    ::close(f);
+    if (!s.ok()) return s;
+    return Status::Unavailable("cannot connect to " + ep.str() + ": " + errno_text(err));
+  }
+  tune_tcp(f, sa);
+  *fd = f;
+  return Status::Ok();
+}
+
+Status listen_endpoint(Endpoint* ep, int backlog, int* fd) {
+  if (ep->kind == Endpoint::Kind::kUnix) {
+    Status s = clear_stale_socket(*ep);
+    if (!s.ok()) return s;
+  }
+  sockaddr_storage sa;
+  socklen_t len;
+  Status s = sockaddr_of(*ep, &sa, &len);
+  if (!s.ok()) return s;
+  int f = new_socket(sa);
+  if (f < 0) return Status::IoError("socket: " + errno_text(errno));
+  int one = 1;
+  if (sa.ss_family != AF_UNIX) ::setsockopt(f, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(f, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(f, backlog) != 0) {
+    int err = errno;
+    ::close(f);
+    return Status::IoError("cannot listen on " + ep->str() + ": " + errno_text(err));
+  }
+  if (sa.ss_family == AF_UNIX) {
+    ::chmod(ep->path.c_str(), 0660);  // the socket's group decides who may use the card
+  } else {
+    sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    ::getsockname(f, reinterpret_cast<sockaddr*>(&bound), &bl);
+    ep->port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                 : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  }
+  ::fcntl(f, F_SETFL, ::fcntl(f, F_GETFL) | O_NONBLOCK);
+  *fd = f;
+  return Status::Ok();
+}
+
+Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
+                   std::span<const iovec> payload, Deadline deadline, int pass_fd) {
+  size_t body = table.size();
+  for (const iovec& v : payload) body += v.iov_len;
+  FrameHeader h = make_header(type, request_id, body);
+  std::vector<iovec> iov;
+  iov.reserve(2 + payload.size());
+  iov.push_back({&h, sizeof h});
+  if (!table.empty()) iov.push_back({const_cast<uint8_t*>(table.data()), table.size()});
+  for (const iovec& v : payload)
+    if (v.iov_len) iov.push_back(v);
+
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  size_t next = 0;
+  while (next < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov.data() + next;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - next, IOV_MAX);
+    if (pass_fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        Status s = wait_ready(fd, POLLOUT, deadline);
+        if (!s.ok()) return s;
+        continue;
+      }
+      return Status::Closed("send failed: " + errno_text(errno));
+    }
+    pass_fd = -1;  // delivered with the first byte
+    size_t done = static_cast<size_t>(n);
+    while (next < iov.size() && done >= iov[next].iov_len) done -= iov[next++].iov_len;
+    if (next < iov.size()) {
+      iov[next].iov_base = static_cast<uint8_t*>(iov[next].iov_base) + done;
+      iov[next].iov_len -= done;
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Receives exactly n bytes, collecting passed descriptors into *fds.
+Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector<int>* fds) {
+  size_t got = 0;
+  while (got < n) {
+    iovec v{buf + got, n - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &v;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        Status s = wait_ready(fd, POLLIN, deadline);
+        if (!s.ok()) return s;
+        continue;
+      }
+      return Status::Closed("receive failed: " + errno_text(errno));
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; i++) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->push_back(passed);
+      }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) return Status::InvalidArgument("too many descriptors passed with a frame");
+    if (r == 0) return Status::Closed(got == 0 ? "connection closed" : "connection closed inside a frame");
+    got += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds) {
+  frame->fds.clear();
+  auto* hdr = reinterpret_cast<uint8_t*>(&frame->header);
+  Status s = recv_exact(fd, hdr, 1, first_byte_by, &frame->fds);
+  Deadline rest_by = std::min(first_byte_by, Clock::now() + kFrameTimeout);
+  if (s.ok()) s = recv_exact(fd, hdr + 1, kFrameHeaderBytes - 1, rest_by, &frame->fds);
+  if (s.ok()) s = check_header(frame->header, max_body);
+  if (s.ok()) {
+    frame->body.resize(frame->header.body_bytes);
+    s = recv_exact(fd, frame->body.data(), frame->body.size(), rest_by, &frame->fds);
+  }
+  if (s.ok() && frame->fds.size() > max_fds) s = Status::InvalidArgument("unexpected descriptors passed with a frame");
+  if (!s.ok()) close_fds(&frame->fds);
+  if (s.code() == Status::Code::kTimedOut && first_byte_by == kNoDeadline)
+    return Status::InvalidArgument("frame not completed within " + std::to_string(kFrameTimeout.count()) + " ms");
+  return s;
+}
+
+void close_fds(std::vector<int>* fds) {
+  for (int f : *fds) ::close(f);
+  fds->clear();
+}
+
+}  // namespace adp::proto

@@ -1,0 +1,66 @@
+// Sockets of the gateway protocol: endpoints (unix:// and tcp://), connect
+// and listen, and whole-frame send/receive with deadlines. Every wait is a
+// poll() bounded by a deadline; a socket shut down by another thread
+// (stop/interrupt) ends the wait at once as kClosed.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "protocol/frame.h"
+#include "util/status.h"
+
+namespace adp::proto {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+constexpr Deadline kNoDeadline = Deadline::max();
+// Once a frame's first byte arrived, the rest must follow within this time.
+constexpr std::chrono::milliseconds kFrameTimeout{10000};
+
+struct Endpoint {
+  enum class Kind { kUnix, kTcp } kind = Kind::kUnix;
+  std::string path;  // unix
+  std::string host;  // tcp
+  uint16_t port = 0;
+  std::string str() const;
+};
+
+// "unix:///abs/path.sock" or "tcp://host:port" (port 0 allowed to listen on
+// an ephemeral port).
+Status parse_endpoint(std::string_view url, Endpoint* out);
+
+Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd);
+// Binds and listens. Unix: a stale socket file (nobody accepting) is removed
+// first; a live one or a non-socket file at the path is an error. TCP: the
+// bound port is written back into ep->port.
+Status listen_endpoint(Endpoint* ep, int backlog, int* fd);
+
+// A received frame. body holds exactly header.body_bytes bytes.
+struct Frame {
+  FrameHeader header{};
+  std::vector<uint8_t> body;
+  std::vector<int> fds;  // descriptors passed with the frame (Unix sockets); owned by the receiver
+};
+
+// Sends header + table + payload (iovecs) in one go. pass_fd >= 0 rides on
+// the frame's first byte (SCM_RIGHTS).
+Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
+                   std::span<const iovec> payload, Deadline deadline, int pass_fd = -1);
+
+// Receives one frame whose body is at most max_body bytes (checked before
+// the body is allocated). The first byte is awaited until first_byte_by; the
+// rest must follow within kFrameTimeout (and by first_byte_by).
+// Descriptors arriving with the frame are kept in frame->fds (at most
+// max_fds; any beyond that are closed and the frame is refused).
+Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds = 0);
+
+void close_fds(std::vector<int>* fds);
+
+}  // namespace adp::proto

@@ -1,0 +1,74 @@
+#include "transport/gateway_client.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace adp {
+
+Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline deadline,
+                              std::unique_ptr<GatewayClient>* out) {
+  int fd = -1;
+  Status s = proto::connect_endpoint(opts.endpoint, deadline, &fd);
+  if (!s.ok()) return s;
+  std::unique_ptr<GatewayClient> c(new GatewayClient(fd));
+  s = c->handshake(opts, deadline);
+  if (!s.ok()) return s;
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+GatewayClient::~GatewayClient() { ::close(fd_); }
+
+void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
+
+Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
+  proto::Hello hello;
+  if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes) {
+    Status s = proto::SharedRing::Create(opts.ring_bytes, &ring_);
+    if (!s.ok()) return s;
+    hello.features = proto::kFeatureRing;
+    hello.ring_bytes = ring_->size();
+  }
+  hello.token = opts.token;
+  hello.client_name = opts.client_name;
+  table_.clear();
+  proto::encode_hello(hello, &table_);
+  Status s = proto::write_frame(fd_, proto::FrameType::kHello, ++request_id_, table_, {}, deadline,
+                                ring_ ? ring_->fd() : -1);
+  if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kHelloOk), deadline);
+  if (s.ok()) s = proto::decode_hello_ok(frame_.body, &limits_);
+  if (s.ok() && bool(limits_.features & proto::kFeatureRing) != bool(ring_))
+    s = Status::InvalidArgument("the gateway did not take the ring");
+  if (!s.ok()) return s;
+  server_ = std::string(limits_.server);
+  limits_.server = server_;  // the frame buffer is reused
+  return Status::Ok();
+}
+
+Status GatewayClient::receive(uint8_t type, proto::Deadline deadline) {
+  Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_);
+  if (!s.ok()) return s;
+  if (frame_.header.type == static_cast<uint8_t>(proto::FrameType::kError)) {
+    std::string_view reason;
+    s = proto::decode_error(frame_.body, &reason);
+    return Status::Unavailable("gateway refused: " + std::string(s.ok() ? reason : "(unreadable reason)"));
+  }
+  if (frame_.header.type != type || frame_.header.request_id != request_id_)
+    return Status::InvalidArgument("gateway sent an unexpected frame");
+  return Status::Ok();
+}
+
+Status GatewayClient::call(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline,
+                           proto::BatchReply* reply) {
+  table_.clear();
+  proto::encode_batch(req, &table_);
+  Status s = proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
+  if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kBatchReply), deadline);
+  if (s.ok()) s = proto::decode_batch_reply(frame_.body, reply);
+  if (s.ok() && reply->results.size() != req.items.size())
+    s = Status::InvalidArgument("gateway answered " + std::to_string(reply->results.size()) + " results for " +
+                                std::to_string(req.items.size()) + " keys");
+  return s;
+}
+
+}  // namespace adp

@@ -1,0 +1,58 @@
+// GatewayClient: one connection to a gateway, as the client side of the
+// protocol: connect, handshake (with a ring on Unix sockets, a token on
+// TCP), then one batch at a time. Used by one thread; any error leaves the
+// connection unusable (the caller drops it and connects anew, which also
+// gives it a fresh ring: the gateway may still be reading the old one).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "protocol/messages.h"
+#include "protocol/shared_ring.h"
+#include "protocol/socket_io.h"
+
+namespace adp {
+
+struct GatewayClientOptions {
+  proto::Endpoint endpoint;
+  std::string token;        // TCP
+  uint64_t ring_bytes = 0;  // Unix: size of this connection's ring
+  std::string client_name;  // shown in the gateway's log
+};
+
+class GatewayClient {
+ public:
+  static Status Connect(const GatewayClientOptions& opts, proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  ~GatewayClient();
+  GatewayClient(const GatewayClient&) = delete;
+  GatewayClient& operator=(const GatewayClient&) = delete;
+
+  // Sends req (plus inline payload iovecs) and waits for its reply, whose
+  // item count is checked against the request. reply->payload points into
+  // this client's receive buffer until the next call.
+  Status call(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline,
+              proto::BatchReply* reply);
+
+  proto::SharedRing* ring() const { return ring_.get(); }
+  const proto::HelloOk& limits() const { return limits_; }
+  const std::string& server() const { return server_; }
+  // Ends any wait on this connection at once (another thread may call it).
+  void interrupt() const;
+
+ private:
+  explicit GatewayClient(int fd) : fd_(fd) {}
+  Status handshake(const GatewayClientOptions& opts, proto::Deadline deadline);
+  Status receive(uint8_t type, proto::Deadline deadline);
+
+  const int fd_;
+  std::unique_ptr<proto::SharedRing> ring_;
+  proto::HelloOk limits_;
+  std::string server_;
+  uint64_t request_id_ = 0;
+  std::vector<uint8_t> table_;
+  proto::Frame frame_;
+};
+
+}  // namespace adp

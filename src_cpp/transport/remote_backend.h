@@ -1,0 +1,49 @@
+// RemoteBackend: the connector's work sent to a gateway daemon, over a Unix
+// socket (payload through a shared-memory ring per connection) or TCP
+// (payload inline, token). Each worker session holds its own connection.
+//
+// A gateway that is absent or gone never hangs a worker: every wait is
+// bounded by the batch's deadline, interrupt() shuts all connections down,
+// and a lost connection fails its batch and is re-established on a later
+// batch with exponential back-off (state changes logged once, not per
+// request). Bytes reach the caller's buffers only through DeliverFn.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "connector/backend.h"
+#include "transport/gateway_client.h"
+
+namespace adp {
+
+class RemoteBackend : public Backend {
+ public:
+  explicit RemoteBackend(GatewayClientOptions opts) : opts_(std::move(opts)) {}
+  std::unique_ptr<BackendSession> new_session() override;
+  std::string describe() const override { return "gateway " + opts_.endpoint.str(); }
+  StoreStats stats() const override;
+  void interrupt() override;
+
+ private:
+  friend class RemoteSession;
+  enum class Link { kUnknown, kUp, kDown };
+  // Connects a session's client; registered so interrupt() reaches it.
+  Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  void drop(std::unique_ptr<GatewayClient>* client);
+  void note_down(const Status& why);
+
+  const GatewayClientOptions opts_;
+  std::mutex mu_;
+  std::set<const GatewayClient*> live_;
+  bool interrupted_ = false;
+  std::atomic<Link> link_{Link::kUnknown};
+  struct Counters {
+    std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
+    std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
+  } counters_;
+};
+
+}  // namespace adp
