@@ -51,6 +51,7 @@ GatewayServer::~GatewayServer() {
   stop();
   if (accept_thread_.joinable()) accept_thread_.join();
   shutdown_store();
+  if (wake_fd_ >= 0) ::close(wake_fd_);  // last: client threads and stop() write to it
 }
 
 void GatewayServer::wake() {
@@ -138,11 +139,11 @@ void GatewayServer::accept_loop() {
 }
 
 void GatewayServer::shutdown_store() {
+  if (unix_fd_ >= 0) ::unlink(unix_ep_.path.c_str());  // only a socket this gateway made
   for (int* fd : {&unix_fd_, &tcp_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
-  if (!unix_ep_.path.empty() && store_) ::unlink(unix_ep_.path.c_str());
   pool_.reset();  // seals the open regions, before the store goes
   std::unique_ptr<CardStore> store;
   {

@@ -238,8 +238,10 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
 
 namespace {
 
-// Receives exactly n bytes, collecting passed descriptors into *fds.
-Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector<int>* fds) {
+// Receives exactly n bytes, collecting passed descriptors into *fds. An end
+// of stream before a frame's first byte is an orderly close; inside a frame
+// it is a truncated frame.
+Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector<int>* fds, bool frame_start) {
   size_t got = 0;
   while (got < n) {
     iovec v{buf + got, n - got};
@@ -269,7 +271,9 @@ Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector
       }
     }
     if (msg.msg_flags & MSG_CTRUNC) return Status::InvalidArgument("too many descriptors passed with a frame");
-    if (r == 0) return Status::Closed(got == 0 ? "connection closed" : "connection closed inside a frame");
+    if (r == 0)
+      return frame_start && got == 0 ? Status::Closed("connection closed")
+                                     : Status::InvalidArgument("truncated frame: connection closed inside it");
     got += static_cast<size_t>(r);
   }
   return Status::Ok();
@@ -280,13 +284,13 @@ Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector
 Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds) {
   frame->fds.clear();
   auto* hdr = reinterpret_cast<uint8_t*>(&frame->header);
-  Status s = recv_exact(fd, hdr, 1, first_byte_by, &frame->fds);
+  Status s = recv_exact(fd, hdr, 1, first_byte_by, &frame->fds, true);
   Deadline rest_by = std::min(first_byte_by, Clock::now() + kFrameTimeout);
-  if (s.ok()) s = recv_exact(fd, hdr + 1, kFrameHeaderBytes - 1, rest_by, &frame->fds);
+  if (s.ok()) s = recv_exact(fd, hdr + 1, kFrameHeaderBytes - 1, rest_by, &frame->fds, false);
   if (s.ok()) s = check_header(frame->header, max_body);
   if (s.ok()) {
     frame->body.resize(frame->header.body_bytes);
-    s = recv_exact(fd, frame->body.data(), frame->body.size(), rest_by, &frame->fds);
+    s = recv_exact(fd, frame->body.data(), frame->body.size(), rest_by, &frame->fds, false);
   }
   if (s.ok() && frame->fds.size() > max_fds) s = Status::InvalidArgument("unexpected descriptors passed with a frame");
   if (!s.ok()) close_fds(&frame->fds);

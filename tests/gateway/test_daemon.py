@@ -1,0 +1,97 @@
+"""The `lmcache-adp gateway` daemon: start, stop, stale socket, exclusive card, bad arguments."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from lmcache_adp import ADPConnector
+from tests.gateway.conftest import Gateway
+from tests.helpers import RawConnector, payload
+
+
+def test_sigterm_exits_zero_and_removes_socket(gateway):
+    assert os.path.exists(gateway.socket)
+    log = gateway.log()
+    assert "gateway: card" in log and "open" in log
+    assert gateway.stop() == 0
+    assert not os.path.exists(gateway.socket)
+    log = gateway.logs[-1]
+    assert "SIGTERM received" in log and "closed" in log and "gateway stopped" in log
+
+
+def test_sigint_exits_zero(workdir):
+    gw = Gateway(workdir).start()
+    gw.proc.send_signal(2)
+    assert gw._finish() == 0
+
+
+def test_acknowledged_data_survives_restart(gateway):
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url))
+    keys = [f"m@00000000@0@{i:x}" for i in range(6)]
+    datas = [payload(k, 300_000 + i) for i, k in enumerate(keys)]
+    assert c.set(keys, [memoryview(d) for d in datas])[0]
+    assert gateway.stop() == 0
+    gateway.start()
+    outs = [bytearray(len(d)) for d in datas]
+    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+    assert ok and all(per_key)
+    assert [bytes(o) for o in outs] == datas
+    c.conn.close()
+
+
+def test_second_gateway_on_same_card_fails_clearly(gateway, workdir):
+    second = Gateway(workdir)  # same card
+    other = second.socket = os.path.join(workdir, "other.sock")
+    r = subprocess.run(second.args(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "gateway not started" in r.stderr and "card" in r.stderr
+    assert not os.path.exists(other)
+    assert os.path.exists(gateway.socket)  # the first gateway's socket is untouched
+
+
+def test_stale_socket_is_removed(workdir):
+    gw = Gateway(workdir)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(gw.socket)  # bound, never listening, then abandoned: what a crash leaves
+    s.close()
+    assert os.path.exists(gw.socket)
+    gw.start()
+    assert "removed stale socket" in gw.log()
+    assert gw.stop() == 0
+
+
+def test_live_socket_is_not_taken_over(gateway, workdir):
+    second = Gateway(workdir)
+    second.card = os.path.join(workdir, "second.img")
+    r = subprocess.run(second.args(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "already listening" in r.stderr
+    assert os.path.exists(gateway.socket)
+
+
+def test_regular_file_at_socket_path_is_left_alone(workdir):
+    gw = Gateway(workdir)
+    with open(gw.socket, "w") as f:
+        f.write("not a socket")
+    r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is not a socket" in r.stderr
+    assert open(gw.socket).read() == "not a socket"
+
+
+def test_listen_without_token_file_is_refused(workdir):
+    gw = Gateway(workdir)
+    r = subprocess.run(gw.args("--listen", "tcp://127.0.0.1:0"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--token-file" in r.stderr
+
+
+def test_missing_card_without_size_fails_clearly(workdir):
+    gw = Gateway(workdir, card_size_gb=0)
+    r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "gateway not started" in r.stderr and gw.card in r.stderr
+
+
+def test_cli_help_lists_gateway():
+    r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "gateway" in r.stdout

@@ -1,0 +1,36 @@
+"""Protocol v1 frames built by hand (docs/protocol.md), for hostile-input tests and the fuzzer."""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = 0x47504441
+HELLO, HELLO_OK, BATCH, BATCH_REPLY, ERROR = 1, 2, 3, 4, 5
+PUT, GET, EXISTS, DELETE = 1, 2, 3, 4
+HEADER = struct.Struct("<IBBHIIQ")  # magic, version, type, flags, body_bytes, reserved, request_id
+
+
+def frame(ftype: int, request_id: int, body: bytes, version: int = 1, body_bytes: int | None = None) -> bytes:
+    n = len(body) if body_bytes is None else body_bytes
+    return HEADER.pack(MAGIC, version, ftype, 0, n, 0, request_id) + body
+
+
+def hello(token: bytes = b"", name: bytes = b"test", features: int = 0, ring_bytes: int = 0) -> bytes:
+    return struct.pack("<IIQHHI", features, 0, ring_bytes, len(token), len(name), 0) + token + name
+
+
+def batch(op: int, keys: list[bytes], sizes: list[int] | None = None, offsets: list[int] | None = None,
+          payload: bytes = b"", timeout_ms: int = 5000) -> bytes:
+    sizes = sizes or [0] * len(keys)
+    offsets = offsets or [0] * len(keys)
+    out = struct.pack("<BBHIII", op, 0, 0, len(keys), timeout_ms, 0)
+    for k, s, o in zip(keys, sizes, offsets):
+        out += struct.pack("<HHIQQ", len(k), 0, 0, s, o)
+    return out + b"".join(keys) + payload
+
+
+def parse_header(data: bytes) -> tuple[int, int, int]:
+    """(type, body_bytes, request_id) of a received frame header."""
+    magic, version, ftype, _, n, _, rid = HEADER.unpack(data[: HEADER.size])
+    assert magic == MAGIC and version == 1
+    return ftype, n, rid
