@@ -40,6 +40,7 @@ void ClientHandler::refuse(const Status& why) {
   proto::encode_error(why.message(), &body);
   proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
                      Clock::now() + std::chrono::milliseconds(200));
+  proto::finish_sending(fd_);
 }
 
 Status ClientHandler::handshake() {
@@ -77,8 +78,8 @@ Status ClientHandler::handshake() {
   s = proto::write_frame(fd_, proto::FrameType::kHelloOk, frame.header.request_id, body, {},
                          Clock::now() + proto::kFrameTimeout);
   if (s.ok())
-    ADP_INFO("gateway: client #%llu connected (%s, %.*s, %s)", ull(id_), peer().c_str(),
-             static_cast<int>(hello.client_name.size()), hello.client_name.data(),
+    ADP_INFO("gateway: client #%llu connected (%s, %s, %s)", ull(id_), peer().c_str(),
+             log_safe(hello.client_name).c_str(),
              ring_ ? ("ring " + std::to_string(ring_->size() >> 20) + " MiB").c_str() : "payload inline");
   return s;
 }
@@ -182,8 +183,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
           st[i] = store.get(*ctx, it.key, &data, &size);
           if (!st[i].ok()) continue;
           if (size != it.size) {
-            ADP_WARN("object %.*s holds %zu bytes but the load buffer has %llu: served as a miss",
-                     static_cast<int>(it.key.size()), it.key.data(), size, ull(it.size));
+            ADP_WARN("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
+                     log_safe(it.key).c_str(), size, ull(it.size));
             st[i] = Status::NotFound();
           } else if (base) {
             std::memcpy(base + it.offset, data, size);

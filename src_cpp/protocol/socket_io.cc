@@ -304,4 +304,16 @@ void close_fds(std::vector<int>* fds) {
   fds->clear();
 }
 
+void finish_sending(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  Deadline until = Clock::now() + std::chrono::milliseconds(200);
+  uint8_t sink[16384];
+  for (size_t total = 0; total < (1u << 20);) {
+    if (!wait_ready(fd, POLLIN, until).ok()) return;
+    ssize_t r = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return;
+    if (r > 0) total += static_cast<size_t>(r);
+  }
+}
+
 }  // namespace adp::proto

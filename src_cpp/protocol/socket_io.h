@@ -63,4 +63,9 @@ Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* fram
 
 void close_fds(std::vector<int>* fds);
 
+// Ends our side (FIN) and discards what the peer still sends for a moment
+// (bounded in time and bytes), so closing with unread input does not reset
+// the connection and lose the Error frame just sent.
+void finish_sending(int fd);
+
 }  // namespace adp::proto

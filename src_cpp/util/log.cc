@@ -58,4 +58,20 @@ void log_message(LogLevel level, const char* fmt, ...) {
   fflush(stderr);
 }
 
+std::string log_safe(std::string_view s, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_bytes; i++) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char esc[5];
+      std::snprintf(esc, sizeof esc, "\\x%02x", c);
+      out += esc;
+    }
+  }
+  if (s.size() > max_bytes) out += "...";
+  return out;
+}
+
 }  // namespace adp

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdarg>
+#include <string>
+#include <string_view>
 
 namespace adp {
 
@@ -12,6 +14,11 @@ enum class LogLevel { kDebug = 10, kInfo = 20, kWarning = 30, kError = 40 };
 
 bool log_enabled(LogLevel level);
 void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Text from a peer (client name, key) made fit for a log line: bytes outside
+// printable ASCII become \xNN and long text is cut, so a client cannot forge
+// or garble log lines.
+std::string log_safe(std::string_view s, size_t max_bytes = 200);
 
 #define ADP_LOG(level, ...)                                              \
   do {                                                                   \

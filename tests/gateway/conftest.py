@@ -66,7 +66,7 @@ class Gateway:
         raise RuntimeError("gateway did not get ready:\n" + self.log())
 
     def log(self) -> str:
-        with open(self.log_path) as f:
+        with open(self.log_path, errors="replace") as f:
             return f.read()
 
     def all_logs(self) -> str:

@@ -1,0 +1,115 @@
+"""A gateway that is absent, killed or restarted: every future completes by its
+deadline, the connector reconnects by itself and acknowledged data comes back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from lmcache_adp import ADPConnector
+from tests.gateway.conftest import Gateway
+from tests.helpers import RawConnector, payload
+
+TIMEOUT_MS = 2000
+SLACK_S = 2.0  # scheduling slack on top of the deadline on a loaded 2-core machine
+
+
+def keys_and_datas(n: int, size: int = 256 * 1024):
+    keys = [f"m@00000000@0@{i:x}" for i in range(n)]
+    return keys, [payload(k, size) for k in keys]
+
+
+def test_absent_gateway_fails_fast_and_recovers_when_it_appears(workdir):
+    gw = Gateway(workdir)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, timeout_ms=TIMEOUT_MS))  # no gateway yet: no error
+    keys, datas = keys_and_datas(3)
+    t0 = time.monotonic()
+    ok, err, _ = c.set(keys, [memoryview(d) for d in datas])
+    assert not ok and "unavailable" in err
+    ok, _, per_key = c.exists(keys)
+    assert per_key == [False] * 3
+    outs = [bytearray(len(d)) for d in datas]
+    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+    assert per_key == [False] * 3 and all(o == bytearray(len(o)) for o in outs)
+    assert time.monotonic() - t0 < TIMEOUT_MS / 1000 + SLACK_S
+    gw.start()
+    deadline = time.monotonic() + 10
+    while not c.set(keys, [memoryview(d) for d in datas])[0]:  # back-off is at most 2 s
+        assert time.monotonic() < deadline, "connector did not reconnect"
+        time.sleep(0.1)
+    assert c.exists(keys)[2] == [True] * 3
+    c.conn.close()
+    gw.stop()
+
+
+def test_sigkill_during_load_then_restart(gateway):
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url, timeout_ms=TIMEOUT_MS))
+    keys, datas = keys_and_datas(32)
+    assert c.set(keys, [memoryview(d) for d in datas])[0]  # acknowledged
+
+    worst = [0.0]
+    stop = threading.Event()
+
+    def load_loop():
+        while not stop.is_set():
+            outs = [bytearray(len(d)) for d in datas[:8]]
+            t = time.monotonic()
+            ok, _, per_key = c.get(keys[:8], [memoryview(o) for o in outs])
+            worst[0] = max(worst[0], time.monotonic() - t)
+            for hit, o, d in zip(per_key, outs, datas):
+                assert o == d if hit else o == bytearray(len(o))  # never partial or foreign bytes
+
+    t = threading.Thread(target=load_loop)
+    t.start()
+    time.sleep(0.5)
+    gateway.kill()
+    time.sleep(1.0)
+    gateway.start()
+    time.sleep(0.5)
+    stop.set()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert worst[0] < TIMEOUT_MS / 1000 + SLACK_S
+
+    deadline = time.monotonic() + 10
+    while True:
+        outs = [bytearray(len(d)) for d in datas]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        if ok and all(per_key):
+            break
+        assert time.monotonic() < deadline, "connector did not reconnect after the restart"
+        time.sleep(0.1)
+    assert [bytes(o) for o in outs] == datas  # every acknowledged object is back
+    c.conn.close()
+    log = gateway.all_logs()
+    assert log.count("recovered 32 objects") >= 1
+
+
+def test_close_with_gateway_hung_returns_promptly(gateway):
+    c = ADPConnector(gateway=gateway.unix_url, timeout_ms=60000)
+    rc = RawConnector(c)
+    assert rc.exists(["k"])[0]
+    gateway.proc.send_signal(19)  # SIGSTOP: connections stay open, nothing answers
+    try:
+        fid = c.submit_batch_exists(["k"])
+        time.sleep(0.3)
+        t = time.monotonic()
+        c.close()  # interrupts the worker blocked on the gateway
+        assert time.monotonic() - t < 5
+        assert fid in [f[0] for f in c.drain_completions()]
+    finally:
+        gateway.proc.send_signal(18)
+
+
+def test_wrong_token_is_refused(gateway, workdir):
+    bad = f"{workdir}/bad-token"
+    with open(bad, "w") as f:
+        f.write("not-the-token")
+    c = RawConnector(ADPConnector(gateway=gateway.tcp_url, token_file=bad, timeout_ms=TIMEOUT_MS))
+    ok, err, _ = c.set(["k"], [memoryview(b"v")])
+    assert not ok and "authentication failed" in err
+    c.conn.close()
+    assert "authentication failed" in gateway.log()
+    good = RawConnector(ADPConnector(gateway=gateway.tcp_url, token_file=gateway.token_file))
+    assert good.set(["k"], [memoryview(b"v")])[0]
+    good.conn.close()

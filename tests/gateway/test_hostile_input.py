@@ -1,0 +1,111 @@
+"""Malformed, truncated, oversized and out-of-order frames close only the
+connection that sent them, with a logged reason; everyone else is served."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from tests.gateway import fuzz, wire
+from tests.helpers import RawConnector
+
+HELLO = wire.frame(wire.HELLO, 1, wire.hello())
+
+
+def exchange(gw, data: bytes, tcp: bool = False, half_close: bool = False) -> bytes:
+    """Sends data; returns everything the gateway sent until it closed (or fails)."""
+    s = socket.create_connection(("127.0.0.1", gw.port)) if tcp else socket.socket(socket.AF_UNIX)
+    with s:
+        s.settimeout(5)  # below the 10 s frame timeout: the close must be immediate
+        if not tcp:
+            s.connect(gw.socket)
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def error_reason(reply: bytes) -> str:
+    """The text of the last (Error) frame in a reply stream."""
+    frames = []
+    while reply:
+        ftype, n, _ = wire.parse_header(reply)
+        frames.append((ftype, reply[wire.HEADER.size: wire.HEADER.size + n]))
+        reply = reply[wire.HEADER.size + n:]
+    ftype, body = frames[-1]
+    assert ftype == wire.ERROR
+    (n,) = struct.unpack_from("<H", body)
+    return body[2: 2 + n].decode()
+
+
+CASES = {
+    "garbage": (b"\xff" * 24, "bad frame magic"),
+    "oversized hello": (wire.frame(wire.HELLO, 1, b"", body_bytes=1 << 30), "exceeds the bound"),
+    "wrong version": (wire.frame(wire.HELLO, 1, wire.hello(), version=9), "protocol version 9"),
+    "batch before hello": (wire.frame(wire.BATCH, 1, wire.batch(wire.EXISTS, [b"k"])), "expected a hello"),
+    "hello lengths lie": (wire.frame(wire.HELLO, 1, wire.hello()[:16] + struct.pack("<HHI", 200, 0, 0)),
+                          "malformed hello"),
+    "ring without descriptor": (wire.frame(wire.HELLO, 1, wire.hello(features=1, ring_bytes=1 << 20)),
+                                "ring feature and passed descriptor disagree"),
+    "out of order": (HELLO + wire.frame(wire.BATCH, 5, wire.batch(wire.EXISTS, [b"k"]))
+                     + wire.frame(wire.BATCH, 5, wire.batch(wire.EXISTS, [b"k"])), "out of order"),
+    "reply type from a client": (HELLO + wire.frame(wire.BATCH_REPLY, 2, b""), "unexpected frame type"),
+    "zero keys": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [])), "key count out of range"),
+    "key too long": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k" * 1025])),
+                     "key length out of range"),
+    "payload outside": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.PUT, [b"k"], [100], [0], b"short")),
+                        "lies outside the payload"),
+    "inline get too large": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.GET, [b"a", b"b"], [40 << 20] * 2)),
+                             "more than one frame's payload"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_frame_closes_only_that_connection(gateway, case):
+    bystander = RawConnector(ADPConnector(gateway=gateway.unix_url))
+    assert bystander.set(["bystander"], [memoryview(b"still here")])[0]
+    data, reason = CASES[case]
+    assert reason in error_reason(exchange(gateway, data))
+    assert reason in gateway.log()
+    out = bytearray(10)
+    assert bystander.get(["bystander"], [memoryview(out)])[2] == [True] and out == b"still here"
+    bystander.conn.close()
+
+
+def test_truncated_frame(gateway):
+    reply = exchange(gateway, HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k"]))[:30],
+                     half_close=True)
+    assert wire.parse_header(reply)[0] == wire.HELLO_OK
+    assert "truncated frame" in gateway.log()
+
+
+def test_tcp_hello_without_token(gateway):
+    assert "authentication failed" in error_reason(exchange(gateway, HELLO, tcp=True))
+
+
+def test_valid_raw_exchange(gateway):
+    """The hand-built frames of these tests are what the gateway speaks."""
+    reply = exchange(gateway, HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k"])), half_close=True)
+    ftype, n, _ = wire.parse_header(reply)
+    assert ftype == wire.HELLO_OK
+    ftype, n, rid = wire.parse_header(reply[wire.HEADER.size + n:])
+    assert (ftype, rid) == (wire.BATCH_REPLY, 2)
+
+
+def test_fuzz_frame_parser():
+    accepted, refused = fuzz.run_parser(seconds=2.0)
+    assert refused > 1000 and accepted > 0
+
+
+def test_fuzz_live_gateway(gateway):
+    assert fuzz.run_network(gateway.socket, seconds=2.0) > 20
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url))
+    assert c.set(["after-fuzz"], [memoryview(b"ok")])[0]
+    c.conn.close()
+    assert gateway.proc.poll() is None
