@@ -17,6 +17,7 @@ import signal
 from lmcache_adp import _native
 from lmcache_adp.config import GIB, ConfigError, read_token_file
 from lmcache_adp.log import get_logger
+from lmcache_adp.metrics import MetricsServer
 
 log = get_logger()
 
@@ -34,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", default="", metavar="tcp://HOST:PORT", help="also serve TCP clients (needs --token-file)")
     p.add_argument("--token-file", help="file holding the token TCP clients must present")
     p.add_argument("--io-contexts", type=int, default=4, help="store operations run in parallel (default 4)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus /metrics, /health and /stats on this port (default: off)")
     p.set_defaults(func=run)
 
 
@@ -43,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not 1 <= args.io_contexts <= 64:
         log.error("--io-contexts must be in [1, 64], got %d", args.io_contexts)
+        return 2
+    if not 0 <= args.metrics_port <= 65535:
+        log.error("--metrics-port must be in [0, 65535], got %d", args.metrics_port)
         return 2
     try:
         token = read_token_file(args.token_file, "--token-file") if args.listen else ""
@@ -71,6 +77,17 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as e:
         log.error("gateway not started: %s", e)
         return 1
+    card = os.path.abspath(args.card)
+    metrics = None
+    if args.metrics_port:
+        try:
+            metrics = MetricsServer(lambda: {**server.stats(), "clients": server.clients, "card": card},
+                                    args.metrics_port)
+        except OSError as e:
+            log.error("gateway not started: metrics port %d: %s", args.metrics_port, e.strerror)
+            server.stop()
+            server.close()
+            return 1
     where = f"unix://{os.path.abspath(args.socket)}"
     if args.listen:
         where += f" and tcp port {server.tcp_port}"
@@ -85,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             log.error("gateway loop ended on its own")
             server.close()
             return 1
+    if metrics is not None:
+        metrics.close()
     server.stop()
     server.close()
     log.info("gateway stopped")

@@ -21,7 +21,7 @@ TOKEN = "test-token-0123456789"
 class Gateway:
     """One `lmcache-adp gateway` process; restartable on the same card and socket."""
 
-    def __init__(self, workdir: str, tcp: bool = False, card_size_gb: float = 0.25):
+    def __init__(self, workdir: str, tcp: bool = False, card_size_gb: float = 0.25, extra: tuple[str, ...] = ()):
         self.workdir = workdir
         self.card = os.path.join(workdir, "card.img")
         self.socket = os.path.join(workdir, "gw.sock")
@@ -30,6 +30,7 @@ class Gateway:
             f.write(TOKEN + "\n")
         self.tcp = tcp
         self.card_size_gb = card_size_gb
+        self.extra = list(extra)
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.logs: list[str] = []
@@ -48,7 +49,7 @@ class Gateway:
         if self.tcp:
             # The same port again after a restart, so connectors find it.
             args += ["--listen", f"tcp://127.0.0.1:{self.port}", "--token-file", self.token_file]
-        return args + list(extra)
+        return args + self.extra + list(extra)
 
     def start(self, timeout: float = 30.0) -> "Gateway":
         self.log_path = os.path.join(self.workdir, f"gateway{len(self.logs)}.log")

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lmcache_adp import ADPConnector
+from tests.gateway.conftest import Gateway, workdir  # noqa: F401 (workdir is a fixture)
 from tests.helpers import RawConnector, payload
 
 
@@ -89,3 +90,33 @@ def test_metrics_port_validated():
 
     with pytest.raises(ConfigError, match=r"adapter_params\['metrics_port'\] must be in \[0, 65535\]"):
         ADPConnector(metrics_port=70000)
+
+
+def test_gateway_serves_metrics_with_clients(workdir):
+    port = free_port()
+    gw = Gateway(workdir, extra=("--metrics-port", str(port))).start()
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2))
+        keys = [f"g{i}" for i in range(4)]
+        assert c.set(keys, [memoryview(payload(k, 40000)) for k in keys])[0]
+        m = scrape(port)
+        assert m["lmcache_adp_stores_total"] == 4 and m["lmcache_adp_objects"] == 4
+        assert m["lmcache_adp_clients"] >= 1 and m["lmcache_adp_healthy"] == 1
+        import subprocess
+        import sys
+
+        r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "status", "--url", f"http://127.0.0.1:{port}"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and "connected clients" in r.stdout
+        c.conn.close()
+    finally:
+        assert gw.stop() == 0
+
+
+def test_gateway_metrics_port_checked(workdir):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", f"{workdir}/c.img",
+                        "--socket", f"{workdir}/s.sock", "--metrics-port", "70000"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--metrics-port must be in [0, 65535]" in r.stderr
