@@ -25,7 +25,7 @@ class ADPConnector(NativeConnector):
 
     def stats(self) -> dict[str, Any]:
         st = super().stats()
-        st["card"] = self.config.card
+        st["card"] = self.config.card if self.config.gateway == "embedded" else self.config.gateway
         return st
 
     def close(self) -> None:
