@@ -105,6 +105,7 @@ class RemoteSession : public BackendSession {
 Status RemoteSession::connected(Deadline deadline) {
   if (client_) return Status::Ok();
   auto now = Clock::now();
+  if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
   if (now < retry_at_) return last_error_;
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
   if (!s.ok()) {

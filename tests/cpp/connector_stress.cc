@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -40,8 +41,10 @@
 #include <vector>
 
 #include "connector/connector.h"
+#include "gateway/gateway_server.h"
 #include "store/card_store.h"
 #include "transport/embedded_backend.h"
+#include "transport/remote_backend.h"
 #include "util/crc32c.h"
 
 namespace {
@@ -315,13 +318,16 @@ struct PhaseSpec {
   int close_after;  // close() once this many futures were submitted; 0 = after the submitters finish
 };
 
-void run_connector_phase(const std::shared_ptr<adp::CardStore>& store, const PhaseSpec& spec, uint64_t seed,
-                         Totals& totals) {
+using BackendFactory = std::function<std::unique_ptr<adp::Backend>()>;
+
+// midway (default: close the connector) runs once spec.close_after futures were submitted.
+void run_connector_phase(const BackendFactory& backend, const PhaseSpec& spec, uint64_t seed, Totals& totals,
+                         const std::function<void(adp::Connector&)>& midway = &adp::Connector::close) {
   Tracker tracker(totals);
   adp::ConnectorOptions opts;
   opts.num_workers = 4;
   opts.timeout_ms = spec.timeout_ms;
-  adp::Connector conn(std::make_unique<adp::EmbeddedBackend>(store), opts);
+  adp::Connector conn(backend(), opts);
 
   std::atomic<bool> stop{false};
   std::thread drainer([&] {
@@ -351,7 +357,7 @@ void run_connector_phase(const std::shared_ptr<adp::CardStore>& store, const Pha
 
   if (spec.close_after > 0) {
     while (submitted.load() < spec.close_after) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    conn.close();  // submitters are still going: what is queued fails, later submits fail at once
+    midway(conn);  // submitters are still going
   }
   for (auto& t : submitters) t.join();
   conn.close();
@@ -572,7 +578,8 @@ int main(int argc, char** argv) {
       {"close-midway", 30000, 3, 200 * scale, 240 * scale},
   };
   uint64_t phase_seed = 1;
-  for (const PhaseSpec& p : phases) run_connector_phase(store, p, phase_seed++, totals);
+  auto embedded = [&] { return std::make_unique<adp::EmbeddedBackend>(store); };
+  for (const PhaseSpec& p : phases) run_connector_phase(embedded, p, phase_seed++, totals);
   if (g_live_owners != 0) fail("%lld buffer owners were never destroyed", static_cast<long long>(g_live_owners.load()));
   check_store_health(*store, "connector phases");
 
@@ -646,6 +653,58 @@ int main(int argc, char** argv) {
   check_commit_window(*store);  // last: it recycles every region
   check_store_health(*store, "commit window");
   store.reset();
+
+  // 4. The connector phases again through a gateway on the same card: Unix
+  // socket with a small ring (batches go in rounds), TCP, deadlines racing
+  // the wire, the gateway stopped under load, then restarted (reconnect).
+  Totals via_gateway;
+  {
+    adp::GatewayOptions go;
+    go.card.path = path;
+    go.socket_path = path + ".sock";
+    go.tcp_listen = "tcp://127.0.0.1:0";
+    go.token = "stress-token";
+    go.io_contexts = 3;
+    std::unique_ptr<adp::GatewayServer> gw;
+    s = adp::GatewayServer::Start(go, &gw);
+    if (!s.ok()) {
+      fprintf(stderr, "cannot start the gateway on %s: %s\n", path.c_str(), s.message().c_str());
+      return 1;
+    }
+    go.tcp_listen = "tcp://127.0.0.1:" + std::to_string(gw->tcp_port());  // the same port after the restart
+    auto remote = [&](bool tcp) {
+      return [&, tcp] {
+        adp::GatewayClientOptions o;
+        adp::proto::parse_endpoint(tcp ? go.tcp_listen : "unix://" + go.socket_path, &o.endpoint);
+        o.token = go.token;
+        o.ring_bytes = tcp ? 0 : 1 << 20;
+        return std::make_unique<adp::RemoteBackend>(o);
+      };
+    };
+    const PhaseSpec gateway_phases[] = {
+        {"gateway-unix", 30000, 3, 150 * scale, 0},
+        {"gateway-tcp", 30000, 3, 100 * scale, 0},
+        {"gateway-1ms-timeout", 1, 3, 100 * scale, 0},
+        {"gateway-close-midway", 30000, 3, 100 * scale, 120 * scale},
+    };
+    for (const PhaseSpec& p : gateway_phases) run_connector_phase(remote(p.name[8] == 't'), p, phase_seed++, via_gateway);
+    run_connector_phase(remote(false), {"gateway-stopped-midway", 2000, 3, 100 * scale, 60 * scale}, phase_seed++,
+                        via_gateway, [&](adp::Connector&) { gw->stop(); });
+    gw.reset();
+    s = adp::GatewayServer::Start(go, &gw);
+    if (!s.ok()) {
+      fprintf(stderr, "cannot restart the gateway on %s: %s\n", path.c_str(), s.message().c_str());
+      return 1;
+    }
+    run_connector_phase(remote(false), {"gateway-restarted", 30000, 3, 100 * scale, 0}, phase_seed++, via_gateway);
+    gw.reset();
+  }
+  if (via_gateway.hits == 0) fail("no get through the gateway ever hit");
+  printf("connector_stress: gateway phases: %llu futures (%llu failed, %llu hits, %llu misses)\n",
+         static_cast<unsigned long long>(via_gateway.completed.load()),
+         static_cast<unsigned long long>(via_gateway.failed.load()),
+         static_cast<unsigned long long>(via_gateway.hits.load()),
+         static_cast<unsigned long long>(via_gateway.misses.load()));
 
   if (totals.hits == 0) fail("no connector get ever hit");
   if (direct.hits == 0 || reopened.hits == 0) fail("no direct get hit (direct %llu, after reopen %llu)",
