@@ -100,11 +100,10 @@ class ConnectorConfig:
                     f"adapter_params {', '.join(map(repr, misplaced))} apply to gateway='embedded' only; "
                     "the gateway daemon owns its card (lmcache-adp gateway --card PATH)"
                 )
-        token = _token(gateway, params.get("token_file"))
-        ring_mb = params.get("ring_mb", DEFAULT_RING_MB)
         if "ring_mb" in params and not gateway.startswith("unix://"):
             raise ConfigError("adapter_params['ring_mb'] applies to a unix:// gateway only")
-        ring_mb = _int("ring_mb", ring_mb, 1, 4096)
+        ring_mb = _int("ring_mb", params.get("ring_mb", DEFAULT_RING_MB), 1, 4096)
+        token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
             raise ConfigError(f"adapter_params['card'] must be a path string, got {card!r}")

@@ -1,0 +1,47 @@
+"""adapter_params of a connector that talks to a gateway: what is accepted, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_adp import ADPConnector, ConfigError, ConnectorConfig
+
+
+def test_unix_gateway_params(tmp_path):
+    cfg = ConnectorConfig.from_params({"gateway": "unix:///run/x.sock", "ring_mb": 16, "num_workers": 2})
+    native = cfg.to_native()
+    assert native["gateway"] == "unix:///run/x.sock" and native["ring_bytes"] == 16 << 20 and native["token"] == ""
+
+
+def test_tcp_gateway_reads_token(tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("  s3cret\n")
+    cfg = ConnectorConfig.from_params({"gateway": "tcp://10.0.0.1:7070", "token_file": str(tok)})
+    assert cfg.to_native()["token"] == "s3cret"
+    assert "s3cret" not in repr(cfg)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"gateway": "tcp://h:1"}, r"'token_file'\] is required with a tcp:// gateway"),
+    ({"gateway": "tcp://h:1", "token_file": "/nonexistent/token"}, r"cannot read token file '/nonexistent/token'"),
+    ({"gateway": "unix:///x.sock", "token_file": "/t"}, r"'token_file'\] applies to a tcp:// gateway only"),
+    ({"gateway": "tcp://h:1", "ring_mb": 8, "token_file": "/t"}, r"'ring_mb'\] applies to a unix:// gateway only"),
+    ({"gateway": "unix:///x.sock", "ring_mb": 0}, r"'ring_mb'\] must be in \[1, 4096\]"),
+    ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
+    ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
+])
+def test_bad_gateway_params(params, message):
+    with pytest.raises(ConfigError, match=message):
+        ConnectorConfig.from_params(params)
+
+
+def test_empty_token_file_refused(tmp_path):
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="must hold 1 to 256 bytes"):
+        ConnectorConfig.from_params({"gateway": "tcp://h:1", "token_file": str(tmp_path / "empty")})
+
+
+def test_bad_tcp_endpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "token").write_text("t")
+    with pytest.raises(ValueError, match="port must be 0-65535"):
+        ADPConnector(gateway="tcp://host:99999", token_file=str(tmp_path / "token"))
