@@ -16,7 +16,8 @@ import urllib.request
 from typing import Any
 
 from lmcache_adp._native import CardStore, format_card
-from lmcache_adp.config import GIB
+from lmcache_adp.config import GIB, ConfigError, read_token_file
+from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
 
 EXIT_OK, EXIT_BAD_CARD, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
@@ -89,7 +90,14 @@ def _fail(msg: str, code: int) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    if args.url:
+    if args.gateway:
+        try:
+            token = read_token_file(args.token_file, "--token-file") if args.token_file else ""
+            st = read_gateway_stats(args.gateway, token)
+        except (GatewayError, ConfigError) as e:
+            return _fail(str(e), EXIT_ERROR)
+        st["card"] = f"held by the gateway at {args.gateway}"
+    elif args.url:
         try:
             with urllib.request.urlopen(args.url.rstrip("/") + "/stats", timeout=5) as r:
                 st = json.load(r)
@@ -171,7 +179,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="capacity, usage, hit ratio, errors and latency of a card")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--card", help="card path (must not be held by a running process)")
+    src.add_argument("--gateway", metavar="unix://PATH|tcp://HOST:PORT", help="a running gateway, through its socket")
     src.add_argument("--url", help="metrics URL of a running connector or gateway, e.g. http://127.0.0.1:9400")
+    p.add_argument("--token-file", help="with --gateway tcp://: the gateway's token")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
 

@@ -3,6 +3,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "protocol/auth.h"
@@ -87,13 +88,17 @@ Status ClientHandler::handshake() {
 void ClientHandler::run() {
   Status s = handshake();
   if (s.ok()) {
+    shared_->clients++;
     proto::Frame frame;
     std::vector<uint8_t> table, payload;
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
     while (s.ok()) {
       s = proto::read_frame(fd_, max_body, proto::kNoDeadline, &frame);
-      if (s.ok()) s = serve_batch(frame, &table, &payload);
+      if (!s.ok()) break;
+      s = frame.header.type == static_cast<uint8_t>(proto::FrameType::kStats) ? serve_stats(frame)
+                                                                              : serve_batch(frame, &table, &payload);
     }
+    shared_->clients--;
   }
   if (s.code() == Status::Code::kClosed)
     ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
@@ -104,12 +109,10 @@ void ClientHandler::run() {
 Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload) {
   if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kBatch))
     return Status::InvalidArgument("unexpected frame type " + std::to_string(frame.header.type) + " after the handshake");
-  if (frame.header.request_id <= last_request_id_)
-    return Status::InvalidArgument("request id " + std::to_string(frame.header.request_id) + " out of order (last " +
-                                   std::to_string(last_request_id_) + ")");
-  last_request_id_ = frame.header.request_id;
+  Status s = check_request_id(frame);
+  if (!s.ok()) return s;
   proto::BatchRequest req;
-  Status s = proto::decode_batch(frame.body, &req);
+  s = proto::decode_batch(frame.body, &req);
   if (!s.ok()) return s;
   if (ring_ && !req.payload.empty()) return Status::InvalidArgument("inline payload on a ring connection");
 
@@ -125,6 +128,56 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   shared_->batches.fetch_add(1, std::memory_order_relaxed);
   return proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
                             {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
+}
+
+Status ClientHandler::check_request_id(const proto::Frame& frame) {
+  if (frame.header.request_id <= last_request_id_)
+    return Status::InvalidArgument("request id " + std::to_string(frame.header.request_id) + " out of order (last " +
+                                   std::to_string(last_request_id_) + ")");
+  last_request_id_ = frame.header.request_id;
+  return Status::Ok();
+}
+
+Status ClientHandler::serve_stats(const proto::Frame& frame) {
+  Status s = check_request_id(frame);
+  if (!s.ok()) return s;
+  if (!frame.body.empty()) return Status::InvalidArgument("stats request with a body");
+  std::string json = stats_json(shared_->store->stats(), shared_->clients.load(), shared_->batches.load());
+  std::vector<uint8_t> body(json.begin(), json.end());
+  return proto::write_frame(fd_, proto::FrameType::kStatsReply, frame.header.request_id, body, {},
+                            Clock::now() + proto::kFrameTimeout);
+}
+
+std::string stats_json(const StoreStats& st, uint32_t clients, uint64_t batches) {
+  std::string out = "{";
+  auto num = [&out](const char* k, double v) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "\"%s\":%.17g,", k, v);
+    out += buf;
+  };
+  num("capacity_bytes", st.capacity_bytes);
+  num("used_bytes", st.used_bytes);
+  num("objects", st.objects);
+  num("region_bytes", st.region_bytes);
+  num("num_regions", st.num_regions);
+  num("free_regions", st.free_regions);
+  num("hits", st.hits);
+  num("misses", st.misses);
+  num("stores", st.stores);
+  num("store_failures", st.store_failures);
+  num("deletes", st.deletes);
+  num("evicted_objects", st.evicted_objects);
+  num("evicted_regions", st.evicted_regions);
+  num("checksum_failures", st.checksum_failures);
+  num("io_errors", st.io_errors);
+  num("bytes_written", st.bytes_written);
+  num("bytes_read", st.bytes_read);
+  num("recovered_objects", st.recovered_objects);
+  num("recovery_seconds", st.recovery_seconds);
+  num("clients", clients);
+  num("batches", batches);
+  out += std::string("\"healthy\":") + (st.healthy ? "true" : "false") + "}";
+  return out;
 }
 
 Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {

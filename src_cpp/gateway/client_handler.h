@@ -27,7 +27,11 @@ struct GatewayShared {
   std::string token;        // required from TCP clients
   std::string description;  // sent in HelloOk
   std::atomic<uint64_t> batches{0};
+  std::atomic<uint32_t> clients{0};  // connections past the handshake
 };
+
+// The gateway's counters as one JSON object: the body of a StatsReply.
+std::string stats_json(const StoreStats& st, uint32_t clients, uint64_t batches);
 
 class ClientHandler {
  public:
@@ -37,6 +41,8 @@ class ClientHandler {
  private:
   Status handshake();
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
+  Status serve_stats(const proto::Frame& frame);
+  Status check_request_id(const proto::Frame& frame);
   Status run_batch(const proto::BatchRequest& req, proto::BatchReply* reply, std::vector<uint8_t>* payload);
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;

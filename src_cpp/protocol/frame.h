@@ -31,6 +31,8 @@ enum class FrameType : uint8_t {
   kBatch = 3,       // client -> gateway: one batch of one operation
   kBatchReply = 4,  // gateway -> client: per-key results
   kError = 5,       // gateway -> client: why the connection is being closed
+  kStats = 6,       // client -> gateway: empty body; asks for the gateway's counters
+  kStatsReply = 7,  // gateway -> client: the counters as one JSON object (UTF-8)
 };
 
 enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
@@ -49,6 +51,7 @@ constexpr uint64_t kMaxInlinePayloadBytes = 64u << 20;  // TCP: payload bytes in
 constexpr uint64_t kMinRingBytes = 1u << 20;
 constexpr uint64_t kMaxRingBytes = 4ull << 30;
 constexpr uint32_t kMaxHelloBodyBytes = 4096;           // the only size accepted before the handshake
+constexpr uint32_t kMaxStatsBytes = 16384;              // a StatsReply body
 
 constexpr size_t kBatchFixedBytes = 16;
 constexpr size_t kBatchItemBytes = 24;

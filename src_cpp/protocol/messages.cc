@@ -231,6 +231,10 @@ Status parse_frame(std::span<const uint8_t> frame) {
       std::string_view reason;
       return decode_error(body, &reason);
     }
+    case FrameType::kStats:
+      return body.empty() ? Status::Ok() : malformed("stats request: body must be empty");
+    case FrameType::kStatsReply:
+      return body.size() <= kMaxStatsBytes ? Status::Ok() : malformed("stats reply: too long");
   }
   return malformed("frame: unknown type");
 }

@@ -11,6 +11,7 @@ import pytest
 
 from lmcache_adp import ADPConnector, CardStore
 from lmcache_adp.ops import percentile_us
+from tests.gateway.conftest import workdir  # noqa: F401 (fixture)
 from tests.helpers import payload
 
 
@@ -52,7 +53,7 @@ def test_status_of_card_held_by_a_connector(filled):
 
 def test_status_bad_arguments():
     r = run("status")
-    assert r.returncode == 2 and "one of the arguments --card --url is required" in r.stderr
+    assert r.returncode == 2 and "one of the arguments --card --gateway --url is required" in r.stderr
     r = run("status", "--card", "/nonexistent/card.img")
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run("status", "--url", "http://127.0.0.1:1")
@@ -96,3 +97,30 @@ def test_percentiles_from_log2_buckets():
     buckets[10] = 10  # 1-2 ms
     assert percentile_us(buckets, 0.5) == 16 and percentile_us(buckets, 0.99) == 2048
     assert percentile_us([0] * 32, 0.5) is None
+
+
+def test_status_through_the_gateway_socket(workdir):
+    from lmcache_adp import ADPConnector
+    from tests.gateway.conftest import Gateway
+    from tests.helpers import RawConnector
+
+    gw = Gateway(workdir, tcp=True).start()
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2))
+        keys = [f"s{i}" for i in range(3)]
+        assert c.set(keys, [memoryview(payload(k, 10000)) for k in keys])[0]
+        r = run("status", "--gateway", gw.unix_url, "--json")
+        assert r.returncode == 0, r.stderr
+        st = json.loads(r.stdout)
+        assert st["objects"] == 3 and st["stores"] == 3 and st["clients"] >= 2 and st["healthy"] is True
+        r = run("status", "--gateway", gw.tcp_url, "--token-file", gw.token_file)
+        assert r.returncode == 0 and "connected clients" in r.stdout
+        r = run("status", "--gateway", gw.tcp_url)  # no token
+        assert r.returncode == 3 and "gateway refused: authentication failed" in r.stderr
+        c.conn.close()
+    finally:
+        assert gw.stop() == 0
+    r = run("status", "--gateway", gw.unix_url)
+    assert r.returncode == 3 and "cannot reach the gateway" in r.stderr
+    r = run("status", "--gateway", "http://nope")
+    assert r.returncode == 3 and "expected unix:///path or tcp://HOST:PORT" in r.stderr

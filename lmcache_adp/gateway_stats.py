@@ -1,0 +1,81 @@
+"""Reads a running gateway's counters over its own socket: a Hello without a
+ring, then one Stats request (docs/protocol.md, "Stats"). Used by
+`lmcache-adp status --gateway unix://...|tcp://...`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+MAGIC = 0x47504441
+HELLO, HELLO_OK, ERROR, STATS, STATS_REPLY = 1, 2, 5, 6, 7
+HEADER = struct.Struct("<IBBHIIQ")  # magic, version, type, flags, body_bytes, reserved, request_id
+MAX_REPLY_BYTES = 16384
+
+
+class GatewayError(RuntimeError):
+    """The gateway could not be reached or refused the request."""
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise GatewayError("the gateway closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    magic, version, ftype, _, n, _, _ = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    if magic != MAGIC or version != 1 or n > MAX_REPLY_BYTES:
+        raise GatewayError("not a protocol-1 gateway reply")
+    body = _recv_exact(sock, n)
+    if ftype == ERROR:
+        (length,) = struct.unpack_from("<H", body)
+        raise GatewayError("gateway refused: " + body[2 : 2 + length].decode(errors="replace"))
+    return ftype, body
+
+
+def _connect(url: str, timeout: float) -> socket.socket:
+    if url.startswith("unix://"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: Any = url[len("unix://") :]
+    elif url.startswith("tcp://"):
+        host, _, port = url[len("tcp://") :].rpartition(":")
+        if not host or not port.isdigit():
+            raise GatewayError(f"bad gateway address {url!r}; expected tcp://HOST:PORT")
+        sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+        target = (host.strip("[]"), int(port))
+    else:
+        raise GatewayError(f"bad gateway address {url!r}; expected unix:///path or tcp://HOST:PORT")
+    sock.settimeout(timeout)
+    try:
+        sock.connect(target)
+    except OSError as e:
+        sock.close()
+        raise GatewayError(f"cannot reach the gateway at {url}: {e.strerror or e}") from None
+    return sock
+
+
+def read_gateway_stats(url: str, token: str = "", timeout: float = 5.0) -> dict[str, Any]:
+    sock = _connect(url, timeout)
+    try:
+        name, tok = b"lmcache-adp status", token.encode()
+        hello = struct.pack("<IIQHHI", 0, 0, 0, len(tok), len(name), 0) + tok + name
+        sock.sendall(HEADER.pack(MAGIC, 1, HELLO, 0, len(hello), 0, 1) + hello)
+        ftype, _ = _read_frame(sock)
+        if ftype != HELLO_OK:
+            raise GatewayError(f"unexpected reply type {ftype} to hello")
+        sock.sendall(HEADER.pack(MAGIC, 1, STATS, 0, 0, 0, 2))
+        ftype, body = _read_frame(sock)
+        if ftype != STATS_REPLY:
+            raise GatewayError(f"unexpected reply type {ftype} to stats")
+        return json.loads(body)
+    except (OSError, struct.error, ValueError) as e:
+        raise GatewayError(f"talking to the gateway at {url}: {e}") from None
+    finally:
+        sock.close()
