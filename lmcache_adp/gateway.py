@@ -11,6 +11,7 @@ the process exits 0.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 
@@ -81,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = None
     if args.metrics_port:
         try:
-            metrics = MetricsServer(lambda: {**server.stats(), "clients": server.clients, "card": card},
-                                    args.metrics_port)
+            metrics = MetricsServer(lambda: {**json.loads(server.stats_json()), "card": card}, args.metrics_port)
         except OSError as e:
             log.error("gateway not started: metrics port %d: %s", args.metrics_port, e.strerror)
             server.stop()

@@ -44,7 +44,8 @@ GAUGES = {
     "free_regions": "Regions not holding objects",
     "healthy": "1 while the card's most recent I/O succeeded",
     "clients": "Connected clients (gateway)",
-    "ring_used_bytes": "Bytes in use in shared-memory rings (gateway)",
+    "ring_bytes": "Bytes of the connected clients' shared-memory rings (gateway)",
+    "ring_used_bytes": "Payload bytes of batches in progress in those rings (gateway)",
 }
 
 

@@ -89,6 +89,7 @@ void ClientHandler::run() {
   Status s = handshake();
   if (s.ok()) {
     shared_->clients++;
+    if (ring_) shared_->ring_bytes_mapped += ring_->size();
     proto::Frame frame;
     std::vector<uint8_t> table, payload;
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
@@ -99,6 +100,7 @@ void ClientHandler::run() {
                                                                               : serve_batch(frame, &table, &payload);
     }
     shared_->clients--;
+    if (ring_) shared_->ring_bytes_mapped -= ring_->size();
   }
   if (s.code() == Status::Code::kClosed)
     ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
@@ -119,7 +121,12 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   proto::BatchReply reply;
   reply.results.resize(req.items.size());
   payload->clear();
+  uint64_t in_ring = 0;  // occupancy, for status and metrics
+  if (ring_)
+    for (const auto& it : req.items) in_ring += it.size;
+  shared_->ring_bytes_in_use += in_ring;
   s = run_batch(req, &reply, payload);
+  shared_->ring_bytes_in_use -= in_ring;
   if (!s.ok()) return s;
   table->clear();
   proto::encode_batch_reply(reply, table);
@@ -142,13 +149,13 @@ Status ClientHandler::serve_stats(const proto::Frame& frame) {
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
   if (!frame.body.empty()) return Status::InvalidArgument("stats request with a body");
-  std::string json = stats_json(shared_->store->stats(), shared_->clients.load(), shared_->batches.load());
+  std::string json = stats_json(shared_->store->stats(), *shared_);
   std::vector<uint8_t> body(json.begin(), json.end());
   return proto::write_frame(fd_, proto::FrameType::kStatsReply, frame.header.request_id, body, {},
                             Clock::now() + proto::kFrameTimeout);
 }
 
-std::string stats_json(const StoreStats& st, uint32_t clients, uint64_t batches) {
+std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   std::string out = "{";
   auto num = [&out](const char* k, double v) {
     char buf[96];
@@ -174,8 +181,10 @@ std::string stats_json(const StoreStats& st, uint32_t clients, uint64_t batches)
   num("bytes_read", st.bytes_read);
   num("recovered_objects", st.recovered_objects);
   num("recovery_seconds", st.recovery_seconds);
-  num("clients", clients);
-  num("batches", batches);
+  num("clients", shared.clients.load());
+  num("batches", shared.batches.load());
+  num("ring_bytes", shared.ring_bytes_mapped.load());
+  num("ring_used_bytes", shared.ring_bytes_in_use.load());
   out += std::string("\"healthy\":") + (st.healthy ? "true" : "false") + "}";
   return out;
 }

@@ -28,10 +28,12 @@ struct GatewayShared {
   std::string description;  // sent in HelloOk
   std::atomic<uint64_t> batches{0};
   std::atomic<uint32_t> clients{0};  // connections past the handshake
+  std::atomic<uint64_t> ring_bytes_mapped{0};  // rings of the connected clients
+  std::atomic<uint64_t> ring_bytes_in_use{0};  // payload bytes of batches in progress in those rings
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
-std::string stats_json(const StoreStats& st, uint32_t clients, uint64_t batches);
+std::string stats_json(const StoreStats& st, const GatewayShared& shared);
 
 class ClientHandler {
  public:

@@ -75,6 +75,8 @@ StoreStats GatewayServer::stats() const {
   return store_ ? store_->stats() : final_stats_;
 }
 
+std::string GatewayServer::stats_json() const { return adp::stats_json(stats(), *shared_); }
+
 size_t GatewayServer::clients() const {
   std::lock_guard<std::mutex> l(mu_);
   size_t n = 0;

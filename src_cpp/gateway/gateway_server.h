@@ -48,6 +48,8 @@ class GatewayServer {
   uint16_t tcp_port() const { return tcp_ep_.port; }
   StoreStats stats() const;
   size_t clients() const;
+  // The counters of a StatsReply (store, clients, batches, rings) as JSON.
+  std::string stats_json() const;
 
  private:
   struct Client {

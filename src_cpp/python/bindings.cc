@@ -291,6 +291,7 @@ class PyGatewayServer {
   uint16_t tcp_port() const { return server().tcp_port(); }
   size_t clients() const { return server().clients(); }
   py::dict stats() const { return NativeConnector::stats_dict(server().stats()); }
+  std::string stats_json() const { return server().stats_json(); }
   // Stops and closes the card now, not whenever Python collects the object.
   void close() {
     py::gil_scoped_release nogil;
@@ -368,6 +369,7 @@ PYBIND11_MODULE(_native, m) {
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"))
       .def("close", &PyGatewayServer::close)
       .def("stats", &PyGatewayServer::stats)
+      .def("stats_json", &PyGatewayServer::stats_json)
       .def_property_readonly("tcp_port", &PyGatewayServer::tcp_port)
       .def_property_readonly("clients", &PyGatewayServer::clients);
 

@@ -102,6 +102,8 @@ def test_gateway_serves_metrics_with_clients(workdir):
         m = scrape(port)
         assert m["lmcache_adp_stores_total"] == 4 and m["lmcache_adp_objects"] == 4
         assert m["lmcache_adp_clients"] >= 1 and m["lmcache_adp_healthy"] == 1
+        assert m["lmcache_adp_ring_bytes"] >= 64 << 20  # a 64 MiB ring per connection
+        assert m["lmcache_adp_ring_used_bytes"] == 0  # nothing in flight between batches
         import subprocess
         import sys
 
