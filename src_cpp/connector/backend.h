@@ -17,10 +17,11 @@
 
 namespace adp {
 
-// Copies an object's bytes into the caller's buffer for key i. Returns false
-// when the caller no longer accepts them (deadline passed, wrong length);
-// the key then counts as a miss.
-using DeliverFn = std::function<bool(size_t i, const uint8_t* data, size_t size)>;
+// Delivers the `size` bytes of key i into the caller's buffer by calling
+// copy(dst) (which may check them while copying). Returns false when the
+// caller no longer accepts them (deadline passed, wrong length) or copy()
+// failed; the key then counts as a miss.
+using DeliverFn = std::function<bool(size_t i, size_t size, const CopyFn& copy)>;
 
 // The batch's deadline: a session that waits on I/O (a gateway) gives up by
 // then; past it the connector has already completed the future as failed.

@@ -161,7 +161,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
     }
     case OpType::kGet: {
       std::vector<Status> st(n);
-      DeliverFn deliver = [b, &t](size_t i, const uint8_t* data, size_t size) {
+      DeliverFn deliver = [b, &t](size_t i, size_t size, const CopyFn& copy) {
         const Buffer& dst = b->buffers[t.begin + i];
         std::shared_lock<std::shared_mutex> g(b->guard);
         if (b->completed) return false;
@@ -170,8 +170,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
                    b->keys[t.begin + i].c_str(), size, dst.size);
           return false;
         }
-        std::memcpy(dst.data, data, size);
-        return true;
+        return copy(dst.data);
       };
       std::vector<size_t> sizes(n);
       for (size_t i = 0; i < n; i++) sizes[i] = b->buffers[t.begin + i].size;

@@ -240,19 +240,19 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
             st[i] = Status::TimedOut("deadline passed in the gateway");
             continue;
           }
-          const uint8_t* data;
-          size_t size;
-          st[i] = store.get(*ctx, it.key, &data, &size);
-          if (!st[i].ok()) continue;
-          if (size != it.size) {
-            ADP_WARN("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
-                     log_safe(it.key).c_str(), size, ull(it.size));
-            st[i] = Status::NotFound();
-          } else if (base) {
-            std::memcpy(base + it.offset, data, size);
-          } else {
-            payload->insert(payload->end(), data, data + size);
-          }
+          st[i] = store.get(*ctx, it.key, [&](size_t size, const CopyFn& copy) {
+            if (size != it.size) {
+              ADP_WARN("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
+                       log_safe(it.key).c_str(), size, ull(it.size));
+              return false;
+            }
+            if (base) return copy(base + it.offset);
+            size_t at = payload->size();
+            payload->resize(at + size);
+            if (copy(payload->data() + at)) return true;
+            payload->resize(at);
+            return false;
+          });
         }
         break;
       case proto::Op::kExists:

@@ -216,16 +216,18 @@ class PyCardStore {
   }
 
   py::object get(const std::string& key) {
-    const uint8_t* data = nullptr;
-    size_t size = 0;
+    std::string out;
     Status s;
     {
       py::gil_scoped_release nogil;
-      s = store().get(*ctx_, key, &data, &size);
+      s = store().get(*ctx_, key, [&out](size_t size, const CopyFn& copy) {
+        out.resize(size);
+        return copy(reinterpret_cast<uint8_t*>(out.data()));
+      });
     }
     if (s.is_not_found()) return py::none();
     if (!s.ok()) raise(s);
-    return py::bytes(reinterpret_cast<const char*>(data), size);
+    return py::bytes(out);
   }
 
   bool exists(const std::string& key) { return store().exists(key); }

@@ -574,7 +574,8 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
-std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io) {
+std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
+                                      bool check_payload) {
   uint64_t epoch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -610,7 +611,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     return "header does not match the index";
   if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
     return "key does not match the index";
-  if (crc32c(block + kBlockSize, hdr.payload_bytes) != hdr.payload_crc) return "payload checksum mismatch";
+  if (check_payload && crc32c(block + kBlockSize, hdr.payload_bytes) != hdr.payload_crc)
+    return "payload checksum mismatch";
   return std::string();
 }
 
@@ -630,7 +632,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
   unpin(e.region);
 }
 
-Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payload, size_t* size) {
+Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver) {
   ctx.store_ = this;
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
@@ -646,7 +648,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payl
     e = it->second;
   }
   Status io;
-  std::string bad = read_and_check(ctx, h, e, &io);
+  std::string bad = read_and_check(ctx, h, e, &io, false);
   if (io.is_not_found()) counters_.misses++;
   if (!io.ok()) return io;
   const uint8_t* block = ctx.staging_.data();
@@ -656,6 +658,15 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payl
     counters_.misses++;  // another key with the same 64-bit hash
     return Status::NotFound();
   }
+  bool delivered = false;
+  if (bad.empty()) {
+    const uint8_t* payload = block + kBlockSize;
+    delivered = deliver(hdr.payload_bytes, [&](uint8_t* dst) {
+      if (crc32c_copy(dst, payload, hdr.payload_bytes) == hdr.payload_crc) return true;
+      bad = "payload checksum mismatch";
+      return false;
+    });
+  }
   if (!bad.empty()) {
     counters_.misses++;
     ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped, served as a miss", e.region,
@@ -663,9 +674,11 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const uint8_t** payl
     drop_damaged(ctx, h, e);
     return Status::NotFound();
   }
+  if (!delivered) {
+    counters_.misses++;
+    return Status::NotFound("not delivered");
+  }
   counters_.hits++;
-  *payload = block + kBlockSize;
-  *size = hdr.payload_bytes;
   return Status::Ok();
 }
 
@@ -691,7 +704,7 @@ void CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uin
     }
     if (current) {
       Status io;
-      std::string bad = read_and_check(ctx, hash, e, &io);
+      std::string bad = read_and_check(ctx, hash, e, &io, true);
       report->checked++;
       report->bytes += e.payload_bytes;
       if (!bad.empty()) {

@@ -73,6 +73,13 @@ struct VerifyReport {
   std::vector<std::string> bad_objects;  // "region R offset O: reason"
 };
 
+// Copies a loaded payload to dst while checking its CRC (one pass over the
+// bytes); false if the payload is damaged (dst then holds the damaged bytes).
+using CopyFn = std::function<bool(uint8_t* dst)>;
+// Called by get() once an object's header has checked out: chooses where its
+// `size` bytes go and calls copy(dst), or declines by returning false.
+using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
+
 struct PutItem {
   std::string_view key;
   const uint8_t* data;
@@ -95,10 +102,11 @@ class CardStore {
   void put(IoContext& ctx, const PutItem* items, size_t n, Status* results,
            const std::function<bool()>& still_wanted);
 
-  // Reads key into ctx's staging memory and checks it. On Ok, *payload and
-  // *size describe the object until the next call on ctx. NotFound on a miss,
-  // including a failed checksum (counted, and the object is dropped).
-  Status get(IoContext& ctx, std::string_view key, const uint8_t** payload, size_t* size);
+  // Reads key and checks its header and key, then lets deliver() place the
+  // payload, checking the payload CRC while it is copied. Ok: delivered and
+  // intact. NotFound: a miss, a declined delivery, or a failed checksum
+  // (counted, and the object is dropped). Otherwise an I/O error.
+  Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver);
 
   bool exists(std::string_view key);
   // True if the key was present and is now deleted on the card.
@@ -163,7 +171,9 @@ class CardStore {
   // hash and payload CRC. Empty string if good, else the reason. *io is
   // NotFound (and the reason empty) when the object is no longer current:
   // evicted, replaced or deleted since e was looked up. That is no damage.
-  std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io);
+  // check_payload=false leaves the payload CRC to the caller (get fuses it
+  // with the delivery copy).
+  std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

@@ -17,12 +17,8 @@ class EmbeddedSession : public BackendSession {
 
   void get(const std::string_view* keys, const size_t*, size_t n, Status* results, Deadline,
            const DeliverFn& deliver) override {
-    for (size_t i = 0; i < n; i++) {
-      const uint8_t* data;
-      size_t size;
-      results[i] = store_->get(*ctx_, keys[i], &data, &size);
-      if (results[i].ok() && !deliver(i, data, size)) results[i] = Status::NotFound("not delivered");
-    }
+    for (size_t i = 0; i < n; i++)
+      results[i] = store_->get(*ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); });
   }
 
   void exists(const std::string_view* keys, size_t n, bool* found, Deadline) override {

@@ -69,10 +69,13 @@ constexpr const char* kHwName = "armv8";
 #endif
 
 #ifdef ADP_HAVE_HW
-ADP_CRC_TARGET uint32_t hw_raw(uint32_t crc, const uint8_t* p, size_t n) {
+// The raw CRC register over p[0..n); with kCopy the bytes are also stored to d.
+template <bool kCopy>
+ADP_CRC_TARGET uint32_t hw_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
   static const uint32_t shift1 = x_pow_8n(kStride);
   static const uint32_t shift2 = x_pow_8n(2 * kStride);
   while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    if (kCopy) *d++ = *p;
     crc = hw_u8(crc, *p++);
     n--;
   }
@@ -86,10 +89,16 @@ ADP_CRC_TARGET uint32_t hw_raw(uint32_t crc, const uint8_t* p, size_t n) {
       a = hw_u64(a, va);
       b = hw_u64(b, vb);
       c = hw_u64(c, vc);
+      if (kCopy) {
+        std::memcpy(d + i, &va, 8);
+        std::memcpy(d + kStride + i, &vb, 8);
+        std::memcpy(d + 2 * kStride + i, &vc, 8);
+      }
     }
     crc = mult_mod_p(shift2, static_cast<uint32_t>(a)) ^
           mult_mod_p(shift1, static_cast<uint32_t>(b)) ^ static_cast<uint32_t>(c);
     p += 3 * kStride;
+    if (kCopy) d += 3 * kStride;
     n -= 3 * kStride;
   }
   uint64_t c64 = crc;
@@ -97,9 +106,16 @@ ADP_CRC_TARGET uint32_t hw_raw(uint32_t crc, const uint8_t* p, size_t n) {
     uint64_t v;
     std::memcpy(&v, p, 8);
     c64 = hw_u64(c64, v);
+    if (kCopy) {
+      std::memcpy(d, &v, 8);
+      d += 8;
+    }
   }
   crc = static_cast<uint32_t>(c64);
-  while (n--) crc = hw_u8(crc, *p++);
+  while (n--) {
+    if (kCopy) *d++ = *p;
+    crc = hw_u8(crc, *p++);
+  }
   return crc;
 }
 #endif
@@ -110,9 +126,19 @@ uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
 #ifdef ADP_HAVE_HW
   static const bool hw = cpu_has_hw();
-  if (hw) return ~hw_raw(~crc, p, n);
+  if (hw) return ~hw_raw<false>(~crc, p, nullptr, n);
 #endif
   return ~bitwise_raw(~crc, p, n);
+}
+
+uint32_t crc32c_copy(void* dst, const void* src, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+#ifdef ADP_HAVE_HW
+  static const bool hw = cpu_has_hw();
+  if (hw) return ~hw_raw<true>(~0u, p, static_cast<uint8_t*>(dst), n);
+#endif
+  std::memcpy(dst, src, n);
+  return ~bitwise_raw(~0u, p, n);
 }
 
 const char* crc32c_implementation() {

@@ -17,6 +17,10 @@ uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n);
 
 inline uint32_t crc32c(const void* data, size_t n) { return crc32c_extend(0, data, n); }
 
+// Copies n bytes from src to dst and returns the CRC32C of them, in one pass
+// over the memory (a load is checked while it is delivered).
+uint32_t crc32c_copy(void* dst, const void* src, size_t n);
+
 // Which implementation crc32c_extend uses on this CPU ("sse4.2", "armv8", "bitwise").
 const char* crc32c_implementation();
 

@@ -380,12 +380,21 @@ struct DirectTotals {
   std::atomic<uint64_t> puts{0}, hits{0}, misses{0}, removes{0};
 };
 
+// A whole object into memory of our own (the store copies it while checking its CRC).
+adp::Status read_object(adp::CardStore& store, adp::IoContext& ctx, const std::string& key, std::vector<uint8_t>* out) {
+  return store.get(ctx, key, [out](size_t size, const adp::CopyFn& copy) {
+    out->resize(size);
+    return copy(out->data());
+  });
+}
+
 // Checks a hit of key against the state; updates the state after a miss.
 void check_read(adp::CardStore& store, adp::IoContext& ctx, const std::string& key, uint64_t& state,
                 DirectTotals& t, const char* when) {
-  const uint8_t* data;
-  size_t size;
-  adp::Status s = store.get(ctx, key, &data, &size);
+  std::vector<uint8_t> obj;
+  adp::Status s = read_object(store, ctx, key, &obj);
+  const uint8_t* data = obj.data();
+  size_t size = obj.size();
   if (s.is_not_found()) {
     t.misses++;
     state = 0;  // gone from the index; only a new put may bring it back
@@ -499,9 +508,10 @@ void check_commit_window(adp::CardStore& store) {
       fail("commit window: put of %s failed: %s", keys[i].c_str(), results[i].message().c_str());
       continue;
     }
-    const uint8_t* data;
-    size_t size;
-    adp::Status s = store.get(ctx, keys[i], &data, &size);
+    std::vector<uint8_t> obj;
+    adp::Status s = read_object(store, ctx, keys[i], &obj);
+    const uint8_t* data = obj.data();
+    size_t size = obj.size();
     if (!s.ok())
       fail("commit window: %s was reported stored but reads as: %s", keys[i].c_str(), s.message().c_str());
     else if (size != bufs[i].size || !matches(data, size, seed_of(keys[i], 1)))
@@ -525,9 +535,10 @@ void check_connector_keys(adp::CardStore& store, uint64_t* hits) {
   adp::IoContext ctx;
   for (int n = 0; n < kConnectorKeys; n++) {
     std::string key = connector_key(n);
-    const uint8_t* data;
-    size_t size;
-    adp::Status s = store.get(ctx, key, &data, &size);
+    std::vector<uint8_t> obj;
+    adp::Status s = read_object(store, ctx, key, &obj);
+    const uint8_t* data = obj.data();
+    size_t size = obj.size();
     if (s.is_not_found()) continue;
     if (!s.ok()) {
       fail("reopen: get of %s failed: %s", key.c_str(), s.message().c_str());

@@ -126,7 +126,9 @@ def test_corrupted_byte_is_a_miss(card):
             f.seek(-1, 1)
             f.write(bytes([byte[0] ^ 1]))
         hits, got = a.load([k], [CHUNK])
-        assert hits == [False] and got[0] == b"\xee" * CHUNK
+        # A miss; the check runs while the bytes are copied, so the buffer may
+        # hold the damaged bytes: LMCache deletes the buffers of missed keys.
+        assert hits == [False] and got[0] != data_for(k)
         assert a.native.stats()["checksum_failures"] == 1
         assert a.lookup([k]) == [False]
     finally:

@@ -27,3 +27,14 @@ def test_extend_equals_whole():
 
 def test_uses_hardware_here():
     assert _native.crc32c_implementation() in ("sse4.2", "armv8")
+
+
+@pytest.mark.parametrize("size", [1, 5, 4096, 3 * 4096 + 9, 1000_000])
+def test_store_reads_check_while_copying(card, size):
+    """get() copies through crc32c_copy: bytes and checksum both right at every length."""
+    from lmcache_adp import CardStore
+
+    s = CardStore(card, 64 << 20)
+    data = os.urandom(size)
+    s.put("k", data)
+    assert s.get("k") == data
