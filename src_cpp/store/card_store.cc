@@ -453,6 +453,14 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       continue;
     }
     uint64_t fp = object_footprint(it.size);
+    // Zero-copy when the caller's memory suits O_DIRECT: header block, the
+    // aligned body straight from the caller, the tail through a block of ours.
+    // Otherwise the whole object is staged.
+    bool aligned = (reinterpret_cast<uintptr_t>(it.data) % kBlockSize) == 0 && it.size >= kBlockSize;
+    if (!aligned && !ctx.staging_.reserve(fp)) {
+      results[i] = Status::IoError("out of memory for staging");
+      continue;
+    }
     uint32_t region;
     uint64_t offset, epoch;
     Status s = reserve(ctx, fp, &region, &offset, &epoch);
@@ -467,14 +475,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       regions_[region].pins++;
     }
     pinned.push_back(region);
-    uint32_t pcrc = crc32c(it.data, it.size);
-    // Zero-copy when the caller's memory suits O_DIRECT: header block, the
-    // aligned body straight from the caller, the tail through a block of ours.
-    // Otherwise the whole object is staged.
-    bool aligned = (reinterpret_cast<uintptr_t>(it.data) % kBlockSize) == 0 && it.size >= kBlockSize;
     iovec iov[3];
     int iovcnt;
     if (aligned) {
+      uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
       encode_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
       size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
@@ -488,13 +492,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         iov[iovcnt++] = {tb, kBlockSize};
       }
     } else {
-      if (!ctx.staging_.reserve(fp)) {
-        results[i] = Status::IoError("out of memory for staging");
-        continue;
-      }
       uint8_t* st = ctx.staging_.data();
+      uint32_t pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
       encode_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
-      std::memcpy(st + kBlockSize, it.data, it.size);
       std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
       iov[0] = {st, fp};
       iovcnt = 1;
@@ -503,6 +503,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     if (!s.ok()) {
       count_io_error();
       results[i] = s;
+      // The failed extent breaks the region's chain: what came after it would
+      // be invisible to recovery. Seal the region; the next item opens another.
+      release_region(ctx);
       continue;
     }
     counters_.bytes_written += fp;
