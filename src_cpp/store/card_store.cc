@@ -19,9 +19,12 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Regions as large as allowed while leaving kMinRegions: the largest object
+// is one region, and LMCache chunks are large (256 tokens of Llama-8B KV:
+// 32 MiB, so a card of 513 MiB or more already takes them).
 uint64_t default_region_bytes(uint64_t data_bytes) {
   uint64_t r = kMaxRegionBytes;
-  while (r > kMinRegionBytes && data_bytes / r < 32) r /= 2;
+  while (r > kMinRegionBytes && data_bytes / r < kMinRegions) r /= 2;
   return r;
 }
 
@@ -446,6 +449,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     results[i] = check_key(it.key);
     if (!results[i].ok()) continue;
     if (it.size > max_object_bytes()) {
+      if (!oversize_logged_.exchange(true))
+        ADP_ERROR("card %s refuses objects larger than %" PRIu64 " bytes (one region); got one of %zu bytes: "
+                  "format a larger card (regions grow with the card, up to 256 MiB)",
+                  path().c_str(), max_object_bytes(), it.size);
       results[i] = Status::NoSpace("object of " + std::to_string(it.size) + " bytes is larger than the largest object the card " +
                                    path() + " holds (" + std::to_string(max_object_bytes()) + " bytes: one region of " +
                                    std::to_string(region_bytes_) + " bytes, card of " +

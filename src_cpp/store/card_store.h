@@ -200,6 +200,7 @@ class CardStore {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
     std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
   } counters_;
+  std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
 };

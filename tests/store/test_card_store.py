@@ -70,11 +70,14 @@ def test_key_bounds(card):
     assert not s.exists("x" * 1025)
 
 
-def test_object_larger_than_card_fails_clearly(card):
+def test_object_larger_than_card_fails_clearly(card, capfd):
     s = open_store(card, 32 * MIB)
     with pytest.raises(RuntimeError, match="larger than the largest object"):
         s.put("huge", bytes(40 * MIB))
-    assert s.stats()["store_failures"] == 1 and not s.exists("huge")
+    with pytest.raises(RuntimeError, match="larger than the largest object"):
+        s.put("huge2", bytes(40 * MIB))
+    assert s.stats()["store_failures"] == 2 and not s.exists("huge")
+    assert capfd.readouterr().err.count("refuses objects larger than") == 1  # logged once, not per store
 
 
 def test_restart_recovers_everything(card):
