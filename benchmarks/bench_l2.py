@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""ADPConnector as LMCache's L2 tier against fio and LMCache's own L2 adapters.
+
+For one medium (a directory on a disk, or /dev/shm) and each chunk size: fio
+with O_DIRECT at the chunk size, then `lmcache bench l2 --no-skip-verify` for
+ADP and each peer, all on the same medium. Writes
+benchmarks/results/<date>-<time>-<medium>.md and the raw outputs to
+benchmarks/results/raw/<date>-<time>-<medium>/. Method: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime
+import importlib.util
+import json
+import os
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from lmcache.cli.commands.bench.l2_adapter_bench.data import make_object_keys
+from lmcache.lmcache_fs import LMCacheFSClient
+from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import _object_key_to_string
+
+HERE = Path(__file__).resolve().parent
+COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+# The package measured: this tree's build if it has one (an editable install may point at another tree),
+# else the installed one; copied aside for the whole run, so that a rebuild meanwhile changes nothing.
+PACKAGE = HERE.parent / "lmcache_adp"
+if not any(PACKAGE.glob("_native*.so")):
+    PACKAGE = Path(importlib.util.find_spec("lmcache_adp").origin).parent
+SNAPSHOT = Path(tempfile.mkdtemp(prefix="lmcache-adp-bench-"))
+atexit.register(shutil.rmtree, SNAPSHOT, True)
+shutil.copytree(PACKAGE, SNAPSHOT / "lmcache_adp", ignore=shutil.ignore_patterns("__pycache__"))
+sys.path.insert(0, str(SNAPSHOT))
+SUB_ENV = {**os.environ, "LMCACHE_DISABLE_BANNER": "1",
+           "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")  # quiet format_card here; the benches keep their INFO logs
+import lmcache_adp  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+RESULTS = HERE / "results"
+SHM_DIR = "/dev/shm/lmcache-adp-bench"
+NUM_KEYS, IN_FLIGHT = 32, 4  # a round: IN_FLIGHT batches of NUM_KEYS keys submitted, then awaited
+QD = 4  # I/O threads of every adapter (ADP/fs_native num_workers, raw_block workers) = fio jobs
+FIO_JOBS = (QD, 2 * QD)  # QD 4 is the target; QD 8 shows what more depth gives
+TARGETS = "ADP >= 1.0x the best O_DIRECT peer and >= 0.9x fio QD4 (store and load); lookup <= 0.2x fs_native"
+
+
+def sh(cmd: list[str], log: Path = Path(os.devnull)) -> int:
+    with open(log, "w") as out:
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=SUB_ENV).returncode
+
+
+def prefill(path: Path, nbytes: int) -> None:
+    """Writes the whole file once (zeros, O_DIRECT), like a card in service: no holes, no first touch."""
+    chunk = 64 * MiB
+    sh(["dd", "if=/dev/zero", f"of={path}", f"bs={chunk}", f"count={nbytes // chunk}", "oflag=direct",
+        "conv=fsync", "status=none"])
+
+
+def reset(work: Path) -> None:
+    """Fresh state for the next adapter: empty card (new superblock), no files, nothing dirty in the page cache."""
+    shutil.rmtree(work / "files", ignore_errors=True)
+    (work / "sparse.img").unlink(missing_ok=True)
+    lmcache_adp.format_card(str(work / "card.img"))
+    os.sync()
+
+
+def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int) -> float:
+    """MiB/s of `jobs` synchronous O_DIRECT sequential streams, each over its own slice of a written file."""
+    out = raw / f"fio-{bs // 1024}k-qd{jobs}-{rw}-pass{p}.json"
+    per_job = nbytes // jobs
+    sh(["fio", "--name=adp-limit", f"--filename={work / 'fio.img'}", f"--filesize={nbytes}", f"--size={per_job}",
+        f"--offset_increment={per_job}", f"--numjobs={jobs}", "--iodepth=1", "--ioengine=psync", "--direct=1",
+        f"--bs={bs}", f"--rw={rw}", "--end_fsync=1", "--group_reporting", "--output-format=json", f"--output={out}"])
+    return json.loads(out.read_text())["jobs"][0][rw]["bw_bytes"] / MiB
+
+
+def memcpy_mibps(bs: int, nbytes: int) -> float:
+    """One thread copying nbytes of warm memory (like the card's data in a load phase) in bs-byte chunks
+    into warm buffers as many as one bench round loads into; the faster of two passes."""
+    src = np.ones((nbytes // bs, bs), np.uint8)
+    dst = np.ones((NUM_KEYS * IN_FLIGHT, bs), np.uint8)
+    best = 0.0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for i in range(len(src)):
+            np.copyto(dst[i % len(dst)], src[i])
+        best = max(best, nbytes / MiB / (time.perf_counter() - t0))
+    return best
+
+
+def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, int]]:
+    """(name, role, --l2-adapter spec, --l1-align-bytes). Roles: adp; odirect (peers using O_DIRECT);
+    buffered (peers through the page cache, no target); diag (ADP variations that explain the numbers);
+    floor (LMCache's adapter around a connector that does nothing: lookup only)."""
+    files = str(work / "files")
+
+    def adp(card: str = "card.img", **params) -> dict:
+        return {"type": "native_plugin", "module_path": "lmcache_adp", "class_name": "ADPConnector",
+                "adapter_params": {"card": str(work / card), "card_size_gb": card_gb, "num_workers": QD, **params}}
+
+    return [
+        ("ADP", "adp", adp(), 4096),
+        ("ADP, L1 align 1", "adp", adp(), 1),
+        ("fs_native O_DIRECT", "odirect", {"type": "fs_native", "base_path": files, "num_workers": QD,
+                                           "use_odirect": True}, 4096),
+        ("raw_block", "odirect", {"type": "raw_block", "device_path": str(work / "raw.img"), "slot_bytes": bs + 4096,
+                                  "num_store_workers": QD, "num_load_workers": QD, "load_checkpoint_on_init": False},
+         4096),
+        ("fs_native buffered", "buffered", {"type": "fs_native", "base_path": files, "num_workers": QD}, 4096),
+        ("fs (buffered)", "buffered", {"type": "fs", "base_path": files}, 4096),
+        ("ADP durable=false", "diag", adp(durable=False), 4096),
+        ("ADP num_workers=8", "diag", adp(num_workers=2 * QD), 4096),
+        ("ADP on a new sparse image", "diag", adp("sparse.img"), 4096),
+        ("no-op connector", "floor", {"type": "native_plugin", "module_path": "noop_connector",
+                                      "class_name": "NoopConnector"}, 4096),
+    ]
+
+
+def lmcache_bench(spec: dict, align: int, bs: int, rounds: int, out: Path, only: list[str]) -> dict:
+    """Runs `lmcache bench l2`; rates come from the median round, which bursts of load from other
+    processes on a shared machine move less than the mean."""
+    rc = sh(["lmcache", "bench", "l2", "--l2-adapter", json.dumps(spec), "--num-keys", str(NUM_KEYS),
+             "--in-flight", str(IN_FLIGHT), "--data-size-kb", str(bs // 1024), "--l1-align-bytes", str(align),
+             "--rounds", str(rounds), "--warmup-rounds", "1", "--lookup-max-hit-rate", "1.0", "--no-skip-verify",
+             "--format", "json", "--output", str(out), "-q", *only], out.with_suffix(".log"))
+    if not out.exists():
+        return {"status": f"FAILED (exit {rc})"}
+    ops = {m["operation"]: m for k, m in json.loads(out.read_text())["metrics"].items() if k.startswith("op_")}
+    complete = all(m["total_success"] == m["total_keys"] and not m["rounds_timed_out"] for m in ops.values())
+    row = {"status": ("lookup only" if only else "verified") if rc == 0 and complete
+           else f"FAILED (exit {rc}, all keys: {complete})"}
+    for op in ("Store", "Load"):
+        if op in ops:
+            row[op.lower()] = NUM_KEYS * IN_FLIGHT * bs / MiB / ops[op]["duration_p50_ms"] * 1000
+    row["lookup_us"] = ops["Lookup"]["duration_p50_ms"] * 1000 / ops["Lookup"]["keys_per_round"]
+    return row
+
+
+def native_lookup_us(spec: dict, num_keys: int) -> float | None:
+    """Median us/key of submit_batch_exists on the connector itself (no LMCache adapter around it), for the
+    keys the bench stored, in batches of NUM_KEYS; the second of two passes."""
+    if spec.get("module_path") == "lmcache_adp":
+        client = lmcache_adp.ADPConnector(**spec["adapter_params"])
+    elif spec["type"] == "fs_native":
+        client = LMCacheFSClient(spec["base_path"], QD, "", spec.get("use_odirect", False), 0)
+    else:
+        return None
+    keys = [_object_key_to_string(k) for k in make_object_keys(num_keys)]
+    poller = select.poll()
+    poller.register(client.event_fd(), select.POLLIN)
+    times = []
+    for i in list(range(0, num_keys, NUM_KEYS)) * 2:
+        t0 = time.perf_counter()
+        client.submit_batch_exists(keys[i:i + NUM_KEYS])
+        while not client.drain_completions():
+            poller.poll(1000)
+        times.append(time.perf_counter() - t0)
+    client.close()
+    return statistics.median(times[len(times) // 2:]) * 1e6 / NUM_KEYS
+
+
+def best_of(old: dict | None, new: dict) -> dict:
+    """Merges two passes: the higher rates and the lower times; a failure in either pass stands."""
+    if old is None or "FAILED" in new["status"]:
+        return new
+    if "FAILED" in old["status"]:
+        return old
+    merged = {**old}
+    for k, pick in (("store", max), ("load", max), ("lookup_us", min), ("native_lookup_us", min)):
+        if new.get(k) is not None:
+            merged[k] = pick(old[k], new[k])
+    return merged
+
+
+def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: str) -> list[dict]:
+    """Two passes over fio and the adapters, the second in reverse order, so that where a run stands in
+    the sequence does not favour it; each row keeps the better of its two passes."""
+    rows: dict[str, dict] = {}
+    entries = adapters(work, bs, card_gb)
+    rounds = max(2, nbytes // (NUM_KEYS * IN_FLIGHT * bs))
+    for p, order in enumerate((entries, entries[::-1]), 1):
+        for jobs in FIO_JOBS:
+            name = f"fio O_DIRECT QD{jobs}"
+            rows[name] = best_of(rows.get(name), {
+                "name": name, "role": "fio" if jobs == QD else "info", "align": "-", "status": "psync, sequential",
+                "store": fio(work, raw, bs, jobs, "write", nbytes, p), "load": fio(work, raw, bs, jobs, "read", nbytes, p)})
+        if medium == "shm" and p == 1:
+            rows["memcpy"] = {"name": "memcpy, 1 thread", "role": "memcpy", "align": "-", "status": "numpy copyto",
+                              "load": memcpy_mibps(bs, nbytes)}
+        for name, role, spec, align in order:
+            if p == 2 and role in ("buffered", "floor"):  # no target rides on them: one pass is enough
+                continue
+            reset(work)
+            print(f"  {bs // 1024} KiB, pass {p}: {name}", flush=True)
+            slug = "".join(c if c.isalnum() else "-" for c in name.lower())
+            row = {"name": name, "role": role, "align": align,
+                   **lmcache_bench(spec, align, bs, rounds, raw / f"{bs // 1024}k-{slug}-pass{p}.json",
+                                   ["--only", "lookup"] if role == "floor" else [])}
+            if row["status"] == "verified":
+                row["native_lookup_us"] = native_lookup_us(spec, (rounds + 1) * NUM_KEYS * IN_FLIGHT)
+            rows[name] = best_of(rows.get(name), row)
+    reset(work)
+    return list(rows.values())
+
+
+def fmt(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None, goal: float, higher: bool = True) -> str:
+    if not a or not b:
+        return "-"
+    r = a / b
+    return f"{r:.2f}x {'ok' if (r >= goal if higher else r <= goal) else 'MISS'}"
+
+
+def report(rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: tuple[float, float],
+           seconds: float) -> str:
+    built = datetime.datetime.fromtimestamp(Path(lmcache_adp._native.__file__).stat().st_mtime)
+    lines = [f"# L2 benchmark: {medium} ({work.parent})", "",
+             f"{datetime.datetime.now():%Y-%m-%d %H:%M}, commit {COMMIT}, lmcache_adp from {PACKAGE} "
+             f"(native module built {built:%Y-%m-%d %H:%M}), {os.cpu_count()} cores, kernel "
+             f"{os.uname().release}, load average {load[0]:.1f} at the start and {load[1]:.1f} at the end; "
+             f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`", "",
+             f"Each round submits {IN_FLIGHT} batches of {NUM_KEYS} keys and waits for them (1 warmup round); "
+             f"every adapter and fio run at queue depth {QD}. MiB/s and lookup us/key come from the median round "
+             "(lookups hit stored keys); each row is the better of two passes (one for buffered and floor). "
+             "'Connector only' times submit_batch_exists on the native connector without LMCache's adapter "
+             "around it. Method and limits: benchmarks/README.md.", "",
+             f"Targets: {TARGETS}" + ("; ADP load >= 0.7x single-thread memcpy." if medium == "shm" else "."), ""]
+    for bs, rows in rows_by_size.items():
+        lines += [f"## {bs // 1024} KiB chunks", "",
+                  "| adapter | role | L1 align | store MiB/s | load MiB/s | lookup us/key | same, connector only "
+                  "| result |", "|---|---|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {r['name']} | {r['role']} | {r['align']} | {fmt(r.get('store'))} | {fmt(r.get('load'))} | "
+                  f"{fmt(r.get('lookup_us'), 2)} | {fmt(r.get('native_lookup_us'), 2)} | {r['status']} |" for r in rows]
+        ok = [r for r in rows if r["status"] == "verified"]
+        peers = [r for r in ok if r["role"] == "odirect"]
+        best = {op: max(peers, key=lambda r: r[op]) if peers else {} for op in ("store", "load")}
+        fio_row = next(r for r in rows if r["role"] == "fio")
+        fs_native = {k: min((r[k] for r in ok if r["name"].startswith("fs_native")), default=None)
+                     for k in ("lookup_us", "native_lookup_us")}
+        memcpy = next((r["load"] for r in rows if r["role"] == "memcpy"), None)
+        lines += ["", f"Best O_DIRECT peer: store {best['store'].get('name')}, load {best['load'].get('name')}. "
+                  "fs_native lookup: the faster of its two rows.", "",
+                  "| ADP row | store / best peer | load / best peer | store / fio QD4 | load / fio QD4 "
+                  "| lookup / fs_native | same, connector only |" + (" load / memcpy |" if memcpy else ""),
+                  "|---|---|---|---|---|---|---|" + ("---|" if memcpy else "")]
+        for r in ok:
+            if r["role"] in ("adp", "diag"):
+                lines.append(
+                    f"| {r['name']} | {ratio(r['store'], best['store'].get('store'), 1)} | "
+                    f"{ratio(r['load'], best['load'].get('load'), 1)} | {ratio(r['store'], fio_row['store'], 0.9)} | "
+                    f"{ratio(r['load'], fio_row['load'], 0.9)} | "
+                    f"{ratio(r['lookup_us'], fs_native['lookup_us'], 0.2, False)} | "
+                    f"{ratio(r['native_lookup_us'], fs_native['native_lookup_us'], 0.2, False)} |"
+                    + (f" {ratio(r['load'], memcpy, 0.7)} |" if memcpy else ""))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_medium(medium: str, args: argparse.Namespace, stamp: str) -> Path:
+    work = Path(args.dir if medium == "disk" else SHM_DIR) / f"run-{os.getpid()}"  # own files, even if runs overlap
+    results = RESULTS / "tmp" if args.quick else RESULTS  # quick runs are smoke tests, not results
+    raw = results / "raw" / f"{stamp}-{medium}"
+    work.mkdir(parents=True)
+    raw.mkdir(parents=True, exist_ok=True)
+    nbytes = (256 if args.quick else 2048) * MiB  # per measured store or load phase
+    card_gb = 2 if args.quick else 4
+    t0, load0 = time.time(), os.getloadavg()[0]
+    print(f"{medium}: writing the card, raw_block and fio images in {work}", flush=True)
+    images = {"card.img": card_gb * GiB, "raw.img": card_gb * GiB, "fio.img": nbytes}
+    try:
+        for name, size in images.items():
+            prefill(work / name, size)
+        rows = {kb * 1024: run_size(work, raw, kb * 1024, nbytes, card_gb, medium) for kb in args.sizes_kb}
+    finally:
+        shutil.rmtree(work)
+    (raw / "rows.json").write_text(json.dumps(rows, indent=1))
+    md = results / f"{stamp}-{medium}.md"
+    md.write_text(report(rows, medium, work, (load0, os.getloadavg()[0]), time.time() - t0))
+    return md
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default="/var/tmp/lmcache-adp-bench",
+                   help="directory on the disk under test; each run works in its own run-<pid>/ under it")
+    p.add_argument("--medium", choices=("disk", "shm", "both"), default="both")
+    p.add_argument("--sizes-kb", type=lambda s: [int(x) for x in s.split(",")], default=[256, 2048])
+    p.add_argument("--quick", action="store_true", help="smoke run: 256 MiB per phase, written to results/tmp/")
+    args = p.parse_args()
+    stamp = f"{datetime.datetime.now():%Y-%m-%d-%H%M}"
+    for medium in ("disk", "shm") if args.medium == "both" else (args.medium,):
+        print(f"wrote {run_medium(medium, args, stamp)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
