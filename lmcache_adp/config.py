@@ -38,7 +38,11 @@ PARAMS: dict[str, Param] = {
     ),
     "card": Param(None, "embedded mode: card path (block device or image file); default " "~/.cache/lmcache-adp/card.img"),
     "card_size_gb": Param(16, "embedded mode: size of the image file when it is created (sparse)"),
-    "num_workers": Param(4, "worker threads of the connector (1-64)"),
+    "num_workers": Param(
+        None, "worker threads of the connector (1-64); default 8 embedded (they check and copy while others wait "
+        "on the card), 4 with a gateway (one connection and ring each)"
+    ),
+    "io_depth": Param(4, "embedded mode: card I/O in flight at once, the card's queue depth (1-256)"),
     "timeout_ms": Param(10000, "deadline of one operation; past it the future completes as failed"),
     "durable": Param(True, "fdatasync before a store is acknowledged (power-loss safety)"),
     "metrics_port": Param(0, "serve Prometheus /metrics, /health and /stats on this port (0: off)"),
@@ -50,7 +54,7 @@ PARAMS: dict[str, Param] = {
 }
 
 # Keys that only mean something for one kind of gateway.
-_EMBEDDED_ONLY = ("card", "card_size_gb", "durable")
+_EMBEDDED_ONLY = ("card", "card_size_gb", "durable", "io_depth")
 
 
 class ConfigError(ValueError):
@@ -70,7 +74,8 @@ class ConnectorConfig:
     gateway: str = "embedded"
     card: str = field(default_factory=default_card_path)
     card_size_gb: float = 16
-    num_workers: int = 4
+    num_workers: int = 8
+    io_depth: int = 4
     timeout_ms: int = 10000
     durable: bool = True
     metrics_port: int = 0
@@ -119,7 +124,8 @@ class ConnectorConfig:
             gateway=gateway,
             card=os.path.abspath(os.path.expanduser(card)),
             card_size_gb=float(size),
-            num_workers=_int("num_workers", params.get("num_workers", 4), 1, 64),
+            num_workers=_int("num_workers", params.get("num_workers", 8 if gateway == "embedded" else 4), 1, 64),
+            io_depth=_int("io_depth", params.get("io_depth", 4), 1, 256),
             timeout_ms=_int("timeout_ms", params.get("timeout_ms", 10000), 1, 3_600_000),
             durable=durable,
             metrics_port=_int("metrics_port", params.get("metrics_port", 0), 0, 65535),
@@ -133,6 +139,7 @@ class ConnectorConfig:
             "card": self.card,
             "card_size_bytes": int(self.card_size_gb * GIB),
             "num_workers": self.num_workers,
+            "io_depth": self.io_depth,
             "timeout_ms": self.timeout_ms,
             "durable": self.durable,
             "token": self.token,

@@ -73,6 +73,7 @@ class NativeConnector {
     co.path = cfg["card"].cast<std::string>();
     co.create_bytes = cfg["card_size_bytes"].cast<uint64_t>();
     co.durable = cfg["durable"].cast<bool>();
+    co.io_depth = cfg["io_depth"].cast<int>();
     std::unique_ptr<CardStore> store;
     Status s;
     {
@@ -363,6 +364,7 @@ PYBIND11_MODULE(_native, m) {
              o.tcp_listen = listen;
              o.token = token;
              o.io_contexts = io_contexts;
+             o.card.io_depth = io_contexts;
              return std::make_unique<PyGatewayServer>(o);
            }),
            py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",

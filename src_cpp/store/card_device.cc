@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -80,7 +81,17 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
 
 CardDevice::~CardDevice() { ::close(fd_); }
 
+void CardDevice::set_io_depth(int depth) {
+  depth = std::clamp(depth, 1, kMaxIoDepth);
+  for (int i = depth; i < kMaxIoDepth; i++) io_slots_.acquire();  // keep `depth` slots
+}
+
 Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const {
+  io_slots_.acquire();
+  struct Release {
+    std::counting_semaphore<kMaxIoDepth>& s;
+    ~Release() { s.release(); }
+  } release{io_slots_};
   size_t total = 0;
   for (int i = 0; i < count; i++) total += iov[i].iov_len;
   size_t done = 0;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <semaphore>
 #include <string>
 
 #include "util/status.h"
@@ -34,6 +35,10 @@ class CardDevice {
   Status writev(uint64_t offset, const iovec* iov, int count) const;
   // Makes completed writes durable against power loss (fdatasync).
   Status sync() const;
+  // Bounds the card I/O in flight at once (the card's queue depth): threads
+  // beyond it check and copy data while others wait on the card. Call before
+  // the device is shared between threads.
+  void set_io_depth(int depth);
   // False while the most recent I/O failed. Transitions are logged once each.
   bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
 
@@ -48,6 +53,8 @@ class CardDevice {
   uint64_t size_;
   bool block_device_;
   mutable std::atomic<bool> healthy_{true};
+  static constexpr int kMaxIoDepth = 256;
+  mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};
 };
 
 }  // namespace adp

@@ -154,6 +154,7 @@ Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out)
             sb.data_offset + uint64_t(sb.num_regions) * sb.region_bytes > dev->size())
           return Status::Corruption("superblock of card " + opts.path + " does not match the device (" +
                                     std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format`");
+        dev->set_io_depth(opts.io_depth);
         std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable));
         s = store->recover(std::max(1, opts.recovery_threads));
         if (!s.ok()) return s;

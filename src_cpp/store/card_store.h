@@ -36,6 +36,7 @@ struct CardOptions {
   uint64_t create_bytes = 0;   // size of a new image file; 0 = never create
   uint64_t region_bytes = 0;   // region size when formatting; 0 = chosen from the card size
   bool durable = true;         // fdatasync before a store is acknowledged
+  int io_depth = 4;            // card I/O in flight at once
   int recovery_threads = 4;
 };
 

@@ -20,6 +20,7 @@ from lmcache_adp import ADPConnector, ConfigError, ConnectorConfig, default_card
         ({"card_size_gb": "big"}, r"adapter_params\['card_size_gb'\]"),
         ({"card": 7}, r"adapter_params\['card'\] must be a path string"),
         ({"durable": "yes"}, r"adapter_params\['durable'\] must be true or false"),
+        ({"io_depth": 0}, r"adapter_params\['io_depth'\] must be in \[1, 256\], got 0"),
     ],
 )
 def test_bad_params_raise_before_anything_is_created(tmp_path, params, match):
@@ -33,7 +34,8 @@ def test_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cfg = ConnectorConfig.from_params({})
     assert cfg.card == default_card_path() == str(tmp_path / "lmcache-adp" / "card.img")
-    assert (cfg.gateway, cfg.num_workers, cfg.timeout_ms, cfg.durable) == ("embedded", 4, 10000, True)
+    assert (cfg.gateway, cfg.num_workers, cfg.io_depth, cfg.timeout_ms, cfg.durable) == ("embedded", 8, 4, 10000, True)
+    assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).num_workers == 4
 
 
 def test_config_error_is_a_value_error():
