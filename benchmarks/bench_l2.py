@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import datetime
 import importlib.util
 import json
 import os
 import select
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +55,18 @@ SHM_DIR = "/dev/shm/lmcache-adp-bench"
 NUM_KEYS, IN_FLIGHT = 32, 4  # a round: IN_FLIGHT batches of NUM_KEYS keys submitted, then awaited
 QD = 4  # I/O threads of every adapter (ADP/fs_native num_workers, raw_block workers) = fio jobs
 FIO_JOBS = (QD, 2 * QD)  # QD 4 is the target; QD 8 shows what more depth gives
-TARGETS = "ADP >= 1.0x the best O_DIRECT peer and >= 0.9x fio QD4 (store and load); lookup <= 0.2x fs_native"
+TARGETS = ("ADP >= 1.0x the best O_DIRECT peer and >= 0.9x fio QD4 (store and load); lookup <= 0.2x fs_native; "
+           "through the gateway (unix + ring) store and load >= 0.9x embedded ADP")
+GATEWAY_ROLES = ("gateway", "gateway-tcp")  # rows served by an `lmcache-adp gateway` process on the card
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+GATEWAY_PORT = free_port()
 
 
 def sh(cmd: list[str], log: Path = Path(os.devnull)) -> int:
@@ -102,16 +116,23 @@ def memcpy_mibps(bs: int, nbytes: int) -> float:
 def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, int]]:
     """(name, role, --l2-adapter spec, --l1-align-bytes). Roles: adp; odirect (peers using O_DIRECT);
     buffered (peers through the page cache, no target); diag (ADP variations that explain the numbers);
-    floor (LMCache's adapter around a connector that does nothing: lookup only)."""
+    floor (LMCache's adapter around a connector that does nothing: lookup only); gateway, gateway-tcp
+    (ADP through `lmcache-adp gateway` on the same card: Unix socket + ring, TCP loopback)."""
     files = str(work / "files")
 
-    def adp(card: str = "card.img", **params) -> dict:
+    def plugin(**params) -> dict:
         return {"type": "native_plugin", "module_path": "lmcache_adp", "class_name": "ADPConnector",
-                "adapter_params": {"card": str(work / card), "card_size_gb": card_gb, "num_workers": QD, **params}}
+                "adapter_params": {"num_workers": QD, **params}}
+
+    def adp(card: str = "card.img", **params) -> dict:
+        return plugin(card=str(work / card), card_size_gb=card_gb, **params)
 
     return [
         ("ADP", "adp", adp(), 4096),
         ("ADP, L1 align 1", "adp", adp(), 1),
+        ("ADP via gateway, unix + ring", "gateway", plugin(gateway=f"unix://{work / 'gw.sock'}"), 4096),
+        ("ADP via gateway, TCP loopback", "gateway-tcp",
+         plugin(gateway=f"tcp://127.0.0.1:{GATEWAY_PORT}", token_file=str(work / "gw.token")), 4096),
         ("fs_native O_DIRECT", "odirect", {"type": "fs_native", "base_path": files, "num_workers": QD,
                                            "use_odirect": True}, 4096),
         ("raw_block", "odirect", {"type": "raw_block", "device_path": str(work / "raw.img"), "slot_bytes": bs + 4096,
@@ -170,6 +191,31 @@ def native_lookup_us(spec: dict, num_keys: int) -> float | None:
     return statistics.median(times[len(times) // 2:]) * 1e6 / NUM_KEYS
 
 
+@contextlib.contextmanager
+def serving(role: str, work: Path, log: Path):
+    """For gateway rows: `lmcache-adp gateway` owns the card (Unix socket and TCP loopback) while the row runs,
+    and is stopped with SIGTERM after it (the next reset formats the card, which needs its lock)."""
+    if role not in GATEWAY_ROLES:
+        yield
+        return
+    (work / "gw.token").write_text("bench-token\n")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", str(work / "card.img"),
+                                 "--socket", str(work / "gw.sock"), "--listen", f"tcp://127.0.0.1:{GATEWAY_PORT}",
+                                 "--token-file", str(work / "gw.token")], stdout=out, stderr=subprocess.STDOUT,
+                                env=SUB_ENV)
+        try:
+            deadline = time.monotonic() + 120
+            while "gateway ready" not in log.read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"gateway did not start:\n{log.read_text()}")
+                time.sleep(0.1)
+            yield
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
 def best_of(old: dict | None, new: dict) -> dict:
     """Merges two passes: the higher rates and the lower times; a failure in either pass stands."""
     if old is None or "FAILED" in new["status"]:
@@ -204,11 +250,12 @@ def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: 
             reset(work)
             print(f"  {bs // 1024} KiB, pass {p}: {name}", flush=True)
             slug = "".join(c if c.isalnum() else "-" for c in name.lower())
-            row = {"name": name, "role": role, "align": align,
-                   **lmcache_bench(spec, align, bs, rounds, raw / f"{bs // 1024}k-{slug}-pass{p}.json",
-                                   ["--only", "lookup"] if role == "floor" else [])}
-            if row["status"] == "verified":
-                row["native_lookup_us"] = native_lookup_us(spec, (rounds + 1) * NUM_KEYS * IN_FLIGHT)
+            out = raw / f"{bs // 1024}k-{slug}-pass{p}.json"
+            with serving(role, work, out.with_suffix(".gateway.log")):
+                row = {"name": name, "role": role, "align": align,
+                       **lmcache_bench(spec, align, bs, rounds, out, ["--only", "lookup"] if role == "floor" else [])}
+                if row["status"] == "verified":
+                    row["native_lookup_us"] = native_lookup_us(spec, (rounds + 1) * NUM_KEYS * IN_FLIGHT)
             rows[name] = best_of(rows.get(name), row)
     reset(work)
     return list(rows.values())
@@ -266,6 +313,18 @@ def report(rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: t
                     f"{ratio(r['lookup_us'], fs_native['lookup_us'], 0.2, False)} | "
                     f"{ratio(r['native_lookup_us'], fs_native['native_lookup_us'], 0.2, False)} |"
                     + (f" {ratio(r['load'], memcpy, 0.7)} |" if memcpy else ""))
+        embedded = next((r for r in ok if r["name"] == "ADP"), None)
+        gateways = [r for r in ok if r["role"] in GATEWAY_ROLES]
+        if embedded and gateways:
+            lines += ["", "Through the gateway, against embedded ADP (same card, same connector settings; the TCP "
+                      "row has no target):", "", "| gateway row | store / embedded | load / embedded "
+                      "| lookup, connector only / embedded |", "|---|---|---|---|"]
+            for r in gateways:
+                cells = [ratio(r[op], embedded[op], 0.9) if r["role"] == "gateway" else f"{r[op] / embedded[op]:.2f}x"
+                         for op in ("store", "load")]
+                lookup = r.get("native_lookup_us"), embedded.get("native_lookup_us")
+                cells.append(f"{lookup[0] / lookup[1]:.1f}x" if all(lookup) else "-")
+                lines.append(f"| {r['name']} | {' | '.join(cells)} |")
         lines.append("")
     return "\n".join(lines)
 
