@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 
 #include "protocol/auth.h"
 #include "util/log.h"
@@ -157,35 +158,20 @@ Status ClientHandler::serve_stats(const proto::Frame& frame) {
 
 std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   std::string out = "{";
-  auto num = [&out](const char* k, double v) {
+  auto field = [&out](const char* k, auto v) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, "\"%s\":%.17g,", k, v);
+    if constexpr (std::is_same_v<decltype(v), bool>)
+      std::snprintf(buf, sizeof buf, "\"%s\":%s,", k, v ? "true" : "false");
+    else
+      std::snprintf(buf, sizeof buf, "\"%s\":%.17g,", k, static_cast<double>(v));
     out += buf;
   };
-  num("capacity_bytes", st.capacity_bytes);
-  num("used_bytes", st.used_bytes);
-  num("objects", st.objects);
-  num("region_bytes", st.region_bytes);
-  num("num_regions", st.num_regions);
-  num("free_regions", st.free_regions);
-  num("hits", st.hits);
-  num("misses", st.misses);
-  num("stores", st.stores);
-  num("store_failures", st.store_failures);
-  num("deletes", st.deletes);
-  num("evicted_objects", st.evicted_objects);
-  num("evicted_regions", st.evicted_regions);
-  num("checksum_failures", st.checksum_failures);
-  num("io_errors", st.io_errors);
-  num("bytes_written", st.bytes_written);
-  num("bytes_read", st.bytes_read);
-  num("recovered_objects", st.recovered_objects);
-  num("recovery_seconds", st.recovery_seconds);
-  num("clients", shared.clients.load());
-  num("batches", shared.batches.load());
-  num("ring_bytes", shared.ring_bytes_mapped.load());
-  num("ring_used_bytes", shared.ring_bytes_in_use.load());
-  out += std::string("\"healthy\":") + (st.healthy ? "true" : "false") + "}";
+  for_each_stat(st, field);
+  field("clients", shared.clients.load());
+  field("batches", shared.batches.load());
+  field("ring_bytes", shared.ring_bytes_mapped.load());
+  field("ring_used_bytes", shared.ring_bytes_in_use.load());
+  out.back() = '}';
   return out;
 }
 

@@ -159,26 +159,7 @@ class NativeConnector {
 
   static py::dict stats_dict(const StoreStats& s) {
     py::dict d;
-    d["capacity_bytes"] = s.capacity_bytes;
-    d["used_bytes"] = s.used_bytes;
-    d["objects"] = s.objects;
-    d["region_bytes"] = s.region_bytes;
-    d["num_regions"] = s.num_regions;
-    d["free_regions"] = s.free_regions;
-    d["hits"] = s.hits;
-    d["misses"] = s.misses;
-    d["stores"] = s.stores;
-    d["store_failures"] = s.store_failures;
-    d["deletes"] = s.deletes;
-    d["evicted_objects"] = s.evicted_objects;
-    d["evicted_regions"] = s.evicted_regions;
-    d["checksum_failures"] = s.checksum_failures;
-    d["io_errors"] = s.io_errors;
-    d["bytes_written"] = s.bytes_written;
-    d["bytes_read"] = s.bytes_read;
-    d["recovered_objects"] = s.recovered_objects;
-    d["recovery_seconds"] = s.recovery_seconds;
-    d["healthy"] = s.healthy;
+    for_each_stat(s, [&d](const char* k, auto v) { d[k] = v; });
     return d;
   }
 

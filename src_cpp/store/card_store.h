@@ -51,6 +51,32 @@ struct StoreStats {
   bool healthy = true;  // false while the card's most recent I/O failed
 };
 
+// Calls f(name, value) for every field of st (uint64_t, double or bool): the
+// one list the Python stats dict and the gateway's StatsReply are made from.
+template <typename F>
+void for_each_stat(const StoreStats& st, F&& f) {
+  f("capacity_bytes", st.capacity_bytes);
+  f("used_bytes", st.used_bytes);
+  f("objects", st.objects);
+  f("region_bytes", st.region_bytes);
+  f("num_regions", st.num_regions);
+  f("free_regions", st.free_regions);
+  f("hits", st.hits);
+  f("misses", st.misses);
+  f("stores", st.stores);
+  f("store_failures", st.store_failures);
+  f("deletes", st.deletes);
+  f("evicted_objects", st.evicted_objects);
+  f("evicted_regions", st.evicted_regions);
+  f("checksum_failures", st.checksum_failures);
+  f("io_errors", st.io_errors);
+  f("bytes_written", st.bytes_written);
+  f("bytes_read", st.bytes_read);
+  f("recovered_objects", st.recovered_objects);
+  f("recovery_seconds", st.recovery_seconds);
+  f("healthy", st.healthy);
+}
+
 class CardStore;
 
 // Per-thread working state: staging memory and the region this thread appends to.
