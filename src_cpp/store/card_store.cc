@@ -784,17 +784,11 @@ StoreStats CardStore::stats() const {
   st.region_bytes = region_bytes_;
   st.num_regions = num_regions_;
   st.capacity_bytes = uint64_t(num_regions_) * region_bytes_;
-  st.hits = counters_.hits;
-  st.misses = counters_.misses;
-  st.stores = counters_.stores;
-  st.store_failures = counters_.store_failures;
-  st.deletes = counters_.deletes;
+  counters_.copy_to(&st);
   st.evicted_objects = counters_.evicted_objects;
   st.evicted_regions = counters_.evicted_regions;
   st.checksum_failures = counters_.checksum_failures;
   st.io_errors = counters_.io_errors;
-  st.bytes_written = counters_.bytes_written;
-  st.bytes_read = counters_.bytes_read;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;
   st.healthy = device_->healthy();

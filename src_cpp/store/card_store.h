@@ -77,6 +77,22 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("healthy", st.healthy);
 }
 
+// Counters of the operations a client of a card sees, kept by the card store
+// and by the gateway client alike.
+struct OpCounters {
+  std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
+  std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
+  void copy_to(StoreStats* st) const {
+    st->hits = hits;
+    st->misses = misses;
+    st->stores = stores;
+    st->store_failures = store_failures;
+    st->deletes = deletes;
+    st->bytes_written = bytes_written;
+    st->bytes_read = bytes_read;
+  }
+};
+
 class CardStore;
 
 // Per-thread working state: staging memory and the region this thread appends to.
@@ -222,10 +238,8 @@ class CardStore {
   uint64_t clock_ = 0;
   bool evicting_logged_ = false;
 
-  struct Counters {
-    std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
+  struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
-    std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
   } counters_;
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;

@@ -273,13 +273,7 @@ void RemoteBackend::interrupt() {
 
 StoreStats RemoteBackend::stats() const {
   StoreStats s;
-  s.hits = counters_.hits;
-  s.misses = counters_.misses;
-  s.stores = counters_.stores;
-  s.store_failures = counters_.store_failures;
-  s.deletes = counters_.deletes;
-  s.bytes_written = counters_.bytes_written;
-  s.bytes_read = counters_.bytes_read;
+  counters_.copy_to(&s);
   return s;
 }
 

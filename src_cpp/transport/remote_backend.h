@@ -40,10 +40,7 @@ class RemoteBackend : public Backend {
   std::set<const GatewayClient*> live_;
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
-  struct Counters {
-    std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
-    std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
-  } counters_;
+  OpCounters counters_;
 };
 
 }  // namespace adp
