@@ -19,11 +19,16 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Regions as large as allowed while leaving kMinRegions: the largest object
-// is one region, and LMCache chunks are large (256 tokens of Llama-8B KV:
-// 32 MiB, so a card of 513 MiB or more already takes them).
+// Many regions make eviction fine-grained and leave room for every writer's
+// open region; large ones take large objects (the largest object is one
+// region; 256 tokens of Llama-8B KV are 32 MiB). So: at least 32 regions,
+// but not below 64 MiB while that still leaves kMinRegions (cards from
+// 513 MiB take 32 MiB chunks).
 uint64_t default_region_bytes(uint64_t data_bytes) {
+  constexpr uint64_t kLargeChunkRegion = 64u << 20;
   uint64_t r = kMaxRegionBytes;
+  while (r > kMinRegionBytes && data_bytes / r < 32 && !(r == kLargeChunkRegion && data_bytes / r >= kMinRegions))
+    r /= 2;
   while (r > kMinRegionBytes && data_bytes / r < kMinRegions) r /= 2;
   return r;
 }
