@@ -30,7 +30,8 @@ class Param:
     meaning: str
 
 
-# The public adapter_params (README's table is generated from the same words).
+# The public adapter_params and their defaults: from_params reads its
+# defaults here (README's table states the same).
 PARAMS: dict[str, Param] = {
     "gateway": Param(
         "embedded",
@@ -84,13 +85,16 @@ class ConnectorConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "ConnectorConfig":
+        def get(key: str) -> Any:
+            return params.get(key, PARAMS[key].default)
+
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
             raise ConfigError(
                 f"unknown adapter_params key(s) {', '.join(map(repr, unknown))}; "
                 f"valid keys: {', '.join(PARAMS)}"
             )
-        gateway = params.get("gateway", "embedded")
+        gateway = get("gateway")
         if not isinstance(gateway, str) or not (
             gateway == "embedded" or gateway.startswith(("unix:///", "tcp://"))
         ):
@@ -107,17 +111,17 @@ class ConnectorConfig:
                 )
         if "ring_mb" in params and not gateway.startswith("unix://"):
             raise ConfigError("adapter_params['ring_mb'] applies to a unix:// gateway only")
-        ring_mb = _int("ring_mb", params.get("ring_mb", DEFAULT_RING_MB), 1, 4096)
+        ring_mb = _int("ring_mb", get("ring_mb"), 1, 4096)
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
             raise ConfigError(f"adapter_params['card'] must be a path string, got {card!r}")
-        size = params.get("card_size_gb", 16)
+        size = get("card_size_gb")
         if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0.015625 <= size <= 1 << 20:
             raise ConfigError(
                 f"adapter_params['card_size_gb'] must be a number of GiB in [0.015625, 1048576], got {size!r}"
             )
-        durable = params.get("durable", True)
+        durable = get("durable")
         if not isinstance(durable, bool):
             raise ConfigError(f"adapter_params['durable'] must be true or false, got {durable!r}")
         return cls(
@@ -125,10 +129,10 @@ class ConnectorConfig:
             card=os.path.abspath(os.path.expanduser(card)),
             card_size_gb=float(size),
             num_workers=_int("num_workers", params.get("num_workers", 8 if gateway == "embedded" else 4), 1, 64),
-            io_depth=_int("io_depth", params.get("io_depth", 4), 1, 256),
-            timeout_ms=_int("timeout_ms", params.get("timeout_ms", 10000), 1, 3_600_000),
+            io_depth=_int("io_depth", get("io_depth"), 1, 256),
+            timeout_ms=_int("timeout_ms", get("timeout_ms"), 1, 3_600_000),
             durable=durable,
-            metrics_port=_int("metrics_port", params.get("metrics_port", 0), 0, 65535),
+            metrics_port=_int("metrics_port", get("metrics_port"), 0, 65535),
             token=token,
             ring_mb=ring_mb,
         )
