@@ -1,8 +1,7 @@
 """Build of lmcache-adp: the Python package plus the pybind11 core in src_cpp/."""
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup

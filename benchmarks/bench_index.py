@@ -74,8 +74,11 @@ def main() -> None:
         st = store.stats()
         assert st["objects"] == n
         rows.append((n, insert_s, lookup_us, miss_us, rss_per_obj, st["recovery_seconds"]))
-        print(f"{n} objects: lookup hit {lookup_us:.2f} us, miss {miss_us:.2f} us, "
-              f"{rss_per_obj:.0f} B/object, recovery {st['recovery_seconds']:.2f} s", flush=True)
+        print(
+            f"{n} objects: lookup hit {lookup_us:.2f} us, miss {miss_us:.2f} us, "
+            f"{rss_per_obj:.0f} B/object, recovery {st['recovery_seconds']:.2f} s",
+            flush=True,
+        )
     store.close()
     os.unlink(args.card)
 
@@ -83,7 +86,9 @@ def main() -> None:
         "| objects | insert s (step) | exists hit us/key | exists miss us/key | RSS B/object | recovery s |",
         "|---|---|---|---|---|---|",
     ]
-    lines += [f"| {n} | {ins:.1f} | {hit:.2f} | {miss:.2f} | {rss:.0f} | {rec:.2f} |" for n, ins, hit, miss, rss, rec in rows]
+    lines += [
+        f"| {n} | {ins:.1f} | {hit:.2f} | {miss:.2f} | {rss:.0f} | {rec:.2f} |" for n, ins, hit, miss, rss, rec in rows
+    ]
     table = "\n".join(lines)
     print(table)
     if args.output:

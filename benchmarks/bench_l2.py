@@ -34,7 +34,9 @@ from lmcache.lmcache_fs import LMCacheFSClient
 from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import _object_key_to_string
 
 HERE = Path(__file__).resolve().parent
-COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+COMMIT = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+).stdout.strip()
 # The package measured: this tree's build if it has one (an editable install may point at another tree),
 # else the installed one; copied aside for the whole run, so that a rebuild meanwhile changes nothing.
 PACKAGE = HERE.parent / "lmcache_adp"
@@ -44,8 +46,11 @@ SNAPSHOT = Path(tempfile.mkdtemp(prefix="lmcache-adp-bench-"))
 atexit.register(shutil.rmtree, SNAPSHOT, True)
 shutil.copytree(PACKAGE, SNAPSHOT / "lmcache_adp", ignore=shutil.ignore_patterns("__pycache__"))
 sys.path.insert(0, str(SNAPSHOT))
-SUB_ENV = {**os.environ, "LMCACHE_DISABLE_BANNER": "1",
-           "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+SUB_ENV = {
+    **os.environ,
+    "LMCACHE_DISABLE_BANNER": "1",
+    "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
+}
 os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")  # quiet format_card here; the benches keep their INFO logs
 import lmcache_adp  # noqa: E402
 
@@ -55,8 +60,10 @@ SHM_DIR = "/dev/shm/lmcache-adp-bench"
 NUM_KEYS, IN_FLIGHT = 32, 4  # a round: IN_FLIGHT batches of NUM_KEYS keys submitted, then awaited
 QD = 4  # I/O threads of every adapter (ADP/fs_native num_workers, raw_block workers) = fio jobs
 FIO_JOBS = (QD, 2 * QD)  # QD 4 is the target; QD 8 shows what more depth gives
-TARGETS = ("ADP >= 1.0x the best O_DIRECT peer and >= 0.9x fio QD4 (store and load); lookup <= 0.2x fs_native; "
-           "through the gateway (unix + ring) store and load >= 0.9x embedded ADP")
+TARGETS = (
+    "ADP >= 1.0x the best O_DIRECT peer and >= 0.9x fio QD4 (store and load); lookup <= 0.2x fs_native; "
+    "through the gateway (unix + ring) store and load >= 0.9x embedded ADP"
+)
 GATEWAY_ROLES = ("gateway", "gateway-tcp")  # rows served by an `lmcache-adp gateway` process on the card
 
 
@@ -77,8 +84,18 @@ def sh(cmd: list[str], log: Path = Path(os.devnull)) -> int:
 def prefill(path: Path, nbytes: int) -> None:
     """Writes the whole file once (zeros, O_DIRECT), like a card in service: no holes, no first touch."""
     chunk = 64 * MiB
-    sh(["dd", "if=/dev/zero", f"of={path}", f"bs={chunk}", f"count={nbytes // chunk}", "oflag=direct",
-        "conv=fsync", "status=none"])
+    sh(
+        [
+            "dd",
+            "if=/dev/zero",
+            f"of={path}",
+            f"bs={chunk}",
+            f"count={nbytes // chunk}",
+            "oflag=direct",
+            "conv=fsync",
+            "status=none",
+        ]
+    )
 
 
 def reset(work: Path) -> None:
@@ -93,9 +110,26 @@ def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int)
     """MiB/s of `jobs` synchronous O_DIRECT sequential streams, each over its own slice of a written file."""
     out = raw / f"fio-{bs // 1024}k-qd{jobs}-{rw}-pass{p}.json"
     per_job = nbytes // jobs
-    sh(["fio", "--name=adp-limit", f"--filename={work / 'fio.img'}", f"--filesize={nbytes}", f"--size={per_job}",
-        f"--offset_increment={per_job}", f"--numjobs={jobs}", "--iodepth=1", "--ioengine=psync", "--direct=1",
-        f"--bs={bs}", f"--rw={rw}", "--end_fsync=1", "--group_reporting", "--output-format=json", f"--output={out}"])
+    sh(
+        [
+            "fio",
+            "--name=adp-limit",
+            f"--filename={work / 'fio.img'}",
+            f"--filesize={nbytes}",
+            f"--size={per_job}",
+            f"--offset_increment={per_job}",
+            f"--numjobs={jobs}",
+            "--iodepth=1",
+            "--ioengine=psync",
+            "--direct=1",
+            f"--bs={bs}",
+            f"--rw={rw}",
+            "--end_fsync=1",
+            "--group_reporting",
+            "--output-format=json",
+            f"--output={out}",
+        ]
+    )
     return json.loads(out.read_text())["jobs"][0][rw]["bw_bytes"] / MiB
 
 
@@ -121,8 +155,12 @@ def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, in
     files = str(work / "files")
 
     def plugin(**params) -> dict:
-        return {"type": "native_plugin", "module_path": "lmcache_adp", "class_name": "ADPConnector",
-                "adapter_params": {"num_workers": QD, **params}}
+        return {
+            "type": "native_plugin",
+            "module_path": "lmcache_adp",
+            "class_name": "ADPConnector",
+            "adapter_params": {"num_workers": QD, **params},
+        }
 
     def adp(card: str = "card.img", **params) -> dict:
         return plugin(card=str(work / card), card_size_gb=card_gb, **params)
@@ -131,36 +169,88 @@ def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, in
         ("ADP", "adp", adp(), 4096),
         ("ADP, L1 align 1", "adp", adp(), 1),
         ("ADP via gateway, unix + ring", "gateway", plugin(gateway=f"unix://{work / 'gw.sock'}"), 4096),
-        ("ADP via gateway, TCP loopback", "gateway-tcp",
-         plugin(gateway=f"tcp://127.0.0.1:{GATEWAY_PORT}", token_file=str(work / "gw.token")), 4096),
-        ("fs_native O_DIRECT", "odirect", {"type": "fs_native", "base_path": files, "num_workers": QD,
-                                           "use_odirect": True}, 4096),
-        ("raw_block", "odirect", {"type": "raw_block", "device_path": str(work / "raw.img"), "slot_bytes": bs + 4096,
-                                  "num_store_workers": QD, "num_load_workers": QD, "load_checkpoint_on_init": False},
-         4096),
+        (
+            "ADP via gateway, TCP loopback",
+            "gateway-tcp",
+            plugin(gateway=f"tcp://127.0.0.1:{GATEWAY_PORT}", token_file=str(work / "gw.token")),
+            4096,
+        ),
+        (
+            "fs_native O_DIRECT",
+            "odirect",
+            {"type": "fs_native", "base_path": files, "num_workers": QD, "use_odirect": True},
+            4096,
+        ),
+        (
+            "raw_block",
+            "odirect",
+            {
+                "type": "raw_block",
+                "device_path": str(work / "raw.img"),
+                "slot_bytes": bs + 4096,
+                "num_store_workers": QD,
+                "num_load_workers": QD,
+                "load_checkpoint_on_init": False,
+            },
+            4096,
+        ),
         ("fs_native buffered", "buffered", {"type": "fs_native", "base_path": files, "num_workers": QD}, 4096),
         ("fs (buffered)", "buffered", {"type": "fs", "base_path": files}, 4096),
         ("ADP durable=false", "diag", adp(durable=False), 4096),
         ("ADP num_workers=8", "diag", adp(num_workers=2 * QD), 4096),
         ("ADP on a new sparse image", "diag", adp("sparse.img"), 4096),
-        ("no-op connector", "floor", {"type": "native_plugin", "module_path": "noop_connector",
-                                      "class_name": "NoopConnector"}, 4096),
+        (
+            "no-op connector",
+            "floor",
+            {"type": "native_plugin", "module_path": "noop_connector", "class_name": "NoopConnector"},
+            4096,
+        ),
     ]
 
 
 def lmcache_bench(spec: dict, align: int, bs: int, rounds: int, out: Path, only: list[str]) -> dict:
     """Runs `lmcache bench l2`; rates come from the median round, which bursts of load from other
     processes on a shared machine move less than the mean."""
-    rc = sh(["lmcache", "bench", "l2", "--l2-adapter", json.dumps(spec), "--num-keys", str(NUM_KEYS),
-             "--in-flight", str(IN_FLIGHT), "--data-size-kb", str(bs // 1024), "--l1-align-bytes", str(align),
-             "--rounds", str(rounds), "--warmup-rounds", "1", "--lookup-max-hit-rate", "1.0", "--no-skip-verify",
-             "--format", "json", "--output", str(out), "-q", *only], out.with_suffix(".log"))
+    rc = sh(
+        [
+            "lmcache",
+            "bench",
+            "l2",
+            "--l2-adapter",
+            json.dumps(spec),
+            "--num-keys",
+            str(NUM_KEYS),
+            "--in-flight",
+            str(IN_FLIGHT),
+            "--data-size-kb",
+            str(bs // 1024),
+            "--l1-align-bytes",
+            str(align),
+            "--rounds",
+            str(rounds),
+            "--warmup-rounds",
+            "1",
+            "--lookup-max-hit-rate",
+            "1.0",
+            "--no-skip-verify",
+            "--format",
+            "json",
+            "--output",
+            str(out),
+            "-q",
+            *only,
+        ],
+        out.with_suffix(".log"),
+    )
     if not out.exists():
         return {"status": f"FAILED (exit {rc})"}
     ops = {m["operation"]: m for k, m in json.loads(out.read_text())["metrics"].items() if k.startswith("op_")}
     complete = all(m["total_success"] == m["total_keys"] and not m["rounds_timed_out"] for m in ops.values())
-    row = {"status": ("lookup only" if only else "verified") if rc == 0 and complete
-           else f"FAILED (exit {rc}, all keys: {complete})"}
+    row = {
+        "status": ("lookup only" if only else "verified")
+        if rc == 0 and complete
+        else f"FAILED (exit {rc}, all keys: {complete})"
+    }
     for op in ("Store", "Load"):
         if op in ops:
             row[op.lower()] = NUM_KEYS * IN_FLIGHT * bs / MiB / ops[op]["duration_p50_ms"] * 1000
@@ -183,12 +273,12 @@ def native_lookup_us(spec: dict, num_keys: int) -> float | None:
     times = []
     for i in list(range(0, num_keys, NUM_KEYS)) * 2:
         t0 = time.perf_counter()
-        client.submit_batch_exists(keys[i:i + NUM_KEYS])
+        client.submit_batch_exists(keys[i : i + NUM_KEYS])
         while not client.drain_completions():
             poller.poll(1000)
         times.append(time.perf_counter() - t0)
     client.close()
-    return statistics.median(times[len(times) // 2:]) * 1e6 / NUM_KEYS
+    return statistics.median(times[len(times) // 2 :]) * 1e6 / NUM_KEYS
 
 
 @contextlib.contextmanager
@@ -200,10 +290,25 @@ def serving(role: str, work: Path, log: Path):
         return
     (work / "gw.token").write_text("bench-token\n")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", str(work / "card.img"),
-                                 "--socket", str(work / "gw.sock"), "--listen", f"tcp://127.0.0.1:{GATEWAY_PORT}",
-                                 "--token-file", str(work / "gw.token")], stdout=out, stderr=subprocess.STDOUT,
-                                env=SUB_ENV)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lmcache_adp.cli",
+                "gateway",
+                "--card",
+                str(work / "card.img"),
+                "--socket",
+                str(work / "gw.sock"),
+                "--listen",
+                f"tcp://127.0.0.1:{GATEWAY_PORT}",
+                "--token-file",
+                str(work / "gw.token"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=SUB_ENV,
+        )
         try:
             deadline = time.monotonic() + 120
             while "gateway ready" not in log.read_text():
@@ -238,12 +343,25 @@ def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: 
     for p, order in enumerate((entries, entries[::-1]), 1):
         for jobs in FIO_JOBS:
             name = f"fio O_DIRECT QD{jobs}"
-            rows[name] = best_of(rows.get(name), {
-                "name": name, "role": "fio" if jobs == QD else "info", "align": "-", "status": "psync, sequential",
-                "store": fio(work, raw, bs, jobs, "write", nbytes, p), "load": fio(work, raw, bs, jobs, "read", nbytes, p)})
+            rows[name] = best_of(
+                rows.get(name),
+                {
+                    "name": name,
+                    "role": "fio" if jobs == QD else "info",
+                    "align": "-",
+                    "status": "psync, sequential",
+                    "store": fio(work, raw, bs, jobs, "write", nbytes, p),
+                    "load": fio(work, raw, bs, jobs, "read", nbytes, p),
+                },
+            )
         if medium == "shm" and p == 1:
-            rows["memcpy"] = {"name": "memcpy, 1 thread", "role": "memcpy", "align": "-", "status": "numpy copyto",
-                              "load": memcpy_mibps(bs, nbytes)}
+            rows["memcpy"] = {
+                "name": "memcpy, 1 thread",
+                "role": "memcpy",
+                "align": "-",
+                "status": "numpy copyto",
+                "load": memcpy_mibps(bs, nbytes),
+            }
         for name, role, spec, align in order:
             if p == 2 and role in ("buffered", "floor"):  # no target rides on them: one pass is enough
                 continue
@@ -252,8 +370,12 @@ def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: 
             slug = "".join(c if c.isalnum() else "-" for c in name.lower())
             out = raw / f"{bs // 1024}k-{slug}-pass{p}.json"
             with serving(role, work, out.with_suffix(".gateway.log")):
-                row = {"name": name, "role": role, "align": align,
-                       **lmcache_bench(spec, align, bs, rounds, out, ["--only", "lookup"] if role == "floor" else [])}
+                row = {
+                    "name": name,
+                    "role": role,
+                    "align": align,
+                    **lmcache_bench(spec, align, bs, rounds, out, ["--only", "lookup"] if role == "floor" else []),
+                }
                 if row["status"] == "verified":
                     row["native_lookup_us"] = native_lookup_us(spec, (rounds + 1) * NUM_KEYS * IN_FLIGHT)
             rows[name] = best_of(rows.get(name), row)
@@ -272,38 +394,57 @@ def ratio(a: float | None, b: float | None, goal: float, higher: bool = True) ->
     return f"{r:.2f}x {'ok' if (r >= goal if higher else r <= goal) else 'MISS'}"
 
 
-def report(rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: tuple[float, float],
-           seconds: float) -> str:
+def report(
+    rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: tuple[float, float], seconds: float
+) -> str:
     built = datetime.datetime.fromtimestamp(Path(lmcache_adp._native.__file__).stat().st_mtime)
-    lines = [f"# L2 benchmark: {medium} ({work.parent})", "",
-             f"{datetime.datetime.now():%Y-%m-%d %H:%M}, commit {COMMIT}, lmcache_adp from {PACKAGE} "
-             f"(native module built {built:%Y-%m-%d %H:%M}), {os.cpu_count()} cores, kernel "
-             f"{os.uname().release}, load average {load[0]:.1f} at the start and {load[1]:.1f} at the end; "
-             f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`", "",
-             f"Each round submits {IN_FLIGHT} batches of {NUM_KEYS} keys and waits for them (1 warmup round); "
-             f"every adapter and fio run at queue depth {QD}. MiB/s and lookup us/key come from the median round "
-             "(lookups hit stored keys); each row is the better of two passes (one for buffered and floor). "
-             "'Connector only' times submit_batch_exists on the native connector without LMCache's adapter "
-             "around it. Method and limits: benchmarks/README.md.", "",
-             f"Targets: {TARGETS}" + ("; ADP load >= 0.7x single-thread memcpy." if medium == "shm" else "."), ""]
+    lines = [
+        f"# L2 benchmark: {medium} ({work.parent})",
+        "",
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, commit {COMMIT}, lmcache_adp from {PACKAGE} "
+        f"(native module built {built:%Y-%m-%d %H:%M}), {os.cpu_count()} cores, kernel "
+        f"{os.uname().release}, load average {load[0]:.1f} at the start and {load[1]:.1f} at the end; "
+        f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"Each round submits {IN_FLIGHT} batches of {NUM_KEYS} keys and waits for them (1 warmup round); "
+        f"every adapter and fio run at queue depth {QD}. MiB/s and lookup us/key come from the median round "
+        "(lookups hit stored keys); each row is the better of two passes (one for buffered and floor). "
+        "'Connector only' times submit_batch_exists on the native connector without LMCache's adapter "
+        "around it. Method and limits: benchmarks/README.md.",
+        "",
+        f"Targets: {TARGETS}" + ("; ADP load >= 0.7x single-thread memcpy." if medium == "shm" else "."),
+        "",
+    ]
     for bs, rows in rows_by_size.items():
-        lines += [f"## {bs // 1024} KiB chunks", "",
-                  "| adapter | role | L1 align | store MiB/s | load MiB/s | lookup us/key | same, connector only "
-                  "| result |", "|---|---|---|---:|---:|---:|---:|---|"]
-        lines += [f"| {r['name']} | {r['role']} | {r['align']} | {fmt(r.get('store'))} | {fmt(r.get('load'))} | "
-                  f"{fmt(r.get('lookup_us'), 2)} | {fmt(r.get('native_lookup_us'), 2)} | {r['status']} |" for r in rows]
+        lines += [
+            f"## {bs // 1024} KiB chunks",
+            "",
+            "| adapter | role | L1 align | store MiB/s | load MiB/s | lookup us/key | same, connector only | result |",
+            "|---|---|---|---:|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {r['name']} | {r['role']} | {r['align']} | {fmt(r.get('store'))} | {fmt(r.get('load'))} | "
+            f"{fmt(r.get('lookup_us'), 2)} | {fmt(r.get('native_lookup_us'), 2)} | {r['status']} |"
+            for r in rows
+        ]
         ok = [r for r in rows if r["status"] == "verified"]
         peers = [r for r in ok if r["role"] == "odirect"]
         best = {op: max(peers, key=lambda r: r[op]) if peers else {} for op in ("store", "load")}
         fio_row = next(r for r in rows if r["role"] == "fio")
-        fs_native = {k: min((r[k] for r in ok if r["name"].startswith("fs_native")), default=None)
-                     for k in ("lookup_us", "native_lookup_us")}
+        fs_native = {
+            k: min((r[k] for r in ok if r["name"].startswith("fs_native")), default=None)
+            for k in ("lookup_us", "native_lookup_us")
+        }
         memcpy = next((r["load"] for r in rows if r["role"] == "memcpy"), None)
-        lines += ["", f"Best O_DIRECT peer: store {best['store'].get('name')}, load {best['load'].get('name')}. "
-                  "fs_native lookup: the faster of its two rows.", "",
-                  "| ADP row | store / best peer | load / best peer | store / fio QD4 | load / fio QD4 "
-                  "| lookup / fs_native | same, connector only |" + (" load / memcpy |" if memcpy else ""),
-                  "|---|---|---|---|---|---|---|" + ("---|" if memcpy else "")]
+        lines += [
+            "",
+            f"Best O_DIRECT peer: store {best['store'].get('name')}, load {best['load'].get('name')}. "
+            "fs_native lookup: the faster of its two rows.",
+            "",
+            "| ADP row | store / best peer | load / best peer | store / fio QD4 | load / fio QD4 "
+            "| lookup / fs_native | same, connector only |" + (" load / memcpy |" if memcpy else ""),
+            "|---|---|---|---|---|---|---|" + ("---|" if memcpy else ""),
+        ]
         for r in ok:
             if r["role"] in ("adp", "diag"):
                 lines.append(
@@ -312,16 +453,24 @@ def report(rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: t
                     f"{ratio(r['load'], fio_row['load'], 0.9)} | "
                     f"{ratio(r['lookup_us'], fs_native['lookup_us'], 0.2, False)} | "
                     f"{ratio(r['native_lookup_us'], fs_native['native_lookup_us'], 0.2, False)} |"
-                    + (f" {ratio(r['load'], memcpy, 0.7)} |" if memcpy else ""))
+                    + (f" {ratio(r['load'], memcpy, 0.7)} |" if memcpy else "")
+                )
         embedded = next((r for r in ok if r["name"] == "ADP"), None)
         gateways = [r for r in ok if r["role"] in GATEWAY_ROLES]
         if embedded and gateways:
-            lines += ["", "Through the gateway, against embedded ADP (same card, same connector settings; the TCP "
-                      "row has no target):", "", "| gateway row | store / embedded | load / embedded "
-                      "| lookup, connector only / embedded |", "|---|---|---|---|"]
+            lines += [
+                "",
+                "Through the gateway, against embedded ADP (same card, same connector settings; the TCP "
+                "row has no target):",
+                "",
+                "| gateway row | store / embedded | load / embedded | lookup, connector only / embedded |",
+                "|---|---|---|---|",
+            ]
             for r in gateways:
-                cells = [ratio(r[op], embedded[op], 0.9) if r["role"] == "gateway" else f"{r[op] / embedded[op]:.2f}x"
-                         for op in ("store", "load")]
+                cells = [
+                    ratio(r[op], embedded[op], 0.9) if r["role"] == "gateway" else f"{r[op] / embedded[op]:.2f}x"
+                    for op in ("store", "load")
+                ]
                 lookup = r.get("native_lookup_us"), embedded.get("native_lookup_us")
                 cells.append(f"{lookup[0] / lookup[1]:.1f}x" if all(lookup) else "-")
                 lines.append(f"| {r['name']} | {' | '.join(cells)} |")
@@ -354,8 +503,11 @@ def run_medium(medium: str, args: argparse.Namespace, stamp: str) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", default="/var/tmp/lmcache-adp-bench",
-                   help="directory on the disk under test; each run works in its own run-<pid>/ under it")
+    p.add_argument(
+        "--dir",
+        default="/var/tmp/lmcache-adp-bench",
+        help="directory on the disk under test; each run works in its own run-<pid>/ under it",
+    )
     p.add_argument("--medium", choices=("disk", "shm", "both"), default="both")
     p.add_argument("--sizes-kb", type=lambda s: [int(x) for x in s.split(",")], default=[256, 2048])
     p.add_argument("--quick", action="store_true", help="smoke run: 256 MiB per phase, written to results/tmp/")

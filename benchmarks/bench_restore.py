@@ -45,7 +45,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -138,7 +137,11 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
             if came_from_l2 != (kind == "l2"):
                 raise RuntimeError(f"{name} {kind}: restore came from the wrong tier: {r.prefetch}")
         result[kind] = [
-            {**{k: v for k, v in asdict(r).items() if k != "prefetch"}, "prefetch": asdict(r.prefetch), "total_s": r.total_s}
+            {
+                **{k: v for k, v in asdict(r).items() if k != "prefetch"},
+                "prefetch": asdict(r.prefetch),
+                "total_s": r.total_s,
+            }
             for r in rs
         ]
     return result
@@ -207,7 +210,9 @@ def render(res: dict) -> str:
                      f"{'met' if adp_adds <= 1.05 * limit_s else 'MISSED'} ({adp_adds / limit_s:.2f}x the limit)")  # fmt: skip
         if "fs_native" in tiers:
             fs_adds = median(tiers["fs_native"]["l2"], "total_s") - mock_l2
-            lines.append(f"- fs_native adds {fs_adds:.3f} s: card below it: {'met' if adp_adds < fs_adds else 'MISSED'}")
+            lines.append(
+                f"- fs_native adds {fs_adds:.3f} s: card below it: {'met' if adp_adds < fs_adds else 'MISSED'}"
+            )
         if "adp_gw" in tiers:
             gw_adds = median(tiers["adp_gw"]["l2"], "total_s") - mock_l2
             lines.append(f"- through the gateway the card adds {gw_adds:.3f} s ({gw_adds / limit_s:.2f}x the limit)")
@@ -247,12 +252,20 @@ def main() -> int:
 
     res: dict = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
-        "prompt": {"tokens": args.tokens, "bytes": nbytes, "shape": asdict(shape),
-                   "chunk_bytes": CHUNK_TOKENS * shape.bytes_per_token},  # fmt: skip
+        "prompt": {
+            "tokens": args.tokens,
+            "bytes": nbytes,
+            "shape": asdict(shape),
+            "chunk_bytes": CHUNK_TOKENS * shape.bytes_per_token,
+        },  # fmt: skip
         "repeat": args.repeat,
         "versions": {"lmcache_adp": adp_version, "lmcache": _version("lmcache"), "git": _git()},
-        "host": {"cpus": os.cpu_count(), "kernel": platform.release(), "disk": _disk(work),
-                 "loadavg_start": os.getloadavg()},  # fmt: skip
+        "host": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "disk": _disk(work),
+            "loadavg_start": os.getloadavg(),
+        },  # fmt: skip
         "l1_size_gb": l1_gb,
         "notes": {},
         "tiers": {},
@@ -263,8 +276,12 @@ def main() -> int:
     adapters = {
         "mock": {"type": "mock", "max_size_gb": gib + 1, "mock_bandwidth_gb": 1000},
         "adp": adp_adapter(card=str(work / "card.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
-        "fs_native": {"type": "fs_native", "base_path": str(work / "fs_native"), "use_odirect": True,
-                      "num_workers": ADP_WORKERS},  # fmt: skip
+        "fs_native": {
+            "type": "fs_native",
+            "base_path": str(work / "fs_native"),
+            "use_odirect": True,
+            "num_workers": ADP_WORKERS,
+        },  # fmt: skip
     }
     gateway = None
     for name in args.tiers.split(","):

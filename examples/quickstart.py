@@ -34,7 +34,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from lmcache_adp.testing.mp_driver import (
+from lmcache_adp.testing.mp_driver import (  # noqa: E402 (after the environment is set)
     KVShape,
     MPServer,
     ServerError,

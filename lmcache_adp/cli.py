@@ -12,7 +12,8 @@ from lmcache_adp._version import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lmcache-adp", description="ADP card as the L2 tier of the LMCache MP server: gateway daemon and operations"
+        prog="lmcache-adp",
+        description="ADP card as the L2 tier of the LMCache MP server: gateway daemon and operations",
     )
     parser.add_argument("--version", action="version", version=f"lmcache-adp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -37,11 +37,12 @@ PARAMS: dict[str, Param] = {
         "embedded",
         '"embedded" (card store in-process), "unix:///path/gateway.sock" or "tcp://host:port" (a gateway daemon)',
     ),
-    "card": Param(None, "embedded mode: card path (block device or image file); default " "~/.cache/lmcache-adp/card.img"),
+    "card": Param(None, "embedded mode: card path (block device or image file); default ~/.cache/lmcache-adp/card.img"),
     "card_size_gb": Param(16, "embedded mode: size of the image file when it is created (sparse)"),
     "num_workers": Param(
-        None, "worker threads of the connector (1-64); default 8 embedded (they check and copy while others wait "
-        "on the card), 4 with a gateway (one connection and ring each)"
+        None,
+        "worker threads of the connector (1-64); default 8 embedded (they check and copy while others wait "
+        "on the card), 4 with a gateway (one connection and ring each)",
     ),
     "io_depth": Param(4, "embedded mode: card I/O in flight at once, the card's queue depth (1-256)"),
     "timeout_ms": Param(10000, "deadline of one operation; past it the future completes as failed"),
@@ -84,20 +85,17 @@ class ConnectorConfig:
     ring_mb: int = DEFAULT_RING_MB
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "ConnectorConfig":
+    def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
         def get(key: str) -> Any:
             return params.get(key, PARAMS[key].default)
 
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
             raise ConfigError(
-                f"unknown adapter_params key(s) {', '.join(map(repr, unknown))}; "
-                f"valid keys: {', '.join(PARAMS)}"
+                f"unknown adapter_params key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(PARAMS)}"
             )
         gateway = get("gateway")
-        if not isinstance(gateway, str) or not (
-            gateway == "embedded" or gateway.startswith(("unix:///", "tcp://"))
-        ):
+        if not isinstance(gateway, str) or not (gateway == "embedded" or gateway.startswith(("unix:///", "tcp://"))):
             raise ConfigError(
                 f"adapter_params['gateway'] = {gateway!r} is not supported; valid choices: "
                 "'embedded', 'unix:///path/to/gateway.sock', 'tcp://host:port'"

@@ -27,17 +27,31 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gateway", help="run the storage gateway daemon (foreground)", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "gateway",
+        help="run the storage gateway daemon (foreground)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--card", required=True, help="block device or card image file")
-    p.add_argument("--card-size-gb", type=float, default=0,
-                   help="create the image file with this size (GiB, sparse) if it does not exist")
+    p.add_argument(
+        "--card-size-gb",
+        type=float,
+        default=0,
+        help="create the image file with this size (GiB, sparse) if it does not exist",
+    )
     p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"Unix socket to serve on (default {DEFAULT_SOCKET})")
-    p.add_argument("--listen", default="", metavar="tcp://HOST:PORT", help="also serve TCP clients (needs --token-file)")
+    p.add_argument(
+        "--listen", default="", metavar="tcp://HOST:PORT", help="also serve TCP clients (needs --token-file)"
+    )
     p.add_argument("--token-file", help="file holding the token TCP clients must present")
     p.add_argument("--io-contexts", type=int, default=4, help="store operations run in parallel (default 4)")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="serve Prometheus /metrics, /health and /stats on this port (default: off)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus /metrics, /health and /stats on this port (default: off)",
+    )
     p.set_defaults(func=run)
 
 

@@ -65,7 +65,9 @@ def format_status(st: dict[str, Any]) -> str:
     for op, snap in (st.get("latency_us_log2") or {}).items():
         if snap["count"]:
             p = [percentile_us(snap["buckets"], q) for q in (0.5, 0.9, 0.99)]
-            rows.append((f"{op} latency", f"p50 <{p[0]:.0f} us, p90 <{p[1]:.0f} us, p99 <{p[2]:.0f} us ({snap['count']} ops)"))
+            rows.append(
+                (f"{op} latency", f"p50 <{p[0]:.0f} us, p90 <{p[1]:.0f} us, p99 <{p[2]:.0f} us ({snap['count']} ops)")
+            )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+
 @pytest.fixture
 def card(tmp_path):
     """Path of a card image that does not exist yet (created on first open)."""

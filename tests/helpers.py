@@ -90,8 +90,12 @@ class L2:
         for d in datas:
             t = torch.frombuffer(bytearray(d), dtype=torch.uint8) if d else torch.empty(0, dtype=torch.uint8)
             meta = MemoryObjMetadata(
-                shape=torch.Size([len(d)]), dtype=torch.uint8, address=0, phy_size=len(d),
-                fmt=MemoryFormat.KV_2LTD, ref_count=1,
+                shape=torch.Size([len(d)]),
+                dtype=torch.uint8,
+                address=0,
+                phy_size=len(d),
+                fmt=MemoryFormat.KV_2LTD,
+                ref_count=1,
             )
             objs.append(TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None))
         return objs
@@ -122,7 +126,9 @@ class L2:
 
     def lookup(self, keys) -> list[bool]:
         tid = self.adapter.submit_lookup_and_lock_task(keys, {})
-        bm = self._until(self.adapter.get_lookup_and_lock_event_fd(), lambda: self.adapter.query_lookup_and_lock_result(tid))
+        bm = self._until(
+            self.adapter.get_lookup_and_lock_event_fd(), lambda: self.adapter.query_lookup_and_lock_result(tid)
+        )
         return [bm.test(i) for i in range(len(keys))]
 
     def load(self, keys, sizes) -> tuple[list[bool], list[bytes]]:

@@ -26,9 +26,10 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 MODEL_NAME = "lmcache-adp/e2e-model"
 
@@ -178,7 +179,7 @@ class MPServer(_Child):
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 120.0) -> "MPServer":
+    def start(self, timeout: float = 120.0) -> MPServer:
         env = {**child_env(), **self.env}
         env.setdefault("LMCACHE_DISABLE_BANNER", "1")
         env.setdefault("LMCACHE_TRACK_USAGE", "false")  # no telemetry from tests
@@ -210,7 +211,7 @@ class MPServer(_Child):
             return f.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 40) -> str:
-        text = [l for l in self.log().splitlines() if '"GET /' not in l]  # not the polling
+        text = [line for line in self.log().splitlines() if '"GET /' not in line]  # not the polling
         return "\n".join(text[-lines:])
 
     def _http(self, method: str, path: str, body: dict | None = None, timeout: float = 30) -> dict:
@@ -252,7 +253,10 @@ class MPServer(_Child):
         names = (L2_SUBMITTED_CHUNKS, L2_STORE_TASKS_SUBMITTED, L2_STORE_TASKS_DONE, L2_STORED_CHUNKS)
         while True:
             m = self.metrics(*names)
-            if m[L2_SUBMITTED_CHUNKS] >= submitted_chunks_at_least and m[L2_STORE_TASKS_DONE] >= m[L2_STORE_TASKS_SUBMITTED]:
+            if (
+                m[L2_SUBMITTED_CHUNKS] >= submitted_chunks_at_least
+                and m[L2_STORE_TASKS_DONE] >= m[L2_STORE_TASKS_SUBMITTED]
+            ):
                 return m[L2_STORED_CHUNKS]
             if time.monotonic() > deadline:
                 raise ServerError(f"L2 stores not done after {timeout:.0f} s: {m}\n{self.log_tail()}")
@@ -260,8 +264,8 @@ class MPServer(_Child):
 
     def log_problems(self, lines: int = 10) -> str:
         """The last WARNING/ERROR lines of this run's log."""
-        bad = [l for l in self.log().splitlines() if "WARNING" in l or "ERROR" in l or "Traceback" in l]
-        return "\n".join(l[:600] for l in bad[-lines:])
+        bad = [line for line in self.log().splitlines() if "WARNING" in line or "ERROR" in line or "Traceback" in line]
+        return "\n".join(line[:600] for line in bad[-lines:])
 
     def prefetch(self, request_id: str, timeout: float = 10.0) -> Prefetch | None:
         """The server's own report of where the lookup's chunks came from."""
@@ -287,7 +291,10 @@ def gateway_unavailable() -> str | None:
     )  # fmt: skip
     if r.returncode == 0:
         return None
-    return "`lmcache-adp gateway` is not in this build of lmcache_adp.cli yet: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+    return (
+        "`lmcache-adp gateway` is not in this build of lmcache_adp.cli yet: "
+        + (r.stderr.strip().splitlines() or ["?"])[-1]
+    )
 
 
 class Gateway(_Child):
@@ -309,7 +316,7 @@ class Gateway(_Child):
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
-    def start(self, timeout: float = 60.0) -> "Gateway":
+    def start(self, timeout: float = 60.0) -> Gateway:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._spawn(self.args, self.log_path)
         deadline = time.monotonic() + timeout
@@ -499,7 +506,7 @@ class VLLMClient:
                 print(f"[mp_driver] {close.__qualname__}: {e}", file=sys.stderr)
         self.ctx.term()
 
-    def __enter__(self) -> "VLLMClient":
+    def __enter__(self) -> VLLMClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

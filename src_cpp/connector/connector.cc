@@ -20,16 +20,16 @@ struct Connector::Batch {
   std::vector<Buffer> buffers;
   std::unique_ptr<BufferOwner> owner;
   Clock::time_point submitted;
-  std::vector<uint8_t> results;          // per key; each worker writes only its slice
+  std::vector<uint8_t> results;  // per key; each worker writes only its slice
   Clock::time_point deadline;
   std::multimap<Clock::time_point, Batch*>::iterator deadline_it;
-  int tasks_left = 0;                    // guarded by Connector::mu_
+  int tasks_left = 0;  // guarded by Connector::mu_
   std::mutex error_mu;
-  std::string first_error;               // guarded by error_mu
+  std::string first_error;  // guarded by error_mu
   // Deliveries into caller buffers hold it shared; completion takes it
   // exclusive, so once `completed` is set no delivery is in flight or starts.
   std::shared_mutex guard;
-  bool completed = false;                // guarded by guard
+  bool completed = false;  // guarded by guard
 
   void note_error(const std::string& e) {
     std::lock_guard<std::mutex> l(error_mu);
@@ -43,10 +43,14 @@ struct Connector::Batch {
 
 const char* op_name(OpType op) {
   switch (op) {
-    case OpType::kGet: return "get";
-    case OpType::kSet: return "set";
-    case OpType::kExists: return "exists";
-    case OpType::kDelete: return "delete";
+    case OpType::kGet:
+      return "get";
+    case OpType::kSet:
+      return "set";
+    case OpType::kExists:
+      return "exists";
+    case OpType::kDelete:
+      return "delete";
   }
   return "?";
 }

@@ -103,8 +103,8 @@ class Connector {
   std::condition_variable work_cv_, deadline_cv_;
   std::deque<Task> tasks_;
   std::multimap<Clock::time_point, Batch*> deadlines_;
-  std::map<uint64_t, std::unique_ptr<Batch>> live_;   // submitted, workers not yet done
-  std::vector<std::unique_ptr<Batch>> retired_;       // workers done; owners to free
+  std::map<uint64_t, std::unique_ptr<Batch>> live_;  // submitted, workers not yet done
+  std::vector<std::unique_ptr<Batch>> retired_;      // workers done; owners to free
   std::vector<Completion> completions_;
   uint64_t next_future_ = 1;
   bool closed_ = false;

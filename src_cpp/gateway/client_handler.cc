@@ -47,8 +47,8 @@ void ClientHandler::refuse(const Status& why) {
 
 Status ClientHandler::handshake() {
   proto::Frame frame;
-  Status s = proto::read_frame(fd_, proto::kMaxHelloBodyBytes, Clock::now() + proto::kFrameTimeout, &frame,
-                               tcp_ ? 0 : 1);
+  Status s =
+      proto::read_frame(fd_, proto::kMaxHelloBodyBytes, Clock::now() + proto::kFrameTimeout, &frame, tcp_ ? 0 : 1);
   if (s.code() == Status::Code::kTimedOut) return Status::InvalidArgument("no hello within the handshake timeout");
   if (!s.ok()) return s;
   if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kHello)) {
@@ -62,7 +62,8 @@ Status ClientHandler::handshake() {
     s = Status::InvalidArgument("authentication failed: wrong or missing token");
   bool want_ring = hello.features & proto::kFeatureRing;
   if (s.ok() && want_ring != (frame.fds.size() == 1))
-    s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP" : "ring feature and passed descriptor disagree");
+    s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP"
+                                     : "ring feature and passed descriptor disagree");
   if (!s.ok()) {
     proto::close_fds(&frame.fds);
     return s;
@@ -109,9 +110,11 @@ void ClientHandler::run() {
     refuse(s);
 }
 
-Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload) {
+Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table,
+                                  std::vector<uint8_t>* payload) {
   if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kBatch))
-    return Status::InvalidArgument("unexpected frame type " + std::to_string(frame.header.type) + " after the handshake");
+    return Status::InvalidArgument("unexpected frame type " + std::to_string(frame.header.type) +
+                                   " after the handshake");
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
   proto::BatchRequest req;
@@ -189,7 +192,8 @@ Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** bas
     // Inline get: the hits travel back in the reply, which must stay bounded.
     uint64_t total = 0;
     for (const auto& it : req.items) total += it.size;
-    if (total > proto::kMaxInlinePayloadBytes) return Status::InvalidArgument("get asks for more than one frame's payload");
+    if (total > proto::kMaxInlinePayloadBytes)
+      return Status::InvalidArgument("get asks for more than one frame's payload");
     return Status::Ok();
   }
   for (const auto& it : req.items)
@@ -199,7 +203,8 @@ Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** bas
   return Status::Ok();
 }
 
-Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchReply* reply, std::vector<uint8_t>* payload) {
+Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchReply* reply,
+                                std::vector<uint8_t>* payload) {
   uint8_t* base;
   uint64_t area;
   Status s = payload_area(req, &base, &area);

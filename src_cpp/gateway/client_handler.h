@@ -27,7 +27,7 @@ struct GatewayShared {
   std::string token;        // required from TCP clients
   std::string description;  // sent in HelloOk
   std::atomic<uint64_t> batches{0};
-  std::atomic<uint32_t> clients{0};  // connections past the handshake
+  std::atomic<uint32_t> clients{0};            // connections past the handshake
   std::atomic<uint64_t> ring_bytes_mapped{0};  // rings of the connected clients
   std::atomic<uint64_t> ring_bytes_in_use{0};  // payload bytes of batches in progress in those rings
 };

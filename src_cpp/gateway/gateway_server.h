@@ -28,11 +28,11 @@ namespace adp {
 
 struct GatewayOptions {
   CardOptions card;
-  std::string socket_path;    // Unix socket; required
-  std::string tcp_listen;     // "tcp://host:port" (port 0: any free port) or empty
-  std::string token;          // required with tcp_listen
-  int io_contexts = 4;        // store operations in parallel
-  int max_clients = 256;      // connections beyond this are refused
+  std::string socket_path;  // Unix socket; required
+  std::string tcp_listen;   // "tcp://host:port" (port 0: any free port) or empty
+  std::string token;        // required with tcp_listen
+  int io_contexts = 4;      // store operations in parallel
+  int max_clients = 256;    // connections beyond this are refused
 };
 
 class GatewayServer {

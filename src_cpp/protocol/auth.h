@@ -10,7 +10,8 @@ namespace adp::proto {
 inline bool token_matches(std::string_view presented, std::string_view expected) {
   unsigned diff = presented.size() != expected.size();
   for (size_t i = 0; i < expected.size(); i++)
-    diff |= static_cast<unsigned char>(i < presented.size() ? presented[i] : 0) ^ static_cast<unsigned char>(expected[i]);
+    diff |=
+        static_cast<unsigned char>(i < presented.size() ? presented[i] : 0) ^ static_cast<unsigned char>(expected[i]);
   return diff == 0;
 }
 

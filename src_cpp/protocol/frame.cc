@@ -5,8 +5,8 @@
 namespace adp::proto {
 
 FrameHeader make_header(FrameType type, uint64_t request_id, size_t body_bytes) {
-  return FrameHeader{kFrameMagic, kProtocolVersion, static_cast<uint8_t>(type), 0,
-                     static_cast<uint32_t>(body_bytes), 0, request_id};
+  return FrameHeader{kFrameMagic, kProtocolVersion, static_cast<uint8_t>(type), 0, static_cast<uint32_t>(body_bytes),
+                     0,           request_id};
 }
 
 Status check_header(const FrameHeader& h, uint32_t max_body) {

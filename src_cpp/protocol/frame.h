@@ -42,7 +42,7 @@ constexpr uint32_t kFeatureRing = 1;  // payload through a shared-memory ring
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;
-constexpr uint32_t kMaxKeyBytes = adp::kMaxKeyBytes;    // the card's own bound
+constexpr uint32_t kMaxKeyBytes = adp::kMaxKeyBytes;  // the card's own bound
 constexpr uint32_t kMaxTokenBytes = 256;
 constexpr uint32_t kMaxNameBytes = 256;                 // client name, gateway description
 constexpr uint32_t kMaxMessageBytes = 256;              // per-key error text, error frame reason
@@ -50,8 +50,8 @@ constexpr uint64_t kMaxObjectBytes = kMaxRegionBytes;   // no card holds a large
 constexpr uint64_t kMaxInlinePayloadBytes = 64u << 20;  // TCP: payload bytes in one frame
 constexpr uint64_t kMinRingBytes = 1u << 20;
 constexpr uint64_t kMaxRingBytes = 4ull << 30;
-constexpr uint32_t kMaxHelloBodyBytes = 4096;           // the only size accepted before the handshake
-constexpr uint32_t kMaxStatsBytes = 16384;              // a StatsReply body
+constexpr uint32_t kMaxHelloBodyBytes = 4096;  // the only size accepted before the handshake
+constexpr uint32_t kMaxStatsBytes = 16384;     // a StatsReply body
 
 constexpr size_t kBatchFixedBytes = 16;
 constexpr size_t kBatchItemBytes = 24;
@@ -65,10 +65,10 @@ struct FrameHeader {
   uint32_t magic;
   uint8_t version;
   uint8_t type;
-  uint16_t flags;         // 0 in version 1
+  uint16_t flags;  // 0 in version 1
   uint32_t body_bytes;
-  uint32_t reserved;      // 0 in version 1
-  uint64_t request_id;    // client: strictly increasing; reply: the request's id
+  uint32_t reserved;    // 0 in version 1
+  uint64_t request_id;  // client: strictly increasing; reply: the request's id
 };
 static_assert(sizeof(FrameHeader) == kFrameHeaderBytes, "frame header layout");
 

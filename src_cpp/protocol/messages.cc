@@ -10,10 +10,11 @@ namespace {
 
 // Status codes travel as their numeric value: pin them.
 static_assert(static_cast<int>(Status::Code::kOk) == 0 && static_cast<int>(Status::Code::kNotFound) == 1 &&
-              static_cast<int>(Status::Code::kInvalidArgument) == 2 && static_cast<int>(Status::Code::kNoSpace) == 3 &&
-              static_cast<int>(Status::Code::kIoError) == 4 && static_cast<int>(Status::Code::kCorruption) == 5 &&
-              static_cast<int>(Status::Code::kTimedOut) == 6 && static_cast<int>(Status::Code::kBusy) == 7 &&
-              static_cast<int>(Status::Code::kClosed) == 8 && static_cast<int>(Status::Code::kUnavailable) == 9,
+                  static_cast<int>(Status::Code::kInvalidArgument) == 2 &&
+                  static_cast<int>(Status::Code::kNoSpace) == 3 && static_cast<int>(Status::Code::kIoError) == 4 &&
+                  static_cast<int>(Status::Code::kCorruption) == 5 && static_cast<int>(Status::Code::kTimedOut) == 6 &&
+                  static_cast<int>(Status::Code::kBusy) == 7 && static_cast<int>(Status::Code::kClosed) == 8 &&
+                  static_cast<int>(Status::Code::kUnavailable) == 9,
               "wire status codes (docs/protocol.md)");
 constexpr uint8_t kMaxStatusCode = 9;
 
@@ -28,16 +29,26 @@ std::string_view wire_message(const Status& s) {
 
 Status status_from_wire(uint8_t code, std::string msg) {
   switch (static_cast<Status::Code>(code)) {
-    case Status::Code::kOk: return Status::Ok();
-    case Status::Code::kNotFound: return Status::NotFound();
-    case Status::Code::kInvalidArgument: return Status::InvalidArgument(std::move(msg));
-    case Status::Code::kNoSpace: return Status::NoSpace(std::move(msg));
-    case Status::Code::kIoError: return Status::IoError(std::move(msg));
-    case Status::Code::kCorruption: return Status::Corruption(std::move(msg));
-    case Status::Code::kTimedOut: return Status::TimedOut(std::move(msg));
-    case Status::Code::kBusy: return Status::Busy(std::move(msg));
-    case Status::Code::kClosed: return Status::Closed(std::move(msg));
-    case Status::Code::kUnavailable: return Status::Unavailable(std::move(msg));
+    case Status::Code::kOk:
+      return Status::Ok();
+    case Status::Code::kNotFound:
+      return Status::NotFound();
+    case Status::Code::kInvalidArgument:
+      return Status::InvalidArgument(std::move(msg));
+    case Status::Code::kNoSpace:
+      return Status::NoSpace(std::move(msg));
+    case Status::Code::kIoError:
+      return Status::IoError(std::move(msg));
+    case Status::Code::kCorruption:
+      return Status::Corruption(std::move(msg));
+    case Status::Code::kTimedOut:
+      return Status::TimedOut(std::move(msg));
+    case Status::Code::kBusy:
+      return Status::Busy(std::move(msg));
+    case Status::Code::kClosed:
+      return Status::Closed(std::move(msg));
+    case Status::Code::kUnavailable:
+      return Status::Unavailable(std::move(msg));
   }
   return Status::IoError("unknown status code " + std::to_string(code));
 }
@@ -180,7 +191,8 @@ Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m) {
     m->results[i].size = r.get<uint64_t>();
     if (p != 0 || code[i] > kMaxStatusCode || msg_len[i] > kMaxMessageBytes) return malformed("batch reply: bad item");
   }
-  for (uint32_t i = 0; i < count; i++) m->results[i].status = status_from_wire(code[i], std::string(r.text(msg_len[i])));
+  for (uint32_t i = 0; i < count; i++)
+    m->results[i].status = status_from_wire(code[i], std::string(r.text(msg_len[i])));
   if (!r.ok()) return malformed("batch reply: body shorter than its messages");
   m->payload = r.rest();
   return Status::Ok();

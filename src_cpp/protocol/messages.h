@@ -17,17 +17,17 @@ namespace adp::proto {
 
 struct Hello {
   uint32_t features = 0;
-  uint64_t ring_bytes = 0;      // size of the ring whose fd rides on this frame; 0 = none
-  std::string_view token;       // required on TCP
-  std::string_view client_name; // for the gateway's log
+  uint64_t ring_bytes = 0;       // size of the ring whose fd rides on this frame; 0 = none
+  std::string_view token;        // required on TCP
+  std::string_view client_name;  // for the gateway's log
 };
 
 struct HelloOk {
-  uint32_t features = 0;        // the subset of the client's features in use
+  uint32_t features = 0;  // the subset of the client's features in use
   uint32_t max_batch_keys = kMaxBatchKeys;
   uint64_t max_object_bytes = 0;
   uint64_t max_inline_payload = kMaxInlinePayloadBytes;
-  std::string_view server;      // the gateway's description, for the client's log
+  std::string_view server;  // the gateway's description, for the client's log
 };
 
 struct BatchItem {
@@ -44,8 +44,8 @@ struct BatchRequest {
 };
 
 struct ItemResult {
-  Status status;            // Ok, NotFound (miss) or the error, with its message
-  uint64_t size = 0;        // get: object bytes delivered
+  Status status;      // Ok, NotFound (miss) or the error, with its message
+  uint64_t size = 0;  // get: object bytes delivered
 };
 
 struct BatchReply {

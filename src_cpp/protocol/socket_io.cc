@@ -66,9 +66,7 @@ Status sockaddr_of(const Endpoint& ep, sockaddr_storage* sa, socklen_t* len) {
   return Status::Ok();
 }
 
-int new_socket(const sockaddr_storage& sa) {
-  return ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-}
+int new_socket(const sockaddr_storage& sa) { return ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0); }
 
 void tune_tcp(int fd, const sockaddr_storage& sa) {
   if (sa.ss_family == AF_UNIX) return;
@@ -107,7 +105,8 @@ Status parse_endpoint(std::string_view url, Endpoint* out) {
     out->kind = Endpoint::Kind::kUnix;
     out->path = std::string(url.substr(kUnix.size()));
     if (out->path.empty() || out->path[0] != '/')
-      return Status::InvalidArgument("'" + std::string(url) + "': a unix endpoint needs an absolute path, as unix:///run/x.sock");
+      return Status::InvalidArgument("'" + std::string(url) +
+                                     "': a unix endpoint needs an absolute path, as unix:///run/x.sock");
     return Status::Ok();
   }
   if (!url.starts_with(kTcp))

@@ -3,7 +3,6 @@
 // lmcache_adp/config.py; this layer trusts its caller for types.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
 #include <unistd.h>
 
 #include <memory>
@@ -99,7 +98,8 @@ class NativeConnector {
 
   uint64_t submit_with_buffers(OpType op, const py::list& keys, const py::list& bufs) {
     if (keys.size() != bufs.size())
-      throw py::value_error("got " + std::to_string(keys.size()) + " keys but " + std::to_string(bufs.size()) + " buffers");
+      throw py::value_error("got " + std::to_string(keys.size()) + " keys but " + std::to_string(bufs.size()) +
+                            " buffers");
     std::vector<std::string> k = to_keys(keys);
     auto owner = std::make_unique<PyBufferOwner>();
     owner->views.reserve(bufs.size());
@@ -224,11 +224,14 @@ class PyCardStore {
     VerifyReport r;
     {
       py::gil_scoped_release nogil;
-      store().verify(*ctx_, repair, [&progress](uint64_t done, uint64_t total) {
-        if (progress.is_none() || (done % 256 && done != total)) return;
-        py::gil_scoped_acquire gil;
-        progress(done, total);
-      }, &r);
+      store().verify(
+          *ctx_, repair,
+          [&progress](uint64_t done, uint64_t total) {
+            if (progress.is_none() || (done % 256 && done != total)) return;
+            py::gil_scoped_acquire gil;
+            progress(done, total);
+          },
+          &r);
     }
     py::dict d;
     d["checked"] = r.checked;
@@ -298,27 +301,37 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "lmcache-adp native core: card store and LMCache connector harness";
   m.attr("FORMAT_VERSION") = kFormatVersion;
   m.attr("MAX_KEY_BYTES") = kMaxKeyBytes;
-  m.def("crc32c", [](const py::buffer& b, uint32_t crc) {
-    py::buffer_info info = b.request();
-    return crc32c_extend(crc, info.ptr, static_cast<size_t>(info.size * info.itemsize));
-  }, py::arg("data"), py::arg("crc") = 0);
+  m.def(
+      "crc32c",
+      [](const py::buffer& b, uint32_t crc) {
+        py::buffer_info info = b.request();
+        return crc32c_extend(crc, info.ptr, static_cast<size_t>(info.size * info.itemsize));
+      },
+      py::arg("data"), py::arg("crc") = 0);
   m.def("crc32c_implementation", &crc32c_implementation);
-  m.def("format_card", [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
-    Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = CardStore::Format(path, create_bytes, region_bytes);
-    }
-    if (!s.ok()) raise(s);
-  }, py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0);
+  m.def(
+      "format_card",
+      [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = CardStore::Format(path, create_bytes, region_bytes);
+        }
+        if (!s.ok()) raise(s);
+      },
+      py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0);
 
   py::class_<NativeConnector>(m, "NativeConnector")
       .def(py::init<const py::dict&>())
       .def("event_fd", &NativeConnector::event_fd)
-      .def("submit_batch_get", [](NativeConnector& c, const py::list& k, const py::list& b) { return c.submit_with_buffers(OpType::kGet, k, b); })
-      .def("submit_batch_set", [](NativeConnector& c, const py::list& k, const py::list& b) { return c.submit_with_buffers(OpType::kSet, k, b); })
-      .def("submit_batch_exists", [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kExists, k); })
-      .def("submit_batch_delete", [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); })
+      .def("submit_batch_get", [](NativeConnector& c, const py::list& k,
+                                  const py::list& b) { return c.submit_with_buffers(OpType::kGet, k, b); })
+      .def("submit_batch_set", [](NativeConnector& c, const py::list& k,
+                                  const py::list& b) { return c.submit_with_buffers(OpType::kSet, k, b); })
+      .def("submit_batch_exists",
+           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kExists, k); })
+      .def("submit_batch_delete",
+           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); })
       .def("drain_completions", &NativeConnector::drain_completions)
       .def("close", &NativeConnector::close)
       .def("stats", &NativeConnector::stats)
@@ -328,11 +341,14 @@ PYBIND11_MODULE(_native, m) {
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
   m.attr("MAX_FRAME_BODY_BYTES") = proto::kMaxFrameBodyBytes;
   m.attr("MAX_HELLO_BODY_BYTES") = proto::kMaxHelloBodyBytes;
-  m.def("parse_frame", [](const py::bytes& frame) {
-    std::string_view v = frame;
-    Status s = proto::parse_frame({reinterpret_cast<const uint8_t*>(v.data()), v.size()});
-    if (!s.ok()) throw py::value_error(s.message());
-  }, "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
+  m.def(
+      "parse_frame",
+      [](const py::bytes& frame) {
+        std::string_view v = frame;
+        Status s = proto::parse_frame({reinterpret_cast<const uint8_t*>(v.data()), v.size()});
+        if (!s.ok()) throw py::value_error(s.message());
+      },
+      "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
 
   py::class_<PyGatewayServer>(m, "GatewayServer")
       .def(py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,

@@ -19,7 +19,7 @@
 namespace adp {
 
 Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out) {
-  struct stat st {};
+  struct stat st{};
   bool exists = ::stat(path.c_str(), &st) == 0;
   if (!exists && errno != ENOENT) return Status::IoError("cannot stat card " + path + ": " + errno_text(errno));
   if (!exists && create_bytes == 0) return Status::NotFound("card " + path + " does not exist");
@@ -107,7 +107,8 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
                              " bytes at offset " + std::to_string(offset + done) + " of " + path_ +
                              " failed: " + errno_text(errno));
     }
-    if (n == 0) return Status::IoError("unexpected end of card " + path_ + " at offset " + std::to_string(offset + done));
+    if (n == 0)
+      return Status::IoError("unexpected end of card " + path_ + " at offset " + std::to_string(offset + done));
     done += static_cast<size_t>(n);
     if (done == total) break;
     // Short transfer: rebuild the remaining iovecs.

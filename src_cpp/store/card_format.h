@@ -18,11 +18,11 @@
 namespace adp {
 
 constexpr uint32_t kFormatVersion = 1;
-constexpr uint64_t kBlockSize = 4096;               // unit of every on-card I/O
-constexpr uint64_t kDataOffset = 1u << 20;          // regions start at 1 MiB
-constexpr uint32_t kMaxKeyBytes = 1024;             // bound on a key, enforced at submit
-constexpr uint64_t kMinRegionBytes = 1u << 20;      // 1 MiB
-constexpr uint64_t kMaxRegionBytes = 256u << 20;    // 256 MiB
+constexpr uint64_t kBlockSize = 4096;             // unit of every on-card I/O
+constexpr uint64_t kDataOffset = 1u << 20;        // regions start at 1 MiB
+constexpr uint32_t kMaxKeyBytes = 1024;           // bound on a key, enforced at submit
+constexpr uint64_t kMinRegionBytes = 1u << 20;    // 1 MiB
+constexpr uint64_t kMaxRegionBytes = 256u << 20;  // 256 MiB
 constexpr uint32_t kMinRegions = 8;
 
 constexpr char kSuperMagic[8] = {'A', 'D', 'P', 'C', 'A', 'R', 'D', '1'};
@@ -34,15 +34,15 @@ struct Superblock {
   char magic[8];
   uint32_t format_version;
   uint32_t block_size;
-  uint64_t card_bytes;      // bytes of the device/image the layout was made for
+  uint64_t card_bytes;  // bytes of the device/image the layout was made for
   uint64_t region_bytes;
   uint32_t num_regions;
   uint32_t max_key_bytes;
   uint64_t data_offset;
-  uint64_t card_id;         // random per format: records of an older format never match
+  uint64_t card_id;  // random per format: records of an older format never match
   uint64_t created_unix;
   uint32_t reserved;
-  uint32_t crc;             // CRC32C of all bytes before this field
+  uint32_t crc;  // CRC32C of all bytes before this field
 };
 
 // First block of a region. A new epoch is written each time the region is
@@ -53,25 +53,25 @@ struct RegionHeader {
   uint64_t card_id;
   uint64_t epoch;
   uint32_t region_index;
-  uint32_t crc;             // CRC32C of all bytes before this field
+  uint32_t crc;  // CRC32C of all bytes before this field
 };
 
 enum ObjectFlags : uint32_t {
-  kObjectDeleted = 1,       // deleted or superseded; kept so the chain can be walked
+  kObjectDeleted = 1,  // deleted or superseded; kept so the chain can be walked
 };
 
 // First block of an object; the key follows the struct in the same block.
 struct ObjectHeader {
   char magic[8];
   uint64_t card_id;
-  uint64_t epoch;           // epoch of the region when written
-  uint64_t seq;             // card-wide store sequence: the newest copy of a key wins
+  uint64_t epoch;  // epoch of the region when written
+  uint64_t seq;    // card-wide store sequence: the newest copy of a key wins
   uint64_t key_hash;
   uint64_t payload_bytes;
   uint32_t flags;
   uint32_t key_bytes;
-  uint32_t payload_crc;     // CRC32C of the payload
-  uint32_t header_crc;      // CRC32C of this struct up to here, then of the key
+  uint32_t payload_crc;  // CRC32C of the payload
+  uint32_t header_crc;   // CRC32C of this struct up to here, then of the key
 };
 
 static_assert(sizeof(Superblock) == 72, "superblock layout");

@@ -15,9 +15,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Many regions make eviction fine-grained and leave room for every writer's
 // open region; large ones take large objects (the largest object is one
@@ -100,7 +98,8 @@ Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_
   if (region_bytes == 0) region_bytes = default_region_bytes(data_bytes);
   if (region_bytes % kBlockSize || region_bytes < kMinRegionBytes || region_bytes > kMaxRegionBytes ||
       data_bytes / region_bytes < kMinRegions)
-    return Status::InvalidArgument("region size " + std::to_string(region_bytes) + " is not a multiple of 4 KiB in [1 MiB, 256 MiB] leaving at least 8 regions");
+    return Status::InvalidArgument("region size " + std::to_string(region_bytes) +
+                                   " is not a multiple of 4 KiB in [1 MiB, 256 MiB] leaving at least 8 regions");
 
   AlignedBuffer buf;
   if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory");
@@ -193,7 +192,7 @@ Status CardStore::recover(int threads) {
   std::atomic<uint32_t> next{0}, done{0};
   std::atomic<uint64_t> found{0};
   std::mutex err_mu;
-  Status first_error;               // guarded by err_mu
+  Status first_error;  // guarded by err_mu
   std::atomic<bool> failed{false};
   auto fail = [&](const Status& st) {
     std::lock_guard<std::mutex> l(err_mu);
@@ -210,8 +209,8 @@ Status CardStore::recover(int threads) {
       Status s = device_->read(base, block.data(), kBlockSize);
       RegionHeader rh{};
       std::memcpy(&rh, block.data(), sizeof rh);
-      if (s.ok() && std::memcmp(rh.magic, kRegionMagic, 8) == 0 && rh.card_id == card_id_ &&
-          rh.region_index == r && rh.crc == region_crc(rh)) {
+      if (s.ok() && std::memcmp(rh.magic, kRegionMagic, 8) == 0 && rh.card_id == card_id_ && rh.region_index == r &&
+          rh.crc == region_crc(rh)) {
         scan.valid = true;
         scan.epoch = rh.epoch;
         uint64_t off = kBlockSize;
@@ -242,8 +241,8 @@ Status CardStore::recover(int threads) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (seconds_since(last_report) >= 5) {
       last_report = Clock::now();
-      ADP_INFO("recovering card %s: %u/%u regions scanned, %" PRIu64 " objects so far", path().c_str(),
-               done.load(), num_regions_, found.load());
+      ADP_INFO("recovering card %s: %u/%u regions scanned, %" PRIu64 " objects so far", path().c_str(), done.load(),
+               num_regions_, found.load());
     }
   }
   for (auto& t : pool) t.join();
@@ -299,8 +298,7 @@ Status CardStore::recover(int threads) {
   }
   recovered_objects_ = index_.size();
   recovery_seconds_ = seconds_since(t0);
-  ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %" PRIu64
-           " MiB) in %.3f s",
+  ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %" PRIu64 " MiB) in %.3f s",
            path().c_str(), index_.size(), used_bytes_ / double(1ull << 30),
            num_regions_ * double(region_bytes_) / double(1ull << 30), num_regions_, region_bytes_ >> 20,
            recovery_seconds_);
@@ -456,13 +454,14 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     if (!results[i].ok()) continue;
     if (it.size > max_object_bytes()) {
       if (!oversize_logged_.exchange(true))
-        ADP_ERROR("card %s refuses objects larger than %" PRIu64 " bytes (one region); got one of %zu bytes: "
+        ADP_ERROR("card %s refuses objects larger than %" PRIu64
+                  " bytes (one region); got one of %zu bytes: "
                   "format a larger card (regions grow with the card, up to 256 MiB)",
                   path().c_str(), max_object_bytes(), it.size);
-      results[i] = Status::NoSpace("object of " + std::to_string(it.size) + " bytes is larger than the largest object the card " +
-                                   path() + " holds (" + std::to_string(max_object_bytes()) + " bytes: one region of " +
-                                   std::to_string(region_bytes_) + " bytes, card of " +
-                                   std::to_string(uint64_t(num_regions_) * region_bytes_) + " bytes)");
+      results[i] = Status::NoSpace(
+          "object of " + std::to_string(it.size) + " bytes is larger than the largest object the card " + path() +
+          " holds (" + std::to_string(max_object_bytes()) + " bytes: one region of " + std::to_string(region_bytes_) +
+          " bytes, card of " + std::to_string(uint64_t(num_regions_) * region_bytes_) + " bytes)");
       continue;
     }
     uint64_t fp = object_footprint(it.size);
@@ -549,12 +548,14 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         continue;
       }
       uint64_t h = hash_key(items[i].key);
-      IndexEntry e{loc.region, static_cast<uint32_t>(loc.offset / kBlockSize), static_cast<uint32_t>(loc.payload_bytes), 0, loc.seq};
+      IndexEntry e{loc.region, static_cast<uint32_t>(loc.offset / kBlockSize), static_cast<uint32_t>(loc.payload_bytes),
+                   0, loc.seq};
       auto [it, inserted] = index_.try_emplace(h, e);
       if (!inserted) {
         const IndexEntry& old = it->second;
         regions_[old.region].pins++;
-        superseded.push_back({old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq, old.payload_bytes});
+        superseded.push_back(
+            {old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq, old.payload_bytes});
         erase_entry_locked(h, old);
         index_.emplace(h, e);
       }
@@ -586,7 +587,8 @@ void CardStore::unpin(uint32_t r) {
 
 Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   if (!ctx.header_.reserve(2 * kBlockSize)) return Status::IoError("out of memory for staging");
-  encode_header(ctx.header_.data(), card_id_, loc.epoch, loc.seq, std::string_view(), loc.payload_bytes, 0, kObjectDeleted);
+  encode_header(ctx.header_.data(), card_id_, loc.epoch, loc.seq, std::string_view(), loc.payload_bytes, 0,
+                kObjectDeleted);
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
@@ -608,8 +610,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     epoch = reg.epoch;
   }
   uint64_t fp = object_footprint(e.payload_bytes);
-  *io = ctx.staging_.reserve(fp) ? device_->read(region_offset(e.region) + uint64_t(e.block) * kBlockSize, ctx.staging_.data(), fp)
-                                 : Status::IoError("out of memory for staging");
+  *io = ctx.staging_.reserve(fp)
+            ? device_->read(region_offset(e.region) + uint64_t(e.block) * kBlockSize, ctx.staging_.data(), fp)
+            : Status::IoError("out of memory for staging");
   unpin(e.region);
   if (!io->ok()) {
     count_io_error();

@@ -33,10 +33,10 @@ namespace adp {
 
 struct CardOptions {
   std::string path;
-  uint64_t create_bytes = 0;   // size of a new image file; 0 = never create
-  uint64_t region_bytes = 0;   // region size when formatting; 0 = chosen from the card size
-  bool durable = true;         // fdatasync before a store is acknowledged
-  int io_depth = 4;            // card I/O in flight at once
+  uint64_t create_bytes = 0;  // size of a new image file; 0 = never create
+  uint64_t region_bytes = 0;  // region size when formatting; 0 = chosen from the card size
+  bool durable = true;        // fdatasync before a store is acknowledged
+  int io_depth = 4;           // card I/O in flight at once
   int recovery_threads = 4;
 };
 
@@ -107,7 +107,7 @@ class IoContext {
   friend class CardStore;
   CardStore* store_ = nullptr;
   AlignedBuffer staging_;
-  AlignedBuffer header_;        // header and tail blocks of a zero-copy write
+  AlignedBuffer header_;  // header and tail blocks of a zero-copy write
   int64_t open_region_ = -1;
 };
 
@@ -142,8 +142,7 @@ class CardStore {
   // visible only after all their bytes are written (and synced if durable)
   // and only if still_wanted() is true at that moment; a caller that gave up
   // (deadline) gets nothing indexed.
-  void put(IoContext& ctx, const PutItem* items, size_t n, Status* results,
-           const std::function<bool()>& still_wanted);
+  void put(IoContext& ctx, const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted);
 
   // Reads key and checks its header and key, then lets deliver() place the
   // payload, checking the payload CRC while it is copied. Ok: delivered and
@@ -174,16 +173,16 @@ class CardStore {
   enum class RegionState : uint8_t { kFree, kOpen, kSealed };
   struct Region {
     RegionState state = RegionState::kFree;
-    uint32_t pins = 0;                 // readers/invalidators in flight
+    uint32_t pins = 0;  // readers/invalidators in flight
     uint64_t epoch = 0;
-    uint64_t write_offset = 0;         // next append offset within the region
-    uint64_t live_bytes = 0;           // footprint of indexed objects
-    uint64_t last_access = 0;          // LRU clock
-    std::vector<uint64_t> hashes;      // keys written under this epoch (for eviction)
+    uint64_t write_offset = 0;     // next append offset within the region
+    uint64_t live_bytes = 0;       // footprint of indexed objects
+    uint64_t last_access = 0;      // LRU clock
+    std::vector<uint64_t> hashes;  // keys written under this epoch (for eviction)
   };
   struct IndexEntry {
     uint32_t region;
-    uint32_t block;                    // offset within region / kBlockSize
+    uint32_t block;  // offset within region / kBlockSize
     uint32_t payload_bytes;
     uint32_t reserved;
     uint64_t seq;

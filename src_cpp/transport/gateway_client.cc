@@ -33,8 +33,8 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   hello.client_name = opts.client_name;
   table_.clear();
   proto::encode_hello(hello, &table_);
-  Status s = proto::write_frame(fd_, proto::FrameType::kHello, ++request_id_, table_, {}, deadline,
-                                ring_ ? ring_->fd() : -1);
+  Status s =
+      proto::write_frame(fd_, proto::FrameType::kHello, ++request_id_, table_, {}, deadline, ring_ ? ring_->fd() : -1);
   if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kHelloOk), deadline);
   if (s.ok()) s = proto::decode_hello_ok(frame_.body, &limits_);
   if (s.ok() && bool(limits_.features & proto::kFeatureRing) != bool(ring_))

@@ -24,7 +24,8 @@ struct GatewayClientOptions {
 
 class GatewayClient {
  public:
-  static Status Connect(const GatewayClientOptions& opts, proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  static Status Connect(const GatewayClientOptions& opts, proto::Deadline deadline,
+                        std::unique_ptr<GatewayClient>* out);
   ~GatewayClient();
   GatewayClient(const GatewayClient&) = delete;
   GatewayClient& operator=(const GatewayClient&) = delete;

@@ -26,8 +26,8 @@ bool link_failure(const Status& s) { return s.code() != Status::Code::kTimedOut;
 struct RoundInput {
   proto::Op op;
   const std::string_view* keys;
-  const size_t* sizes;         // null for exists/delete
-  const uint8_t* const* src;   // put only
+  const size_t* sizes;        // null for exists/delete
+  const uint8_t* const* src;  // put only
 };
 
 // Receives each key's outcome; data points at a get's bytes (ring or reply).
@@ -101,7 +101,7 @@ class RemoteSession : public BackendSession {
 
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
-  bool fresh_ = false;             // connected, no call made on it yet
+  bool fresh_ = false;  // connected, no call made on it yet
   Clock::time_point retry_at_{};
   milliseconds backoff_{0};
   Status last_error_;
@@ -127,8 +127,10 @@ Status RemoteSession::connected(Deadline deadline) {
 
 void RemoteSession::lose(const Status& why) {
   backend_->drop(&client_);
-  if (link_failure(why)) backend_->note_down(why);
-  else ADP_DEBUG("%s: %s; reconnecting", backend_->describe().c_str(), why.message().c_str());
+  if (link_failure(why))
+    backend_->note_down(why);
+  else
+    ADP_DEBUG("%s: %s; reconnecting", backend_->describe().c_str(), why.message().c_str());
 }
 
 size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, proto::BatchRequest* req,
@@ -150,8 +152,10 @@ size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, p
     req->items.push_back({in.keys[end], size, offset});
     used = offset + size;
     if (!in.src) continue;
-    if (ring) std::memcpy(ring->data() + offset, in.src[end], size);
-    else iov->push_back({const_cast<uint8_t*>(in.src[end]), size});
+    if (ring)
+      std::memcpy(ring->data() + offset, in.src[end], size);
+    else
+      iov->push_back({const_cast<uint8_t*>(in.src[end]), size});
   }
   return end;
 }
@@ -179,7 +183,8 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     size_t end = plan_round(in, begin, n, &req, &iov);
     if (end == begin) {
       std::string limit = client_->ring() ? "the ring (raise ring_mb)" : "one frame's payload";
-      finish(begin, Status::InvalidArgument("object of " + std::to_string(in.sizes[begin]) + " bytes is larger than " + limit),
+      finish(begin,
+             Status::InvalidArgument("object of " + std::to_string(in.sizes[begin]) + " bytes is larger than " + limit),
              nullptr, 0);
       begin++;
       continue;

@@ -95,8 +95,8 @@ ADP_CRC_TARGET uint32_t hw_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_
         std::memcpy(d + 2 * kStride + i, &vc, 8);
       }
     }
-    crc = mult_mod_p(shift2, static_cast<uint32_t>(a)) ^
-          mult_mod_p(shift1, static_cast<uint32_t>(b)) ^ static_cast<uint32_t>(c);
+    crc = mult_mod_p(shift2, static_cast<uint32_t>(a)) ^ mult_mod_p(shift1, static_cast<uint32_t>(b)) ^
+          static_cast<uint32_t>(c);
     p += 3 * kStride;
     if (kCopy) d += 3 * kStride;
     n -= 3 * kStride;

@@ -22,10 +22,14 @@ LogLevel threshold_from_env() {
 
 const char* level_name(LogLevel l) {
   switch (l) {
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarning: return "WARNING";
-    case LogLevel::kError: return "ERROR";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarning:
+      return "WARNING";
+    case LogLevel::kError:
+      return "ERROR";
   }
   return "?";
 }
@@ -53,8 +57,7 @@ void log_message(LogLevel level, const char* fmt, ...) {
 
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  fprintf(stderr, "[%s,%03ld] lmcache-adp %s: %s\n", ts, static_cast<long>(tv.tv_usec / 1000),
-          level_name(level), msg);
+  fprintf(stderr, "[%s,%03ld] lmcache-adp %s: %s\n", ts, static_cast<long>(tv.tv_usec / 1000), level_name(level), msg);
   fflush(stderr);
 }
 

@@ -20,8 +20,8 @@ void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(pri
 // or garble log lines.
 std::string log_safe(std::string_view s, size_t max_bytes = 200);
 
-#define ADP_LOG(level, ...)                                              \
-  do {                                                                   \
+#define ADP_LOG(level, ...)                                                                                  \
+  do {                                                                                                       \
     if (::adp::log_enabled(::adp::LogLevel::level)) ::adp::log_message(::adp::LogLevel::level, __VA_ARGS__); \
   } while (0)
 #define ADP_DEBUG(...) ADP_LOG(kDebug, __VA_ARGS__)

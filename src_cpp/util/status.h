@@ -9,7 +9,18 @@ namespace adp {
 
 class Status {
  public:
-  enum class Code { kOk, kNotFound, kInvalidArgument, kNoSpace, kIoError, kCorruption, kTimedOut, kBusy, kClosed, kUnavailable };
+  enum class Code {
+    kOk,
+    kNotFound,
+    kInvalidArgument,
+    kNoSpace,
+    kIoError,
+    kCorruption,
+    kTimedOut,
+    kBusy,
+    kClosed,
+    kUnavailable
+  };
 
   Status() = default;
   static Status Ok() { return Status(); }

@@ -27,8 +27,15 @@ def aligned_array(size: int, align: int = 4096, offset: int = 0) -> np.ndarray:
 
 
 def test_interface_is_what_lmcache_checks(conn):
-    for name in ("event_fd", "submit_batch_get", "submit_batch_set", "submit_batch_exists",
-                 "submit_batch_delete", "drain_completions", "close"):
+    for name in (
+        "event_fd",
+        "submit_batch_get",
+        "submit_batch_set",
+        "submit_batch_exists",
+        "submit_batch_delete",
+        "drain_completions",
+        "close",
+    ):
         assert callable(getattr(conn.conn, name))
     assert isinstance(conn.conn.event_fd(), int)
 
@@ -37,7 +44,7 @@ def test_set_exists_get_delete_with_mixed_lengths_and_alignments(conn):
     sizes = [1, 4096, 4097, 65536 + 5, 200_000, 8192]
     keys = [f"m@00000000@0@{i:x}" for i in range(len(sizes))]
     srcs = []
-    for i, (k, n) in enumerate(zip(keys, sizes)):
+    for i, (k, n) in enumerate(zip(keys, sizes, strict=True)):
         a = aligned_array(n, offset=0 if i % 2 == 0 else 3)  # zero-copy and staged paths
         a[:] = np.frombuffer(payload(k, n), dtype=np.uint8)
         srcs.append(memoryview(a))
@@ -50,7 +57,7 @@ def test_set_exists_get_delete_with_mixed_lengths_and_alignments(conn):
     dsts = [bytearray(n) for n in sizes]
     ok, _, hits = conn.get(keys, [memoryview(d) for d in dsts])
     assert ok and hits == [True] * len(keys)
-    assert [bytes(d) for d in dsts] == [payload(k, n) for k, n in zip(keys, sizes)]
+    assert [bytes(d) for d in dsts] == [payload(k, n) for k, n in zip(keys, sizes, strict=True)]
 
     ok, _, deleted = conn.delete([keys[0], "never-stored"])
     assert deleted == [True, False]
@@ -137,7 +144,7 @@ def test_deadline_completes_futures(card):
     for ks in keys:
         bufs = [bytearray(4 * MIB) for _ in ks]
         _, _, hits = c2.get(ks, [memoryview(b) for b in bufs])
-        assert all(bytes(b) == payload(k, 4 * MIB) for k, b, h in zip(ks, bufs, hits) if h)
+        assert all(bytes(b) == payload(k, 4 * MIB) for k, b, h in zip(ks, bufs, hits, strict=True) if h)
     c2.conn.close()
 
 

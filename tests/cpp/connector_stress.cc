@@ -55,7 +55,7 @@ constexpr uint64_t kCardBytes = 48ull << 20;
 constexpr uint64_t kRegionBytes = 1ull << 20;
 constexpr size_t kMaxObject = 200 << 10;
 constexpr int kConnectorKeys = 400;
-constexpr int kHotKeys = 32;  // half of all picks: same-key races between workers
+constexpr int kHotKeys = 32;         // half of all picks: same-key races between workers
 constexpr uint8_t kSentinel = 0xA5;  // fill of get buffers: a miss must leave it
 
 std::atomic<uint64_t> g_failures{0};
@@ -87,11 +87,16 @@ uint64_t seed_of(std::string_view key, uint64_t version) {
 size_t size_of(uint64_t seed) {
   uint64_t s = seed, r = splitmix(s), v = r >> 3;
   switch (r % 5) {
-    case 0: return 1 + v % 64;
-    case 1: return 1 + v % 4095;
-    case 2: return 4096 * (1 + v % 50);
-    case 3: return 4096 * (1 + v % 49) + 1 + (v >> 8) % 4095;
-    default: return 1 + v % kMaxObject;
+    case 0:
+      return 1 + v % 64;
+    case 1:
+      return 1 + v % 4095;
+    case 2:
+      return 4096 * (1 + v % 50);
+    case 3:
+      return 4096 * (1 + v % 49) + 1 + (v >> 8) % 4095;
+    default:
+      return 1 + v % kMaxObject;
   }
 }
 
@@ -148,9 +153,9 @@ std::string connector_key(uint64_t n) { return "conn/" + std::to_string(n); }
 struct Request {
   adp::OpType op;
   std::vector<std::string> keys;
-  std::vector<Buf> bufs;          // kSet and kGet: one per key
+  std::vector<Buf> bufs;  // kSet and kGet: one per key
   bool has_invalid_key = false;
-  std::vector<uint32_t> snapshot; // get buffers' CRCs when a failed completion was seen
+  std::vector<uint32_t> snapshot;  // get buffers' CRCs when a failed completion was seen
 };
 
 struct Totals {
@@ -287,8 +292,10 @@ std::shared_ptr<Request> random_request(std::mt19937_64& rng) {
   auto req = std::make_shared<Request>();
   uint64_t r = rng();
   unsigned pick = r % 100;
-  req->op = pick < 35 ? adp::OpType::kSet : pick < 75 ? adp::OpType::kGet
-                                      : pick < 90 ? adp::OpType::kExists : adp::OpType::kDelete;
+  req->op = pick < 35   ? adp::OpType::kSet
+            : pick < 75 ? adp::OpType::kGet
+            : pick < 90 ? adp::OpType::kExists
+                        : adp::OpType::kDelete;
   size_t n = (r >> 8) % 50 == 0 ? 0 : 1 + (r >> 16) % 8;  // a few empty batches
   for (size_t i = 0; i < n; i++) req->keys.push_back(connector_key(rng() % (rng() % 2 ? kHotKeys : kConnectorKeys)));
   if (req->op == adp::OpType::kSet || req->op == adp::OpType::kGet) {
@@ -389,8 +396,8 @@ adp::Status read_object(adp::CardStore& store, adp::IoContext& ctx, const std::s
 }
 
 // Checks a hit of key against the state; updates the state after a miss.
-void check_read(adp::CardStore& store, adp::IoContext& ctx, const std::string& key, uint64_t& state,
-                DirectTotals& t, const char* when) {
+void check_read(adp::CardStore& store, adp::IoContext& ctx, const std::string& key, uint64_t& state, DirectTotals& t,
+                const char* when) {
   std::vector<uint8_t> obj;
   adp::Status s = read_object(store, ctx, key, &obj);
   const uint8_t* data = obj.data();
@@ -424,7 +431,10 @@ void direct_worker(adp::CardStore& store, int thread, int keys, int iterations, 
     int k = static_cast<int>((r >> 8) % keys);
     std::string key = direct_key(thread, k);
     switch (r % 10) {
-      case 0: case 1: case 2: case 3: {  // put a batch of distinct keys
+      case 0:
+      case 1:
+      case 2:
+      case 3: {  // put a batch of distinct keys
         int n = 1 + (r >> 32) % 4;
         std::vector<std::string> ks;
         std::vector<uint64_t> versions;
@@ -453,7 +463,9 @@ void direct_worker(adp::CardStore& store, int thread, int keys, int iterations, 
         }
         break;
       }
-      case 4: case 5: case 6:
+      case 4:
+      case 5:
+      case 6:
         check_read(store, ctx, key, state[k], t, "direct");
         break;
       case 7: {
@@ -552,7 +564,8 @@ void check_connector_keys(adp::CardStore& store, uint64_t* hits) {
 
 void check_store_health(const adp::CardStore& store, const char* when) {
   adp::StoreStats st = store.stats();
-  if (st.checksum_failures) fail("%s: %llu checksum failures", when, static_cast<unsigned long long>(st.checksum_failures));
+  if (st.checksum_failures)
+    fail("%s: %llu checksum failures", when, static_cast<unsigned long long>(st.checksum_failures));
   if (st.io_errors) fail("%s: %llu I/O errors", when, static_cast<unsigned long long>(st.io_errors));
 }
 
@@ -658,7 +671,8 @@ int main(int argc, char** argv) {
   {
     adp::IoContext ctx;
     for (int t = 0; t < kDirectThreads; t++)
-      for (int k = 0; k < kDirectKeys; k++) check_read(*store, ctx, direct_key(t, k), states[t][k], reopened, "second reopen");
+      for (int k = 0; k < kDirectKeys; k++)
+        check_read(*store, ctx, direct_key(t, k), states[t][k], reopened, "second reopen");
   }
   check_store_health(*store, "second reopen");
   check_commit_window(*store);  // last: it recycles every region
@@ -698,7 +712,8 @@ int main(int argc, char** argv) {
         {"gateway-1ms-timeout", 1, 3, 100 * scale, 0},
         {"gateway-close-midway", 30000, 3, 100 * scale, 120 * scale},
     };
-    for (const PhaseSpec& p : gateway_phases) run_connector_phase(remote(p.name[8] == 't'), p, phase_seed++, via_gateway);
+    for (const PhaseSpec& p : gateway_phases)
+      run_connector_phase(remote(p.name[8] == 't'), p, phase_seed++, via_gateway);
     run_connector_phase(remote(false), {"gateway-stopped-midway", 2000, 3, 100 * scale, 60 * scale}, phase_seed++,
                         via_gateway, [&](adp::Connector&) { gw->stop(); });
     gw.reset();
@@ -718,20 +733,21 @@ int main(int argc, char** argv) {
          static_cast<unsigned long long>(via_gateway.misses.load()));
 
   if (totals.hits == 0) fail("no connector get ever hit");
-  if (direct.hits == 0 || reopened.hits == 0) fail("no direct get hit (direct %llu, after reopen %llu)",
-                                                   static_cast<unsigned long long>(direct.hits.load()),
-                                                   static_cast<unsigned long long>(reopened.hits.load()));
+  if (direct.hits == 0 || reopened.hits == 0)
+    fail("no direct get hit (direct %llu, after reopen %llu)", static_cast<unsigned long long>(direct.hits.load()),
+         static_cast<unsigned long long>(reopened.hits.load()));
   uint64_t failures = g_failures.load();
-  printf("connector_stress: %s in %.1f s: connector %llu futures (%llu failed, %llu hits, %llu misses, %llu "
-         "checked after failing), direct %llu puts %llu hits %llu removes, %llu regions evicted, reopen %llu "
-         "recovered %llu hits, %llu check failures\n",
-         failures ? "FAIL" : "PASS", since(t0), static_cast<unsigned long long>(totals.completed.load()),
-         static_cast<unsigned long long>(totals.failed.load()), static_cast<unsigned long long>(totals.hits.load()),
-         static_cast<unsigned long long>(totals.misses.load()),
-         static_cast<unsigned long long>(totals.verified_after_fail.load()),
-         static_cast<unsigned long long>(direct.puts.load()), static_cast<unsigned long long>(direct.hits.load()),
-         static_cast<unsigned long long>(direct.removes.load()),
-         static_cast<unsigned long long>(before.evicted_regions), static_cast<unsigned long long>(recovered),
-         static_cast<unsigned long long>(reopened.hits.load() + conn_hits), static_cast<unsigned long long>(failures));
+  printf(
+      "connector_stress: %s in %.1f s: connector %llu futures (%llu failed, %llu hits, %llu misses, %llu "
+      "checked after failing), direct %llu puts %llu hits %llu removes, %llu regions evicted, reopen %llu "
+      "recovered %llu hits, %llu check failures\n",
+      failures ? "FAIL" : "PASS", since(t0), static_cast<unsigned long long>(totals.completed.load()),
+      static_cast<unsigned long long>(totals.failed.load()), static_cast<unsigned long long>(totals.hits.load()),
+      static_cast<unsigned long long>(totals.misses.load()),
+      static_cast<unsigned long long>(totals.verified_after_fail.load()),
+      static_cast<unsigned long long>(direct.puts.load()), static_cast<unsigned long long>(direct.hits.load()),
+      static_cast<unsigned long long>(direct.removes.load()), static_cast<unsigned long long>(before.evicted_regions),
+      static_cast<unsigned long long>(recovered), static_cast<unsigned long long>(reopened.hits.load() + conn_hits),
+      static_cast<unsigned long long>(failures));
   return failures ? 1 : 0;
 }

@@ -196,7 +196,10 @@ def test_vllm_serve_kv_transfer_config():
         assert f'"{key}"' in source, f"{key} is not read by {cfg['kv_connector_module_path']}"
     extra = cfg["kv_connector_extra_config"]
     (server,) = dry_run("run_server_embedded.sh")
-    assert f"{extra['lmcache.mp.host']}:{extra['lmcache.mp.port']}" == f"tcp://{flag(server, '--host')}:{flag(server, '--port')}"
+    assert (
+        f"{extra['lmcache.mp.host']}:{extra['lmcache.mp.port']}"
+        == f"tcp://{flag(server, '--host')}:{flag(server, '--port')}"
+    )
 
 
 def test_systemd_unit(gateway_missing):

@@ -44,14 +44,24 @@ class Gateway:
         return f"tcp://127.0.0.1:{self.port}"
 
     def args(self, *extra: str) -> list[str]:
-        args = [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", self.card,
-                "--card-size-gb", str(self.card_size_gb), "--socket", self.socket]
+        args = [
+            sys.executable,
+            "-m",
+            "lmcache_adp.cli",
+            "gateway",
+            "--card",
+            self.card,
+            "--card-size-gb",
+            str(self.card_size_gb),
+            "--socket",
+            self.socket,
+        ]
         if self.tcp:
             # The same port again after a restart, so connectors find it.
             args += ["--listen", f"tcp://127.0.0.1:{self.port}", "--token-file", self.token_file]
         return args + self.extra + list(extra)
 
-    def start(self, timeout: float = 30.0) -> "Gateway":
+    def start(self, timeout: float = 30.0) -> Gateway:
         self.log_path = os.path.join(self.workdir, f"gateway{len(self.logs)}.log")
         self.log_file = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args(), stdout=self.log_file, stderr=subprocess.STDOUT)

@@ -41,15 +41,15 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
             i = rng.randrange(len(b))
             b[i] ^= 1 << rng.randrange(8)
         elif choice == 1 and b:
-            del b[rng.randrange(len(b)):]
+            del b[rng.randrange(len(b)) :]
         elif choice == 2:
             b += rng.randbytes(rng.randint(1, 64))
         elif choice == 3 and len(b) >= 8:
             i = rng.randrange(len(b) - 3)
-            b[i:i + 4] = struct.pack("<I", rng.choice(INTERESTING) & 0xFFFFFFFF)
+            b[i : i + 4] = struct.pack("<I", rng.choice(INTERESTING) & 0xFFFFFFFF)
         elif choice == 4 and len(b) >= 2:
             i = rng.randrange(len(b) - 1)
-            b[i:i + 2] = struct.pack("<H", rng.choice(INTERESTING) & 0xFFFF)
+            b[i : i + 2] = struct.pack("<H", rng.choice(INTERESTING) & 0xFFFF)
         else:
             b = bytearray(rng.randbytes(rng.randint(0, 128)))
     # Keep the body length honest half of the time, so the body decoders are reached.

@@ -21,15 +21,18 @@ def test_tcp_gateway_reads_token(tmp_path):
     assert "s3cret" not in repr(cfg)
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"gateway": "tcp://h:1"}, r"'token_file'\] is required with a tcp:// gateway"),
-    ({"gateway": "tcp://h:1", "token_file": "/nonexistent/token"}, r"cannot read token file '/nonexistent/token'"),
-    ({"gateway": "unix:///x.sock", "token_file": "/t"}, r"'token_file'\] applies to a tcp:// gateway only"),
-    ({"gateway": "tcp://h:1", "ring_mb": 8, "token_file": "/t"}, r"'ring_mb'\] applies to a unix:// gateway only"),
-    ({"gateway": "unix:///x.sock", "ring_mb": 0}, r"'ring_mb'\] must be in \[1, 4096\]"),
-    ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
-    ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"gateway": "tcp://h:1"}, r"'token_file'\] is required with a tcp:// gateway"),
+        ({"gateway": "tcp://h:1", "token_file": "/nonexistent/token"}, r"cannot read token file '/nonexistent/token'"),
+        ({"gateway": "unix:///x.sock", "token_file": "/t"}, r"'token_file'\] applies to a tcp:// gateway only"),
+        ({"gateway": "tcp://h:1", "ring_mb": 8, "token_file": "/t"}, r"'ring_mb'\] applies to a unix:// gateway only"),
+        ({"gateway": "unix:///x.sock", "ring_mb": 0}, r"'ring_mb'\] must be in \[1, 4096\]"),
+        ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
+        ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
+    ],
+)
 def test_bad_gateway_params(params, message):
     with pytest.raises(ConfigError, match=message):
         ConnectorConfig.from_params(params)

@@ -56,7 +56,7 @@ def test_sigkill_during_load_then_restart(gateway):
             t = time.monotonic()
             ok, _, per_key = c.get(keys[:8], [memoryview(o) for o in outs])
             worst[0] = max(worst[0], time.monotonic() - t)
-            for hit, o, d in zip(per_key, outs, datas):
+            for hit, o, d in zip(per_key, outs, datas, strict=True):
                 assert o == d if hit else o == bytearray(len(o))  # never partial or foreign bytes
 
     t = threading.Thread(target=load_loop)

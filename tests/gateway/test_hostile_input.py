@@ -36,12 +36,12 @@ def error_reason(reply: bytes) -> str:
     frames = []
     while reply:
         ftype, n, _ = wire.parse_header(reply)
-        frames.append((ftype, reply[wire.HEADER.size: wire.HEADER.size + n]))
-        reply = reply[wire.HEADER.size + n:]
+        frames.append((ftype, reply[wire.HEADER.size : wire.HEADER.size + n]))
+        reply = reply[wire.HEADER.size + n :]
     ftype, body = frames[-1]
     assert ftype == wire.ERROR
     (n,) = struct.unpack_from("<H", body)
-    return body[2: 2 + n].decode()
+    return body[2 : 2 + n].decode()
 
 
 CASES = {
@@ -49,20 +49,34 @@ CASES = {
     "oversized hello": (wire.frame(wire.HELLO, 1, b"", body_bytes=1 << 30), "exceeds the bound"),
     "wrong version": (wire.frame(wire.HELLO, 1, wire.hello(), version=9), "protocol version 9"),
     "batch before hello": (wire.frame(wire.BATCH, 1, wire.batch(wire.EXISTS, [b"k"])), "expected a hello"),
-    "hello lengths lie": (wire.frame(wire.HELLO, 1, wire.hello()[:16] + struct.pack("<HHI", 200, 0, 0)),
-                          "malformed hello"),
-    "ring without descriptor": (wire.frame(wire.HELLO, 1, wire.hello(features=1, ring_bytes=1 << 20)),
-                                "ring feature and passed descriptor disagree"),
-    "out of order": (HELLO + wire.frame(wire.BATCH, 5, wire.batch(wire.EXISTS, [b"k"]))
-                     + wire.frame(wire.BATCH, 5, wire.batch(wire.EXISTS, [b"k"])), "out of order"),
+    "hello lengths lie": (
+        wire.frame(wire.HELLO, 1, wire.hello()[:16] + struct.pack("<HHI", 200, 0, 0)),
+        "malformed hello",
+    ),
+    "ring without descriptor": (
+        wire.frame(wire.HELLO, 1, wire.hello(features=1, ring_bytes=1 << 20)),
+        "ring feature and passed descriptor disagree",
+    ),
+    "out of order": (
+        HELLO
+        + wire.frame(wire.BATCH, 5, wire.batch(wire.EXISTS, [b"k"]))
+        + wire.frame(wire.BATCH, 5, wire.batch(wire.EXISTS, [b"k"])),
+        "out of order",
+    ),
     "reply type from a client": (HELLO + wire.frame(wire.BATCH_REPLY, 2, b""), "unexpected frame type"),
     "zero keys": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [])), "key count out of range"),
-    "key too long": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k" * 1025])),
-                     "key length out of range"),
-    "payload outside": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.PUT, [b"k"], [100], [0], b"short")),
-                        "lies outside the payload"),
-    "inline get too large": (HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.GET, [b"a", b"b"], [40 << 20] * 2)),
-                             "more than one frame's payload"),
+    "key too long": (
+        HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k" * 1025])),
+        "key length out of range",
+    ),
+    "payload outside": (
+        HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.PUT, [b"k"], [100], [0], b"short")),
+        "lies outside the payload",
+    ),
+    "inline get too large": (
+        HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.GET, [b"a", b"b"], [40 << 20] * 2)),
+        "more than one frame's payload",
+    ),
 }
 
 
@@ -79,8 +93,7 @@ def test_bad_frame_closes_only_that_connection(gateway, case):
 
 
 def test_truncated_frame(gateway):
-    reply = exchange(gateway, HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k"]))[:30],
-                     half_close=True)
+    reply = exchange(gateway, HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k"]))[:30], half_close=True)
     assert wire.parse_header(reply)[0] == wire.HELLO_OK
     assert "truncated frame" in gateway.log()
 
@@ -94,7 +107,7 @@ def test_valid_raw_exchange(gateway):
     reply = exchange(gateway, HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k"])), half_close=True)
     ftype, n, _ = wire.parse_header(reply)
     assert ftype == wire.HELLO_OK
-    ftype, n, rid = wire.parse_header(reply[wire.HEADER.size + n:])
+    ftype, n, rid = wire.parse_header(reply[wire.HEADER.size + n :])
     assert (ftype, rid) == (wire.BATCH_REPLY, 2)
 
 

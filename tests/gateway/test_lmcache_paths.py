@@ -50,8 +50,8 @@ def test_batch_larger_than_ring_goes_in_rounds(gateway):
 
 
 def test_object_larger_than_ring_fails_clearly(gateway):
-    from tests.helpers import RawConnector
     from lmcache_adp import ADPConnector
+    from tests.helpers import RawConnector
 
     c = RawConnector(ADPConnector(gateway=gateway.unix_url, ring_mb=1))
     ok, err, per_key = c.set(["big", "small"], [memoryview(bytes(2 << 20)), memoryview(b"x" * 10)])
@@ -97,8 +97,9 @@ def test_two_client_processes_share_the_card(gateway):
     tok = gateway.token_file
     # A stores (one key plain, one per tenant); B, another process over TCP, sees them.
     assert run_client(a, tok, [("store", 1, ""), ("store", 2, "tenantA")]) == [True, True]
-    assert run_client(b, tok, [("load", 1, ""), ("lookup", 2, "tenantA"), ("lookup", 2, "tenantB"),
-                               ("lookup", 2, "")]) == [True, True, False, False]
+    assert run_client(
+        b, tok, [("load", 1, ""), ("lookup", 2, "tenantA"), ("lookup", 2, "tenantB"), ("lookup", 2, "")]
+    ) == [True, True, False, False]
     # B deletes; A no longer finds it.
     assert run_client(b, tok, [("delete", 1, "")]) == [True]
     assert run_client(a, tok, [("lookup", 1, ""), ("load", 2, "tenantA")]) == [False, True]

@@ -19,12 +19,18 @@ def hello(token: bytes = b"", name: bytes = b"test", features: int = 0, ring_byt
     return struct.pack("<IIQHHI", features, 0, ring_bytes, len(token), len(name), 0) + token + name
 
 
-def batch(op: int, keys: list[bytes], sizes: list[int] | None = None, offsets: list[int] | None = None,
-          payload: bytes = b"", timeout_ms: int = 5000) -> bytes:
+def batch(
+    op: int,
+    keys: list[bytes],
+    sizes: list[int] | None = None,
+    offsets: list[int] | None = None,
+    payload: bytes = b"",
+    timeout_ms: int = 5000,
+) -> bytes:
     sizes = sizes or [0] * len(keys)
     offsets = offsets or [0] * len(keys)
     out = struct.pack("<BBHIII", op, 0, 0, len(keys), timeout_ms, 0)
-    for k, s, o in zip(keys, sizes, offsets):
+    for k, s, o in zip(keys, sizes, offsets, strict=True):
         out += struct.pack("<HHIQQ", len(k), 0, 0, s, o)
     return out + b"".join(keys) + payload
 

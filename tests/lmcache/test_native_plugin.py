@@ -30,6 +30,7 @@ def l2(card):
 
 def test_factory_builds_native_adapter(l2):
     from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import NativeConnectorL2Adapter
+
     from lmcache_adp import ADPConnector
 
     assert isinstance(l2.adapter, NativeConnectorL2Adapter)
@@ -166,7 +167,9 @@ KILLED = textwrap.dedent(
 
 def test_killed_while_storing(card):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, card], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, card], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root
+    )
     acked = 0
     for line in proc.stdout:
         acked = int(line) + 1
@@ -180,7 +183,7 @@ def test_killed_while_storing(card):
         found = b.lookup(keys)
         assert all(found[: acked * 4][-64:])  # the youngest acknowledged ones, well within capacity
         hits, got = b.load(keys, [1 << 20] * len(keys))
-        for k, h, g in zip(keys, hits, got):
+        for k, h, g in zip(keys, hits, got, strict=True):
             if h:
                 assert g == payload(repr(k), 1 << 20)
         assert b.native.stats()["checksum_failures"] == 0

@@ -35,7 +35,9 @@ def test_console_script_is_installed():
 
 def test_status_human_and_json(filled):
     r = run("status", "--card", filled)
-    assert r.returncode == 0 and [l.split() for l in r.stdout.splitlines() if l.startswith("objects")] == [["objects", "12"]]
+    assert r.returncode == 0 and [line.split() for line in r.stdout.splitlines() if line.startswith("objects")] == [
+        ["objects", "12"]
+    ]
     assert "capacity" in r.stdout and "hit ratio" in r.stdout
     r = run("status", "--card", filled, "--json")
     st = json.loads(r.stdout)

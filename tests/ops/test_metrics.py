@@ -80,8 +80,11 @@ def test_status_reads_a_running_connector(served):
 
     c, port = served
     c.set(["a"], [memoryview(b"x" * 1000)])
-    r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "status", "--url", f"http://127.0.0.1:{port}"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "lmcache_adp.cli", "status", "--url", f"http://127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "set latency" in r.stdout and "objects" in r.stdout
 
 
@@ -107,8 +110,11 @@ def test_gateway_serves_metrics_with_clients(workdir):
         import subprocess
         import sys
 
-        r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "status", "--url", f"http://127.0.0.1:{port}"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "lmcache_adp.cli", "status", "--url", f"http://127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0 and "connected clients" in r.stdout
         c.conn.close()
     finally:
@@ -119,6 +125,20 @@ def test_gateway_metrics_port_checked(workdir):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", f"{workdir}/c.img",
-                        "--socket", f"{workdir}/s.sock", "--metrics-port", "70000"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lmcache_adp.cli",
+            "gateway",
+            "--card",
+            f"{workdir}/c.img",
+            "--socket",
+            f"{workdir}/s.sock",
+            "--metrics-port",
+            "70000",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "--metrics-port must be in [0, 65535]" in r.stderr

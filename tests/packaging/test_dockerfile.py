@@ -116,7 +116,11 @@ def test_every_copy_source_exists(dockerfile):
 
 
 def test_dockerignore_keeps_copied_sources_and_drops_local_builds(dockerfile):
-    ignored = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert "**/*.so" in ignored and "build" in ignored, "a local build would leak into the image"
     _, stages = dockerfile
     for stage in stages:
@@ -149,7 +153,9 @@ def test_final_stage(dockerfile):
     for run in final.all("RUN"):
         assert not BUILD_TOOLS.search(run), f"build tools in the final stage: {run}"
     assert any(BUILD_TOOLS.search(r) for r in build.all("RUN")), "the build stage should be where compilers are"
-    assert any(f == build.name and "/wheels" in srcs[0] for srcs, _, f in copies(final)), "the wheel comes from the build stage"
+    assert any(f == build.name and "/wheels" in srcs[0] for srcs, _, f in copies(final)), (
+        "the wheel comes from the build stage"
+    )
     assert any("pip install" in r and ".whl" in r for r in final.all("RUN")), "the plugin is installed as a wheel"
     user = final.all("USER")[-1]
     assert user not in ("root", "0"), "runs as root"
@@ -190,7 +196,7 @@ def test_install_steps_build_and_install_the_wheel(tmp_path, dockerfile):
     final stage's `pip install` into a fresh venv (see the module docstring)."""
     _, stages = dockerfile
     context = tmp_path / "context"
-    for sources, _, from_stage in copies(stages[0]):
+    for sources, _, _from_stage in copies(stages[0]):
         for src in sources:
             for p in ROOT.glob(src):
                 dest = context / p.relative_to(ROOT)
@@ -218,7 +224,10 @@ def test_install_steps_build_and_install_the_wheel(tmp_path, dockerfile):
     lmcache_pin = stage_args(stages[-1])["LMCACHE_VERSION"]
     for args in (["--no-deps", f"lmcache=={lmcache_pin}"], [str(wheel)]):  # LMCache's own deps: the base image's
         r = subprocess.run(
-            [py, "-m", "pip", "install", "--no-index", "--no-cache-dir", *args], capture_output=True, text=True, cwd=tmp_path
+            [py, "-m", "pip", "install", "--no-index", "--no-cache-dir", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
         )
         assert r.returncode == 0, r.stdout + r.stderr
     # The installed wheel (not this source tree) loads, and stores on a card.

@@ -214,7 +214,10 @@ WRITER = textwrap.dedent(
 
 def test_killed_while_storing_loses_nothing_acknowledged(card):
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, card], stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+        [sys.executable, "-c", WRITER, card],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     acked = []
     for line in proc.stdout:
@@ -263,7 +266,9 @@ def test_recovery_is_reported(card):
     s.close()
     out = subprocess.run(
         [sys.executable, "-c", f"from lmcache_adp import CardStore; CardStore({card!r})"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "recovered 25 objects" in out.stderr and " s\n" in out.stderr
 
