@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ADPConnector as LMCache's L2 tier against fio and LMCache's own L2 adapters.
 
 For one medium (a directory on a disk, or /dev/shm) and each chunk size: fio
@@ -52,6 +53,8 @@ SUB_ENV = {
     "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
 }
 os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")  # quiet format_card here; the benches keep their INFO logs
+from tools import require_tool  # noqa: E402
+
 import lmcache_adp  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -512,6 +515,7 @@ def main() -> None:
     p.add_argument("--sizes-kb", type=lambda s: [int(x) for x in s.split(",")], default=[256, 2048])
     p.add_argument("--quick", action="store_true", help="smoke run: 256 MiB per phase, written to results/tmp/")
     args = p.parse_args()
+    require_tool("fio")  # before any run: the limit is measured first
     stamp = f"{datetime.datetime.now():%Y-%m-%d-%H%M}"
     for medium in ("disk", "shm") if args.medium == "both" else (args.medium,):
         print(f"wrote {run_medium(medium, args, stamp)}", flush=True)

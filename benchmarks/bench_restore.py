@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Restore time of a long prompt through a real LMCache MP server, per tier.
 
 What a user waits for when vLLM asks for a prompt it has seen before: LOOKUP
@@ -53,6 +54,8 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # client side; servers lo
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from tools import require_tool  # noqa: E402
+
 from lmcache_adp import __version__ as adp_version  # noqa: E402
 from lmcache_adp.testing.mp_driver import (  # noqa: E402
     Gateway,
@@ -77,7 +80,7 @@ def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path, when: str) -
     """Sequential O_DIRECT read of an nbytes file, `jobs` threads each reading its share in bs requests."""
     out = raw / f"fio-{when}-bs{bs // MiB}M-j{jobs}.json"
     cmd = [
-        "/usr/bin/fio", "--name=restore-limit", f"--filename={path}", "--rw=read", "--direct=1",
+        require_tool("fio"), "--name=restore-limit", f"--filename={path}", "--rw=read", "--direct=1",
         "--ioengine=psync", f"--bs={bs}", f"--numjobs={jobs}", f"--size={nbytes // jobs}",
         "--offset_increment=" + str(nbytes // jobs), "--group_reporting", "--loops=3",
         "--output-format=json", f"--output={out}",
@@ -105,7 +108,7 @@ def other_load() -> list[str]:
     hits = []
     for line in r.stdout.splitlines():
         pid, _, args = line.strip().partition(" ")
-        if int(pid) not in mine and any(w in args for w in ("bench_l2", "lmcache bench", "/usr/bin/fio", "stress")):
+        if int(pid) not in mine and any(w in args for w in ("bench_l2", "lmcache bench", "fio ", "stress")):
             hits.append(args[:120])
     return hits
 
@@ -237,6 +240,7 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--tag", default="restore", help="result name: <date>-<tag>")
     args = ap.parse_args()
+    require_tool("fio")  # before any run: the limit is measured first
 
     shape = KVShape(num_layers=args.layers, num_heads=args.kv_heads, head_dim=args.head_dim, block_size=16,
                     num_blocks=args.tokens // 16 + 1)  # fmt: skip

@@ -1,11 +1,15 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Dockerfile, without a Docker engine: what it COPYs exists, what it pins
 matches the package, its final stage is what the issue asks for, and its
 install steps work.
 
 The install steps are run for real, with one substitution: the wheel goes into
-a fresh venv created with --system-site-packages, so torch and LMCache (large
-downloads) come from this machine instead of the vLLM base image; the lmcache
-pin is then checked against the installed release with the network off. The
+a fresh venv that sees the site-packages of the Python running the tests (a
+.pth file), so torch and LMCache (large downloads) come from this machine's test
+environment instead of the vLLM base image; the lmcache pin is then checked
+against that installed release with the network off. (`--system-site-packages`
+would not do: it shows the base interpreter's packages, not those of the venv
+the test command installed into.) The
 wheel is built from a context holding only what the Dockerfile COPYs.
 """
 
@@ -18,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,10 +224,16 @@ def test_install_steps_build_and_install_the_wheel(tmp_path, dockerfile):
     (wheel,) = wheels.glob(f"lmcache_adp-{adp_version}-*.whl")
 
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    venv.create(env_dir, with_pip=True)
+    # The "base image": this test environment's packages, after the venv's own.
+    venv_site = sysconfig.get_path("purelib", vars={"base": str(env_dir), "platbase": str(env_dir)})
+    outer = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
+    Path(venv_site, "test-base-image.pth").write_text("".join(f"{p}\n" for p in outer))
     py = env_dir / "bin" / "python"
     lmcache_pin = stage_args(stages[-1])["LMCACHE_VERSION"]
-    for args in (["--no-deps", f"lmcache=={lmcache_pin}"], [str(wheel)]):  # LMCache's own deps: the base image's
+    # LMCache must already be there (pinned, no index); the wheel replaces any
+    # lmcache-adp of the test environment inside the venv.
+    for args in (["--no-deps", f"lmcache=={lmcache_pin}"], ["--no-deps", "--force-reinstall", str(wheel)]):
         r = subprocess.run(
             [py, "-m", "pip", "install", "--no-index", "--no-cache-dir", *args],
             capture_output=True,
