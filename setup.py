@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build of lmcache-adp: the Python package plus the pybind11 core in src_cpp/."""
 
 import os
@@ -43,7 +44,15 @@ setup(
     install_requires=["numpy", "prometheus_client", "tqdm"],
     extras_require={
         "lmcache": ["lmcache>=0.5.4,<0.6"],
-        "test": ["pytest>=8", "pytest-benchmark", "numpy", "google-crc32c"],
+        "test": [
+            "pytest>=8",
+            "pytest-benchmark",
+            "numpy",
+            "google-crc32c",
+            # the style gate (scripts/check_style.sh), pinned so every machine formats alike
+            "ruff==0.17.6",
+            "clang-format==23.1.5",
+        ],
     },
     entry_points={"console_scripts": ["lmcache-adp=lmcache_adp.cli:main"]},
     zip_safe=False,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Index scaling of the card store: lookup cost, memory per object and
 recovery time as the object count grows to a million.
 

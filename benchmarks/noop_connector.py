@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A native connector that completes every request at once and moves no data.
 
 bench_l2.py runs `lmcache bench l2 --only lookup` through it: the time per key

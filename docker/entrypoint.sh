@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Entrypoint of the lmcache-adp image: one role per container.
 #
 #   gateway          lmcache-adp gateway on $ADP_CARD, serving $ADP_SOCKET

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Quick start: the ADP card as the L2 tier of a real LMCache MP server.
 
 Starts `lmcache server --l1-size-gb 1 --eviction-policy LRU --l2-adapter <ADP>`

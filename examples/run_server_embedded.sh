@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The LMCache MP server with the ADP card as its L2 tier, embedded: the card
 # store runs inside the server process, on a card image file (or a block device).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The gateway daemon on the card, and the LMCache MP server using it as its L2
 # tier over the gateway's Unix socket (payload through its shared-memory ring).
 # On a production host run the gateway as a service (lmcache-adp-gateway.service)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # vLLM with LMCache's MP connector, talking to an LMCache MP server started with
 # run_server_embedded.sh or run_server_gateway.sh (GPU hosts; not run in CI).
 #

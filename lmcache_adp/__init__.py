@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """lmcache-adp: the ADP storage card as the L2 tier of the LMCache MP server."""
 
 from lmcache_adp._native import CardStore, crc32c, format_card

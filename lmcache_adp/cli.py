@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lmcache-adp`: the operator's command line. Each subcommand lives in the
 module that owns it and registers itself here."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """adapter_params of ADPConnector: defaults, validation and clear errors.
 
 Everything is checked here, before any thread, file or socket is created, so a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ADPConnector: the class LMCache's native_plugin L2 adapter loads.
 
     {"type": "native_plugin", "module_path": "lmcache_adp",

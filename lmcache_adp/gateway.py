@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lmcache-adp gateway`: the storage gateway daemon, in the foreground.
 
 It owns one card and serves every LMCache server on the host through a Unix

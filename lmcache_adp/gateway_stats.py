@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reads a running gateway's counters over its own socket: a Hello without a
 ring, then one Stats request (docs/protocol.md, "Stats"). Used by
 `lmcache-adp status --gateway unix://...|tcp://...`."""

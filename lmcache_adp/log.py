@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package's Python logger, formatted like the C++ core's lines
 ("[time] lmcache-adp LEVEL: message") and levelled by ADP_LOG_LEVEL."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prometheus metrics and a health endpoint for a card store (embedded
 connector or gateway), served with prometheus_client from a daemon thread.
 

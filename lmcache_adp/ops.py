@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Operator commands: `lmcache-adp status`, `verify` and `format`.
 
 register(subparsers) adds them to the `lmcache-adp` command line; each handler

@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# SPDX-License-Identifier: Apache-2.0
 """Longer fuzzing of the gateway protocol than the test suite's two seconds.
 
     python scripts/fuzz_protocol.py --seconds 600 [--seed N]

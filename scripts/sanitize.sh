@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the C++ core (src_cpp without the Python bindings) and the stress
 # test tests/cpp/connector_stress.cc under a sanitizer, then runs the test.
 # Any sanitizer report or failed check makes the exit code non-zero.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures shared by the test tree (which mirrors src_cpp/ and lmcache_adp/)."""
 
 from __future__ import annotations

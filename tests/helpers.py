@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drivers for the two faces of the plugin used across tests.
 
 RawConnector: ADPConnector driven as LMCache's native adapter drives it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drive a real `lmcache server` the way vLLM's LMCacheMPConnector does.
 
 MPServer starts `lmcache server` as a child process on free ports, watches its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backend: where the connector's work goes. One implementation per transport:
 // the embedded card store (transport/embedded_backend), or a gateway reached
 // over a socket. The connector creates one Session per worker thread; a

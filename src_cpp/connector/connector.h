@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Connector: the harness LMCache's NativeConnectorL2Adapter drives.
 //
 // submit() queues a batch and returns its future id at once; a pool of

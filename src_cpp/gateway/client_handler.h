@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ClientHandler: the gateway's side of one client connection, run on a
 // thread of its own (no GIL anywhere). Handshake first (version, features,
 // token on TCP, ring fd on Unix sockets), then one batch at a time: decode,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "gateway/gateway_server.h"
 
 #include <poll.h>

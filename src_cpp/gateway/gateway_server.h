@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GatewayServer: the daemon's core. Owns one card store, a fixed pool of
 // IoContexts over it, and listeners on a Unix socket (payload through
 // shared-memory rings) and optionally TCP (payload inline, token required).

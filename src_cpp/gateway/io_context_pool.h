@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // IoContextPool: the gateway's fixed set of IoContexts (staging memory and an
 // open region each). A request leases one while it runs against the store,
 // so store concurrency, staging memory and the number of open regions stay

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gateway protocol, version 1: frame header, message types and every bound
 // the parser enforces. The prose spec is docs/protocol.md; keep the two in
 // step and bump kProtocolVersion on any incompatible change.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The messages of protocol version 1 (docs/protocol.md): their fields and
 // their encoding into / decoding from a frame body. Decoders check every
 // count and length against frame.h's bounds before reserving memory; decoded

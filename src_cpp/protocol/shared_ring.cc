@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "protocol/shared_ring.h"
 
 #include <fcntl.h>

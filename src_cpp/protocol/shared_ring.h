@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SharedRing: the shared memory a local client and the gateway both map, so
 // payload bytes never cross the Unix socket. The client creates it (a sealed
 // memfd of ring_bytes), passes the fd in its Hello (SCM_RIGHTS) and the

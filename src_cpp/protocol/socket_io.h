@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sockets of the gateway protocol: endpoints (unix:// and tcp://), connect
 // and listen, and whole-frame send/receive with deadlines. Every wait is a
 // poll() bounded by a deadline; a socket shut down by another thread

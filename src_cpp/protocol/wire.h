@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ByteWriter / ByteReader: little-endian fields in a byte buffer. The reader
 // never reads past its end: a short buffer sets a sticky failure and yields
 // zeros, so a decoder checks ok() once at the end of a message.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Python bindings: lmcache_adp._native. Kept thin: argument conversion, GIL
 // handling and Status -> exception. Validation of adapter_params lives in
 // lmcache_adp/config.py; this layer trusts its caller for types.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CardDevice: the card as a file descriptor opened with O_DIRECT, either a
 // block device or an image file (created sparse when missing). Holds an
 // exclusive flock for its lifetime, so a card has one owner at a time.

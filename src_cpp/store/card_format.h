@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // On-card format, version 1. The prose spec is docs/card_format.md; keep the
 // two in step and bump kFormatVersion on any incompatible change.
 //

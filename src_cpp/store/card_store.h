@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CardStore: the storage engine on the card (format: docs/card_format.md).
 //
 // The card is cut into equal regions. Each writer (an IoContext) appends

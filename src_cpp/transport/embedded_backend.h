@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EmbeddedBackend: the gateway in-process. The connector's workers call the
 // card store directly, each with an IoContext of its own.
 #pragma once

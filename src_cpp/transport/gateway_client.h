@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GatewayClient: one connection to a gateway, as the client side of the
 // protocol: connect, handshake (with a ring on Unix sockets, a token on
 // TCP), then one batch at a time. Used by one thread; any error leaves the

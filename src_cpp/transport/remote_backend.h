@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RemoteBackend: the connector's work sent to a gateway daemon, over a Unix
 // socket (payload through a shared-memory ring per connection) or TCP
 // (payload inline, token). Each worker session holds its own connection.

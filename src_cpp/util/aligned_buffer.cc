@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "util/aligned_buffer.h"
 
 #include <sys/mman.h>

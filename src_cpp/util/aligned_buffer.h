@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AlignedBuffer: page-aligned, pre-faulted memory for O_DIRECT staging.
 // Grows only (amortised by doubling) so a worker allocates a few times at
 // warm-up and never on the hot path afterwards. Owned by one thread.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CRC32C (Castagnoli) checksums for the card store.
 //
 // Uses the CPU's CRC32C instruction (SSE4.2 on x86-64, ARMv8 CRC on aarch64)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LatencyHistogram: lock-free log2 histogram of operation latencies in
 // microseconds (bucket i holds [2^i, 2^(i+1)) us; bucket 0 also holds 0).
 // Any thread may record; snapshot() is a consistent-enough copy for status

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Minimal leveled logging to stderr, in the shape of LMCache's log lines, so
 // the plugin's messages read alike inside `lmcache server` output.
 // Level from ADP_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR; default INFO).

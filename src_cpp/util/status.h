@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status: an error as a value (ok, or a code and a message), as in LevelDB.
 // Layers return it instead of throwing; only the Python boundary raises.
 #pragma once

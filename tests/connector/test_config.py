@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """adapter_params validation: clear errors, before anything is created."""
 
 import os

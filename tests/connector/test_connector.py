@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ADPConnector driven the way LMCache's NativeConnectorL2Adapter drives it."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stress test of the concurrent core without Python, built and run under
 // AddressSanitizer and ThreadSanitizer by scripts/sanitize.sh.
 //

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end: a real `lmcache server` with the card as its L2 tier, driven
 through the client classes vLLM's LMCacheMPConnector uses (CPU KV tensors).
 

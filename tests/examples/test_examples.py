@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every example in examples/ that can run on a CPU machine is run here; the
 others (vLLM on a GPU host, the systemd unit) are checked against the code
 that will read them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Gateway daemons for the tests: `lmcache-adp gateway` in a subprocess on a
 short temporary socket path and, when asked, TCP on a free port (port 0)."""
 

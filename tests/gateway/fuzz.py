@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Frame fuzzing shared by the test suite (seconds) and scripts/fuzz_protocol.py (as long as asked).
 
 Valid frames of every type are mutated (bit flips, cut, extended, length and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """adapter_params of a connector that talks to a gateway: what is accepted, and the errors."""
 
 from __future__ import annotations

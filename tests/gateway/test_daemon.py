@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `lmcache-adp gateway` daemon: start, stop, stale socket, exclusive card, bad arguments."""
 
 from __future__ import annotations

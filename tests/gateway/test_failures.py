@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A gateway that is absent, killed or restarted: every future completes by its
 deadline, the connector reconnects by itself and acknowledged data comes back."""
 

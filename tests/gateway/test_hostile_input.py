@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Malformed, truncated, oversized and out-of-order frames close only the
 connection that sent them, with a logged reason; everyone else is served."""
 

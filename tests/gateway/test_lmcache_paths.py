@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unix (ring) and TCP (inline) gateways under LMCache's own NativeConnectorL2Adapter,
 built by its native_plugin factory, with byte checks; and two client processes
 sharing one gateway."""

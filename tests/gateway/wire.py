@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Protocol v1 frames built by hand (docs/protocol.md), for hostile-input tests and the fuzzer."""
 
 from __future__ import annotations

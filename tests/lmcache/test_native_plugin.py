@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The real LMCache path: LMCache's native_plugin factory builds its
 NativeConnectorL2Adapter over ADPConnector, and the tests drive that adapter."""
 

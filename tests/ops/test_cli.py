@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """lmcache-adp status / verify / format: outputs, exit codes, bad arguments."""
 
 from __future__ import annotations

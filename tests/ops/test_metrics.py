@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The metrics endpoint of an embedded connector: scrape, parse, counters move."""
 
 from __future__ import annotations

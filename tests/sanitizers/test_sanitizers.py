@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The C++ core under AddressSanitizer (+UBSan) and ThreadSanitizer.
 
 scripts/sanitize.sh builds src_cpp (without the Python bindings) together

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The card store through its direct binding: format, integrity, capacity, recovery."""
 
 from __future__ import annotations
