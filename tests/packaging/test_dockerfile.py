@@ -9,8 +9,8 @@ a fresh venv that sees the site-packages of the Python running the tests (a
 environment instead of the vLLM base image; the lmcache pin is then checked
 against that installed release with the network off. (`--system-site-packages`
 would not do: it shows the base interpreter's packages, not those of the venv
-the test command installed into.) The
-wheel is built from a context holding only what the Dockerfile COPYs.
+the test command installed into.) The wheel is built from a context holding
+only what the Dockerfile COPYs.
 """
 
 from __future__ import annotations
