@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "store/card_store.h"
+#include "common/store_types.h"
 #include "util/status.h"
 
 namespace adp {

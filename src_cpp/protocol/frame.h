@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "store/card_format.h"
+#include "common/store_types.h"
 #include "util/status.h"
 
 namespace adp::proto {
@@ -45,10 +45,10 @@ constexpr uint32_t kFeatureRing = 1;  // payload through a shared-memory ring
 constexpr uint32_t kMaxBatchKeys = 4096;
 constexpr uint32_t kMaxKeyBytes = adp::kMaxKeyBytes;  // the card's own bound
 constexpr uint32_t kMaxTokenBytes = 256;
-constexpr uint32_t kMaxNameBytes = 256;                 // client name, gateway description
-constexpr uint32_t kMaxMessageBytes = 256;              // per-key error text, error frame reason
-constexpr uint64_t kMaxObjectBytes = kMaxRegionBytes;   // no card holds a larger object
-constexpr uint64_t kMaxInlinePayloadBytes = 64u << 20;  // TCP: payload bytes in one frame
+constexpr uint32_t kMaxNameBytes = 256;                     // client name, gateway description
+constexpr uint32_t kMaxMessageBytes = 256;                  // per-key error text, error frame reason
+constexpr uint64_t kMaxObjectBytes = adp::kMaxObjectBytes;  // no card holds a larger object
+constexpr uint64_t kMaxInlinePayloadBytes = 64u << 20;      // TCP: payload bytes in one frame
 constexpr uint64_t kMinRingBytes = 1u << 20;
 constexpr uint64_t kMaxRingBytes = 4ull << 30;
 constexpr uint32_t kMaxHelloBodyBytes = 4096;  // the only size accepted before the handshake

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/card_format.h"
 
+#include "util/crc32c.h"
+
 namespace adp {
 
 // MurmurHash64A (Austin Appleby, public domain) over the key bytes. The
@@ -32,6 +34,60 @@ uint64_t hash_key(std::string_view key) {
   h *= m;
   h ^= h >> r;
   return h;
+}
+
+uint32_t superblock_crc(const Superblock& sb) { return crc32c(&sb, offsetof(Superblock, crc)); }
+
+bool valid_superblock(const Superblock& sb) {
+  return std::memcmp(sb.magic, kSuperMagic, 8) == 0 && sb.crc == superblock_crc(sb);
+}
+
+namespace {
+uint32_t region_crc(const RegionHeader& h) { return crc32c(&h, offsetof(RegionHeader, crc)); }
+uint32_t header_crc(const ObjectHeader& h, const void* key) {
+  return crc32c_extend(crc32c(&h, offsetof(ObjectHeader, header_crc)), key, h.key_bytes);
+}
+}  // namespace
+
+void encode_region_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint32_t index) {
+  std::memset(block, 0, kBlockSize);
+  RegionHeader rh{};
+  std::memcpy(rh.magic, kRegionMagic, 8);
+  rh.card_id = card_id;
+  rh.epoch = epoch;
+  rh.region_index = index;
+  rh.crc = region_crc(rh);
+  std::memcpy(block, &rh, sizeof rh);
+}
+
+bool decode_region_header(const uint8_t* block, uint64_t card_id, uint32_t index, RegionHeader* out) {
+  std::memcpy(out, block, sizeof *out);
+  return std::memcmp(out->magic, kRegionMagic, 8) == 0 && out->card_id == card_id && out->region_index == index &&
+         out->crc == region_crc(*out);
+}
+
+void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
+                          uint64_t payload_bytes, uint32_t payload_crc, uint32_t flags) {
+  std::memset(block, 0, kBlockSize);
+  ObjectHeader h{};
+  std::memcpy(h.magic, kObjectMagic, 8);
+  h.card_id = card_id;
+  h.epoch = epoch;
+  h.seq = seq;
+  h.key_hash = hash_key(key);
+  h.payload_bytes = payload_bytes;
+  h.flags = flags;
+  h.key_bytes = static_cast<uint32_t>(key.size());
+  h.payload_crc = payload_crc;
+  if (!key.empty()) std::memcpy(block + sizeof h, key.data(), key.size());  // tombstones pass a null key
+  h.header_crc = header_crc(h, block + sizeof h);
+  std::memcpy(block, &h, sizeof h);
+}
+
+bool decode_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch, ObjectHeader* out) {
+  std::memcpy(out, block, sizeof *out);
+  return std::memcmp(out->magic, kObjectMagic, 8) == 0 && out->card_id == card_id && out->epoch == epoch &&
+         out->key_bytes <= kMaxKeyBytes && out->header_crc == header_crc(*out, block + sizeof *out);
 }
 
 }  // namespace adp

@@ -16,14 +16,15 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/store_types.h"
+
 namespace adp {
 
 constexpr uint32_t kFormatVersion = 1;
-constexpr uint64_t kBlockSize = 4096;             // unit of every on-card I/O
-constexpr uint64_t kDataOffset = 1u << 20;        // regions start at 1 MiB
-constexpr uint32_t kMaxKeyBytes = 1024;           // bound on a key, enforced at submit
-constexpr uint64_t kMinRegionBytes = 1u << 20;    // 1 MiB
-constexpr uint64_t kMaxRegionBytes = 256u << 20;  // 256 MiB
+constexpr uint64_t kBlockSize = 4096;                  // unit of every on-card I/O
+constexpr uint64_t kDataOffset = 1u << 20;             // regions start at 1 MiB
+constexpr uint64_t kMinRegionBytes = 1u << 20;         // 1 MiB
+constexpr uint64_t kMaxRegionBytes = kMaxObjectBytes;  // 256 MiB
 constexpr uint32_t kMinRegions = 8;
 
 constexpr char kSuperMagic[8] = {'A', 'D', 'P', 'C', 'A', 'R', 'D', '1'};
@@ -88,5 +89,27 @@ inline uint64_t object_footprint(uint64_t payload_bytes) { return kBlockSize + r
 
 // 64-bit hash of a key: the in-memory index stores only this (see docs).
 uint64_t hash_key(std::string_view key);
+
+// ---- Record encoding and decoding. Each record checks its own CRC.
+
+uint32_t superblock_crc(const Superblock& sb);
+// True if sb has the magic and its CRC checks out (any version).
+bool valid_superblock(const Superblock& sb);
+
+// Fills `block` (kBlockSize bytes) with the header of region `index` opened
+// under `epoch`.
+void encode_region_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint32_t index);
+// Checks the header block of region `index` of card `card_id`.
+bool decode_region_header(const uint8_t* block, uint64_t card_id, uint32_t index, RegionHeader* out);
+
+// Fills `block` (kBlockSize bytes) with an object header and its key.
+void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
+                          uint64_t payload_bytes, uint32_t payload_crc, uint32_t flags);
+// Checks the header block of an object written under (card_id, epoch).
+bool decode_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch, ObjectHeader* out);
+// The key stored in a header block decoded by decode_object_header.
+inline std::string_view object_key(const uint8_t* block, const ObjectHeader& h) {
+  return std::string_view(reinterpret_cast<const char*>(block) + sizeof h, h.key_bytes);
+}
 
 }  // namespace adp

@@ -16,8 +16,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // Many regions make eviction fine-grained and leave room for every writer's
 // open region; large ones take large objects (the largest object is one
 // region; 256 tokens of Llama-8B KV are 32 MiB). So: at least 32 regions,
@@ -32,59 +30,15 @@ uint64_t default_region_bytes(uint64_t data_bytes) {
   return r;
 }
 
-uint32_t superblock_crc(const Superblock& sb) { return crc32c(&sb, offsetof(Superblock, crc)); }
-uint32_t region_crc(const RegionHeader& h) { return crc32c(&h, offsetof(RegionHeader, crc)); }
-uint32_t header_crc(const ObjectHeader& h, const void* key) {
-  return crc32c_extend(crc32c(&h, offsetof(ObjectHeader, header_crc)), key, h.key_bytes);
-}
-
-bool valid_superblock(const Superblock& sb) {
-  return std::memcmp(sb.magic, kSuperMagic, 8) == 0 && sb.crc == superblock_crc(sb);
-}
-
 bool all_zero(const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
   return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
-}
-
-// Fills `block` (kBlockSize bytes) with an object header and its key.
-void encode_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
-                   uint64_t payload_bytes, uint32_t payload_crc, uint32_t flags) {
-  std::memset(block, 0, kBlockSize);
-  ObjectHeader h{};
-  std::memcpy(h.magic, kObjectMagic, 8);
-  h.card_id = card_id;
-  h.epoch = epoch;
-  h.seq = seq;
-  h.key_hash = hash_key(key);
-  h.payload_bytes = payload_bytes;
-  h.flags = flags;
-  h.key_bytes = static_cast<uint32_t>(key.size());
-  h.payload_crc = payload_crc;
-  if (!key.empty()) std::memcpy(block + sizeof h, key.data(), key.size());  // tombstones pass a null key
-  h.header_crc = header_crc(h, block + sizeof h);
-  std::memcpy(block, &h, sizeof h);
-}
-
-// Checks the header block of an object written under (card_id, epoch).
-bool decode_header(const uint8_t* block, uint64_t card_id, uint64_t epoch, ObjectHeader* out) {
-  std::memcpy(out, block, sizeof *out);
-  return std::memcmp(out->magic, kObjectMagic, 8) == 0 && out->card_id == card_id && out->epoch == epoch &&
-         out->key_bytes <= kMaxKeyBytes && out->header_crc == header_crc(*out, block + sizeof *out);
 }
 
 }  // namespace
 
 IoContext::~IoContext() {
   if (store_) store_->release_region(*this);
-}
-
-Status CardStore::check_key(std::string_view key) {
-  if (key.empty()) return Status::InvalidArgument("empty key");
-  if (key.size() > kMaxKeyBytes)
-    return Status::InvalidArgument("key of " + std::to_string(key.size()) + " bytes exceeds the bound of " +
-                                   std::to_string(kMaxKeyBytes) + " bytes");
-  return Status::Ok();
 }
 
 Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
@@ -178,134 +132,6 @@ Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out)
   return Status::Corruption("card " + opts.path + " could not be formatted");
 }
 
-Status CardStore::recover(int threads) {
-  auto t0 = Clock::now();
-  struct Found {
-    uint64_t hash, seq, payload_bytes;
-    uint32_t region, block;
-  };
-  struct RegionScan {
-    bool valid = false;
-    uint64_t epoch = 0, end = 0;
-    std::vector<Found> objects;
-  };
-  std::vector<RegionScan> scans(num_regions_);
-  std::atomic<uint32_t> next{0}, done{0};
-  std::atomic<uint64_t> found{0};
-  std::mutex err_mu;
-  Status first_error;  // guarded by err_mu
-  std::atomic<bool> failed{false};
-  auto fail = [&](const Status& st) {
-    std::lock_guard<std::mutex> l(err_mu);
-    if (first_error.ok()) first_error = st;
-    failed = true;
-  };
-
-  auto worker = [&] {
-    AlignedBuffer block;
-    if (!block.reserve(kBlockSize)) return fail(Status::IoError("out of memory for recovery"));
-    for (uint32_t r; (r = next.fetch_add(1)) < num_regions_; done++) {
-      RegionScan& scan = scans[r];
-      uint64_t base = region_offset(r);
-      Status s = device_->read(base, block.data(), kBlockSize);
-      RegionHeader rh{};
-      std::memcpy(&rh, block.data(), sizeof rh);
-      if (s.ok() && std::memcmp(rh.magic, kRegionMagic, 8) == 0 && rh.card_id == card_id_ && rh.region_index == r &&
-          rh.crc == region_crc(rh)) {
-        scan.valid = true;
-        scan.epoch = rh.epoch;
-        uint64_t off = kBlockSize;
-        while (s.ok() && off + kBlockSize <= region_bytes_) {
-          s = device_->read(base + off, block.data(), kBlockSize);
-          ObjectHeader h;
-          if (!s.ok() || !decode_header(block.data(), card_id_, rh.epoch, &h)) break;
-          uint64_t fp = object_footprint(h.payload_bytes);
-          if (off + fp > region_bytes_) break;
-          if (!(h.flags & kObjectDeleted)) {
-            std::string_view key(reinterpret_cast<const char*>(block.data()) + sizeof h, h.key_bytes);
-            scan.objects.push_back({hash_key(key), h.seq, h.payload_bytes, r, static_cast<uint32_t>(off / kBlockSize)});
-            found++;
-          }
-          off += fp;
-        }
-        scan.end = off;
-      }
-      if (!s.ok()) fail(s);
-    }
-  };
-  int n = std::min<int>(threads, static_cast<int>(num_regions_));
-  std::vector<std::thread> pool;
-  for (int i = 0; i < n; i++) pool.emplace_back(worker);
-  // Progress for long recoveries: a line every 5 seconds.
-  auto last_report = Clock::now();
-  while (done.load() < num_regions_ && !failed.load()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (seconds_since(last_report) >= 5) {
-      last_report = Clock::now();
-      ADP_INFO("recovering card %s: %u/%u regions scanned, %" PRIu64 " objects so far", path().c_str(), done.load(),
-               num_regions_, found.load());
-    }
-  }
-  for (auto& t : pool) t.join();
-  if (!first_error.ok()) {
-    count_io_error();
-    return Status::IoError("recovery of card " + path() + " failed: " + first_error.message());
-  }
-
-  // Merge: the highest sequence number of a key wins; older copies are
-  // marked deleted on the card so a later delete cannot resurrect them.
-  std::vector<Location> stale;
-  for (auto& scan : scans) {
-    for (const Found& f : scan.objects) {
-      next_seq_ = std::max(next_seq_, f.seq + 1);
-      IndexEntry e{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), 0, f.seq};
-      auto [it, inserted] = index_.try_emplace(f.hash, e);
-      if (!inserted) {
-        const IndexEntry& loser = it->second.seq < f.seq ? it->second : e;
-        stale.push_back({loser.region, uint64_t(loser.block) * kBlockSize, scans[loser.region].epoch, loser.seq,
-                         loser.payload_bytes});
-        if (it->second.seq < f.seq) it->second = e;
-      }
-    }
-  }
-  for (uint32_t r = 0; r < num_regions_; r++) {
-    Region& reg = regions_[r];
-    const RegionScan& scan = scans[r];
-    if (scan.valid) next_epoch_ = std::max(next_epoch_, scan.epoch + 1);
-    if (scan.valid && scan.end > kBlockSize) {
-      reg.state = RegionState::kSealed;
-      reg.epoch = scan.epoch;
-      reg.write_offset = scan.end;
-      reg.last_access = scan.epoch;  // eviction order after restart: write order
-    } else {
-      free_regions_.push_back(r);
-    }
-  }
-  for (auto& [hash, e] : index_) {
-    Region& reg = regions_[e.region];
-    reg.live_bytes += object_footprint(e.payload_bytes);
-    reg.hashes.push_back(hash);
-    used_bytes_ += object_footprint(e.payload_bytes);
-  }
-  clock_ = next_epoch_;
-  std::reverse(free_regions_.begin(), free_regions_.end());  // hand out low regions first
-
-  if (!stale.empty()) {
-    IoContext ctx;
-    for (const Location& loc : stale) {
-      Status s = write_tombstone(ctx, loc);
-      if (!s.ok()) return Status::IoError("recovery of card " + path() + " failed: " + s.message());
-    }
-  }
-  recovered_objects_ = index_.size();
-  recovery_seconds_ = seconds_since(t0);
-  ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %" PRIu64 " MiB) in %.3f s",
-           path().c_str(), index_.size(), used_bytes_ / double(1ull << 30),
-           num_regions_ * double(region_bytes_) / double(1ull << 30), num_regions_, region_bytes_ >> 20,
-           recovery_seconds_);
-  return Status::Ok();
-}
-
 void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
   uint64_t fp = object_footprint(e.payload_bytes);
   regions_[e.region].live_bytes -= fp;
@@ -314,7 +140,7 @@ void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
 }
 
 void CardStore::evict_locked(uint32_t r) {
-  Region& reg = regions_[r];
+  RegionManager::Region& reg = regions_[r];
   uint64_t evicted = 0;
   for (uint64_t h : reg.hashes) {
     auto it = index_.find(h);
@@ -342,24 +168,8 @@ Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
     std::unique_lock<std::mutex> lock(mu_);
     auto deadline = Clock::now() + std::chrono::seconds(5);
     for (;;) {
-      if (!free_regions_.empty()) {
-        r = free_regions_.back();
-        free_regions_.pop_back();
-        break;
-      }
-      // Victim: an unpinned sealed region, empty ones first, then least recently used.
-      int64_t victim = -1;
-      for (uint32_t i = 0; i < num_regions_; i++) {
-        const Region& c = regions_[i];
-        if (c.state != RegionState::kSealed || c.pins) continue;
-        if (victim < 0) {
-          victim = i;
-          continue;
-        }
-        const Region& v = regions_[victim];
-        bool c_empty = c.live_bytes == 0, v_empty = v.live_bytes == 0;
-        if (c_empty != v_empty ? c_empty : c.last_access < v.last_access) victim = i;
-      }
+      if (regions_.take_free(&r)) break;
+      int64_t victim = regions_.choose_victim();
       if (victim >= 0) {
         r = static_cast<uint32_t>(victim);
         evict_locked(r);
@@ -368,27 +178,14 @@ Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
       if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
         return Status::NoSpace("card " + path() + " is full and every region is being written or read");
     }
-    Region& reg = regions_[r];
-    reg.state = RegionState::kOpen;
-    reg.epoch = epoch = next_epoch_++;
-    reg.write_offset = kBlockSize;
-    reg.live_bytes = 0;
-    reg.last_access = ++clock_;
+    epoch = regions_.open(r, kBlockSize);
   }
-  std::memset(ctx.header_.data(), 0, kBlockSize);
-  RegionHeader rh{};
-  std::memcpy(rh.magic, kRegionMagic, 8);
-  rh.card_id = card_id_;
-  rh.epoch = epoch;
-  rh.region_index = r;
-  rh.crc = region_crc(rh);
-  std::memcpy(ctx.header_.data(), &rh, sizeof rh);
+  encode_region_header(ctx.header_.data(), card_id_, epoch, r);
   Status s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
   if (!s.ok()) {
     count_io_error();
     std::lock_guard<std::mutex> lock(mu_);
-    regions_[r].state = RegionState::kFree;
-    free_regions_.push_back(r);
+    regions_.add_free(r);
     return s;
   }
   *region = r;
@@ -398,13 +195,7 @@ Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
 void CardStore::release_region(IoContext& ctx) {
   if (ctx.open_region_ < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Region& reg = regions_[ctx.open_region_];
-  if (reg.write_offset > kBlockSize) {
-    reg.state = RegionState::kSealed;
-  } else {
-    reg.state = RegionState::kFree;
-    free_regions_.push_back(static_cast<uint32_t>(ctx.open_region_));
-  }
+  regions_.release(static_cast<uint32_t>(ctx.open_region_), kBlockSize);
   ctx.open_region_ = -1;
   unpinned_.notify_all();
 }
@@ -412,7 +203,7 @@ void CardStore::release_region(IoContext& ctx) {
 Status CardStore::reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, uint64_t* offset, uint64_t* epoch) {
   if (ctx.open_region_ >= 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    Region& reg = regions_[ctx.open_region_];
+    RegionManager::Region& reg = regions_[ctx.open_region_];
     if (reg.write_offset + footprint <= region_bytes_) {
       *region = static_cast<uint32_t>(ctx.open_region_);
       *offset = reg.write_offset;
@@ -427,7 +218,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, 
   if (!s.ok()) return s;
   ctx.open_region_ = r;
   std::lock_guard<std::mutex> lock(mu_);
-  Region& reg = regions_[r];
+  RegionManager::Region& reg = regions_[r];
   *region = r;
   *offset = reg.write_offset;
   *epoch = reg.epoch;
@@ -485,7 +276,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     {
       std::lock_guard<std::mutex> lock(mu_);
       seq = next_seq_++;
-      regions_[region].pins++;
+      regions_.pin(region);
     }
     pinned.push_back(region);
     iovec iov[3];
@@ -493,7 +284,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     if (aligned) {
       uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
-      encode_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
+      encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
       size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
       iov[0] = {hdr, kBlockSize};
       iov[1] = {const_cast<uint8_t*>(it.data), body};
@@ -507,7 +298,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     } else {
       uint8_t* st = ctx.staging_.data();
       uint32_t pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
-      encode_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
+      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
       std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
       iov[0] = {st, fp};
       iovcnt = 1;
@@ -542,9 +333,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     for (size_t i = 0; i < n; i++) {
       const Location& loc = written[i];
       if (loc.region == UINT32_MAX) continue;
-      Region& reg = regions_[loc.region];
+      RegionManager::Region& reg = regions_[loc.region];
       if (!wanted) {
-        reg.pins++;
+        regions_.pin(loc.region);
         superseded.push_back(loc);
         continue;
       }
@@ -554,7 +345,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       auto [it, inserted] = index_.try_emplace(h, e);
       if (!inserted) {
         const IndexEntry& old = it->second;
-        regions_[old.region].pins++;
+        regions_.pin(old.region);
         superseded.push_back(
             {old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq, old.payload_bytes});
         erase_entry_locked(h, old);
@@ -567,7 +358,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       counters_.stores++;
     }
     for (uint32_t r : pinned)
-      if (--regions_[r].pins == 0) unpinned_.notify_all();
+      if (regions_.unpin(r)) unpinned_.notify_all();
   }
   for (const Location& loc : superseded) {
     Status s = write_tombstone(ctx, loc);
@@ -583,13 +374,13 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
 
 void CardStore::unpin(uint32_t r) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (--regions_[r].pins == 0) unpinned_.notify_all();
+  if (regions_.unpin(r)) unpinned_.notify_all();
 }
 
 Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   if (!ctx.header_.reserve(2 * kBlockSize)) return Status::IoError("out of memory for staging");
-  encode_header(ctx.header_.data(), card_id_, loc.epoch, loc.seq, std::string_view(), loc.payload_bytes, 0,
-                kObjectDeleted);
+  encode_object_header(ctx.header_.data(), card_id_, loc.epoch, loc.seq, std::string_view(), loc.payload_bytes, 0,
+                       kObjectDeleted);
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
@@ -605,10 +396,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       *io = Status::NotFound("evicted, replaced or deleted meanwhile");
       return std::string();
     }
-    Region& reg = regions_[e.region];
-    reg.pins++;
-    reg.last_access = ++clock_;
-    epoch = reg.epoch;
+    regions_.pin(e.region);
+    regions_.touch(e.region);
+    epoch = regions_[e.region].epoch;
   }
   uint64_t fp = object_footprint(e.payload_bytes);
   *io = ctx.staging_.reserve(fp)
@@ -622,7 +412,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   counters_.bytes_read += fp;
   const uint8_t* block = ctx.staging_.data();
   ObjectHeader hdr;
-  if (!decode_header(block, card_id_, epoch, &hdr)) return "header damaged";
+  if (!decode_object_header(block, card_id_, epoch, &hdr)) return "header damaged";
   if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
     *io = Status::NotFound("deleted meanwhile");
     return std::string();
@@ -644,7 +434,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
     auto it = index_.find(hash);
     if (it == index_.end() || it->second.seq != e.seq) return;  // already replaced or gone
     erase_entry_locked(hash, it->second);
-    regions_[e.region].pins++;
+    regions_.pin(e.region);
     loc.epoch = regions_[e.region].epoch;
   }
   Status ts = write_tombstone(ctx, loc);
@@ -702,52 +492,13 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   return Status::Ok();
 }
 
-void CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
-                       VerifyReport* report) {
-  ctx.store_ = this;
-  std::vector<std::pair<uint64_t, IndexEntry>> entries;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    entries.assign(index_.begin(), index_.end());
-  }
-  // Card order: regions are read front to back.
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.second.region, a.second.block) < std::tie(b.second.region, b.second.block);
-  });
-  uint64_t done = 0;
-  for (const auto& [hash, e] : entries) {
-    bool current;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = index_.find(hash);
-      current = it != index_.end() && it->second.seq == e.seq;
-    }
-    if (current) {
-      Status io;
-      std::string bad = read_and_check(ctx, hash, e, &io, true);
-      report->checked++;
-      report->bytes += e.payload_bytes;
-      if (!bad.empty()) {
-        report->bad++;
-        report->bad_objects.push_back("region " + std::to_string(e.region) + " offset " +
-                                      std::to_string(uint64_t(e.block) * kBlockSize) + ": " + bad);
-        if (repair && io.ok()) {
-          drop_damaged(ctx, hash, e);
-          report->repaired++;
-        }
-      }
-    }
-    progress(++done, entries.size());
-  }
-}
-
 bool CardStore::exists(std::string_view key) {
   if (!check_key(key).ok()) return false;
   uint64_t h = hash_key(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(h);
   if (it == index_.end()) return false;
-  regions_[it->second.region].last_access = ++clock_;
+  regions_.touch(it->second.region);
   return true;
 }
 
@@ -761,7 +512,7 @@ bool CardStore::remove(IoContext& ctx, std::string_view key) {
     auto it = index_.find(h);
     if (it == index_.end()) return false;
     const IndexEntry& e = it->second;
-    regions_[e.region].pins++;
+    regions_.pin(e.region);
     loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes};
   }
   // The tombstone goes to the card first: a delete that is not on the card
@@ -775,7 +526,7 @@ bool CardStore::remove(IoContext& ctx, std::string_view key) {
       erase_entry_locked(h, it->second);
       erased = true;
     }
-    if (--regions_[loc.region].pins == 0) unpinned_.notify_all();
+    if (regions_.unpin(loc.region)) unpinned_.notify_all();
   }
   if (!s.ok()) count_io_error();
   if (erased) counters_.deletes++;
@@ -788,7 +539,7 @@ StoreStats CardStore::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     st.used_bytes = used_bytes_;
     st.objects = index_.size();
-    st.free_regions = free_regions_.size();
+    st.free_regions = regions_.free_count();
   }
   st.region_bytes = region_bytes_;
   st.num_regions = num_regions_;

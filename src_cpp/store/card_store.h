@@ -10,6 +10,11 @@
 // When no region is free, the least recently used sealed region is evicted
 // as a whole (its objects leave the index; its space is reused).
 //
+// Rooms (as CacheLib Navy divides its block cache): record encoding and
+// decoding is in card_format, the regions (allocation, pins, victim choice)
+// in region_manager, the walk of the card at open in recovery, verify in
+// verify.cc; this class holds the index and the put/get/commit path.
+//
 // Thread-safety: all public methods may be called from any thread; each
 // thread brings its own IoContext (staging memory, open region).
 #pragma once
@@ -25,8 +30,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/store_types.h"
 #include "store/card_device.h"
 #include "store/card_format.h"
+#include "store/region_manager.h"
 #include "util/aligned_buffer.h"
 #include "util/status.h"
 
@@ -39,59 +46,6 @@ struct CardOptions {
   bool durable = true;        // fdatasync before a store is acknowledged
   int io_depth = 4;           // card I/O in flight at once
   int recovery_threads = 4;
-};
-
-struct StoreStats {
-  uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
-  uint64_t region_bytes = 0, num_regions = 0, free_regions = 0;
-  uint64_t hits = 0, misses = 0, stores = 0, store_failures = 0, deletes = 0;
-  uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
-  uint64_t bytes_written = 0, bytes_read = 0;
-  uint64_t recovered_objects = 0;
-  double recovery_seconds = 0;
-  bool healthy = true;  // false while the card's most recent I/O failed
-};
-
-// Calls f(name, value) for every field of st (uint64_t, double or bool): the
-// one list the Python stats dict and the gateway's StatsReply are made from.
-template <typename F>
-void for_each_stat(const StoreStats& st, F&& f) {
-  f("capacity_bytes", st.capacity_bytes);
-  f("used_bytes", st.used_bytes);
-  f("objects", st.objects);
-  f("region_bytes", st.region_bytes);
-  f("num_regions", st.num_regions);
-  f("free_regions", st.free_regions);
-  f("hits", st.hits);
-  f("misses", st.misses);
-  f("stores", st.stores);
-  f("store_failures", st.store_failures);
-  f("deletes", st.deletes);
-  f("evicted_objects", st.evicted_objects);
-  f("evicted_regions", st.evicted_regions);
-  f("checksum_failures", st.checksum_failures);
-  f("io_errors", st.io_errors);
-  f("bytes_written", st.bytes_written);
-  f("bytes_read", st.bytes_read);
-  f("recovered_objects", st.recovered_objects);
-  f("recovery_seconds", st.recovery_seconds);
-  f("healthy", st.healthy);
-}
-
-// Counters of the operations a client of a card sees, kept by the card store
-// and by the gateway client alike.
-struct OpCounters {
-  std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
-  std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
-  void copy_to(StoreStats* st) const {
-    st->hits = hits;
-    st->misses = misses;
-    st->stores = stores;
-    st->store_failures = store_failures;
-    st->deletes = deletes;
-    st->bytes_written = bytes_written;
-    st->bytes_read = bytes_read;
-  }
 };
 
 class CardStore;
@@ -115,19 +69,6 @@ class IoContext {
 struct VerifyReport {
   uint64_t checked = 0, bad = 0, repaired = 0, bytes = 0;
   std::vector<std::string> bad_objects;  // "region R offset O: reason"
-};
-
-// Copies a loaded payload to dst while checking its CRC (one pass over the
-// bytes); false if the payload is damaged (dst then holds the damaged bytes).
-using CopyFn = std::function<bool(uint8_t* dst)>;
-// Called by get() once an object's header has checked out: chooses where its
-// `size` bytes go and calls copy(dst), or declines by returning false.
-using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
-
-struct PutItem {
-  std::string_view key;
-  const uint8_t* data;
-  size_t size;
 };
 
 class CardStore {
@@ -166,21 +107,11 @@ class CardStore {
   // Largest payload one object can hold.
   uint64_t max_object_bytes() const { return region_bytes_ - 2 * kBlockSize; }
 
-  // Validates a key against the format's bounds.
-  static Status check_key(std::string_view key);
+  // Validates a key against the format's bounds (common/store_types.h).
+  static Status check_key(std::string_view key) { return adp::check_key(key); }
 
  private:
   friend class IoContext;
-  enum class RegionState : uint8_t { kFree, kOpen, kSealed };
-  struct Region {
-    RegionState state = RegionState::kFree;
-    uint32_t pins = 0;  // readers/invalidators in flight
-    uint64_t epoch = 0;
-    uint64_t write_offset = 0;     // next append offset within the region
-    uint64_t live_bytes = 0;       // footprint of indexed objects
-    uint64_t last_access = 0;      // LRU clock
-    std::vector<uint64_t> hashes;  // keys written under this epoch (for eviction)
-  };
   struct IndexEntry {
     uint32_t region;
     uint32_t block;  // offset within region / kBlockSize
@@ -229,13 +160,10 @@ class CardStore {
 
   mutable std::mutex mu_;
   std::condition_variable unpinned_;
-  std::vector<Region> regions_;
-  std::vector<uint32_t> free_regions_;
+  RegionManager regions_;  // guarded by mu_
   std::unordered_map<uint64_t, IndexEntry> index_;
   uint64_t used_bytes_ = 0;
-  uint64_t next_epoch_ = 1;
   uint64_t next_seq_ = 1;
-  uint64_t clock_ = 0;
   bool evicting_logged_ = false;
 
   struct Counters : OpCounters {

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a client of a card sees, whoever serves it (the card store in-process,
+// or a gateway over a socket): the items of a store, the delivery callbacks
+// of a load, the counters and stats, and the size limits every layer checks.
+// The connector and the protocol include this header, never store/.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "util/status.h"
+
+namespace adp {
+
+// Size limits. The card format (store/card_format.h) is bound by them.
+constexpr uint32_t kMaxKeyBytes = 1024;           // bound on a key, enforced at submit
+constexpr uint64_t kMaxObjectBytes = 256u << 20;  // no card holds a larger object (one largest region)
+
+// Validates a key against the bounds above.
+inline Status check_key(std::string_view key) {
+  if (key.empty()) return Status::InvalidArgument("empty key");
+  if (key.size() > kMaxKeyBytes)
+    return Status::InvalidArgument("key of " + std::to_string(key.size()) + " bytes exceeds the bound of " +
+                                   std::to_string(kMaxKeyBytes) + " bytes");
+  return Status::Ok();
+}
+
+struct PutItem {
+  std::string_view key;
+  const uint8_t* data;
+  size_t size;
+};
+
+// Copies a loaded payload to dst while checking its CRC (one pass over the
+// bytes); false if the payload is damaged (dst then holds the damaged bytes).
+using CopyFn = std::function<bool(uint8_t* dst)>;
+// Called by a load once an object's header has checked out: chooses where its
+// `size` bytes go and calls copy(dst), or declines by returning false.
+using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
+
+struct StoreStats {
+  uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
+  uint64_t region_bytes = 0, num_regions = 0, free_regions = 0;
+  uint64_t hits = 0, misses = 0, stores = 0, store_failures = 0, deletes = 0;
+  uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
+  uint64_t bytes_written = 0, bytes_read = 0;
+  uint64_t recovered_objects = 0;
+  double recovery_seconds = 0;
+  bool healthy = true;  // false while the card's most recent I/O failed
+};
+
+// Calls f(name, value) for every field of st (uint64_t, double or bool): the
+// one list the Python stats dict and the gateway's StatsReply are made from.
+template <typename F>
+void for_each_stat(const StoreStats& st, F&& f) {
+  f("capacity_bytes", st.capacity_bytes);
+  f("used_bytes", st.used_bytes);
+  f("objects", st.objects);
+  f("region_bytes", st.region_bytes);
+  f("num_regions", st.num_regions);
+  f("free_regions", st.free_regions);
+  f("hits", st.hits);
+  f("misses", st.misses);
+  f("stores", st.stores);
+  f("store_failures", st.store_failures);
+  f("deletes", st.deletes);
+  f("evicted_objects", st.evicted_objects);
+  f("evicted_regions", st.evicted_regions);
+  f("checksum_failures", st.checksum_failures);
+  f("io_errors", st.io_errors);
+  f("bytes_written", st.bytes_written);
+  f("bytes_read", st.bytes_read);
+  f("recovered_objects", st.recovered_objects);
+  f("recovery_seconds", st.recovery_seconds);
+  f("healthy", st.healthy);
+}
+
+// Counters of the operations a client of a card sees, kept by the card store
+// and by the gateway client alike.
+struct OpCounters {
+  std::atomic<uint64_t> hits{0}, misses{0}, stores{0}, store_failures{0}, deletes{0};
+  std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
+  void copy_to(StoreStats* st) const {
+    st->hits = hits;
+    st->misses = misses;
+    st->stores = stores;
+    st->store_failures = store_failures;
+    st->deletes = deletes;
+    st->bytes_written = bytes_written;
+    st->bytes_read = bytes_read;
+  }
+};
+
+}  // namespace adp
