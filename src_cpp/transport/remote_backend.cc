@@ -146,7 +146,7 @@ size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, p
   uint64_t used = 0;
   size_t end = begin;
   for (; end < n && req->items.size() < max_keys; end++) {
-    if (end > begin && !CardStore::check_key(in.keys[end]).ok()) break;  // failed alone in its own round
+    if (end > begin && !check_key(in.keys[end]).ok()) break;  // failed alone in its own round
     uint64_t size = in.sizes ? in.sizes[end] : 0;
     uint64_t offset = in.sizes ? align_up(used, align) : 0;
     if (offset > area || size > area - offset) break;
@@ -173,7 +173,7 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
   };
   while (begin < n) {
     // A key the gateway would refuse (closing the connection) fails here, alone.
-    Status s = CardStore::check_key(in.keys[begin]);
+    Status s = check_key(in.keys[begin]);
     if (!s.ok()) {
       finish(begin++, s, nullptr, 0);
       continue;
