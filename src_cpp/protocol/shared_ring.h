@@ -22,7 +22,7 @@ constexpr uint64_t kRingAlign = 4096;
 
 class SharedRing {
  public:
-  // Client side: a new sealed memfd of `bytes`, mapped.
+  // Client side: a new sealed memfd of `bytes`, mapped (pages allocated on first use).
   static Status Create(uint64_t bytes, std::unique_ptr<SharedRing>* out);
   // Gateway side: maps the client's fd (taken over) after checking that it is
   // a sealed memfd of exactly `bytes`.

@@ -8,10 +8,17 @@ namespace adp {
 
 Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline deadline,
                               std::unique_ptr<GatewayClient>* out) {
+  // The ring first: the gateway's handshake clock starts at connect.
+  std::unique_ptr<proto::SharedRing> ring;
+  if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes) {
+    Status s = proto::SharedRing::Create(opts.ring_bytes, &ring);
+    if (!s.ok()) return s;
+  }
   int fd = -1;
   Status s = proto::connect_endpoint(opts.endpoint, deadline, &fd);
   if (!s.ok()) return s;
   std::unique_ptr<GatewayClient> c(new GatewayClient(fd));
+  c->ring_ = std::move(ring);
   s = c->handshake(opts, deadline);
   if (!s.ok()) return s;
   *out = std::move(c);
@@ -24,9 +31,7 @@ void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
   proto::Hello hello;
-  if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes) {
-    Status s = proto::SharedRing::Create(opts.ring_bytes, &ring_);
-    if (!s.ok()) return s;
+  if (ring_) {
     hello.features = proto::kFeatureRing;
     hello.ring_bytes = ring_->size();
   }
