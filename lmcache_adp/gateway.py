@@ -110,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
     while True:
         sig = signal.sigtimedwait(STOP_SIGNALS, 1.0)
-        if sig is not None:
+        # CPython returns a struct_siginfo holding garbage (si_signo 0 or
+        # anything) when the wait was interrupted (EINTR: SIGSTOP then
+        # SIGCONT) and its timeout ran out meanwhile: only a stop signal stops.
+        if sig is not None and sig.si_signo in STOP_SIGNALS:
             log.info("%s received: stopping", signal.Signals(sig.si_signo).name)
             break
         if server.wait(0):

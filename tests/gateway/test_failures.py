@@ -114,3 +114,35 @@ def test_wrong_token_is_refused(gateway, workdir):
     good = RawConnector(ADPConnector(gateway=gateway.tcp_url, token_file=gateway.token_file))
     assert good.set(["k"], [memoryview(b"v")])[0]
     good.conn.close()
+
+
+def test_stop_longer_than_timeout_then_continue(gateway):
+    """kill -STOP for longer than timeout_ms during loads, then kill -CONT: the
+    gateway keeps running, the loads in flight complete by their deadline as
+    misses, and the same connector loads everything back."""
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url, timeout_ms=TIMEOUT_MS, num_workers=4))
+    keys, datas = keys_and_datas(16)
+    assert c.set(keys, [memoryview(d) for d in datas])[0]
+    outs = [bytearray(len(d)) for d in datas]
+    gateway.proc.send_signal(19)  # SIGSTOP
+    try:
+        fid = c.conn.submit_batch_get(keys, [memoryview(o) for o in outs])
+        ok, _, per_key = c.wait(fid, timeout=TIMEOUT_MS / 1000 + 10)  # completes by its deadline
+        assert not ok and per_key == [False] * len(keys)
+        time.sleep(TIMEOUT_MS / 1000)  # stopped for twice timeout_ms in all
+    finally:
+        gateway.proc.send_signal(18)  # SIGCONT
+    deadline = time.monotonic() + 10
+    while True:
+        outs = [bytearray(len(d)) for d in datas]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        if ok and all(per_key):
+            break
+        assert gateway.proc.poll() is None, "gateway exited after SIGCONT:\n" + gateway.log()
+        assert time.monotonic() < deadline, "connector did not get its data back after SIGCONT"
+        time.sleep(0.1)
+    assert [bytes(o) for o in outs] == datas
+    assert gateway.proc.poll() is None, gateway.log()
+    assert "Traceback" not in gateway.log()
+    c.conn.close()
+    assert gateway.stop() == 0
