@@ -28,13 +28,22 @@ using DeliverFn = std::function<bool(size_t i, size_t size, const CopyFn& copy)>
 // then; past it the connector has already completed the future as failed.
 using Deadline = std::chrono::steady_clock::time_point;
 
+// Runs read() under the batch's guard (the one deliveries of a load hold),
+// and only while its future has not completed: a put reads the caller's
+// buffers only inside read(), so no byte is read after LMCache may have
+// reused them. Returns false, without running read(), once completed.
+// guarded([] {}) tells whether the store is still wanted.
+using GuardedReadFn = std::function<bool(const std::function<void()>& read)>;
+
 class BackendSession {
  public:
   virtual ~BackendSession() = default;
-  // results[i] for each item; objects are indexed only if still_wanted()
-  // holds once their bytes are on the card.
+  // results[i] for each item; objects are indexed only if the store is still
+  // wanted (guarded([] {})) once their bytes are on the card. A session that
+  // copies the caller's bytes before storing them (a gateway's) copies them
+  // inside guarded().
   virtual void put(const PutItem* items, size_t n, Status* results, Deadline deadline,
-                   const std::function<bool()>& still_wanted) = 0;
+                   const GuardedReadFn& guarded) = 0;
   // results[i]: Ok (delivered), NotFound (miss) or an error. sizes[i] is
   // the length of the caller's buffer for key i (a gateway reserves room
   // for it; deliver() still decides).

@@ -157,7 +157,12 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       std::vector<PutItem> items(n);
       for (size_t i = 0; i < n; i++) items[i] = {keys[i], b->buffers[t.begin + i].data, b->buffers[t.begin + i].size};
       std::vector<Status> st(n);
-      session.put(items.data(), n, st.data(), b->deadline, [b] { return !b->is_completed(); });
+      session.put(items.data(), n, st.data(), b->deadline, [b](const std::function<void()>& read) {
+        std::shared_lock<std::shared_mutex> g(b->guard);
+        if (b->completed) return false;
+        read();
+        return true;
+      });
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
         if (!st[i].ok()) b->note_error("store of key " + std::string(keys[i]) + " failed: " + st[i].message());

@@ -20,6 +20,10 @@ unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); 
 
 bool fits(uint64_t offset, uint64_t len, uint64_t area) { return offset <= area && len <= area - offset; }
 
+// A put is written in chunks of at most this much, its deadline checked between.
+constexpr size_t kPutChunkItems = 64;
+constexpr uint64_t kPutChunkBytes = 16ull << 20;
+
 }  // namespace
 
 std::string ClientHandler::peer() const {
@@ -215,14 +219,31 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
   // it is not indexed (put) or not done (get), as the client has given up.
   const auto deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
   std::vector<Status> st(n);
-  {
-    auto ctx = shared_->pool->acquire();
+  auto lease = req.op == proto::Op::kExists ? nullptr : shared_->pool->acquire(deadline);
+  if (!lease && req.op != proto::Op::kExists) {
+    for (size_t i = 0; i < n; i++) st[i] = Status::TimedOut("no I/O context came free before the deadline");
+  } else {
     CardStore& store = *shared_->store;
     switch (req.op) {
       case proto::Op::kPut: {
+        // In chunks (one sync each on a durable card), the deadline checked
+        // before each: once it passed, the items left are not written at
+        // all, and nothing is indexed past it.
         std::vector<PutItem> items(n);
         for (size_t i = 0; i < n; i++) items[i] = {req.items[i].key, base + req.items[i].offset, req.items[i].size};
-        store.put(*ctx, items.data(), n, st.data(), [deadline] { return Clock::now() < deadline; });
+        for (size_t i = 0; i < n;) {
+          if (Clock::now() >= deadline) {
+            st[i++] = Status::TimedOut("deadline passed in the gateway: not written");
+            continue;
+          }
+          size_t end = i + 1;
+          for (uint64_t bytes = items[i].size; end < n && end - i < kPutChunkItems; end++) {
+            bytes += items[end].size;
+            if (bytes > kPutChunkBytes) break;
+          }
+          store.put(**lease, items.data() + i, end - i, st.data() + i, [deadline] { return Clock::now() < deadline; });
+          i = end;
+        }
         break;
       }
       case proto::Op::kGet:
@@ -232,7 +253,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
             st[i] = Status::TimedOut("deadline passed in the gateway");
             continue;
           }
-          st[i] = store.get(*ctx, it.key, [&](size_t size, const CopyFn& copy) {
+          st[i] = store.get(**lease, it.key, [&](size_t size, const CopyFn& copy) {
             if (size != it.size) {
               ADP_WARN("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
                        log_safe(it.key).c_str(), size, ull(it.size));
@@ -251,7 +272,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
         for (size_t i = 0; i < n; i++) st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
         break;
       case proto::Op::kDelete:
-        for (size_t i = 0; i < n; i++) st[i] = store.remove(*ctx, req.items[i].key) ? Status::Ok() : Status::NotFound();
+        for (size_t i = 0; i < n; i++)
+          st[i] = store.remove(**lease, req.items[i].key) ? Status::Ok() : Status::NotFound();
         break;
     }
   }

@@ -2,7 +2,8 @@
 // IoContextPool: the gateway's fixed set of IoContexts (staging memory and an
 // open region each). A request leases one while it runs against the store,
 // so store concurrency, staging memory and the number of open regions stay
-// bounded however many clients connect; a request finding none free waits.
+// bounded however many clients connect; a request finding none free waits,
+// until its deadline at most.
 // Thread-safe. Must be destroyed before the store (contexts seal their regions).
 #pragma once
 
@@ -34,12 +35,14 @@ class IoContextPool {
     std::unique_ptr<IoContext> ctx_;
   };
 
-  Lease acquire() {
+  // A lease, or null if none came free by `deadline`.
+  template <typename TimePoint>
+  std::unique_ptr<Lease> acquire(TimePoint deadline) {
     std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this] { return !free_.empty(); });
+    if (!cv_.wait_until(l, deadline, [this] { return !free_.empty(); })) return nullptr;
     auto ctx = std::move(free_.back());
     free_.pop_back();
-    return Lease(this, std::move(ctx));
+    return std::make_unique<Lease>(this, std::move(ctx));
   }
 
  private:

@@ -231,6 +231,9 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
     if (next < iov.size()) {
       iov[next].iov_base = static_cast<uint8_t*>(iov[next].iov_base) + done;
       iov[next].iov_len -= done;
+      // Checked after every send, not only when the socket is full: a frame
+      // cut short here is refused by the peer as truncated, never acted on.
+      if (deadline != kNoDeadline && Clock::now() >= deadline) return Status::TimedOut("deadline passed while sending");
     }
   }
   return Status::Ok();

@@ -51,7 +51,9 @@ struct Frame {
 };
 
 // Sends header + table + payload (iovecs) in one go. pass_fd >= 0 rides on
-// the frame's first byte (SCM_RIGHTS).
+// the frame's first byte (SCM_RIGHTS). The deadline is checked after every
+// partial send: past it the frame stays incomplete (TimedOut) and the
+// connection must be dropped.
 Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
                    std::span<const iovec> payload, Deadline deadline, int pass_fd = -1);
 

@@ -11,9 +11,10 @@ class EmbeddedSession : public BackendSession {
     ctx_.reset();  // seals this worker's open region before the store can go
   }
 
-  void put(const PutItem* items, size_t n, Status* results, Deadline,
-           const std::function<bool()>& still_wanted) override {
-    store_->put(*ctx_, items, n, results, still_wanted);
+  // The store writes from the caller's buffers, then checks that the store is
+  // still wanted: bytes it indexes were read before the future completed.
+  void put(const PutItem* items, size_t n, Status* results, Deadline, const GuardedReadFn& guarded) override {
+    store_->put(*ctx_, items, n, results, [&guarded] { return guarded([] {}); });
   }
 
   void get(const std::string_view* keys, const size_t*, size_t n, Status* results, Deadline,

@@ -2,7 +2,9 @@
 #include "transport/remote_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "util/log.h"
 
@@ -27,8 +29,9 @@ bool link_failure(const Status& s) { return s.code() != Status::Code::kTimedOut;
 struct RoundInput {
   proto::Op op;
   const std::string_view* keys;
-  const size_t* sizes;        // null for exists/delete
-  const uint8_t* const* src;  // put only
+  const size_t* sizes;           // null for exists/delete
+  const uint8_t* const* src;     // put only
+  const GuardedReadFn* guarded;  // put only: src is read only inside it
 };
 
 // Receives each key's outcome; data points at a get's bytes (ring or reply).
@@ -39,8 +42,7 @@ class RemoteSession : public BackendSession {
   explicit RemoteSession(RemoteBackend* backend) : backend_(backend) {}
   ~RemoteSession() override { backend_->drop(&client_); }
 
-  void put(const PutItem* items, size_t n, Status* results, Deadline deadline,
-           const std::function<bool()>& still_wanted) override {
+  void put(const PutItem* items, size_t n, Status* results, Deadline deadline, const GuardedReadFn& guarded) override {
     std::vector<std::string_view> keys(n);
     std::vector<size_t> sizes(n);
     std::vector<const uint8_t*> src(n);
@@ -50,7 +52,7 @@ class RemoteSession : public BackendSession {
       src[i] = items[i].data;
     }
     auto& c = backend_->counters_;
-    run({proto::Op::kPut, keys.data(), sizes.data(), src.data()}, n, deadline, still_wanted,
+    run({proto::Op::kPut, keys.data(), sizes.data(), src.data(), &guarded}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t*, size_t) {
           results[i] = st;
           (st.ok() ? c.stores : c.store_failures).fetch_add(1, std::memory_order_relaxed);
@@ -61,7 +63,7 @@ class RemoteSession : public BackendSession {
   void get(const std::string_view* keys, const size_t* sizes, size_t n, Status* results, Deadline deadline,
            const DeliverFn& deliver) override {
     auto& c = backend_->counters_;
-    run({proto::Op::kGet, keys, sizes, nullptr}, n, deadline, nullptr,
+    run({proto::Op::kGet, keys, sizes, nullptr, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t* data, size_t size) {
           // The gateway checked the payload against its CRC before replying.
           auto copy = [data, size](uint8_t* dst) {
@@ -75,13 +77,13 @@ class RemoteSession : public BackendSession {
   }
 
   void exists(const std::string_view* keys, size_t n, bool* found, Deadline deadline) override {
-    run({proto::Op::kExists, keys, nullptr, nullptr}, n, deadline, nullptr,
+    run({proto::Op::kExists, keys, nullptr, nullptr, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t*, size_t) { found[i] = st.ok(); });
   }
 
   void remove(const std::string_view* keys, size_t n, bool* removed, Deadline deadline) override {
     auto& c = backend_->counters_;
-    run({proto::Op::kDelete, keys, nullptr, nullptr}, n, deadline, nullptr,
+    run({proto::Op::kDelete, keys, nullptr, nullptr, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t*, size_t) {
           removed[i] = st.ok();
           if (st.ok()) c.deletes.fetch_add(1, std::memory_order_relaxed);
@@ -92,11 +94,15 @@ class RemoteSession : public BackendSession {
   Status connected(Deadline deadline);
   void lose(const Status& why);
   // Lays out the round starting at `begin` for the current connection;
-  // returns its end (== begin when item `begin` fits no round).
-  size_t plan_round(const RoundInput& in, size_t begin, size_t n, proto::BatchRequest* req, std::vector<iovec>* iov);
-  void run(const RoundInput& in, size_t n, Deadline deadline, const std::function<bool()>& still_wanted,
-           const FinishFn& finish);
-  // Hands the reply of one round to finish(); Ok unless the reply lies.
+  // returns its end (== begin when item `begin` fits no round). A put's
+  // bytes are copied (into the ring, or this session's staging for TCP)
+  // under the caller's guard; *abandoned is set if the future completed
+  // before they all were.
+  size_t plan_round(const RoundInput& in, size_t begin, size_t n, proto::BatchRequest* req, std::vector<iovec>* iov,
+                    bool* abandoned);
+  void run(const RoundInput& in, size_t n, Deadline deadline, const FinishFn& finish);
+  // Hands the reply of one round to finish(); Ok unless the reply lies, in
+  // which case no item of the round is finished (run() fails them once).
   Status finish_round(const RoundInput& in, size_t begin, const proto::BatchRequest& req,
                       const proto::BatchReply& reply, const FinishFn& finish);
 
@@ -106,6 +112,7 @@ class RemoteSession : public BackendSession {
   Clock::time_point retry_at_{};
   milliseconds backoff_{0};
   Status last_error_;
+  std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
 };
 
 Status RemoteSession::connected(Deadline deadline) {
@@ -135,7 +142,7 @@ void RemoteSession::lose(const Status& why) {
 }
 
 size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, proto::BatchRequest* req,
-                                 std::vector<iovec>* iov) {
+                                 std::vector<iovec>* iov, bool* abandoned) {
   proto::SharedRing* ring = client_->ring();
   const uint64_t area = ring ? ring->size() : client_->limits().max_inline_payload;
   const uint64_t align = ring ? proto::kRingAlign : 1;
@@ -152,17 +159,29 @@ size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, p
     if (offset > area || size > area - offset) break;
     req->items.push_back({in.keys[end], size, offset});
     used = offset + size;
-    if (!in.src) continue;
-    if (ring)
-      std::memcpy(ring->data() + offset, in.src[end], size);
-    else
-      iov->push_back({const_cast<uint8_t*>(in.src[end]), size});
+  }
+  *abandoned = false;
+  if (!in.src || end == begin) return end;
+  if (backend_->test_put_delay_.count()) std::this_thread::sleep_for(backend_->test_put_delay_);
+  // Never from the caller's buffers outside its guard: TCP sends a copy.
+  uint8_t* dst = ring ? ring->data() : nullptr;
+  if (!ring) {
+    staging_.resize(used);
+    dst = staging_.data();
+    iov->push_back({dst, used});
+  }
+  for (size_t k = 0; k < req->items.size(); k++) {
+    const proto::BatchItem& it = req->items[k];
+    const uint8_t* src = in.src[begin + k];
+    if (!(*in.guarded)([&] { std::memcpy(dst + it.offset, src, it.size); })) {
+      *abandoned = true;
+      break;
+    }
   }
   return end;
 }
 
-void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const std::function<bool()>& still_wanted,
-                        const FinishFn& finish) {
+void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const FinishFn& finish) {
   proto::BatchRequest req;
   proto::BatchReply reply;
   std::vector<iovec> iov;
@@ -178,10 +197,12 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       finish(begin++, s, nullptr, 0);
       continue;
     }
-    if (still_wanted && !still_wanted()) return fail_rest(Status::TimedOut("deadline passed"));
+    if (in.guarded && !(*in.guarded)([] {})) return fail_rest(Status::TimedOut("deadline passed"));
     s = connected(deadline);
     if (!s.ok()) return fail_rest(s);
-    size_t end = plan_round(in, begin, n, &req, &iov);
+    bool abandoned = false;
+    size_t end = plan_round(in, begin, n, &req, &iov, &abandoned);
+    if (abandoned) return fail_rest(Status::TimedOut("deadline passed while the payload was copied"));
     if (end == begin) {
       std::string limit = client_->ring() ? "the ring (raise ring_mb)" : "one frame's payload";
       finish(begin,
@@ -190,8 +211,10 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       begin++;
       continue;
     }
+    // A round with no time left is failed, not sent with a token budget.
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    req.timeout_ms = static_cast<uint32_t>(std::clamp<long long>(left, 1, UINT32_MAX));
+    if (left <= 0) return fail_rest(Status::TimedOut("deadline passed before the request was sent"));
+    req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     bool stale = !fresh_;
     fresh_ = false;
     s = client_->call(req, iov, deadline, &reply);
@@ -212,8 +235,18 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
 Status RemoteSession::finish_round(const RoundInput& in, size_t begin, const proto::BatchRequest& req,
                                    const proto::BatchReply& reply, const FinishFn& finish) {
   proto::SharedRing* ring = client_->ring();
+  // Checked whole before any item is finished: run() fails the round's items
+  // when it lies, and each item is finished once.
+  uint64_t inline_total = 0;
+  for (size_t k = 0; k < req.items.size() && in.op == proto::Op::kGet; k++) {
+    const proto::ItemResult& r = reply.results[k];
+    if (!r.status.ok()) continue;
+    if (r.size != req.items[k].size) return Status::InvalidArgument("gateway reply disagrees with the request");
+    inline_total += r.size;
+  }
+  if (!ring && inline_total > reply.payload.size())
+    return Status::InvalidArgument("gateway reply disagrees with the request");
   const uint8_t* inline_data = reply.payload.data();
-  size_t inline_left = reply.payload.size();
   for (size_t k = 0; k < req.items.size(); k++) {
     const proto::ItemResult& r = reply.results[k];
     if (in.op != proto::Op::kGet || !r.status.ok()) {
@@ -221,16 +254,15 @@ Status RemoteSession::finish_round(const RoundInput& in, size_t begin, const pro
       continue;
     }
     const proto::BatchItem& it = req.items[k];
-    if (r.size != it.size || (!ring && r.size > inline_left))
-      return Status::InvalidArgument("gateway reply disagrees with the request");
     const uint8_t* data = ring ? ring->data() + it.offset : inline_data;
-    if (!ring) {
-      inline_data += r.size;
-      inline_left -= r.size;
-    }
+    if (!ring) inline_data += r.size;
     finish(begin + k, r.status, data, r.size);
   }
   return Status::Ok();
+}
+
+RemoteBackend::RemoteBackend(GatewayClientOptions opts) : opts_(std::move(opts)) {
+  if (const char* d = std::getenv("ADP_TEST_PUT_COPY_DELAY_MS")) test_put_delay_ = milliseconds(std::atoi(d));
 }
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }

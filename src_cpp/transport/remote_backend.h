@@ -22,7 +22,7 @@ namespace adp {
 
 class RemoteBackend : public Backend {
  public:
-  explicit RemoteBackend(GatewayClientOptions opts) : opts_(std::move(opts)) {}
+  explicit RemoteBackend(GatewayClientOptions opts);
   std::unique_ptr<BackendSession> new_session() override;
   std::string describe() const override { return "gateway " + opts_.endpoint.str(); }
   StoreStats stats() const override;
@@ -42,6 +42,10 @@ class RemoteBackend : public Backend {
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
   OpCounters counters_;
+  // Tests only (ADP_TEST_PUT_COPY_DELAY_MS): a pause between a put round's
+  // start and the copy of its bytes, so a test can make the deadline pass
+  // exactly there.
+  std::chrono::milliseconds test_put_delay_{0};
 };
 
 }  // namespace adp
