@@ -35,12 +35,23 @@ struct PutItem {
   size_t size;
 };
 
-// Copies a loaded payload to dst while checking its CRC (one pass over the
-// bytes); false if the payload is damaged (dst then holds the damaged bytes).
+// Places a loaded payload in dst and checks its CRC there; false if it is not
+// the intact object (dst may then hold the damaged or other bytes).
 using CopyFn = std::function<bool(uint8_t* dst)>;
-// Called by a load once an object's header has checked out: chooses where its
-// `size` bytes go and calls copy(dst), or declines by returning false.
+// Called by get() for an indexed object: chooses where its `size` bytes go
+// and calls copy(dst), or declines by returning false.
 using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
+
+// Where get() reads the card into. kStaging: the IoContext's staging memory,
+// header and payload checked before deliver() is called; copy() then copies
+// into dst while checking the CRC, so dst is written for a memcpy's time.
+// kDestination: copy() reads the object with one I/O, payload straight into
+// dst (when 4 KiB aligned; staged otherwise), and checks header and CRC in
+// place: one pass over the bytes, but dst is written for the card's read
+// time. Callers choose it where that time is bounded (a memory-speed card,
+// CardStore::memory_speed()) or where dst is memory no one reuses once its
+// caller gave up (a gateway connection's ring).
+enum class ReadInto { kStaging, kDestination };
 
 struct StoreStats {
   uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;

@@ -253,7 +253,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
             st[i] = Status::TimedOut("deadline passed in the gateway");
             continue;
           }
-          st[i] = store.get(**lease, it.key, [&](size_t size, const CopyFn& copy) {
+          auto deliver = [&](size_t size, const CopyFn& copy) {
             if (size != it.size) {
               ADP_WARN("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
                        log_safe(it.key).c_str(), size, ull(it.size));
@@ -265,7 +265,10 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
             if (copy(payload->data() + at)) return true;
             payload->resize(at);
             return false;
-          });
+          };
+          // Ring: the card is read straight into it (a client that gave up
+          // drops the connection and its ring). Inline: staged, then copied.
+          st[i] = store.get(**lease, it.key, deliver, base ? ReadInto::kDestination : ReadInto::kStaging);
         }
         break;
       case proto::Op::kExists:

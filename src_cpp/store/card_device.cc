@@ -3,9 +3,11 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,7 +78,9 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
   } else {
     size = static_cast<uint64_t>(st.st_size);
   }
-  out->reset(new CardDevice(path, fd, size, is_blk));
+  struct statfs fs{};
+  bool memory = !is_blk && ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+  out->reset(new CardDevice(path, fd, size, is_blk, memory));
   return Status::Ok();
 }
 

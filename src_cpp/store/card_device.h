@@ -29,6 +29,8 @@ class CardDevice {
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
   bool is_block_device() const { return block_device_; }
+  // True for an image file on tmpfs or ramfs: its I/O is a memory copy.
+  bool memory_backed() const { return memory_backed_; }
 
   Status read(uint64_t offset, void* buf, size_t n) const;
   Status write(uint64_t offset, const void* buf, size_t n) const;
@@ -44,8 +46,8 @@ class CardDevice {
   bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
 
  private:
-  CardDevice(std::string path, int fd, uint64_t size, bool block_device)
-      : path_(std::move(path)), fd_(fd), size_(size), block_device_(block_device) {}
+  CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed)
+      : path_(std::move(path)), fd_(fd), size_(size), block_device_(block_device), memory_backed_(memory_backed) {}
   Status transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const;
   Status track(Status s) const;
 
@@ -53,6 +55,7 @@ class CardDevice {
   int fd_;
   uint64_t size_;
   bool block_device_;
+  bool memory_backed_;
   mutable std::atomic<bool> healthy_{true};
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};

@@ -385,7 +385,7 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
 }
 
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
-                                      bool check_payload) {
+                                      bool check_payload, uint8_t* payload_dst) {
   uint64_t epoch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -401,9 +401,19 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     epoch = regions_[e.region].epoch;
   }
   uint64_t fp = object_footprint(e.payload_bytes);
-  *io = ctx.staging_.reserve(fp)
-            ? device_->read(region_offset(e.region) + uint64_t(e.block) * kBlockSize, ctx.staging_.data(), fp)
-            : Status::IoError("out of memory for staging");
+  // Direct: the header block, and a partial last block, into staging; the
+  // payload's whole blocks straight into payload_dst; all in one I/O.
+  const bool direct = payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
+  const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
+  if (!ctx.staging_.reserve(direct ? 2 * kBlockSize : fp)) {
+    *io = Status::IoError("out of memory for staging");
+  } else if (direct) {
+    iovec iov[3] = {
+        {ctx.staging_.data(), kBlockSize}, {payload_dst, body}, {ctx.staging_.data() + kBlockSize, kBlockSize}};
+    *io = device_->readv(region_offset(e.region) + uint64_t(e.block) * kBlockSize, iov, tail ? 3 : 2);
+  } else {
+    *io = device_->read(region_offset(e.region) + uint64_t(e.block) * kBlockSize, ctx.staging_.data(), fp);
+  }
   unpin(e.region);
   if (!io->ok()) {
     count_io_error();
@@ -421,7 +431,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     return "header does not match the index";
   if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
     return "key does not match the index";
-  if (check_payload && crc32c(block + kBlockSize, hdr.payload_bytes) != hdr.payload_crc)
+  if (direct && tail) std::memcpy(payload_dst + body, block + kBlockSize, tail);
+  if (check_payload && crc32c(direct ? payload_dst : block + kBlockSize, hdr.payload_bytes) != hdr.payload_crc)
     return "payload checksum mismatch";
   return std::string();
 }
@@ -442,7 +453,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
   unpin(e.region);
 }
 
-Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver) {
+Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into) {
   ctx.store_ = this;
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
@@ -458,30 +469,48 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     e = it->second;
   }
   Status io;
-  std::string bad = read_and_check(ctx, h, e, &io, false);
-  if (io.is_not_found()) counters_.misses++;
-  if (!io.ok()) return io;
-  const uint8_t* block = ctx.staging_.data();
-  ObjectHeader hdr;
-  std::memcpy(&hdr, block, sizeof hdr);
-  if (bad.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key) {
-    counters_.misses++;  // another key with the same 64-bit hash
-    return Status::NotFound();
-  }
-  bool delivered = false;
-  if (bad.empty()) {
-    const uint8_t* payload = block + kBlockSize;
-    delivered = deliver(hdr.payload_bytes, [&](uint8_t* dst) {
-      if (crc32c_copy(dst, payload, hdr.payload_bytes) == hdr.payload_crc) return true;
-      bad = "payload checksum mismatch";
-      return false;
+  std::string bad;     // why the object is damaged (it is then dropped)
+  bool other = false;  // another key with the same 64-bit hash
+  // Reads the object (the payload into dst when given), checks header and
+  // key (and the payload CRC if asked); true if it is key's intact object.
+  auto read = [&](uint8_t* dst, bool check_payload) {
+    bad = read_and_check(ctx, h, e, &io, check_payload, dst);
+    if (!io.ok() || !bad.empty()) return false;
+    ObjectHeader hdr;
+    std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
+    other = std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
+    return !other;
+  };
+  // Copies a payload read into staging to dst, checking its CRC on the way.
+  auto copy_staged = [&](uint8_t* dst) {
+    ObjectHeader hdr;
+    std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
+    if (crc32c_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes) == hdr.payload_crc) return true;
+    bad = "payload checksum mismatch";
+    return false;
+  };
+  bool delivered;
+  if (into == ReadInto::kStaging) {
+    delivered = read(nullptr, false) && deliver(e.payload_bytes, copy_staged);
+  } else {
+    delivered = deliver(e.payload_bytes, [&](uint8_t* dst) {
+      bool direct = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
+      return read(direct ? dst : nullptr, direct) && (direct || copy_staged(dst));
     });
+  }
+  if (!io.ok()) {
+    if (io.is_not_found()) counters_.misses++;
+    return io;
   }
   if (!bad.empty()) {
     counters_.misses++;
     ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped, served as a miss", e.region,
              uint64_t(e.block) * kBlockSize, path().c_str(), bad.c_str());
     drop_damaged(ctx, h, e);
+    return Status::NotFound();
+  }
+  if (other) {
+    counters_.misses++;
     return Status::NotFound();
   }
   if (!delivered) {

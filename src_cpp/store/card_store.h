@@ -87,10 +87,14 @@ class CardStore {
   void put(IoContext& ctx, const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted);
 
   // Reads key and checks its header and key, then lets deliver() place the
-  // payload, checking the payload CRC while it is copied. Ok: delivered and
-  // intact. NotFound: a miss, a declined delivery, or a failed checksum
-  // (counted, and the object is dropped). Otherwise an I/O error.
-  Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver);
+  // payload, checking the payload CRC on the way; `into` says whether the
+  // card is read before deliver() or by its copy() (see ReadInto). Ok:
+  // delivered and intact. NotFound: a miss, a declined delivery, or a failed
+  // checksum (counted, and the object is dropped). Otherwise an I/O error.
+  Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging);
+  // True if the card is memory (an image file on tmpfs or ramfs): a read
+  // takes a memcpy's time, bounded by the object size.
+  bool memory_speed() const { return device_->memory_backed(); }
 
   bool exists(std::string_view key);
   // True if the key was present and is now deleted on the card.
@@ -146,8 +150,10 @@ class CardStore {
   // NotFound (and the reason empty) when the object is no longer current:
   // evicted, replaced or deleted since e was looked up. That is no damage.
   // check_payload=false leaves the payload CRC to the caller (get fuses it
-  // with the delivery copy).
-  std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload);
+  // with the delivery copy). A 4 KiB aligned `payload_dst` receives the
+  // payload (same I/O, checked there); otherwise it lands in staging.
+  std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
+                             uint8_t* payload_dst = nullptr);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import ctypes
 import os
 import select
+import shutil
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -190,3 +193,101 @@ def test_card_io_failure_is_reported_and_recovers(card):
     assert ok and hits == [False]  # a checked miss, not an error
     assert c.conn.stats()["healthy"]
     c.conn.close()
+
+
+# --- Loads from a memory-speed card: read straight into the caller's buffer --------------------
+
+
+@pytest.fixture
+def memory_card():
+    """A card image on tmpfs (/dev/shm): the store reads it straight into aligned load buffers."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.fail("these tests need /dev/shm (tmpfs) for a memory-speed card")
+    d = tempfile.mkdtemp(prefix="adp-test-", dir="/dev/shm")
+    yield os.path.join(d, "card.img")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(params=["disk", "memory"])
+def any_card(request, card, memory_card):
+    """The card in the test tree's directory (staged reads unless that is tmpfs) and on tmpfs (direct reads)."""
+    return card if request.param == "disk" else memory_card
+
+
+def test_loads_fill_exactly_the_buffer_aligned_or_not(any_card):
+    c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.25, num_workers=2))
+    try:
+        sizes = [1, 4095, 4096, 4097, MIB + 123, 2 * MIB]
+        keys = [f"m@00000000@0@{i:x}" for i in range(len(sizes))]
+        assert c.set(keys, [memoryview(payload(k, n)) for k, n in zip(keys, sizes, strict=True)])[0]
+        for offset in (0, 3):  # 4 KiB aligned (read in place) and not (staged)
+            raws, dsts = [], []
+            for n in sizes:
+                a = aligned_array(n + 8192, offset=offset)
+                a[:] = 0x5A
+                raws.append(a)
+                dsts.append(a[:n])
+            ok, _, hits = c.get(keys, [memoryview(d) for d in dsts])
+            assert ok and hits == [True] * len(keys)
+            for k, n, a in zip(keys, sizes, raws, strict=True):
+                assert bytes(a[:n]) == payload(k, n)
+                assert (a[n:] == 0x5A).all(), f"{n}-byte load wrote past its buffer"
+    finally:
+        c.conn.close()
+
+
+def corrupt(card: str, key: str, at: int) -> None:
+    """Flips one byte of key's object, `at` bytes from its header block's start (payload from 4096)."""
+    with open(card, "r+b") as f:
+        image = f.read()
+        pos = image.find(key.encode())
+        assert pos > 0
+        f.seek(pos - pos % 4096 + at)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+
+
+@pytest.mark.parametrize("where", ["payload", "tail", "header"])
+def test_damaged_object_is_a_miss_and_dropped(any_card, where):
+    c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.0625, num_workers=1))
+    try:
+        n = 3 * 4096 + 100
+        keys = ["m@00000000@0@good", "m@00000000@0@bad"]
+        assert c.set(keys, [memoryview(payload(k, n)) for k in keys])[0]
+        corrupt(any_card, keys[1], {"payload": 4096 + 777, "tail": 4096 + n - 5, "header": 30}[where])
+        dsts = [aligned_array(n) for _ in keys]
+        ok, _, hits = c.get(keys, [memoryview(d) for d in dsts])
+        assert hits == [True, False]
+        assert bytes(dsts[0]) == payload(keys[0], n)
+        assert c.conn.stats()["checksum_failures"] == 1
+        assert c.exists(keys)[2] == [True, False]
+    finally:
+        c.conn.close()
+
+
+def test_no_write_into_a_load_buffer_after_its_future_timed_out(memory_card):
+    """Direct reads run under the batch's deadline guard: once a get completed (here by its 1 ms
+    deadline, in the middle of reading a 32 MiB object), its buffers stay as they were."""
+    n = 32 * MIB
+    keys = [f"m@00000000@0@{i}" for i in range(4)]
+    c = RawConnector(ADPConnector(card=memory_card, card_size_gb=1, num_workers=1))
+    assert c.set(keys, [memoryview(payload(k, n)) for k in keys])[0]
+    c.conn.close()
+    c = RawConnector(ADPConnector(card=memory_card, num_workers=1, timeout_ms=1))
+    try:
+        late = timed_out = 0
+        dsts = [aligned_array(n) for _ in keys]
+        for _ in range(5):
+            for d in dsts:
+                d[:] = 0
+            ok, err, hits = c.get(keys, [memoryview(d) for d in dsts])
+            snapshot = dsts[0].copy()  # the object being read when the deadline passed
+            time.sleep(0.2)  # the worker finishes the batch meanwhile
+            late += not np.array_equal(dsts[0], snapshot)
+            if not ok:
+                assert err == "timed out after 1 ms" and hits == [False] * len(keys)
+                timed_out += 1
+        assert timed_out and late == 0
+    finally:
+        c.conn.close()
