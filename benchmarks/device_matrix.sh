@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The 16-core rows of issue 10 in one command (benchmarks/README.md, "bench_connector.py"):
+#   benchmarks/device_matrix.sh OUT TREE...   (each TREE a source tree of lmcache-adp)
+# The first TREE is pip-installed; the others are built in place and measured from their own
+# directory (bench_connector.py prefers a tree's in-place build). Host facts, a CRC32C speed
+# check and every report go under OUT. BENCH_ARGS overrides the matrix.
+set -u
+out=$1
+shift
+mkdir -p "$out"
+{
+  nproc
+  lscpu | grep -E "Model name|^L[123]|NUMA node\(s\)|MHz"
+  uname -r
+  df -hT /dev/shm
+  free -g
+} > "$out/host.txt" 2>&1
+cat "$out/host.txt"
+first=1
+for tree in "$@"; do
+  name=$(basename "$tree")
+  if [ $first = 1 ]; then
+    (cd "$tree" && ADP_BUILD_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps .) > "$out/build-$name.log" 2>&1 &
+  else
+    (cd "$tree" && ADP_BUILD_JOBS=16 python3 setup.py -q build_ext --inplace) > "$out/build-$name.log" 2>&1 &
+  fi
+  first=0
+done
+wait
+tail -n 3 "$out"/build-*.log
+(cd /tmp && python3 - <<'PY') | tee "$out/crc32c.txt"
+import time, numpy as np
+from lmcache_adp import crc32c
+from lmcache_adp._native import crc32c_implementation
+for size in (256 << 10, 2 << 20, 32 << 20):
+    b = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    crc32c(b)
+    n = max(1, (1 << 30) // size)
+    t = time.perf_counter()
+    for _ in range(n):
+        crc32c(b)
+    print(f"crc32c ({crc32c_implementation()}) over {size >> 10} KiB, one thread: {n * size / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+PY
+args=${BENCH_ARGS:---workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 3}
+for tree in "$@"; do
+  name=$(basename "$tree")
+  (cd /tmp && timeout 280 python3 "$tree/benchmarks/bench_connector.py" $args --out "$out" --label "16core-$name") \
+    > "$out/bench-$name.log" 2>&1
+  echo "bench $name: exit $?"
+  grep -v INFO "$out/bench-$name.log" | tail -n 14
+done
