@@ -3,8 +3,8 @@
 through the client classes vLLM's LMCacheMPConnector uses (CPU KV tensors).
 
 Each test starts its servers on free ports and stops them by PID. Every test
-runs with the embedded card and through the gateway daemon; the gateway runs
-skip, with the reason, while this build has no `lmcache-adp gateway`.
+runs with the embedded card and through the gateway daemon; a gateway that
+does not start fails the test.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from lmcache_adp.testing.mp_driver import (  # noqa: E402
     VLLMClient,
     adp_adapter,
     drop_l1,
-    gateway_unavailable,
     prompt,
     restore_prompt,
     store_prompt,
@@ -58,19 +57,12 @@ class L2Tier:
         self.gateway.start()
 
 
-@pytest.fixture(scope="module")
-def gateway_missing() -> str | None:
-    return gateway_unavailable()
-
-
 @pytest.fixture(params=["embedded", "gateway"])
-def tier(request, tmp_path, gateway_missing):
+def tier(request, tmp_path):
     card = tmp_path / "card.img"
     if request.param == "embedded":
         yield L2Tier("embedded", card)
         return
-    if gateway_missing:
-        pytest.skip(gateway_missing)
     with Gateway(card, tmp_path / "gw.sock", card_size_gb=CARD_GB, workdir=tmp_path) as gw:
         yield L2Tier("gateway", card, gw)
 
@@ -119,9 +111,7 @@ def test_prompt_comes_back_after_server_restart(tier, tmp_path):
     restore_after_restart(tier, tmp_path, restart_gateway=False)
 
 
-def test_prompt_comes_back_after_gateway_and_server_restart(tmp_path, gateway_missing):
-    if gateway_missing:
-        pytest.skip(gateway_missing)
+def test_prompt_comes_back_after_gateway_and_server_restart(tmp_path):
     with Gateway(tmp_path / "card.img", tmp_path / "gw.sock", card_size_gb=CARD_GB, workdir=tmp_path) as gw:
         restore_after_restart(L2Tier("gateway", tmp_path / "card.img", gw), tmp_path, restart_gateway=True)
 

@@ -24,7 +24,6 @@ from lmcache_adp.testing.mp_driver import (  # noqa: E402
     VLLMClient,
     child_env,
     drop_l1,
-    gateway_unavailable,
     restore_prompt,
     store_prompt,
 )
@@ -35,11 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SHAPE = KVShape(num_layers=4, num_heads=2, head_dim=64, block_size=16, num_blocks=160)
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
-
-
-@pytest.fixture(scope="module")
-def gateway_missing() -> str | None:
-    return gateway_unavailable()
 
 
 def dry_run(script: str, *args: str, **env: str) -> list[list[str]]:
@@ -136,9 +130,7 @@ def test_run_server_embedded_command_line(tmp_path):
     assert (cfg.gateway, cfg.card, cfg.card_size_gb) == ("embedded", str(tmp_path / "c.img"), 64)
 
 
-def test_run_server_gateway(tmp_path, gateway_missing):
-    if gateway_missing:
-        pytest.skip(gateway_missing)
+def test_run_server_gateway(tmp_path):
     sock = tmp_path / "gw" / "gateway.sock"
     server = script_server(tmp_path, "run_server_gateway.sh", ADP_SOCKET=str(sock))
     with server:
@@ -146,15 +138,13 @@ def test_run_server_gateway(tmp_path, gateway_missing):
     assert server.proc.returncode == 143, "the script stops on SIGTERM after stopping what it started"
 
 
-def test_run_server_gateway_command_lines(tmp_path, gateway_missing):
+def test_run_server_gateway_command_lines(tmp_path):
     sock = tmp_path / "g.sock"
     gateway, server = dry_run("run_server_gateway.sh", ADP_SOCKET=str(sock), ADP_CARD=str(tmp_path / "c.img"))
     assert gateway[:2] == ["lmcache-adp", "gateway"]
     assert (flag(gateway, "--card"), flag(gateway, "--socket")) == (str(tmp_path / "c.img"), str(sock))
     params = l2_adapter_spec(flag(server, "--l2-adapter"))
     assert params == {"gateway": f"unix://{sock}"}
-    if gateway_missing:
-        pytest.skip(f"not checked against the CLI and the config: {gateway_missing}")
     from lmcache_adp.cli import build_parser
 
     build_parser().parse_args(gateway[1:])
@@ -172,11 +162,9 @@ def test_l2_adapter_json_embedded():
     assert cfg.gateway == "embedded" and cfg.card_size_gb == 64
 
 
-def test_l2_adapter_json_gateway(gateway_missing):
+def test_l2_adapter_json_gateway():
     params = l2_adapter_spec((EXAMPLES / "lmcache-adp-l2-gateway.json").read_text())
     assert params["gateway"] == "unix:///run/lmcache-adp/gateway.sock", "the systemd unit's socket"
-    if gateway_missing:
-        pytest.skip(f"gateway params not accepted by this build yet: {gateway_missing}")
     ConnectorConfig.from_params(params)
 
 
@@ -203,7 +191,7 @@ def test_vllm_serve_kv_transfer_config():
     )
 
 
-def test_systemd_unit(gateway_missing):
+def test_systemd_unit():
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str
     unit.read(EXAMPLES / "lmcache-adp-gateway.service")
@@ -215,8 +203,6 @@ def test_systemd_unit(gateway_missing):
     json_sock = json.loads((EXAMPLES / "lmcache-adp-l2-gateway.json").read_text())["adapter_params"]["gateway"]
     assert json_sock == f"unix://{sock}"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
-    if gateway_missing:
-        pytest.skip(f"ExecStart not checked against the CLI: {gateway_missing}")
     from lmcache_adp.cli import build_parser
 
     build_parser().parse_args(argv[1:])

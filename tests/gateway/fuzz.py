@@ -59,15 +59,16 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
     return bytes(b)
 
 
-def run_parser(seconds: float, seed: int = 0) -> tuple[int, int]:
-    """Feeds mutated frames to the parser; returns (accepted, refused)."""
+def run_parser(seconds: float = float("inf"), seed: int = 0, frames: int | None = None) -> tuple[int, int]:
+    """Feeds mutated frames to the parser for `seconds` or `frames` frames,
+    whichever ends first; returns (accepted, refused)."""
     rng = random.Random(seed)
     base = seeds()
     for s in base:
         _native.parse_frame(s)  # the seeds themselves are valid
     accepted = refused = 0
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and (frames is None or accepted + refused < frames):
         try:
             _native.parse_frame(mutate(rng, rng.choice(base)))
             accepted += 1
@@ -76,14 +77,15 @@ def run_parser(seconds: float, seed: int = 0) -> tuple[int, int]:
     return accepted, refused
 
 
-def run_network(socket_path: str, seconds: float, seed: int = 0) -> int:
+def run_network(socket_path: str, seconds: float = float("inf"), seed: int = 0, frames: int | None = None) -> int:
     """Sends mutated frames to a gateway, each on a fresh connection after a valid
-    hello; returns how many were sent. The gateway must stay up and serving."""
+    hello, for `seconds` or `frames` frames; returns how many were sent. The
+    gateway must stay up and serving."""
     rng = random.Random(seed)
     base = seeds()[2:6]
     sent = 0
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and (frames is None or sent < frames):
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(socket_path)

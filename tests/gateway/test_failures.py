@@ -12,7 +12,6 @@ from tests.gateway.conftest import Gateway
 from tests.helpers import RawConnector, payload
 
 TIMEOUT_MS = 2000
-SLACK_S = 2.0  # scheduling slack on top of the deadline on a loaded 2-core machine
 
 
 def keys_and_datas(n: int, size: int = 256 * 1024):
@@ -24,15 +23,16 @@ def test_absent_gateway_fails_fast_and_recovers_when_it_appears(workdir):
     gw = Gateway(workdir)
     c = RawConnector(ADPConnector(gateway=gw.unix_url, timeout_ms=TIMEOUT_MS))  # no gateway yet: no error
     keys, datas = keys_and_datas(3)
-    t0 = time.monotonic()
+    # Fail fast: each operation fails with "unavailable" (not by running into
+    # its deadline, which would say "timed out").
     ok, err, _ = c.set(keys, [memoryview(d) for d in datas])
-    assert not ok and "unavailable" in err
-    ok, _, per_key = c.exists(keys)
-    assert per_key == [False] * 3
+    assert not ok and "unavailable" in err and "timed out" not in err, err
+    ok, err, per_key = c.exists(keys)
+    assert per_key == [False] * 3 and "timed out" not in err, err
     outs = [bytearray(len(d)) for d in datas]
-    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
-    assert per_key == [False] * 3 and all(o == bytearray(len(o)) for o in outs)
-    assert time.monotonic() - t0 < TIMEOUT_MS / 1000 + SLACK_S
+    ok, err, per_key = c.get(keys, [memoryview(o) for o in outs])
+    assert per_key == [False] * 3 and "timed out" not in err, err
+    assert all(o == bytearray(len(o)) for o in outs)
     gw.start()
     deadline = time.monotonic() + 10
     while not c.set(keys, [memoryview(d) for d in datas])[0]:  # back-off is at most 2 s
@@ -48,29 +48,35 @@ def test_sigkill_during_load_then_restart(gateway):
     keys, datas = keys_and_datas(32)
     assert c.set(keys, [memoryview(d) for d in datas])[0]  # acknowledged
 
-    worst = [0.0]
     stop = threading.Event()
+    loads = {"hit": 0, "missed": 0, "failed": 0}
+    errors: list[BaseException] = []  # an assertion in a thread is only a warning: hand it over
 
     def load_loop():
-        while not stop.is_set():
-            outs = [bytearray(len(d)) for d in datas[:8]]
-            t = time.monotonic()
-            ok, _, per_key = c.get(keys[:8], [memoryview(o) for o in outs])
-            worst[0] = max(worst[0], time.monotonic() - t)
-            for hit, o, d in zip(per_key, outs, datas, strict=True):
-                assert o == d if hit else o == bytearray(len(o))  # never partial or foreign bytes
+        try:
+            while not stop.is_set():
+                outs = [bytearray(len(d)) for d in datas[:8]]
+                ok, _, per_key = c.get(keys[:8], [memoryview(o) for o in outs])
+                for hit, o, d in zip(per_key, outs, datas[:8], strict=True):
+                    assert o == d if hit else o == bytearray(len(o)), "partial or foreign bytes in a get buffer"
+                loads["hit" if ok and all(per_key) else "missed" if ok else "failed"] += 1
+        except BaseException as e:
+            errors.append(e)
 
     t = threading.Thread(target=load_loop)
     t.start()
-    time.sleep(0.5)
+    while loads["hit"] < 3 and not errors:  # loads are flowing before the kill
+        time.sleep(0.05)
     gateway.kill()
     time.sleep(1.0)
     gateway.start()
     time.sleep(0.5)
     stop.set()
-    t.join(timeout=30)
-    assert not t.is_alive()
-    assert worst[0] < TIMEOUT_MS / 1000 + SLACK_S
+    t.join(timeout=60)  # every get completes (by its deadline); a hang fails here
+    assert not t.is_alive(), "a load never completed"
+    if errors:
+        raise errors[0]
+    assert loads["failed"] > 0, f"no load failed while the gateway was down: the kill was not under load ({loads})"
 
     deadline = time.monotonic() + 10
     while True:
@@ -94,10 +100,14 @@ def test_close_with_gateway_hung_returns_promptly(gateway):
     try:
         fid = c.submit_batch_exists(["k"])
         time.sleep(0.3)
-        t = time.monotonic()
-        c.close()  # interrupts the worker blocked on the gateway
-        assert time.monotonic() - t < 5
-        assert fid in [f[0] for f in c.drain_completions()]
+        # close() interrupts the worker blocked on the gateway: it returns long
+        # before the 60 s operation deadline, and the future fails as closed.
+        closer = threading.Thread(target=c.close)
+        closer.start()
+        closer.join(timeout=40)
+        assert not closer.is_alive(), "close() waited for the hung gateway"
+        done = {f[0]: f for f in c.drain_completions()}
+        assert fid in done and not done[fid][1] and "connector closed" in done[fid][2], done
     finally:
         gateway.proc.send_signal(18)
 

@@ -20,7 +20,9 @@ def exchange(gw, data: bytes, tcp: bool = False, half_close: bool = False) -> by
     """Sends data; returns everything the gateway sent until it closed (or fails)."""
     s = socket.create_connection(("127.0.0.1", gw.port)) if tcp else socket.socket(socket.AF_UNIX)
     with s:
-        s.settimeout(5)  # below the 10 s frame timeout: the close must be immediate
+        # Only a guard against a hang: that the gateway closed because of the bad
+        # frame (not its 10 s frame timeout) is checked by the logged reason.
+        s.settimeout(60)
         if not tcp:
             s.connect(gw.socket)
         s.sendall(data)
@@ -113,12 +115,13 @@ def test_valid_raw_exchange(gateway):
 
 
 def test_fuzz_frame_parser():
-    accepted, refused = fuzz.run_parser(seconds=2.0)
+    accepted, refused = fuzz.run_parser(frames=20000)
+    assert accepted + refused == 20000
     assert refused > 1000 and accepted > 0
 
 
 def test_fuzz_live_gateway(gateway):
-    assert fuzz.run_network(gateway.socket, seconds=2.0) > 20
+    assert fuzz.run_network(gateway.socket, frames=200) == 200
     c = RawConnector(ADPConnector(gateway=gateway.unix_url))
     assert c.set(["after-fuzz"], [memoryview(b"ok")])[0]
     c.conn.close()

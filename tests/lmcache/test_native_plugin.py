@@ -138,7 +138,7 @@ def test_corrupted_byte_is_a_miss(card):
 
 
 def test_close_with_work_pending(card):
-    a = L2(card=card, card_size_gb=0.5)
+    a = L2(card=card, card_size_gb=0.5, num_workers=1)
     keys = [L2.key(i) for i in range(64)]
     objs = L2.objects([bytes(2 * MIB)] * 64)
     tids = [a.adapter.submit_store_task(keys[i : i + 8], objs[i : i + 8]) for i in range(0, 64, 8)]
@@ -146,9 +146,14 @@ def test_close_with_work_pending(card):
     a.close()  # stops LMCache's demux thread, then closes the connector
     waiting = set(a.adapter._pending_ops)  # futures LMCache had not seen complete
     done = {c[0]: c for c in native.drain_completions()}
+    assert len(tids) == 8
     assert waiting <= set(done), "a future was left hanging"
     assert all(done[f][1] or done[f][2] == "connector closed" for f in waiting)
-    assert len(tids) == 8
+    # One worker, 128 MiB queued: close() came while stores were still queued,
+    # and those failed as closed (a close that finished the work would pass the
+    # checks above with nothing to check).
+    closed = [f for f in waiting if not done[f][1]]
+    assert closed, f"no store was pending at close(): {len(waiting)} futures unseen, all succeeded"
 
 
 KILLED = textwrap.dedent(
@@ -168,9 +173,11 @@ KILLED = textwrap.dedent(
 
 def test_killed_while_storing(card):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED, card], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root
-    )
+    err_path = os.path.join(os.path.dirname(os.path.dirname(card)), "child.err")
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLED, card], stdout=subprocess.PIPE, stderr=err, text=True, cwd=root
+        )
     acked = 0
     for line in proc.stdout:
         acked = int(line) + 1
@@ -178,6 +185,9 @@ def test_killed_while_storing(card):
             break
     proc.kill()
     proc.wait()
+    # Otherwise the checks below run over nothing: the child must have been
+    # storing (30 acknowledged batches) when it was killed.
+    assert acked == 30, f"the child acknowledged {acked} batches, then stopped:\n{open(err_path).read()[-3000:]}"
     b = L2(card=card)
     try:
         keys = [L2.key(i) for i in range(acked * 4 + 8)]  # acknowledged, plus the batches cut off

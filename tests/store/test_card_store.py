@@ -138,6 +138,7 @@ def test_flipped_payload_byte_is_a_counted_miss(card):
 
 def test_flipped_header_byte_drops_object_on_restart(card):
     s = open_store(card)
+    s.put("bystander", payload("bystander", 8000))  # before the victim: recovery walks up to the bad header
     s.put("victim", payload("victim", 8000))
     s.close()
     with open(card, "r+b") as f:
@@ -147,6 +148,8 @@ def test_flipped_header_byte_drops_object_on_restart(card):
         f.write(b"V")
     s = open_store(card)
     assert s.get("victim") is None and s.get("Victim") is None
+    assert s.get("bystander") == payload("bystander", 8000), "recovery dropped a sound object"
+    assert s.stats()["objects"] == 1
 
 
 def test_eviction_keeps_card_within_capacity(card):

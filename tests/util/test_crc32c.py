@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 import os
+import struct
 
 import pytest
 
@@ -30,12 +31,40 @@ def test_uses_hardware_here():
     assert _native.crc32c_implementation() in ("sse4.2", "armv8")
 
 
+def object_header(image: bytes, key: str) -> tuple[int, int]:
+    """(payload offset, payload_crc field) of key's object on a card image (docs/card_format.md)."""
+    pos = image.find(key.encode())
+    assert pos > 0, f"{key} not on the card"
+    header = pos - 64  # ObjectHeader (64 bytes) then the key
+    assert image[header : header + 8] == b"ADPOBJT1"
+    (payload_crc,) = struct.unpack_from("<I", image, header + 56)
+    return header + 4096, payload_crc
+
+
 @pytest.mark.parametrize("size", [1, 5, 4096, 3 * 4096 + 9, 1000_000])
 def test_store_reads_check_while_copying(card, size):
-    """get() copies through crc32c_copy: bytes and checksum both right at every length."""
+    """put() stages through crc32c_copy and get() checks through it: the CRC on
+    the card is the reference library's, and a flipped byte anywhere (first,
+    middle, last, in the last partial block) is a checksum failure, not a hit."""
     from lmcache_adp import CardStore
 
     s = CardStore(card, 64 << 20)
     data = os.urandom(size)
-    s.put("k", data)
-    assert s.get("k") == data
+    offsets = sorted({0, size // 2, size - 1})
+    for off in offsets:
+        s.put(f"crc-{off}-end", data)
+    s.put("clean", data)
+    image = open(card, "rb").read()
+    for key in [f"crc-{off}-end" for off in offsets] + ["clean"]:
+        assert object_header(image, key)[1] == google_crc32c.value(data), key
+    with open(card, "r+b") as f:
+        for off in offsets:
+            start, _ = object_header(image, f"crc-{off}-end")
+            f.seek(start + off)
+            f.write(bytes([image[start + off] ^ 0x01]))
+        f.flush()
+        os.fsync(f.fileno())
+    for i, off in enumerate(offsets):
+        assert s.get(f"crc-{off}-end") is None, f"a flipped byte at {off} of {size} was served"
+        assert s.stats()["checksum_failures"] == i + 1
+    assert s.get("clean") == data
