@@ -36,6 +36,7 @@ COUNTERS = {
     "evicted_regions": "Regions evicted to make room",
     "checksum_failures": "Objects that failed their checksum on read (dropped)",
     "io_errors": "Card I/O errors",
+    "media_errors": "Regions found unreadable at open (objects past the damage lost; the rest served)",
     "bytes_written": "Bytes written to the card",
     "bytes_read": "Bytes read from the card",
 }

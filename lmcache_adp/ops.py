@@ -59,6 +59,10 @@ def format_status(st: dict[str, Any]) -> str:
         ("evictions", f"{st.get('evicted_objects', 0)} objects in {st.get('evicted_regions', 0)} regions"),
         ("checksum failures", st.get("checksum_failures", 0)),
         ("I/O errors", st.get("io_errors", 0)),
+        (
+            "media errors",
+            f"{st.get('media_errors', 0)} regions unreadable at open (their objects past the damage lost)",
+        ),
         ("recovered at open", f"{st.get('recovered_objects', 0)} objects in {st.get('recovery_seconds', 0):.2f} s"),
     ]
     if "clients" in st:

@@ -58,6 +58,7 @@ struct StoreStats {
   uint64_t region_bytes = 0, num_regions = 0, free_regions = 0;
   uint64_t hits = 0, misses = 0, stores = 0, store_failures = 0, deletes = 0;
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
+  uint64_t media_errors = 0;  // regions found damaged or unreadable at open (their objects past the damage are lost)
   uint64_t bytes_written = 0, bytes_read = 0;
   uint64_t recovered_objects = 0;
   double recovery_seconds = 0;
@@ -83,6 +84,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("evicted_regions", st.evicted_regions);
   f("checksum_failures", st.checksum_failures);
   f("io_errors", st.io_errors);
+  f("media_errors", st.media_errors);
   f("bytes_written", st.bytes_written);
   f("bytes_read", st.bytes_read);
   f("recovered_objects", st.recovered_objects);

@@ -143,16 +143,6 @@ Status CardDevice::track(Status s) const {
   return s;
 }
 
-Status CardDevice::read(uint64_t offset, void* buf, size_t n) const {
-  iovec v{buf, n};
-  return track(transfer(false, offset, &v, 1));
-}
-
-Status CardDevice::write(uint64_t offset, const void* buf, size_t n) const {
-  iovec v{const_cast<void*>(buf), n};
-  return track(transfer(true, offset, &v, 1));
-}
-
 Status CardDevice::readv(uint64_t offset, const iovec* iov, int count) const {
   return track(transfer(false, offset, iov, count));
 }

@@ -6,44 +6,41 @@
 // lengths and memory: the card never enters the host page cache.
 #pragma once
 
-#include <sys/uio.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <semaphore>
 #include <string>
 
+#include "store/device.h"
 #include "util/status.h"
 
 namespace adp {
 
-class CardDevice {
+class CardDevice : public Device {
  public:
   // Opens `path`. A missing file is created with `create_bytes` (sparse) if
   // create_bytes > 0; otherwise a missing card is NotFound. Busy if another
   // open description holds the card.
   static Status Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out);
-  ~CardDevice();
+  ~CardDevice() override;
 
-  const std::string& path() const { return path_; }
-  uint64_t size() const { return size_; }
+  const std::string& path() const override { return path_; }
+  uint64_t size() const override { return size_; }
   bool is_block_device() const { return block_device_; }
   // True for an image file on tmpfs or ramfs: its I/O is a memory copy.
   bool memory_backed() const { return memory_backed_; }
 
-  Status read(uint64_t offset, void* buf, size_t n) const;
-  Status write(uint64_t offset, const void* buf, size_t n) const;
-  Status readv(uint64_t offset, const iovec* iov, int count) const;
-  Status writev(uint64_t offset, const iovec* iov, int count) const;
+  Status readv(uint64_t offset, const iovec* iov, int count) const override;
+  Status writev(uint64_t offset, const iovec* iov, int count) const override;
   // Makes completed writes durable against power loss (fdatasync).
-  Status sync() const;
+  Status sync() const override;
   // Bounds the card I/O in flight at once (the card's queue depth): threads
   // beyond it check and copy data while others wait on the card. Call before
   // the device is shared between threads.
   void set_io_depth(int depth);
   // False while the most recent I/O failed. Transitions are logged once each.
-  bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
+  bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
 
  private:
   CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed)

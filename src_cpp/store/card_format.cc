@@ -84,6 +84,16 @@ void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint
   std::memcpy(block, &h, sizeof h);
 }
 
+void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, uint64_t key_hash,
+                      uint64_t payload_bytes) {
+  encode_object_header(block, card_id, epoch, seq, std::string_view(), payload_bytes, 0, kObjectDeleted);
+  ObjectHeader h;
+  std::memcpy(&h, block, sizeof h);
+  h.key_hash = key_hash;
+  h.header_crc = header_crc(h, block + sizeof h);
+  std::memcpy(block, &h, sizeof h);
+}
+
 bool decode_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch, ObjectHeader* out) {
   std::memcpy(out, block, sizeof *out);
   return std::memcmp(out->magic, kObjectMagic, 8) == 0 && out->card_id == card_id && out->epoch == epoch &&

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// On-card format, version 1. The prose spec is docs/card_format.md; keep the
+// On-card format, version 2. The prose spec is docs/card_format.md; keep the
 // two in step and bump kFormatVersion on any incompatible change.
 //
 //   offset 0                  Superblock (one 4 KiB block)
@@ -20,7 +20,7 @@
 
 namespace adp {
 
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 constexpr uint64_t kBlockSize = 4096;                  // unit of every on-card I/O
 constexpr uint64_t kDataOffset = 1u << 20;             // regions start at 1 MiB
 constexpr uint64_t kMinRegionBytes = 1u << 20;         // 1 MiB
@@ -105,6 +105,12 @@ bool decode_region_header(const uint8_t* block, uint64_t card_id, uint32_t index
 // Fills `block` (kBlockSize bytes) with an object header and its key.
 void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
                           uint64_t payload_bytes, uint32_t payload_crc, uint32_t flags);
+// Fills `block` with the tombstone of the object (key_hash, seq) that was
+// written under `epoch`: written over that object's header block, it keeps
+// payload_bytes (so the chain can still be walked) and the key's hash and
+// sequence number (so recovery orders the delete against other copies).
+void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, uint64_t key_hash,
+                      uint64_t payload_bytes);
 // Checks the header block of an object written under (card_id, epoch).
 bool decode_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch, ObjectHeader* out);
 // The key stored in a header block decoded by decode_object_header.

@@ -45,7 +45,12 @@ Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_
   std::unique_ptr<CardDevice> dev;
   Status s = CardDevice::Open(path, create_bytes, &dev);
   if (!s.ok()) return s;
-  uint64_t size = dev->size() & ~(kBlockSize - 1);
+  return FormatDevice(*dev, region_bytes);
+}
+
+Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
+  const std::string& path = dev.path();
+  uint64_t size = dev.size() & ~(kBlockSize - 1);
   if (size < kDataOffset + kMinRegions * kMinRegionBytes)
     return Status::InvalidArgument("card " + path + " has " + std::to_string(size) + " bytes; at least " +
                                    std::to_string(kDataOffset + kMinRegions * kMinRegionBytes) + " are needed");
@@ -73,14 +78,14 @@ Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_
   sb.created_unix = static_cast<uint64_t>(time(nullptr));
   sb.crc = superblock_crc(sb);
   std::memcpy(buf.data(), &sb, sizeof sb);
-  s = dev->write(0, buf.data(), kBlockSize);
-  if (s.ok()) s = dev->sync();
+  Status s = dev.write(0, buf.data(), kBlockSize);
+  if (s.ok()) s = dev.sync();
   if (s.ok())
     ADP_INFO("formatted card %s: %u regions of %" PRIu64 " MiB", path.c_str(), sb.num_regions, region_bytes >> 20);
   return s;
 }
 
-CardStore::CardStore(std::unique_ptr<CardDevice> dev, const Superblock& sb, bool durable)
+CardStore::CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable)
     : device_(std::move(dev)),
       card_id_(sb.card_id),
       data_offset_(sb.data_offset),
@@ -92,44 +97,54 @@ CardStore::CardStore(std::unique_ptr<CardDevice> dev, const Superblock& sb, bool
 CardStore::~CardStore() = default;
 
 Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out) {
+  std::unique_ptr<CardDevice> dev;
+  Status s = CardDevice::Open(opts.path, opts.create_bytes, &dev);
+  if (!s.ok()) return s;
+  dev->set_io_depth(opts.io_depth);
+  return OpenDevice(std::move(dev), opts, out);
+}
+
+Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opts, std::unique_ptr<CardStore>* out) {
+  const std::string path = dev->path();
   AlignedBuffer buf;
   if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory");
   Superblock sb{};
   for (int attempt = 0; attempt < 2; attempt++) {
-    {
-      std::unique_ptr<CardDevice> dev;
-      Status s = CardDevice::Open(opts.path, opts.create_bytes, &dev);
+    Status s = dev->read(0, buf.data(), kBlockSize);
+    if (!s.ok())
+      return Status::IoError("cannot read the superblock of card " + path + " (" + s.message() +
+                             "); the card cannot be opened. Check the device; `lmcache-adp format --card " + path +
+                             " --yes` reformats it (the cache on it is lost)");
+    std::memcpy(&sb, buf.data(), sizeof sb);
+    if (valid_superblock(sb)) {
+      if (sb.format_version != kFormatVersion)
+        return Status::InvalidArgument(
+            "card " + path + " has format version " + std::to_string(sb.format_version) +
+            "; this build reads version " + std::to_string(kFormatVersion) +
+            ". The card holds a cache only: run `lmcache-adp format --card " + path +
+            " --yes` to reformat it for this version (its cached objects are lost and will be stored again)");
+      if (sb.card_bytes > dev->size() || sb.block_size != kBlockSize || sb.data_offset != kDataOffset ||
+          sb.region_bytes < kMinRegionBytes || sb.region_bytes > kMaxRegionBytes || sb.num_regions < 1 ||
+          sb.data_offset + uint64_t(sb.num_regions) * sb.region_bytes > dev->size())
+        return Status::Corruption("superblock of card " + path + " does not match the device (" +
+                                  std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format --card " +
+                                  path + " --yes`");
+      std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable));
+      s = store->recover(std::max(1, opts.recovery_threads));
       if (!s.ok()) return s;
-      s = dev->read(0, buf.data(), kBlockSize);
-      if (!s.ok()) return s;
-      std::memcpy(&sb, buf.data(), sizeof sb);
-      if (valid_superblock(sb)) {
-        if (sb.format_version != kFormatVersion)
-          return Status::InvalidArgument("card " + opts.path + " has format version " +
-                                         std::to_string(sb.format_version) + "; this build reads version " +
-                                         std::to_string(kFormatVersion));
-        if (sb.card_bytes > dev->size() || sb.block_size != kBlockSize || sb.data_offset != kDataOffset ||
-            sb.region_bytes < kMinRegionBytes || sb.region_bytes > kMaxRegionBytes ||
-            sb.data_offset + uint64_t(sb.num_regions) * sb.region_bytes > dev->size())
-          return Status::Corruption("superblock of card " + opts.path + " does not match the device (" +
-                                    std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format`");
-        dev->set_io_depth(opts.io_depth);
-        std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable));
-        s = store->recover(std::max(1, opts.recovery_threads));
-        if (!s.ok()) return s;
-        *out = std::move(store);
-        return Status::Ok();
-      }
-      if (!all_zero(buf.data(), kBlockSize))
-        return Status::InvalidArgument("card " + opts.path +
-                                       " holds data that is not an ADP card; refusing to overwrite it (use "
-                                       "`lmcache-adp format` to wipe it)");
+      *out = std::move(store);
+      return Status::Ok();
     }
-    // Blank card: format it, then open again (the device lock was dropped above).
-    Status s = Format(opts.path, opts.create_bytes, opts.region_bytes);
+    if (!all_zero(buf.data(), kBlockSize))
+      return Status::InvalidArgument("card " + path +
+                                     " holds data that is not an ADP card; refusing to overwrite it (use "
+                                     "`lmcache-adp format --card " +
+                                     path + "` to wipe it)");
+    // Blank card: format it, then read the new superblock.
+    s = FormatDevice(*dev, opts.region_bytes);
     if (!s.ok()) return s;
   }
-  return Status::Corruption("card " + opts.path + " could not be formatted");
+  return Status::Corruption("card " + path + " could not be formatted");
 }
 
 void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
@@ -182,10 +197,14 @@ Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
   }
   encode_region_header(ctx.header_.data(), card_id_, epoch, r);
   Status s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
+  // The new epoch must be on the card before anything is written under it:
+  // after a power cut that lost it, the epoch could be handed out again and
+  // unsynced leftovers written under it would walk as a valid chain.
+  if (s.ok() && durable_) s = device_->sync();
   if (!s.ok()) {
     count_io_error();
     std::lock_guard<std::mutex> lock(mu_);
-    regions_.add_free(r);
+    regions_.add_free_last(r);  // other regions are tried before this one again
     return s;
   }
   *region = r;
@@ -209,6 +228,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, 
       *offset = reg.write_offset;
       *epoch = reg.epoch;
       reg.write_offset += footprint;
+      regions_.touch(*region);  // a sealed region's LRU age is its last write
       return Status::Ok();
     }
   }
@@ -233,6 +253,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     for (size_t i = 0; i < n; i++) results[i] = Status::IoError("out of memory for staging");
     return;
   }
+  retry_pending(ctx);
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
   // Regions holding this put's objects stay pinned until the commit: a region
@@ -313,7 +334,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       continue;
     }
     counters_.bytes_written += fp;
-    written[i] = {region, offset, epoch, seq, it.size};
+    written[i] = {region, offset, epoch, seq, it.size, hash_key(it.key)};
     any_written = true;
   }
   if (any_written && durable_) {
@@ -326,50 +347,101 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   }
 
   // Commit: make the written objects visible, unless the caller gave up.
+  // Of two copies of a key the one with the higher sequence number stays,
+  // whichever commits last; the other is marked deleted on the card.
   bool wanted = still_wanted();
-  std::vector<Location> superseded;
+  std::vector<Stale> stale;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < n; i++) {
       const Location& loc = written[i];
       if (loc.region == UINT32_MAX) continue;
-      RegionManager::Region& reg = regions_[loc.region];
       if (!wanted) {
         regions_.pin(loc.region);
-        superseded.push_back(loc);
+        stale.push_back({loc, -1});
         continue;
       }
-      uint64_t h = hash_key(items[i].key);
+      uint64_t h = loc.hash;
       IndexEntry e{loc.region, static_cast<uint32_t>(loc.offset / kBlockSize), static_cast<uint32_t>(loc.payload_bytes),
                    0, loc.seq};
       auto [it, inserted] = index_.try_emplace(h, e);
+      counters_.stores++;
       if (!inserted) {
-        const IndexEntry& old = it->second;
+        const IndexEntry old = it->second;
+        if (old.seq > loc.seq) {  // a newer copy committed first: this one is already superseded
+          regions_.pin(loc.region);
+          regions_.pin(old.region);
+          stale.push_back({loc, old.region});
+          continue;
+        }
         regions_.pin(old.region);
-        superseded.push_back(
-            {old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq, old.payload_bytes});
+        regions_.pin(loc.region);
+        stale.push_back(
+            {{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq, old.payload_bytes, h},
+             loc.region});
         erase_entry_locked(h, old);
         index_.emplace(h, e);
       }
       uint64_t fp = object_footprint(loc.payload_bytes);
+      RegionManager::Region& reg = regions_[loc.region];
       reg.live_bytes += fp;
       reg.hashes.push_back(h);
       used_bytes_ += fp;
-      counters_.stores++;
     }
     for (uint32_t r : pinned)
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
-  for (const Location& loc : superseded) {
-    Status s = write_tombstone(ctx, loc);
-    if (!s.ok()) count_io_error();
-    unpin(loc.region);
-  }
+  write_tombstones(ctx, stale);
   if (!wanted)
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
   for (size_t i = 0; i < n; i++)
     if (!results[i].ok()) counters_.store_failures++;
+}
+
+bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
+  if (stale.empty()) return true;
+  std::vector<bool> ok(stale.size());
+  bool any = false;
+  for (size_t i = 0; i < stale.size(); i++) {
+    ok[i] = write_tombstone(ctx, stale[i].loc).ok();
+    any |= ok[i];
+  }
+  if (any && durable_ && !device_->sync().ok()) ok.assign(stale.size(), false);
+  bool all = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < stale.size(); i++) {
+    if (regions_.unpin(stale[i].loc.region)) unpinned_.notify_all();
+    if (ok[i]) {
+      if (stale[i].guard >= 0 && regions_.unpin(static_cast<uint32_t>(stale[i].guard))) unpinned_.notify_all();
+      continue;
+    }
+    all = false;
+    count_io_error();
+    pending_.push_back(stale[i]);
+  }
+  pending_count_ = pending_.size();
+  return all;
+}
+
+void CardStore::retry_pending(IoContext& ctx) {
+  if (pending_count_.load() == 0) return;
+  std::vector<Stale> retry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Stale& p : pending_) {
+      const RegionManager::Region& reg = regions_[p.loc.region];
+      if (reg.state != RegionManager::State::kFree && reg.epoch == p.loc.epoch) {
+        regions_.pin(p.loc.region);
+        retry.push_back(p);
+      } else if (p.guard >= 0 && regions_.unpin(static_cast<uint32_t>(p.guard))) {
+        unpinned_.notify_all();  // the older copy's region was reused: nothing left to delete
+      }
+    }
+    pending_.clear();
+    pending_count_ = 0;
+  }
+  write_tombstones(ctx, retry);
 }
 
 void CardStore::unpin(uint32_t r) {
@@ -379,8 +451,7 @@ void CardStore::unpin(uint32_t r) {
 
 Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   if (!ctx.header_.reserve(2 * kBlockSize)) return Status::IoError("out of memory for staging");
-  encode_object_header(ctx.header_.data(), card_id_, loc.epoch, loc.seq, std::string_view(), loc.payload_bytes, 0,
-                       kObjectDeleted);
+  encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.hash, loc.payload_bytes);
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
@@ -439,7 +510,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
 
 void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e) {
   counters_.checksum_failures++;
-  Location loc{e.region, uint64_t(e.block) * kBlockSize, 0, e.seq, e.payload_bytes};
+  Location loc{e.region, uint64_t(e.block) * kBlockSize, 0, e.seq, e.payload_bytes, hash};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(hash);
@@ -534,6 +605,7 @@ bool CardStore::exists(std::string_view key) {
 bool CardStore::remove(IoContext& ctx, std::string_view key) {
   ctx.store_ = this;
   if (!check_key(key).ok()) return false;
+  retry_pending(ctx);
   uint64_t h = hash_key(key);
   Location loc;
   {
@@ -542,11 +614,13 @@ bool CardStore::remove(IoContext& ctx, std::string_view key) {
     if (it == index_.end()) return false;
     const IndexEntry& e = it->second;
     regions_.pin(e.region);
-    loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes};
+    loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
   }
-  // The tombstone goes to the card first: a delete that is not on the card
-  // is not reported as done (it would come back after a restart).
+  // The tombstone goes to the card first (and is synced when durable): a
+  // delete that is not on the card is not reported as done (it would come
+  // back after a restart).
   Status s = write_tombstone(ctx, loc);
+  if (s.ok() && durable_) s = device_->sync();
   bool erased = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -578,6 +652,7 @@ StoreStats CardStore::stats() const {
   st.evicted_regions = counters_.evicted_regions;
   st.checksum_failures = counters_.checksum_failures;
   st.io_errors = counters_.io_errors;
+  st.media_errors = counters_.media_errors;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;
   st.healthy = device_->healthy();

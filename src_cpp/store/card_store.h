@@ -78,6 +78,10 @@ class CardStore {
   static Status Open(const CardOptions& opts, std::unique_ptr<CardStore>* out);
   // Writes a fresh superblock (new card id): every object on the card is gone.
   static Status Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes);
+  // The same on a device of the caller's (tests: testing/fault_device.h).
+  // opts.path, create_bytes and io_depth are not used.
+  static Status OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opts, std::unique_ptr<CardStore>* out);
+  static Status FormatDevice(Device& dev, uint64_t region_bytes);
   ~CardStore();
 
   // Stores items[0..n). results[i] says how item i went. Objects become
@@ -129,9 +133,18 @@ class CardStore {
     uint64_t epoch;
     uint64_t seq;
     uint64_t payload_bytes;
+    uint64_t hash = 0;
+  };
+  // An older copy to be marked deleted on the card. Its region is pinned
+  // while the tombstone is written; `guard` (or -1) is the region holding
+  // the newer copy or delete, pinned until the tombstone is durable, so the
+  // older copy cannot outlive what supersedes it.
+  struct Stale {
+    Location loc;
+    int64_t guard;
   };
 
-  CardStore(std::unique_ptr<CardDevice> dev, const Superblock& sb, bool durable);
+  CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable);
   Status recover(int threads);
   uint64_t region_offset(uint32_t r) const { return data_offset_ + uint64_t(r) * region_bytes_; }
 
@@ -143,6 +156,11 @@ class CardStore {
   void unpin(uint32_t r);
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
+  // Writes the tombstones of `stale` (synced when durable), then unpins
+  // their regions and guards. Those that fail go to pending_ (their guard
+  // stays pinned) and are retried by retry_pending(). False if any failed.
+  bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale);
+  void retry_pending(IoContext& ctx);
   void count_io_error() { counters_.io_errors++; }  // the device logs failing/working transitions
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
   // Reads the object of (hash, e) into ctx's staging and checks header, key
@@ -157,7 +175,7 @@ class CardStore {
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 
-  std::unique_ptr<CardDevice> device_;
+  std::unique_ptr<Device> device_;
   const uint64_t card_id_;
   const uint64_t data_offset_;
   const uint64_t region_bytes_;
@@ -171,9 +189,12 @@ class CardStore {
   uint64_t used_bytes_ = 0;
   uint64_t next_seq_ = 1;
   bool evicting_logged_ = false;
+  std::vector<Stale> pending_;  // tombstones that failed; guarded by mu_
+  std::atomic<size_t> pending_count_{0};
 
   struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
+    std::atomic<uint64_t> media_errors{0};
   } counters_;
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;

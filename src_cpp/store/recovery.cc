@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "store/card_format.h"
 #include "store/card_store.h"
@@ -21,11 +22,12 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Walks region r's chain into *scan.
-Status scan_region(const CardDevice& dev, const CardGeometry& g, uint32_t r, uint8_t* block, RegionScan* scan) {
+Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t* block, RegionScan* scan) {
   uint64_t base = g.region_offset(r);
   Status s = dev.read(base, block, kBlockSize);
   RegionHeader rh{};
   if (!s.ok() || !decode_region_header(block, g.card_id, r, &rh)) return s;
+  scan->end = kBlockSize;
   scan->valid = true;
   scan->epoch = rh.epoch;
   uint64_t off = kBlockSize;
@@ -33,11 +35,12 @@ Status scan_region(const CardDevice& dev, const CardGeometry& g, uint32_t r, uin
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
     if (!s.ok() || !decode_object_header(block, g.card_id, rh.epoch, &h)) break;
+    if (h.payload_bytes > g.region_bytes) break;  // bounded before it is used
     uint64_t fp = object_footprint(h.payload_bytes);
     if (off + fp > g.region_bytes) break;
-    if (!(h.flags & kObjectDeleted))
-      scan->objects.push_back(
-          {hash_key(object_key(block, h)), h.seq, h.payload_bytes, r, static_cast<uint32_t>(off / kBlockSize)});
+    bool deleted = h.flags & kObjectDeleted;
+    scan->objects.push_back({deleted ? h.key_hash : hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
+                             static_cast<uint32_t>(off / kBlockSize), deleted});
     off += fp;
   }
   scan->end = off;
@@ -46,7 +49,7 @@ Status scan_region(const CardDevice& dev, const CardGeometry& g, uint32_t r, uin
 
 }  // namespace
 
-Status scan_regions(const CardDevice& dev, const CardGeometry& g, int threads, std::vector<RegionScan>* scans) {
+Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::vector<RegionScan>* scans) {
   scans->assign(g.num_regions, RegionScan{});
   std::atomic<uint32_t> next{0}, done{0};
   std::atomic<uint64_t> found{0};
@@ -63,9 +66,8 @@ Status scan_regions(const CardDevice& dev, const CardGeometry& g, int threads, s
     if (!block.reserve(kBlockSize)) return fail(Status::IoError("out of memory for recovery"));
     for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {
       RegionScan& scan = (*scans)[r];
-      Status s = scan_region(dev, g, r, block.data(), &scan);
+      scan.io = scan_region(dev, g, r, block.data(), &scan);
       found += scan.objects.size();
-      if (!s.ok()) fail(s);
     }
   };
   int n = std::clamp<int>(threads, 1, static_cast<int>(g.num_regions));
@@ -95,32 +97,67 @@ Status CardStore::recover(int threads) {
     return Status::IoError("recovery of card " + path() + " failed: " + scan_status.message());
   }
 
-  // Merge: the highest sequence number of a key wins; older copies are
-  // marked deleted on the card so a later delete cannot resurrect them.
-  std::vector<Location> stale;
-  for (auto& scan : scans) {
+  // Damaged media costs what it holds: the region keeps what was found
+  // before the failed read (or is free, if its header could not be read).
+  uint64_t damaged = 0;
+  for (uint32_t r = 0; r < num_regions_; r++) {
+    const RegionScan& scan = scans[r];
+    if (scan.io.ok()) continue;
+    if (damaged++ == 0)
+      ADP_ERROR(
+          "card %s: region %u cannot be read (%s); its objects from there on are lost, the rest of the card is "
+          "served (`lmcache-adp verify` checks every object)",
+          path().c_str(), r, scan.io.message().c_str());
+  }
+  if (damaged > 1) ADP_ERROR("card %s: %" PRIu64 " regions had unreadable blocks", path().c_str(), damaged);
+  counters_.media_errors += damaged;
+  counters_.io_errors += damaged;
+
+  // Merge: every key is resolved by sequence number across its copies and
+  // its tombstones. The highest wins; if that is a tombstone the key stays
+  // deleted. Older live copies are marked deleted on the card, so that they
+  // cannot come back once the winner's region is reused.
+  struct Winner {
+    uint64_t seq;
+    uint32_t region;
+    bool deleted;
+  };
+  std::unordered_map<uint64_t, Winner> winners;
+  for (const RegionScan& scan : scans) {
     for (const RecoveredObject& f : scan.objects) {
       next_seq_ = std::max(next_seq_, f.seq + 1);
-      IndexEntry e{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), 0, f.seq};
-      auto [it, inserted] = index_.try_emplace(f.hash, e);
-      if (!inserted) {
-        const IndexEntry& loser = it->second.seq < f.seq ? it->second : e;
-        stale.push_back({loser.region, uint64_t(loser.block) * kBlockSize, scans[loser.region].epoch, loser.seq,
-                         loser.payload_bytes});
-        if (it->second.seq < f.seq) it->second = e;
+      auto [it, inserted] = winners.try_emplace(f.hash, Winner{f.seq, f.region, f.deleted});
+      if (!inserted && it->second.seq < f.seq) it->second = {f.seq, f.region, f.deleted};
+    }
+  }
+  std::vector<Stale> stale;
+  for (const RegionScan& scan : scans) {
+    for (const RecoveredObject& f : scan.objects) {
+      if (f.deleted) continue;
+      const Winner& w = winners[f.hash];
+      if (w.seq == f.seq && !w.deleted) {
+        index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), 0, f.seq});
+      } else {
+        stale.push_back({{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash},
+                         static_cast<int64_t>(w.region)});
       }
     }
   }
+  winners = {};
   uint64_t next_epoch = 1;
+  std::vector<uint32_t> unreadable;
   for (uint32_t r = 0; r < num_regions_; r++) {
     const RegionScan& scan = scans[r];
     if (scan.valid) next_epoch = std::max(next_epoch, scan.epoch + 1);
     if (scan.valid && scan.end > kBlockSize)
       regions_.restore_sealed(r, scan.epoch, scan.end);
-    else
+    else if (scan.io.ok())
       regions_.add_free(r);
+    else
+      unreadable.push_back(r);
   }
   regions_.finish_recovery(next_epoch);
+  for (uint32_t r : unreadable) regions_.add_free_last(r);
   for (auto& [hash, e] : index_) {
     RegionManager::Region& reg = regions_[e.region];
     reg.live_bytes += object_footprint(e.payload_bytes);
@@ -129,11 +166,14 @@ Status CardStore::recover(int threads) {
   }
 
   if (!stale.empty()) {
-    IoContext ctx;
-    for (const Location& loc : stale) {
-      Status s = write_tombstone(ctx, loc);
-      if (!s.ok()) return Status::IoError("recovery of card " + path() + " failed: " + s.message());
+    for (const Stale& st : stale) {
+      regions_.pin(st.loc.region);
+      regions_.pin(static_cast<uint32_t>(st.guard));
     }
+    IoContext ctx;
+    if (!write_tombstones(ctx, stale))
+      ADP_WARN("card %s: %zu older copies could not be marked deleted yet; their newer copies are kept until they are",
+               path().c_str(), pending_.size());
   }
   recovered_objects_ = index_.size();
   recovery_seconds_ = seconds_since(t0);

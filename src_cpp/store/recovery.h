@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "store/card_device.h"
+#include "store/device.h"
 #include "util/status.h"
 
 namespace adp {
@@ -27,17 +27,21 @@ struct CardGeometry {
 struct RecoveredObject {
   uint64_t hash, seq, payload_bytes;
   uint32_t region, block;  // block: offset within the region / kBlockSize
+  bool deleted;            // a tombstone: the key was deleted (or this copy superseded) at `seq`
 };
 
 struct RegionScan {
   bool valid = false;  // a region header of this card was found
   uint64_t epoch = 0;
   uint64_t end = 0;                      // offset after the last record that checked out
-  std::vector<RecoveredObject> objects;  // live (not deleted) objects, in write order
+  std::vector<RecoveredObject> objects;  // objects and tombstones, in write order
+  Status io;                             // a read that failed: the walk stopped there (damaged media)
 };
 
 // Scans every region with `threads` threads into scans[0..num_regions).
-// Logs progress every 5 seconds. Fails on the first I/O error.
-Status scan_regions(const CardDevice& dev, const CardGeometry& g, int threads, std::vector<RegionScan>* scans);
+// Logs progress every 5 seconds. A region whose read fails keeps what was
+// found before the failure and carries the error in its `io`: damaged media
+// costs the objects it holds, not the card.
+Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::vector<RegionScan>* scans);
 
 }  // namespace adp

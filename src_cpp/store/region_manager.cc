@@ -18,6 +18,11 @@ void RegionManager::add_free(uint32_t r) {
   free_.push_back(r);
 }
 
+void RegionManager::add_free_last(uint32_t r) {
+  regions_[r].state = State::kFree;
+  free_.insert(free_.begin(), r);
+}
+
 int64_t RegionManager::choose_victim() const {
   int64_t victim = -1;
   for (uint32_t i = 0; i < size(); i++) {

@@ -38,6 +38,9 @@ class RegionManager {
   bool take_free(uint32_t* r);
   // Returns r to the free list (never written under its current epoch).
   void add_free(uint32_t r);
+  // The same, but r is handed out after every other free region (its last
+  // I/O failed).
+  void add_free_last(uint32_t r);
   // The region to evict: an unpinned sealed one, empty ones first, then the
   // least recently used. -1 if every region is open or pinned.
   int64_t choose_victim() const;

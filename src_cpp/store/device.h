@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device: the narrow interface the card store does its I/O through (as
+// CacheLib Navy's Device): positional reads and writes of whole 4 KiB blocks,
+// and sync. CardDevice is the real card (O_DIRECT); testing/fault_device.h is
+// a test double that fails chosen I/O, tears writes and cuts power.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "util/status.h"
+
+namespace adp {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // For messages: where the card is.
+  virtual const std::string& path() const = 0;
+  // Bytes of the device.
+  virtual uint64_t size() const = 0;
+  // Thread-safe; offsets, lengths and memory 4 KiB-aligned.
+  virtual Status readv(uint64_t offset, const iovec* iov, int count) const = 0;
+  virtual Status writev(uint64_t offset, const iovec* iov, int count) const = 0;
+  // Makes completed writes durable against power loss.
+  virtual Status sync() const = 0;
+  // False while the most recent I/O failed.
+  virtual bool healthy() const = 0;
+
+  Status read(uint64_t offset, void* buf, size_t n) const {
+    iovec v{buf, n};
+    return readv(offset, &v, 1);
+  }
+  Status write(uint64_t offset, const void* buf, size_t n) const {
+    iovec v{const_cast<void*>(buf), n};
+    return writev(offset, &v, 1);
+  }
+};
+
+}  // namespace adp

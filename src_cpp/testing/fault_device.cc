@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "testing/fault_device.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace adp::testing {
+namespace {
+
+uint64_t total_bytes(const iovec* iov, int count) {
+  uint64_t n = 0;
+  for (int i = 0; i < count; i++) n += iov[i].iov_len;
+  return n;
+}
+
+bool aligned(uint64_t offset, const iovec* iov, int count) {
+  if (offset % 4096) return false;
+  for (int i = 0; i < count; i++)
+    if (iov[i].iov_len % 4096 || reinterpret_cast<uintptr_t>(iov[i].iov_base) % 4096) return false;
+  return true;
+}
+
+}  // namespace
+
+FaultDevice::FaultDevice(std::shared_ptr<FaultImage> image, std::string name)
+    : image_(std::move(image)), name_(std::move(name)) {}
+
+bool FaultDevice::overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t n) const {
+  for (auto [b, e] : ranges)
+    if (off < e && b < off + n) return true;
+  return false;
+}
+
+Status FaultDevice::readv(uint64_t offset, const iovec* iov, int count) const {
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t n = total_bytes(iov, count);
+  if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned read (O_DIRECT would refuse it)");
+  if (offset + n > image_->data.size()) return Status::IoError("read past the end of " + name_);
+  if (dead_ || overlaps(bad_reads_, offset, n)) {
+    healthy_ = false;
+    return Status::IoError(std::string("read of ") + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                           " of " + name_ + " failed: " + (dead_ ? "power cut" : "injected"));
+  }
+  uint64_t pos = offset;
+  for (int i = 0; i < count; i++) {
+    std::memcpy(iov[i].iov_base, image_->data.data() + pos, iov[i].iov_len);
+    pos += iov[i].iov_len;
+  }
+  healthy_ = true;
+  return Status::Ok();
+}
+
+void FaultDevice::apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const {
+  uint64_t n = std::min(total_bytes(iov, count), limit);
+  if (n == 0) return;
+  unsynced_.push_back({offset, std::vector<uint8_t>(image_->data.begin() + offset,
+                                                    image_->data.begin() + static_cast<ptrdiff_t>(offset + n))});
+  uint64_t pos = offset, left = n;
+  for (int i = 0; i < count && left; i++) {
+    uint64_t k = std::min<uint64_t>(iov[i].iov_len, left);
+    std::memcpy(image_->data.data() + pos, iov[i].iov_base, k);
+    pos += k;
+    left -= k;
+  }
+}
+
+Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t n = total_bytes(iov, count);
+  if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned write (O_DIRECT would refuse it)");
+  if (offset + n > image_->data.size()) return Status::IoError("write past the end of " + name_);
+  uint64_t index = writes_++;
+  auto failed = [&](const char* why) {
+    healthy_ = false;
+    return Status::IoError(std::string("write of ") + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                           " of " + name_ + " failed: " + why);
+  };
+  if (dead_) return failed("power cut");
+  if (index == cut_write_n_) {
+    // The torn part reached the media: it survives the cut, unlike every
+    // unsynced write before it.
+    uint64_t keep = std::min(cut_tear_, n);
+    uint64_t pos = offset, left = keep;
+    for (int i = 0; i < count && left; i++) {
+      uint64_t k = std::min<uint64_t>(iov[i].iov_len, left);
+      std::memcpy(image_->data.data() + pos, iov[i].iov_base, k);
+      pos += k;
+      left -= k;
+    }
+    // Undo the earlier unsynced writes now, except over the torn bytes.
+    for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it) {
+      for (uint64_t b = 0; b < it->old.size(); b++) {
+        uint64_t at = it->offset + b;
+        if (at >= offset && at < offset + keep) continue;
+        image_->data[at] = it->old[b];
+      }
+    }
+    unsynced_.clear();
+    dead_ = true;
+    return failed("power cut");
+  }
+  if (index == fail_write_n_) {
+    apply_locked(offset, iov, count, fail_write_tear_);
+    return failed("injected");
+  }
+  if (overlaps(bad_writes_, offset, n)) return failed("injected");
+  apply_locked(offset, iov, count, UINT64_MAX);
+  healthy_ = true;
+  return Status::Ok();
+}
+
+Status FaultDevice::sync() const {
+  std::lock_guard<std::mutex> l(mu_);
+  if (dead_) {
+    healthy_ = false;
+    return Status::IoError("sync of " + name_ + " failed: power cut");
+  }
+  syncs_++;
+  unsynced_.clear();
+  return Status::Ok();
+}
+
+bool FaultDevice::healthy() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return healthy_;
+}
+
+void FaultDevice::fail_write(uint64_t n, uint64_t tear_bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  fail_write_n_ = n;
+  fail_write_tear_ = tear_bytes;
+}
+
+void FaultDevice::fail_reads(uint64_t begin, uint64_t end) {
+  std::lock_guard<std::mutex> l(mu_);
+  bad_reads_.push_back({begin, end});
+}
+
+void FaultDevice::fail_writes(uint64_t begin, uint64_t end) {
+  std::lock_guard<std::mutex> l(mu_);
+  bad_writes_.push_back({begin, end});
+}
+
+void FaultDevice::cut_power_at_write(uint64_t n, uint64_t tear_bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  cut_write_n_ = n;
+  cut_tear_ = tear_bytes;
+}
+
+void FaultDevice::power_cut() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it)
+    std::memcpy(image_->data.data() + it->offset, it->old.data(), it->old.size());
+  unsynced_.clear();
+  dead_ = true;
+}
+
+uint64_t FaultDevice::writes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return writes_;
+}
+
+uint64_t FaultDevice::syncs() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return syncs_;
+}
+
+bool FaultDevice::dead() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return dead_;
+}
+
+}  // namespace adp::testing

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// FaultDevice: an in-memory card for tests that fails what it is told to
+// (after LevelDB's fault-injection test env and CacheLib Navy's MockDevice;
+// the code is our own). It can
+//   - fail the n-th write, or every read/write touching a byte range;
+//   - tear a write: only its first bytes reach the image;
+//   - cut power: at a chosen write (which may be torn) the device dies,
+//     every later I/O fails, and every write not yet synced is undone.
+// The image lives in a FaultImage shared with the test, so a store can be
+// closed and the card opened again (a reboot) on what survived.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "store/device.h"
+
+namespace adp::testing {
+
+struct FaultImage {
+  explicit FaultImage(uint64_t bytes) : data(bytes, 0) {}
+  std::vector<uint8_t> data;
+};
+
+class FaultDevice : public Device {
+ public:
+  explicit FaultDevice(std::shared_ptr<FaultImage> image, std::string name = "fault-device");
+
+  const std::string& path() const override { return name_; }
+  uint64_t size() const override { return image_->data.size(); }
+  Status readv(uint64_t offset, const iovec* iov, int count) const override;
+  Status writev(uint64_t offset, const iovec* iov, int count) const override;
+  Status sync() const override;
+  bool healthy() const override;
+
+  // --- faults (set before or between I/O; thread-safe)
+  // The n-th write (0-based, counted from this device's creation) fails
+  // without touching the image; with tear_bytes > 0 its first tear_bytes
+  // bytes are written first (a torn write).
+  void fail_write(uint64_t n, uint64_t tear_bytes = 0);
+  // Every read of a byte in [begin, end) fails (an unreadable block).
+  void fail_reads(uint64_t begin, uint64_t end);
+  // Every write of a byte in [begin, end) fails.
+  void fail_writes(uint64_t begin, uint64_t end);
+  // Power is cut at the n-th write: its first tear_bytes bytes (0: none)
+  // reach the image, every earlier write not yet synced is undone, and this
+  // and all later I/O fail.
+  void cut_power_at_write(uint64_t n, uint64_t tear_bytes = 0);
+  // Cuts power now: every write since the last sync is undone (the torn
+  // part of a cut write stays: it reached the media).
+  void power_cut();
+
+  uint64_t writes() const;  // writes attempted so far
+  uint64_t syncs() const;
+  bool dead() const;
+
+ private:
+  struct Undo {
+    uint64_t offset;
+    std::vector<uint8_t> old;
+  };
+  bool overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t n) const;
+  void apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const;
+
+  std::shared_ptr<FaultImage> image_;
+  std::string name_;
+  mutable std::mutex mu_;
+  mutable std::vector<Undo> unsynced_;  // in write order
+  mutable uint64_t writes_ = 0, syncs_ = 0;
+  mutable bool dead_ = false, healthy_ = true;
+  uint64_t fail_write_n_ = UINT64_MAX, fail_write_tear_ = 0;
+  uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
+};
+
+}  // namespace adp::testing

@@ -1,0 +1,421 @@
+// SPDX-License-Identifier: Apache-2.0
+// Crash consistency of the card store on a fault-injecting device
+// (src_cpp/testing/fault_device.h). Built and run by
+// tests/store/test_crash_consistency.py.
+//
+//   card_crash_test [all]
+//
+// A scripted workload (stores, supersedes, deletes, loads, evictions; three
+// writers, each with its own IoContext and open region) runs once to count
+// its writes. Then, for each chosen write point:
+//   - power cut at that write (whole, or torn after its first 4 KiB block;
+//     a single 4 KiB block is written atomically, as on a 4Kn device): every
+//     unsynced write is lost, the card is reopened;
+//   - that write fails (an I/O error), the workload goes on, then a power cut
+//     at the end and a reopen.
+// After each reopen:
+//   - every key is absent, or holds byte-exact the value of its last
+//     acknowledged store, or of a store attempted after it that was never
+//     acknowledged: no deleted key and no superseded copy comes back, nothing
+//     torn is served;
+//   - every object the store held (indexed) when the power went is back;
+//   - stats: objects and used_bytes match what is found.
+// Default: a bounded number of cut points spread over the workload; with
+// `all` (or ADP_CRASH_ALL=1) every write point. Also checked: an unreadable
+// block costs its region's objects, not the card; an unreadable superblock
+// is refused with what to run.
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "store/card_store.h"
+#include "testing/fault_device.h"
+
+namespace {
+
+using adp::CardOptions;
+using adp::CardStore;
+using adp::IoContext;
+using adp::Status;
+using adp::testing::FaultDevice;
+using adp::testing::FaultImage;
+
+constexpr uint64_t kRegionBytes = 1ull << 20;
+constexpr uint64_t kCardBytes = (1ull << 20) + 10 * kRegionBytes;  // superblock area + 10 regions
+constexpr int kKeys = 48;
+constexpr int kWriters = 3;
+constexpr int kOps = 160;
+
+int failures = 0;
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      failures++;                                               \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+    }                                                           \
+  } while (0)
+
+std::string key_name(int k) { return "key-" + std::to_string(k); }
+
+// The bytes of value v (unique per store): its id, then a pattern of it.
+std::vector<uint8_t> value_bytes(uint64_t v, size_t size) {
+  std::vector<uint8_t> b(size);
+  std::mt19937_64 g(v * 7919 + 17);
+  for (size_t i = 0; i < size; i += 8) {
+    uint64_t x = g();
+    std::memcpy(b.data() + i, &x, std::min<size_t>(8, size - i));
+  }
+  if (size >= 8) std::memcpy(b.data(), &v, 8);
+  return b;
+}
+
+struct Op {
+  enum Kind { kPut, kDelete, kGet } kind;
+  int writer;
+  std::vector<int> keys;  // put: 1..3 keys, one value each
+  std::vector<size_t> sizes;
+};
+
+std::vector<Op> make_script() {
+  std::mt19937 g(12345);
+  std::vector<Op> ops;
+  for (int i = 0; i < kOps; i++) {
+    Op op;
+    int r = g() % 10;
+    op.kind = r < 6 ? Op::kPut : r < 8 ? Op::kDelete : Op::kGet;
+    op.writer = g() % kWriters;
+    int n = op.kind == Op::kPut ? 1 + g() % 3 : 1;
+    for (int j = 0; j < n; j++) {
+      op.keys.push_back(g() % kKeys);
+      op.sizes.push_back(8 + g() % (300 << 10));  // 8 B .. 300 KiB: the 10 regions fill and evict
+    }
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+// What the test knows of a key: the last acknowledged state and the stores
+// attempted since without acknowledgement.
+struct KeyModel {
+  std::optional<uint64_t> acked;  // value id, or none (never stored, or deleted)
+  size_t acked_size = 0;
+  std::map<uint64_t, size_t> unacked;  // value id -> size
+  bool delete_unacked = false;         // a delete was attempted since, and failed
+};
+
+struct Run {
+  std::map<int, KeyModel> model;
+  std::map<int, std::pair<uint64_t, size_t>> held;  // indexed when the power went: key -> value, size
+  uint64_t writes = 0;
+};
+
+Status open_store(const std::shared_ptr<FaultImage>& image, FaultDevice** dev_out, std::unique_ptr<CardStore>* out) {
+  auto dev = std::make_unique<FaultDevice>(image, "crash-card");
+  if (dev_out) *dev_out = dev.get();
+  CardOptions co;
+  co.durable = true;
+  co.region_bytes = kRegionBytes;
+  co.recovery_threads = 2;
+  return CardStore::OpenDevice(std::move(dev), co, out);
+}
+
+std::optional<std::vector<uint8_t>> load(CardStore& s, IoContext& ctx, const std::string& key) {
+  std::vector<uint8_t> out;
+  Status st = s.get(ctx, key, [&](size_t size, const adp::CopyFn& copy) {
+    out.resize(size);
+    return copy(out.data());
+  });
+  if (!st.ok()) return std::nullopt;
+  return out;
+}
+
+// Runs the script on an opened store. The device may die (power cut) or fail
+// one write on the way; the model records what was acknowledged.
+void run_script(CardStore& s, FaultDevice& dev, const std::vector<Op>& ops, Run* run) {
+  std::vector<std::unique_ptr<IoContext>> ctx;
+  for (int w = 0; w < kWriters; w++) ctx.push_back(std::make_unique<IoContext>());
+  uint64_t next_value = 1;
+  for (const Op& op : ops) {
+    IoContext& c = *ctx[op.writer];
+    if (op.kind == Op::kPut) {
+      std::vector<std::vector<uint8_t>> bufs;
+      std::vector<adp::PutItem> items;
+      std::vector<std::string> names;
+      std::vector<uint64_t> ids;
+      for (size_t j = 0; j < op.keys.size(); j++) {
+        ids.push_back(next_value++);
+        bufs.push_back(value_bytes(ids.back(), op.sizes[j]));
+        names.push_back(key_name(op.keys[j]));
+      }
+      for (size_t j = 0; j < op.keys.size(); j++) items.push_back({names[j], bufs[j].data(), bufs[j].size()});
+      std::vector<Status> results(items.size());
+      s.put(c, items.data(), items.size(), results.data(), [] { return true; });
+      for (size_t j = 0; j < op.keys.size(); j++) {
+        KeyModel& m = run->model[op.keys[j]];
+        if (results[j].ok()) {
+          m.acked = ids[j];
+          m.acked_size = op.sizes[j];
+          m.unacked.clear();
+          m.delete_unacked = false;
+        } else {
+          m.unacked[ids[j]] = op.sizes[j];
+        }
+      }
+      // Within one batch a later item of the same key is the newer store.
+      for (size_t j = 0; j < op.keys.size(); j++)
+        for (size_t k = j + 1; k < op.keys.size(); k++)
+          if (op.keys[j] == op.keys[k] && results[j].ok() && !results[k].ok()) {
+            KeyModel& m = run->model[op.keys[j]];
+            m.unacked[ids[k]] = op.sizes[k];
+          }
+    } else if (op.kind == Op::kDelete) {
+      KeyModel& m = run->model[op.keys[0]];
+      bool present = s.exists(key_name(op.keys[0]));
+      bool removed = s.remove(c, key_name(op.keys[0]));
+      if (removed) {
+        m.acked.reset();
+        m.unacked.clear();
+        m.delete_unacked = false;
+      } else if (present) {
+        m.delete_unacked = true;  // failed: it may or may not have reached the card
+      }
+    } else {
+      (void)load(s, c, key_name(op.keys[0]));
+    }
+  }
+  run->writes = dev.writes();
+}
+
+// What the store holds in memory right now (after the power went: what it
+// believed durable).
+void snapshot_held(CardStore& s, FaultDevice& dev, Run* run) {
+  // exists() answers from the index, without I/O.
+  for (auto& [k, m] : run->model)
+    if (s.exists(key_name(k)) && m.acked) run->held[k] = {*m.acked, m.acked_size};
+  (void)dev;
+}
+
+void check_reopened(const std::shared_ptr<FaultImage>& image, const Run& run, const char* what, uint64_t point) {
+  std::unique_ptr<CardStore> s;
+  Status st = open_store(image, nullptr, &s);
+  CHECK(st.ok(), "%s %" PRIu64 ": reopen failed: %s", what, point, st.message().c_str());
+  if (!st.ok()) return;
+  IoContext ctx;
+  uint64_t found = 0, footprint = 0;
+  for (int k = 0; k < kKeys; k++) {
+    auto got = load(*s, ctx, key_name(k));
+    auto it = run.model.find(k);
+    auto held = run.held.find(k);
+    if (!got) {
+      // A held object may only be missing when a newer store of its key was
+      // attempted and failed (its torn remains may win and then fail their
+      // checksum: absent, never wrong).
+      bool newer_attempt = it != run.model.end() && (!it->second.unacked.empty() || it->second.delete_unacked);
+      CHECK(held == run.held.end() || newer_attempt, "%s %" PRIu64 ": key %d was held (value %" PRIu64 ") and is lost",
+            what, point, k, held == run.held.end() ? 0 : held->second.first);
+      continue;
+    }
+    found++;
+    footprint += adp::object_footprint(got->size());
+    uint64_t v = 0;
+    if (got->size() >= 8) std::memcpy(&v, got->data(), 8);
+    bool allowed = false;
+    if (it != run.model.end()) {
+      const KeyModel& m = it->second;
+      if (m.acked && *m.acked == v && m.acked_size == got->size()) allowed = true;
+      auto u = m.unacked.find(v);
+      if (u != m.unacked.end() && u->second == got->size()) allowed = true;
+    }
+    CHECK(allowed,
+          "%s %" PRIu64 ": key %d serves value %" PRIu64
+          " (%zu bytes), neither its last acknowledged store nor a later one",
+          what, point, k, v, got->size());
+    if (allowed) CHECK(*got == value_bytes(v, got->size()), "%s %" PRIu64 ": key %d: bytes differ", what, point, k);
+    if (held != run.held.end() && allowed)
+      CHECK(v == held->second.first || it->second.unacked.count(v), "%s %" PRIu64 ": key %d: older copy is back", what,
+            point, k);
+  }
+  adp::StoreStats stats = s->stats();
+  CHECK(stats.objects == found, "%s %" PRIu64 ": stats say %" PRIu64 " objects, %" PRIu64 " found", what, point,
+        stats.objects, found);
+  CHECK(stats.used_bytes == footprint, "%s %" PRIu64 ": stats say %" PRIu64 " used bytes, objects found take %" PRIu64,
+        what, point, stats.used_bytes, footprint);
+  CHECK(stats.used_bytes <= stats.capacity_bytes, "%s: used beyond capacity", what);
+  // The card still works: store and load after the reopen.
+  auto b = value_bytes(999999, 5000);
+  adp::PutItem item{"after-reopen", b.data(), b.size()};
+  Status r;
+  s->put(ctx, &item, 1, &r, [] { return true; });
+  CHECK(r.ok() && load(*s, ctx, "after-reopen") == b, "%s %" PRIu64 ": card does not work after reopen: %s", what,
+        point, r.message().c_str());
+}
+
+std::shared_ptr<FaultImage> fresh_image() { return std::make_shared<FaultImage>(kCardBytes); }
+
+// Power cut at write `point` (tear: its first block reaches the media).
+void cut_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
+  auto image = fresh_image();
+  FaultDevice* dev;
+  std::unique_ptr<CardStore> s;
+  Status st = open_store(image, &dev, &s);
+  CHECK(st.ok(), "open: %s", st.message().c_str());
+  if (!st.ok()) return;
+  uint64_t base = dev->writes();
+  dev->cut_power_at_write(base + point, tear ? adp::kBlockSize : 0);
+  Run run;
+  run_script(*s, *dev, ops, &run);
+  snapshot_held(*s, *dev, &run);
+  dev->power_cut();
+  s.reset();
+  check_reopened(image, run, tear ? "torn cut at write" : "cut at write", point);
+}
+
+// Write `point` fails (torn after its first block when tear), the rest goes on.
+void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
+  auto image = fresh_image();
+  FaultDevice* dev;
+  std::unique_ptr<CardStore> s;
+  Status st = open_store(image, &dev, &s);
+  CHECK(st.ok(), "open: %s", st.message().c_str());
+  if (!st.ok()) return;
+  dev->fail_write(dev->writes() + point, tear ? adp::kBlockSize : 0);
+  Run run;
+  run_script(*s, *dev, ops, &run);
+  snapshot_held(*s, *dev, &run);
+  dev->power_cut();
+  s.reset();
+  check_reopened(image, run, tear ? "torn failed write" : "failed write", point);
+}
+
+uint64_t count_writes(const std::vector<Op>& ops, Run* run) {
+  auto image = fresh_image();
+  FaultDevice* dev;
+  std::unique_ptr<CardStore> s;
+  Status st = open_store(image, &dev, &s);
+  if (!st.ok()) {
+    std::fprintf(stderr, "FAIL: open: %s\n", st.message().c_str());
+    std::exit(1);
+  }
+  uint64_t base = dev->writes();
+  run_script(*s, *dev, ops, run);
+  adp::StoreStats stats = s->stats();
+  std::printf("card_crash_test: workload: %" PRIu64 " writes, %" PRIu64 " syncs, %" PRIu64 " stores, %" PRIu64
+              " deletes, %" PRIu64 " evicted objects\n",
+              dev->writes() - base, dev->syncs(), stats.stores, stats.deletes, stats.evicted_objects);
+  CHECK(stats.evicted_objects > 0, "the workload must evict");
+  CHECK(stats.deletes > 0, "the workload must delete");
+  snapshot_held(*s, *dev, run);
+  uint64_t writes = dev->writes() - base;
+  dev->power_cut();  // nothing unsynced may matter
+  s.reset();
+  check_reopened(image, *run, "clean run", 0);
+  return writes;
+}
+
+void unreadable_block() {
+  auto image = fresh_image();
+  std::vector<std::string> keys;
+  {
+    FaultDevice* dev;
+    std::unique_ptr<CardStore> s;
+    Status st = open_store(image, &dev, &s);
+    CHECK(st.ok(), "open: %s", st.message().c_str());
+    IoContext ctx;
+    for (int i = 0; i < 24; i++) {  // 24 x 100 KiB: three regions
+      auto b = value_bytes(i + 1, 100 << 10);
+      keys.push_back("damage-" + std::to_string(i));
+      adp::PutItem item{keys.back(), b.data(), b.size()};
+      Status r;
+      s->put(ctx, &item, 1, &r, [] { return true; });
+      CHECK(r.ok(), "store: %s", r.message().c_str());
+    }
+  }
+  // The second object's header block in region 0 cannot be read any more.
+  auto dev = std::make_unique<FaultDevice>(image, "damaged-card");
+  uint64_t region0 = adp::kDataOffset;
+  uint64_t second = region0 + adp::kBlockSize + adp::object_footprint(100 << 10);
+  dev->fail_reads(second, second + adp::kBlockSize);
+  CardOptions co;
+  co.durable = true;
+  std::unique_ptr<CardStore> s;
+  Status st = CardStore::OpenDevice(std::move(dev), co, &s);
+  CHECK(st.ok(), "a card with one unreadable block must open: %s", st.message().c_str());
+  if (!st.ok()) return;
+  adp::StoreStats stats = s->stats();
+  CHECK(stats.media_errors == 1, "media_errors %" PRIu64 ", expected 1", stats.media_errors);
+  IoContext ctx;
+  int served = 0;
+  for (size_t i = 0; i < keys.size(); i++) {
+    auto got = load(*s, ctx, keys[i]);
+    if (got) {
+      served++;
+      CHECK(*got == value_bytes(i + 1, 100 << 10), "damaged card: %s served wrong bytes", keys[i].c_str());
+    }
+  }
+  // Region 0 holds the first 10 objects (1 MiB / 104 KiB): the first is
+  // before the damage; the other regions are intact.
+  CHECK(served >= static_cast<int>(keys.size()) - 9 && served < static_cast<int>(keys.size()),
+        "damaged card served %d of %zu objects", served, keys.size());
+  CHECK(load(*s, ctx, keys[0]).has_value(), "the object before the damage is lost");
+  std::printf("card_crash_test: unreadable block: card opened, %d of %zu objects served, media_errors=%" PRIu64 "\n",
+              served, keys.size(), stats.media_errors);
+}
+
+void unreadable_superblock() {
+  auto image = fresh_image();
+  {
+    std::unique_ptr<CardStore> s;
+    Status st = open_store(image, nullptr, &s);
+    CHECK(st.ok(), "open: %s", st.message().c_str());
+  }
+  auto dev = std::make_unique<FaultDevice>(image, "bad-superblock-card");
+  dev->fail_reads(0, adp::kBlockSize);
+  std::unique_ptr<CardStore> s;
+  Status st = CardStore::OpenDevice(std::move(dev), CardOptions{}, &s);
+  CHECK(!st.ok() && st.message().find("lmcache-adp format --card bad-superblock-card --yes") != std::string::npos,
+        "unreadable superblock: %s", st.message().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* env = std::getenv("ADP_CRASH_ALL");
+  bool all = (argc > 1 && std::string(argv[1]) == "all") || (env && std::string(env) == "1");
+  auto ops = make_script();
+  Run clean;
+  uint64_t writes = count_writes(ops, &clean);
+  std::vector<uint64_t> points;
+  const uint64_t kBounded = 48;
+  if (all || writes <= kBounded) {
+    for (uint64_t p = 0; p < writes; p++) points.push_back(p);
+  } else {
+    for (uint64_t i = 0; i < kBounded; i++) points.push_back(i * writes / kBounded + (i * 7) % 3);
+  }
+  uint64_t runs = 0;
+  for (uint64_t p : points) {
+    if (p >= writes) continue;
+    cut_at(ops, p, false);
+    cut_at(ops, p, true);
+    fail_at(ops, p, false);
+    fail_at(ops, p, true);
+    runs += 4;
+  }
+  unreadable_block();
+  unreadable_superblock();
+  std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), %" PRIu64 " runs, %d failures\n",
+              static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", runs,
+              failures);
+  if (failures) return 1;
+  std::printf("card_crash_test: PASS\n");
+  return 0;
+}
