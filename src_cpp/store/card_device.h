@@ -29,7 +29,7 @@ class CardDevice : public Device {
   uint64_t size() const override { return size_; }
   bool is_block_device() const { return block_device_; }
   // True for an image file on tmpfs or ramfs: its I/O is a memory copy.
-  bool memory_backed() const { return memory_backed_; }
+  bool memory_backed() const override { return memory_backed_; }
 
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
   Status writev(uint64_t offset, const iovec* iov, int count) const override;

@@ -29,6 +29,9 @@ class Device {
   virtual Status sync() const = 0;
   // False while the most recent I/O failed.
   virtual bool healthy() const = 0;
+  // True when the device is memory (an image on tmpfs/ramfs): a read takes a
+  // memcpy's time.
+  virtual bool memory_backed() const { return false; }
 
   Status read(uint64_t offset, void* buf, size_t n) const {
     iovec v{buf, n};
