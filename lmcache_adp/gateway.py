@@ -26,6 +26,27 @@ log = get_logger()
 DEFAULT_SOCKET = "/run/lmcache-adp/gateway.sock"
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
+# flag, default, meaning: every connection, ring and wait of the gateway is
+# bounded (issue 9). The ranges are checked in run().
+LIMITS = [
+    ("--max-clients", 256, "local (Unix socket) connections; TCP peers never take these slots"),
+    ("--max-tcp-clients", 64, "authenticated TCP connections"),
+    ("--max-handshakes", 16, "TCP connections not yet authenticated; more are closed at once"),
+    ("--handshake-timeout-ms", 2000, "time a new connection has to complete its Hello"),
+    ("--idle-timeout-s", 600, "a connection with no request for this long is closed (0: never)"),
+    ("--max-ring-mb", 1024, "largest shared-memory ring one connection may map (a client's ring_mb)"),
+    ("--max-ring-total-mb", 32768, "shared-memory rings of all connections together"),
+]
+LIMIT_RANGES = {
+    "max_clients": (1, 65536),
+    "max_tcp_clients": (0, 65536),
+    "max_handshakes": (1, 4096),
+    "handshake_timeout_ms": (100, 600000),
+    "idle_timeout_s": (0, 86400 * 7),
+    "max_ring_mb": (1, 4096),
+    "max_ring_total_mb": (1, 1 << 30),
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -53,6 +74,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="serve Prometheus /metrics, /health and /stats on this port (default: off)",
     )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics endpoint binds (default 127.0.0.1; it has no authentication)",
+    )
+    lim = p.add_argument_group("limits (README, 'Gateway limits')")
+    for flag, default, what in LIMITS:
+        lim.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     p.set_defaults(func=run)
 
 
@@ -66,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.metrics_port <= 65535:
         log.error("--metrics-port must be in [0, 65535], got %d", args.metrics_port)
         return 2
+    for name, (lo, hi) in LIMIT_RANGES.items():
+        if not lo <= getattr(args, name) <= hi:
+            log.error("--%s must be in [%d, %d], got %d", name.replace("_", "-"), lo, hi, getattr(args, name))
+            return 2
     try:
         token = read_token_file(args.token_file, "--token-file") if args.listen else ""
     except ConfigError as e:
@@ -89,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
             listen=args.listen,
             token=token,
             io_contexts=args.io_contexts,
+            max_clients=args.max_clients,
+            max_tcp_clients=args.max_tcp_clients,
+            max_handshakes=args.max_handshakes,
+            handshake_timeout_ms=args.handshake_timeout_ms,
+            idle_timeout_ms=args.idle_timeout_s * 1000,
+            max_ring_bytes=args.max_ring_mb << 20,
+            max_ring_total_bytes=args.max_ring_total_mb << 20,
         )
     except (RuntimeError, ValueError) as e:
         log.error("gateway not started: %s", e)
@@ -97,9 +137,11 @@ def run(args: argparse.Namespace) -> int:
     metrics = None
     if args.metrics_port:
         try:
-            metrics = MetricsServer(lambda: {**json.loads(server.stats_json()), "card": card}, args.metrics_port)
+            metrics = MetricsServer(
+                lambda: {**json.loads(server.stats_json()), "card": card}, args.metrics_port, host=args.metrics_host
+            )
         except OSError as e:
-            log.error("gateway not started: metrics port %d: %s", args.metrics_port, e.strerror)
+            log.error("gateway not started: metrics on %s:%d: %s", args.metrics_host, args.metrics_port, e.strerror)
             server.stop()
             server.close()
             return 1
@@ -118,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
             break
         if server.wait(0):
             log.error("gateway loop ended on its own")
+            if metrics is not None:
+                metrics.close()  # before the server goes: its thread asks the server for stats
             server.close()
             return 1
     if metrics is not None:

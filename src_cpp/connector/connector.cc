@@ -176,8 +176,8 @@ void Connector::run_task(BackendSession& session, const Task& t) {
         std::shared_lock<std::shared_mutex> g(b->guard);
         if (b->completed) return false;
         if (size != dst.size) {
-          ADP_WARN("object %s holds %zu bytes but the load buffer has %zu: served as a miss",
-                   b->keys[t.begin + i].c_str(), size, dst.size);
+          ADP_WARN_LIMITED("object %s holds %zu bytes but the load buffer has %zu: served as a miss",
+                           log_safe(b->keys[t.begin + i]).c_str(), size, dst.size);
           return false;
         }
         return copy(dst.data);

@@ -42,7 +42,14 @@ std::string ClientHandler::peer() const {
 }
 
 void ClientHandler::refuse(const Status& why) {
-  ADP_WARN("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(), why.message().c_str());
+  // Before the handshake the peer is unknown (and may be one of hundreds):
+  // those lines are rate-limited.
+  if (handshake_done_)
+    ADP_WARN("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(),
+             log_safe(why.message()).c_str());
+  else
+    ADP_WARN_LIMITED("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(),
+                     log_safe(why.message()).c_str());
   std::vector<uint8_t> body;
   proto::encode_error(why.message(), &body);
   proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
@@ -50,11 +57,33 @@ void ClientHandler::refuse(const Status& why) {
   proto::finish_sending(fd_);
 }
 
+Status ClientHandler::reserve_ring(uint64_t bytes) {
+  const ConnectionLimits& lim = shared_->limits;
+  auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+  if (bytes > lim.max_ring_bytes) {
+    shared_->refused++;
+    return Status::InvalidArgument("a ring of " + mib(bytes) + " is larger than this gateway allows per connection (" +
+                                   mib(lim.max_ring_bytes) + ", --max-ring-mb)");
+  }
+  uint64_t cur = shared_->ring_bytes_mapped.load();
+  do {
+    if (cur + bytes > lim.max_ring_total_bytes) {
+      shared_->refused++;
+      return Status::Busy("the gateway's ring memory is used up (" + mib(cur) + " of " + mib(lim.max_ring_total_bytes) +
+                          " held by other connections, --max-ring-total-mb); " + "this ring needs " + mib(bytes));
+    }
+  } while (!shared_->ring_bytes_mapped.compare_exchange_weak(cur, cur + bytes));
+  ring_reserved_ = bytes;
+  return Status::Ok();
+}
+
 Status ClientHandler::handshake() {
   proto::Frame frame;
-  Status s =
-      proto::read_frame(fd_, proto::kMaxHelloBodyBytes, Clock::now() + proto::kFrameTimeout, &frame, tcp_ ? 0 : 1);
-  if (s.code() == Status::Code::kTimedOut) return Status::InvalidArgument("no hello within the handshake timeout");
+  const auto timeout = std::chrono::milliseconds(shared_->limits.handshake_timeout_ms);
+  Status s = proto::read_frame(fd_, proto::kMaxHelloBodyBytes, Clock::now() + timeout, &frame, tcp_ ? 0 : 1);
+  if (s.code() == Status::Code::kTimedOut)
+    return Status::InvalidArgument("no hello within the handshake timeout (" + std::to_string(timeout.count()) +
+                                   " ms)");
   if (!s.ok()) return s;
   if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kHello)) {
     proto::close_fds(&frame.fds);
@@ -69,6 +98,17 @@ Status ClientHandler::handshake() {
   if (s.ok() && want_ring != (frame.fds.size() == 1))
     s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP"
                                      : "ring feature and passed descriptor disagree");
+  if (s.ok() && tcp_) {
+    if (shared_->tcp_clients.fetch_add(1) >= static_cast<uint32_t>(shared_->limits.max_tcp_clients)) {
+      shared_->tcp_clients--;
+      shared_->refused++;
+      s = Status::Busy("too many TCP clients (" + std::to_string(shared_->limits.max_tcp_clients) +
+                       ", --max-tcp-clients)");
+    } else {
+      tcp_counted_ = true;
+    }
+  }
+  if (s.ok() && want_ring) s = reserve_ring(hello.ring_bytes);
   if (!s.ok()) {
     proto::close_fds(&frame.fds);
     return s;
@@ -94,21 +134,36 @@ Status ClientHandler::handshake() {
 
 void ClientHandler::run() {
   Status s = handshake();
+  if (tcp_) shared_->tcp_handshakes--;  // counted by the accept thread
   if (s.ok()) {
+    handshake_done_ = true;
     shared_->clients++;
-    if (ring_) shared_->ring_bytes_mapped += ring_->size();
     proto::Frame frame;
     std::vector<uint8_t> table, payload;
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
+    const int idle_ms = shared_->limits.idle_timeout_ms;
     while (s.ok()) {
-      s = proto::read_frame(fd_, max_body, proto::kNoDeadline, &frame);
+      auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
+      s = proto::read_frame(fd_, max_body, idle_by, &frame);
+      if (s.code() == Status::Code::kTimedOut) {
+        if (Clock::now() >= idle_by) {
+          // Closed quietly, as a restart would: the client reconnects on its next batch.
+          ADP_INFO("gateway: client #%llu idle for %d s: closing the connection", ull(id_), idle_ms / 1000);
+          s = Status::Closed("idle");
+          break;
+        }
+        s = Status::InvalidArgument("frame not completed within " + std::to_string(proto::kFrameTimeout.count()) +
+                                    " ms");
+      }
       if (!s.ok()) break;
       s = frame.header.type == static_cast<uint8_t>(proto::FrameType::kStats) ? serve_stats(frame)
                                                                               : serve_batch(frame, &table, &payload);
     }
     shared_->clients--;
-    if (ring_) shared_->ring_bytes_mapped -= ring_->size();
   }
+  ring_.reset();
+  shared_->ring_bytes_mapped -= ring_reserved_;
+  if (tcp_counted_) shared_->tcp_clients--;
   if (s.code() == Status::Code::kClosed)
     ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
   else
@@ -179,6 +234,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("batches", shared.batches.load());
   field("ring_bytes", shared.ring_bytes_mapped.load());
   field("ring_used_bytes", shared.ring_bytes_in_use.load());
+  field("refused_connections", shared.refused.load());
   out.back() = '}';
   return out;
 }
@@ -255,8 +311,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
           }
           auto deliver = [&](size_t size, const CopyFn& copy) {
             if (size != it.size) {
-              ADP_WARN("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
-                       log_safe(it.key).c_str(), size, ull(it.size));
+              ADP_WARN_LIMITED("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
+                               log_safe(it.key).c_str(), size, ull(it.size));
               return false;
             }
             if (base) return copy(base + it.offset);

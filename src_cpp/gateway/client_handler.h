@@ -21,12 +21,25 @@
 
 namespace adp {
 
+// The limits a connection is held to (GatewayOptions).
+struct ConnectionLimits {
+  int max_tcp_clients = 64;
+  int handshake_timeout_ms = 2000;
+  int idle_timeout_ms = 600000;
+  uint64_t max_ring_bytes = 1ull << 30;
+  uint64_t max_ring_total_bytes = 32ull << 30;
+};
+
 // What every connection of one gateway shares.
 struct GatewayShared {
   CardStore* store;
   IoContextPool* pool;
   std::string token;        // required from TCP clients
   std::string description;  // sent in HelloOk
+  ConnectionLimits limits;
+  std::atomic<uint32_t> tcp_handshakes{0};  // TCP connections not yet past the handshake
+  std::atomic<uint32_t> tcp_clients{0};     // authenticated TCP connections
+  std::atomic<uint64_t> refused{0};         // connections refused by a limit
   std::atomic<uint64_t> batches{0};
   std::atomic<uint32_t> clients{0};            // connections past the handshake
   std::atomic<uint64_t> ring_bytes_mapped{0};  // rings of the connected clients
@@ -43,6 +56,8 @@ class ClientHandler {
 
  private:
   Status handshake();
+  // Takes this connection's ring out of the gateway's ring budget.
+  Status reserve_ring(uint64_t bytes);
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
   Status serve_stats(const proto::Frame& frame);
   Status check_request_id(const proto::Frame& frame);
@@ -57,6 +72,9 @@ class ClientHandler {
   const uint64_t id_;
   GatewayShared* shared_;
   std::unique_ptr<proto::SharedRing> ring_;
+  uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
+  bool tcp_counted_ = false;    // holds one of shared->tcp_clients
+  bool handshake_done_ = false;
   uint64_t last_request_id_ = 0;
   uint64_t served_ = 0;
 };

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "protocol/messages.h"
 #include "util/log.h"
 
 namespace adp {
@@ -38,6 +39,8 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
+  g->shared_->limits = {opts.max_tcp_clients, opts.handshake_timeout_ms, opts.idle_timeout_ms, opts.max_ring_bytes,
+                        opts.max_ring_total_bytes};
   StoreStats st = g->store_->stats();
   ADP_INFO("gateway: card %s open (%llu objects, %.1f of %.1f GiB used); listening on %s%s%s", opts.card.path.c_str(),
            static_cast<unsigned long long>(st.objects), st.used_bytes / double(1ull << 30),
@@ -89,14 +92,36 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;  // EAGAIN, or the peer left first
   std::lock_guard<std::mutex> l(mu_);
-  if (clients_.size() >= static_cast<size_t>(opts_.max_clients)) {
-    ADP_WARN("gateway: refusing a client: %d connections already", opts_.max_clients);
-    ::close(fd);
-    return;
+  if (tcp) {
+    // Unauthenticated peers have a pool of their own: however many there
+    // are, they take no slot (and no thread) of local or authenticated clients.
+    if (shared_->tcp_handshakes.load() >= static_cast<uint32_t>(opts_.max_handshakes)) {
+      shared_->refused++;
+      ADP_WARN_LIMITED("gateway: refusing a TCP connection: %d handshakes in progress already (--max-handshakes)",
+                       opts_.max_handshakes);
+      ::close(fd);
+      return;
+    }
+    shared_->tcp_handshakes++;
+  } else {
+    size_t local = 0;
+    for (const Client& c : clients_) local += !c.tcp && !c.done;
+    if (local >= static_cast<size_t>(opts_.max_clients)) {
+      shared_->refused++;
+      ADP_WARN_LIMITED("gateway: refusing a local client: %d connected already (--max-clients)", opts_.max_clients);
+      std::string why = "too many local clients (" + std::to_string(opts_.max_clients) + ", --max-clients)";
+      std::vector<uint8_t> body;
+      proto::encode_error(why, &body);
+      // The Hello's id is 1; the client reads this in place of HelloOk.
+      proto::write_frame(fd, proto::FrameType::kError, 1, body, {}, proto::Clock::now());
+      ::close(fd);
+      return;
+    }
   }
   Client& c = clients_.emplace_back();
   c.id = next_client_++;
   c.fd = fd;
+  c.tcp = tcp;
   c.thread = std::thread([this, &c, tcp] {
     ClientHandler(c.fd, tcp, c.id, shared_.get()).run();
     c.done = true;

@@ -33,7 +33,16 @@ struct GatewayOptions {
   std::string tcp_listen;   // "tcp://host:port" (port 0: any free port) or empty
   std::string token;        // required with tcp_listen
   int io_contexts = 4;      // store operations in parallel
-  int max_clients = 256;    // connections beyond this are refused
+  // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
+  // own small pool and a short handshake timeout, so they never hold the
+  // slots of local (Unix) or authenticated clients.
+  int max_clients = 256;                        // local (Unix) connections
+  int max_tcp_clients = 64;                     // authenticated TCP connections
+  int max_handshakes = 16;                      // TCP connections not yet authenticated
+  int handshake_timeout_ms = 2000;              // Hello must arrive within this
+  int idle_timeout_ms = 600000;                 // a connection with no request this long is closed
+  uint64_t max_ring_bytes = 1ull << 30;         // one connection's ring
+  uint64_t max_ring_total_bytes = 32ull << 30;  // the rings of all connections together
 };
 
 class GatewayServer {
@@ -56,6 +65,7 @@ class GatewayServer {
   struct Client {
     uint64_t id;
     int fd;
+    bool tcp;
     std::thread thread;
     std::atomic<bool> done{false};
   };

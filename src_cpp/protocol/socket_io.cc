@@ -37,7 +37,10 @@ Status wait_ready(int fd, short events, Deadline deadline) {
     int r = ::poll(&p, 1, poll_ms(deadline));
     if (r < 0 && errno != EINTR) return Status::IoError("poll: " + errno_text(errno));
     if (r > 0) {
-      if (p.revents & (POLLERR | POLLNVAL)) return Status::Closed("connection closed");
+      // An error with bytes still to read (a peer that wrote its reason and
+      // closed at once): the read that follows gets the bytes first.
+      if ((p.revents & POLLNVAL) || ((p.revents & POLLERR) && !(p.revents & POLLIN & events)))
+        return Status::Closed("connection closed");
       return Status::Ok();  // readable, writable or hung up: the next call tells which
     }
   }

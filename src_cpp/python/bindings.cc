@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -192,6 +194,7 @@ class PyCardStore {
     Status st;
     {
       py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
       store().put(*ctx_, &item, 1, &st, [] { return true; });
     }
     if (!st.ok()) raise(st);
@@ -203,6 +206,7 @@ class PyCardStore {
     Status s;
     {
       py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
       s = store().get(*ctx_, key, [&out](size_t size, const CopyFn& copy) {
         out.resize(size);
         return copy(reinterpret_cast<uint8_t*>(out.data()));
@@ -213,18 +217,32 @@ class PyCardStore {
     return py::bytes(out);
   }
 
-  bool exists(const std::string& key) { return store().exists(key); }
+  bool exists(const std::string& key) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
+    return store().exists(key);
+  }
   bool remove(const std::string& key) {
     py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
     return store().remove(*ctx_, key);
   }
-  py::dict stats() const { return NativeConnector::stats_dict(store().stats()); }
+  py::dict stats() const {
+    StoreStats st;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
+      st = store().stats();
+    }
+    return NativeConnector::stats_dict(st);
+  }
 
   // progress(done, total) is called from time to time, with the GIL.
   py::dict verify(bool repair, const py::object& progress) {
     VerifyReport r;
     {
       py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
       store().verify(
           *ctx_, repair,
           [&progress](uint64_t done, uint64_t total) {
@@ -242,8 +260,15 @@ class PyCardStore {
     d["bad_objects"] = r.bad_objects;
     return d;
   }
-  uint64_t max_object_bytes() const { return store().max_object_bytes(); }
+  uint64_t max_object_bytes() const {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
+    return store().max_object_bytes();
+  }
+  // Waits for an operation in progress (on another thread) to finish first.
   void close() {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
     ctx_.reset();
     store_.reset();
   }
@@ -253,6 +278,10 @@ class PyCardStore {
     if (!store_) throw std::runtime_error("card store is closed");
     return *store_;
   }
+  // Held by every operation and by close(), always without the GIL (verify's
+  // progress callback takes the GIL while holding it): close() never frees
+  // the store under an operation, and the one IoContext has one user.
+  mutable std::mutex mu_;
   std::unique_ptr<CardStore> store_;
   std::unique_ptr<IoContext> ctx_;
 };
@@ -276,13 +305,33 @@ class PyGatewayServer {
     py::gil_scoped_release nogil;
     return !server_ || server_->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   }
-  uint16_t tcp_port() const { return server().tcp_port(); }
-  size_t clients() const { return server().clients(); }
-  py::dict stats() const { return NativeConnector::stats_dict(server().stats()); }
-  std::string stats_json() const { return server().stats_json(); }
-  // Stops and closes the card now, not whenever Python collects the object.
+  uint16_t tcp_port() const {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    return server().tcp_port();
+  }
+  size_t clients() const {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    return server().clients();
+  }
+  py::dict stats() const {
+    StoreStats st;
+    {
+      std::shared_lock<std::shared_mutex> l(mu_);
+      st = server().stats();
+    }
+    return NativeConnector::stats_dict(st);
+  }
+  // Asked by the metrics thread: may race close() (then: RuntimeError).
+  std::string stats_json() const {
+    py::gil_scoped_release nogil;
+    std::shared_lock<std::shared_mutex> l(mu_);
+    return server().stats_json();
+  }
+  // Stops and closes the card now, not whenever Python collects the object;
+  // waits for a stats call in progress.
   void close() {
     py::gil_scoped_release nogil;
+    std::unique_lock<std::shared_mutex> l(mu_);
     server_.reset();
   }
 
@@ -291,6 +340,7 @@ class PyGatewayServer {
     if (!server_) throw std::runtime_error("gateway server is closed");
     return *server_;
   }
+  mutable std::shared_mutex mu_;  // close() against the metrics thread's stats calls
   std::unique_ptr<GatewayServer> server_;
 };
 
@@ -353,7 +403,9 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyGatewayServer>(m, "GatewayServer")
       .def(py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
-                       const std::string& listen, const std::string& token, int io_contexts, bool durable) {
+                       const std::string& listen, const std::string& token, int io_contexts, bool durable,
+                       int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
+                       int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes) {
              GatewayOptions o;
              o.card.path = card;
              o.card.create_bytes = card_size_bytes;
@@ -363,10 +415,24 @@ PYBIND11_MODULE(_native, m) {
              o.token = token;
              o.io_contexts = io_contexts;
              o.card.io_depth = io_contexts;
+             o.max_clients = max_clients;
+             o.max_tcp_clients = max_tcp_clients;
+             o.max_handshakes = max_handshakes;
+             o.handshake_timeout_ms = handshake_timeout_ms;
+             o.idle_timeout_ms = idle_timeout_ms;
+             o.max_ring_bytes = max_ring_bytes;
+             o.max_ring_total_bytes = max_ring_total_bytes;
              return std::make_unique<PyGatewayServer>(o);
            }),
            py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
-           py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true)
+           py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true,
+           py::arg("max_clients") = GatewayOptions{}.max_clients,
+           py::arg("max_tcp_clients") = GatewayOptions{}.max_tcp_clients,
+           py::arg("max_handshakes") = GatewayOptions{}.max_handshakes,
+           py::arg("handshake_timeout_ms") = GatewayOptions{}.handshake_timeout_ms,
+           py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
+           py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
+           py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes)
       .def("stop", &PyGatewayServer::stop)
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"))
       .def("close", &PyGatewayServer::close)

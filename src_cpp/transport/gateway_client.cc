@@ -41,7 +41,14 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   proto::encode_hello(hello, &table_);
   Status s =
       proto::write_frame(fd_, proto::FrameType::kHello, ++request_id_, table_, {}, deadline, ring_ ? ring_->fd() : -1);
-  if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kHelloOk), deadline);
+  if (s.ok()) {
+    s = receive(static_cast<uint8_t>(proto::FrameType::kHelloOk), deadline);
+  } else if (s.code() == Status::Code::kClosed) {
+    // A gateway over a limit writes its reason and closes before reading
+    // the Hello: the reason beats "broken pipe".
+    Status why = receive(static_cast<uint8_t>(proto::FrameType::kHelloOk), deadline);
+    if (why.code() == Status::Code::kUnavailable) return why;
+  }
   if (s.ok()) s = proto::decode_hello_ok(frame_.body, &limits_);
   if (s.ok() && bool(limits_.features & proto::kFeatureRing) != bool(ring_))
     s = Status::InvalidArgument("the gateway did not take the ring");

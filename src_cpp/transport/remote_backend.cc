@@ -138,7 +138,7 @@ void RemoteSession::lose(const Status& why) {
   if (link_failure(why))
     backend_->note_down(why);
   else
-    ADP_DEBUG("%s: %s; reconnecting", backend_->describe().c_str(), why.message().c_str());
+    ADP_DEBUG("%s: %s; reconnecting", backend_->describe().c_str(), log_safe(why.message()).c_str());
 }
 
 size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, proto::BatchRequest* req,
@@ -281,7 +281,7 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
     live_.insert(c.get());
   }
   if (link_.exchange(Link::kUp) != Link::kUp)
-    ADP_INFO("%s: connected (%s, %s)", describe().c_str(), c->server().c_str(),
+    ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
              c->ring() ? ("ring " + std::to_string(c->ring()->size() >> 20) + " MiB per connection").c_str()
                        : "payload inline");
   *out = std::move(c);
@@ -300,7 +300,7 @@ void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
 void RemoteBackend::note_down(const Status& why) {
   if (link_.exchange(Link::kDown) != Link::kDown)
     ADP_WARN("%s: %s; its requests fail until it is back (reconnecting with back-off)", describe().c_str(),
-             why.message().c_str());
+             log_safe(why.message()).c_str());
 }
 
 void RemoteBackend::interrupt() {

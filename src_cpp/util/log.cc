@@ -3,6 +3,7 @@
 
 #include <sys/time.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +61,19 @@ void log_message(LogLevel level, const char* fmt, ...) {
   std::lock_guard<std::mutex> lock(mu);
   fprintf(stderr, "[%s,%03ld] lmcache-adp %s: %s\n", ts, static_cast<long>(tv.tv_usec / 1000), level_name(level), msg);
   fflush(stderr);
+}
+
+bool LogRateLimit::allow(uint64_t* held_back) {
+  int64_t now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+  int64_t next = next_ms_.load(std::memory_order_relaxed);
+  if (now < next || !next_ms_.compare_exchange_strong(next, now + interval_ms_)) {
+    held_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *held_back = held_.exchange(0);
+  return true;
 }
 
 std::string log_safe(std::string_view s, size_t max_bytes) {

@@ -5,7 +5,9 @@
 // Thread-safe. Messages are state changes, never one line per request at INFO.
 #pragma once
 
+#include <atomic>
 #include <cstdarg>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -21,6 +23,21 @@ void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(pri
 // or garble log lines.
 std::string log_safe(std::string_view s, size_t max_bytes = 200);
 
+// Lets one line through per interval at a call site and counts the lines it
+// held back, so a peer or a stream of bad requests cannot flood the log with
+// a line per connection or per item. Thread-safe.
+class LogRateLimit {
+ public:
+  explicit LogRateLimit(int64_t interval_ms = 10000) : interval_ms_(interval_ms) {}
+  // True if a line may be logged now; *held_back: lines held back before it.
+  bool allow(uint64_t* held_back);
+
+ private:
+  const int64_t interval_ms_;
+  std::atomic<int64_t> next_ms_{0};
+  std::atomic<uint64_t> held_{0};
+};
+
 #define ADP_LOG(level, ...)                                                                                  \
   do {                                                                                                       \
     if (::adp::log_enabled(::adp::LogLevel::level)) ::adp::log_message(::adp::LogLevel::level, __VA_ARGS__); \
@@ -29,5 +46,15 @@ std::string log_safe(std::string_view s, size_t max_bytes = 200);
 #define ADP_INFO(...) ADP_LOG(kInfo, __VA_ARGS__)
 #define ADP_WARN(...) ADP_LOG(kWarning, __VA_ARGS__)
 #define ADP_ERROR(...) ADP_LOG(kError, __VA_ARGS__)
+// A warning at most once per 10 s from this call site; the next one that is
+// let through says how many were held back.
+#define ADP_WARN_LIMITED(fmt, ...)                                                                \
+  do {                                                                                            \
+    static ::adp::LogRateLimit adp_rate_limit_;                                                   \
+    uint64_t adp_held_;                                                                           \
+    if (::adp::log_enabled(::adp::LogLevel::kWarning) && adp_rate_limit_.allow(&adp_held_))       \
+      ::adp::log_message(::adp::LogLevel::kWarning, fmt " [%llu like it held back]", __VA_ARGS__, \
+                         static_cast<unsigned long long>(adp_held_));                             \
+  } while (0)
 
 }  // namespace adp

@@ -1,0 +1,222 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every limit of the gateway (issue 9, items 4 and 5): unauthenticated TCP
+peers cannot starve local clients; rings, ring memory and clients are capped;
+a connection over a limit is refused with a clear reason and the others are
+unharmed."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from tests.gateway import wire
+from tests.gateway.conftest import Gateway
+from tests.helpers import RawConnector, payload
+
+SIZE = 64 * 1024
+
+
+def roundtrip(c: RawConnector, tag: str, n: int = 4) -> None:
+    """Stores n objects and loads them back byte-exact."""
+    keys = [f"{tag}@{i}" for i in range(n)]
+    datas = [payload(k, SIZE) for k in keys]
+    ok, err, _ = c.set(keys, [memoryview(d) for d in datas])
+    assert ok, err
+    outs = [bytearray(SIZE) for _ in keys]
+    ok, err, per_key = c.get(keys, [memoryview(o) for o in outs])
+    assert ok and all(per_key), err
+    assert [bytes(o) for o in outs] == datas
+
+
+def first_error(c: RawConnector) -> str:
+    ok, err, _ = c.set(["refused?"], [memoryview(b"x")])
+    assert not ok
+    return err
+
+
+@pytest.fixture
+def limited(workdir, request):
+    gw = Gateway(workdir, tcp=True, extra=tuple(request.param)).start()
+    yield gw
+    if gw.proc:
+        gw.kill()
+
+
+class IdlePeers:
+    """`count` TCP connections that never send Hello, reopened as the gateway drops them."""
+
+    def __init__(self, port: int, count: int):
+        self.port, self.count = port, count
+        self.connected = 0  # connects completed, reopened ones included
+        self.reopened = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def open(self) -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", self.port))
+        return s
+
+    def run(self) -> None:
+        pending = [self.open() for _ in range(self.count)]
+        live: list[socket.socket] = []
+        while not self.stop.is_set():
+            readable, writable, _ = select.select(live, pending, [], 0.1)
+            for s in writable:
+                pending.remove(s)
+                live.append(s)
+                self.connected += 1
+            for s in readable:
+                try:
+                    gone = s.recv(4096) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    live.remove(s)
+                    s.close()
+                    pending.append(self.open())
+                    self.reopened += 1
+        for s in live + pending:
+            s.close()
+
+
+def test_idle_tcp_peers_do_not_starve_local_clients(gateway):
+    peers = IdlePeers(gateway.port, 300)
+    peers.thread.start()
+    try:
+        # All 300 peers connected once (the gateway drained its accept queue)
+        # before the local client comes; at most 10 s.
+        deadline = time.monotonic() + 10
+        while peers.connected < 300 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for i in range(5):
+            # A new connection each time: the handshake of a local client must get through too.
+            c = RawConnector(ADPConnector(gateway=gateway.unix_url, timeout_ms=5000, num_workers=2))
+            roundtrip(c, f"local{i}")
+            c.conn.close()
+    finally:
+        peers.stop.set()
+        peers.thread.join(timeout=30)
+    assert peers.connected >= 300
+    assert peers.reopened > 0  # the gateway did drop idle peers (over the limit, or at the handshake timeout)
+    assert "handshakes in progress already" in gateway.log()
+
+
+@pytest.mark.parametrize("limited", [("--max-ring-mb", "16")], indirect=True)
+def test_ring_larger_than_the_limit_is_refused(limited):
+    big = RawConnector(ADPConnector(gateway=limited.unix_url, ring_mb=32, timeout_ms=3000, num_workers=1))
+    assert "larger than this gateway allows per connection (16 MiB, --max-ring-mb)" in first_error(big)
+    small = RawConnector(ADPConnector(gateway=limited.unix_url, ring_mb=16, timeout_ms=3000, num_workers=1))
+    roundtrip(small, "small")
+    big.conn.close()
+    small.conn.close()
+
+
+@pytest.mark.parametrize("limited", [("--max-ring-total-mb", "24")], indirect=True)
+def test_ring_memory_limit(limited):
+    a = RawConnector(ADPConnector(gateway=limited.unix_url, ring_mb=16, timeout_ms=3000, num_workers=1))
+    roundtrip(a, "a")  # holds 16 of the 24 MiB
+    b = RawConnector(ADPConnector(gateway=limited.unix_url, ring_mb=16, timeout_ms=3000, num_workers=1))
+    assert "ring memory is used up" in first_error(b)
+    roundtrip(a, "a2")  # unharmed
+    a.conn.close()  # gives its ring back
+    deadline = time.monotonic() + 10
+    while not b.set(["b"], [memoryview(b"b")])[0]:  # reconnects after its back-off
+        assert time.monotonic() < deadline, "ring memory was not given back"
+        time.sleep(0.2)
+    b.conn.close()
+
+
+@pytest.mark.parametrize("limited", [("--max-clients", "2")], indirect=True)
+def test_local_client_limit(limited):
+    held = [RawConnector(ADPConnector(gateway=limited.unix_url, timeout_ms=3000, num_workers=1)) for _ in range(2)]
+    for i, c in enumerate(held):
+        roundtrip(c, f"held{i}")
+    extra = RawConnector(ADPConnector(gateway=limited.unix_url, timeout_ms=3000, num_workers=1))
+    assert "too many local clients (2, --max-clients)" in first_error(extra)
+    for i, c in enumerate(held):
+        roundtrip(c, f"again{i}")
+    for c in [*held, extra]:
+        c.conn.close()
+
+
+@pytest.mark.parametrize("limited", [("--max-tcp-clients", "1")], indirect=True)
+def test_tcp_client_limit_leaves_local_clients_alone(limited):
+    tcp = dict(gateway=limited.tcp_url, token_file=limited.token_file, timeout_ms=3000, num_workers=1)
+    first = RawConnector(ADPConnector(**tcp))
+    roundtrip(first, "tcp1")
+    second = RawConnector(ADPConnector(**tcp))
+    assert "too many TCP clients (1, --max-tcp-clients)" in first_error(second)
+    local = RawConnector(ADPConnector(gateway=limited.unix_url, timeout_ms=3000, num_workers=1))
+    roundtrip(local, "local")
+    roundtrip(first, "tcp1b")
+    for c in (first, second, local):
+        c.conn.close()
+
+
+@pytest.mark.parametrize("limited", [("--handshake-timeout-ms", "300")], indirect=True)
+def test_silent_peer_is_dropped_at_the_handshake_timeout(limited):
+    with socket.create_connection(("127.0.0.1", limited.port)) as s:
+        s.settimeout(10)  # far above 300 ms: the gateway closes first
+        out = b""
+        while chunk := s.recv(4096):
+            out += chunk
+    assert b"no hello within the handshake timeout (300 ms)" in out  # the Error frame, then closed
+    assert "no hello within the handshake timeout (300 ms)" in limited.log()
+
+
+@pytest.mark.parametrize("limited", [("--idle-timeout-s", "1")], indirect=True)
+def test_idle_connection_is_closed_and_the_client_reconnects(limited):
+    c = RawConnector(ADPConnector(gateway=limited.unix_url, timeout_ms=3000, num_workers=1))
+    roundtrip(c, "before")
+    deadline = time.monotonic() + 10
+    while "idle for 1 s" not in limited.log():
+        assert time.monotonic() < deadline, "idle connection was not closed"
+        time.sleep(0.1)
+    roundtrip(c, "after")  # the closed connection is replaced without a failed batch
+    c.conn.close()
+
+
+def test_bad_limit_is_refused_at_start(workdir):
+    gw = Gateway(workdir, extra=("--max-ring-mb", "0"))
+    with pytest.raises(RuntimeError, match=r"--max-ring-mb must be in \[1, 4096\], got 0"):
+        gw.start()
+
+
+def read_frames(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    data, frames = b"", []
+    while len(frames) < count:
+        chunk = sock.recv(65536)
+        assert chunk, f"gateway closed after {frames}"
+        data += chunk
+        while len(data) >= wire.HEADER.size:
+            ftype, n, _ = wire.parse_header(data)
+            if len(data) < wire.HEADER.size + n:
+                break
+            frames.append((ftype, data[wire.HEADER.size : wire.HEADER.size + n]))
+            data = data[wire.HEADER.size + n :]
+    return frames
+
+
+def test_put_past_its_deadline_writes_nothing(gateway):
+    """A put whose deadline has passed in the gateway does not write its items
+    (before: all written, then not indexed). Raw frames: timeout_ms 0."""
+    keys = [f"late{i}".encode() for i in range(4)]
+    data = b"".join(payload(k.decode(), SIZE) for k in keys)
+    put = wire.batch(wire.PUT, keys, [SIZE] * 4, [i * SIZE for i in range(4)], payload=data, timeout_ms=0)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(gateway.socket)
+        s.sendall(wire.frame(wire.HELLO, 1, wire.hello()) + wire.frame(wire.BATCH, 2, put) + wire.frame(6, 3, b""))
+        (t1, _), (t2, reply), (t3, stats) = read_frames(s, 3)
+    assert (t1, t2, t3) == (wire.HELLO_OK, wire.BATCH_REPLY, 7)
+    st = json.loads(stats)
+    assert st["bytes_written"] == 0 and st["stores"] == 0, st
+    assert b"not written" in reply
