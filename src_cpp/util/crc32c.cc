@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #elif defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
 #include <arm_acle.h>
@@ -121,28 +122,128 @@ ADP_CRC_TARGET uint32_t hw_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_
 }
 #endif
 
+#if defined(__x86_64__)
+// Carry-less multiplication folding (Intel, "Fast CRC Computation for Generic
+// Polynomials Using PCLMULQDQ"), 4 x 512 bits at a time with VPCLMULQDQ: the
+// CRC32C instruction retires 8 bytes a cycle at best, this ~4x that.
+//
+// Reflected domain: bit 127-i of a 128-bit lane loaded from memory is the
+// coefficient of x^i of that block. A lane A = H x^64 + L (H in the low
+// qword) moved D bits further down the message is A x^D, congruent mod P to
+// H * (x^(D+63) mod P) + L * (x^(D-1) mod P): a clmul of reflected operands
+// multiplies by one extra x. The result (< 96 bits) is xored into the block
+// D bits later. What is left at the end is one 128-bit block congruent to
+// the whole prefix, so the CRC32C instruction over its 16 bytes (register 0)
+// gives the prefix's register; an initial register is xored into the first
+// 32 bits of the message instead.
+#define ADP_FOLD_TARGET __attribute__((target("sse4.2,pclmul,avx512f,avx512vl,avx512bw,vpclmulqdq")))
+
+// x^e mod P in the reflected 32-bit representation (bit 31 is x^0).
+uint32_t x_pow(uint64_t e) {
+  uint32_t result = 1u << 31, base = 1u << 30;  // x^0, x^1
+  while (e) {
+    if (e & 1) result = mult_mod_p(base, result);
+    base = mult_mod_p(base, base);
+    e >>= 1;
+  }
+  return result;
+}
+
+// The two fold constants for distance `bits`, as one 128-bit lane: low qword
+// multiplies the lane's low qword (H), high qword its high qword (L).
+__m128i fold_constants(uint64_t bits) {
+  return _mm_set_epi64x(static_cast<long long>(uint64_t(x_pow(bits - 1)) << 32),
+                        static_cast<long long>(uint64_t(x_pow(bits + 63)) << 32));
+}
+
+ADP_FOLD_TARGET inline __m512i fold512(__m512i a, __m512i k, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00), _mm512_clmulepi64_epi128(a, k, 0x11), next,
+                                   0x96);
+}
+
+ADP_FOLD_TARGET inline __m128i fold128(__m128i a, __m128i k, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), next);
+}
+
+constexpr size_t kFoldMin = 512;  // shorter buffers are not worth the set-up
+
+bool cpu_has_fold() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vpclmulqdq") &&
+         __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2");
+}
+
+template <bool kCopy>
+ADP_FOLD_TARGET inline __m512i load512(const uint8_t* p, uint8_t* d, size_t at) {
+  __m512i v = _mm512_loadu_si512(p + at);
+  if (kCopy) _mm512_storeu_si512(d + at, v);
+  return v;
+}
+
+// The raw register over p[0..n), n >= kFoldMin; with kCopy also stored to d.
+template <bool kCopy>
+ADP_FOLD_TARGET uint32_t fold_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
+  static const __m512i k2048 = _mm512_maskz_broadcast_i32x4(0xFFFF, fold_constants(2048));
+  static const __m512i k1536 = _mm512_maskz_broadcast_i32x4(0xFFFF, fold_constants(1536));
+  static const __m512i k1024 = _mm512_maskz_broadcast_i32x4(0xFFFF, fold_constants(1024));
+  static const __m512i k512 = _mm512_maskz_broadcast_i32x4(0xFFFF, fold_constants(512));
+  static const __m128i k384 = fold_constants(384), k256 = fold_constants(256), k128 = fold_constants(128);
+  __m512i z0 =
+      _mm512_xor_si512(load512<kCopy>(p, d, 0), _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  __m512i z1 = load512<kCopy>(p, d, 64), z2 = load512<kCopy>(p, d, 128), z3 = load512<kCopy>(p, d, 192);
+  size_t at = 256;
+  for (; at + 256 <= n; at += 256) {
+    z0 = fold512(z0, k2048, load512<kCopy>(p, d, at));
+    z1 = fold512(z1, k2048, load512<kCopy>(p, d, at + 64));
+    z2 = fold512(z2, k2048, load512<kCopy>(p, d, at + 128));
+    z3 = fold512(z3, k2048, load512<kCopy>(p, d, at + 192));
+  }
+  __m512i z = fold512(z0, k1536, fold512(z1, k1024, fold512(z2, k512, z3)));
+  for (; at + 64 <= n; at += 64) z = fold512(z, k512, load512<kCopy>(p, d, at));
+  __m128i x = fold128(
+      _mm512_maskz_extracti32x4_epi32(0xF, z, 0), k384,
+      fold128(_mm512_maskz_extracti32x4_epi32(0xF, z, 1), k256,
+              fold128(_mm512_maskz_extracti32x4_epi32(0xF, z, 2), k128, _mm512_maskz_extracti32x4_epi32(0xF, z, 3))));
+  for (; at + 16 <= n; at += 16) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
+    if (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + at), v);
+    x = fold128(x, k128, v);
+  }
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
+  return hw_raw<kCopy>(static_cast<uint32_t>(c), p + at, d + (kCopy ? at : 0), n - at);
+}
+#endif
+
+// The raw register over p[0..n) by the fastest way this CPU has.
+template <bool kCopy>
+uint32_t best_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
+#if defined(__x86_64__)
+  static const bool fold = cpu_has_fold();
+  if (fold && n >= kFoldMin) return fold_raw<kCopy>(crc, p, d, n);
+#endif
+#ifdef ADP_HAVE_HW
+  static const bool hw = cpu_has_hw();
+  if (hw) return hw_raw<kCopy>(crc, p, d, n);
+#endif
+  if (kCopy) std::memcpy(d, p, n);
+  return bitwise_raw(crc, p, n);
+}
+
 }  // namespace
 
 uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-#ifdef ADP_HAVE_HW
-  static const bool hw = cpu_has_hw();
-  if (hw) return ~hw_raw<false>(~crc, p, nullptr, n);
-#endif
-  return ~bitwise_raw(~crc, p, n);
+  return ~best_raw<false>(~crc, static_cast<const uint8_t*>(data), nullptr, n);
 }
 
 uint32_t crc32c_copy(void* dst, const void* src, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(src);
-#ifdef ADP_HAVE_HW
-  static const bool hw = cpu_has_hw();
-  if (hw) return ~hw_raw<true>(~0u, p, static_cast<uint8_t*>(dst), n);
-#endif
-  std::memcpy(dst, src, n);
-  return ~bitwise_raw(~0u, p, n);
+  return ~best_raw<true>(~0u, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n);
 }
 
 const char* crc32c_implementation() {
+#if defined(__x86_64__)
+  if (cpu_has_fold()) return "vpclmulqdq";
+#endif
 #ifdef ADP_HAVE_HW
   if (cpu_has_hw()) return kHwName;
 #endif

@@ -217,7 +217,7 @@ def any_card(request, card, memory_card):
 def test_loads_fill_exactly_the_buffer_aligned_or_not(any_card):
     c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.25, num_workers=2))
     try:
-        sizes = [1, 4095, 4096, 4097, MIB + 123, 2 * MIB]
+        sizes = [1, 4095, 4096, 4097, MIB + 123, 2 * MIB, 3 * MIB + 5]  # direct reads go in 1 MiB pieces
         keys = [f"m@00000000@0@{i:x}" for i in range(len(sizes))]
         assert c.set(keys, [memoryview(payload(k, n)) for k, n in zip(keys, sizes, strict=True)])[0]
         for offset in (0, 3):  # 4 KiB aligned (read in place) and not (staged)
@@ -248,14 +248,18 @@ def corrupt(card: str, key: str, at: int) -> None:
         f.write(bytes([b[0] ^ 1]))
 
 
-@pytest.mark.parametrize("where", ["payload", "tail", "header"])
+@pytest.mark.parametrize("where", ["payload", "later piece", "tail", "header"])
 def test_damaged_object_is_a_miss_and_dropped(any_card, where):
-    c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.0625, num_workers=1))
+    c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.25, num_workers=1))
     try:
-        n = 3 * 4096 + 100
+        n = 2 * MIB + 100
         keys = ["m@00000000@0@good", "m@00000000@0@bad"]
         assert c.set(keys, [memoryview(payload(k, n)) for k in keys])[0]
-        corrupt(any_card, keys[1], {"payload": 4096 + 777, "tail": 4096 + n - 5, "header": 30}[where])
+        corrupt(
+            any_card,
+            keys[1],
+            {"payload": 4096 + 777, "later piece": 4096 + MIB + 12345, "tail": 4096 + n - 5, "header": 30}[where],
+        )
         dsts = [aligned_array(n) for _ in keys]
         ok, _, hits = c.get(keys, [memoryview(d) for d in dsts])
         assert hits == [True, False]
