@@ -411,7 +411,7 @@ def main() -> None:
     ap.add_argument("--total-mb", type=int, default=1024, help="bytes moved per timed repetition")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keys-per-worker", type=int, default=2, help="a batch holds workers x this many keys")
-    ap.add_argument("--window", type=int, default=2, help="batches in flight")
+    ap.add_argument("--window", type=int, default=4, help="batches in flight (LMCache bench l2: 4)")
     ap.add_argument("--no-gateway", action="store_true")
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)
