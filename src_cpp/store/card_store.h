@@ -154,6 +154,10 @@ class CardStore {
   void evict_locked(uint32_t r);
   void release_region(IoContext& ctx);
   void unpin(uint32_t r);
+  // Writes object `it` (memory 4 KiB aligned, at least one block) at card
+  // offset `at`: payload pieces first, each checksummed just before it is
+  // written, the header with the CRC last. For memory-speed cards.
+  Status write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq);
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
   // Writes the tombstones of `stale` (synced when durable), then unpins
