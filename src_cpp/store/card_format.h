@@ -21,10 +21,12 @@
 namespace adp {
 
 constexpr uint32_t kFormatVersion = 2;
-constexpr uint64_t kBlockSize = 4096;                  // unit of every on-card I/O
-constexpr uint64_t kDataOffset = 1u << 20;             // regions start at 1 MiB
-constexpr uint64_t kMinRegionBytes = 1u << 20;         // 1 MiB
-constexpr uint64_t kMaxRegionBytes = kMaxObjectBytes;  // 256 MiB
+constexpr uint64_t kBlockSize = 4096;           // unit of every on-card I/O
+constexpr uint64_t kDataOffset = 1u << 20;      // regions start at 1 MiB
+constexpr uint64_t kMinRegionBytes = 1u << 20;  // 1 MiB
+// The largest region: the largest object plus its header block, with the
+// room for headers default regions get (docs/card_format.md, "Region size").
+constexpr uint64_t kMaxRegionBytes = kMaxObjectBytes + kMaxObjectBytes / 64 + kBlockSize;
 constexpr uint32_t kMinRegions = 8;
 
 constexpr char kSuperMagic[8] = {'A', 'D', 'P', 'C', 'A', 'R', 'D', '1'};

@@ -21,18 +21,23 @@ constexpr size_t kPieceBytes = 1u << 20;
 
 using Clock = std::chrono::steady_clock;
 
-// Many regions make eviction fine-grained and leave room for every writer's
-// open region; large ones take large objects (the largest object is one
-// region; 256 tokens of Llama-8B KV are 32 MiB). So: at least 32 regions,
-// but not below 64 MiB while that still leaves kMinRegions (cards from
-// 513 MiB take 32 MiB chunks).
+// Many regions make eviction fine-grained; large ones take large objects
+// (the largest object is one region; 256 tokens of Llama-8B KV are 32 MiB).
+// So: a power of two P with at least 32 regions, but not below 64 MiB while
+// that still leaves kMinRegions (cards from 530 MiB take 64 MiB objects).
+// The region is P plus room for the header blocks: P/64 (one 4 KiB header
+// per 256 KiB of payload) and the region header. So P/n-sized objects fill
+// it n at a time for every object of 256 KiB or more, instead of n-1 (a
+// 64 MiB region held one 32 MiB object in format 1).
 uint64_t default_region_bytes(uint64_t data_bytes) {
   constexpr uint64_t kLargeChunkRegion = 64u << 20;
-  uint64_t r = kMaxRegionBytes;
-  while (r > kMinRegionBytes && data_bytes / r < 32 && !(r == kLargeChunkRegion && data_bytes / r >= kMinRegions))
+  auto with_headers = [](uint64_t p) { return p + p / 64 + kBlockSize; };
+  uint64_t r = kMaxObjectBytes;
+  while (r > kMinRegionBytes && data_bytes / with_headers(r) < 32 &&
+         !(r == kLargeChunkRegion && data_bytes / with_headers(r) >= kMinRegions))
     r /= 2;
-  while (r > kMinRegionBytes && data_bytes / r < kMinRegions) r /= 2;
-  return r;
+  while (r > kMinRegionBytes && data_bytes / with_headers(r) < kMinRegions) r /= 2;
+  return with_headers(r);
 }
 
 bool all_zero(const void* p, size_t n) {
@@ -43,7 +48,7 @@ bool all_zero(const void* p, size_t n) {
 }  // namespace
 
 IoContext::~IoContext() {
-  if (store_) store_->release_region(*this);
+  if (store_) store_->park_region(*this);
 }
 
 Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
@@ -63,8 +68,9 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   if (region_bytes == 0) region_bytes = default_region_bytes(data_bytes);
   if (region_bytes % kBlockSize || region_bytes < kMinRegionBytes || region_bytes > kMaxRegionBytes ||
       data_bytes / region_bytes < kMinRegions)
-    return Status::InvalidArgument("region size " + std::to_string(region_bytes) +
-                                   " is not a multiple of 4 KiB in [1 MiB, 256 MiB] leaving at least 8 regions");
+    return Status::InvalidArgument(
+        "region size " + std::to_string(region_bytes) +
+        " is not a multiple of 4 KiB in [1 MiB, 260 MiB + 4 KiB] leaving at least 8 regions");
 
   AlignedBuffer buf;
   if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory");
@@ -181,15 +187,31 @@ void CardStore::evict_locked(uint32_t r) {
   }
 }
 
-Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
+Status CardStore::open_region(IoContext& ctx, uint64_t footprint, uint32_t* region) {
   uint32_t r;
   uint64_t epoch;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    auto deadline = Clock::now() + std::chrono::seconds(5);
+    auto now = Clock::now();
+    auto deadline = now + std::chrono::seconds(5);
+    // How long a writer waits for another writer's region instead of evicting.
+    auto idle_deadline = now + std::chrono::milliseconds(200);
     for (;;) {
+      // Parked regions first, then free ones: partly written regions fill up
+      // before new ones are opened.
+      if (regions_.take_idle(footprint, region_bytes_, &r)) {
+        *region = r;
+        return Status::Ok();
+      }
       if (regions_.take_free(&r)) break;
+      // Another writer's region with room for its object and this one will
+      // be parked within one write: waiting for it costs less than evicting.
+      if (Clock::now() < idle_deadline && regions_.leased_with_room(2 * footprint, region_bytes_)) {
+        unpinned_.wait_until(lock, idle_deadline);
+        continue;
+      }
       int64_t victim = regions_.choose_victim();
+      if (victim < 0 && regions_.seal_idle()) victim = regions_.choose_victim();
       if (victim >= 0) {
         r = static_cast<uint32_t>(victim);
         evict_locked(r);
@@ -209,7 +231,7 @@ Status CardStore::open_region(IoContext& ctx, uint32_t* region) {
   if (!s.ok()) {
     count_io_error();
     std::lock_guard<std::mutex> lock(mu_);
-    regions_.add_free_last(r);  // other regions are tried before this one again
+    regions_.fail_open(r);  // other regions are tried before this one again
     return s;
   }
   *region = r;
@@ -220,6 +242,14 @@ void CardStore::release_region(IoContext& ctx) {
   if (ctx.open_region_ < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   regions_.release(static_cast<uint32_t>(ctx.open_region_), kBlockSize);
+  ctx.open_region_ = -1;
+  unpinned_.notify_all();
+}
+
+void CardStore::park_region(IoContext& ctx) {
+  if (ctx.open_region_ < 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_.park(static_cast<uint32_t>(ctx.open_region_), kBlockSize, region_bytes_, kMinParkRoom);
   ctx.open_region_ = -1;
   unpinned_.notify_all();
 }
@@ -237,9 +267,9 @@ Status CardStore::reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, 
       return Status::Ok();
     }
   }
-  release_region(ctx);
+  park_region(ctx);
   uint32_t r;
-  Status s = open_region(ctx, &r);
+  Status s = open_region(ctx, footprint, &r);
   if (!s.ok()) return s;
   ctx.open_region_ = r;
   std::lock_guard<std::mutex> lock(mu_);
@@ -399,6 +429,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
   write_tombstones(ctx, stale);
+  park_region(ctx);  // between stores this writer holds no region back from the others
   if (!wanted)
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");

@@ -19,6 +19,7 @@
 // thread brings its own IoContext (staging memory, open region).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -33,6 +34,7 @@
 #include "common/store_types.h"
 #include "store/card_device.h"
 #include "store/card_format.h"
+#include "store/key_index.h"
 #include "store/region_manager.h"
 #include "util/aligned_buffer.h"
 #include "util/status.h"
@@ -113,20 +115,13 @@ class CardStore {
   StoreStats stats() const;
   const std::string& path() const { return device_->path(); }
   // Largest payload one object can hold.
-  uint64_t max_object_bytes() const { return region_bytes_ - 2 * kBlockSize; }
+  uint64_t max_object_bytes() const { return std::min(region_bytes_ - 2 * kBlockSize, kMaxObjectBytes); }
 
   // Validates a key against the format's bounds (common/store_types.h).
   static Status check_key(std::string_view key) { return adp::check_key(key); }
 
  private:
   friend class IoContext;
-  struct IndexEntry {
-    uint32_t region;
-    uint32_t block;  // offset within region / kBlockSize
-    uint32_t payload_bytes;
-    uint32_t reserved;
-    uint64_t seq;
-  };
   struct Location {
     uint32_t region;
     uint64_t offset;
@@ -150,9 +145,15 @@ class CardStore {
 
   // Gives ctx an open region with at least `footprint` bytes left.
   Status reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, uint64_t* offset, uint64_t* epoch);
-  Status open_region(IoContext& ctx, uint32_t* region);
+  // A region for ctx with room for `footprint`: a parked one, a free one,
+  // or one evicted for it (its new header written).
+  Status open_region(IoContext& ctx, uint64_t footprint, uint32_t* region);
   void evict_locked(uint32_t r);
+  // Seals ctx's region (its chain is broken: a write in it failed).
   void release_region(IoContext& ctx);
+  // Parks ctx's region for the next writer (RegionManager::park).
+  void park_region(IoContext& ctx);
+  static constexpr uint64_t kMinParkRoom = 64 * 1024;
   void unpin(uint32_t r);
   // Writes object `it` (memory 4 KiB aligned, at least one block) at card
   // offset `at`: payload pieces first, each checksummed just before it is
@@ -189,7 +190,7 @@ class CardStore {
   mutable std::mutex mu_;
   std::condition_variable unpinned_;
   RegionManager regions_;  // guarded by mu_
-  std::unordered_map<uint64_t, IndexEntry> index_;
+  KeyIndex index_;         // guarded by mu_
   uint64_t used_bytes_ = 0;
   uint64_t next_seq_ = 1;
   bool evicting_logged_ = false;

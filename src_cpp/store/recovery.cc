@@ -158,12 +158,13 @@ Status CardStore::recover(int threads) {
   }
   regions_.finish_recovery(next_epoch);
   for (uint32_t r : unreadable) regions_.add_free_last(r);
-  for (auto& [hash, e] : index_) {
+  index_.for_each([this](uint64_t hash, const IndexEntry& e) {
     RegionManager::Region& reg = regions_[e.region];
     reg.live_bytes += object_footprint(e.payload_bytes);
     reg.hashes.push_back(hash);
     used_bytes_ += object_footprint(e.payload_bytes);
-  }
+  });
+  for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 
   if (!stale.empty()) {
     for (const Stale& st : stale) {

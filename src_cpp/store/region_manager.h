@@ -19,7 +19,8 @@ class RegionManager {
   enum class State : uint8_t { kFree, kOpen, kSealed };
   struct Region {
     State state = State::kFree;
-    uint32_t pins = 0;  // readers/invalidators/writers in flight
+    bool leased = false;  // open and held by a writer (not parked)
+    uint32_t pins = 0;    // readers/invalidators/writers in flight
     uint64_t epoch = 0;
     uint64_t write_offset = 0;     // next append offset within the region
     uint64_t live_bytes = 0;       // footprint of indexed objects
@@ -49,6 +50,24 @@ class RegionManager {
   uint64_t open(uint32_t r, uint64_t header_bytes);
   // Called when r's writer leaves it: sealed if anything was written, else free.
   void release(uint32_t r, uint64_t header_bytes);
+  // Called when r's writer is done with it for now: r stays open for
+  // appending, and the next writer that needs room takes it (take_idle), so
+  // writers between stores hold no region back from use. Sealed instead when
+  // less than `min_room` is left; free if nothing was written.
+  void park(uint32_t r, uint64_t header_bytes, uint64_t region_bytes, uint64_t min_room);
+  // Takes the parked region with the least room that still fits `footprint`.
+  // Parked regions too full for it are sealed (so they can be evicted).
+  bool take_idle(uint64_t footprint, uint64_t region_bytes, uint32_t* r);
+  // Seals r: no more appends; its key list is trimmed to size.
+  void seal(uint32_t r);
+  // Seals every parked region (when nothing else can be evicted).
+  bool seal_idle();
+  // True if a region held by a writer now has room for `need` bytes: once
+  // parked, it may take an object without an eviction.
+  bool leased_with_room(uint64_t need, uint64_t region_bytes) const;
+  // A region just opened could not be used (its header write failed): free,
+  // handed out after every other free region.
+  void fail_open(uint32_t r);
   // Marks r used (reads, writes): the LRU clock.
   void touch(uint32_t r) { regions_[r].last_access = ++clock_; }
   void pin(uint32_t r) { regions_[r].pins++; }
@@ -64,6 +83,7 @@ class RegionManager {
  private:
   std::vector<Region> regions_;
   std::vector<uint32_t> free_;
+  std::vector<uint32_t> idle_;  // parked open regions
   uint64_t next_epoch_ = 1;
   uint64_t clock_ = 0;
 };

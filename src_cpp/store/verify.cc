@@ -13,11 +13,13 @@ void CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uin
   std::vector<std::pair<uint64_t, IndexEntry>> entries;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    entries.assign(index_.begin(), index_.end());
+    entries.reserve(index_.size());
+    index_.for_each([&entries](uint64_t h, const IndexEntry& e) { entries.emplace_back(h, e); });
   }
   // Card order: regions are read front to back.
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.second.region, a.second.block) < std::tie(b.second.region, b.second.block);
+    return std::make_tuple(a.second.region, uint32_t(a.second.block)) <
+           std::make_tuple(b.second.region, uint32_t(b.second.block));
   });
   uint64_t done = 0;
   for (const auto& [hash, e] : entries) {

@@ -34,9 +34,11 @@
 #include <random>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "store/card_store.h"
+#include "store/key_index.h"
 #include "testing/fault_device.h"
 
 namespace {
@@ -386,11 +388,45 @@ void unreadable_superblock() {
         "unreadable superblock: %s", st.message().c_str());
 }
 
+// KeyIndex against std::unordered_map: random inserts, replaces and erases
+// over a key space small enough for long probe runs and wrap-around (the
+// hashes are drawn so that many share a home slot).
+void key_index_model() {
+  adp::KeyIndex idx;
+  std::unordered_map<uint64_t, uint64_t> model;  // hash -> seq
+  std::mt19937_64 g(99);
+  for (int i = 0; i < 300000; i++) {
+    uint64_t h = (g() % 5000) * 0x100000001ull;  // clustered: few distinct high bits
+    int op = g() % 3;
+    if (op < 2) {
+      uint64_t seq = g() & adp::kMaxIndexSeq;
+      auto [it, inserted] = idx.try_emplace(h, adp::IndexEntry(7, 3, 100, 0, seq));
+      if (!inserted) it->second.seq = seq;
+      model[h] = seq;
+    } else {
+      bool a = idx.erase(h), b = model.erase(h) > 0;
+      CHECK(a == b, "key index: erase of %" PRIu64 " disagrees", h);
+    }
+    if (i % 1000 == 0 || i == 299999) {
+      CHECK(idx.size() == model.size(), "key index: size %zu, model %zu", idx.size(), model.size());
+      for (auto [mh, seq] : model) {
+        auto it = idx.find(mh);
+        CHECK(it && it->second.seq == seq, "key index: %" PRIu64 " lost or wrong", mh);
+        if (!it || it->second.seq != seq) return;
+      }
+      size_t n = 0;
+      idx.for_each([&](uint64_t, const adp::IndexEntry&) { n++; });
+      CHECK(n == model.size(), "key index: for_each saw %zu of %zu", n, model.size());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* env = std::getenv("ADP_CRASH_ALL");
   bool all = (argc > 1 && std::string(argv[1]) == "all") || (env && std::string(env) == "1");
+  key_index_model();
   auto ops = make_script();
   Run clean;
   uint64_t writes = count_writes(ops, &clean);

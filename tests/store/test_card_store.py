@@ -254,7 +254,7 @@ def test_eviction_order_after_restart_follows_write_order(card):
         s.put(f"new{i}", payload(f"new{i}", 256 * 1024))
     s.close()
     s = open_store(card, 32 * MIB)
-    for i in range(40):  # pushes ~10 MiB more through a card that is ~2/3 full
+    for i in range(60):  # the card holds 120 such objects (4 a region): 20 must go
         s.put(f"more{i}", payload(f"more{i}", 256 * 1024))
     st = s.stats()
     assert st["evicted_objects"] > 0
