@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Builds the C++ core (src_cpp without the Python bindings) and the stress
-# test tests/cpp/connector_stress.cc under a sanitizer, then runs the test.
+# test tests/cpp/connector_stress.cc under a sanitizer, then runs the test;
+# or (asan-python) the Python extension itself, bindings.cc included, and runs
+# tests/sanitizers/bindings_driver.py on it: the frame fuzzer in-process and
+# against a live gateway (the same sanitized build), and every bound class.
 # Any sanitizer report or failed check makes the exit code non-zero.
 #
-#   scripts/sanitize.sh asan|tsan [card_dir]
+#   scripts/sanitize.sh asan|tsan|asan-python [card_dir]
 #
 # asan = AddressSanitizer + UndefinedBehaviorSanitizer, tsan = ThreadSanitizer.
+# asan-python: ASan + UBSan with libasan preloaded into python and
+# PYTHONMALLOC=malloc (so bytes objects handed to the binding are ASan-tracked);
+# leak checking is off there (the interpreter itself keeps memory at exit).
+# ADP_FUZZ_FRAMES=N sets asan-python's parser frames (default 20000; a tenth
+# as many hostile connections to the gateway).
 # ADP_STRESS_SCALE=N multiplies the stress test's work (default 1), for soak runs.
 # card_dir holds the test's card image (a 48 MiB file, removed afterwards) and
 # must support O_DIRECT; default /dev/shm (tmpfs has O_DIRECT since Linux 6.6),
@@ -17,10 +25,10 @@ set -euo pipefail
 
 mode=${1:-}
 case "$mode" in
-  asan) san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer) ;;
+  asan | asan-python) san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer) ;;
   tsan) san=(-fsanitize=thread) ;;
   *)
-    echo "usage: $0 asan|tsan [card_dir]" >&2
+    echo "usage: $0 asan|tsan|asan-python [card_dir]" >&2
     exit 2
     ;;
 esac
@@ -32,8 +40,15 @@ card_dir=${2:-/dev/shm}
 [ -n "${2:-}" ] || [ -w /dev/shm ] || card_dir=$out
 CXX=${CXX:-g++}
 flags=(-std=c++20 -g -O1 "${san[@]}" -Wall -Wextra -Werror -Wno-missing-field-initializers -Isrc_cpp -pthread)
-mapfile -t sources < <(find src_cpp -name '*.cc' ! -path src_cpp/python/bindings.cc | sort)
-sources+=(tests/cpp/connector_stress.cc)
+PYTHON=${PYTHON:-python}
+if [ "$mode" = asan-python ]; then
+  mapfile -t sources < <(find src_cpp -name '*.cc' | sort)
+  mapfile -t pyinc < <("$PYTHON" -c 'import sysconfig, pybind11; print(sysconfig.get_paths()["include"]); print(pybind11.get_include())')
+  flags+=(-fPIC -fvisibility=hidden -I"${pyinc[0]}" -I"${pyinc[1]}")
+else
+  mapfile -t sources < <(find src_cpp -name '*.cc' ! -path src_cpp/python/bindings.cc | sort)
+  sources+=(tests/cpp/connector_stress.cc)
+fi
 
 start=$SECONDS
 # One compiler per core: the build is most of the time on a small machine.
@@ -45,9 +60,20 @@ for src in "${sources[@]}"; do
   obj=${src%.cc}
   objs+=("$out/${obj//\//_}.o")
 done
-"$CXX" "${flags[@]}" "${objs[@]}" -o "$out/connector_stress.$$"
-mv "$out/connector_stress.$$" "$out/connector_stress"
-echo "sanitize.sh: built $out/connector_stress ($mode) in $((SECONDS - start)) s"
+if [ "$mode" = asan-python ]; then
+  # The package as installed, with the sanitized extension in place of the normal one.
+  pkg=$out/py/lmcache_adp
+  rm -rf "$out/py" && mkdir -p "$out/py"
+  cp -r lmcache_adp "$pkg"
+  rm -f "$pkg"/_native*.so
+  suffix=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  "$CXX" "${flags[@]}" -shared "${objs[@]}" -o "$pkg/_native$suffix"
+  echo "sanitize.sh: built $pkg/_native$suffix ($mode) in $((SECONDS - start)) s"
+else
+  "$CXX" "${flags[@]}" "${objs[@]}" -o "$out/connector_stress.$$"
+  mv "$out/connector_stress.$$" "$out/connector_stress"
+  echo "sanitize.sh: built $out/connector_stress ($mode) in $((SECONDS - start)) s"
+fi
 
 card=$card_dir/adp-sanitize-$mode-$$.img
 rm -f "$card"
@@ -70,6 +96,22 @@ fi
 
 start=$SECONDS
 status=0
+if [ "$mode" = asan-python ]; then
+  work=$(mktemp -d /tmp/adp-sanitize-py-XXXXXX)  # short: it holds a Unix socket
+  trap 'rm -f "$card"; rm -rf "$work"' EXIT
+  root=$PWD
+  # From $work, so that the tree's own lmcache_adp (a normal build) is not on
+  # the path ahead of the sanitized one; the driver appends the tree for tests.*.
+  # libstdc++ preloaded too: python does not link it, and ASan's __cxa_throw
+  # interceptor must find the real one at startup ("real___cxa_throw != 0").
+  preload="$("$CXX" -print-file-name=libasan.so) $("$CXX" -print-file-name=libstdc++.so)"
+  (cd "$work" &&
+    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 LD_PRELOAD=$preload PYTHONMALLOC=malloc \
+      PYTHONPATH=$root/$out/py ADP_SANITIZED_PREFIX=$root/$out/py ADP_LOG_LEVEL=INFO \
+      "$PYTHON" "$root/tests/sanitizers/bindings_driver.py" "$work" "${ADP_FUZZ_FRAMES:-20000}") || status=$?
+  echo "sanitize.sh: $mode run exited $status in $((SECONDS - start)) s"
+  exit "$status"
+fi
 "${run[@]}" "$out/connector_stress" "$card" "${ADP_STRESS_SCALE:-1}" || status=$?
 echo "sanitize.sh: $mode run exited $status in $((SECONDS - start)) s"
 exit "$status"

@@ -9,16 +9,20 @@
 // runs. Phases:
 //   1. Connector (4 workers) over EmbeddedBackend: submitters race mixed
 //      kSet/kGet/kExists/kDelete batches against a drainer thread; run three
-//      times: normal timeout, 1 ms timeout (deadlines race the workers), and
-//      close() while submitters are still going.
+//      times: normal timeout, 1 ms timeout (deadlines race the workers; some
+//      must time out), and close() while submitters are still going (some
+//      must fail as closed).
 //   2. CardStore directly: threads with their own IoContexts and keys, whose
 //      exact state each thread tracks.
 //   3. Close and reopen the card (twice), checking what recovery brings back;
 //      then a put held between writing and indexing while another thread
 //      recycles every region.
-// Content is a function of (key, version), so every hit is checked byte for
-// byte; misses are allowed (eviction) but never a hit of a key that is known
-// to be gone. Exit code 0 only if every check passed.
+//   4. The connector phases through a gateway on the same card.
+// Content is a function of (key, version), every write a new version, so every
+// hit is checked byte for byte; misses are allowed (eviction) but never a hit
+// of a key that is known to be gone or of a version known to be overwritten
+// (History below, kept across all connector and gateway phases).
+// Exit code 0 only if every check passed.
 
 #include <poll.h>
 #include <sys/stat.h>
@@ -149,6 +153,88 @@ Buf make_buf(size_t size, bool aligned, uint64_t r) {
 
 std::string connector_key(uint64_t n) { return "conn/" + std::to_string(n); }
 
+// A connector key's object size is fixed (get buffers must fit any version).
+size_t connector_size(const std::string& key) { return size_of(seed_of(key, 0)); }
+
+// ---------------------------------------------------------------- history
+
+// Every set and delete of a connector key, for all phases: when it was
+// submitted and when its successful completion was seen, on one logical clock.
+// A hit of version v is stale when some write w (a set of another version, or
+// a delete) was submitted after v's set completed and completed before the get
+// was submitted: v was overwritten or deleted, and eviction never brings a key
+// back. Failed writes may still have been applied (a timed-out worker goes on),
+// so they never count as completed. Ticks are taken before submit() and after
+// a completion is seen, which can only hide a violation, never invent one.
+constexpr uint64_t kNever = UINT64_MAX;
+std::atomic<uint64_t> g_clock{1};
+uint64_t tick() { return g_clock.fetch_add(1); }
+
+class History {
+ public:
+  uint64_t new_version() { return next_version_++; }
+
+  size_t record(const std::string& key, uint64_t version, uint64_t submit) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<Write>& w = writes_[key];
+    w.push_back({version, submit, kNever});
+    return w.size() - 1;
+  }
+
+  void completed(const std::string& key, size_t idx, uint64_t end) {
+    std::lock_guard<std::mutex> l(mu_);
+    writes_[key][idx].end = end;
+  }
+
+  // Why a hit of key with these bytes, for a get submitted at `submit`, is
+  // wrong; empty when it is right.
+  std::string check_hit(const std::string& key, const uint8_t* data, size_t size, uint64_t submit) {
+    std::lock_guard<std::mutex> l(mu_);
+    const std::vector<Write>& ws = writes_[key];
+    const Write* last = last_done_before(ws, submit);
+    bool matched = false;
+    for (const Write& w : ws) {
+      if (w.version == kDelete || !matches(data, size, seed_of(key, w.version))) continue;
+      matched = true;
+      if (!last || w.end == kNever || w.end >= last->submit) return {};
+    }
+    if (!matched) return "bytes of no version ever written";
+    return last->version == kDelete ? "a key deleted before the get, read back" : "an overwritten version, read back";
+  }
+
+  // Whether key may be present for an exists() submitted at `submit`.
+  bool may_exist(const std::string& key, uint64_t submit) {
+    std::lock_guard<std::mutex> l(mu_);
+    const std::vector<Write>& ws = writes_[key];
+    const Write* last = last_done_before(ws, submit);
+    for (const Write& w : ws)
+      if (w.version != kDelete && (!last || w.end == kNever || w.end >= last->submit)) return true;
+    return false;
+  }
+
+  static constexpr uint64_t kDelete = 0;
+
+ private:
+  struct Write {
+    uint64_t version;  // kDelete for a delete
+    uint64_t submit, end;
+  };
+
+  // Of the writes that completed before `submit`, the one submitted last.
+  static const Write* last_done_before(const std::vector<Write>& ws, uint64_t submit) {
+    const Write* last = nullptr;
+    for (const Write& w : ws)
+      if (w.end != kNever && w.end < submit && (!last || w.submit > last->submit)) last = &w;
+    return last;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<std::string, std::vector<Write>> writes_;
+  std::atomic<uint64_t> next_version_{1};
+};
+
+History g_history;
+
 // ---------------------------------------------------------------- connector
 
 struct Request {
@@ -156,18 +242,23 @@ struct Request {
   std::vector<std::string> keys;
   std::vector<Buf> bufs;  // kSet and kGet: one per key
   bool has_invalid_key = false;
+  uint64_t submit_tick = 0;
+  std::vector<uint64_t> versions;  // kSet: the version written per key
+  std::vector<size_t> writes;      // kSet and kDelete: the History entry per key
   std::vector<uint32_t> snapshot;  // get buffers' CRCs when a failed completion was seen
 };
 
 struct Totals {
-  std::atomic<uint64_t> submitted{0}, completed{0}, failed{0}, hits{0}, misses{0}, verified_after_fail{0};
+  std::atomic<uint64_t> submitted{0}, completed{0}, failed{0}, hits{0}, misses{0}, verified_after_fail{0},
+      failed_as_expected{0}, stale_checked{0};
 };
 
 // Pairs each future id with its completion, whichever the submitter or the
 // drainer reports first, and checks each completion once both are known.
 class Tracker {
  public:
-  explicit Tracker(Totals& t) : totals_(t) {}
+  // Failures whose error contains expected_error count as failed_as_expected.
+  Tracker(Totals& t, const char* expected_error) : totals_(t), expected_error_(expected_error) {}
 
   // Blocks while `limit` futures are outstanding (bounds memory).
   void acquire_slot(int limit) {
@@ -230,11 +321,24 @@ class Tracker {
  private:
   static unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
 
+  // expected_error_: alternatives separated by '|'.
+  bool error_expected(const std::string& error) const {
+    std::string_view alts(expected_error_);
+    for (size_t at = 0; at <= alts.size();) {
+      size_t bar = std::min(alts.find('|', at), alts.size());
+      if (error.find(alts.substr(at, bar - at)) != std::string::npos) return true;
+      at = bar + 1;
+    }
+    return false;
+  }
+
   void check_locked(Request& req, const adp::Completion& c) {
     outstanding_--;
     slot_cv_.notify_one();
     totals_.completed++;
+    uint64_t end = tick();
     if (!c.ok) totals_.failed++;
+    if (!c.ok && expected_error_ && error_expected(c.error)) totals_.failed_as_expected++;
     size_t n = req.keys.size();
     if (c.per_key.size() != n) {
       fail("future %llu (%s): %zu per-key results for %zu keys", ull(c.future_id), adp::op_name(req.op),
@@ -247,13 +351,25 @@ class Tracker {
       for (size_t i = 0; i < n; i++)
         if (c.per_key[i] != 1) fail("future %llu: set reported ok but key %zu not stored", ull(c.future_id), i);
     }
+    // A delete counts where it reported the key removed: a false per-key
+    // result says nothing was removed (the key was absent, or the delete did
+    // not run: a delete through the gateway that fails reports that too).
+    if (c.ok)
+      for (size_t i = 0; i < req.writes.size(); i++)
+        if (req.writes[i] != SIZE_MAX && (req.op != adp::OpType::kDelete || c.per_key[i]))
+          g_history.completed(req.keys[i], req.writes[i], end);
+    if (req.op == adp::OpType::kExists && c.ok) {
+      for (size_t i = 0; i < n; i++)
+        if (c.per_key[i] && !g_history.may_exist(req.keys[i], req.submit_tick))
+          fail("exists(%s) true for a key deleted before it was asked", req.keys[i].c_str());
+    }
     if (req.op != adp::OpType::kGet) return;
     for (size_t i = 0; i < n; i++) {
       const Buf& b = req.bufs[i];
       if (c.per_key[i]) {
         totals_.hits++;
-        if (!matches(b.data, b.size, seed_of(req.keys[i], 0)))
-          fail("get of %s (%zu bytes) hit with wrong bytes", req.keys[i].c_str(), b.size);
+        std::string why = g_history.check_hit(req.keys[i], b.data, b.size, req.submit_tick);
+        if (!why.empty()) fail("get of %s (%zu bytes) hit: %s", req.keys[i].c_str(), b.size, why.c_str());
       } else if (c.ok) {
         totals_.misses++;
         if (!all_sentinel(b.data, b.size)) fail("get of %s missed but wrote into the buffer", req.keys[i].c_str());
@@ -266,6 +382,7 @@ class Tracker {
   }
 
   Totals& totals_;
+  const char* expected_error_;
   std::mutex mu_;
   std::condition_variable slot_cv_;
   int outstanding_ = 0;
@@ -305,13 +422,16 @@ std::shared_ptr<Request> random_request(std::mt19937_64& rng) {
       req->has_invalid_key = true;
     }
     for (const std::string& k : req->keys) {
-      size_t size = k.empty() || k.size() > adp::kMaxKeyBytes ? 100 : size_of(seed_of(k, 0));
+      bool invalid = k.empty() || k.size() > adp::kMaxKeyBytes;
+      size_t size = invalid ? 100 : connector_size(k);
       uint64_t a = rng();
       Buf b = make_buf(size, a % 2 == 0, a >> 1);
-      if (req->op == adp::OpType::kSet)
-        fill(b.data, b.size, seed_of(k, 0));
-      else
+      if (req->op == adp::OpType::kSet) {
+        req->versions.push_back(invalid ? 0 : g_history.new_version());
+        fill(b.data, b.size, seed_of(k, req->versions.back()));
+      } else {
         std::memset(b.data, kSentinel, b.size);
+      }
       req->bufs.push_back(std::move(b));
     }
   }
@@ -324,14 +444,29 @@ struct PhaseSpec {
   int submitters;
   int batches_per_submitter;
   int close_after;  // close() once this many futures were submitted; 0 = after the submitters finish
+  const char* must_fail_with = nullptr;  // some futures must fail with this in their error
 };
+
+// Stamps a request's submit time and records its writes in the history.
+void record_submit(Request& req) {
+  req.submit_tick = tick();
+  for (size_t i = 0; i < req.keys.size(); i++) {
+    if (req.has_invalid_key && i == 0)
+      req.writes.push_back(SIZE_MAX);  // the store refuses it (the others may be stored)
+    else if (req.op == adp::OpType::kSet)
+      req.writes.push_back(g_history.record(req.keys[i], req.versions[i], req.submit_tick));
+    else if (req.op == adp::OpType::kDelete)
+      req.writes.push_back(g_history.record(req.keys[i], History::kDelete, req.submit_tick));
+  }
+}
 
 using BackendFactory = std::function<std::unique_ptr<adp::Backend>()>;
 
 // midway (default: close the connector) runs once spec.close_after futures were submitted.
 void run_connector_phase(const BackendFactory& backend, const PhaseSpec& spec, uint64_t seed, Totals& totals,
                          const std::function<void(adp::Connector&)>& midway = &adp::Connector::close) {
-  Tracker tracker(totals);
+  Totals phase;
+  Tracker tracker(phase, spec.must_fail_with);
   adp::ConnectorOptions opts;
   opts.num_workers = 4;
   opts.timeout_ms = spec.timeout_ms;
@@ -356,6 +491,7 @@ void run_connector_phase(const BackendFactory& backend, const PhaseSpec& spec, u
         std::vector<adp::Buffer> bufs;
         for (Buf& b : req->bufs) bufs.push_back({b.data, b.size});
         tracker.acquire_slot(12);
+        record_submit(*req);
         uint64_t id = conn.submit(req->op, req->keys, std::move(bufs), std::make_unique<TestOwner>(tracker, req));
         tracker.on_submitted(id, std::move(req));
         submitted++;
@@ -373,6 +509,20 @@ void run_connector_phase(const BackendFactory& backend, const PhaseSpec& spec, u
   drainer.join();
   for (adp::Completion& c : conn.drain()) tracker.on_completion(std::move(c));
   tracker.check_all_done(spec.name);
+  if (spec.must_fail_with && phase.failed_as_expected == 0)
+    fail("%s: no future failed with \"%s\" (%llu of %llu failed): the phase did not test what it is for", spec.name,
+         spec.must_fail_with, static_cast<unsigned long long>(phase.failed.load()),
+         static_cast<unsigned long long>(phase.completed.load()));
+  printf("connector_stress: %s: %llu futures, %llu failed (%llu with \"%s\"), %llu hits\n", spec.name,
+         static_cast<unsigned long long>(phase.completed.load()), static_cast<unsigned long long>(phase.failed.load()),
+         static_cast<unsigned long long>(phase.failed_as_expected.load()),
+         spec.must_fail_with ? spec.must_fail_with : "-", static_cast<unsigned long long>(phase.hits.load()));
+  totals.submitted += phase.submitted;
+  totals.completed += phase.completed;
+  totals.failed += phase.failed;
+  totals.hits += phase.hits;
+  totals.misses += phase.misses;
+  totals.verified_after_fail += phase.verified_after_fail;
 }
 
 // ---------------------------------------------------------------- card store
@@ -558,8 +708,9 @@ void check_connector_keys(adp::CardStore& store, uint64_t* hits) {
       continue;
     }
     ++*hits;
-    uint64_t seed = seed_of(key, 0);
-    if (size != size_of(seed) || !matches(data, size, seed)) fail("reopen: %s read back wrong bytes", key.c_str());
+    std::string why =
+        size != connector_size(key) ? std::string("wrong size") : g_history.check_hit(key, data, size, tick());
+    if (!why.empty()) fail("reopen: %s read back: %s", key.c_str(), why.c_str());
   }
 }
 
@@ -599,8 +750,8 @@ int main(int argc, char** argv) {
   Totals totals;
   const PhaseSpec phases[] = {
       {"normal", 30000, 3, 300 * scale, 0},
-      {"1ms-timeout", 1, 3, 150 * scale, 0},
-      {"close-midway", 30000, 3, 200 * scale, 240 * scale},
+      {"1ms-timeout", 1, 3, 150 * scale, 0, "timed out"},
+      {"close-midway", 30000, 3, 200 * scale, 240 * scale, "closed"},
   };
   uint64_t phase_seed = 1;
   auto embedded = [&] { return std::make_unique<adp::EmbeddedBackend>(store); };
@@ -710,13 +861,13 @@ int main(int argc, char** argv) {
     const PhaseSpec gateway_phases[] = {
         {"gateway-unix", 30000, 3, 150 * scale, 0},
         {"gateway-tcp", 30000, 3, 100 * scale, 0},
-        {"gateway-1ms-timeout", 1, 3, 100 * scale, 0},
-        {"gateway-close-midway", 30000, 3, 100 * scale, 120 * scale},
+        {"gateway-1ms-timeout", 1, 3, 100 * scale, 0, "timed out|deadline passed"},
+        {"gateway-close-midway", 30000, 3, 100 * scale, 120 * scale, "closed"},
     };
     for (const PhaseSpec& p : gateway_phases)
       run_connector_phase(remote(p.name[8] == 't'), p, phase_seed++, via_gateway);
-    run_connector_phase(remote(false), {"gateway-stopped-midway", 2000, 3, 100 * scale, 60 * scale}, phase_seed++,
-                        via_gateway, [&](adp::Connector&) { gw->stop(); });
+    run_connector_phase(remote(false), {"gateway-stopped-midway", 2000, 3, 100 * scale, 60 * scale, "unavailable"},
+                        phase_seed++, via_gateway, [&](adp::Connector&) { gw->stop(); });
     gw.reset();
     s = adp::GatewayServer::Start(go, &gw);
     if (!s.ok()) {

@@ -3,8 +3,11 @@
 
 scripts/sanitize.sh builds src_cpp (without the Python bindings) together
 with tests/cpp/connector_stress.cc, a multi-threaded stress test of the
-connector and the card store, and runs it; any sanitizer report or failed
-check makes it exit non-zero.
+connector and the card store, and runs it (asan, tsan); or builds the Python
+extension, bindings.cc included, under ASan + UBSan and runs the frame fuzzer
+(in-process and against a live gateway of the same build) and every bound
+class through it (asan-python, tests/sanitizers/bindings_driver.py). Any
+sanitizer report or failed check makes it exit non-zero.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ SCRIPT = ROOT / "scripts" / "sanitize.sh"
 
 @pytest.mark.sanitizer
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["asan", "tsan"])
+@pytest.mark.parametrize("mode", ["asan", "tsan", "asan-python"])
 def test_stress_under_sanitizer(mode, tmp_path):
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
-        pytest.skip(f"{cxx} not found: the sanitizer build needs a C++20 g++")
+        pytest.fail(f"{cxx} not found: the sanitizer build needs a C++20 g++ (apt-get install g++)")
     proc = subprocess.run(
         ["bash", str(SCRIPT), mode, str(tmp_path)],
         cwd=ROOT,
@@ -36,4 +39,5 @@ def test_stress_under_sanitizer(mode, tmp_path):
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"sanitize.sh {mode} exited {proc.returncode}:\n{output[-20000:]}"
-    assert "connector_stress: PASS" in proc.stdout, output[-5000:]
+    done = "bindings_driver: PASS" if mode == "asan-python" else "connector_stress: PASS"
+    assert done in proc.stdout, output[-5000:]
