@@ -39,6 +39,7 @@ COUNTERS = {
     "media_errors": "Regions found unreadable at open (objects past the damage lost; the rest served)",
     "bytes_written": "Bytes written to the card",
     "bytes_read": "Bytes read from the card",
+    "refused_connections": "Connections the gateway refused by a limit (gateway)",
 }
 GAUGES = {
     "capacity_bytes": "Bytes the card can hold",
