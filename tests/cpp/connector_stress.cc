@@ -17,7 +17,10 @@
 //   3. Close and reopen the card (twice), checking what recovery brings back;
 //      then a put held between writing and indexing while another thread
 //      recycles every region.
-//   4. The connector phases through a gateway on the same card.
+//   4. The connector phases through a gateway on the same card (Unix + ring,
+//      TCP, 1 ms deadlines on both, stop and restart).
+//   5. A gateway with tight limits (clients, ring memory, idle and handshake
+//      timeouts) under load, with raw TCP peers churning its handshake pool.
 // Content is a function of (key, version), every write a new version, so every
 // hit is checked byte for byte; misses are allowed (eviction) but never a hit
 // of a key that is known to be gone or of a version known to be overwritten
@@ -25,7 +28,9 @@
 // Exit code 0 only if every check passed.
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -862,6 +867,8 @@ int main(int argc, char** argv) {
         {"gateway-unix", 30000, 3, 150 * scale, 0},
         {"gateway-tcp", 30000, 3, 100 * scale, 0},
         {"gateway-1ms-timeout", 1, 3, 100 * scale, 0, "timed out|deadline passed"},
+        // TCP: puts copied into the session's staging under the guard, then sent
+        {"gateway-tcp-1ms-timeout", 1, 3, 100 * scale, 0, "timed out|deadline passed"},
         {"gateway-close-midway", 30000, 3, 100 * scale, 120 * scale, "closed"},
     };
     for (const PhaseSpec& p : gateway_phases)
@@ -875,6 +882,48 @@ int main(int argc, char** argv) {
       return 1;
     }
     run_connector_phase(remote(false), {"gateway-restarted", 30000, 3, 100 * scale, 0}, phase_seed++, via_gateway);
+    gw.reset();
+
+    // 5. The gateway's limits (issue 9) under load: fewer slots and less ring
+    // memory than the connector's workers ask for (some connects refused with
+    // an Error frame, ring reservations racing), idle connections closed
+    // between batches (the client's stale-connection retry), while raw TCP
+    // peers connect, send nothing or garbage, and leave.
+    adp::GatewayOptions lo = go;
+    lo.max_clients = 2;
+    lo.max_tcp_clients = 2;
+    lo.max_handshakes = 2;
+    lo.handshake_timeout_ms = 100;
+    lo.idle_timeout_ms = 20;
+    lo.max_ring_total_bytes = 2 << 20;  // two rings of 1 MiB
+    s = adp::GatewayServer::Start(lo, &gw);
+    if (!s.ok()) {
+      fprintf(stderr, "cannot start the limited gateway on %s: %s\n", path.c_str(), s.message().c_str());
+      return 1;
+    }
+    std::atomic<bool> stop_peers{false};
+    std::thread peers([&] {
+      adp::proto::Endpoint ep;
+      adp::proto::parse_endpoint(lo.tcp_listen, &ep);
+      for (int i = 0; !stop_peers; i++) {
+        int fd = -1;
+        if (!adp::proto::connect_endpoint(ep, Clock::now() + std::chrono::milliseconds(200), &fd).ok()) continue;
+        if (i % 2) {
+          ssize_t w = ::send(fd, "GARBAGE!GARBAGE!GARBAGE!", 24, MSG_NOSIGNAL);
+          (void)w;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(i % 3 == 0 ? 150 : 1));
+        ::close(fd);
+      }
+    });
+    run_connector_phase(
+        remote(false),
+        {"gateway-limits-unix", 30000, 3, 100 * scale, 0, "too many local clients|ring memory is used up"},
+        phase_seed++, via_gateway);
+    run_connector_phase(remote(true), {"gateway-limits-tcp", 30000, 3, 100 * scale, 0, "too many TCP clients"},
+                        phase_seed++, via_gateway);
+    stop_peers = true;
+    peers.join();
     gw.reset();
   }
   if (via_gateway.hits == 0) fail("no get through the gateway ever hit");
