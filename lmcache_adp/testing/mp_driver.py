@@ -16,6 +16,7 @@ came from L1 and how many from L2, as there is no other per-request report.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -61,6 +62,12 @@ def adp_adapter(**adapter_params: Any) -> dict[str, Any]:
     }
 
 
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether fn takes a keyword argument `name` (APIs differ across LMCache releases)."""
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -97,6 +104,9 @@ def child_env() -> dict[str, str]:
     root = str(Path(lmcache_adp.__file__).resolve().parent.parent)
     if root not in {str(Path(p).resolve()) for p in site.getsitepackages()}:
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    # A script's `lmcache` is the one installed beside this interpreter (a venv
+    # with another LMCache release must not start the machine's default one).
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), *filter(None, [env.get("PATH")])])
     return env
 
 
@@ -284,20 +294,6 @@ class MPServer(_Child):
 # --- the gateway daemon ------------------------------------------------------
 
 
-def gateway_unavailable() -> str | None:
-    """None if this install has `lmcache-adp gateway`, else why not."""
-    r = subprocess.run(
-        [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--help"],
-        capture_output=True, text=True, timeout=60, env=child_env(),
-    )  # fmt: skip
-    if r.returncode == 0:
-        return None
-    return (
-        "`lmcache-adp gateway` is not in this build of lmcache_adp.cli yet: "
-        + (r.stderr.strip().splitlines() or ["?"])[-1]
-    )
-
-
 class Gateway(_Child):
     """`lmcache-adp gateway` on a card, serving a Unix socket; stopped by PID."""
 
@@ -404,17 +400,17 @@ class VLLMClient:
         dtype = getattr(torch, shape.dtype)
         dims = (2, shape.num_blocks, shape.block_size, shape.num_heads, shape.head_dim)
         self.kv = {f"model.layers.{i}.self_attn": torch.zeros(dims, dtype=dtype) for i in range(shape.num_layers)}
-        self.worker.register_kv_caches(
-            self.kv,
-            engine_group_infos=[
-                EngineGroupInfo(
-                    engine_group_id=0,
-                    layer_indices=tuple(range(shape.num_layers)),
-                    tokens_per_block=shape.block_size,
-                )
-            ],
-            layout_hints={"kv_layout": "NHD"},
+        groups = [
+            EngineGroupInfo(
+                engine_group_id=0, layer_indices=tuple(range(shape.num_layers)), tokens_per_block=shape.block_size
+            )
+        ]
+        # LMCache 0.5.6 takes the KV layout as a hint; 0.5.4 has no such
+        # argument and reads these (layer, 2, blocks, block, heads, dim) tensors as NHD.
+        hints = (
+            {"layout_hints": {"kv_layout": "NHD"}} if _accepts(self.worker.register_kv_caches, "layout_hints") else {}
         )
+        self.worker.register_kv_caches(self.kv, engine_group_infos=groups, **hints)
         self.chunk_size = self.scheduler.lmcache_tokens_per_chunk
 
     # Blocks ---------------------------------------------------------------
@@ -454,6 +450,16 @@ class VLLMClient:
 
         return LoadStoreOp(token_ids=list(tokens), block_ids=[list(blocks)], start=0, end=end)
 
+    def _event(self) -> Any:
+        """The ordering event a store/retrieve waits on, as LMCacheMPConnector makes it."""
+        if hasattr(self.worker, "create_recorded_event"):  # LMCache 0.5.6
+            return self.worker.create_recorded_event()
+        from lmcache import torch_dev  # LMCache 0.5.4: the connector records one itself
+
+        event = torch_dev.Event(interprocess=True)
+        event.record()
+        return event
+
     def lookup(self, request_id: str, tokens: list[int]) -> int:
         """Scheduler: LOOKUP (which starts LMCache's prefetch L2 -> L1); returns hit tokens."""
         self.scheduler.maybe_submit_lookup_request(request_id, list(tokens))
@@ -469,7 +475,7 @@ class VLLMClient:
     def store(self, request_id: str, tokens: list[int], blocks: list[int]) -> bool:
         """Worker: STORE the full chunks of tokens from blocks; True if LMCache acknowledged it."""
         end = len(tokens) // self.chunk_size * self.chunk_size
-        self.worker.submit_store_request(request_id, self._op(tokens, blocks, end), self.worker.create_recorded_event())
+        self.worker.submit_store_request(request_id, self._op(tokens, blocks, end), self._event())
         future = self.worker.store_futures[request_id]
         ok = bool(future.result(timeout=self.timeout))
         self._wait_finished(stores={request_id})
@@ -477,9 +483,7 @@ class VLLMClient:
 
     def retrieve(self, request_id: str, tokens: list[int], blocks: list[int], num_tokens: int) -> bool:
         """Worker: RETRIEVE num_tokens (what lookup hit) into blocks; True if no block failed."""
-        self.worker.submit_retrieve_request(
-            request_id, self._op(tokens, blocks, num_tokens), self.worker.create_recorded_event()
-        )
+        self.worker.submit_retrieve_request(request_id, self._op(tokens, blocks, num_tokens), self._event())
         self._wait_finished(retrieves={request_id})
         failed = self.worker.get_block_ids_with_load_errors()
         return not failed
