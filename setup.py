@@ -39,6 +39,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["lmcache_adp", "lmcache_adp.*"]),
+    package_data={"lmcache_adp": ["_native.pyi"]},  # the binding's type stubs
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     install_requires=["numpy", "prometheus_client", "tqdm"],

@@ -13,10 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmcache_adp import _native
+
 GIB = 1024**3
 MIB = 1024**2
 DEFAULT_RING_MB = 64
-MAX_TOKEN_BYTES = 256  # the protocol's bound (docs/protocol.md)
+# The protocol's bounds come from the binding (src_cpp/protocol/frame.h).
+MAX_TOKEN_BYTES = _native.MAX_TOKEN_BYTES
+MIN_RING_MB, MAX_RING_MB = _native.MIN_RING_BYTES // MIB, _native.MAX_RING_BYTES // MIB
 
 
 def default_card_path() -> str:
@@ -52,7 +56,8 @@ PARAMS: dict[str, Param] = {
     "token_file": Param(None, "tcp gateway: file holding the shared token (required for tcp://)"),
     "ring_mb": Param(
         DEFAULT_RING_MB,
-        "unix gateway: shared-memory ring per worker connection, MiB (1-4096); bounds the largest object",
+        f"unix gateway: shared-memory ring per worker connection, MiB ({MIN_RING_MB}-{MAX_RING_MB}); "
+        "bounds the largest object",
     ),
 }
 
@@ -110,7 +115,7 @@ class ConnectorConfig:
                 )
         if "ring_mb" in params and not gateway.startswith("unix://"):
             raise ConfigError("adapter_params['ring_mb'] applies to a unix:// gateway only")
-        ring_mb = _int("ring_mb", get("ring_mb"), 1, 4096)
+        ring_mb = _int("ring_mb", get("ring_mb"), MIN_RING_MB, MAX_RING_MB)
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):

@@ -10,10 +10,16 @@ import socket
 import struct
 from typing import Any
 
-MAGIC = 0x47504441
-HELLO, HELLO_OK, ERROR, STATS, STATS_REPLY = 1, 2, 5, 6, 7
+from lmcache_adp import _native
+
+# The protocol's constants come from the binding (src_cpp/protocol/frame.h).
+MAGIC, VERSION = _native.FRAME_MAGIC, _native.PROTOCOL_VERSION
+HELLO, HELLO_OK, ERROR, STATS, STATS_REPLY = (
+    _native.FRAME_TYPES[t] for t in ("HELLO", "HELLO_OK", "ERROR", "STATS", "STATS_REPLY")
+)
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, type, flags, body_bytes, reserved, request_id
-MAX_REPLY_BYTES = 16384
+assert HEADER.size == _native.FRAME_HEADER_BYTES
+MAX_REPLY_BYTES = _native.MAX_STATS_BYTES
 
 
 class GatewayError(RuntimeError):
@@ -32,7 +38,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def _read_frame(sock: socket.socket) -> tuple[int, bytes]:
     magic, version, ftype, _, n, _, _ = HEADER.unpack(_recv_exact(sock, HEADER.size))
-    if magic != MAGIC or version != 1 or n > MAX_REPLY_BYTES:
+    if magic != MAGIC or version != VERSION or n > MAX_REPLY_BYTES:
         raise GatewayError("not a protocol-1 gateway reply")
     body = _recv_exact(sock, n)
     if ftype == ERROR:
@@ -67,11 +73,11 @@ def read_gateway_stats(url: str, token: str = "", timeout: float = 5.0) -> dict[
     try:
         name, tok = b"lmcache-adp status", token.encode()
         hello = struct.pack("<IIQHHI", 0, 0, 0, len(tok), len(name), 0) + tok + name
-        sock.sendall(HEADER.pack(MAGIC, 1, HELLO, 0, len(hello), 0, 1) + hello)
+        sock.sendall(HEADER.pack(MAGIC, VERSION, HELLO, 0, len(hello), 0, 1) + hello)
         ftype, _ = _read_frame(sock)
         if ftype != HELLO_OK:
             raise GatewayError(f"unexpected reply type {ftype} to hello")
-        sock.sendall(HEADER.pack(MAGIC, 1, STATS, 0, 0, 0, 2))
+        sock.sendall(HEADER.pack(MAGIC, VERSION, STATS, 0, 0, 0, 2))
         ftype, body = _read_frame(sock)
         if ftype != STATS_REPLY:
             raise GatewayError(f"unexpected reply type {ftype} to stats")

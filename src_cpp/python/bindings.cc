@@ -358,8 +358,9 @@ PYBIND11_MODULE(_native, m) {
         py::buffer_info info = b.request();
         return crc32c_extend(crc, info.ptr, static_cast<size_t>(info.size * info.itemsize));
       },
-      py::arg("data"), py::arg("crc") = 0);
-  m.def("crc32c_implementation", &crc32c_implementation);
+      py::arg("data"), py::arg("crc") = 0, "CRC32C (Castagnoli) of data, continuing from crc (0 to start).");
+  m.def("crc32c_implementation", &crc32c_implementation,
+        "Which CRC32C code runs on this CPU (a hardware one, or \"bitwise\").");
   m.def(
       "format_card",
       [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
@@ -370,26 +371,70 @@ PYBIND11_MODULE(_native, m) {
         }
         if (!s.ok()) raise(s);
       },
-      py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0);
+      py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0,
+      "Writes a new superblock on path (creating an image of create_bytes if it does not exist): every object on the "
+      "card becomes unreadable. region_bytes 0 picks the default. Raises RuntimeError on failure.");
 
   py::class_<NativeConnector>(m, "NativeConnector")
-      .def(py::init<const py::dict&>())
-      .def("event_fd", &NativeConnector::event_fd)
-      .def("submit_batch_get", [](NativeConnector& c, const py::list& k,
-                                  const py::list& b) { return c.submit_with_buffers(OpType::kGet, k, b); })
-      .def("submit_batch_set", [](NativeConnector& c, const py::list& k,
-                                  const py::list& b) { return c.submit_with_buffers(OpType::kSet, k, b); })
-      .def("submit_batch_exists",
-           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kExists, k); })
-      .def("submit_batch_delete",
-           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); })
-      .def("drain_completions", &NativeConnector::drain_completions)
-      .def("close", &NativeConnector::close)
-      .def("stats", &NativeConnector::stats)
-      .def("describe", &NativeConnector::describe);
+      .def(py::init<const py::dict&>(),
+           "config: ConnectorConfig.to_native() (backend, card or gateway, workers, timeout_ms, ...).")
+      .def("event_fd", &NativeConnector::event_fd,
+           "An eventfd that becomes readable when completions are ready to drain.")
+      .def(
+          "submit_batch_get",
+          [](NativeConnector& c, const py::list& k, const py::list& b) {
+            return c.submit_with_buffers(OpType::kGet, k, b);
+          },
+          "Loads each key into its writable buffer (sized to the object); returns the future id. A missed key leaves "
+          "its buffer untouched.")
+      .def(
+          "submit_batch_set",
+          [](NativeConnector& c, const py::list& k, const py::list& b) {
+            return c.submit_with_buffers(OpType::kSet, k, b);
+          },
+          "Stores each buffer under its key; returns the future id. The buffers must stay valid and unchanged until "
+          "the future completes.")
+      .def(
+          "submit_batch_exists",
+          [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kExists, k); },
+          "Looks the keys up; returns the future id (per-key result: present).")
+      .def(
+          "submit_batch_delete",
+          [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); },
+          "Deletes the keys; returns the future id (per-key result: removed).")
+      .def("drain_completions", &NativeConnector::drain_completions,
+           "Completed futures since the last call: (future id, ok, error, per-key results).")
+      .def("close", &NativeConnector::close,
+           "Fails what is still pending (\"connector closed\"), stops the workers, closes the backend.")
+      .def("stats", &NativeConnector::stats,
+           "The backend's counters (objects, bytes, hits, misses, evictions, errors, ...).")
+      .def("describe", &NativeConnector::describe, "One line naming the backend (embedded card path or gateway URL).");
 
+  // The protocol's constants (src_cpp/protocol/frame.h), the one source for
+  // lmcache_adp.gateway_stats, lmcache_adp.config and tests/gateway/wire.py.
   m.attr("PROTOCOL_VERSION") = proto::kProtocolVersion;
+  m.attr("FRAME_MAGIC") = proto::kFrameMagic;
+  m.attr("FRAME_HEADER_BYTES") = proto::kFrameHeaderBytes;
+  m.attr("FRAME_TYPES") = py::dict(py::arg("HELLO") = static_cast<int>(proto::FrameType::kHello),
+                                   py::arg("HELLO_OK") = static_cast<int>(proto::FrameType::kHelloOk),
+                                   py::arg("BATCH") = static_cast<int>(proto::FrameType::kBatch),
+                                   py::arg("BATCH_REPLY") = static_cast<int>(proto::FrameType::kBatchReply),
+                                   py::arg("ERROR") = static_cast<int>(proto::FrameType::kError),
+                                   py::arg("STATS") = static_cast<int>(proto::FrameType::kStats),
+                                   py::arg("STATS_REPLY") = static_cast<int>(proto::FrameType::kStatsReply));
+  m.attr("OPS") =
+      py::dict(py::arg("PUT") = static_cast<int>(proto::Op::kPut), py::arg("GET") = static_cast<int>(proto::Op::kGet),
+               py::arg("EXISTS") = static_cast<int>(proto::Op::kExists),
+               py::arg("DELETE") = static_cast<int>(proto::Op::kDelete));
+  m.attr("FEATURE_RING") = proto::kFeatureRing;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
+  m.attr("MAX_TOKEN_BYTES") = proto::kMaxTokenBytes;
+  m.attr("MAX_NAME_BYTES") = proto::kMaxNameBytes;
+  m.attr("MAX_MESSAGE_BYTES") = proto::kMaxMessageBytes;
+  m.attr("MAX_STATS_BYTES") = proto::kMaxStatsBytes;
+  m.attr("MAX_INLINE_PAYLOAD_BYTES") = proto::kMaxInlinePayloadBytes;
+  m.attr("MIN_RING_BYTES") = proto::kMinRingBytes;
+  m.attr("MAX_RING_BYTES") = proto::kMaxRingBytes;
   m.attr("MAX_FRAME_BODY_BYTES") = proto::kMaxFrameBodyBytes;
   m.attr("MAX_HELLO_BODY_BYTES") = proto::kMaxHelloBodyBytes;
   m.def(
@@ -432,24 +477,34 @@ PYBIND11_MODULE(_native, m) {
            py::arg("handshake_timeout_ms") = GatewayOptions{}.handshake_timeout_ms,
            py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
            py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
-           py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes)
-      .def("stop", &PyGatewayServer::stop)
-      .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"))
-      .def("close", &PyGatewayServer::close)
-      .def("stats", &PyGatewayServer::stats)
-      .def("stats_json", &PyGatewayServer::stats_json)
-      .def_property_readonly("tcp_port", &PyGatewayServer::tcp_port)
-      .def_property_readonly("clients", &PyGatewayServer::clients);
+           py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
+           "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
+           "default to GatewayOptions'.")
+      .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")
+      .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"),
+           "Waits for the server to stop; True if it did within timeout_s.")
+      .def("close", &PyGatewayServer::close, "Stops the server and closes the card.")
+      .def("stats", &PyGatewayServer::stats, "The gateway's counters and its card's.")
+      .def("stats_json", &PyGatewayServer::stats_json, "stats() as one JSON object (what a Stats frame answers).")
+      .def_property_readonly("tcp_port", &PyGatewayServer::tcp_port,
+                             "The TCP port listened on (0 without TCP); useful with port 0.")
+      .def_property_readonly("clients", &PyGatewayServer::clients, "Connected clients now.");
 
   py::class_<PyCardStore>(m, "CardStore")
       .def(py::init<const std::string&, uint64_t, bool, uint64_t>(), py::arg("path"), py::arg("create_bytes") = 0,
-           py::arg("durable") = true, py::arg("region_bytes") = 0)
-      .def("put", &PyCardStore::put)
-      .def("get", &PyCardStore::get)
-      .def("exists", &PyCardStore::exists)
-      .def("remove", &PyCardStore::remove)
-      .def("stats", &PyCardStore::stats)
-      .def("verify", &PyCardStore::verify, py::arg("repair") = false, py::arg("progress") = py::none())
-      .def_property_readonly("max_object_bytes", &PyCardStore::max_object_bytes)
-      .def("close", &PyCardStore::close);
+           py::arg("durable") = true, py::arg("region_bytes") = 0,
+           "Opens (recovers) the card at path; an image of create_bytes is created and formatted if it does not exist. "
+           "Raises RuntimeError.")
+      .def("put", &PyCardStore::put, "Stores data under key (replacing an older copy); True, or RuntimeError.")
+      .def("get", &PyCardStore::get, "The object's bytes, checked against its CRC; None for a miss or a failed check.")
+      .def("exists", &PyCardStore::exists, "Whether key is in the index.")
+      .def("remove", &PyCardStore::remove, "Deletes key on the card and from the index; False if it was not there.")
+      .def("stats", &PyCardStore::stats,
+           "Counters and sizes (objects, used_bytes, capacity_bytes, regions, failures, ...).")
+      .def("verify", &PyCardStore::verify, py::arg("repair") = false, py::arg("progress") = py::none(),
+           "Reads every object and checks its CRC; repair=True drops the bad ones. progress(done, total) is called now "
+           "and then.")
+      .def_property_readonly("max_object_bytes", &PyCardStore::max_object_bytes,
+                             "The largest object this card holds (one region minus its header room).")
+      .def("close", &PyCardStore::close, "Closes the card; the store is unusable afterwards.");
 }

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import struct
 
-MAGIC = 0x47504441
-HELLO, HELLO_OK, BATCH, BATCH_REPLY, ERROR = 1, 2, 3, 4, 5
-PUT, GET, EXISTS, DELETE = 1, 2, 3, 4
+from lmcache_adp import _native
+
+# The protocol's constants, from the binding (src_cpp/protocol/frame.h); the
+# layouts below are written out, which is what these tests check.
+MAGIC, VERSION = _native.FRAME_MAGIC, _native.PROTOCOL_VERSION
+HELLO, HELLO_OK, BATCH, BATCH_REPLY, ERROR = (
+    _native.FRAME_TYPES[t] for t in ("HELLO", "HELLO_OK", "BATCH", "BATCH_REPLY", "ERROR")
+)
+PUT, GET, EXISTS, DELETE = (_native.OPS[o] for o in ("PUT", "GET", "EXISTS", "DELETE"))
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, type, flags, body_bytes, reserved, request_id
+assert HEADER.size == _native.FRAME_HEADER_BYTES
 
 
-def frame(ftype: int, request_id: int, body: bytes, version: int = 1, body_bytes: int | None = None) -> bytes:
+def frame(ftype: int, request_id: int, body: bytes, version: int = VERSION, body_bytes: int | None = None) -> bytes:
     n = len(body) if body_bytes is None else body_bytes
     return HEADER.pack(MAGIC, version, ftype, 0, n, 0, request_id) + body
 
@@ -39,5 +46,5 @@ def batch(
 def parse_header(data: bytes) -> tuple[int, int, int]:
     """(type, body_bytes, request_id) of a received frame header."""
     magic, version, ftype, _, n, _, rid = HEADER.unpack(data[: HEADER.size])
-    assert magic == MAGIC and version == 1
+    assert magic == MAGIC and version == VERSION
     return ftype, n, rid

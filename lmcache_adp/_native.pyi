@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""lmcache-adp native core (src_cpp/python/bindings.cc): card store, connector, gateway.
+
+Type stubs for IDEs and readers; tests/util/test_native_stub.py checks that
+every name here exists in the built module and that the module has no public
+name missing here.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from typing_extensions import Buffer
+
+# The card format and the gateway protocol (src_cpp/store, src_cpp/protocol/frame.h).
+FORMAT_VERSION: int
+MAX_KEY_BYTES: int
+PROTOCOL_VERSION: int
+FRAME_MAGIC: int
+FRAME_HEADER_BYTES: int
+FRAME_TYPES: dict[str, int]  # HELLO, HELLO_OK, BATCH, BATCH_REPLY, ERROR, STATS, STATS_REPLY
+OPS: dict[str, int]  # PUT, GET, EXISTS, DELETE
+FEATURE_RING: int
+MAX_BATCH_KEYS: int
+MAX_TOKEN_BYTES: int
+MAX_NAME_BYTES: int
+MAX_MESSAGE_BYTES: int
+MAX_STATS_BYTES: int
+MAX_INLINE_PAYLOAD_BYTES: int
+MIN_RING_BYTES: int
+MAX_RING_BYTES: int
+MAX_FRAME_BODY_BYTES: int
+MAX_HELLO_BODY_BYTES: int
+
+def crc32c(data: Buffer, crc: int = 0) -> int:
+    """CRC32C (Castagnoli) of data, continuing from crc (0 to start)."""
+
+def crc32c_implementation() -> str:
+    """Which CRC32C code runs on this CPU (a hardware one, or "bitwise")."""
+
+def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0) -> None:
+    """Writes a new superblock on path (creating an image of create_bytes if it
+    does not exist): every object on the card becomes unreadable. region_bytes
+    0 picks the default. Raises RuntimeError on failure."""
+
+def parse_frame(frame: bytes, /) -> None:
+    """Checks one whole protocol frame as the gateway would; ValueError says why it is refused."""
+
+class NativeConnector:
+    """The LMCache native-connector interface over the card (embedded) or a
+    gateway: futures are submitted, completions are drained after event_fd()
+    becomes readable. ADPConnector (lmcache_adp.connector) is the class
+    LMCache builds; it subclasses this one."""
+
+    def __init__(self, config: dict[str, Any], /) -> None:
+        """config: ConnectorConfig.to_native() (backend, card or gateway, workers, timeout_ms, ...)."""
+
+    def event_fd(self) -> int:
+        """An eventfd that becomes readable when completions are ready to drain."""
+
+    def submit_batch_get(self, keys: list[str], bufs: list[Buffer], /) -> int:
+        """Loads each key into its writable buffer (sized to the object); returns the future id.
+        A missed key leaves its buffer untouched."""
+
+    def submit_batch_set(self, keys: list[str], bufs: list[Buffer], /) -> int:
+        """Stores each buffer under its key; returns the future id. The buffers
+        must stay valid and unchanged until the future completes."""
+
+    def submit_batch_exists(self, keys: list[str], /) -> int:
+        """Looks the keys up; returns the future id (per-key result: present)."""
+
+    def submit_batch_delete(self, keys: list[str], /) -> int:
+        """Deletes the keys; returns the future id (per-key result: removed)."""
+
+    def drain_completions(self) -> list[tuple[int, bool, str, list[bool]]]:
+        """Completed futures since the last call: (future id, ok, error, per-key results)."""
+
+    def close(self) -> None:
+        """Fails what is still pending ("connector closed"), stops the workers, closes the backend."""
+
+    def stats(self) -> dict[str, Any]:
+        """The backend's counters (objects, bytes, hits, misses, evictions, errors, ...)."""
+
+    def describe(self) -> str:
+        """One line naming the backend (embedded card path or gateway URL)."""
+
+class CardStore:
+    """The card store used directly (tools and tests): one object per key,
+    synchronous, one caller at a time."""
+
+    def __init__(self, path: str, create_bytes: int = 0, durable: bool = True, region_bytes: int = 0) -> None:
+        """Opens (recovers) the card at path; an image of create_bytes is
+        created and formatted if it does not exist. Raises RuntimeError."""
+
+    @property
+    def max_object_bytes(self) -> int:
+        """The largest object this card holds (one region minus its header room)."""
+
+    def put(self, key: str, data: Buffer, /) -> bool:
+        """Stores data under key (replacing an older copy); True, or RuntimeError."""
+
+    def get(self, key: str, /) -> bytes | None:
+        """The object's bytes, checked against its CRC; None for a miss or a failed check."""
+
+    def exists(self, key: str, /) -> bool:
+        """Whether key is in the index."""
+
+    def remove(self, key: str, /) -> bool:
+        """Deletes key on the card and from the index; False if it was not there."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and sizes (objects, used_bytes, capacity_bytes, regions, failures, ...)."""
+
+    def verify(self, repair: bool = False, progress: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
+        """Reads every object and checks its CRC; repair=True drops the bad ones.
+        progress(done, total) is called now and then."""
+
+    def close(self) -> None:
+        """Closes the card; the store is unusable afterwards."""
+
+class GatewayServer:
+    """The gateway daemon in this process (lmcache-adp gateway runs one)."""
+
+    def __init__(
+        self,
+        card: str,
+        card_size_bytes: int,
+        socket_path: str,
+        listen: str = "",
+        token: str = "",
+        io_contexts: int = 4,
+        durable: bool = True,
+        max_clients: int = ...,
+        max_tcp_clients: int = ...,
+        max_handshakes: int = ...,
+        handshake_timeout_ms: int = ...,
+        idle_timeout_ms: int = ...,
+        max_ring_bytes: int = ...,
+        max_ring_total_bytes: int = ...,
+    ) -> None:
+        """Opens the card and listens on socket_path (and listen, tcp://HOST:PORT,
+        with token); the max_* bounds default to GatewayOptions'."""
+
+    @property
+    def tcp_port(self) -> int:
+        """The TCP port listened on (0 without TCP); useful with port 0."""
+
+    @property
+    def clients(self) -> int:
+        """Connected clients now."""
+
+    def stop(self) -> None:
+        """Stops accepting and closes every connection (returns at once)."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """Waits for the server to stop; True if it did within timeout_s."""
+
+    def stats(self) -> dict[str, Any]:
+        """The gateway's counters and its card's."""
+
+    def stats_json(self) -> str:
+        """stats() as one JSON object (what a Stats frame answers)."""
+
+    def close(self) -> None:
+        """Stops the server and closes the card."""
