@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/recovery.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -176,6 +178,10 @@ Status CardStore::recover(int threads) {
       ADP_WARN("card %s: %zu older copies could not be marked deleted yet; their newer copies are kept until they are",
                path().c_str(), pending_.size());
   }
+  // The scans and the merge's map were freed: give that memory back to the
+  // system, or the process keeps it (about 50 bytes per object recovered).
+  scans = {};
+  malloc_trim(0);
   recovered_objects_ = index_.size();
   recovery_seconds_ = seconds_since(t0);
   ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %" PRIu64 " MiB) in %.3f s",
