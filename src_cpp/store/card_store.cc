@@ -394,8 +394,14 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       const Location& loc = written[i];
       if (loc.region == UINT32_MAX) continue;
       if (!wanted) {
+        // A copy that was never indexed voids only itself: its tombstone
+        // carries seq 0 (no store gets it), so recovery's merge ranks it below
+        // every copy. With its own seq it would outrank the older copy still
+        // indexed, and that key would be lost on the next restart.
         regions_.pin(loc.region);
-        stale.push_back({loc, -1});
+        Location own = loc;
+        own.seq = 0;
+        stale.push_back({own, -1});
         continue;
       }
       uint64_t h = loc.hash;

@@ -192,7 +192,7 @@ class CardStore {
   RegionManager regions_;  // guarded by mu_
   KeyIndex index_;         // guarded by mu_
   uint64_t used_bytes_ = 0;
-  uint64_t next_seq_ = 1;
+  uint64_t next_seq_ = 1;  // 0 is never a store's: tombstones of never-indexed copies carry it
   bool evicting_logged_ = false;
   std::vector<Stale> pending_;  // tombstones that failed; guarded by mu_
   std::atomic<size_t> pending_count_{0};
