@@ -57,6 +57,10 @@ fi
 [[ $variant == cpu ]] || die "usage: build_image.sh [cpu|production]"
 image=${ADP_IMAGE:-localhost/lmcache-adp:cpu}
 mkdir -p "$cache"
+# One build at a time per cache: test sessions on one host share podman's
+# storage, the tags and the wheelhouse (a second one waits here).
+exec 9>"$cache/.lock"
+flock 9
 
 # 1. Debian bookworm with Python, no registry.
 if ! have_image "$debian_image"; then

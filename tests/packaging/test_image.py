@@ -65,7 +65,10 @@ def image(tmp_path_factory) -> str:
         )  # fmt: skip
     if r.returncode != 0:
         pytest.fail(f"scripts/build_image.sh failed ({r.returncode}):\n{log.read_text()[-5000:]}")
-    return tag
+    # The image's id, not its tag: another session on this host may build the tag anew.
+    r = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
 
 
 class Podman:
