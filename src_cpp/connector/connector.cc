@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "util/log.h"
 
@@ -40,6 +42,14 @@ struct Connector::Batch {
     std::shared_lock<std::shared_mutex> l(guard);
     return completed;
   }
+  // Sets `completed`, after any delivery in flight has finished; false if it
+  // was already set.
+  bool mark_completed() {
+    std::unique_lock<std::shared_mutex> g(guard);
+    if (completed) return false;
+    completed = true;
+    return true;
+  }
 };
 
 const char* op_name(OpType op) {
@@ -58,6 +68,8 @@ const char* op_name(OpType op) {
 
 Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& opts)
     : backend_(std::move(backend)), description_(backend_->describe()), opts_(opts) {
+  if (const char* d = std::getenv("ADP_TEST_DELIVERY_DELAY_MS"))
+    test_delivery_delay_ = std::chrono::milliseconds(std::atoi(d));
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) throw std::runtime_error("eventfd failed: " + errno_text(errno));
   for (int i = 0; i < opts_.num_workers; i++) workers_.emplace_back(&Connector::worker_loop, this, i);
@@ -117,12 +129,12 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
 }
 
 void Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
-  {
-    std::unique_lock<std::shared_mutex> g(b->guard);
-    if (b->completed) return;
-    b->completed = true;
-  }
-  deadlines_.erase(b->deadline_it);
+  if (b->mark_completed()) publish_locked(b, ok, error, use_results);
+}
+
+void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+  if (b->deadline_it != deadlines_.end()) deadlines_.erase(b->deadline_it);
+  b->deadline_it = deadlines_.end();
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - b->submitted).count();
   latency_[static_cast<int>(b->op)].record(static_cast<uint64_t>(us));
   Completion c{b->id, ok, error, {}};
@@ -142,6 +154,10 @@ void Connector::task_done(Batch* b) {
     err = b->first_error;
   }
   complete_locked(b, err.empty(), err, true);
+  retire_locked(b);
+}
+
+void Connector::retire_locked(Batch* b) {
   auto it = live_.find(b->id);
   retired_.push_back(std::move(it->second));
   live_.erase(it);
@@ -171,7 +187,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
     }
     case OpType::kGet: {
       std::vector<Status> st(n);
-      DeliverFn deliver = [b, &t](size_t i, size_t size, const CopyFn& copy) {
+      DeliverFn deliver = [this, b, &t](size_t i, size_t size, const CopyFn& copy) {
         const Buffer& dst = b->buffers[t.begin + i];
         std::shared_lock<std::shared_mutex> g(b->guard);
         if (b->completed) return false;
@@ -180,6 +196,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
                            log_safe(b->keys[t.begin + i]).c_str(), size, dst.size);
           return false;
         }
+        if (test_delivery_delay_.count() > 0) std::this_thread::sleep_for(test_delivery_delay_);
         return copy(dst.data);
       };
       std::vector<size_t> sizes(n);
@@ -250,7 +267,18 @@ void Connector::deadline_loop() {
     }
     Batch* b = deadlines_.begin()->second;
     ADP_DEBUG("future %llu timed out", static_cast<unsigned long long>(b->id));
-    complete_locked(b, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms", false);
+    // Marking it completed waits for a delivery in flight (on a memory-speed
+    // card, a read straight into the caller's buffer): done without mu_, so
+    // submits, drains and other workers go on meanwhile. The extra task keeps
+    // the batch from being retired under us; whoever ends it last retires it.
+    deadlines_.erase(b->deadline_it);
+    b->deadline_it = deadlines_.end();
+    b->tasks_left++;
+    lock.unlock();
+    bool marked = b->mark_completed();
+    lock.lock();
+    if (marked) publish_locked(b, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms", false);
+    if (--b->tasks_left == 0) retire_locked(b);
   }
 }
 

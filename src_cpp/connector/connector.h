@@ -91,7 +91,11 @@ class Connector {
   void deadline_loop();
   void run_task(BackendSession& session, const Task& t);
   // Marks b completed (once) and queues its completion. Caller holds mu_.
+  // Completes b (once), waiting for a delivery in flight; caller holds mu_.
   void complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
+  // Queues b's completion and signals the eventfd; b is already marked completed.
+  void publish_locked(Batch* b, bool ok, const std::string& error, bool use_results);
+  void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done)
   void task_done(Batch* b);
 
   mutable std::shared_mutex backend_mu_;  // close() drops the backend while submit() may use it
@@ -106,6 +110,9 @@ class Connector {
   std::multimap<Clock::time_point, Batch*> deadlines_;
   std::map<uint64_t, std::unique_ptr<Batch>> live_;  // submitted, workers not yet done
   std::vector<std::unique_ptr<Batch>> retired_;      // workers done; owners to free
+  // Tests only (ADP_TEST_DELIVERY_DELAY_MS): a pause inside each load's
+  // delivery, under the batch's guard, as a slow read into the buffer would be.
+  std::chrono::milliseconds test_delivery_delay_{0};
   std::vector<Completion> completions_;
   uint64_t next_future_ = 1;
   bool closed_ = false;

@@ -309,3 +309,33 @@ def test_no_write_into_a_load_buffer_after_its_future_timed_out(memory_card):
         assert timed_out and late == 0
     finally:
         c.conn.close()
+
+
+def test_a_deadline_waiting_on_a_delivery_does_not_block_submits(card, monkeypatch):
+    """A load whose deadline passes while its bytes are being delivered completes once the
+    delivery ends (nothing is written after completion); meanwhile the connector keeps
+    answering: a lookup submitted after the deadline completes first. (Before, the deadline
+    thread waited for the delivery while holding the connector's lock, so the lookup's submit
+    blocked until the load's completion was out.)"""
+    key = "m@00000000@0@slow"
+    c = RawConnector(ADPConnector(card=card, card_size_gb=0.0625, num_workers=1))
+    assert c.set([key], [memoryview(payload(key, MIB))])[0]
+    c.conn.close()
+    monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "4000")  # read by the connector at construction
+    c = RawConnector(ADPConnector(card=card, num_workers=1, timeout_ms=1000))
+    try:
+        dst = bytearray(MIB)
+        get_fid = c.conn.submit_batch_get([key], [memoryview(dst)])
+        # The worker reaches the delivery well within the deadline; after 2 s the deadline
+        # has passed and the delivery is still in its pause.
+        time.sleep(2.0)
+        exists_fid = c.conn.submit_batch_exists([key])
+        order = []
+        poller = select.poll()
+        poller.register(c.conn.event_fd(), select.POLLIN)
+        while len(order) < 2:
+            assert poller.poll(10_000), "no completion within 10 s"
+            order += [done[0] for done in c.conn.drain_completions()]
+        assert order == [exists_fid, get_fid], "the lookup waited for the load's delivery"
+    finally:
+        c.conn.close()
