@@ -53,6 +53,8 @@ setup(
             # the style gate (scripts/check_style.sh), pinned so every machine formats alike
             "ruff==0.17.6",
             "clang-format==23.1.5",
+            # scripts/sanitize.sh asan-python compiles bindings.cc outside setup.py's build env
+            "pybind11>=2.12",
         ],
     },
     entry_points={"console_scripts": ["lmcache-adp=lmcache_adp.cli:main"]},

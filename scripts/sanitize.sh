@@ -43,6 +43,10 @@ flags=(-std=c++20 -g -O1 "${san[@]}" -Wall -Wextra -Werror -Wno-missing-field-in
 PYTHON=${PYTHON:-python}
 if [ "$mode" = asan-python ]; then
   mapfile -t sources < <(find src_cpp -name '*.cc' | sort)
+  if ! "$PYTHON" -c 'import pybind11' 2>/dev/null; then
+    echo "sanitize.sh asan-python: $PYTHON has no pybind11 (pip install -e '.[test]' installs it)" >&2
+    exit 1
+  fi
   mapfile -t pyinc < <("$PYTHON" -c 'import sysconfig, pybind11; print(sysconfig.get_paths()["include"]); print(pybind11.get_include())')
   flags+=(-fPIC -fvisibility=hidden -I"${pyinc[0]}" -I"${pyinc[1]}")
 else
