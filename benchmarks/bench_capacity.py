@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from tools import emit_table
+
 CHILD = r"""
 import json, os, select, sys, time
 impl, card, card_gib, obj_mib, workers = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
@@ -117,11 +119,7 @@ def main() -> None:
             f"| {first / r['card']:.1%} | {first / r['capacity']:.1%} "
             f"| {r['steady'] / r['card']:.1%} | {r['steady'] / r['capacity']:.1%} | {r['failed']} |"
         )
-    table = "\n".join(lines)
-    print(table)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(table + "\n")
+    emit_table(lines, args.output)
 
 
 if __name__ == "__main__":

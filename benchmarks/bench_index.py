@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from tools import emit_table
+
 from lmcache_adp import CardStore
 
 FOOTPRINT = 8192
@@ -123,11 +125,7 @@ def main() -> None:
         f"| {n} | {ins:.1f} | {hit:.2f} | {miss:.2f} | {rss:.0f} | {ro:.0f} | {rec:.2f} |"
         for n, ins, hit, miss, rss, ro, rec in rows
     ]
-    table = "\n".join(lines)
-    print(table)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(table + "\n")
+    emit_table(lines, args.output)
 
 
 if __name__ == "__main__":

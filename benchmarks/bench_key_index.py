@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tools import emit_table
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROGRAM = r"""
@@ -98,11 +100,7 @@ def main() -> None:
                 out = subprocess.run([str(exe), impl, n], capture_output=True, text=True, check=True)
                 lines.append(out.stdout.strip())
                 print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    print(table)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(table + "\n")
+    emit_table(lines, args.output)
 
 
 if __name__ == "__main__":

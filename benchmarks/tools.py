@@ -15,3 +15,12 @@ def require_tool(name: str) -> str:
         hint = INSTALL_HINTS.get(name, f"install {name}")
         raise SystemExit(f"{name} is needed to measure the medium's limit and is not installed: {hint}")
     return path
+
+
+def emit_table(lines: list[str], output: str | None) -> None:
+    """Prints a results table, and writes it to `output` too when one is given."""
+    table = "\n".join(lines)
+    print(table)
+    if output:
+        with open(output, "w") as f:
+            f.write(table + "\n")

@@ -20,6 +20,16 @@ bool aligned(uint64_t offset, const iovec* iov, int count) {
   return true;
 }
 
+// Copies the first `limit` bytes gathered from iov to dst.
+void copy_iov(uint8_t* dst, const iovec* iov, int count, uint64_t limit) {
+  for (int i = 0; i < count && limit; i++) {
+    uint64_t k = std::min<uint64_t>(iov[i].iov_len, limit);
+    std::memcpy(dst, iov[i].iov_base, k);
+    dst += k;
+    limit -= k;
+  }
+}
+
 }  // namespace
 
 FaultDevice::FaultDevice(std::shared_ptr<FaultImage> image, std::string name)
@@ -55,13 +65,7 @@ void FaultDevice::apply_locked(uint64_t offset, const iovec* iov, int count, uin
   if (n == 0) return;
   unsynced_.push_back({offset, std::vector<uint8_t>(image_->data.begin() + offset,
                                                     image_->data.begin() + static_cast<ptrdiff_t>(offset + n))});
-  uint64_t pos = offset, left = n;
-  for (int i = 0; i < count && left; i++) {
-    uint64_t k = std::min<uint64_t>(iov[i].iov_len, left);
-    std::memcpy(image_->data.data() + pos, iov[i].iov_base, k);
-    pos += k;
-    left -= k;
-  }
+  copy_iov(image_->data.data() + offset, iov, count, n);
 }
 
 Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
@@ -80,13 +84,7 @@ Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
     // The torn part reached the media: it survives the cut, unlike every
     // unsynced write before it.
     uint64_t keep = std::min(cut_tear_, n);
-    uint64_t pos = offset, left = keep;
-    for (int i = 0; i < count && left; i++) {
-      uint64_t k = std::min<uint64_t>(iov[i].iov_len, left);
-      std::memcpy(image_->data.data() + pos, iov[i].iov_base, k);
-      pos += k;
-      left -= k;
-    }
+    copy_iov(image_->data.data() + offset, iov, count, keep);
     // Undo the earlier unsynced writes now, except over the torn bytes.
     for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it) {
       for (uint64_t b = 0; b < it->old.size(); b++) {
