@@ -150,13 +150,23 @@ class Podman:
             self("volume", "rm", "--force", v, check=False)
 
 
+def shm_segments() -> set[Path]:
+    """LMCache's shared-memory segments in the host's /dev/shm (the containers run with --ipc=host)."""
+    return set(Path("/dev/shm").glob("lmcache_kv_*"))
+
+
 @pytest.fixture
 def podman(image):
     pm = Podman(image)
+    before = shm_segments()
     try:
         yield pm
     finally:
         pm.cleanup()
+        # A stopped server leaves its segments (named by its pid inside the container, so a later
+        # container can get the same name and fail with EEXIST): remove the ones this test made.
+        for seg in shm_segments() - before:
+            seg.unlink(missing_ok=True)
     assert not pm.left(), f"left behind: {pm.left()}"
 
 
