@@ -53,6 +53,11 @@ PARAMS: dict[str, Param] = {
     "timeout_ms": Param(10000, "deadline of one operation; past it the future completes as failed"),
     "durable": Param(True, "fdatasync before a store is acknowledged (power-loss safety)"),
     "metrics_port": Param(0, "serve Prometheus /metrics, /health and /stats on this port (0: off)"),
+    "metrics_host": Param(
+        "127.0.0.1",
+        "address the metrics endpoint binds (it has no authentication: another address exposes the card's "
+        "stats to whoever reaches it)",
+    ),
     "token_file": Param(None, "tcp gateway: file holding the shared token (required for tcp://)"),
     "ring_mb": Param(
         DEFAULT_RING_MB,
@@ -87,6 +92,7 @@ class ConnectorConfig:
     timeout_ms: int = 10000
     durable: bool = True
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     token: str = field(default="", repr=False)
     ring_mb: int = DEFAULT_RING_MB
 
@@ -125,6 +131,11 @@ class ConnectorConfig:
             raise ConfigError(
                 f"adapter_params['card_size_gb'] must be a number of GiB in [0.015625, 1048576], got {size!r}"
             )
+        metrics_host = get("metrics_host")
+        if not isinstance(metrics_host, str) or not metrics_host or any(c.isspace() for c in metrics_host):
+            raise ConfigError(f"adapter_params['metrics_host'] must be an address or host name, got {metrics_host!r}")
+        if "metrics_host" in params and not params.get("metrics_port"):
+            raise ConfigError("adapter_params['metrics_host'] applies only with a metrics_port")
         durable = get("durable")
         if not isinstance(durable, bool):
             raise ConfigError(f"adapter_params['durable'] must be true or false, got {durable!r}")
@@ -137,6 +148,7 @@ class ConnectorConfig:
             timeout_ms=_int("timeout_ms", get("timeout_ms"), 1, 3_600_000),
             durable=durable,
             metrics_port=_int("metrics_port", get("metrics_port"), 0, 65535),
+            metrics_host=metrics_host,
             token=token,
             ring_mb=ring_mb,
         )

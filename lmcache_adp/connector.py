@@ -22,7 +22,9 @@ class ADPConnector(NativeConnector):
     def __init__(self, **adapter_params: Any) -> None:
         self.config = ConnectorConfig.from_params(adapter_params)
         super().__init__(self.config.to_native())
-        self._metrics = MetricsServer(self.stats, self.config.metrics_port) if self.config.metrics_port else None
+        self._metrics = None
+        if self.config.metrics_port:
+            self._metrics = MetricsServer(self.stats, self.config.metrics_port, host=self.config.metrics_host)
 
     def stats(self) -> dict[str, Any]:
         st = super().stats()

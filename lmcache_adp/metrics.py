@@ -86,9 +86,12 @@ class StatsCollector:
 
 
 class MetricsServer:
-    """Serves /metrics and /health for stats_fn on host:port (port 0: any free port)."""
+    """Serves /metrics and /health for stats_fn on host:port (port 0: any free port).
 
-    def __init__(self, stats_fn: StatsFn, port: int, host: str = "0.0.0.0"):
+    Loopback by default: the endpoint has no authentication, so another
+    address is the caller's explicit choice (`--metrics-host`, `metrics_host`)."""
+
+    def __init__(self, stats_fn: StatsFn, port: int, host: str = "127.0.0.1"):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StatsCollector(stats_fn))
 

@@ -89,6 +89,53 @@ def test_status_reads_a_running_connector(served):
     assert r.returncode == 0 and "set latency" in r.stdout and "objects" in r.stdout
 
 
+def non_loopback_address() -> str:
+    """An address of this machine that is not loopback (where a 0.0.0.0 bind is reachable from the network)."""
+    for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+        if not info[4][0].startswith("127."):
+            return info[4][0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET: no packet is sent, the kernel only picks a source address
+        return s.getsockname()[0]
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def test_metrics_bind_loopback_unless_told(card):
+    """The endpoint has no authentication: by default only this host reaches it;
+    metrics_host widens it on purpose."""
+    other = non_loopback_address()
+    assert not other.startswith("127."), other
+    port = free_port()
+    c = ADPConnector(card=card, card_size_gb=0.0625, metrics_port=port)
+    try:
+        assert reachable("127.0.0.1", port)
+        assert not reachable(other, port), f"metrics on {other}:{port} without being asked"
+    finally:
+        c.close()
+    port = free_port()
+    c = ADPConnector(card=card, metrics_port=port, metrics_host="0.0.0.0")
+    try:
+        assert reachable(other, port) and scrape(port)["lmcache_adp_healthy"] == 1
+    finally:
+        c.close()
+
+
+def test_metrics_host_validated():
+    from lmcache_adp import ConfigError
+
+    with pytest.raises(ConfigError, match=r"adapter_params\['metrics_host'\] applies only with a metrics_port"):
+        ADPConnector(metrics_host="0.0.0.0")
+    with pytest.raises(ConfigError, match=r"adapter_params\['metrics_host'\] must be an address"):
+        ADPConnector(metrics_port=9400, metrics_host="")
+
+
 def test_metrics_port_validated():
     from lmcache_adp import ConfigError
 
