@@ -6,6 +6,7 @@
 #include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -81,10 +82,23 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
   struct statfs fs{};
   bool memory = !is_blk && ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
   out->reset(new CardDevice(path, fd, size, is_blk, memory));
+  if (memory && size > 0) {
+    // Reads only touch blocks that were written, so the mapping never faults
+    // on a hole (which on a full tmpfs would be SIGBUS, not an error).
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+      ADP_WARN("card %s: cannot map the image (%s); loads read it with preadv", path.c_str(),
+               errno_text(errno).c_str());
+    else
+      (*out)->map_ = static_cast<const uint8_t*>(m);
+  }
   return Status::Ok();
 }
 
-CardDevice::~CardDevice() { ::close(fd_); }
+CardDevice::~CardDevice() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+  ::close(fd_);
+}
 
 void CardDevice::set_io_depth(int depth) {
   depth = std::clamp(depth, 1, kMaxIoDepth);

@@ -30,6 +30,10 @@ class CardDevice : public Device {
   bool is_block_device() const { return block_device_; }
   // True for an image file on tmpfs or ramfs: its I/O is a memory copy.
   bool memory_backed() const override { return memory_backed_; }
+  // A memory-backed image is mapped read-only (MAP_SHARED: the mapping is
+  // the tmpfs page cache, which is the card itself, so it sees every write
+  // at once); nullptr for other cards or when the mapping failed.
+  const uint8_t* mapped() const override { return map_; }
 
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
@@ -53,6 +57,7 @@ class CardDevice : public Device {
   uint64_t size_;
   bool block_device_;
   bool memory_backed_;
+  const uint8_t* map_ = nullptr;
   mutable std::atomic<bool> healthy_{true};
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};

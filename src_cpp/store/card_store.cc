@@ -542,15 +542,28 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     epoch = regions_[e.region].epoch;
   }
   uint64_t fp = object_footprint(e.payload_bytes);
-  // Direct: the header block, and a partial last block, into staging; the
-  // payload's whole blocks straight into payload_dst, in pieces small enough
-  // that each is checked while it is still in the CPU's cache.
-  const bool direct = payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
-  const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   const uint64_t at = region_offset(e.region) + uint64_t(e.block) * kBlockSize;
+  // Mapped (a memory-backed card): the header block is copied into staging,
+  // the payload from the mapping straight into payload_dst (any alignment),
+  // its CRC computed in the same pass: one read and one write of each byte,
+  // as a memcpy. Otherwise direct: the header block, and a partial last
+  // block, into staging; the payload's whole blocks straight into
+  // payload_dst, in pieces small enough that each is checked while it is
+  // still in the CPU's cache.
+  const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
+  const bool mapped = map && at + kBlockSize + e.payload_bytes <= device_->size();
+  const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
+  const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   uint32_t body_crc = 0;
-  if (!ctx.staging_.reserve(direct ? 2 * kBlockSize : fp)) {
+  if (!ctx.staging_.reserve(direct || mapped ? 2 * kBlockSize : fp)) {
     *io = Status::IoError("out of memory for staging");
+  } else if (mapped) {
+    std::memcpy(ctx.staging_.data(), map + at, kBlockSize);
+    if (check_payload)
+      body_crc = crc32c_copy(payload_dst, map + at + kBlockSize, e.payload_bytes);
+    else
+      std::memcpy(payload_dst, map + at + kBlockSize, e.payload_bytes);
+    *io = Status::Ok();
   } else if (direct) {
     size_t done = 0;
     do {
@@ -585,8 +598,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
     return "key does not match the index";
   if (direct && tail) std::memcpy(payload_dst + body, block + kBlockSize, tail);
-  if (check_payload && (direct ? crc32c_extend(body_crc, payload_dst + body, tail)
-                               : crc32c(block + kBlockSize, hdr.payload_bytes)) != hdr.payload_crc)
+  if (check_payload && (mapped   ? body_crc
+                        : direct ? crc32c_extend(body_crc, payload_dst + body, tail)
+                                 : crc32c(block + kBlockSize, hdr.payload_bytes)) != hdr.payload_crc)
     return "payload checksum mismatch";
   return std::string();
 }
@@ -648,7 +662,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     delivered = read(nullptr, false) && deliver(e.payload_bytes, copy_staged);
   } else {
     delivered = deliver(e.payload_bytes, [&](uint8_t* dst) {
-      bool direct = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
+      bool direct = device_->mapped() || reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
       return read(direct ? dst : nullptr, direct) && (direct || copy_staged(dst));
     });
   }

@@ -32,6 +32,12 @@ class Device {
   // True when the device is memory (an image on tmpfs/ramfs): a read takes a
   // memcpy's time.
   virtual bool memory_backed() const { return false; }
+  // The whole device mapped read-only (size() bytes), or nullptr. Only a
+  // memory-backed device maps itself: a load then copies its payload from
+  // the mapping into the caller's buffer, checking the CRC in the same pass,
+  // instead of the kernel copying it page by page and the CRC reading it
+  // again. Valid for the device's lifetime.
+  virtual const uint8_t* mapped() const { return nullptr; }
 
   Status read(uint64_t offset, void* buf, size_t n) const {
     iovec v{buf, n};

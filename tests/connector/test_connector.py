@@ -250,6 +250,34 @@ def test_stores_and_loads_aligned_or_not_survive_a_restart(any_card):
             c.conn.close()
 
 
+def card_mappings(card: str) -> list[str]:
+    """Lines of this process's memory map that map the card image."""
+    real = os.path.realpath(card)
+    with open("/proc/self/maps") as f:
+        return [line for line in f if line.rstrip().endswith(real)]
+
+
+def test_memory_card_is_mapped_while_open_and_loads_copy_from_the_mapping(memory_card):
+    """A tmpfs card is mapped read-only for loads (one copy-and-check pass from the mapping into
+    the caller's buffer, no kernel copy); the mapping goes when the connector closes. A load
+    into a buffer of any alignment sees what the last store wrote, through the mapping."""
+    key = "m@00000000@0@mapped"
+    c = RawConnector(ADPConnector(card=memory_card, card_size_gb=0.25, num_workers=2))
+    try:
+        maps = card_mappings(memory_card)
+        assert len(maps) == 1 and maps[0].split()[1].startswith("r-"), maps
+        for n, fill in ((3 * MIB + 5, 0), (MIB, 1)):  # a second store of the key replaces the first
+            src = bytes((b + fill) % 256 for b in payload(key, n)[:256]) * (n // 256) + b"\x07" * (n % 256)
+            assert c.set([key], [memoryview(src)])[0]
+            for offset in (0, 3):
+                dst = aligned_array(n, offset=offset)
+                ok, _, hits = c.get([key], [memoryview(dst)])
+                assert ok and hits == [True] and bytes(dst) == src
+    finally:
+        c.conn.close()
+    assert card_mappings(memory_card) == []
+
+
 def corrupt(card: str, key: str, at: int) -> None:
     """Flips one byte of key's object, `at` bytes from its header block's start (payload from 4096)."""
     with open(card, "r+b") as f:
