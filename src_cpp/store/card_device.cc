@@ -83,20 +83,28 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
   bool memory = !is_blk && ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
   out->reset(new CardDevice(path, fd, size, is_blk, memory));
   if (memory && size > 0) {
-    // Reads only touch blocks that were written, so the mapping never faults
-    // on a hole (which on a full tmpfs would be SIGBUS, not an error).
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    // Reads only touch blocks that were written, and writes blocks that
+    // prepare_mapped_write() allocated, so the mapping never faults on a hole
+    // (which on a full tmpfs would be SIGBUS, not an error).
+    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED)
       ADP_WARN("card %s: cannot map the image (%s); loads read it with preadv", path.c_str(),
                errno_text(errno).c_str());
     else
-      (*out)->map_ = static_cast<const uint8_t*>(m);
+      (*out)->map_ = static_cast<uint8_t*>(m);
   }
   return Status::Ok();
 }
 
+bool CardDevice::prepare_mapped_write(uint64_t offset, size_t n) const {
+  if (!map_ || offset % kBlockSize || n % kBlockSize || offset + n > size_) return false;
+  // Allocates what is a hole and maps every page writable in one call: an
+  // error (EFAULT for a full tmpfs) instead of a SIGBUS in the copy.
+  return ::madvise(map_ + offset, n, MADV_POPULATE_WRITE) == 0;
+}
+
 CardDevice::~CardDevice() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+  if (map_) ::munmap(map_, size_);
   ::close(fd_);
 }
 

@@ -30,10 +30,11 @@ class CardDevice : public Device {
   bool is_block_device() const { return block_device_; }
   // True for an image file on tmpfs or ramfs: its I/O is a memory copy.
   bool memory_backed() const override { return memory_backed_; }
-  // A memory-backed image is mapped read-only (MAP_SHARED: the mapping is
-  // the tmpfs page cache, which is the card itself, so it sees every write
-  // at once); nullptr for other cards or when the mapping failed.
-  const uint8_t* mapped() const override { return map_; }
+  // A memory-backed image is mapped (MAP_SHARED: the mapping is the tmpfs
+  // page cache, which is the card itself, so pwrite and the mapping see each
+  // other's writes at once); nullptr for other cards or when mapping failed.
+  uint8_t* mapped() const override { return map_; }
+  bool prepare_mapped_write(uint64_t offset, size_t n) const override;
 
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
@@ -57,7 +58,7 @@ class CardDevice : public Device {
   uint64_t size_;
   bool block_device_;
   bool memory_backed_;
-  const uint8_t* map_ = nullptr;
+  uint8_t* map_ = nullptr;
   mutable std::atomic<bool> healthy_{true};
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};

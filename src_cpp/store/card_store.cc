@@ -337,8 +337,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     pinned.push_back(region);
     iovec iov[3];
     int iovcnt = 0;
-    if (aligned && device_->memory_backed()) {
-      s = write_in_pieces(ctx, region_offset(region) + offset, it, epoch, seq);
+    const uint64_t at = region_offset(region) + offset;
+    const bool mapped = device_->mapped() && device_->prepare_mapped_write(at, fp);
+    if (mapped || (aligned && device_->memory_backed())) {
+      s = write_in_pieces(ctx, at, it, epoch, seq, mapped);
     } else if (aligned) {
       uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
@@ -361,7 +363,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       iov[0] = {st, fp};
       iovcnt = 1;
     }
-    if (iovcnt) s = device_->writev(region_offset(region) + offset, iov, iovcnt);
+    if (iovcnt) s = device_->writev(at, iov, iovcnt);
     if (!s.ok()) {
       count_io_error();
       results[i] = s;
@@ -488,12 +490,20 @@ void CardStore::retry_pending(IoContext& ctx) {
   write_tombstones(ctx, retry);
 }
 
-Status CardStore::write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq) {
+Status CardStore::write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq,
+                                  bool mapped) {
   // The header carries the CRC, so it goes last (an object whose header is
   // not on the card is torn, as after a cut-off write); the tail block with
   // the last piece.
   const size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
   uint8_t* hdr = ctx.header_.data();
+  if (mapped) {  // the payload copied into the mapping and checksummed in one pass, the rest of its block zeroed
+    uint8_t* dst = device_->mapped() + at + kBlockSize;
+    uint32_t pcrc = crc32c_copy(dst, it.data, it.size);
+    if (tail) std::memset(dst + it.size, 0, kBlockSize - tail);
+    encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
+    return device_->write(at, hdr, kBlockSize);
+  }
   uint8_t* tb = hdr + kBlockSize;
   if (tail) {
     std::memcpy(tb, it.data + body, tail);

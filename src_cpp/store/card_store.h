@@ -155,10 +155,12 @@ class CardStore {
   void park_region(IoContext& ctx);
   static constexpr uint64_t kMinParkRoom = 64 * 1024;
   void unpin(uint32_t r);
-  // Writes object `it` (memory 4 KiB aligned, at least one block) at card
-  // offset `at`: payload pieces first, each checksummed just before it is
-  // written, the header with the CRC last. For memory-speed cards.
-  Status write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq);
+  // Writes object `it` at card offset `at`, the header with the CRC last.
+  // For memory-speed cards. `mapped` (the extent prepared for a mapped
+  // write; any memory): the payload is copied into the mapping and
+  // checksummed in the same pass. Otherwise (memory 4 KiB aligned, at least
+  // one block): payload pieces, each checksummed just before it is written.
+  Status write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq, bool mapped);
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
   // Writes the tombstones of `stale` (synced when durable), then unpins

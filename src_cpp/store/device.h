@@ -32,12 +32,21 @@ class Device {
   // True when the device is memory (an image on tmpfs/ramfs): a read takes a
   // memcpy's time.
   virtual bool memory_backed() const { return false; }
-  // The whole device mapped read-only (size() bytes), or nullptr. Only a
+  // The whole device mapped (size() bytes), or nullptr. Only a
   // memory-backed device maps itself: a load then copies its payload from
   // the mapping into the caller's buffer, checking the CRC in the same pass,
-  // instead of the kernel copying it page by page and the CRC reading it
-  // again. Valid for the device's lifetime.
-  virtual const uint8_t* mapped() const { return nullptr; }
+  // and a store copies into it, instead of the kernel copying page by page
+  // (one file's writes one at a time) and the CRC reading the bytes again.
+  // Valid for the device's lifetime.
+  virtual uint8_t* mapped() const { return nullptr; }
+  // Allocates and maps the pages of [offset, offset + n) for writing through
+  // mapped(). False if it cannot (a full tmpfs): the caller then uses
+  // writev, which reports the error, where a store into an unallocatable
+  // page of the mapping would be SIGBUS.
+  virtual bool prepare_mapped_write(uint64_t offset, size_t n) const {
+    (void)offset, (void)n;
+    return false;
+  }
 
   Status read(uint64_t offset, void* buf, size_t n) const {
     iovec v{buf, n};

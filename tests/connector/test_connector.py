@@ -258,14 +258,14 @@ def card_mappings(card: str) -> list[str]:
 
 
 def test_memory_card_is_mapped_while_open_and_loads_copy_from_the_mapping(memory_card):
-    """A tmpfs card is mapped read-only for loads (one copy-and-check pass from the mapping into
-    the caller's buffer, no kernel copy); the mapping goes when the connector closes. A load
-    into a buffer of any alignment sees what the last store wrote, through the mapping."""
+    """A tmpfs card is mapped while open (stores copy into the mapping and loads out of it, each
+    checksummed in the same pass, no kernel copy); the mapping goes when the connector closes.
+    A load into a buffer of any alignment sees what the last store wrote."""
     key = "m@00000000@0@mapped"
     c = RawConnector(ADPConnector(card=memory_card, card_size_gb=0.25, num_workers=2))
     try:
         maps = card_mappings(memory_card)
-        assert len(maps) == 1 and maps[0].split()[1].startswith("r-"), maps
+        assert len(maps) == 1 and maps[0].split()[1].startswith("rw"), maps
         for n, fill in ((3 * MIB + 5, 0), (MIB, 1)):  # a second store of the key replaces the first
             src = bytes((b + fill) % 256 for b in payload(key, n)[:256]) * (n // 256) + b"\x07" * (n % 256)
             assert c.set([key], [memoryview(src)])[0]
