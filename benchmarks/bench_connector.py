@@ -26,6 +26,7 @@ fdatasync per thread. Raw per-repetition times go to the JSON beside the report.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import mmap
@@ -58,8 +59,29 @@ BLOCK = 4096
 GB = 1e9
 
 
-def aligned_buffers(n: int, size: int) -> list[mmap.mmap]:
-    """n anonymous mappings (page-aligned), touched so that no run pays first-touch faults."""
+_SHM_POOLS: list[str] = []
+
+
+def _remove_shm_pools() -> None:
+    for path in _SHM_POOLS:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def aligned_buffers(n: int, size: int) -> list:
+    """n page-aligned buffers, touched so that no run pays first-touch faults: anonymous mappings, or
+    (ADP_BENCH_L1=shm, --l1 shm) slices of one /dev/shm file, as LMCache's L1 pool with --shm-name."""
+    if os.environ.get("ADP_BENCH_L1") == "shm":
+        path = f"/dev/shm/adp-bench-l1-{os.getpid()}-{len(_SHM_POOLS)}"
+        if not _SHM_POOLS:
+            atexit.register(_remove_shm_pools)
+        _SHM_POOLS.append(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, n * size)
+        pool = mmap.mmap(fd, n * size)
+        os.close(fd)
+        np.frombuffer(pool, dtype=np.uint8).fill(1)
+        return [memoryview(pool)[i * size : (i + 1) * size] for i in range(n)]
     bufs = []
     for _ in range(n):
         m = mmap.mmap(-1, size)
@@ -333,9 +355,14 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
         with gateway(card, work / "gw.sock", max(workers, 16 if clients else workers), work / "gateway.log"):
             gw = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": workers, "timeout_ms": 60000}
             gw["ring_mb"] = max(64, 2 * args.keys_per_worker * size // MIB)
-            res = connector_rounds(gw, src, dst, args.reps, batch, args.window, "g")
-            rows.append({**base, "row": "gateway unix+ring", **res})
-            print(f"   gateway: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
+            # With shm buffers: the ring (direct_loads off) beside loads straight into them.
+            for direct in (False, True) if args.l1 == "shm" else (True,):
+                label = "gateway unix+segments" if args.l1 == "shm" and direct else "gateway unix+ring"
+                res = connector_rounds(
+                    {**gw, "direct_loads": direct}, src, dst, args.reps, batch, args.window, "s" if direct else "g"
+                )
+                rows.append({**base, "row": label, **res})
+                print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
             cw = args.client_workers
             for p in clients:
                 cp = {**gw, "num_workers": cw}
@@ -419,7 +446,15 @@ def main() -> None:
     ap.add_argument("--clients-at", default="", help="object size (MiB) and workers of the rows that run --clients")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="report directory")
     ap.add_argument("--label", default="connector")
+    ap.add_argument(
+        "--l1",
+        choices=("anon", "shm"),
+        default="anon",
+        help="load/store buffers: anonymous memory, or one /dev/shm file (LMCache's L1 with --shm-name: the "
+        "gateway may then load straight into it; a ring row and a segments row are run)",
+    )
     args = ap.parse_args()
+    os.environ["ADP_BENCH_L1"] = args.l1  # spawned client processes allocate alike
 
     stamp = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     work = Path(args.dir) / f"run-{os.getpid()}"
@@ -432,6 +467,7 @@ def main() -> None:
         "host": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
         "kernel": platform.release(),
         "package": lmcache_adp.__file__,
+        "buffers": args.l1,
         "medium": f"{args.dir} ({subprocess.run(['df', '-T', args.dir], capture_output=True, text=True).stdout.split()[-6]})",
         "load average before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }

@@ -64,6 +64,11 @@ PARAMS: dict[str, Param] = {
         f"unix gateway: shared-memory ring per worker connection, MiB ({MIN_RING_MB}-{MAX_RING_MB}); "
         "bounds the largest object",
     ),
+    "direct_loads": Param(
+        True,
+        "unix gateway: load buffers in a /dev/shm file (LMCache's L1 with --shm-name) are registered and the "
+        "gateway reads the card straight into them; false: every load goes through the ring",
+    ),
 }
 
 # Keys that only mean something for one kind of gateway.
@@ -95,6 +100,7 @@ class ConnectorConfig:
     metrics_host: str = "127.0.0.1"
     token: str = field(default="", repr=False)
     ring_mb: int = DEFAULT_RING_MB
+    direct_loads: bool = True
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
@@ -122,6 +128,11 @@ class ConnectorConfig:
         if "ring_mb" in params and not gateway.startswith("unix://"):
             raise ConfigError("adapter_params['ring_mb'] applies to a unix:// gateway only")
         ring_mb = _int("ring_mb", get("ring_mb"), MIN_RING_MB, MAX_RING_MB)
+        if "direct_loads" in params and not gateway.startswith("unix://"):
+            raise ConfigError("adapter_params['direct_loads'] applies to a unix:// gateway only")
+        direct_loads = get("direct_loads")
+        if not isinstance(direct_loads, bool):
+            raise ConfigError(f"adapter_params['direct_loads'] must be true or false, got {direct_loads!r}")
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
@@ -151,6 +162,7 @@ class ConnectorConfig:
             metrics_host=metrics_host,
             token=token,
             ring_mb=ring_mb,
+            direct_loads=direct_loads,
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -164,6 +176,7 @@ class ConnectorConfig:
             "durable": self.durable,
             "token": self.token,
             "ring_bytes": self.ring_mb * MIB,
+            "direct_loads": self.direct_loads,
         }
 
 

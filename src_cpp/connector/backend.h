@@ -46,9 +46,13 @@ class BackendSession {
                    const GuardedReadFn& guarded) = 0;
   // results[i]: Ok (delivered), NotFound (miss) or an error. sizes[i] is
   // the length of the caller's buffer for key i (a gateway reserves room
-  // for it; deliver() still decides).
-  virtual void get(const std::string_view* keys, const size_t* sizes, size_t n, Status* results, Deadline deadline,
-                   const DeliverFn& deliver) = 0;
+  // for it; deliver() still decides). dsts[i] is that buffer: a session may
+  // let a peer write into it directly (a gateway mapping the caller's
+  // shared memory) only from inside guarded(), and must have stopped the
+  // peer before guarded's read() returns; otherwise bytes go through
+  // deliver().
+  virtual void get(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n, Status* results,
+                   Deadline deadline, const DeliverFn& deliver, const GuardedReadFn& guarded) = 0;
   virtual void exists(const std::string_view* keys, size_t n, bool* found, Deadline deadline) = 0;
   virtual void remove(const std::string_view* keys, size_t n, bool* removed, Deadline deadline) = 0;
 };

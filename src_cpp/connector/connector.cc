@@ -168,17 +168,19 @@ void Connector::run_task(BackendSession& session, const Task& t) {
   if (b->is_completed()) return;  // timed out or closed while queued
   size_t n = t.end - t.begin;
   std::vector<std::string_view> keys(b->keys.begin() + t.begin, b->keys.begin() + t.end);
+  // Runs read() under the batch's guard while its future has not completed.
+  GuardedReadFn guarded = [b](const std::function<void()>& read) {
+    std::shared_lock<std::shared_mutex> g(b->guard);
+    if (b->completed) return false;
+    read();
+    return true;
+  };
   switch (b->op) {
     case OpType::kSet: {
       std::vector<PutItem> items(n);
       for (size_t i = 0; i < n; i++) items[i] = {keys[i], b->buffers[t.begin + i].data, b->buffers[t.begin + i].size};
       std::vector<Status> st(n);
-      session.put(items.data(), n, st.data(), b->deadline, [b](const std::function<void()>& read) {
-        std::shared_lock<std::shared_mutex> g(b->guard);
-        if (b->completed) return false;
-        read();
-        return true;
-      });
+      session.put(items.data(), n, st.data(), b->deadline, guarded);
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
         if (!st[i].ok()) b->note_error("store of key " + std::string(keys[i]) + " failed: " + st[i].message());
@@ -200,8 +202,12 @@ void Connector::run_task(BackendSession& session, const Task& t) {
         return copy(dst.data);
       };
       std::vector<size_t> sizes(n);
-      for (size_t i = 0; i < n; i++) sizes[i] = b->buffers[t.begin + i].size;
-      session.get(keys.data(), sizes.data(), n, st.data(), b->deadline, deliver);
+      std::vector<uint8_t*> dsts(n);
+      for (size_t i = 0; i < n; i++) {
+        sizes[i] = b->buffers[t.begin + i].size;
+        dsts[i] = b->buffers[t.begin + i].data;
+      }
+      session.get(keys.data(), sizes.data(), dsts.data(), n, st.data(), b->deadline, deliver, guarded);
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
         if (!st[i].ok() && !st[i].is_not_found())
@@ -309,12 +315,14 @@ void Connector::close() {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
+    // Workers blocked on a gateway return first: one holding its batch's
+    // guard for a load into registered memory lets go of it only then.
+    backend_->interrupt();
     // Everything still pending completes now, as failed.
     while (!deadlines_.empty()) complete_locked(deadlines_.begin()->second, false, "connector closed", false);
   }
   work_cv_.notify_all();
   deadline_cv_.notify_all();
-  backend_->interrupt();  // workers blocked on a gateway return instead of waiting out their deadline
   for (auto& w : workers_) w.join();
   workers_.clear();
   if (deadline_thread_.joinable()) deadline_thread_.join();

@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <type_traits>
 
 #include "protocol/auth.h"
@@ -119,6 +121,12 @@ Status ClientHandler::handshake() {
   }
   proto::HelloOk ok;
   ok.features = ring_ ? proto::kFeatureRing : 0;
+  // Segments need the ring (its control page holds the load lease).
+  segments_enabled_ = ring_ && (hello.features & proto::kFeatureSegments);
+  if (segments_enabled_) {
+    ok.features |= proto::kFeatureSegments;
+    if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
+  }
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
   std::vector<uint8_t> body;
@@ -144,7 +152,7 @@ void ClientHandler::run() {
     const int idle_ms = shared_->limits.idle_timeout_ms;
     while (s.ok()) {
       auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
-      s = proto::read_frame(fd_, max_body, idle_by, &frame);
+      s = proto::read_frame(fd_, max_body, idle_by, &frame, segments_enabled_ ? 1 : 0);
       if (s.code() == Status::Code::kTimedOut) {
         if (Clock::now() >= idle_by) {
           // Closed quietly, as a restart would: the client reconnects on its next batch.
@@ -156,11 +164,25 @@ void ClientHandler::run() {
                                     " ms");
       }
       if (!s.ok()) break;
-      s = frame.header.type == static_cast<uint8_t>(proto::FrameType::kStats) ? serve_stats(frame)
-                                                                              : serve_batch(frame, &table, &payload);
+      const auto type = static_cast<proto::FrameType>(frame.header.type);
+      if (type == proto::FrameType::kRegisterSegment) {
+        s = serve_register_segment(&frame);
+        continue;
+      }
+      if (!frame.fds.empty()) {
+        proto::close_fds(&frame.fds);
+        s = Status::InvalidArgument("a descriptor on a frame that takes none");
+        break;
+      }
+      s = type == proto::FrameType::kStats ? serve_stats(frame) : serve_batch(frame, &table, &payload);
     }
     shared_->clients--;
   }
+  for (auto& seg : segments_)
+    if (seg) {
+      seg.reset();
+      shared_->segments--;
+    }
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
@@ -187,9 +209,9 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   payload->clear();
   uint64_t in_ring = 0;  // occupancy, for status and metrics
   if (ring_)
-    for (const auto& it : req.items) in_ring += it.size;
+    for (const auto& it : req.items) in_ring += it.segment ? 0 : it.size;
   shared_->ring_bytes_in_use += in_ring;
-  s = run_batch(req, &reply, payload);
+  s = run_batch(req, frame.header.request_id, &reply, payload);
   shared_->ring_bytes_in_use -= in_ring;
   if (!s.ok()) return s;
   table->clear();
@@ -207,6 +229,41 @@ Status ClientHandler::check_request_id(const proto::Frame& frame) {
                                    std::to_string(last_request_id_) + ")");
   last_request_id_ = frame.header.request_id;
   return Status::Ok();
+}
+
+Status ClientHandler::serve_register_segment(proto::Frame* frame) {
+  // The descriptor is ours from here on: closed on every path.
+  std::vector<int> fds = std::move(frame->fds);
+  frame->fds.clear();
+  proto::RegisterSegment reg;
+  Status s = segments_enabled_ ? check_request_id(*frame)
+                               : Status::InvalidArgument("segment registration without the segments feature");
+  if (s.ok()) s = proto::decode_register_segment(frame->body, &reg);
+  if (s.ok() && fds.size() != 1) s = Status::InvalidArgument("segment registration without its descriptor");
+  if (s.ok() && segments_[reg.id - 1])
+    s = Status::InvalidArgument("segment " + std::to_string(reg.id) + " registered twice");
+  if (!s.ok()) {
+    proto::close_fds(&fds);
+    return s;
+  }
+  s = proto::ClientSegment::Attach(fds[0], reg.bytes, &segments_[reg.id - 1]);
+  if (!s.ok()) return s;
+  shared_->segments++;
+  ADP_DEBUG("gateway: client #%llu registered segment %u (%llu MiB)", ull(id_), reg.id, ull(reg.bytes >> 20));
+  return proto::write_frame(fd_, proto::FrameType::kSegmentOk, frame->header.request_id, {}, {},
+                            Clock::now() + proto::kFrameTimeout);
+}
+
+bool ClientHandler::take_lease(uint64_t request_id) {
+  uint64_t* word = reinterpret_cast<uint64_t*>(ring_->data());
+  uint64_t expected = proto::lease_word(request_id, proto::kLeaseOpen);
+  return __atomic_compare_exchange_n(word, &expected, proto::lease_word(request_id, proto::kLeaseWriting), false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+void ClientHandler::give_lease(uint64_t request_id) {
+  __atomic_store_n(reinterpret_cast<uint64_t*>(ring_->data()), proto::lease_word(request_id, proto::kLeaseOpen),
+                   __ATOMIC_RELEASE);
 }
 
 Status ClientHandler::serve_stats(const proto::Frame& frame) {
@@ -235,6 +292,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("ring_bytes", shared.ring_bytes_mapped.load());
   field("ring_used_bytes", shared.ring_bytes_in_use.load());
   field("refused_connections", shared.refused.load());
+  field("segments", shared.segments.load());
+  field("segment_loads", shared.segment_loads.load());
   out.back() = '}';
   return out;
 }
@@ -242,6 +301,9 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
 Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {
   *base = nullptr;
   *size = 0;
+  for (const auto& it : req.items)  // decode_batch allows segments on gets only
+    if (it.segment && !segments_[it.segment - 1])
+      return Status::InvalidArgument("item names segment " + std::to_string(it.segment) + ", not registered");
   if (req.op != proto::Op::kPut && req.op != proto::Op::kGet) return Status::Ok();
   if (ring_) {
     *base = ring_->data();
@@ -257,14 +319,22 @@ Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** bas
       return Status::InvalidArgument("get asks for more than one frame's payload");
     return Status::Ok();
   }
-  for (const auto& it : req.items)
-    if (!fits(it.offset, it.size, *size))
+  for (const auto& it : req.items) {
+    if (it.segment) {
+      const auto& seg = segments_[it.segment - 1];
+      if (!seg->contains(it.offset, it.size))
+        return Status::InvalidArgument("item at offset " + std::to_string(it.offset) + " of " +
+                                       std::to_string(it.size) + " bytes lies outside segment " +
+                                       std::to_string(it.segment));
+    } else if (!fits(it.offset, it.size, *size)) {
       return Status::InvalidArgument("item at offset " + std::to_string(it.offset) + " of " + std::to_string(it.size) +
                                      " bytes lies outside the " + (ring_ ? "ring" : "payload"));
+    }
+  }
   return Status::Ok();
 }
 
-Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchReply* reply,
+Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
                                 std::vector<uint8_t>* payload) {
   uint8_t* base;
   uint64_t area;
@@ -302,11 +372,38 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
         }
         break;
       }
-      case proto::Op::kGet:
+      case proto::Op::kGet: {
+        bool revoked = false;  // the client gave up: nothing more goes into its segments
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (Clock::now() >= deadline) {
             st[i] = Status::TimedOut("deadline passed in the gateway");
+            continue;
+          }
+          if (it.segment) {
+            if (!revoked && test_segment_delay_ms_)
+              std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+            proto::ClientSegment& seg = *segments_[it.segment - 1];
+            auto deliver = [&](size_t size, const CopyFn& copy) {
+              if (size != it.size || revoked) return false;
+              if (!take_lease(request_id)) {
+                revoked = true;
+                return false;
+              }
+              bool ok = copy(seg.data() + it.offset);
+              give_lease(request_id);
+              return ok;
+            };
+            // A memory-speed card is read straight into the segment (the
+            // lease is held for a memcpy's time); any other card is staged
+            // first, so the client's deadline never waits on the card.
+            st[i] =
+                store.get(**lease, it.key, deliver, store.memory_speed() ? ReadInto::kDestination : ReadInto::kStaging);
+            if (seg.broken())
+              return Status::InvalidArgument("segment " + std::to_string(it.segment) +
+                                             " shrank under a load (the client truncated its file)");
+            if (revoked) st[i] = Status::TimedOut("the client gave up the load (lease revoked)");
+            if (st[i].ok()) shared_->segment_loads.fetch_add(1, std::memory_order_relaxed);
             continue;
           }
           auto deliver = [&](size_t size, const CopyFn& copy) {
@@ -327,6 +424,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, proto::BatchRepl
           st[i] = store.get(**lease, it.key, deliver, base ? ReadInto::kDestination : ReadInto::kStaging);
         }
         break;
+      }
       case proto::Op::kExists:
         for (size_t i = 0; i < n; i++) st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
         break;

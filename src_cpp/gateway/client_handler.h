@@ -14,6 +14,7 @@
 #include <string>
 
 #include "gateway/io_context_pool.h"
+#include "protocol/client_segment.h"
 #include "protocol/messages.h"
 #include "protocol/shared_ring.h"
 #include "protocol/socket_io.h"
@@ -44,6 +45,8 @@ struct GatewayShared {
   std::atomic<uint32_t> clients{0};            // connections past the handshake
   std::atomic<uint64_t> ring_bytes_mapped{0};  // rings of the connected clients
   std::atomic<uint64_t> ring_bytes_in_use{0};  // payload bytes of batches in progress in those rings
+  std::atomic<uint32_t> segments{0};           // client segments mapped (r3)
+  std::atomic<uint64_t> segment_loads{0};      // objects read straight into a client segment
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -60,8 +63,14 @@ class ClientHandler {
   Status reserve_ring(uint64_t bytes);
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
   Status serve_stats(const proto::Frame& frame);
+  Status serve_register_segment(proto::Frame* frame);
   Status check_request_id(const proto::Frame& frame);
-  Status run_batch(const proto::BatchRequest& req, proto::BatchReply* reply, std::vector<uint8_t>* payload);
+  Status run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
+                   std::vector<uint8_t>* payload);
+  // The load lease in the ring's control page (frame.h): taken before an
+  // object is written into a segment, given back after.
+  bool take_lease(uint64_t request_id);
+  void give_lease(uint64_t request_id);
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);
@@ -72,6 +81,11 @@ class ClientHandler {
   const uint64_t id_;
   GatewayShared* shared_;
   std::unique_ptr<proto::SharedRing> ring_;
+  bool segments_enabled_ = false;                                        // r3 negotiated
+  std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1
+  // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
+  // written into a segment, outside the lease, as a slow card would take.
+  int test_segment_delay_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool handshake_done_ = false;

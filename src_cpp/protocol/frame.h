@@ -27,19 +27,22 @@ constexpr uint32_t kFrameMagic = 0x47504441;  // "ADPG" on the wire
 constexpr size_t kFrameHeaderBytes = 24;
 
 enum class FrameType : uint8_t {
-  kHello = 1,       // client -> gateway, first frame (carries the ring fd on Unix sockets)
-  kHelloOk = 2,     // gateway -> client
-  kBatch = 3,       // client -> gateway: one batch of one operation
-  kBatchReply = 4,  // gateway -> client: per-key results
-  kError = 5,       // gateway -> client: why the connection is being closed
-  kStats = 6,       // client -> gateway: empty body; asks for the gateway's counters
-  kStatsReply = 7,  // gateway -> client: the counters as one JSON object (UTF-8)
+  kHello = 1,            // client -> gateway, first frame (carries the ring fd on Unix sockets)
+  kHelloOk = 2,          // gateway -> client
+  kBatch = 3,            // client -> gateway: one batch of one operation
+  kBatchReply = 4,       // gateway -> client: per-key results
+  kError = 5,            // gateway -> client: why the connection is being closed
+  kStats = 6,            // client -> gateway: empty body; asks for the gateway's counters
+  kStatsReply = 7,       // gateway -> client: the counters as one JSON object (UTF-8)
+  kRegisterSegment = 8,  // client -> gateway: a shared memory file (fd) loads may be written into (r3)
+  kSegmentOk = 9,        // gateway -> client: the segment is mapped (r3)
 };
 
 enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
 
 // Feature bits negotiated in the handshake.
-constexpr uint32_t kFeatureRing = 1;  // payload through a shared-memory ring
+constexpr uint32_t kFeatureRing = 1;      // payload through a shared-memory ring
+constexpr uint32_t kFeatureSegments = 2;  // loads written straight into registered client memory (r3; needs the ring)
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;
@@ -53,6 +56,20 @@ constexpr uint64_t kMinRingBytes = 1u << 20;
 constexpr uint64_t kMaxRingBytes = 4ull << 30;
 constexpr uint32_t kMaxHelloBodyBytes = 4096;  // the only size accepted before the handshake
 constexpr uint32_t kMaxStatsBytes = 16384;     // a StatsReply body
+constexpr uint32_t kMaxSegments = 8;           // segments one connection may register (ids 1..8)
+constexpr uint64_t kMaxSegmentBytes = 1ull << 40;
+constexpr size_t kRegisterSegmentBytes = 16;
+
+// r3, with kFeatureSegments: the ring's first 4 KiB are its control page and
+// payload starts after it. The page's first 8 bytes are the load lease:
+// (request_id << 2) | state. The client opens it before it sends a get into
+// segments; the gateway moves it OPEN -> WRITING before each object it writes
+// into a segment and back after; the client moves it OPEN -> REVOKED when it
+// gives up (deadline, close), waiting out a WRITING first. So no byte lands
+// in a client buffer after the client completed its future.
+constexpr uint64_t kRingControlBytes = 4096;
+enum LeaseState : uint64_t { kLeaseOpen = 1, kLeaseWriting = 2, kLeaseRevoked = 3 };
+constexpr uint64_t lease_word(uint64_t request_id, uint64_t state) { return request_id << 2 | state; }
 
 constexpr size_t kBatchFixedBytes = 16;
 constexpr size_t kBatchItemBytes = 24;

@@ -123,7 +123,7 @@ void encode_batch(const BatchRequest& m, std::vector<uint8_t>* table) {
   for (const BatchItem& it : m.items) {
     w.put<uint16_t>(static_cast<uint16_t>(it.key.size()));
     w.put<uint16_t>(0);
-    w.put<uint32_t>(0);
+    w.put<uint32_t>(it.segment);
     w.put<uint64_t>(it.size);
     w.put<uint64_t>(it.offset);
   }
@@ -149,10 +149,12 @@ Status decode_batch(std::span<const uint8_t> body, BatchRequest* m) {
   for (uint32_t i = 0; i < count; i++) {
     key_len[i] = r.get<uint16_t>();
     uint32_t p = r.get<uint16_t>();
-    p |= r.get<uint32_t>();
+    m->items[i].segment = r.get<uint32_t>();
     m->items[i].size = r.get<uint64_t>();
     m->items[i].offset = r.get<uint64_t>();
     if (p != 0 || key_len[i] == 0 || key_len[i] > kMaxKeyBytes) return malformed("batch: key length out of range");
+    if (m->items[i].segment > kMaxSegments || (m->items[i].segment != 0 && m->op != Op::kGet))
+      return malformed("batch: segment id out of range");
     if (m->items[i].size > kMaxObjectBytes) return malformed("batch: object size out of range");
   }
   for (uint32_t i = 0; i < count; i++) m->items[i].key = r.text(key_len[i]);
@@ -196,6 +198,24 @@ Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m) {
     m->results[i].status = status_from_wire(code[i], std::string(r.text(msg_len[i])));
   if (!r.ok()) return malformed("batch reply: body shorter than its messages");
   m->payload = r.rest();
+  return Status::Ok();
+}
+
+void encode_register_segment(const RegisterSegment& m, std::vector<uint8_t>* body) {
+  ByteWriter w(body);
+  w.put<uint64_t>(m.bytes);
+  w.put<uint32_t>(m.id);
+  w.put<uint32_t>(0);
+}
+
+Status decode_register_segment(std::span<const uint8_t> body, RegisterSegment* m) {
+  ByteReader r(body);
+  m->bytes = r.get<uint64_t>();
+  m->id = r.get<uint32_t>();
+  uint32_t pad = r.get<uint32_t>();
+  if (!r.ok() || pad != 0 || r.remaining() != 0) return malformed("segment registration");
+  if (m->id == 0 || m->id > kMaxSegments) return malformed("segment registration: id out of range");
+  if (m->bytes == 0 || m->bytes > kMaxSegmentBytes) return malformed("segment registration: size out of range");
   return Status::Ok();
 }
 
@@ -248,6 +268,12 @@ Status parse_frame(std::span<const uint8_t> frame) {
       return body.empty() ? Status::Ok() : malformed("stats request: body must be empty");
     case FrameType::kStatsReply:
       return body.size() <= kMaxStatsBytes ? Status::Ok() : malformed("stats reply: too long");
+    case FrameType::kRegisterSegment: {
+      RegisterSegment m;
+      return decode_register_segment(body, &m);
+    }
+    case FrameType::kSegmentOk:
+      return body.empty() ? Status::Ok() : malformed("segment reply: body must be empty");
   }
   return malformed("frame: unknown type");
 }

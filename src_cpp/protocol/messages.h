@@ -33,8 +33,9 @@ struct HelloOk {
 
 struct BatchItem {
   std::string_view key;
-  uint64_t size = 0;    // put: payload bytes; get: the client's buffer length
-  uint64_t offset = 0;  // put/get: where the bytes are in the ring or inline payload
+  uint64_t size = 0;     // put: payload bytes; get: the client's buffer length
+  uint64_t offset = 0;   // put/get: where the bytes are in the ring or inline payload (or the segment)
+  uint32_t segment = 0;  // get only: 0 = the ring; 1..kMaxSegments = a registered segment (r3)
 };
 
 struct BatchRequest {
@@ -63,6 +64,13 @@ void encode_batch(const BatchRequest& m, std::vector<uint8_t>* table);
 Status decode_batch(std::span<const uint8_t> body, BatchRequest* m);
 void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table);
 Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m);
+// RegisterSegment (r3): the segment's id and size; its fd rides on the frame.
+struct RegisterSegment {
+  uint32_t id = 0;
+  uint64_t bytes = 0;
+};
+void encode_register_segment(const RegisterSegment& m, std::vector<uint8_t>* body);
+Status decode_register_segment(std::span<const uint8_t> body, RegisterSegment* m);
 void encode_error(std::string_view reason, std::vector<uint8_t>* body);
 Status decode_error(std::span<const uint8_t> body, std::string_view* reason);
 

@@ -92,7 +92,10 @@ class NativeConnector {
     Status s = proto::parse_endpoint(gateway, &o.endpoint);
     if (!s.ok()) raise(s);
     o.token = cfg["token"].cast<std::string>();
-    if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
+    if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) {
+      o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
+      o.segments = cfg["direct_loads"].cast<bool>();
+    }
     o.client_name = "lmcache-adp connector, pid " + std::to_string(::getpid());
     return std::make_unique<RemoteBackend>(std::move(o));
   }
@@ -421,12 +424,16 @@ PYBIND11_MODULE(_native, m) {
                                    py::arg("BATCH_REPLY") = static_cast<int>(proto::FrameType::kBatchReply),
                                    py::arg("ERROR") = static_cast<int>(proto::FrameType::kError),
                                    py::arg("STATS") = static_cast<int>(proto::FrameType::kStats),
-                                   py::arg("STATS_REPLY") = static_cast<int>(proto::FrameType::kStatsReply));
+                                   py::arg("STATS_REPLY") = static_cast<int>(proto::FrameType::kStatsReply),
+                                   py::arg("REGISTER_SEGMENT") = static_cast<int>(proto::FrameType::kRegisterSegment),
+                                   py::arg("SEGMENT_OK") = static_cast<int>(proto::FrameType::kSegmentOk));
   m.attr("OPS") =
       py::dict(py::arg("PUT") = static_cast<int>(proto::Op::kPut), py::arg("GET") = static_cast<int>(proto::Op::kGet),
                py::arg("EXISTS") = static_cast<int>(proto::Op::kExists),
                py::arg("DELETE") = static_cast<int>(proto::Op::kDelete));
   m.attr("FEATURE_RING") = proto::kFeatureRing;
+  m.attr("FEATURE_SEGMENTS") = proto::kFeatureSegments;
+  m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
   m.attr("MAX_TOKEN_BYTES") = proto::kMaxTokenBytes;
   m.attr("MAX_NAME_BYTES") = proto::kMaxNameBytes;

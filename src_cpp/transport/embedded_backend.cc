@@ -17,8 +17,8 @@ class EmbeddedSession : public BackendSession {
     store_->put(*ctx_, items, n, results, [&guarded] { return guarded([] {}); });
   }
 
-  void get(const std::string_view* keys, const size_t*, size_t n, Status* results, Deadline,
-           const DeliverFn& deliver) override {
+  void get(const std::string_view* keys, const size_t*, uint8_t* const*, size_t n, Status* results, Deadline,
+           const DeliverFn& deliver, const GuardedReadFn&) override {
     for (size_t i = 0; i < n; i++)
       results[i] =
           store_->get(*ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, into_);

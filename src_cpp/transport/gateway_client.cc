@@ -32,7 +32,7 @@ void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
   proto::Hello hello;
   if (ring_) {
-    hello.features = proto::kFeatureRing;
+    hello.features = proto::kFeatureRing | (opts.segments ? proto::kFeatureSegments : 0);
     hello.ring_bytes = ring_->size();
   }
   hello.token = opts.token;
@@ -53,6 +53,12 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   if (s.ok() && bool(limits_.features & proto::kFeatureRing) != bool(ring_))
     s = Status::InvalidArgument("the gateway did not take the ring");
   if (!s.ok()) return s;
+  segments_ = ring_ && (limits_.features & proto::kFeatureSegments);
+  if (segments_) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_pid_ = cred.pid;
+  }
   server_ = std::string(limits_.server);
   limits_.server = server_;  // the frame buffer is reused
   return Status::Ok();
@@ -68,6 +74,20 @@ Status GatewayClient::receive(uint8_t type, proto::Deadline deadline) {
   }
   if (frame_.header.type != type || frame_.header.request_id != request_id_)
     return Status::InvalidArgument("gateway sent an unexpected frame");
+  return Status::Ok();
+}
+
+Status GatewayClient::register_segment(int fd, uint64_t bytes, proto::Deadline deadline, uint32_t* id) {
+  *id = 0;
+  if (!segments_ || segments_registered_ >= proto::kMaxSegments) return Status::Ok();
+  proto::RegisterSegment reg{segments_registered_ + 1, bytes};
+  table_.clear();
+  proto::encode_register_segment(reg, &table_);
+  Status s = proto::write_frame(fd_, proto::FrameType::kRegisterSegment, ++request_id_, table_, {}, deadline, fd);
+  if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kSegmentOk), deadline);
+  if (s.ok() && !frame_.body.empty()) s = Status::InvalidArgument("gateway sent an unexpected frame");
+  if (!s.ok()) return s;
+  *id = ++segments_registered_;
   return Status::Ok();
 }
 

@@ -21,6 +21,7 @@ struct GatewayClientOptions {
   std::string token;        // TCP
   uint64_t ring_bytes = 0;  // Unix: size of this connection's ring
   std::string client_name;  // shown in the gateway's log
+  bool segments = true;     // Unix: ask for loads straight into registered shared memory (r3)
 };
 
 class GatewayClient {
@@ -36,6 +37,19 @@ class GatewayClient {
   // this client's receive buffer until the next call.
   Status call(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline,
               proto::BatchReply* reply);
+
+  // Registers a shared memory file (fd not taken over) under a new id on this
+  // connection; 0 when this connection has no ids left.
+  Status register_segment(int fd, uint64_t bytes, proto::Deadline deadline, uint32_t* id);
+  // Whether the gateway took the segments feature (r3).
+  bool segments() const { return segments_; }
+  // The request id the next call() will carry (the load lease names it).
+  uint64_t next_request_id() const { return request_id_ + 1; }
+  // The load lease word in the ring's control page (segments() only).
+  uint64_t* lease() const { return reinterpret_cast<uint64_t*>(ring_->data()); }
+  // The gateway's pid (SO_PEERCRED), 0 if unknown: a lease it holds is
+  // waited out only while it lives.
+  int peer_pid() const { return peer_pid_; }
 
   proto::SharedRing* ring() const { return ring_.get(); }
   const proto::HelloOk& limits() const { return limits_; }
@@ -53,6 +67,9 @@ class GatewayClient {
   proto::HelloOk limits_;
   std::string server_;
   uint64_t request_id_ = 0;
+  bool segments_ = false;
+  uint32_t segments_registered_ = 0;
+  int peer_pid_ = 0;
   std::vector<uint8_t> table_;
   proto::Frame frame_;
 };

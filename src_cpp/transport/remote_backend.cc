@@ -1,9 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/remote_backend.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include "util/log.h"
@@ -22,6 +33,31 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // Whether a failed call says the gateway (not just this request) is in trouble.
 bool link_failure(const Status& s) { return s.code() != Status::Code::kTimedOut; }
 
+// Whether the gateway process is gone (or a zombie): its lease then holds nothing.
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+// Proves that p and file offset `offset` are the same memory (a cached
+// mapping may have been replaced): a nonce written through p must read back
+// through the file. p's own 8 bytes are put back. Caller holds the batch's
+// guard (p is the caller's buffer).
+bool aliases(uint8_t* p, const SegmentFile& f, uint64_t offset) {
+  static std::atomic<uint64_t> counter{std::random_device{}()};
+  uint64_t nonce = counter.fetch_add(0x9E3779B97F4A7C15ull) | 1, saved, seen = 0;
+  std::memcpy(&saved, p, 8);
+  std::memcpy(p, &nonce, 8);
+  bool same = ::pread(f.fd, &seen, 8, static_cast<off_t>(offset)) == 8 && seen == nonce;
+  std::memcpy(p, &saved, 8);
+  return same;
+}
+
 }  // namespace
 
 // What one operation sends: keys, the payload room each needs (put: its
@@ -36,6 +72,10 @@ struct RoundInput {
 
 // Receives each key's outcome; data points at a get's bytes (ring or reply).
 using FinishFn = std::function<void(size_t i, const Status& st, const uint8_t* data, size_t size)>;
+
+SegmentFile::~SegmentFile() {
+  if (fd >= 0) ::close(fd);
+}
 
 class RemoteSession : public BackendSession {
  public:
@@ -60,8 +100,9 @@ class RemoteSession : public BackendSession {
         });
   }
 
-  void get(const std::string_view* keys, const size_t* sizes, size_t n, Status* results, Deadline deadline,
-           const DeliverFn& deliver) override {
+  void get(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n, Status* results,
+           Deadline deadline, const DeliverFn& deliver, const GuardedReadFn& guarded) override {
+    if (get_into_segments(keys, sizes, dsts, n, results, deadline, guarded)) return;
     auto& c = backend_->counters_;
     run({proto::Op::kGet, keys, sizes, nullptr, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t* data, size_t size) {
@@ -92,6 +133,15 @@ class RemoteSession : public BackendSession {
 
  private:
   Status connected(Deadline deadline);
+  // Loads straight into the caller's buffers when all of them lie in shared
+  // memory files the gateway maps (protocol r3); false (nothing done) to use
+  // the ring instead.
+  bool get_into_segments(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n,
+                         Status* results, Deadline deadline, const GuardedReadFn& guarded);
+  // Ends the load lease of request rid: once it returns, the gateway writes
+  // nothing more for it (an object being written is waited out, unless the
+  // gateway died).
+  void revoke_lease(uint64_t rid);
   void lose(const Status& why);
   // Lays out the round starting at `begin` for the current connection;
   // returns its end (== begin when item `begin` fits no round). A put's
@@ -113,6 +163,9 @@ class RemoteSession : public BackendSession {
   milliseconds backoff_{0};
   Status last_error_;
   std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
+  // Registered on client_; held, so that a file's address is never reused for another while it has an id.
+  std::map<std::shared_ptr<SegmentFile>, uint32_t> segment_ids_;
+  proto::BatchReply reply_;
 };
 
 Status RemoteSession::connected(Deadline deadline) {
@@ -130,7 +183,90 @@ Status RemoteSession::connected(Deadline deadline) {
   }
   backoff_ = milliseconds{0};
   fresh_ = true;
+  segment_ids_.clear();
   return Status::Ok();
+}
+
+bool RemoteSession::get_into_segments(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n,
+                                      Status* results, Deadline deadline, const GuardedReadFn& guarded) {
+  if (!connected(deadline).ok() || !client_->segments() || n > client_->limits().max_batch_keys) return false;
+  std::vector<SegmentSpan> spans(n);
+  for (size_t i = 0; i < n; i++) {
+    if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
+    spans[i] = backend_->find_segment(dsts[i], sizes[i]);
+    if (!spans[i].file || spans[i].file->refused) return false;
+  }
+  proto::BatchRequest req;
+  req.op = proto::Op::kGet;
+  req.items.resize(n);
+  for (size_t i = 0; i < n; i++) {
+    const std::shared_ptr<SegmentFile>& f = spans[i].file;
+    auto it = segment_ids_.find(f);
+    if (it == segment_ids_.end()) {
+      uint32_t id = 0;
+      Status s = client_->register_segment(f->fd, f->bytes, deadline, &id);
+      if (!s.ok()) {
+        // A gateway that refuses the file closes the connection: use the ring for it from now on.
+        if (s.code() == Status::Code::kUnavailable) spans[i].file->refused = true;
+        lose(s);
+        return false;
+      }
+      if (id == 0) return false;  // this connection's ids are used up
+      it = segment_ids_.emplace(f, id).first;
+    }
+    req.items[i] = {keys[i], sizes[i], spans[i].offset, it->second};
+  }
+  Status s;
+  bool stale = false;
+  const bool wanted = guarded([&] {
+    for (size_t i = 0; i < n && !stale; i++)
+      stale = !aliases(dsts[i], *spans[i].file, spans[i].offset) ||
+              !aliases(dsts[i] + ((sizes[i] - 1) & ~size_t(7)), *spans[i].file,
+                       spans[i].offset + ((sizes[i] - 1) & ~size_t(7)));
+    if (stale) return;
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      s = Status::TimedOut("deadline passed before the request was sent");
+      return;
+    }
+    req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
+    const uint64_t rid = client_->next_request_id();
+    __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
+    s = client_->call(req, {}, deadline, &reply_);
+    revoke_lease(rid);
+  });
+  if (stale) {
+    backend_->forget_segments();
+    return false;
+  }
+  if (!wanted) s = Status::TimedOut("deadline passed");
+  if (s.ok())
+    for (size_t i = 0; i < n && s.ok(); i++)
+      if (reply_.results[i].status.ok() && reply_.results[i].size != sizes[i])
+        s = Status::InvalidArgument("gateway reply disagrees with the request");
+  if (!s.ok() && wanted) lose(s);
+  auto& c = backend_->counters_;
+  for (size_t i = 0; i < n; i++) {
+    results[i] = s.ok() ? reply_.results[i].status : s;
+    (results[i].ok() ? c.hits : c.misses).fetch_add(1, std::memory_order_relaxed);
+    if (results[i].ok()) c.bytes_read.fetch_add(sizes[i], std::memory_order_relaxed);
+  }
+  return true;
+}
+
+void RemoteSession::revoke_lease(uint64_t rid) {
+  uint64_t* word = client_->lease();
+  for (;;) {
+    uint64_t expected = proto::lease_word(rid, proto::kLeaseOpen);
+    if (__atomic_compare_exchange_n(word, &expected, proto::lease_word(rid, proto::kLeaseRevoked), false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return;
+    if (expected != proto::lease_word(rid, proto::kLeaseWriting)) return;
+    // The gateway is writing one object into the caller's buffer (a
+    // memcpy's time on a memory-speed card, staged otherwise): wait it out.
+    if (process_gone(client_->peer_pid())) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 void RemoteSession::lose(const Status& why) {
@@ -150,7 +286,7 @@ size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, p
   req->op = in.op;
   req->items.clear();
   iov->clear();
-  uint64_t used = 0;
+  uint64_t used = ring && client_->segments() ? proto::kRingControlBytes : 0;  // r3: the control page comes first
   size_t end = begin;
   for (; end < n && req->items.size() < max_keys; end++) {
     if (end > begin && !check_key(in.keys[end]).ok()) break;  // failed alone in its own round
@@ -307,6 +443,77 @@ void RemoteBackend::interrupt() {
   std::lock_guard<std::mutex> l(mu_);
   interrupted_ = true;
   for (const GatewayClient* c : live_) c->interrupt();
+}
+
+SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> l(seg_mu_);
+  auto lookup = [&]() -> const MappedRange* {
+    auto it = ranges_.upper_bound(lo);
+    if (it == ranges_.begin()) return nullptr;
+    --it;
+    return lo < it->second.hi && len <= it->second.hi - lo ? &it->second : nullptr;
+  };
+  const MappedRange* r = lookup();
+  auto now = std::chrono::steady_clock::now();
+  if (!r && now - maps_read_at_ >= std::chrono::seconds(1)) {
+    maps_read_at_ = now;
+    // Files already open are kept (by device and inode), so their ids on
+    // live connections stay valid.
+    std::map<std::pair<dev_t, ino_t>, std::shared_ptr<SegmentFile>> open;
+    for (auto& [start, m] : ranges_)
+      if (m.file) {
+        struct stat st;
+        if (::fstat(m.file->fd, &st) == 0) open[{st.st_dev, st.st_ino}] = m.file;
+      }
+    ranges_.clear();
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      unsigned long long start, end, off, ino;
+      unsigned maj, mnr;
+      char perms[8];
+      int path_at = 0;
+      if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &mnr, &ino,
+                      &path_at) < 7)
+        continue;
+      MappedRange m{static_cast<uintptr_t>(end), off, nullptr};
+      std::string path = path_at > 0 ? line.substr(path_at) : "";
+      // Shared, writable mappings of a file in /dev/shm (not deleted: it is opened by name).
+      if (std::string_view(perms).substr(0, 2) == "rw" && perms[3] == 's' && path.rfind("/dev/shm/", 0) == 0) {
+        auto key = std::make_pair(static_cast<dev_t>(makedev(maj, mnr)), static_cast<ino_t>(ino));
+        auto f = open.find(key);
+        if (f != open.end()) {
+          m.file = f->second;
+        } else {
+          int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+          struct stat st;
+          if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == key.first &&
+              st.st_ino == key.second && st.st_size > 0) {
+            m.file = std::make_shared<SegmentFile>();
+            m.file->fd = fd;
+            m.file->bytes = static_cast<uint64_t>(st.st_size);
+            open[key] = m.file;
+          } else if (fd >= 0) {
+            ::close(fd);
+          }
+        }
+      }
+      ranges_[static_cast<uintptr_t>(start)] = std::move(m);
+    }
+    r = lookup();
+  }
+  if (!r || !r->file) return {};
+  auto it = std::prev(ranges_.upper_bound(lo));
+  uint64_t at = it->second.file_offset + (lo - it->first);
+  if (at + len > r->file->bytes) return {};
+  return {r->file, at};
+}
+
+void RemoteBackend::forget_segments() {
+  std::lock_guard<std::mutex> l(seg_mu_);
+  ranges_.clear();
+  maps_read_at_ = {};
 }
 
 StoreStats RemoteBackend::stats() const {

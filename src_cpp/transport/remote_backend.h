@@ -11,14 +11,33 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "connector/backend.h"
 #include "transport/gateway_client.h"
 
 namespace adp {
+
+// A shared memory file of this process (/dev/shm) that holds load buffers
+// (LMCache's L1 pool with --shm-name): registered with the gateway, which
+// then reads the card straight into it (protocol r3).
+struct SegmentFile {
+  int fd = -1;
+  uint64_t bytes = 0;
+  std::atomic<bool> refused{false};  // a gateway would not map it: use the ring
+  ~SegmentFile();
+};
+
+// Where a buffer lies in a SegmentFile.
+struct SegmentSpan {
+  std::shared_ptr<SegmentFile> file;
+  uint64_t offset = 0;
+};
 
 class RemoteBackend : public Backend {
  public:
@@ -35,6 +54,11 @@ class RemoteBackend : public Backend {
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
   void drop(std::unique_ptr<GatewayClient>* client);
   void note_down(const Status& why);
+  // The segment holding [p, p + len) in one mapping, from /proc/self/maps
+  // (cached; re-read at most once a second when an address is unknown).
+  // Null file: not in a shared memory file (anonymous memory: the ring).
+  SegmentSpan find_segment(const uint8_t* p, size_t len);
+  void forget_segments();  // a cached mapping proved stale
 
   const GatewayClientOptions opts_;
   std::mutex mu_;
@@ -42,6 +66,14 @@ class RemoteBackend : public Backend {
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
   OpCounters counters_;
+  struct MappedRange {
+    uintptr_t hi;
+    uint64_t file_offset;
+    std::shared_ptr<SegmentFile> file;  // null: not a shared memory file
+  };
+  std::mutex seg_mu_;
+  std::map<uintptr_t, MappedRange> ranges_;  // by start address
+  std::chrono::steady_clock::time_point maps_read_at_{};
   // Tests only (ADP_TEST_PUT_COPY_DELAY_MS): a pause between a put round's
   // start and the copy of its bytes, so a test can make the deadline pass
   // exactly there.

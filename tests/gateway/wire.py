@@ -34,12 +34,14 @@ def batch(
     offsets: list[int] | None = None,
     payload: bytes = b"",
     timeout_ms: int = 5000,
+    segments: list[int] | None = None,
 ) -> bytes:
     sizes = sizes or [0] * len(keys)
     offsets = offsets or [0] * len(keys)
+    segments = segments or [0] * len(keys)
     out = struct.pack("<BBHIII", op, 0, 0, len(keys), timeout_ms, 0)
-    for k, s, o in zip(keys, sizes, offsets, strict=True):
-        out += struct.pack("<HHIQQ", len(k), 0, 0, s, o)
+    for k, s, o, g in zip(keys, sizes, offsets, segments, strict=True):
+        out += struct.pack("<HHIQQ", len(k), 0, g, s, o)
     return out + b"".join(keys) + payload
 
 

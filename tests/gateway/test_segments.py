@@ -1,0 +1,328 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loads straight into registered shared memory (protocol r3, docs/protocol.md
+"Segments"): a connector whose load buffers lie in a /dev/shm file (LMCache's
+L1 pool with --shm-name) has the gateway read the card into them, no ring
+copy; buffers elsewhere keep the ring. The unhappy paths: a registration that
+breaks the rules, an item outside its segment, a file shrunk under the
+gateway, a client that gives up while the gateway would still write."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import time
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from lmcache_adp._native import FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
+from lmcache_adp.gateway_stats import read_gateway_stats
+from tests.gateway import wire
+from tests.gateway.conftest import Gateway
+from tests.helpers import RawConnector, payload
+
+SIZE = 256 << 10
+REGISTER, SEGMENT_OK = FRAME_TYPES["REGISTER_SEGMENT"], FRAME_TYPES["SEGMENT_OK"]
+RING_BYTES = 1 << 20
+
+
+@pytest.fixture(params=["shm", "disk"])
+def card_gateway(request):
+    """A gateway on a tmpfs card (read straight into the segment) or one on
+    /tmp (staged, then copied into it)."""
+    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm" if request.param == "shm" else "/tmp")
+    gw = Gateway(d).start()
+    yield gw
+    if gw.proc:
+        gw.kill()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class ShmPool:
+    """Load buffers carved out of one /dev/shm file, as LMCache's L1 pool with --shm-name."""
+
+    def __init__(self, n: int, size: int):
+        self.path = f"/dev/shm/adp-test-pool-{os.getpid()}-{time.monotonic_ns()}"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(self.fd, n * size)
+        self.map = mmap.mmap(self.fd, n * size)
+        self.views = [memoryview(self.map)[i * size : (i + 1) * size] for i in range(n)]
+
+    def close(self) -> None:
+        for v in self.views:
+            v.release()
+        self.map.close()
+        os.close(self.fd)
+        os.unlink(self.path)
+
+
+def stats(gw: Gateway) -> dict:
+    return read_gateway_stats(gw.unix_url)
+
+
+def test_loads_into_shm_buffers_skip_the_ring(card_gateway):
+    gw = card_gateway
+    keys = [f"seg@{i}" for i in range(12)]
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=10000))
+    assert c.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+    pool = ShmPool(len(keys) + 1, SIZE)
+    try:
+        # The last key is missing: its buffer must be left as it was.
+        pool.views[-1][:] = b"\x5a" * SIZE
+        ok, _, per_key = c.get(keys + ["seg@missing"], pool.views)
+        assert per_key == [True] * len(keys) + [False]
+        assert [bytes(v) for v in pool.views[:-1]] == [payload(k, SIZE) for k in keys]
+        assert bytes(pool.views[-1]) == b"\x5a" * SIZE
+        st = stats(gw)
+        assert st["segment_loads"] == len(keys), st  # every hit went straight into the pool
+        assert st["segments"] >= 1
+
+        # Anonymous buffers: through the ring, as before.
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key)
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        assert stats(gw)["segment_loads"] == len(keys)
+    finally:
+        c.conn.close()
+        pool.close()
+    assert gw.proc.poll() is None
+
+
+class RawClient:
+    """One hand-driven Unix connection with a sealed ring, asking for the segments feature."""
+
+    def __init__(self, gw: Gateway, features: int = FEATURE_RING | FEATURE_SEGMENTS):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(gw.socket)
+        self.ring = os.memfd_create("test-ring", os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.ring, RING_BYTES)
+        fcntl.fcntl(self.ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        self.ring_map = mmap.mmap(self.ring, RING_BYTES)
+        self.rid = 0
+        self.send(wire.HELLO, wire.hello(features=features, ring_bytes=RING_BYTES), [self.ring])
+        ftype, body = self.recv()
+        assert ftype == wire.HELLO_OK, body
+        self.features = struct.unpack_from("<I", body)[0]
+
+    def send(self, ftype: int, body: bytes, fds: list[int] = ()) -> int:
+        self.rid += 1
+        data = wire.frame(ftype, self.rid, body)
+        if fds:
+            socket.send_fds(self.sock, [data], list(fds))
+        else:
+            self.sock.sendall(data)
+        return self.rid
+
+    def _exact(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                return out
+            out += chunk
+        return out
+
+    def recv(self) -> tuple[int | None, bytes]:
+        head = self._exact(wire.HEADER.size)
+        if len(head) < wire.HEADER.size:
+            return None, b""
+        ftype, n, _ = wire.parse_header(head)
+        return ftype, self._exact(n)
+
+    def register(self, fd: int | None, size: int, seg_id: int = 1) -> tuple[int | None, bytes]:
+        self.send(REGISTER, struct.pack("<QII", size, seg_id, 0), [] if fd is None else [fd])
+        return self.recv()
+
+    def open_lease(self, rid: int) -> None:
+        self.ring_map[:8] = struct.pack("<Q", rid << 2 | 1)
+
+    def close(self) -> None:
+        self.ring_map.close()
+        os.close(self.ring)
+        self.sock.close()
+
+
+def error_text(frame: tuple[int | None, bytes]) -> str:
+    ftype, body = frame
+    assert ftype == wire.ERROR, frame
+    (n,) = struct.unpack_from("<H", body)
+    return body[2 : 2 + n].decode()
+
+
+def shm_file(size: int) -> tuple[str, int]:
+    path = f"/dev/shm/adp-test-seg-{os.getpid()}-{time.monotonic_ns()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, size)
+    return path, fd
+
+
+def _no_fd(c: RawClient) -> str:
+    return error_text(c.register(None, 1 << 20))
+
+
+def _pipe(c: RawClient) -> str:
+    r, w = os.pipe()
+    try:
+        return error_text(c.register(r, 1 << 20))
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _with_file(c: RawClient, then) -> str:
+    path, fd = shm_file(1 << 20)
+    try:
+        return then(c, fd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def _wrong_size(c: RawClient) -> str:
+    return _with_file(c, lambda c, fd: error_text(c.register(fd, 2 << 20)))
+
+
+def _bad_id(c: RawClient) -> str:
+    return _with_file(c, lambda c, fd: error_text(c.register(fd, 1 << 20, seg_id=9)))
+
+
+def _twice(c: RawClient) -> str:
+    def go(c, fd):
+        assert c.register(fd, 1 << 20) == (SEGMENT_OK, b"")
+        return error_text(c.register(fd, 1 << 20))
+
+    return _with_file(c, go)
+
+
+def _batch_after_register(items) -> callable:
+    def go(c, fd):
+        assert c.register(fd, 1 << 20) == (SEGMENT_OK, b"")
+        op, segment, offset = items
+        c.send(wire.BATCH, wire.batch(op, [b"k"], [8192], [offset], segments=[segment]))
+        return error_text(c.recv())
+
+    return lambda c: _with_file(c, go)
+
+
+BAD_REGISTRATIONS = {
+    "no descriptor": (_no_fd, "segment registration without its descriptor"),
+    "not a regular file": (_pipe, "not a regular file of the stated size"),
+    "size disagrees with the file": (_wrong_size, "not a regular file of the stated size"),
+    "id out of range": (_bad_id, "segment registration: id out of range"),
+    "same id twice": (_twice, "segment 1 registered twice"),
+    "unregistered segment in a get": (_batch_after_register((wire.GET, 2, 0)), "names segment 2, not registered"),
+    "get past the segment's end": (
+        _batch_after_register((wire.GET, 1, (1 << 20) - 4096)),
+        "lies outside segment 1",
+    ),
+    "segment in a put": (_batch_after_register((wire.PUT, 1, 0)), "segment id out of range"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REGISTRATIONS))
+def test_bad_registration_closes_only_that_connection(gateway, case):
+    bystander = RawConnector(ADPConnector(gateway=gateway.unix_url))
+    assert bystander.set(["bystander"], [memoryview(b"still here")])[0]
+    c = RawClient(gateway)
+    assert c.features == FEATURE_RING | FEATURE_SEGMENTS
+    try:
+        run, reason = BAD_REGISTRATIONS[case]
+        assert reason in run(c)
+    finally:
+        c.close()
+    assert reason in gateway.log()
+    out = bytearray(10)
+    assert bystander.get(["bystander"], [memoryview(out)])[2] == [True] and out == b"still here"
+    bystander.conn.close()
+
+
+@pytest.mark.parametrize("with_fd", [True, False])
+def test_registration_needs_the_feature(gateway, with_fd):
+    c = RawClient(gateway, features=FEATURE_RING)
+    path, fd = shm_file(1 << 20)
+    try:
+        assert c.features == FEATURE_RING
+        reason = error_text(c.register(fd if with_fd else None, 1 << 20))
+        assert ("unexpected descriptors" if with_fd else "without the segments feature") in reason
+    finally:
+        c.close()
+        os.close(fd)
+        os.unlink(path)
+
+
+def test_file_shrunk_under_the_gateway(card_gateway):
+    """A client truncates its registered file, then asks for a load into it:
+    the gateway neither dies nor loses the object; that load fails."""
+    gw = card_gateway
+    keys = [f"shrink@{i}" for i in range(4)]
+    writer = RawConnector(ADPConnector(gateway=gw.unix_url))
+    assert writer.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+    c = RawClient(gw)
+    path, fd = shm_file(len(keys) * SIZE)
+    try:
+        assert c.register(fd, len(keys) * SIZE) == (SEGMENT_OK, b"")
+        os.ftruncate(fd, 0)
+        c.open_lease(c.rid + 1)
+        c.send(
+            wire.BATCH,
+            wire.batch(
+                wire.GET, [k.encode() for k in keys], [SIZE] * 4, [i * SIZE for i in range(4)], segments=[1] * 4
+            ),
+        )
+        ftype, body = c.recv()
+        if gw.workdir.startswith("/dev/shm"):  # the card read straight into the file: the kernel refuses (EFAULT)
+            assert ftype == wire.BATCH_REPLY, (ftype, body)
+            statuses = [body[8 + 16 * i] for i in range(len(keys))]
+            assert all(st != 0 for st in statuses), statuses
+        else:  # staged, then copied by the gateway: SIGBUS, caught
+            assert "shrank under a load" in error_text((ftype, body))
+    finally:
+        c.close()
+        os.close(fd)
+        os.unlink(path)
+    assert gw.proc.poll() is None, gw.log()
+    outs = [bytearray(SIZE) for _ in keys]
+    ok, _, per_key = writer.get(keys, [memoryview(o) for o in outs])
+    assert ok and all(per_key), "the objects must survive a client's broken segment"
+    assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+    writer.conn.close()
+
+
+def test_nothing_written_after_the_future_failed(monkeypatch):
+    """The gateway is slow before each object (ADP_TEST_SEGMENT_WRITE_DELAY_MS):
+    the load's deadline passes with objects still to write. Once the future
+    has failed, the buffers do not change again: the connector revoked the
+    load lease, and the gateway writes nothing under a revoked lease."""
+    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
+    gw = Gateway(d).start()
+    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    keys = [f"late@{i}" for i in range(6)]
+    pool = ShmPool(len(keys), SIZE)
+    try:
+        writer = RawConnector(ADPConnector(gateway=gw.unix_url))
+        assert writer.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+        writer.conn.close()
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+        for v in pool.views:
+            v[:] = b"\x11" * SIZE
+        ok, _, per_key = c.get(keys, pool.views)
+        assert not ok and per_key == [False] * len(keys)
+        at_completion = [bytes(v) for v in pool.views]
+        # The first object or two landed before the deadline; the rest must never come.
+        assert at_completion[-1] == b"\x11" * SIZE
+        time.sleep(300 * len(keys) / 1000 + 0.5)  # the gateway would have written them all by now
+        assert [bytes(v) for v in pool.views] == at_completion, "bytes landed after the future failed"
+        assert stats(gw)["segment_loads"] < len(keys)
+        c.conn.close()
+    finally:
+        pool.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
