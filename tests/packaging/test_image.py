@@ -21,6 +21,7 @@ the Debian image, the CPU base, the wheelhouse, buildah's layer cache).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,9 +49,18 @@ SOCK_DIR = "/run/lmcache-adp"
 USER, UID = "lmcache-adp", 10001
 
 
+def image_cache() -> Path:
+    """scripts/build_image.sh's cache directory (same default)."""
+    if os.environ.get("ADP_IMAGE_CACHE"):
+        return Path(os.environ["ADP_IMAGE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmcache-adp-image"
+
+
 @pytest.fixture(scope="session")
-def image(tmp_path_factory) -> str:
-    """The CPU variant, built by scripts/build_image.sh once per session."""
+def image(tmp_path_factory) -> Iterator[str]:
+    """The CPU variant, built by scripts/build_image.sh once per session. While the
+    session runs it, it holds the cache's .in-use lock (shared): a build by another
+    session on this host then leaves its untagged images, this one among them, alone."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         pytest.fail(
@@ -66,20 +77,24 @@ def image(tmp_path_factory) -> str:
     if r.returncode != 0:
         pytest.fail(f"scripts/build_image.sh failed ({r.returncode}):\n{log.read_text()[-5000:]}")
     # The image's id, not its tag: another session on this host may build the tag anew.
-    r = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
+    with open(image_cache() / ".in-use", "a") as in_use:
+        fcntl.flock(in_use, fcntl.LOCK_SH)
+        r = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        yield r.stdout.strip()
 
 
 class Podman:
     """Containers and volumes of one test, all named with a prefix of its own and
     all removed by name in cleanup(), whatever the test's outcome."""
 
-    def __init__(self, image: str):
+    def __init__(self, image: str, log_dir: Path):
         self.image = image
+        self.log_dir = log_dir  # every container's whole log, written when the test ends
         self.prefix = f"adp-test-{uuid.uuid4().hex[:8]}"
         self.containers: list[str] = []
         self.volumes: list[str] = []
+        self.stopped_logs: dict[str, str] = {}  # container -> its whole log, kept when it was removed
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         r = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout)
@@ -134,8 +149,14 @@ class Podman:
 
     def stop(self, container: str) -> None:
         self("stop", "--time=20", container)
+        self.stopped_logs[container] = self.logs(container)
         self("rm", "--volumes", container)
         self.containers.remove(container)
+
+    def all_logs(self) -> dict[str, str]:
+        """The whole log of every container this test ran (tests/packaging/conftest.py
+        puts them in a failed test's report)."""
+        return {**self.stopped_logs, **{c: self.logs(c) for c in self.containers}}
 
     def left(self) -> list[str]:
         """Containers and volumes of this test that still exist."""
@@ -144,6 +165,9 @@ class Podman:
         return ps.split() + vols.split()
 
     def cleanup(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in self.all_logs().items():
+            (self.log_dir / f"{name}.log").write_text(text)
         for c in reversed(self.containers):
             self("rm", "--force", "--volumes", "--time=5", c, check=False)
         for v in self.volumes:
@@ -156,8 +180,8 @@ def shm_segments() -> set[Path]:
 
 
 @pytest.fixture
-def podman(image):
-    pm = Podman(image)
+def podman(image, tmp_path):
+    pm = Podman(image, tmp_path / "container-logs")
     before = shm_segments()
     try:
         yield pm
@@ -183,6 +207,13 @@ def assert_restored_from_card(r: dict) -> None:
     assert r["hit_tokens"] == r["tokens"] == 512, r
     assert r["retrieved"] and r["identical"], r
     assert r["l2_loaded_chunks"] == r["chunks"] == 2, r
+
+
+def assert_no_errors(pm: Podman, container: str) -> None:
+    """No ERROR in the container's log (LMCache's and the plugin's); on failure the
+    lines here, the whole log in the report's `podman logs` sections."""
+    errors = [line for line in pm.logs(container).splitlines() if "ERROR" in line or "Traceback" in line]
+    assert not errors, f"{container} logged errors (whole log below):\n" + "\n".join(errors[:20])
 
 
 def metrics(http_port: int, *names: str) -> dict[str, float]:
@@ -230,11 +261,12 @@ def test_lmcache_server_role_on_an_embedded_card(podman):
     pm.wait_healthy(server, timeout=60)
 
     # A new container on the same volume: the prompt comes back from the card.
+    assert_no_errors(pm, server)
     pm.stop(server)
     server = pm.start("server-2", "lmcache-server", env=env, volumes=(f"{card}:{CARD_DIR}",))
     pm.wait_healthy(server)
     assert_restored_from_card(kv_client(pm, server, "restore", port, http_port, seed))
-    assert "ERROR" not in pm.logs(server)
+    assert_no_errors(pm, server)
 
 
 def test_gateway_and_server_in_two_containers(podman):
