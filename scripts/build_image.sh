@@ -4,6 +4,7 @@
 #
 #   scripts/build_image.sh [cpu]         # CPU base made here, then the image (default)
 #   scripts/build_image.sh production    # the vLLM base (needs vllm/vllm-openai pullable)
+#   scripts/build_image.sh prune         # only remove the untagged images of earlier builds
 #
 # The CPU base (docker/cpu-base.Dockerfile) needs no registry:
 #   1. Debian bookworm with python3 by debootstrap, imported with `podman import`;
@@ -22,9 +23,12 @@
 # 0.5 GB of layers of its own, each listed at 3 GB), and so does the build stage.
 # The build stage is tagged too (IMAGE-build: it is the C++ build's layer cache),
 # and after a build the untagged images this script made (labelled
-# org.opencontainers.image.title lmcache-adp or lmcache-adp-cpu-base) are
-# removed, unless a test session holds $cache/.in-use (test_image.py does, while
-# its containers run an image by id): the next build removes them then.
+# org.opencontainers.image.title lmcache-adp or lmcache-adp-cpu-base, or the
+# titles in ADP_IMAGE_TITLES) are removed, unless a test session holds
+# $cache/.in-use (test_image.py does, while its containers run an image by id):
+# the next build removes them then. A build killed mid-step leaves its working
+# containers (`podman ps --external`; one with the CPU base's install holds
+# 2.5 GB): `podman rm --force ID` them while no build runs.
 #
 # Settings (environment, with defaults):
 #   ADP_IMAGE=localhost/lmcache-adp:cpu   the image's tag (production: lmcache-adp:latest)
@@ -69,7 +73,7 @@ prune_own() {
     return 0
   fi
   local title ids=()
-  for title in lmcache-adp lmcache-adp-cpu-base; do
+  for title in ${ADP_IMAGE_TITLES:-lmcache-adp lmcache-adp-cpu-base}; do
     mapfile -t -O "${#ids[@]}" ids < <("${podman[@]}" images --quiet --no-trunc --filter dangling=true \
       --filter "label=org.opencontainers.image.title=$title")
   done
@@ -90,6 +94,10 @@ build_image() {
 }
 
 mkdir -p "$cache"
+if [[ $variant == prune ]]; then
+  prune_own
+  exit 0
+fi
 if [[ $variant == production ]]; then
   image=${ADP_IMAGE:-lmcache-adp:latest}
   step "image $image on the vLLM base"
@@ -97,7 +105,7 @@ if [[ $variant == production ]]; then
   prune_own
   exit 0
 fi
-[[ $variant == cpu ]] || die "usage: build_image.sh [cpu|production]"
+[[ $variant == cpu ]] || die "usage: build_image.sh [cpu|production|prune]"
 image=${ADP_IMAGE:-localhost/lmcache-adp:cpu}
 # One build at a time per cache: test sessions on one host share podman's
 # storage, the tags and the wheelhouse (a second one waits here).
