@@ -175,8 +175,18 @@ class Podman:
 
 
 def shm_segments() -> set[Path]:
-    """LMCache's shared-memory segments in the host's /dev/shm (the containers run with --ipc=host)."""
-    return set(Path("/dev/shm").glob("lmcache_kv_*"))
+    """What the image's user has in the host's /dev/shm (the containers run with --ipc=host):
+    LMCache's KV segments (lmcache_kv_*), vLLM's multiprocessing segments (psm_*) and
+    semaphores (sem.mp-*). Only uid 10001's: the host's own tests, of this session or
+    another, make lmcache_kv_* segments too, as root, and may be using them."""
+    found = set()
+    for path in Path("/dev/shm").iterdir():
+        try:
+            if path.name.startswith(("lmcache_kv_", "psm_", "sem.mp-")) and path.stat().st_uid == UID:
+                found.add(path)
+        except FileNotFoundError:
+            pass  # gone meanwhile
+    return found
 
 
 @pytest.fixture
@@ -187,8 +197,9 @@ def podman(image, tmp_path):
         yield pm
     finally:
         pm.cleanup()
-        # A stopped server leaves its segments (named by its pid inside the container, so a later
-        # container can get the same name and fail with EEXIST): remove the ones this test made.
+        # A stopped server or vLLM leaves its segments (LMCache's named by its pid inside the
+        # container, so a later container can get the same name and fail with EEXIST; vLLM's
+        # up to 240 MiB each, sparse): remove the ones this test's containers made.
         for seg in shm_segments() - before:
             seg.unlink(missing_ok=True)
     assert not pm.left(), f"left behind: {pm.left()}"
