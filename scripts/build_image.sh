@@ -19,8 +19,8 @@
 # its packages, the wheelhouse by a stamp of its requirements, the builds by
 # podman's layer cache. ADP_IMAGE_REBUILD=1 redoes the first two.
 #
-# A build whose sources changed leaves the image it replaces untagged (about
-# 0.5 GB of layers of its own, each listed at 3 GB), and so does the build stage.
+# A build whose sources changed leaves the image it replaces untagged (0.4 GB of
+# layers of its own, listed at 3.1 GB), and so does the build stage (3 MB).
 # The build stage is tagged too (IMAGE-build: it is the C++ build's layer cache),
 # and after a build the untagged images this script made (labelled
 # org.opencontainers.image.title lmcache-adp or lmcache-adp-cpu-base, or the
