@@ -386,6 +386,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             proto::ClientSegment& seg = *segments_[it.segment - 1];
             auto deliver = [&](size_t size, const CopyFn& copy) {
               if (size != it.size || revoked) return false;
+              seg.prepare(it.offset, it.size);  // page tables first, outside the lease
               if (!take_lease(request_id)) {
                 revoked = true;
                 return false;

@@ -7,10 +7,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 namespace adp::proto {
 namespace {
@@ -70,7 +78,38 @@ int take_slot(uintptr_t lo, uintptr_t hi) {
   return -1;
 }
 
+constexpr int kChunkShift = 21;  // populated-ness is tracked per 2 MiB
+
+// The mappings in use, by file identity: a file registered again (by any
+// connection) shares the mapping while its size is unchanged.
+std::mutex g_mu;
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<SegmentMapping>> g_mappings;
+
 }  // namespace
+
+struct SegmentMapping {
+  int fd = -1;
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+  int slot = -1;
+  std::pair<dev_t, ino_t> id;
+  std::unique_ptr<std::atomic<uint64_t>[]> populated;  // one bit per 2 MiB
+
+  ~SegmentMapping() {
+    {
+      std::lock_guard<std::mutex> l(g_mu);
+      auto it = g_mappings.find(id);
+      if (it != g_mappings.end() && it->second.expired()) g_mappings.erase(it);
+    }
+    Slot& s = g_slots[slot];
+    s.lo.store(0, std::memory_order_release);
+    s.hi.store(0, std::memory_order_release);
+    // Unmaps the file's pages and any anonymous memory laid over them.
+    ::munmap(data, size);
+    ::close(fd);
+    s.used.store(false, std::memory_order_release);
+  }
+};
 
 Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegment>* out) {
   struct stat st;
@@ -79,6 +118,17 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
     return Status::InvalidArgument("segment descriptor is not a regular file of the stated size");
   }
   std::call_once(g_installed, install_handler);
+  const auto id = std::make_pair(st.st_dev, st.st_ino);
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_mappings.find(id);
+  if (it != g_mappings.end()) {
+    std::shared_ptr<SegmentMapping> m = it->second.lock();
+    if (m && m->size == bytes && !g_slots[m->slot].broken.load()) {
+      ::close(fd);  // this connection proved access; the mapping has an fd of its own
+      out->reset(new ClientSegment(std::move(m)));
+      return Status::Ok();
+    }
+  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
@@ -92,20 +142,39 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
     ::close(fd);
     return Status::Busy("too many segments mapped in this gateway");
   }
-  out->reset(new ClientSegment(fd, static_cast<uint8_t*>(p), bytes, slot));
+  auto m = std::make_shared<SegmentMapping>();
+  m->fd = fd;
+  m->data = static_cast<uint8_t*>(p);
+  m->size = bytes;
+  m->slot = slot;
+  m->id = id;
+  size_t words = ((bytes >> kChunkShift) + 64) / 64;
+  m->populated.reset(new std::atomic<uint64_t>[words]());
+  g_mappings[id] = m;
+  out->reset(new ClientSegment(std::move(m)));
   return Status::Ok();
 }
 
-bool ClientSegment::broken() const { return g_slots[slot_].broken.load(std::memory_order_acquire); }
+ClientSegment::~ClientSegment() = default;
+uint8_t* ClientSegment::data() const { return m_->data; }
+uint64_t ClientSegment::size() const { return m_->size; }
+bool ClientSegment::broken() const { return g_slots[m_->slot].broken.load(std::memory_order_acquire); }
 
-ClientSegment::~ClientSegment() {
-  Slot& s = g_slots[slot_];
-  s.lo.store(0, std::memory_order_release);
-  s.hi.store(0, std::memory_order_release);
-  // Unmaps the file's pages and any anonymous memory laid over them.
-  ::munmap(data_, size_);
-  ::close(fd_);
-  s.used.store(false, std::memory_order_release);
+void ClientSegment::prepare(uint64_t offset, uint64_t len) {
+  if (len == 0) return;
+  const uint64_t first = offset >> kChunkShift, last = (offset + len - 1) >> kChunkShift;
+  auto bit = [&](uint64_t c) { return (m_->populated[c / 64].load(std::memory_order_relaxed) >> (c % 64)) & 1; };
+  bool all = true;
+  for (uint64_t c = first; c <= last && all; c++) all = bit(c);
+  if (all) return;
+  uint64_t lo = offset & ~uint64_t(4095), hi = (offset + len + 4095) & ~uint64_t(4095);
+  if (hi > m_->size) hi = m_->size;
+  if (::madvise(m_->data + lo, hi - lo, MADV_POPULATE_WRITE) != 0) return;
+  // Chunks the range covered whole stay populated (the mapping is never unmapped in part).
+  for (uint64_t c = first; c <= last; c++) {
+    uint64_t cs = c << kChunkShift, ce = std::min<uint64_t>((c + 1) << kChunkShift, m_->size);
+    if (cs >= lo && ce <= hi) m_->populated[c / 64].fetch_or(uint64_t(1) << (c % 64), std::memory_order_relaxed);
+  }
 }
 
 }  // namespace adp::proto
