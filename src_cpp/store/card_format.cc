@@ -49,13 +49,17 @@ uint32_t header_crc(const ObjectHeader& h, const void* key) {
 }
 }  // namespace
 
-void encode_region_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint32_t index) {
+void encode_region_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint32_t index, uint32_t prev_region,
+                          uint64_t prev_epoch, uint64_t cont_bytes) {
   std::memset(block, 0, kBlockSize);
   RegionHeader rh{};
   std::memcpy(rh.magic, kRegionMagic, 8);
   rh.card_id = card_id;
   rh.epoch = epoch;
   rh.region_index = index;
+  rh.prev_region = prev_region;
+  rh.prev_epoch = prev_epoch;
+  rh.cont_bytes = cont_bytes;
   rh.crc = region_crc(rh);
   std::memcpy(block, &rh, sizeof rh);
 }
@@ -85,11 +89,21 @@ void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint
 }
 
 void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, uint64_t key_hash,
-                      uint64_t payload_bytes) {
-  encode_object_header(block, card_id, epoch, seq, std::string_view(), payload_bytes, 0, kObjectDeleted);
+                      uint64_t payload_bytes, bool continues) {
+  encode_object_header(block, card_id, epoch, seq, std::string_view(), payload_bytes, 0,
+                       kObjectDeleted | (continues ? uint32_t(kObjectContinues) : 0u));
   ObjectHeader h;
   std::memcpy(&h, block, sizeof h);
   h.key_hash = key_hash;
+  h.header_crc = header_crc(h, block + sizeof h);
+  std::memcpy(block, &h, sizeof h);
+}
+
+void encode_pad(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t payload_bytes, bool continues) {
+  encode_tombstone(block, card_id, epoch, 0, 0, payload_bytes, continues);
+  ObjectHeader h;
+  std::memcpy(&h, block, sizeof h);
+  h.flags = kObjectPad | (continues ? uint32_t(kObjectContinues) : 0u);
   h.header_crc = header_crc(h, block + sizeof h);
   std::memcpy(block, &h, sizeof h);
 }

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// On-card format, version 2. The prose spec is docs/card_format.md; keep the
+// On-card format, version 3. The prose spec is docs/card_format.md; keep the
 // two in step and bump kFormatVersion on any incompatible change.
 //
 //   offset 0                  Superblock (one 4 KiB block)
 //   kDataOffset               region 0 | region 1 | ... | region N-1
-//   region                    RegionHeader block, then objects back to back
-//   object                    ObjectHeader block (header + key), then the
-//                             payload, padded to a multiple of 4 KiB
+//   region                    RegionHeader block, the continuation of an
+//                             object begun in the previous region (if any),
+//                             then records back to back
+//   record                    ObjectHeader block (header + key), then the
+//                             payload, padded to a multiple of 4 KiB; the
+//                             last record of a region may continue into the
+//                             next region the write frontier opened
 //
 // All integers little-endian. Every record carries a CRC32C of its own bytes.
 #pragma once
@@ -20,13 +24,13 @@
 
 namespace adp {
 
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
 constexpr uint64_t kBlockSize = 4096;           // unit of every on-card I/O
 constexpr uint64_t kDataOffset = 1u << 20;      // regions start at 1 MiB
 constexpr uint64_t kMinRegionBytes = 1u << 20;  // 1 MiB
-// The largest region: the largest object plus its header block, with the
-// room for headers default regions get (docs/card_format.md, "Region size").
+// The largest region (objects span regions, so this bounds no object).
 constexpr uint64_t kMaxRegionBytes = kMaxObjectBytes + kMaxObjectBytes / 64 + kBlockSize;
+constexpr uint32_t kNoRegion = UINT32_MAX;
 constexpr uint32_t kMinRegions = 8;
 
 constexpr char kSuperMagic[8] = {'A', 'D', 'P', 'C', 'A', 'R', 'D', '1'};
@@ -52,16 +56,27 @@ struct Superblock {
 // First block of a region. A new epoch is written each time the region is
 // (re)opened for appending; objects carry the epoch they were written under,
 // so leftovers of an earlier use of the region are recognised and ignored.
+// The write frontier moves from region to region: `prev_region` and
+// `prev_epoch` name the region it left (kNoRegion if none), and the first
+// `cont_bytes` after this block continue the last record of that region (so
+// the first record of this region starts at kBlockSize + cont_bytes; a
+// region that is all continuation has cont_bytes = region_bytes - kBlockSize).
 struct RegionHeader {
   char magic[8];
   uint64_t card_id;
   uint64_t epoch;
   uint32_t region_index;
+  uint32_t prev_region;
+  uint64_t prev_epoch;
+  uint64_t cont_bytes;
+  uint32_t reserved;
   uint32_t crc;  // CRC32C of all bytes before this field
 };
 
 enum ObjectFlags : uint32_t {
-  kObjectDeleted = 1,  // deleted or superseded; kept so the chain can be walked
+  kObjectDeleted = 1,    // deleted or superseded; kept so the chain can be walked
+  kObjectContinues = 2,  // the record runs past its region's end into the next region(s)
+  kObjectPad = 4,        // an abandoned reservation: no object, only its length (a hole to step over)
 };
 
 // First block of an object; the key follows the struct in the same block.
@@ -79,7 +94,7 @@ struct ObjectHeader {
 };
 
 static_assert(sizeof(Superblock) == 72, "superblock layout");
-static_assert(sizeof(RegionHeader) == 32, "region header layout");
+static_assert(sizeof(RegionHeader) == 56, "region header layout");
 static_assert(sizeof(ObjectHeader) == 64, "object header layout");
 static_assert(sizeof(ObjectHeader) + kMaxKeyBytes <= kBlockSize, "key must fit the header block");
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "format is little-endian");
@@ -99,8 +114,9 @@ uint32_t superblock_crc(const Superblock& sb);
 bool valid_superblock(const Superblock& sb);
 
 // Fills `block` (kBlockSize bytes) with the header of region `index` opened
-// under `epoch`.
-void encode_region_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint32_t index);
+// under `epoch`, continuing `cont_bytes` of region prev_region's last record.
+void encode_region_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint32_t index, uint32_t prev_region,
+                          uint64_t prev_epoch, uint64_t cont_bytes);
 // Checks the header block of region `index` of card `card_id`.
 bool decode_region_header(const uint8_t* block, uint64_t card_id, uint32_t index, RegionHeader* out);
 
@@ -109,10 +125,14 @@ void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint
                           uint64_t payload_bytes, uint32_t payload_crc, uint32_t flags);
 // Fills `block` with the tombstone of the object (key_hash, seq) that was
 // written under `epoch`: written over that object's header block, it keeps
-// payload_bytes (so the chain can still be walked) and the key's hash and
-// sequence number (so recovery orders the delete against other copies).
+// payload_bytes and kObjectContinues (so the chain can still be walked) and
+// the key's hash and sequence number (so recovery orders the delete against
+// other copies).
 void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, uint64_t key_hash,
-                      uint64_t payload_bytes);
+                      uint64_t payload_bytes, bool continues);
+// Fills `block` with a pad record: the reservation of `payload_bytes` at
+// this place was abandoned (its write failed); recovery steps over it.
+void encode_pad(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t payload_bytes, bool continues);
 // Checks the header block of an object written under (card_id, epoch).
 bool decode_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch, ObjectHeader* out);
 // The key stored in a header block decoded by decode_object_header.

@@ -21,23 +21,17 @@ constexpr size_t kPieceBytes = 1u << 20;
 
 using Clock = std::chrono::steady_clock;
 
-// Many regions make eviction fine-grained; large ones take large objects
-// (the largest object is one region; 256 tokens of Llama-8B KV are 32 MiB).
-// So: a power of two P with at least 32 regions, but not below 64 MiB while
-// that still leaves kMinRegions (cards from 530 MiB take 64 MiB objects).
-// The region is P plus room for the header blocks: P/64 (one 4 KiB header
-// per 256 KiB of payload) and the region header. So P/n-sized objects fill
-// it n at a time for every object of 256 KiB or more, instead of n-1 (a
-// 64 MiB region held one 32 MiB object in format 1).
+// Objects span regions (format 3), so the region size bounds no object and
+// loses no tail: it is the unit of eviction. Many regions make eviction
+// fine-grained (an eviction frees one region and drops at most the objects
+// with bytes in it); each costs a 4 KiB header. So: about 128 regions that
+// tile the data area (the leftover is under 128 x 4 KiB), 1 MiB to 256 MiB
+// each (larger cards get more regions).
 uint64_t default_region_bytes(uint64_t data_bytes) {
-  constexpr uint64_t kLargeChunkRegion = 64u << 20;
-  auto with_headers = [](uint64_t p) { return p + p / 64 + kBlockSize; };
-  uint64_t r = kMaxObjectBytes;
-  while (r > kMinRegionBytes && data_bytes / with_headers(r) < 32 &&
-         !(r == kLargeChunkRegion && data_bytes / with_headers(r) >= kMinRegions))
-    r /= 2;
-  while (r > kMinRegionBytes && data_bytes / with_headers(r) < kMinRegions) r /= 2;
-  return with_headers(r);
+  constexpr uint64_t kTargetRegions = 128, kLargestDefault = 256u << 20;
+  uint64_t n = std::max<uint64_t>(kTargetRegions, (data_bytes + kLargestDefault - 1) / kLargestDefault);
+  uint64_t r = (data_bytes / n) & ~(kBlockSize - 1);
+  return std::max(r, kMinRegionBytes);
 }
 
 bool all_zero(const void* p, size_t n) {
@@ -47,9 +41,7 @@ bool all_zero(const void* p, size_t n) {
 
 }  // namespace
 
-IoContext::~IoContext() {
-  if (store_) store_->park_region(*this);
-}
+IoContext::~IoContext() = default;
 
 Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
   std::unique_ptr<CardDevice> dev;
@@ -158,9 +150,20 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
   return Status::Corruption("card " + path + " could not be formatted");
 }
 
+bool CardStore::extents_locked(uint32_t region, uint64_t offset, uint64_t footprint, std::vector<Extent>* ext,
+                               std::vector<uint32_t>* regions) const {
+  ext->clear();
+  regions->clear();
+  return for_each_part_locked(region, offset, footprint, [&](uint32_t r, uint64_t len, uint64_t at) {
+    ext->push_back({at, len});
+    regions->push_back(r);
+  });
+}
+
 void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
   uint64_t fp = object_footprint(e.payload_bytes);
-  regions_[e.region].live_bytes -= fp;
+  for_each_part_locked(e.region, uint64_t(e.block) * kBlockSize, fp,
+                       [this](uint32_t r, uint64_t len, uint64_t) { regions_[r].live_bytes -= len; });
   used_bytes_ -= fp;
   index_.erase(hash);
 }
@@ -170,7 +173,14 @@ void CardStore::evict_locked(uint32_t r) {
   uint64_t evicted = 0;
   for (uint64_t h : reg.hashes) {
     auto it = index_.find(h);
-    if (it != index_.end() && it->second.region == r) {
+    if (it == index_.end()) continue;
+    // The key's current copy may live elsewhere (superseded since): only a
+    // copy with bytes in r goes, whether it starts in r or continues into it.
+    bool touches = false;
+    for_each_part_locked(it->second.region, uint64_t(it->second.block) * kBlockSize,
+                         object_footprint(it->second.payload_bytes),
+                         [&](uint32_t part, uint64_t, uint64_t) { touches |= part == r; });
+    if (touches) {
       erase_entry_locked(h, it->second);
       evicted++;
     }
@@ -187,98 +197,142 @@ void CardStore::evict_locked(uint32_t r) {
   }
 }
 
-Status CardStore::open_region(IoContext& ctx, uint64_t footprint, uint32_t* region) {
+Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
+                                   uint32_t* region) {
   uint32_t r;
-  uint64_t epoch;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto now = Clock::now();
-    auto deadline = now + std::chrono::seconds(5);
-    // How long a writer waits for another writer's region instead of evicting.
-    auto idle_deadline = now + std::chrono::milliseconds(200);
-    for (;;) {
-      // Parked regions first, then free ones: partly written regions fill up
-      // before new ones are opened.
-      if (regions_.take_idle(footprint, region_bytes_, &r)) {
-        *region = r;
-        return Status::Ok();
-      }
-      if (regions_.take_free(&r)) break;
-      // Another writer's region with room for its object and this one will
-      // be parked within one write: waiting for it costs less than evicting.
-      if (Clock::now() < idle_deadline && regions_.leased_with_room(2 * footprint, region_bytes_)) {
-        unpinned_.wait_until(lock, idle_deadline);
-        continue;
-      }
-      int64_t victim = regions_.choose_victim();
-      if (victim < 0 && regions_.seal_idle()) victim = regions_.choose_victim();
-      if (victim >= 0) {
-        r = static_cast<uint32_t>(victim);
-        evict_locked(r);
-        break;
-      }
-      if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
-        return Status::NoSpace("card " + path() + " is full and every region is being written or read");
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    if (regions_.take_free(&r)) break;
+    int64_t victim = regions_.choose_victim();
+    if (victim >= 0) {
+      r = static_cast<uint32_t>(victim);
+      evict_locked(r);
+      break;
     }
-    epoch = regions_.open(r, kBlockSize);
+    if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
+      return Status::NoSpace("card " + path() + " is full and every region is being written or read");
   }
-  encode_region_header(ctx.header_.data(), card_id_, epoch, r);
+  uint64_t epoch = regions_.open(r, kBlockSize);
+  uint32_t prev = frontier_ >= 0 ? static_cast<uint32_t>(frontier_) : kNoRegion;
+  uint64_t prev_epoch = frontier_ >= 0 ? regions_[prev].epoch : 0;
+  lock.unlock();
+  encode_region_header(ctx.header_.data(), card_id_, epoch, r, prev, prev_epoch, cont_bytes);
   Status s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
   // The new epoch must be on the card before anything is written under it:
   // after a power cut that lost it, the epoch could be handed out again and
   // unsynced leftovers written under it would walk as a valid chain.
   if (s.ok() && durable_) s = device_->sync();
+  lock.lock();
   if (!s.ok()) {
     count_io_error();
-    std::lock_guard<std::mutex> lock(mu_);
     regions_.fail_open(r);  // other regions are tried before this one again
     return s;
   }
-  *region = r;
-  return Status::Ok();
-}
-
-void CardStore::release_region(IoContext& ctx) {
-  if (ctx.open_region_ < 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  regions_.release(static_cast<uint32_t>(ctx.open_region_), kBlockSize);
-  ctx.open_region_ = -1;
-  unpinned_.notify_all();
-}
-
-void CardStore::park_region(IoContext& ctx) {
-  if (ctx.open_region_ < 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  regions_.park(static_cast<uint32_t>(ctx.open_region_), kBlockSize, region_bytes_, kMinParkRoom);
-  ctx.open_region_ = -1;
-  unpinned_.notify_all();
-}
-
-Status CardStore::reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, uint64_t* offset, uint64_t* epoch) {
-  if (ctx.open_region_ >= 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    RegionManager::Region& reg = regions_[ctx.open_region_];
-    if (reg.write_offset + footprint <= region_bytes_) {
-      *region = static_cast<uint32_t>(ctx.open_region_);
-      *offset = reg.write_offset;
-      *epoch = reg.epoch;
-      reg.write_offset += footprint;
-      regions_.touch(*region);  // a sealed region's LRU age is its last write
-      return Status::Ok();
-    }
+  if (frontier_ >= 0) {
+    regions_[prev].next = r;
+    regions_[prev].next_epoch = epoch;
+    regions_.seal(prev);
   }
-  park_region(ctx);
-  uint32_t r;
-  Status s = open_region(ctx, footprint, &r);
-  if (!s.ok()) return s;
-  ctx.open_region_ = r;
-  std::lock_guard<std::mutex> lock(mu_);
-  RegionManager::Region& reg = regions_[r];
+  frontier_ = r;
+  regions_[r].write_offset = kBlockSize + cont_bytes;
   *region = r;
-  *offset = reg.write_offset;
-  *epoch = reg.epoch;
-  reg.write_offset += footprint;
   return Status::Ok();
+}
+
+Status CardStore::reserve(IoContext& ctx, uint64_t footprint, Placement* pl) {
+  std::lock_guard<std::mutex> flock(frontier_mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  uint32_t f;
+  if (frontier_ < 0 || regions_[frontier_].write_offset >= region_bytes_) {
+    Status s = advance_frontier(ctx, lock, 0, &f);
+    if (!s.ok()) return s;
+  }
+  f = static_cast<uint32_t>(frontier_);
+  RegionManager::Region& head = regions_[f];
+  pl->region = f;
+  pl->offset = head.write_offset;
+  pl->epoch = head.epoch;
+  pl->regions.assign(1, f);
+  pl->ext.assign(1, Extent{region_offset(f) + pl->offset, std::min(footprint, region_bytes_ - pl->offset)});
+  regions_.pin(f);
+  regions_.touch(f);  // a sealed region's LRU age is its last write
+  uint64_t rem = footprint - pl->ext[0].len;
+  head.write_offset += pl->ext[0].len;
+  // The record continues into as many new regions as it needs; each one's
+  // header says how many of its bytes belong to this record.
+  while (rem) {
+    uint64_t take = std::min(rem, region_bytes_ - kBlockSize);
+    uint32_t r;
+    Status s = advance_frontier(ctx, lock, take, &r);
+    if (!s.ok()) {
+      for (uint32_t p : pl->regions)
+        if (regions_.unpin(p)) unpinned_.notify_all();
+      return s;
+    }
+    regions_.pin(r);
+    pl->regions.push_back(r);
+    pl->ext.push_back({region_offset(r) + kBlockSize, take});
+    rem -= take;
+  }
+  pl->seq = next_seq_++;
+  pl->ticket = next_ticket_++;
+  unresolved_.insert(pl->ticket);
+  return Status::Ok();
+}
+
+Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t logical, const iovec* iov, int n) {
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) total += iov[i].iov_len;
+  const uint64_t end = logical + total;
+  uint64_t pos = logical, ext_begin = 0;
+  int vi = 0;
+  size_t voff = 0;
+  std::vector<iovec> sub;
+  for (const Extent& x : ext) {
+    uint64_t ext_end = ext_begin + x.len;
+    if (pos < ext_end && pos < end) {
+      uint64_t stop = std::min(ext_end, end), need = stop - pos;
+      sub.clear();
+      while (need) {
+        size_t avail = iov[vi].iov_len - voff, t = std::min<uint64_t>(avail, need);
+        if (t) sub.push_back({static_cast<uint8_t*>(iov[vi].iov_base) + voff, t});
+        need -= t;
+        voff += t;
+        if (voff == iov[vi].iov_len) vi++, voff = 0;
+      }
+      uint64_t at = x.at + (pos - ext_begin);
+      Status s = write ? device_->writev(at, sub.data(), static_cast<int>(sub.size()))
+                       : device_->readv(at, sub.data(), static_cast<int>(sub.size()));
+      if (!s.ok()) return s;
+      pos = stop;
+    }
+    ext_begin = ext_end;
+  }
+  if (pos != end) return Status::IoError("record extent beyond its placement");
+  return Status::Ok();
+}
+
+void CardStore::resolve(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  unresolved_.erase(ticket);
+  resolved_.notify_all();
+}
+
+void CardStore::abandon(IoContext& ctx, const Placement& pl, uint64_t payload_bytes) {
+  // A pad over the record's header block lets recovery step over the hole
+  // to the stores reserved after it.
+  encode_pad(ctx.header_.data(), card_id_, pl.epoch, payload_bytes, continues(pl.offset, payload_bytes));
+  Status s = device_->write(pl.ext[0].at, ctx.header_.data(), kBlockSize);
+  if (s.ok()) return;
+  count_io_error();
+  // Recovery's walk of the region will stop here: no store behind this
+  // place in the region may be acknowledged, and the frontier moves on.
+  std::lock_guard<std::mutex> flock(frontier_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  RegionManager::Region& reg = regions_[pl.region];
+  if (reg.epoch != pl.epoch) return;
+  reg.broken_at = std::min(reg.broken_at, pl.offset);
+  if (frontier_ == static_cast<int64_t>(pl.region)) reg.write_offset = region_bytes_;
 }
 
 void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* results,
@@ -291,11 +345,13 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   retry_pending(ctx);
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
-  // Regions holding this put's objects stay pinned until the commit: a region
-  // sealed by a later item would otherwise look empty and be evicted (and
-  // rewritten) before its objects are indexed.
+  // Regions holding this put's objects stay pinned until the commit: a
+  // sealed region would otherwise look empty and be evicted (and rewritten)
+  // before its objects are indexed.
   std::vector<uint32_t> pinned;
+  uint64_t last_ticket = 0;
   bool any_written = false;
+  Placement pl;
   for (size_t i = 0; i < n; i++) {
     const PutItem& it = items[i];
     results[i] = check_key(it.key);
@@ -303,13 +359,13 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     if (it.size > max_object_bytes()) {
       if (!oversize_logged_.exchange(true))
         ADP_ERROR("card %s refuses objects larger than %" PRIu64
-                  " bytes (one region); got one of %zu bytes: "
-                  "format a larger card (regions grow with the card, up to 256 MiB)",
+                  " bytes (half its regions); got one of %zu bytes: "
+                  "format a larger card",
                   path().c_str(), max_object_bytes(), it.size);
       results[i] = Status::NoSpace(
           "object of " + std::to_string(it.size) + " bytes is larger than the largest object the card " + path() +
-          " holds (" + std::to_string(max_object_bytes()) + " bytes: one region of " + std::to_string(region_bytes_) +
-          " bytes, card of " + std::to_string(uint64_t(num_regions_) * region_bytes_) + " bytes)");
+          " holds (" + std::to_string(max_object_bytes()) + " bytes: half its " + std::to_string(num_regions_) +
+          " regions of " + std::to_string(region_bytes_) + " bytes)");
       continue;
     }
     uint64_t fp = object_footprint(it.size);
@@ -321,30 +377,25 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       results[i] = Status::IoError("out of memory for staging");
       continue;
     }
-    uint32_t region;
-    uint64_t offset, epoch;
-    Status s = reserve(ctx, fp, &region, &offset, &epoch);
+    Status s = reserve(ctx, fp, &pl);
     if (!s.ok()) {
       results[i] = s;
       continue;
     }
-    uint64_t seq;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seq = next_seq_++;
-      regions_.pin(region);
-    }
-    pinned.push_back(region);
+    pinned.insert(pinned.end(), pl.regions.begin(), pl.regions.end());
+    last_ticket = pl.ticket;
+    const uint64_t epoch = pl.epoch, seq = pl.seq;
     iovec iov[3];
     int iovcnt = 0;
-    const uint64_t at = region_offset(region) + offset;
-    const bool mapped = device_->mapped() && device_->prepare_mapped_write(at, fp);
+    bool mapped = device_->mapped() != nullptr;
+    for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
     if (mapped || (aligned && device_->memory_backed())) {
-      s = write_in_pieces(ctx, at, it, epoch, seq, mapped);
+      s = write_in_pieces(ctx, pl.ext, it, epoch, seq, mapped);
     } else if (aligned) {
       uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
-      encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
+      encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
+                           continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u);
       size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
       iov[0] = {hdr, kBlockSize};
       iov[1] = {const_cast<uint8_t*>(it.data), body};
@@ -358,23 +409,31 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     } else {
       uint8_t* st = ctx.staging_.data();
       uint32_t pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
-      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
+      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc,
+                           continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u);
       std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
       iov[0] = {st, fp};
       iovcnt = 1;
     }
-    if (iovcnt) s = device_->writev(at, iov, iovcnt);
+    if (iovcnt) s = io_mapped(true, pl.ext, 0, iov, iovcnt);
     if (!s.ok()) {
       count_io_error();
       results[i] = s;
-      // The failed extent breaks the region's chain: what came after it would
-      // be invisible to recovery. Seal the region; the next item opens another.
-      release_region(ctx);
+      abandon(ctx, pl, it.size);
+      resolve(pl.ticket);
       continue;
     }
+    resolve(pl.ticket);
     counters_.bytes_written += fp;
-    written[i] = {region, offset, epoch, seq, it.size, hash_key(it.key)};
+    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash_key(it.key)};
     any_written = true;
+  }
+  if (any_written) {
+    // Every store reserved before this put's last one must be on the card
+    // (or marked abandoned) first: recovery walks a region up to its first
+    // hole, so a store behind a hole is not acknowledged.
+    std::unique_lock<std::mutex> lock(mu_);
+    resolved_.wait(lock, [&] { return unresolved_.empty() || *unresolved_.begin() > last_ticket; });
   }
   if (any_written && durable_) {
     Status s = device_->sync();
@@ -393,8 +452,15 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < n; i++) {
-      const Location& loc = written[i];
+      Location& loc = written[i];
       if (loc.region == UINT32_MAX) continue;
+      if (loc.offset >= regions_[loc.region].broken_at) {
+        // An abandoned store before it could not be marked: recovery would
+        // not find this one. Not acknowledged, never indexed.
+        results[i] = Status::IoError("an earlier store in the region failed and could not be marked");
+        loc.region = UINT32_MAX;
+        continue;
+      }
       if (!wanted) {
         // A copy that was never indexed voids only itself: its tombstone
         // carries seq 0 (no store gets it), so recovery's merge ranks it below
@@ -428,16 +494,16 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         index_.emplace(h, e);
       }
       uint64_t fp = object_footprint(loc.payload_bytes);
-      RegionManager::Region& reg = regions_[loc.region];
-      reg.live_bytes += fp;
-      reg.hashes.push_back(h);
+      for_each_part_locked(loc.region, loc.offset, fp, [&](uint32_t r, uint64_t len, uint64_t) {
+        regions_[r].live_bytes += len;
+        regions_[r].hashes.push_back(h);
+      });
       used_bytes_ += fp;
     }
     for (uint32_t r : pinned)
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
   write_tombstones(ctx, stale);
-  park_region(ctx);  // between stores this writer holds no region back from the others
   if (!wanted)
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
@@ -490,19 +556,31 @@ void CardStore::retry_pending(IoContext& ctx) {
   write_tombstones(ctx, retry);
 }
 
-Status CardStore::write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq,
-                                  bool mapped) {
+Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
+                                  uint64_t seq, bool mapped) {
   // The header carries the CRC, so it goes last (an object whose header is
   // not on the card is torn, as after a cut-off write); the tail block with
   // the last piece.
   const size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
   uint8_t* hdr = ctx.header_.data();
-  if (mapped) {  // the payload copied into the mapping and checksummed in one pass, the rest of its block zeroed
-    uint8_t* dst = device_->mapped() + at + kBlockSize;
-    uint32_t pcrc = crc32c_copy(dst, it.data, it.size);
-    if (tail) std::memset(dst + it.size, 0, kBlockSize - tail);
-    encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
-    return device_->write(at, hdr, kBlockSize);
+  if (mapped) {
+    // The payload copied into the mapping and checksummed in one pass, extent
+    // by extent (the regions it spans), the rest of its last block zeroed.
+    uint8_t* map = device_->mapped();
+    uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload
+    uint32_t pcrc = 0;
+    for (const Extent& x : ext) {
+      uint64_t from = std::min(skip, x.len);
+      skip -= from;
+      uint64_t len = std::min<uint64_t>(x.len - from, it.size - done);
+      pcrc = crc32c_copy_extend(pcrc, map + x.at + from, it.data + done, len);
+      done += len;
+      if (done == it.size && tail) std::memset(map + x.at + from + len, 0, kBlockSize - tail);
+      if (done == it.size) break;
+    }
+    encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
+                         ext.size() > 1 ? uint32_t(kObjectContinues) : 0u);
+    return device_->write(ext[0].at, hdr, kBlockSize);
   }
   uint8_t* tb = hdr + kBlockSize;
   if (tail) {
@@ -515,13 +593,14 @@ Status CardStore::write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it
     size_t len = std::min(body - done, kPieceBytes);
     pcrc = crc32c_extend(pcrc, it.data + done, len);
     iovec iov[2] = {{const_cast<uint8_t*>(it.data) + done, len}, {tb, kBlockSize}};
-    s = device_->writev(at + kBlockSize + done, iov, tail && done + len == body ? 2 : 1);
+    s = io_mapped(true, ext, kBlockSize + done, iov, tail && done + len == body ? 2 : 1);
     done += len;
   }
   if (!s.ok()) return s;
   pcrc = crc32c_extend(pcrc, it.data + body, tail);
-  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, 0);
-  return device_->write(at, hdr, kBlockSize);
+  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
+                       ext.size() > 1 ? uint32_t(kObjectContinues) : 0u);
+  return device_->write(ext[0].at, hdr, kBlockSize);
 }
 
 void CardStore::unpin(uint32_t r) {
@@ -531,48 +610,58 @@ void CardStore::unpin(uint32_t r) {
 
 Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   if (!ctx.header_.reserve(2 * kBlockSize)) return Status::IoError("out of memory for staging");
-  encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.hash, loc.payload_bytes);
+  encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.hash, loc.payload_bytes,
+                   continues(loc.offset, loc.payload_bytes));
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
                                       bool check_payload, uint8_t* payload_dst) {
   uint64_t epoch;
+  uint64_t fp = object_footprint(e.payload_bytes);
+  std::vector<Extent> ext;
+  std::vector<uint32_t> regs;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Checked under the same lock as the pin: once unlocked after a lookup,
-    // the entry's region may have been evicted and reused under a new epoch.
+    // Checked under the same lock as the pins: once unlocked after a lookup,
+    // the entry's regions may have been evicted and reused under a new epoch.
     auto it = index_.find(hash);
-    if (it == index_.end() || it->second.seq != e.seq) {
+    if (it == index_.end() || it->second.seq != e.seq ||
+        !extents_locked(e.region, uint64_t(e.block) * kBlockSize, fp, &ext, &regs)) {
       *io = Status::NotFound("evicted, replaced or deleted meanwhile");
       return std::string();
     }
-    regions_.pin(e.region);
+    for (uint32_t r : regs) regions_.pin(r);  // every region the object has bytes in
     regions_.touch(e.region);
     epoch = regions_[e.region].epoch;
   }
-  uint64_t fp = object_footprint(e.payload_bytes);
-  const uint64_t at = region_offset(e.region) + uint64_t(e.block) * kBlockSize;
   // Mapped (a memory-backed card): the header block is copied into staging,
   // the payload from the mapping straight into payload_dst (any alignment),
   // its CRC computed in the same pass: one read and one write of each byte,
-  // as a memcpy. Otherwise direct: the header block, and a partial last
-  // block, into staging; the payload's whole blocks straight into
-  // payload_dst, in pieces small enough that each is checked while it is
-  // still in the CPU's cache.
+  // as a memcpy (piece by piece over the regions it spans). Otherwise
+  // direct: the header block, and a partial last block, into staging; the
+  // payload's whole blocks straight into payload_dst, in pieces small enough
+  // that each is checked while it is still in the CPU's cache.
   const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
-  const bool mapped = map && at + kBlockSize + e.payload_bytes <= device_->size();
+  const bool mapped = map && ext.back().at + ext.back().len <= device_->size();
   const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   uint32_t body_crc = 0;
   if (!ctx.staging_.reserve(direct || mapped ? 2 * kBlockSize : fp)) {
     *io = Status::IoError("out of memory for staging");
   } else if (mapped) {
-    std::memcpy(ctx.staging_.data(), map + at, kBlockSize);
-    if (check_payload)
-      body_crc = crc32c_copy(payload_dst, map + at + kBlockSize, e.payload_bytes);
-    else
-      std::memcpy(payload_dst, map + at + kBlockSize, e.payload_bytes);
+    std::memcpy(ctx.staging_.data(), map + ext[0].at, kBlockSize);
+    uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload's bytes
+    for (const Extent& x : ext) {
+      uint64_t from = std::min(skip, x.len);
+      skip -= from;
+      uint64_t len = std::min(x.len - from, e.payload_bytes - done);
+      if (check_payload)
+        body_crc = crc32c_copy_extend(body_crc, payload_dst + done, map + x.at + from, len);
+      else
+        std::memcpy(payload_dst + done, map + x.at + from, len);
+      done += len;
+    }
     *io = Status::Ok();
   } else if (direct) {
     size_t done = 0;
@@ -583,14 +672,19 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       if (done == 0) iov[n++] = {ctx.staging_.data(), kBlockSize};
       iov[n++] = {payload_dst + done, len};
       if (tail && done + len == body) iov[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
-      *io = device_->readv(done == 0 ? at : at + kBlockSize + done, iov, n);
+      *io = io_mapped(false, ext, done == 0 ? 0 : kBlockSize + done, iov, n);
       if (check_payload && io->ok()) body_crc = crc32c_extend(body_crc, payload_dst + done, len);
       done += len;
     } while (io->ok() && done < body);
   } else {
-    *io = device_->read(at, ctx.staging_.data(), fp);
+    iovec whole{ctx.staging_.data(), fp};
+    *io = io_mapped(false, ext, 0, &whole, 1);
   }
-  unpin(e.region);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t r : regs)
+      if (regions_.unpin(r)) unpinned_.notify_all();
+  }
   if (!io->ok()) {
     count_io_error();
     return io->message();

@@ -1,22 +1,29 @@
 // SPDX-License-Identifier: Apache-2.0
 // CardStore: the storage engine on the card (format: docs/card_format.md).
 //
-// The card is cut into equal regions. Each writer (an IoContext) appends
-// objects to a region of its own, so a region is written strictly in order
-// and recovery can walk it as a chain and stop at the first record that does
-// not check out: a torn or cut-off store is never indexed. The in-memory
-// index maps a 64-bit key hash to the object's place; the full key lives in
-// the object's header block and is compared on every read, with both CRCs.
-// When no region is free, the least recently used sealed region is evicted
-// as a whole (its objects leave the index; its space is reused).
+// The card is cut into equal regions. All writers share one write frontier:
+// a bump allocator over the region open for appending. A store takes its
+// byte range under a short lock and writes it in parallel with the others;
+// a record that does not fit the frontier region's tail continues into the
+// next region the frontier opens (that region's header says how many bytes
+// at its start belong to it). So no region tail is lost to the object size
+// and no writer holds back a region of its own. Recovery walks each region
+// as a chain from its first record and stops at the first record that does
+// not check out; a store is acknowledged only after every store reserved
+// before it has been written or marked abandoned (a pad record), so every
+// acknowledged store lies before that point. The in-memory index maps a
+// 64-bit key hash to the object's place; the full key lives in the object's
+// header block and is compared on every read, with both CRCs. When no region
+// is free, the least recently used sealed region is evicted as a whole (its
+// objects, and any object with bytes in it, leave the index).
 //
 // Rooms (as CacheLib Navy divides its block cache): record encoding and
-// decoding is in card_format, the regions (allocation, pins, victim choice)
-// in region_manager, the walk of the card at open in recovery, verify in
-// verify.cc; this class holds the index and the put/get/commit path.
+// decoding is in card_format, the regions (allocation, chain, pins, victim
+// choice) in region_manager, the walk of the card at open in recovery,
+// verify in verify.cc; this class holds the index and the put/get/commit path.
 //
 // Thread-safety: all public methods may be called from any thread; each
-// thread brings its own IoContext (staging memory, open region).
+// thread brings its own IoContext (staging memory).
 #pragma once
 
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -52,7 +60,7 @@ struct CardOptions {
 
 class CardStore;
 
-// Per-thread working state: staging memory and the region this thread appends to.
+// Per-thread working state: staging memory.
 class IoContext {
  public:
   IoContext() = default;
@@ -65,7 +73,6 @@ class IoContext {
   CardStore* store_ = nullptr;
   AlignedBuffer staging_;
   AlignedBuffer header_;  // header and tail blocks of a zero-copy write
-  int64_t open_region_ = -1;
 };
 
 struct VerifyReport {
@@ -114,8 +121,12 @@ class CardStore {
 
   StoreStats stats() const;
   const std::string& path() const { return device_->path(); }
-  // Largest payload one object can hold.
-  uint64_t max_object_bytes() const { return std::min(region_bytes_ - 2 * kBlockSize, kMaxObjectBytes); }
+  // Largest payload one object can hold: objects span regions, up to half
+  // of the card's regions (kMaxObjectBytes at most).
+  uint64_t max_object_bytes() const {
+    return std::min<uint64_t>(
+        uint64_t(std::max<uint32_t>(num_regions_ / 2, 1)) * (region_bytes_ - kBlockSize) - kBlockSize, kMaxObjectBytes);
+  }
 
   // Validates a key against the format's bounds (common/store_types.h).
   static Status check_key(std::string_view key) { return adp::check_key(key); }
@@ -143,24 +154,53 @@ class CardStore {
   Status recover(int threads);
   uint64_t region_offset(uint32_t r) const { return data_offset_ + uint64_t(r) * region_bytes_; }
 
-  // Gives ctx an open region with at least `footprint` bytes left.
-  Status reserve(IoContext& ctx, uint64_t footprint, uint32_t* region, uint64_t* offset, uint64_t* epoch);
-  // A region for ctx with room for `footprint`: a parked one, a free one,
-  // or one evicted for it (its new header written).
-  Status open_region(IoContext& ctx, uint64_t footprint, uint32_t* region);
+  // A device extent of a record: `len` bytes at card offset `at`.
+  struct Extent {
+    uint64_t at, len;
+  };
+  // Where a store goes: its first region and offset, every region it has
+  // bytes in (pinned until the commit), its extents, and its ticket (see
+  // unresolved_).
+  struct Placement {
+    uint32_t region = 0;
+    uint64_t offset = 0, epoch = 0, seq = 0, ticket = 0;
+    std::vector<uint32_t> regions;
+    std::vector<Extent> ext;
+  };
+  // Takes `footprint` bytes at the write frontier (opening, and evicting
+  // for, the regions it continues into), pins them and registers the ticket.
+  Status reserve(IoContext& ctx, uint64_t footprint, Placement* pl);
+  // Opens the next frontier region (a free one, or one evicted for it) whose
+  // first `cont_bytes` continue the current frontier's last record; writes
+  // and syncs its header. Called with frontier_mu_ and `lock` (mu_) held;
+  // unlocks mu_ around the I/O.
+  Status advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes, uint32_t* region);
   void evict_locked(uint32_t r);
-  // Seals ctx's region (its chain is broken: a write in it failed).
-  void release_region(IoContext& ctx);
-  // Parks ctx's region for the next writer (RegionManager::park).
-  void park_region(IoContext& ctx);
-  static constexpr uint64_t kMinParkRoom = 64 * 1024;
+  // Calls f(region, bytes, card offset) for each piece of the record of
+  // `footprint` bytes at (region, offset), following the frontier's chain.
+  // False if the chain is broken (a region it continues into was reused).
+  template <typename F>
+  bool for_each_part_locked(uint32_t region, uint64_t offset, uint64_t footprint, F f) const;
+  bool extents_locked(uint32_t region, uint64_t offset, uint64_t footprint, std::vector<Extent>* ext,
+                      std::vector<uint32_t>* regions) const;
+  // Reads or writes the bytes [logical, logical + sum of iov) of a record
+  // laid over `ext` (one I/O per extent touched).
+  Status io_mapped(bool write, const std::vector<Extent>& ext, uint64_t logical, const iovec* iov, int n);
+  // The store of `pl` failed: marks its place as a pad record, or, if that
+  // cannot be written, the region as broken there (and moves the frontier).
+  void abandon(IoContext& ctx, const Placement& pl, uint64_t payload_bytes);
+  void resolve(uint64_t ticket);
   void unpin(uint32_t r);
-  // Writes object `it` at card offset `at`, the header with the CRC last.
-  // For memory-speed cards. `mapped` (the extent prepared for a mapped
-  // write; any memory): the payload is copied into the mapping and
-  // checksummed in the same pass. Otherwise (memory 4 KiB aligned, at least
-  // one block): payload pieces, each checksummed just before it is written.
-  Status write_in_pieces(IoContext& ctx, uint64_t at, const PutItem& it, uint64_t epoch, uint64_t seq, bool mapped);
+  // Writes object `it` over `ext`, the header with the CRC last. For
+  // memory-speed cards. `mapped` (the extents prepared for a mapped write;
+  // any memory): the payload is copied into the mapping and checksummed in
+  // the same pass. Otherwise (memory 4 KiB aligned, at least one block):
+  // payload pieces, each checksummed just before it is written.
+  Status write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
+                         uint64_t seq, bool mapped);
+  bool continues(uint64_t offset, uint64_t payload_bytes) const {
+    return offset + object_footprint(payload_bytes) > region_bytes_;
+  }
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
   // Writes the tombstones of `stale` (synced when durable), then unpins
@@ -189,8 +229,18 @@ class CardStore {
   const uint32_t num_regions_;
   const bool durable_;
 
+  // Serializes reservations at the frontier (held across opening a region);
+  // taken before mu_.
+  std::mutex frontier_mu_;
   mutable std::mutex mu_;
   std::condition_variable unpinned_;
+  std::condition_variable resolved_;
+  int64_t frontier_ = -1;  // the region open for appending; guarded by both
+  // Tickets of reservations not yet written (or marked abandoned): a store
+  // is acknowledged only when every ticket before its own is gone, so that a
+  // hole in front of it cannot hide it from recovery. Guarded by mu_.
+  std::set<uint64_t> unresolved_;
+  uint64_t next_ticket_ = 1;
   RegionManager regions_;  // guarded by mu_
   KeyIndex index_;         // guarded by mu_
   uint64_t used_bytes_ = 0;
@@ -207,5 +257,21 @@ class CardStore {
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
 };
+
+template <typename F>
+inline bool CardStore::for_each_part_locked(uint32_t region, uint64_t offset, uint64_t footprint, F f) const {
+  uint32_t r = region;
+  uint64_t off = offset;
+  while (footprint) {
+    uint64_t len = std::min(footprint, region_bytes_ - off);
+    f(r, len, region_offset(r) + off);
+    footprint -= len;
+    if (!footprint) break;
+    r = regions_.next_of(r);
+    if (r == UINT32_MAX) return false;
+    off = kBlockSize;
+  }
+  return true;
+}
 
 }  // namespace adp

@@ -29,23 +29,35 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
   Status s = dev.read(base, block, kBlockSize);
   RegionHeader rh{};
   if (!s.ok() || !decode_region_header(block, g.card_id, r, &rh)) return s;
-  scan->end = kBlockSize;
+  if (rh.cont_bytes > g.region_bytes - kBlockSize || rh.cont_bytes % kBlockSize) return s;  // bounded before use
   scan->valid = true;
   scan->epoch = rh.epoch;
-  uint64_t off = kBlockSize;
+  scan->prev_region = rh.prev_region;
+  scan->prev_epoch = rh.prev_epoch;
+  scan->cont_bytes = rh.cont_bytes;
+  // A record may span at most every region of the card.
+  const uint64_t max_payload = uint64_t(g.num_regions) * g.region_bytes;
+  uint64_t off = kBlockSize + rh.cont_bytes;
   while (off + kBlockSize <= g.region_bytes) {
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
     if (!s.ok() || !decode_object_header(block, g.card_id, rh.epoch, &h)) break;
-    if (h.payload_bytes > g.region_bytes) break;  // bounded before it is used
+    if (h.payload_bytes > max_payload) break;  // bounded before it is used
     uint64_t fp = object_footprint(h.payload_bytes);
-    if (off + fp > g.region_bytes) break;
-    bool deleted = h.flags & kObjectDeleted;
-    scan->objects.push_back({deleted ? h.key_hash : hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
-                             static_cast<uint32_t>(off / kBlockSize), deleted});
+    bool spans = off + fp > g.region_bytes;
+    if (spans != ((h.flags & kObjectContinues) != 0)) break;
+    if (!(h.flags & kObjectPad)) {  // a pad is an abandoned reservation: stepped over
+      bool deleted = h.flags & kObjectDeleted;
+      scan->objects.push_back({deleted ? h.key_hash : hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
+                               static_cast<uint32_t>(off / kBlockSize), deleted, spans});
+    }
+    if (spans) {
+      off = g.region_bytes;
+      break;
+    }
     off += fp;
   }
-  scan->end = off;
+  scan->end = std::min(off, g.region_bytes);
   return s;
 }
 
@@ -115,6 +127,42 @@ Status CardStore::recover(int threads) {
   counters_.media_errors += damaged;
   counters_.io_errors += damaged;
 
+  // The frontier's chain: succ[p] is the region whose header says the
+  // frontier came to it from p (under p's current epoch). If a header write
+  // that was reported failed still reached the card, two regions may name
+  // the same predecessor: the later epoch is the one that was used.
+  std::vector<uint32_t> succ(num_regions_, kNoRegion);
+  for (uint32_t r = 0; r < num_regions_; r++) {
+    const RegionScan& scan = scans[r];
+    uint32_t p = scan.prev_region;
+    if (!scan.valid || p >= num_regions_ || !scans[p].valid || scans[p].epoch != scan.prev_epoch) continue;
+    if (succ[p] == kNoRegion || scans[succ[p]].epoch < scan.epoch) succ[p] = r;
+  }
+  // A record that continues past its region is kept only if every region it
+  // continues into is still the frontier's next, holding exactly its bytes
+  // (else a region it touched was reused or is damaged: the object is gone).
+  // Tombstones are kept either way: they order a delete, whatever the bytes.
+  std::vector<bool> used_by_span(num_regions_, false);
+  for (RegionScan& scan : scans) {
+    if (scan.objects.empty() || !scan.objects.back().spans) continue;
+    RecoveredObject& f = scan.objects.back();
+    uint64_t rem = uint64_t(f.block) * kBlockSize + object_footprint(f.payload_bytes) - region_bytes_;
+    std::vector<uint32_t> path;
+    for (uint32_t cur = f.region; rem;) {
+      uint32_t nx = succ[cur];
+      uint64_t take = std::min(rem, region_bytes_ - kBlockSize);
+      if (nx == kNoRegion || scans[nx].cont_bytes != take) break;
+      path.push_back(nx);
+      rem -= take;
+      cur = nx;
+    }
+    if (rem == 0) {
+      for (uint32_t r : path) used_by_span[r] = true;
+    } else if (!f.deleted) {
+      scan.objects.pop_back();
+    }
+  }
+
   // Merge: every key is resolved by sequence number across its copies and
   // its tombstones. The highest wins; if that is a tombstone the key stays
   // deleted. Older live copies are marked deleted on the card, so that they
@@ -151,7 +199,7 @@ Status CardStore::recover(int threads) {
   for (uint32_t r = 0; r < num_regions_; r++) {
     const RegionScan& scan = scans[r];
     if (scan.valid) next_epoch = std::max(next_epoch, scan.epoch + 1);
-    if (scan.valid && scan.end > kBlockSize)
+    if (scan.valid && (scan.end > kBlockSize + scan.cont_bytes || used_by_span[r]))
       regions_.restore_sealed(r, scan.epoch, scan.end);
     else if (scan.io.ok())
       regions_.add_free(r);
@@ -160,11 +208,21 @@ Status CardStore::recover(int threads) {
   }
   regions_.finish_recovery(next_epoch);
   for (uint32_t r : unreadable) regions_.add_free_last(r);
+  for (uint32_t p = 0; p < num_regions_; p++) {
+    uint32_t nx = succ[p];
+    if (nx == kNoRegion || regions_[p].state != RegionManager::State::kSealed ||
+        regions_[nx].state != RegionManager::State::kSealed)
+      continue;
+    regions_[p].next = nx;
+    regions_[p].next_epoch = scans[nx].epoch;
+  }
   index_.for_each([this](uint64_t hash, const IndexEntry& e) {
-    RegionManager::Region& reg = regions_[e.region];
-    reg.live_bytes += object_footprint(e.payload_bytes);
-    reg.hashes.push_back(hash);
-    used_bytes_ += object_footprint(e.payload_bytes);
+    uint64_t fp = object_footprint(e.payload_bytes);
+    for_each_part_locked(e.region, uint64_t(e.block) * kBlockSize, fp, [&](uint32_t r, uint64_t len, uint64_t) {
+      regions_[r].live_bytes += len;
+      regions_[r].hashes.push_back(hash);
+    });
+    used_bytes_ += fp;
   });
   for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 

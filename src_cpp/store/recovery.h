@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Recovery: walks the regions of a card and reports the objects it finds, as
 // CacheLib Navy's BlockCache recovers from its regions. Each region is a
-// chain written in order; the walk stops at the first record that does not
-// check out, so a torn or cut-off store is never found. What the objects
+// chain of records from its first record (after the continuation of the
+// previous frontier region's last record); the walk stops at the first
+// record that does not check out, so a torn or cut-off store is never found.
+// A last record that continues into the next region is reported with
+// `spans`; the store checks that the regions it continues into are there. What the objects
 // mean (which copy of a key wins) is the store's decision (CardStore::recover).
 #pragma once
 
@@ -28,11 +31,15 @@ struct RecoveredObject {
   uint64_t hash, seq, payload_bytes;
   uint32_t region, block;  // block: offset within the region / kBlockSize
   bool deleted;            // a tombstone: the key was deleted (or this copy superseded) at `seq`
+  bool spans = false;      // continues past the region's end (the region's last record)
 };
 
 struct RegionScan {
   bool valid = false;  // a region header of this card was found
   uint64_t epoch = 0;
+  uint32_t prev_region = UINT32_MAX;  // the frontier came from this region (its epoch then: prev_epoch)
+  uint64_t prev_epoch = 0;
+  uint64_t cont_bytes = 0;               // bytes after the header that continue prev_region's last record
   uint64_t end = 0;                      // offset after the last record that checked out
   std::vector<RecoveredObject> objects;  // objects and tombstones, in write order
   Status io;                             // a read that failed: the walk stopped there (damaged media)

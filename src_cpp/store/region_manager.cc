@@ -42,71 +42,14 @@ int64_t RegionManager::choose_victim() const {
 uint64_t RegionManager::open(uint32_t r, uint64_t header_bytes) {
   Region& reg = regions_[r];
   reg.state = State::kOpen;
-  reg.leased = true;
   reg.epoch = next_epoch_++;
   reg.write_offset = header_bytes;
   reg.live_bytes = 0;
   reg.last_access = ++clock_;
+  reg.next = UINT32_MAX;
+  reg.next_epoch = 0;
+  reg.broken_at = UINT64_MAX;
   return reg.epoch;
-}
-
-void RegionManager::release(uint32_t r, uint64_t header_bytes) {
-  regions_[r].leased = false;
-  if (regions_[r].write_offset > header_bytes)
-    seal(r);
-  else
-    add_free(r);
-}
-
-void RegionManager::park(uint32_t r, uint64_t header_bytes, uint64_t region_bytes, uint64_t min_room) {
-  Region& reg = regions_[r];
-  reg.leased = false;
-  if (reg.write_offset <= header_bytes)
-    add_free(r);
-  else if (region_bytes - reg.write_offset < min_room)
-    seal(r);
-  else
-    idle_.push_back(r);
-}
-
-bool RegionManager::take_idle(uint64_t footprint, uint64_t region_bytes, uint32_t* r) {
-  int64_t best = -1;
-  std::vector<uint32_t> keep;
-  for (uint32_t i : idle_) {
-    if (regions_[i].write_offset + footprint > region_bytes) {
-      seal(i);
-      continue;
-    }
-    if (best >= 0 && regions_[i].write_offset <= regions_[best].write_offset) {
-      keep.push_back(i);
-      continue;
-    }
-    if (best >= 0) keep.push_back(static_cast<uint32_t>(best));
-    best = i;
-  }
-  idle_ = std::move(keep);
-  if (best < 0) return false;
-  *r = static_cast<uint32_t>(best);
-  regions_[best].leased = true;
-  return true;
-}
-
-bool RegionManager::leased_with_room(uint64_t need, uint64_t region_bytes) const {
-  for (const Region& reg : regions_)
-    if (reg.leased && reg.write_offset + need <= region_bytes) return true;
-  return false;
-}
-
-void RegionManager::fail_open(uint32_t r) {
-  regions_[r].leased = false;
-  add_free_last(r);
-}
-
-bool RegionManager::seal_idle() {
-  for (uint32_t i : idle_) seal(i);
-  bool any = !idle_.empty();
-  idle_.clear();
-  return any;
 }
 
 void RegionManager::seal(uint32_t r) {

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // RegionManager: the card's regions as the unit of allocation and eviction
-// (as CacheLib Navy's RegionManager): which are free, which are open for
-// appending, which are sealed; pins held by readers and writers; the LRU
-// clock and the choice of the region to evict.
+// (as CacheLib Navy's RegionManager): which are free, which one is the write
+// frontier (open for appending), which are sealed; the chain the frontier
+// left (which region it moved to from each, for records that continue into
+// the next region); pins held by readers and writers; the LRU clock and the
+// choice of the region to evict.
 //
 // Not synchronized: the card store calls every method with its lock held
 // (the index and the regions change together under that one lock).
@@ -19,13 +21,20 @@ class RegionManager {
   enum class State : uint8_t { kFree, kOpen, kSealed };
   struct Region {
     State state = State::kFree;
-    bool leased = false;  // open and held by a writer (not parked)
-    uint32_t pins = 0;    // readers/invalidators/writers in flight
+    uint32_t pins = 0;  // readers/invalidators/writers in flight
     uint64_t epoch = 0;
-    uint64_t write_offset = 0;     // next append offset within the region
-    uint64_t live_bytes = 0;       // footprint of indexed objects
-    uint64_t last_access = 0;      // LRU clock
-    std::vector<uint64_t> hashes;  // keys written under this epoch (for eviction)
+    uint64_t write_offset = 0;  // next append offset within the region
+    uint64_t live_bytes = 0;    // bytes of indexed objects in this region
+    uint64_t last_access = 0;   // LRU clock
+    // The region the frontier moved to from this one (and its epoch then):
+    // the last record of this region continues there. UINT32_MAX if none.
+    uint32_t next = UINT32_MAX;
+    uint64_t next_epoch = 0;
+    // A record at this offset was abandoned and its place could not be
+    // marked (a pad write failed): recovery's walk of the region stops
+    // there, so no store behind it may be acknowledged.
+    uint64_t broken_at = UINT64_MAX;
+    std::vector<uint64_t> hashes;  // keys with bytes in this region under this epoch (for eviction)
   };
 
   explicit RegionManager(uint32_t num_regions) : regions_(num_regions) {}
@@ -48,31 +57,23 @@ class RegionManager {
   // Makes r open for appending under a new epoch (its old contents are no
   // longer indexed); returns the epoch. The first block is the region header.
   uint64_t open(uint32_t r, uint64_t header_bytes);
-  // Called when r's writer leaves it: sealed if anything was written, else free.
-  void release(uint32_t r, uint64_t header_bytes);
-  // Called when r's writer is done with it for now: r stays open for
-  // appending, and the next writer that needs room takes it (take_idle), so
-  // writers between stores hold no region back from use. Sealed instead when
-  // less than `min_room` is left; free if nothing was written.
-  void park(uint32_t r, uint64_t header_bytes, uint64_t region_bytes, uint64_t min_room);
-  // Takes the parked region with the least room that still fits `footprint`.
-  // Parked regions too full for it are sealed (so they can be evicted).
-  bool take_idle(uint64_t footprint, uint64_t region_bytes, uint32_t* r);
   // Seals r: no more appends; its key list is trimmed to size.
   void seal(uint32_t r);
-  // Seals every parked region (when nothing else can be evicted).
-  bool seal_idle();
-  // True if a region held by a writer now has room for `need` bytes: once
-  // parked, it may take an object without an eviction.
-  bool leased_with_room(uint64_t need, uint64_t region_bytes) const;
   // A region just opened could not be used (its header write failed): free,
   // handed out after every other free region.
-  void fail_open(uint32_t r);
+  void fail_open(uint32_t r) { add_free_last(r); }
   // Marks r used (reads, writes): the LRU clock.
   void touch(uint32_t r) { regions_[r].last_access = ++clock_; }
   void pin(uint32_t r) { regions_[r].pins++; }
   // True when the last pin went.
   bool unpin(uint32_t r) { return --regions_[r].pins == 0; }
+  // The region after r in the frontier's chain if it is still the one the
+  // frontier moved to (same epoch), else UINT32_MAX.
+  uint32_t next_of(uint32_t r) const {
+    const Region& reg = regions_[r];
+    if (reg.next == UINT32_MAX || regions_[reg.next].epoch != reg.next_epoch) return UINT32_MAX;
+    return reg.next;
+  }
 
   // Recovery: region r was found sealed with data up to `end` under `epoch`.
   void restore_sealed(uint32_t r, uint64_t epoch, uint64_t end);
@@ -83,7 +84,6 @@ class RegionManager {
  private:
   std::vector<Region> regions_;
   std::vector<uint32_t> free_;
-  std::vector<uint32_t> idle_;  // parked open regions
   uint64_t next_epoch_ = 1;
   uint64_t clock_ = 0;
 };

@@ -240,6 +240,10 @@ uint32_t crc32c_copy(void* dst, const void* src, size_t n) {
   return ~best_raw<true>(~0u, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n);
 }
 
+uint32_t crc32c_copy_extend(uint32_t crc, void* dst, const void* src, size_t n) {
+  return ~best_raw<true>(~crc, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n);
+}
+
 const char* crc32c_implementation() {
 #if defined(__x86_64__)
   if (cpu_has_fold()) return "vpclmulqdq";

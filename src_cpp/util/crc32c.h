@@ -21,6 +21,8 @@ inline uint32_t crc32c(const void* data, size_t n) { return crc32c_extend(0, dat
 // Copies n bytes from src to dst and returns the CRC32C of them, in one pass
 // over the memory (a load is checked while it is delivered).
 uint32_t crc32c_copy(void* dst, const void* src, size_t n);
+// The same, continuing the CRC `crc` of the bytes before (as crc32c_extend).
+uint32_t crc32c_copy_extend(uint32_t crc, void* dst, const void* src, size_t n);
 
 // Which implementation crc32c_extend uses on this CPU ("sse4.2", "armv8", "bitwise").
 const char* crc32c_implementation();

@@ -21,7 +21,11 @@
 //   - every object the store held (indexed) when the power went is back;
 //   - stats: objects and used_bytes match what is found.
 // Default: a bounded number of cut points spread over the workload; with
-// `all` (or ADP_CRASH_ALL=1) every write point. Also checked: an unreadable
+// `all` (or ADP_CRASH_ALL=1) every write point. A second, shorter workload
+// of objects that continue into the next region (format 3: one write
+// frontier, records spanning regions, eviction of a region a record
+// continues into) is cut at every one of its write points: a cut between
+// the two halves of a spanning object, or before the next region's header. Also checked: an unreadable
 // block costs its region's objects, not the card; an unreadable superblock
 // is refused with what to run.
 #include <cinttypes>
@@ -101,6 +105,23 @@ std::vector<Op> make_script() {
       op.keys.push_back(g() % kKeys);
       op.sizes.push_back(8 + g() % (300 << 10));  // 8 B .. 300 KiB: the 10 regions fill and evict
     }
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+// Objects of 400-900 KiB in 1 MiB regions: most continue into the next
+// region, some into two; the 10 regions fill and evict.
+std::vector<Op> make_span_script() {
+  std::mt19937 g(777);
+  std::vector<Op> ops;
+  for (int i = 0; i < 40; i++) {
+    Op op;
+    int r = g() % 10;
+    op.kind = r < 7 ? Op::kPut : r < 9 ? Op::kDelete : Op::kGet;
+    op.writer = g() % kWriters;
+    op.keys.push_back(g() % 16);
+    op.sizes.push_back(r == 0 ? 1500 << 10 : (400 << 10) + g() % (500 << 10));
     ops.push_back(op);
   }
   return ops;
@@ -299,7 +320,7 @@ void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
   check_reopened(image, run, tear ? "torn failed write" : "failed write", point);
 }
 
-uint64_t count_writes(const std::vector<Op>& ops, Run* run) {
+uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name) {
   auto image = fresh_image();
   FaultDevice* dev;
   std::unique_ptr<CardStore> s;
@@ -311,9 +332,9 @@ uint64_t count_writes(const std::vector<Op>& ops, Run* run) {
   uint64_t base = dev->writes();
   run_script(*s, *dev, ops, run);
   adp::StoreStats stats = s->stats();
-  std::printf("card_crash_test: workload: %" PRIu64 " writes, %" PRIu64 " syncs, %" PRIu64 " stores, %" PRIu64
+  std::printf("card_crash_test: %s workload: %" PRIu64 " writes, %" PRIu64 " syncs, %" PRIu64 " stores, %" PRIu64
               " deletes, %" PRIu64 " evicted objects\n",
-              dev->writes() - base, dev->syncs(), stats.stores, stats.deletes, stats.evicted_objects);
+              name, dev->writes() - base, dev->syncs(), stats.stores, stats.deletes, stats.evicted_objects);
   CHECK(stats.evicted_objects > 0, "the workload must evict");
   CHECK(stats.deletes > 0, "the workload must delete");
   snapshot_held(*s, *dev, run);
@@ -429,7 +450,7 @@ int main(int argc, char** argv) {
   key_index_model();
   auto ops = make_script();
   Run clean;
-  uint64_t writes = count_writes(ops, &clean);
+  uint64_t writes = count_writes(ops, &clean, "mixed");
   std::vector<uint64_t> points;
   const uint64_t kBounded = 48;
   if (all || writes <= kBounded) {
@@ -446,11 +467,23 @@ int main(int argc, char** argv) {
     fail_at(ops, p, true);
     runs += 4;
   }
+  // Spanning records: every write point, whole and torn cuts, failed writes.
+  auto span_ops = make_span_script();
+  Run span_clean;
+  uint64_t span_writes = count_writes(span_ops, &span_clean, "spanning");
+  for (uint64_t p = 0; p < span_writes; p++) {
+    cut_at(span_ops, p, false);
+    cut_at(span_ops, p, true);
+    fail_at(span_ops, p, false);
+    fail_at(span_ops, p, true);
+    runs += 4;
+  }
   unreadable_block();
   unreadable_superblock();
-  std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), %" PRIu64 " runs, %d failures\n",
-              static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", runs,
-              failures);
+  std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s) and all %" PRIu64
+              " of the spanning workload, %" PRIu64 " runs, %d failures\n",
+              static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all",
+              span_writes, runs, failures);
   if (failures) return 1;
   std::printf("card_crash_test: PASS\n");
   return 0;

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Format version 2: an older card is refused with what to run, and the path works."""
+"""Format version 3: an older card (1 or 2) is refused with what to run, and the path works."""
 
 from __future__ import annotations
 
@@ -24,25 +24,26 @@ def rewrite_superblock_version(path: str, version: int) -> None:
         f.write(sb)
 
 
-def test_format_version_is_2():
-    assert FORMAT_VERSION == 2
+def test_format_version_is_3():
+    assert FORMAT_VERSION == 3
 
 
-def test_v1_card_is_refused_with_what_to_run_then_reformatted(card):
+@pytest.mark.parametrize("old", [1, 2])
+def test_older_card_is_refused_with_what_to_run_then_reformatted(card, old):
     s = CardStore(card, 64 * MIB)
     s.put("k", payload("k", 10000))
     s.close()
-    rewrite_superblock_version(card, 1)
+    rewrite_superblock_version(card, old)
     with pytest.raises(ValueError) as e:
         CardStore(card)
     msg = str(e.value)
-    assert "format version 1" in msg and "reads version 2" in msg
+    assert f"format version {old}" in msg and "reads version 3" in msg
     assert f"lmcache-adp format --card {card} --yes" in msg and "lost" in msg
     # The CLI says the same and exits non-zero, touching nothing.
     r = subprocess.run(
         [sys.executable, "-m", "lmcache_adp.cli", "status", "--card", card], capture_output=True, text=True
     )
-    assert r.returncode != 0 and "format version 1" in r.stderr
+    assert r.returncode != 0 and f"format version {old}" in r.stderr
     # The path the message gives: reformat, then the card works (empty).
     r = subprocess.run(
         [sys.executable, "-m", "lmcache_adp.cli", "format", "--card", card, "--yes"], capture_output=True, text=True
