@@ -5,7 +5,7 @@
 What a user waits for when vLLM asks for a prompt it has seen before: LOOKUP
 (LMCache prefetches the chunks into its CPU tier, L1) and RETRIEVE (L1 -> the
 worker's KV blocks), measured with the client classes vLLM's LMCacheMPConnector
-uses (lmcache_adp.testing.mp_driver), on CPU tensors, lmcache_driven transfer.
+uses (lmcache_adp.testing), on CPU tensors, lmcache_driven transfer.
 
 In one run, on one disk, for one prompt (default 8192 tokens of Llama-8B-shaped
 KV: 32 layers, 8 KV heads, head dim 128, fp16 = 1 GiB in 32 chunks of 32 MiB):
@@ -57,8 +57,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from tools import require_tool  # noqa: E402
 
 from lmcache_adp import __version__ as adp_version  # noqa: E402
-from lmcache_adp.testing.mp_driver import (  # noqa: E402
-    Gateway,
+from lmcache_adp.testing import (  # noqa: E402
     KVShape,
     MPServer,
     VLLMClient,
@@ -67,6 +66,12 @@ from lmcache_adp.testing.mp_driver import (  # noqa: E402
     restore_prompt,
     store_prompt,
 )
+
+# The tree's tests.support (the gateway launcher, the server-log reader), found
+# once lmcache_adp is imported: an installed lmcache_adp is measured as installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.gateway import Gateway  # noqa: E402
+from tests.support.mp_server import prefetch  # noqa: E402 (the server's log line for each lookup)
 
 GiB, MiB = 1 << 30, 1 << 20
 HERE = Path(__file__).resolve().parent
@@ -132,20 +137,16 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
     finally:
         server.stop()
     for kind, rs in samples.items():
+        result[kind] = []
         for r in rs:
             if not r.ok:
                 raise RuntimeError(f"{name} {kind}: restore failed: {r}")
-            came_from_l2 = r.from_l2
+            # The server's counter and its log line for the lookup must agree on the tier.
+            p = prefetch(server, r.request_id)
+            came_from_l2 = r.from_l2 and p is not None and (p.from_l1, p.from_l2) == (0, r.hit_chunks)
             if came_from_l2 != (kind == "l2"):
-                raise RuntimeError(f"{name} {kind}: restore came from the wrong tier: {r.prefetch}")
-        result[kind] = [
-            {
-                **{k: v for k, v in asdict(r).items() if k != "prefetch"},
-                "prefetch": asdict(r.prefetch),
-                "total_s": r.total_s,
-            }
-            for r in rs
-        ]
+                raise RuntimeError(f"{name} {kind}: restore came from the wrong tier: {r}, log: {p}")
+            result[kind].append({**asdict(r), "prefetch": asdict(p) if p else None, "total_s": r.total_s})
     return result
 
 
@@ -290,7 +291,7 @@ def main() -> int:
     for name in args.tiers.split(","):
         if name == "adp_gw":
             # A gateway that cannot start stops the run with its reason (asked for, so measured or failed).
-            gateway = Gateway(work / "gw-card.img", work / "gw.sock", card_size_gb=card_gb, workdir=raw).start()
+            gateway = Gateway(raw, card_size_gb=card_gb, card=work / "gw-card.img", socket=work / "gw.sock").start()
             adapters["adp_gw"] = adp_adapter(gateway=gateway.url, num_workers=ADP_WORKERS)
         print(f"{name} ...", flush=True)
         try:

@@ -17,8 +17,7 @@ import pytest
 
 pytest.importorskip("lmcache")
 
-from lmcache_adp.testing.mp_driver import (  # noqa: E402
-    Gateway,
+from lmcache_adp.testing import (  # noqa: E402
     KVShape,
     MPServer,
     VLLMClient,
@@ -28,6 +27,8 @@ from lmcache_adp.testing.mp_driver import (  # noqa: E402
     restore_prompt,
     store_prompt,
 )
+from tests.support.gateway import Gateway  # noqa: E402
+from tests.support.mp_server import assert_restored_from_card  # noqa: E402
 
 pytestmark = [pytest.mark.lmcache, pytest.mark.slow]
 
@@ -52,8 +53,7 @@ class L2Tier:
 
     def restart_gateway(self) -> None:
         assert self.gateway is not None
-        self.gateway.stop()
-        assert self.gateway.proc.poll() is not None
+        assert self.gateway.stop() == 0, "the gateway did not stop cleanly on SIGTERM"
         self.gateway.start()
 
 
@@ -63,22 +63,12 @@ def tier(request, tmp_path):
     if request.param == "embedded":
         yield L2Tier("embedded", card)
         return
-    with Gateway(card, tmp_path / "gw.sock", card_size_gb=CARD_GB, workdir=tmp_path) as gw:
+    with Gateway(tmp_path, card_size_gb=CARD_GB) as gw:
         yield L2Tier("gateway", card, gw)
 
 
 def server_on(tier: L2Tier, workdir: Path, name: str) -> MPServer:
     return MPServer([tier.adapter()], workdir, l1_size_gb=1, name=name)
-
-
-def assert_restored_from_card(r) -> None:
-    assert r.hit_tokens == r.tokens, f"{r.hit_tokens}/{r.tokens} tokens hit"
-    assert r.retrieved, "the worker reported failed blocks"
-    assert r.identical, "retrieved KV differs from the stored KV"
-    assert r.prefetch is not None, "the server logged no prefetch for the lookup"
-    assert (r.prefetch.from_l1, r.prefetch.from_l2) == (0, r.tokens // 256), r.prefetch
-    assert r.l2_loaded_chunks == r.tokens // 256, "the server's L2-load counter disagrees"
-    assert r.from_l2
 
 
 def test_store_clear_l1_restore_from_card(tier, tmp_path):
@@ -87,13 +77,13 @@ def test_store_clear_l1_restore_from_card(tier, tmp_path):
         assert server.l1_object_count() == TOKENS // 256, "the stored prompt is not in L1"
         assert drop_l1(server) == 0, "L1 still holds objects after POST /cache/clear"
 
-        assert_restored_from_card(restore_prompt(server, client, stored))
+        assert_restored_from_card(server, restore_prompt(server, client, stored))
         # A prompt that was never stored misses: hits come from what was stored.
         assert client.lookup("never-stored", prompt(TOKENS, seed=7)) == 0
         client.end_request("never-stored")
         # Restoring again (L1 holds nothing: the default prefetch policy does
         # not retain L2 loads in L1) reads the card again, with the same bytes.
-        assert_restored_from_card(restore_prompt(server, client, stored))
+        assert_restored_from_card(server, restore_prompt(server, client, stored))
 
 
 def restore_after_restart(tier: L2Tier, tmp_path: Path, restart_gateway: bool) -> None:
@@ -104,7 +94,7 @@ def restore_after_restart(tier: L2Tier, tmp_path: Path, restart_gateway: bool) -
         tier.restart_gateway()
     with server_on(tier, tmp_path, "second") as second, VLLMClient(second.url, SHAPE) as client:
         assert second.l1_object_count() == 0, "a new server starts with an empty L1"
-        assert_restored_from_card(restore_prompt(second, client, stored))
+        assert_restored_from_card(second, restore_prompt(second, client, stored))
 
 
 def test_prompt_comes_back_after_server_restart(tier, tmp_path):
@@ -112,7 +102,7 @@ def test_prompt_comes_back_after_server_restart(tier, tmp_path):
 
 
 def test_prompt_comes_back_after_gateway_and_server_restart(tmp_path):
-    with Gateway(tmp_path / "card.img", tmp_path / "gw.sock", card_size_gb=CARD_GB, workdir=tmp_path) as gw:
+    with Gateway(tmp_path, card_size_gb=CARD_GB) as gw:
         restore_after_restart(L2Tier("gateway", tmp_path / "card.img", gw), tmp_path, restart_gateway=True)
 
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from lmcache_adp import ADPConnector
-from tests.gateway.conftest import Gateway
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
 
 
 def test_sigterm_exits_zero_and_removes_socket(gateway):

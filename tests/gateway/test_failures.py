@@ -8,8 +8,8 @@ import threading
 import time
 
 from lmcache_adp import ADPConnector
-from tests.gateway.conftest import Gateway
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
 
 TIMEOUT_MS = 2000
 

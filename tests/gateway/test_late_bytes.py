@@ -17,8 +17,8 @@ import tempfile
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.gateway.conftest import Gateway
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
 
 SIZE = 8192
 MARK = b"\xee"

@@ -16,8 +16,8 @@ import pytest
 
 from lmcache_adp import ADPConnector
 from tests.gateway import wire
-from tests.gateway.conftest import Gateway
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
 
 SIZE = 64 * 1024
 

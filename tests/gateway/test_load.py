@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.gateway.conftest import Gateway
+from tests.support.gateway import Gateway
 
 MIB = 1 << 20
 WORKERS, RING_MB, OBJECT_MB = 8, 1024, 32

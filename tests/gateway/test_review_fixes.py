@@ -18,8 +18,8 @@ import pytest
 
 from lmcache_adp import ADPConnector
 from tests.gateway import wire
-from tests.gateway.conftest import TOKEN, Gateway
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import TOKEN, Gateway
 
 
 def free_port() -> int:

@@ -104,8 +104,8 @@ def test_percentiles_from_log2_buckets():
 
 def test_status_through_the_gateway_socket(workdir):
     from lmcache_adp import ADPConnector
-    from tests.gateway.conftest import Gateway
     from tests.helpers import RawConnector
+    from tests.support.gateway import Gateway
 
     gw = Gateway(workdir, tcp=True).start()
     try:

@@ -13,8 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lmcache_adp import ADPConnector
-from tests.gateway.conftest import Gateway, workdir  # noqa: F401 (workdir is a fixture)
+from tests.gateway.conftest import workdir  # noqa: F401 (a fixture)
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
 
 
 def free_port() -> int:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_adp.testing.mp_driver import L2_LOADED_CHUNKS, L2_STORED_CHUNKS, free_port
+from lmcache_adp.testing import L2_LOADED_CHUNKS, L2_STORED_CHUNKS, free_port, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -228,14 +228,7 @@ def assert_no_errors(pm: Podman, container: str) -> None:
 
 
 def metrics(http_port: int, *names: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    totals = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals
+    return read_metrics(f"http://127.0.0.1:{http_port}", *names)
 
 
 def server_env(mp_port: int, http_port: int, **extra: str) -> dict[str, str]:

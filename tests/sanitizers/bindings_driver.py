@@ -23,8 +23,8 @@ from lmcache_adp import ADPConnector, CardStore, _native, crc32c, format_card  #
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests.gateway import fuzz  # noqa: E402
-from tests.gateway.conftest import Gateway  # noqa: E402
 from tests.helpers import RawConnector, payload  # noqa: E402
+from tests.support.gateway import Gateway  # noqa: E402
 
 
 def check(cond: bool, what: str) -> None:

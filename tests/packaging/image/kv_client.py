@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The quickstart's checks against an LMCache MP server in a container, run
 inside a container of the image (podman exec): vLLM's part played with the
-connector's own client classes (lmcache_adp.testing.mp_driver, as installed in
-the image), on CPU tensors.
+plugin's public test helper (lmcache_adp.testing, as installed in the image),
+on CPU tensors.
 
     kv_client.py store   MP_PORT HTTP_PORT SEED   # store a prompt, wait until it is on L2
     kv_client.py restore MP_PORT HTTP_PORT SEED   # clear L1, look it up and retrieve it
@@ -24,22 +24,9 @@ import sys
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
-from lmcache_adp.testing import mp_driver as d  # noqa: E402
+from lmcache_adp import testing as d  # noqa: E402
 
 TOKENS = 512  # two LMCache chunks
-
-
-class RemoteServer(d.MPServer):
-    """An MP server this process did not start: its ports only (HTTP API, metrics)."""
-
-    def __init__(self, port: int, http_port: int):  # no super(): nothing to spawn
-        self.port, self.http_port = port, http_port
-
-    def log(self) -> str:
-        return "(the server's log is its container's: podman logs)"
-
-    def prefetch(self, request_id, timeout=0.0):
-        return None  # where chunks came from: the server's L2 counter instead
 
 
 class Client(d.VLLMClient):
@@ -82,7 +69,7 @@ class Client(d.VLLMClient):
 
 def main() -> int:
     op, port, http_port, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    server = RemoteServer(port, http_port)
+    server = d.RunningServer(port, http_port)  # started by its container, not here
     shape = d.KVShape(num_layers=4, num_heads=2, head_dim=64, num_blocks=2 * (TOKENS // 16) + 1)
     out: dict = {"op": op}
     with Client(server.url, shape) as client:
@@ -92,11 +79,7 @@ def main() -> int:
             out["l2_stored_chunks"] = server.metric(d.L2_STORED_CHUNKS)
             out["stored_bytes"] = len(stored.expected)
         else:
-            # The same prompt and KV as `store` made (store_prompt's own steps).
-            tokens = d.prompt(TOKENS, seed)
-            blocks = client.blocks_for(TOKENS, 0)
-            client.fill(blocks, seed)
-            stored = d.StoredPrompt(tokens, blocks, client.blocks_bytes(blocks, TOKENS))
+            stored = d.prefilled_prompt(client, TOKENS, seed)  # the prompt and KV `store` stored
             out["l1_after_clear"] = d.drop_l1(server)
             r = d.restore_prompt(server, client, stored)
             out.update(

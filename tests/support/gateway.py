@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`lmcache-adp gateway` as a child process, for tests and benchmarks: the one
+launcher of the tree (tests/gateway's fixtures, the end-to-end tests, the ops
+tests, bench_restore)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lmcache_adp.testing import child_env
+
+# The gateway's one line when it serves (lmcache_adp/gateway.py).
+READY = re.compile(r"gateway ready \(pid \d+\) on unix://\S+(?: and tcp port (\d+))?")
+TOKEN = "test-token-0123456789"
+
+
+class Gateway:
+    """One `lmcache-adp gateway` process on a card and a Unix socket (and, with
+    tcp=True, TCP on 127.0.0.1 with a token file); restartable on the same card,
+    socket and port. Each start() logs to workdir/gateway<N>.log.
+
+    card and socket default to workdir/card.img and workdir/gw.sock: keep
+    workdir short, a Unix socket path has at most 107 bytes."""
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        tcp: bool = False,
+        card_size_gb: float = 0.25,
+        extra: tuple[str, ...] = (),
+        *,
+        card: str | os.PathLike | None = None,
+        socket: str | os.PathLike | None = None,
+    ):
+        self.workdir = os.path.abspath(workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.card = os.path.abspath(card or os.path.join(self.workdir, "card.img"))
+        self.socket = os.path.abspath(socket or os.path.join(self.workdir, "gw.sock"))
+        self.token_file = os.path.join(self.workdir, "token")
+        Path(self.token_file).write_text(TOKEN + "\n")
+        self.tcp = tcp
+        self.card_size_gb = card_size_gb
+        self.extra = list(extra)
+        self.proc: subprocess.Popen | None = None
+        self.port = 0  # TCP port, once started with tcp=True
+        self.logs: list[str] = []  # logs of the runs that ended
+
+    @property
+    def unix_url(self) -> str:
+        return "unix://" + self.socket
+
+    url = unix_url  # what adapter_params' "gateway" takes
+
+    @property
+    def tcp_url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def args(self, *extra: str) -> list[str]:
+        args = [
+            sys.executable, "-m", "lmcache_adp.cli", "gateway",
+            "--card", self.card, "--card-size-gb", str(self.card_size_gb), "--socket", self.socket,
+        ]  # fmt: skip
+        if self.tcp:
+            # The same port again after a restart, so connectors find it.
+            args += ["--listen", f"tcp://127.0.0.1:{self.port}", "--token-file", self.token_file]
+        return args + self.extra + list(extra)
+
+    def start(self, timeout: float = 60.0) -> Gateway:
+        """Starts the daemon and waits for its ready line; raises RuntimeError with its log if it exits or stalls."""
+        self.log_path = os.path.join(self.workdir, f"gateway{len(self.logs)}.log")
+        self.log_file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            self.args(),
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+            cwd=self.workdir,  # imports the lmcache_adp child_env() names, not one in the caller's directory
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = READY.search(self.log())
+            if m:
+                self.port = int(m.group(1) or 0)
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"gateway did not get ready in {timeout:.0f} s:\n{self.logs[-1]}")
+
+    def log(self) -> str:
+        """This run's log."""
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def all_logs(self) -> str:
+        return "".join(self.logs) + (self.log() if self.proc else "")
+
+    def _finish(self, timeout: float = 30.0) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # stuck: not left behind, and the caller sees -9
+            self.proc.kill()
+            rc = self.proc.wait(timeout=10)
+        self.log_file.close()
+        self.logs.append(self.log())
+        self.proc = None
+        return rc
+
+    def stop(self) -> int:
+        """SIGTERM, then waits (SIGKILL after 30 s); returns the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self._finish()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self._finish()
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            self.stop()
