@@ -73,7 +73,7 @@ class NativeConnector:
         """Looks the keys up; returns the future id (per-key result: present)."""
 
     def submit_batch_delete(self, keys: list[str], /) -> int:
-        """Deletes the keys; returns the future id (per-key result: removed)."""
+        """Deletes the keys; returns the future id (per-key result: not on the card any more; a failed delete is false and fails the future)."""
 
     def drain_completions(self) -> list[tuple[int, bool, str, list[bool]]]:
         """Completed futures since the last call: (future id, ok, error, per-key results)."""
@@ -109,7 +109,7 @@ class CardStore:
         """Whether key is in the index."""
 
     def remove(self, key: str, /) -> bool:
-        """Deletes key on the card and from the index; False if it was not there."""
+        """Deletes key on the card and from the index; False if it was not there, raises if the delete failed."""
 
     def stats(self) -> dict[str, Any]:
         """Counters and sizes (objects, used_bytes, capacity_bytes, regions, failures, ...)."""

@@ -222,9 +222,17 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       break;
     }
     case OpType::kDelete: {
-      std::unique_ptr<bool[]> removed(new bool[n]());
-      session.remove(keys.data(), n, removed.get(), b->deadline);
-      for (size_t i = 0; i < n; i++) b->results[t.begin + i] = removed[i];
+      // LMCache reads only the per-key bools of a delete: true lets it forget
+      // the key (its usage and eviction order), false keeps it to evict again.
+      // A key that is not on the card is gone either way (true); a delete that
+      // failed leaves the object readable (false), and fails the future.
+      std::vector<Status> st(n);
+      session.remove(keys.data(), n, st.data(), b->deadline);
+      for (size_t i = 0; i < n; i++) {
+        b->results[t.begin + i] = st[i].ok() || st[i].is_not_found();
+        if (!b->results[t.begin + i])
+          b->note_error("delete of key " + std::string(keys[i]) + " failed: " + st[i].message());
+      }
       break;
     }
   }

@@ -430,8 +430,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         for (size_t i = 0; i < n; i++) st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
         break;
       case proto::Op::kDelete:
-        for (size_t i = 0; i < n; i++)
-          st[i] = store.remove(**lease, req.items[i].key) ? Status::Ok() : Status::NotFound();
+        for (size_t i = 0; i < n; i++) st[i] = store.remove(**lease, req.items[i].key);
         break;
     }
   }

@@ -226,9 +226,15 @@ class PyCardStore {
     return store().exists(key);
   }
   bool remove(const std::string& key) {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> l(mu_);
-    return store().remove(*ctx_, key);
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
+      s = store().remove(*ctx_, key);
+    }
+    if (s.is_not_found()) return false;
+    if (!s.ok()) raise(s);
+    return true;
   }
   py::dict stats() const {
     StoreStats st;
@@ -404,7 +410,8 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "submit_batch_delete",
           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); },
-          "Deletes the keys; returns the future id (per-key result: removed).")
+          "Deletes the keys; returns the future id (per-key result: not on the card any more; a failed delete "
+          "is false and fails the future).")
       .def("drain_completions", &NativeConnector::drain_completions,
            "Completed futures since the last call: (future id, ok, error, per-key results).")
       .def("close", &NativeConnector::close,
@@ -505,7 +512,8 @@ PYBIND11_MODULE(_native, m) {
       .def("put", &PyCardStore::put, "Stores data under key (replacing an older copy); True, or RuntimeError.")
       .def("get", &PyCardStore::get, "The object's bytes, checked against its CRC; None for a miss or a failed check.")
       .def("exists", &PyCardStore::exists, "Whether key is in the index.")
-      .def("remove", &PyCardStore::remove, "Deletes key on the card and from the index; False if it was not there.")
+      .def("remove", &PyCardStore::remove,
+           "Deletes key on the card and from the index; False if it was not there, raises if the delete failed.")
       .def("stats", &PyCardStore::stats,
            "Counters and sizes (objects, used_bytes, capacity_bytes, regions, failures, ...).")
       .def("verify", &PyCardStore::verify, py::arg("repair") = false, py::arg("progress") = py::none(),

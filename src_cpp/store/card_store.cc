@@ -803,16 +803,17 @@ bool CardStore::exists(std::string_view key) {
   return true;
 }
 
-bool CardStore::remove(IoContext& ctx, std::string_view key) {
+Status CardStore::remove(IoContext& ctx, std::string_view key) {
   ctx.store_ = this;
-  if (!check_key(key).ok()) return false;
+  Status s = check_key(key);
+  if (!s.ok()) return s;
   retry_pending(ctx);
   uint64_t h = hash_key(key);
   Location loc;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(h);
-    if (it == index_.end()) return false;
+    if (it == index_.end()) return Status::NotFound();
     const IndexEntry& e = it->second;
     regions_.pin(e.region);
     loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
@@ -820,21 +821,26 @@ bool CardStore::remove(IoContext& ctx, std::string_view key) {
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come
   // back after a restart).
-  Status s = write_tombstone(ctx, loc);
+  s = write_tombstone(ctx, loc);
   if (s.ok() && durable_) s = device_->sync();
-  bool erased = false;
+  bool erased = false, superseded = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(h);
-    if (s.ok() && it != index_.end() && it->second.seq == loc.seq) {
-      erase_entry_locked(h, it->second);
-      erased = true;
+    if (s.ok() && it != index_.end()) {
+      superseded = it->second.seq != loc.seq;
+      if (!superseded) erase_entry_locked(h, it->second);
+      erased = !superseded;
     }
     if (regions_.unpin(loc.region)) unpinned_.notify_all();
   }
-  if (!s.ok()) count_io_error();
+  if (!s.ok()) {
+    count_io_error();
+    return s;
+  }
   if (erased) counters_.deletes++;
-  return erased;
+  if (superseded) return Status::Busy("a newer copy was stored while the key was deleted");
+  return erased ? Status::Ok() : Status::NotFound();  // evicted meanwhile
 }
 
 StoreStats CardStore::stats() const {

@@ -110,8 +110,10 @@ class CardStore {
   bool memory_speed() const { return device_->memory_backed(); }
 
   bool exists(std::string_view key);
-  // True if the key was present and is now deleted on the card.
-  bool remove(IoContext& ctx, std::string_view key);
+  // Ok: the key was present and its delete is on the card. NotFound: it was
+  // not there. Busy: a newer copy was stored meanwhile (and stays). Otherwise
+  // the error that kept the delete off the card (the key stays readable).
+  Status remove(IoContext& ctx, std::string_view key);
 
   // Reads every indexed object and checks it as a load would. Bad objects
   // are reported, and dropped (as a failed load drops them) when `repair`.

@@ -28,8 +28,8 @@ class EmbeddedSession : public BackendSession {
     for (size_t i = 0; i < n; i++) found[i] = store_->exists(keys[i]);
   }
 
-  void remove(const std::string_view* keys, size_t n, bool* removed, Deadline) override {
-    for (size_t i = 0; i < n; i++) removed[i] = store_->remove(*ctx_, keys[i]);
+  void remove(const std::string_view* keys, size_t n, Status* results, Deadline) override {
+    for (size_t i = 0; i < n; i++) results[i] = store_->remove(*ctx_, keys[i]);
   }
 
  private:

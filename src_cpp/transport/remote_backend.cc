@@ -122,11 +122,11 @@ class RemoteSession : public BackendSession {
         [&](size_t i, const Status& st, const uint8_t*, size_t) { found[i] = st.ok(); });
   }
 
-  void remove(const std::string_view* keys, size_t n, bool* removed, Deadline deadline) override {
+  void remove(const std::string_view* keys, size_t n, Status* results, Deadline deadline) override {
     auto& c = backend_->counters_;
     run({proto::Op::kDelete, keys, nullptr, nullptr, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t*, size_t) {
-          removed[i] = st.ok();
+          results[i] = st;
           if (st.ok()) c.deletes.fetch_add(1, std::memory_order_relaxed);
         });
   }

@@ -64,7 +64,7 @@ def test_set_exists_get_delete_with_mixed_lengths_and_alignments(conn):
     assert [bytes(d) for d in dsts] == [payload(k, n) for k, n in zip(keys, sizes, strict=True)]
 
     ok, _, deleted = conn.delete([keys[0], "never-stored"])
-    assert deleted == [True, False]
+    assert ok and deleted == [True, True]  # both gone: LMCache may forget them (test_delete_result.py)
     ok, _, found = conn.exists(keys[:2])
     assert found == [False, True]
 

@@ -204,7 +204,7 @@ void run_script(CardStore& s, FaultDevice& dev, const std::vector<Op>& ops, Run*
     } else if (op.kind == Op::kDelete) {
       KeyModel& m = run->model[op.keys[0]];
       bool present = s.exists(key_name(op.keys[0]));
-      bool removed = s.remove(c, key_name(op.keys[0]));
+      bool removed = s.remove(c, key_name(op.keys[0])).ok();
       if (removed) {
         m.acked.reset();
         m.unacked.clear();

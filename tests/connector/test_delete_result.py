@@ -1,0 +1,146 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a delete reports to LMCache when it fails (LMCache reads only the
+per-key bools of a delete: true lets it forget the key, false keeps it).
+
+- Embedded: tests/cpp/delete_result_test.cc, the Connector over a card store on
+  a FaultDevice whose writes fail: the tombstone cannot be written, so the key
+  is false, the future fails naming it, and the object still reads back.
+- Through a gateway: a gateway that answers a delete with an I/O error, and one
+  that is gone, fail the future with the key false.
+- A key that is not on the card is gone: true.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from pathlib import Path
+
+from lmcache_adp import ADPConnector, _native
+from tests.gateway import wire
+from tests.gateway.conftest import workdir  # noqa: F401 (a fixture)
+from tests.helpers import RawConnector, payload
+from tests.support.gateway import TOKEN, Gateway
+
+ROOT = Path(__file__).resolve().parents[2]
+IO_ERROR = 4  # BatchReply status (docs/protocol.md)
+
+
+def test_embedded_delete_that_cannot_write_its_tombstone_fails(tmp_path):
+    cxx = os.environ.get("CXX", "g++")
+    assert shutil.which(cxx), f"{cxx} not found: this test needs a C++20 compiler (set CXX)"
+    src = ROOT / "src_cpp"
+    sources = sorted(str(p) for d in ("store", "util", "connector", "testing") for p in (src / d).glob("*.cc"))
+    sources += [str(src / "transport" / "embedded_backend.cc"), str(ROOT / "tests" / "cpp" / "delete_result_test.cc")]
+    binary = tmp_path / "delete_result_test"
+    cmd = [cxx, "-std=c++20", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
+    cmd += [f"-I{src}", "-pthread", *sources, "-o", str(binary)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    proc = subprocess.run(
+        [str(binary)], capture_output=True, text=True, timeout=120, env={**os.environ, "ADP_LOG_LEVEL": "ERROR"}
+    )
+    assert proc.returncode == 0 and "delete_result_test: PASS" in proc.stdout, (proc.stdout + proc.stderr)[-5000:]
+
+
+def test_delete_of_an_absent_key_is_gone(card):
+    conn = RawConnector(ADPConnector(card=card, card_size_gb=0.0625))
+    try:
+        assert conn.set(["k"], [memoryview(payload("k", 5000))])[0]
+        ok, err, deleted = conn.delete(["k", "never-stored"])
+        assert ok and err == "" and deleted == [True, True]
+        assert conn.exists(["k"])[2] == [False]
+    finally:
+        conn.conn.close()
+
+
+def recv_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    head = b""
+    while len(head) < wire.HEADER.size:
+        chunk = sock.recv(wire.HEADER.size - len(head))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        head += chunk
+    ftype, n, rid = wire.parse_header(head)
+    body = b""
+    while len(body) < n:
+        body += sock.recv(n - len(body))
+    return ftype, rid, body
+
+
+class FailingGateway:
+    """Speaks protocol v1 over TCP and answers every batch with an I/O error per key."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.batches: list[int] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
+
+    def _client(self, conn: socket.socket):
+        with conn:
+            try:
+                ftype, rid, _ = recv_frame(conn)
+                assert ftype == wire.HELLO
+                name = b"failing test gateway"
+                limits = (_native.MAX_BATCH_KEYS, 1 << 20, _native.MAX_INLINE_PAYLOAD_BYTES)
+                ok = struct.pack("<IIQQII", 0, *limits, len(name), 0) + name
+                conn.sendall(wire.frame(wire.HELLO_OK, rid, ok))
+                while True:
+                    ftype, rid, body = recv_frame(conn)
+                    op, _, _, count = struct.unpack_from("<BBHI", body)
+                    self.batches.append(op)
+                    msg = b"injected I/O error"
+                    reply = struct.pack("<II", count, 0)
+                    reply += struct.pack("<BBHIQ", IO_ERROR, 0, len(msg), 0, 0) * count + msg * count
+                    conn.sendall(wire.frame(wire.BATCH_REPLY, rid, reply))
+            except (ConnectionError, OSError):
+                return
+
+    def close(self):
+        self.listener.close()
+
+
+def test_gateway_that_answers_an_error_fails_the_delete(tmp_path):
+    gw = FailingGateway()
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    conn = RawConnector(ADPConnector(gateway=f"tcp://127.0.0.1:{gw.port}", token_file=str(token), num_workers=1))
+    try:
+        ok, err, deleted = conn.delete(["k1", "k2"])
+        assert gw.batches == [wire.DELETE], "the delete reached the gateway"
+        assert not ok and "delete of key k1 failed: injected I/O error" in err, err
+        assert deleted == [False, False]
+    finally:
+        conn.conn.close()
+        gw.close()
+
+
+def test_delete_with_the_gateway_gone_fails(workdir):
+    gw = Gateway(workdir).start()
+    conn = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
+    try:
+        assert conn.set(["k"], [memoryview(payload("k", 5000))])[0]
+        gw.kill()
+        ok, err, deleted = conn.delete(["k"])
+        assert not ok and "delete of key k failed" in err, err
+        assert deleted == [False]
+        # Back on the same card: the key was never deleted.
+        gw.start()
+        assert conn.exists(["k"])[2] == [True]
+    finally:
+        conn.conn.close()
+        if gw.proc:
+            gw.kill()

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a delete reports to LMCache (docs: README "adapter_params", the
+// connector's result reporting). LMCache reads only the per-key bools of a
+// delete: true lets it forget the key, false keeps it to evict again. So:
+//   - a key deleted now, or not on the card, is true (it is gone);
+//   - a delete whose tombstone could not be written (an I/O error) is false,
+//     fails the future with an error naming the key, and leaves the object
+//     readable.
+// The Connector over the embedded backend, on a FaultDevice card.
+//
+//   delete_result_test
+#include <poll.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "connector/connector.h"
+#include "store/card_store.h"
+#include "testing/fault_device.h"
+#include "transport/embedded_backend.h"
+
+namespace {
+
+using adp::Buffer;
+using adp::Completion;
+using adp::Connector;
+using adp::OpType;
+
+constexpr uint64_t kCardBytes = 32ull << 20;
+constexpr uint64_t kRegionBytes = 1ull << 20;
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    printf("CHECK FAILED: %s\n", what.c_str());
+    failures++;
+  }
+}
+
+Completion wait(Connector& c, uint64_t id) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  static std::vector<Completion> seen;
+  for (;;) {
+    for (auto& done : c.drain()) seen.push_back(std::move(done));
+    for (auto it = seen.begin(); it != seen.end(); ++it) {
+      if (it->future_id == id) {
+        Completion done = std::move(*it);
+        seen.erase(it);
+        return done;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      printf("future %llu did not complete\n", static_cast<unsigned long long>(id));
+      std::exit(1);
+    }
+    pollfd p{c.event_fd(), POLLIN, 0};
+    ::poll(&p, 1, 100);
+  }
+}
+
+Completion run(Connector& c, OpType op, std::vector<std::string> keys, std::vector<Buffer> bufs = {}) {
+  return wait(c, c.submit(op, std::move(keys), std::move(bufs), nullptr));
+}
+
+}  // namespace
+
+int main() {
+  auto image = std::make_shared<adp::testing::FaultImage>(kCardBytes);
+  auto dev = std::make_unique<adp::testing::FaultDevice>(image, "delete-result-card");
+  adp::testing::FaultDevice* faults = dev.get();
+  adp::CardOptions co;
+  co.region_bytes = kRegionBytes;
+  std::unique_ptr<adp::CardStore> store;
+  adp::Status s = adp::CardStore::OpenDevice(std::move(dev), co, &store);
+  if (!s.ok()) {
+    printf("open failed: %s\n", s.message().c_str());
+    return 1;
+  }
+  adp::ConnectorOptions opts;
+  opts.num_workers = 2;
+  opts.timeout_ms = 10000;
+  Connector c(std::make_unique<adp::EmbeddedBackend>(std::shared_ptr<adp::CardStore>(std::move(store))), opts);
+
+  std::vector<uint8_t> a(100000, 0xa1), b(100000, 0xb2);
+  Completion put = run(c, OpType::kSet, {"m@0@0@a", "m@0@0@b"}, {{a.data(), a.size()}, {b.data(), b.size()}});
+  check(put.ok, "the two stores succeed: " + put.error);
+
+  // Deleted now, and never there: both gone, so both true, and the future is ok.
+  Completion del = run(c, OpType::kDelete, {"m@0@0@a", "m@0@0@never-stored"});
+  check(del.ok && del.error.empty(), "a delete of a present and an absent key is ok: " + del.error);
+  check(del.per_key == std::vector<uint8_t>{1, 1}, "deleted and absent keys are both reported gone (true)");
+  Completion ex = run(c, OpType::kExists, {"m@0@0@a"});
+  check(ex.ok && ex.per_key == std::vector<uint8_t>{0}, "the deleted key is not found");
+
+  // The card refuses every write: the tombstone of b cannot be written.
+  faults->fail_writes(0, kCardBytes);
+  Completion failed = run(c, OpType::kDelete, {"m@0@0@b", "m@0@0@also-absent"});
+  check(!failed.ok, "a delete whose tombstone write failed fails the future");
+  check(failed.error.find("delete of key m@0@0@b failed") != std::string::npos,
+        "the error names the key that failed: '" + failed.error + "'");
+  check(failed.per_key.size() == 2 && failed.per_key[0] == 0, "the failed key is reported not deleted (false)");
+  check(failed.per_key.size() == 2 && failed.per_key[1] == 1, "the absent key of the same batch is still gone (true)");
+
+  // Nothing was deleted: b is still there and reads back whole.
+  std::vector<uint8_t> got(b.size(), 0);
+  Completion get = run(c, OpType::kGet, {"m@0@0@b"}, {{got.data(), got.size()}});
+  check(get.ok && get.per_key == std::vector<uint8_t>{1} && got == b, "the key whose delete failed reads back");
+
+  c.close();
+  if (failures) {
+    printf("delete_result_test: %d checks failed\n", failures);
+    return 1;
+  }
+  printf("delete_result_test: PASS\n");
+  return 0;
+}
