@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lmcache_adp import ADPConnector  # noqa: E402
 from tests.gateway import fuzz  # noqa: E402
-from tests.gateway.conftest import Gateway  # noqa: E402
 from tests.helpers import RawConnector  # noqa: E402
+from tests.support.gateway import Gateway  # noqa: E402
 
 
 def main() -> int:

@@ -23,8 +23,8 @@ from lmcache_adp import ADPConnector
 from lmcache_adp._native import FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.gateway.conftest import Gateway
 from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
 
 SIZE = 256 << 10
 REGISTER, SEGMENT_OK = FRAME_TYPES["REGISTER_SEGMENT"], FRAME_TYPES["SEGMENT_OK"]
