@@ -435,19 +435,24 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     std::unique_lock<std::mutex> lock(mu_);
     resolved_.wait(lock, [&] { return unresolved_.empty() || *unresolved_.begin() > last_ticket; });
   }
+  bool synced = true;
   if (any_written && durable_) {
     Status s = device_->sync();
     if (!s.ok()) {
       count_io_error();
+      synced = false;
       for (size_t i = 0; i < n; i++)
-        if (written[i].region != UINT32_MAX) results[i] = s, written[i].region = UINT32_MAX;
+        if (written[i].region != UINT32_MAX) results[i] = s;
     }
   }
 
   // Commit: make the written objects visible, unless the caller gave up.
   // Of two copies of a key the one with the higher sequence number stays,
   // whichever commits last; the other is marked deleted on the card.
-  bool wanted = still_wanted();
+  // A copy whose sync failed is not acknowledged and never indexed, but it
+  // may be on the card: it is voided like an abandoned one (below), and a
+  // later delete of its key outranks it (remove()).
+  bool wanted = synced && still_wanted();
   std::vector<Stale> stale;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -504,7 +509,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
   write_tombstones(ctx, stale);
-  if (!wanted)
+  if (!wanted && synced)
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
   for (size_t i = 0; i < n; i++)
@@ -817,6 +822,16 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     const IndexEntry& e = it->second;
     regions_.pin(e.region);
     loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
+    // A copy of the key that was never indexed (its sync failed, or its
+    // caller gave up) and whose voiding tombstone is not on the card yet
+    // would outrank this delete at recovery: the delete waits for it.
+    for (const Stale& p : pending_)
+      if (p.loc.hash == h && p.loc.seq == 0) {
+        regions_.unpin(e.region);
+        unpinned_.notify_all();
+        return Status::IoError("a failed store of this key is not yet marked deleted on card " + path() +
+                               "; the delete is not done");
+      }
   }
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come

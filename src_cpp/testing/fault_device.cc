@@ -113,6 +113,7 @@ Status FaultDevice::sync() const {
     healthy_ = false;
     return Status::IoError("sync of " + name_ + " failed: power cut");
   }
+  if (sync_calls_++ == fail_sync_n_) return Status::IoError("sync of " + name_ + " failed: injected");
   syncs_++;
   unsynced_.clear();
   return Status::Ok();
@@ -121,6 +122,11 @@ Status FaultDevice::sync() const {
 bool FaultDevice::healthy() const {
   std::lock_guard<std::mutex> l(mu_);
   return healthy_;
+}
+
+void FaultDevice::fail_sync(uint64_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  fail_sync_n_ = n;
 }
 
 void FaultDevice::fail_write(uint64_t n, uint64_t tear_bytes) {

@@ -4,6 +4,8 @@
 // the code is our own). It can
 //   - fail the n-th write, or every read/write touching a byte range;
 //   - tear a write: only its first bytes reach the image;
+//   - fail the n-th sync (the writes before it stay unsynced: a later sync
+//     may still make them durable, as after a failed fdatasync);
 //   - cut power: at a chosen write (which may be torn) the device dies,
 //     every later I/O fails, and every write not yet synced is undone.
 // The image lives in a FaultImage shared with the test, so a store can be
@@ -41,6 +43,10 @@ class FaultDevice : public Device {
   // without touching the image; with tear_bytes > 0 its first tear_bytes
   // bytes are written first (a torn write).
   void fail_write(uint64_t n, uint64_t tear_bytes = 0);
+  // The n-th sync (0-based, counted from this device's creation) fails; the
+  // writes it should have made durable stay unsynced (a later sync makes
+  // them durable, a power cut before it undoes them).
+  void fail_sync(uint64_t n);
   // Every read of a byte in [begin, end) fails (an unreadable block).
   void fail_reads(uint64_t begin, uint64_t end);
   // Every write of a byte in [begin, end) fails.
@@ -72,6 +78,8 @@ class FaultDevice : public Device {
   mutable uint64_t writes_ = 0, syncs_ = 0;
   mutable bool dead_ = false, healthy_ = true;
   uint64_t fail_write_n_ = UINT64_MAX, fail_write_tear_ = 0;
+  uint64_t fail_sync_n_ = UINT64_MAX;
+  mutable uint64_t sync_calls_ = 0;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
 };

@@ -320,7 +320,27 @@ void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
   check_reopened(image, run, tear ? "torn failed write" : "failed write", point);
 }
 
-uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name) {
+// Sync `point` fails (its writes stay unsynced, a later sync may make them
+// durable), the rest goes on, then a power cut at the end. A store whose
+// sync failed is not acknowledged; its copy must not outlive a later
+// acknowledged delete of its key.
+void fail_sync_at(const std::vector<Op>& ops, uint64_t point) {
+  auto image = fresh_image();
+  FaultDevice* dev;
+  std::unique_ptr<CardStore> s;
+  Status st = open_store(image, &dev, &s);
+  CHECK(st.ok(), "open: %s", st.message().c_str());
+  if (!st.ok()) return;
+  dev->fail_sync(dev->syncs() + point);
+  Run run;
+  run_script(*s, *dev, ops, &run);
+  snapshot_held(*s, *dev, &run);
+  dev->power_cut();
+  s.reset();
+  check_reopened(image, run, "failed sync", point);
+}
+
+uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name, uint64_t* syncs = nullptr) {
   auto image = fresh_image();
   FaultDevice* dev;
   std::unique_ptr<CardStore> s;
@@ -329,7 +349,7 @@ uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name) {
     std::fprintf(stderr, "FAIL: open: %s\n", st.message().c_str());
     std::exit(1);
   }
-  uint64_t base = dev->writes();
+  uint64_t base = dev->writes(), base_syncs = dev->syncs();
   run_script(*s, *dev, ops, run);
   adp::StoreStats stats = s->stats();
   std::printf("card_crash_test: %s workload: %" PRIu64 " writes, %" PRIu64 " syncs, %" PRIu64 " stores, %" PRIu64
@@ -339,6 +359,7 @@ uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name) {
   CHECK(stats.deletes > 0, "the workload must delete");
   snapshot_held(*s, *dev, run);
   uint64_t writes = dev->writes() - base;
+  if (syncs) *syncs = dev->syncs() - base_syncs;
   dev->power_cut();  // nothing unsynced may matter
   s.reset();
   check_reopened(image, *run, "clean run", 0);
@@ -450,7 +471,8 @@ int main(int argc, char** argv) {
   key_index_model();
   auto ops = make_script();
   Run clean;
-  uint64_t writes = count_writes(ops, &clean, "mixed");
+  uint64_t syncs = 0;
+  uint64_t writes = count_writes(ops, &clean, "mixed", &syncs);
   std::vector<uint64_t> points;
   const uint64_t kBounded = 48;
   if (all || writes <= kBounded) {
@@ -467,6 +489,11 @@ int main(int argc, char** argv) {
     fail_at(ops, p, true);
     runs += 4;
   }
+  // Failed syncs: every sync point of the mixed workload.
+  for (uint64_t p = 0; p < syncs; p++) {
+    fail_sync_at(ops, p);
+    runs++;
+  }
   // Spanning records: every write point, whole and torn cuts, failed writes.
   auto span_ops = make_span_script();
   Run span_clean;
@@ -480,9 +507,9 @@ int main(int argc, char** argv) {
   }
   unreadable_block();
   unreadable_superblock();
-  std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s) and all %" PRIu64
-              " of the spanning workload, %" PRIu64 " runs, %d failures\n",
-              static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all",
+  std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), all %" PRIu64 " sync points, all %" PRIu64
+              " write points of the spanning workload, %" PRIu64 " runs, %d failures\n",
+              static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", syncs,
               span_writes, runs, failures);
   if (failures) return 1;
   std::printf("card_crash_test: PASS\n");
