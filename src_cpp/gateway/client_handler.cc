@@ -123,6 +123,12 @@ Status ClientHandler::handshake() {
   ok.features = ring_ ? proto::kFeatureRing : 0;
   // Segments need the ring (its control page holds the load lease).
   segments_enabled_ = ring_ && (hello.features & proto::kFeatureSegments);
+  // Stores read a segment under the lease for a chunk's write and sync:
+  // bounded on a memory-speed card only (elsewhere the ring's copy is small
+  // next to the card's write).
+  segment_stores_ =
+      segments_enabled_ && (hello.features & proto::kFeatureSegmentStores) && shared_->store->memory_speed();
+  if (segment_stores_) ok.features |= proto::kFeatureSegmentStores;
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
     if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
@@ -294,6 +300,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("refused_connections", shared.refused.load());
   field("segments", shared.segments.load());
   field("segment_loads", shared.segment_loads.load());
+  field("segment_stores", shared.segment_stores.load());
   out.back() = '}';
   return out;
 }
@@ -301,9 +308,12 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
 Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {
   *base = nullptr;
   *size = 0;
-  for (const auto& it : req.items)  // decode_batch allows segments on gets only
+  for (const auto& it : req.items) {  // decode_batch allows segments on gets and puts only
     if (it.segment && !segments_[it.segment - 1])
       return Status::InvalidArgument("item names segment " + std::to_string(it.segment) + ", not registered");
+    if (it.segment && req.op == proto::Op::kPut && !segment_stores_)
+      return Status::InvalidArgument("a store from a segment without the segment-stores feature");
+  }
   if (req.op != proto::Op::kPut && req.op != proto::Op::kGet) return Status::Ok();
   if (ring_) {
     *base = ring_->data();
@@ -355,8 +365,22 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         // In chunks (one sync each on a durable card), the deadline checked
         // before each: once it passed, the items left are not written at
         // all, and nothing is indexed past it.
+        // Items in a client's segments (r3) are read in place, each chunk
+        // under the load lease: a chunk read after the client gave up is
+        // never written, and one whose source shrank is never indexed.
         std::vector<PutItem> items(n);
-        for (size_t i = 0; i < n; i++) items[i] = {req.items[i].key, base + req.items[i].offset, req.items[i].size};
+        bool in_segments = false;
+        for (size_t i = 0; i < n; i++) {
+          const proto::BatchItem& it = req.items[i];
+          in_segments |= it.segment != 0;
+          uint8_t* src = it.segment ? segments_[it.segment - 1]->data() : base;
+          items[i] = {it.key, src + it.offset, it.size};
+        }
+        auto intact = [&] {
+          for (const auto& seg : segments_)
+            if (seg && seg->broken()) return false;
+          return true;
+        };
         for (size_t i = 0; i < n;) {
           if (Clock::now() >= deadline) {
             st[i++] = Status::TimedOut("deadline passed in the gateway: not written");
@@ -367,7 +391,20 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             bytes += items[end].size;
             if (bytes > kPutChunkBytes) break;
           }
-          store.put(**lease, items.data() + i, end - i, st.data() + i, [deadline] { return Clock::now() < deadline; });
+          if (in_segments && test_segment_delay_ms_)
+            std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+          if (in_segments && !take_lease(request_id)) {
+            for (; i < n; i++) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
+            break;
+          }
+          store.put(**lease, items.data() + i, end - i, st.data() + i,
+                    [&] { return Clock::now() < deadline && intact(); });
+          if (in_segments) give_lease(request_id);
+          if (!intact())
+            return Status::InvalidArgument("a segment shrank under a store (the client truncated its file)");
+          if (in_segments)
+            for (size_t k = i; k < end; k++)
+              if (st[k].ok()) shared_->segment_stores.fetch_add(1, std::memory_order_relaxed);
           i = end;
         }
         break;

@@ -47,6 +47,7 @@ struct GatewayShared {
   std::atomic<uint64_t> ring_bytes_in_use{0};  // payload bytes of batches in progress in those rings
   std::atomic<uint32_t> segments{0};           // client segments mapped (r3)
   std::atomic<uint64_t> segment_loads{0};      // objects read straight into a client segment
+  std::atomic<uint64_t> segment_stores{0};     // objects stored straight from a client segment
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -82,6 +83,7 @@ class ClientHandler {
   GatewayShared* shared_;
   std::unique_ptr<proto::SharedRing> ring_;
   bool segments_enabled_ = false;                                        // r3 negotiated
+  bool segment_stores_ = false;                                          // r3 stores from segments granted
   std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.

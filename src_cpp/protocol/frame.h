@@ -43,6 +43,7 @@ enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
 // Feature bits negotiated in the handshake.
 constexpr uint32_t kFeatureRing = 1;      // payload through a shared-memory ring
 constexpr uint32_t kFeatureSegments = 2;  // loads written straight into registered client memory (r3; needs the ring)
+constexpr uint32_t kFeatureSegmentStores = 4;  // stores read from registered client memory (r3; memory-speed cards)
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;

@@ -153,7 +153,7 @@ Status decode_batch(std::span<const uint8_t> body, BatchRequest* m) {
     m->items[i].size = r.get<uint64_t>();
     m->items[i].offset = r.get<uint64_t>();
     if (p != 0 || key_len[i] == 0 || key_len[i] > kMaxKeyBytes) return malformed("batch: key length out of range");
-    if (m->items[i].segment > kMaxSegments || (m->items[i].segment != 0 && m->op != Op::kGet))
+    if (m->items[i].segment > kMaxSegments || (m->items[i].segment != 0 && m->op != Op::kGet && m->op != Op::kPut))
       return malformed("batch: segment id out of range");
     if (m->items[i].size > kMaxObjectBytes) return malformed("batch: object size out of range");
   }

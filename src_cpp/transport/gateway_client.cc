@@ -32,7 +32,7 @@ void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
   proto::Hello hello;
   if (ring_) {
-    hello.features = proto::kFeatureRing | (opts.segments ? proto::kFeatureSegments : 0);
+    hello.features = proto::kFeatureRing | (opts.segments ? proto::kFeatureSegments | proto::kFeatureSegmentStores : 0);
     hello.ring_bytes = ring_->size();
   }
   hello.token = opts.token;
@@ -54,6 +54,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
     s = Status::InvalidArgument("the gateway did not take the ring");
   if (!s.ok()) return s;
   segments_ = ring_ && (limits_.features & proto::kFeatureSegments);
+  segment_stores_ = segments_ && (limits_.features & proto::kFeatureSegmentStores);
   if (segments_) {
     ucred cred{};
     socklen_t len = sizeof cred;

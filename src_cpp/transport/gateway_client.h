@@ -41,8 +41,10 @@ class GatewayClient {
   // Registers a shared memory file (fd not taken over) under a new id on this
   // connection; 0 when this connection has no ids left.
   Status register_segment(int fd, uint64_t bytes, proto::Deadline deadline, uint32_t* id);
-  // Whether the gateway took the segments feature (r3).
+  // Whether the gateway took the segments feature (r3), and stores from
+  // segments (granted on a memory-speed card only).
   bool segments() const { return segments_; }
+  bool segment_stores() const { return segment_stores_; }
   // The request id the next call() will carry (the load lease names it).
   uint64_t next_request_id() const { return request_id_ + 1; }
   // The load lease word in the ring's control page (segments() only).
@@ -68,6 +70,7 @@ class GatewayClient {
   std::string server_;
   uint64_t request_id_ = 0;
   bool segments_ = false;
+  bool segment_stores_ = false;
   uint32_t segments_registered_ = 0;
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;

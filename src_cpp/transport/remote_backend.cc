@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -73,6 +74,54 @@ struct RoundInput {
 // Receives each key's outcome; data points at a get's bytes (ring or reply).
 using FinishFn = std::function<void(size_t i, const Status& st, const uint8_t* data, size_t size)>;
 
+// Which file and offset back an address now, asked of the kernel
+// (PROCMAP_QUERY on /proc/self/maps, Linux 6.11+): reads and writes nothing
+// of the buffer. One per session thread.
+enum class MapProof { kSame, kDiffers, kUnsupported };
+struct ProcmapQuery {  // include/uapi/linux/fs.h, not in older headers
+  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+  uint64_t vma_name_addr, build_id_addr;
+};
+static_assert(sizeof(ProcmapQuery) == 104, "struct procmap_query");
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+constexpr uint64_t kVmaReadable = 0x01, kVmaWritable = 0x02, kVmaShared = 0x08;
+
+class MapQuery {
+ public:
+  MapQuery() : fd_(::open("/proc/self/maps", O_RDONLY | O_CLOEXEC)) {}
+  ~MapQuery() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool supported() {
+    if (fd_ < 0) return false;
+    if (!probed_) {
+      probed_ = true;
+      ProcmapQuery q{};
+      q.size = sizeof q;
+      q.query_addr = reinterpret_cast<uintptr_t>(&q);  // the stack: always mapped
+      works_ = ::ioctl(fd_, kProcmapQuery, &q) == 0;
+    }
+    return works_;
+  }
+  MapProof check(const uint8_t* p, size_t len, const SegmentFile& f, uint64_t offset) {
+    if (!supported()) return MapProof::kUnsupported;
+    ProcmapQuery q{};
+    q.size = sizeof q;
+    q.query_flags = kVmaReadable | kVmaWritable | kVmaShared;
+    q.query_addr = reinterpret_cast<uintptr_t>(p);
+    if (::ioctl(fd_, kProcmapQuery, &q) != 0) return MapProof::kDiffers;
+    const uint64_t lo = reinterpret_cast<uintptr_t>(p);
+    bool same = q.vma_start <= lo && len <= q.vma_end - lo && q.inode == f.ino &&
+                makedev(q.dev_major, q.dev_minor) == f.dev && q.vma_offset + (lo - q.vma_start) == offset;
+    return same ? MapProof::kSame : MapProof::kDiffers;
+  }
+
+ private:
+  int fd_;
+  bool probed_ = false, works_ = false;
+};
+
 SegmentFile::~SegmentFile() {
   if (fd >= 0) ::close(fd);
 }
@@ -92,18 +141,28 @@ class RemoteSession : public BackendSession {
       src[i] = items[i].data;
     }
     auto& c = backend_->counters_;
+    auto done = [&](size_t i, const Status& st) {
+      results[i] = st;
+      (st.ok() ? c.stores : c.store_failures).fetch_add(1, std::memory_order_relaxed);
+      if (st.ok()) c.bytes_written.fetch_add(sizes[i], std::memory_order_relaxed);
+    };
+    // The gateway reads the caller's buffers in place only under the lease (the caller's guard held).
+    std::vector<uint8_t*> bufs(n);
+    for (size_t i = 0; i < n; i++) bufs[i] = const_cast<uint8_t*>(src[i]);
+    if (run_into_segments(proto::Op::kPut, keys.data(), sizes.data(), bufs.data(), n, deadline, guarded, done)) return;
     run({proto::Op::kPut, keys.data(), sizes.data(), src.data(), &guarded}, n, deadline,
-        [&](size_t i, const Status& st, const uint8_t*, size_t) {
-          results[i] = st;
-          (st.ok() ? c.stores : c.store_failures).fetch_add(1, std::memory_order_relaxed);
-          if (st.ok()) c.bytes_written.fetch_add(sizes[i], std::memory_order_relaxed);
-        });
+        [&](size_t i, const Status& st, const uint8_t*, size_t) { done(i, st); });
   }
 
   void get(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n, Status* results,
            Deadline deadline, const DeliverFn& deliver, const GuardedReadFn& guarded) override {
-    if (get_into_segments(keys, sizes, dsts, n, results, deadline, guarded)) return;
     auto& c = backend_->counters_;
+    auto done = [&](size_t i, const Status& st) {
+      results[i] = st;
+      (st.ok() ? c.hits : c.misses).fetch_add(1, std::memory_order_relaxed);
+      if (st.ok()) c.bytes_read.fetch_add(sizes[i], std::memory_order_relaxed);
+    };
+    if (run_into_segments(proto::Op::kGet, keys, sizes, dsts, n, deadline, guarded, done)) return;
     run({proto::Op::kGet, keys, sizes, nullptr, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t* data, size_t size) {
           // The gateway checked the payload against its CRC before replying.
@@ -133,11 +192,12 @@ class RemoteSession : public BackendSession {
 
  private:
   Status connected(Deadline deadline);
-  // Loads straight into the caller's buffers when all of them lie in shared
-  // memory files the gateway maps (protocol r3); false (nothing done) to use
-  // the ring instead.
-  bool get_into_segments(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n,
-                         Status* results, Deadline deadline, const GuardedReadFn& guarded);
+  // Loads into (get) or stores from (put) the caller's buffers in place when
+  // all of them lie in shared memory files the gateway maps (protocol r3),
+  // finishing every item; false (nothing done) to use the ring instead.
+  bool run_into_segments(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs,
+                         size_t n, Deadline deadline, const GuardedReadFn& guarded,
+                         const std::function<void(size_t, const Status&)>& finish);
   // Ends the load lease of request rid: once it returns, the gateway writes
   // nothing more for it (an object being written is waited out, unless the
   // gateway died).
@@ -165,6 +225,7 @@ class RemoteSession : public BackendSession {
   std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
   // Registered on client_; held, so that a file's address is never reused for another while it has an id.
   std::map<std::shared_ptr<SegmentFile>, uint32_t> segment_ids_;
+  MapQuery maps_;  // this thread's PROCMAP_QUERY handle
   proto::BatchReply reply_;
 };
 
@@ -187,17 +248,24 @@ Status RemoteSession::connected(Deadline deadline) {
   return Status::Ok();
 }
 
-bool RemoteSession::get_into_segments(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n,
-                                      Status* results, Deadline deadline, const GuardedReadFn& guarded) {
-  if (!connected(deadline).ok() || !client_->segments() || n > client_->limits().max_batch_keys) return false;
+bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys, const size_t* sizes,
+                                      uint8_t* const* bufs, size_t n, Deadline deadline, const GuardedReadFn& guarded,
+                                      const std::function<void(size_t, const Status&)>& finish) {
+  const bool put = op == proto::Op::kPut;
+  if (!connected(deadline).ok() || !(put ? client_->segment_stores() : client_->segments()) ||
+      n > client_->limits().max_batch_keys)
+    return false;
+  // A store's buffer may be read by others meanwhile: only the kernel's
+  // read-only answer proves its mapping (no nonce written into it).
+  if (put && !maps_.supported()) return false;
   std::vector<SegmentSpan> spans(n);
   for (size_t i = 0; i < n; i++) {
     if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
-    spans[i] = backend_->find_segment(dsts[i], sizes[i]);
+    spans[i] = backend_->find_segment(bufs[i], sizes[i]);
     if (!spans[i].file || spans[i].file->refused) return false;
   }
   proto::BatchRequest req;
-  req.op = proto::Op::kGet;
+  req.op = op;
   req.items.resize(n);
   for (size_t i = 0; i < n; i++) {
     const std::shared_ptr<SegmentFile>& f = spans[i].file;
@@ -219,10 +287,18 @@ bool RemoteSession::get_into_segments(const std::string_view* keys, const size_t
   Status s;
   bool stale = false;
   const bool wanted = guarded([&] {
-    for (size_t i = 0; i < n && !stale; i++)
-      stale = !aliases(dsts[i], *spans[i].file, spans[i].offset) ||
-              !aliases(dsts[i] + ((sizes[i] - 1) & ~size_t(7)), *spans[i].file,
-                       spans[i].offset + ((sizes[i] - 1) & ~size_t(7)));
+    // The buffers are still the files' memory (a cached mapping may have been replaced).
+    for (size_t i = 0; i < n && !stale; i++) {
+      const SegmentFile& f = *spans[i].file;
+      MapProof proof = maps_.check(bufs[i], sizes[i], f, spans[i].offset);
+      if (proof == MapProof::kUnsupported) {
+        const size_t last = (sizes[i] - 1) & ~size_t(7);
+        proof = aliases(bufs[i], f, spans[i].offset) && aliases(bufs[i] + last, f, spans[i].offset + last)
+                    ? MapProof::kSame
+                    : MapProof::kDiffers;
+      }
+      stale = proof != MapProof::kSame;
+    }
     if (stale) return;
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
@@ -240,17 +316,12 @@ bool RemoteSession::get_into_segments(const std::string_view* keys, const size_t
     return false;
   }
   if (!wanted) s = Status::TimedOut("deadline passed");
-  if (s.ok())
+  if (s.ok() && !put)
     for (size_t i = 0; i < n && s.ok(); i++)
       if (reply_.results[i].status.ok() && reply_.results[i].size != sizes[i])
         s = Status::InvalidArgument("gateway reply disagrees with the request");
   if (!s.ok() && wanted) lose(s);
-  auto& c = backend_->counters_;
-  for (size_t i = 0; i < n; i++) {
-    results[i] = s.ok() ? reply_.results[i].status : s;
-    (results[i].ok() ? c.hits : c.misses).fetch_add(1, std::memory_order_relaxed);
-    if (results[i].ok()) c.bytes_read.fetch_add(sizes[i], std::memory_order_relaxed);
-  }
+  for (size_t i = 0; i < n; i++) finish(i, s.ok() ? reply_.results[i].status : s);
   return true;
 }
 
@@ -448,15 +519,18 @@ void RemoteBackend::interrupt() {
 SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> l(seg_mu_);
-  auto lookup = [&]() -> const MappedRange* {
+  auto lookup = [&]() -> const MappedRange* {  // the cached mapping holding p
     auto it = ranges_.upper_bound(lo);
     if (it == ranges_.begin()) return nullptr;
     --it;
-    return lo < it->second.hi && len <= it->second.hi - lo ? &it->second : nullptr;
+    return lo < it->second.hi ? &it->second : nullptr;
   };
   const MappedRange* r = lookup();
   auto now = std::chrono::steady_clock::now();
-  if (!r && now - maps_read_at_ >= std::chrono::seconds(1)) {
+  // An address no cached mapping holds is newer than the last read: read
+  // again. One known to be anonymous: again at most once a second (it may
+  // have been replaced by a file mapping; till then it uses the ring).
+  if (!r || (!r->file && now - maps_read_at_ >= std::chrono::seconds(1))) {
     maps_read_at_ = now;
     // Files already open are kept (by device and inode), so their ids on
     // live connections stay valid.
@@ -493,6 +567,8 @@ SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
             m.file = std::make_shared<SegmentFile>();
             m.file->fd = fd;
             m.file->bytes = static_cast<uint64_t>(st.st_size);
+            m.file->dev = st.st_dev;
+            m.file->ino = st.st_ino;
             open[key] = m.file;
           } else if (fd >= 0) {
             ::close(fd);
@@ -503,7 +579,7 @@ SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
     }
     r = lookup();
   }
-  if (!r || !r->file) return {};
+  if (!r || !r->file || len > r->hi - lo) return {};
   auto it = std::prev(ranges_.upper_bound(lo));
   uint64_t at = it->second.file_offset + (lo - it->first);
   if (at + len > r->file->bytes) return {};

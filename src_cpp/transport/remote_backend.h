@@ -10,6 +10,8 @@
 // request). Bytes reach the caller's buffers only through DeliverFn.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -29,6 +31,8 @@ namespace adp {
 struct SegmentFile {
   int fd = -1;
   uint64_t bytes = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
   std::atomic<bool> refused{false};  // a gateway would not map it: use the ring
   ~SegmentFile();
 };
@@ -55,7 +59,7 @@ class RemoteBackend : public Backend {
   void drop(std::unique_ptr<GatewayClient>* client);
   void note_down(const Status& why);
   // The segment holding [p, p + len) in one mapping, from /proc/self/maps
-  // (cached; re-read at most once a second when an address is unknown).
+  // (cached; re-read when p lies in no cached mapping).
   // Null file: not in a shared memory file (anonymous memory: the ring).
   SegmentSpan find_segment(const uint8_t* p, size_t len);
   void forget_segments();  // a cached mapping proved stale

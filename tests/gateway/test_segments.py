@@ -65,6 +65,27 @@ def stats(gw: Gateway) -> dict:
     return read_gateway_stats(gw.unix_url)
 
 
+def test_stores_from_shm_buffers_skip_the_ring_on_a_memory_card(card_gateway):
+    gw = card_gateway
+    memory_card = gw.workdir.startswith("/dev/shm")
+    keys = [f"segput@{i}" for i in range(10)]
+    pool = ShmPool(len(keys), SIZE)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=10000))
+    try:
+        for k, v in zip(keys, pool.views, strict=True):
+            v[:] = payload(k, SIZE)
+        assert c.set(keys, pool.views)[0]
+        # Read from the pool in place on a memory-speed card; through the ring on any other.
+        assert stats(gw)["segment_stores"] == (len(keys) if memory_card else 0)
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key)
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+    finally:
+        c.conn.close()
+        pool.close()
+
+
 def test_loads_into_shm_buffers_skip_the_ring(card_gateway):
     gw = card_gateway
     keys = [f"seg@{i}" for i in range(12)]
@@ -222,7 +243,12 @@ BAD_REGISTRATIONS = {
         _batch_after_register((wire.GET, 1, (1 << 20) - 4096)),
         "lies outside segment 1",
     ),
-    "segment in a put": (_batch_after_register((wire.PUT, 1, 0)), "segment id out of range"),
+    # The fixture's card is on /tmp, not memory-speed: stores from segments are not granted.
+    "segment in a put without the feature": (
+        _batch_after_register((wire.PUT, 1, 0)),
+        "a store from a segment without the segment-stores feature",
+    ),
+    "segment in an exists": (_batch_after_register((wire.EXISTS, 1, 0)), "segment id out of range"),
 }
 
 
@@ -318,6 +344,41 @@ def test_nothing_written_after_the_future_failed(monkeypatch):
         assert [bytes(v) for v in pool.views] == at_completion, "bytes landed after the future failed"
         assert stats(gw)["segment_loads"] < len(keys)
         c.conn.close()
+    finally:
+        pool.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_failed_store_from_a_segment_never_serves_later_bytes(monkeypatch):
+    """The gateway is slow before each chunk it reads from a segment: the
+    store's deadline passes first. The caller then overwrites its buffers (as
+    LMCache may reuse them); no load ever returns those bytes."""
+    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "400")
+    gw = Gateway(d).start()
+    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    keys = [f"lateput@{i}" for i in range(4)]
+    pool = ShmPool(len(keys), SIZE)
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=200))
+        for k, v in zip(keys, pool.views, strict=True):
+            v[:] = payload(k, SIZE)
+        ok, _, _ = c.set(keys, pool.views)
+        assert not ok
+        for v in pool.views:
+            v[:] = b"\xee" * SIZE  # reused at once
+        time.sleep(1.0)  # the gateway has woken up meanwhile
+        c.conn.close()
+        reader = RawConnector(ADPConnector(gateway=gw.unix_url, timeout_ms=10000))
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = reader.get(keys, [memoryview(o) for o in outs])
+        assert ok
+        for k, hit, o in zip(keys, per_key, outs, strict=True):
+            if hit:
+                assert bytes(o) == payload(k, SIZE), f"{k} served bytes the caller wrote after its store failed"
+        assert stats(gw)["segment_stores"] == 0
+        reader.conn.close()
     finally:
         pool.close()
         gw.kill()
