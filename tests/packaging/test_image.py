@@ -297,6 +297,8 @@ def test_gateway_and_server_in_two_containers(podman):
     assert status["objects"] >= 2, status
     assert pm.exec(gateway, "stat", "-c", "%U", f"{CARD_DIR}/card.img").strip() == USER
     assert pm.healthy(gateway) and pm.healthy(server)
+    assert_no_errors(pm, gateway)
+    assert_no_errors(pm, server)
 
 
 def completion(port: int, prompt: str) -> str:
@@ -353,3 +355,5 @@ def test_vllm_role_reuses_kv_from_the_card(podman, tmp_path):
     assert metrics(http_port, L2_LOADED_CHUNKS)[L2_LOADED_CHUNKS] - loaded >= 2, pm.logs(server)[-3000:]
     assert second == first, "the KV loaded from the card gave another greedy completion"
     assert pm.healthy(vllm) and pm.healthy(server)
+    assert_no_errors(pm, server)
+    assert_no_errors(pm, vllm)
