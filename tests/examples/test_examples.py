@@ -80,9 +80,11 @@ def test_quickstart_passes():
 
 
 def test_quickstart_fails_when_the_card_cannot_hold_a_chunk(tmp_path):
-    """Exit code 0 means something: a 256 MiB card has 16 MiB regions, too small for a
-    32 MiB Llama-8B chunk, so the store to L2 fails and the quickstart says so."""
-    r = run_quickstart("--card-size-gb", "0.25", "--workdir", str(tmp_path))
+    """Exit code 0 means something: the smallest card (16 MiB) is smaller than one
+    32 MiB Llama-8B chunk, so the store to L2 fails and the quickstart says so.
+    (A 256 MiB card served here until format 3 let an object continue into the
+    next region: it now holds the prompt.)"""
+    r = run_quickstart("--card-size-gb", "0.015625", "--workdir", str(tmp_path))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL" in r.stderr and "0 of the prompt's 4 chunks" in r.stderr, r.stderr
 
