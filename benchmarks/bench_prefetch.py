@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""One LMCache prefetch at the connector: the card against what LMCache's RAM L2 does, in one run.
+
+LMCache's MP server prefetches a prompt from L2 with one load task holding every chunk
+(prefetch_controller._submit_load_tasks); NativeConnectorL2Adapter turns it into one
+submit_batch_get. The RAM L2 (`mock`) serves the same task with torch `copy_` per chunk,
+in one thread of its event loop (torch's intra-op threads inside each copy). This script
+times both on the same warm destination tensors, alternating, without the MP server
+around them (which on a shared 2-core VM adds more noise than the copy costs):
+
+  card   ADPConnector(card=<tmpfs image>, num_workers=W): submit_batch_get of N objects,
+         waited for on the eventfd and drained as the adapter's demux thread does
+  mock   dst.copy_(src) for the same N objects (what MockL2Adapter._execute_load_in_loop does)
+
+Every loaded byte is compared with its source after the timed rounds.
+
+    python benchmarks/bench_prefetch.py --objects 32 --object-mb 32 --workers 4 --reps 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from lmcache_adp import ADPConnector
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--objects", type=int, default=32, help="chunks of the prompt (default 32: 1 GiB at 32 MiB)")
+    ap.add_argument("--object-mb", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=4, help="ADPConnector num_workers (bench_restore uses 4)")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--dir", default="/dev/shm", help="where the card image lives (tmpfs: a memory-speed card)")
+    args = ap.parse_args()
+    n, size = args.objects, args.object_mb << 20
+    work = tempfile.mkdtemp(dir=args.dir, prefix="adp-bench-prefetch-")
+    conn = ADPConnector(
+        card=os.path.join(work, "card.img"), card_size_gb=max(1, 4 * n * size / 2**30), num_workers=args.workers
+    )
+    try:
+        keys = [f"m@00000000@0@{i:x}" for i in range(n)]
+        src = [torch.randint(0, 256, (size,), dtype=torch.uint8) for _ in range(n)]
+        dst = [torch.ones(size, dtype=torch.uint8) for _ in range(n)]  # touched, as L1's arena is
+
+        def wait(fid: int) -> list[bool]:
+            while True:
+                select.select([conn.event_fd()], [], [], 1.0)
+                for f, ok, err, per_key in conn.drain_completions():
+                    if f == fid:
+                        if not ok:
+                            raise RuntimeError(f"future {fid} failed: {err}")
+                        return list(per_key)
+
+        assert all(wait(conn.submit_batch_set(keys, [memoryview(s.numpy()) for s in src])))
+        times: dict[str, list[float]] = {"card": [], "mock": []}
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            hits = wait(conn.submit_batch_get(keys, [memoryview(d.numpy()) for d in dst]))
+            times["card"].append(time.perf_counter() - t)
+            if not all(hits):
+                raise RuntimeError(f"card load missed {hits.count(False)} objects")
+            t = time.perf_counter()
+            for d, s in zip(dst, src, strict=True):
+                d.copy_(s)
+            times["mock"].append(time.perf_counter() - t)
+        hits = wait(conn.submit_batch_get(keys, [memoryview(d.numpy()) for d in dst]))
+        if not all(hits) or not all(torch.equal(d, s) for d, s in zip(dst, src, strict=True)):
+            raise RuntimeError("loaded bytes differ from the stored ones")
+    finally:
+        conn.close()
+        shutil.rmtree(work, ignore_errors=True)
+    gib = n * size / 2**30
+    print(f"{n} objects of {args.object_mb} MiB ({gib:.2f} GiB), card workers {args.workers}, "
+          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")  # fmt: skip
+    for name, ts in times.items():
+        print(f"{name:5s} median {statistics.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}]  "
+              f"{gib / statistics.median(ts):.2f} GiB/s  all {[round(t, 3) for t in ts]}")  # fmt: skip
+    ratio = statistics.median(a / b for a, b in zip(times["card"], times["mock"], strict=True))
+    print(f"card / mock, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
