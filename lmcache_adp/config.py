@@ -66,8 +66,8 @@ PARAMS: dict[str, Param] = {
     ),
     "direct_loads": Param(
         True,
-        "unix gateway: load buffers in a /dev/shm file (LMCache's L1 with --shm-name) are registered and the "
-        "gateway reads the card straight into them; false: every load goes through the ring",
+        "unix gateway: buffers in a /dev/shm file (LMCache's L1 with --shm-name) are registered and the "
+        "gateway loads straight into them (and, on a memory-speed card, stores from them); false: the ring",
     ),
 }
 
