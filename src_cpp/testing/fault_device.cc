@@ -69,7 +69,7 @@ void FaultDevice::apply_locked(uint64_t offset, const iovec* iov, int count, uin
 }
 
 Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   uint64_t n = total_bytes(iov, count);
   if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned write (O_DIRECT would refuse it)");
   if (offset + n > image_->data.size()) return Status::IoError("write past the end of " + name_);
@@ -79,6 +79,12 @@ Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
     return Status::IoError(std::string("write of ") + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
                            " of " + name_ + " failed: " + why);
   };
+  if (index == hold_write_n_) {
+    held_ = true;
+    held_cv_.notify_all();
+    held_cv_.wait(l, [this] { return dead_; });
+    held_ = false;
+  }
   if (dead_) return failed("power cut");
   if (index == cut_write_n_) {
     // The torn part reached the media: it survives the cut, unlike every
@@ -157,6 +163,17 @@ void FaultDevice::power_cut() {
     std::memcpy(image_->data.data() + it->offset, it->old.data(), it->old.size());
   unsynced_.clear();
   dead_ = true;
+  held_cv_.notify_all();
+}
+
+void FaultDevice::hold_write(uint64_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  hold_write_n_ = n;
+}
+
+bool FaultDevice::write_held() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return held_;
 }
 
 uint64_t FaultDevice::writes() const {

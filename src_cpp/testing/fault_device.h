@@ -12,6 +12,7 @@
 // closed and the card opened again (a reboot) on what survived.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,11 @@ class FaultDevice : public Device {
   // writes it should have made durable stay unsynced (a later sync makes
   // them durable, a power cut before it undoes them).
   void fail_sync(uint64_t n);
+  // The n-th write blocks (before it touches the image) until a power cut,
+  // which it then fails: a store stuck in flight while others go on.
+  // write_held() says whether it is blocked now.
+  void hold_write(uint64_t n);
+  bool write_held() const;
   // Every read of a byte in [begin, end) fails (an unreadable block).
   void fail_reads(uint64_t begin, uint64_t end);
   // Every write of a byte in [begin, end) fails.
@@ -79,6 +85,9 @@ class FaultDevice : public Device {
   mutable bool dead_ = false, healthy_ = true;
   uint64_t fail_write_n_ = UINT64_MAX, fail_write_tear_ = 0;
   uint64_t fail_sync_n_ = UINT64_MAX;
+  uint64_t hold_write_n_ = UINT64_MAX;
+  mutable bool held_ = false;
+  mutable std::condition_variable held_cv_;
   mutable uint64_t sync_calls_ = 0;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
