@@ -327,7 +327,8 @@ void CardStore::abandon(IoContext& ctx, const Placement& pl, uint64_t payload_by
   count_io_error();
   // Recovery's walk of the region will stop here: no store behind this
   // place in the region may be acknowledged, and the frontier moves on.
-  std::lock_guard<std::mutex> flock(frontier_mu_);
+  // (mu_ only: a reservation holding frontier_mu_ may be waiting for a
+  // region that a store waiting for this ticket has pinned.)
   std::lock_guard<std::mutex> lock(mu_);
   RegionManager::Region& reg = regions_[pl.region];
   if (reg.epoch != pl.epoch) return;
