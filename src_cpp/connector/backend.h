@@ -53,7 +53,9 @@ class BackendSession {
   // deliver().
   virtual void get(const std::string_view* keys, const size_t* sizes, uint8_t* const* dsts, size_t n, Status* results,
                    Deadline deadline, const DeliverFn& deliver, const GuardedReadFn& guarded) = 0;
-  virtual void exists(const std::string_view* keys, size_t n, bool* found, Deadline deadline) = 0;
+  // results[i]: Ok (present), NotFound (absent) or why it could not be
+  // answered (a gateway that failed or answered an error).
+  virtual void exists(const std::string_view* keys, size_t n, Status* results, Deadline deadline) = 0;
   // results[i]: Ok (deleted), NotFound (was not there) or why the delete did
   // not happen (an I/O error, a gateway that failed or answered an error).
   virtual void remove(const std::string_view* keys, size_t n, Status* results, Deadline deadline) = 0;

@@ -216,9 +216,15 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       break;
     }
     case OpType::kExists: {
-      std::unique_ptr<bool[]> found(new bool[n]());
-      session.exists(keys.data(), n, found.get(), b->deadline);
-      for (size_t i = 0; i < n; i++) b->results[t.begin + i] = found[i];
+      // A lookup that could not be answered fails the future (LMCache then
+      // reads every key as a miss), rather than reading as "not there".
+      std::vector<Status> st(n);
+      session.exists(keys.data(), n, st.data(), b->deadline);
+      for (size_t i = 0; i < n; i++) {
+        b->results[t.begin + i] = st[i].ok();
+        if (!st[i].ok() && !st[i].is_not_found())
+          b->note_error("lookup of key " + std::string(keys[i]) + " failed: " + st[i].message());
+      }
       break;
     }
     case OpType::kDelete: {

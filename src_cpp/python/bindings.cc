@@ -406,7 +406,8 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "submit_batch_exists",
           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kExists, k); },
-          "Looks the keys up; returns the future id (per-key result: present).")
+          "Looks the keys up; returns the future id (per-key result: present; a lookup that could not be answered "
+          "fails the future).")
       .def(
           "submit_batch_delete",
           [](NativeConnector& c, const py::list& k) { return c.submit_keys(OpType::kDelete, k); },

@@ -24,8 +24,9 @@ class EmbeddedSession : public BackendSession {
           store_->get(*ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, into_);
   }
 
-  void exists(const std::string_view* keys, size_t n, bool* found, Deadline) override {
-    for (size_t i = 0; i < n; i++) found[i] = store_->exists(keys[i]);
+  void exists(const std::string_view* keys, size_t n, Status* results, Deadline) override {
+    for (size_t i = 0; i < n; i++)
+      results[i] = store_->exists(keys[i]) ? Status::Ok() : Status::NotFound("not on the card");
   }
 
   void remove(const std::string_view* keys, size_t n, Status* results, Deadline) override {

@@ -176,9 +176,9 @@ class RemoteSession : public BackendSession {
         });
   }
 
-  void exists(const std::string_view* keys, size_t n, bool* found, Deadline deadline) override {
+  void exists(const std::string_view* keys, size_t n, Status* results, Deadline deadline) override {
     run({proto::Op::kExists, keys, nullptr, nullptr, nullptr}, n, deadline,
-        [&](size_t i, const Status& st, const uint8_t*, size_t) { found[i] = st.ok(); });
+        [&](size_t i, const Status& st, const uint8_t*, size_t) { results[i] = st; });
   }
 
   void remove(const std::string_view* keys, size_t n, Status* results, Deadline deadline) override {

@@ -144,3 +144,40 @@ def test_delete_with_the_gateway_gone_fails(workdir):
         conn.conn.close()
         if gw.proc:
             gw.kill()
+
+
+# A lookup has the same failure path: LMCache reads an exists future that
+# failed as all misses, so it is safe either way, but a lookup that could not
+# be answered must say so (ok=False, the reason) instead of reading as "not
+# on the card".
+
+
+def test_gateway_that_answers_an_error_fails_the_lookup(tmp_path):
+    gw = FailingGateway()
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    conn = RawConnector(ADPConnector(gateway=f"tcp://127.0.0.1:{gw.port}", token_file=str(token), num_workers=1))
+    try:
+        ok, err, found = conn.exists(["k1", "k2"])
+        assert gw.batches == [wire.EXISTS], "the lookup reached the gateway"
+        assert not ok and "lookup of key k1 failed: injected I/O error" in err, err
+        assert found == [False, False]
+    finally:
+        conn.conn.close()
+        gw.close()
+
+
+def test_lookup_with_the_gateway_gone_fails(workdir):
+    gw = Gateway(workdir).start()
+    conn = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
+    try:
+        assert conn.set(["k"], [memoryview(payload("k", 5000))])[0]
+        gw.kill()
+        ok, err, _ = conn.exists(["k", "absent"])
+        assert not ok and "lookup of key k failed" in err, err
+        gw.start()
+        assert conn.exists(["k", "absent"]) == (True, "", [True, False])
+    finally:
+        conn.conn.close()
+        if gw.proc:
+            gw.kill()
