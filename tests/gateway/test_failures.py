@@ -93,7 +93,10 @@ def test_sigkill_during_load_then_restart(gateway):
 
 
 def test_close_with_gateway_hung_returns_promptly(gateway):
-    c = ADPConnector(gateway=gateway.unix_url, timeout_ms=60000)
+    # One worker: the lookup below runs on the session the first one connected,
+    # so it blocks on the stopped gateway's reply (a second worker would first
+    # connect, and under load its handshake could time out before close()).
+    c = ADPConnector(gateway=gateway.unix_url, timeout_ms=60000, num_workers=1)
     rc = RawConnector(c)
     assert rc.exists(["k"])[0]
     gateway.proc.send_signal(19)  # SIGSTOP: connections stay open, nothing answers
