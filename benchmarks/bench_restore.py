@@ -171,6 +171,8 @@ def render(res: dict) -> str:
         f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier; "
         "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
         "",
+        f"Command: `{res.get('command', '(not recorded)')}`",
+        "",
         "Restore = LOOKUP (LMCache prefetches L2 -> L1) + RETRIEVE (L1 -> worker KV blocks). Medians; [min-max].",
         "",
         "| tier | restore s | lookup (prefetch) s | retrieve s | adds over RAM L2 s |",
@@ -256,6 +258,7 @@ def main() -> int:
 
     res: dict = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/bench_restore.py", *sys.argv[1:]]),
         "prompt": {
             "tokens": args.tokens,
             "bytes": nbytes,

@@ -6,7 +6,7 @@ per-key bools of a delete: true lets it forget the key, false keeps it).
   a FaultDevice whose writes fail: the tombstone cannot be written, so the key
   is false, the future fails naming it, and the object still reads back.
 - Through a gateway: a gateway that answers a delete with an I/O error, and one
-  that is gone, fail the future with the key false.
+  that is gone, fail the future with the key false; a lookup fails the same way.
 - A key that is not on the card is gone: true.
 """
 
@@ -19,6 +19,8 @@ import struct
 import subprocess
 import threading
 from pathlib import Path
+
+import pytest
 
 from lmcache_adp import ADPConnector, _native
 from tests.gateway import wire
@@ -113,16 +115,18 @@ class FailingGateway:
         self.listener.close()
 
 
-def test_gateway_that_answers_an_error_fails_the_delete(tmp_path):
+@pytest.mark.parametrize("op", ["delete", "lookup"])
+def test_gateway_that_answers_an_error_fails_the_batch(tmp_path, op):
     gw = FailingGateway()
     token = tmp_path / "token"
     token.write_text(TOKEN)
     conn = RawConnector(ADPConnector(gateway=f"tcp://127.0.0.1:{gw.port}", token_file=str(token), num_workers=1))
+    submit, frame = (conn.delete, wire.DELETE) if op == "delete" else (conn.exists, wire.EXISTS)
     try:
-        ok, err, deleted = conn.delete(["k1", "k2"])
-        assert gw.batches == [wire.DELETE], "the delete reached the gateway"
-        assert not ok and "delete of key k1 failed: injected I/O error" in err, err
-        assert deleted == [False, False]
+        ok, err, per_key = submit(["k1", "k2"])
+        assert gw.batches == [frame], f"the {op} reached the gateway"
+        assert not ok and f"{op} of key k1 failed: injected I/O error" in err, err
+        assert per_key == [False, False]
     finally:
         conn.conn.close()
         gw.close()
@@ -150,21 +154,6 @@ def test_delete_with_the_gateway_gone_fails(workdir):
 # failed as all misses, so it is safe either way, but a lookup that could not
 # be answered must say so (ok=False, the reason) instead of reading as "not
 # on the card".
-
-
-def test_gateway_that_answers_an_error_fails_the_lookup(tmp_path):
-    gw = FailingGateway()
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    conn = RawConnector(ADPConnector(gateway=f"tcp://127.0.0.1:{gw.port}", token_file=str(token), num_workers=1))
-    try:
-        ok, err, found = conn.exists(["k1", "k2"])
-        assert gw.batches == [wire.EXISTS], "the lookup reached the gateway"
-        assert not ok and "lookup of key k1 failed: injected I/O error" in err, err
-        assert found == [False, False]
-    finally:
-        conn.conn.close()
-        gw.close()
 
 
 def test_lookup_with_the_gateway_gone_fails(workdir):

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -292,39 +293,38 @@ void check_reopened(const std::shared_ptr<FaultImage>& image, const Run& run, co
 
 std::shared_ptr<FaultImage> fresh_image() { return std::make_shared<FaultImage>(kCardBytes); }
 
-// Power cut at write `point` (tear: its first block reaches the media).
-void cut_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
+// Runs the script on a fresh card with one fault armed by inject() (given the
+// device's write and sync counts before the script), then a power cut at the
+// end, and checks what the reopened card holds.
+void run_with_fault(const std::vector<Op>& ops, const std::function<void(FaultDevice*)>& inject, const char* what,
+                    uint64_t point) {
   auto image = fresh_image();
   FaultDevice* dev;
   std::unique_ptr<CardStore> s;
   Status st = open_store(image, &dev, &s);
   CHECK(st.ok(), "open: %s", st.message().c_str());
   if (!st.ok()) return;
-  uint64_t base = dev->writes();
-  dev->cut_power_at_write(base + point, tear ? adp::kBlockSize : 0);
+  inject(dev);
   Run run;
   run_script(*s, *dev, ops, &run);
   snapshot_held(*s, *dev, &run);
   dev->power_cut();
   s.reset();
-  check_reopened(image, run, tear ? "torn cut at write" : "cut at write", point);
+  check_reopened(image, run, what, point);
+}
+
+// Power cut at write `point` (tear: its first block reaches the media).
+void cut_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
+  run_with_fault(
+      ops, [&](FaultDevice* dev) { dev->cut_power_at_write(dev->writes() + point, tear ? adp::kBlockSize : 0); },
+      tear ? "torn cut at write" : "cut at write", point);
 }
 
 // Write `point` fails (torn after its first block when tear), the rest goes on.
 void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
-  auto image = fresh_image();
-  FaultDevice* dev;
-  std::unique_ptr<CardStore> s;
-  Status st = open_store(image, &dev, &s);
-  CHECK(st.ok(), "open: %s", st.message().c_str());
-  if (!st.ok()) return;
-  dev->fail_write(dev->writes() + point, tear ? adp::kBlockSize : 0);
-  Run run;
-  run_script(*s, *dev, ops, &run);
-  snapshot_held(*s, *dev, &run);
-  dev->power_cut();
-  s.reset();
-  check_reopened(image, run, tear ? "torn failed write" : "failed write", point);
+  run_with_fault(
+      ops, [&](FaultDevice* dev) { dev->fail_write(dev->writes() + point, tear ? adp::kBlockSize : 0); },
+      tear ? "torn failed write" : "failed write", point);
 }
 
 // Sync `point` fails (its writes stay unsynced, a later sync may make them
@@ -332,19 +332,7 @@ void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
 // sync failed is not acknowledged; its copy must not outlive a later
 // acknowledged delete of its key.
 void fail_sync_at(const std::vector<Op>& ops, uint64_t point) {
-  auto image = fresh_image();
-  FaultDevice* dev;
-  std::unique_ptr<CardStore> s;
-  Status st = open_store(image, &dev, &s);
-  CHECK(st.ok(), "open: %s", st.message().c_str());
-  if (!st.ok()) return;
-  dev->fail_sync(dev->syncs() + point);
-  Run run;
-  run_script(*s, *dev, ops, &run);
-  snapshot_held(*s, *dev, &run);
-  dev->power_cut();
-  s.reset();
-  check_reopened(image, run, "failed sync", point);
+  run_with_fault(ops, [&](FaultDevice* dev) { dev->fail_sync(dev->syncs() + point); }, "failed sync", point);
 }
 
 uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name, uint64_t* syncs = nullptr) {

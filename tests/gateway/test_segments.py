@@ -317,15 +317,22 @@ def test_file_shrunk_under_the_gateway(card_gateway):
     writer.conn.close()
 
 
+def slow_gateway(monkeypatch, delay_ms: int) -> tuple[str, Gateway]:
+    """A gateway on a tmpfs card that sleeps delay_ms before each object it
+    copies into or out of a segment (ADP_TEST_SEGMENT_WRITE_DELAY_MS)."""
+    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", str(delay_ms))
+    gw = Gateway(d).start()
+    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    return d, gw
+
+
 def test_nothing_written_after_the_future_failed(monkeypatch):
     """The gateway is slow before each object (ADP_TEST_SEGMENT_WRITE_DELAY_MS):
     the load's deadline passes with objects still to write. Once the future
     has failed, the buffers do not change again: the connector revoked the
     load lease, and the gateway writes nothing under a revoked lease."""
-    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
-    gw = Gateway(d).start()
-    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    d, gw = slow_gateway(monkeypatch, 300)
     keys = [f"late@{i}" for i in range(6)]
     pool = ShmPool(len(keys), SIZE)
     try:
@@ -354,10 +361,7 @@ def test_failed_store_from_a_segment_never_serves_later_bytes(monkeypatch):
     """The gateway is slow before each chunk it reads from a segment: the
     store's deadline passes first. The caller then overwrites its buffers (as
     LMCache may reuse them); no load ever returns those bytes."""
-    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "400")
-    gw = Gateway(d).start()
-    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    d, gw = slow_gateway(monkeypatch, 400)
     keys = [f"lateput@{i}" for i in range(4)]
     pool = ShmPool(len(keys), SIZE)
     try:
