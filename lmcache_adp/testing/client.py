@@ -202,8 +202,19 @@ class VLLMClient:
             time.sleep(0.001)
 
     def end_request(self, request_id: str) -> None:
-        self.scheduler.end_session(request_id)
+        """END_SESSION, waiting for the server's answer (vLLM's scheduler does not wait).
+
+        LMCache's scheduler adapter sends END_SESSION without waiting, and the server runs it on a
+        thread pool. A close() right after the last request sends UNREGISTER_KV_CACHE, which can
+        overtake it: the server's end_session handler then looks up the model's layout, which is
+        gone, and logs LMCache ERROR "Error in blocking handler" (harmless, but an ERROR line in
+        every log check). vLLM's worker lives on after its requests, so it never meets this order;
+        a short-lived client must wait.
+        """
+        sent = _capture_end_session(self.scheduler, lambda: self.scheduler.end_session(request_id))
         self.scheduler.cleanup_lookup_result(request_id)
+        for future in sent:
+            future.result(timeout=self.timeout)
 
     def close(self) -> None:
         for close in (self.worker.shutdown, self.scheduler.shutdown):
@@ -218,6 +229,48 @@ class VLLMClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _capture_end_session(scheduler: Any, call: Any) -> list[Any]:
+    """Runs call() and returns the futures of the END_SESSION requests it sent.
+
+    The RPC objects are wrapped for this one call by instance attributes that shadow their
+    methods: LMCache 0.5.6 sends through scheduler.req_clients[url].end_session, 0.5.4 through
+    scheduler.mq_clients[url].submit_request.
+    """
+    sent: list[Any] = []
+    if hasattr(scheduler, "req_clients"):  # LMCache 0.5.6
+        targets = [(rc, "end_session") for rc in scheduler.req_clients.values()]
+
+        def wrap(send: Any) -> Any:
+            def end_session(*args: Any, **kwargs: Any) -> Any:
+                sent.append(send(*args, **kwargs))
+                return sent[-1]
+
+            return end_session
+    elif hasattr(scheduler, "mq_clients"):  # LMCache 0.5.4
+        targets = [(mq, "submit_request") for mq in scheduler.mq_clients.values()]
+
+        def wrap(send: Any) -> Any:
+            def submit_request(request_type: Any, *args: Any, **kwargs: Any) -> Any:
+                future = send(request_type, *args, **kwargs)
+                if getattr(request_type, "name", None) == "END_SESSION":  # RequestType.END_SESSION
+                    sent.append(future)
+                return future
+
+            return submit_request
+    else:
+        raise RuntimeError("LMCache's scheduler adapter has neither req_clients nor mq_clients: it changed")
+    for obj, name in targets:
+        setattr(obj, name, wrap(getattr(obj, name)))
+    try:
+        call()
+    finally:
+        for obj, name in targets:
+            delattr(obj, name)
+    if targets and not sent and getattr(scheduler, "is_healthy", True):
+        raise RuntimeError("END_SESSION did not go through the scheduler's RPC clients: LMCache's adapter changed")
+    return sent
 
 
 # --- a prompt stored and restored --------------------------------------------

@@ -14,7 +14,8 @@ Inside, not on the host: the server maps the client's KV through POSIX shared
 memory (mode 0600), so the client must run as the image's user.
 
 The client ends its last request and unregisters at once (vLLM's worker lives
-on): Client waits for the server's answer to END_SESSION first, see there.
+on): VLLMClient.end_request waits for the server's answer to END_SESSION first
+(see there; the image test's flaky "Error in blocking handler" was that race).
 """
 
 import json
@@ -29,50 +30,12 @@ from lmcache_adp import testing as d  # noqa: E402
 TOKENS = 512  # two LMCache chunks
 
 
-class Client(d.VLLMClient):
-    """The connector's client, but ending a request waits for the server's answer.
-
-    LMCache's scheduler adapter sends END_SESSION without waiting for it, and the
-    server runs it on a thread pool. close() right after the last request sends
-    UNREGISTER_KV_CACHE, which can overtake it; the server's end_session handler then
-    looks up the model's layout, which is gone, and raises ("No attention-window
-    descriptor registered for model ... with world size 1", logged as LMCache ERROR
-    "Error in blocking handler"): the image test's flaky failure. Forced in that
-    order (UNREGISTER answered, then END_SESSION) it fails every time. The handler's
-    work (touching the session's keys in L1) is best effort, so nothing else goes
-    wrong, but the log assertion rightly counts every ERROR. LMCache's side: the
-    touch came with LMCache/LMCache#3020; no issue names this order (the nearest,
-    #5062, orders END_SESSION after the final STORE); end_session should skip the
-    touch for a model no longer registered.
-    """
-
-    def end_request(self, request_id: str) -> None:
-        sent = []
-        clients = list(self.scheduler.req_clients.values())  # LMCache 0.5.6, the image's
-        for rc in clients:  # an instance attribute shadows the RPC method for this one call
-
-            def end_session(rid, send=rc.end_session):
-                sent.append(send(rid))
-                return sent[-1]
-
-            rc.end_session = end_session
-        try:
-            super().end_request(request_id)
-        finally:
-            for rc in clients:
-                del rc.end_session
-        if not sent:
-            raise RuntimeError("END_SESSION did not go through scheduler.req_clients: LMCache's adapter changed")
-        for future in sent:
-            future.result(timeout=self.timeout)
-
-
 def main() -> int:
     op, port, http_port, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     server = d.RunningServer(port, http_port)  # started by its container, not here
     shape = d.KVShape(num_layers=4, num_heads=2, head_dim=64, num_blocks=2 * (TOKENS // 16) + 1)
     out: dict = {"op": op}
-    with Client(server.url, shape) as client:
+    with d.VLLMClient(server.url, shape) as client:
         if op == "store":
             stored = d.store_prompt(server, client, TOKENS, seed=seed)
             out["chunks"] = TOKENS // client.chunk_size
