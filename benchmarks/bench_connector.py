@@ -118,9 +118,9 @@ def same(dst: list[mmap.mmap], src: list[mmap.mmap]) -> int:
 # The medium
 
 
-def medium_pass(path: Path, bufs: list[mmap.mmap], threads: int, write: bool) -> float:
+def medium_pass(path: Path, bufs: list[mmap.mmap], threads: int, write: bool, passes: int = 1) -> float:
     """Seconds for `threads` threads to move every buffer to/from its own object-sized block of the
-    image with O_DIRECT (thread t takes blocks t, t + threads, ...)."""
+    image with O_DIRECT (thread t takes blocks t, t + threads, ...), `passes` times over."""
     size = len(bufs[0])
     fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT)
     start = threading.Barrier(threads + 1)
@@ -129,11 +129,12 @@ def medium_pass(path: Path, bufs: list[mmap.mmap], threads: int, write: bool) ->
     def work(t: int) -> None:
         start.wait()
         try:
-            for j in range(t, len(bufs), threads):
-                off = j * size
-                n = os.pwritev(fd, [bufs[j]], off) if write else os.preadv(fd, [bufs[j]], off)
-                if n != size:
-                    raise OSError(f"short transfer {n} of {size}")
+            for _ in range(passes):
+                for j in range(t, len(bufs), threads):
+                    off = j * size
+                    n = os.pwritev(fd, [bufs[j]], off) if write else os.preadv(fd, [bufs[j]], off)
+                    if n != size:
+                        raise OSError(f"short transfer {n} of {size}")
             if write:
                 os.fdatasync(fd)
         except BaseException as e:  # noqa: BLE001 - reported by the caller
@@ -248,28 +249,39 @@ def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
             proc.wait(timeout=60)
 
 
-def client_proc(index: int, params: dict, n: int, size: int, batch: int, window: int, barrier, queue) -> None:
-    """One of several client processes on one gateway: store n objects, then load them, each phase
-    started together with the other clients; reports (phase, t0, t1, failures) per phase."""
+def client_proc(
+    index: int, params: dict, n: int, size: int, batch: int, window: int, reps: int, passes: int, barrier, queue
+) -> None:
+    """One of several client processes on one gateway: `reps` timed store phases, then `reps` timed load
+    phases, each started together with the other clients (a barrier) and each moving the process's n
+    objects `passes` times (stores: fresh keys per pass; loads: the last pass's keys again). Reports
+    (phase, t0, t1, failed keys) per phase on the shared monotonic clock."""
     try:
         src = aligned_buffers(n, size)
         fill_sources(src, 1000 + index)
         dst = aligned_buffers(n, size)
         conn = ADPConnector(**params)
-        keys = [f"bench@{index:08x}@0@c{j:06x}" for j in range(n)]
         # Untimed, as connector_rounds does: connections and rings set up, a batch stored, and loaded
         # into every destination buffer (shm buffers: the pool registered and mapped by the gateway).
         warm = [f"bench@{index:08x}@0@w{j:06x}" for j in range(batch)]
         drive(conn, "set", warm, src[:batch], batch, window)
         drive(conn, "get", [warm[j % batch] for j in range(n)], dst, batch, window)
         res = []
+        mismatched = 0
+        keys: list[str] = []
         for op in ("set", "get"):
-            clear(dst)
-            barrier.wait(timeout=300)
-            t0 = time.time()
-            dt, failed = drive(conn, op, keys, src if op == "set" else dst, batch, window)
-            res.append((op, t0, t0 + dt, failed))
-        mismatched = same(dst, src)
+            for r in range(reps):
+                clear(dst)
+                barrier.wait(timeout=300)
+                t0 = time.monotonic()
+                failed = 0
+                for p in range(passes):
+                    if op == "set":
+                        keys = [f"bench@{index:08x}@0@c{r:02d}{p:02d}{j:06x}" for j in range(n)]
+                    failed += drive(conn, op, keys, src if op == "set" else dst, batch, window)[1]
+                res.append((op, t0, time.monotonic(), failed))
+                if op == "get":
+                    mismatched += same(dst, src)
         conn.close()
         queue.put((index, res, mismatched, None))
     except BaseException as e:  # noqa: BLE001 - the parent reports it
@@ -278,28 +290,70 @@ def client_proc(index: int, params: dict, n: int, size: int, batch: int, window:
         queue.put((index, [], 0, repr(e)))
 
 
-def run_clients(params: dict, procs: int, n: int, size: int, batch: int, window: int) -> dict:
+def run_clients(params: dict, procs: int, n: int, size: int, batch: int, window: int, reps: int, passes: int) -> dict:
+    """P client processes; per repetition and phase the aggregate's seconds are last end - first start
+    (the start skew is kept beside it); store_s / load_s are those spans, one per repetition."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(procs)
     queue = ctx.Queue()
     ps = [
-        ctx.Process(target=client_proc, args=(i, params, n, size, batch, window, barrier, queue)) for i in range(procs)
+        ctx.Process(target=client_proc, args=(i, params, n, size, batch, window, reps, passes, barrier, queue))
+        for i in range(procs)
     ]
     for p in ps:
         p.start()
-    results = [queue.get(timeout=600) for _ in ps]
+    results = [queue.get(timeout=900) for _ in ps]
     for p in ps:
         p.join(timeout=60)
     errors = [r[3] for r in results if r[3]]
     if errors:
         return {"error": errors[0]}
-    out = {"failed_keys": 0, "mismatched": sum(r[2] for r in results)}
-    for k, op in enumerate(("set", "get")):
-        spans = [r[1][k] for r in results]
-        wall = max(s[2] for s in spans) - min(s[1] for s in spans)
-        out["store_s" if op == "set" else "load_s"] = wall
-        out["failed_keys"] += sum(s[3] for s in spans)
+    out: dict = {"failed_keys": 0, "mismatched": sum(r[2] for r in results)}
+    for op, name in (("set", "store"), ("get", "load")):
+        spans, skews, each = [], [], []
+        for r in range(reps):
+            phase = [[x for x in res[1] if x[0] == op][r] for res in results]
+            spans.append(max(x[2] for x in phase) - min(x[1] for x in phase))
+            skews.append(max(x[1] for x in phase) - min(x[1] for x in phase))
+            each.append([x[2] - x[1] for x in phase])
+            out["failed_keys"] += sum(x[3] for x in phase)
+        out[f"{name}_s"] = spans
+        out[f"{name}_start_skew_s"] = skews
+        out[f"{name}_per_process_s"] = each
     return out
+
+
+def run_client_counts(
+    work: Path, card: Path, size: int, args, clients: list[int], src, dst, base: dict, rows: list[dict]
+) -> None:
+    """Item 6: for each P, the medium at P x client-workers threads on the run's card image (moving as many
+    bytes as the clients' phase), then P client processes on a gateway of its own, over a card of its own
+    sized to P (room for about four passes of every process: every P starts empty and evicts alike)."""
+    cw = args.client_workers
+    nc = max(cw, args.client_mb * MIB // size)
+    region = region_for(size)
+    for p in clients:
+        threads = p * cw
+        passes_m = max(1, round(p * nc * args.client_passes / len(src)))
+        medium_pass(card, src, threads, True)  # untimed warm-up
+        w = [medium_pass(card, src, threads, True, passes_m) for _ in range(args.reps)]
+        r = []
+        for _ in range(args.reps):
+            clear(dst)
+            r.append(medium_pass(card, dst, threads, False, passes_m))
+        rows.append({**base, "row": f"medium O_DIRECT, {threads} threads", "clients": p, "threads": threads,
+                     "bytes": len(src) * size * passes_m, "store_s": w, "load_s": r, "mismatched": same(dst, src)})  # fmt: skip
+        pcard = work / f"card-clients-{p}.img"
+        prefill(pcard, card_bytes_for(2 * p * nc * size, size, threads, region))
+        format_card(str(pcard), 0, region)
+        with gateway(pcard, work / "gw.sock", max(16, threads), work / f"gateway-clients-{p}.log"):
+            cp = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": cw, "timeout_ms": 60000}
+            cp["ring_mb"] = max(64, 2 * args.keys_per_worker * size // MIB)
+            res = run_clients(cp, p, nc, size, cw * args.keys_per_worker, args.window, args.reps, args.client_passes)
+        pcard.unlink()
+        rows.append({**base, "row": f"gateway, {p} client processes x {cw} workers", "clients": p,
+                     "threads": threads, **res, "bytes": nc * size * p * args.client_passes})  # fmt: skip
+        print(f"   {p} clients: {summarize([rows[-2], rows[-1]])}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,10 +381,7 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
     total = n * size
     region = region_for(size)
     card = work / "card.img"
-    span = max(
-        card_bytes_for(total, size, workers, region),
-        card_bytes_for(args.client_mb * MIB * max(clients or [1]) // 2, size, 16, region),
-    )
+    span = card_bytes_for(total, size, workers, region)
     print(f"== {size // MIB} MiB x {n} objects, {workers} workers, card {span / 2**30:.1f} GiB", flush=True)
     prefill(card, span)
     src = aligned_buffers(n, size)
@@ -357,7 +408,7 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
     print(f"   embedded: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
     if not args.no_gateway:
         format_card(str(card), 0, region)
-        with gateway(card, work / "gw.sock", max(workers, 16 if clients else workers), work / "gateway.log"):
+        with gateway(card, work / "gw.sock", workers, work / "gateway.log"):
             gw = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": workers, "timeout_ms": 60000}
             gw["ring_mb"] = max(64, 2 * args.keys_per_worker * size // MIB)
             # With shm buffers: the ring (direct_loads off) beside loads straight into them.
@@ -368,14 +419,8 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                 )
                 rows.append({**base, "row": label, **res})
                 print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
-            cw = args.client_workers
-            for p in clients:
-                cp = {**gw, "num_workers": cw}
-                nc = max(cw, args.client_mb * MIB // size)
-                res = run_clients(cp, p, nc, size, cw * args.keys_per_worker, args.window)
-                rows.append({**base, "row": f"gateway, {p} client processes x {cw} workers", "clients": p, **res})
-                rows[-1]["bytes"] = nc * size * p
-                print(f"   {p} clients: {res}", flush=True)
+    if clients:
+        run_client_counts(work, card, size, args, clients, src, dst, base, rows)
     medium(2)
     card.unlink()
 
@@ -383,12 +428,54 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
-        s = {k: r[k] for k in ("row", "object_mb", "workers", "bytes") if k in r}
+        s = {k: r[k] for k in ("row", "object_mb", "workers", "bytes", "clients") if k in r}
         for op in ("store", "load"):
             v = r.get(f"{op}_s")
             s[op] = gbps(r["bytes"], v) if v else None
         s["ok"] = not r.get("error") and not r.get("failed_keys") and not r.get("mismatched")
         out.append(s)
+    return out
+
+
+def client_table(rows: list[dict], summ: list[dict]) -> list[str]:
+    """Item 6: aggregate of P processes against linear (P x one process) and against the medium at the same
+    number of threads; "limit" = min(P x one process, medium at P x workers threads)."""
+    cl = [(r, s) for r, s in zip(rows, summ, strict=True) if "clients" in r]
+    if not cl:
+        return []
+    out = [
+        "",
+        "Client processes on one gateway (item 6): GB/s, median of the repetitions; each repetition's aggregate is"
+        " all bytes / (last end - first start) over the processes; start skew = last start - first start (median).",
+        "",
+        "| object | P x workers | medium write / read (P x workers threads) | store / load | linear (P x one) store,"
+        " load | limit store, load | store / limit | load / limit | start skew ms | bytes ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    one: dict = {}
+    for r, s in cl:
+        if r["row"].startswith("gateway, 1 client"):
+            one[r["object_mb"]] = s
+    medium = {}
+    for r, s in cl:
+        if r["row"].startswith("medium"):
+            medium[(r["object_mb"], r["clients"])] = s
+            continue
+        m = medium.get((r["object_mb"], r["clients"]))
+        o = one.get(r["object_mb"])
+        p = r["clients"]
+        if not s["store"] or not s["load"]:
+            out.append(f"| {r['object_mb']:g} MiB | {p} | | failed: {r.get('error')} | | | | | | NO |")
+            continue
+        lin = (p * o["store"], p * o["load"]) if o and o["store"] else (float("nan"),) * 2
+        lim = (min(lin[0], m["store"]), min(lin[1], m["load"])) if m else lin
+        skew = statistics.median(r.get("load_start_skew_s", [0]) + r.get("store_start_skew_s", [0])) * 1e3
+        out.append(
+            f"| {r['object_mb']:g} MiB | {p} x {r['threads'] // p} | {m['store']:.2f} / {m['load']:.2f} | "
+            f"{s['store']:.2f} / {s['load']:.2f} | {lin[0]:.2f} ({s['store'] / lin[0]:.2f}x), {lin[1]:.2f} "
+            f"({s['load'] / lin[1]:.2f}x) | {lim[0]:.2f}, {lim[1]:.2f} | "
+            f"{s['store'] / lim[0]:.2f}x | {s['load'] / lim[1]:.2f}x | {skew:.1f} | {'yes' if s['ok'] else 'NO'} |"
+        )
     return out
 
 
@@ -416,21 +503,18 @@ def report(rows: list[dict], args, meta: dict) -> str:
         mw = max(r["store"] for r in med) if med else None
         mr = max(r["load"] for r in med) if med else None
         emb = next((r for r in group if r["row"] == "embedded"), None)
-        single = next((r for r in group if r["row"].startswith("gateway, 1 client")), None)
         for r in group:
-            if r["row"] == "medium O_DIRECT" and r is not med[0]:
+            if r["row"].startswith("medium O_DIRECT") and r is not med[0] or "clients" in r:
                 continue
             st, ld = (mw, mr) if r["row"] == "medium O_DIRECT" else (r["store"], r["load"])
-            vs_e = ""
-            if r["row"].startswith("gateway") and emb:
-                vs_e = f"{st / emb['store']:.2f}x, {ld / emb['load']:.2f}x"
-            if single and r["row"].startswith("gateway,") and "client processes" in r["row"]:
-                p = int(r["row"].split(",")[1].split()[0])
-                vs_e += f" (linear: {st / single['store'] / p:.2f}x, {ld / single['load'] / p:.2f}x)"
+            vs_e = (
+                f"{st / emb['store']:.2f}x, {ld / emb['load']:.2f}x" if r["row"].startswith("gateway") and emb else ""
+            )
             lines.append(
                 f"| {r['object_mb']:g} MiB | {r['workers']} | {r['row']} | {st:.2f} | {ld:.2f} | "
                 f"{st / mw:.2f}x | {ld / mr:.2f}x | {vs_e} | {'yes' if r['ok'] else 'NO'} |"
             )
+    lines += client_table(rows, summ)
     lines.append("")
     return "\n".join(lines)
 
@@ -447,7 +531,10 @@ def main() -> None:
     ap.add_argument("--no-gateway", action="store_true")
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)
-    ap.add_argument("--client-mb", type=int, default=512, help="bytes each client process stores and loads")
+    ap.add_argument("--client-mb", type=int, default=512, help="MiB of buffers (objects) of each client process")
+    ap.add_argument(
+        "--client-passes", type=int, default=4, help="times each client phase moves its objects (stores: new keys)"
+    )
     ap.add_argument("--clients-at", default="", help="object size (MiB) and workers of the rows that run --clients")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="report directory")
     ap.add_argument("--label", default="connector")

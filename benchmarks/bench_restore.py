@@ -57,6 +57,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from tools import require_tool  # noqa: E402
 
 from lmcache_adp import __version__ as adp_version  # noqa: E402
+from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
 from lmcache_adp.testing import (  # noqa: E402
     KVShape,
     MPServer,
@@ -118,9 +119,12 @@ def other_load() -> list[str]:
 
 
 def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: int, l1_gb: float,
-                 raw: Path) -> dict:  # fmt: skip
-    """One fresh server with this L2: store, restores from L1, then restores from L2."""
-    server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name)
+                 raw: Path, l1_shm: bool = False) -> dict:  # fmt: skip
+    """One fresh server with this L2: store, restores from L1, then restores from L2. l1_shm: LMCache's L1
+    pool in a /dev/shm file (`lmcache server --shm-name`), as docs tell a gateway's operators to run it."""
+    shm = f"adp-restore-{os.getpid()}-{name.replace('+', '-')}"
+    extra = ["--shm-name", shm] if l1_shm else []
+    server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name, extra_args=extra)
     server.start()
     samples: dict[str, list] = {"cpu_tier": [], "l2": []}
     try:
@@ -136,6 +140,8 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
                 samples["l2"].append(restore_prompt(server, client, stored))
     finally:
         server.stop()
+        if l1_shm:  # LMCache leaves its pool file behind when it is stopped
+            Path(f"/dev/shm/lmcache_l1_pool_{shm}").unlink(missing_ok=True)
     for kind, rs in samples.items():
         result[kind] = []
         for r in rs:
@@ -168,7 +174,8 @@ def render(res: dict) -> str:
         f"disk: {res['host']['disk']}; "
         f"lmcache {res['versions']['lmcache']}, lmcache-adp {res['versions']['lmcache_adp']} ({res['versions']['git']}).",
         f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
-        f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier; "
+        f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier "
+        f"and round, {res.get('rounds', 1)} round(s) (every other one in reverse tier order); "
         "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
         "",
         f"Command: `{res.get('command', '(not recorded)')}`",
@@ -191,7 +198,9 @@ def render(res: dict) -> str:
     labels = {"mock": "RAM L2 (mock)", "adp": "card, this plugin (embedded)", "adp_gw": "card, this plugin (gateway)",
               "fs_native": "fs_native, O_DIRECT, same disk"}  # fmt: skip
     for name, t in tiers.items():
-        lines.append(row(labels[name], t["l2"], name != "mock"))
+        base, _, l1 = name.partition("+")
+        label = labels[base] + (", L1 in /dev/shm (--shm-name)" if l1 == "shm" else "")
+        lines.append(row(label, t["l2"], base != "mock"))
     lines += [
         f"| medium's limit: bytes / fio O_DIRECT read | {limit_s:.3f} | | | {limit_s:+.3f} |",
         "",
@@ -221,6 +230,14 @@ def render(res: dict) -> str:
         if "adp_gw" in tiers:
             gw_adds = median(tiers["adp_gw"]["l2"], "total_s") - mock_l2
             lines.append(f"- through the gateway the card adds {gw_adds:.3f} s ({gw_adds / limit_s:.2f}x the limit)")
+    # Issue 10 item 5: the L2->L1 phase (LMCache's prefetch, the lookup) of each tier against mock's with
+    # the same kind of L1 (in process memory, or in /dev/shm).
+    for name, t in tiers.items():
+        base, _, l1 = name.partition("+")
+        ref = "mock" + (f"+{l1}" if l1 else "")
+        if base != "mock" and ref in tiers:
+            a, m = median(t["l2"], "lookup_s"), median(tiers[ref]["l2"], "lookup_s")
+            lines.append(f"- L2->L1 phase, {name} / {ref}: {a:.3f} / {m:.3f} s = {a / m:.2f}x (goal <= 1.2x)")
     for name, note in res["notes"].items():
         lines.append(f"- {name}: {note}")
     lines.append("")
@@ -236,7 +253,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="restores per tier and kind (default 3)")
     ap.add_argument("--workdir", default="/var/tmp/lmcache-adp-bench-restore",
                     help="on the disk under test: card image, fs_native files, fio file, logs (removed after)")  # fmt: skip
-    ap.add_argument("--tiers", default="mock,adp,adp_gw,fs_native")
+    ap.add_argument(
+        "--tiers",
+        default="mock,adp,adp_gw,fs_native",
+        help="comma-separated; NAME+shm runs that tier's server with its L1 in /dev/shm (--shm-name)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run the tiers this many times, every other round in reverse order"
+    )
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -266,6 +290,7 @@ def main() -> int:
             "chunk_bytes": CHUNK_TOKENS * shape.bytes_per_token,
         },  # fmt: skip
         "repeat": args.repeat,
+        "rounds": args.rounds,
         "versions": {"lmcache_adp": adp_version, "lmcache": _version("lmcache"), "git": _git()},
         "host": {
             "cpus": os.cpu_count(),
@@ -290,21 +315,35 @@ def main() -> int:
             "num_workers": ADP_WORKERS,
         },  # fmt: skip
     }
-    gateway = None
-    for name in args.tiers.split(","):
-        if name == "adp_gw":
-            # A gateway that cannot start stops the run with its reason (asked for, so measured or failed).
-            gateway = Gateway(raw, card_size_gb=card_gb, card=work / "gw-card.img", socket=work / "gw.sock").start()
-            adapters["adp_gw"] = adp_adapter(gateway=gateway.url, num_workers=ADP_WORKERS)
-        print(f"{name} ...", flush=True)
-        try:
-            res["tiers"][name] = measure_tier(name, adapters[name], shape, args.tokens, args.repeat, l1_gb, raw)
-        finally:
-            if gateway is not None and name == "adp_gw":
-                gateway.stop()
-        t = res["tiers"][name]
-        print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, L2 restore {median(t['l2'], 'total_s'):.3f} s",
-              flush=True)  # fmt: skip
+    tiers = args.tiers.split(",")
+    for rnd in range(args.rounds):
+        for name in tiers if rnd % 2 == 0 else tiers[::-1]:
+            base, _, l1 = name.partition("+")
+            gateway = None
+            adapter = adapters.get(base)
+            if base == "adp_gw":
+                # A gateway that cannot start stops the run with its reason (asked for, so measured or failed).
+                gateway = Gateway(raw, card_size_gb=card_gb, card=work / "gw-card.img", socket=work / "gw.sock").start()
+                adapter = adp_adapter(gateway=gateway.url, num_workers=ADP_WORKERS)
+            print(f"{name} (round {rnd + 1}) ...", flush=True)
+            try:
+                got = measure_tier(name, adapter, shape, args.tokens, args.repeat, l1_gb, raw, l1 == "shm")
+                if gateway is not None:  # which path the gateway's loads took: segments (one copy) or the ring
+                    st = read_gateway_stats(gateway.url)
+                    res["notes"][f"{name}, round {rnd + 1}"] = (
+                        f"gateway counters: {st.get('segment_loads', 0):.0f} objects loaded straight into L1, "
+                        f"{st.get('segment_stores', 0):.0f} stored from it in place, {st.get('hits', 0):.0f} hits"
+                    )
+            finally:
+                if gateway is not None:
+                    gateway.stop()
+            t = res["tiers"].setdefault(name, {"cpu_tier": [], "l2": [], "rounds": []})
+            t["cpu_tier"] += got["cpu_tier"]
+            t["l2"] += got["l2"]
+            t["rounds"].append({"store_s": got["store_s"], "l2_written_s": got["l2_written_s"]})
+            t["store_s"], t["l2_written_s"] = got["store_s"], got["l2_written_s"]
+            print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, "
+                  f"L2 restore {median(t['l2'], 'total_s'):.3f} s", flush=True)  # fmt: skip
     print("fio again ...", flush=True)
     res["fio"] += fio_limit(work, nbytes, raw, "after")
     res["host"]["loadavg_end"] = os.getloadavg()

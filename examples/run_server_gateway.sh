@@ -6,6 +6,8 @@
 # and set ADP_START_GATEWAY=0: this script then only starts the server.
 #
 #   examples/run_server_gateway.sh [extra `lmcache server` flags]
+#   examples/run_server_gateway.sh --shm-name lmcache-l1   # L1 in /dev/shm: the gateway loads into it
+#                                                           # in place (README, "Through the gateway")
 #
 # Settings (environment, with defaults):
 #   ADP_CARD=~/.cache/lmcache-adp/card.img  card image or block device (the gateway's)

@@ -262,6 +262,7 @@ bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys
   for (size_t i = 0; i < n; i++) {
     if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
     spans[i] = backend_->find_segment(bufs[i], sizes[i]);
+    if (!spans[i].file) backend_->hint_ring();
     if (!spans[i].file || spans[i].file->refused) return false;
   }
   proto::BatchRequest req;
@@ -508,6 +509,16 @@ void RemoteBackend::note_down(const Status& why) {
   if (link_.exchange(Link::kDown) != Link::kDown)
     ADP_WARN("%s: %s; its requests fail until it is back (reconnecting with back-off)", describe().c_str(),
              log_safe(why.message()).c_str());
+}
+
+void RemoteBackend::hint_ring() {
+  if (ring_hinted_.exchange(true, std::memory_order_relaxed)) return;
+  ADP_INFO(
+      "%s: LMCache's buffers are not in a shared memory file, so their bytes go through the ring: one more copy "
+      "of every byte each way, which on a memory-speed card halves loads. Start "
+      "`lmcache server` with --shm-name to put its L1 pool in /dev/shm: the gateway then loads into and stores "
+      "from it in place (docs/protocol.md, \"Segments\"). Logged once.",
+      describe().c_str());
 }
 
 void RemoteBackend::interrupt() {

@@ -63,12 +63,15 @@ class RemoteBackend : public Backend {
   // Null file: not in a shared memory file (anonymous memory: the ring).
   SegmentSpan find_segment(const uint8_t* p, size_t len);
   void forget_segments();  // a cached mapping proved stale
+  // Once per connector: buffers in anonymous memory take the ring; says how to avoid it.
+  void hint_ring();
 
   const GatewayClientOptions opts_;
   std::mutex mu_;
   std::set<const GatewayClient*> live_;
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
+  std::atomic<bool> ring_hinted_{false};
   OpCounters counters_;
   struct MappedRange {
     uintptr_t hi;

@@ -115,6 +115,35 @@ def test_loads_into_shm_buffers_skip_the_ring(card_gateway):
     assert gw.proc.poll() is None
 
 
+HINT = "Start `lmcache server` with --shm-name"
+
+
+def test_ring_hint_logged_once_for_buffers_outside_shm(gateway, capfd):
+    """An operator whose LMCache keeps L1 in process memory is told, once, why the gateway copies twice and
+    what to change; buffers in a /dev/shm file (or direct_loads off) draw no hint."""
+    keys = [f"hint@{i}" for i in range(4)]
+    pool = ShmPool(len(keys), SIZE)
+    shm = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000))
+    off = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000, direct_loads=False))
+    anon = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=2, timeout_ms=10000))
+    try:
+        for k, v in zip(keys, pool.views, strict=True):
+            v[:] = payload(k, SIZE)
+        assert shm.set(keys, pool.views)[0]
+        assert shm.get(keys, pool.views)[2] == [True] * len(keys)
+        outs = [bytearray(SIZE) for _ in keys]
+        assert off.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
+        assert HINT not in capfd.readouterr().err
+        for _ in range(3):
+            assert anon.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
+            assert anon.set(keys, [memoryview(o) for o in outs])[0]
+        assert capfd.readouterr().err.count(HINT) == 1
+    finally:
+        for c in (shm, off, anon):
+            c.conn.close()
+        pool.close()
+
+
 class RawClient:
     """One hand-driven Unix connection with a sealed ring, asking for the segments feature."""
 
