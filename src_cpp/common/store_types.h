@@ -50,8 +50,20 @@ using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
 // place: one pass over the bytes, but dst is written for the card's read
 // time. Callers choose it where that time is bounded (a memory-speed card,
 // CardStore::memory_speed()) or where dst is memory no one reuses once its
-// caller gave up (a gateway connection's ring).
-enum class ReadInto { kStaging, kDestination };
+// caller gave up (a gateway connection's ring). kPieces: deliver() only names
+// dst (copy(dst) returns true at once); the card is then read straight into
+// dst (4 KiB aligned; otherwise staged and copied in one piece) in pieces,
+// each written into dst under the PieceGuardFn given to get(), the CRC
+// checked piece by piece: one pass over the bytes, and dst is written only
+// while its caller accepts bytes (for a card whose read time is not bounded:
+// a disk).
+enum class ReadInto { kStaging, kDestination, kPieces };
+
+// Runs piece() (a bounded read or copy into the caller's buffer) while the
+// caller still accepts bytes; returns false without running it once it does
+// not (its deadline passed, its future completed). A load in pieces asks
+// before each piece, so it stops within one piece of its caller giving up.
+using PieceGuardFn = std::function<bool(const std::function<void()>& piece)>;
 
 struct StoreStats {
   uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;

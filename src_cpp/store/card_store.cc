@@ -18,6 +18,13 @@ namespace {
 // stores write straight from it in pieces of this size, each checksummed
 // while it is in the CPU's cache (L2), so the CRC adds no pass over memory.
 constexpr size_t kPieceBytes = 1u << 20;
+// A kPieces load (a disk card) reads straight into the caller's buffer in
+// pieces of this size, asking the caller's guard before each: the time a
+// load can go on writing after its caller gave up is one piece's read. Large
+// enough to keep the device's request size (4 MiB on this VM's virtio disk:
+// /sys/block/*/queue/max_sectors_kb), small enough that the CRC of a piece
+// runs while it is still in the CPU's last-level cache.
+constexpr size_t kGuardedPieceBytes = 4u << 20;
 
 using Clock = std::chrono::steady_clock;
 
@@ -622,7 +629,7 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
 }
 
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
-                                      bool check_payload, uint8_t* payload_dst) {
+                                      bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard) {
   uint64_t epoch;
   uint64_t fp = object_footprint(e.payload_bytes);
   std::vector<Extent> ext;
@@ -647,8 +654,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // as a memcpy (piece by piece over the regions it spans). Otherwise
   // direct: the header block, and a partial last block, into staging; the
   // payload's whole blocks straight into payload_dst, in pieces small enough
-  // that each is checked while it is still in the CPU's cache.
-  const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
+  // that each is checked while it is still in the CPU's cache; with a guard
+  // each piece is read under it (the header block with the first).
+  const uint8_t* map = payload_dst && !guard ? device_->mapped() : nullptr;
   const bool mapped = map && ext.back().at + ext.back().len <= device_->size();
   const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
@@ -670,15 +678,22 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     }
     *io = Status::Ok();
   } else if (direct) {
+    const size_t piece = guard ? kGuardedPieceBytes : kPieceBytes;
     size_t done = 0;
     do {
-      size_t len = std::min(body - done, kPieceBytes);
+      size_t len = std::min(body - done, piece);
       iovec iov[3];
       int n = 0;
       if (done == 0) iov[n++] = {ctx.staging_.data(), kBlockSize};
-      iov[n++] = {payload_dst + done, len};
+      if (len) iov[n++] = {payload_dst + done, len};
       if (tail && done + len == body) iov[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
-      *io = io_mapped(false, ext, done == 0 ? 0 : kBlockSize + done, iov, n);
+      auto read_piece = [&] { *io = io_mapped(false, ext, done == 0 ? 0 : kBlockSize + done, iov, n); };
+      if (!guard) {
+        read_piece();
+      } else if (!(*guard)(read_piece)) {
+        *io = Status::NotFound("the caller gave up");
+        break;
+      }
       if (check_payload && io->ok()) body_crc = crc32c_extend(body_crc, payload_dst + done, len);
       done += len;
     } while (io->ok() && done < body);
@@ -691,6 +706,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     for (uint32_t r : regs)
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
+  if (io->is_not_found()) return std::string();  // the caller gave up: no damage
   if (!io->ok()) {
     count_io_error();
     return io->message();
@@ -707,7 +723,15 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     return "header does not match the index";
   if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
     return "key does not match the index";
-  if (direct && tail) std::memcpy(payload_dst + body, block + kBlockSize, tail);
+  if (direct && tail) {
+    auto copy_tail = [&] { std::memcpy(payload_dst + body, block + kBlockSize, tail); };
+    if (!guard) {
+      copy_tail();
+    } else if (!(*guard)(copy_tail)) {
+      *io = Status::NotFound("the caller gave up");
+      return std::string();
+    }
+  }
   if (check_payload && (mapped   ? body_crc
                         : direct ? crc32c_extend(body_crc, payload_dst + body, tail)
                                  : crc32c(block + kBlockSize, hdr.payload_bytes)) != hdr.payload_crc)
@@ -731,7 +755,8 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
   unpin(e.region);
 }
 
-Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into) {
+Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
+                      const PieceGuardFn& pieces) {
   ctx.store_ = this;
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
@@ -751,8 +776,8 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   bool other = false;  // another key with the same 64-bit hash
   // Reads the object (the payload into dst when given), checks header and
   // key (and the payload CRC if asked); true if it is key's intact object.
-  auto read = [&](uint8_t* dst, bool check_payload) {
-    bad = read_and_check(ctx, h, e, &io, check_payload, dst);
+  auto read = [&](uint8_t* dst, bool check_payload, const PieceGuardFn* guard = nullptr) {
+    bad = read_and_check(ctx, h, e, &io, check_payload, dst, guard);
     if (!io.ok() || !bad.empty()) return false;
     ObjectHeader hdr;
     std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
@@ -770,6 +795,18 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   bool delivered;
   if (into == ReadInto::kStaging) {
     delivered = read(nullptr, false) && deliver(e.payload_bytes, copy_staged);
+  } else if (into == ReadInto::kPieces) {
+    uint8_t* dst = nullptr;
+    delivered = deliver(e.payload_bytes, [&](uint8_t* d) {
+      dst = d;
+      return true;
+    });
+    if (delivered && reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0) {
+      delivered = read(dst, true, &pieces);
+    } else if (delivered) {  // unaligned: staged, then copied in one piece
+      bool copied = false;
+      delivered = read(nullptr, false) && pieces([&] { copied = copy_staged(dst); }) && copied;
+    }
   } else {
     delivered = deliver(e.payload_bytes, [&](uint8_t* dst) {
       bool direct = device_->mapped() || reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;

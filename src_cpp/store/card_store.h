@@ -104,7 +104,10 @@ class CardStore {
   // card is read before deliver() or by its copy() (see ReadInto). Ok:
   // delivered and intact. NotFound: a miss, a declined delivery, or a failed
   // checksum (counted, and the object is dropped). Otherwise an I/O error.
-  Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging);
+  // `pieces` (kPieces only) runs each piece written into the destination;
+  // once it declines, the load stops and is a miss.
+  Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
+             const PieceGuardFn& pieces = {});
   // True if the card is memory (an image file on tmpfs or ramfs): a read
   // takes a memcpy's time, bounded by the object size.
   bool memory_speed() const { return device_->memory_backed(); }
@@ -218,9 +221,11 @@ class CardStore {
   // evicted, replaced or deleted since e was looked up. That is no damage.
   // check_payload=false leaves the payload CRC to the caller (get fuses it
   // with the delivery copy). A 4 KiB aligned `payload_dst` receives the
-  // payload (same I/O, checked there); otherwise it lands in staging.
+  // payload (same I/O, checked there); otherwise it lands in staging. With
+  // `guard` (a kPieces load), every write into payload_dst runs under it, in
+  // pieces of kGuardedPieceBytes; once it declines, *io is NotFound.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
-                             uint8_t* payload_dst = nullptr);
+                             uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/embedded_backend.h"
 
+#include <chrono>
+
 namespace adp {
 namespace {
 
@@ -17,11 +19,18 @@ class EmbeddedSession : public BackendSession {
     store_->put(*ctx_, items, n, results, [&guarded] { return guarded([] {}); });
   }
 
-  void get(const std::string_view* keys, const size_t*, uint8_t* const*, size_t n, Status* results, Deadline,
-           const DeliverFn& deliver, const GuardedReadFn&) override {
+  void get(const std::string_view* keys, const size_t*, uint8_t* const*, size_t n, Status* results, Deadline deadline,
+           const DeliverFn& deliver, const GuardedReadFn& guarded) override {
+    // A piece starts only before the deadline: the batch's guard alone would
+    // not stop it (a reader-preferring lock lets pieces of other workers in
+    // ahead of the deadline thread), so past the deadline none starts and the
+    // future completes once the pieces in flight are done.
+    PieceGuardFn pieces = [&](const std::function<void()>& piece) {
+      return std::chrono::steady_clock::now() < deadline && guarded(piece);
+    };
     for (size_t i = 0; i < n; i++)
-      results[i] =
-          store_->get(*ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, into_);
+      results[i] = store_->get(
+          *ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, into_, pieces);
   }
 
   void exists(const std::string_view* keys, size_t n, Status* results, Deadline) override {
@@ -37,8 +46,9 @@ class EmbeddedSession : public BackendSession {
   std::shared_ptr<CardStore> store_;
   // A memory-speed card is read straight into LMCache's buffer: the read
   // then takes a memcpy's time under the batch's deadline guard. Any other
-  // card is read into staging, so a slow card cannot hold up a deadline.
-  const ReadInto into_ = store_->memory_speed() ? ReadInto::kDestination : ReadInto::kStaging;
+  // card is read into it in pieces, each under the guard and before the
+  // deadline, so a slow card holds up a deadline by one piece's read at most.
+  const ReadInto into_ = store_->memory_speed() ? ReadInto::kDestination : ReadInto::kPieces;
   std::unique_ptr<IoContext> ctx_ = std::make_unique<IoContext>();
 };
 

@@ -294,13 +294,13 @@ def corrupt(card: str, key: str, at: int) -> None:
 def test_damaged_object_is_a_miss_and_dropped(any_card, where):
     c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.25, num_workers=1))
     try:
-        n = 2 * MIB + 100
+        n = 5 * MIB + 100  # a disk card reads it in 4 MiB pieces, a memory card in 1 MiB pieces
         keys = ["m@00000000@0@good", "m@00000000@0@bad"]
         assert c.set(keys, [memoryview(payload(k, n)) for k in keys])[0]
         corrupt(
             any_card,
             keys[1],
-            {"payload": 4096 + 777, "later piece": 4096 + MIB + 12345, "tail": 4096 + n - 5, "header": 30}[where],
+            {"payload": 4096 + 777, "later piece": 4096 + 4 * MIB + 12345, "tail": 4096 + n - 5, "header": 30}[where],
         )
         dsts = [aligned_array(n) for _ in keys]
         ok, _, hits = c.get(keys, [memoryview(d) for d in dsts])
