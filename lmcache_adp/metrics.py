@@ -44,6 +44,8 @@ COUNTERS = {
 GAUGES = {
     "capacity_bytes": "Bytes the card can hold",
     "used_bytes": "Bytes of the card held by live objects",
+    "payload_bytes": "Payload bytes of the objects held (used_bytes less headers and padding)",
+    "first_eviction_held_bytes": "Payload held at the first eviction since open, stores then in flight included",
     "objects": "Objects on the card",
     "free_regions": "Regions not holding objects",
     "healthy": "1 while the card's most recent I/O succeeded",

@@ -44,6 +44,18 @@ def _size(n: float) -> str:
     return str(n)
 
 
+def _first_eviction(st: dict[str, Any]) -> str:
+    """The card's fill at its first eviction since open (docs/card_format.md, Capacity)."""
+    if not st.get("evicted_objects") or "first_eviction_held_bytes" not in st:
+        return "- (no eviction since open)"
+    held, cap = st["first_eviction_held_bytes"], st.get("capacity_bytes", 0)
+    share = f" ({held / cap:.1%} of capacity)" if cap else ""
+    return (
+        f"{_size(held)} payload{share}; {st.get('first_eviction_inflight_stores', 0)} stores in flight then, "
+        f"{st.get('first_eviction_inflight_acked', 0)} acknowledged, {st.get('first_eviction_inflight_failed', 0)} failed"
+    )
+
+
 def format_status(st: dict[str, Any]) -> str:
     hits, misses = st.get("hits", 0), st.get("misses", 0)
     ratio = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
@@ -57,6 +69,7 @@ def format_status(st: dict[str, Any]) -> str:
         ("hits / misses", f"{hits} / {misses} (hit ratio {ratio})"),
         ("stores (failed)", f"{st.get('stores', 0)} ({st.get('store_failures', 0)})"),
         ("evictions", f"{st.get('evicted_objects', 0)} objects in {st.get('evicted_regions', 0)} regions"),
+        ("held at 1st eviction", _first_eviction(st)),
         ("checksum failures", st.get("checksum_failures", 0)),
         ("I/O errors", st.get("io_errors", 0)),
         (

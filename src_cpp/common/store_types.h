@@ -72,6 +72,14 @@ struct StoreStats {
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
   uint64_t media_errors = 0;  // regions found damaged or unreadable at open (their objects past the damage are lost)
   uint64_t bytes_written = 0, bytes_read = 0;
+  uint64_t payload_bytes = 0;  // payload of the objects held (used_bytes less headers and padding)
+  // The card's fill at its first eviction since it was opened (zero before
+  // it): the payload of the objects held then plus that of the stores then
+  // reserved and being written that were acknowledged afterwards (a key
+  // counted once, at its newest copy); how many stores were in flight then,
+  // and how many of those were acknowledged and how many failed so far.
+  uint64_t first_eviction_held_bytes = 0, first_eviction_inflight_stores = 0;
+  uint64_t first_eviction_inflight_acked = 0, first_eviction_inflight_failed = 0;
   uint64_t recovered_objects = 0;
   double recovery_seconds = 0;
   bool healthy = true;  // false while the card's most recent I/O failed
@@ -99,6 +107,11 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("media_errors", st.media_errors);
   f("bytes_written", st.bytes_written);
   f("bytes_read", st.bytes_read);
+  f("payload_bytes", st.payload_bytes);
+  f("first_eviction_held_bytes", st.first_eviction_held_bytes);
+  f("first_eviction_inflight_stores", st.first_eviction_inflight_stores);
+  f("first_eviction_inflight_acked", st.first_eviction_inflight_acked);
+  f("first_eviction_inflight_failed", st.first_eviction_inflight_failed);
   f("recovered_objects", st.recovered_objects);
   f("recovery_seconds", st.recovery_seconds);
   f("healthy", st.healthy);

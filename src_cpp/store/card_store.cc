@@ -172,6 +172,7 @@ void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
   for_each_part_locked(e.region, uint64_t(e.block) * kBlockSize, fp,
                        [this](uint32_t r, uint64_t len, uint64_t) { regions_[r].live_bytes -= len; });
   used_bytes_ -= fp;
+  payload_bytes_ -= e.payload_bytes;
   index_.erase(hash);
 }
 
@@ -188,6 +189,7 @@ void CardStore::evict_locked(uint32_t r) {
                          object_footprint(it->second.payload_bytes),
                          [&](uint32_t part, uint64_t, uint64_t) { touches |= part == r; });
     if (touches) {
+      if (!first_eviction_.taken) note_first_eviction_locked();
       erase_entry_locked(h, it->second);
       evicted++;
     }
@@ -202,6 +204,45 @@ void CardStore::evict_locked(uint32_t r) {
       ADP_INFO("card %s is full: evicting least recently used regions", path().c_str());
     }
   }
+}
+
+void CardStore::note_first_eviction_locked() {
+  // The store whose reservation evicts has no ticket yet: it is not counted
+  // (it does not fit without the eviction).
+  FirstEviction& f = first_eviction_;
+  f.taken = true;
+  f.held_bytes = payload_bytes_;
+  for (auto& [ticket, s] : inflight_) {
+    s.at_first_eviction = true;
+    f.inflight++;
+    auto it = index_.find(s.hash);
+    uint64_t seq = 0, bytes = 0;
+    if (it != index_.end()) seq = it->second.seq, bytes = it->second.payload_bytes;
+    f.counted.try_emplace(s.hash, seq, bytes);
+  }
+}
+
+void CardStore::settle_locked(uint64_t ticket, bool acked) {
+  auto it = inflight_.find(ticket);
+  if (it == inflight_.end()) return;
+  const InFlight s = it->second;
+  inflight_.erase(it);
+  if (!s.at_first_eviction) return;
+  FirstEviction& f = first_eviction_;
+  if (!acked) {
+    f.failed++;
+  } else {
+    f.acked++;
+    // A key counts once, at its newest acknowledged copy: one held then, or
+    // a store of it in flight then.
+    auto& [seq, bytes] = f.counted[s.hash];
+    if (s.seq > seq) {
+      f.held_bytes = f.held_bytes - bytes + s.payload_bytes;
+      seq = s.seq;
+      bytes = s.payload_bytes;
+    }
+  }
+  if (f.acked + f.failed == f.inflight) f.counted = {};
 }
 
 Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
@@ -246,7 +287,8 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   return Status::Ok();
 }
 
-Status CardStore::reserve(IoContext& ctx, uint64_t footprint, Placement* pl) {
+Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl) {
+  const uint64_t footprint = object_footprint(payload_bytes);
   std::lock_guard<std::mutex> flock(frontier_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   uint32_t f;
@@ -284,6 +326,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t footprint, Placement* pl) {
   pl->seq = next_seq_++;
   pl->ticket = next_ticket_++;
   unresolved_.insert(pl->ticket);
+  inflight_.emplace(pl->ticket, InFlight{hash, payload_bytes, pl->seq});
   return Status::Ok();
 }
 
@@ -319,9 +362,10 @@ Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t
   return Status::Ok();
 }
 
-void CardStore::resolve(uint64_t ticket) {
+void CardStore::resolve(uint64_t ticket, bool failed) {
   std::lock_guard<std::mutex> lock(mu_);
   unresolved_.erase(ticket);
+  if (failed) settle_locked(ticket, false);
   resolved_.notify_all();
 }
 
@@ -353,6 +397,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   retry_pending(ctx);
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
+  std::vector<uint64_t> tickets(n, 0);  // of the written ones
   // Regions holding this put's objects stay pinned until the commit: a
   // sealed region would otherwise look empty and be evicted (and rewritten)
   // before its objects are indexed.
@@ -376,7 +421,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
           " regions of " + std::to_string(region_bytes_) + " bytes)");
       continue;
     }
-    uint64_t fp = object_footprint(it.size);
+    const uint64_t fp = object_footprint(it.size), hash = hash_key(it.key);
     // Zero-copy when the caller's memory suits O_DIRECT: header block, the
     // aligned body straight from the caller, the tail through a block of ours.
     // Otherwise the whole object is staged.
@@ -385,7 +430,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       results[i] = Status::IoError("out of memory for staging");
       continue;
     }
-    Status s = reserve(ctx, fp, &pl);
+    Status s = reserve(ctx, hash, it.size, &pl);
     if (!s.ok()) {
       results[i] = s;
       continue;
@@ -428,12 +473,13 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       count_io_error();
       results[i] = s;
       abandon(ctx, pl, it.size);
-      resolve(pl.ticket);
+      resolve(pl.ticket, true);
       continue;
     }
-    resolve(pl.ticket);
+    resolve(pl.ticket, false);
     counters_.bytes_written += fp;
-    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash_key(it.key)};
+    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash};
+    tickets[i] = pl.ticket;
     any_written = true;
   }
   if (any_written) {
@@ -472,8 +518,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         // not find this one. Not acknowledged, never indexed.
         results[i] = Status::IoError("an earlier store in the region failed and could not be marked");
         loc.region = UINT32_MAX;
+        settle_locked(tickets[i], false);
         continue;
       }
+      settle_locked(tickets[i], wanted);
       if (!wanted) {
         // A copy that was never indexed voids only itself: its tombstone
         // carries seq 0 (no store gets it), so recovery's merge ranks it below
@@ -512,6 +560,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         regions_[r].hashes.push_back(h);
       });
       used_bytes_ += fp;
+      payload_bytes_ += loc.payload_bytes;
     }
     for (uint32_t r : pinned)
       if (regions_.unpin(r)) unpinned_.notify_all();
@@ -903,6 +952,11 @@ StoreStats CardStore::stats() const {
     st.used_bytes = used_bytes_;
     st.objects = index_.size();
     st.free_regions = regions_.free_count();
+    st.payload_bytes = payload_bytes_;
+    st.first_eviction_held_bytes = first_eviction_.held_bytes;
+    st.first_eviction_inflight_stores = first_eviction_.inflight;
+    st.first_eviction_inflight_acked = first_eviction_.acked;
+    st.first_eviction_inflight_failed = first_eviction_.failed;
   }
   st.region_bytes = region_bytes_;
   st.num_regions = num_regions_;

@@ -172,9 +172,10 @@ class CardStore {
     std::vector<uint32_t> regions;
     std::vector<Extent> ext;
   };
-  // Takes `footprint` bytes at the write frontier (opening, and evicting
-  // for, the regions it continues into), pins them and registers the ticket.
-  Status reserve(IoContext& ctx, uint64_t footprint, Placement* pl);
+  // Takes the footprint of a store of `payload_bytes` (key hash `hash`) at
+  // the write frontier (opening, and evicting for, the regions it continues
+  // into), pins them and registers the ticket, and the store as in flight.
+  Status reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl);
   // Opens the next frontier region (a free one, or one evicted for it) whose
   // first `cont_bytes` continue the current frontier's last record; writes
   // and syncs its header. Called with frontier_mu_ and `lock` (mu_) held;
@@ -194,7 +195,13 @@ class CardStore {
   // The store of `pl` failed: marks its place as a pad record, or, if that
   // cannot be written, the region as broken there (and moves the frontier).
   void abandon(IoContext& ctx, const Placement& pl, uint64_t payload_bytes);
-  void resolve(uint64_t ticket);
+  // The store of `ticket` is written, or (failed) marked abandoned.
+  void resolve(uint64_t ticket, bool failed);
+  // The store of `ticket` is acknowledged (indexed, or superseded by a newer
+  // copy at its commit) or failed: it is no longer in flight.
+  void settle_locked(uint64_t ticket, bool acked);
+  // The first eviction since open: records what the card holds (first_eviction_).
+  void note_first_eviction_locked();
   void unpin(uint32_t r);
   // Writes object `it` over `ext`, the header with the CRC last. For
   // memory-speed cards. `mapped` (the extents prepared for a mapped write;
@@ -251,6 +258,22 @@ class CardStore {
   RegionManager regions_;  // guarded by mu_
   KeyIndex index_;         // guarded by mu_
   uint64_t used_bytes_ = 0;
+  uint64_t payload_bytes_ = 0;  // payload of the indexed objects
+  // Stores reserved and not yet acknowledged or failed, by ticket. Guarded by mu_.
+  struct InFlight {
+    uint64_t hash, payload_bytes, seq;
+    bool at_first_eviction = false;  // in flight when the first eviction happened
+  };
+  std::unordered_map<uint64_t, InFlight> inflight_;
+  // What the card held at its first eviction (StoreStats' first_eviction_*).
+  // `counted`: for each key of a store in flight then, the copy counted in
+  // held_bytes (seq, payload bytes; 0, 0 if none), so a key counts once.
+  // Guarded by mu_.
+  struct FirstEviction {
+    bool taken = false;
+    uint64_t held_bytes = 0, inflight = 0, acked = 0, failed = 0;
+    std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> counted;
+  } first_eviction_;
   uint64_t next_seq_ = 1;  // 0 is never a store's: tombstones of never-indexed copies carry it
   bool evicting_logged_ = false;
   std::vector<Stale> pending_;  // tombstones that failed; guarded by mu_

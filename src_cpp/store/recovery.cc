@@ -223,6 +223,7 @@ Status CardStore::recover(int threads) {
       regions_[r].hashes.push_back(hash);
     });
     used_bytes_ += fp;
+    payload_bytes_ += e.payload_bytes;
   });
   for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 

@@ -82,8 +82,9 @@ Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
   if (index == hold_write_n_) {
     held_ = true;
     held_cv_.notify_all();
-    held_cv_.wait(l, [this] { return dead_; });
+    held_cv_.wait(l, [this] { return dead_ || released_; });
     held_ = false;
+    if (!dead_ && release_fails_) return failed("injected");
   }
   if (dead_) return failed("power cut");
   if (index == cut_write_n_) {
@@ -169,6 +170,13 @@ void FaultDevice::power_cut() {
 void FaultDevice::hold_write(uint64_t n) {
   std::lock_guard<std::mutex> l(mu_);
   hold_write_n_ = n;
+}
+
+void FaultDevice::release_held_write(bool fail) {
+  std::lock_guard<std::mutex> l(mu_);
+  released_ = true;
+  release_fails_ = fail;
+  held_cv_.notify_all();
 }
 
 bool FaultDevice::write_held() const {

@@ -49,10 +49,13 @@ class FaultDevice : public Device {
   // them durable, a power cut before it undoes them).
   void fail_sync(uint64_t n);
   // The n-th write blocks (before it touches the image) until a power cut,
-  // which it then fails: a store stuck in flight while others go on.
-  // write_held() says whether it is blocked now.
+  // which it then fails, or until release_held_write(): a store stuck in
+  // flight while others go on. write_held() says whether it is blocked now.
   void hold_write(uint64_t n);
   bool write_held() const;
+  // Lets the held write go on: it fails (an I/O error, the image untouched)
+  // when `fail`, else it is done as any write.
+  void release_held_write(bool fail);
   // Every read of a byte in [begin, end) fails (an unreadable block).
   void fail_reads(uint64_t begin, uint64_t end);
   // Every write of a byte in [begin, end) fails.
@@ -87,6 +90,7 @@ class FaultDevice : public Device {
   uint64_t fail_sync_n_ = UINT64_MAX;
   uint64_t hold_write_n_ = UINT64_MAX;
   mutable bool held_ = false;
+  bool released_ = false, release_fails_ = false;
   mutable std::condition_variable held_cv_;
   mutable uint64_t sync_calls_ = 0;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;

@@ -13,6 +13,11 @@ not, smaller than a region, about one region and several regions:
   - after 1.25x the card has been stored (steady state), at least 95%;
   - objects that continue into other regions read back byte-exact, also after
     a reopen; after the reopen the card holds the same objects.
+The card's fill at its first eviction (stats' first_eviction_*: the payload
+held then, stores then in flight and acknowledged later included) is every
+object that fits, with one writer or sixteen; tests/cpp/first_eviction_test.cc
+checks on a fault device that it counts a key once, no failed store and not
+the store that evicted.
 Card images on /dev/shm (sparse, removed after each test) where it exists.
 """
 
@@ -20,13 +25,17 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from lmcache_adp import ADPConnector, CardStore
 from tests.helpers import MIB, RawConnector
 
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 BLOCK = 4096
 CARD = 2 * GIB
@@ -76,6 +85,8 @@ def test_card_holds_its_capacity(big_card, size):
         if st["evicted_objects"] == 0:
             first = st["objects"]
     assert first == fits, f"before the first eviction {first} objects of {size} bytes, {fits} fit"
+    # One writer: nothing is in flight when the card fills.
+    assert (st["first_eviction_held_bytes"], st["first_eviction_inflight_stores"]) == (fits * size, 0)
     assert first * size >= min(0.97 * CARD, fits * size)
     assert fits * size >= 0.965 * CARD
     held = st["objects"]
@@ -115,6 +126,16 @@ def test_sixteen_writers_share_the_frontier(big_card, size):
         assert ok, err
     st = c.stats()
     assert st["objects"] * size >= 0.95 * CARD, f"steady state holds {st['objects'] * size / CARD:.1%}"
+    # At the first eviction the card held every object that fits: those
+    # indexed then and those being written then, all acknowledged since.
+    regions, region = st["num_regions"], st["region_bytes"]
+    fits = regions * (region - BLOCK) // footprint(size)
+    assert st["first_eviction_held_bytes"] == fits * size, (
+        f"held at the first eviction: {st['first_eviction_held_bytes'] / size:g} objects, {fits} fit"
+    )
+    assert st["first_eviction_inflight_acked"] == st["first_eviction_inflight_stores"]
+    assert st["first_eviction_inflight_failed"] == 0
+    assert st["first_eviction_held_bytes"] >= min(0.97 * CARD, fits * size)
     # The newest objects read back whole (most continue into another region;
     # on a tmpfs card a load copies from the mapping, piece by piece).
     out = bytearray(size + 1)
@@ -124,3 +145,24 @@ def test_sixteen_writers_share_the_frontier(big_card, size):
         assert ok, err
         assert dst == memoryview(bufs[k % 16]), f"obj-{k} differs"
     c.close()
+
+
+def test_first_eviction_stat_counts_what_the_card_held(tmp_path):
+    """tests/cpp/first_eviction_test.cc on a fault device: stores in flight at
+    the first eviction count once acknowledged, a failed one (its write
+    failed, or its caller gave up) not at all, a re-stored key once, the
+    store whose reservation evicted not at all."""
+    cxx = os.environ.get("CXX", "g++")
+    assert shutil.which(cxx), f"{cxx} not found: this test needs a C++20 compiler (set CXX)"
+    sources = sorted(str(p) for d in ("store", "util", "testing") for p in (ROOT / "src_cpp" / d).glob("*.cc"))
+    sources.append(str(ROOT / "tests" / "cpp" / "first_eviction_test.cc"))
+    binary = tmp_path / "first_eviction_test"
+    cmd = [cxx, "-std=c++20", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
+    cmd += [f"-I{ROOT / 'src_cpp'}", "-pthread", *sources, "-o", str(binary)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    proc = subprocess.run(
+        [str(binary)], capture_output=True, text=True, timeout=120, env=dict(os.environ, ADP_LOG_LEVEL="ERROR")
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    assert "first_eviction_test: PASS" in proc.stdout
