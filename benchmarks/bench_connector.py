@@ -200,9 +200,10 @@ def drive(conn, op: str, keys: list[str], bufs: list[mmap.mmap], batch: int, win
     return time.perf_counter() - t0, failed
 
 
-def connector_rounds(params: dict, src, dst, reps: int, batch: int, window: int, tag: str) -> dict:
+def connector_rounds(params: dict, src, dst, reps: int, batch: int, window: int, tag: str, passes: int = 1) -> dict:
     """Stores src under fresh keys `reps` times, then loads the last keys into dst `reps` times,
-    checking every loaded byte. Returns the per-repetition seconds and any failure."""
+    checking every loaded byte; each repetition moves src `passes` times over (stores: fresh keys per
+    pass). Returns the per-repetition seconds and any failure."""
     conn = ADPConnector(**params)
     out: dict = {"store_s": [], "load_s": [], "failed_keys": 0, "mismatched": 0}
     try:
@@ -211,15 +212,21 @@ def connector_rounds(params: dict, src, dst, reps: int, batch: int, window: int,
         drive(conn, "set", [f"bench@00000000@0@w{tag}{j:06x}" for j in range(warm)], src[:warm], batch, window)
         keys: list[str] = []
         for r in range(reps):
-            keys = [f"bench@00000000@0@{tag}{r:02d}{j:06x}" for j in range(len(src))]
-            dt, failed = drive(conn, "set", keys, src, batch, window)
+            dt = 0.0
+            for p in range(passes):
+                keys = [f"bench@00000000@0@{tag}{r:02d}{p:02d}{j:06x}" for j in range(len(src))]
+                t, failed = drive(conn, "set", keys, src, batch, window)
+                dt += t
+                out["failed_keys"] += failed
             out["store_s"].append(dt)
-            out["failed_keys"] += failed
         for _ in range(reps):
             clear(dst)
-            dt, failed = drive(conn, "get", keys, dst, batch, window)
+            dt = 0.0
+            for _ in range(passes):
+                t, failed = drive(conn, "get", keys, dst, batch, window)
+                dt += t
+                out["failed_keys"] += failed
             out["load_s"].append(dt)
-            out["failed_keys"] += failed
             out["mismatched"] += same(dst, src)
         out["stats"] = {k: v for k, v in conn.stats().items() if isinstance(v, (int, float))}
     finally:
@@ -343,6 +350,13 @@ def run_client_counts(
             r.append(medium_pass(card, dst, threads, False, passes_m))
         rows.append({**base, "row": f"medium O_DIRECT, {threads} threads", "clients": p, "threads": threads,
                      "bytes": len(src) * size * passes_m, "store_s": w, "load_s": r, "mismatched": same(dst, src)})  # fmt: skip
+        # One embedded connector with as many workers as the P processes have together: what this machine
+        # gives that many threads through the same store code with no gateway in between.
+        format_card(str(card), 0, region)
+        ep = {"card": str(card), "num_workers": threads, "io_depth": threads, "timeout_ms": 60000}
+        res = connector_rounds(ep, src, dst, args.reps, threads * args.keys_per_worker, args.window, "t", passes_m)
+        rows.append({**base, "row": f"embedded, {threads} workers", "clients": p, "threads": threads,
+                     **res, "bytes": len(src) * size * passes_m})  # fmt: skip
         pcard = work / f"card-clients-{p}.img"
         prefill(pcard, card_bytes_for(2 * p * nc * size, size, threads, region))
         format_card(str(pcard), 0, region)
@@ -353,7 +367,7 @@ def run_client_counts(
         pcard.unlink()
         rows.append({**base, "row": f"gateway, {p} client processes x {cw} workers", "clients": p,
                      "threads": threads, **res, "bytes": nc * size * p * args.client_passes})  # fmt: skip
-        print(f"   {p} clients: {summarize([rows[-2], rows[-1]])}", flush=True)
+        print(f"   {p} clients: {summarize(rows[-3:])}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,34 +460,43 @@ def client_table(rows: list[dict], summ: list[dict]) -> list[str]:
     out = [
         "",
         "Client processes on one gateway (item 6): GB/s, median of the repetitions; each repetition's aggregate is"
-        " all bytes / (last end - first start) over the processes; start skew = last start - first start (median).",
+        " all bytes / (last end - first start) over the processes; start skew = last start - first start (median)."
+        " Medium and embedded: P x workers threads in the same run, as many bytes as the processes' phase.",
         "",
-        "| object | P x workers | medium write / read (P x workers threads) | store / load | linear (P x one) store,"
-        " load | limit store, load | store / limit | load / limit | start skew ms | bytes ok |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| object | P x workers | medium write / read | embedded, P x workers: store / load | P processes: store / load"
+        " | linear (P x one) store, load | vs embedded | limit store, load | store / limit | load / limit"
+        " | start skew ms | bytes ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     one: dict = {}
     for r, s in cl:
         if r["row"].startswith("gateway, 1 client"):
             one[r["object_mb"]] = s
-    medium = {}
+    medium, emb = {}, {}
     for r, s in cl:
         if r["row"].startswith("medium"):
             medium[(r["object_mb"], r["clients"])] = s
             continue
+        if r["row"].startswith("embedded"):
+            emb[(r["object_mb"], r["clients"])] = s
+            continue
         m = medium.get((r["object_mb"], r["clients"]))
+        e = emb.get((r["object_mb"], r["clients"]))
         o = one.get(r["object_mb"])
         p = r["clients"]
         if not s["store"] or not s["load"]:
-            out.append(f"| {r['object_mb']:g} MiB | {p} | | failed: {r.get('error')} | | | | | | NO |")
+            out.append(f"| {r['object_mb']:g} MiB | {p} | | | failed: {r.get('error')} | | | | | | | NO |")
             continue
-        lin = (p * o["store"], p * o["load"]) if o and o["store"] else (float("nan"),) * 2
+        nan = float("nan")
+        lin = (p * o["store"], p * o["load"]) if o and o["store"] else (nan, nan)
         lim = (min(lin[0], m["store"]), min(lin[1], m["load"])) if m else lin
+        e_sl = (e["store"] or nan, e["load"] or nan) if e else (nan, nan)
         skew = statistics.median(r.get("load_start_skew_s", [0]) + r.get("store_start_skew_s", [0])) * 1e3
         out.append(
             f"| {r['object_mb']:g} MiB | {p} x {r['threads'] // p} | {m['store']:.2f} / {m['load']:.2f} | "
-            f"{s['store']:.2f} / {s['load']:.2f} | {lin[0]:.2f} ({s['store'] / lin[0]:.2f}x), {lin[1]:.2f} "
-            f"({s['load'] / lin[1]:.2f}x) | {lim[0]:.2f}, {lim[1]:.2f} | "
+            f"{e_sl[0]:.2f} / {e_sl[1]:.2f} | {s['store']:.2f} / {s['load']:.2f} | "
+            f"{lin[0]:.2f} ({s['store'] / lin[0]:.2f}x), {lin[1]:.2f} ({s['load'] / lin[1]:.2f}x) | "
+            f"{s['store'] / e_sl[0]:.2f}x, {s['load'] / e_sl[1]:.2f}x | {lim[0]:.2f}, {lim[1]:.2f} | "
             f"{s['store'] / lim[0]:.2f}x | {s['load'] / lim[1]:.2f}x | {skew:.1f} | {'yes' if s['ok'] else 'NO'} |"
         )
     return out
