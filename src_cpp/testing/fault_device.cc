@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 namespace adp::testing {
 namespace {
@@ -63,9 +64,28 @@ Status FaultDevice::readv(uint64_t offset, const iovec* iov, int count) const {
 void FaultDevice::apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const {
   uint64_t n = std::min(total_bytes(iov, count), limit);
   if (n == 0) return;
-  unsynced_.push_back({offset, std::vector<uint8_t>(image_->data.begin() + offset,
-                                                    image_->data.begin() + static_cast<ptrdiff_t>(offset + n))});
-  copy_iov(image_->data.data() + offset, iov, count, n);
+  Undo u{offset,
+         std::vector<uint8_t>(image_->data.begin() + offset, image_->data.begin() + static_cast<ptrdiff_t>(offset + n)),
+         std::vector<uint8_t>(n)};
+  copy_iov(u.data.data(), iov, count, n);
+  std::memcpy(image_->data.data() + offset, u.data.data(), n);
+  unsynced_.push_back(std::move(u));
+}
+
+void FaultDevice::drop_unsynced_locked() const {
+  for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it)
+    std::memcpy(image_->data.data() + it->offset, it->old.data(), it->old.size());
+  std::mt19937_64 pick(keep_seed_);
+  kept_ = dropped_ = 0;
+  for (const Undo& u : unsynced_) {
+    if (keep_some_ && pick() % 2) {
+      std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
+      kept_++;
+    } else {
+      dropped_++;
+    }
+  }
+  unsynced_.clear();
 }
 
 Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
@@ -88,19 +108,10 @@ Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
   }
   if (dead_) return failed("power cut");
   if (index == cut_write_n_) {
-    // The torn part reached the media: it survives the cut, unlike every
-    // unsynced write before it.
-    uint64_t keep = std::min(cut_tear_, n);
-    copy_iov(image_->data.data() + offset, iov, count, keep);
-    // Undo the earlier unsynced writes now, except over the torn bytes.
-    for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it) {
-      for (uint64_t b = 0; b < it->old.size(); b++) {
-        uint64_t at = it->offset + b;
-        if (at >= offset && at < offset + keep) continue;
-        image_->data[at] = it->old[b];
-      }
-    }
-    unsynced_.clear();
+    // The earlier unsynced writes are undone (or some kept); the torn part
+    // of this one reached the media: it survives the cut.
+    drop_unsynced_locked();
+    copy_iov(image_->data.data() + offset, iov, count, std::min(cut_tear_, n));
     dead_ = true;
     return failed("power cut");
   }
@@ -160,11 +171,25 @@ void FaultDevice::cut_power_at_write(uint64_t n, uint64_t tear_bytes) {
 
 void FaultDevice::power_cut() {
   std::lock_guard<std::mutex> l(mu_);
-  for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it)
-    std::memcpy(image_->data.data() + it->offset, it->old.data(), it->old.size());
-  unsynced_.clear();
+  if (!dead_) drop_unsynced_locked();
   dead_ = true;
   held_cv_.notify_all();
+}
+
+void FaultDevice::keep_unsynced_at_cut(uint64_t seed) {
+  std::lock_guard<std::mutex> l(mu_);
+  keep_some_ = true;
+  keep_seed_ = seed;
+}
+
+uint64_t FaultDevice::kept_at_cut() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return kept_;
+}
+
+uint64_t FaultDevice::dropped_at_cut() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return dropped_;
 }
 
 void FaultDevice::hold_write(uint64_t n) {

@@ -7,7 +7,10 @@
 //   - fail the n-th sync (the writes before it stay unsynced: a later sync
 //     may still make them durable, as after a failed fdatasync);
 //   - cut power: at a chosen write (which may be torn) the device dies,
-//     every later I/O fails, and every write not yet synced is undone.
+//     every later I/O fails, and every write not yet synced is undone; or,
+//     with keep_unsynced_at_cut(seed), a seeded arbitrary subset of them
+//     survives (as a disk's cache reorders: LevelDB's fault-injection env
+//     keeps or drops unsynced data the same way).
 // The image lives in a FaultImage shared with the test, so a store can be
 // closed and the card opened again (a reboot) on what survived.
 #pragma once
@@ -67,6 +70,14 @@ class FaultDevice : public Device {
   // Cuts power now: every write since the last sync is undone (the torn
   // part of a cut write stays: it reached the media).
   void power_cut();
+  // From now on a power cut keeps each write since the last sync whole or
+  // drops it whole, as a generator seeded with `seed` draws (each with
+  // probability 1/2), in any order, instead of dropping them all: the
+  // writes a store did not sync may reach the media in any order.
+  void keep_unsynced_at_cut(uint64_t seed);
+  // How many unsynced writes the last power cut kept, and dropped.
+  uint64_t kept_at_cut() const;
+  uint64_t dropped_at_cut() const;
 
   uint64_t writes() const;  // writes attempted so far
   uint64_t syncs() const;
@@ -75,8 +86,10 @@ class FaultDevice : public Device {
  private:
   struct Undo {
     uint64_t offset;
-    std::vector<uint8_t> old;
+    std::vector<uint8_t> old, data;  // the bytes before the write, and those written
   };
+  // The power cut: undoes the unsynced writes, then redoes the ones kept.
+  void drop_unsynced_locked() const;
   bool overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t n) const;
   void apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const;
 
@@ -94,6 +107,9 @@ class FaultDevice : public Device {
   mutable std::condition_variable held_cv_;
   mutable uint64_t sync_calls_ = 0;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
+  bool keep_some_ = false;
+  uint64_t keep_seed_ = 0;
+  mutable uint64_t kept_ = 0, dropped_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
 };
 

@@ -11,6 +11,8 @@
 //   - power cut at that write (whole, or torn after its first 4 KiB block;
 //     a single 4 KiB block is written atomically, as on a 4Kn device): every
 //     unsynced write is lost, the card is reopened;
+//   - power cut at that write keeping a seeded subset of the unsynced writes
+//     before it (a disk's cache reorders them: each lands whole or not);
 //   - that write fails (an I/O error), the workload goes on, then a power cut
 //     at the end and a reopen.
 // After each reopen:
@@ -29,7 +31,10 @@
 // Every sync point of the mixed workload is failed in turn (a store whose
 // sync failed must not outlive a later delete of its key). And two writers
 // at once: a store reserved behind one whose write is stuck is not
-// acknowledged before the hole is written or marked. Also checked: an unreadable
+// acknowledged before the hole is written or marked. A region header lost in
+// a cut that kept records written under its epoch (two cuts: the epoch must
+// not be handed out again, or the leftovers come back as valid records and
+// a deleted key with them). Also checked: an unreadable
 // block costs its region's objects, not the card; an unreadable superblock
 // is refused with what to run.
 #include <atomic>
@@ -320,6 +325,18 @@ void cut_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
       tear ? "torn cut at write" : "cut at write", point);
 }
 
+// Power cut at write `point` that keeps a subset of the unsynced writes
+// before it (drawn with seed `point`): they reach the media in any order.
+void cut_keeping_some_at(const std::vector<Op>& ops, uint64_t point) {
+  run_with_fault(
+      ops,
+      [&](FaultDevice* dev) {
+        dev->keep_unsynced_at_cut(point);
+        dev->cut_power_at_write(dev->writes() + point);
+      },
+      "cut keeping some unsynced writes at write", point);
+}
+
 // Write `point` fails (torn after its first block when tear), the rest goes on.
 void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
   run_with_fault(
@@ -359,6 +376,99 @@ uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name, ui
   s.reset();
   check_reopened(image, *run, "clean run", 0);
   return writes;
+}
+
+// The region header written when the frontier opens a region is synced
+// before any record is written under its epoch. Without that sync a power
+// cut may keep records written under the new epoch and lose the header that
+// carries it: recovery then hands the epoch out again, and the leftovers
+// walk as valid records of the region reopened under it, outranking what
+// happened in between. The scenario: objects of 200 KiB (footprint 204 KiB,
+// five fill a 1 MiB region exactly, so records sit at the same offsets in
+// every epoch): 20 stored (regions 0-3), then one batch re-storing four of
+// them, which opens region 4; the power goes at one of the batch's writes,
+// keeping a seeded subset of the unsynced writes. Reopen: delete every key
+// (acknowledged), store a fresh key (it opens the next region; with a
+// reused epoch, region 4 again, over the batch's first slot), power cut,
+// reopen: no deleted key may be back. Every seed and cut point of the batch.
+void lost_region_header_reused_epoch() {
+  constexpr size_t kSize = 200 << 10;
+  constexpr int kStored = 20, kBatch = 4;
+  auto key = [](int k) { return "epoch-" + std::to_string(k); };
+  int cases = 0, kept_leftovers = 0;
+  for (uint64_t seed = 0; seed < 8; seed++) {
+    for (uint64_t cut = 1; cut <= kBatch; cut++) {
+      auto image = fresh_image();
+      {
+        FaultDevice* dev;
+        std::unique_ptr<CardStore> s;
+        Status st = open_store(image, &dev, &s);
+        CHECK(st.ok(), "open: %s", st.message().c_str());
+        if (!st.ok()) return;
+        IoContext ctx;
+        for (int k = 0; k < kStored; k++) {
+          auto b = value_bytes(k + 1, kSize);
+          std::string name = key(k);
+          adp::PutItem item{name, b.data(), b.size()};
+          Status r;
+          s->put(ctx, &item, 1, &r, [] { return true; });
+          CHECK(r.ok(), "epoch: store %d: %s", k, r.message().c_str());
+        }
+        // The batch: region 4's header, then its records (the cut at one of
+        // them, after the header).
+        std::vector<std::vector<uint8_t>> bufs;
+        std::vector<std::string> names;
+        std::vector<adp::PutItem> items;
+        for (int j = 0; j < kBatch; j++) {
+          bufs.push_back(value_bytes(100 + j, kSize));
+          names.push_back(key(j));
+        }
+        for (int j = 0; j < kBatch; j++) items.push_back({names[j], bufs[j].data(), bufs[j].size()});
+        std::vector<Status> results(kBatch);
+        dev->keep_unsynced_at_cut(seed);
+        dev->cut_power_at_write(dev->writes() + cut);
+        s->put(ctx, items.data(), items.size(), results.data(), [] { return true; });
+        for (const Status& r : results) CHECK(!r.ok(), "epoch: a store of the cut batch was acknowledged");
+        kept_leftovers += dev->kept_at_cut() > 0;
+      }
+      std::string fresh = "epoch-fresh";
+      {
+        FaultDevice* dev;
+        std::unique_ptr<CardStore> s;
+        Status st = open_store(image, &dev, &s);
+        CHECK(st.ok(), "epoch: reopen: %s", st.message().c_str());
+        if (!st.ok()) return;
+        IoContext ctx;
+        for (int k = 0; k < kStored; k++) {
+          Status r = s->remove(ctx, key(k));
+          CHECK(r.ok(), "epoch seed %" PRIu64 " cut %" PRIu64 ": delete of %s: %s", seed, cut, key(k).c_str(),
+                r.message().c_str());
+        }
+        auto b = value_bytes(999, kSize);
+        adp::PutItem item{fresh, b.data(), b.size()};
+        Status r;
+        s->put(ctx, &item, 1, &r, [] { return true; });
+        CHECK(r.ok(), "epoch: fresh store: %s", r.message().c_str());
+        dev->power_cut();  // the second cut: all of it was acknowledged, so synced
+      }
+      std::unique_ptr<CardStore> s;
+      Status st = open_store(image, nullptr, &s);
+      CHECK(st.ok(), "epoch: second reopen: %s", st.message().c_str());
+      if (!st.ok()) return;
+      IoContext ctx;
+      for (int k = 0; k < kStored; k++) {
+        auto got = load(*s, ctx, key(k));
+        uint64_t v = 0;
+        if (got && got->size() >= 8) std::memcpy(&v, got->data(), 8);
+        CHECK(!got, "epoch seed %" PRIu64 " cut %" PRIu64 ": %s was deleted and is back (value %" PRIu64 ")", seed, cut,
+              key(k).c_str(), v);
+      }
+      CHECK(load(*s, ctx, fresh) == value_bytes(999, kSize), "epoch: the fresh store is lost");
+      cases++;
+    }
+  }
+  std::printf("card_crash_test: lost region header: %d cases (seeds x cut points), %d kept unsynced writes\n", cases,
+              kept_leftovers);
 }
 
 void unreadable_block() {
@@ -528,9 +638,10 @@ int main(int argc, char** argv) {
     if (p >= writes) continue;
     cut_at(ops, p, false);
     cut_at(ops, p, true);
+    cut_keeping_some_at(ops, p);
     fail_at(ops, p, false);
     fail_at(ops, p, true);
-    runs += 4;
+    runs += 5;
   }
   // Failed syncs: every sync point of the mixed workload.
   for (uint64_t p = 0; p < syncs; p++) {
@@ -544,11 +655,13 @@ int main(int argc, char** argv) {
   for (uint64_t p = 0; p < span_writes; p++) {
     cut_at(span_ops, p, false);
     cut_at(span_ops, p, true);
+    cut_keeping_some_at(span_ops, p);
     fail_at(span_ops, p, false);
     fail_at(span_ops, p, true);
-    runs += 4;
+    runs += 5;
   }
   hole_before_acknowledged_store();
+  lost_region_header_reused_epoch();
   unreadable_block();
   unreadable_superblock();
   std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), all %" PRIu64 " sync points, all %" PRIu64

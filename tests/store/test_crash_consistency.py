@@ -3,8 +3,10 @@
 
 Builds tests/cpp/card_crash_test.cc with the store and the test double
 src_cpp/testing/fault_device.cc, and runs it: a scripted workload with power
-cuts (whole and torn) and failed writes at a bounded number of write points
-spread over it, then the checks after each reopen (see the .cc file). Set
+cuts (whole, torn, and keeping a seeded subset of the unsynced writes) and
+failed writes at a bounded number of write points spread over it, then the
+checks after each reopen, and a lost region header over two cuts (see the .cc
+file). Set
 ADP_CRASH_ALL=1 to cut at every write point (minutes instead of seconds).
 """
 
