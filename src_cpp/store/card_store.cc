@@ -18,6 +18,13 @@ namespace {
 // stores write straight from it in pieces of this size, each checksummed
 // while it is in the CPU's cache (L2), so the CRC adds no pass over memory.
 constexpr size_t kPieceBytes = 1u << 20;
+
+// On a disk card, an object from 4 KiB-aligned memory at least this large has
+// its CRC computed on the IoContext's CrcWorker while its body is written (the
+// header, which carries the CRC, follows as a second I/O). Smaller objects
+// go in one I/O, CRC first: there the extra I/O would cost more than the CRC
+// (15 GiB/s: 2 ms per 32 MiB, 0.13 ms per 2 MiB).
+constexpr size_t kOverlapCrcBytes = 1u << 20;
 // A kPieces load (a disk card) reads straight into the caller's buffer in
 // pieces of this size, asking the caller's guard before each: the time a
 // load can go on writing after its caller gave up is one piece's read. Large
@@ -444,6 +451,8 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
     if (mapped || (aligned && device_->memory_backed())) {
       s = write_in_pieces(ctx, pl.ext, it, epoch, seq, mapped);
+    } else if (aligned && it.size >= kOverlapCrcBytes) {
+      s = write_body_then_header(ctx, pl, it, epoch, seq);
     } else if (aligned) {
       uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
@@ -663,6 +672,29 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
   encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
                        ext.size() > 1 ? uint32_t(kObjectContinues) : 0u);
   return device_->write(ext[0].at, hdr, kBlockSize);
+}
+
+Status CardStore::write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch,
+                                         uint64_t seq) {
+  // The body (and the tail block) first, while the CrcWorker reads the same
+  // memory; then the header with the CRC. A write cut short before the
+  // header is a torn object to recovery, as in write_in_pieces.
+  ctx.crc_.start(it.data, it.size);
+  const size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
+  uint8_t* hdr = ctx.header_.data();
+  uint8_t* tb = hdr + kBlockSize;
+  iovec iov[2] = {{const_cast<uint8_t*>(it.data), body}, {tb, kBlockSize}};
+  if (tail) {
+    std::memcpy(tb, it.data + body, tail);
+    std::memset(tb + tail, 0, kBlockSize - tail);
+  }
+  Status s = io_mapped(true, pl.ext, kBlockSize, iov, tail ? 2 : 1);
+  const uint32_t pcrc = ctx.crc_.wait();  // even after a failed write: the worker is reading it.data
+  if (!s.ok()) return s;
+  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
+                       continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u);
+  iovec h{hdr, kBlockSize};
+  return io_mapped(true, pl.ext, 0, &h, 1);
 }
 
 void CardStore::unpin(uint32_t r) {

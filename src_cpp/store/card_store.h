@@ -45,6 +45,7 @@
 #include "store/key_index.h"
 #include "store/region_manager.h"
 #include "util/aligned_buffer.h"
+#include "util/crc_worker.h"
 #include "util/status.h"
 
 namespace adp {
@@ -73,6 +74,7 @@ class IoContext {
   CardStore* store_ = nullptr;
   AlignedBuffer staging_;
   AlignedBuffer header_;  // header and tail blocks of a zero-copy write
+  CrcWorker crc_;         // checksums a disk store's body while it is written
 };
 
 struct VerifyReport {
@@ -210,6 +212,9 @@ class CardStore {
   // payload pieces, each checksummed just before it is written.
   Status write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
                          uint64_t seq, bool mapped);
+  // Writes object `it` from 4 KiB-aligned memory to a disk card: the body
+  // while ctx's CrcWorker checksums it, then the header.
+  Status write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch, uint64_t seq);
   bool continues(uint64_t offset, uint64_t payload_bytes) const {
     return offset + object_footprint(payload_bytes) > region_bytes_;
   }

@@ -12,11 +12,8 @@ per-key bools of a delete: true lets it forget the key, false keeps it).
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import struct
-import subprocess
 import threading
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from lmcache_adp import ADPConnector, _native
 from tests.gateway import wire
 from tests.gateway.conftest import workdir  # noqa: F401 (a fixture)
 from tests.helpers import RawConnector, payload
+from tests.support import cpp
 from tests.support.gateway import TOKEN, Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,20 +31,8 @@ IO_ERROR = 4  # BatchReply status (docs/protocol.md)
 
 
 def test_embedded_delete_that_cannot_write_its_tombstone_fails(tmp_path):
-    cxx = os.environ.get("CXX", "g++")
-    assert shutil.which(cxx), f"{cxx} not found: this test needs a C++20 compiler (set CXX)"
-    src = ROOT / "src_cpp"
-    sources = sorted(str(p) for d in ("store", "util", "connector", "testing") for p in (src / d).glob("*.cc"))
-    sources += [str(src / "transport" / "embedded_backend.cc"), str(ROOT / "tests" / "cpp" / "delete_result_test.cc")]
-    binary = tmp_path / "delete_result_test"
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
-    cmd += [f"-I{src}", "-pthread", *sources, "-o", str(binary)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    proc = subprocess.run(
-        [str(binary)], capture_output=True, text=True, timeout=120, env={**os.environ, "ADP_LOG_LEVEL": "ERROR"}
-    )
-    assert proc.returncode == 0 and "delete_result_test: PASS" in proc.stdout, (proc.stdout + proc.stderr)[-5000:]
+    dirs = ("store", "util", "connector", "testing")
+    cpp.run(cpp.build("delete_result_test", tmp_path, dirs=dirs, extra=("transport/embedded_backend.cc",)), timeout=120)
 
 
 def test_delete_of_an_absent_key_is_gone(card):

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cpp
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "sanitize.sh"
 
@@ -41,3 +43,9 @@ def test_stress_under_sanitizer(mode, tmp_path):
     assert proc.returncode == 0, f"sanitize.sh {mode} exited {proc.returncode}:\n{output[-20000:]}"
     done = "bindings_driver: PASS" if mode == "asan-python" else "connector_stress: PASS"
     assert done in proc.stdout, output[-5000:]
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_disk_store_under_sanitizer(mode, tmp_path):
+    cpp.run(cpp.build("disk_store_test", tmp_path, sanitize=mode), timeout=600)

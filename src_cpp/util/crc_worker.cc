@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "util/crc_worker.h"
+
+#include "util/crc32c.h"
+
+namespace adp {
+
+CrcWorker::~CrcWorker() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CrcWorker::start(const void* data, size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    data_ = data;
+    n_ = n;
+    pending_ = true;
+    done_ = false;
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  cv_.notify_all();
+}
+
+uint32_t CrcWorker::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  done_ = false;
+  return crc_;
+}
+
+void CrcWorker::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return pending_ || stop_; });
+    if (stop_) return;
+    pending_ = false;
+    const void* data = data_;
+    size_t n = n_;
+    lock.unlock();
+    uint32_t crc = crc32c(data, n);
+    lock.lock();
+    crc_ = crc;
+    done_ = true;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace adp
