@@ -125,6 +125,7 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
     shm = f"adp-restore-{os.getpid()}-{name.replace('+', '-')}"
     extra = ["--shm-name", shm] if l1_shm else []
     server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name, extra_args=extra)
+    before = _reclaim()
     server.start()
     samples: dict[str, list] = {"cpu_tier": [], "l2": []}
     try:
@@ -142,6 +143,8 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
         server.stop()
         if l1_shm:  # LMCache leaves its pool file behind when it is stopped
             Path(f"/dev/shm/lmcache_l1_pool_{shm}").unlink(missing_ok=True)
+    after = _reclaim()
+    result["reclaim"] = {k: after[k] - before.get(k, 0) for k in after}
     for kind, rs in samples.items():
         result[kind] = []
         for r in rs:
@@ -238,6 +241,11 @@ def render(res: dict) -> str:
         if base != "mock" and ref in tiers:
             a, m = median(t["l2"], "lookup_s"), median(tiers[ref]["l2"], "lookup_s")
             lines.append(f"- L2->L1 phase, {name} / {ref}: {a:.3f} / {m:.3f} s = {a / m:.2f}x (goal <= 1.2x)")
+    for name, t in tiers.items():
+        stalls = [r["reclaim"].get("allocstall_normal", 0) + r["reclaim"].get("allocstall_movable", 0)
+                  for r in t.get("rounds", []) if "reclaim" in r]  # fmt: skip
+        if stalls:
+            lines.append(f"- {name}: direct-reclaim stalls (/proc/vmstat allocstall_*) per round: {stalls}")
     for name, note in res["notes"].items():
         lines.append(f"- {name}: {note}")
     lines.append("")
@@ -340,7 +348,9 @@ def main() -> int:
             t = res["tiers"].setdefault(name, {"cpu_tier": [], "l2": [], "rounds": []})
             t["cpu_tier"] += got["cpu_tier"]
             t["l2"] += got["l2"]
-            t["rounds"].append({"store_s": got["store_s"], "l2_written_s": got["l2_written_s"]})
+            t["rounds"].append(
+                {"store_s": got["store_s"], "l2_written_s": got["l2_written_s"], "reclaim": got["reclaim"]}
+            )
             t["store_s"], t["l2_written_s"] = got["store_s"], got["l2_written_s"]
             print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, "
                   f"L2 restore {median(t['l2'], 'total_s'):.3f} s", flush=True)  # fmt: skip
@@ -364,6 +374,19 @@ def _version(dist: str) -> str:
     from importlib.metadata import version
 
     return version(dist)
+
+
+def _reclaim() -> dict[str, int]:
+    """The kernel's direct-reclaim counters: a tier run while the machine was short of memory stalls in them
+    (this VM has no swap; a tmpfs card and an L1 in /dev/shm are memory that cannot be reclaimed)."""
+    keys = ("allocstall_normal", "allocstall_movable", "pgsteal_direct", "pgmajfault")
+    out = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            k, _, v = line.partition(" ")
+            if k in keys:
+                out[k] = int(v)
+    return out
 
 
 def _git() -> str:
