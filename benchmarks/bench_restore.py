@@ -361,6 +361,7 @@ def main() -> int:
 
     (raw / "samples.json").write_text(json.dumps(res, indent=1))
     report = render(res)
+    (raw / "token").unlink(missing_ok=True)  # the gateway's TCP token: nothing to keep
     dest = RESULTS / "raw" / f"{stamp}-{args.tag}"
     shutil.copytree(raw, dest, dirs_exist_ok=True)
     (RESULTS / f"{stamp}-{args.tag}.md").write_text(report)
