@@ -103,6 +103,12 @@ inline uint64_t round_up_block(uint64_t n) { return (n + kBlockSize - 1) & ~(kBl
 
 // Bytes an object occupies in its region: header block + padded payload.
 inline uint64_t object_footprint(uint64_t payload_bytes) { return kBlockSize + round_up_block(payload_bytes); }
+// Whether a record of `payload_bytes` starting at `offset` in its region runs
+// past the region's end (flag kObjectContinues): the one test, for the
+// records written (objects, pads, tombstones) and those walked at recovery.
+inline bool record_continues(uint64_t offset, uint64_t payload_bytes, uint64_t region_bytes) {
+  return offset + object_footprint(payload_bytes) > region_bytes;
+}
 
 // 64-bit hash of a key: the in-memory index stores only this (see docs).
 uint64_t hash_key(std::string_view key);

@@ -445,19 +445,19 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     pinned.insert(pinned.end(), pl.regions.begin(), pl.regions.end());
     last_ticket = pl.ticket;
     const uint64_t epoch = pl.epoch, seq = pl.seq;
+    const uint32_t flags = continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u;
     iovec iov[3];
     int iovcnt = 0;
     bool mapped = device_->mapped() != nullptr;
     for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
     if (mapped || (aligned && device_->memory_backed())) {
-      s = write_in_pieces(ctx, pl.ext, it, epoch, seq, mapped);
+      s = write_in_pieces(ctx, pl.ext, it, epoch, seq, flags, mapped);
     } else if (aligned && it.size >= kOverlapCrcBytes) {
       s = write_body_then_header(ctx, pl, it, epoch, seq);
     } else if (aligned) {
       uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
-      encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
-                           continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u);
+      encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
       size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
       iov[0] = {hdr, kBlockSize};
       iov[1] = {const_cast<uint8_t*>(it.data), body};
@@ -471,8 +471,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     } else {
       uint8_t* st = ctx.staging_.data();
       uint32_t pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
-      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc,
-                           continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u);
+      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
       std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
       iov[0] = {st, fp};
       iovcnt = 1;
@@ -540,6 +539,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         Location own = loc;
         own.seq = 0;
         stale.push_back({own, -1});
+        voiding_.insert(own.hash);
         continue;
       }
       uint64_t h = loc.hash;
@@ -595,6 +595,10 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < stale.size(); i++) {
     if (regions_.unpin(stale[i].loc.region)) unpinned_.notify_all();
+    if (stale[i].loc.seq == 0) {  // a void: durable now, or pending
+      auto v = voiding_.find(stale[i].loc.hash);
+      if (v != voiding_.end()) voiding_.erase(v);
+    }
     if (ok[i]) {
       if (stale[i].guard >= 0 && regions_.unpin(static_cast<uint32_t>(stale[i].guard))) unpinned_.notify_all();
       continue;
@@ -617,6 +621,7 @@ void CardStore::retry_pending(IoContext& ctx) {
       if (reg.state != RegionManager::State::kFree && reg.epoch == p.loc.epoch) {
         regions_.pin(p.loc.region);
         retry.push_back(p);
+        if (p.loc.seq == 0) voiding_.insert(p.loc.hash);
       } else if (p.guard >= 0 && regions_.unpin(static_cast<uint32_t>(p.guard))) {
         unpinned_.notify_all();  // the older copy's region was reused: nothing left to delete
       }
@@ -628,7 +633,7 @@ void CardStore::retry_pending(IoContext& ctx) {
 }
 
 Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
-                                  uint64_t seq, bool mapped) {
+                                  uint64_t seq, uint32_t flags, bool mapped) {
   // The header carries the CRC, so it goes last (an object whose header is
   // not on the card is torn, as after a cut-off write); the tail block with
   // the last piece.
@@ -649,8 +654,7 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
       if (done == it.size && tail) std::memset(map + x.at + from + len, 0, kBlockSize - tail);
       if (done == it.size) break;
     }
-    encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
-                         ext.size() > 1 ? uint32_t(kObjectContinues) : 0u);
+    encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
     return device_->write(ext[0].at, hdr, kBlockSize);
   }
   uint8_t* tb = hdr + kBlockSize;
@@ -669,8 +673,7 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
   }
   if (!s.ok()) return s;
   pcrc = crc32c_extend(pcrc, it.data + body, tail);
-  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
-                       ext.size() > 1 ? uint32_t(kObjectContinues) : 0u);
+  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
   return device_->write(ext[0].at, hdr, kBlockSize);
 }
 
@@ -927,6 +930,13 @@ bool CardStore::exists(std::string_view key) {
   return true;
 }
 
+bool CardStore::unsettled_locked(uint64_t hash) const {
+  if (voiding_.count(hash)) return true;
+  for (const auto& [ticket, s] : inflight_)
+    if (s.hash == hash) return true;
+  return false;
+}
+
 Status CardStore::remove(IoContext& ctx, std::string_view key) {
   ctx.store_ = this;
   Status s = check_key(key);
@@ -936,21 +946,20 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   Location loc;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A copy of the key that may be on the card and is neither indexed nor
+    // durably voided would outrank this delete at recovery: the delete
+    // waits for it (the caller retries; LMCache keeps the key to evict again).
+    for (const Stale& p : pending_)
+      if (p.loc.hash == h && p.loc.seq == 0)
+        return Status::IoError("a failed store of this key is not yet marked deleted on card " + path() +
+                               "; the delete is not done");
+    if (unsettled_locked(h))
+      return Status::Busy("a store of this key is in flight on card " + path() + "; the delete is not done");
     auto it = index_.find(h);
     if (it == index_.end()) return Status::NotFound();
     const IndexEntry& e = it->second;
     regions_.pin(e.region);
     loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
-    // A copy of the key that was never indexed (its sync failed, or its
-    // caller gave up) and whose voiding tombstone is not on the card yet
-    // would outrank this delete at recovery: the delete waits for it.
-    for (const Stale& p : pending_)
-      if (p.loc.hash == h && p.loc.seq == 0) {
-        regions_.unpin(e.region);
-        unpinned_.notify_all();
-        return Status::IoError("a failed store of this key is not yet marked deleted on card " + path() +
-                               "; the delete is not done");
-      }
   }
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come

@@ -37,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/store_types.h"
@@ -116,8 +117,10 @@ class CardStore {
 
   bool exists(std::string_view key);
   // Ok: the key was present and its delete is on the card. NotFound: it was
-  // not there. Busy: a newer copy was stored meanwhile (and stays). Otherwise
-  // the error that kept the delete off the card (the key stays readable).
+  // not there. Busy: a newer copy was stored meanwhile (and stays), or a
+  // store of the key is in flight or being voided (see unsettled_locked).
+  // Otherwise the error that kept the delete off the card (the key stays
+  // readable).
   Status remove(IoContext& ctx, std::string_view key);
 
   // Reads every indexed object and checks it as a load would. Bad objects
@@ -205,18 +208,18 @@ class CardStore {
   // The first eviction since open: records what the card holds (first_eviction_).
   void note_first_eviction_locked();
   void unpin(uint32_t r);
-  // Writes object `it` over `ext`, the header with the CRC last. For
-  // memory-speed cards. `mapped` (the extents prepared for a mapped write;
+  // Writes object `it` over `ext`, the header (with `flags`) and its CRC
+  // last. For memory-speed cards. `mapped` (the extents prepared for a mapped write;
   // any memory): the payload is copied into the mapping and checksummed in
   // the same pass. Otherwise (memory 4 KiB aligned, at least one block):
   // payload pieces, each checksummed just before it is written.
   Status write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
-                         uint64_t seq, bool mapped);
+                         uint64_t seq, uint32_t flags, bool mapped);
   // Writes object `it` from 4 KiB-aligned memory to a disk card: the body
   // while ctx's CrcWorker checksums it, then the header.
   Status write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch, uint64_t seq);
   bool continues(uint64_t offset, uint64_t payload_bytes) const {
-    return offset + object_footprint(payload_bytes) > region_bytes_;
+    return record_continues(offset, payload_bytes, region_bytes_);
   }
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
@@ -270,6 +273,16 @@ class CardStore {
     bool at_first_eviction = false;  // in flight when the first eviction happened
   };
   std::unordered_map<uint64_t, InFlight> inflight_;
+  // Keys of copies never indexed (their sync failed, or their caller gave
+  // up) whose voiding tombstone is being written (one entry per copy); a
+  // failed one goes to pending_. Guarded by mu_.
+  std::unordered_multiset<uint64_t> voiding_;
+  // True while a copy of `hash` that may be on the card is neither indexed
+  // nor durably voided: a store of it in flight, or its void being written
+  // (pending_ holds those whose void failed). A delete then is refused: that
+  // copy's seq is above the indexed one's, so after a power cut it would
+  // outrank the delete's tombstone and the deleted key would be back.
+  bool unsettled_locked(uint64_t hash) const;
   // What the card held at its first eviction (StoreStats' first_eviction_*).
   // `counted`: for each key of a store in flight then, the copy counted in
   // held_bytes (seq, payload bytes; 0, 0 if none), so a key counts once.

@@ -44,7 +44,7 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
     if (!s.ok() || !decode_object_header(block, g.card_id, rh.epoch, &h)) break;
     if (h.payload_bytes > max_payload) break;  // bounded before it is used
     uint64_t fp = object_footprint(h.payload_bytes);
-    bool spans = off + fp > g.region_bytes;
+    bool spans = record_continues(off, h.payload_bytes, g.region_bytes);
     if (spans != ((h.flags & kObjectContinues) != 0)) break;
     if (!(h.flags & kObjectPad)) {  // a pad is an abandoned reservation: stepped over
       bool deleted = h.flags & kObjectDeleted;

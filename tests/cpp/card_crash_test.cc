@@ -471,6 +471,60 @@ void lost_region_header_reused_epoch() {
               kept_leftovers);
 }
 
+// A store whose caller gave up (or whose sync failed) is never indexed and
+// is voided on the card after its bytes were written. Until that void is
+// durable its copy, with a seq above the indexed one's, could come back at a
+// power cut and outrank a delete's tombstone: a delete of the key is refused
+// meanwhile (and while the store is in flight at all). Two cases: the void's
+// write held, then a cut; the store's own write held, then let go, and the
+// delete retried once the store is settled.
+void delete_while_store_unsettled() {
+  for (int held_write = 1; held_write >= 0; held_write--) {
+    auto image = fresh_image();
+    FaultDevice* dev;
+    std::unique_ptr<CardStore> s;
+    Status st = open_store(image, &dev, &s);
+    CHECK(st.ok(), "open: %s", st.message().c_str());
+    if (!st.ok()) return;
+    IoContext c0, cp, cd;
+    auto v0 = value_bytes(1, 20000), v1 = value_bytes(2, 20000);
+    adp::PutItem i0{"void-k", v0.data(), v0.size()}, i1{"void-k", v1.data(), v1.size()};
+    Status r0, r1;
+    s->put(c0, &i0, 1, &r0, [] { return true; });
+    CHECK(r0.ok(), "void: first store: %s", r0.message().c_str());
+    // held_write 0: the store's record write; 1: its void's tombstone write
+    // (after the record and the sync).
+    dev->hold_write(dev->writes() + held_write);
+    std::thread p([&] { s->put(cp, &i1, 1, &r1, [] { return false; }); });  // its caller gives up
+    while (!dev->write_held()) std::this_thread::yield();
+    Status d = s->remove(cd, "void-k");
+    CHECK(!d.ok(), "void case %d: a delete was acknowledged while a store of the key was %s", held_write,
+          held_write ? "being voided" : "in flight");
+    if (held_write) {
+      dev->power_cut();  // the void never lands
+      p.join();
+    } else {
+      dev->release_held_write(false);
+      p.join();
+      d = s->remove(cd, "void-k");  // settled now: the delete goes through
+      CHECK(d.ok(), "void case 0: the delete after the store settled: %s", d.message().c_str());
+      dev->power_cut();
+    }
+    CHECK(!r1.ok(), "void case %d: the store whose caller gave up was acknowledged", held_write);
+    s.reset();
+    std::unique_ptr<CardStore> re;
+    st = open_store(image, nullptr, &re);
+    CHECK(st.ok(), "void: reopen: %s", st.message().c_str());
+    if (!st.ok()) return;
+    IoContext ctx;
+    auto got = load(*re, ctx, "void-k");
+    CHECK(!d.ok() || !got, "void case %d: the key was deleted (acknowledged) and is back after a power cut",
+          held_write);
+    CHECK(!got || *got == v0 || *got == v1, "void case %d: the key serves other bytes", held_write);
+  }
+  std::printf("card_crash_test: delete while a store of the key is unsettled: refused, then done and kept\n");
+}
+
 void unreadable_block() {
   auto image = fresh_image();
   std::vector<std::string> keys;
@@ -662,6 +716,7 @@ int main(int argc, char** argv) {
   }
   hole_before_acknowledged_store();
   lost_region_header_reused_epoch();
+  delete_while_store_unsettled();
   unreadable_block();
   unreadable_superblock();
   std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), all %" PRIu64 " sync points, all %" PRIu64
