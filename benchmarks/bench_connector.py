@@ -11,7 +11,10 @@ size and worker count, on one card image:
              submit_batch_get / drain_completions as LMCache's NativeConnectorL2Adapter drives them
   gateway    the same through `lmcache-adp gateway --io-contexts T` over unix:// + shared ring
   clients    (--clients 1,2,4,8) P processes, each its own connector (--client-workers threads) on
-             one gateway: aggregate store and load against one process
+             one gateway (and card) of their own, each phase --client-passes x --client-mb per
+             process, --reps phases: aggregate store and load against P x one process, against the
+             medium at P x workers threads and against one embedded connector with that many
+             workers, both measured in the same run with as many bytes
 
 Every loaded byte is compared with what was stored (a wrong or missing object fails the row).
 Rates are GB/s (1e9 bytes/s) of the median of --reps timed repetitions; the medium runs before
