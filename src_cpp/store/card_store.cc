@@ -453,7 +453,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     if (mapped || (aligned && device_->memory_backed())) {
       s = write_in_pieces(ctx, pl.ext, it, epoch, seq, flags, mapped);
     } else if (aligned && it.size >= kOverlapCrcBytes) {
-      s = write_body_then_header(ctx, pl, it, epoch, seq);
+      s = write_body_then_header(ctx, pl, it, epoch, seq, flags);
     } else if (aligned) {
       uint32_t pcrc = crc32c(it.data, it.size);
       uint8_t* hdr = ctx.header_.data();
@@ -678,7 +678,7 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
 }
 
 Status CardStore::write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch,
-                                         uint64_t seq) {
+                                         uint64_t seq, uint32_t flags) {
   // The body (and the tail block) first, while the CrcWorker reads the same
   // memory; then the header with the CRC. A write cut short before the
   // header is a torn object to recovery, as in write_in_pieces.
@@ -694,8 +694,7 @@ Status CardStore::write_body_then_header(IoContext& ctx, const Placement& pl, co
   Status s = io_mapped(true, pl.ext, kBlockSize, iov, tail ? 2 : 1);
   const uint32_t pcrc = ctx.crc_.wait();  // even after a failed write: the worker is reading it.data
   if (!s.ok()) return s;
-  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc,
-                       continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u);
+  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
   iovec h{hdr, kBlockSize};
   return io_mapped(true, pl.ext, 0, &h, 1);
 }

@@ -217,7 +217,8 @@ class CardStore {
                          uint64_t seq, uint32_t flags, bool mapped);
   // Writes object `it` from 4 KiB-aligned memory to a disk card: the body
   // while ctx's CrcWorker checksums it, then the header.
-  Status write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch, uint64_t seq);
+  Status write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch, uint64_t seq,
+                                uint32_t flags);
   bool continues(uint64_t offset, uint64_t payload_bytes) const {
     return record_continues(offset, payload_bytes, region_bytes_);
   }
