@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""One prompt's load from a disk card at the connector, beside plain O_DIRECT reads, in one run.
+
+The L2->L1 phase of bench_restore.py without the MP server around it (which on a
+shared 2-core VM adds more noise than the plugin costs): one submit_batch_get of
+all the prompt's chunks into warm, 4 KiB aligned buffers (LMCache's L1 with
+--l1-align-bytes 4096), against what fs_native with O_DIRECT does with the same
+number of workers: W threads, each taking the next object and reading it with
+one os.preadv (O_DIRECT) of the whole object into its buffer, no checksum. Both
+on the same disk, alternating round by round; the card's loaded bytes are
+compared with the stored ones after the timed rounds.
+
+    python benchmarks/bench_disk_load.py --dir /var/tmp --objects 32 --object-mb 32 --workers 4 --reps 7
+
+Prints one line per row and `card / O_DIRECT`, the median of the per-round ratios.
+Compare the card with the O_DIRECT row of the same run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import queue
+import select
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from lmcache_adp import ADPConnector
+
+
+def aligned(n: int) -> np.ndarray:
+    """n bytes of page-aligned, touched memory."""
+    buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
+    buf[:] = 1
+    return buf
+
+
+def odirect_round(path: str, dst: list[np.ndarray], workers: int) -> None:
+    """W threads read the objects, one preadv of a whole object each, into dst (as fs_native's workers)."""
+    size = len(dst[0])
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in range(len(dst)):
+        todo.put(i)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+
+    def run() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            if os.preadv(fd, [memoryview(dst[i])], i * size) != size:
+                raise RuntimeError("short read")
+
+    try:
+        threads = [threading.Thread(target=run) for _ in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        os.close(fd)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="/var/tmp", help="a directory on the disk under test")
+    ap.add_argument("--objects", type=int, default=32, help="chunks of the prompt (default 32: 1 GiB at 32 MiB)")
+    ap.add_argument("--object-mb", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=4, help="ADPConnector num_workers = io_depth = O_DIRECT threads")
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    n, size, w = args.objects, args.object_mb << 20, args.workers
+    work = tempfile.mkdtemp(dir=args.dir, prefix="adp-bench-disk-load-")
+    conn = ADPConnector(
+        card=os.path.join(work, "card.img"), card_size_gb=max(2, 4 * n * size / 2**30), num_workers=w, io_depth=w
+    )
+    try:
+        keys = [f"m@00000000@0@{i:x}" for i in range(n)]
+        rng = np.random.default_rng(0)
+        src = [aligned(size) for _ in range(n)]
+        for s in src:
+            s[:] = rng.integers(0, 256, size, dtype=np.uint8)
+        peer = os.path.join(work, "odirect.dat")
+        fd = os.open(peer, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+        for i, s in enumerate(src):
+            os.pwritev(fd, [memoryview(s)], i * size)
+        os.fsync(fd)
+        os.close(fd)
+        dst = [aligned(size) for _ in range(n)]
+
+        def wait(fid: int) -> list[bool]:
+            while True:
+                select.select([conn.event_fd()], [], [], 1.0)
+                for f, ok, err, per_key in conn.drain_completions():
+                    if f == fid:
+                        if not ok:
+                            raise RuntimeError(f"future {fid} failed: {err}")
+                        return list(per_key)
+
+        assert all(wait(conn.submit_batch_set(keys, [memoryview(s) for s in src])))
+        times: dict[str, list[float]] = {"card": [], "O_DIRECT": []}
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            hits = wait(conn.submit_batch_get(keys, [memoryview(d) for d in dst]))
+            times["card"].append(time.perf_counter() - t)
+            if not all(hits):
+                raise RuntimeError(f"card load missed {hits.count(False)} objects")
+            t = time.perf_counter()
+            odirect_round(peer, dst, w)
+            times["O_DIRECT"].append(time.perf_counter() - t)
+        for d in dst:
+            d[:] = 0
+        hits = wait(conn.submit_batch_get(keys, [memoryview(d) for d in dst]))
+        if not all(hits) or not all(np.array_equal(d, s) for d, s in zip(dst, src, strict=True)):
+            raise RuntimeError("loaded bytes differ from the stored ones")
+    finally:
+        conn.close()
+        shutil.rmtree(work, ignore_errors=True)
+    gib = n * size / 2**30
+    print(f"{n} objects of {args.object_mb} MiB ({gib:.2f} GiB), {w} workers / threads, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()}")  # fmt: skip
+    for name, ts in times.items():
+        print(f"{name:8s} median {statistics.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}]  "
+              f"{gib / statistics.median(ts):.2f} GiB/s  all {[round(t, 3) for t in ts]}")  # fmt: skip
+    ratio = statistics.median(a / b for a, b in zip(times["card"], times["O_DIRECT"], strict=True))
+    print(f"card / O_DIRECT, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
