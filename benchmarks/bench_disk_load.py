@@ -75,10 +75,12 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="a directory on the disk under test")
     ap.add_argument("--objects", type=int, default=32, help="chunks of the prompt (default 32: 1 GiB at 32 MiB)")
     ap.add_argument("--object-mb", type=int, default=32)
+    ap.add_argument("--object-kb", type=int, help="object size in KiB (overrides --object-mb)")
     ap.add_argument("--workers", type=int, default=4, help="ADPConnector num_workers = io_depth = O_DIRECT threads")
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    n, size, w = args.objects, args.object_mb << 20, args.workers
+    n, w = args.objects, args.workers
+    size = args.object_kb << 10 if args.object_kb else args.object_mb << 20
     work = tempfile.mkdtemp(dir=args.dir, prefix="adp-bench-disk-load-")
     conn = ADPConnector(
         card=os.path.join(work, "card.img"), card_size_gb=max(2, 4 * n * size / 2**30), num_workers=w, io_depth=w
@@ -126,7 +128,7 @@ def main() -> int:
         conn.close()
         shutil.rmtree(work, ignore_errors=True)
     gib = n * size / 2**30
-    print(f"{n} objects of {args.object_mb} MiB ({gib:.2f} GiB), {w} workers / threads, {os.cpu_count()} CPUs, "
+    print(f"{n} objects of {size >> 10} KiB ({gib:.2f} GiB), {w} workers / threads, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()}")  # fmt: skip
     for name, ts in times.items():
         print(f"{name:8s} median {statistics.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}]  "
