@@ -744,6 +744,23 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   uint32_t body_crc = 0;
+  // Checks the header block in staging against e: empty if it is e's object
+  // (or, with *io set to NotFound, if it was deleted while we read), else
+  // the reason it is damaged.
+  auto check_header = [&]() -> std::string {
+    const uint8_t* block = ctx.staging_.data();
+    ObjectHeader hdr;
+    if (!decode_object_header(block, card_id_, epoch, &hdr)) return "header damaged";
+    if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
+      *io = Status::NotFound("deleted meanwhile");
+      return std::string();
+    }
+    if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
+      return "header does not match the index";
+    if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
+      return "key does not match the index";
+    return std::string();
+  };
   if (!ctx.staging_.reserve(direct || mapped ? 2 * kBlockSize : fp)) {
     *io = Status::IoError("out of memory for staging");
   } else if (mapped) {
@@ -762,24 +779,35 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     *io = Status::Ok();
   } else if (direct) {
     const size_t piece = guard ? kGuardedPieceBytes : kPieceBytes;
+    // With a guard (a disk card) the header block is read and checked first,
+    // so that a miss found there (deleted meanwhile, not the indexed object)
+    // leaves payload_dst untouched; a failed payload CRC still writes it.
+    const bool header_first = guard != nullptr;
+    bool header_ok = true;
+    if (header_first) {
+      iovec hv{ctx.staging_.data(), kBlockSize};
+      *io = io_mapped(false, ext, 0, &hv, 1);
+      header_ok = io->ok() && check_header().empty() && io->ok();
+    }
     size_t done = 0;
-    do {
-      size_t len = std::min(body - done, piece);
-      iovec iov[3];
-      int n = 0;
-      if (done == 0) iov[n++] = {ctx.staging_.data(), kBlockSize};
-      if (len) iov[n++] = {payload_dst + done, len};
-      if (tail && done + len == body) iov[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
-      auto read_piece = [&] { *io = io_mapped(false, ext, done == 0 ? 0 : kBlockSize + done, iov, n); };
-      if (!guard) {
-        read_piece();
-      } else if (!(*guard)(read_piece)) {
-        *io = Status::NotFound("the caller gave up");
-        break;
-      }
-      if (check_payload && io->ok()) body_crc = crc32c_extend(body_crc, payload_dst + done, len);
-      done += len;
-    } while (io->ok() && done < body);
+    if (header_ok) do {
+        size_t len = std::min(body - done, piece);
+        iovec iov[3];
+        int n = 0;
+        if (done == 0 && !header_first) iov[n++] = {ctx.staging_.data(), kBlockSize};
+        if (len) iov[n++] = {payload_dst + done, len};
+        if (tail && done + len == body) iov[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
+        const uint64_t at = done == 0 && !header_first ? 0 : kBlockSize + done;
+        auto read_piece = [&] { *io = n ? io_mapped(false, ext, at, iov, n) : Status::Ok(); };
+        if (!guard) {
+          read_piece();
+        } else if (!(*guard)(read_piece)) {
+          *io = Status::NotFound("the caller gave up");
+          break;
+        }
+        if (check_payload && io->ok()) body_crc = crc32c_extend(body_crc, payload_dst + done, len);
+        done += len;
+      } while (io->ok() && done < body);
   } else {
     iovec whole{ctx.staging_.data(), fp};
     *io = io_mapped(false, ext, 0, &whole, 1);
@@ -796,16 +824,10 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   }
   counters_.bytes_read += fp;
   const uint8_t* block = ctx.staging_.data();
+  std::string why = check_header();
+  if (!why.empty() || !io->ok()) return why;
   ObjectHeader hdr;
-  if (!decode_object_header(block, card_id_, epoch, &hdr)) return "header damaged";
-  if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
-    *io = Status::NotFound("deleted meanwhile");
-    return std::string();
-  }
-  if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
-    return "header does not match the index";
-  if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
-    return "key does not match the index";
+  std::memcpy(&hdr, block, sizeof hdr);
   if (direct && tail) {
     auto copy_tail = [&] { std::memcpy(payload_dst + body, block + kBlockSize, tail); };
     if (!guard) {
