@@ -802,7 +802,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
         if (!guard) {
           read_piece();
         } else if (!(*guard)(read_piece)) {
-          *io = Status::NotFound("the caller gave up");
+          *io = Status::TimedOut("deadline passed while the object was read into the buffer");
           break;
         }
         if (check_payload && io->ok()) body_crc = crc32c_extend(body_crc, payload_dst + done, len);
@@ -817,7 +817,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     for (uint32_t r : regs)
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
-  if (io->is_not_found()) return std::string();  // the caller gave up: no damage
+  // Deleted meanwhile, or the caller gave up part way (a failure, not a
+  // miss: the buffer may hold the pieces read): no damage either way.
+  if (io->is_not_found() || io->code() == Status::Code::kTimedOut) return std::string();
   if (!io->ok()) {
     count_io_error();
     return io->message();
@@ -833,7 +835,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     if (!guard) {
       copy_tail();
     } else if (!(*guard)(copy_tail)) {
-      *io = Status::NotFound("the caller gave up");
+      *io = Status::TimedOut("deadline passed while the object was read into the buffer");
       return std::string();
     }
   }

@@ -108,7 +108,9 @@ class CardStore {
   // delivered and intact. NotFound: a miss, a declined delivery, or a failed
   // checksum (counted, and the object is dropped). Otherwise an I/O error.
   // `pieces` (kPieces only) runs each piece written into the destination;
-  // once it declines, the load stops and is a miss.
+  // once it declines part way, the load stops and fails as TimedOut (the
+  // buffer may hold the pieces read before; a miss would promise it
+  // untouched), which fails the caller's future.
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
              const PieceGuardFn& pieces = {});
   // True if the card is memory (an image file on tmpfs or ramfs): a read
@@ -239,7 +241,7 @@ class CardStore {
   // with the delivery copy). A 4 KiB aligned `payload_dst` receives the
   // payload (same I/O, checked there); otherwise it lands in staging. With
   // `guard` (a kPieces load), every write into payload_dst runs under it, in
-  // pieces of kGuardedPieceBytes; once it declines, *io is NotFound.
+  // pieces of kGuardedPieceBytes; once it declines, *io is TimedOut.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
                              uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr);
   // Removes a damaged object from the index and marks it deleted on the card.
