@@ -23,17 +23,17 @@ import argparse
 import mmap
 import os
 import queue
-import select
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
-import time
 
 import numpy as np
 
 from lmcache_adp import ADPConnector
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tools import card_against_peer, print_rounds, wait_future  # noqa: E402
 
 
 def aligned(n: int) -> np.ndarray:
@@ -99,29 +99,12 @@ def main() -> int:
         os.close(fd)
         dst = [aligned(size) for _ in range(n)]
 
-        def wait(fid: int) -> list[bool]:
-            while True:
-                select.select([conn.event_fd()], [], [], 1.0)
-                for f, ok, err, per_key in conn.drain_completions():
-                    if f == fid:
-                        if not ok:
-                            raise RuntimeError(f"future {fid} failed: {err}")
-                        return list(per_key)
-
-        assert all(wait(conn.submit_batch_set(keys, [memoryview(s) for s in src])))
-        times: dict[str, list[float]] = {"card": [], "O_DIRECT": []}
-        for _ in range(args.reps):
-            t = time.perf_counter()
-            hits = wait(conn.submit_batch_get(keys, [memoryview(d) for d in dst]))
-            times["card"].append(time.perf_counter() - t)
-            if not all(hits):
-                raise RuntimeError(f"card load missed {hits.count(False)} objects")
-            t = time.perf_counter()
-            odirect_round(peer, dst, w)
-            times["O_DIRECT"].append(time.perf_counter() - t)
+        views = [memoryview(d) for d in dst]
+        assert all(wait_future(conn, conn.submit_batch_set(keys, [memoryview(s) for s in src])))
+        times = card_against_peer(conn, keys, views, "O_DIRECT", lambda: odirect_round(peer, dst, w), args.reps)
         for d in dst:
             d[:] = 0
-        hits = wait(conn.submit_batch_get(keys, [memoryview(d) for d in dst]))
+        hits = wait_future(conn, conn.submit_batch_get(keys, views))
         if not all(hits) or not all(np.array_equal(d, s) for d, s in zip(dst, src, strict=True)):
             raise RuntimeError("loaded bytes differ from the stored ones")
     finally:
@@ -130,11 +113,7 @@ def main() -> int:
     gib = n * size / 2**30
     print(f"{n} objects of {size >> 10} KiB ({gib:.2f} GiB), {w} workers / threads, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()}")  # fmt: skip
-    for name, ts in times.items():
-        print(f"{name:8s} median {statistics.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}]  "
-              f"{gib / statistics.median(ts):.2f} GiB/s  all {[round(t, 3) for t in ts]}")  # fmt: skip
-    ratio = statistics.median(a / b for a, b in zip(times["card"], times["O_DIRECT"], strict=True))
-    print(f"card / O_DIRECT, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
+    print_rounds(times, gib)
     return 0
 
 

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 from lmcache_adp import ADPConnector
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tools import card_against_peer, print_rounds, wait_future  # noqa: E402
 
 
 def main() -> int:
@@ -52,28 +52,15 @@ def main() -> int:
         src = [torch.randint(0, 256, (size,), dtype=torch.uint8) for _ in range(n)]
         dst = [torch.ones(size, dtype=torch.uint8) for _ in range(n)]  # touched, as L1's arena is
 
-        def wait(fid: int) -> list[bool]:
-            while True:
-                select.select([conn.event_fd()], [], [], 1.0)
-                for f, ok, err, per_key in conn.drain_completions():
-                    if f == fid:
-                        if not ok:
-                            raise RuntimeError(f"future {fid} failed: {err}")
-                        return list(per_key)
+        views = [memoryview(d.numpy()) for d in dst]
+        assert all(wait_future(conn, conn.submit_batch_set(keys, [memoryview(s.numpy()) for s in src])))
 
-        assert all(wait(conn.submit_batch_set(keys, [memoryview(s.numpy()) for s in src])))
-        times: dict[str, list[float]] = {"card": [], "mock": []}
-        for _ in range(args.reps):
-            t = time.perf_counter()
-            hits = wait(conn.submit_batch_get(keys, [memoryview(d.numpy()) for d in dst]))
-            times["card"].append(time.perf_counter() - t)
-            if not all(hits):
-                raise RuntimeError(f"card load missed {hits.count(False)} objects")
-            t = time.perf_counter()
+        def mock_round() -> None:
             for d, s in zip(dst, src, strict=True):
                 d.copy_(s)
-            times["mock"].append(time.perf_counter() - t)
-        hits = wait(conn.submit_batch_get(keys, [memoryview(d.numpy()) for d in dst]))
+
+        times = card_against_peer(conn, keys, views, "mock", mock_round, args.reps)
+        hits = wait_future(conn, conn.submit_batch_get(keys, views))
         if not all(hits) or not all(torch.equal(d, s) for d, s in zip(dst, src, strict=True)):
             raise RuntimeError("loaded bytes differ from the stored ones")
     finally:
@@ -82,11 +69,7 @@ def main() -> int:
     gib = n * size / 2**30
     print(f"{n} objects of {args.object_mb} MiB ({gib:.2f} GiB), card workers {args.workers}, "
           f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")  # fmt: skip
-    for name, ts in times.items():
-        print(f"{name:5s} median {statistics.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}]  "
-              f"{gib / statistics.median(ts):.2f} GiB/s  all {[round(t, 3) for t in ts]}")  # fmt: skip
-    ratio = statistics.median(a / b for a, b in zip(times["card"], times["mock"], strict=True))
-    print(f"card / mock, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
+    print_rounds(times, gib)
     return 0
 
 

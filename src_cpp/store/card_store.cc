@@ -761,6 +761,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       return "key does not match the index";
     return std::string();
   };
+  std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
+  bool header_checked = false;
   if (!ctx.staging_.reserve(direct || mapped ? 2 * kBlockSize : fp)) {
     *io = Status::IoError("out of memory for staging");
   } else if (mapped) {
@@ -787,7 +789,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     if (header_first) {
       iovec hv{ctx.staging_.data(), kBlockSize};
       *io = io_mapped(false, ext, 0, &hv, 1);
-      header_ok = io->ok() && check_header().empty() && io->ok();
+      if (io->ok()) header_why = check_header(), header_checked = true;
+      header_ok = io->ok() && header_why.empty();
     }
     size_t done = 0;
     if (header_ok) do {
@@ -826,7 +829,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   }
   counters_.bytes_read += fp;
   const uint8_t* block = ctx.staging_.data();
-  std::string why = check_header();
+  std::string why = header_checked ? header_why : check_header();
   if (!why.empty() || !io->ok()) return why;
   ObjectHeader hdr;
   std::memcpy(&hdr, block, sizeof hdr);

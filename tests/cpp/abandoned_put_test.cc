@@ -14,18 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "store/card_store.h"
 
 namespace {
 
-int failures = 0;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    printf("CHECK FAILED: %s\n", what);
-    failures++;
-  }
-}
+using adp::testing::check;
+using adp::testing::check_failures;
 
 adp::Status open_card(const std::string& path, std::unique_ptr<adp::CardStore>* out) {
   adp::CardOptions co;
@@ -89,6 +84,6 @@ int main(int argc, char** argv) {
     check(reads_back(*s, "other", other), "the other key reads back after a restart");
   }
   std::remove(path.c_str());
-  printf("abandoned_put_test: %s\n", failures ? "FAIL" : "PASS");
-  return failures ? 1 : 0;
+  printf("abandoned_put_test: %s\n", check_failures ? "FAIL" : "PASS");
+  return check_failures ? 1 : 0;
 }

@@ -54,6 +54,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "check.h"
 #include "store/card_store.h"
 #include "store/key_index.h"
 #include "testing/fault_device.h"
@@ -73,16 +74,7 @@ constexpr int kKeys = 48;
 constexpr int kWriters = 3;
 constexpr int kOps = 160;
 
-int failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      failures++;                                               \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
-  } while (0)
+using adp::testing::check_failures;
 
 std::string key_name(int k) { return "key-" + std::to_string(k); }
 
@@ -722,8 +714,8 @@ int main(int argc, char** argv) {
   std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), all %" PRIu64 " sync points, all %" PRIu64
               " write points of the spanning workload, %" PRIu64 " runs, %d failures\n",
               static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", syncs,
-              span_writes, runs, failures);
-  if (failures) return 1;
+              span_writes, runs, check_failures);
+  if (check_failures) return 1;
   std::printf("card_crash_test: PASS\n");
   return 0;
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "connector/connector.h"
 #include "store/card_store.h"
 #include "testing/fault_device.h"
@@ -33,14 +34,8 @@ using adp::OpType;
 constexpr uint64_t kCardBytes = 32ull << 20;
 constexpr uint64_t kRegionBytes = 1ull << 20;
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    printf("CHECK FAILED: %s\n", what.c_str());
-    failures++;
-  }
-}
+using adp::testing::check;
+using adp::testing::check_failures;
 
 Completion wait(Connector& c, uint64_t id) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -112,8 +107,8 @@ int main() {
   check(get.ok && get.per_key == std::vector<uint8_t>{1} && got == b, "the key whose delete failed reads back");
 
   c.close();
-  if (failures) {
-    printf("delete_result_test: %d checks failed\n", failures);
+  if (check_failures) {
+    printf("delete_result_test: %d checks failed\n", check_failures);
     return 1;
   }
   printf("delete_result_test: PASS\n");

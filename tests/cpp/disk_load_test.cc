@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "check.h"
 #include "connector/connector.h"
 #include "store/card_store.h"
 #include "testing/fault_device.h"
@@ -43,14 +44,8 @@ constexpr uint64_t kRegionBytes = 16ull << 20;
 constexpr size_t kObjectBytes = 32u << 20;  // 8 pieces of 4 MiB (kGuardedPieceBytes)
 const char* const kKey = "m@00000000@0@large";
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    printf("CHECK FAILED: %s\n", what.c_str());
-    failures++;
-  }
-}
+using adp::testing::check;
+using adp::testing::check_failures;
 
 // Reads take 1 s per 64 MiB while slow; the data lands when the read ends.
 class SlowDevice : public adp::testing::FaultDevice {
@@ -189,8 +184,8 @@ int main() {
   check(!store->exists(kKey), "the damaged object is dropped from the index");
   c->close();
 
-  if (failures) {
-    printf("disk_load_test: %d checks failed\n", failures);
+  if (check_failures) {
+    printf("disk_load_test: %d checks failed\n", check_failures);
     return 1;
   }
   printf("disk_load_test: PASS\n");

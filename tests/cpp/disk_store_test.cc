@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "store/card_store.h"
 #include "testing/fault_device.h"
 
@@ -35,16 +36,7 @@ using adp::testing::FaultImage;
 constexpr uint64_t kRegionBytes = 1ull << 20;
 constexpr uint64_t kCardBytes = (1ull << 20) + 16 * kRegionBytes;
 
-int failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      failures++;                                               \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
-  } while (0)
+using adp::testing::check_failures;
 
 // 4 KiB-aligned bytes of value v: what an LMCache buffer with
 // --l1-align-bytes 4096 looks like to the store.
@@ -202,8 +194,8 @@ int main() {
     power_cuts(before, cut);
     failed_writes(before, cut);
   }
-  if (failures) {
-    std::printf("disk_store_test: %d FAILURES\n", failures);
+  if (check_failures) {
+    std::printf("disk_store_test: %d FAILURES\n", check_failures);
     return 1;
   }
   std::printf("disk_store_test: PASS\n");

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "check.h"
 #include "store/card_store.h"
 #include "testing/fault_device.h"
 
@@ -41,16 +42,7 @@ constexpr uint64_t kRegionBytes = 1ull << 20;
 constexpr uint64_t kCardBytes = (1ull << 20) + 10 * kRegionBytes;
 constexpr uint64_t kSize = 200 << 10;
 
-int failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      failures++;                                               \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
-  } while (0)
+using adp::testing::check_failures;
 
 struct Store {
   std::string key;
@@ -163,7 +155,7 @@ int main() {
               " acknowledged, %" PRIu64 " failed)\n",
               double(end.first_eviction_held_bytes) / kSize, end.first_eviction_inflight_stores,
               end.first_eviction_inflight_acked, end.first_eviction_inflight_failed);
-  if (failures) return 1;
+  if (check_failures) return 1;
   std::printf("first_eviction_test: PASS\n");
   return 0;
 }

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
-import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 
 from lmcache_adp import ADPConnector, CardStore
 from tests.helpers import MIB, RawConnector
+from tests.support import cpp
 
-ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 BLOCK = 4096
 CARD = 2 * GIB
@@ -152,17 +149,4 @@ def test_first_eviction_stat_counts_what_the_card_held(tmp_path):
     the first eviction count once acknowledged, a failed one (its write
     failed, or its caller gave up) not at all, a re-stored key once, the
     store whose reservation evicted not at all."""
-    cxx = os.environ.get("CXX", "g++")
-    assert shutil.which(cxx), f"{cxx} not found: this test needs a C++20 compiler (set CXX)"
-    sources = sorted(str(p) for d in ("store", "util", "testing") for p in (ROOT / "src_cpp" / d).glob("*.cc"))
-    sources.append(str(ROOT / "tests" / "cpp" / "first_eviction_test.cc"))
-    binary = tmp_path / "first_eviction_test"
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
-    cmd += [f"-I{ROOT / 'src_cpp'}", "-pthread", *sources, "-o", str(binary)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    proc = subprocess.run(
-        [str(binary)], capture_output=True, text=True, timeout=120, env=dict(os.environ, ADP_LOG_LEVEL="ERROR")
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    assert "first_eviction_test: PASS" in proc.stdout
+    cpp.run(cpp.build("first_eviction_test", tmp_path), timeout=120)

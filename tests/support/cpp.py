@@ -45,11 +45,12 @@ def build(
     return binary
 
 
-def run(binary: Path, *args: str, timeout: float = 300) -> str:
+def run(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> str:
     """Runs a built test program (store logging at ERROR); asserts it passed (a sanitizer's report
-    makes it exit non-zero); returns its output."""
+    makes it exit non-zero), showing the last `shown` characters of its output if not; returns its
+    output."""
     env = {**os.environ, "ADP_LOG_LEVEL": "ERROR"}
     proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout, env=env)
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and f"{binary.name}: PASS" in proc.stdout, output[-5000:]
+    assert proc.returncode == 0 and f"{binary.name}: PASS" in proc.stdout, output[-shown:]
     return output
