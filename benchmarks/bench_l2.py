@@ -53,7 +53,9 @@ SUB_ENV = {
     "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
 }
 os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")  # quiet format_card here; the benches keep their INFO logs
-from tools import require_tool  # noqa: E402
+from tools import describe_build, native_build, require_tool  # noqa: E402
+
+BUILD = native_build(PACKAGE)  # the tree's, not the snapshot's (a copy: no commit, no sources)
 
 import lmcache_adp  # noqa: E402
 
@@ -400,12 +402,11 @@ def ratio(a: float | None, b: float | None, goal: float, higher: bool = True) ->
 def report(
     rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: tuple[float, float], seconds: float
 ) -> str:
-    built = datetime.datetime.fromtimestamp(Path(lmcache_adp._native.__file__).stat().st_mtime)
     lines = [
         f"# L2 benchmark: {medium} ({work.parent})",
         "",
-        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, commit {COMMIT}, lmcache_adp from {PACKAGE} "
-        f"(native module built {built:%Y-%m-%d %H:%M}), {os.cpu_count()} cores, kernel "
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, bench_l2.py at commit {COMMIT or '(not a git checkout)'}, "
+        f"lmcache_adp from {PACKAGE}; {describe_build(BUILD)}; {os.cpu_count()} cores, kernel "
         f"{os.uname().release}, load average {load[0]:.1f} at the start and {load[1]:.1f} at the end; "
         f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`",
         "",

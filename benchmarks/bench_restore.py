@@ -54,7 +54,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # client side; servers lo
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from tools import require_tool  # noqa: E402
+from tools import ProcessDied, dead_process, describe_build, fail_fast, native_build, require_tool  # noqa: E402
 
 from lmcache_adp import __version__ as adp_version  # noqa: E402
 from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
@@ -119,26 +119,42 @@ def other_load() -> list[str]:
 
 
 def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: int, l1_gb: float,
-                 raw: Path, l1_shm: bool = False) -> dict:  # fmt: skip
+                 raw: Path, l1_shm: bool = False, gateway: Gateway | None = None) -> dict:  # fmt: skip
     """One fresh server with this L2: store, restores from L1, then restores from L2. l1_shm: LMCache's L1
-    pool in a /dev/shm file (`lmcache server --shm-name`), as docs tell a gateway's operators to run it."""
+    pool in a /dev/shm file (`lmcache server --shm-name`), as docs tell a gateway's operators to run it.
+    If the server (or the gateway it uses) dies meanwhile, ProcessDied with its log tail, at once."""
     shm = f"adp-restore-{os.getpid()}-{name.replace('+', '-')}"
     extra = ["--shm-name", shm] if l1_shm else []
     server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name, extra_args=extra)
     before = _reclaim()
     server.start()
     samples: dict[str, list] = {"cpu_tier": [], "l2": []}
+    watched = {f"lmcache server ({name})": (server.proc, server.log_tail)}
+    if gateway is not None:
+        watched["gateway"] = (gateway.proc, lambda: "\n".join(gateway.log().splitlines()[-40:]))
     try:
-        with VLLMClient(server.url, shape, timeout=600) as client:
-            stored = store_prompt(server, client, tokens)
-            result = {"store_s": stored.store_s, "l2_written_s": stored.l2_write_s}
-            for _ in range(repeat):
-                samples["cpu_tier"].append(restore_prompt(server, client, stored))
-            for _ in range(repeat):
-                left = drop_l1(server)
-                if left:
-                    raise RuntimeError(f"{name}: {left} objects stay in L1 after POST /cache/clear")
-                samples["l2"].append(restore_prompt(server, client, stored))
+        with fail_fast(watched):
+            client = VLLMClient(server.url, shape, timeout=600)
+            dead = None
+            try:
+                stored = store_prompt(server, client, tokens)
+                result = {"store_s": stored.store_s, "l2_written_s": stored.l2_write_s}
+                for _ in range(repeat):
+                    samples["cpu_tier"].append(restore_prompt(server, client, stored))
+                for _ in range(repeat):
+                    left = drop_l1(server)
+                    if left:
+                        raise RuntimeError(f"{name}: {left} objects stay in L1 after POST /cache/clear")
+                    samples["l2"].append(restore_prompt(server, client, stored))
+            except BaseException as e:
+                # A dead server can show as another error first (a refused HTTP request): reported as its death.
+                dead = dead_process(watched, grace_s=2.0)
+                if dead is not None and not isinstance(e, ProcessDied):
+                    raise ProcessDied(dead) from e
+                raise
+            finally:
+                if dead is None:  # close() would wait for a dead server's answer, without a timeout
+                    client.close()
     finally:
         server.stop()
         if l1_shm:  # LMCache leaves its pool file behind when it is stopped
@@ -175,7 +191,8 @@ def render(res: dict) -> str:
         f"{res['when']}, {res['host']['cpus']} CPUs (load average {res['host']['loadavg_start'][0]:.1f} at the start, "
         f"{res['host']['loadavg_end'][0]:.1f} at the end: the machine is shared), {res['host']['kernel']}, "
         f"disk: {res['host']['disk']}; "
-        f"lmcache {res['versions']['lmcache']}, lmcache-adp {res['versions']['lmcache_adp']} ({res['versions']['git']}).",
+        f"lmcache {res['versions']['lmcache']}, lmcache-adp {res['versions']['lmcache_adp']} ({res['versions']['git']}); "
+        f"{describe_build(res['versions']['native'])}.",
         f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
         f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier "
         f"and round, {res.get('rounds', 1)} round(s) (every other one in reverse tier order); "
@@ -299,7 +316,12 @@ def main() -> int:
         },  # fmt: skip
         "repeat": args.repeat,
         "rounds": args.rounds,
-        "versions": {"lmcache_adp": adp_version, "lmcache": _version("lmcache"), "git": _git()},
+        "versions": {
+            "lmcache_adp": adp_version,
+            "lmcache": _version("lmcache"),
+            "git": _git(),
+            "native": native_build(),
+        },  # fmt: skip
         "host": {
             "cpus": os.cpu_count(),
             "kernel": platform.release(),
@@ -335,13 +357,26 @@ def main() -> int:
                 adapter = adp_adapter(gateway=gateway.url, num_workers=ADP_WORKERS)
             print(f"{name} (round {rnd + 1}) ...", flush=True)
             try:
-                got = measure_tier(name, adapter, shape, args.tokens, args.repeat, l1_gb, raw, l1 == "shm")
+                got = measure_tier(name, adapter, shape, args.tokens, args.repeat, l1_gb, raw, l1 == "shm", gateway)
                 if gateway is not None:  # which path the gateway's loads took: segments (one copy) or the ring
                     st = read_gateway_stats(gateway.url)
                     res["notes"][f"{name}, round {rnd + 1}"] = (
                         f"gateway counters: {st.get('segment_loads', 0):.0f} objects loaded straight into L1, "
                         f"{st.get('segment_stores', 0):.0f} stored from it in place, {st.get('hits', 0):.0f} hits"
                     )
+            except ProcessDied as e:  # keep what there is (server logs, samples so far) and stop at once
+                (raw / "samples.json").write_text(json.dumps(res, indent=1))
+                (raw / "token").unlink(missing_ok=True)
+                dest = RESULTS / "raw" / f"{stamp}-{args.tag}-FAILED"
+                shutil.copytree(raw, dest, dirs_exist_ok=True)
+                shutil.rmtree(work, ignore_errors=True)
+                print(f"{name} (round {rnd + 1}): {e}\nraw outputs in {dest}", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                if gateway is not None:
+                    gateway.stop()
+                for seg in Path("/dev/shm").glob(f"lmcache_kv_{os.getpid()}_*"):  # this client's KV cache
+                    seg.unlink(missing_ok=True)
+                os._exit(1)  # not return: LMCache's client threads still wait on the dead server
             finally:
                 if gateway is not None:
                     gateway.stop()

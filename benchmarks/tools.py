@@ -4,10 +4,16 @@ connector driven as LMCache's adapter drives it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import shutil
+import signal
 import statistics
+import subprocess
+import threading
 import time
+from pathlib import Path
 
 INSTALL_HINTS = {"fio": "apt-get update && apt-get install -y fio"}
 
@@ -67,3 +73,94 @@ def print_rounds(times: dict, gib: float) -> None:
     peer = next(name for name in times if name != "card")
     ratio = statistics.median(a / b for a, b in zip(times["card"], times[peer], strict=True))
     print(f"card / {peer}, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
+
+
+def native_build(package: Path | None = None) -> dict:
+    """Which native module is measured (the one this process imported, or the one in `package`, an
+    lmcache_adp directory): its file, the commit of the tree it was built in (or why there is none), when it
+    was built, a digest of it, and whether a C++ source of that tree is newer (a stale build). From a copy of
+    the tree (no git checkout) the digest and build time still tell builds apart."""
+    import datetime
+    import hashlib
+
+    if package is None:
+        import lmcache_adp._native as native
+
+        so = Path(native.__file__).resolve()
+    else:
+        so = next(Path(package).resolve().glob("_native*.so"))
+    tree = so.parent.parent
+    built = so.stat().st_mtime
+    git = ["git", "-C", str(tree)]
+    r = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if r.returncode == 0 and r.stdout.strip():
+        native_src = ["status", "--porcelain", "-uno", "--", "src_cpp", "setup.py"]
+        dirty = subprocess.run([*git, *native_src], capture_output=True, text=True).stdout
+        commit = r.stdout.strip() + (" with uncommitted changes in src_cpp/setup.py" if dirty.strip() else "")
+    else:
+        commit = f"none ({tree} is not a git checkout)"
+    sources = [p for p in (tree / "src_cpp").rglob("*") if p.suffix in (".cc", ".h")]
+    newer = sorted(str(p.relative_to(tree)) for p in sources if p.stat().st_mtime > built)
+    return {
+        "module": str(so),
+        "commit": commit,
+        "built": datetime.datetime.fromtimestamp(built, datetime.timezone.utc).isoformat(timespec="seconds"),
+        "sha256": hashlib.sha256(so.read_bytes()).hexdigest()[:16],
+        "stale": newer[:5] + ([f"... {len(newer) - 5} more"] if len(newer) > 5 else []),
+    }
+
+
+def describe_build(b: dict) -> str:
+    """native_build() in one line for a results file."""
+    stale = f"; STALE: sources newer than the build: {', '.join(b['stale'])}" if b["stale"] else ""
+    return f"native module {b['module']}, commit {b['commit']}, built {b['built']}, sha256 {b['sha256']}{stale}"
+
+
+class ProcessDied(RuntimeError):
+    """A child process a benchmark depends on (the MP server, a gateway) exited while it was measured."""
+
+
+def dead_process(watched: dict, grace_s: float = 0.0) -> str | None:
+    """The first of fail_fast's watched processes that has exited (waiting up to grace_s for each, as a
+    failure seen by a client can come just before its exit is), as ProcessDied's message; None if all live."""
+    for name, (proc, tail) in watched.items():
+        if proc is None:
+            continue
+        try:
+            proc.wait(timeout=grace_s) if grace_s else proc.poll()
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.returncode is not None:
+            return f"{name} exited with {proc.returncode} while it was measured:\n{tail()}"
+    return None
+
+
+@contextlib.contextmanager
+def fail_fast(watched: dict, poll_s: float = 0.5):
+    """Runs the block while watching processes: {name: (Popen, log_tail)}, log_tail() -> str. If one exits
+    first, ProcessDied (its exit code and log tail) is raised in this thread at once (SIGUSR1 interrupts its
+    sleeps and waits), instead of the block waiting out a client's timeout. Main thread only."""
+    stop = threading.Event()
+    dead: list[str] = []
+
+    def watch() -> None:
+        while not stop.wait(poll_s):
+            message = dead_process(watched)
+            if message is not None:
+                dead.append(message)
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+
+    def raise_dead(signum, frame) -> None:
+        if dead and not stop.is_set():
+            raise ProcessDied(dead[0])
+
+    previous = signal.signal(signal.SIGUSR1, raise_dead)
+    watcher = threading.Thread(target=watch, name="fail-fast", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGUSR1, previous)
