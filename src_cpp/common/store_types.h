@@ -51,12 +51,13 @@ using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
 // time. Callers choose it where that time is bounded (a memory-speed card,
 // CardStore::memory_speed()) or where dst is memory no one reuses once its
 // caller gave up (a gateway connection's ring). kPieces: deliver() only names
-// dst (copy(dst) returns true at once); the card is then read straight into
-// dst (4 KiB aligned; otherwise staged and copied in one piece) in pieces,
-// each written into dst under the PieceGuardFn given to get(), the CRC
-// checked piece by piece: one pass over the bytes, and dst is written only
-// while its caller accepts bytes (for a card whose read time is not bounded:
-// a disk).
+// dst (copy(dst) returns true at once); an object of more than one piece
+// (4 MiB, kGuardedPieceBytes) is then read straight into dst (4 KiB aligned) in
+// pieces, each written into dst under the PieceGuardFn given to get(), the
+// CRC checked piece by piece: one pass over the bytes; a smaller object, or
+// any into unaligned dst, is staged and copied in one piece under it. Either
+// way dst is written only while its caller accepts bytes (for a card whose
+// read time is not bounded: a disk).
 enum class ReadInto { kStaging, kDestination, kPieces };
 
 // Runs piece() (a bounded read or copy into the caller's buffer) while the

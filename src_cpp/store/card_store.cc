@@ -911,9 +911,18 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
       dst = d;
       return true;
     });
-    if (delivered && reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0) {
+    // Read straight into dst only an object of more than one piece from
+    // 4 KiB aligned memory. One of a piece or less is staged: header and
+    // payload in one read into this worker's staging, then one copy under
+    // the guard (bounded like a piece's read). Straight into dst it took two
+    // reads (the header block is checked before any byte reaches dst), and on
+    // this VM's disk a read into LMCache's L1 ran 0.67-0.83x of one into a
+    // reused staging buffer, so staging loaded faster at 256 KiB-4 MiB with
+    // 4 workers (benchmarks/README.md, "Disk loads of one piece, staged").
+    const bool aligned = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
+    if (delivered && aligned && e.payload_bytes > kGuardedPieceBytes) {
       delivered = read(dst, true, &pieces);
-    } else if (delivered) {  // unaligned: staged, then copied in one piece
+    } else if (delivered) {  // one piece or less, or unaligned: staged, then copied in one piece
       bool copied = false;
       delivered = read(nullptr, false) && pieces([&] { copied = copy_staged(dst); }) && copied;
     }

@@ -46,8 +46,9 @@ class EmbeddedSession : public BackendSession {
   std::shared_ptr<CardStore> store_;
   // A memory-speed card is read straight into LMCache's buffer: the read
   // then takes a memcpy's time under the batch's deadline guard. Any other
-  // card is read into it in pieces, each under the guard and before the
-  // deadline, so a slow card holds up a deadline by one piece's read at most.
+  // card is read into it in pieces (an object of one piece or less: staged,
+  // then copied), each under the guard and before the deadline, so a slow
+  // card holds up a deadline by one piece's read at most.
   const ReadInto into_ = store_->memory_speed() ? ReadInto::kDestination : ReadInto::kPieces;
   std::unique_ptr<IoContext> ctx_ = std::make_unique<IoContext>();
 };

@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Loads from a disk card go straight into LMCache's buffer in pieces, deadline-safe.
+"""Loads from a disk card, deadline-safe: large objects straight into LMCache's buffer in pieces,
+objects of one piece (4 MiB) or less staged and copied under the batch's guard.
 
 Builds tests/cpp/disk_load_test.cc with the store, the connector, the embedded
 backend and the fault device, and runs it: on a card whose reads are slow, a
-load past its deadline fails and writes nothing into its buffer after that (4 KiB
-aligned and unaligned buffers), a load within its deadline returns the object,
-and a damaged byte in a middle piece of a 32 MiB object is a miss, counted and
-dropped (see the .cc file).
+load past its deadline fails and writes nothing into its buffer after that (32 MiB
+into 4 KiB aligned and unaligned buffers, 4 MiB into an aligned one), a load
+within its deadline returns the object, a damaged byte (in a middle piece of
+the 32 MiB object, in the 4 MiB one) is a miss, counted and dropped, and a 4 MiB
+object deleted while it is read is a miss with its buffer untouched (see the .cc file).
 """
 
 from __future__ import annotations

@@ -1,15 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// Loads from a disk card (ReadInto::kPieces: the card read straight into
-// LMCache's buffer in pieces, each under the batch's guard and before its
-// deadline), on a FaultDevice whose reads are slow (64 MiB/s, the bytes land
-// when a read ends, as a DMA's would). Checks:
+// Loads from a disk card (ReadInto::kPieces: an object larger than one
+// piece read straight into LMCache's buffer in pieces, each under the batch's
+// guard and before its deadline; one of a piece or less staged, then copied
+// under the guard), on a FaultDevice whose reads are slow (64 MiB/s, the
+// bytes land when a read ends, as a DMA's would). Checks, for a 32 MiB object
+// (8 pieces) and a 4 MiB one (one piece, staged):
 //   - a load past its deadline completes as failed, and nothing is written
-//     into its buffer after that (4 KiB aligned buffer: read in pieces;
-//     unaligned: staged, then copied under the guard), and the load stops
-//     reading once it is late instead of reading the rest of the object;
+//     into its buffer after that (4 KiB aligned buffer; for 32 MiB also an
+//     unaligned one: staged, then copied under the guard), and the load in
+//     pieces stops reading once it is late instead of reading the rest;
 //   - with a deadline it can meet, the same loads return the object's bytes;
-//   - a damaged byte in a middle piece of a large object makes it a miss,
-//     counted, and the object is dropped.
+//   - a damaged byte (in a middle piece of the large object, in the small
+//     one) makes it a miss, counted, and the object is dropped;
+//   - a 4 MiB object deleted while it is read is a miss whose buffer is left
+//     untouched (its header, read in the same I/O as the payload, is checked
+//     before any byte is copied into the buffer).
 // The Connector over the embedded backend, one worker.
 //
 //   disk_load_test
@@ -42,6 +47,7 @@ using adp::OpType;
 constexpr uint64_t kCardBytes = 256ull << 20;
 constexpr uint64_t kRegionBytes = 16ull << 20;
 constexpr size_t kObjectBytes = 32u << 20;  // 8 pieces of 4 MiB (kGuardedPieceBytes)
+constexpr size_t kSmallBytes = 4u << 20;    // one piece: staged
 const char* const kKey = "m@00000000@0@large";
 
 using adp::testing::check;
@@ -55,6 +61,7 @@ class SlowDevice : public adp::testing::FaultDevice {
     if (slow.load()) {
       uint64_t n = 0;
       for (int i = 0; i < count; i++) n += iov[i].iov_len;
+      reads_started++;
       std::this_thread::sleep_for(std::chrono::microseconds(n / 64));  // 64 MiB/s: ~16 us per KiB
       payload_reads++;
     }
@@ -62,6 +69,7 @@ class SlowDevice : public adp::testing::FaultDevice {
   }
   std::atomic<bool> slow{false};
   mutable std::atomic<int> payload_reads{0};
+  mutable std::atomic<int> reads_started{0};
 };
 
 Completion wait(Connector& c, uint64_t id) {
@@ -89,27 +97,30 @@ std::unique_ptr<Connector> connect(std::shared_ptr<adp::CardStore> store, int ti
   return std::make_unique<Connector>(std::make_unique<adp::EmbeddedBackend>(std::move(store)), opts);
 }
 
-// A load into dst (offset bytes into an aligned buffer) past a 100 ms deadline.
-void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, size_t offset) {
-  const std::string what = offset ? "unaligned buffer: " : "aligned buffer: ";
+// A load of `key` (`bytes`) into dst (offset bytes into an aligned buffer)
+// past a deadline of timeout_ms, shorter than the object's read.
+void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key, size_t bytes,
+               size_t offset, int timeout_ms) {
+  const std::string what =
+      std::to_string(bytes >> 20) + " MiB, " + (offset ? "unaligned buffer: " : "aligned buffer: ");
   adp::AlignedBuffer mem;
-  mem.reserve(kObjectBytes + offset);
+  mem.reserve(bytes + offset);
   uint8_t* dst = mem.data() + offset;
-  std::memset(dst, 0x5a, kObjectBytes);
-  auto c = connect(store, 100);
+  std::memset(dst, 0x5a, bytes);
+  auto c = connect(store, timeout_ms);
   dev->payload_reads = 0;
   dev->slow = true;
-  Completion got = run(*c, OpType::kGet, {kKey}, {{dst, kObjectBytes}});
-  std::vector<uint8_t> at_completion(dst, dst + kObjectBytes);
-  // Reading the whole object takes 0.5 s: wait that long again, so that a
-  // load that went on would have written by now.
+  Completion got = run(*c, OpType::kGet, {key}, {{dst, bytes}});
+  std::vector<uint8_t> at_completion(dst, dst + bytes);
+  // Reading the whole 32 MiB object takes 0.5 s: wait that long again, so
+  // that a load that went on would have written by now.
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   check(!got.ok && got.error.find("timed out") != std::string::npos,
         what + "a load past its deadline fails as timed out: '" + got.error + "'");
   check(got.per_key == std::vector<uint8_t>{0}, what + "the late key is a miss");
-  check(std::memcmp(at_completion.data(), dst, kObjectBytes) == 0,
+  check(std::memcmp(at_completion.data(), dst, bytes) == 0,
         what + "nothing was written into the buffer after its future completed");
-  if (!offset)
+  if (!offset && bytes > kSmallBytes)
     check(dev->payload_reads.load() < int(kObjectBytes / (4u << 20)), what + "the load stopped reading once late (" +
                                                                           std::to_string(dev->payload_reads.load()) +
                                                                           " reads of 8 pieces)");
@@ -118,19 +129,86 @@ void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, size_t of
 }
 
 // The same load with a deadline it meets.
-void timely_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, size_t offset,
+void timely_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key, size_t offset,
                  const std::vector<uint8_t>& want) {
-  const std::string what = offset ? "unaligned buffer: " : "aligned buffer: ";
+  const size_t bytes = want.size();
+  const std::string what =
+      std::to_string(bytes >> 20) + " MiB, " + (offset ? "unaligned buffer: " : "aligned buffer: ");
   adp::AlignedBuffer mem;
-  mem.reserve(kObjectBytes + offset);
+  mem.reserve(bytes + offset);
   uint8_t* dst = mem.data() + offset;
-  std::memset(dst, 0x5a, kObjectBytes);
+  std::memset(dst, 0x5a, bytes);
   auto c = connect(store, 30000);
   dev->slow = true;
-  Completion got = run(*c, OpType::kGet, {kKey}, {{dst, kObjectBytes}});
+  Completion got = run(*c, OpType::kGet, {key}, {{dst, bytes}});
   dev->slow = false;
   check(got.ok && got.per_key == std::vector<uint8_t>{1}, what + "a slow load within its deadline hits: " + got.error);
-  check(std::memcmp(dst, want.data(), kObjectBytes) == 0, what + "the loaded bytes are the object's");
+  check(std::memcmp(dst, want.data(), bytes) == 0, what + "the loaded bytes are the object's");
+  c->close();
+}
+
+// Stores `bytes` of a pattern under key; returns them.
+std::vector<uint8_t> store_object(std::shared_ptr<adp::CardStore> store, const std::string& key, size_t bytes) {
+  adp::AlignedBuffer src;
+  src.reserve(bytes);
+  for (size_t i = 0; i < bytes; i++) src.data()[i] = static_cast<uint8_t>(i * 131 + (i >> 20) + key.size());
+  auto c = connect(store, 30000);
+  Completion put = run(*c, OpType::kSet, {key}, {{src.data(), bytes}});
+  check(put.ok, "the store of " + key + " succeeds: " + put.error);
+  c->close();
+  return std::vector<uint8_t>(src.data(), src.data() + bytes);
+}
+
+// Flips one byte of key's payload, `at` bytes into it, on the card image.
+void damage(adp::testing::FaultImage& image, const std::string& key, size_t at) {
+  auto found = std::search(image.data.begin(), image.data.end(), key.begin(), key.end());
+  check(found != image.data.end(), "the object's key " + key + " is on the card");
+  if (found == image.data.end()) return;
+  size_t header = size_t(found - image.data.begin()) & ~size_t(4095);
+  image.data[header + 4096 + at] ^= 1;
+}
+
+// A load of key, damaged `at` bytes into its payload: a miss, counted once, dropped.
+void damaged_load(std::shared_ptr<adp::CardStore> store, adp::testing::FaultImage& image, const std::string& key,
+                  size_t bytes, size_t at) {
+  const std::string what = std::to_string(bytes >> 20) + " MiB: ";
+  const uint64_t failures = store->stats().checksum_failures;
+  damage(image, key, at);
+  adp::AlignedBuffer mem;
+  mem.reserve(bytes);
+  auto c = connect(store, 30000);
+  Completion got = run(*c, OpType::kGet, {key}, {{mem.data(), bytes}});
+  check(got.per_key == std::vector<uint8_t>{0}, what + "a damaged object is a miss");
+  check(store->stats().checksum_failures == failures + 1, what + "the damage is counted once");
+  check(!store->exists(key), what + "the damaged object is dropped from the index");
+  c->close();
+}
+
+// A slow load of a one-piece object deleted while the card reads it (its
+// tombstone lands in the header block before the read ends): a miss in a
+// future that succeeds, the buffer untouched.
+void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key, size_t bytes) {
+  adp::AlignedBuffer mem;
+  mem.reserve(bytes);
+  std::memset(mem.data(), 0x5a, bytes);
+  auto c = connect(store, 30000);
+  dev->reads_started = 0;
+  dev->slow = true;
+  uint64_t id = c->submit(OpType::kGet, {key}, {{mem.data(), bytes}}, nullptr);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (dev->reads_started.load() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  check(dev->reads_started.load() == 1, "the load's read started (one read for header and payload)");
+  adp::IoContext ctx;
+  adp::Status removed = store->remove(ctx, key);
+  check(removed.ok(), "the delete during the read succeeds: " + removed.message());
+  Completion got = wait(*c, id);
+  dev->slow = false;
+  check(got.ok && got.per_key == std::vector<uint8_t>{0},
+        "an object deleted while it is read is a miss (future ok): " + got.error);
+  std::vector<uint8_t> untouched(bytes, 0x5a);
+  check(std::memcmp(mem.data(), untouched.data(), bytes) == 0,
+        "the buffer of an object deleted while it is read is untouched");
   c->close();
 }
 
@@ -151,38 +229,23 @@ int main() {
   std::shared_ptr<adp::CardStore> store(std::move(opened));
   check(!store->memory_speed(), "the test card is not memory-speed (its loads go in pieces)");
 
-  adp::AlignedBuffer src;
-  src.reserve(kObjectBytes);
-  for (size_t i = 0; i < kObjectBytes; i++) src.data()[i] = static_cast<uint8_t>(i * 131 + (i >> 20));
-  std::vector<uint8_t> want(src.data(), src.data() + kObjectBytes);
-  {
-    auto c = connect(store, 30000);
-    Completion put = run(*c, OpType::kSet, {kKey}, {{src.data(), kObjectBytes}});
-    check(put.ok, "the store succeeds: " + put.error);
-    c->close();
-  }
-
+  const std::vector<uint8_t> want = store_object(store, kKey, kObjectBytes);
   for (size_t offset : {size_t(0), size_t(8)}) {
-    late_load(store, dev, offset);
-    timely_load(store, dev, offset, want);
+    late_load(store, dev, kKey, kObjectBytes, offset, 100);  // 0.5 s to read
+    timely_load(store, dev, kKey, offset, want);
   }
+  // One flipped byte in the fifth of eight pieces.
+  damaged_load(store, *image, kKey, kObjectBytes, (17u << 20) + 12345);
 
-  // One flipped byte in the fifth of eight pieces: a miss, counted, dropped.
-  const std::string key(kKey);
-  auto at = std::search(image->data.begin(), image->data.end(), key.begin(), key.end());
-  check(at != image->data.end(), "the object's key is on the card");
-  if (at != image->data.end()) {
-    size_t header = size_t(at - image->data.begin()) & ~size_t(4095);
-    image->data[header + 4096 + (17u << 20) + 12345] ^= 1;
-  }
-  adp::AlignedBuffer mem;
-  mem.reserve(kObjectBytes);
-  auto c = connect(store, 30000);
-  Completion got = run(*c, OpType::kGet, {kKey}, {{mem.data(), kObjectBytes}});
-  check(got.per_key == std::vector<uint8_t>{0}, "an object damaged in a middle piece is a miss");
-  check(store->stats().checksum_failures == 1, "the damage is counted once");
-  check(!store->exists(kKey), "the damaged object is dropped from the index");
-  c->close();
+  // One piece (staged): 62 ms to read, past a 20 ms deadline.
+  const std::string small = "m@00000000@0@small";
+  const std::vector<uint8_t> want_small = store_object(store, small, kSmallBytes);
+  late_load(store, dev, small, kSmallBytes, 0, 20);
+  timely_load(store, dev, small, 0, want_small);
+  damaged_load(store, *image, small, kSmallBytes, (3u << 20) + 777);
+  const std::string doomed = "m@00000000@0@deleted-while-read";
+  store_object(store, doomed, kSmallBytes);
+  deleted_while_read(store, dev, doomed, kSmallBytes);
 
   if (check_failures) {
     printf("disk_load_test: %d checks failed\n", check_failures);

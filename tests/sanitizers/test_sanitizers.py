@@ -49,3 +49,11 @@ def test_stress_under_sanitizer(mode, tmp_path):
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_disk_store_under_sanitizer(mode, tmp_path):
     cpp.run(cpp.build("disk_store_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_disk_load_under_sanitizer(mode, tmp_path):
+    dirs = ("store", "util", "connector", "testing")
+    binary = cpp.build("disk_load_test", tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize=mode)
+    cpp.run(binary, timeout=600)
