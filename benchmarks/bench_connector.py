@@ -428,11 +428,20 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
         with gateway(card, work / "gw.sock", workers, work / "gateway.log"):
             gw = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": workers, "timeout_ms": 60000}
             gw["ring_mb"] = max(64, 2 * args.keys_per_worker * size // MIB)
-            # With shm buffers: the ring (direct_loads off) beside loads straight into them.
-            for direct in (False, True) if args.l1 == "shm" else (True,):
-                label = "gateway unix+segments" if args.l1 == "shm" and direct else "gateway unix+ring"
+            # The ring with loads copied out once the batch is in it (ring_pieces off, as before r4) beside
+            # the ring in pieces (r4); with shm buffers also loads straight into them (direct_loads).
+            variants = [("gateway unix+ring whole", False, False, "g"), ("gateway unix+ring", False, True, "p")]
+            if args.l1 == "shm":
+                variants.append(("gateway unix+segments", True, True, "s"))
+            for label, direct, pieces, tag in variants:
                 res = connector_rounds(
-                    {**gw, "direct_loads": direct}, src, dst, args.reps, batch, args.window, "s" if direct else "g"
+                    {**gw, "direct_loads": direct, "ring_pieces": pieces},
+                    src,
+                    dst,
+                    args.reps,
+                    batch,
+                    args.window,
+                    tag,
                 )
                 rows.append({**base, "row": label, **res})
                 print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)

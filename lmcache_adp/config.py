@@ -69,6 +69,11 @@ PARAMS: dict[str, Param] = {
         "unix gateway: buffers in a /dev/shm file (LMCache's L1 with --shm-name) are registered and the "
         "gateway loads straight into them (and, on a memory-speed card, stores from them); false: the ring",
     ),
+    "ring_pieces": Param(
+        True,
+        "unix gateway: a load through the ring from a memory-speed card is copied out piece by piece while the "
+        "gateway reads the next piece in (protocol r4); false: copied out once the whole batch is in the ring",
+    ),
 }
 
 # Keys that only mean something for one kind of gateway.
@@ -101,6 +106,7 @@ class ConnectorConfig:
     token: str = field(default="", repr=False)
     ring_mb: int = DEFAULT_RING_MB
     direct_loads: bool = True
+    ring_pieces: bool = True
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
@@ -133,6 +139,11 @@ class ConnectorConfig:
         direct_loads = get("direct_loads")
         if not isinstance(direct_loads, bool):
             raise ConfigError(f"adapter_params['direct_loads'] must be true or false, got {direct_loads!r}")
+        if "ring_pieces" in params and not gateway.startswith("unix://"):
+            raise ConfigError("adapter_params['ring_pieces'] applies to a unix:// gateway only")
+        ring_pieces = get("ring_pieces")
+        if not isinstance(ring_pieces, bool):
+            raise ConfigError(f"adapter_params['ring_pieces'] must be true or false, got {ring_pieces!r}")
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
@@ -163,6 +174,7 @@ class ConnectorConfig:
             token=token,
             ring_mb=ring_mb,
             direct_loads=direct_loads,
+            ring_pieces=ring_pieces,
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -177,6 +189,7 @@ class ConnectorConfig:
             "token": self.token,
             "ring_bytes": self.ring_mb * MIB,
             "direct_loads": self.direct_loads,
+            "ring_pieces": self.ring_pieces,
         }
 
 

@@ -55,16 +55,21 @@ using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
 // (4 MiB, kGuardedPieceBytes) is then read straight into dst (4 KiB aligned) in
 // pieces, each written into dst under the PieceGuardFn given to get(), the
 // CRC checked piece by piece: one pass over the bytes; a smaller object, or
-// any into unaligned dst, is staged and copied in one piece under it. Either
-// way dst is written only while its caller accepts bytes (for a card whose
-// read time is not bounded: a disk).
+// any into unaligned dst, is staged and copied in one piece under it. A
+// memory-speed card is copied from its mapping into dst in 1 MiB pieces at
+// any size and alignment. The header is checked before the first piece.
+// Either way dst is written only while its caller accepts bytes (for a card
+// whose read time is not bounded: a disk; or to let a gateway's client copy
+// each piece out of the ring while the next one is read).
 enum class ReadInto { kStaging, kDestination, kPieces };
 
 // Runs piece() (a bounded read or copy into the caller's buffer) while the
 // caller still accepts bytes; returns false without running it once it does
 // not (its deadline passed, its future completed). A load in pieces asks
 // before each piece, so it stops within one piece of its caller giving up.
-using PieceGuardFn = std::function<bool(const std::function<void()>& piece)>;
+// `upto`: once piece() ran, dst[0, upto) holds the payload's first bytes (a
+// gateway publishes it to its client, which copies them out meanwhile).
+using PieceGuardFn = std::function<bool(size_t upto, const std::function<void()>& piece)>;
 
 struct StoreStats {
   uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;

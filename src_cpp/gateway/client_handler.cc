@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "gateway/client_handler.h"
 
+#include <linux/futex.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -129,6 +132,13 @@ Status ClientHandler::handshake() {
   segment_stores_ =
       segments_enabled_ && (hello.features & proto::kFeatureSegmentStores) && shared_->store->memory_speed();
   if (segment_stores_) ok.features |= proto::kFeatureSegmentStores;
+  // r4: gets from a memory-speed card are published piece by piece (a
+  // disk card is read whole into the ring, as before: not measured in pieces).
+  ring_progress_ = ring_ && (hello.features & proto::kFeatureRingProgress) && shared_->store->memory_speed();
+  if (ring_progress_) {
+    ok.features |= proto::kFeatureRingProgress;
+    if (const char* d = std::getenv("ADP_TEST_RING_PIECE_DELAY_MS")) test_piece_delay_ms_ = std::atoi(d);
+  }
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
     if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
@@ -225,8 +235,11 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   iovec iv{payload->data(), payload->size()};
   served_++;
   shared_->batches.fetch_add(1, std::memory_order_relaxed);
-  return proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
-                            {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
+  s = proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
+                         {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
+  // A client asleep on the ticket then finds the reply on the socket.
+  if (ring_progress_ && req.op == proto::Op::kGet) bump_ticket();
+  return s;
 }
 
 Status ClientHandler::check_request_id(const proto::Frame& frame) {
@@ -272,6 +285,22 @@ void ClientHandler::give_lease(uint64_t request_id) {
                    __ATOMIC_RELEASE);
 }
 
+void ClientHandler::publish_progress(size_t item, size_t upto) {
+  if (item >= proto::kProgressSlots) return;  // delivered after the reply
+  auto* slot = reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressSlotsAt) + item;
+  __atomic_store_n(slot, static_cast<uint32_t>(upto), __ATOMIC_RELEASE);
+  bump_ticket();
+}
+
+void ClientHandler::bump_ticket() {
+  // Sequentially consistent against the client's "waiting, then re-read the
+  // ticket": either it sees the new ticket or this sees it waiting.
+  auto* ticket = reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressTicketAt);
+  __atomic_fetch_add(ticket, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressWaitingAt), __ATOMIC_SEQ_CST))
+    ::syscall(SYS_futex, ticket, FUTEX_WAKE, 1, nullptr, nullptr, 0);  // shared memory: not FUTEX_PRIVATE
+}
+
 Status ClientHandler::serve_stats(const proto::Frame& frame) {
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
@@ -301,6 +330,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segments", shared.segments.load());
   field("segment_loads", shared.segment_loads.load());
   field("segment_stores", shared.segment_stores.load());
+  field("ring_piece_loads", shared.ring_piece_loads.load());
   out.back() = '}';
   return out;
 }
@@ -459,6 +489,21 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           };
           // Ring: the card is read straight into it (a client that gave up
           // drops the connection and its ring). Inline: staged, then copied.
+          // r4: in pieces, each published as it lands, so the client copies
+          // piece k out while piece k + 1 is read; no piece starts past the
+          // deadline (the item then answers TimedOut, a failure, not a miss).
+          if (base && ring_progress_) {
+            PieceGuardFn piece = [&](size_t upto, const std::function<void()>& read) {
+              if (test_piece_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_piece_delay_ms_));
+              if (Clock::now() >= deadline) return false;
+              read();
+              publish_progress(i, upto);
+              return true;
+            };
+            st[i] = store.get(**lease, it.key, deliver, ReadInto::kPieces, piece);
+            if (st[i].ok()) shared_->ring_piece_loads.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
           st[i] = store.get(**lease, it.key, deliver, base ? ReadInto::kDestination : ReadInto::kStaging);
         }
         break;

@@ -48,6 +48,7 @@ struct GatewayShared {
   std::atomic<uint32_t> segments{0};           // client segments mapped (r3)
   std::atomic<uint64_t> segment_loads{0};      // objects read straight into a client segment
   std::atomic<uint64_t> segment_stores{0};     // objects stored straight from a client segment
+  std::atomic<uint64_t> ring_piece_loads{0};   // objects loaded into a ring in published pieces (r4)
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -72,6 +73,10 @@ class ClientHandler {
   // object is written into a segment, given back after.
   bool take_lease(uint64_t request_id);
   void give_lease(uint64_t request_id);
+  // r4: item `item`'s first `upto` bytes are in the ring; then the ticket.
+  void publish_progress(size_t item, size_t upto);
+  // Bumps the progress ticket, waking the client if it sleeps on it.
+  void bump_ticket();
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);
@@ -82,12 +87,16 @@ class ClientHandler {
   const uint64_t id_;
   GatewayShared* shared_;
   std::unique_ptr<proto::SharedRing> ring_;
-  bool segments_enabled_ = false;                                        // r3 negotiated
-  bool segment_stores_ = false;                                          // r3 stores from segments granted
+  bool segments_enabled_ = false;  // r3 negotiated
+  bool segment_stores_ = false;    // r3 stores from segments granted
+  bool ring_progress_ = false;     // r4: a get's pieces published in the control page
   std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.
   int test_segment_delay_ms_ = 0;
+  // Tests only (ADP_TEST_RING_PIECE_DELAY_MS): a pause before each piece of
+  // a get read into the ring in pieces (r4), as a slow card would take.
+  int test_piece_delay_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool handshake_done_ = false;

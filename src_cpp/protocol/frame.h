@@ -44,6 +44,7 @@ enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
 constexpr uint32_t kFeatureRing = 1;      // payload through a shared-memory ring
 constexpr uint32_t kFeatureSegments = 2;  // loads written straight into registered client memory (r3; needs the ring)
 constexpr uint32_t kFeatureSegmentStores = 4;  // stores read from registered client memory (r3; memory-speed cards)
+constexpr uint32_t kFeatureRingProgress = 8;  // a get's bytes published in the ring piece by piece (r4; needs the ring)
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;
@@ -71,6 +72,25 @@ constexpr size_t kRegisterSegmentBytes = 16;
 constexpr uint64_t kRingControlBytes = 4096;
 enum LeaseState : uint64_t { kLeaseOpen = 1, kLeaseWriting = 2, kLeaseRevoked = 3 };
 constexpr uint64_t lease_word(uint64_t request_id, uint64_t state) { return request_id << 2 | state; }
+
+// r4, with kFeatureRingProgress (the control page is then reserved too): the
+// gateway publishes how far it has written each get item into the ring, so
+// the client copies an object out piece by piece while the gateway reads the
+// next one in. Words of the control page, all written by one side only:
+//   kProgressTicketAt   u32, gateway: bumped after each publish and after
+//                       each reply is sent (the client's futex word)
+//   kProgressWaitingAt  u32, client: nonzero while it sleeps on the ticket
+//                       (the gateway wakes it only then)
+//   kProgressSlotsAt    u32 per item of the request, for the first
+//                       kProgressSlots items: bytes of the item in the ring
+//                       so far (the end of the last piece written). The
+//                       client zeroes the request's slots before it sends it.
+// The gateway never reads these words, so a client can only confuse itself;
+// the client rejects a slot past its item's size or going back.
+constexpr size_t kProgressTicketAt = 64;
+constexpr size_t kProgressWaitingAt = 68;
+constexpr size_t kProgressSlotsAt = 128;
+constexpr size_t kProgressSlots = (kRingControlBytes - kProgressSlotsAt) / 4;
 
 constexpr size_t kBatchFixedBytes = 16;
 constexpr size_t kBatchItemBytes = 24;

@@ -95,6 +95,7 @@ class NativeConnector {
     if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) {
       o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
       o.segments = cfg["direct_loads"].cast<bool>();
+      o.ring_progress = cfg["ring_pieces"].cast<bool>();
     }
     o.client_name = "lmcache-adp connector, pid " + std::to_string(::getpid());
     return std::make_unique<RemoteBackend>(std::move(o));
@@ -441,6 +442,7 @@ PYBIND11_MODULE(_native, m) {
                py::arg("DELETE") = static_cast<int>(proto::Op::kDelete));
   m.attr("FEATURE_RING") = proto::kFeatureRing;
   m.attr("FEATURE_SEGMENTS") = proto::kFeatureSegments;
+  m.attr("FEATURE_RING_PROGRESS") = proto::kFeatureRingProgress;
   m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
   m.attr("MAX_TOKEN_BYTES") = proto::kMaxTokenBytes;

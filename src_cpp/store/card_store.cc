@@ -739,7 +739,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // payload's whole blocks straight into payload_dst, in pieces small enough
   // that each is checked while it is still in the CPU's cache; with a guard
   // each piece is read under it (the header block with the first).
-  const uint8_t* map = payload_dst && !guard ? device_->mapped() : nullptr;
+  const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
   const bool mapped = map && ext.back().at + ext.back().len <= device_->size();
   const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
@@ -767,18 +767,34 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     *io = Status::IoError("out of memory for staging");
   } else if (mapped) {
     std::memcpy(ctx.staging_.data(), map + ext[0].at, kBlockSize);
+    *io = Status::Ok();
+    // With a guard the header is checked first (a miss found there leaves
+    // payload_dst untouched) and the payload copied in pieces, each under it.
+    if (guard) header_why = check_header(), header_checked = true;
     uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload's bytes
-    for (const Extent& x : ext) {
+    for (size_t k = 0; k < ext.size() && io->ok() && header_why.empty(); k++) {
+      const Extent& x = ext[k];
       uint64_t from = std::min(skip, x.len);
       skip -= from;
-      uint64_t len = std::min(x.len - from, e.payload_bytes - done);
-      if (check_payload)
-        body_crc = crc32c_copy_extend(body_crc, payload_dst + done, map + x.at + from, len);
-      else
-        std::memcpy(payload_dst + done, map + x.at + from, len);
-      done += len;
+      const uint64_t end = from + std::min(x.len - from, e.payload_bytes - done);
+      while (from < end) {
+        const uint64_t len = guard ? std::min<uint64_t>(end - from, kPieceBytes) : end - from;
+        auto copy = [&] {
+          if (check_payload)
+            body_crc = crc32c_copy_extend(body_crc, payload_dst + done, map + x.at + from, len);
+          else
+            std::memcpy(payload_dst + done, map + x.at + from, len);
+        };
+        if (!guard) {
+          copy();
+        } else if (!(*guard)(done + len, copy)) {
+          *io = Status::TimedOut("deadline passed while the object was read into the buffer");
+          break;
+        }
+        from += len;
+        done += len;
+      }
     }
-    *io = Status::Ok();
   } else if (direct) {
     const size_t piece = guard ? kGuardedPieceBytes : kPieceBytes;
     // With a guard (a disk card) the header block is read and checked first,
@@ -804,7 +820,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
         auto read_piece = [&] { *io = n ? io_mapped(false, ext, at, iov, n) : Status::Ok(); };
         if (!guard) {
           read_piece();
-        } else if (!(*guard)(read_piece)) {
+        } else if (!(*guard)(done + len, read_piece)) {
           *io = Status::TimedOut("deadline passed while the object was read into the buffer");
           break;
         }
@@ -837,7 +853,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     auto copy_tail = [&] { std::memcpy(payload_dst + body, block + kBlockSize, tail); };
     if (!guard) {
       copy_tail();
-    } else if (!(*guard)(copy_tail)) {
+    } else if (!(*guard)(e.payload_bytes, copy_tail)) {
       *io = Status::TimedOut("deadline passed while the object was read into the buffer");
       return std::string();
     }
@@ -919,12 +935,14 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     // this VM's disk a read into LMCache's L1 ran 0.67-0.83x of one into a
     // reused staging buffer, so staging loaded faster at 256 KiB-4 MiB with
     // 4 workers (benchmarks/README.md, "Disk loads of one piece, staged").
+    // A memory-speed card is copied from its mapping in pieces at any size
+    // and alignment (a gateway publishes each piece to its client).
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
-    if (delivered && aligned && e.payload_bytes > kGuardedPieceBytes) {
+    if (delivered && (device_->mapped() || (aligned && e.payload_bytes > kGuardedPieceBytes))) {
       delivered = read(dst, true, &pieces);
     } else if (delivered) {  // one piece or less, or unaligned: staged, then copied in one piece
       bool copied = false;
-      delivered = read(nullptr, false) && pieces([&] { copied = copy_staged(dst); }) && copied;
+      delivered = read(nullptr, false) && pieces(e.payload_bytes, [&] { copied = copy_staged(dst); }) && copied;
     }
   } else {
     delivered = deliver(e.payload_bytes, [&](uint8_t* dst) {

@@ -25,7 +25,7 @@ class EmbeddedSession : public BackendSession {
     // not stop it (a reader-preferring lock lets pieces of other workers in
     // ahead of the deadline thread), so past the deadline none starts and the
     // future completes once the pieces in flight are done.
-    PieceGuardFn pieces = [&](const std::function<void()>& piece) {
+    PieceGuardFn pieces = [&](size_t, const std::function<void()>& piece) {
       return std::chrono::steady_clock::now() < deadline && guarded(piece);
     };
     for (size_t i = 0; i < n; i++)

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/gateway_client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,7 +33,9 @@ void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
   proto::Hello hello;
   if (ring_) {
-    hello.features = proto::kFeatureRing | (opts.segments ? proto::kFeatureSegments | proto::kFeatureSegmentStores : 0);
+    hello.features = proto::kFeatureRing |
+                     (opts.segments ? proto::kFeatureSegments | proto::kFeatureSegmentStores : 0) |
+                     (opts.ring_progress ? proto::kFeatureRingProgress : 0);
     hello.ring_bytes = ring_->size();
   }
   hello.token = opts.token;
@@ -55,6 +58,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   if (!s.ok()) return s;
   segments_ = ring_ && (limits_.features & proto::kFeatureSegments);
   segment_stores_ = segments_ && (limits_.features & proto::kFeatureSegmentStores);
+  ring_progress_ = ring_ && opts.ring_progress && (limits_.features & proto::kFeatureRingProgress);
   if (segments_) {
     ucred cred{};
     socklen_t len = sizeof cred;
@@ -94,10 +98,23 @@ Status GatewayClient::register_segment(int fd, uint64_t bytes, proto::Deadline d
 
 Status GatewayClient::call(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline,
                            proto::BatchReply* reply) {
+  Status s = send(req, payload, deadline);
+  return s.ok() ? await_reply(req, deadline, reply) : s;
+}
+
+Status GatewayClient::send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline) {
   table_.clear();
   proto::encode_batch(req, &table_);
-  Status s = proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
-  if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kBatchReply), deadline);
+  return proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
+}
+
+bool GatewayClient::readable() const {
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
+Status GatewayClient::await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply) {
+  Status s = receive(static_cast<uint8_t>(proto::FrameType::kBatchReply), deadline);
   if (s.ok()) s = proto::decode_batch_reply(frame_.body, reply);
   if (s.ok() && reply->results.size() != req.items.size())
     s = Status::InvalidArgument("gateway answered " + std::to_string(reply->results.size()) + " results for " +

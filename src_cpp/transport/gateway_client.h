@@ -18,10 +18,11 @@ namespace adp {
 
 struct GatewayClientOptions {
   proto::Endpoint endpoint;
-  std::string token;        // TCP
-  uint64_t ring_bytes = 0;  // Unix: size of this connection's ring
-  std::string client_name;  // shown in the gateway's log
-  bool segments = true;     // Unix: ask for loads straight into registered shared memory (r3)
+  std::string token;          // TCP
+  uint64_t ring_bytes = 0;    // Unix: size of this connection's ring
+  std::string client_name;    // shown in the gateway's log
+  bool segments = true;       // Unix: ask for loads straight into registered shared memory (r3)
+  bool ring_progress = true;  // Unix: ask for gets published piece by piece in the ring (r4)
 };
 
 class GatewayClient {
@@ -37,6 +38,12 @@ class GatewayClient {
   // this client's receive buffer until the next call.
   Status call(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline,
               proto::BatchReply* reply);
+  // call() in two halves, for a client that works while the gateway does (r4).
+  Status send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline);
+  Status await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply);
+  // Whether the socket has something to read (a reply, an Error, the end):
+  // await_reply() then does not wait on the gateway.
+  bool readable() const;
 
   // Registers a shared memory file (fd not taken over) under a new id on this
   // connection; 0 when this connection has no ids left.
@@ -45,6 +52,10 @@ class GatewayClient {
   // segments (granted on a memory-speed card only).
   bool segments() const { return segments_; }
   bool segment_stores() const { return segment_stores_; }
+  // Whether the gateway publishes a get's pieces in the control page (r4).
+  bool ring_progress() const { return ring_progress_; }
+  // Whether the ring starts with its control page (r3 segments or r4).
+  bool control_page() const { return segments_ || ring_progress_; }
   // The request id the next call() will carry (the load lease names it).
   uint64_t next_request_id() const { return request_id_ + 1; }
   // The load lease word in the ring's control page (segments() only).
@@ -71,6 +82,7 @@ class GatewayClient {
   uint64_t request_id_ = 0;
   bool segments_ = false;
   bool segment_stores_ = false;
+  bool ring_progress_ = false;
   uint32_t segments_registered_ = 0;
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;

@@ -2,10 +2,12 @@
 #include "transport/remote_backend.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -30,6 +32,20 @@ constexpr milliseconds kConnectTimeout{2000};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// r4: how long a client waiting for the gateway's next piece spins before
+// it sleeps on the ticket, and the longest sleep (then it looks at the
+// socket: a gateway that died never bumps the ticket).
+constexpr std::chrono::microseconds kPieceSpin{10};
+constexpr std::chrono::microseconds kPieceSleep{1000};
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 // Whether a failed call says the gateway (not just this request) is in trouble.
 bool link_failure(const Status& s) { return s.code() != Status::Code::kTimedOut; }
@@ -69,6 +85,7 @@ struct RoundInput {
   const size_t* sizes;           // null for exists/delete
   const uint8_t* const* src;     // put only
   const GuardedReadFn* guarded;  // put only: src is read only inside it
+  const DeliverFn* deliver;      // get only: where a round's pieces go as they land (r4)
 };
 
 // Receives each key's outcome; data points at a get's bytes (ring or reply).
@@ -150,7 +167,7 @@ class RemoteSession : public BackendSession {
     std::vector<uint8_t*> bufs(n);
     for (size_t i = 0; i < n; i++) bufs[i] = const_cast<uint8_t*>(src[i]);
     if (run_into_segments(proto::Op::kPut, keys.data(), sizes.data(), bufs.data(), n, deadline, guarded, done)) return;
-    run({proto::Op::kPut, keys.data(), sizes.data(), src.data(), &guarded}, n, deadline,
+    run({proto::Op::kPut, keys.data(), sizes.data(), src.data(), &guarded, nullptr}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t*, size_t) { done(i, st); });
   }
 
@@ -163,14 +180,15 @@ class RemoteSession : public BackendSession {
       if (st.ok()) c.bytes_read.fetch_add(sizes[i], std::memory_order_relaxed);
     };
     if (run_into_segments(proto::Op::kGet, keys, sizes, dsts, n, deadline, guarded, done)) return;
-    run({proto::Op::kGet, keys, sizes, nullptr, nullptr}, n, deadline,
+    run({proto::Op::kGet, keys, sizes, nullptr, nullptr, &deliver}, n, deadline,
         [&](size_t i, const Status& st, const uint8_t* data, size_t size) {
           // The gateway checked the payload against its CRC before replying.
+          // No data with a hit: delivered already, in pieces (r4).
           auto copy = [data, size](uint8_t* dst) {
             std::memcpy(dst, data, size);
             return true;
           };
-          results[i] = st.ok() && !deliver(i, size, copy) ? Status::NotFound("not delivered") : st;
+          results[i] = st.ok() && data && !deliver(i, size, copy) ? Status::NotFound("not delivered") : st;
           (results[i].ok() ? c.hits : c.misses).fetch_add(1, std::memory_order_relaxed);
           if (results[i].ok()) c.bytes_read.fetch_add(size, std::memory_order_relaxed);
         });
@@ -215,6 +233,15 @@ class RemoteSession : public BackendSession {
   // which case no item of the round is finished (run() fails them once).
   Status finish_round(const RoundInput& in, size_t begin, const proto::BatchRequest& req,
                       const proto::BatchReply& reply, const FinishFn& finish);
+  // r4: sends a get round and copies each item's pieces out of the ring as
+  // the gateway publishes them (each under the batch's guard, through
+  // deliver) while it reads the next ones; the rest of every hit once the
+  // reply came. Ok once each item is finished; otherwise none is (run()
+  // fails them) and the connection is to be dropped.
+  Status call_in_pieces(const RoundInput& in, size_t begin, const proto::BatchRequest& req, Deadline deadline,
+                        proto::BatchReply* reply, const FinishFn& finish);
+  // Until the ticket moves from `seen`, the deadline, or at most kPieceSleep.
+  void wait_for_ticket(uint32_t seen, Deadline deadline);
 
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
@@ -227,6 +254,7 @@ class RemoteSession : public BackendSession {
   std::map<std::shared_ptr<SegmentFile>, uint32_t> segment_ids_;
   MapQuery maps_;  // this thread's PROCMAP_QUERY handle
   proto::BatchReply reply_;
+  std::vector<uint64_t> copied_;  // r4: bytes of each item of the round copied out so far
 };
 
 Status RemoteSession::connected(Deadline deadline) {
@@ -358,7 +386,7 @@ size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, p
   req->op = in.op;
   req->items.clear();
   iov->clear();
-  uint64_t used = ring && client_->segments() ? proto::kRingControlBytes : 0;  // r3: the control page comes first
+  uint64_t used = ring && client_->control_page() ? proto::kRingControlBytes : 0;  // r3/r4: the control page first
   size_t end = begin;
   for (; end < n && req->items.size() < max_keys; end++) {
     if (end > begin && !check_key(in.keys[end]).ok()) break;  // failed alone in its own round
@@ -425,8 +453,12 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     bool stale = !fresh_;
     fresh_ = false;
-    s = client_->call(req, iov, deadline, &reply);
-    if (s.ok()) s = finish_round(in, begin, req, reply, finish);
+    if (in.op == proto::Op::kGet && client_->ring_progress()) {
+      s = call_in_pieces(in, begin, req, deadline, &reply, finish);
+    } else {
+      s = client_->call(req, iov, deadline, &reply);
+      if (s.ok()) s = finish_round(in, begin, req, reply, finish);
+    }
     if (!s.ok()) {
       lose(s);
       // A connection that died while idle (gateway restarted) gets one more try on a new one.
@@ -467,6 +499,88 @@ Status RemoteSession::finish_round(const RoundInput& in, size_t begin, const pro
     finish(begin + k, r.status, data, r.size);
   }
   return Status::Ok();
+}
+
+Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const proto::BatchRequest& req,
+                                     Deadline deadline, proto::BatchReply* reply, const FinishFn& finish) {
+  uint8_t* ring = client_->ring()->data();
+  auto* ticket = reinterpret_cast<uint32_t*>(ring + proto::kProgressTicketAt);
+  auto* slots = reinterpret_cast<uint32_t*>(ring + proto::kProgressSlotsAt);
+  const size_t n = req.items.size(), tracked = std::min(n, proto::kProgressSlots);
+  copied_.assign(n, 0);
+  for (size_t k = 0; k < tracked; k++) __atomic_store_n(slots + k, 0u, __ATOMIC_RELAXED);
+  bool declined = false;  // the batch's future completed: no byte more goes into its buffers
+  auto copy_out = [&](size_t k, uint64_t upto) {
+    const uint64_t from = copied_[k];
+    const uint8_t* src = ring + req.items[k].offset;
+    declined = !(*in.deliver)(begin + k, req.items[k].size, [&](uint8_t* dst) {
+      std::memcpy(dst + from, src + from, upto - from);
+      return true;
+    });
+    if (!declined) copied_[k] = upto;
+  };
+  Status s = client_->send(req, {}, deadline);  // the slots' zeroes go before the request (the syscall orders them)
+  size_t first = 0;                             // items before it are copied whole
+  while (s.ok() && !declined) {
+    // The ticket before the slots: a piece published after this read bumps it again.
+    const uint32_t seen = __atomic_load_n(ticket, __ATOMIC_ACQUIRE);
+    bool moved = false;
+    for (size_t k = first; k < tracked && !declined; k++) {
+      const uint64_t upto = __atomic_load_n(slots + k, __ATOMIC_ACQUIRE);
+      if (upto == copied_[k]) continue;
+      if (upto < copied_[k] || upto > req.items[k].size) {
+        s = Status::InvalidArgument("gateway published progress outside item " + std::to_string(k));
+        break;
+      }
+      copy_out(k, upto);
+      moved = true;
+    }
+    while (first < tracked && copied_[first] == req.items[first].size) first++;
+    if (!s.ok() || declined || moved) continue;
+    // Every published byte is out: the rest comes with the reply, or later.
+    if (first == tracked || client_->readable()) break;
+    if (Clock::now() >= deadline) s = Status::TimedOut("deadline passed while the gateway read the batch");
+    if (s.ok()) wait_for_ticket(seen, deadline);
+  }
+  if (declined) return Status::TimedOut("deadline passed while the payload was copied");
+  if (s.ok()) s = client_->await_reply(req, deadline, reply);
+  if (!s.ok()) return s;
+  for (size_t k = 0; k < n; k++)  // checked whole before any item is finished
+    if (reply->results[k].status.ok() && reply->results[k].size != req.items[k].size)
+      return Status::InvalidArgument("gateway reply disagrees with the request");
+  // A hit's bytes are all in the ring now; the rest of each goes out.
+  for (size_t k = 0; k < n; k++) {
+    const proto::ItemResult& r = reply->results[k];
+    if (r.status.ok() && copied_[k] < r.size && !declined) copy_out(k, r.size);
+    if (r.status.ok() && copied_[k] < r.size)
+      finish(begin + k, Status::NotFound("not delivered"), nullptr, 0);
+    else
+      finish(begin + k, r.status, nullptr, r.size);
+  }
+  return Status::Ok();
+}
+
+void RemoteSession::wait_for_ticket(uint32_t seen, Deadline deadline) {
+  uint32_t* ticket = reinterpret_cast<uint32_t*>(client_->ring()->data() + proto::kProgressTicketAt);
+  uint32_t* waiting = reinterpret_cast<uint32_t*>(client_->ring()->data() + proto::kProgressWaitingAt);
+  // The next piece is often a copy's time away: spin that long first.
+  const auto spin_until = Clock::now() + kPieceSpin;
+  do {
+    for (int i = 0; i < 32; i++) {
+      if (__atomic_load_n(ticket, __ATOMIC_ACQUIRE) != seen) return;
+      cpu_relax();
+    }
+  } while (Clock::now() < spin_until);
+  auto left = std::min<Clock::duration>(deadline - Clock::now(), kPieceSleep);
+  if (left <= Clock::duration::zero()) return;
+  // Sequentially consistent against the gateway's bump-then-look: either it
+  // sees us waiting and wakes us, or we see its bump and do not sleep.
+  __atomic_store_n(waiting, 1u, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(ticket, __ATOMIC_SEQ_CST) == seen) {
+    timespec ts{0, static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count())};
+    ::syscall(SYS_futex, ticket, FUTEX_WAIT, seen, &ts, nullptr, 0);  // shared memory: not FUTEX_PRIVATE
+  }
+  __atomic_store_n(waiting, 0u, __ATOMIC_RELAXED);
 }
 
 RemoteBackend::RemoteBackend(GatewayClientOptions opts) : opts_(std::move(opts)) {

@@ -1,0 +1,282 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loads through the ring in pieces (protocol r4, docs/protocol.md "Ring
+progress"): on a memory-speed card the gateway publishes each piece of a get
+in the ring's control page as it lands, and the client copies it into
+LMCache's buffer while the next one is read. The unhappy paths: a client that
+stops reading mid-object, a gateway that dies mid-object, a deadline during a
+piece, a gateway that publishes progress past an item's end."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from lmcache_adp._native import FEATURE_RING, FEATURE_RING_PROGRESS
+from lmcache_adp.gateway_stats import read_gateway_stats
+from tests.gateway import wire
+from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
+
+MIB = 1 << 20
+CONTROL = 4096  # the ring's control page (r3/r4)
+TICKET_AT, SLOTS_AT = 64, 128
+
+
+def tmpfs_gateway(monkeypatch, piece_delay_ms: int = 0) -> tuple[str, Gateway]:
+    """A gateway on a tmpfs card (memory-speed: r4 is granted); with a delay,
+    it sleeps that long before each piece it reads into a ring."""
+    d = tempfile.mkdtemp(prefix="adppc-", dir="/dev/shm")
+    if piece_delay_ms:
+        monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", str(piece_delay_ms))
+    gw = Gateway(d).start()
+    monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS", raising=False)
+    return d, gw
+
+
+@pytest.fixture
+def fast_gateway(monkeypatch):
+    d, gw = tmpfs_gateway(monkeypatch)
+    yield gw
+    if gw.proc:
+        gw.kill()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def store(gw: Gateway, keys: list[str], sizes: list[int]) -> None:
+    w = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=20000))
+    assert w.set(keys, [memoryview(payload(k, s)) for k, s in zip(keys, sizes, strict=True)])[0]
+    w.conn.close()
+
+
+@pytest.mark.parametrize("pieces", [True, False])
+def test_loads_in_pieces_deliver_whole_objects_and_leave_misses_untouched(fast_gateway, pieces):
+    gw = fast_gateway
+    # Sizes across piece boundaries (1 MiB pieces) and an odd tail.
+    sizes = [3 * MIB + 123, 64 << 10, 1 * MIB, 2 * MIB + 4096]
+    keys = [f"pc@{i}" for i in range(len(sizes))]
+    store(gw, keys, sizes)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, ring_pieces=pieces))
+    try:
+        # A miss between the hits: its buffer must be left as it was.
+        order = [keys[0], "pc@missing", *keys[1:]]
+        outs = [bytearray(b"\x5a" * s) for s in [sizes[0], MIB, *sizes[1:]]]
+        ok, _, per_key = c.get(order, [memoryview(o) for o in outs])
+        assert ok and per_key == [True, False, True, True, True]
+        assert bytes(outs[1]) == b"\x5a" * MIB
+        for k, o in zip(keys, [outs[0], *outs[2:]], strict=True):
+            assert bytes(o) == payload(k, len(o))
+        assert (read_gateway_stats(gw.unix_url)["ring_piece_loads"] > 0) == pieces
+    finally:
+        c.conn.close()
+
+
+class RawClient:
+    """One hand-driven Unix connection with a sealed ring, asking for ring progress."""
+
+    def __init__(self, gw: Gateway, ring_bytes: int = 16 * MIB):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(gw.socket)
+        self.ring = os.memfd_create("test-ring", os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.ring, ring_bytes)
+        import fcntl
+
+        fcntl.fcntl(self.ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        self.map = mmap.mmap(self.ring, ring_bytes)
+        self.rid = 1
+        hello = wire.frame(
+            wire.HELLO, 1, wire.hello(features=FEATURE_RING | FEATURE_RING_PROGRESS, ring_bytes=ring_bytes)
+        )
+        socket.send_fds(self.sock, [hello], [self.ring])
+        ftype, body = self.recv()
+        assert ftype == wire.HELLO_OK, body
+        self.features = struct.unpack_from("<I", body)[0]
+
+    def recv(self) -> tuple[int | None, bytes]:
+        def exact(n: int) -> bytes:
+            out = b""
+            while len(out) < n:
+                chunk = self.sock.recv(n - len(out))
+                if not chunk:
+                    break
+                out += chunk
+            return out
+
+        head = exact(wire.HEADER.size)
+        if len(head) < wire.HEADER.size:
+            return None, b""
+        ftype, n, _ = wire.parse_header(head)
+        return ftype, exact(n)
+
+    def slot(self, i: int) -> int:
+        return struct.unpack_from("<I", self.map, SLOTS_AT + 4 * i)[0]
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.ring)
+        self.sock.close()
+
+
+def test_client_that_stops_reading_mid_object(monkeypatch):
+    """A client asks for an object in pieces, then reads neither the ring nor
+    the socket. The gateway does not wait on it: it publishes every piece,
+    replies, and serves everyone else meanwhile."""
+    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=100)
+    try:
+        size = 4 * MIB + 100
+        store(gw, ["idle@obj", "bystander"], [size, 64 << 10])
+        c = RawClient(gw)
+        assert c.features & FEATURE_RING_PROGRESS
+        c.rid += 1
+        c.sock.sendall(wire.frame(wire.BATCH, c.rid, wire.batch(wire.GET, [b"idle@obj"], [size], [CONTROL])))
+        time.sleep(0.25)  # the gateway is part way through the object; the client reads nothing from here on
+        by = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        out = bytearray(64 << 10)
+        assert by.get(["bystander"], [memoryview(out)])[2] == [True] and bytes(out) == payload("bystander", len(out))
+        assert by.set(["bystander2"], [memoryview(out)])[0]
+        by.conn.close()
+        # The reply was sent while the client read nothing; every piece was published.
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY
+        assert struct.unpack_from("<IIBBHIQ", body)[2] == 0  # ok
+        assert c.slot(0) == size
+        assert struct.unpack_from("<I", c.map, TICKET_AT)[0] >= 5  # 5 pieces, then the reply
+        assert c.map[CONTROL : CONTROL + size] == payload("idle@obj", size)
+        c.close()
+        assert gw.proc.poll() is None
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_gateway_that_dies_mid_object_fails_the_load_at_once(monkeypatch):
+    """The gateway is killed while it reads an object in pieces: the client,
+    waiting on the next piece, finds the socket closed and fails the future
+    then, not at its deadline (20 s)."""
+    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=150)
+    try:
+        size = 8 * MIB
+        store(gw, ["dies@obj"], [size])
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        out = bytearray(size)
+        fid = c.conn.submit_batch_get(["dies@obj"], [memoryview(out)])
+        time.sleep(0.5)  # a few pieces in
+        gw.kill()
+        ok, err, per_key = c.wait(fid, timeout=15)
+        assert not ok and per_key == [False]
+        assert "timed out" not in err, err
+        c.conn.close()
+    finally:
+        if gw.proc:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_no_piece_copied_after_the_deadline(monkeypatch):
+    """The deadline passes between two pieces of an object: the future fails,
+    and the pieces the gateway publishes afterwards never reach the buffer."""
+    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=250)
+    try:
+        size = 6 * MIB
+        store(gw, ["deadline@obj"], [size])
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+        out = bytearray(b"\x11" * size)
+        ok, _, per_key = c.get(["deadline@obj"], [memoryview(out)])
+        assert not ok and per_key == [False]
+        at_completion = bytes(out)
+        assert at_completion[0:MIB] == payload("deadline@obj", size)[0:MIB]  # the first pieces came
+        assert at_completion[-MIB:] == b"\x11" * MIB  # the last had not
+        time.sleep(0.25 * 6 + 0.5)  # the gateway has published every piece by now
+        assert bytes(out) == at_completion, "bytes landed after the future failed"
+        c.conn.close()
+        assert gw.proc.poll() is None
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def fake_gateway(path: str, slot_values) -> socket.socket:
+    """A gateway double that grants r4, takes one get and publishes slot 0 =
+    each of slot_values(size) in turn (bumping the ticket, 0.2 s apart),
+    never replying, whatever the request's deadline."""
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 1)
+            ring_bytes = struct.unpack_from("<IIQ", data, wire.HEADER.size)[2]
+            ring = mmap.mmap(fds[0], ring_bytes)
+            name = b"fake"
+            ok = struct.pack("<IIQQII", FEATURE_RING | FEATURE_RING_PROGRESS, 4096, 256 << 20, 64 << 20, len(name), 0)
+            conn.sendall(wire.frame(wire.HELLO_OK, 1, ok + name))
+            _, n, _ = wire.parse_header(conn.recv(wire.HEADER.size, socket.MSG_WAITALL))
+            body = conn.recv(n, socket.MSG_WAITALL)
+            _, _, _, size, offset = struct.unpack_from("<HHIQQ", body, 16)
+            for ticket, v in enumerate(slot_values(size), 1):
+                ring[offset : offset + v] = b"\x77" * v  # the piece, then its slot
+                struct.pack_into("<I", ring, SLOTS_AT, v)
+                struct.pack_into("<I", ring, TICKET_AT, ticket)
+                time.sleep(0.2)
+            conn.recv(1)  # until the client hangs up
+            ring.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+BAD_PROGRESS = {
+    "past the end": lambda size: [size + 4096],
+    "going back": lambda size: [size // 2, size // 4],
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_PROGRESS))
+def test_progress_outside_an_item_is_rejected(workdir, bad):
+    """A gateway that publishes a slot past its item's end, or lowers one:
+    the client fails that load (and drops the connection) and copies nothing
+    outside the buffer."""
+    path = os.path.join(workdir, "fake.sock")
+    size = 256 << 10
+    srv = fake_gateway(path, BAD_PROGRESS[bad])
+    try:
+        c = RawConnector(ADPConnector(gateway=f"unix://{path}", num_workers=1, timeout_ms=5000, ring_mb=1))
+        out = bytearray(b"\x11" * size + b"\x22" * 8192)
+        ok, err, per_key = c.get(["k"], [memoryview(out)[:size]])
+        assert not ok and per_key == [False]
+        assert "gateway published progress outside item 0" in err, err
+        assert bytes(out[size:]) == b"\x22" * 8192  # nothing past the buffer
+        c.conn.close()
+    finally:
+        srv.close()
+
+
+def test_no_piece_copied_after_the_deadline_whatever_the_gateway_publishes(workdir):
+    """A gateway (double) that goes on publishing pieces after the request's
+    deadline: once the future failed, none of them reaches the buffer."""
+    path = os.path.join(workdir, "fake.sock")
+    size = 256 << 10
+    srv = fake_gateway(path, lambda size: [size // 4 * i for i in range(1, 5)])
+    try:
+        c = RawConnector(ADPConnector(gateway=f"unix://{path}", num_workers=1, timeout_ms=300, ring_mb=1))
+        out = bytearray(b"\x11" * size)
+        ok, _, per_key = c.get(["k"], [memoryview(out)])
+        assert not ok and per_key == [False]
+        at_completion = bytes(out)
+        assert at_completion[: size // 4] == b"\x77" * (size // 4)  # the first piece came
+        time.sleep(1.0)  # the double has published the whole object by now
+        assert bytes(out) == at_completion, "bytes landed after the future failed"
+        c.conn.close()
+    finally:
+        srv.close()
