@@ -254,7 +254,7 @@ class RemoteSession : public BackendSession {
   std::map<std::shared_ptr<SegmentFile>, uint32_t> segment_ids_;
   MapQuery maps_;  // this thread's PROCMAP_QUERY handle
   proto::BatchReply reply_;
-  std::vector<uint64_t> copied_;  // r4: bytes of each item of the round copied out so far
+  std::vector<uint64_t> copied_;  // r4: bytes of each item of the current round copied out so far
 };
 
 Status RemoteSession::connected(Deadline deadline) {
@@ -453,6 +453,7 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     bool stale = !fresh_;
     fresh_ = false;
+    copied_.clear();
     if (in.op == proto::Op::kGet && client_->ring_progress()) {
       s = call_in_pieces(in, begin, req, deadline, &reply, finish);
     } else {
@@ -461,8 +462,11 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     }
     if (!s.ok()) {
       lose(s);
-      // A connection that died while idle (gateway restarted) gets one more try on a new one.
-      if (stale && !retried && s.code() == Status::Code::kClosed) {
+      // A connection that died while idle (gateway restarted) gets one more try on a new one,
+      // unless pieces of this round reached a buffer already (a miss on the retry would then be
+      // a miss with its buffer written).
+      const bool wrote = std::any_of(copied_.begin(), copied_.end(), [](uint64_t b) { return b > 0; });
+      if (stale && !retried && s.code() == Status::Code::kClosed && !wrote) {
         retried = true;
         continue;
       }
