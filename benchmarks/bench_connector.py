@@ -354,14 +354,20 @@ def run_client_counts(
         rows.append({**base, "row": f"medium O_DIRECT, {threads} threads", "clients": p, "threads": threads,
                      "bytes": len(src) * size * passes_m, "store_s": w, "load_s": r, "mismatched": same(dst, src)})  # fmt: skip
         # One embedded connector with as many workers as the P processes have together: what this machine
-        # gives that many threads through the same store code with no gateway in between.
-        format_card(str(card), 0, region)
-        ep = {"card": str(card), "num_workers": threads, "io_depth": threads, "timeout_ms": 60000}
-        res = connector_rounds(ep, src, dst, args.reps, threads * args.keys_per_worker, args.window, "t", passes_m)
-        rows.append({**base, "row": f"embedded, {threads} workers", "clients": p, "threads": threads,
-                     **res, "bytes": len(src) * size * passes_m})  # fmt: skip
+        # gives that many threads through the same store code with no gateway in between. On a card of the
+        # same size as the processes' (a new mapping either way): a store into a page the process has not
+        # mapped yet costs 1.2-3.5x one into a mapped page (raw/2026-12-01-1040-vm-card-mapping-probe), and a
+        # smaller card is wrapped, so mapped, sooner (before 2026-12-01 10:45 the reference ran on the run's
+        # card, --client-reference both adds that row again).
         pcard = work / f"card-clients-{p}.img"
         prefill(pcard, card_bytes_for(2 * p * nc * size, size, threads, region))
+        refs = [(", run's card", card)] if args.client_reference == "both" else []
+        for suffix, ecard in [*refs, ("", pcard)]:  # the last one is the table's reference
+            format_card(str(ecard), 0, region)
+            ep = {"card": str(ecard), "num_workers": threads, "io_depth": threads, "timeout_ms": 60000}
+            res = connector_rounds(ep, src, dst, args.reps, threads * args.keys_per_worker, args.window, "t", passes_m)
+            rows.append({**base, "row": f"embedded, {threads} workers{suffix}", "clients": p, "threads": threads,
+                         **res, "bytes": len(src) * size * passes_m})  # fmt: skip
         format_card(str(pcard), 0, region)
         with gateway(pcard, work / "gw.sock", max(16, threads), work / f"gateway-clients-{p}.log"):
             cp = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": cw, "timeout_ms": 60000}
@@ -485,12 +491,17 @@ def client_table(rows: list[dict], summ: list[dict]) -> list[str]:
         if r["row"].startswith("gateway, 1 client"):
             one[r["object_mb"]] = s
     medium, emb = {}, {}
+    extra: list[str] = []  # --client-reference both: the reference on the run's card, GB/s store / load
     for r, s in cl:
         if r["row"].startswith("medium"):
             medium[(r["object_mb"], r["clients"])] = s
             continue
         if r["row"].startswith("embedded"):
             emb[(r["object_mb"], r["clients"])] = s
+            if r["row"].endswith("run's card"):
+                extra.append(
+                    f"{r['row']} ({r['object_mb']:g} MiB, P = {r['clients']}): {s['store']:.2f} / {s['load']:.2f}"
+                )
             continue
         m = medium.get((r["object_mb"], r["clients"]))
         e = emb.get((r["object_mb"], r["clients"]))
@@ -511,6 +522,9 @@ def client_table(rows: list[dict], summ: list[dict]) -> list[str]:
             f"{s['store'] / e_sl[0]:.2f}x, {s['load'] / e_sl[1]:.2f}x | {lim[0]:.2f}, {lim[1]:.2f} | "
             f"{s['store'] / lim[0]:.2f}x | {s['load'] / lim[1]:.2f}x | {skew:.1f} | {'yes' if s['ok'] else 'NO'} |"
         )
+    if extra:
+        out += ["", "Embedded reference on the run's card (--client-reference both), GB/s store / load:", ""]
+        out += [f"- {e}" for e in extra]
     return out
 
 
@@ -569,6 +583,12 @@ def main() -> None:
     ap.add_argument("--client-mb", type=int, default=512, help="MiB of buffers (objects) of each client process")
     ap.add_argument(
         "--client-passes", type=int, default=4, help="times each client phase moves its objects (stores: new keys)"
+    )
+    ap.add_argument(
+        "--client-reference",
+        choices=("sized", "both"),
+        default="sized",
+        help="the embedded reference of --clients on a card of the processes' size, or also on the run's card",
     )
     ap.add_argument("--clients-at", default="", help="object size (MiB) and workers of the rows that run --clients")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="report directory")
