@@ -357,7 +357,7 @@ def run_client_counts(
         # gives that many threads through the same store code with no gateway in between. On a card of the
         # same size as the processes' (a new mapping either way): a store into a page the process has not
         # mapped yet costs 1.2-3.5x one into a mapped page (raw/2026-12-01-1040-vm-card-mapping-probe), and a
-        # smaller card is wrapped, so mapped, sooner (before 2026-12-01 10:45 the reference ran on the run's
+        # smaller card is wrapped, so mapped, sooner (before 2026-12-01 10:34 the reference ran on the run's
         # card, --client-reference both adds that row again).
         pcard = work / f"card-clients-{p}.img"
         prefill(pcard, card_bytes_for(2 * p * nc * size, size, threads, region))
