@@ -20,7 +20,7 @@ import time
 import pytest
 
 from lmcache_adp import ADPConnector
-from lmcache_adp._native import FEATURE_RING, FEATURE_RING_PROGRESS
+from lmcache_adp._native import FEATURE_RING, FEATURE_RING_PROGRESS, FEATURE_SEGMENTS
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.helpers import RawConnector, payload
@@ -82,7 +82,7 @@ def test_loads_in_pieces_deliver_whole_objects_and_leave_misses_untouched(fast_g
 class RawClient:
     """One hand-driven Unix connection with a sealed ring, asking for ring progress."""
 
-    def __init__(self, gw: Gateway, ring_bytes: int = 16 * MIB):
+    def __init__(self, gw: Gateway, ring_bytes: int = 16 * MIB, features: int = FEATURE_RING | FEATURE_RING_PROGRESS):
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.settimeout(30)
         self.sock.connect(gw.socket)
@@ -93,9 +93,7 @@ class RawClient:
         fcntl.fcntl(self.ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         self.map = mmap.mmap(self.ring, ring_bytes)
         self.rid = 1
-        hello = wire.frame(
-            wire.HELLO, 1, wire.hello(features=FEATURE_RING | FEATURE_RING_PROGRESS, ring_bytes=ring_bytes)
-        )
+        hello = wire.frame(wire.HELLO, 1, wire.hello(features=features, ring_bytes=ring_bytes))
         socket.send_fds(self.sock, [hello], [self.ring])
         ftype, body = self.recv()
         assert ftype == wire.HELLO_OK, body
@@ -156,6 +154,25 @@ def test_client_that_stops_reading_mid_object(monkeypatch):
     finally:
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_client_without_the_feature_gets_the_whole_object_and_no_progress(fast_gateway):
+    """An r3 client (no ring-progress bit) on an r4 gateway: not granted, nothing written into the
+    control page, the object at its offset in the ring once the reply came."""
+    gw = fast_gateway
+    size = 3 * MIB + 5
+    store(gw, ["old@obj"], [size])
+    c = RawClient(gw, features=FEATURE_RING | FEATURE_SEGMENTS)
+    try:
+        assert c.features == FEATURE_RING | FEATURE_SEGMENTS
+        c.rid += 1
+        c.sock.sendall(wire.frame(wire.BATCH, c.rid, wire.batch(wire.GET, [b"old@obj"], [size], [CONTROL])))
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY and struct.unpack_from("<IIBBHIQ", body)[2] == 0
+        assert c.map[8:CONTROL] == b"\0" * (CONTROL - 8)  # no ticket, no slot
+        assert c.map[CONTROL : CONTROL + size] == payload("old@obj", size)
+    finally:
+        c.close()
 
 
 def test_gateway_that_dies_mid_object_fails_the_load_at_once(monkeypatch):
