@@ -85,7 +85,9 @@ constexpr uint64_t lease_word(uint64_t request_id, uint64_t state) { return requ
 //                       kProgressSlots items: bytes of the item in the ring
 //                       so far (the end of the last piece written). The
 //                       client zeroes the request's slots before it sends it.
-// The gateway never reads these words, so a client can only confuse itself;
+// The gateway reads only kProgressWaitingAt (whether to FUTEX_WAKE), so a
+// client that writes these words can only confuse itself or cost its own
+// connection a wake-up per piece;
 // the client rejects a slot past its item's size or going back.
 constexpr size_t kProgressTicketAt = 64;
 constexpr size_t kProgressWaitingAt = 68;

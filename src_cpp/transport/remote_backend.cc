@@ -536,6 +536,10 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
         s = Status::InvalidArgument("gateway published progress outside item " + std::to_string(k));
         break;
       }
+      if (Clock::now() >= deadline) {  // no piece after the deadline, even while they keep coming
+        s = Status::TimedOut("deadline passed while the payload was copied");
+        break;
+      }
       copy_out(k, upto);
       moved = true;
     }
