@@ -119,13 +119,15 @@ def other_load() -> list[str]:
 
 
 def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: int, l1_gb: float,
-                 raw: Path, l1_shm: bool = False, gateway: Gateway | None = None) -> dict:  # fmt: skip
+                 raw: Path, l1_shm: bool = False, gateway: Gateway | None = None,
+                 server_env: dict | None = None) -> dict:  # fmt: skip
     """One fresh server with this L2: store, restores from L1, then restores from L2. l1_shm: LMCache's L1
     pool in a /dev/shm file (`lmcache server --shm-name`), as docs tell a gateway's operators to run it.
     If the server (or the gateway it uses) dies meanwhile, ProcessDied with its log tail, at once."""
     shm = f"adp-restore-{os.getpid()}-{name.replace('+', '-')}"
     extra = ["--shm-name", shm] if l1_shm else []
     server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name, extra_args=extra)
+    server.env.update(server_env or {})
     before = _reclaim()
     server.start()
     samples: dict[str, list] = {"cpu_tier": [], "l2": []}
@@ -198,7 +200,8 @@ def render(res: dict) -> str:
         f"and round, {res.get('rounds', 1)} round(s) (every other one in reverse tier order); "
         "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
         "",
-        f"Command: `{res.get('command', '(not recorded)')}`",
+        f"Command: `{res.get('command', '(not recorded)')}`; MP servers' added environment: "
+        f"{', '.join(res.get('server_env') or []) or 'none'}",
         "",
         "Restore = LOOKUP (LMCache prefetches L2 -> L1) + RETRIEVE (L1 -> worker KV blocks). Medians; [min-max].",
         "",
@@ -290,6 +293,13 @@ def main() -> int:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--tag", default="restore", help="result name: <date>-<tag>")
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in every MP server's environment (e.g. OMP_WAIT_POLICY=PASSIVE, see README's CPU-only note)",
+    )
     args = ap.parse_args()
     require_tool("fio")  # before any run: the limit is measured first
 
@@ -329,6 +339,7 @@ def main() -> int:
             "loadavg_start": os.getloadavg(),
         },  # fmt: skip
         "l1_size_gb": l1_gb,
+        "server_env": args.server_env,
         "notes": {},
         "tiers": {},
     }
@@ -346,6 +357,7 @@ def main() -> int:
         },  # fmt: skip
     }
     tiers = args.tiers.split(",")
+    server_env = dict(kv.split("=", 1) for kv in args.server_env)
     for rnd in range(args.rounds):
         for name in tiers if rnd % 2 == 0 else tiers[::-1]:
             base, _, l1 = name.partition("+")
@@ -357,7 +369,9 @@ def main() -> int:
                 adapter = adp_adapter(gateway=gateway.url, num_workers=ADP_WORKERS)
             print(f"{name} (round {rnd + 1}) ...", flush=True)
             try:
-                got = measure_tier(name, adapter, shape, args.tokens, args.repeat, l1_gb, raw, l1 == "shm", gateway)
+                got = measure_tier(
+                    name, adapter, shape, args.tokens, args.repeat, l1_gb, raw, l1 == "shm", gateway, server_env
+                )
                 if gateway is not None:  # which path the gateway's loads took: segments (one copy) or the ring
                     st = read_gateway_stats(gateway.url)
                     res["notes"][f"{name}, round {rnd + 1}"] = (
