@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "util/log.h"
+#include "util/thread_name.h"
 
 namespace adp {
 
@@ -245,6 +246,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
 }
 
 void Connector::worker_loop(int index) {
+  set_thread_name("adp-worker", index);
   std::unique_ptr<BackendSession> session;
   try {
     session = backend_->new_session();
@@ -274,6 +276,7 @@ void Connector::worker_loop(int index) {
 }
 
 void Connector::deadline_loop() {
+  set_thread_name("adp-deadline");
   std::unique_lock<std::mutex> lock(mu_);
   while (!closed_) {
     if (deadlines_.empty()) {

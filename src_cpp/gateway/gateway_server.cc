@@ -9,6 +9,7 @@
 
 #include "protocol/messages.h"
 #include "util/log.h"
+#include "util/thread_name.h"
 
 namespace adp {
 
@@ -123,6 +124,7 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   c.fd = fd;
   c.tcp = tcp;
   c.thread = std::thread([this, &c, tcp] {
+    set_thread_name("adp-conn", static_cast<int>(c.id % 1000000));
     ClientHandler(c.fd, tcp, c.id, shared_.get()).run();
     c.done = true;
     wake();  // so its thread and descriptor are reaped now, not at the next connect
@@ -147,6 +149,7 @@ void GatewayServer::reap(bool all) {
 }
 
 void GatewayServer::accept_loop() {
+  set_thread_name("adp-gw-accept");
   while (!stopping_) {
     pollfd p[3] = {{wake_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
     int r = ::poll(p, tcp_fd_ >= 0 ? 3 : 2, -1);

@@ -15,6 +15,7 @@
 #include "store/card_store.h"
 #include "util/aligned_buffer.h"
 #include "util/log.h"
+#include "util/thread_name.h"
 
 namespace adp {
 namespace {
@@ -76,6 +77,7 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
     failed = true;
   };
   auto worker = [&] {
+    set_thread_name("adp-recover");
     AlignedBuffer block;
     if (!block.reserve(kBlockSize)) return fail(Status::IoError("out of memory for recovery"));
     for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {

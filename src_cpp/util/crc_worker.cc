@@ -2,6 +2,7 @@
 #include "util/crc_worker.h"
 
 #include "util/crc32c.h"
+#include "util/thread_name.h"
 
 namespace adp {
 
@@ -35,6 +36,7 @@ uint32_t CrcWorker::wait() {
 }
 
 void CrcWorker::run() {
+  set_thread_name("adp-crc");
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [this] { return pending_ || stop_; });
