@@ -79,49 +79,14 @@ def test_loads_in_pieces_deliver_whole_objects_and_leave_misses_untouched(fast_g
         c.conn.close()
 
 
-class RawClient:
-    """One hand-driven Unix connection with a sealed ring, asking for ring progress."""
+class RawClient(wire.RingClient):
+    """A hand-driven ring connection asking for ring progress."""
 
     def __init__(self, gw: Gateway, ring_bytes: int = 16 * MIB, features: int = FEATURE_RING | FEATURE_RING_PROGRESS):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(30)
-        self.sock.connect(gw.socket)
-        self.ring = os.memfd_create("test-ring", os.MFD_ALLOW_SEALING)
-        os.ftruncate(self.ring, ring_bytes)
-        import fcntl
-
-        fcntl.fcntl(self.ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-        self.map = mmap.mmap(self.ring, ring_bytes)
-        self.rid = 1
-        hello = wire.frame(wire.HELLO, 1, wire.hello(features=features, ring_bytes=ring_bytes))
-        socket.send_fds(self.sock, [hello], [self.ring])
-        ftype, body = self.recv()
-        assert ftype == wire.HELLO_OK, body
-        self.features = struct.unpack_from("<I", body)[0]
-
-    def recv(self) -> tuple[int | None, bytes]:
-        def exact(n: int) -> bytes:
-            out = b""
-            while len(out) < n:
-                chunk = self.sock.recv(n - len(out))
-                if not chunk:
-                    break
-                out += chunk
-            return out
-
-        head = exact(wire.HEADER.size)
-        if len(head) < wire.HEADER.size:
-            return None, b""
-        ftype, n, _ = wire.parse_header(head)
-        return ftype, exact(n)
+        super().__init__(gw.socket, features, ring_bytes)
 
     def slot(self, i: int) -> int:
         return struct.unpack_from("<I", self.map, SLOTS_AT + 4 * i)[0]
-
-    def close(self) -> None:
-        self.map.close()
-        os.close(self.ring)
-        self.sock.close()
 
 
 def test_client_that_stops_reading_mid_object(monkeypatch):
@@ -134,8 +99,7 @@ def test_client_that_stops_reading_mid_object(monkeypatch):
         store(gw, ["idle@obj", "bystander"], [size, 64 << 10])
         c = RawClient(gw)
         assert c.features & FEATURE_RING_PROGRESS
-        c.rid += 1
-        c.sock.sendall(wire.frame(wire.BATCH, c.rid, wire.batch(wire.GET, [b"idle@obj"], [size], [CONTROL])))
+        c.send(wire.BATCH, wire.batch(wire.GET, [b"idle@obj"], [size], [CONTROL]))
         time.sleep(0.25)  # the gateway is part way through the object; the client reads nothing from here on
         by = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
         out = bytearray(64 << 10)
@@ -165,8 +129,7 @@ def test_client_without_the_feature_gets_the_whole_object_and_no_progress(fast_g
     c = RawClient(gw, features=FEATURE_RING | FEATURE_SEGMENTS)
     try:
         assert c.features == FEATURE_RING | FEATURE_SEGMENTS
-        c.rid += 1
-        c.sock.sendall(wire.frame(wire.BATCH, c.rid, wire.batch(wire.GET, [b"old@obj"], [size], [CONTROL])))
+        c.send(wire.BATCH, wire.batch(wire.GET, [b"old@obj"], [size], [CONTROL]))
         ftype, body = c.recv()
         assert ftype == wire.BATCH_REPLY and struct.unpack_from("<IIBBHIQ", body)[2] == 0
         assert c.map[8:CONTROL] == b"\0" * (CONTROL - 8)  # no ticket, no slot

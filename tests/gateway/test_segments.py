@@ -8,11 +8,9 @@ gateway, a client that gives up while the gateway would still write."""
 
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
 import shutil
-import socket
 import struct
 import tempfile
 import time
@@ -144,59 +142,18 @@ def test_ring_hint_logged_once_for_buffers_outside_shm(gateway, capfd):
         pool.close()
 
 
-class RawClient:
-    """One hand-driven Unix connection with a sealed ring, asking for the segments feature."""
+class RawClient(wire.RingClient):
+    """A hand-driven ring connection asking for the segments feature."""
 
     def __init__(self, gw: Gateway, features: int = FEATURE_RING | FEATURE_SEGMENTS):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(30)
-        self.sock.connect(gw.socket)
-        self.ring = os.memfd_create("test-ring", os.MFD_ALLOW_SEALING)
-        os.ftruncate(self.ring, RING_BYTES)
-        fcntl.fcntl(self.ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-        self.ring_map = mmap.mmap(self.ring, RING_BYTES)
-        self.rid = 0
-        self.send(wire.HELLO, wire.hello(features=features, ring_bytes=RING_BYTES), [self.ring])
-        ftype, body = self.recv()
-        assert ftype == wire.HELLO_OK, body
-        self.features = struct.unpack_from("<I", body)[0]
-
-    def send(self, ftype: int, body: bytes, fds: list[int] = ()) -> int:
-        self.rid += 1
-        data = wire.frame(ftype, self.rid, body)
-        if fds:
-            socket.send_fds(self.sock, [data], list(fds))
-        else:
-            self.sock.sendall(data)
-        return self.rid
-
-    def _exact(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
-                return out
-            out += chunk
-        return out
-
-    def recv(self) -> tuple[int | None, bytes]:
-        head = self._exact(wire.HEADER.size)
-        if len(head) < wire.HEADER.size:
-            return None, b""
-        ftype, n, _ = wire.parse_header(head)
-        return ftype, self._exact(n)
+        super().__init__(gw.socket, features, RING_BYTES)
 
     def register(self, fd: int | None, size: int, seg_id: int = 1) -> tuple[int | None, bytes]:
         self.send(REGISTER, struct.pack("<QII", size, seg_id, 0), [] if fd is None else [fd])
         return self.recv()
 
     def open_lease(self, rid: int) -> None:
-        self.ring_map[:8] = struct.pack("<Q", rid << 2 | 1)
-
-    def close(self) -> None:
-        self.ring_map.close()
-        os.close(self.ring)
-        self.sock.close()
+        self.map[:8] = struct.pack("<Q", rid << 2 | 1)
 
 
 def error_text(frame: tuple[int | None, bytes]) -> str:

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
+import socket
 import struct
 
 from lmcache_adp import _native
@@ -50,3 +54,53 @@ def parse_header(data: bytes) -> tuple[int, int, int]:
     magic, version, ftype, _, n, _, rid = HEADER.unpack(data[: HEADER.size])
     assert magic == MAGIC and version == VERSION
     return ftype, n, rid
+
+
+class RingClient:
+    """One hand-driven Unix connection with a sealed ring (a memfd of ring_bytes) and the given
+    hello features; the tests that speak the ring's own features subclass it."""
+
+    def __init__(self, socket_path: str, features: int, ring_bytes: int):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(socket_path)
+        self.ring = os.memfd_create("test-ring", os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.ring, ring_bytes)
+        fcntl.fcntl(self.ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        self.map = mmap.mmap(self.ring, ring_bytes)
+        self.rid = 0
+        self.send(HELLO, hello(features=features, ring_bytes=ring_bytes), [self.ring])
+        ftype, body = self.recv()
+        assert ftype == HELLO_OK, body
+        self.features = struct.unpack_from("<I", body)[0]
+
+    def send(self, ftype: int, body: bytes, fds: list[int] = ()) -> int:
+        self.rid += 1
+        data = frame(ftype, self.rid, body)
+        if fds:
+            socket.send_fds(self.sock, [data], list(fds))
+        else:
+            self.sock.sendall(data)
+        return self.rid
+
+    def _exact(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                return out
+            out += chunk
+        return out
+
+    def recv(self) -> tuple[int | None, bytes]:
+        """The next frame (type, body), or (None, b"") once the gateway closed the connection."""
+        head = self._exact(HEADER.size)
+        if len(head) < HEADER.size:
+            return None, b""
+        ftype, n, _ = parse_header(head)
+        return ftype, self._exact(n)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.ring)
+        self.sock.close()
