@@ -12,6 +12,12 @@ SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src_cpp").rglob("*.c
 
 ParallelCompile("ADP_BUILD_JOBS", default=0).install()
 
+# The C++ sources' digest goes into the module (_native.SOURCE_DIGEST): benchmarks/tools.native_build()
+# compares it with the tree's sources to tell a stale build by content.
+digest_ns = {}
+exec((ROOT / "lmcache_adp" / "source_digest.py").read_text(), digest_ns)
+SOURCE_DIGEST = digest_ns["source_digest"](ROOT)
+
 # Warnings are always on; ADP_WERROR=1 (set by the test script and CI) makes
 # them errors, so none lands, without breaking a user's build on a newer compiler.
 WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
@@ -22,6 +28,7 @@ ext = Pybind11Extension(
     "lmcache_adp._native",
     SOURCES,
     include_dirs=["src_cpp"],
+    define_macros=[("ADP_SOURCE_DIGEST", f'"{SOURCE_DIGEST}"')],
     cxx_std=20,
     extra_compile_args=["-O2", *WARNINGS],
     extra_link_args=["-pthread"],

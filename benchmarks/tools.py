@@ -78,8 +78,10 @@ def print_rounds(times: dict, gib: float) -> None:
 def native_build(package: Path | None = None) -> dict:
     """Which native module is measured (the one this process imported, or the one in `package`, an
     lmcache_adp directory): its file, the commit of the tree it was built in (or why there is none), when it
-    was built, a digest of it, and whether a C++ source of that tree is newer (a stale build). From a copy of
-    the tree (no git checkout) the digest and build time still tell builds apart."""
+    was built, a digest of it, and whether it is stale: built from other C++ sources than the tree's now.
+    That is judged by content (the source digest setup.py compiles into the module against the tree's), not by
+    file times, which a rebase or checkout moves without changing a byte. From a copy of the tree (no git
+    checkout) the digest and build time still tell builds apart."""
     import datetime
     import hashlib
 
@@ -90,7 +92,7 @@ def native_build(package: Path | None = None) -> dict:
     else:
         so = next(Path(package).resolve().glob("_native*.so"))
     tree = so.parent.parent
-    built = so.stat().st_mtime
+    digests = _load_source_digest(so.parent)
     git = ["git", "-C", str(tree)]
     r = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     if r.returncode == 0 and r.stdout.strip():
@@ -99,21 +101,44 @@ def native_build(package: Path | None = None) -> dict:
         commit = r.stdout.strip() + (" with uncommitted changes in src_cpp/setup.py" if dirty.strip() else "")
     else:
         commit = f"none ({tree} is not a git checkout)"
-    sources = [p for p in (tree / "src_cpp").rglob("*") if p.suffix in (".cc", ".h")]
-    newer = sorted(str(p.relative_to(tree)) for p in sources if p.stat().st_mtime > built)
+    built_from = digests.recorded_digest(so)
+    stale = []
+    if (tree / "src_cpp").is_dir():
+        now = digests.source_digest(tree)
+        if built_from is None:
+            stale = ["the module records no source digest (built outside setup.py, or before it recorded one)"]
+        elif built_from != now:
+            stale = [f"src_cpp differs from the sources built (built {built_from[:12]}, tree now {now[:12]})"]
     return {
         "module": str(so),
         "commit": commit,
-        "built": datetime.datetime.fromtimestamp(built, datetime.timezone.utc).isoformat(timespec="seconds"),
+        "built": datetime.datetime.fromtimestamp(so.stat().st_mtime, datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
         "sha256": hashlib.sha256(so.read_bytes()).hexdigest()[:16],
-        "stale": newer[:5] + ([f"... {len(newer) - 5} more"] if len(newer) > 5 else []),
+        "sources": built_from[:12] if built_from else "unknown",
+        "stale": stale,
     }
+
+
+def _load_source_digest(package: Path):
+    """lmcache_adp/source_digest.py of the package measured, loaded by path (importing the package would
+    import a native module, maybe another one than `package`'s)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("adp_source_digest", package / "source_digest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def describe_build(b: dict) -> str:
     """native_build() in one line for a results file."""
-    stale = f"; STALE: sources newer than the build: {', '.join(b['stale'])}" if b["stale"] else ""
-    return f"native module {b['module']}, commit {b['commit']}, built {b['built']}, sha256 {b['sha256']}{stale}"
+    stale = f"; STALE: {', '.join(b['stale'])}" if b["stale"] else ""
+    return (
+        f"native module {b['module']}, commit {b['commit']}, built {b['built']}, sha256 {b['sha256']}, "
+        f"sources {b['sources']}{stale}"
+    )
 
 
 class ProcessDied(RuntimeError):

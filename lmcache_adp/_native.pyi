@@ -13,6 +13,7 @@ from typing_extensions import Buffer
 
 # The card format and the gateway protocol (src_cpp/store, src_cpp/protocol/frame.h).
 FORMAT_VERSION: int
+SOURCE_DIGEST: str  # sha256 of the src_cpp sources built (lmcache_adp/source_digest.py); "" outside setup.py
 MAX_KEY_BYTES: int
 PROTOCOL_VERSION: int
 FRAME_MAGIC: int

@@ -22,6 +22,15 @@
 
 namespace py = pybind11;
 
+// The digest of the src_cpp sources this module was built from (setup.py,
+// lmcache_adp/source_digest.py), behind a marker so a tool can find it in the
+// module's bytes without importing it. Other builds (sanitizers) have none.
+#ifndef ADP_SOURCE_DIGEST
+#define ADP_SOURCE_DIGEST ""
+#endif
+constexpr char kSourceDigestMarker[] = "adp-source-digest:";
+constexpr char kSourceDigestRecord[] = "adp-source-digest:" ADP_SOURCE_DIGEST;
+
 namespace adp {
 namespace {
 
@@ -361,6 +370,7 @@ PYBIND11_MODULE(_native, m) {
   using namespace adp;
   m.doc() = "lmcache-adp native core: card store and LMCache connector harness";
   m.attr("FORMAT_VERSION") = kFormatVersion;
+  m.attr("SOURCE_DIGEST") = kSourceDigestRecord + sizeof kSourceDigestMarker - 1;
   m.attr("MAX_KEY_BYTES") = kMaxKeyBytes;
   m.def(
       "crc32c",

@@ -42,30 +42,56 @@ def test_fail_fast_leaves_a_block_alone_while_the_process_lives():
         proc.wait()
 
 
-def test_native_build_names_the_module_and_says_when_a_source_is_newer(tmp_path):
-    """From a copy of the tree (no git checkout) the record still tells builds apart (digest, build time),
-    and a C++ source newer than the module marks the build stale."""
+def test_native_build_names_the_module_and_records_the_sources_it_was_built_from():
+    """The module built by setup.py carries the digest of this tree's C++ sources, findable in its bytes
+    without importing it; the suite runs on a fresh build (scripts/run_tests.sh installs it), so not stale."""
     import lmcache_adp._native as native
+    from lmcache_adp.source_digest import recorded_digest, source_digest
 
     b = tools.native_build()
     assert b["module"] == str(Path(native.__file__).resolve())
     assert len(b["sha256"]) == 16 and b["built"].endswith("+00:00")
+    assert recorded_digest(Path(native.__file__)) == native.SOURCE_DIGEST
+    assert native.SOURCE_DIGEST == source_digest(ROOT), "the extension was built from other sources: rebuild it"
+    assert b["sources"] == native.SOURCE_DIGEST[:12] and b["stale"] == []
 
-    copy = tmp_path / "tree"  # the package as a benchmark run from a copy of the tree imports it
-    shutil.copytree(Path(native.__file__).parent, copy / "lmcache_adp", ignore=shutil.ignore_patterns("__pycache__"))
-    so = copy / "lmcache_adp" / Path(native.__file__).name
-    (copy / "src_cpp").mkdir()
-    src = copy / "src_cpp" / "newer.cc"
-    src.write_text("// edited after the build\n")
-    os.utime(so, (1_000_000_000, 1_000_000_000))
-    code = (
-        f"import sys; sys.path[:0] = [{str(copy)!r}, {str(ROOT / 'benchmarks')!r}]; import tools; "
-        "b = tools.native_build(); print(b['module']); print(b['commit']); print(b['stale']); "
-        "print(tools.describe_build(b))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
-    module, commit, stale, line = out.stdout.splitlines()
-    assert module == str(so)
-    assert commit == f"none ({copy} is not a git checkout)"
-    assert stale == "['src_cpp/newer.cc']"
-    assert "STALE" in line and "2001-09-09" in line
+
+def copy_of_tree(tmp_path: Path, module_bytes: bytes) -> tuple[Path, Path]:
+    """A tree as a benchmark run from a copy sees it (no git checkout): this package's source_digest.py, a
+    module of the given bytes, and this tree's src_cpp. Returns (tree, module)."""
+    from lmcache_adp import _native
+
+    tree = tmp_path / "tree"
+    (tree / "lmcache_adp").mkdir(parents=True)
+    shutil.copy(ROOT / "lmcache_adp" / "source_digest.py", tree / "lmcache_adp")
+    so = tree / "lmcache_adp" / Path(_native.__file__).name
+    so.write_bytes(module_bytes)
+    shutil.copytree(ROOT / "src_cpp", tree / "src_cpp")
+    return tree, so
+
+
+def test_native_build_is_stale_when_the_sources_differ_not_when_their_times_moved(tmp_path):
+    """A rebase rewrites sources and their times without changing a byte: not stale. One byte changed in one
+    source (dated before the build, even): stale. A module without a recorded digest: stale, saying why."""
+    from lmcache_adp.source_digest import MARKER, source_digest
+
+    digest = source_digest(ROOT)
+    tree, so = copy_of_tree(tmp_path, b"\x7fELF..." + MARKER + digest.encode() + b"\0...")
+    os.utime(so, (1_000_000_000, 1_000_000_000))  # built 2001-09-09; every source is newer
+    b = tools.native_build(tree / "lmcache_adp")
+    assert b["commit"] == f"none ({tree} is not a git checkout)"
+    assert b["stale"] == [] and b["sources"] == digest[:12]
+    assert "STALE" not in tools.describe_build(b) and "2001-09-09" in tools.describe_build(b)
+
+    src = tree / "src_cpp" / "store" / "card_device.cc"
+    src.write_bytes(src.read_bytes() + b"\n")
+    os.utime(src, (900_000_000, 900_000_000))  # older than the build
+    b = tools.native_build(tree / "lmcache_adp")
+    assert b["stale"] == [f"src_cpp differs from the sources built (built {digest[:12]}, tree now "
+                          f"{source_digest(tree)[:12]})"]  # fmt: skip
+    assert "STALE: src_cpp differs" in tools.describe_build(b)
+
+    so.write_bytes(b"\x7fELF... built outside setup.py")
+    assert tools.native_build(tree / "lmcache_adp")["stale"] == [
+        "the module records no source digest (built outside setup.py, or before it recorded one)"
+    ]
