@@ -29,10 +29,24 @@ inline Status check_key(std::string_view key) {
   return Status::Ok();
 }
 
+// Writes the payload's bytes [offset, offset + len) into dst, all of them,
+// or fails (the store of that item then fails: see PutItem::fill).
+using FillFn = std::function<Status(uint8_t* dst, uint64_t offset, size_t len)>;
+
+// One object of a store: its `size` payload bytes are at `data`, or, when
+// `fill` is set (data unused), come from it: the store asks it for each piece
+// (1 MiB at most) straight into where the bytes go (the card's mapping on a
+// memory-speed card, staging otherwise) and checksums the bytes as they
+// landed there, so the CRC matches what is on the card whatever the source
+// does meanwhile (a gateway reading a client's memory that the client
+// scribbles on). A fill that fails fails that item only: not indexed,
+// nothing of it visible, the rest of the batch unaffected; its status is the
+// item's result (not counted as a card I/O error).
 struct PutItem {
   std::string_view key;
   const uint8_t* data;
   size_t size;
+  FillFn fill = {};
 };
 
 // Places a loaded payload in dst and checks its CRC there; false if it is not

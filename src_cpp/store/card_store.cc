@@ -432,8 +432,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     // Zero-copy when the caller's memory suits O_DIRECT: header block, the
     // aligned body straight from the caller, the tail through a block of ours.
     // Otherwise the whole object is staged.
-    bool aligned = (reinterpret_cast<uintptr_t>(it.data) % kBlockSize) == 0 && it.size >= kBlockSize;
-    if (!aligned && !ctx.staging_.reserve(fp)) {
+    const bool filled = static_cast<bool>(it.fill);
+    bool aligned = !filled && (reinterpret_cast<uintptr_t>(it.data) % kBlockSize) == 0 && it.size >= kBlockSize;
+    if (!filled && !aligned && !ctx.staging_.reserve(fp)) {
       results[i] = Status::IoError("out of memory for staging");
       continue;
     }
@@ -450,7 +451,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     int iovcnt = 0;
     bool mapped = device_->mapped() != nullptr;
     for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
-    if (mapped || (aligned && device_->memory_backed())) {
+    bool card_error = true;  // false: the fill (the source) failed, or staging memory
+    if (filled) {
+      s = write_filled(ctx, pl.ext, it, epoch, seq, flags, mapped, &card_error);
+    } else if (mapped || (aligned && device_->memory_backed())) {
       s = write_in_pieces(ctx, pl.ext, it, epoch, seq, flags, mapped);
     } else if (aligned && it.size >= kOverlapCrcBytes) {
       s = write_body_then_header(ctx, pl, it, epoch, seq, flags);
@@ -478,7 +482,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     }
     if (iovcnt) s = io_mapped(true, pl.ext, 0, iov, iovcnt);
     if (!s.ok()) {
-      count_io_error();
+      if (card_error) count_io_error();
       results[i] = s;
       abandon(ctx, pl, it.size);
       resolve(pl.ticket, true);
@@ -675,6 +679,82 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
   pcrc = crc32c_extend(pcrc, it.data + body, tail);
   encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
   return device_->write(ext[0].at, hdr, kBlockSize);
+}
+
+Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
+                               uint64_t seq, uint32_t flags, bool mapped, bool* card_error) {
+  // Each piece (kPieceBytes at most) is filled where it goes, then
+  // checksummed there while it is in the CPU's cache: the CRC is of the bytes
+  // on the card, whatever the source does meanwhile. The header, which
+  // carries the CRC, goes last (or, staged in one I/O, first in it), as in
+  // write_in_pieces: an object whose fill failed part way has no header and
+  // is abandoned.
+  *card_error = false;
+  uint32_t pcrc = 0;
+  auto fill = [&](uint8_t* dst, uint64_t offset, size_t len) {
+    for (size_t done = 0; done < len;) {
+      size_t l = std::min(len - done, kPieceBytes);
+      Status s = it.fill(dst + done, offset + done, l);
+      if (!s.ok()) return s;
+      pcrc = crc32c_extend(pcrc, dst + done, l);
+      done += l;
+    }
+    return Status::Ok();
+  };
+  uint8_t* hdr = ctx.header_.data();
+  const size_t tail = it.size % kBlockSize;
+  Status s;
+  if (mapped) {
+    // Straight into the mapping, extent by extent (the regions it spans),
+    // the rest of its last block zeroed.
+    uint8_t* map = device_->mapped();
+    uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload
+    for (const Extent& x : ext) {
+      uint64_t from = std::min(skip, x.len);
+      skip -= from;
+      uint64_t len = std::min<uint64_t>(x.len - from, it.size - done);
+      s = fill(map + x.at + from, done, len);
+      if (!s.ok()) return s;
+      done += len;
+      if (done == it.size && tail) std::memset(map + x.at + from + len, 0, kBlockSize - tail);
+      if (done == it.size) break;
+    }
+  } else {
+    // Staged: an object of one guarded piece or less in one I/O, header
+    // included; a larger one in pieces of kGuardedPieceBytes, then the header.
+    const uint64_t fp = object_footprint(it.size);
+    const bool whole = fp <= kGuardedPieceBytes;
+    if (!ctx.staging_.reserve(whole ? fp : kGuardedPieceBytes)) return Status::IoError("out of memory for staging");
+    uint8_t* st = ctx.staging_.data();
+    if (whole) {
+      s = fill(st + kBlockSize, 0, it.size);
+      if (!s.ok()) return s;
+      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
+      std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
+      iovec iov{st, fp};
+      s = io_mapped(true, ext, 0, &iov, 1);
+      *card_error = !s.ok();
+      return s;
+    }
+    for (uint64_t done = 0; done < it.size;) {
+      size_t len = std::min<uint64_t>(it.size - done, kGuardedPieceBytes);
+      s = fill(st, done, len);
+      if (!s.ok()) return s;
+      size_t padded = (len + kBlockSize - 1) & ~(kBlockSize - 1);
+      std::memset(st + len, 0, padded - len);
+      iovec iov{st, padded};
+      s = io_mapped(true, ext, kBlockSize + done, &iov, 1);
+      if (!s.ok()) {
+        *card_error = true;
+        return s;
+      }
+      done += len;
+    }
+  }
+  encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
+  s = device_->write(ext[0].at, hdr, kBlockSize);
+  *card_error = !s.ok();
+  return s;
 }
 
 Status CardStore::write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch,

@@ -57,3 +57,11 @@ def test_disk_load_under_sanitizer(mode, tmp_path):
     dirs = ("store", "util", "connector", "testing")
     binary = cpp.build("disk_load_test", tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize=mode)
     cpp.run(binary, timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_fill_store_under_sanitizer(mode, tmp_path):
+    # On tmpfs (the mapped card) and the fault device; see tests/store/test_fill_store.py.
+    binary = cpp.build("fill_store_test", tmp_path, sanitize=mode)
+    cpp.run(binary, f"/dev/shm/adp-fill-{mode}-{os.getpid()}.img", timeout=600)
