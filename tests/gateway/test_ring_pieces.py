@@ -24,11 +24,13 @@ from lmcache_adp._native import FEATURE_RING, FEATURE_RING_PROGRESS, FEATURE_SEG
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.helpers import RawConnector, payload
+from tests.support import cpp
 from tests.support.gateway import Gateway
 
 MIB = 1 << 20
 CONTROL = 4096  # the ring's control page (r3/r4)
 TICKET_AT, SLOTS_AT = 64, 128
+TIMED_OUT = 6  # Status::Code::kTimedOut on the wire (src_cpp/util/status.h)
 
 
 def tmpfs_gateway(monkeypatch, piece_delay_ms: int = 0) -> tuple[str, Gateway]:
@@ -162,20 +164,25 @@ def test_gateway_that_dies_mid_object_fails_the_load_at_once(monkeypatch):
 
 
 def test_no_piece_copied_after_the_deadline(monkeypatch):
-    """The deadline passes between two pieces of an object: the future fails,
-    and the pieces the gateway publishes afterwards never reach the buffer."""
-    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=250)
+    """The deadline passes while the gateway is still publishing pieces the client has not copied yet
+    (each delivery into the buffer takes 150 ms, the gateway publishes a piece every 50 ms): the future
+    fails, and the pieces published but not copied by then never reach the buffer. Fails when the client
+    copies after its deadline outside the guard (both of its protections out, each alone: see
+    test_session_and_connector_each_keep_late_pieces_out); the gateway's own deadline has its test below."""
+    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=50)
     try:
-        size = 6 * MIB
+        size = 12 * MIB
         store(gw, ["deadline@obj"], [size])
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+        monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "150")  # read by the connector at construction
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=500, ring_mb=32))
+        monkeypatch.delenv("ADP_TEST_DELIVERY_DELAY_MS")
         out = bytearray(b"\x11" * size)
         ok, _, per_key = c.get(["deadline@obj"], [memoryview(out)])
         assert not ok and per_key == [False]
         at_completion = bytes(out)
         assert at_completion[0:MIB] == payload("deadline@obj", size)[0:MIB]  # the first pieces came
         assert at_completion[-MIB:] == b"\x11" * MIB  # the last had not
-        time.sleep(0.25 * 6 + 0.5)  # the gateway has published every piece by now
+        time.sleep(0.05 * 12 + 0.5)  # the gateway has published every piece it would by now
         assert bytes(out) == at_completion, "bytes landed after the future failed"
         c.conn.close()
         assert gw.proc.poll() is None
@@ -184,10 +191,38 @@ def test_no_piece_copied_after_the_deadline(monkeypatch):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def fake_gateway(path: str, slot_values) -> socket.socket:
+def test_gateway_publishes_no_piece_past_the_request_deadline(monkeypatch):
+    """The gateway's own protection, alone (a client that reads nothing): once the request's deadline
+    (timeout_ms) has passed it starts no piece, writes nothing more into the ring and answers the item
+    TimedOut. Fails when the gateway goes on reading pieces past the deadline."""
+    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=100)
+    try:
+        size = 12 * MIB  # 1.2 s of pieces against a 0.5 s deadline
+        store(gw, ["late@obj"], [size])
+        c = RawClient(gw, ring_bytes=16 * MIB)
+        c.map[CONTROL : CONTROL + size] = b"\xee" * size
+        c.send(wire.BATCH, wire.batch(wire.GET, [b"late@obj"], [size], [CONTROL], timeout_ms=500))
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY
+        code, _, msg_len, _, _ = struct.unpack_from("<BBHIQ", body, 8)
+        assert code == TIMED_OUT, f"item answered code {code}, not TimedOut: {body[24 : 24 + msg_len]!r}"
+        time.sleep(0.1 * 12 - 0.5 + 0.3)  # until the gateway would have read the whole object
+        published = c.slot(0)
+        assert 0 < published < size
+        assert c.map[CONTROL : CONTROL + published] == payload("late@obj", size)[:published]
+        assert c.map[CONTROL + published : CONTROL + size] == b"\xee" * (size - published), "written past the slot"
+        c.close()
+        assert gw.proc.poll() is None
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def fake_gateway(path: str, slot_values, every: float = 0.2, done: threading.Event | None = None) -> socket.socket:
     """A gateway double that grants r4, takes one get and publishes slot 0 =
-    each of slot_values(size) in turn (bumping the ticket, 0.2 s apart),
-    never replying, whatever the request's deadline."""
+    each of slot_values(size) in turn (bumping the ticket, `every` seconds
+    apart), never replying, whatever the request's deadline; sets `done`
+    after the last."""
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
     srv.listen(1)
@@ -208,7 +243,9 @@ def fake_gateway(path: str, slot_values) -> socket.socket:
                 ring[offset : offset + v] = b"\x77" * v  # the piece, then its slot
                 struct.pack_into("<I", ring, SLOTS_AT, v)
                 struct.pack_into("<I", ring, TICKET_AT, ticket)
-                time.sleep(0.2)
+                time.sleep(every)
+            if done:
+                done.set()
             conn.recv(1)  # until the client hangs up
             ring.close()
 
@@ -242,21 +279,41 @@ def test_progress_outside_an_item_is_rejected(workdir, bad):
         srv.close()
 
 
-def test_no_piece_copied_after_the_deadline_whatever_the_gateway_publishes(workdir):
-    """A gateway (double) that goes on publishing pieces after the request's
-    deadline: once the future failed, none of them reaches the buffer."""
+def test_no_piece_copied_after_the_deadline_whatever_the_gateway_publishes(workdir, monkeypatch):
+    """A gateway (double) that goes on publishing pieces after the request's deadline, every 20 ms for
+    1 s, while each delivery into the buffer takes 50 ms (so the client always finds a piece waiting
+    and never idles): once the future failed, none of them reaches the buffer. Fails when the client
+    copies after its deadline outside the guard; each of those two protections alone is
+    test_session_and_connector_each_keep_late_pieces_out's."""
     path = os.path.join(workdir, "fake.sock")
-    size = 256 << 10
-    srv = fake_gateway(path, lambda size: [size // 4 * i for i in range(1, 5)])
+    pieces, piece = 50, 4096
+    size = pieces * piece
+    published = threading.Event()
+    srv = fake_gateway(path, lambda size: [piece * i for i in range(1, pieces + 1)], every=0.02, done=published)
     try:
+        monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "50")  # read by the connector at construction
         c = RawConnector(ADPConnector(gateway=f"unix://{path}", num_workers=1, timeout_ms=300, ring_mb=1))
+        monkeypatch.delenv("ADP_TEST_DELIVERY_DELAY_MS")
         out = bytearray(b"\x11" * size)
         ok, _, per_key = c.get(["k"], [memoryview(out)])
         assert not ok and per_key == [False]
         at_completion = bytes(out)
-        assert at_completion[: size // 4] == b"\x77" * (size // 4)  # the first piece came
-        time.sleep(1.0)  # the double has published the whole object by now
+        assert at_completion[:piece] == b"\x77" * piece  # the first piece came
+        assert at_completion[-piece:] == b"\x11" * piece  # the last had not
+        assert published.wait(10)  # the double has published the whole object
+        time.sleep(0.1)  # the client's last look at the ring
         assert bytes(out) == at_completion, "bytes landed after the future failed"
         c.conn.close()
     finally:
         srv.close()
+
+
+def test_session_and_connector_each_keep_late_pieces_out(tmp_path):
+    """The two client-side protections against pieces published after the deadline, each on its own
+    (tests/cpp/ring_deadline_test.cc): the session's check of the deadline before each piece, against a
+    gateway double that always has the next piece waiting, with a delivery that accepts everything; and
+    the connector declining deliveries after the future completed, with a session that delivers a piece
+    every 20 ms whatever the deadline."""
+    dirs = ("store", "util", "testing", "connector", "transport", "protocol")
+    output = cpp.run(cpp.build("ring_deadline_test", tmp_path, dirs), str(tmp_path), timeout=120)
+    assert "0 after the deadline" in output and "declined after" in output
