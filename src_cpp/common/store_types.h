@@ -35,7 +35,7 @@ using FillFn = std::function<Status(uint8_t* dst, uint64_t offset, size_t len)>;
 
 // One object of a store: its `size` payload bytes are at `data`, or, when
 // `fill` is set (data unused), come from it: the store asks it for each piece
-// (1 MiB at most) straight into where the bytes go (the card's mapping on a
+// (256 KiB at most) straight into where the bytes go (the card's mapping on a
 // memory-speed card, staging otherwise) and checksums the bytes as they
 // landed there, so the CRC matches what is on the card whatever the source
 // does meanwhile (a gateway reading a client's memory that the client

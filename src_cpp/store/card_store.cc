@@ -19,6 +19,15 @@ namespace {
 // while it is in the CPU's cache (L2), so the CRC adds no pass over memory.
 constexpr size_t kPieceBytes = 1u << 20;
 
+// A store from a fill (PutItem::fill) asks it for pieces of this size and
+// checksums each where it landed, before the next: the CRC's second read of
+// the piece then comes from the L2 cache. One-thread probe on this VM (2 MiB
+// L2 a core; results/2026-12-01-1314-put-pointer-ab-vm.md): memcpy fills ran
+// at 0.94-1.0x of the pointer path's fused copy-and-CRC with 256 KiB pieces,
+// 0.82-0.90x with 1 MiB; process_vm_readv runs as fast in 256 KiB pieces as
+// in 1 MiB ones (raw/2026-12-01-1300-process-vm-limit-16core.txt).
+constexpr size_t kFillPieceBytes = 256u << 10;
+
 // On a disk card, an object from 4 KiB-aligned memory at least this large has
 // its CRC computed on the IoContext's CrcWorker while its body is written (the
 // header, which carries the CRC, follows as a second I/O). Smaller objects
@@ -683,7 +692,7 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
 
 Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
                                uint64_t seq, uint32_t flags, bool mapped, bool* card_error) {
-  // Each piece (kPieceBytes at most) is filled where it goes, then
+  // Each piece (kFillPieceBytes at most) is filled where it goes, then
   // checksummed there while it is in the CPU's cache: the CRC is of the bytes
   // on the card, whatever the source does meanwhile. The header, which
   // carries the CRC, goes last (or, staged in one I/O, first in it), as in
@@ -693,7 +702,7 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
   uint32_t pcrc = 0;
   auto fill = [&](uint8_t* dst, uint64_t offset, size_t len) {
     for (size_t done = 0; done < len;) {
-      size_t l = std::min(len - done, kPieceBytes);
+      size_t l = std::min(len - done, kFillPieceBytes);
       Status s = it.fill(dst + done, offset + done, l);
       if (!s.ok()) return s;
       pcrc = crc32c_extend(pcrc, dst + done, l);

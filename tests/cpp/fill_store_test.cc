@@ -90,7 +90,7 @@ void failing_fill_fails_its_item_only(const std::string& card, const Opener& ope
     check(st.ok(), card + ": open: " + st.message());
     if (!st.ok()) return;
     IoContext ctx;
-    // b's fill fails in its second piece (1 MiB in): part of it has landed.
+    // b's fill fails part way (1 MiB in, its fifth piece): part of it has landed.
     PutItem items[3] = {{"a", a.data(), a.size()},
                         {"b", nullptr, b.size(), fill_from(b, (1 << 20) + 4096)},
                         {"c", nullptr, c.size(), fill_from(c)}};
