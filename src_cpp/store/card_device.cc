@@ -13,12 +13,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "store/card_format.h"
 #include "util/log.h"
+#include "util/thread_name.h"
 
 namespace adp {
 
@@ -103,7 +106,54 @@ bool CardDevice::prepare_mapped_write(uint64_t offset, size_t n) const {
   return ::madvise(map_ + offset, n, MADV_POPULATE_WRITE) == 0;
 }
 
+void CardDevice::start_prefault() {
+  if (!map_ || prefault_.joinable() || stop_prefault_.load(std::memory_order_relaxed)) return;
+  if (const char* v = std::getenv("ADP_CARD_PREFAULT"); v && std::string(v) == "0") return;
+  prefault_ = std::thread([this] { prefault_extents(); });
+}
+
+void CardDevice::prefault_extents() {
+  set_thread_name("adp-prefault");
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t mapped = 0;
+  off_t at = 0;
+  while (!stop_prefault_.load(std::memory_order_relaxed) && static_cast<uint64_t>(at) < size_) {
+    // tmpfs reports extents in whole pages; ENXIO: no data past `at`.
+    off_t data = ::lseek(fd_, at, SEEK_DATA);
+    if (data < 0) break;
+    off_t hole = ::lseek(fd_, data, SEEK_HOLE);
+    if (hole < 0) break;
+    const uint64_t end = std::min<uint64_t>(static_cast<uint64_t>(hole), size_);
+    for (uint64_t p = static_cast<uint64_t>(data); p < end; p += kPrefaultStepBytes) {
+      if (stop_prefault_.load(std::memory_order_relaxed)) return;
+      const size_t n = static_cast<size_t>(std::min(kPrefaultStepBytes, end - p));
+      // A read fault on a written tmpfs page maps it (writable: tmpfs asks
+      // for no write notification) and allocates nothing.
+      int rc;
+      do rc = ::madvise(map_ + p, n, MADV_POPULATE_READ);
+      while (rc != 0 && errno == EINTR);
+      if (rc != 0) {
+        ADP_WARN("card %s: mapping its extents in ahead stopped at offset %llu: %s", path_.c_str(),
+                 static_cast<unsigned long long>(p), errno_text(errno).c_str());
+        return;
+      }
+      mapped += n;
+    }
+    at = hole;
+  }
+  if (stop_prefault_.load(std::memory_order_relaxed)) return;
+  prefault_done_.store(true, std::memory_order_release);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ADP_INFO("card %s: %.2f GiB of written extents mapped in %.2f s", path_.c_str(), mapped / double(1ull << 30), s);
+}
+
+void CardDevice::stop_prefault() {
+  stop_prefault_.store(true, std::memory_order_relaxed);
+  if (prefault_.joinable()) prefault_.join();
+}
+
 CardDevice::~CardDevice() {
+  stop_prefault();  // before the mapping goes
   if (map_) ::munmap(map_, size_);
   ::close(fd_);
 }

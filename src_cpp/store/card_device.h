@@ -3,7 +3,9 @@
 // block device or an image file (created sparse when missing). Holds an
 // exclusive flock for its lifetime, so a card has one owner at a time.
 // I/O calls are thread-safe (positional), and must use 4 KiB-aligned offsets,
-// lengths and memory: the card never enters the host page cache.
+// lengths and memory: the card never enters the host page cache. An image on
+// tmpfs is also mapped, and its written extents are mapped in ahead of use on
+// a background thread (start_prefault).
 #pragma once
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <memory>
 #include <semaphore>
 #include <string>
+#include <thread>
 
 #include "store/device.h"
 #include "util/status.h"
@@ -35,6 +38,19 @@ class CardDevice : public Device {
   // other's writes at once); nullptr for other cards or when mapping failed.
   uint8_t* mapped() const override { return map_; }
   bool prepare_mapped_write(uint64_t offset, size_t n) const override;
+  // Maps the image's written extents (lseek SEEK_DATA/SEEK_HOLE) into the
+  // mapping on a thread of its own (adp-prefault), kPrefaultStepBytes per
+  // madvise(MADV_POPULATE_READ), so that the first pass of loads over a card
+  // written by another process does not take a page fault per page. Holes
+  // are skipped: no tmpfs page is allocated. A no-op without a mapping (disk
+  // cards), when already started, or with ADP_CARD_PREFAULT=0 in the
+  // environment. The destructor stops it (stop_prefault).
+  void start_prefault();
+  // Stops the prefault thread within one step and joins it; idempotent.
+  void stop_prefault();
+  // True once the prefault thread has gone over every extent (false while it
+  // runs, when it was stopped or failed, or never started).
+  bool prefault_done() const { return prefault_done_.load(std::memory_order_acquire); }
 
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
@@ -51,6 +67,7 @@ class CardDevice : public Device {
   CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed)
       : path_(std::move(path)), fd_(fd), size_(size), block_device_(block_device), memory_backed_(memory_backed) {}
   Status transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const;
+  void prefault_extents();  // the adp-prefault thread
   Status track(Status s) const;
 
   std::string path_;
@@ -59,6 +76,10 @@ class CardDevice : public Device {
   bool block_device_;
   bool memory_backed_;
   uint8_t* map_ = nullptr;
+  // One madvise of the prefault: the longest the destructor waits for it.
+  static constexpr uint64_t kPrefaultStepBytes = 16ull << 20;
+  std::thread prefault_;
+  std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
   mutable std::atomic<bool> healthy_{true};
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};

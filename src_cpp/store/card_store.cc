@@ -127,6 +127,7 @@ Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out)
   Status s = CardDevice::Open(opts.path, opts.create_bytes, &dev);
   if (!s.ok()) return s;
   dev->set_io_depth(opts.io_depth);
+  dev->start_prefault();  // in the background, alongside recovery
   return OpenDevice(std::move(dev), opts, out);
 }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,14 @@ def test_fill_store_under_sanitizer(mode, tmp_path):
     # On tmpfs (the mapped card) and the fault device; see tests/store/test_fill_store.py.
     binary = cpp.build("fill_store_test", tmp_path, sanitize=mode)
     cpp.run(binary, f"/dev/shm/adp-fill-{mode}-{os.getpid()}.img", timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_card_prefault_under_sanitizer(mode, tmp_path):
+    """The prefault thread stopped and closed while it runs (tests/store/test_card_prefault.py)."""
+    shm = tempfile.mkdtemp(prefix="adp-prefault-", dir="/dev/shm")
+    try:
+        cpp.run(cpp.build("card_prefault_test", tmp_path, sanitize=mode), shm, str(tmp_path), timeout=600)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// The background prefault of a tmpfs card's mapping (CardDevice::
+// start_prefault): after open, the mapping's present pages (/proc/self/
+// pagemap) are exactly the image's written extents, and the image's allocated
+// blocks did not grow (no page allocated for a hole); stopping it, or
+// closing the card while it runs, stops it part-way and cleanly (this test
+// also runs under ASan and TSan); a card on disk, or with
+// ADP_CARD_PREFAULT=0, starts no thread.
+//
+//   card_prefault_test <tmpfs dir> <disk dir>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "check.h"
+#include "store/card_device.h"
+
+namespace {
+
+using adp::CardDevice;
+using adp::testing::check_failures;
+
+constexpr uint64_t kPage = 4096, kMiB = 1 << 20;
+
+// Writes [offset, offset + n) of the file at path with a non-zero pattern.
+void write_extent(const std::string& path, uint64_t offset, uint64_t n) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  std::vector<uint8_t> chunk(4 * kMiB, 0x5a);
+  for (uint64_t done = 0; done < n;) {
+    size_t len = static_cast<size_t>(std::min<uint64_t>(chunk.size(), n - done));
+    CHECK(::pwrite(fd, chunk.data(), len, static_cast<off_t>(offset + done)) == static_cast<ssize_t>(len), "pwrite");
+    done += len;
+  }
+  ::close(fd);
+}
+
+// A sparse image of `bytes` holding the given extents, written before any
+// CardDevice opens it (as another process would have).
+void make_image(const std::string& path, uint64_t bytes, const std::vector<std::pair<uint64_t, uint64_t>>& extents) {
+  ::unlink(path.c_str());
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0, "create %s", path.c_str());
+  ::close(fd);
+  for (auto [offset, n] : extents) write_extent(path, offset, n);
+}
+
+uint64_t allocated_bytes(const std::string& path) {
+  struct stat st{};
+  ::stat(path.c_str(), &st);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// Whether each page of [p, p + n) is present in this process's page tables.
+std::vector<bool> present_pages(const uint8_t* p, uint64_t n) {
+  int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  std::vector<uint64_t> entries(n / kPage);
+  const off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(p) / kPage * 8);
+  ssize_t got = ::pread(fd, entries.data(), entries.size() * 8, at);
+  ::close(fd);
+  CHECK(got == static_cast<ssize_t>(entries.size() * 8), "read /proc/self/pagemap");
+  std::vector<bool> out(entries.size());
+  for (size_t i = 0; i < entries.size(); i++) out[i] = (entries[i] >> 63) & 1;
+  return out;
+}
+
+int prefault_threads() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == "adp-prefault";
+  }
+  ::closedir(d);
+  return n;
+}
+
+bool wait_done(const CardDevice& dev) {
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!dev.prefault_done() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return dev.prefault_done();
+}
+
+// After open, the written extents (one of them not page-sized at its end
+// within the file: tmpfs counts whole pages) are mapped, holes are not, and
+// nothing was allocated.
+void maps_the_written_extents(const std::string& dir) {
+  const std::string path = dir + "/prefault-extents.img";
+  const uint64_t size = 256 * kMiB;
+  const std::vector<std::pair<uint64_t, uint64_t>> extents = {
+      {0, kPage}, {4 * kMiB, 20 * kMiB}, {100 * kMiB, kMiB + 3 * kPage + 100}, {200 * kMiB, 40 * kMiB}};
+  make_image(path, size, extents);
+  const uint64_t allocated = allocated_bytes(path);
+  std::unique_ptr<CardDevice> dev;
+  adp::Status s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());
+  if (!s.ok() || !dev->mapped()) return;
+  std::vector<bool> before = present_pages(dev->mapped(), size);
+  size_t present_before = 0;
+  for (bool b : before) present_before += b;
+  CHECK(present_before == 0, "%zu pages present before the prefault", present_before);
+  dev->start_prefault();
+  CHECK(wait_done(*dev), "the prefault did not finish");
+  std::vector<bool> now = present_pages(dev->mapped(), size);
+  std::vector<bool> want(size / kPage, false);
+  for (auto [offset, n] : extents)
+    for (uint64_t p = offset / kPage; p < (offset + n + kPage - 1) / kPage; p++) want[p] = true;
+  size_t missing = 0, extra = 0;
+  for (size_t i = 0; i < want.size(); i++) {
+    missing += want[i] && !now[i];
+    extra += !want[i] && now[i];
+  }
+  CHECK(missing == 0, "%zu pages of written extents not mapped", missing);
+  CHECK(extra == 0, "%zu pages of holes mapped", extra);
+  CHECK(allocated_bytes(path) == allocated, "the image's allocated bytes grew from %llu to %llu",
+        static_cast<unsigned long long>(allocated), static_cast<unsigned long long>(allocated_bytes(path)));
+  // The mapped pages are the card's bytes.
+  CHECK(dev->mapped()[4 * kMiB] == 0x5a && dev->mapped()[240 * kMiB - 1] == 0x5a, "mapped bytes");
+  dev.reset();
+  CHECK(prefault_threads() == 0, "a prefault thread outlived its card");
+  ::unlink(path.c_str());
+}
+
+// Stopped at once after it started, over 512 MiB of extents: it stops
+// part-way (within a step), and the destructor, which stops it the same way
+// before unmapping, is clean while it runs (ASan, TSan).
+void stops_when_asked_and_on_close(const std::string& dir) {
+  const std::string path = dir + "/prefault-close.img";
+  const uint64_t written = 512 * kMiB;
+  make_image(path, 640 * kMiB, {{0, written}});
+  const uint64_t allocated = allocated_bytes(path);
+  std::unique_ptr<CardDevice> dev;
+  adp::Status s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());
+  if (!s.ok() || !dev->mapped()) return;
+  dev->start_prefault();
+  dev->start_prefault();  // a second call starts nothing
+  dev->stop_prefault();
+  size_t present = 0;
+  for (bool b : present_pages(dev->mapped(), written)) present += b;
+  CHECK(present < written / kPage && !dev->prefault_done(), "the prefault ran to the end (%zu of %llu pages)", present,
+        static_cast<unsigned long long>(written / kPage));
+  CHECK(prefault_threads() == 0, "the prefault thread outlived stop_prefault()");
+  dev->start_prefault();  // stopped for good: starts nothing
+  CHECK(prefault_threads() == 0, "a stopped prefault started again");
+  dev.reset();
+  // Closed while it runs.
+  s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok(), "reopen: %s", s.message().c_str());
+  if (!s.ok()) return;
+  dev->start_prefault();
+  dev.reset();
+  CHECK(prefault_threads() == 0, "a prefault thread outlived its card");
+  CHECK(allocated_bytes(path) == allocated, "the image's allocated bytes changed");
+  // Reopened and left alone, it runs to the end.
+  s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok(), "reopen: %s", s.message().c_str());
+  if (!s.ok()) return;
+  dev->start_prefault();
+  CHECK(wait_done(*dev), "the prefault did not finish after a reopen");
+  dev.reset();
+  ::unlink(path.c_str());
+}
+
+// A card on disk is not mapped: no thread.
+void no_thread_for_a_disk_card(const std::string& dir) {
+  const std::string path = dir + "/prefault-disk.img";
+  make_image(path, 16 * kMiB, {{0, kMiB}});
+  std::unique_ptr<CardDevice> dev;
+  adp::Status s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok(), "open %s: %s", path.c_str(), s.message().c_str());
+  if (!s.ok()) return;
+  CHECK(!dev->memory_backed() && !dev->mapped(), "%s is not a disk card", path.c_str());
+  dev->start_prefault();
+  CHECK(prefault_threads() == 0 && !dev->prefault_done(), "a disk card started a prefault");
+  dev.reset();
+  ::unlink(path.c_str());
+}
+
+// ADP_CARD_PREFAULT=0 turns it off.
+void off_by_environment(const std::string& dir) {
+  const std::string path = dir + "/prefault-off.img";
+  make_image(path, 16 * kMiB, {{0, kMiB}});
+  ::setenv("ADP_CARD_PREFAULT", "0", 1);
+  std::unique_ptr<CardDevice> dev;
+  adp::Status s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());
+  if (s.ok()) {
+    dev->start_prefault();
+    CHECK(prefault_threads() == 0 && !dev->prefault_done(), "ADP_CARD_PREFAULT=0 started a prefault");
+  }
+  ::unsetenv("ADP_CARD_PREFAULT");
+  dev.reset();
+  ::unlink(path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s TMPFS_DIR DISK_DIR\n", argv[0]);
+    return 2;
+  }
+  maps_the_written_extents(argv[1]);
+  stops_when_asked_and_on_close(argv[1]);
+  no_thread_for_a_disk_card(argv[2]);
+  off_by_environment(argv[1]);
+  if (check_failures) {
+    std::printf("card_prefault_test: %d checks failed\n", check_failures);
+    return 1;
+  }
+  std::printf("card_prefault_test: PASS\n");
+  return 0;
+}
