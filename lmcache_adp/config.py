@@ -74,6 +74,12 @@ PARAMS: dict[str, Param] = {
         "unix gateway: a load through the ring from a memory-speed card is copied out piece by piece while the "
         "gateway reads the next piece in (protocol r4); false: copied out once the whole batch is in the ring",
     ),
+    "process_memory": Param(
+        True,
+        "unix gateway: the gateway writes loads straight into this process's memory with process_vm_writev "
+        "(protocol r5; needs ptrace permission, same uid and PID namespace: else the ring, logged once); "
+        "false: the ring",
+    ),
 }
 
 # Keys that only mean something for one kind of gateway.
@@ -107,6 +113,7 @@ class ConnectorConfig:
     ring_mb: int = DEFAULT_RING_MB
     direct_loads: bool = True
     ring_pieces: bool = True
+    process_memory: bool = True
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
@@ -144,6 +151,11 @@ class ConnectorConfig:
         ring_pieces = get("ring_pieces")
         if not isinstance(ring_pieces, bool):
             raise ConfigError(f"adapter_params['ring_pieces'] must be true or false, got {ring_pieces!r}")
+        if "process_memory" in params and not gateway.startswith("unix://"):
+            raise ConfigError("adapter_params['process_memory'] applies to a unix:// gateway only")
+        process_memory = get("process_memory")
+        if not isinstance(process_memory, bool):
+            raise ConfigError(f"adapter_params['process_memory'] must be true or false, got {process_memory!r}")
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
@@ -175,6 +187,7 @@ class ConnectorConfig:
             ring_mb=ring_mb,
             direct_loads=direct_loads,
             ring_pieces=ring_pieces,
+            process_memory=process_memory,
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -190,6 +203,7 @@ class ConnectorConfig:
             "ring_bytes": self.ring_mb * MIB,
             "direct_loads": self.direct_loads,
             "ring_pieces": self.ring_pieces,
+            "process_memory": self.process_memory,
         }
 
 

@@ -85,6 +85,11 @@ enum class ReadInto { kStaging, kDestination, kPieces };
 // gateway publishes it to its client, which copies them out meanwhile).
 using PieceGuardFn = std::function<bool(size_t upto, const std::function<void()>& piece)>;
 
+// Receives a load's payload piece by piece (CardStore::get_to_sink): `len`
+// bytes at `src` are the payload's bytes [done, done + len). src is valid only
+// during the call. False stops the load (it then fails as TimedOut).
+using SinkFn = std::function<bool(size_t done, const uint8_t* src, size_t len)>;
+
 struct StoreStats {
   uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
   uint64_t region_bytes = 0, num_regions = 0, free_regions = 0;
@@ -102,6 +107,9 @@ struct StoreStats {
   uint64_t first_eviction_inflight_acked = 0, first_eviction_inflight_failed = 0;
   uint64_t recovered_objects = 0;
   double recovery_seconds = 0;
+  // Through a gateway (r5): objects it wrote straight into this process's
+  // memory (the connector), or into its clients' (the gateway); 0 on a card.
+  uint64_t process_loads = 0;
   bool healthy = true;  // false while the card's most recent I/O failed
 };
 
@@ -134,6 +142,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("first_eviction_inflight_failed", st.first_eviction_inflight_failed);
   f("recovered_objects", st.recovered_objects);
   f("recovery_seconds", st.recovery_seconds);
+  f("process_loads", st.process_loads);
   f("healthy", st.healthy);
 }
 

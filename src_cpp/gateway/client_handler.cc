@@ -139,9 +139,18 @@ Status ClientHandler::handshake() {
     ok.features |= proto::kFeatureRingProgress;
     if (const char* d = std::getenv("ADP_TEST_RING_PIECE_DELAY_MS")) test_piece_delay_ms_ = std::atoi(d);
   }
+  // r5: process memory, only with the ring (its control page holds the
+  // load lease); granted later by a registration that proves access.
+  if (ring_) {
+    process_offered_ = hello.features & proto::kFeatureProcessLoads;
+    if (process_stores_supported_) process_offered_ |= hello.features & proto::kFeatureProcessStores;
+    ok.features |= process_offered_;
+  }
+  if (segments_enabled_ || process_offered_) {
+    if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
+  }
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
-    if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
   }
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
@@ -185,6 +194,10 @@ void ClientHandler::run() {
         s = serve_register_segment(&frame);
         continue;
       }
+      if (type == proto::FrameType::kRegisterProcess && frame.fds.empty()) {
+        s = serve_register_process(frame);
+        continue;
+      }
       if (!frame.fds.empty()) {
         proto::close_fds(&frame.fds);
         s = Status::InvalidArgument("a descriptor on a frame that takes none");
@@ -199,6 +212,10 @@ void ClientHandler::run() {
       seg.reset();
       shared_->segments--;
     }
+  if (process_) {
+    process_.reset();
+    shared_->processes--;
+  }
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
@@ -216,7 +233,7 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
   proto::BatchRequest req;
-  s = proto::decode_batch(frame.body, &req);
+  s = proto::decode_batch(frame.body, &req, process_granted_);
   if (!s.ok()) return s;
   if (ring_ && !req.payload.empty()) return Status::InvalidArgument("inline payload on a ring connection");
 
@@ -273,6 +290,64 @@ Status ClientHandler::serve_register_segment(proto::Frame* frame) {
                             Clock::now() + proto::kFrameTimeout);
 }
 
+Status ClientHandler::serve_register_process(const proto::Frame& frame) {
+  Status s = check_request_id(frame);
+  if (!s.ok()) return s;
+  if (!process_offered_) return Status::InvalidArgument("process registration without a process-memory feature");
+  if (process_registered_) return Status::InvalidArgument("process registered twice");
+  process_registered_ = true;
+  proto::RegisterProcess reg;
+  s = proto::decode_register_process(frame.body, &reg);
+  if (!s.ok()) return s;
+  // A refusal is an answer, not a protocol error: the client keeps the ring.
+  s = proto::ProcessMemory::Attach(fd_, reg.pid, reg.probe_addr, reg.probe, &process_);
+  proto::ProcessOk ok;
+  if (s.ok()) {
+    ok.features = process_offered_;
+    process_granted_ = process_offered_;
+    shared_->processes++;
+    ADP_DEBUG("gateway: client #%llu granted process memory (pid %d)", ull(id_), process_->pid());
+  } else {
+    ok.reason = s.message();
+    shared_->process_refusals++;
+    ADP_INFO("gateway: client #%llu (%s): process memory refused, the ring stays: %s", ull(id_), peer().c_str(),
+             log_safe(s.message()).c_str());
+  }
+  std::vector<uint8_t> body;
+  proto::encode_process_ok(ok, &body);
+  return proto::write_frame(fd_, proto::FrameType::kProcessOk, frame.header.request_id, body, {},
+                            Clock::now() + proto::kFrameTimeout);
+}
+
+Status ClientHandler::load_into_process(IoContext& ctx, const proto::BatchItem& it, uint64_t request_id,
+                                        bool* revoked) {
+  if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
+  if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+  // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window).
+  if (!process_->alive()) return Status::Closed("the client process is gone");
+  Status written;
+  auto sink = [&](size_t done, const uint8_t* src, size_t len) {
+    if (!take_lease(request_id)) {
+      *revoked = true;
+      return false;
+    }
+    written = process_->write(it.offset + done, src, len);
+    give_lease(request_id);
+    return written.ok();
+  };
+  auto accept = [&](size_t size) {
+    if (size == it.size) return true;
+    ADP_WARN_LIMITED("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
+                     log_safe(it.key).c_str(), size, ull(it.size));
+    return false;
+  };
+  Status st = shared_->store->get_to_sink(ctx, it.key, accept, sink);
+  if (!written.ok()) return written;
+  if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
+  if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
 bool ClientHandler::take_lease(uint64_t request_id) {
   uint64_t* word = reinterpret_cast<uint64_t*>(ring_->data());
   uint64_t expected = proto::lease_word(request_id, proto::kLeaseOpen);
@@ -321,7 +396,9 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
       std::snprintf(buf, sizeof buf, "\"%s\":%.17g,", k, static_cast<double>(v));
     out += buf;
   };
-  for_each_stat(st, field);
+  StoreStats with = st;
+  with.process_loads = shared.process_loads.load();  // the card's own count is 0
+  for_each_stat(with, field);
   field("clients", shared.clients.load());
   field("batches", shared.batches.load());
   field("ring_bytes", shared.ring_bytes_mapped.load());
@@ -331,6 +408,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segment_loads", shared.segment_loads.load());
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
+  field("processes", shared.processes.load());
+  field("process_refusals", shared.process_refusals.load());
   out.back() = '}';
   return out;
 }
@@ -338,7 +417,13 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
 Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {
   *base = nullptr;
   *size = 0;
-  for (const auto& it : req.items) {  // decode_batch allows segments on gets and puts only
+  for (const auto& it : req.items) {             // decode_batch allows segments on gets and puts only
+    if (it.segment == proto::kProcessSegment) {  // decode_batch checked the grant
+      if (it.offset + it.size < it.offset)
+        return Status::InvalidArgument("item at address " + std::to_string(it.offset) + " of " +
+                                       std::to_string(it.size) + " bytes wraps around");
+      continue;
+    }
     if (it.segment && !segments_[it.segment - 1])
       return Status::InvalidArgument("item names segment " + std::to_string(it.segment) + ", not registered");
     if (it.segment && req.op == proto::Op::kPut && !segment_stores_)
@@ -360,6 +445,7 @@ Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** bas
     return Status::Ok();
   }
   for (const auto& it : req.items) {
+    if (it.segment == proto::kProcessSegment) continue;  // the client's own address space: the kernel checks it
     if (it.segment) {
       const auto& seg = segments_[it.segment - 1];
       if (!seg->contains(it.offset, it.size))
@@ -445,6 +531,15 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           const proto::BatchItem& it = req.items[i];
           if (Clock::now() >= deadline) {
             st[i] = Status::TimedOut("deadline passed in the gateway");
+            continue;
+          }
+          if (it.segment == proto::kProcessSegment) {
+            // r5: from the card straight into the client's memory, no
+            // bounce copy here (staged first only on a card that is not
+            // memory-speed). A client gone ends the connection; an address
+            // it does not have fails that item alone.
+            st[i] = load_into_process(**lease, it, request_id, &revoked);
+            if (st[i].code() == Status::Code::kClosed) return st[i];
             continue;
           }
           if (it.segment) {

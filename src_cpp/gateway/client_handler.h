@@ -16,6 +16,7 @@
 #include "gateway/io_context_pool.h"
 #include "protocol/client_segment.h"
 #include "protocol/messages.h"
+#include "protocol/process_memory.h"
 #include "protocol/shared_ring.h"
 #include "protocol/socket_io.h"
 #include "store/card_store.h"
@@ -49,6 +50,9 @@ struct GatewayShared {
   std::atomic<uint64_t> segment_loads{0};      // objects read straight into a client segment
   std::atomic<uint64_t> segment_stores{0};     // objects stored straight from a client segment
   std::atomic<uint64_t> ring_piece_loads{0};   // objects loaded into a ring in published pieces (r4)
+  std::atomic<uint32_t> processes{0};          // connections granted process memory (r5)
+  std::atomic<uint64_t> process_loads{0};      // objects written straight into a client's process memory (r5)
+  std::atomic<uint64_t> process_refusals{0};   // process registrations refused (r5)
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -66,6 +70,12 @@ class ClientHandler {
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
   Status serve_stats(const proto::Frame& frame);
   Status serve_register_segment(proto::Frame* frame);
+  // r5: proves access to the client's memory (ProcessMemory::Attach) and
+  // answers ProcessOk with the features granted, or 0 and the reason.
+  Status serve_register_process(const proto::Frame& frame);
+  // r5: a get item in the client's process memory, written from the card
+  // piece by piece, each under the load lease.
+  Status load_into_process(IoContext& ctx, const proto::BatchItem& it, uint64_t request_id, bool* revoked);
   Status check_request_id(const proto::Frame& frame);
   Status run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
                    std::vector<uint8_t>* payload);
@@ -91,6 +101,15 @@ class ClientHandler {
   bool segment_stores_ = false;    // r3 stores from segments granted
   bool ring_progress_ = false;     // r4: a get's pieces published in the control page
   std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1
+  // r5: the process-memory features offered in HelloOk (a registration may
+  // then grant them), and those granted; the client's address space.
+  uint32_t process_offered_ = 0;
+  uint32_t process_granted_ = 0;
+  bool process_registered_ = false;
+  std::unique_ptr<proto::ProcessMemory> process_;
+  // Stores from process memory (feature bit 5) are offered only once the
+  // gateway's put path reads them (the pstore work turns this on).
+  bool process_stores_supported_ = false;
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.
   int test_segment_delay_ms_ = 0;

@@ -27,15 +27,17 @@ constexpr uint32_t kFrameMagic = 0x47504441;  // "ADPG" on the wire
 constexpr size_t kFrameHeaderBytes = 24;
 
 enum class FrameType : uint8_t {
-  kHello = 1,            // client -> gateway, first frame (carries the ring fd on Unix sockets)
-  kHelloOk = 2,          // gateway -> client
-  kBatch = 3,            // client -> gateway: one batch of one operation
-  kBatchReply = 4,       // gateway -> client: per-key results
-  kError = 5,            // gateway -> client: why the connection is being closed
-  kStats = 6,            // client -> gateway: empty body; asks for the gateway's counters
-  kStatsReply = 7,       // gateway -> client: the counters as one JSON object (UTF-8)
-  kRegisterSegment = 8,  // client -> gateway: a shared memory file (fd) loads may be written into (r3)
-  kSegmentOk = 9,        // gateway -> client: the segment is mapped (r3)
+  kHello = 1,             // client -> gateway, first frame (carries the ring fd on Unix sockets)
+  kHelloOk = 2,           // gateway -> client
+  kBatch = 3,             // client -> gateway: one batch of one operation
+  kBatchReply = 4,        // gateway -> client: per-key results
+  kError = 5,             // gateway -> client: why the connection is being closed
+  kStats = 6,             // client -> gateway: empty body; asks for the gateway's counters
+  kStatsReply = 7,        // gateway -> client: the counters as one JSON object (UTF-8)
+  kRegisterSegment = 8,   // client -> gateway: a shared memory file (fd) loads may be written into (r3)
+  kSegmentOk = 9,         // gateway -> client: the segment is mapped (r3)
+  kRegisterProcess = 10,  // client -> gateway: its pid and a probe of its memory (r5)
+  kProcessOk = 11,        // gateway -> client: the process-memory features granted, or why not (r5)
 };
 
 enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
@@ -45,6 +47,9 @@ constexpr uint32_t kFeatureRing = 1;      // payload through a shared-memory rin
 constexpr uint32_t kFeatureSegments = 2;  // loads written straight into registered client memory (r3; needs the ring)
 constexpr uint32_t kFeatureSegmentStores = 4;  // stores read from registered client memory (r3; memory-speed cards)
 constexpr uint32_t kFeatureRingProgress = 8;  // a get's bytes published in the ring piece by piece (r4; needs the ring)
+constexpr uint32_t kFeatureProcessLoads = 16;   // loads written into the client's process memory (r5; needs the ring)
+constexpr uint32_t kFeatureProcessStores = 32;  // stores read from the client's process memory (r5; needs the ring)
+constexpr uint32_t kFeatureProcessMemory = kFeatureProcessLoads | kFeatureProcessStores;
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;
@@ -61,6 +66,12 @@ constexpr uint32_t kMaxStatsBytes = 16384;     // a StatsReply body
 constexpr uint32_t kMaxSegments = 8;           // segments one connection may register (ids 1..8)
 constexpr uint64_t kMaxSegmentBytes = 1ull << 40;
 constexpr size_t kRegisterSegmentBytes = 16;
+// r5: a batch item whose `segment` is kProcessSegment names the client's own
+// process memory; its `offset` is the buffer's virtual address there.
+constexpr uint32_t kProcessSegment = 0xFFFFFFFF;
+constexpr size_t kRegisterProcessFixedBytes = 16;  // u32 pid, u32 probe_len, u64 probe_addr
+constexpr uint32_t kMinProbeBytes = 8;
+constexpr uint32_t kMaxProbeBytes = 64;
 
 // r3, with kFeatureSegments: the ring's first 4 KiB are its control page and
 // payload starts after it. The page's first 8 bytes are the load lease:

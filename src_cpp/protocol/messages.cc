@@ -130,7 +130,7 @@ void encode_batch(const BatchRequest& m, std::vector<uint8_t>* table) {
   for (const BatchItem& it : m.items) w.bytes(it.key);
 }
 
-Status decode_batch(std::span<const uint8_t> body, BatchRequest* m) {
+Status decode_batch(std::span<const uint8_t> body, BatchRequest* m, uint32_t granted) {
   ByteReader r(body);
   uint8_t op = r.get<uint8_t>();
   uint32_t pad = r.get<uint8_t>();
@@ -153,8 +153,13 @@ Status decode_batch(std::span<const uint8_t> body, BatchRequest* m) {
     m->items[i].size = r.get<uint64_t>();
     m->items[i].offset = r.get<uint64_t>();
     if (p != 0 || key_len[i] == 0 || key_len[i] > kMaxKeyBytes) return malformed("batch: key length out of range");
-    if (m->items[i].segment > kMaxSegments || (m->items[i].segment != 0 && m->op != Op::kGet && m->op != Op::kPut))
+    const uint32_t seg = m->items[i].segment;
+    if (seg == kProcessSegment) {
+      const uint32_t needs = m->op == Op::kGet ? kFeatureProcessLoads : m->op == Op::kPut ? kFeatureProcessStores : 0;
+      if (!(granted & needs)) return malformed("batch: process memory item without that feature granted");
+    } else if (seg > kMaxSegments || (seg != 0 && m->op != Op::kGet && m->op != Op::kPut)) {
       return malformed("batch: segment id out of range");
+    }
     if (m->items[i].size > kMaxObjectBytes) return malformed("batch: object size out of range");
   }
   for (uint32_t i = 0; i < count; i++) m->items[i].key = r.text(key_len[i]);
@@ -219,6 +224,46 @@ Status decode_register_segment(std::span<const uint8_t> body, RegisterSegment* m
   return Status::Ok();
 }
 
+void encode_register_process(const RegisterProcess& m, std::vector<uint8_t>* body) {
+  ByteWriter w(body);
+  w.put<uint32_t>(m.pid);
+  w.put<uint32_t>(static_cast<uint32_t>(m.probe.size()));
+  w.put<uint64_t>(m.probe_addr);
+  w.bytes(std::string_view(reinterpret_cast<const char*>(m.probe.data()), m.probe.size()));
+}
+
+Status decode_register_process(std::span<const uint8_t> body, RegisterProcess* m) {
+  ByteReader r(body);
+  m->pid = r.get<uint32_t>();
+  uint32_t n = r.get<uint32_t>();
+  m->probe_addr = r.get<uint64_t>();
+  if (!r.ok() || n < kMinProbeBytes || n > kMaxProbeBytes || r.remaining() != n)
+    return malformed("process registration");
+  if (m->pid == 0) return malformed("process registration: pid 0");
+  m->probe = r.rest();
+  return Status::Ok();
+}
+
+void encode_process_ok(const ProcessOk& m, std::vector<uint8_t>* body) {
+  ByteWriter w(body);
+  std::string_view reason = clip(m.reason, kMaxMessageBytes);
+  w.put<uint32_t>(m.features);
+  w.put<uint16_t>(static_cast<uint16_t>(reason.size()));
+  w.put<uint16_t>(0);
+  w.bytes(reason);
+}
+
+Status decode_process_ok(std::span<const uint8_t> body, ProcessOk* m) {
+  ByteReader r(body);
+  m->features = r.get<uint32_t>();
+  uint16_t n = r.get<uint16_t>(), pad = r.get<uint16_t>();
+  if (!r.ok() || pad != 0 || n > kMaxMessageBytes || (m->features & ~kFeatureProcessMemory))
+    return malformed("process reply");
+  m->reason = r.text(n);
+  if (!r.ok() || r.remaining() != 0) return malformed("process reply");
+  return Status::Ok();
+}
+
 void encode_error(std::string_view reason, std::vector<uint8_t>* body) {
   ByteWriter w(body);
   reason = clip(reason, kMaxMessageBytes);
@@ -254,7 +299,7 @@ Status parse_frame(std::span<const uint8_t> frame) {
     }
     case FrameType::kBatch: {
       BatchRequest m;
-      return decode_batch(body, &m);
+      return decode_batch(body, &m, kFeatureProcessMemory);
     }
     case FrameType::kBatchReply: {
       BatchReply m;
@@ -274,6 +319,14 @@ Status parse_frame(std::span<const uint8_t> frame) {
     }
     case FrameType::kSegmentOk:
       return body.empty() ? Status::Ok() : malformed("segment reply: body must be empty");
+    case FrameType::kRegisterProcess: {
+      RegisterProcess m;
+      return decode_register_process(body, &m);
+    }
+    case FrameType::kProcessOk: {
+      ProcessOk m;
+      return decode_process_ok(body, &m);
+    }
   }
   return malformed("frame: unknown type");
 }

@@ -35,7 +35,7 @@ struct BatchItem {
   std::string_view key;
   uint64_t size = 0;     // put: payload bytes; get: the client's buffer length
   uint64_t offset = 0;   // put/get: where the bytes are in the ring or inline payload (or the segment)
-  uint32_t segment = 0;  // get only: 0 = the ring; 1..kMaxSegments = a registered segment (r3)
+  uint32_t segment = 0;  // 0 = the ring; 1..kMaxSegments = a registered segment (r3); kProcessSegment (r5)
 };
 
 struct BatchRequest {
@@ -61,7 +61,10 @@ void encode_hello_ok(const HelloOk& m, std::vector<uint8_t>* body);
 Status decode_hello_ok(std::span<const uint8_t> body, HelloOk* m);
 // Encodes the table only; an inline payload is sent after it (writev).
 void encode_batch(const BatchRequest& m, std::vector<uint8_t>* table);
-Status decode_batch(std::span<const uint8_t> body, BatchRequest* m);
+// `granted`: the connection's process-memory features (r5); an item naming
+// kProcessSegment is accepted on a get with kFeatureProcessLoads, on a put
+// with kFeatureProcessStores, and nowhere else.
+Status decode_batch(std::span<const uint8_t> body, BatchRequest* m, uint32_t granted = 0);
 void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table);
 Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m);
 // RegisterSegment (r3): the segment's id and size; its fd rides on the frame.
@@ -71,6 +74,23 @@ struct RegisterSegment {
 };
 void encode_register_segment(const RegisterSegment& m, std::vector<uint8_t>* body);
 Status decode_register_segment(std::span<const uint8_t> body, RegisterSegment* m);
+// RegisterProcess (r5): the client's pid as it sees it, and a probe: the
+// address of probe.size() bytes in its memory that hold exactly probe.
+struct RegisterProcess {
+  uint32_t pid = 0;
+  uint64_t probe_addr = 0;
+  std::span<const uint8_t> probe;
+};
+void encode_register_process(const RegisterProcess& m, std::vector<uint8_t>* body);
+Status decode_register_process(std::span<const uint8_t> body, RegisterProcess* m);
+// ProcessOk (r5): the process-memory features granted (0: refused, and
+// `reason` says why; the client keeps the ring).
+struct ProcessOk {
+  uint32_t features = 0;
+  std::string_view reason;
+};
+void encode_process_ok(const ProcessOk& m, std::vector<uint8_t>* body);
+Status decode_process_ok(std::span<const uint8_t> body, ProcessOk* m);
 void encode_error(std::string_view reason, std::vector<uint8_t>* body);
 Status decode_error(std::span<const uint8_t> body, std::string_view* reason);
 

@@ -105,6 +105,7 @@ class NativeConnector {
       o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
       o.segments = cfg["direct_loads"].cast<bool>();
       o.ring_progress = cfg["ring_pieces"].cast<bool>();
+      o.process_memory = cfg["process_memory"].cast<bool>();
     }
     o.client_name = "lmcache-adp connector, pid " + std::to_string(::getpid());
     return std::make_unique<RemoteBackend>(std::move(o));
@@ -445,7 +446,9 @@ PYBIND11_MODULE(_native, m) {
                                    py::arg("STATS") = static_cast<int>(proto::FrameType::kStats),
                                    py::arg("STATS_REPLY") = static_cast<int>(proto::FrameType::kStatsReply),
                                    py::arg("REGISTER_SEGMENT") = static_cast<int>(proto::FrameType::kRegisterSegment),
-                                   py::arg("SEGMENT_OK") = static_cast<int>(proto::FrameType::kSegmentOk));
+                                   py::arg("SEGMENT_OK") = static_cast<int>(proto::FrameType::kSegmentOk),
+                                   py::arg("REGISTER_PROCESS") = static_cast<int>(proto::FrameType::kRegisterProcess),
+                                   py::arg("PROCESS_OK") = static_cast<int>(proto::FrameType::kProcessOk));
   m.attr("OPS") =
       py::dict(py::arg("PUT") = static_cast<int>(proto::Op::kPut), py::arg("GET") = static_cast<int>(proto::Op::kGet),
                py::arg("EXISTS") = static_cast<int>(proto::Op::kExists),
@@ -453,6 +456,9 @@ PYBIND11_MODULE(_native, m) {
   m.attr("FEATURE_RING") = proto::kFeatureRing;
   m.attr("FEATURE_SEGMENTS") = proto::kFeatureSegments;
   m.attr("FEATURE_RING_PROGRESS") = proto::kFeatureRingProgress;
+  m.attr("FEATURE_PROCESS_LOADS") = proto::kFeatureProcessLoads;
+  m.attr("FEATURE_PROCESS_STORES") = proto::kFeatureProcessStores;
+  m.attr("PROCESS_SEGMENT") = proto::kProcessSegment;
   m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
   m.attr("MAX_TOKEN_BYTES") = proto::kMaxTokenBytes;

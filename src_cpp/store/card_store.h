@@ -113,6 +113,18 @@ class CardStore {
   // untouched), which fails the caller's future.
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
              const PieceGuardFn& pieces = {});
+  // Hands key's payload to sink in pieces (of at most 1 MiB) instead of
+  // into a buffer of this process (a gateway writes each into its client's
+  // memory, protocol r5). accept(size) is asked first: false (the caller's
+  // buffer has another size) is a miss before any piece. A memory-speed card: the header and key hash are
+  // checked first, then each piece goes out straight from the card's
+  // mapping, its CRC computed on the way, so a failed CRC (or another key
+  // with the same 64-bit hash) is found after the pieces went out: NotFound,
+  // the sink's destination holding them. Any other card: the object is read
+  // into staging and checked whole (header, key, CRC) before the first
+  // piece. Once sink declines, the load stops and fails as TimedOut.
+  Status get_to_sink(IoContext& ctx, std::string_view key, const std::function<bool(size_t size)>& accept,
+                     const SinkFn& sink);
   // True if the card is memory (an image file on tmpfs or ramfs): a read
   // takes a memcpy's time, bounded by the object size.
   bool memory_speed() const { return device_->memory_backed(); }
@@ -248,8 +260,11 @@ class CardStore {
   // payload (same I/O, checked there); otherwise it lands in staging. With
   // `guard` (a kPieces load), every write into payload_dst runs under it, in
   // pieces of kGuardedPieceBytes; once it declines, *io is TimedOut.
+  // With `sink` (mapped cards only, payload_dst null): the header is checked
+  // first and each payload piece goes to the sink from the mapping, CRC'd.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
-                             uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr);
+                             uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr,
+                             const SinkFn* sink = nullptr);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

@@ -2,8 +2,13 @@
 #include "transport/gateway_client.h"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
 
 namespace adp {
 
@@ -35,7 +40,8 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   if (ring_) {
     hello.features = proto::kFeatureRing |
                      (opts.segments ? proto::kFeatureSegments | proto::kFeatureSegmentStores : 0) |
-                     (opts.ring_progress ? proto::kFeatureRingProgress : 0);
+                     (opts.ring_progress ? proto::kFeatureRingProgress : 0) |
+                     (opts.process_memory ? proto::kFeatureProcessMemory : 0);
     hello.ring_bytes = ring_->size();
   }
   hello.token = opts.token;
@@ -59,13 +65,58 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   segments_ = ring_ && (limits_.features & proto::kFeatureSegments);
   segment_stores_ = segments_ && (limits_.features & proto::kFeatureSegmentStores);
   ring_progress_ = ring_ && opts.ring_progress && (limits_.features & proto::kFeatureRingProgress);
-  if (segments_) {
+  process_offered_ = ring_ && opts.process_memory ? limits_.features & proto::kFeatureProcessMemory : 0;
+  if (segments_ || process_offered_) {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_pid_ = cred.pid;
   }
   server_ = std::string(limits_.server);
   limits_.server = server_;  // the frame buffer is reused
+  return process_offered_ ? register_process(deadline) : Status::Ok();
+}
+
+Status GatewayClient::register_process(proto::Deadline deadline) {
+  // Yama (kernel.yama.ptrace_scope): 0 lets a process of the same uid read
+  // and write this one; 1 only a process this one named (one per process:
+  // every connection names the same gateway); 2 and 3 no one: the ring.
+  int scope = 0;
+  std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
+  if (scope >= 2) {
+    process_refusal_ = "Yama ptrace_scope is " + std::to_string(scope) + " (only 0 or 1 let the gateway in)";
+    return Status::Ok();
+  }
+  if (scope == 1) {
+    // The gateway's pid as this process sees it: 0 when it lives in another PID namespace.
+    if (peer_pid_ <= 0) {
+      process_refusal_ = "Yama ptrace_scope is 1 and the gateway's pid is not visible here (another PID namespace)";
+      return Status::Ok();
+    }
+    if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(peer_pid_), 0, 0, 0) != 0) {
+      process_refusal_ = "prctl(PR_SET_PTRACER) failed: " + errno_text(errno);
+      return Status::Ok();
+    }
+  }
+  std::random_device rd;
+  for (size_t i = 0; i < sizeof probe_; i += 4) {
+    uint32_t v = rd();
+    std::memcpy(probe_ + i, &v, 4);
+  }
+  proto::RegisterProcess reg;
+  reg.pid = static_cast<uint32_t>(::getpid());
+  reg.probe_addr = reinterpret_cast<uintptr_t>(probe_);
+  reg.probe = std::span<const uint8_t>(probe_, sizeof probe_);
+  table_.clear();
+  proto::encode_register_process(reg, &table_);
+  Status s = proto::write_frame(fd_, proto::FrameType::kRegisterProcess, ++request_id_, table_, {}, deadline);
+  if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kProcessOk), deadline);
+  proto::ProcessOk ok;
+  if (s.ok()) s = proto::decode_process_ok(frame_.body, &ok);
+  if (s.ok() && (ok.features & ~process_offered_))
+    s = Status::InvalidArgument("gateway granted process-memory features it did not offer");
+  if (!s.ok()) return s;
+  process_granted_ = ok.features;
+  if (!process_granted_) process_refusal_ = ok.reason.empty() ? "no reason given" : std::string(ok.reason);
   return Status::Ok();
 }
 

@@ -18,11 +18,12 @@ namespace adp {
 
 struct GatewayClientOptions {
   proto::Endpoint endpoint;
-  std::string token;          // TCP
-  uint64_t ring_bytes = 0;    // Unix: size of this connection's ring
-  std::string client_name;    // shown in the gateway's log
-  bool segments = true;       // Unix: ask for loads straight into registered shared memory (r3)
-  bool ring_progress = true;  // Unix: ask for gets published piece by piece in the ring (r4)
+  std::string token;           // TCP
+  uint64_t ring_bytes = 0;     // Unix: size of this connection's ring
+  std::string client_name;     // shown in the gateway's log
+  bool segments = true;        // Unix: ask for loads straight into registered shared memory (r3)
+  bool ring_progress = true;   // Unix: ask for gets published piece by piece in the ring (r4)
+  bool process_memory = true;  // Unix: ask for loads into this process's memory (r5)
 };
 
 class GatewayClient {
@@ -54,8 +55,15 @@ class GatewayClient {
   bool segment_stores() const { return segment_stores_; }
   // Whether the gateway publishes a get's pieces in the control page (r4).
   bool ring_progress() const { return ring_progress_; }
-  // Whether the ring starts with its control page (r3 segments or r4).
-  bool control_page() const { return segments_ || ring_progress_; }
+  // Whether the gateway writes loads into this process's memory (r5:
+  // offered in HelloOk and granted by the registration that followed).
+  bool process_loads() const { return process_granted_ & proto::kFeatureProcessLoads; }
+  uint32_t process_features() const { return process_granted_; }
+  // Why process memory is not in use though this client asked for it
+  // (empty: granted, not asked, or a gateway of r4 or older).
+  const std::string& process_refusal() const { return process_refusal_; }
+  // Whether the ring starts with its control page (r3 segments, r4, r5).
+  bool control_page() const { return segments_ || ring_progress_ || process_offered_; }
   // The request id the next call() will carry (the load lease names it).
   uint64_t next_request_id() const { return request_id_ + 1; }
   // The load lease word in the ring's control page (segments() only).
@@ -74,6 +82,9 @@ class GatewayClient {
   explicit GatewayClient(int fd) : fd_(fd) {}
   Status handshake(const GatewayClientOptions& opts, proto::Deadline deadline);
   Status receive(uint8_t type, proto::Deadline deadline);
+  // r5: after HelloOk offered process memory: Yama's ptracer, then
+  // RegisterProcess with a probe of this process's memory.
+  Status register_process(proto::Deadline deadline);
 
   const int fd_;
   std::unique_ptr<proto::SharedRing> ring_;
@@ -83,6 +94,10 @@ class GatewayClient {
   bool segments_ = false;
   bool segment_stores_ = false;
   bool ring_progress_ = false;
+  uint32_t process_offered_ = 0;
+  uint32_t process_granted_ = 0;
+  std::string process_refusal_;
+  uint8_t probe_[16] = {};  // the probe the gateway reads back (RegisterProcess)
   uint32_t segments_registered_ = 0;
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;

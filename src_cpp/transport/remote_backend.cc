@@ -216,6 +216,11 @@ class RemoteSession : public BackendSession {
   bool run_into_segments(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs,
                          size_t n, Deadline deadline, const GuardedReadFn& guarded,
                          const std::function<void(size_t, const Status&)>& finish);
+  // One try of run_into_segments; false with *retry set when the request
+  // never reached a connection found dead (nothing finished: try again).
+  bool try_in_place(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs, size_t n,
+                    Deadline deadline, const GuardedReadFn& guarded,
+                    const std::function<void(size_t, const Status&)>& finish, bool* retry);
   // Ends the load lease of request rid: once it returns, the gateway writes
   // nothing more for it (an object being written is waited out, unless the
   // gateway died).
@@ -279,25 +284,46 @@ Status RemoteSession::connected(Deadline deadline) {
 bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys, const size_t* sizes,
                                       uint8_t* const* bufs, size_t n, Deadline deadline, const GuardedReadFn& guarded,
                                       const std::function<void(size_t, const Status&)>& finish) {
+  // A connection that died while idle (the gateway restarted) gets one more
+  // try on a new one, as in run(): only when the request never reached the
+  // gateway (its send failed), so nothing can have been written for it.
+  bool retry = false;
+  if (try_in_place(op, keys, sizes, bufs, n, deadline, guarded, finish, &retry)) return true;
+  return retry && try_in_place(op, keys, sizes, bufs, n, deadline, guarded, finish, nullptr);
+}
+
+bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs,
+                                 size_t n, Deadline deadline, const GuardedReadFn& guarded,
+                                 const std::function<void(size_t, const Status&)>& finish, bool* retry) {
   const bool put = op == proto::Op::kPut;
-  if (!connected(deadline).ok() || !(put ? client_->segment_stores() : client_->segments()) ||
-      n > client_->limits().max_batch_keys)
-    return false;
+  if (!connected(deadline).ok() || n > client_->limits().max_batch_keys) return false;
+  // Per buffer: in a shared memory file the gateway maps (r3), else, where
+  // granted, this process's memory (r5); a batch with any other buffer: the ring.
   // A store's buffer may be read by others meanwhile: only the kernel's
   // read-only answer proves its mapping (no nonce written into it).
-  if (put && !maps_.supported()) return false;
+  const bool in_files = (put ? client_->segment_stores() : client_->segments()) && (!put || maps_.supported());
+  const bool in_process = !put && client_->process_loads();
+  if (!in_files && !in_process) return false;
   std::vector<SegmentSpan> spans(n);
   for (size_t i = 0; i < n; i++) {
     if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
-    spans[i] = backend_->find_segment(bufs[i], sizes[i]);
-    if (!spans[i].file) backend_->hint_ring();
-    if (!spans[i].file || spans[i].file->refused) return false;
+    if (in_files) spans[i] = backend_->find_segment(bufs[i], sizes[i]);
+    if (spans[i].file && spans[i].file->refused) spans[i] = {};
+    if (spans[i].file || in_process) continue;
+    if (in_files) backend_->hint_ring();
+    return false;
   }
   proto::BatchRequest req;
   req.op = op;
   req.items.resize(n);
+  size_t process_items = 0;
   for (size_t i = 0; i < n; i++) {
     const std::shared_ptr<SegmentFile>& f = spans[i].file;
+    if (!f) {  // r5: the gateway writes at the buffer's address in this process
+      req.items[i] = {keys[i], sizes[i], reinterpret_cast<uintptr_t>(bufs[i]), proto::kProcessSegment};
+      process_items++;
+      continue;
+    }
     auto it = segment_ids_.find(f);
     if (it == segment_ids_.end()) {
       uint32_t id = 0;
@@ -314,10 +340,13 @@ bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys
     req.items[i] = {keys[i], sizes[i], spans[i].offset, it->second};
   }
   Status s;
-  bool stale = false;
+  bool stale = false, sent = false;
+  const bool idle = !fresh_;  // used before: the gateway may have gone meanwhile
+  fresh_ = false;
   const bool wanted = guarded([&] {
     // The buffers are still the files' memory (a cached mapping may have been replaced).
     for (size_t i = 0; i < n && !stale; i++) {
+      if (!spans[i].file) continue;  // process memory: the buffer is the caller's while the guard is held
       const SegmentFile& f = *spans[i].file;
       MapProof proof = maps_.check(bufs[i], sizes[i], f, spans[i].offset);
       if (proof == MapProof::kUnsupported) {
@@ -337,7 +366,9 @@ bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     const uint64_t rid = client_->next_request_id();
     __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
-    s = client_->call(req, {}, deadline, &reply_);
+    s = client_->send(req, {}, deadline);
+    sent = s.ok();
+    if (sent) s = client_->await_reply(req, deadline, &reply_);
     revoke_lease(rid);
   });
   if (stale) {
@@ -350,7 +381,15 @@ bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys
       if (reply_.results[i].status.ok() && reply_.results[i].size != sizes[i])
         s = Status::InvalidArgument("gateway reply disagrees with the request");
   if (!s.ok() && wanted) lose(s);
-  for (size_t i = 0; i < n; i++) finish(i, s.ok() ? reply_.results[i].status : s);
+  if (!s.ok() && wanted && retry && idle && !sent && s.code() == Status::Code::kClosed) {
+    *retry = true;
+    return false;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const Status& st = s.ok() ? reply_.results[i].status : s;
+    if (process_items && !spans[i].file && st.ok()) backend_->process_loads_.fetch_add(1, std::memory_order_relaxed);
+    finish(i, st);
+  }
   return true;
 }
 
@@ -610,6 +649,11 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
     if (interrupted_) return Status::Closed("connector closed");
     live_.insert(c.get());
   }
+  if (!c->process_refusal().empty() && !process_refusal_logged_.exchange(true))
+    ADP_INFO(
+        "%s: the gateway does not write loads into this process's memory (%s): they go through the ring. "
+        "Logged once.",
+        describe().c_str(), log_safe(c->process_refusal()).c_str());
   if (link_.exchange(Link::kUp) != Link::kUp)
     ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
              c->ring() ? ("ring " + std::to_string(c->ring()->size() >> 20) + " MiB per connection").c_str()
@@ -728,6 +772,7 @@ void RemoteBackend::forget_segments() {
 StoreStats RemoteBackend::stats() const {
   StoreStats s;
   counters_.copy_to(&s);
+  s.process_loads = process_loads_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -873,6 +873,13 @@ int main(int argc, char** argv) {
     };
     for (const PhaseSpec& p : gateway_phases)
       run_connector_phase(remote(p.name[8] == 't'), p, phase_seed++, via_gateway);
+    {
+      // The Unix phases' loads into anonymous buffers went straight into this process (r5).
+      const std::string st = gw->stats_json();
+      const size_t at = st.find("\"process_loads\":");
+      if (at == std::string::npos || std::strtoull(st.c_str() + at + 16, nullptr, 10) == 0)
+        fail("no load through the gateway was written into process memory: %s", st.c_str());
+    }
     run_connector_phase(remote(false), {"gateway-stopped-midway", 2000, 3, 100 * scale, 60 * scale, "unavailable"},
                         phase_seed++, via_gateway, [&](adp::Connector&) { gw->stop(); });
     gw.reset();

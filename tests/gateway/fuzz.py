@@ -31,6 +31,10 @@ def seeds() -> list[bytes]:
         wire.frame(wire.BATCH_REPLY, 5, struct.pack("<II", 1, 0) + struct.pack("<BBHIQ", 4, 0, 2, 0, 0) + b"no"),
         wire.frame(wire.HELLO_OK, 1, struct.pack("<IIQQII", 1, 4096, 1 << 20, 1 << 26, 2, 0) + b"gw"),
         wire.frame(wire.ERROR, 1, struct.pack("<H", 3) + b"bad"),
+        # r5: a registration, its answer, and a get of process memory
+        wire.frame(_native.FRAME_TYPES["REGISTER_PROCESS"], 2, struct.pack("<IIQ", 77, 16, 1 << 40) + bytes(16)),
+        wire.frame(_native.FRAME_TYPES["PROCESS_OK"], 2, struct.pack("<IHH", 16, 3, 0) + b"why"),
+        wire.frame(wire.BATCH, 6, wire.batch(wire.GET, keys[:1], [10], [1 << 40], segments=[_native.PROCESS_SEGMENT])),
     ]
 
 

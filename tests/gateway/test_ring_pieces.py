@@ -66,7 +66,9 @@ def test_loads_in_pieces_deliver_whole_objects_and_leave_misses_untouched(fast_g
     sizes = [3 * MIB + 123, 64 << 10, 1 * MIB, 2 * MIB + 4096]
     keys = [f"pc@{i}" for i in range(len(sizes))]
     store(gw, keys, sizes)
-    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, ring_pieces=pieces))
+    c = RawConnector(
+        ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, ring_pieces=pieces, process_memory=False)
+    )
     try:
         # A miss between the hits: its buffer must be left as it was.
         order = [keys[0], "pc@missing", *keys[1:]]
@@ -103,7 +105,7 @@ def test_client_that_stops_reading_mid_object(monkeypatch):
         assert c.features & FEATURE_RING_PROGRESS
         c.send(wire.BATCH, wire.batch(wire.GET, [b"idle@obj"], [size], [CONTROL]))
         time.sleep(0.25)  # the gateway is part way through the object; the client reads nothing from here on
-        by = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        by = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, process_memory=False))
         out = bytearray(64 << 10)
         assert by.get(["bystander"], [memoryview(out)])[2] == [True] and bytes(out) == payload("bystander", len(out))
         assert by.set(["bystander2"], [memoryview(out)])[0]
@@ -148,7 +150,7 @@ def test_gateway_that_dies_mid_object_fails_the_load_at_once(monkeypatch):
     try:
         size = 8 * MIB
         store(gw, ["dies@obj"], [size])
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, process_memory=False))
         out = bytearray(size)
         fid = c.conn.submit_batch_get(["dies@obj"], [memoryview(out)])
         time.sleep(0.5)  # a few pieces in
@@ -174,7 +176,9 @@ def test_no_piece_copied_after_the_deadline(monkeypatch):
         size = 12 * MIB
         store(gw, ["deadline@obj"], [size])
         monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "150")  # read by the connector at construction
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=500, ring_mb=32))
+        c = RawConnector(
+            ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=500, ring_mb=32, process_memory=False)
+        )
         monkeypatch.delenv("ADP_TEST_DELIVERY_DELAY_MS")
         out = bytearray(b"\x11" * size)
         ok, _, per_key = c.get(["deadline@obj"], [memoryview(out)])

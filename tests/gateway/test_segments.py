@@ -117,13 +117,16 @@ HINT = "Start `lmcache server` with --shm-name"
 
 
 def test_ring_hint_logged_once_for_buffers_outside_shm(gateway, capfd):
-    """An operator whose LMCache keeps L1 in process memory is told, once, why the gateway copies twice and
-    what to change; buffers in a /dev/shm file (or direct_loads off) draw no hint."""
+    """An operator whose LMCache keeps L1 in process memory, with loads through the ring (process_memory off or
+    refused), is told, once, why the gateway copies twice and what to change; buffers in a /dev/shm file (or
+    direct_loads off, or loads into process memory) draw no hint."""
     keys = [f"hint@{i}" for i in range(4)]
     pool = ShmPool(len(keys), SIZE)
     shm = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000))
     off = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000, direct_loads=False))
-    anon = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=2, timeout_ms=10000))
+    # Loads the gateway writes into this process's memory (r5) do not copy twice: no hint for them.
+    pm = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000))
+    anon = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=2, timeout_ms=10000, process_memory=False))
     try:
         for k, v in zip(keys, pool.views, strict=True):
             v[:] = payload(k, SIZE)
@@ -131,13 +134,14 @@ def test_ring_hint_logged_once_for_buffers_outside_shm(gateway, capfd):
         assert shm.get(keys, pool.views)[2] == [True] * len(keys)
         outs = [bytearray(SIZE) for _ in keys]
         assert off.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
+        assert pm.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
         assert HINT not in capfd.readouterr().err
         for _ in range(3):
             assert anon.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
             assert anon.set(keys, [memoryview(o) for o in outs])[0]
         assert capfd.readouterr().err.count(HINT) == 1
     finally:
-        for c in (shm, off, anon):
+        for c in (shm, off, pm, anon):
             c.conn.close()
         pool.close()
 

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "protocol/process_memory.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  // Linux 6.5
+#endif
+
+namespace adp::proto {
+namespace {
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// A pidfd of the peer of `sock`: SO_PEERPIDFD names the very process that
+// connected; before Linux 6.5, pidfd_open of SO_PEERCRED's pid (the probe
+// then proves it is still that process's memory).
+int peer_pidfd(int sock, pid_t pid) {
+  int fd = -1;
+  socklen_t len = sizeof fd;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+}  // namespace
+
+Status ProcessMemory::Attach(int sock, uint32_t claimed_pid, uint64_t probe_addr, std::span<const uint8_t> probe,
+                             std::unique_ptr<ProcessMemory>* out) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return Status::Unavailable("the socket's peer is unknown (SO_PEERCRED: " + errno_text(errno) + ")");
+  if (cred.pid <= 0 || static_cast<uint32_t>(cred.pid) != claimed_pid)
+    return Status::InvalidArgument("the client names pid " + std::to_string(claimed_pid) + ", the kernel says pid " +
+                                   std::to_string(cred.pid) + " (another PID namespace?)");
+  int pidfd = peer_pidfd(sock, cred.pid);
+  if (pidfd < 0) return Status::Unavailable("no pidfd for pid " + std::to_string(cred.pid) + ": " + errno_text(errno));
+  std::unique_ptr<ProcessMemory> pm(new ProcessMemory(cred.pid, pidfd));
+  if (!pm->alive()) return Status::Unavailable("the client process exited");
+  std::vector<uint8_t> seen(probe.size());
+  Status s = pm->read(probe_addr, seen.data(), seen.size());
+  if (s.code() == Status::Code::kUnavailable) return s;
+  if (!s.ok()) return Status::InvalidArgument("the probe at " + hex(probe_addr) + " cannot be read: " + s.message());
+  if (std::memcmp(seen.data(), probe.data(), probe.size()) != 0)
+    return Status::InvalidArgument("the probe at " + hex(probe_addr) + " holds other bytes than the client sent");
+  *out = std::move(pm);
+  return Status::Ok();
+}
+
+ProcessMemory::~ProcessMemory() { ::close(pidfd_); }
+
+bool ProcessMemory::alive() const {
+  pollfd p{pidfd_, POLLIN, 0};  // a pidfd is readable once its process exited
+  return ::poll(&p, 1, 0) == 0;
+}
+
+Status ProcessMemory::write(uint64_t addr, const void* src, size_t len) {
+  return transfer(true, addr, const_cast<void*>(src), len);
+}
+
+Status ProcessMemory::read(uint64_t addr, void* dst, size_t len) { return transfer(false, addr, dst, len); }
+
+Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    iovec l{static_cast<uint8_t*>(local) + done, len - done};
+    iovec r{reinterpret_cast<void*>(addr + done), len - done};
+    ssize_t n = write ? ::process_vm_writev(pid_, &l, 1, &r, 1, 0) : ::process_vm_readv(pid_, &l, 1, &r, 1, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);  // partial: the next call starts where it stopped (and faults there if it must)
+      continue;
+    }
+    const int err = n == 0 ? EFAULT : errno;
+    if (err == EINTR) continue;
+    const std::string where = std::to_string(len) + " bytes at " + hex(addr) + " in pid " + std::to_string(pid_);
+    if (err == ESRCH || !alive()) return Status::Closed("the client process is gone");
+    if (err == EPERM)
+      return Status::Unavailable("no access to the memory of pid " + std::to_string(pid_) +
+                                 " (ptrace permission: Yama ptrace_scope, another uid, or a seccomp filter)");
+    if (err == EFAULT)
+      return Status::InvalidArgument(std::string(write ? "cannot write " : "cannot read ") + where + " (not mapped" +
+                                     (write ? " writable" : "") + " there)");
+    return Status::IoError(std::string(write ? "process_vm_writev of " : "process_vm_readv of ") + where + ": " +
+                           errno_text(err));
+  }
+  return Status::Ok();
+}
+
+}  // namespace adp::proto

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// ProcessMemory: the address space of the process at the other end of a
+// Unix socket, which the gateway writes loads into (process_vm_writev) and
+// reads stores from (process_vm_readv) with no ring between them (protocol
+// r5, docs/protocol.md "Process memory"). LMCache's default L1 pool is
+// anonymous memory of its process: this is how one copy reaches it.
+//
+// Attach() proves, before anything is granted, that
+//   - the socket's peer (SO_PEERCRED, taken from the kernel) is the pid the
+//     client claims as it sees it (another PID namespace differs: refused);
+//   - this gateway holds a pidfd of that very process (SO_PEERPIDFD, or
+//     pidfd_open on kernels before 6.5);
+//   - it may read the process's memory: the probe's bytes, read at the
+//     address the client named, are the ones it sent (EPERM from Yama, a
+//     uid or a seccomp filter: refused).
+// A refusal is no protocol error: the connection keeps the ring.
+//
+// Transfers are all or nothing: a short transfer or EFAULT (an address not
+// mapped, or not writable, in the client) is an error of that transfer;
+// ESRCH, or a pidfd that says the process exited, means the client is gone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "util/status.h"
+
+namespace adp::proto {
+
+class ProcessMemory {
+ public:
+  // Ok with *out set, or the reason the peer of Unix socket `sock` is
+  // refused (InvalidArgument for a claim that does not hold, Unavailable
+  // where the kernel denies access).
+  static Status Attach(int sock, uint32_t claimed_pid, uint64_t probe_addr, std::span<const uint8_t> probe,
+                       std::unique_ptr<ProcessMemory>* out);
+  ~ProcessMemory();
+  ProcessMemory(const ProcessMemory&) = delete;
+  ProcessMemory& operator=(const ProcessMemory&) = delete;
+
+  // Writes len bytes from src at addr in the client.
+  Status write(uint64_t addr, const void* src, size_t len);
+  // Reads len bytes at addr in the client into dst.
+  Status read(uint64_t addr, void* dst, size_t len);
+  // False once the client process exited (its pidfd is readable).
+  bool alive() const;
+  pid_t pid() const { return pid_; }
+
+ private:
+  ProcessMemory(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
+  Status transfer(bool write, uint64_t addr, void* local, size_t len);
+  const pid_t pid_;
+  const int pidfd_;
+};
+
+}  // namespace adp::proto

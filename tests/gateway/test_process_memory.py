@@ -1,0 +1,383 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loads straight into the client's process memory (protocol r5, docs/protocol.md
+"Process memory"): a connector whose load buffers are anonymous memory (LMCache's
+default L1) has the gateway write the card into them with process_vm_writev, one
+copy, no ring. The handshake's checks (the pid the kernel names, a probe of the
+client's memory) and their refusals, which keep the ring; an r4-style client; an
+address the client does not have; the load lease at the deadline; a gateway
+killed mid-load; a damaged object."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from lmcache_adp._native import (
+    FEATURE_PROCESS_LOADS,
+    FEATURE_PROCESS_STORES,
+    FEATURE_RING,
+    FEATURE_RING_PROGRESS,
+    FRAME_TYPES,
+    PROCESS_SEGMENT,
+)
+from lmcache_adp.gateway_stats import read_gateway_stats
+from tests.gateway import wire
+from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
+
+MIB = 1 << 20
+SIZE = 3 * MIB + 100  # several 1 MiB pieces and a partial one
+REGISTER, PROCESS_OK = FRAME_TYPES["REGISTER_PROCESS"], FRAME_TYPES["PROCESS_OK"]
+CONTROL = 4096  # the ring's control page
+LEASE_OPEN = 1  # the load lease's state in the page's first 8 bytes: (request_id << 2) | state
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str, Gateway]:
+    """A gateway on a tmpfs card (pieces straight from its mapping) or on /tmp
+    (read into staging, checked, then written out); with a delay, it sleeps
+    that long before each object it writes into a client (outside the lease)."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm" if memory else "/tmp")
+    if delay_ms:
+        monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", str(delay_ms))
+    gw = Gateway(d).start()
+    if delay_ms:
+        monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    return d, gw
+
+
+@pytest.fixture(params=["tmpfs", "disk"])
+def card_gateway(request):
+    d, gw = new_gateway(request.param == "tmpfs")
+    yield gw
+    if gw.proc:
+        gw.kill()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def stats(gw: Gateway) -> dict:
+    return read_gateway_stats(gw.unix_url)
+
+
+def store(gw: Gateway, keys: list[str], size: int = SIZE) -> None:
+    w = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=20000, process_memory=False))
+    assert w.set(keys, [memoryview(payload(k, size)) for k in keys])[0]
+    w.conn.close()
+
+
+class ProcessClient(wire.RingClient):
+    """A hand-driven ring connection that may register this test process's memory."""
+
+    def __init__(self, gw: Gateway, features: int = FEATURE_RING | FEATURE_PROCESS_LOADS, ring_bytes: int = 4 * MIB):
+        super().__init__(gw.socket, features, ring_bytes)
+
+    def register(self, pid: int | None = None, probe_addr: int | None = None, probe: bytes | None = None):
+        """Sends RegisterProcess (by default this process, a probe it really holds); returns (features, reason)."""
+        self.probe = ctypes.create_string_buffer(os.urandom(16), 16)
+        addr = ctypes.addressof(self.probe) if probe_addr is None else probe_addr
+        probe = self.probe.raw if probe is None else probe
+        body = struct.pack("<IIQ", os.getpid() if pid is None else pid, len(probe), addr) + probe
+        self.send(REGISTER, body)
+        ftype, body = self.recv()
+        assert ftype == PROCESS_OK, (ftype, body)
+        features, n, _ = struct.unpack_from("<IHH", body)
+        return features, body[8 : 8 + n].decode()
+
+    def get(self, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
+        """A get of process items under an open load lease; the (status, message) of each."""
+        self.map[0:8] = struct.pack("<Q", (self.rid + 1) << 2 | LEASE_OPEN)
+        self.send(wire.BATCH, wire.batch(wire.GET, keys, sizes, addrs, segments=[PROCESS_SEGMENT] * len(keys)))
+        ftype, body = self.recv()
+        assert ftype == wire.BATCH_REPLY, (ftype, body)
+        count = struct.unpack_from("<I", body)[0]
+        items = [struct.unpack_from("<BBHIQ", body, 8 + 16 * i) for i in range(count)]
+        out, at = [], 8 + 16 * count
+        for status, _, n, _, _ in items:
+            out.append((status, body[at : at + n]))
+            at += n
+        return out
+
+
+def test_loads_land_through_process_memory_and_the_ring_carries_none(card_gateway):
+    gw = card_gateway
+    keys = [f"pm@{i}" for i in range(8)]
+    store(gw, keys)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=20000))
+    try:
+        outs = [bytearray(b"\x5a" * SIZE) for _ in range(len(keys) + 1)]
+        ok, _, per_key = c.get(keys + ["pm@missing"], [memoryview(o) for o in outs])
+        assert per_key == [True] * len(keys) + [False]
+        assert [bytes(o) for o in outs[:-1]] == [payload(k, SIZE) for k in keys]
+        assert bytes(outs[-1]) == b"\x5a" * SIZE, "a miss must leave its buffer untouched"
+        st = stats(gw)
+        # Every hit was written into this process by the gateway: none went through a ring.
+        assert st["process_loads"] == len(keys), st
+        assert st["ring_piece_loads"] == 0, st
+        assert st["processes"] == 2 and st["process_refusals"] == 0, st
+        assert c.conn.stats()["process_loads"] == len(keys)
+    finally:
+        c.conn.close()
+
+
+def test_option_off_keeps_the_ring(card_gateway):
+    gw = card_gateway
+    keys = [f"off@{i}" for i in range(4)]
+    store(gw, keys)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, process_memory=False))
+    try:
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key)
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        st = stats(gw)
+        assert st["process_loads"] == 0 and st["processes"] == 0, st
+        assert c.conn.stats()["process_loads"] == 0
+    finally:
+        c.conn.close()
+
+
+def test_r4_client_is_offered_nothing_and_cannot_name_process_memory(card_gateway):
+    """A client that did not ask for bits 4/5 sees neither in HelloOk, is never
+    sent ProcessOk, and a process item from it (or from one that asked but did
+    not register) closes that connection only."""
+    gw = card_gateway
+    store(gw, ["r4@a"])
+    old = ProcessClient(gw, features=FEATURE_RING | FEATURE_RING_PROGRESS)
+    assert old.features & (FEATURE_PROCESS_LOADS | FEATURE_PROCESS_STORES) == 0
+    # It loads through the ring as before.
+    old.send(wire.BATCH, wire.batch(wire.GET, [b"r4@a"], [SIZE], [CONTROL]))
+    ftype, body = old.recv()
+    assert ftype == wire.BATCH_REPLY and body[8] == 0
+    assert old.map[CONTROL : CONTROL + SIZE] == payload("r4@a", SIZE)
+    buf = ctypes.create_string_buffer(SIZE)
+    old.send(wire.BATCH, wire.batch(wire.GET, [b"r4@a"], [SIZE], [ctypes.addressof(buf)], segments=[PROCESS_SEGMENT]))
+    ftype, body = old.recv()
+    assert ftype == wire.ERROR and b"process memory item without that feature granted" in body
+    old.close()
+
+    # Offered, not registered: the same.
+    asked = ProcessClient(gw)
+    assert asked.features & FEATURE_PROCESS_LOADS
+    assert asked.features & FEATURE_PROCESS_STORES == 0, "stores from process memory are not granted yet"
+    asked.send(wire.BATCH, wire.batch(wire.GET, [b"r4@a"], [SIZE], [ctypes.addressof(buf)], segments=[PROCESS_SEGMENT]))
+    ftype, body = asked.recv()
+    assert ftype == wire.ERROR and b"without that feature granted" in body
+    asked.close()
+
+    # Registration without the feature offered breaks the rules.
+    plain = ProcessClient(gw, features=FEATURE_RING)
+    plain.send(REGISTER, struct.pack("<IIQ", os.getpid(), 16, 4096) + bytes(16))
+    ftype, body = plain.recv()
+    assert ftype == wire.ERROR and b"without a process-memory feature" in body
+    plain.close()
+    assert bytes(buf.raw) == bytes(SIZE), "nothing may land for a client without the grant"
+    assert gw.proc.poll() is None
+
+
+@pytest.mark.parametrize("case", ["pid", "probe bytes", "probe address"])
+def test_refused_registration_keeps_the_ring(card_gateway, case):
+    gw = card_gateway
+    store(gw, ["ref@a"])
+    c = ProcessClient(gw)
+    try:
+        args = {
+            "pid": {"pid": os.getpid() + 1},
+            "probe bytes": {"probe": os.urandom(16)},
+            "probe address": {"probe_addr": 8},  # the zero page: never mapped
+        }[case]
+        features, reason = c.register(**args)
+        assert features == 0
+        assert {"pid": "the kernel says pid", "probe bytes": "other bytes", "probe address": "cannot be read"}[
+            case
+        ] in reason, reason
+        # The connection goes on, through the ring.
+        c.send(wire.BATCH, wire.batch(wire.GET, [b"ref@a"], [SIZE], [CONTROL]))
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 0
+        assert c.map[CONTROL : CONTROL + SIZE] == payload("ref@a", SIZE)
+        # And a process item is still refused.
+        buf = ctypes.create_string_buffer(16)
+        c.send(wire.BATCH, wire.batch(wire.GET, [b"ref@a"], [16], [ctypes.addressof(buf)], segments=[PROCESS_SEGMENT]))
+        assert c.recv()[0] == wire.ERROR
+        st = stats(gw)
+        assert st["process_refusals"] == 1 and st["processes"] == 0, st
+    finally:
+        c.close()
+    with open(gw.log_path) as f:
+        assert "process memory refused, the ring stays" in f.read()
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from lmcache_adp import ADPConnector
+    from tests.helpers import RawConnector, payload
+    url, size = sys.argv[1], int(sys.argv[2])
+    keys = ["ns@0", "ns@1"]
+    c = RawConnector(ADPConnector(gateway=url, num_workers=2, timeout_ms=20000))
+    outs = [bytearray(size) for _ in keys]
+    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+    good = ok and all(bytes(o) == payload(k, size) for o, k in zip(outs, keys))
+    print(json.dumps({"good": good, "process_loads": c.conn.stats()["process_loads"]}))
+    c.conn.close()
+    """
+)
+
+
+def test_client_in_another_pid_namespace_is_refused_and_loads_through_the_ring(card_gateway):
+    """A connector in its own PID namespace (a container) names itself pid 1; the
+    gateway's kernel names another pid: refused, logged once, the ring serves."""
+    gw = card_gateway
+    store(gw, ["ns@0", "ns@1"])
+    unshare = shutil.which("unshare")
+    assert unshare, "util-linux unshare is needed for this test (scripts/run_tests.sh installs it)"
+    r = subprocess.run(
+        [unshare, "--pid", "--fork", sys.executable, "-c", CHILD, gw.unix_url, str(SIZE)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith('{"good": true, "process_loads": 0}'), r.stdout + r.stderr
+    refusals = [line for line in r.stderr.splitlines() if "does not write loads into this process's memory" in line]
+    assert len(refusals) == 1, r.stderr  # logged once, whatever the number of connections
+    assert "the kernel says pid" in refusals[0] and "INFO" in refusals[0]
+    st = stats(gw)
+    assert st["process_refusals"] >= 1 and st["processes"] == 0 and st["process_loads"] == 0, st
+
+
+def test_unmapped_address_fails_that_item_and_the_gateway_serves_on(card_gateway):
+    gw = card_gateway
+    keys = [b"bad@a", b"bad@b"]
+    store(gw, [k.decode() for k in keys])
+    c = ProcessClient(gw)
+    other = ProcessClient(gw)
+    try:
+        assert c.register() == (FEATURE_PROCESS_LOADS, "")
+        buf = ctypes.create_string_buffer(SIZE)
+        res = c.get(keys, [SIZE, SIZE], [1 << 47, ctypes.addressof(buf)])  # above user space on x86-64: never mapped
+        assert res[0][0] == 2 and b"not mapped writable" in res[0][1], res
+        assert res[1] == (0, b"")
+        assert buf.raw == payload("bad@b", SIZE)
+        # Read-only memory in the client: the same.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        ro = libc.mmap(None, SIZE, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        assert ro not in (None, ctypes.c_void_p(-1).value)
+        res = c.get(keys[:1], [SIZE], [ro])
+        assert res[0][0] == 2 and b"not mapped writable" in res[0][1], res
+        # The connection and the others go on.
+        buf2 = ctypes.create_string_buffer(SIZE)
+        assert c.get(keys[:1], [SIZE], [ctypes.addressof(buf2)]) == [(0, b"")]
+        assert buf2.raw == payload("bad@a", SIZE)
+        assert other.register()[0] == FEATURE_PROCESS_LOADS
+        buf3 = ctypes.create_string_buffer(SIZE)
+        assert other.get(keys[1:], [SIZE], [ctypes.addressof(buf3)]) == [(0, b"")]
+        assert buf3.raw == payload("bad@b", SIZE)
+    finally:
+        c.close()
+        other.close()
+    assert gw.proc.poll() is None
+
+
+def test_nothing_written_after_the_future_failed(monkeypatch):
+    """The gateway is slow before each object (ADP_TEST_SEGMENT_WRITE_DELAY_MS):
+    the load's deadline passes with objects still to write. Once the future has
+    failed, the buffers do not change again: the connector revoked the load
+    lease, and the gateway writes nothing under a revoked lease."""
+    d, gw = new_gateway(True, delay_ms=300, monkeypatch=monkeypatch)
+    keys = [f"late@{i}" for i in range(6)]
+    try:
+        store(gw, keys)
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+        outs = [bytearray(b"\x11" * SIZE) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert not ok and per_key == [False] * len(keys)
+        at_completion = [bytes(o) for o in outs]
+        assert at_completion[0] == payload(keys[0], SIZE), "the first object lands before the deadline"
+        assert at_completion[-1] == b"\x11" * SIZE
+        time.sleep(300 * len(keys) / 1000 + 0.5)  # the gateway would have written them all by now
+        assert [bytes(o) for o in outs] == at_completion, "bytes landed after the future failed"
+        assert 1 <= stats(gw)["process_loads"] < len(keys)
+        c.conn.close()
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_gateway_killed_mid_load_fails_the_future_at_once(monkeypatch):
+    """The gateway dies part way through a batch it writes into the client:
+    the future fails then, not at its deadline (20 s), nothing lands after it,
+    and once the gateway is back the connector loads through process memory
+    again."""
+    d, gw = new_gateway(True, delay_ms=300, monkeypatch=monkeypatch)
+    keys = [f"dies@{i}" for i in range(6)]
+    try:
+        store(gw, keys)
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        outs = [bytearray(SIZE) for _ in keys]
+        t0 = time.monotonic()
+        fid = c.conn.submit_batch_get(keys, [memoryview(o) for o in outs])
+        time.sleep(0.8)  # two objects in
+        gw.kill()
+        ok, err, per_key = c.wait(fid, timeout=15)
+        assert not ok and per_key == [False] * len(keys)
+        assert "timed out" not in err and time.monotonic() - t0 < 10, err
+        gw.start()
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = c.wait(c.conn.submit_batch_get(keys, [memoryview(o) for o in outs]), timeout=30)
+        assert ok and all(per_key)
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        assert stats(gw)["process_loads"] == len(keys)
+        c.conn.close()
+    finally:
+        if gw.proc:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def corrupt(card: str, key: str, at: int) -> None:
+    """Flips one byte of key's object, `at` bytes from its header block's start (payload from 4096)."""
+    with open(card, "r+b") as f:
+        image = f.read()
+        pos = image.find(key.encode())
+        assert pos > 0
+        f.seek(pos - pos % 4096 + at)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+
+
+@pytest.mark.parametrize("where", ["first piece", "last piece", "header"])
+def test_damaged_object_is_a_miss(card_gateway, where):
+    gw = card_gateway
+    keys = ["dmg@good", "dmg@bad"]
+    store(gw, keys)
+    corrupt(gw.card, keys[1], {"first piece": 4096 + 777, "last piece": 4096 + SIZE - 5, "header": 30}[where])
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+    try:
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert per_key == [True, False]
+        assert bytes(outs[0]) == payload(keys[0], SIZE)
+        st = stats(gw)
+        assert st["checksum_failures"] == 1 and st["process_loads"] == 1, st
+        if where == "header" or not gw.workdir.startswith("/dev/shm"):
+            # Checked before any byte went out (a header, or a staged object).
+            assert bytes(outs[1]) == bytes(SIZE)
+        assert c.exists(keys)[2] == [True, False], "a damaged object is dropped"
+    finally:
+        c.conn.close()
