@@ -9,7 +9,9 @@ size and worker count, on one card image:
              limit: what the kernel and the memory do with nothing else in the way)
   embedded   ADPConnector(card=image, num_workers=T, io_depth=T): submit_batch_set /
              submit_batch_get / drain_completions as LMCache's NativeConnectorL2Adapter drives them
-  gateway    the same through `lmcache-adp gateway --io-contexts T` over unix:// + shared ring
+  gateway    the same through `lmcache-adp gateway --io-contexts T` over unix://: loads through the
+             shared ring (whole or in pieces), written into this process's memory (process_vm_writev,
+             r5) or, with --l1 shm, into its /dev/shm pool (segments); --gateway-rows picks them
   clients    (--clients 1,2,4,8) P processes, each its own connector (--client-workers threads) on
              one gateway (and card) of their own, each phase --client-passes x --client-mb per
              process, --reps phases: aggregate store and load against P x one process, against the
@@ -435,13 +437,20 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
             gw = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": workers, "timeout_ms": 60000}
             gw["ring_mb"] = max(64, 2 * args.keys_per_worker * size // MIB)
             # The ring with loads copied out once the batch is in it (ring_pieces off, as before r4) beside
-            # the ring in pieces (r4); with shm buffers also loads straight into them (direct_loads).
-            variants = [("gateway unix+ring whole", False, False, "g"), ("gateway unix+ring", False, True, "p")]
-            if args.l1 == "shm":
-                variants.append(("gateway unix+segments", True, True, "s"))
-            for label, direct, pieces, tag in variants:
+            # the ring in pieces (r4); loads written straight into this process's memory (r5,
+            # process_memory); with shm buffers also loads straight into them (direct_loads, r3).
+            variants = {
+                "whole": ("gateway unix+ring whole", False, False, False, "g"),
+                "pieces": ("gateway unix+ring", False, True, False, "p"),
+                "process": ("gateway unix+process", False, True, True, "m"),
+                "segments": ("gateway unix+segments", True, True, False, "s"),
+            }
+            for name in args.gateway_rows.split(","):
+                if name == "segments" and args.l1 != "shm":
+                    continue
+                label, direct, pieces, process, tag = variants[name]
                 res = connector_rounds(
-                    {**gw, "direct_loads": direct, "ring_pieces": pieces},
+                    {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process},
                     src,
                     dst,
                     args.reps,
@@ -449,6 +458,11 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                     args.window,
                     tag,
                 )
+                loads = res.get("stats", {}).get("process_loads", 0)
+                if process and loads == 0:
+                    res["error"] = "no load went into process memory (refused: see the log)"
+                elif not process and loads:
+                    res["error"] = f"{loads} loads went into process memory in a ring row"
                 rows.append({**base, "row": label, **res})
                 print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
     if clients:
@@ -578,6 +592,12 @@ def main() -> None:
     ap.add_argument("--keys-per-worker", type=int, default=2, help="a batch holds workers x this many keys")
     ap.add_argument("--window", type=int, default=4, help="batches in flight (LMCache bench l2: 4)")
     ap.add_argument("--no-gateway", action="store_true")
+    ap.add_argument(
+        "--gateway-rows",
+        default="whole,pieces,process,segments",
+        help="gateway rows to run: whole (ring, copied out after the reply, r3), pieces (ring in pieces, r4), "
+        "process (written into this process's memory, r5), segments (--l1 shm only, r3)",
+    )
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)
     ap.add_argument("--client-mb", type=int, default=512, help="MiB of buffers (objects) of each client process")
