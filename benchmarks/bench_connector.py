@@ -459,10 +459,11 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                     tag,
                 )
                 loads = res.get("stats", {}).get("process_loads", 0)
-                if process and loads == 0:
-                    res["error"] = "no load went into process memory (refused: see the log)"
-                elif not process and loads:
-                    res["error"] = f"{loads} loads went into process memory in a ring row"
+                stores = res.get("stats", {}).get("process_stores", 0)
+                if process and (loads == 0 or stores == 0):
+                    res["error"] = "loads or stores did not go through process memory (refused: see the log)"
+                elif not process and (loads or stores):
+                    res["error"] = f"{loads} loads, {stores} stores went through process memory in a ring row"
                 rows.append({**base, "row": label, **res})
                 print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
     if clients:

@@ -77,7 +77,8 @@ PARAMS: dict[str, Param] = {
     "process_memory": Param(
         True,
         "unix gateway: the gateway writes loads straight into this process's memory with process_vm_writev "
-        "(protocol r5; needs ptrace permission, same uid and PID namespace: else the ring, logged once); "
+        "and reads stores from it with process_vm_readv (protocol r5; needs ptrace permission, same uid and "
+        "PID namespace: else the ring, logged once); "
         "false: the ring",
     ),
 }

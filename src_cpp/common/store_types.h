@@ -110,6 +110,9 @@ struct StoreStats {
   // Through a gateway (r5): objects it wrote straight into this process's
   // memory (the connector), or into its clients' (the gateway); 0 on a card.
   uint64_t process_loads = 0;
+  // Objects stored straight from this process's memory (the connector), or
+  // from its clients' (the gateway); 0 on a card.
+  uint64_t process_stores = 0;
   bool healthy = true;  // false while the card's most recent I/O failed
 };
 
@@ -143,6 +146,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("recovered_objects", st.recovered_objects);
   f("recovery_seconds", st.recovery_seconds);
   f("process_loads", st.process_loads);
+  f("process_stores", st.process_stores);
   f("healthy", st.healthy);
 }
 

@@ -142,8 +142,7 @@ Status ClientHandler::handshake() {
   // r5: process memory, only with the ring (its control page holds the
   // load lease); granted later by a registration that proves access.
   if (ring_) {
-    process_offered_ = hello.features & proto::kFeatureProcessLoads;
-    if (process_stores_supported_) process_offered_ |= hello.features & proto::kFeatureProcessStores;
+    process_offered_ = hello.features & proto::kFeatureProcessMemory;
     ok.features |= process_offered_;
   }
   if (segments_enabled_ || process_offered_) {
@@ -348,6 +347,32 @@ Status ClientHandler::load_into_process(IoContext& ctx, const proto::BatchItem& 
   return st;
 }
 
+Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint64_t offset, uint8_t* dst, size_t len) {
+  if (pr->revoked) return Status::TimedOut("the client gave up the store (lease revoked): not read");
+  if (!pr->gone.ok()) return pr->gone;
+  if (offset == 0) {
+    // Tests: slow before each object, outside the lease.
+    if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+    // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window).
+    if (!process_->alive()) {
+      pr->gone = Status::Closed("the client process is gone");
+      return pr->gone;
+    }
+  }
+  if (!pr->leased && !take_lease(pr->request_id)) {
+    pr->revoked = true;
+    return Status::TimedOut("the client gave up the store (lease revoked): not read");
+  }
+  Status s = process_->read(addr + offset, dst, len);
+  if (!pr->leased) give_lease(pr->request_id);
+  if (s.ok()) {
+    shared_->process_read_bytes.fetch_add(len, std::memory_order_relaxed);
+  } else if (s.code() == Status::Code::kClosed) {
+    pr->gone = s;
+  }
+  return s;
+}
+
 bool ClientHandler::take_lease(uint64_t request_id) {
   uint64_t* word = reinterpret_cast<uint64_t*>(ring_->data());
   uint64_t expected = proto::lease_word(request_id, proto::kLeaseOpen);
@@ -397,7 +422,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
     out += buf;
   };
   StoreStats with = st;
-  with.process_loads = shared.process_loads.load();  // the card's own count is 0
+  with.process_loads = shared.process_loads.load();  // the card's own counts are 0
+  with.process_stores = shared.process_stores.load();
   for_each_stat(with, field);
   field("clients", shared.clients.load());
   field("batches", shared.batches.load());
@@ -408,6 +434,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segment_loads", shared.segment_loads.load());
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
+  field("process_read_bytes", shared.process_read_bytes.load());
   field("processes", shared.processes.load());
   field("process_refusals", shared.process_refusals.load());
   out.back() = '}';
@@ -484,10 +511,22 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         // Items in a client's segments (r3) are read in place, each chunk
         // under the load lease: a chunk read after the client gave up is
         // never written, and one whose source shrank is never indexed.
+        // Items in the client's process memory (r5) are read with
+        // process_vm_readv straight into where the card store puts them
+        // (PutItem::fill), each piece under the lease: a piece the client
+        // gave up before is never read, and its chunk indexes nothing.
         std::vector<PutItem> items(n);
         bool in_segments = false;
+        ProcessRead pr{request_id};
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
+          if (it.segment == proto::kProcessSegment) {
+            items[i] = {it.key, nullptr, it.size,
+                        [this, &pr, addr = it.offset](uint8_t* dst, uint64_t off, size_t len) {
+                          return read_process(&pr, addr, off, dst, len);
+                        }};
+            continue;
+          }
           in_segments |= it.segment != 0;
           uint8_t* src = it.segment ? segments_[it.segment - 1]->data() : base;
           items[i] = {it.key, src + it.offset, it.size};
@@ -509,18 +548,23 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           }
           if (in_segments && test_segment_delay_ms_)
             std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-          if (in_segments && !take_lease(request_id)) {
+          if ((in_segments && !take_lease(request_id)) || pr.revoked) {
             for (; i < n; i++) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
             break;
           }
+          pr.leased = in_segments;  // the chunk's lease covers its process items' reads too
           store.put(**lease, items.data() + i, end - i, st.data() + i,
-                    [&] { return Clock::now() < deadline && intact(); });
+                    [&] { return Clock::now() < deadline && intact() && !pr.revoked && pr.gone.ok(); });
+          pr.leased = false;
           if (in_segments) give_lease(request_id);
           if (!intact())
             return Status::InvalidArgument("a segment shrank under a store (the client truncated its file)");
-          if (in_segments)
-            for (size_t k = i; k < end; k++)
-              if (st[k].ok()) shared_->segment_stores.fetch_add(1, std::memory_order_relaxed);
+          if (!pr.gone.ok()) return pr.gone;  // the client process exited: its connection ends
+          for (size_t k = i; k < end; k++) {
+            if (!st[k].ok() || !req.items[k].segment) continue;
+            (req.items[k].segment == proto::kProcessSegment ? shared_->process_stores : shared_->segment_stores)
+                .fetch_add(1, std::memory_order_relaxed);
+          }
           i = end;
         }
         break;

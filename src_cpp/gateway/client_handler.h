@@ -43,16 +43,18 @@ struct GatewayShared {
   std::atomic<uint32_t> tcp_clients{0};     // authenticated TCP connections
   std::atomic<uint64_t> refused{0};         // connections refused by a limit
   std::atomic<uint64_t> batches{0};
-  std::atomic<uint32_t> clients{0};            // connections past the handshake
-  std::atomic<uint64_t> ring_bytes_mapped{0};  // rings of the connected clients
-  std::atomic<uint64_t> ring_bytes_in_use{0};  // payload bytes of batches in progress in those rings
-  std::atomic<uint32_t> segments{0};           // client segments mapped (r3)
-  std::atomic<uint64_t> segment_loads{0};      // objects read straight into a client segment
-  std::atomic<uint64_t> segment_stores{0};     // objects stored straight from a client segment
-  std::atomic<uint64_t> ring_piece_loads{0};   // objects loaded into a ring in published pieces (r4)
-  std::atomic<uint32_t> processes{0};          // connections granted process memory (r5)
-  std::atomic<uint64_t> process_loads{0};      // objects written straight into a client's process memory (r5)
-  std::atomic<uint64_t> process_refusals{0};   // process registrations refused (r5)
+  std::atomic<uint32_t> clients{0};             // connections past the handshake
+  std::atomic<uint64_t> ring_bytes_mapped{0};   // rings of the connected clients
+  std::atomic<uint64_t> ring_bytes_in_use{0};   // payload bytes of batches in progress in those rings
+  std::atomic<uint32_t> segments{0};            // client segments mapped (r3)
+  std::atomic<uint64_t> segment_loads{0};       // objects read straight into a client segment
+  std::atomic<uint64_t> segment_stores{0};      // objects stored straight from a client segment
+  std::atomic<uint64_t> ring_piece_loads{0};    // objects loaded into a ring in published pieces (r4)
+  std::atomic<uint32_t> processes{0};           // connections granted process memory (r5)
+  std::atomic<uint64_t> process_loads{0};       // objects written straight into a client's process memory (r5)
+  std::atomic<uint64_t> process_stores{0};      // objects stored straight from a client's process memory (r5)
+  std::atomic<uint64_t> process_read_bytes{0};  // bytes read from clients' process memory for stores (r5)
+  std::atomic<uint64_t> process_refusals{0};    // process registrations refused (r5)
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -75,6 +77,17 @@ class ClientHandler {
   Status serve_register_process(const proto::Frame& frame);
   // r5: a get item in the client's process memory, written from the card
   // piece by piece, each under the load lease.
+  // r5: the reads of one put request from the client's process memory.
+  struct ProcessRead {
+    uint64_t request_id;
+    bool leased = false;   // the lease is held for the whole chunk (it has segment items too)
+    bool revoked = false;  // the client gave up: nothing more is read
+    Status gone;           // the client process exited
+  };
+  // A PutItem's fill: reads the bytes [offset, offset + len) of the object
+  // at addr in the client into dst, under the lease unless the chunk holds
+  // it; the client's liveness checked before each object.
+  Status read_process(ProcessRead* pr, uint64_t addr, uint64_t offset, uint8_t* dst, size_t len);
   Status load_into_process(IoContext& ctx, const proto::BatchItem& it, uint64_t request_id, bool* revoked);
   Status check_request_id(const proto::Frame& frame);
   Status run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
@@ -107,9 +120,6 @@ class ClientHandler {
   uint32_t process_granted_ = 0;
   bool process_registered_ = false;
   std::unique_ptr<proto::ProcessMemory> process_;
-  // Stores from process memory (feature bit 5) are offered only once the
-  // gateway's put path reads them (the pstore work turns this on).
-  bool process_stores_supported_ = false;
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.
   int test_segment_delay_ms_ = 0;

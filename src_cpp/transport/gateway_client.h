@@ -58,6 +58,8 @@ class GatewayClient {
   // Whether the gateway writes loads into this process's memory (r5:
   // offered in HelloOk and granted by the registration that followed).
   bool process_loads() const { return process_granted_ & proto::kFeatureProcessLoads; }
+  // Whether the gateway reads stores from this process's memory (r5, the same way).
+  bool process_stores() const { return process_granted_ & proto::kFeatureProcessStores; }
   uint32_t process_features() const { return process_granted_; }
   // Why process memory is not in use though this client asked for it
   // (empty: granted, not asked, or a gateway of r4 or older).

@@ -302,7 +302,7 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
   // A store's buffer may be read by others meanwhile: only the kernel's
   // read-only answer proves its mapping (no nonce written into it).
   const bool in_files = (put ? client_->segment_stores() : client_->segments()) && (!put || maps_.supported());
-  const bool in_process = !put && client_->process_loads();
+  const bool in_process = put ? client_->process_stores() : client_->process_loads();
   if (!in_files && !in_process) return false;
   std::vector<SegmentSpan> spans(n);
   for (size_t i = 0; i < n; i++) {
@@ -387,7 +387,8 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
   }
   for (size_t i = 0; i < n; i++) {
     const Status& st = s.ok() ? reply_.results[i].status : s;
-    if (process_items && !spans[i].file && st.ok()) backend_->process_loads_.fetch_add(1, std::memory_order_relaxed);
+    if (process_items && !spans[i].file && st.ok())
+      (put ? backend_->process_stores_ : backend_->process_loads_).fetch_add(1, std::memory_order_relaxed);
     finish(i, st);
   }
   return true;
@@ -651,8 +652,8 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
   }
   if (!c->process_refusal().empty() && !process_refusal_logged_.exchange(true))
     ADP_INFO(
-        "%s: the gateway does not write loads into this process's memory (%s): they go through the ring. "
-        "Logged once.",
+        "%s: the gateway does not write loads into this process's memory nor read stores from it (%s): they go "
+        "through the ring. Logged once.",
         describe().c_str(), log_safe(c->process_refusal()).c_str());
   if (link_.exchange(Link::kUp) != Link::kUp)
     ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
@@ -773,6 +774,7 @@ StoreStats RemoteBackend::stats() const {
   StoreStats s;
   counters_.copy_to(&s);
   s.process_loads = process_loads_.load(std::memory_order_relaxed);
+  s.process_stores = process_stores_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -54,10 +54,15 @@ def test_object_larger_than_ring_fails_clearly(gateway):
     from lmcache_adp import ADPConnector
     from tests.helpers import RawConnector
 
-    c = RawConnector(ADPConnector(gateway=gateway.unix_url, ring_mb=1))
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url, ring_mb=1, process_memory=False))
     ok, err, per_key = c.set(["big", "small"], [memoryview(bytes(2 << 20)), memoryview(b"x" * 10)])
     assert not ok and "larger than the ring (raise ring_mb)" in err
     assert per_key == [False, True]
+    c.conn.close()
+    # Read from the client's memory (r5), a store does not pass through the ring: no such bound.
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url, ring_mb=1))
+    ok, err, per_key = c.set(["big", "small"], [memoryview(bytes(2 << 20)), memoryview(b"x" * 10)])
+    assert ok and per_key == [True, True], err
     c.conn.close()
 
 

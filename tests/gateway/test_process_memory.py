@@ -169,7 +169,7 @@ def test_r4_client_is_offered_nothing_and_cannot_name_process_memory(card_gatewa
     # Offered, not registered: the same.
     asked = ProcessClient(gw)
     assert asked.features & FEATURE_PROCESS_LOADS
-    assert asked.features & FEATURE_PROCESS_STORES == 0, "stores from process memory are not granted yet"
+    assert asked.features & FEATURE_PROCESS_STORES == 0, "stores from process memory were not asked for"
     asked.send(wire.BATCH, wire.batch(wire.GET, [b"r4@a"], [SIZE], [ctypes.addressof(buf)], segments=[PROCESS_SEGMENT]))
     ftype, body = asked.recv()
     assert ftype == wire.ERROR and b"without that feature granted" in body
