@@ -73,10 +73,11 @@ def _remove_shm_pools() -> None:
             os.unlink(path)
 
 
-def aligned_buffers(n: int, size: int) -> list:
+def aligned_buffers(n: int, size: int, shm: bool | None = None) -> list:
     """n page-aligned buffers, touched so that no run pays first-touch faults: anonymous mappings, or
-    (ADP_BENCH_L1=shm, --l1 shm) slices of one /dev/shm file, as LMCache's L1 pool with --shm-name."""
-    if os.environ.get("ADP_BENCH_L1") == "shm":
+    (ADP_BENCH_L1=shm, --l1 shm, or shm=True) slices of one /dev/shm file, as LMCache's L1 pool with
+    --shm-name."""
+    if shm if shm is not None else os.environ.get("ADP_BENCH_L1") == "shm":
         path = f"/dev/shm/adp-bench-l1-{os.getpid()}-{len(_SHM_POOLS)}"
         if not _SHM_POOLS:
             atexit.register(_remove_shm_pools)
@@ -444,15 +445,25 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                 "pieces": ("gateway unix+ring", False, True, False, "p"),
                 "process": ("gateway unix+process", False, True, True, "m"),
                 "segments": ("gateway unix+segments", True, True, False, "s"),
+                "segments-shm": ("gateway unix+segments (own shm L1)", True, True, False, "s"),
             }
             for name in args.gateway_rows.split(","):
                 if name == "segments" and args.l1 != "shm":
                     continue
                 label, direct, pieces, process, tag = variants[name]
+                # segments-shm: with --l1 anon, this row alone loads into and stores from buffers in a
+                # /dev/shm file of its own (LMCache's L1 with --shm-name), beside the anonymous rows.
+                own = name == "segments-shm" and args.l1 != "shm"
+                row_src, row_dst = (
+                    (aligned_buffers(n, size, shm=True), aligned_buffers(n, size, shm=True)) if own else (src, dst)
+                )
+                if own:
+                    for a, b in zip(row_src, src, strict=True):
+                        a[:] = b
                 res = connector_rounds(
                     {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process},
-                    src,
-                    dst,
+                    row_src,
+                    row_dst,
                     args.reps,
                     batch,
                     args.window,
@@ -465,6 +476,11 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                 elif not process and (loads or stores):
                     res["error"] = f"{loads} loads, {stores} stores went through process memory in a ring row"
                 rows.append({**base, "row": label, **res})
+                if own:  # its two pools: unlinked now, freed once the row's views go
+                    del row_src, row_dst
+                    for path in (_SHM_POOLS.pop(), _SHM_POOLS.pop()):
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
                 print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
     if clients:
         run_client_counts(work, card, size, args, clients, src, dst, base, rows)
@@ -597,7 +613,8 @@ def main() -> None:
         "--gateway-rows",
         default="whole,pieces,process,segments",
         help="gateway rows to run: whole (ring, copied out after the reply, r3), pieces (ring in pieces, r4), "
-        "process (written into this process's memory, r5), segments (--l1 shm only, r3)",
+        "process (written into this process's memory, r5), segments (--l1 shm only, r3), segments-shm "
+        "(segments into buffers of a /dev/shm file of the row's own, beside --l1 anon rows)",
     )
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)
