@@ -322,10 +322,15 @@ Status ClientHandler::load_into_process(IoContext& ctx, const proto::BatchItem& 
                                         bool* revoked) {
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-  // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window).
+  // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
+  // checked before the object and before each of its pieces.
   if (!process_->alive()) return Status::Closed("the client process is gone");
   Status written;
   auto sink = [&](size_t done, const uint8_t* src, size_t len) {
+    if (!process_->alive()) {
+      written = Status::Closed("the client process is gone");
+      return false;
+    }
     if (!take_lease(request_id)) {
       *revoked = true;
       return false;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "protocol/process_memory.h"
 
+#include <linux/capability.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -34,6 +35,29 @@ int peer_pidfd(int sock, pid_t pid) {
   socklen_t len = sizeof fd;
   if (::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
   return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+// Drops CAP_SYS_PTRACE from the calling thread's effective set (capset on
+// pid 0 changes this thread's credentials only), once per thread. Then the
+// kernel judges each process_vm_readv/writev of this thread by the rules an
+// unprivileged ptracer of the gateway's uid meets: same uid, the target
+// dumpable (not a setuid exec), Yama's ptracer relation, and (a root
+// gateway) the target's permitted capabilities a subset of ours. Permitted
+// stays as it was, so a root client still passes that subset check.
+// False (errno set) if the drop failed: no transfer is then attempted.
+bool drop_ptrace_capability() {
+  thread_local bool dropped = false;
+  if (dropped) return true;
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return false;
+  constexpr unsigned kWord = CAP_SYS_PTRACE / 32, kBit = 1u << (CAP_SYS_PTRACE % 32);
+  if (data[kWord].effective & kBit) {
+    data[kWord].effective &= ~kBit;
+    if (::syscall(SYS_capset, &hdr, data) != 0) return false;
+  }
+  dropped = true;
+  return true;
 }
 
 }  // namespace
@@ -75,6 +99,12 @@ Status ProcessMemory::write(uint64_t addr, const void* src, size_t len) {
 Status ProcessMemory::read(uint64_t addr, void* dst, size_t len) { return transfer(false, addr, dst, len); }
 
 Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t len) {
+  // The kernel's unprivileged ptrace rules are the only authority over
+  // which process this thread may touch (docs/protocol.md, "What a hostile
+  // client can do"): never with CAP_SYS_PTRACE in effect.
+  if (!drop_ptrace_capability())
+    return Status::Unavailable("cannot drop CAP_SYS_PTRACE before touching pid " + std::to_string(pid_) + ": " +
+                               errno_text(errno));
   size_t done = 0;
   while (done < len) {
     iovec l{static_cast<uint8_t*>(local) + done, len - done};

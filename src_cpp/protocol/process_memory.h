@@ -15,6 +15,11 @@
 //     uid or a seccomp filter: refused).
 // A refusal is no protocol error: the connection keeps the ring.
 //
+// Every thread drops CAP_SYS_PTRACE from its effective capabilities before
+// its first transfer: the kernel's unprivileged ptrace rules decide, even in
+// a gateway that runs as root (a setuid process, another uid, a process
+// that did not name the gateway under Yama: EPERM, whatever pid it names).
+//
 // Transfers are all or nothing: a short transfer or EFAULT (an address not
 // mapped, or not writable, in the client) is an error of that transfer;
 // ESRCH, or a pidfd that says the process exited, means the client is gone.

@@ -381,3 +381,86 @@ def test_damaged_object_is_a_miss(card_gateway, where):
         assert c.exists(keys)[2] == [True, False], "a damaged object is dropped"
     finally:
         c.conn.close()
+
+
+PR_SET_DUMPABLE = 4
+NON_DUMPABLE_CHILD = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    from lmcache_adp import ADPConnector
+    from tests.helpers import RawConnector, payload
+    # As a process that exec'd a setuid binary is: not dumpable, so nothing
+    # that lacks CAP_SYS_PTRACE may read or write its memory.
+    assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0
+    url, size = sys.argv[1], int(sys.argv[2])
+    keys = ["nd@0", "nd@1"]
+    c = RawConnector(ADPConnector(gateway=url, num_workers=2, timeout_ms=20000))
+    outs = [bytearray(size) for _ in keys]
+    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+    good = ok and all(bytes(o) == payload(k, size) for o, k in zip(outs, keys))
+    print(json.dumps({"good": good, "process_loads": c.conn.stats()["process_loads"]}))
+    c.conn.close()
+    """
+)
+
+
+def test_non_dumpable_client_is_refused_even_by_a_root_gateway(card_gateway):
+    """The suite runs as root, so the gateway holds CAP_SYS_PTRACE; it drops it
+    from each thread's effective set before any process_vm_readv/writev. A
+    non-dumpable client (a setuid exec looks the same to the kernel) is then
+    refused with EPERM at registration, and loads through the ring."""
+    assert os.geteuid() == 0, "this test needs root: it shows that a root gateway gets EPERM from the kernel"
+    gw = card_gateway
+    store(gw, ["nd@0", "nd@1"])
+    r = subprocess.run(
+        [sys.executable, "-c", NON_DUMPABLE_CHILD, gw.unix_url, str(SIZE)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith('{"good": true, "process_loads": 0}'), r.stdout + r.stderr
+    refusals = [line for line in r.stderr.splitlines() if "does not write loads into this process's memory" in line]
+    assert len(refusals) == 1 and "no access to the memory" in refusals[0], r.stderr
+    st = stats(gw)
+    assert st["process_refusals"] >= 1 and st["processes"] == 0 and st["process_loads"] == 0, st
+
+
+def set_dumpable(on: bool) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_DUMPABLE, int(on), 0, 0, 0) == 0, ctypes.get_errno()
+
+
+def test_client_turned_non_dumpable_after_registering_gets_nothing_written(card_gateway):
+    """Registered while dumpable, then not dumpable (as after a setuid exec by
+    the same pid): its process loads fail as unavailable and not one byte is
+    written; the gateway serves the others."""
+    assert os.geteuid() == 0, "this test needs root: it shows that a root gateway gets EPERM from the kernel"
+    gw = card_gateway
+    keys = [b"nd@a", b"nd@b"]
+    store(gw, [k.decode() for k in keys])
+    c = ProcessClient(gw)
+    try:
+        assert c.register() == (FEATURE_PROCESS_LOADS, "")
+        bufs = [ctypes.create_string_buffer(b"\x33" * SIZE, SIZE) for _ in keys]
+        set_dumpable(False)
+        try:
+            res = c.get(keys, [SIZE, SIZE], [ctypes.addressof(b) for b in bufs])
+        finally:
+            set_dumpable(True)
+        assert [r[0] for r in res] == [9, 9] and b"no access to the memory" in res[0][1], res
+        assert [b.raw for b in bufs] == [b"\x33" * SIZE] * 2, "bytes landed in a process the gateway may not write"
+        st = stats(gw)
+        assert st["process_loads"] == 0, st
+        # Dumpable again: the same connection loads, and others are served all along.
+        assert c.get(keys[:1], [SIZE], [ctypes.addressof(bufs[0])]) == [(0, b"")]
+        assert bufs[0].raw == payload("nd@a", SIZE)
+        other = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        out = bytearray(SIZE)
+        assert other.get(["nd@b"], [memoryview(out)])[2] == [True]
+        assert bytes(out) == payload("nd@b", SIZE)
+        other.conn.close()
+    finally:
+        c.close()
+    assert gw.proc.poll() is None
