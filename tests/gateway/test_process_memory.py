@@ -57,9 +57,14 @@ def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str,
     return d, gw
 
 
-@pytest.fixture(params=["tmpfs", "disk"])
-def card_gateway(request):
-    d, gw = new_gateway(request.param == "tmpfs")
+@pytest.fixture(params=["tmpfs", "tmpfs-crc-beside", "disk"])
+def card_gateway(request, monkeypatch):
+    """tmpfs-crc-beside: the CRC of each extent computed on the I/O context's CRC thread while its
+    pieces go out (ADP_SINK_CRC_BESIDE=1, an A/B switch read once by the gateway)."""
+    if request.param == "tmpfs-crc-beside":
+        monkeypatch.setenv("ADP_SINK_CRC_BESIDE", "1")
+    d, gw = new_gateway(request.param != "disk")
+    monkeypatch.delenv("ADP_SINK_CRC_BESIDE", raising=False)
     yield gw
     if gw.proc:
         gw.kill()
