@@ -817,7 +817,7 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
 
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
                                       bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard,
-                                      const SinkFn* sink) {
+                                      const SinkFn* sink, std::string_view key) {
   uint64_t epoch;
   uint64_t fp = object_footprint(e.payload_bytes);
   std::vector<Extent> ext;
@@ -850,8 +850,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   uint32_t body_crc = 0;
   // Checks the header block in staging against e: empty if it is e's object
-  // (or, with *io set to NotFound, if it was deleted while we read), else
-  // the reason it is damaged.
+  // (or, with *io set to NotFound, if it was deleted while we read, or it is
+  // another key with the same 64-bit hash), else the reason it is damaged.
   auto check_header = [&]() -> std::string {
     const uint8_t* block = ctx.staging_.data();
     ObjectHeader hdr;
@@ -864,6 +864,11 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       return "header does not match the index";
     if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
       return "key does not match the index";
+    // The whole key, not only its hash (a 64-bit MurmurHash with a public
+    // seed: a colliding key can be crafted): another key's object is a miss
+    // before any of its bytes reaches the caller's buffer or sink.
+    if (!key.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key)
+      *io = Status::NotFound("another key with the same hash");
     return std::string();
   };
   std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
@@ -873,10 +878,10 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   } else if (mapped) {
     std::memcpy(ctx.staging_.data(), map + ext[0].at, kBlockSize);
     *io = Status::Ok();
-    // With a guard the header is checked first (a miss found there leaves
-    // payload_dst untouched) and the payload copied in pieces, each under it.
-    // With a sink, the same, each piece handed out from the mapping.
-    if (guard || sink) header_why = check_header(), header_checked = true;
+    // The header (and key) is checked first: a miss found there leaves
+    // payload_dst untouched. With a guard the payload is copied in pieces,
+    // each under it; with a sink, each piece handed out from the mapping.
+    header_why = check_header(), header_checked = true;
     uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload's bytes
     for (size_t k = 0; k < ext.size() && io->ok() && header_why.empty(); k++) {
       const Extent& x = ext[k];
@@ -1016,7 +1021,7 @@ Status CardStore::get_to_sink(IoContext& ctx, std::string_view key, const std::f
     return true;
   };
   Status io;
-  std::string bad = read_and_check(ctx, h, e, &io, true, nullptr, nullptr, device_->mapped() ? &counted : nullptr);
+  std::string bad = read_and_check(ctx, h, e, &io, true, nullptr, nullptr, device_->mapped() ? &counted : nullptr, key);
   bool other = false;
   if (io.ok() && bad.empty()) {
     ObjectHeader hdr;
@@ -1089,7 +1094,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   // Reads the object (the payload into dst when given), checks header and
   // key (and the payload CRC if asked); true if it is key's intact object.
   auto read = [&](uint8_t* dst, bool check_payload, const PieceGuardFn* guard = nullptr) {
-    bad = read_and_check(ctx, h, e, &io, check_payload, dst, guard);
+    bad = read_and_check(ctx, h, e, &io, check_payload, dst, guard, nullptr, key);
     if (!io.ok() || !bad.empty()) return false;
     ObjectHeader hdr;
     std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);

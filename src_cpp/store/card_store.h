@@ -262,9 +262,12 @@ class CardStore {
   // pieces of kGuardedPieceBytes; once it declines, *io is TimedOut.
   // With `sink` (mapped cards only, payload_dst null): the header is checked
   // first and each payload piece goes to the sink from the mapping, CRC'd.
+  // With `key`, the whole key is compared with the header's where the header
+  // is checked (before any payload byte on a mapped card and with a guard):
+  // another key is NotFound in *io, no damage.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
                              uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr,
-                             const SinkFn* sink = nullptr);
+                             const SinkFn* sink = nullptr, std::string_view key = {});
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

@@ -469,3 +469,84 @@ def test_client_turned_non_dumpable_after_registering_gets_nothing_written(card_
     finally:
         c.close()
     assert gw.proc.poll() is None
+
+
+def colliding_keys() -> tuple[str, str]:
+    """Two printable 16-byte keys with the same hash_key (MurmurHash64A with the
+    card's fixed seed, src_cpp/store/card_format.cc): each 8-byte block's mix is
+    invertible, so the second block of the other key is solved for."""
+    mask, m = (1 << 64) - 1, 0xC6A4A7935BD1E995
+    minv = pow(m, -1, 1 << 64)
+
+    def mix(k: int) -> int:
+        k = k * m & mask
+        k ^= k >> 47
+        return k * m & mask
+
+    def unmix(y: int) -> int:
+        x = y * minv & mask
+        x ^= x >> 47
+        return x * minv & mask
+
+    h0 = 0x41445043415244 ^ (16 * m & mask)
+    victim = b"collide@victim!!"
+    a1, a2 = struct.unpack("<QQ", victim)
+    h1a = (h0 ^ mix(a1)) * m & mask
+    rng = __import__("random").Random(7)
+    while True:
+        b1 = bytes(rng.randrange(0x21, 0x7F) for _ in range(8))
+        h1b = (h0 ^ mix(struct.unpack("<Q", b1)[0])) * m & mask
+        b2 = struct.pack("<Q", unmix(h1a ^ mix(a2) ^ h1b))
+        if all(0x21 <= c < 0x7F for c in b2):
+            return victim.decode(), (b1 + b2).decode()
+
+
+def test_colliding_key_leaves_the_buffer_untouched(card_gateway):
+    """A tenant crafts a key with the victim key's 64-bit hash and stores it
+    (it takes the victim's index entry). The victim's load then finds the other
+    key's object: a miss, and not one byte of it in the victim's buffer, through
+    process memory and through the ring in pieces (r4); the full key is compared
+    before the first piece."""
+    gw = card_gateway
+    victim, forged = colliding_keys()
+    store(gw, [victim])
+    store(gw, [forged])
+    c = ProcessClient(gw)
+    try:
+        assert c.register() == (FEATURE_PROCESS_LOADS, "")
+        buf = ctypes.create_string_buffer(b"\x77" * SIZE, SIZE)
+        res = c.get([victim.encode()], [SIZE], [ctypes.addressof(buf)])
+        assert res[0][0] == 1, res  # not found
+        assert buf.raw == b"\x77" * SIZE, "another key's bytes landed in the buffer (process memory)"
+        # The forged key itself loads (the hash did collide: it holds the entry).
+        assert c.get([forged.encode()], [SIZE], [ctypes.addressof(buf)]) == [(0, b"")]
+        assert buf.raw == payload(forged, SIZE)
+    finally:
+        c.close()
+
+
+def test_colliding_key_leaves_the_ring_untouched():
+    """The same through the ring in pieces (r4, memory-speed cards only; a disk
+    card reads a ring load whole and the client copies nothing of a miss): the
+    gateway publishes no byte of the other key's object into the ring, from
+    where the client would copy it out as it lands."""
+    d, gw = new_gateway(True)
+    victim, forged = colliding_keys()
+    store(gw, [victim])
+    store(gw, [forged])
+    c = ProcessClient(gw, features=FEATURE_RING | FEATURE_RING_PROGRESS)
+    assert c.features & FEATURE_RING_PROGRESS
+    try:
+        c.map[CONTROL : CONTROL + SIZE] = b"\x77" * SIZE
+        c.send(wire.BATCH, wire.batch(wire.GET, [victim.encode()], [SIZE], [CONTROL]))
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 1, body  # not found
+        assert c.map[CONTROL : CONTROL + SIZE] == b"\x77" * SIZE, "another key's bytes landed in the ring"
+        c.send(wire.BATCH, wire.batch(wire.GET, [forged.encode()], [SIZE], [CONTROL]))
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, body
+        assert c.map[CONTROL : CONTROL + SIZE] == payload(forged, SIZE)
+    finally:
+        c.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
