@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
-#include <cstdlib>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -61,19 +60,6 @@ uint64_t default_region_bytes(uint64_t data_bytes) {
 bool all_zero(const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
   return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
-}
-
-// Where a sink's CRC is computed (CardStore::get_to_sink on a mapped card):
-// before each piece goes out, in the caller's thread (the piece is then in
-// the cache the sink reads it from), or, with ADP_SINK_CRC_BESIDE=1, on the
-// IoContext's CRC thread over each extent while the pieces go out (a second
-// read of the bytes, on another core). Read once: an A/B switch.
-bool sink_crc_beside() {
-  static const bool beside = [] {
-    const char* v = std::getenv("ADP_SINK_CRC_BESIDE");
-    return v && std::string_view(v) == "1";
-  }();
-  return beside;
 }
 
 }  // namespace
@@ -888,9 +874,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       uint64_t from = std::min(skip, x.len);
       skip -= from;
       const uint64_t end = from + std::min(x.len - from, e.payload_bytes - done);
-      // A sink with the CRC beside it (sink_crc_beside()): this IoContext's
+      // A sink with the CRC beside it (set_sink_crc_beside): this IoContext's
       // CRC thread checksums the extent's payload while the pieces go out.
-      const bool beside = sink && check_payload && sink_crc_beside() && end > from;
+      const bool beside = sink && check_payload && sink_crc_beside_.load(std::memory_order_relaxed) && end > from;
       if (beside) ctx.crc_.start(map + x.at + from, end - from, body_crc);
       while (from < end) {
         const uint64_t len = guard || sink ? std::min<uint64_t>(end - from, kPieceBytes) : end - from;

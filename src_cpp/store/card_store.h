@@ -125,6 +125,14 @@ class CardStore {
   // piece. Once sink declines, the load stops and fails as TimedOut.
   Status get_to_sink(IoContext& ctx, std::string_view key, const std::function<bool(size_t size)>& accept,
                      const SinkFn& sink);
+  // Where get_to_sink computes the CRC on a mapped card: false (default)
+  // before each piece goes out, in the caller's thread (the piece is then in
+  // the cache the sink reads it from); true on the IoContext's CRC thread
+  // over each extent while the pieces go out (a second read of the bytes, on
+  // another core: faster where cores are spare, slower where memory is the
+  // limit; benchmarks/README.md, "loads into the client's process memory").
+  void set_sink_crc_beside(bool beside) { sink_crc_beside_.store(beside, std::memory_order_relaxed); }
+  bool sink_crc_beside() const { return sink_crc_beside_.load(std::memory_order_relaxed); }
   // True if the card is memory (an image file on tmpfs or ramfs): a read
   // takes a memcpy's time, bounded by the object size.
   bool memory_speed() const { return device_->memory_backed(); }
@@ -328,7 +336,8 @@ class CardStore {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
     std::atomic<uint64_t> media_errors{0};
   } counters_;
-  std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
+  std::atomic<bool> oversize_logged_{false};
+  std::atomic<bool> sink_crc_beside_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
 };

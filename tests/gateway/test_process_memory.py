@@ -59,10 +59,10 @@ def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str,
 
 @pytest.fixture(params=["tmpfs", "tmpfs-crc-beside", "disk"])
 def card_gateway(request, monkeypatch):
-    """tmpfs-crc-beside: the CRC of each extent computed on the I/O context's CRC thread while its
-    pieces go out (ADP_SINK_CRC_BESIDE=1, an A/B switch read once by the gateway)."""
-    if request.param == "tmpfs-crc-beside":
-        monkeypatch.setenv("ADP_SINK_CRC_BESIDE", "1")
+    """tmpfs: the CRC of each piece before it goes out; tmpfs-crc-beside: the CRC of each extent on
+    the I/O context's CRC thread while its pieces go out. Pinned with ADP_SINK_CRC_BESIDE (the
+    gateway otherwise chooses by its I/O contexts and the host's CPUs)."""
+    monkeypatch.setenv("ADP_SINK_CRC_BESIDE", "1" if request.param == "tmpfs-crc-beside" else "0")
     d, gw = new_gateway(request.param != "disk")
     monkeypatch.delenv("ADP_SINK_CRC_BESIDE", raising=False)
     yield gw
