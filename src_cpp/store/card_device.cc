@@ -120,15 +120,20 @@ void CardDevice::prefault_extents() {
   while (!stop_prefault_.load(std::memory_order_relaxed) && static_cast<uint64_t>(at) < size_) {
     // tmpfs reports extents in whole pages; ENXIO: no data past `at`.
     off_t data = ::lseek(fd_, at, SEEK_DATA);
-    if (data < 0) break;
-    off_t hole = ::lseek(fd_, data, SEEK_HOLE);
-    if (hole < 0) break;
+    off_t hole = data < 0 ? -1 : ::lseek(fd_, data, SEEK_HOLE);
+    if (data < 0 && errno == ENXIO) break;
+    if (hole < 0) {
+      ADP_WARN("card %s: cannot find its written extents past offset %llu: %s", path_.c_str(),
+               static_cast<unsigned long long>(at), errno_text(errno).c_str());
+      return;
+    }
     const uint64_t end = std::min<uint64_t>(static_cast<uint64_t>(hole), size_);
     for (uint64_t p = static_cast<uint64_t>(data); p < end; p += kPrefaultStepBytes) {
       if (stop_prefault_.load(std::memory_order_relaxed)) return;
       const size_t n = static_cast<size_t>(std::min(kPrefaultStepBytes, end - p));
-      // A read fault on a written tmpfs page maps it (writable: tmpfs asks
-      // for no write notification) and allocates nothing.
+      // A read fault on a written tmpfs page maps it, writable (tmpfs asks
+      // for no write notification: later stores into it take no fault
+      // either), and allocates nothing.
       int rc;
       do rc = ::madvise(map_ + p, n, MADV_POPULATE_READ);
       while (rc != 0 && errno == EINTR);
