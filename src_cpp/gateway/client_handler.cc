@@ -21,6 +21,11 @@ namespace {
 
 using proto::Clock;
 
+namespace {
+// ADP_TEST_PROCESS_WRITE_STALL_MS: taken by the first process write that stalls.
+std::atomic<bool> g_process_stall_taken{false};
+}  // namespace
+
 unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
 
 bool fits(uint64_t offset, uint64_t len, uint64_t area) { return offset <= area && len <= area - offset; }
@@ -147,6 +152,7 @@ Status ClientHandler::handshake() {
   }
   if (segments_enabled_ || process_offered_) {
     if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
+    if (const char* d = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_MS")) test_process_stall_ms_ = std::atoi(d);
   }
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
@@ -318,7 +324,7 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
                             Clock::now() + proto::kFrameTimeout);
 }
 
-Status ClientHandler::load_into_process(IoContext& ctx, const proto::BatchItem& it, uint64_t request_id,
+Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline,
                                         bool* revoked) {
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
@@ -331,6 +337,8 @@ Status ClientHandler::load_into_process(IoContext& ctx, const proto::BatchItem& 
       written = Status::Closed("the client process is gone");
       return false;
     }
+    if (test_process_stall_ms_ && !g_process_stall_taken.exchange(true))
+      std::this_thread::sleep_for(std::chrono::milliseconds(test_process_stall_ms_));
     if (!take_lease(request_id)) {
       *revoked = true;
       return false;
@@ -345,7 +353,15 @@ Status ClientHandler::load_into_process(IoContext& ctx, const proto::BatchItem& 
                      log_safe(it.key).c_str(), size, ull(it.size));
     return false;
   };
-  Status st = shared_->store->get_to_sink(ctx, it.key, accept, sink);
+  // An IoContext only for a read from a card that is not memory-speed (or
+  // a damaged object's tombstone), given back before any piece goes out.
+  auto with_ctx = [&](const std::function<void(IoContext&)>& fn) {
+    auto lease = shared_->pool->acquire(deadline);
+    if (!lease) return false;
+    fn(**lease);
+    return true;
+  };
+  Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, &bounce_, &hold_, sink);
   if (!written.ok()) return written;
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
@@ -503,8 +519,16 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
   // it is not indexed (put) or not done (get), as the client has given up.
   const auto deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
   std::vector<Status> st(n);
-  auto lease = req.op == proto::Op::kExists ? nullptr : shared_->pool->acquire(deadline);
-  if (!lease && req.op != proto::Op::kExists) {
+  // A get whose items all lie in the client's process memory takes no
+  // IoContext for the batch (load_into_process leases one only to read a
+  // disk card, never while it writes into the client); in a mixed get the
+  // batch's context is given back before a process item and taken again
+  // for the next other item.
+  bool all_process = req.op == proto::Op::kGet;
+  for (const auto& it : req.items) all_process &= it.segment == proto::kProcessSegment;
+  const bool no_ctx = req.op == proto::Op::kExists || all_process;
+  auto lease = no_ctx ? nullptr : shared_->pool->acquire(deadline);
+  if (!lease && !no_ctx) {
     for (size_t i = 0; i < n; i++) st[i] = Status::TimedOut("no I/O context came free before the deadline");
   } else {
     CardStore& store = *shared_->store;
@@ -583,12 +607,18 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             continue;
           }
           if (it.segment == proto::kProcessSegment) {
-            // r5: from the card straight into the client's memory, no
-            // bounce copy here (staged first only on a card that is not
-            // memory-speed). A client gone ends the connection; an address
-            // it does not have fails that item alone.
-            st[i] = load_into_process(**lease, it, request_id, &revoked);
+            // r5: from the card into the client's memory through this
+            // connection's bounce buffer, holding nothing shared while it
+            // writes. A client gone ends the connection; an address it does
+            // not have fails that item alone.
+            lease.reset();
+            st[i] = load_into_process(it, request_id, deadline, &revoked);
             if (st[i].code() == Status::Code::kClosed) return st[i];
+            continue;
+          }
+          if (!lease) lease = shared_->pool->acquire(deadline);
+          if (!lease) {
+            st[i] = Status::TimedOut("no I/O context came free before the deadline");
             continue;
           }
           if (it.segment) {

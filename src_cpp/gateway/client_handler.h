@@ -88,7 +88,10 @@ class ClientHandler {
   // at addr in the client into dst, under the lease unless the chunk holds
   // it; the client's liveness checked before each object.
   Status read_process(ProcessRead* pr, uint64_t addr, uint64_t offset, uint8_t* dst, size_t len);
-  Status load_into_process(IoContext& ctx, const proto::BatchItem& it, uint64_t request_id, bool* revoked);
+  // Holds no IoContext and no card pin while it writes into the client
+  // (CardStore::get_via_bounce): a client whose memory stalls the write
+  // stalls only its own connection.
+  Status load_into_process(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline, bool* revoked);
   Status check_request_id(const proto::Frame& frame);
   Status run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
                    std::vector<uint8_t>* payload);
@@ -120,12 +123,19 @@ class ClientHandler {
   uint32_t process_granted_ = 0;
   bool process_registered_ = false;
   std::unique_ptr<proto::ProcessMemory> process_;
+  // r5 loads: the piece being written (1 MiB, allocated once) and, from a
+  // card that is not memory-speed, the object read into staging.
+  AlignedBuffer bounce_, hold_;
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.
   int test_segment_delay_ms_ = 0;
   // Tests only (ADP_TEST_RING_PIECE_DELAY_MS): a pause before each piece of
   // a get read into the ring in pieces (r4), as a slow card would take.
   int test_piece_delay_ms_ = 0;
+  // Tests only (ADP_TEST_PROCESS_WRITE_STALL_MS): the first process write of
+  // the gateway (one connection, once) waits this long, as a write into a
+  // client's memory that a FUSE file or userfaultfd it never serves stalls.
+  int test_process_stall_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool handshake_done_ = false;

@@ -801,6 +801,26 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
+std::string CardStore::check_object_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
+                                           std::string_view key, Status* io) const {
+  ObjectHeader hdr;
+  if (!decode_object_header(block, card_id_, epoch, &hdr)) return "header damaged";
+  if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
+    *io = Status::NotFound("deleted meanwhile");
+    return std::string();
+  }
+  if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
+    return "header does not match the index";
+  if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
+    return "key does not match the index";
+  // The whole key, not only its hash (a 64-bit MurmurHash with a public
+  // seed: a colliding key can be crafted): another key's object is a miss
+  // before any of its bytes reaches the caller's buffer or sink.
+  if (!key.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key)
+    *io = Status::NotFound("another key with the same hash");
+  return std::string();
+}
+
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
                                       bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard,
                                       const SinkFn* sink, std::string_view key) {
@@ -839,23 +859,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // (or, with *io set to NotFound, if it was deleted while we read, or it is
   // another key with the same 64-bit hash), else the reason it is damaged.
   auto check_header = [&]() -> std::string {
-    const uint8_t* block = ctx.staging_.data();
-    ObjectHeader hdr;
-    if (!decode_object_header(block, card_id_, epoch, &hdr)) return "header damaged";
-    if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
-      *io = Status::NotFound("deleted meanwhile");
-      return std::string();
-    }
-    if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
-      return "header does not match the index";
-    if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
-      return "key does not match the index";
-    // The whole key, not only its hash (a 64-bit MurmurHash with a public
-    // seed: a colliding key can be crafted): another key's object is a miss
-    // before any of its bytes reaches the caller's buffer or sink.
-    if (!key.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key)
-      *io = Status::NotFound("another key with the same hash");
-    return std::string();
+    return check_object_header(ctx.staging_.data(), hash, e, epoch, key, io);
   };
   std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
   bool header_checked = false;
@@ -1037,6 +1041,145 @@ Status CardStore::get_to_sink(IoContext& ctx, std::string_view key, const std::f
   if (other) {
     counters_.misses++;
     return Status::NotFound();
+  }
+  counters_.hits++;
+  return Status::Ok();
+}
+
+Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
+                                 const WithContextFn& with_ctx, AlignedBuffer* bounce, AlignedBuffer* hold,
+                                 const SinkFn& sink) {
+  Status ks = check_key(key);
+  if (!ks.ok()) return ks;
+  const uint64_t h = hash_key(key);
+  IndexEntry e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(h);
+    if (it == index_.end()) {
+      counters_.misses++;
+      return Status::NotFound();
+    }
+    e = it->second;
+  }
+  if (!accept(e.payload_bytes)) {
+    counters_.misses++;
+    return Status::NotFound("not delivered");
+  }
+  const uint64_t fp = object_footprint(e.payload_bytes);
+  const uint8_t* map = device_->mapped();
+  Status io;
+  std::string bad;  // why the object is damaged (it is then dropped)
+  auto drop = [&] {
+    counters_.misses++;
+    ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped, served as a miss", e.region,
+             uint64_t(e.block) * kBlockSize, path().c_str(), bad.c_str());
+    // Under a context of its own (the tombstone's write); none free: the
+    // next load of the object finds it damaged again.
+    with_ctx([&](IoContext& ctx) {
+      ctx.store_ = this;
+      drop_damaged(ctx, h, e);
+    });
+    return Status::NotFound();
+  };
+  // A memory-speed card: each piece copied from the mapping into the bounce
+  // buffer under pins taken only for that copy, after checking that e is
+  // still the entry of h with its regions of the epochs first seen.
+  std::vector<Extent> ext;
+  std::vector<uint32_t> regs;
+  std::vector<uint64_t> epochs;
+  uint64_t epoch = 0;  // e.region's
+  auto pin = [&]() -> bool {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(h);
+    std::vector<Extent> x;
+    std::vector<uint32_t> rs;
+    if (it == index_.end() || it->second.seq != e.seq ||
+        !extents_locked(e.region, uint64_t(e.block) * kBlockSize, fp, &x, &rs))
+      return false;
+    if (epochs.empty()) {
+      ext = std::move(x);
+      regs = std::move(rs);
+      for (uint32_t r : regs) epochs.push_back(regions_[r].epoch);
+      epoch = regions_[e.region].epoch;
+      regions_.touch(e.region);
+    } else {
+      if (rs != regs) return false;
+      for (size_t i = 0; i < regs.size(); i++)
+        if (regions_[regs[i]].epoch != epochs[i]) return false;
+    }
+    for (uint32_t r : regs) regions_.pin(r);
+    return true;
+  };
+  auto unpin_all = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t r : regs)
+      if (regions_.unpin(r)) unpinned_.notify_all();
+  };
+  if (!bounce->reserve(kPieceBytes)) return Status::IoError("out of memory for a bounce buffer");
+  bool mapped = false;
+  if (map) {
+    if (!pin()) {
+      counters_.misses++;
+      return Status::NotFound("evicted, replaced or deleted meanwhile");
+    }
+    mapped = ext.back().at + ext.back().len <= device_->size();
+    if (mapped) std::memcpy(bounce->data(), map + ext[0].at, kBlockSize);
+    unpin_all();
+  }
+  if (mapped) {
+    ObjectHeader hdr;
+    std::memcpy(&hdr, bounce->data(), sizeof hdr);
+    bad = check_object_header(bounce->data(), h, e, epoch, key, &io);
+    uint32_t crc = 0;
+    uint64_t skip = kBlockSize, done = 0;
+    for (size_t k = 0; k < ext.size() && io.ok() && bad.empty(); k++) {
+      const Extent& x = ext[k];
+      uint64_t from = std::min(skip, x.len);
+      skip -= from;
+      const uint64_t end = from + std::min(x.len - from, e.payload_bytes - done);
+      while (from < end && io.ok()) {
+        const uint64_t len = std::min<uint64_t>(end - from, kPieceBytes);
+        if (!pin()) {  // the pieces sent so far were this object's
+          io = Status::NotFound("evicted, replaced or deleted while its pieces went out");
+          break;
+        }
+        crc = crc32c_copy_extend(crc, bounce->data(), map + x.at + from, len);
+        unpin_all();
+        if (!sink(done, bounce->data(), len)) io = Status::TimedOut("the load was stopped while its pieces went out");
+        from += len;
+        done += len;
+      }
+    }
+    if (!io.ok()) {
+      if (io.is_not_found()) counters_.misses++;
+      return io;
+    }
+    if (bad.empty() && crc != hdr.payload_crc) bad = "payload checksum mismatch";
+    if (!bad.empty()) return drop();
+    counters_.bytes_read += fp;
+    counters_.hits++;
+    return Status::Ok();
+  }
+  // Any other card: read and checked whole in a context's staging, which
+  // then trades places with `hold`, so the context goes back before the
+  // first piece goes out.
+  const bool got = with_ctx([&](IoContext& ctx) {
+    ctx.store_ = this;
+    bad = read_and_check(ctx, h, e, &io, true, nullptr, nullptr, nullptr, key);
+    if (io.ok() && bad.empty()) ctx.staging_.swap(*hold);
+  });
+  if (!got) return Status::TimedOut("no I/O context came free before the deadline");
+  if (!io.ok()) {
+    if (io.is_not_found()) counters_.misses++;
+    return io;
+  }
+  if (!bad.empty()) return drop();
+  for (uint64_t done = 0; done < e.payload_bytes;) {
+    const size_t len = std::min<uint64_t>(e.payload_bytes - done, kPieceBytes);
+    if (!sink(done, hold->data() + kBlockSize + done, len))
+      return Status::TimedOut("the load was stopped while its pieces went out");
+    done += len;
   }
   counters_.hits++;
   return Status::Ok();

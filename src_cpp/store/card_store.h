@@ -133,6 +133,23 @@ class CardStore {
   // limit; benchmarks/README.md, "loads into the client's process memory").
   void set_sink_crc_beside(bool beside) { sink_crc_beside_.store(beside, std::memory_order_relaxed); }
   bool sink_crc_beside() const { return sink_crc_beside_.load(std::memory_order_relaxed); }
+  // Protocol r5 loads: hands key's payload to sink in pieces of at most
+  // 1 MiB, each first copied into `bounce` (the caller's, reused) and handed
+  // out from there, so that while sink runs (a process_vm_writev that a
+  // hostile client can stall) this load holds nothing of the store: no
+  // region pinned, no IoContext. with_ctx(fn) runs fn with a leased
+  // IoContext (false: none came free). A memory-speed card: header and whole
+  // key checked first; then for each piece the entry is checked (same seq,
+  // its regions of the epochs first seen) and its regions pinned only for
+  // the copy, its CRC fused; an entry found changed between pieces ends the
+  // load NotFound (the pieces sent were that object's); the CRC's verdict
+  // comes after the last piece (damaged: dropped, NotFound). Other cards:
+  // under with_ctx the object is read and checked whole in the context's
+  // staging, which then trades places with `hold` (the caller's), so the
+  // context goes back before the first piece goes out.
+  using WithContextFn = std::function<bool(const std::function<void(IoContext&)>&)>;
+  Status get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
+                        const WithContextFn& with_ctx, AlignedBuffer* bounce, AlignedBuffer* hold, const SinkFn& sink);
   // True if the card is memory (an image file on tmpfs or ramfs): a read
   // takes a memcpy's time, bounded by the object size.
   bool memory_speed() const { return device_->memory_backed(); }
@@ -276,6 +293,12 @@ class CardStore {
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
                              uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr,
                              const SinkFn* sink = nullptr, std::string_view key = {});
+  // Checks an object's header block against e (region epoch `epoch`): empty
+  // if it is e's object (or, with *io set to NotFound, if it was deleted
+  // meanwhile, or it is another key than a non-empty `key` with the same
+  // hash), else the reason it is damaged.
+  std::string check_object_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
+                                  std::string_view key, Status* io) const;
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

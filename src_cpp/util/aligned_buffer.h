@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace adp {
 
@@ -21,6 +22,11 @@ class AlignedBuffer {
   bool reserve(size_t n);
   uint8_t* data() const { return data_; }
   size_t capacity() const { return cap_; }
+  // Trades memory with o (no copy).
+  void swap(AlignedBuffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(cap_, o.cap_);
+  }
 
  private:
   uint8_t* data_ = nullptr;

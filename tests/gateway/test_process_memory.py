@@ -550,3 +550,52 @@ def test_colliding_key_leaves_the_ring_untouched():
         c.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_stalled_process_write_holds_nothing_shared(monkeypatch):
+    """One client's memory stalls the gateway's write into it (as a load buffer
+    on a FUSE file it never serves would: ADP_TEST_PROCESS_WRITE_STALL_MS blocks
+    the first process write for 8 s). With a pool of one I/O context, a second
+    client stores and loads through the same gateway meanwhile, within its own
+    3 s deadline, and eviction reclaims the region the stalled load was reading:
+    the stalled connection holds no I/O context and no pin while it writes. Its
+    load then ends at the next piece (the entry changed), a miss, having written
+    only the piece it had copied, which was that object's."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", "8000")
+    gw = Gateway(d, card_size_gb=0.0625, extra=("--io-contexts", "1")).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_MS")
+    a = ProcessClient(gw)
+    try:
+        store(gw, ["stall@a"])
+        assert a.register() == (FEATURE_PROCESS_LOADS, "")
+        buf = ctypes.create_string_buffer(b"\x77" * SIZE, SIZE)
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        batch = wire.batch(
+            wire.GET, [b"stall@a"], [SIZE], [ctypes.addressof(buf)], timeout_ms=60000, segments=[PROCESS_SEGMENT]
+        )
+        a.send(wire.BATCH, batch)
+        time.sleep(1.0)  # the gateway is in the stalled write
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+        big = 4 * MIB
+        keys = [f"stall@b{i}" for i in range(40)]  # 160 MiB through a 64 MiB card
+        for i in range(0, len(keys), 4):
+            ok, err, _ = b.set(keys[i : i + 4], [memoryview(payload(k, big)) for k in keys[i : i + 4]])
+            assert ok, f"a store waited on the stalled connection: {err}"
+        outs = [bytearray(big) for _ in range(4)]
+        ok, err, per_key = b.get(keys[-4:], [memoryview(o) for o in outs])
+        assert ok and all(per_key), err
+        assert [bytes(o) for o in outs] == [payload(k, big) for k in keys[-4:]]
+        assert b.exists(["stall@a"])[2] == [False], "the stalled load's region was not reclaimed"
+        assert stats(gw)["evicted_regions"] >= 1
+        b.conn.close()
+        ftype, body = a.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 1, body  # a miss: evicted between its pieces
+        # Its first piece (up to a region's end here: 1 MiB regions) landed, nothing after it.
+        got, want = buf.raw, payload("stall@a", SIZE)
+        written = next(i for i in range(SIZE) if got[i] != want[i])
+        assert 0 < written <= MIB and got[written:] == b"\x77" * (SIZE - written), written
+    finally:
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
