@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 
 namespace adp {
@@ -76,10 +77,23 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   return process_offered_ ? register_process(deadline) : Status::Ok();
 }
 
+namespace {
+// The gateway this process named with PR_SET_PTRACER (0: none yet). The
+// kernel keeps one per process: never overwritten, never cleared (another
+// connection to that gateway may still need it).
+std::mutex g_ptracer_mu;
+pid_t g_ptracer = 0;
+}  // namespace
+
+void GatewayClient::withdraw_process(const std::string& why) {
+  process_granted_ = 0;
+  process_refusal_ = why;
+}
+
 Status GatewayClient::register_process(proto::Deadline deadline) {
   // Yama (kernel.yama.ptrace_scope): 0 lets a process of the same uid read
   // and write this one; 1 only a process this one named (one per process:
-  // every connection names the same gateway); 2 and 3 no one: the ring.
+  // the first gateway named keeps it, see g_ptracer); 2 and 3 no one: the ring.
   int scope = 0;
   std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
   if (scope >= 2) {
@@ -92,9 +106,21 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
       process_refusal_ = "Yama ptrace_scope is 1 and the gateway's pid is not visible here (another PID namespace)";
       return Status::Ok();
     }
-    if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(peer_pid_), 0, 0, 0) != 0) {
-      process_refusal_ = "prctl(PR_SET_PTRACER) failed: " + errno_text(errno);
+    // One ptracer per process, so one record per process: named once, by
+    // the first connection that needs it; a connection to another gateway
+    // then keeps the ring instead of taking the grant from the first.
+    std::lock_guard<std::mutex> l(g_ptracer_mu);
+    if (g_ptracer != 0 && g_ptracer != peer_pid_) {
+      process_refusal_ = "Yama ptrace_scope is 1 and this process already names gateway pid " +
+                         std::to_string(g_ptracer) + " with PR_SET_PTRACER (one per process)";
       return Status::Ok();
+    }
+    if (g_ptracer == 0) {
+      if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(peer_pid_), 0, 0, 0) != 0) {
+        process_refusal_ = "prctl(PR_SET_PTRACER) failed: " + errno_text(errno);
+        return Status::Ok();
+      }
+      g_ptracer = peer_pid_;
     }
   }
   std::random_device rd;

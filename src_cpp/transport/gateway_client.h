@@ -64,6 +64,9 @@ class GatewayClient {
   // Why process memory is not in use though this client asked for it
   // (empty: granted, not asked, or a gateway of r4 or older).
   const std::string& process_refusal() const { return process_refusal_; }
+  // The gateway lost access to this process (EPERM on a process item): this
+  // connection uses the ring from now on.
+  void withdraw_process(const std::string& why);
   // Whether the ring starts with its control page (r3 segments, r4, r5).
   bool control_page() const { return segments_ || ring_progress_ || process_offered_; }
   // The request id the next call() will carry (the load lease names it).

@@ -380,6 +380,22 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     for (size_t i = 0; i < n && s.ok(); i++)
       if (reply_.results[i].status.ok() && reply_.results[i].size != sizes[i])
         s = Status::InvalidArgument("gateway reply disagrees with the request");
+  if (s.ok() && process_items) {
+    // EPERM on a process item (this process turned non-dumpable, changed
+    // its credentials or its Yama ptracer): the gateway may no longer touch
+    // this process. The grant is withdrawn for this connection and the whole
+    // batch goes through the ring instead of failing (a load rewrites the
+    // same bytes; a store overwrites its own object).
+    for (size_t i = 0; i < n; i++) {
+      const Status& st = reply_.results[i].status;
+      if (spans[i].file || st.code() != Status::Code::kUnavailable) continue;
+      client_->withdraw_process("the gateway lost access to this process's memory: " + st.message());
+      if (!backend_->process_withdrawn_logged_.exchange(true))
+        ADP_INFO("%s: %s; this connection goes through the ring from now on. Logged once.",
+                 backend_->describe().c_str(), log_safe(client_->process_refusal()).c_str());
+      return false;
+    }
+  }
   if (!s.ok() && wanted) lose(s);
   if (!s.ok() && wanted && retry && idle && !sent && s.code() == Status::Code::kClosed) {
     *retry = true;

@@ -76,6 +76,7 @@ class RemoteBackend : public Backend {
   std::atomic<uint64_t> process_loads_{0};   // objects the gateway wrote into this process's memory (r5)
   std::atomic<uint64_t> process_stores_{0};  // objects the gateway stored from this process's memory (r5)
   std::atomic<bool> process_refusal_logged_{false};
+  std::atomic<bool> process_withdrawn_logged_{false};  // a grant withdrawn after EPERM, logged once
   struct MappedRange {
     uintptr_t hi;
     uint64_t file_offset;

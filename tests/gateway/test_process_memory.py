@@ -599,3 +599,34 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch):
         a.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_connector_withdraws_the_grant_on_eperm_and_loads_through_the_ring(card_gateway, capfd):
+    """A connector whose process turns non-dumpable after registering: the
+    gateway answers its process items EPERM (unavailable); the connector
+    withdraws the grant for that connection, logs it once, and the same loads
+    go through the ring and succeed instead of failing."""
+    assert os.geteuid() == 0, "this test needs root: it shows that a root gateway gets EPERM from the kernel"
+    gw = card_gateway
+    keys = [f"wd@{i}" for i in range(4)]
+    store(gw, keys)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+    try:
+        outs = [bytearray(SIZE) for _ in keys]
+        assert c.get(keys[:2], [memoryview(o) for o in outs[:2]])[2] == [True, True]
+        assert c.conn.stats()["process_loads"] == 2
+        set_dumpable(False)
+        try:
+            for _ in range(2):
+                outs = [bytearray(SIZE) for _ in keys]
+                ok, err, per_key = c.get(keys, [memoryview(o) for o in outs])
+                assert ok and per_key == [True] * len(keys), err
+                assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        finally:
+            set_dumpable(True)
+        assert c.conn.stats()["process_loads"] == 2, "no process load after the grant was withdrawn"
+    finally:
+        c.conn.close()
+    err = capfd.readouterr().err
+    withdrawn = [line for line in err.splitlines() if "lost access to this process's memory" in line]
+    assert len(withdrawn) == 1 and "goes through the ring from now on" in withdrawn[0], err
