@@ -337,7 +337,7 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
       written = Status::Closed("the client process is gone");
       return false;
     }
-    if (test_process_stall_ms_ && !g_process_stall_taken.exchange(true))
+    if (test_process_stall_ms_ && done > 0 && !g_process_stall_taken.exchange(true))
       std::this_thread::sleep_for(std::chrono::milliseconds(test_process_stall_ms_));
     if (!take_lease(request_id)) {
       *revoked = true;

@@ -132,8 +132,9 @@ class ClientHandler {
   // Tests only (ADP_TEST_RING_PIECE_DELAY_MS): a pause before each piece of
   // a get read into the ring in pieces (r4), as a slow card would take.
   int test_piece_delay_ms_ = 0;
-  // Tests only (ADP_TEST_PROCESS_WRITE_STALL_MS): the first process write of
-  // the gateway (one connection, once) waits this long, as a write into a
+  // Tests only (ADP_TEST_PROCESS_WRITE_STALL_MS): the gateway's first process
+  // write past an object's first piece (one connection, once) waits this
+  // long before taking the lease, as a write into a
   // client's memory that a FUSE file or userfaultfd it never serves stalls.
   int test_process_stall_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds

@@ -243,6 +243,7 @@ CHILD = textwrap.dedent(
 def test_client_in_another_pid_namespace_is_refused_and_loads_through_the_ring(card_gateway):
     """A connector in its own PID namespace (a container) names itself pid 1; the
     gateway's kernel names another pid: refused, logged once, the ring serves."""
+    assert os.geteuid() == 0, "this test needs root: unshare --pid makes a PID namespace only as root"
     gw = card_gateway
     store(gw, ["ns@0", "ns@1"])
     unshare = shutil.which("unshare")
@@ -555,12 +556,12 @@ def test_colliding_key_leaves_the_ring_untouched():
 def test_a_stalled_process_write_holds_nothing_shared(monkeypatch):
     """One client's memory stalls the gateway's write into it (as a load buffer
     on a FUSE file it never serves would: ADP_TEST_PROCESS_WRITE_STALL_MS blocks
-    the first process write for 8 s). With a pool of one I/O context, a second
+    the first process write past a first piece for 8 s). With a pool of one I/O context, a second
     client stores and loads through the same gateway meanwhile, within its own
     3 s deadline, and eviction reclaims the region the stalled load was reading:
     the stalled connection holds no I/O context and no pin while it writes. Its
     load then ends at the next piece (the entry changed), a miss, having written
-    only the piece it had copied, which was that object's."""
+    only the pieces it had copied, which were that object's."""
     d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
     monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", "8000")
     gw = Gateway(d, card_size_gb=0.0625, extra=("--io-contexts", "1")).start()
@@ -591,10 +592,11 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch):
         b.conn.close()
         ftype, body = a.recv()
         assert ftype == wire.BATCH_REPLY and body[8] == 1, body  # a miss: evicted between its pieces
-        # Its first piece (up to a region's end here: 1 MiB regions) landed, nothing after it.
+        # Its first piece, and the second it had copied before the stall, landed (pieces end at
+        # region ends here: 1 MiB regions); nothing after them.
         got, want = buf.raw, payload("stall@a", SIZE)
         written = next(i for i in range(SIZE) if got[i] != want[i])
-        assert 0 < written <= MIB and got[written:] == b"\x77" * (SIZE - written), written
+        assert 0 < written <= 2 * MIB and got[written:] == b"\x77" * (SIZE - written), written
     finally:
         a.close()
         gw.kill()
@@ -630,3 +632,81 @@ def test_connector_withdraws_the_grant_on_eperm_and_loads_through_the_ring(card_
     err = capfd.readouterr().err
     withdrawn = [line for line in err.splitlines() if "lost access to this process's memory" in line]
     assert len(withdrawn) == 1 and "goes through the ring from now on" in withdrawn[0], err
+
+
+def stalled_gateway(monkeypatch, **kw) -> tuple[str, Gateway]:
+    """A gateway on a tmpfs card whose first process write past an object's
+    first piece waits 3 s (ADP_TEST_PROCESS_WRITE_STALL_MS), outside the lease."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", str(kw.pop("stall_ms", 3000)))
+    gw = Gateway(d, **kw).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_MS")
+    return d, gw
+
+
+def test_lease_revoked_in_the_middle_of_an_object(monkeypatch):
+    """The client revokes the load lease while the gateway is between two pieces
+    of one object (stalled before its second piece): the first piece landed,
+    nothing after it ever does, and the item answers TimedOut; the connection
+    serves on."""
+    d, gw = stalled_gateway(monkeypatch)
+    a = ProcessClient(gw)
+    try:
+        store(gw, ["mid@a"])
+        assert a.register() == (FEATURE_PROCESS_LOADS, "")
+        buf = ctypes.create_string_buffer(b"\x77" * SIZE, SIZE)
+        rid = a.rid + 1
+        a.map[0:8] = struct.pack("<Q", rid << 2 | LEASE_OPEN)
+        a.send(wire.BATCH, wire.batch(wire.GET, [b"mid@a"], [SIZE], [ctypes.addressof(buf)], timeout_ms=60000,
+                                      segments=[PROCESS_SEGMENT]))  # fmt: skip
+        time.sleep(1.0)  # the first piece is written, the gateway waits before the second
+        assert buf.raw[:MIB] == payload("mid@a", SIZE)[:MIB]
+        a.map[0:8] = struct.pack("<Q", rid << 2 | 3)  # revoked, as the connector does at its deadline
+        ftype, body = a.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 6, body  # timed out: the client gave up
+        assert buf.raw[MIB:] == b"\x77" * (SIZE - MIB), "bytes landed after the lease was revoked"
+        time.sleep(0.5)
+        assert buf.raw[MIB:] == b"\x77" * (SIZE - MIB), "bytes landed after the reply"
+        buf2 = ctypes.create_string_buffer(SIZE)
+        assert a.get([b"mid@a"], [SIZE], [ctypes.addressof(buf2)]) == [(0, b"")]
+        assert buf2.raw == payload("mid@a", SIZE)
+    finally:
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_buffer_whose_tail_is_unmapped_fails_that_item(card_gateway):
+    """A partial transfer: the load buffer's last page is not mapped. The item
+    fails as invalid argument (not mapped writable) with the bytes before the
+    hole written and nothing else; the request's other item and the
+    connection go on."""
+    gw = card_gateway
+    store(gw, ["tail@a", "tail@b"])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    span = (SIZE + page - 1) // page * page
+    base = libc.mmap(None, span, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    ctypes.memset(base, 0x77, span)
+    assert libc.munmap(base + span - page, page) == 0  # the buffer's tail: gone
+    c = ProcessClient(gw)
+    try:
+        assert c.register() == (FEATURE_PROCESS_LOADS, "")
+        other = ctypes.create_string_buffer(SIZE)
+        res = c.get([b"tail@a", b"tail@b"], [SIZE, SIZE], [base, ctypes.addressof(other)])
+        assert res[0][0] == 2 and b"not mapped writable" in res[0][1], res
+        assert res[1] == (0, b"")
+        assert other.raw == payload("tail@b", SIZE)
+        mapped = span - page
+        assert ctypes.string_at(base, mapped) == payload("tail@a", SIZE)[:mapped]
+        buf = ctypes.create_string_buffer(SIZE)
+        assert c.get([b"tail@a"], [SIZE], [ctypes.addressof(buf)]) == [(0, b"")]
+        assert buf.raw == payload("tail@a", SIZE)
+    finally:
+        c.close()
+        libc.munmap(base, span - page)
+    assert gw.proc.poll() is None
