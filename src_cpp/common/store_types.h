@@ -85,7 +85,7 @@ enum class ReadInto { kStaging, kDestination, kPieces };
 // gateway publishes it to its client, which copies them out meanwhile).
 using PieceGuardFn = std::function<bool(size_t upto, const std::function<void()>& piece)>;
 
-// Receives a load's payload piece by piece (CardStore::get_to_sink): `len`
+// Receives a load's payload piece by piece (CardStore::get_via_bounce): `len`
 // bytes at `src` are the payload's bytes [done, done + len). src is valid only
 // during the call. False stops the load (it then fails as TimedOut).
 using SinkFn = std::function<bool(size_t done, const uint8_t* src, size_t len)>;

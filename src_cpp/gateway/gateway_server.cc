@@ -7,9 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "protocol/messages.h"
 #include "util/log.h"
 #include "util/thread_name.h"
@@ -42,17 +39,6 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
     return s;
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
-  // Loads into a client's process memory (r5) compute their CRC on each I/O
-  // context's CRC thread beside the writes where a core is spare for each
-  // (2 x io_contexts <= online CPUs): on the 16-core machine 1.45-1.53x the
-  // loads with 4 contexts, 0.68-1.05x with 16 (benchmarks/README.md).
-  // ADP_SINK_CRC_BESIDE=0/1 overrides (A/B runs).
-  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-  bool beside = cpus > 0 && 2L * opts.io_contexts <= cpus;
-  if (const char* v = std::getenv("ADP_SINK_CRC_BESIDE")) beside = std::string_view(v) == "1";
-  g->store_->set_sink_crc_beside(beside);
-  ADP_DEBUG("gateway: process loads' CRC %s (%d I/O contexts, %ld CPUs)",
-            beside ? "beside the writes" : "before each piece", opts.io_contexts, cpus);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
   g->shared_->limits = {opts.max_tcp_clients, opts.handshake_timeout_ms, opts.idle_timeout_ms, opts.max_ring_bytes,
                         opts.max_ring_total_bytes};

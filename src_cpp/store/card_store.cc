@@ -815,7 +815,7 @@ std::string CardStore::check_object_header(const uint8_t* block, uint64_t hash, 
     return "key does not match the index";
   // The whole key, not only its hash (a 64-bit MurmurHash with a public
   // seed: a colliding key can be crafted): another key's object is a miss
-  // before any of its bytes reaches the caller's buffer or sink.
+  // before any of its bytes reaches the caller's buffer (or bounce buffer).
   if (!key.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key)
     *io = Status::NotFound("another key with the same hash");
   return std::string();
@@ -823,7 +823,7 @@ std::string CardStore::check_object_header(const uint8_t* block, uint64_t hash, 
 
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
                                       bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard,
-                                      const SinkFn* sink, std::string_view key) {
+                                      std::string_view key) {
   uint64_t epoch;
   uint64_t fp = object_footprint(e.payload_bytes);
   std::vector<Extent> ext;
@@ -850,7 +850,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // payload's whole blocks straight into payload_dst, in pieces small enough
   // that each is checked while it is still in the CPU's cache; with a guard
   // each piece is read under it (the header block with the first).
-  const uint8_t* map = payload_dst || sink ? device_->mapped() : nullptr;
+  const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
   const bool mapped = map && ext.back().at + ext.back().len <= device_->size();
   const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
@@ -870,7 +870,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     *io = Status::Ok();
     // The header (and key) is checked first: a miss found there leaves
     // payload_dst untouched. With a guard the payload is copied in pieces,
-    // each under it; with a sink, each piece handed out from the mapping.
+    // each under it.
     header_why = check_header(), header_checked = true;
     uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload's bytes
     for (size_t k = 0; k < ext.size() && io->ok() && header_why.empty(); k++) {
@@ -878,22 +878,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       uint64_t from = std::min(skip, x.len);
       skip -= from;
       const uint64_t end = from + std::min(x.len - from, e.payload_bytes - done);
-      // A sink with the CRC beside it (set_sink_crc_beside): this IoContext's
-      // CRC thread checksums the extent's payload while the pieces go out.
-      const bool beside = sink && check_payload && sink_crc_beside_.load(std::memory_order_relaxed) && end > from;
-      if (beside) ctx.crc_.start(map + x.at + from, end - from, body_crc);
       while (from < end) {
-        const uint64_t len = guard || sink ? std::min<uint64_t>(end - from, kPieceBytes) : end - from;
-        if (sink) {
-          if (check_payload && !beside) body_crc = crc32c_extend(body_crc, map + x.at + from, len);
-          if (!(*sink)(done, map + x.at + from, len)) {
-            *io = Status::TimedOut("the load was stopped while its pieces went out");
-            break;
-          }
-          from += len;
-          done += len;
-          continue;
-        }
+        const uint64_t len = guard ? std::min<uint64_t>(end - from, kPieceBytes) : end - from;
         auto copy = [&] {
           if (check_payload)
             body_crc = crc32c_copy_extend(body_crc, payload_dst + done, map + x.at + from, len);
@@ -909,7 +895,6 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
         from += len;
         done += len;
       }
-      if (beside) body_crc = ctx.crc_.wait();  // also when the sink stopped: the thread reads the mapping
     }
   } else if (direct) {
     const size_t piece = guard ? kGuardedPieceBytes : kPieceBytes;
@@ -979,71 +964,6 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
                                  : crc32c(block + kBlockSize, hdr.payload_bytes)) != hdr.payload_crc)
     return "payload checksum mismatch";
   return std::string();
-}
-
-Status CardStore::get_to_sink(IoContext& ctx, std::string_view key, const std::function<bool(size_t size)>& accept,
-                              const SinkFn& sink) {
-  ctx.store_ = this;
-  Status ks = check_key(key);
-  if (!ks.ok()) return ks;
-  uint64_t h = hash_key(key);
-  IndexEntry e;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(h);
-    if (it == index_.end()) {
-      counters_.misses++;
-      return Status::NotFound();
-    }
-    e = it->second;
-  }
-  if (!accept(e.payload_bytes)) {
-    counters_.misses++;
-    return Status::NotFound("not delivered");
-  }
-  // A mapped card hands its pieces out of the mapping (read_and_check);
-  // otherwise (or an object outside the mapping) it is read and checked whole
-  // in staging first, then handed out from there.
-  uint64_t sent = 0;
-  SinkFn counted = [&](size_t done, const uint8_t* src, size_t len) {
-    if (!sink(done, src, len)) return false;
-    sent = done + len;
-    return true;
-  };
-  Status io;
-  std::string bad = read_and_check(ctx, h, e, &io, true, nullptr, nullptr, device_->mapped() ? &counted : nullptr, key);
-  bool other = false;
-  if (io.ok() && bad.empty()) {
-    ObjectHeader hdr;
-    std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
-    other = std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
-    // Staged: every check passed before the first byte goes out.
-    for (uint64_t done = sent; !other && done < e.payload_bytes;) {
-      const size_t len = std::min<uint64_t>(e.payload_bytes - done, kPieceBytes);
-      if (!sink(done, ctx.staging_.data() + kBlockSize + done, len)) {
-        io = Status::TimedOut("the load was stopped while its pieces went out");
-        break;
-      }
-      done += len;
-    }
-  }
-  if (!io.ok()) {
-    if (io.is_not_found()) counters_.misses++;
-    return io;
-  }
-  if (!bad.empty()) {
-    counters_.misses++;
-    ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped, served as a miss", e.region,
-             uint64_t(e.block) * kBlockSize, path().c_str(), bad.c_str());
-    drop_damaged(ctx, h, e);
-    return Status::NotFound();
-  }
-  if (other) {
-    counters_.misses++;
-    return Status::NotFound();
-  }
-  counters_.hits++;
-  return Status::Ok();
 }
 
 Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
@@ -1166,7 +1086,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
   // first piece goes out.
   const bool got = with_ctx([&](IoContext& ctx) {
     ctx.store_ = this;
-    bad = read_and_check(ctx, h, e, &io, true, nullptr, nullptr, nullptr, key);
+    bad = read_and_check(ctx, h, e, &io, true, nullptr, nullptr, key);
     if (io.ok() && bad.empty()) ctx.staging_.swap(*hold);
   });
   if (!got) return Status::TimedOut("no I/O context came free before the deadline");
@@ -1223,7 +1143,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   // Reads the object (the payload into dst when given), checks header and
   // key (and the payload CRC if asked); true if it is key's intact object.
   auto read = [&](uint8_t* dst, bool check_payload, const PieceGuardFn* guard = nullptr) {
-    bad = read_and_check(ctx, h, e, &io, check_payload, dst, guard, nullptr, key);
+    bad = read_and_check(ctx, h, e, &io, check_payload, dst, guard, key);
     if (!io.ok() || !bad.empty()) return false;
     ObjectHeader hdr;
     std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);

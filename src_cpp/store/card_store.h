@@ -113,26 +113,6 @@ class CardStore {
   // untouched), which fails the caller's future.
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
              const PieceGuardFn& pieces = {});
-  // Hands key's payload to sink in pieces (of at most 1 MiB) instead of
-  // into a buffer of this process (a gateway writes each into its client's
-  // memory, protocol r5). accept(size) is asked first: false (the caller's
-  // buffer has another size) is a miss before any piece. A memory-speed card: the header and key hash are
-  // checked first, then each piece goes out straight from the card's
-  // mapping, its CRC computed on the way, so a failed CRC (or another key
-  // with the same 64-bit hash) is found after the pieces went out: NotFound,
-  // the sink's destination holding them. Any other card: the object is read
-  // into staging and checked whole (header, key, CRC) before the first
-  // piece. Once sink declines, the load stops and fails as TimedOut.
-  Status get_to_sink(IoContext& ctx, std::string_view key, const std::function<bool(size_t size)>& accept,
-                     const SinkFn& sink);
-  // Where get_to_sink computes the CRC on a mapped card: false (default)
-  // before each piece goes out, in the caller's thread (the piece is then in
-  // the cache the sink reads it from); true on the IoContext's CRC thread
-  // over each extent while the pieces go out (a second read of the bytes, on
-  // another core: faster where cores are spare, slower where memory is the
-  // limit; benchmarks/README.md, "loads into the client's process memory").
-  void set_sink_crc_beside(bool beside) { sink_crc_beside_.store(beside, std::memory_order_relaxed); }
-  bool sink_crc_beside() const { return sink_crc_beside_.load(std::memory_order_relaxed); }
   // Protocol r5 loads: hands key's payload to sink in pieces of at most
   // 1 MiB, each first copied into `bounce` (the caller's, reused) and handed
   // out from there, so that while sink runs (a process_vm_writev that a
@@ -285,14 +265,12 @@ class CardStore {
   // payload (same I/O, checked there); otherwise it lands in staging. With
   // `guard` (a kPieces load), every write into payload_dst runs under it, in
   // pieces of kGuardedPieceBytes; once it declines, *io is TimedOut.
-  // With `sink` (mapped cards only, payload_dst null): the header is checked
-  // first and each payload piece goes to the sink from the mapping, CRC'd.
   // With `key`, the whole key is compared with the header's where the header
   // is checked (before any payload byte on a mapped card and with a guard):
   // another key is NotFound in *io, no damage.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
                              uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr,
-                             const SinkFn* sink = nullptr, std::string_view key = {});
+                             std::string_view key = {});
   // Checks an object's header block against e (region epoch `epoch`): empty
   // if it is e's object (or, with *io set to NotFound, if it was deleted
   // meanwhile, or it is another key than a non-empty `key` with the same
@@ -359,8 +337,7 @@ class CardStore {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
     std::atomic<uint64_t> media_errors{0};
   } counters_;
-  std::atomic<bool> oversize_logged_{false};
-  std::atomic<bool> sink_crc_beside_{false};  // the first refused oversize object is logged
+  std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
 };

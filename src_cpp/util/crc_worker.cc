@@ -16,12 +16,11 @@ CrcWorker::~CrcWorker() {
   thread_.join();
 }
 
-void CrcWorker::start(const void* data, size_t n, uint32_t seed) {
+void CrcWorker::start(const void* data, size_t n) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     data_ = data;
     n_ = n;
-    seed_ = seed;
     pending_ = true;
     done_ = false;
   }
@@ -45,9 +44,8 @@ void CrcWorker::run() {
     pending_ = false;
     const void* data = data_;
     size_t n = n_;
-    const uint32_t seed = seed_;
     lock.unlock();
-    uint32_t crc = crc32c_extend(seed, data, n);
+    uint32_t crc = crc32c(data, n);
     lock.lock();
     crc_ = crc;
     done_ = true;

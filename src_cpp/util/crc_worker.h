@@ -21,10 +21,9 @@ class CrcWorker {
   CrcWorker(const CrcWorker&) = delete;
   CrcWorker& operator=(const CrcWorker&) = delete;
 
-  // Starts the CRC32C of [data, data + n) (extending `seed`, the CRC of the
-  // bytes before, as crc32c_extend): the memory must stay valid and
+  // Starts the CRC32C of [data, data + n): the memory must stay valid and
   // unchanged until wait() returns. Must not be called again before wait().
-  void start(const void* data, size_t n, uint32_t seed = 0);
+  void start(const void* data, size_t n);
   // Waits for the CRC started last and returns it.
   uint32_t wait();
 
@@ -36,7 +35,6 @@ class CrcWorker {
   std::thread thread_;
   const void* data_ = nullptr;
   size_t n_ = 0;
-  uint32_t seed_ = 0;
   uint32_t crc_ = 0;
   bool pending_ = false, done_ = false, stop_ = false;
 };

@@ -57,14 +57,9 @@ def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str,
     return d, gw
 
 
-@pytest.fixture(params=["tmpfs", "tmpfs-crc-beside", "disk"])
-def card_gateway(request, monkeypatch):
-    """tmpfs: the CRC of each piece before it goes out; tmpfs-crc-beside: the CRC of each extent on
-    the I/O context's CRC thread while its pieces go out. Pinned with ADP_SINK_CRC_BESIDE (the
-    gateway otherwise chooses by its I/O contexts and the host's CPUs)."""
-    monkeypatch.setenv("ADP_SINK_CRC_BESIDE", "1" if request.param == "tmpfs-crc-beside" else "0")
+@pytest.fixture(params=["tmpfs", "disk"])
+def card_gateway(request):
     d, gw = new_gateway(request.param != "disk")
-    monkeypatch.delenv("ADP_SINK_CRC_BESIDE", raising=False)
     yield gw
     if gw.proc:
         gw.kill()
