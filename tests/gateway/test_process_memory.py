@@ -17,7 +17,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 import pytest
@@ -96,8 +95,12 @@ class ProcessClient(wire.RingClient):
 
     def get(self, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
         """A get of process items under an open load lease; the (status, message) of each."""
+        return self.batch(wire.GET, keys, sizes, addrs)
+
+    def batch(self, op: int, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
+        """A batch of process items under an open lease; the (status, message) of each."""
         self.map[0:8] = struct.pack("<Q", (self.rid + 1) << 2 | LEASE_OPEN)
-        self.send(wire.BATCH, wire.batch(wire.GET, keys, sizes, addrs, segments=[PROCESS_SEGMENT] * len(keys)))
+        self.send(wire.BATCH, wire.batch(op, keys, sizes, addrs, segments=[PROCESS_SEGMENT] * len(keys)))
         ftype, body = self.recv()
         assert ftype == wire.BATCH_REPLY, (ftype, body)
         count = struct.unpack_from("<I", body)[0]
@@ -218,21 +221,23 @@ def test_refused_registration_keeps_the_ring(card_gateway, case):
         assert "process memory refused, the ring stays" in f.read()
 
 
-CHILD = textwrap.dedent(
-    """
-    import json, sys
-    from lmcache_adp import ADPConnector
-    from tests.helpers import RawConnector, payload
-    url, size = sys.argv[1], int(sys.argv[2])
-    keys = ["ns@0", "ns@1"]
-    c = RawConnector(ADPConnector(gateway=url, num_workers=2, timeout_ms=20000))
-    outs = [bytearray(size) for _ in keys]
-    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
-    good = ok and all(bytes(o) == payload(k, size) for o, k in zip(outs, keys))
-    print(json.dumps({"good": good, "process_loads": c.conn.stats()["process_loads"]}))
-    c.conn.close()
-    """
-)
+# A connector process that loads two stored keys and reports what it got;
+# PRELUDE runs first (the non-dumpable test turns the process non-dumpable).
+CHILD_TEMPLATE = """
+import ctypes, json, sys
+from lmcache_adp import ADPConnector
+from tests.helpers import RawConnector, payload
+PRELUDE
+url, size = sys.argv[1], int(sys.argv[2])
+keys = ["KEY@0", "KEY@1"]
+c = RawConnector(ADPConnector(gateway=url, num_workers=2, timeout_ms=20000))
+outs = [bytearray(size) for _ in keys]
+ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+good = ok and all(bytes(o) == payload(k, size) for o, k in zip(outs, keys))
+print(json.dumps({"good": good, "process_loads": c.conn.stats()["process_loads"]}))
+c.conn.close()
+"""
+CHILD = CHILD_TEMPLATE.replace("PRELUDE", "").replace("KEY", "ns")
 
 
 def test_client_in_another_pid_namespace_is_refused_and_loads_through_the_ring(card_gateway):
@@ -385,24 +390,11 @@ def test_damaged_object_is_a_miss(card_gateway, where):
 
 
 PR_SET_DUMPABLE = 4
-NON_DUMPABLE_CHILD = textwrap.dedent(
-    """
-    import ctypes, json, sys
-    from lmcache_adp import ADPConnector
-    from tests.helpers import RawConnector, payload
-    # As a process that exec'd a setuid binary is: not dumpable, so nothing
-    # that lacks CAP_SYS_PTRACE may read or write its memory.
-    assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0
-    url, size = sys.argv[1], int(sys.argv[2])
-    keys = ["nd@0", "nd@1"]
-    c = RawConnector(ADPConnector(gateway=url, num_workers=2, timeout_ms=20000))
-    outs = [bytearray(size) for _ in keys]
-    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
-    good = ok and all(bytes(o) == payload(k, size) for o, k in zip(outs, keys))
-    print(json.dumps({"good": good, "process_loads": c.conn.stats()["process_loads"]}))
-    c.conn.close()
-    """
-)
+# As a process that exec'd a setuid binary is: not dumpable, so nothing
+# that lacks CAP_SYS_PTRACE may read or write its memory.
+NON_DUMPABLE_CHILD = CHILD_TEMPLATE.replace(
+    "PRELUDE", f"assert ctypes.CDLL(None, use_errno=True).prctl({PR_SET_DUMPABLE}, 0, 0, 0, 0) == 0"
+).replace("KEY", "nd")
 
 
 def test_non_dumpable_client_is_refused_even_by_a_root_gateway(card_gateway):

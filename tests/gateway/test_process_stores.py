@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -20,10 +19,10 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from lmcache_adp._native import FEATURE_PROCESS_LOADS, FEATURE_PROCESS_STORES, FEATURE_RING, PROCESS_SEGMENT
+from lmcache_adp._native import FEATURE_PROCESS_LOADS, FEATURE_PROCESS_STORES, FEATURE_RING
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.gateway.test_process_memory import LEASE_OPEN, ProcessClient
+from tests.gateway.test_process_memory import ProcessClient
 from tests.helpers import RawConnector, payload
 from tests.support.gateway import Gateway
 
@@ -74,17 +73,7 @@ class StoreClient(ProcessClient):
 
     def put(self, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
         """A put of process items under an open lease; the (status, message) of each."""
-        self.map[0:8] = struct.pack("<Q", (self.rid + 1) << 2 | LEASE_OPEN)
-        self.send(wire.BATCH, wire.batch(wire.PUT, keys, sizes, addrs, segments=[PROCESS_SEGMENT] * len(keys)))
-        ftype, body = self.recv()
-        assert ftype == wire.BATCH_REPLY, (ftype, body)
-        count = struct.unpack_from("<I", body)[0]
-        items = [struct.unpack_from("<BBHIQ", body, 8 + 16 * i) for i in range(count)]
-        out, at = [], 8 + 16 * count
-        for status, _, n, _, _ in items:
-            out.append((status, body[at : at + n]))
-            at += n
-        return out
+        return self.batch(wire.PUT, keys, sizes, addrs)
 
 
 def test_stores_come_from_process_memory_and_the_ring_carries_none(card_gateway):
