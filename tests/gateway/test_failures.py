@@ -118,7 +118,7 @@ def test_close_with_gateway_hung_returns_promptly(gateway):
     c = ADPConnector(gateway=gateway.unix_url, timeout_ms=60000, num_workers=1)
     rc = RawConnector(c)
     assert rc.exists(["k"])[0]
-    gateway.proc.send_signal(19)  # SIGSTOP: connections stay open, nothing answers
+    gateway.pause()  # SIGSTOP, all threads stopped: connections stay open, nothing answers
     try:
         fid = c.submit_batch_exists(["k"])
         time.sleep(0.3)
@@ -131,7 +131,7 @@ def test_close_with_gateway_hung_returns_promptly(gateway):
         done = {f[0]: f for f in c.drain_completions()}
         assert fid in done and not done[fid][1] and "connector closed" in done[fid][2], done
     finally:
-        gateway.proc.send_signal(18)
+        gateway.resume()
 
 
 def test_wrong_token_is_refused(gateway, workdir):
@@ -156,14 +156,14 @@ def test_stop_longer_than_timeout_then_continue(gateway):
     keys, datas = keys_and_datas(16)
     assert c.set(keys, [memoryview(d) for d in datas])[0]
     outs = [bytearray(len(d)) for d in datas]
-    gateway.proc.send_signal(19)  # SIGSTOP
+    gateway.pause()  # SIGSTOP, all threads stopped
     try:
         fid = c.conn.submit_batch_get(keys, [memoryview(o) for o in outs])
         ok, _, per_key = c.wait(fid, timeout=TIMEOUT_MS / 1000 + 10)  # completes by its deadline
         assert not ok and per_key == [False] * len(keys)
         time.sleep(TIMEOUT_MS / 1000)  # stopped for twice timeout_ms in all
     finally:
-        gateway.proc.send_signal(18)  # SIGCONT
+        gateway.resume()  # SIGCONT
     deadline = time.monotonic() + 10
     while True:
         outs = [bytearray(len(d)) for d in datas]

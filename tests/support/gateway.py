@@ -124,6 +124,33 @@ class Gateway:
         self.proc.kill()
         self._finish()
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """SIGSTOP, then waits until every thread of the daemon is stopped. kill() returns
+        once the signal is queued: one thread takes it and stops the others as each next
+        runs, so under CPU load a connection's thread can still answer a request sent
+        right after kill() (test_close_with_gateway_hung_returns_promptly's flake)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not self._all_threads_stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gateway {self.proc.pid} not stopped {timeout:.0f} s after SIGSTOP")
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def _all_threads_stopped(self) -> bool:
+        task = f"/proc/{self.proc.pid}/task"
+        for tid in os.listdir(task):
+            try:
+                with open(f"{task}/{tid}/stat") as f:
+                    stat = f.read()
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+            if stat[stat.rindex(")") + 2] != "T":  # the state follows the name, which may hold ") "
+                return False
+        return True
+
     def __enter__(self) -> Gateway:
         return self.start()
 
