@@ -262,6 +262,12 @@ def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
             proc.wait(timeout=60)
 
 
+def gateway_warnings(log: Path, last: int = 20) -> list[str]:
+    """The gateway log's refusals, warnings and errors (the last `last`): why a row went wrong."""
+    keep = ("refused", " WARN", " ERROR")
+    return [line for line in log.read_text(errors="replace").splitlines() if any(k in line for k in keep)][-last:]
+
+
 def client_proc(
     index: int, params: dict, n: int, size: int, batch: int, window: int, reps: int, passes: int, barrier, queue
 ) -> None:
@@ -475,6 +481,8 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                     res["error"] = "loads or stores did not go through process memory (refused: see the log)"
                 elif not process and (loads or stores):
                     res["error"] = f"{loads} loads, {stores} stores went through process memory in a ring row"
+                if res.get("error"):  # the why, kept: the work directory and its gateway log go at the end
+                    res["gateway_log"] = gateway_warnings(work / "gateway.log")
                 rows.append({**base, "row": label, **res})
                 if own:  # its two pools: unlinked now, freed once the row's views go
                     del row_src, row_dst
@@ -595,8 +603,25 @@ def report(rows: list[dict], args, meta: dict) -> str:
                 f"{st / mw:.2f}x | {ld / mr:.2f}x | {vs_e} | {'yes' if r['ok'] else 'NO'} |"
             )
     lines += client_table(rows, summ)
+    lines += not_ok(rows)
     lines.append("")
     return "\n".join(lines)
+
+
+def not_ok(rows: list[dict]) -> list[str]:
+    """Why each row whose bytes ok is NO failed, with the process counters and the gateway's warnings."""
+    out = []
+    for r in rows:
+        why = [r.get("error"), r.get("failed_keys") and f"{r['failed_keys']} failed keys"]
+        why += [r.get("mismatched") and f"{r['mismatched']} mismatched buffers"]
+        why = [w for w in why if w]
+        if not why:
+            continue
+        st = r.get("stats", {})
+        out += ["", f"{r['object_mb']:g} MiB, {r['workers']} workers, {r['row']}: NO: {'; '.join(why)}"]
+        out += [f"(process loads {st.get('process_loads', 0)}, process stores {st.get('process_stores', 0)})"]
+        out += [f"    {line}" for line in r.get("gateway_log", [])]
+    return ["", "Rows not ok:", *out] if out else []
 
 
 def main() -> None:

@@ -95,3 +95,24 @@ def test_native_build_is_stale_when_the_sources_differ_not_when_their_times_move
     assert tools.native_build(tree / "lmcache_adp")["stale"] == [
         "the module records no source digest (built outside setup.py, or before it recorded one)"
     ]
+
+
+def test_bench_connector_report_says_why_a_row_is_not_ok():
+    """A row marked NO is explained under the table: its error, counts, process counters and the gateway log's
+    refusal (the work directory, gateway log included, is gone by the time the report is read)."""
+    import bench_connector
+
+    base = {"object_mb": 2.0, "workers": 2, "bytes": 2 << 20, "store_s": [0.001], "load_s": [0.001]}
+    medium = {**base, "row": "medium O_DIRECT", "pass": 1, "mismatched": 0}
+    good = {**base, "row": "embedded", "failed_keys": 0, "mismatched": 0}
+    refusal = "gateway: client #4 (unix pid 7 uid 0): process memory refused, the ring stays: no access"
+    bad = {**base, "row": "gateway unix+process", "failed_keys": 3, "mismatched": 0,
+           "stats": {"process_loads": 0, "process_stores": 5}, "error": "loads or stores did not go through process memory",
+           "gateway_log": [refusal]}  # fmt: skip
+    meta = {"command": "bench_connector.py"}
+    text = bench_connector.report([medium, good, bad], None, meta)
+    assert "| gateway unix+process | 2.10 | 2.10 | 1.00x | 1.00x | 1.00x, 1.00x | NO |" in text
+    why = text.split("Rows not ok:", 1)[1]
+    assert "gateway unix+process: NO: loads or stores did not go through process memory; 3 failed keys" in why
+    assert "(process loads 0, process stores 5)" in why and refusal in why and "embedded" not in why
+    assert "Rows not ok" not in bench_connector.report([medium, good], None, meta)
