@@ -3,8 +3,11 @@
 # The 16-core rows of issue 10 in one command (benchmarks/README.md, "bench_connector.py"):
 #   benchmarks/device_matrix.sh OUT TREE...   (each TREE a source tree of lmcache-adp)
 # The first TREE is pip-installed; the others are built in place and measured from their own
-# directory (bench_connector.py prefers a tree's in-place build). Host facts, a CRC32C speed
-# check and every report go under OUT. BENCH_ARGS overrides the matrix.
+# directory (bench_connector.py prefers a tree's in-place build). BENCH_ARGS overrides the matrix.
+# Everything lands flat in OUT, so that the device tool, which returns at most 8 files and none more
+# than 2 folders below its $OUT, brings it all back from OUT=$OUT/NAME: host.txt (host facts and the
+# CRC32C speed), build.log, bench.log and per tree <stamp>-<label>.md and <stamp>-<label>.rows.json
+# (bench_connector's raw/<stamp>-<label>/rows.json, moved up): 3 + 2 x trees files.
 set -u
 out=$1
 shift
@@ -28,8 +31,13 @@ for tree in "$@"; do
   first=0
 done
 wait
-tail -n 3 "$out"/build-*.log
-(cd /tmp && python3 - <<'PY') | tee "$out/crc32c.txt"
+for log in "$out"/build-*.log; do  # one file: the device tool returns few
+  echo "== $log" | sed "s|$out/build-||"
+  cat "$log"
+  rm "$log"
+done > "$out/build.log"
+tail -n 3 "$out/build.log"
+(cd /tmp && python3 - <<'PY') | tee -a "$out/host.txt"
 import time, numpy as np
 from lmcache_adp import crc32c
 from lmcache_adp._native import crc32c_implementation
@@ -49,4 +57,17 @@ for tree in "$@"; do
     > "$out/bench-$name.log" 2>&1
   echo "bench $name: exit $?"
   grep -v INFO "$out/bench-$name.log" | tail -n 14
+  { echo "== bench $name"; cat "$out/bench-$name.log"; } >> "$out/bench.log"
+  rm "$out/bench-$name.log"
 done
+# Up from raw/<stamp>-<label>/rows.json (3 folders below the device's $OUT): in the repo it goes back
+# there, beside the other runs' raw files, where the report's "Raw:" line points.
+for rows in "$out"/raw/*/rows.json; do
+  [ -e "$rows" ] || continue
+  mv "$rows" "$out/$(basename "$(dirname "$rows")").rows.json"
+  rmdir "$(dirname "$rows")"
+done
+rmdir "$out/raw" 2>/dev/null
+# On the device, OUT is the tool's folder: several calls of this script in one command share its 8.
+n=$(find "${OUT:-$out}" -type f | wc -l)
+[ "$n" -le 8 ] || echo "device_matrix: $n files under ${OUT:-$out}: the device tool returns 8 at most (fewer trees)"

@@ -4,6 +4,7 @@ process it measures dies."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -116,3 +117,47 @@ def test_bench_connector_report_says_why_a_row_is_not_ok():
     assert "gateway unix+process: NO: loads or stores did not go through process memory; 3 failed keys" in why
     assert "(process loads 0, process stores 5)" in why and refusal in why and "embedded" not in why
     assert "Rows not ok" not in bench_connector.report([medium, good], None, meta)
+
+
+def test_device_matrix_leaves_what_the_device_tool_returns(tmp_path):
+    """benchmarks/device_matrix.sh on two trees: every file, rows.json included, at most 2 folders below the
+    device tool's $OUT and at most 8 of them (what the tool brings back, /work/.library/device/README.md).
+    Builds are stubbed (a python3 that skips pip and setup.py: nothing is installed); bench_connector runs,
+    tiny, from this tree's in-place build."""
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text(
+        "#!/bin/bash\n"
+        'case "$1" in\n'
+        "  -m|setup.py) exit 0 ;;  # pip install, build_ext: stubbed\n"
+        '  -) cat >/dev/null; echo "crc32c (stub)"; exit 0 ;;\n'
+        f'  *) exec {sys.executable} "$@" ;;\n'
+        "esac\n"
+    )
+    shim.chmod(0o755)
+    trees = [tmp_path / "a" / "main", tmp_path / "b" / "other"]  # two trees, as an A/B call
+    for t in trees:
+        t.parent.mkdir()
+        t.symlink_to(ROOT)
+    device_out = tmp_path / "OUT"
+    out = device_out / "m1"
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "OUT": str(device_out)}
+    env["BENCH_ARGS"] = (
+        f"--dir {tmp_path / 'card'} --workers 1 --sizes-mb 1 --total-mb 4 --reps 1 --gateway-rows pieces"
+    )
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_matrix.sh"), str(out), *map(str, trees)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "bench main: exit 0" in r.stdout and "bench other: exit 0" in r.stdout, r.stdout + r.stderr
+    files = [p.relative_to(device_out) for p in device_out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(f.parts) <= 3 for f in files), files  # $OUT/a/b/file at most
+    rows = sorted(f for f in files if f.name.endswith(".rows.json"))
+    assert [r.name.split("-")[-1] for r in rows] == ["main.rows.json", "other.rows.json"], files
+    for f in rows:
+        assert [row["row"] for row in json.loads((device_out / f).read_text())["rows"]][:2] == [
+            "medium O_DIRECT",
+            "embedded",
+        ]
+    assert "device tool returns 8 at most" not in r.stdout
