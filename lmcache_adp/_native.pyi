@@ -145,6 +145,7 @@ class GatewayServer:
         idle_timeout_ms: int = ...,
         max_ring_bytes: int = ...,
         max_ring_total_bytes: int = ...,
+        max_store_buffer_bytes: int = ...,
     ) -> None:
         """Opens the card and listens on socket_path (and listen, tcp://HOST:PORT,
         with token); the max_* bounds default to GatewayOptions'."""

@@ -36,6 +36,11 @@ LIMITS = [
     ("--idle-timeout-s", 600, "a connection with no request for this long is closed (0: never)"),
     ("--max-ring-mb", 1024, "largest shared-memory ring one connection may map (a client's ring_mb)"),
     ("--max-ring-total-mb", 32768, "shared-memory rings of all connections together"),
+    (
+        "--max-store-buffer-mb",
+        256,
+        "one connection's buffer for stores read from its client's memory (protocol r5); a larger object is refused",
+    ),
 ]
 LIMIT_RANGES = {
     "max_clients": (1, 65536),
@@ -45,6 +50,7 @@ LIMIT_RANGES = {
     "idle_timeout_s": (0, 86400 * 7),
     "max_ring_mb": (1, 4096),
     "max_ring_total_mb": (1, 1 << 30),
+    "max_store_buffer_mb": (1, 1 << 20),
 }
 
 
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             idle_timeout_ms=args.idle_timeout_s * 1000,
             max_ring_bytes=args.max_ring_mb << 20,
             max_ring_total_bytes=args.max_ring_total_mb << 20,
+            max_store_buffer_bytes=args.max_store_buffer_mb << 20,
         )
     except (RuntimeError, ValueError) as e:
         log.error("gateway not started: %s", e)

@@ -41,7 +41,12 @@ using FillFn = std::function<Status(uint8_t* dst, uint64_t offset, size_t len)>;
 // does meanwhile (a gateway reading a client's memory that the client
 // scribbles on). A fill that fails fails that item only: not indexed,
 // nothing of it visible, the rest of the batch unaffected; its status is the
-// item's result (not counted as a card I/O error).
+// item's result (not counted as a card I/O error). A fill runs while the
+// store holds its place on the write frontier (and its caller an I/O
+// context): every later store's acknowledgement waits for it, so a source
+// that can stall (a client's memory: FUSE, userfaultfd) must not be a fill.
+// The gateway's process stores were one until session seven; they now read
+// the client into a buffer of the connection's first (docs/protocol.md).
 struct PutItem {
   std::string_view key;
   const uint8_t* data;

@@ -24,6 +24,8 @@ using proto::Clock;
 namespace {
 // ADP_TEST_PROCESS_WRITE_STALL_MS: taken by the first process write that stalls.
 std::atomic<bool> g_process_stall_taken{false};
+// ADP_TEST_PROCESS_READ_STALL_MS: taken by the first process read that stalls.
+std::atomic<bool> g_process_read_stall_taken{false};
 }  // namespace
 
 unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
@@ -33,6 +35,9 @@ bool fits(uint64_t offset, uint64_t len, uint64_t area) { return offset <= area 
 // A put is written in chunks of at most this much, its deadline checked between.
 constexpr size_t kPutChunkItems = 64;
 constexpr uint64_t kPutChunkBytes = 16ull << 20;
+// r5 stores: the client's memory is read in pieces of this size, each under
+// the lease, the client's liveness checked before each.
+constexpr size_t kProcessReadPieceBytes = 1u << 20;
 
 }  // namespace
 
@@ -49,6 +54,26 @@ std::string ClientHandler::peer() const {
   socklen_t len = sizeof cred;
   ::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len);
   return "unix pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
+}
+
+template <typename F>
+Status ClientHandler::in_client_memory(F&& fn) {
+  if (control_) {
+    std::lock_guard<std::mutex> l(control_->mu);
+    if (control_->abandoned) return Status::Closed("the gateway stopped");
+    control_->in_transfer = true;
+    control_->transfer_since = std::chrono::steady_clock::now();
+  }
+  Status s = fn();
+  if (control_) {
+    std::lock_guard<std::mutex> l(control_->mu);
+    control_->in_transfer = false;
+    if (control_->abandoned) {
+      abandoned_ = true;
+      return Status::Closed("the gateway stopped while the client's memory stalled it");
+    }
+  }
+  return s;
 }
 
 void ClientHandler::refuse(const Status& why) {
@@ -153,6 +178,7 @@ Status ClientHandler::handshake() {
   if (segments_enabled_ || process_offered_) {
     if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
     if (const char* d = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_MS")) test_process_stall_ms_ = std::atoi(d);
+    if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_STALL_MS")) test_process_read_stall_ms_ = std::atoi(d);
   }
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
@@ -224,7 +250,10 @@ void ClientHandler::run() {
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
-  if (s.code() == Status::Code::kClosed)
+  if (abandoned_)
+    ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
+             log_safe(s.message()).c_str());
+  else if (s.code() == Status::Code::kClosed)
     ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
   else
     refuse(s);
@@ -305,7 +334,10 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
   s = proto::decode_register_process(frame.body, &reg);
   if (!s.ok()) return s;
   // A refusal is an answer, not a protocol error: the client keeps the ring.
-  s = proto::ProcessMemory::Attach(fd_, reg.pid, reg.probe_addr, reg.probe, &process_);
+  // (The probe's read is a transfer a client can stall, as any other.)
+  s = in_client_memory(
+      [&] { return proto::ProcessMemory::Attach(fd_, reg.pid, reg.probe_addr, reg.probe, &process_); });
+  if (abandoned_) return s;
   proto::ProcessOk ok;
   if (s.ok()) {
     ok.features = process_offered_;
@@ -343,7 +375,7 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
       *revoked = true;
       return false;
     }
-    written = process_->write(it.offset + done, src, len);
+    written = in_client_memory([&] { return process_->write(it.offset + done, src, len); });
     give_lease(request_id);
     return written.ok();
   };
@@ -368,30 +400,80 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   return st;
 }
 
-Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint64_t offset, uint8_t* dst, size_t len) {
-  if (pr->revoked) return Status::TimedOut("the client gave up the store (lease revoked): not read");
-  if (!pr->gone.ok()) return pr->gone;
-  if (offset == 0) {
-    // Tests: slow before each object, outside the lease.
-    if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-    // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window).
+Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst, size_t len) {
+  // Tests: slow before each object, outside the lease.
+  if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+  for (size_t done = 0; done < len;) {
+    if (pr->revoked) return Status::TimedOut("the client gave up the store (lease revoked): not read");
+    // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
+    // checked before each piece.
     if (!process_->alive()) {
       pr->gone = Status::Closed("the client process is gone");
       return pr->gone;
     }
+    if (!take_lease(pr->request_id)) {
+      pr->revoked = true;
+      return Status::TimedOut("the client gave up the store (lease revoked): not read");
+    }
+    const size_t piece = std::min(len - done, kProcessReadPieceBytes);
+    Status s = in_client_memory([&] {
+      if (test_process_read_stall_ms_ && done > 0 && !g_process_read_stall_taken.exchange(true))
+        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_stall_ms_));
+      return process_->read(addr + done, dst + done, piece);
+    });
+    give_lease(pr->request_id);
+    if (!s.ok()) {
+      if (s.code() == Status::Code::kClosed) pr->gone = s;
+      return s;
+    }
+    shared_->process_read_bytes.fetch_add(piece, std::memory_order_relaxed);
+    done += piece;
   }
-  if (!pr->leased && !take_lease(pr->request_id)) {
-    pr->revoked = true;
-    return Status::TimedOut("the client gave up the store (lease revoked): not read");
+  return Status::Ok();
+}
+
+bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
+                                       ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st) {
+  const uint64_t cap = shared_->limits.max_store_buffer_bytes;
+  uint64_t need = 0;
+  for (size_t k = i; k < end; k++)
+    if (req.items[k].segment == proto::kProcessSegment && req.items[k].size <= cap)
+      need += (req.items[k].size + 4095) & ~uint64_t(4095);  // each object 4 KiB aligned (O_DIRECT from it)
+  if (need > store_buf_.capacity() && !store_buf_.reserve(need)) {
+    for (size_t k = i; k < end; k++)
+      if (req.items[k].segment == proto::kProcessSegment)
+        (*st)[k] = Status::IoError("out of memory for the store buffer of " + std::to_string(need >> 20) + " MiB");
+    return true;
   }
-  Status s = process_->read(addr + offset, dst, len);
-  if (!pr->leased) give_lease(pr->request_id);
-  if (s.ok()) {
-    shared_->process_read_bytes.fetch_add(len, std::memory_order_relaxed);
-  } else if (s.code() == Status::Code::kClosed) {
-    pr->gone = s;
+  uint64_t at = 0;
+  for (size_t k = i; k < end; k++) {
+    const proto::BatchItem& it = req.items[k];
+    if (it.segment != proto::kProcessSegment) continue;
+    if (it.size > cap) {
+      ADP_WARN_LIMITED(
+          "gateway: client #%llu: an object of %llu bytes is larger than the store buffer (%llu MiB, "
+          "--max-store-buffer-mb): refused",
+          ull(id_), ull(it.size), ull(cap >> 20));
+      (*st)[k] = Status::InvalidArgument("an object of " + std::to_string(it.size) +
+                                         " bytes is larger than the gateway's store buffer for process memory (" +
+                                         std::to_string(cap >> 20) + " MiB, --max-store-buffer-mb)");
+      continue;
+    }
+    if (Clock::now() >= deadline) {
+      (*st)[k] = Status::TimedOut("deadline passed in the gateway: not written");
+      continue;
+    }
+    uint8_t* dst = store_buf_.data() + at;
+    Status s = read_process(pr, it.offset, dst, it.size);
+    if (!pr->gone.ok() || pr->revoked) return false;
+    if (!s.ok()) {
+      (*st)[k] = s;
+      continue;
+    }
+    (*items)[k].data = dst;
+    at += (it.size + 4095) & ~uint64_t(4095);
   }
-  return s;
+  return true;
 }
 
 bool ClientHandler::take_lease(uint64_t request_id) {
@@ -524,9 +606,14 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
   // disk card, never while it writes into the client); in a mixed get the
   // batch's context is given back before a process item and taken again
   // for the next other item.
-  bool all_process = req.op == proto::Op::kGet;
-  for (const auto& it : req.items) all_process &= it.segment == proto::kProcessSegment;
-  const bool no_ctx = req.op == proto::Op::kExists || all_process;
+  // A put with items in process memory takes its context per chunk, after
+  // the chunk's process items were read (read_process_chunk).
+  bool all_process = req.op == proto::Op::kGet, put_process = false;
+  for (const auto& it : req.items) {
+    all_process &= it.segment == proto::kProcessSegment;
+    put_process |= req.op == proto::Op::kPut && it.segment == proto::kProcessSegment;
+  }
+  const bool no_ctx = req.op == proto::Op::kExists || all_process || put_process;
   auto lease = no_ctx ? nullptr : shared_->pool->acquire(deadline);
   if (!lease && !no_ctx) {
     for (size_t i = 0; i < n; i++) st[i] = Status::TimedOut("no I/O context came free before the deadline");
@@ -540,20 +627,18 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         // Items in a client's segments (r3) are read in place, each chunk
         // under the load lease: a chunk read after the client gave up is
         // never written, and one whose source shrank is never indexed.
-        // Items in the client's process memory (r5) are read with
-        // process_vm_readv straight into where the card store puts them
-        // (PutItem::fill), each piece under the lease: a piece the client
-        // gave up before is never read, and its chunk indexes nothing.
+        // Items in the client's process memory (r5) are first read whole
+        // with process_vm_readv into this connection's store buffer, each
+        // piece under the lease, holding nothing shared (no I/O context, no
+        // card space: a read the client stalls holds back this connection
+        // only); then the chunk is stored from there as from any memory.
         std::vector<PutItem> items(n);
         bool in_segments = false;
         ProcessRead pr{request_id};
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (it.segment == proto::kProcessSegment) {
-            items[i] = {it.key, nullptr, it.size,
-                        [this, &pr, addr = it.offset](uint8_t* dst, uint64_t off, size_t len) {
-                          return read_process(&pr, addr, off, dst, len);
-                        }};
+            items[i] = {it.key, nullptr, it.size};  // data: in store_buf_ once read
             continue;
           }
           in_segments |= it.segment != 0;
@@ -565,9 +650,13 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             if (seg && seg->broken()) return false;
           return true;
         };
+        std::vector<PutItem> todo;
+        std::vector<size_t> todo_at;
+        std::vector<Status> todo_st;
         for (size_t i = 0; i < n;) {
           if (Clock::now() >= deadline) {
-            st[i++] = Status::TimedOut("deadline passed in the gateway: not written");
+            if (st[i].ok()) st[i] = Status::TimedOut("deadline passed in the gateway: not written");
+            i++;
             continue;
           }
           size_t end = i + 1;
@@ -575,21 +664,47 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             bytes += items[end].size;
             if (bytes > kPutChunkBytes) break;
           }
-          if (in_segments && test_segment_delay_ms_)
-            std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-          if ((in_segments && !take_lease(request_id)) || pr.revoked) {
+          if (put_process && !read_process_chunk(req, i, end, deadline, &pr, &items, &st)) {
+            if (!pr.gone.ok()) return pr.gone;  // the client process exited (or stop() gave up): the connection ends
             for (; i < n; i++) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
             break;
           }
-          pr.leased = in_segments;  // the chunk's lease covers its process items' reads too
-          store.put(**lease, items.data() + i, end - i, st.data() + i,
-                    [&] { return Clock::now() < deadline && intact() && !pr.revoked && pr.gone.ok(); });
-          pr.leased = false;
+          // What is left to store: every item of the chunk but process items not read.
+          todo.clear();
+          todo_at.clear();
+          for (size_t k = i; k < end; k++) {
+            if (req.items[k].segment == proto::kProcessSegment && !items[k].data) continue;
+            todo.push_back(items[k]);
+            todo_at.push_back(k);
+          }
+          if (todo.empty()) {
+            i = end;
+            continue;
+          }
+          if (Clock::now() >= deadline) continue;  // the reads took it: the items left fail above
+          if (!lease) lease = shared_->pool->acquire(deadline);
+          if (!lease) {
+            for (size_t k : todo_at) st[k] = Status::TimedOut("no I/O context came free before the deadline");
+            i = end;
+            continue;
+          }
+          if (in_segments && test_segment_delay_ms_)
+            std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+          if (in_segments && !take_lease(request_id)) {
+            for (; i < n; i++)
+              if (st[i].ok()) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
+            break;
+          }
+          todo_st.assign(todo.size(), Status::Ok());
+          store.put(**lease, todo.data(), todo.size(), todo_st.data(),
+                    [&] { return Clock::now() < deadline && intact(); });
           if (in_segments) give_lease(request_id);
+          if (put_process) lease.reset();  // the next chunk's reads hold no context
           if (!intact())
             return Status::InvalidArgument("a segment shrank under a store (the client truncated its file)");
-          if (!pr.gone.ok()) return pr.gone;  // the client process exited: its connection ends
-          for (size_t k = i; k < end; k++) {
+          for (size_t t = 0; t < todo.size(); t++) {
+            const size_t k = todo_at[t];
+            st[k] = std::move(todo_st[t]);
             if (!st[k].ok() || !req.items[k].segment) continue;
             (req.items[k].segment == proto::kProcessSegment ? shared_->process_stores : shared_->segment_stores)
                 .fetch_add(1, std::memory_order_relaxed);

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "gateway/io_context_pool.h"
@@ -30,6 +32,23 @@ struct ConnectionLimits {
   int idle_timeout_ms = 600000;
   uint64_t max_ring_bytes = 1ull << 30;
   uint64_t max_ring_total_bytes = 32ull << 30;
+  // r5 stores: a connection's buffer for the objects it reads from the
+  // client's process memory before their card space is reserved (it grows
+  // to the largest chunk of them seen; a larger object is refused).
+  uint64_t max_store_buffer_bytes = 256ull << 20;
+};
+
+// One connection's standing with the server that stops: whether its thread
+// is inside a transfer of the client's memory (process_vm_readv/writev, which
+// a client can stall with no time limit) and since when, and whether the
+// server gave up on it (stop() then returns without it; the thread, once the
+// transfer ends, touches nothing of the server: no card, no I/O context).
+struct ConnectionControl {
+  std::mutex mu;
+  bool in_transfer = false;
+  std::chrono::steady_clock::time_point transfer_since;
+  bool abandoned = false;
+  bool done = false;  // the thread has finished with the server's state
 };
 
 // What every connection of one gateway shares.
@@ -62,7 +81,11 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared);
 
 class ClientHandler {
  public:
-  ClientHandler(int fd, bool tcp, uint64_t id, GatewayShared* shared) : fd_(fd), tcp_(tcp), id_(id), shared_(shared) {}
+  // `control` (may be null) is shared with the server's stop(); `keep` holds
+  // `shared` alive for a thread the server gave up on.
+  ClientHandler(int fd, bool tcp, uint64_t id, std::shared_ptr<GatewayShared> shared,
+                std::shared_ptr<ConnectionControl> control = {})
+      : fd_(fd), tcp_(tcp), id_(id), keep_(std::move(shared)), shared_(keep_.get()), control_(std::move(control)) {}
   void run();
 
  private:
@@ -80,14 +103,23 @@ class ClientHandler {
   // r5: the reads of one put request from the client's process memory.
   struct ProcessRead {
     uint64_t request_id;
-    bool leased = false;   // the lease is held for the whole chunk (it has segment items too)
     bool revoked = false;  // the client gave up: nothing more is read
-    Status gone;           // the client process exited
+    Status gone;           // the client process exited (or the server gave up on this connection)
   };
-  // A PutItem's fill: reads the bytes [offset, offset + len) of the object
-  // at addr in the client into dst, under the lease unless the chunk holds
-  // it; the client's liveness checked before each object.
-  Status read_process(ProcessRead* pr, uint64_t addr, uint64_t offset, uint8_t* dst, size_t len);
+  // Reads the len bytes at addr in the client into dst (this connection's
+  // store buffer) in pieces, each under the lease, the client's liveness
+  // checked before each. Holds nothing shared: no I/O context, no card
+  // space, so a client that stalls the read stalls only this connection.
+  Status read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst, size_t len);
+  // Reads the process items among items [i, end) of a put into store_buf_
+  // and points their PutItems there; an item that cannot be read gets its
+  // status in st and no data. False: the request ends (gone, revoked).
+  bool read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
+                          ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st);
+  // Runs fn (a transfer of the client's memory) marked in control_, so that
+  // stop() can give up on a transfer the client stalls; Closed if it did.
+  template <typename F>
+  Status in_client_memory(F&& fn);
   // Holds no IoContext and no card pin while it writes into the client
   // (CardStore::get_via_bounce): a client whose memory stalls the write
   // stalls only its own connection.
@@ -111,7 +143,10 @@ class ClientHandler {
   const int fd_;
   const bool tcp_;
   const uint64_t id_;
+  std::shared_ptr<GatewayShared> keep_;
   GatewayShared* shared_;
+  std::shared_ptr<ConnectionControl> control_;
+  bool abandoned_ = false;  // stop() gave up on this connection: touch nothing of the server's
   std::unique_ptr<proto::SharedRing> ring_;
   bool segments_enabled_ = false;  // r3 negotiated
   bool segment_stores_ = false;    // r3 stores from segments granted
@@ -126,6 +161,9 @@ class ClientHandler {
   // r5 loads: the piece being written (1 MiB, allocated once) and, from a
   // card that is not memory-speed, the object read into staging.
   AlignedBuffer bounce_, hold_;
+  // r5 stores: the chunk's objects read from the client before the card
+  // store reserves their place (limits.max_store_buffer_bytes at most).
+  AlignedBuffer store_buf_;
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.
   int test_segment_delay_ms_ = 0;
@@ -137,6 +175,11 @@ class ClientHandler {
   // long before taking the lease, as a write into a
   // client's memory that a FUSE file or userfaultfd it never serves stalls.
   int test_process_stall_ms_ = 0;
+  // Tests only (ADP_TEST_PROCESS_READ_STALL_MS): the gateway's first process
+  // read (a store's) past an object's first piece (once per gateway) waits
+  // this long inside the read, under the lease, as a process_vm_readv of a
+  // buffer on a FUSE file or userfaultfd range the client never serves.
+  int test_process_read_stall_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool handshake_done_ = false;

@@ -40,8 +40,8 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
-  g->shared_->limits = {opts.max_tcp_clients, opts.handshake_timeout_ms, opts.idle_timeout_ms, opts.max_ring_bytes,
-                        opts.max_ring_total_bytes};
+  g->shared_->limits = {opts.max_tcp_clients, opts.handshake_timeout_ms, opts.idle_timeout_ms,
+                        opts.max_ring_bytes,  opts.max_ring_total_bytes, opts.max_store_buffer_bytes};
   StoreStats st = g->store_->stats();
   ADP_INFO("gateway: card %s open (%llu objects, %.1f of %.1f GiB used); listening on %s%s%s", opts.card.path.c_str(),
            static_cast<unsigned long long>(st.objects), st.used_bytes / double(1ull << 30),
@@ -123,9 +123,18 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   c.id = next_client_++;
   c.fd = fd;
   c.tcp = tcp;
-  c.thread = std::thread([this, &c, tcp] {
-    set_thread_name("adp-conn", static_cast<int>(c.id % 1000000));
-    ClientHandler(c.fd, tcp, c.id, shared_.get()).run();
+  c.control = std::make_shared<ConnectionControl>();
+  c.thread = std::thread([this, &c, fd, tcp, id = c.id, shared = shared_, control = c.control] {
+    set_thread_name("adp-conn", static_cast<int>(id % 1000000));
+    ClientHandler(fd, tcp, id, shared, control).run();
+    std::lock_guard<std::mutex> l(control->mu);
+    if (control->abandoned) {
+      // stop() went on without this thread (reap): the server, its card and
+      // this Client may be gone. Only what the thread owns is left to close.
+      ::close(fd);
+      return;
+    }
+    control->done = true;
     c.done = true;
     wake();  // so its thread and descriptor are reaped now, not at the next connect
   });
@@ -142,9 +151,56 @@ void GatewayServer::reap(bool all) {
       it = next;
     }
   }
-  for (Client& c : finished) {
-    c.thread.join();
-    ::close(c.fd);
+  if (!all) {
+    for (Client& c : finished) {
+      c.thread.join();
+      ::close(c.fd);
+    }
+    return;
+  }
+  // Stopping: every thread ends once its batch in progress has (the socket
+  // is shut down), except one stalled in a transfer of its client's memory
+  // (process_vm_readv/writev of a buffer the client does not serve: no time
+  // limit, no signal short of killing the gateway ends it). Such a thread
+  // holds no I/O context, no card space and no pin, so after kStallGiveUp in
+  // one transfer it is left behind: it owns its socket from then on and, when
+  // the transfer ends, touches nothing of the server's (ClientHandler's
+  // in_client_memory). The process's exit ends it.
+  constexpr auto kStallGiveUp = std::chrono::seconds(2);
+  while (!finished.empty()) {
+    for (auto it = finished.begin(); it != finished.end();) {
+      auto next = std::next(it);
+      Client& c = *it;
+      bool give_up = false;
+      double stalled_s = 0;
+      {
+        std::lock_guard<std::mutex> l(c.control->mu);
+        const auto since = std::chrono::steady_clock::now() - c.control->transfer_since;
+        if (!c.control->done && c.control->in_transfer && since >= kStallGiveUp) {
+          c.control->abandoned = true;
+          give_up = true;
+          stalled_s = std::chrono::duration<double>(since).count();
+        }
+      }
+      if (give_up) {
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        ::getsockopt(c.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+        ADP_WARN(
+            "gateway: stopping without client #%llu (pid %d): its thread has been stalled %.1f s in a transfer of the "
+            "client's memory (a buffer the client does not serve, e.g. on a FUSE file or a userfaultfd range); its "
+            "batch is abandoned, the thread is left behind and ends with the transfer or this process",
+            static_cast<unsigned long long>(c.id), static_cast<int>(cred.pid), stalled_s);
+        c.thread.detach();
+        finished.erase(it);
+      } else if (c.done) {
+        c.thread.join();
+        ::close(c.fd);
+        finished.erase(it);
+      }
+      it = next;
+    }
+    if (!finished.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

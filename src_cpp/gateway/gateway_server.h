@@ -43,6 +43,9 @@ struct GatewayOptions {
   int idle_timeout_ms = 600000;                 // a connection with no request this long is closed
   uint64_t max_ring_bytes = 1ull << 30;         // one connection's ring
   uint64_t max_ring_total_bytes = 32ull << 30;  // the rings of all connections together
+  // r5 stores: one connection's buffer for objects read from its client's
+  // process memory before the card store takes them (ConnectionLimits).
+  uint64_t max_store_buffer_bytes = 256ull << 20;
 };
 
 class GatewayServer {
@@ -68,6 +71,7 @@ class GatewayServer {
     bool tcp;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::shared_ptr<ConnectionControl> control;  // shared with its ClientHandler
   };
 
   GatewayServer() = default;
@@ -82,7 +86,7 @@ class GatewayServer {
   int unix_fd_ = -1, tcp_fd_ = -1, wake_fd_ = -1;
   std::unique_ptr<CardStore> store_;
   std::unique_ptr<IoContextPool> pool_;
-  std::unique_ptr<GatewayShared> shared_;
+  std::shared_ptr<GatewayShared> shared_;  // also held by each connection's thread
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
 

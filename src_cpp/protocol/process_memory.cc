@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "protocol/process_memory.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,9 +20,17 @@
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77  // Linux 6.5
 #endif
+#ifndef PIDFD_THREAD
+#define PIDFD_THREAD O_EXCL  // Linux 6.9: a pidfd of one thread, readable once that thread exited
+#endif
 
 namespace adp::proto {
 namespace {
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};  // a pidfd is readable once what it names exited
+  return ::poll(&p, 1, 0) != 0;
+}
 
 std::string hex(uint64_t v) {
   char buf[24];
@@ -85,11 +96,39 @@ Status ProcessMemory::Attach(int sock, uint32_t claimed_pid, uint64_t probe_addr
   return Status::Ok();
 }
 
-ProcessMemory::~ProcessMemory() { ::close(pidfd_); }
+ProcessMemory::~ProcessMemory() {
+  ::close(pidfd_);
+  if (thread_pidfd_ >= 0) ::close(thread_pidfd_);
+}
 
-bool ProcessMemory::alive() const {
-  pollfd p{pidfd_, POLLIN, 0};  // a pidfd is readable once its process exited
-  return ::poll(&p, 1, 0) == 0;
+// A process's pidfd is readable once its whole thread group exited: a main
+// thread that exited (a zombie leader) while others run leaves it alive.
+bool ProcessMemory::alive() const { return !readable(pidfd_); }
+
+bool ProcessMemory::retarget() {
+  if (thread_pidfd_ >= 0) ::close(thread_pidfd_);
+  thread_pidfd_ = -1;
+  target_ = pid_;
+  const std::string task = "/proc/" + std::to_string(pid_) + "/task";
+  DIR* d = ::opendir(task.c_str());  // one PID namespace with the client: Attach checked it
+  if (!d) return false;
+  while (const dirent* e = ::readdir(d)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (tid <= 0 || tid == pid_) continue;
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, tid, PIDFD_THREAD));
+    if (fd < 0) continue;  // gone meanwhile, or a kernel before 6.9
+    // The number listed may have been handed to another task before the
+    // pidfd was taken: still one of this process's threads, and alive, now
+    // that the pidfd holds it (a live thread's number is not reused).
+    if (::access((task + "/" + e->d_name).c_str(), F_OK) == 0 && !readable(fd)) {
+      thread_pidfd_ = fd;
+      target_ = tid;
+      break;
+    }
+    ::close(fd);
+  }
+  ::closedir(d);
+  return target_ != pid_;
 }
 
 Status ProcessMemory::write(uint64_t addr, const void* src, size_t len) {
@@ -105,17 +144,25 @@ Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t le
   if (!drop_ptrace_capability())
     return Status::Unavailable("cannot drop CAP_SYS_PTRACE before touching pid " + std::to_string(pid_) + ": " +
                                errno_text(errno));
+  // The thread named instead of an exited main thread must still be there
+  // (its number could otherwise name another task by now).
+  if (target_ != pid_ && readable(thread_pidfd_) && !(alive() && retarget()))
+    return Status::Closed("the client process is gone");
   size_t done = 0;
+  int retargets = 0;
   while (done < len) {
     iovec l{static_cast<uint8_t*>(local) + done, len - done};
     iovec r{reinterpret_cast<void*>(addr + done), len - done};
-    ssize_t n = write ? ::process_vm_writev(pid_, &l, 1, &r, 1, 0) : ::process_vm_readv(pid_, &l, 1, &r, 1, 0);
+    ssize_t n = write ? ::process_vm_writev(target_, &l, 1, &r, 1, 0) : ::process_vm_readv(target_, &l, 1, &r, 1, 0);
     if (n > 0) {
       done += static_cast<size_t>(n);  // partial: the next call starts where it stopped (and faults there if it must)
       continue;
     }
     const int err = n == 0 ? EFAULT : errno;
     if (err == EINTR) continue;
+    // ESRCH with the process alive: its main thread (or the thread named
+    // instead) exited; another thread of it names the same memory.
+    if (err == ESRCH && alive() && retargets++ < 3 && retarget()) continue;
     const std::string where = std::to_string(len) + " bytes at " + hex(addr) + " in pid " + std::to_string(pid_);
     if (err == ESRCH || !alive()) return Status::Closed("the client process is gone");
     if (err == EPERM)

@@ -22,7 +22,12 @@
 //
 // Transfers are all or nothing: a short transfer or EFAULT (an address not
 // mapped, or not writable, in the client) is an error of that transfer;
-// ESRCH, or a pidfd that says the process exited, means the client is gone.
+// a pidfd that says the process (its whole thread group) exited means the
+// client is gone. ESRCH while the pidfd says it lives means only its main
+// thread exited (the kernel finds no address space through a zombie
+// leader's pid): the transfers then name another live thread of the group,
+// held by a thread pidfd (PIDFD_THREAD, Linux 6.9+; before, the client is
+// taken as gone, as it was).
 #pragma once
 
 #include <sys/types.h>
@@ -53,12 +58,20 @@ class ProcessMemory {
   // False once the client process exited (its pidfd is readable).
   bool alive() const;
   pid_t pid() const { return pid_; }
+  // The thread transfers name: the pid, or, once the main thread exited,
+  // another thread of the process.
+  pid_t target() const { return target_; }
 
  private:
-  ProcessMemory(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
+  ProcessMemory(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd), target_(pid) {}
   Status transfer(bool write, uint64_t addr, void* local, size_t len);
+  // Names a live thread of the process other than its (exited) main thread
+  // in target_, holding a pidfd of that thread; false if there is none.
+  bool retarget();
   const pid_t pid_;
   const int pidfd_;
+  pid_t target_;
+  int thread_pidfd_ = -1;  // of target_ when it is not pid_
 };
 
 }  // namespace adp::proto

@@ -483,7 +483,8 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
                        const std::string& listen, const std::string& token, int io_contexts, bool durable,
                        int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
-                       int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes) {
+                       int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
+                       uint64_t max_store_buffer_bytes) {
              GatewayOptions o;
              o.card.path = card;
              o.card.create_bytes = card_size_bytes;
@@ -500,6 +501,7 @@ PYBIND11_MODULE(_native, m) {
              o.idle_timeout_ms = idle_timeout_ms;
              o.max_ring_bytes = max_ring_bytes;
              o.max_ring_total_bytes = max_ring_total_bytes;
+             o.max_store_buffer_bytes = max_store_buffer_bytes;
              return std::make_unique<PyGatewayServer>(o);
            }),
            py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
@@ -511,6 +513,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
            py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
            py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
+           py::arg("max_store_buffer_bytes") = GatewayOptions{}.max_store_buffer_bytes,
            "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
            "default to GatewayOptions'.")
       .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")

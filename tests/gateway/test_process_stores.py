@@ -9,8 +9,14 @@ while the gateway is slow, a client that scribbles on its buffer meanwhile."""
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
+import os
+import platform
 import shutil
+import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,15 +25,16 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from lmcache_adp._native import FEATURE_PROCESS_LOADS, FEATURE_PROCESS_STORES, FEATURE_RING
+from lmcache_adp._native import FEATURE_PROCESS_LOADS, FEATURE_PROCESS_STORES, FEATURE_RING, PROCESS_SEGMENT
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.gateway.test_process_memory import ProcessClient
+from tests.gateway.test_process_memory import LEASE_OPEN, REPO, ProcessClient
 from tests.helpers import RawConnector, payload
 from tests.support.gateway import Gateway
 
 MIB = 1 << 20
 SIZE = 3 * MIB + 100  # several 1 MiB pieces and a partial one
+FOOTPRINT = 4096 + (SIZE + 4095) // 4096 * 4096  # header block, payload in whole blocks
 
 
 def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str, Gateway]:
@@ -214,3 +221,171 @@ def test_scribbled_buffer_stores_old_or_new_bytes_never_a_damaged_object(card_ga
     for k, got in zip(keys, data, strict=True):
         g = np.frombuffer(got, np.uint8)
         assert np.all((g == old) | (g == new)), f"{k} holds bytes the client never wrote"
+
+
+@pytest.mark.parametrize("io_contexts,a_timeout_ms", [(1, 60000), (4, 2000)], ids=["one-context", "deadline-passes"])
+def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io_contexts, a_timeout_ms):
+    """One client's memory stalls the gateway's read of its store (as a buffer on
+    a FUSE file or a userfaultfd range it never serves would:
+    ADP_TEST_PROCESS_READ_STALL_MS blocks the first process read past an
+    object's first piece for 6 s). Meanwhile a second client stores and loads
+    within its own 3 s deadline, with a pool of one I/O context (the stalled
+    store must hold none) and with four (its acknowledgement must not wait
+    behind the stalled store's place on the write frontier). The stalled store
+    then completes (a 60 s deadline), or fails cleanly once its 2 s deadline has
+    passed: nothing of it indexed, the card's counts those of the other
+    client's objects alone."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "6000")
+    gw = Gateway(d, extra=("--io-contexts", str(io_contexts))).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
+    a = StoreClient(gw)
+    b = None
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(payload("stall@a", SIZE), SIZE)
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        a.send(
+            wire.BATCH,
+            wire.batch(wire.PUT, [b"stall@a"], [SIZE], [ctypes.addressof(src)], timeout_ms=a_timeout_ms,
+                       segments=[PROCESS_SEGMENT]),
+        )  # fmt: skip
+        time.sleep(1.0)  # the gateway is in the stalled read
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+        keys = [f"stall@b{i}" for i in range(8)]
+        for i in range(0, len(keys), 4):
+            ok, err, _ = b.set(keys[i : i + 4], [memoryview(bytearray(payload(k, SIZE))) for k in keys[i : i + 4]])
+            assert ok, f"a store waited on the stalled connection: {err}"
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key), err
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        assert stats(gw)["process_stores"] == len(keys), "the other client's stores did not read its memory"
+
+        ftype, body = a.recv()  # the stalled store's reply, once the stall is over
+        assert ftype == wire.BATCH_REPLY, (ftype, body)
+        status = body[8]
+        completes = a_timeout_ms > 6000
+        assert status == (0 if completes else 6), body  # ok, or timed out
+        hits, data = load(gw, ["stall@a"])
+        assert hits == [completes]
+        if completes:
+            assert data[0] == payload("stall@a", SIZE)
+        n = len(keys) + completes
+        st = stats(gw)
+        assert st["objects"] == n and st["stores"] == n and st["process_stores"] == n, st
+        assert st["payload_bytes"] == n * SIZE and st["used_bytes"] == n * FOOTPRINT, st
+        # A store the gateway gave up before the card store took it is no card store failure.
+        assert st["store_failures"] == 0 and st["io_errors"] == 0 and st["healthy"], st
+        # Nothing of it is left in flight: the key can be deleted (or is not there).
+        assert b.delete(["stall@a"])[0] if completes else b.exists(["stall@a"])[2] == [False]
+    finally:
+        if b is not None:
+            b.conn.close()
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
+    """A client whose memory stalls the gateway's read of its store for good
+    (ADP_TEST_PROCESS_READ_STALL_MS: 10 minutes inside the read) does not keep the
+    gateway from stopping: SIGTERM ends it cleanly (exit 0, not the SIGKILL the
+    harness sends after 30 s), the stalled connection's thread left behind with a
+    warning that names the client, and the card closed in order: after a restart
+    it holds every store acknowledged before the stop, and nothing of the
+    stalled one."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "600000")
+    gw = Gateway(d).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
+    a = StoreClient(gw)
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(payload("stop@a", SIZE), SIZE)
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        a.send(
+            wire.BATCH,
+            wire.batch(wire.PUT, [b"stop@a"], [SIZE], [ctypes.addressof(src)], timeout_ms=60000,
+                       segments=[PROCESS_SEGMENT]),
+        )  # fmt: skip
+        time.sleep(1.0)  # the gateway is in the stalled read
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
+        keys = [f"stop@b{i}" for i in range(4)]
+        assert b.set(keys, [memoryview(bytearray(payload(k, SIZE))) for k in keys])[0]
+        b.conn.close()
+        assert gw.stop() == 0, gw.logs[-1]
+        log = gw.logs[-1]
+        assert f"stopping without client #1 (pid {os.getpid()})" in log, log
+        assert "gateway stopped" in log and "card " in log and "closed" in log, log
+        assert a.recv() == (None, b"")  # the connection ended with the gateway
+        gw.start()
+        hits, data = load(gw, [*keys, "stop@a"])
+        assert hits == [True] * len(keys) + [False]
+        assert data[: len(keys)] == [payload(k, SIZE) for k in keys]
+        assert stats(gw)["objects"] == len(keys)
+    finally:
+        a.close()
+        if gw.proc:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# A connector process whose main thread exits (the thread-group leader, with a
+# raw SYS_exit: the process lives on in its other threads, as a server whose
+# main thread returned while its workers run would) after one store; a second
+# thread then stores and loads on the same connection and reports.
+SYS_EXIT = {"x86_64": 60, "aarch64": 93}
+MAIN_THREAD_EXITS_CHILD = """
+import ctypes, json, os, sys, threading, time
+from lmcache_adp import ADPConnector
+from tests.helpers import RawConnector, payload
+url, size, sys_exit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+c = RawConnector(ADPConnector(gateway=url, num_workers=1, timeout_ms=20000))
+first = c.set(["me@0"], [memoryview(bytearray(payload("me@0", size)))])[0]
+leader = os.getpid()
+
+def after():
+    while True:  # until the main thread is a zombie
+        with open(f"/proc/{leader}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    keys = [f"me@{i}" for i in range(1, 4)]
+    ok, err, _ = c.set(keys, [memoryview(bytearray(payload(k, size))) for k in keys])
+    outs = [bytearray(size) for _ in keys]
+    got, gerr, _ = c.get(keys, [memoryview(o) for o in outs])
+    good = got and all(bytes(o) == payload(k, size) for o, k in zip(outs, keys))
+    st = c.conn.stats()
+    print(json.dumps({"first": first, "stored": ok, "err": err, "loaded": good, "gerr": gerr,
+                      "process_stores": st["process_stores"], "process_loads": st["process_loads"]}), flush=True)
+    os._exit(0)
+
+threading.Thread(target=after).start()
+ctypes.CDLL(None).syscall(sys_exit, 0)  # this thread only (ctypes lets go of the GIL first)
+"""
+
+
+def test_main_thread_exit_keeps_the_connection_of_a_living_process(card_gateway):
+    """Only the client's main thread exits; the process lives on in another
+    thread, which keeps the connection: its stores and loads still go through
+    its process memory (process_vm_readv/writev of an exited leader's pid fail
+    with ESRCH; the gateway then names a live thread of the process), and the
+    connection is not closed as if the client were gone."""
+    assert platform.machine() in SYS_EXIT, f"no SYS_exit number known for {platform.machine()}"
+    gw = card_gateway
+    r = subprocess.run(
+        [sys.executable, "-c", MAIN_THREAD_EXITS_CHILD, gw.unix_url, str(SIZE), str(SYS_EXIT[platform.machine()])],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["first"] and out["stored"] and out["loaded"], out
+    assert out["process_stores"] == 4 and out["process_loads"] == 3, out
+    log = gw.log()
+    assert log.count(" connected (") == 1, log  # never closed and connected again
+    st = stats(gw)
+    assert st["process_stores"] == 4 and st["process_loads"] == 3 and st["process_refusals"] == 0, st
