@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -659,10 +660,15 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             i++;
             continue;
           }
+          // A chunk with process items fits the store buffer (each object 4 KiB
+          // aligned in it), or is one object (refused if larger).
+          const uint64_t chunk_bytes =
+              put_process ? std::min<uint64_t>(kPutChunkBytes, shared_->limits.max_store_buffer_bytes) : kPutChunkBytes;
+          auto room = [&](size_t k) { return put_process ? (items[k].size + 4095) & ~uint64_t(4095) : items[k].size; };
           size_t end = i + 1;
-          for (uint64_t bytes = items[i].size; end < n && end - i < kPutChunkItems; end++) {
-            bytes += items[end].size;
-            if (bytes > kPutChunkBytes) break;
+          for (uint64_t bytes = room(i); end < n && end - i < kPutChunkItems; end++) {
+            bytes += room(end);
+            if (bytes > chunk_bytes) break;
           }
           if (put_process && !read_process_chunk(req, i, end, deadline, &pr, &items, &st)) {
             if (!pr.gone.ok()) return pr.gone;  // the client process exited (or stop() gave up): the connection ends

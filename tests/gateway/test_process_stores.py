@@ -389,3 +389,34 @@ def test_main_thread_exit_keeps_the_connection_of_a_living_process(card_gateway)
     assert log.count(" connected (") == 1, log  # never closed and connected again
     st = stats(gw)
     assert st["process_stores"] == 4 and st["process_loads"] == 3 and st["process_refusals"] == 0, st
+
+
+def test_an_object_larger_than_the_store_buffer_fails_alone():
+    """With --max-store-buffer-mb 1, a process store of a 3 MiB object fails
+    alone, its reason naming the option, and is never read from the client;
+    the request's objects of 256 KiB around it, more than the buffer holds
+    together, are stored (in chunks that fit it) and load back intact."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--max-store-buffer-mb", "1")).start()
+    c = StoreClient(gw)
+    try:
+        assert c.register()[0] & FEATURE_PROCESS_STORES
+        small = 256 * 1024 + 100
+        keys = ["buf@s0", "buf@s1", "buf@big", "buf@s2", "buf@s3", "buf@s4", "buf@s5"]
+        sizes = [SIZE if k == "buf@big" else small for k in keys]
+        srcs = [ctypes.create_string_buffer(payload(k, n), n) for k, n in zip(keys, sizes, strict=True)]
+        res = c.put([k.encode() for k in keys], sizes, [ctypes.addressof(b) for b in srcs])
+        assert res[2][0] != 0 and b"larger than the gateway's store buffer" in res[2][1], res
+        assert b"--max-store-buffer-mb" in res[2][1], res
+        assert [r for i, r in enumerate(res) if i != 2] == [(0, b"")] * 6, res
+        st = stats(gw)
+        assert st["process_stores"] == 6 and st["objects"] == 6, st
+        assert st["process_read_bytes"] == 6 * small, "the object larger than the buffer was read"
+    finally:
+        c.close()
+    smalls = [k for k in keys if k != "buf@big"]
+    hits, data = load(gw, smalls, small)
+    assert hits == [True] * 6 and data == [payload(k, small) for k in smalls]
+    assert load(gw, ["buf@big"])[0] == [False]
+    gw.kill()
+    shutil.rmtree(d, ignore_errors=True)
