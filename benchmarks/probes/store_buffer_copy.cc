@@ -9,16 +9,19 @@
 //  C) the read straight into the card in 256 KiB pieces, each checksummed
 //     there (the fill path before e5980f9: one copy)
 // Build (from the repository root):
-//   g++ -O2 -std=c++20 -march=native -Isrc_cpp -o /tmp/sbc benchmarks/probes/store_buffer_copy.cc src_cpp/util/crc32c.cc
+//   g++ -O2 -std=c++20 -march=native -Isrc_cpp -o /tmp/sbc benchmarks/probes/store_buffer_copy.cc
+//   src_cpp/util/crc32c.cc
 // Run: /tmp/sbc OBJ_MiB   (writes /dev/shm/stall-probe.img, removed after)
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
+
 #include "util/crc32c.h"
 using namespace adp;
 using C = std::chrono::steady_clock;
@@ -56,7 +59,11 @@ int main(int argc, char** argv) {
         }
       }
       double s = std::chrono::duration<double>(C::now() - t).count();
-      printf("obj %zu MiB mode %s: %.2f GB/s\n", obj >> 20, mode == 0 ? "A buf+crc_copy" : mode == 1 ? "B buf+crc, memcpy" : "C direct+crc", total / s / 1e9);
+      printf("obj %zu MiB mode %s: %.2f GB/s\n", obj >> 20,
+             mode == 0   ? "A buf+crc_copy"
+             : mode == 1 ? "B buf+crc, memcpy"
+                         : "C direct+crc",
+             total / s / 1e9);
     }
   }
   unlink("/dev/shm/stall-probe.img");
