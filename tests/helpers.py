@@ -15,6 +15,8 @@ import select
 import time
 from typing import Any
 
+import numpy as np
+
 MIB = 1 << 20
 
 
@@ -22,6 +24,28 @@ def payload(key: str, size: int) -> bytes:
     """Deterministic bytes for a key, so any hit can be checked exactly."""
     seed = hashlib.sha256(key.encode()).digest()
     return (seed * (size // len(seed) + 1))[:size]
+
+
+def corrupt(card: str, key: str, at: int) -> None:
+    """Flips the lowest bit of one byte of key's object on the card image, `at` bytes from its header block's
+    start (its payload from 4096; a payload that runs into the next region continues after that region's
+    header block, docs/card_format.md, so a later byte of the image is not the same byte of the payload)."""
+    with open(card, "r+b") as f:
+        image = f.read()
+        pos = image.find(key.encode())
+        assert pos > 0
+        f.seek(pos - pos % 4096 + at)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def no_foreign_bytes(out, data: bytes, flipped: int = 0) -> bool:
+    """Every byte of out is 0 (untouched, from zeros) or the object's own at that place; with flipped=1, one
+    byte may instead be the object's with its lowest bit flipped (the object as corrupt() left it)."""
+    o, d = np.frombuffer(out, np.uint8), np.frombuffer(data, np.uint8)
+    own = (o == 0) | (o == d)
+    return bool(np.all(own | (o == d ^ 1))) and int(np.count_nonzero(~own)) <= flipped
 
 
 class RawConnector:

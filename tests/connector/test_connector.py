@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.helpers import MIB, RawConnector, payload
+from tests.helpers import MIB, RawConnector, corrupt, no_foreign_bytes, payload
 
 
 @pytest.fixture
@@ -278,18 +278,6 @@ def test_memory_card_is_mapped_while_open_and_loads_copy_from_the_mapping(memory
     assert card_mappings(memory_card) == []
 
 
-def corrupt(card: str, key: str, at: int) -> None:
-    """Flips one byte of key's object, `at` bytes from its header block's start (payload from 4096)."""
-    with open(card, "r+b") as f:
-        image = f.read()
-        pos = image.find(key.encode())
-        assert pos > 0
-        f.seek(pos - pos % 4096 + at)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 1]))
-
-
 @pytest.mark.parametrize("where", ["payload", "later piece", "tail", "header"])
 def test_damaged_object_is_a_miss_and_dropped(any_card, where):
     c = RawConnector(ADPConnector(card=any_card, card_size_gb=0.25, num_workers=1))
@@ -303,9 +291,13 @@ def test_damaged_object_is_a_miss_and_dropped(any_card, where):
             {"payload": 4096 + 777, "later piece": 4096 + 4 * MIB + 12345, "tail": 4096 + n - 5, "header": 30}[where],
         )
         dsts = [aligned_array(n) for _ in keys]
+        for d in dsts:
+            d[:] = 0
         ok, _, hits = c.get(keys, [memoryview(d) for d in dsts])
         assert hits == [True, False]
         assert bytes(dsts[0]) == payload(keys[0], n)
+        # The README ("integrity"): the missed key's buffer may hold the damaged bytes; nothing else.
+        assert no_foreign_bytes(dsts[1], payload(keys[1], n), flipped=1), "foreign bytes in the damaged buffer"
         assert c.conn.stats()["checksum_failures"] == 1
         assert c.exists(keys)[2] == [True, False]
     finally:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, no_foreign_bytes, payload
 from tests.support.gateway import Gateway
 
 TIMEOUT_MS = 2000
@@ -44,12 +43,6 @@ def test_absent_gateway_fails_fast_and_recovers_when_it_appears(workdir):
     assert c.exists(keys)[2] == [True] * 3
     c.conn.close()
     gw.stop()
-
-
-def no_foreign_bytes(out: bytearray, data: bytes) -> bool:
-    """Every byte of out is 0 (untouched) or the object's own at that place."""
-    o, d = np.frombuffer(out, np.uint8), np.frombuffer(data, np.uint8)
-    return bool(np.all((o == 0) | (o == d)))
 
 
 @pytest.mark.parametrize("process_memory", [False, True])

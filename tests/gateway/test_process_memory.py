@@ -10,6 +10,7 @@ killed mid-load; a damaged object."""
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 import shutil
@@ -32,7 +33,7 @@ from lmcache_adp._native import (
 )
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, corrupt, no_foreign_bytes, payload
 from tests.support.gateway import Gateway
 
 MIB = 1 << 20
@@ -355,18 +356,6 @@ def test_gateway_killed_mid_load_fails_the_future_at_once(monkeypatch):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def corrupt(card: str, key: str, at: int) -> None:
-    """Flips one byte of key's object, `at` bytes from its header block's start (payload from 4096)."""
-    with open(card, "r+b") as f:
-        image = f.read()
-        pos = image.find(key.encode())
-        assert pos > 0
-        f.seek(pos - pos % 4096 + at)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 1]))
-
-
 @pytest.mark.parametrize("where", ["first piece", "last piece", "header"])
 def test_damaged_object_is_a_miss(card_gateway, where):
     gw = card_gateway
@@ -384,6 +373,10 @@ def test_damaged_object_is_a_miss(card_gateway, where):
         if where == "header" or not gw.workdir.startswith("/dev/shm"):
             # Checked before any byte went out (a header, or a staged object).
             assert bytes(outs[1]) == bytes(SIZE)
+        else:
+            # docs/protocol.md, "What a failure leaves": on a memory-speed card the pieces went out before the
+            # CRC's verdict, so the buffer may hold the object as the card holds it (damaged byte included).
+            assert no_foreign_bytes(outs[1], payload(keys[1], SIZE), flipped=1), "foreign bytes in the buffer"
         assert c.exists(keys)[2] == [True, False], "a damaged object is dropped"
     finally:
         c.conn.close()
@@ -697,3 +690,108 @@ def test_buffer_whose_tail_is_unmapped_fails_that_item(card_gateway):
         c.close()
         libc.munmap(base, span - page)
     assert gw.proc.poll() is None
+
+
+# Both processes below map their buffer at this address, so that a write meant for the one lands in the
+# other if the gateway ever takes the pid for the process.
+FIXED_AT = 0x5A5A00000000
+MAP_FIXED_AT = f"""
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+MAP_FIXED_NOREPLACE = 0x100000
+flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_FIXED_NOREPLACE
+assert libc.mmap({FIXED_AT}, {SIZE}, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0) == {FIXED_AT}
+"""
+# Registers, proves the grant with one load, then forks: the registered process exits and its child keeps
+# the socket; on "go" the child asks for a load into the same address and says what came of it.
+FORKED_CLIENT = (
+    MAP_FIXED_AT
+    + f"""
+import json, os, struct, sys, types
+sys.path.insert(0, {REPO!r})
+from tests.gateway import wire
+from tests.gateway.test_process_memory import FEATURE_PROCESS_LOADS, LEASE_OPEN, PROCESS_SEGMENT, ProcessClient
+c = ProcessClient(types.SimpleNamespace(socket=sys.argv[1]))
+assert c.register() == (FEATURE_PROCESS_LOADS, "")
+assert c.get([b"fork@a"], [{SIZE}], [{FIXED_AT}]) == [(0, b"")]  # granted: it lands
+ctypes.memset({FIXED_AT}, 0x33, {SIZE})
+if os.fork():
+    print(json.dumps({{"registered": os.getpid()}}), flush=True)
+    os._exit(0)
+sys.stdin.readline()
+c.map[0:8] = struct.pack("<Q", (c.rid + 1) << 2 | LEASE_OPEN)
+c.send(wire.BATCH, wire.batch(wire.GET, [b"fork@a"], [{SIZE}], [{FIXED_AT}], segments=[PROCESS_SEGMENT]))
+ftype, body = c.recv()
+outcome = "connection closed" if ftype is None else body[8] if ftype == wire.BATCH_REPLY else ftype
+print(json.dumps({{"outcome": outcome, "untouched": ctypes.string_at({FIXED_AT}, {SIZE}) == b"\\x33" * {SIZE}}}))
+"""
+)
+# Another process of the same uid, dumpable, with the dead client's pid: fills its buffer, waits, reports.
+PID_HOLDER = (
+    MAP_FIXED_AT
+    + f"""
+import json, sys
+ctypes.memset({FIXED_AT}, 0x55, {SIZE})
+print("ready", flush=True)
+sys.stdin.readline()
+print(json.dumps({{"untouched": ctypes.string_at({FIXED_AT}, {SIZE}) == b"\\x55" * {SIZE}}}), flush=True)
+"""
+)
+
+
+def spawn_with_pid(pid: int, script: str, tries: int = 200) -> subprocess.Popen:
+    """A python running `script` under `pid` (free: its process exited and was reaped), through
+    /proc/sys/kernel/ns_last_pid (root); another fork on the machine may take the pid first: tried again."""
+    for _ in range(tries):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    pytest.fail(f"no process got pid {pid} in {tries} tries (other processes forked first)")
+
+
+def test_client_exited_while_a_forked_child_keeps_the_socket_writes_into_no_process(card_gateway):
+    """The registered process exits; the child it forked keeps the connection and asks for a load into
+    its own memory (the same address as the parent's). The gateway writes into the process that
+    registered, which is gone: the load fails (the connection ends, docs/protocol.md "Errors"), the
+    child's buffer stays as it was, and so does that of a new process of the same uid that now holds
+    the dead client's pid (the pid reuse the pidfd check guards against); the gateway serves on."""
+    assert os.geteuid() == 0, "this test needs root: it hands the dead client's pid to another process"
+    gw = card_gateway
+    store(gw, ["fork@a"])
+    client = subprocess.Popen(
+        [sys.executable, "-c", FORKED_CLIENT, gw.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    holder = None
+    try:
+        line = client.stdout.readline()
+        registered = json.loads(line)["registered"]
+        assert client.wait(timeout=30) == 0  # exited and reaped: its pid is free
+        assert stats(gw)["process_loads"] == 1
+        holder = spawn_with_pid(registered, PID_HOLDER)
+        assert holder.stdout.readline() == "ready\n"
+        client.stdin.write("go\n")  # the forked child, still reading the same pipe
+        client.stdin.flush()
+        child = json.loads(client.stdout.readline())
+        holder.stdin.write("done\n")
+        holder.stdin.flush()
+        held = json.loads(holder.stdout.readline())
+        assert child["outcome"] == "connection closed", child
+        assert child["untouched"], "bytes landed in the forked child, which never registered"
+        assert held["untouched"], f"bytes landed in pid {registered}, now another process"
+        assert stats(gw)["process_loads"] == 1
+        assert "gone after" in gw.log()
+        other = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        out = bytearray(SIZE)
+        assert other.get(["fork@a"], [memoryview(out)])[2] == [True] and bytes(out) == payload("fork@a", SIZE)
+        other.conn.close()
+    finally:
+        for p in (client, holder):
+            if p:
+                p.kill()
+                p.wait()
