@@ -92,6 +92,12 @@ def native_build(package: Path | None = None) -> dict:
     else:
         so = next(Path(package).resolve().glob("_native*.so"))
     tree = so.parent.parent
+    # scripts/sanitize.sh asan-python builds into <tree>/build/sanitize/<mode>/py/lmcache_adp: judged against
+    # <tree>'s sources (it records their digest as setup.py does).
+    sanitizer = None
+    up = tree.parents
+    if tree.name == "py" and len(up) > 3 and (up[2].name, up[1].name) == ("build", "sanitize"):
+        sanitizer, tree = up[0].name, up[3]
     digests = _load_source_digest(so.parent)
     git = ["git", "-C", str(tree)]
     r = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -117,6 +123,7 @@ def native_build(package: Path | None = None) -> dict:
         ),
         "sha256": hashlib.sha256(so.read_bytes()).hexdigest()[:16],
         "sources": built_from[:12] if built_from else "unknown",
+        "sanitizer": sanitizer,
         "stale": stale,
     }
 
@@ -135,8 +142,9 @@ def _load_source_digest(package: Path):
 def describe_build(b: dict) -> str:
     """native_build() in one line for a results file."""
     stale = f"; STALE: {', '.join(b['stale'])}" if b["stale"] else ""
+    sanitizer = f" (sanitizer build: {b['sanitizer']})" if b.get("sanitizer") else ""
     return (
-        f"native module {b['module']}, commit {b['commit']}, built {b['built']}, sha256 {b['sha256']}, "
+        f"native module {b['module']}{sanitizer}, commit {b['commit']}, built {b['built']}, sha256 {b['sha256']}, "
         f"sources {b['sources']}{stale}"
     )
 

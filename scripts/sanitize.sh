@@ -49,6 +49,10 @@ if [ "$mode" = asan-python ]; then
   fi
   mapfile -t pyinc < <("$PYTHON" -c 'import sysconfig, pybind11; print(sysconfig.get_paths()["include"]); print(pybind11.get_include())')
   flags+=(-fPIC -fvisibility=hidden -I"${pyinc[0]}" -I"${pyinc[1]}")
+  # The sources' digest, as setup.py records it (_native.SOURCE_DIGEST): benchmarks/tools.native_build()
+  # then judges this build by content like any other, instead of calling it stale for want of one.
+  digest=$("$PYTHON" -c 'import runpy; print(runpy.run_path("lmcache_adp/source_digest.py")["source_digest"]("."))')
+  flags+=("-DADP_SOURCE_DIGEST=\"$digest\"")  # one word: xargs' sh -c splits FLAGS on spaces only
 else
   mapfile -t sources < <(find src_cpp -name '*.cc' ! -path src_cpp/python/bindings.cc | sort)
   sources+=(tests/cpp/connector_stress.cc)

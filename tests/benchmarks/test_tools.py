@@ -161,3 +161,32 @@ def test_device_matrix_leaves_what_the_device_tool_returns(tmp_path):
             "embedded",
         ]
     assert "device tool returns 8 at most" not in r.stdout
+
+
+def test_native_build_judges_a_sanitizer_build_by_its_tree_sources(tmp_path):
+    """scripts/sanitize.sh asan-python's module (<tree>/build/sanitize/asan-python/py/lmcache_adp) records the
+    sources' digest: native_build names it a sanitizer build and judges it against <tree>'s src_cpp, stale
+    only when they differ (or when it records none, as such builds did before session seven)."""
+    from lmcache_adp.source_digest import MARKER, source_digest
+
+    digest = source_digest(ROOT)
+    tree, so = copy_of_tree(tmp_path, b"")
+    pkg = tree / "build" / "sanitize" / "asan-python" / "py" / "lmcache_adp"
+    pkg.mkdir(parents=True)
+    shutil.copy(tree / "lmcache_adp" / "source_digest.py", pkg)
+    sanitized = pkg / so.name
+    sanitized.write_bytes(b"\x7fELF asan..." + MARKER + digest.encode() + b"\0...")
+    b = tools.native_build(pkg)
+    assert b["sanitizer"] == "asan-python" and b["stale"] == [] and b["sources"] == digest[:12], b
+    assert "(sanitizer build: asan-python)" in tools.describe_build(b) and "STALE" not in tools.describe_build(b)
+
+    src = tree / "src_cpp" / "python" / "bindings.cc"
+    src.write_bytes(src.read_bytes() + b"\n")
+    assert tools.native_build(pkg)["stale"] == [
+        f"src_cpp differs from the sources built (built {digest[:12]}, tree now {source_digest(tree)[:12]})"
+    ]
+    sanitized.write_bytes(b"\x7fELF asan, no digest")
+    assert tools.native_build(pkg)["stale"] == [
+        "the module records no source digest (built outside setup.py, or before it recorded one)"
+    ]
+    assert tools.native_build(tree / "lmcache_adp")["sanitizer"] is None  # the tree's own build

@@ -52,6 +52,13 @@ def main() -> int:
     workdir = sys.argv[1]
     frames = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
     check(_native.__file__.startswith(os.environ.get("ADP_SANITIZED_PREFIX", "/nonexistent")), _native.__file__)
+    # The build records its sources' digest as setup.py's does, so native_build() judges it by content.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    import tools
+
+    build = tools.native_build()
+    check(build["sanitizer"] == "asan-python" and build["stale"] == [], tools.describe_build(build))
 
     accepted, refused = fuzz.run_parser(frames=frames)
     check(accepted + refused == frames and refused > 0 and accepted > 0, "parser fuzz")
