@@ -24,6 +24,19 @@ WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
 if os.environ.get("ADP_WERROR") == "1":
     WARNINGS.append("-Werror")
 
+
+class BuildExt(build_ext):
+    """build_ext that also rebuilds when the module it would skip (up to date by file times) records other
+    sources than the tree's: an edit saved while a build compiled is older than that build's module, and
+    times alone would keep the old code until the file is touched again."""
+
+    def build_extension(self, ext):
+        built = Path(self.get_ext_fullpath(ext.name))
+        if built.exists() and digest_ns["recorded_digest"](built) != SOURCE_DIGEST:
+            self.force = True
+        super().build_extension(ext)
+
+
 ext = Pybind11Extension(
     "lmcache_adp._native",
     SOURCES,
@@ -48,7 +61,7 @@ setup(
     packages=find_packages(include=["lmcache_adp", "lmcache_adp.*"]),
     package_data={"lmcache_adp": ["_native.pyi"]},  # the binding's type stubs
     ext_modules=[ext],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": BuildExt},
     install_requires=["numpy", "prometheus_client", "tqdm"],
     extras_require={
         "lmcache": ["lmcache>=0.5.4,<0.6"],
