@@ -146,9 +146,11 @@ class GatewayServer:
         max_ring_bytes: int = ...,
         max_ring_total_bytes: int = ...,
         max_store_buffer_bytes: int = ...,
+        process_write_threads: int = -1,
     ) -> None:
         """Opens the card and listens on socket_path (and listen, tcp://HOST:PORT,
-        with token); the max_* bounds default to GatewayOptions'."""
+        with token); the max_* bounds default to GatewayOptions'. process_write_threads:
+        helpers writing process loads' pieces (-1: one per usable CPU, 0: none)."""
 
     @property
     def tcp_port(self) -> int:

@@ -75,6 +75,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", help="file holding the token TCP clients must present")
     p.add_argument("--io-contexts", type=int, default=4, help="store operations run in parallel (default 4)")
     p.add_argument(
+        "--process-write-threads",
+        type=int,
+        default=-1,
+        help="helper threads that write the pieces of loads into clients' process memory beside the "
+        "connections' threads, where CPUs are spare (default -1: one per CPU the gateway may use; 0: none)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -97,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not 1 <= args.io_contexts <= 64:
         log.error("--io-contexts must be in [1, 64], got %d", args.io_contexts)
+        return 2
+    if not -1 <= args.process_write_threads <= 1024:
+        log.error("--process-write-threads must be in [-1, 1024], got %d", args.process_write_threads)
         return 2
     if not 0 <= args.metrics_port <= 65535:
         log.error("--metrics-port must be in [0, 65535], got %d", args.metrics_port)
@@ -128,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             listen=args.listen,
             token=token,
             io_contexts=args.io_contexts,
+            process_write_threads=args.process_write_threads,
             max_clients=args.max_clients,
             max_tcp_clients=args.max_tcp_clients,
             max_handshakes=args.max_handshakes,

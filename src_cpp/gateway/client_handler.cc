@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -62,13 +63,16 @@ Status ClientHandler::in_client_memory(F&& fn) {
   if (control_) {
     std::lock_guard<std::mutex> l(control_->mu);
     if (control_->abandoned) return Status::Closed("the gateway stopped");
-    control_->in_transfer = true;
+    // Since the last transfer began or ended: stop() gives up only when no
+    // thread of this connection got through one for that long.
+    control_->in_transfer++;
     control_->transfer_since = std::chrono::steady_clock::now();
   }
   Status s = fn();
   if (control_) {
     std::lock_guard<std::mutex> l(control_->mu);
-    control_->in_transfer = false;
+    control_->in_transfer--;
+    control_->transfer_since = std::chrono::steady_clock::now();
     if (control_->abandoned) {
       abandoned_ = true;
       return Status::Closed("the gateway stopped while the client's memory stalled it");
@@ -364,21 +368,32 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
   // checked before the object and before each of its pieces.
   if (!process_->alive()) return Status::Closed("the client process is gone");
-  Status written;
+  PiecePool* pool = shared_->pieces.get();
+  if (!bounces_) {  // one bounce buffer for this thread and one for each helper an object may take
+    bounce_slots_ = 1 + (pool ? pool->max_helpers() : 0);
+    bounces_ = std::make_unique<AlignedBuffer[]>(bounce_slots_);
+  }
+  // The sink runs on this thread and on the pool's helpers at once, each
+  // piece's write under the shared lease (join_lease).
+  std::mutex failed_mu;
+  Status failed;  // the first write that failed: the client gone, an address it does not have
+  std::atomic<bool> gave_up{false};
+  auto fail = [&](Status s) {
+    std::lock_guard<std::mutex> lock(failed_mu);
+    if (failed.ok()) failed = std::move(s);
+    return false;
+  };
   auto sink = [&](size_t done, const uint8_t* src, size_t len) {
-    if (!process_->alive()) {
-      written = Status::Closed("the client process is gone");
-      return false;
-    }
+    if (!process_->alive()) return fail(Status::Closed("the client process is gone"));
     if (test_process_stall_ms_ && done > 0 && !g_process_stall_taken.exchange(true))
       std::this_thread::sleep_for(std::chrono::milliseconds(test_process_stall_ms_));
-    if (!take_lease(request_id)) {
-      *revoked = true;
+    if (!join_lease(request_id)) {
+      gave_up = true;
       return false;
     }
-    written = in_client_memory([&] { return process_->write(it.offset + done, src, len); });
-    give_lease(request_id);
-    return written.ok();
+    Status w = in_client_memory([&] { return process_->write(it.offset + done, src, len); });
+    leave_lease(request_id);
+    return w.ok() || fail(std::move(w));
   };
   auto accept = [&](size_t size) {
     if (size == it.size) return true;
@@ -394,11 +409,38 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
     fn(**lease);
     return true;
   };
-  Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, &bounce_, &hold_, sink);
-  if (!written.ok()) return written;
+  CardStore::RunPiecesFn run_pieces;
+  if (pool) run_pieces = [pool](size_t n, const PiecePool::PieceFn& piece) { return pool->run(n, piece); };
+  Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, {bounces_.get(), bounce_slots_}, &hold_, sink,
+                                             run_pieces);
+  if (gave_up) *revoked = true;
+  if (!failed.ok()) return failed;
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
   return st;
+}
+
+bool ClientHandler::join_lease(uint64_t request_id) {
+  std::unique_lock<std::mutex> lock(lease_mu_);
+  // Writes join a held lease until each slot has written once; then the
+  // next waits for the lease to go back to OPEN, when the client may revoke
+  // it: a revoke waits out at most one piece per slot.
+  lease_free_.wait(lock, [&] { return lease_holders_ == 0 || lease_joins_ < bounce_slots_; });
+  if (lease_holders_ == 0) {
+    if (!take_lease(request_id)) return false;
+    lease_joins_ = 0;
+  }
+  lease_holders_++;
+  lease_joins_++;
+  return true;
+}
+
+void ClientHandler::leave_lease(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  if (--lease_holders_ == 0) {
+    give_lease(request_id);
+    lease_free_.notify_all();
+  }
 }
 
 Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst, size_t len) {
@@ -541,6 +583,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("process_read_bytes", shared.process_read_bytes.load());
   field("processes", shared.processes.load());
   field("process_refusals", shared.process_refusals.load());
+  field("process_write_threads", shared.pieces ? shared.pieces->threads() : 0);
+  field("process_helper_pieces", shared.pieces ? shared.pieces->helped_pieces() : 0);
   out.back() = '}';
   return out;
 }

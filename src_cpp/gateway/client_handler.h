@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "protocol/shared_ring.h"
 #include "protocol/socket_io.h"
 #include "store/card_store.h"
+#include "util/piece_pool.h"
 
 namespace adp {
 
@@ -45,7 +47,7 @@ struct ConnectionLimits {
 // transfer ends, touches nothing of the server: no card, no I/O context).
 struct ConnectionControl {
   std::mutex mu;
-  bool in_transfer = false;
+  int in_transfer = 0;  // threads in one now (a process load's pieces may be on several)
   std::chrono::steady_clock::time_point transfer_since;
   bool abandoned = false;
   bool done = false;  // the thread has finished with the server's state
@@ -74,6 +76,11 @@ struct GatewayShared {
   std::atomic<uint64_t> process_stores{0};      // objects stored straight from a client's process memory (r5)
   std::atomic<uint64_t> process_read_bytes{0};  // bytes read from clients' process memory for stores (r5)
   std::atomic<uint64_t> process_refusals{0};    // process registrations refused (r5)
+  // Helpers for the pieces of process loads (r5); none: each connection's
+  // thread writes its own. Here, not in the server: a connection thread
+  // that stop() left behind in a stalled transfer may be waiting for its
+  // helper, and holds this struct until it ends.
+  std::unique_ptr<PiecePool> pieces;
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -122,7 +129,9 @@ class ClientHandler {
   Status in_client_memory(F&& fn);
   // Holds no IoContext and no card pin while it writes into the client
   // (CardStore::get_via_bounce): a client whose memory stalls the write
-  // stalls only its own connection.
+  // stalls only its own connection. An object's pieces go out on this
+  // thread and on up to shared_->pieces->max_helpers() helpers at once;
+  // the reply waits for every one of them.
   Status load_into_process(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline, bool* revoked);
   Status check_request_id(const proto::Frame& frame);
   Status run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
@@ -131,6 +140,10 @@ class ClientHandler {
   // object is written into a segment, given back after.
   bool take_lease(uint64_t request_id);
   void give_lease(uint64_t request_id);
+  // The same lease shared by the threads writing one object's pieces into
+  // process memory: the first takes it, the last gives it back.
+  bool join_lease(uint64_t request_id);
+  void leave_lease(uint64_t request_id);
   // r4: item `item`'s first `upto` bytes are in the ring; then the ticket.
   void publish_progress(size_t item, size_t upto);
   // Bumps the progress ticket, waking the client if it sleeps on it.
@@ -146,7 +159,7 @@ class ClientHandler {
   std::shared_ptr<GatewayShared> keep_;
   GatewayShared* shared_;
   std::shared_ptr<ConnectionControl> control_;
-  bool abandoned_ = false;  // stop() gave up on this connection: touch nothing of the server's
+  std::atomic<bool> abandoned_{false};  // stop() gave up on this connection: touch nothing of the server's
   std::unique_ptr<proto::SharedRing> ring_;
   bool segments_enabled_ = false;  // r3 negotiated
   bool segment_stores_ = false;    // r3 stores from segments granted
@@ -158,9 +171,16 @@ class ClientHandler {
   uint32_t process_granted_ = 0;
   bool process_registered_ = false;
   std::unique_ptr<proto::ProcessMemory> process_;
-  // r5 loads: the piece being written (1 MiB, allocated once) and, from a
-  // card that is not memory-speed, the object read into staging.
-  AlignedBuffer bounce_, hold_;
+  // r5 loads: a bounce buffer for each thread that may write a piece at
+  // once (256 KiB each, allocated on first use) and, from a card that is
+  // not memory-speed, the object read into staging.
+  std::unique_ptr<AlignedBuffer[]> bounces_;
+  size_t bounce_slots_ = 0;
+  AlignedBuffer hold_;
+  // The load lease held by the writers of one object's pieces together.
+  std::mutex lease_mu_;
+  std::condition_variable lease_free_;
+  size_t lease_holders_ = 0, lease_joins_ = 0;
   // r5 stores: the chunk's objects read from the client before the card
   // store reserves their place (limits.max_store_buffer_bytes at most).
   AlignedBuffer store_buf_;

@@ -40,6 +40,13 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
+  // An object's pieces on at most kMaxPieceHelpers helpers beside its own
+  // thread: the 16-core probe loaded 4 connections at 1.0-1.3x embedded
+  // with 2 or 3 threads each (benchmarks/README.md, "Session seven").
+  constexpr int kMaxPieceHelpers = 2;
+  const int cpus = PiecePool::usable_cpus();
+  const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
+  if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, cpus);
   g->shared_->limits = {opts.max_tcp_clients, opts.handshake_timeout_ms, opts.idle_timeout_ms,
                         opts.max_ring_bytes,  opts.max_ring_total_bytes, opts.max_store_buffer_bytes};
   StoreStats st = g->store_->stats();

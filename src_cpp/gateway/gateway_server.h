@@ -33,6 +33,10 @@ struct GatewayOptions {
   std::string tcp_listen;   // "tcp://host:port" (port 0: any free port) or empty
   std::string token;        // required with tcp_listen
   int io_contexts = 4;      // store operations in parallel
+  // Helper threads that write the pieces of process loads (r5) beside the
+  // connections' threads where CPUs are spare (PiecePool); -1: as many as
+  // the CPUs the gateway may run on (sched_getaffinity), 0: none.
+  int process_write_threads = -1;
   // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
   // own small pool and a short handshake timeout, so they never hold the
   // slots of local (Unix) or authenticated clients.

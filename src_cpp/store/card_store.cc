@@ -2,6 +2,7 @@
 #include "store/card_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <random>
@@ -27,6 +28,16 @@ constexpr size_t kPieceBytes = 1u << 20;
 // 0.82-0.90x with 1 MiB; process_vm_readv runs as fast in 256 KiB pieces as
 // in 1 MiB ones (raw/2026-12-01-1300-process-vm-limit-16core.txt).
 constexpr size_t kFillPieceBytes = 256u << 10;
+
+// A load through bounce buffers (get_via_bounce, protocol r5) copies each
+// piece of this size into one with its CRC and hands it to the sink, which
+// writes it into the client with process_vm_writev: the write then reads a
+// piece that is still in the copying core's L2 (2 MiB a core on both
+// machines). 16-core probe (benchmarks/probes/process_bounce_split.cc,
+// results/raw/2026-12-01-1615-bounce-split-16core.txt): 16 connections, one
+// thread each, 29-31 GB/s with 256 KiB pieces against 24-33 with 1 MiB; 4
+// connections of two threads, 19-22 against 14-20.
+constexpr size_t kBouncePieceBytes = 256u << 10;
 
 // On a disk card, an object from 4 KiB-aligned memory at least this large has
 // its CRC computed on the IoContext's CrcWorker while its body is written (the
@@ -966,28 +977,44 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   return std::string();
 }
 
-Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
-                                 const WithContextFn& with_ctx, AlignedBuffer* bounce, AlignedBuffer* hold,
-                                 const SinkFn& sink) {
+Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
-  const uint64_t h = hash_key(key);
-  IndexEntry e;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(h);
-    if (it == index_.end()) {
-      counters_.misses++;
-      return Status::NotFound();
-    }
-    e = it->second;
+  *hash = hash_key(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(*hash);
+  if (it == index_.end()) {
+    counters_.misses++;
+    return Status::NotFound();
   }
+  *e = it->second;
+  return Status::Ok();
+}
+
+Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
+                                 const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
+                                 const SinkFn& sink, const RunPiecesFn& run_pieces) {
+  uint64_t h;
+  IndexEntry e;
+  Status ls = lookup(key, &h, &e);
+  if (!ls.ok()) return ls;
   if (!accept(e.payload_bytes)) {
     counters_.misses++;
     return Status::NotFound("not delivered");
   }
   const uint64_t fp = object_footprint(e.payload_bytes);
   const uint8_t* map = device_->mapped();
+  const size_t pieces = (e.payload_bytes + kBouncePieceBytes - 1) / kBouncePieceBytes;
+  auto piece_len = [&](size_t i) {
+    return std::min<uint64_t>(e.payload_bytes - i * kBouncePieceBytes, kBouncePieceBytes);
+  };
+  // Pieces in order on this thread, or on several (run_pieces).
+  auto run = [&](const std::function<bool(size_t, int)>& piece) {
+    if (run_pieces) return run_pieces(pieces, piece);
+    for (size_t i = 0; i < pieces; i++)
+      if (!piece(i, 0)) return false;
+    return true;
+  };
   Status io;
   std::string bad;  // why the object is damaged (it is then dropped)
   auto drop = [&] {
@@ -1002,9 +1029,13 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     });
     return Status::NotFound();
   };
-  // A memory-speed card: each piece copied from the mapping into the bounce
+  if (bounces.empty() || !bounces[0].reserve(kBouncePieceBytes))
+    return Status::IoError("out of memory for a bounce buffer");
+  // A memory-speed card: each piece copied from the mapping into a bounce
   // buffer under pins taken only for that copy, after checking that e is
-  // still the entry of h with its regions of the epochs first seen.
+  // still the entry of h with its regions of the epochs first seen. The
+  // first look (this thread, before any piece) takes the extents and epochs;
+  // the pieces, on any thread, only compare and pin.
   std::vector<Extent> ext;
   std::vector<uint32_t> regs;
   std::vector<uint64_t> epochs;
@@ -1012,22 +1043,9 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
   auto pin = [&]() -> bool {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(h);
-    std::vector<Extent> x;
-    std::vector<uint32_t> rs;
-    if (it == index_.end() || it->second.seq != e.seq ||
-        !extents_locked(e.region, uint64_t(e.block) * kBlockSize, fp, &x, &rs))
-      return false;
-    if (epochs.empty()) {
-      ext = std::move(x);
-      regs = std::move(rs);
-      for (uint32_t r : regs) epochs.push_back(regions_[r].epoch);
-      epoch = regions_[e.region].epoch;
-      regions_.touch(e.region);
-    } else {
-      if (rs != regs) return false;
-      for (size_t i = 0; i < regs.size(); i++)
-        if (regions_[regs[i]].epoch != epochs[i]) return false;
-    }
+    if (it == index_.end() || it->second.seq != e.seq) return false;
+    for (size_t i = 0; i < regs.size(); i++)
+      if (regions_[regs[i]].epoch != epochs[i]) return false;
     for (uint32_t r : regs) regions_.pin(r);
     return true;
   };
@@ -1036,47 +1054,92 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     for (uint32_t r : regs)
       if (regions_.unpin(r)) unpinned_.notify_all();
   };
-  if (!bounce->reserve(kPieceBytes)) return Status::IoError("out of memory for a bounce buffer");
   bool mapped = false;
   if (map) {
-    if (!pin()) {
-      counters_.misses++;
-      return Status::NotFound("evicted, replaced or deleted meanwhile");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = index_.find(h);
+      if (it == index_.end() || it->second.seq != e.seq ||
+          !extents_locked(e.region, uint64_t(e.block) * kBlockSize, fp, &ext, &regs)) {
+        counters_.misses++;
+        return Status::NotFound("evicted, replaced or deleted meanwhile");
+      }
+      for (uint32_t r : regs) epochs.push_back(regions_[r].epoch);
+      epoch = regions_[e.region].epoch;
+      regions_.touch(e.region);
+      for (uint32_t r : regs) regions_.pin(r);
     }
     mapped = ext.back().at + ext.back().len <= device_->size();
-    if (mapped) std::memcpy(bounce->data(), map + ext[0].at, kBlockSize);
+    if (mapped) std::memcpy(bounces[0].data(), map + ext[0].at, kBlockSize);
     unpin_all();
   }
   if (mapped) {
     ObjectHeader hdr;
-    std::memcpy(&hdr, bounce->data(), sizeof hdr);
-    bad = check_object_header(bounce->data(), h, e, epoch, key, &io);
-    uint32_t crc = 0;
-    uint64_t skip = kBlockSize, done = 0;
-    for (size_t k = 0; k < ext.size() && io.ok() && bad.empty(); k++) {
-      const Extent& x = ext[k];
-      uint64_t from = std::min(skip, x.len);
-      skip -= from;
-      const uint64_t end = from + std::min(x.len - from, e.payload_bytes - done);
-      while (from < end && io.ok()) {
-        const uint64_t len = std::min<uint64_t>(end - from, kPieceBytes);
-        if (!pin()) {  // the pieces sent so far were this object's
-          io = Status::NotFound("evicted, replaced or deleted while its pieces went out");
-          break;
-        }
-        crc = crc32c_copy_extend(crc, bounce->data(), map + x.at + from, len);
-        unpin_all();
-        if (!sink(done, bounce->data(), len)) io = Status::TimedOut("the load was stopped while its pieces went out");
-        from += len;
-        done += len;
-      }
-    }
+    std::memcpy(&hdr, bounces[0].data(), sizeof hdr);
+    bad = check_object_header(bounces[0].data(), h, e, epoch, key, &io);
     if (!io.ok()) {
       if (io.is_not_found()) counters_.misses++;
       return io;
     }
-    if (bad.empty() && crc != hdr.payload_crc) bad = "payload checksum mismatch";
     if (!bad.empty()) return drop();
+    // Copies the payload's bytes [off, off + len) from the extents into dst; their CRC.
+    auto copy_piece = [&](uint64_t off, uint64_t len, uint8_t* dst) {
+      uint32_t crc = 0;
+      uint64_t at = kBlockSize + off;  // past the header block
+      for (const Extent& x : ext) {
+        if (at >= x.len) {
+          at -= x.len;
+          continue;
+        }
+        const uint64_t take = std::min(len, x.len - at);
+        crc = crc32c_copy_extend(crc, dst, map + x.at + at, take);
+        dst += take;
+        len -= take;
+        at = 0;
+        if (!len) break;
+      }
+      return crc;
+    };
+    // Each piece's CRC, joined in order after the last (pieces run in any order).
+    std::vector<uint32_t> crcs(pieces);
+    std::atomic<bool> changed{false}, stopped{false}, no_memory{false};
+    run([&](size_t i, int slot) {
+      AlignedBuffer& b = bounces[slot];
+      const uint64_t off = i * kBouncePieceBytes, len = piece_len(i);
+      if (!b.reserve(kBouncePieceBytes)) {
+        no_memory = true;
+        return false;
+      }
+      if (!pin()) {  // the pieces sent so far were this object's
+        changed = true;
+        return false;
+      }
+      crcs[i] = copy_piece(off, len, b.data());
+      unpin_all();
+      if (!sink(off, b.data(), len)) {
+        stopped = true;
+        return false;
+      }
+      return true;
+    });
+    // The sink's refusal first: it may mean the caller must not touch the
+    // store again (a gateway that stopped without it).
+    if (stopped)
+      io = Status::TimedOut("the load was stopped while its pieces went out");
+    else if (changed)
+      io = Status::NotFound("evicted, replaced or deleted while its pieces went out");
+    else if (no_memory)
+      io = Status::IoError("out of memory for a bounce buffer");
+    if (!io.ok()) {
+      if (io.is_not_found()) counters_.misses++;
+      return io;
+    }
+    uint32_t crc = 0;
+    for (size_t i = 0; i < pieces; i++) crc = crc32c_combine(crc, crcs[i], piece_len(i));
+    if (crc != hdr.payload_crc) {
+      bad = "payload checksum mismatch";
+      return drop();
+    }
     counters_.bytes_read += fp;
     counters_.hits++;
     return Status::Ok();
@@ -1095,12 +1158,9 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     return io;
   }
   if (!bad.empty()) return drop();
-  for (uint64_t done = 0; done < e.payload_bytes;) {
-    const size_t len = std::min<uint64_t>(e.payload_bytes - done, kPieceBytes);
-    if (!sink(done, hold->data() + kBlockSize + done, len))
-      return Status::TimedOut("the load was stopped while its pieces went out");
-    done += len;
-  }
+  const uint8_t* payload = hold->data() + kBlockSize;
+  if (!run([&](size_t i, int) { return sink(i * kBouncePieceBytes, payload + i * kBouncePieceBytes, piece_len(i)); }))
+    return Status::TimedOut("the load was stopped while its pieces went out");
   counters_.hits++;
   return Status::Ok();
 }
@@ -1124,19 +1184,10 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
 Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
                       const PieceGuardFn& pieces) {
   ctx.store_ = this;
-  Status ks = check_key(key);
-  if (!ks.ok()) return ks;
-  uint64_t h = hash_key(key);
+  uint64_t h;
   IndexEntry e;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(h);
-    if (it == index_.end()) {
-      counters_.misses++;
-      return Status::NotFound();
-    }
-    e = it->second;
-  }
+  Status ls = lookup(key, &h, &e);
+  if (!ls.ok()) return ls;
   Status io;
   std::string bad;     // why the object is damaged (it is then dropped)
   bool other = false;  // another key with the same 64-bit hash

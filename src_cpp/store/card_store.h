@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -114,22 +115,30 @@ class CardStore {
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
              const PieceGuardFn& pieces = {});
   // Protocol r5 loads: hands key's payload to sink in pieces of at most
-  // 1 MiB, each first copied into `bounce` (the caller's, reused) and handed
-  // out from there, so that while sink runs (a process_vm_writev that a
-  // hostile client can stall) this load holds nothing of the store: no
-  // region pinned, no IoContext. with_ctx(fn) runs fn with a leased
-  // IoContext (false: none came free). A memory-speed card: header and whole
-  // key checked first; then for each piece the entry is checked (same seq,
-  // its regions of the epochs first seen) and its regions pinned only for
-  // the copy, its CRC fused; an entry found changed between pieces ends the
-  // load NotFound (the pieces sent were that object's); the CRC's verdict
-  // comes after the last piece (damaged: dropped, NotFound). Other cards:
-  // under with_ctx the object is read and checked whole in the context's
-  // staging, which then trades places with `hold` (the caller's), so the
-  // context goes back before the first piece goes out.
+  // 256 KiB (kBouncePieceBytes), each first copied into a bounce buffer
+  // (the caller's, reused) and handed out from there, so that while sink
+  // runs (a process_vm_writev that a hostile client can stall) this load
+  // holds nothing of the store: no region pinned, no IoContext. with_ctx(fn)
+  // runs fn with a leased IoContext (false: none came free). run_pieces(n,
+  // piece) runs piece(i, slot) for the n pieces, in order on this thread
+  // when empty, else as PiecePool::run does (any order, several threads at
+  // once, slot < bounces.size() the buffer that thread uses; sink must then
+  // be thread-safe); it returns once every piece started has returned. A
+  // memory-speed card: header and whole key checked first (on this thread);
+  // then for each piece the entry is checked (same seq, its regions of the
+  // epochs first seen) and its regions pinned only for the copy, its CRC
+  // fused, the pieces' CRCs joined in order after the last; an entry found
+  // changed before a piece ends the load NotFound (the pieces sent were
+  // that object's); the CRC's verdict comes after every piece returned
+  // (damaged: dropped, NotFound). Other cards: under with_ctx the object is
+  // read and checked whole in the context's staging, which then trades
+  // places with `hold` (the caller's), so the context goes back before the
+  // first piece goes out.
   using WithContextFn = std::function<bool(const std::function<void(IoContext&)>&)>;
+  using RunPiecesFn = std::function<bool(size_t n, const std::function<bool(size_t piece, int slot)>& piece)>;
   Status get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
-                        const WithContextFn& with_ctx, AlignedBuffer* bounce, AlignedBuffer* hold, const SinkFn& sink);
+                        const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
+                        const SinkFn& sink, const RunPiecesFn& run_pieces = {});
   // True if the card is memory (an image file on tmpfs or ramfs): a read
   // takes a memcpy's time, bounded by the object size.
   bool memory_speed() const { return device_->memory_backed(); }
@@ -277,6 +286,8 @@ class CardStore {
   // hash), else the reason it is damaged.
   std::string check_object_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
                                   std::string_view key, Status* io) const;
+  // key's index entry and hash (a miss counted), for get and get_via_bounce.
+  Status lookup(std::string_view key, uint64_t* hash, IndexEntry* e);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
 

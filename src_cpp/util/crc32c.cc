@@ -244,6 +244,10 @@ uint32_t crc32c_copy_extend(uint32_t crc, void* dst, const void* src, size_t n) 
   return ~best_raw<true>(~crc, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n);
 }
 
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  return mult_mod_p(x_pow_8n(len_b), crc_a) ^ crc_b;  // zlib's crc32_combine: A shifted past B's bytes
+}
+
 const char* crc32c_implementation() {
 #if defined(__x86_64__)
   if (cpu_has_fold()) return "vpclmulqdq";

@@ -77,3 +77,10 @@ def test_card_prefault_under_sanitizer(mode, tmp_path):
         cpp.run(cpp.build("card_prefault_test", tmp_path, sanitize=mode), shm, str(tmp_path), timeout=600)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_piece_pool_under_sanitizer(mode, tmp_path):
+    """The process loads' piece helpers (tests/util/test_piece_pool.py)."""
+    cpp.run(cpp.build("piece_pool_test", tmp_path, ("util",), sanitize=mode), timeout=600)

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "util/piece_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+
+#include "util/thread_name.h"
+
+namespace adp {
+
+int PiecePool::usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+PiecePool::PiecePool(int threads, int max_helpers, int cpus)
+    : max_helpers_(std::max(0, max_helpers)), cpus_(std::max(1, cpus)) {
+  if (max_helpers_ == 0) threads = 0;
+  for (int i = 0; i < threads; i++)
+    threads_.emplace_back([this, i] {
+      set_thread_name("adp-gw-piece", i);
+      helper_loop();
+    });
+}
+
+PiecePool::~PiecePool() { stop(); }
+
+void PiecePool::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+}
+
+size_t PiecePool::work(Job& job, int slot, bool helper) {
+  size_t ran = 0;
+  while (!job.failed.load(std::memory_order_acquire) && !(helper && stopping_.load(std::memory_order_relaxed))) {
+    const size_t i = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job.n) break;
+    ran++;
+    if (!(*job.piece)(i, slot)) job.failed.store(true, std::memory_order_release);
+  }
+  return ran;
+}
+
+bool PiecePool::run(size_t n, const PieceFn& piece) {
+  Job job;
+  job.piece = &piece;
+  job.n = n;
+  const bool shared = n > 1 && !threads_.empty() && !stopping_.load(std::memory_order_relaxed);
+  if (shared) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(&job);
+      generation_++;
+    }
+    // Only where a CPU is spare (the helpers check again before joining).
+    if (busy_.load(std::memory_order_relaxed) + 1 < cpus_) wake_.notify_all();
+  }
+  busy_.fetch_add(1, std::memory_order_relaxed);
+  work(job, 0, false);
+  busy_.fetch_sub(1, std::memory_order_relaxed);
+  if (shared) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto at = std::find(queue_.begin(), queue_.end(), &job);
+    if (at != queue_.end()) queue_.erase(at);
+    left_.wait(lock, [&] { return job.running == 0; });  // every piece a helper took has returned
+  }
+  return !job.failed.load(std::memory_order_acquire);
+}
+
+void PiecePool::helper_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t seen = 0;
+  while (!stopping_) {
+    Job* job = nullptr;
+    for (Job* j : queue_)
+      if (j->next.load(std::memory_order_relaxed) < j->n) {
+        job = j;
+        break;
+      }
+    if (!job || busy_.load(std::memory_order_relaxed) >= cpus_) {
+      // Nothing to join, or no CPU spare: wait for the next job.
+      seen = generation_;
+      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      continue;
+    }
+    const int slot = ++job->joined;
+    job->running++;
+    if (job->joined >= max_helpers_) queue_.erase(std::find(queue_.begin(), queue_.end(), job));
+    lock.unlock();
+    busy_.fetch_add(1, std::memory_order_relaxed);
+    const size_t ran = work(*job, slot, true);
+    busy_.fetch_sub(1, std::memory_order_relaxed);
+    helped_.fetch_add(ran, std::memory_order_relaxed);
+    lock.lock();
+    if (--job->running == 0) left_.notify_all();
+  }
+}
+
+}  // namespace adp

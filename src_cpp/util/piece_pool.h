@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// PiecePool: helper threads that take pieces of a job beside the thread that
+// runs it. The gateway's process loads use it (docs/protocol.md, "Process
+// memory"): each piece of an object is copied from the card into a bounce
+// buffer with its CRC, then written into the client with process_vm_writev,
+// and one thread a connection does that at 0.6x of embedded's fused copy
+// (benchmarks/README.md, "Session seven").
+//
+// The caller always works its own job; helpers only add to it. A helper
+// joins a job only while it is idle and fewer threads are working pieces
+// than the CPUs the pool was given, and one job takes at most max_helpers of
+// them. So a job never waits for a helper to come free: a helper stalled in
+// one client's write (memory that client never serves) holds back only that
+// client's job, which waits for its own pieces; every other job goes on at
+// least at the speed of its own thread. A pool of 0 threads is the serial loop.
+//
+// Threading: run() from any number of threads at once; stop() from any
+// thread (pieces in flight finish; helpers then leave and the callers finish
+// their jobs alone); the destructor stops, and must not race a run().
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace adp {
+
+class PiecePool {
+ public:
+  // piece(i, slot): slot 0 is the caller, 1..max_helpers the helpers in the
+  // order they joined; one thread at a time per slot, so a job's per-slot
+  // buffers need no lock. false: no further piece of the job is started.
+  using PieceFn = std::function<bool(size_t piece, int slot)>;
+
+  // threads helper threads, named adp-gw-piece; a job takes at most
+  // max_helpers; helpers join while fewer than cpus threads work pieces.
+  PiecePool(int threads, int max_helpers, int cpus);
+  ~PiecePool();
+  PiecePool(const PiecePool&) = delete;
+  PiecePool& operator=(const PiecePool&) = delete;
+
+  // Runs piece(i, slot) once for each i in [0, n) that is started (all of
+  // them unless one returned false), in any order, on this thread and on
+  // helpers; returns once every piece started has returned. False if a
+  // piece returned false.
+  bool run(size_t n, const PieceFn& piece);
+  // Helpers finish the piece they are in and leave; later jobs run on their
+  // callers alone. Waits for the helper threads to end.
+  void stop();
+
+  int threads() const { return static_cast<int>(threads_.size()); }
+  int max_helpers() const { return max_helpers_; }
+  // Pieces run by helpers so far (the pool's use, for the stats).
+  uint64_t helped_pieces() const { return helped_.load(std::memory_order_relaxed); }
+
+  // The CPUs this process may run on (sched_getaffinity), at least 1.
+  static int usable_cpus();
+
+ private:
+  struct Job {
+    const PieceFn* piece;
+    size_t n;
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    int joined = 0;   // helpers that took part (under mu_)
+    int running = 0;  // helpers in it now (under mu_)
+  };
+  // Takes pieces of job until none is left (or one failed, or a helper is
+  // told to stop); the number run.
+  size_t work(Job& job, int slot, bool helper);
+  void helper_loop();
+
+  const int max_helpers_, cpus_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_;  // helpers: a job was queued, or stop
+  std::condition_variable left_;  // callers: a helper left a job
+  std::vector<Job*> queue_;       // jobs that may take a helper
+  uint64_t generation_ = 0;       // jobs queued so far
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> busy_{0};  // threads working pieces now
+  std::atomic<uint64_t> helped_{0};
+};
+
+}  // namespace adp
