@@ -183,6 +183,8 @@ Status ClientHandler::handshake() {
   if (segments_enabled_ || process_offered_) {
     if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
     if (const char* d = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_MS")) test_process_stall_ms_ = std::atoi(d);
+    if (const char* on = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_ON"))
+      test_process_stall_on_helper_ = std::string_view(on) == "helper";
     if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_STALL_MS")) test_process_read_stall_ms_ = std::atoi(d);
   }
   if (segments_enabled_) {
@@ -385,8 +387,15 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   };
   auto sink = [&](size_t done, const uint8_t* src, size_t len) {
     if (!process_->alive()) return fail(Status::Closed("the client process is gone"));
-    if (test_process_stall_ms_ && done > 0 && !g_process_stall_taken.exchange(true))
-      std::this_thread::sleep_for(std::chrono::milliseconds(test_process_stall_ms_));
+    if (test_process_stall_ms_ && done > 0 && (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
+        !g_process_stall_taken.exchange(true)) {
+      // Counted as a transfer of the client's memory (stop() may leave it behind), outside the lease.
+      Status s = in_client_memory([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_stall_ms_));
+        return Status::Ok();
+      });
+      if (!s.ok()) return fail(std::move(s));
+    }
     if (!join_lease(request_id)) {
       gave_up = true;
       return false;

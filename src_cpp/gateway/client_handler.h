@@ -192,9 +192,13 @@ class ClientHandler {
   int test_piece_delay_ms_ = 0;
   // Tests only (ADP_TEST_PROCESS_WRITE_STALL_MS): the gateway's first process
   // write past an object's first piece (one connection, once) waits this
-  // long before taking the lease, as a write into a
+  // long before taking the lease, counted as a transfer of the client's
+  // memory (stop() leaves it behind after 2 s), as a write into a
   // client's memory that a FUSE file or userfaultfd it never serves stalls.
   int test_process_stall_ms_ = 0;
+  // Tests only (ADP_TEST_PROCESS_WRITE_STALL_ON=helper): that write only on
+  // a helper of the piece pool.
+  bool test_process_stall_on_helper_ = false;
   // Tests only (ADP_TEST_PROCESS_READ_STALL_MS): the gateway's first process
   // read (a store's) past an object's first piece (once per gateway) waits
   // this long inside the read, under the lease, as a process_vm_readv of a

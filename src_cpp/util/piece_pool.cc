@@ -9,6 +9,12 @@
 
 namespace adp {
 
+namespace {
+thread_local bool t_helper = false;
+}  // namespace
+
+bool PiecePool::on_helper_thread() { return t_helper; }
+
 int PiecePool::usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -22,6 +28,7 @@ PiecePool::PiecePool(int threads, int max_helpers, int cpus)
   for (int i = 0; i < threads; i++)
     threads_.emplace_back([this, i] {
       set_thread_name("adp-gw-piece", i);
+      t_helper = true;
       helper_loop();
     });
 }

@@ -60,6 +60,8 @@ class PiecePool {
 
   // The CPUs this process may run on (sched_getaffinity), at least 1.
   static int usable_cpus();
+  // True on a helper thread of any pool (tests pick which thread stalls).
+  static bool on_helper_thread();
 
  private:
   struct Job {

@@ -13,6 +13,7 @@ import ctypes
 import json
 import mmap
 import os
+import select
 import shutil
 import struct
 import subprocess
@@ -583,17 +584,21 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
     written is the object's."""
     d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
     monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", "8000")
+    if helpers:  # the stall holds the pool's only helper
+        monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper")
     extra = ("--io-contexts", "1", "--process-write-threads", str(helpers))
     gw = Gateway(d, card_size_gb=0.0625, extra=extra).start()
     monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_MS")
+    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_ON", raising=False)
     a = ProcessClient(gw)
+    size = 16 * MIB if helpers else SIZE  # time for the helper to join
     try:
-        store(gw, ["stall@a"])
+        store(gw, ["stall@a"], size)
         assert a.register() == (FEATURE_PROCESS_LOADS, "")
-        buf = ctypes.create_string_buffer(b"\x77" * SIZE, SIZE)
+        buf = ctypes.create_string_buffer(b"\x77" * size, size)
         a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
         batch = wire.batch(
-            wire.GET, [b"stall@a"], [SIZE], [ctypes.addressof(buf)], timeout_ms=60000, segments=[PROCESS_SEGMENT]
+            wire.GET, [b"stall@a"], [size], [ctypes.addressof(buf)], timeout_ms=60000, segments=[PROCESS_SEGMENT]
         )
         a.send(wire.BATCH, batch)
         time.sleep(1.0)  # the gateway is in the stalled write
@@ -610,8 +615,9 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
         assert b.exists(["stall@a"])[2] == [False], "the stalled load's region was not reclaimed"
         assert stats(gw)["evicted_regions"] >= 1
         b.conn.close()
+        assert not select.select([a.sock], [], [], 0)[0], "the stalled load answered before its stall ended"
         ftype, body = a.recv()
-        got, want = buf.raw, payload("stall@a", SIZE)
+        got, want = buf.raw, payload("stall@a", size)
         if helpers:
             assert ftype == wire.BATCH_REPLY and body[8] in (0, 1), body
             assert all(g in (w, 0x77) for g, w in zip(got, want, strict=True)), "bytes that are not the object's"
@@ -619,8 +625,8 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
         else:
             assert ftype == wire.BATCH_REPLY and body[8] == 1, body  # a miss: evicted between its pieces
             # Its first piece, and the second it had copied before the stall, landed; nothing after them.
-            written = next(i for i in range(SIZE) if got[i] != want[i])
-            assert 0 < written <= 2 * PIECE and got[written:] == b"\x77" * (SIZE - written), written
+            written = next(i for i in range(size) if got[i] != want[i])
+            assert 0 < written <= 2 * PIECE and got[written:] == b"\x77" * (size - written), written
     finally:
         a.close()
         gw.kill()
@@ -660,11 +666,15 @@ def test_connector_withdraws_the_grant_on_eperm_and_loads_through_the_ring(card_
 
 def stalled_gateway(monkeypatch, **kw) -> tuple[str, Gateway]:
     """A gateway on a tmpfs card whose first process write past an object's
-    first piece waits 3 s (ADP_TEST_PROCESS_WRITE_STALL_MS), outside the lease."""
+    first piece waits 3 s (ADP_TEST_PROCESS_WRITE_STALL_MS), outside the lease;
+    with on_helper, only on a helper of the piece pool."""
     d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
     monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", str(kw.pop("stall_ms", 3000)))
+    if kw.pop("on_helper", False):  # that write only on a piece helper
+        monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper")
     gw = Gateway(d, **kw).start()
     monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_MS")
+    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_ON", raising=False)
     return d, gw
 
 
@@ -704,6 +714,47 @@ def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers):
     finally:
         a.close()
         gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_stop_does_not_wait_for_a_stalled_load_write(monkeypatch, helpers):
+    """A load whose write into the client stalls for good (10 minutes), on the
+    connection's thread or on a piece helper it waits for: SIGTERM still ends
+    the gateway cleanly (exit 0, not the harness's SIGKILL after 30 s), leaving
+    the stalled connection behind with a warning; the piece pool stays for the
+    thread left behind, and a restart serves the object."""
+    extra = ("--process-write-threads", str(helpers))
+    d, gw = stalled_gateway(monkeypatch, stall_ms=600000, on_helper=bool(helpers), extra=extra)
+    size = 16 * MIB if helpers else SIZE  # time for the helper to join
+    a = ProcessClient(gw)
+    try:
+        store(gw, ["stopl@a"], size)
+        assert a.register() == (FEATURE_PROCESS_LOADS, "")
+        buf = ctypes.create_string_buffer(b"\x77" * size, size)
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        a.send(wire.BATCH, wire.batch(wire.GET, [b"stopl@a"], [size], [ctypes.addressof(buf)], timeout_ms=60000,
+                                      segments=[PROCESS_SEGMENT]))  # fmt: skip
+        time.sleep(1.0)  # the gateway is in the stalled write
+        assert gw.stop() == 0, gw.logs[-1]
+        log = gw.logs[-1]
+        assert f"stopping without client #1 (pid {os.getpid()})" in log, log
+        assert a.recv() == (None, b"")  # the connection ended with the gateway
+        if helpers:  # the helper's piece is the one missing
+            assert buf.raw != payload("stopl@a", size)
+        gw.start()
+        buf2 = ctypes.create_string_buffer(size)
+        b = ProcessClient(gw)
+        try:
+            assert b.register() == (FEATURE_PROCESS_LOADS, "")
+            assert b.get([b"stopl@a"], [size], [ctypes.addressof(buf2)]) == [(0, b"")]
+            assert buf2.raw == payload("stopl@a", size)
+        finally:
+            b.close()
+    finally:
+        a.close()
+        if gw.proc:
+            gw.kill()
         shutil.rmtree(d, ignore_errors=True)
 
 
