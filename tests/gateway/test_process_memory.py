@@ -568,6 +568,25 @@ def test_colliding_key_leaves_the_ring_untouched():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def send_until_stalled(a: ProcessClient, key: bytes, size: int, tries: int = 30):
+    """Sends a's load of key (a process item, lease open) until one stalls: no
+    reply within 1 s. The stall knob is taken by the first write that stalls; with
+    ADP_TEST_PROCESS_WRITE_STALL_ON=helper that write must be on a piece helper,
+    which may join an object only after its own thread sent every piece (a busy
+    host): such loads answer whole and are sent again. Returns the stalled load's
+    buffer."""
+    for _ in range(tries):
+        buf = ctypes.create_string_buffer(b"\x77" * size, size)
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        a.send(wire.BATCH, wire.batch(wire.GET, [key], [size], [ctypes.addressof(buf)], timeout_ms=60000,
+                                      segments=[PROCESS_SEGMENT]))  # fmt: skip
+        if not select.select([a.sock], [], [], 1.0)[0]:
+            return buf
+        ftype, body = a.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 0 and buf.raw == payload(key.decode(), size), body
+    pytest.fail(f"none of {tries} loads stalled: no helper joined them")
+
+
 @pytest.mark.parametrize("helpers", [0, 1])
 def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
     """One client's memory stalls the gateway's write into it (as a load buffer
@@ -595,13 +614,7 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
     try:
         store(gw, ["stall@a"], size)
         assert a.register() == (FEATURE_PROCESS_LOADS, "")
-        buf = ctypes.create_string_buffer(b"\x77" * size, size)
-        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
-        batch = wire.batch(
-            wire.GET, [b"stall@a"], [size], [ctypes.addressof(buf)], timeout_ms=60000, segments=[PROCESS_SEGMENT]
-        )
-        a.send(wire.BATCH, batch)
-        time.sleep(1.0)  # the gateway is in the stalled write
+        buf = send_until_stalled(a, b"stall@a", size)  # the gateway is in the stalled write
         b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
         big = 4 * MIB
         keys = [f"stall@b{i}" for i in range(40)]  # 160 MiB through a 64 MiB card
@@ -731,11 +744,7 @@ def test_stop_does_not_wait_for_a_stalled_load_write(monkeypatch, helpers):
     try:
         store(gw, ["stopl@a"], size)
         assert a.register() == (FEATURE_PROCESS_LOADS, "")
-        buf = ctypes.create_string_buffer(b"\x77" * size, size)
-        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
-        a.send(wire.BATCH, wire.batch(wire.GET, [b"stopl@a"], [size], [ctypes.addressof(buf)], timeout_ms=60000,
-                                      segments=[PROCESS_SEGMENT]))  # fmt: skip
-        time.sleep(1.0)  # the gateway is in the stalled write
+        buf = send_until_stalled(a, b"stopl@a", size)  # the gateway is in the stalled write
         assert gw.stop() == 0, gw.logs[-1]
         log = gw.logs[-1]
         assert f"stopping without client #1 (pid {os.getpid()})" in log, log
