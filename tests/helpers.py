@@ -81,6 +81,24 @@ class RawConnector:
         return self.wait(self.conn.submit_batch_delete(list(keys)))
 
 
+def hits_hold_their_own(url: str, keys: list[str], size: int, what: str, **params: Any) -> list[bool]:
+    """Loads keys through a connector of its own on gateway `url` (a successful future); every hit must hold its
+    own payload, not `what` (the bytes it could hold instead). Returns the per-key hits."""
+    from lmcache_adp import ADPConnector
+
+    reader = RawConnector(ADPConnector(gateway=url, timeout_ms=10000, **params))
+    try:
+        outs = [bytearray(size) for _ in keys]
+        ok, _, per_key = reader.get(keys, [memoryview(o) for o in outs])
+        assert ok
+        for k, hit, o in zip(keys, per_key, outs, strict=True):
+            if hit:
+                assert bytes(o) == payload(k, size), f"{k} served {what}"
+        return per_key
+    finally:
+        reader.conn.close()
+
+
 def adapter_json(**params: Any) -> str:
     return json.dumps(
         {"type": "native_plugin", "module_path": "lmcache_adp", "class_name": "ADPConnector", "adapter_params": params}

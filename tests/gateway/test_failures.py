@@ -21,6 +21,20 @@ def keys_and_datas(n: int, size: int = 256 * 1024):
     return keys, [payload(k, size) for k in keys]
 
 
+def load_all(c: RawConnector, keys: list[str], datas: list[bytes], why: str, gw: Gateway | None = None) -> list:
+    """Loads keys again until every one hits (10 s at most: the connector reconnects with back-off, at most 2 s
+    apart) and returns what was loaded; `why` fails it after that, a dead `gw` at once."""
+    deadline = time.monotonic() + 10
+    while True:
+        outs = [bytearray(len(d)) for d in datas]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        if ok and all(per_key):
+            return [bytes(o) for o in outs]
+        assert gw is None or gw.proc.poll() is None, "gateway exited meanwhile:\n" + gw.log()
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
+
+
 def test_absent_gateway_fails_fast_and_recovers_when_it_appears(workdir):
     gw = Gateway(workdir)
     c = RawConnector(ADPConnector(gateway=gw.unix_url, timeout_ms=TIMEOUT_MS))  # no gateway yet: no error
@@ -90,15 +104,8 @@ def test_sigkill_during_load_then_restart(gateway, process_memory):
         raise errors[0]
     assert loads["failed"] > 0, f"no load failed while the gateway was down: the kill was not under load ({loads})"
 
-    deadline = time.monotonic() + 10
-    while True:
-        outs = [bytearray(len(d)) for d in datas]
-        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
-        if ok and all(per_key):
-            break
-        assert time.monotonic() < deadline, "connector did not reconnect after the restart"
-        time.sleep(0.1)
-    assert [bytes(o) for o in outs] == datas  # every acknowledged object is back
+    outs = load_all(c, keys, datas, "connector did not reconnect after the restart")
+    assert outs == datas  # every acknowledged object is back
     c.conn.close()
     log = gateway.all_logs()
     assert log.count("recovered 32 objects") >= 1
@@ -157,16 +164,7 @@ def test_stop_longer_than_timeout_then_continue(gateway):
         time.sleep(TIMEOUT_MS / 1000)  # stopped for twice timeout_ms in all
     finally:
         gateway.resume()  # SIGCONT
-    deadline = time.monotonic() + 10
-    while True:
-        outs = [bytearray(len(d)) for d in datas]
-        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
-        if ok and all(per_key):
-            break
-        assert gateway.proc.poll() is None, "gateway exited after SIGCONT:\n" + gateway.log()
-        assert time.monotonic() < deadline, "connector did not get its data back after SIGCONT"
-        time.sleep(0.1)
-    assert [bytes(o) for o in outs] == datas
+    assert load_all(c, keys, datas, "connector did not get its data back after SIGCONT", gateway) == datas
     assert gateway.proc.poll() is None, gateway.log()
     assert "Traceback" not in gateway.log()
     c.conn.close()

@@ -17,7 +17,7 @@ import tempfile
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, hits_hold_their_own, payload
 from tests.support.gateway import Gateway
 
 SIZE = 8192
@@ -51,13 +51,6 @@ def test_failed_put_never_indexes_overwritten_bytes(shm_gateway, monkeypatch, tr
         buf[:] = MARK * SIZE  # LMCache reuses the buffer at once
     c.conn.close()
 
-    reader = RawConnector(ADPConnector(gateway=url, timeout_ms=10000, **extra))
-    outs = [bytearray(SIZE) for _ in keys]
-    ok, _, per_key = reader.get(keys, [memoryview(o) for o in outs])
-    assert ok
-    for k, hit, o in zip(keys, per_key, outs, strict=True):
-        if hit:
-            assert bytes(o) == payload(k, SIZE), f"{k} served bytes the caller overwrote after its store failed"
+    per_key = hits_hold_their_own(url, keys, SIZE, "bytes the caller overwrote after its store failed", **extra)
     # Nothing copied after the failure reached the gateway: no store was indexed.
     assert per_key == [False] * len(keys)
-    reader.conn.close()

@@ -284,20 +284,21 @@ def test_client_in_another_pid_namespace_is_refused_and_loads_through_the_ring(c
     store(gw, ["ns@0", "ns@1"])
     unshare = shutil.which("unshare")
     assert unshare, "util-linux unshare is needed for this test (scripts/run_tests.sh installs it)"
-    r = subprocess.run(
-        [unshare, "--pid", "--fork", sys.executable, "-c", CHILD, gw.unix_url, str(SIZE)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    refusal = refused_child_loads(gw, [unshare, "--pid", "--fork", sys.executable, "-c", CHILD])
+    assert "the kernel says pid" in refusal and "INFO" in refusal
+
+
+def refused_child_loads(gw: Gateway, argv: list[str]) -> str:
+    """Runs a connector child (CHILD_TEMPLATE) that the gateway refuses: all its loads good, none through
+    process memory, nothing registered; returns its refusal, logged once whatever the number of connections."""
+    r = subprocess.run([*argv, gw.unix_url, str(SIZE)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith('{"good": true, "process_loads": 0}'), r.stdout + r.stderr
     refusals = [line for line in r.stderr.splitlines() if "does not write loads into this process's memory" in line]
-    assert len(refusals) == 1, r.stderr  # logged once, whatever the number of connections
-    assert "the kernel says pid" in refusals[0] and "INFO" in refusals[0]
+    assert len(refusals) == 1, r.stderr
     st = stats(gw)
     assert st["process_refusals"] >= 1 and st["processes"] == 0 and st["process_loads"] == 0, st
+    return refusals[0]
 
 
 def test_unmapped_address_fails_that_item_and_the_gateway_serves_on(card_gateway):
@@ -433,19 +434,7 @@ def test_non_dumpable_client_is_refused_even_by_a_root_gateway(card_gateway):
     assert os.geteuid() == 0, "this test needs root: it shows that a root gateway gets EPERM from the kernel"
     gw = card_gateway
     store(gw, ["nd@0", "nd@1"])
-    r = subprocess.run(
-        [sys.executable, "-c", NON_DUMPABLE_CHILD, gw.unix_url, str(SIZE)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().endswith('{"good": true, "process_loads": 0}'), r.stdout + r.stderr
-    refusals = [line for line in r.stderr.splitlines() if "does not write loads into this process's memory" in line]
-    assert len(refusals) == 1 and "no access to the memory" in refusals[0], r.stderr
-    st = stats(gw)
-    assert st["process_refusals"] >= 1 and st["processes"] == 0 and st["process_loads"] == 0, st
+    assert "no access to the memory" in refused_child_loads(gw, [sys.executable, "-c", NON_DUMPABLE_CHILD])
 
 
 def set_dumpable(on: bool) -> None:
