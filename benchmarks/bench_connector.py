@@ -11,7 +11,8 @@ size and worker count, on one card image:
              submit_batch_get / drain_completions as LMCache's NativeConnectorL2Adapter drives them
   gateway    the same through `lmcache-adp gateway --io-contexts T` over unix://: loads through the
              shared ring (whole or in pieces), written into this process's memory (process_vm_writev,
-             r5) or, with --l1 shm, into its /dev/shm pool (segments); --gateway-rows picks them
+             r5) or, with --l1 shm, into its /dev/shm pool (segments); --gateway-rows picks them;
+             BENCH_GATEWAY_ARGS (environment) adds gateway flags, e.g. "--process-write-threads 0"
   clients    (--clients 1,2,4,8) P processes, each its own connector (--client-workers threads) on
              one gateway (and card) of their own, each phase --client-passes x --client-mb per
              process, --reps phases: aggregate store and load against P x one process, against the
@@ -246,7 +247,8 @@ def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", str(card), "--socket", str(sock)]
-            + ["--io-contexts", str(io_contexts)],
+            + ["--io-contexts", str(io_contexts)]
+            + os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -67,8 +67,12 @@ bool PiecePool::run(size_t n, const PieceFn& piece) {
       queue_.push_back(&job);
       generation_++;
     }
-    // Only where a CPU is spare (the helpers check again before joining).
-    if (busy_.load(std::memory_order_relaxed) + 1 < cpus_) wake_.notify_all();
+    // As many helpers as the job may take and CPUs are spare (the helpers
+    // check again before joining), one by one: waking every idle helper for
+    // each job cost 2 MiB x 16 loads on 16 cores half their speed (a herd of
+    // wake-ups per object; benchmarks/README.md, "Session seven").
+    const int spare = cpus_ - busy_.load(std::memory_order_relaxed) - 1;
+    for (int i = 0; i < std::min(spare, max_helpers_); i++) wake_.notify_one();
   }
   busy_.fetch_add(1, std::memory_order_relaxed);
   work(job, 0, false);
