@@ -774,6 +774,11 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
       }
       case proto::Op::kGet: {
         bool revoked = false;  // the client gave up: nothing more goes into its segments
+        // While this batch runs, a connection with loads: the piece helpers
+        // an object may take shrink as such connections grow (PiecePool).
+        bool any_process = false;
+        for (const auto& it : req.items) any_process |= it.segment == proto::kProcessSegment;
+        PiecePool::Caller caller(any_process ? shared_->pieces.get() : nullptr);
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (Clock::now() >= deadline) {

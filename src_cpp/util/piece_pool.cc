@@ -60,7 +60,9 @@ bool PiecePool::run(size_t n, const PieceFn& piece) {
   Job job;
   job.piece = &piece;
   job.n = n;
-  const bool shared = n > 1 && !threads_.empty() && !stopping_.load(std::memory_order_relaxed);
+  const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
+  job.limit = std::min(max_helpers_, cpus_ / callers - 1);
+  const bool shared = n > 1 && job.limit > 0 && !threads_.empty() && !stopping_.load(std::memory_order_relaxed);
   if (shared) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -72,7 +74,7 @@ bool PiecePool::run(size_t n, const PieceFn& piece) {
     // each job cost 2 MiB x 16 loads on 16 cores half their speed (a herd of
     // wake-ups per object; benchmarks/README.md, "Session seven").
     const int spare = cpus_ - busy_.load(std::memory_order_relaxed) - 1;
-    for (int i = 0; i < std::min(spare, max_helpers_); i++) wake_.notify_one();
+    for (int i = 0; i < std::min(spare, job.limit); i++) wake_.notify_one();
   }
   busy_.fetch_add(1, std::memory_order_relaxed);
   work(job, 0, false);
@@ -104,7 +106,7 @@ void PiecePool::helper_loop() {
     }
     const int slot = ++job->joined;
     job->running++;
-    if (job->joined >= max_helpers_) queue_.erase(std::find(queue_.begin(), queue_.end(), job));
+    if (job->joined >= job->limit) queue_.erase(std::find(queue_.begin(), queue_.end(), job));
     lock.unlock();
     busy_.fetch_add(1, std::memory_order_relaxed);
     const size_t ran = work(*job, slot, true);

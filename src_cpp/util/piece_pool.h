@@ -9,10 +9,13 @@
 // The caller always works its own job; helpers only add to it. A helper
 // joins a job only while it is idle and fewer threads are working pieces
 // than the CPUs the pool was given, and one job takes at most max_helpers of
-// them. So a job never waits for a helper to come free: a helper stalled in
-// one client's write (memory that client never serves) holds back only that
-// client's job, which waits for its own pieces; every other job goes on at
-// least at the speed of its own thread. A pool of 0 threads is the serial loop.
+// them, and at most CPUs / callers - 1 where callers is the number of
+// Caller guards alive (the connections loading now; at least 1): 4
+// connections on 16 CPUs take 2 helpers each, 8 take 1, 16 none (on the
+// 16-core machine helpers beside 16 connections cost 2 MiB loads 0.7x). So a job never waits for a helper to come free:
+// a helper stalled in one client's write (memory that client never serves) holds back only that client's job, which
+// waits for its own pieces; every other job goes on at least at the speed of its own thread. A pool of 0 threads is the
+// serial loop.
 //
 // Threading: run() from any number of threads at once; stop() from any
 // thread (pieces in flight finish; helpers then leave and the callers finish
@@ -53,6 +56,23 @@ class PiecePool {
   // callers alone. Waits for the helper threads to end.
   void stop();
 
+  // Counts a caller (a connection with loads to run) while it lives: the
+  // helpers one job may take shrink as callers grow.
+  class Caller {
+   public:
+    explicit Caller(PiecePool* pool) : pool_(pool) {
+      if (pool_) pool_->callers_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Caller() {
+      if (pool_) pool_->callers_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    Caller(const Caller&) = delete;
+    Caller& operator=(const Caller&) = delete;
+
+   private:
+    PiecePool* pool_;
+  };
+
   int threads() const { return static_cast<int>(threads_.size()); }
   int max_helpers() const { return max_helpers_; }
   // Pieces run by helpers so far (the pool's use, for the stats).
@@ -67,6 +87,7 @@ class PiecePool {
   struct Job {
     const PieceFn* piece;
     size_t n;
+    int limit = 0;  // helpers it may take
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     int joined = 0;   // helpers that took part (under mu_)
@@ -85,7 +106,8 @@ class PiecePool {
   std::vector<Job*> queue_;       // jobs that may take a helper
   uint64_t generation_ = 0;       // jobs queued so far
   std::atomic<bool> stopping_{false};
-  std::atomic<int> busy_{0};  // threads working pieces now
+  std::atomic<int> busy_{0};     // threads working pieces now
+  std::atomic<int> callers_{0};  // Caller guards alive
   std::atomic<uint64_t> helped_{0};
 };
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // PiecePool (src_cpp/util/piece_pool.h), the helpers of the gateway's
 // process loads: every piece runs once, on one thread per slot at a time;
-// helpers take part where CPUs are spare and never where they are not; a
+// helpers take part where CPUs are spare and never where they are not, nor
+// where as many connections load as there are CPUs; a
 // failing piece stops its job only; a caller whose helper is stalled in
 // another job's piece never waits for it; stop() with pieces in flight; and
 // the CRC of pieces checked out of order, joined in order (crc32c_combine).
@@ -74,6 +75,30 @@ void no_spare_cpu_no_helper() {
     });
   CHECK(helper_pieces == 0 && pool.helped_pieces() == 0, "helpers ran %d pieces with no CPU spare",
         helper_pieces.load());
+}
+
+// As many callers (connections loading) as CPUs: no helper joins; with
+// one caller for the same CPUs, helpers do.
+void callers_share_the_cpus() {
+  PiecePool pool(4, 2, 4);
+  auto helper_pieces = [&] {
+    std::atomic<int> n{0};
+    for (int rep = 0; rep < 20; rep++)
+      pool.run(200, [&](size_t, int slot) {
+        std::this_thread::sleep_for(10us);
+        n += slot != 0;
+        return true;
+      });
+    return n.load();
+  };
+  {
+    std::vector<std::unique_ptr<PiecePool::Caller>> callers;
+    for (int i = 0; i < 4; i++) callers.push_back(std::make_unique<PiecePool::Caller>(&pool));
+    const int n = helper_pieces();
+    CHECK(n == 0, "helpers ran %d pieces with 4 callers on 4 CPUs", n);
+  }
+  PiecePool::Caller one(&pool);
+  CHECK(helper_pieces() > 0, "no helper joined one caller on 4 CPUs");
 }
 
 // A piece that fails: run() says so, the pieces not yet started never start
@@ -202,6 +227,7 @@ void crc_of_pieces_out_of_order() {
 int main() {
   every_piece_once();
   no_spare_cpu_no_helper();
+  callers_share_the_cpus();
   failing_piece_stops_its_job();
   stalled_helper_holds_back_its_job_only();
   stop_with_pieces_in_flight();
