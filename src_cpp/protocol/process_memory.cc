@@ -105,10 +105,18 @@ ProcessMemory::~ProcessMemory() {
 // thread that exited (a zombie leader) while others run leaves it alive.
 bool ProcessMemory::alive() const { return !readable(pidfd_); }
 
-bool ProcessMemory::retarget() {
+pid_t ProcessMemory::target() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return target_;
+}
+
+bool ProcessMemory::retarget_locked() {
+  // No other transfer polls thread_pidfd_ now (they poll it under mu_), and
+  // none closes it: its number cannot be another descriptor when closed.
   if (thread_pidfd_ >= 0) ::close(thread_pidfd_);
   thread_pidfd_ = -1;
   target_ = pid_;
+  gen_++;
   const std::string task = "/proc/" + std::to_string(pid_) + "/task";
   DIR* d = ::opendir(task.c_str());  // one PID namespace with the client: Attach checked it
   if (!d) return false;
@@ -131,6 +139,21 @@ bool ProcessMemory::retarget() {
   return target_ != pid_;
 }
 
+bool ProcessMemory::current_locked(Target* t) {
+  // The thread named instead of an exited main thread must still be there
+  // (its number could otherwise name another task by now).
+  if (target_ != pid_ && readable(thread_pidfd_) && !(alive() && retarget_locked())) return false;
+  *t = {target_, gen_};
+  return true;
+}
+
+bool ProcessMemory::renew(Target* t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Another transfer retargeted since t was taken: retry with its thread.
+  if (gen_ == t->gen && !retarget_locked()) return false;
+  return current_locked(t);
+}
+
 Status ProcessMemory::write(uint64_t addr, const void* src, size_t len) {
   return transfer(true, addr, const_cast<void*>(src), len);
 }
@@ -144,16 +167,17 @@ Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t le
   if (!drop_ptrace_capability())
     return Status::Unavailable("cannot drop CAP_SYS_PTRACE before touching pid " + std::to_string(pid_) + ": " +
                                errno_text(errno));
-  // The thread named instead of an exited main thread must still be there
-  // (its number could otherwise name another task by now).
-  if (target_ != pid_ && readable(thread_pidfd_) && !(alive() && retarget()))
-    return Status::Closed("the client process is gone");
+  Target t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_locked(&t)) return Status::Closed("the client process is gone");
+  }
   size_t done = 0;
   int retargets = 0;
   while (done < len) {
     iovec l{static_cast<uint8_t*>(local) + done, len - done};
     iovec r{reinterpret_cast<void*>(addr + done), len - done};
-    ssize_t n = write ? ::process_vm_writev(target_, &l, 1, &r, 1, 0) : ::process_vm_readv(target_, &l, 1, &r, 1, 0);
+    ssize_t n = write ? ::process_vm_writev(t.tid, &l, 1, &r, 1, 0) : ::process_vm_readv(t.tid, &l, 1, &r, 1, 0);
     if (n > 0) {
       done += static_cast<size_t>(n);  // partial: the next call starts where it stopped (and faults there if it must)
       continue;
@@ -161,8 +185,9 @@ Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t le
     const int err = n == 0 ? EFAULT : errno;
     if (err == EINTR) continue;
     // ESRCH with the process alive: its main thread (or the thread named
-    // instead) exited; another thread of it names the same memory.
-    if (err == ESRCH && alive() && retargets++ < 3 && retarget()) continue;
+    // instead) exited; another thread of it names the same memory (found by
+    // this transfer, or by another one that met the same exit first).
+    if (err == ESRCH && alive() && retargets++ < 3 && renew(&t)) continue;
     const std::string where = std::to_string(len) + " bytes at " + hex(addr) + " in pid " + std::to_string(pid_);
     if (err == ESRCH || !alive()) return Status::Closed("the client process is gone");
     if (err == EPERM)

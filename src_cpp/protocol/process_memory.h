@@ -28,12 +28,21 @@
 // leader's pid): the transfers then name another live thread of the group,
 // held by a thread pidfd (PIDFD_THREAD, Linux 6.9+; before, the client is
 // taken as gone, as it was).
+//
+// Thread safety: write(), read() and alive() may run on several threads at
+// once (a process load's pieces go out on its connection's thread and on
+// helpers). The thread named and its pidfd change under mu_ only; each
+// transfer takes them with a generation, and after ESRCH retargets only if
+// no other transfer did since (else it retries with the thread that one
+// found). A thread pidfd is polled and closed under mu_ only, so no
+// transfer polls or closes a number another one closed (review r7 B2).
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 
 #include "util/status.h"
@@ -60,18 +69,32 @@ class ProcessMemory {
   pid_t pid() const { return pid_; }
   // The thread transfers name: the pid, or, once the main thread exited,
   // another thread of the process.
-  pid_t target() const { return target_; }
+  pid_t target() const;
 
  private:
+  // The thread a transfer names, and the generation of target_ it was taken at.
+  struct Target {
+    pid_t tid;
+    uint64_t gen;
+  };
   ProcessMemory(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd), target_(pid) {}
   Status transfer(bool write, uint64_t addr, void* local, size_t len);
-  // Names a live thread of the process other than its (exited) main thread
-  // in target_, holding a pidfd of that thread; false if there is none.
-  bool retarget();
+  // Under mu_: the thread to name in *t (a new one if the thread named
+  // instead of the main thread exited); false if none is left.
+  bool current_locked(Target* t);
+  // After ESRCH naming t: retargets unless another transfer did since t was
+  // taken; then *t is the thread to retry with. False: none is left.
+  bool renew(Target* t);
+  // Under mu_: names a live thread of the process other than its (exited)
+  // main thread in target_, holding a pidfd of that thread (the old one
+  // closed, the generation bumped); false if there is none.
+  bool retarget_locked();
   const pid_t pid_;
   const int pidfd_;
-  pid_t target_;
-  int thread_pidfd_ = -1;  // of target_ when it is not pid_
+  mutable std::mutex mu_;
+  pid_t target_;           // under mu_
+  int thread_pidfd_ = -1;  // under mu_: of target_ when it is not pid_
+  uint64_t gen_ = 0;       // under mu_: bumped by each retarget
 };
 
 }  // namespace adp::proto

@@ -395,6 +395,97 @@ def test_main_thread_exit_keeps_the_connection_of_a_living_process(card_gateway)
     assert st["process_stores"] == 4 and st["process_loads"] == 3 and st["process_refusals"] == 0, st
 
 
+# A connector process whose main thread exits while threads it started before
+# the connector (so listed first in /proc/<pid>/task: the ones the gateway
+# names instead) exit one after another, each after a load of several pieces
+# on the connection's thread and a helper; it reports the loads and the
+# gateway's pidfds.
+RETARGETS_CHILD = """
+import ctypes, json, os, sys, threading, time
+url, size, sys_exit, gw_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ends = [threading.Event() for _ in range(3)]
+sleepers = [threading.Thread(target=e.wait) for e in ends]
+for t in sleepers:
+    t.start()
+from lmcache_adp import ADPConnector
+from tests.helpers import RawConnector, payload
+c = RawConnector(ADPConnector(gateway=url, num_workers=1, timeout_ms=20000))
+first = c.set(["rt@big"], [memoryview(bytearray(payload("rt@big", size)))])[0]
+leader = os.getpid()
+
+def pidfds():
+    d = f"/proc/{gw_pid}/fd"
+    return sum(os.readlink(f"{d}/{f}") == "anon_inode:[pidfd]" for f in os.listdir(d))
+
+def after():
+    while True:  # until the main thread is a zombie
+        with open(f"/proc/{leader}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    loaded = []
+    for end, t in zip(ends, sleepers):
+        out = bytearray(size)
+        got, _, _ = c.get(["rt@big"], [memoryview(out)])
+        loaded.append(bool(got) and bytes(out) == payload("rt@big", size))
+        end.set()  # the thread the gateway names now exits
+        t.join()
+    out = bytearray(size)
+    got, _, _ = c.get(["rt@big"], [memoryview(out)])
+    loaded.append(bool(got) and bytes(out) == payload("rt@big", size))
+    st = c.conn.stats()
+    print(json.dumps({"first": first, "loaded": loaded, "pidfds": pidfds(), "process_loads": st["process_loads"]}),
+          flush=True)
+    os._exit(0)
+
+threading.Thread(target=after).start()
+ctypes.CDLL(None).syscall(sys_exit, 0)  # this thread only (ctypes lets go of the GIL first)
+"""
+
+
+def test_threads_named_instead_of_the_main_thread_exit_during_loads_with_helpers():
+    """Review r7 B2: the client's main thread exits, then each thread the
+    gateway names instead exits in turn, between loads of a 16 MiB object in
+    256 KiB pieces written by the connection's thread and a helper where a CPU
+    is spare (both meet ESRCH, or the named thread's pidfd readable, and
+    retarget at once): every
+    load lands intact, the connection is never closed, and the gateway holds
+    two pidfds for it at the end (the process's and the thread's: none leaked
+    by two writers retargeting together, none closed twice)."""
+    assert platform.machine() in SYS_EXIT, f"no SYS_exit number known for {platform.machine()}"
+    try:
+        os.close(os.pidfd_open(os.getpid(), os.O_EXCL))
+    except OSError as e:
+        pytest.fail(f"this test needs Linux 6.9+ (pidfd_open with PIDFD_THREAD): {e}")
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
+    try:
+        size = 16 * MIB
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                RETARGETS_CHILD,
+                gw.unix_url,
+                str(size),
+                str(SYS_EXIT[platform.machine()]),
+                str(gw.proc.pid),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["first"] and out["loaded"] == [True] * 4, out
+        assert out["process_loads"] == 4 and out["pidfds"] == 2, out
+        assert gw.log().count(" connected (") == 1, gw.log()
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_an_object_larger_than_the_store_buffer_fails_alone():
     """With --max-store-buffer-mb 1, a process store of a 3 MiB object fails
     alone, its reason naming the option, and is never read from the client;

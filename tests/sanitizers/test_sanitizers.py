@@ -84,3 +84,10 @@ def test_card_prefault_under_sanitizer(mode, tmp_path):
 def test_piece_pool_under_sanitizer(mode, tmp_path):
     """The process loads' piece helpers (tests/util/test_piece_pool.py)."""
     cpp.run(cpp.build("piece_pool_test", tmp_path, ("util",), sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+def test_process_memory_threads_under_tsan(tmp_path):
+    """ProcessMemory's retarget with three transfers at once (tests/gateway/test_process_memory_threads.py)."""
+    binary = cpp.build("process_memory_test", tmp_path, ("util",), ("protocol/process_memory.cc",), sanitize="tsan")
+    cpp.run(binary, timeout=600)
