@@ -9,12 +9,14 @@ killed mid-load; a damaged object."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
 import os
 import select
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -841,17 +843,49 @@ print(json.dumps({{"untouched": ctypes.string_at({FIXED_AT}, {SIZE}) == b"\\x55"
 )
 
 
-def spawn_with_pid(pid: int, script: str, tries: int = 200) -> subprocess.Popen:
+class PidHolder:
+    """A python running `script` as another process under a given pid, with pipes to its stdin and stdout."""
+
+    def __init__(self, pid: int, stdin: int, stdout: int):
+        self.pid = pid
+        self.stdin = os.fdopen(stdin, "w")
+        self.stdout = os.fdopen(stdout)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        self.stdin.close()
+        self.stdout.close()
+
+
+def spawn_with_pid(pid: int, script: str, tries: int = 100) -> PidHolder:
     """A python running `script` under `pid` (free: its process exited and was reaped), through
-    /proc/sys/kernel/ns_last_pid (root); another fork on the machine may take the pid first: tried again."""
+    /proc/sys/kernel/ns_last_pid (root), written just before a bare fork. Another process's fork in
+    between takes the pid: then tried again once the pid is free."""
     for _ in range(tries):
-        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-            f.write(str(pid - 1))
-        p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if p.pid == pid:
-            return p
-        p.kill()
-        p.wait()
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}"):  # taken by someone else's fork meanwhile: wait for it to end
+            assert time.monotonic() < deadline, f"pid {pid} stays taken by another process"
+            time.sleep(0.05)
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        last = os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY)
+        os.write(last, str(pid - 1).encode())
+        child = os.fork()
+        if child == 0:  # exec at once: this test process has threads
+            try:
+                os.dup2(in_r, 0)
+                os.dup2(out_w, 1)
+                os.execv(sys.executable, [sys.executable, "-c", script])
+            finally:
+                os._exit(127)
+        for fd in (last, in_r, out_w):
+            os.close(fd)
+        holder = PidHolder(child, in_w, out_r)
+        if child == pid:
+            return holder
+        holder.kill()
     pytest.fail(f"no process got pid {pid} in {tries} tries (other processes forked first)")
 
 
@@ -881,9 +915,9 @@ def test_client_exited_while_a_forked_child_keeps_the_socket_writes_into_no_proc
         holder.stdin.write("done\n")
         holder.stdin.flush()
         held = json.loads(holder.stdout.readline())
-        assert child["outcome"] == "connection closed", child
-        assert child["untouched"], "bytes landed in the forked child, which never registered"
         assert held["untouched"], f"bytes landed in pid {registered}, now another process"
+        assert child["untouched"], "bytes landed in the forked child, which never registered"
+        assert child["outcome"] == "connection closed", child
         assert stats(gw)["process_loads"] == 1
         assert "gone after" in gw.log()
         other = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
@@ -891,7 +925,8 @@ def test_client_exited_while_a_forked_child_keeps_the_socket_writes_into_no_proc
         assert other.get(["fork@a"], [memoryview(out)])[2] == [True] and bytes(out) == payload("fork@a", SIZE)
         other.conn.close()
     finally:
-        for p in (client, holder):
-            if p:
-                p.kill()
-                p.wait()
+        client.stdin.close()  # the forked child, if still waiting, reads EOF and ends
+        client.kill()
+        client.wait()
+        if holder:
+            holder.kill()
