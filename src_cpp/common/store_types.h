@@ -118,6 +118,10 @@ struct StoreStats {
   // Objects stored straight from this process's memory (the connector), or
   // from its clients' (the gateway); 0 on a card.
   uint64_t process_stores = 0;
+  // The connector (r6): objects of stores sent through the ring though
+  // process stores were granted, as one of their batch was larger than the
+  // gateway's store buffer; 0 elsewhere.
+  uint64_t process_stores_over_limit = 0;
   bool healthy = true;  // false while the card's most recent I/O failed
 };
 
@@ -152,6 +156,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("recovery_seconds", st.recovery_seconds);
   f("process_loads", st.process_loads);
   f("process_stores", st.process_stores);
+  f("process_stores_over_limit", st.process_stores_over_limit);
   f("healthy", st.healthy);
 }
 

@@ -179,6 +179,10 @@ Status ClientHandler::handshake() {
   if (ring_) {
     process_offered_ = hello.features & proto::kFeatureProcessMemory;
     ok.features |= process_offered_;
+    // r6: ProcessOk then says how large an object a process store may be.
+    store_limit_sent_ =
+        (process_offered_ & proto::kFeatureProcessStores) && (hello.features & proto::kFeatureStoreLimit);
+    if (store_limit_sent_) ok.features |= proto::kFeatureStoreLimit;
   }
   if (segments_enabled_ || process_offered_) {
     if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
@@ -346,6 +350,8 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
       [&] { return proto::ProcessMemory::Attach(fd_, reg.pid, reg.probe_addr, reg.probe, &process_); });
   if (abandoned_) return s;
   proto::ProcessOk ok;
+  ok.with_store_limit = store_limit_sent_;
+  ok.max_store_object_bytes = shared_->limits.max_store_buffer_bytes;
   if (s.ok()) {
     ok.features = process_offered_;
     process_granted_ = process_offered_;

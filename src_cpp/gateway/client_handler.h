@@ -169,6 +169,7 @@ class ClientHandler {
   // then grant them), and those granted; the client's address space.
   uint32_t process_offered_ = 0;
   uint32_t process_granted_ = 0;
+  bool store_limit_sent_ = false;  // r6: ProcessOk carries limits.max_store_buffer_bytes
   bool process_registered_ = false;
   std::unique_ptr<proto::ProcessMemory> process_;
   // r5 loads: a bounce buffer for each thread that may write a piece at

@@ -50,6 +50,9 @@ constexpr uint32_t kFeatureRingProgress = 8;  // a get's bytes published in the 
 constexpr uint32_t kFeatureProcessLoads = 16;   // loads written into the client's process memory (r5; needs the ring)
 constexpr uint32_t kFeatureProcessStores = 32;  // stores read from the client's process memory (r5; needs the ring)
 constexpr uint32_t kFeatureProcessMemory = kFeatureProcessLoads | kFeatureProcessStores;
+// r6: ProcessOk ends with the largest object the gateway reads from process
+// memory for a store (its store buffer); larger ones go through the ring.
+constexpr uint32_t kFeatureStoreLimit = 64;
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;

@@ -251,6 +251,7 @@ void encode_process_ok(const ProcessOk& m, std::vector<uint8_t>* body) {
   w.put<uint16_t>(static_cast<uint16_t>(reason.size()));
   w.put<uint16_t>(0);
   w.bytes(reason);
+  if (m.with_store_limit) w.put<uint64_t>(m.max_store_object_bytes);
 }
 
 Status decode_process_ok(std::span<const uint8_t> body, ProcessOk* m) {
@@ -260,6 +261,10 @@ Status decode_process_ok(std::span<const uint8_t> body, ProcessOk* m) {
   if (!r.ok() || pad != 0 || n > kMaxMessageBytes || (m->features & ~kFeatureProcessMemory))
     return malformed("process reply");
   m->reason = r.text(n);
+  if (r.ok() && r.remaining() == sizeof(uint64_t)) {  // r6: the store limit
+    m->with_store_limit = true;
+    m->max_store_object_bytes = r.get<uint64_t>();
+  }
   if (!r.ok() || r.remaining() != 0) return malformed("process reply");
   return Status::Ok();
 }

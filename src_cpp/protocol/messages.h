@@ -84,10 +84,14 @@ struct RegisterProcess {
 void encode_register_process(const RegisterProcess& m, std::vector<uint8_t>* body);
 Status decode_register_process(std::span<const uint8_t> body, RegisterProcess* m);
 // ProcessOk (r5): the process-memory features granted (0: refused, and
-// `reason` says why; the client keeps the ring).
+// `reason` says why; the client keeps the ring). r6, where HelloOk granted
+// kFeatureStoreLimit: then a u64, the largest object a process store may
+// carry (the gateway's store buffer); decoded where present, 0 if not.
 struct ProcessOk {
   uint32_t features = 0;
   std::string_view reason;
+  bool with_store_limit = false;  // encode: append max_store_object_bytes (r6)
+  uint64_t max_store_object_bytes = 0;
 };
 void encode_process_ok(const ProcessOk& m, std::vector<uint8_t>* body);
 Status decode_process_ok(std::span<const uint8_t> body, ProcessOk* m);

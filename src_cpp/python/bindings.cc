@@ -458,6 +458,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("FEATURE_RING_PROGRESS") = proto::kFeatureRingProgress;
   m.attr("FEATURE_PROCESS_LOADS") = proto::kFeatureProcessLoads;
   m.attr("FEATURE_PROCESS_STORES") = proto::kFeatureProcessStores;
+  m.attr("FEATURE_STORE_LIMIT") = proto::kFeatureStoreLimit;
   m.attr("PROCESS_SEGMENT") = proto::kProcessSegment;
   m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;

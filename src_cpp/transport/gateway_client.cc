@@ -42,7 +42,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
     hello.features = proto::kFeatureRing |
                      (opts.segments ? proto::kFeatureSegments | proto::kFeatureSegmentStores : 0) |
                      (opts.ring_progress ? proto::kFeatureRingProgress : 0) |
-                     (opts.process_memory ? proto::kFeatureProcessMemory : 0);
+                     (opts.process_memory ? proto::kFeatureProcessMemory | proto::kFeatureStoreLimit : 0);
     hello.ring_bytes = ring_->size();
   }
   hello.token = opts.token;
@@ -142,6 +142,9 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
     s = Status::InvalidArgument("gateway granted process-memory features it did not offer");
   if (!s.ok()) return s;
   process_granted_ = ok.features;
+  // r6: objects larger than the gateway's store buffer go through the ring
+  // (an r5 gateway says nothing: no limit known, as before).
+  if (ok.with_store_limit) process_store_limit_ = ok.max_store_object_bytes;
   if (!process_granted_) process_refusal_ = ok.reason.empty() ? "no reason given" : std::string(ok.reason);
   return Status::Ok();
 }

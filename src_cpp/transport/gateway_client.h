@@ -60,6 +60,10 @@ class GatewayClient {
   bool process_loads() const { return process_granted_ & proto::kFeatureProcessLoads; }
   // Whether the gateway reads stores from this process's memory (r5, the same way).
   bool process_stores() const { return process_granted_ & proto::kFeatureProcessStores; }
+  // r6: the largest object a process store may carry (the gateway's store
+  // buffer); larger ones go through the ring. UINT64_MAX: the gateway (r5)
+  // did not say.
+  uint64_t process_store_limit() const { return process_store_limit_; }
   uint32_t process_features() const { return process_granted_; }
   // Why process memory is not in use though this client asked for it
   // (empty: granted, not asked, or a gateway of r4 or older).
@@ -101,6 +105,7 @@ class GatewayClient {
   bool ring_progress_ = false;
   uint32_t process_offered_ = 0;
   uint32_t process_granted_ = 0;
+  uint64_t process_store_limit_ = UINT64_MAX;
   std::string process_refusal_;
   uint8_t probe_[16] = {};  // the probe the gateway reads back (RegisterProcess)
   uint32_t segments_registered_ = 0;

@@ -304,13 +304,21 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
   const bool in_files = (put ? client_->segment_stores() : client_->segments()) && (!put || maps_.supported());
   const bool in_process = put ? client_->process_stores() : client_->process_loads();
   if (!in_files && !in_process) return false;
+  // r6: a store of an object larger than the gateway's store buffer (which
+  // it would refuse) goes through the ring, with the rest of its batch.
+  const uint64_t process_limit = put ? client_->process_store_limit() : UINT64_MAX;
   std::vector<SegmentSpan> spans(n);
   for (size_t i = 0; i < n; i++) {
     if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
     if (in_files) spans[i] = backend_->find_segment(bufs[i], sizes[i]);
     if (spans[i].file && spans[i].file->refused) spans[i] = {};
-    if (spans[i].file || in_process) continue;
-    if (in_files) backend_->hint_ring();
+    if (spans[i].file) continue;
+    if (in_process && sizes[i] <= process_limit) continue;
+    if (in_process) {
+      backend_->process_stores_over_limit_.fetch_add(n, std::memory_order_relaxed);
+    } else if (in_files) {
+      backend_->hint_ring();
+    }
     return false;
   }
   proto::BatchRequest req;
@@ -791,6 +799,7 @@ StoreStats RemoteBackend::stats() const {
   counters_.copy_to(&s);
   s.process_loads = process_loads_.load(std::memory_order_relaxed);
   s.process_stores = process_stores_.load(std::memory_order_relaxed);
+  s.process_stores_over_limit = process_stores_over_limit_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -73,8 +73,9 @@ class RemoteBackend : public Backend {
   std::atomic<Link> link_{Link::kUnknown};
   std::atomic<bool> ring_hinted_{false};
   OpCounters counters_;
-  std::atomic<uint64_t> process_loads_{0};   // objects the gateway wrote into this process's memory (r5)
-  std::atomic<uint64_t> process_stores_{0};  // objects the gateway stored from this process's memory (r5)
+  std::atomic<uint64_t> process_loads_{0};              // objects the gateway wrote into this process's memory (r5)
+  std::atomic<uint64_t> process_stores_{0};             // objects the gateway stored from this process's memory (r5)
+  std::atomic<uint64_t> process_stores_over_limit_{0};  // objects of stores sent through the ring instead (r6)
   std::atomic<bool> process_refusal_logged_{false};
   std::atomic<bool> process_withdrawn_logged_{false};  // a grant withdrawn after EPERM, logged once
   struct MappedRange {

@@ -96,6 +96,7 @@ class ProcessClient(wire.RingClient):
         ftype, body = self.recv()
         assert ftype == PROCESS_OK, (ftype, body)
         features, n, _ = struct.unpack_from("<IHH", body)
+        self.process_ok_tail = body[8 + n :]  # r6: the store limit, where Hello asked for it
         return features, body[8 : 8 + n].decode()
 
     def get(self, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:

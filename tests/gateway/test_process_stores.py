@@ -25,7 +25,13 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from lmcache_adp._native import FEATURE_PROCESS_LOADS, FEATURE_PROCESS_STORES, FEATURE_RING, PROCESS_SEGMENT
+from lmcache_adp._native import (
+    FEATURE_PROCESS_LOADS,
+    FEATURE_PROCESS_STORES,
+    FEATURE_RING,
+    FEATURE_STORE_LIMIT,
+    PROCESS_SEGMENT,
+)
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_process_memory import LEASE_OPEN, REPO, ProcessClient
@@ -75,8 +81,8 @@ def load(gw: Gateway, keys: list[str], size: int = SIZE) -> tuple[list[bool], li
 class StoreClient(ProcessClient):
     """A hand-driven connection that asks for process-memory stores too."""
 
-    def __init__(self, gw: Gateway):
-        super().__init__(gw, features=FEATURE_RING | FEATURE_PROCESS_LOADS | FEATURE_PROCESS_STORES)
+    def __init__(self, gw: Gateway, extra_features: int = 0):
+        super().__init__(gw, features=FEATURE_RING | FEATURE_PROCESS_LOADS | FEATURE_PROCESS_STORES | extra_features)
 
     def put(self, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
         """A put of process items under an open lease; the (status, message) of each."""
@@ -513,5 +519,52 @@ def test_an_object_larger_than_the_store_buffer_fails_alone():
         assert load(gw, ["buf@big"])[0] == [False]
     finally:
         c.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_store_limit_reaches_the_client_only_where_asked():
+    """r6: a client whose Hello asks for bit 6 gets it back in HelloOk and the
+    store buffer's size (--max-store-buffer-mb) as a u64 at the end of
+    ProcessOk; a client that does not ask (r5) gets neither, its ProcessOk
+    ending at the reason as before."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--max-store-buffer-mb", "3")).start()
+    old, new = StoreClient(gw), StoreClient(gw, FEATURE_STORE_LIMIT)
+    try:
+        assert not old.features & FEATURE_STORE_LIMIT and new.features & FEATURE_STORE_LIMIT
+        assert old.register()[0] & FEATURE_PROCESS_STORES and old.process_ok_tail == b""
+        assert new.register()[0] & FEATURE_PROCESS_STORES
+        assert new.process_ok_tail == struct.pack("<Q", 3 * MIB)
+    finally:
+        old.close()
+        new.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_objects_larger_than_the_store_buffer_go_through_the_ring():
+    """Review r7 S3: with --max-store-buffer-mb 1, the connector learns the
+    limit (ProcessOk, r6) and sends stores of 2 MiB objects through the ring
+    instead of having them refused: they land, the gateway read none of them
+    from process memory, the connector counts them as over the limit; an
+    object that fits still comes from process memory."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--max-store-buffer-mb", "1")).start()
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        big = [f"lim@{i}" for i in range(4)]
+        ok, err, _ = c.set(big, [memoryview(bytearray(payload(k, 2 * MIB))) for k in big])
+        assert ok, err
+        small = 512 * 1024
+        assert c.set(["lim@small"], [memoryview(bytearray(payload("lim@small", small)))])[0]
+        mine = c.conn.stats()
+        c.conn.close()
+        st = stats(gw)
+        assert st["objects"] == 5 and st["process_stores"] == 1 and st["process_read_bytes"] == small, st
+        assert mine["process_stores"] == 1 and mine["process_stores_over_limit"] == 4, mine
+        hits, data = load(gw, big, 2 * MIB)
+        assert hits == [True] * 4 and data == [payload(k, 2 * MIB) for k in big]
+    finally:
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
