@@ -41,6 +41,11 @@ LIMITS = [
         256,
         "one connection's buffer for stores read from its client's memory (protocol r5); a larger object is refused",
     ),
+    (
+        "--max-store-buffer-total-mb",
+        4096,
+        "the store buffers of all connections together; a chunk waits for room until its deadline, then fails Busy",
+    ),
 ]
 LIMIT_RANGES = {
     "max_clients": (1, 65536),
@@ -51,6 +56,7 @@ LIMIT_RANGES = {
     "max_ring_mb": (1, 4096),
     "max_ring_total_mb": (1, 1 << 30),
     "max_store_buffer_mb": (1, 1 << 20),
+    "max_store_buffer_total_mb": (1, 1 << 30),
 }
 
 
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             max_ring_bytes=args.max_ring_mb << 20,
             max_ring_total_bytes=args.max_ring_total_mb << 20,
             max_store_buffer_bytes=args.max_store_buffer_mb << 20,
+            max_store_buffer_total_bytes=args.max_store_buffer_total_mb << 20,
         )
     except (RuntimeError, ValueError) as e:
         log.error("gateway not started: %s", e)

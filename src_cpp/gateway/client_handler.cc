@@ -3,6 +3,7 @@
 
 #include <linux/futex.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -40,6 +41,9 @@ constexpr uint64_t kPutChunkBytes = 16ull << 20;
 // r5 stores: the client's memory is read in pieces of this size, each under
 // the lease, the client's liveness checked before each.
 constexpr size_t kProcessReadPieceBytes = 1u << 20;
+// r5 stores: a store buffer is given back once its connection sent nothing
+// for this long (mapped again, populated, by its next store).
+constexpr int kStoreBufferIdleMs = 5000;
 
 }  // namespace
 
@@ -219,6 +223,13 @@ void ClientHandler::run() {
     const int idle_ms = shared_->limits.idle_timeout_ms;
     while (s.ok()) {
       auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
+      if (store_buf_.capacity()) {
+        // A store buffer is not held by a connection that sent nothing for a while.
+        int wait_ms = kStoreBufferIdleMs;
+        if (idle_ms > 0) wait_ms = std::min(wait_ms, idle_ms);
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, wait_ms) == 0) release_store_buffer();
+      }
       s = proto::read_frame(fd_, max_body, idle_by, &frame, segments_enabled_ ? 1 : 0);
       if (s.code() == Status::Code::kTimedOut) {
         if (Clock::now() >= idle_by) {
@@ -258,6 +269,7 @@ void ClientHandler::run() {
     process_.reset();
     shared_->processes--;
   }
+  release_store_buffer();
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
@@ -351,7 +363,7 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
   if (abandoned_) return s;
   proto::ProcessOk ok;
   ok.with_store_limit = store_limit_sent_;
-  ok.max_store_object_bytes = shared_->limits.max_store_buffer_bytes;
+  ok.max_store_object_bytes = store_object_limit();
   if (s.ok()) {
     ok.features = process_offered_;
     process_granted_ = process_offered_;
@@ -490,31 +502,93 @@ Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst,
   return Status::Ok();
 }
 
+uint64_t ClientHandler::store_object_limit() const {
+  const ConnectionLimits& lim = shared_->limits;
+  return std::min(lim.max_store_buffer_bytes, lim.max_store_buffer_total_bytes) & ~uint64_t(4095);
+}
+
+void ClientHandler::release_store_buffer() {
+  const uint64_t held = store_buf_.capacity();
+  if (!held) return;
+  {
+    AlignedBuffer gone;
+    store_buf_.swap(gone);
+  }  // unmapped here
+  shared_->store_buffer_bytes.fetch_sub(held);
+  std::lock_guard<std::mutex> l(shared_->store_buffer_mu);
+  shared_->store_buffer_freed.notify_all();
+}
+
+Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline) {
+  const uint64_t total = shared_->limits.max_store_buffer_total_bytes;
+  // Exactly the chunk's size in whole MiB, never past the limit (no doubling).
+  const uint64_t bytes =
+      std::max(need, std::min((need + (1u << 20) - 1) & ~uint64_t((1u << 20) - 1), store_object_limit()));
+  release_store_buffer();  // its contents need not survive, and its bytes count for the new one
+  auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+  uint64_t cur = shared_->store_buffer_bytes.load();
+  for (;;) {
+    if (cur + bytes <= total) {
+      if (shared_->store_buffer_bytes.compare_exchange_weak(cur, cur + bytes)) break;
+      continue;
+    }
+    // Waits for room while the client still waits (its deadline) and the
+    // connection is not closing (the client gone, or the gateway stopping).
+    pollfd p{fd_, POLLRDHUP, 0};
+    const auto now = Clock::now();
+    if (now >= deadline || (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))) {
+      shared_->store_buffer_busy.fetch_add(1, std::memory_order_relaxed);
+      return Status::Busy("the gateway's store buffers are used up (" + mib(cur) + " of " + mib(total) +
+                          " held by other connections, --max-store-buffer-total-mb); this chunk needs " + mib(bytes));
+    }
+    {
+      std::unique_lock<std::mutex> l(shared_->store_buffer_mu);
+      shared_->store_buffer_waiters++;
+      shared_->store_buffer_freed.wait_for(l, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+      shared_->store_buffer_waiters--;
+    }
+    cur = shared_->store_buffer_bytes.load();
+  }
+  if (!store_buf_.reserve_exact(bytes)) {
+    shared_->store_buffer_bytes.fetch_sub(bytes);
+    std::lock_guard<std::mutex> l(shared_->store_buffer_mu);
+    shared_->store_buffer_freed.notify_all();
+    return Status::IoError("out of memory for the store buffer of " + mib(bytes));
+  }
+  // What is mapped is what counts (release_store_buffer gives back the capacity).
+  if (store_buf_.capacity() > bytes) shared_->store_buffer_bytes.fetch_add(store_buf_.capacity() - bytes);
+  return Status::Ok();
+}
+
 bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
                                        ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st) {
-  const uint64_t cap = shared_->limits.max_store_buffer_bytes;
+  const uint64_t cap = store_object_limit();
   uint64_t need = 0;
   for (size_t k = i; k < end; k++)
     if (req.items[k].segment == proto::kProcessSegment && req.items[k].size <= cap)
       need += (req.items[k].size + 4095) & ~uint64_t(4095);  // each object 4 KiB aligned (O_DIRECT from it)
-  if (need > store_buf_.capacity() && !store_buf_.reserve(need)) {
-    for (size_t k = i; k < end; k++)
-      if (req.items[k].segment == proto::kProcessSegment)
-        (*st)[k] = Status::IoError("out of memory for the store buffer of " + std::to_string(need >> 20) + " MiB");
-    return true;
+  if (need > store_buf_.capacity()) {
+    Status s = grow_store_buffer(need, deadline);
+    if (!s.ok()) {
+      for (size_t k = i; k < end; k++)
+        if (req.items[k].segment == proto::kProcessSegment) (*st)[k] = s;
+      return true;
+    }
   }
   uint64_t at = 0;
   for (size_t k = i; k < end; k++) {
     const proto::BatchItem& it = req.items[k];
     if (it.segment != proto::kProcessSegment) continue;
     if (it.size > cap) {
+      const ConnectionLimits& lim = shared_->limits;
+      const char* option = lim.max_store_buffer_total_bytes < lim.max_store_buffer_bytes ? "--max-store-buffer-total-mb"
+                                                                                         : "--max-store-buffer-mb";
       ADP_WARN_LIMITED(
-          "gateway: client #%llu: an object of %llu bytes is larger than the store buffer (%llu MiB, "
-          "--max-store-buffer-mb): refused",
-          ull(id_), ull(it.size), ull(cap >> 20));
+          "gateway: client #%llu: an object of %llu bytes is larger than the store buffer (%llu MiB, %s): refused",
+          ull(id_), ull(it.size), ull(cap >> 20), option);
       (*st)[k] = Status::InvalidArgument("an object of " + std::to_string(it.size) +
                                          " bytes is larger than the gateway's store buffer for process memory (" +
-                                         std::to_string(cap >> 20) + " MiB, --max-store-buffer-mb)");
+                                         std::to_string(cap >> 20) + " MiB, " + option + ")");
       continue;
     }
     if (Clock::now() >= deadline) {
@@ -596,6 +670,9 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
   field("process_read_bytes", shared.process_read_bytes.load());
+  field("store_buffer_bytes", shared.store_buffer_bytes.load());
+  field("store_buffer_busy", shared.store_buffer_busy.load());
+  field("store_buffer_waiting", shared.store_buffer_waiters.load());
   field("processes", shared.processes.load());
   field("process_refusals", shared.process_refusals.load());
   field("process_write_threads", shared.pieces ? shared.pieces->threads() : 0);
@@ -722,7 +799,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           // A chunk with process items fits the store buffer (each object 4 KiB
           // aligned in it), or is one object (refused if larger).
           const uint64_t chunk_bytes =
-              put_process ? std::min<uint64_t>(kPutChunkBytes, shared_->limits.max_store_buffer_bytes) : kPutChunkBytes;
+              put_process ? std::min<uint64_t>(kPutChunkBytes, store_object_limit()) : kPutChunkBytes;
           auto room = [&](size_t k) { return put_process ? (items[k].size + 4095) & ~uint64_t(4095) : items[k].size; };
           size_t end = i + 1;
           for (uint64_t bytes = room(i); end < n && end - i < kPutChunkItems; end++) {
@@ -776,6 +853,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           }
           i = end;
         }
+        // Another connection waits for room: this one's buffer goes back now.
+        if (put_process && shared_->store_buffer_waiters.load()) release_store_buffer();
         break;
       }
       case proto::Op::kGet: {

@@ -38,6 +38,10 @@ struct ConnectionLimits {
   // client's process memory before their card space is reserved (it grows
   // to the largest chunk of them seen; a larger object is refused).
   uint64_t max_store_buffer_bytes = 256ull << 20;
+  // The store buffers of all connections together (review r7 S2): a
+  // buffer's growth waits for room until its chunk's deadline, then the
+  // chunk's process items fail Busy.
+  uint64_t max_store_buffer_total_bytes = 4ull << 30;
 };
 
 // One connection's standing with the server that stops: whether its thread
@@ -76,6 +80,14 @@ struct GatewayShared {
   std::atomic<uint64_t> process_stores{0};      // objects stored straight from a client's process memory (r5)
   std::atomic<uint64_t> process_read_bytes{0};  // bytes read from clients' process memory for stores (r5)
   std::atomic<uint64_t> process_refusals{0};    // process registrations refused (r5)
+  // Store buffers (r5 stores): bytes the connections' buffers hold (within
+  // limits.max_store_buffer_total_bytes), chunks failed Busy for want of
+  // room; a connection that waits for room is woken when one is given back.
+  std::atomic<uint64_t> store_buffer_bytes{0};
+  std::atomic<uint64_t> store_buffer_busy{0};
+  std::atomic<uint32_t> store_buffer_waiters{0};
+  std::mutex store_buffer_mu;
+  std::condition_variable store_buffer_freed;
   // Helpers for the pieces of process loads (r5); none: each connection's
   // thread writes its own. Here, not in the server: a connection thread
   // that stop() left behind in a stalled transfer may be waiting for its
@@ -123,6 +135,15 @@ class ClientHandler {
   // status in st and no data. False: the request ends (gone, revoked).
   bool read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
                           ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st);
+  // The largest object a process store may carry: the store buffer's limit
+  // (and the gateway's total for them, if lower).
+  uint64_t store_object_limit() const;
+  // Makes store_buf_ hold `need` bytes (whole MiB, never past the limit),
+  // taken from the gateway's budget for store buffers; waits for room until
+  // the deadline (or the connection closing), then Busy.
+  Status grow_store_buffer(uint64_t need, proto::Deadline deadline);
+  // Unmaps store_buf_ and gives its bytes back to the budget.
+  void release_store_buffer();
   // Runs fn (a transfer of the client's memory) marked in control_, so that
   // stop() can give up on a transfer the client stalls; Closed if it did.
   template <typename F>
@@ -183,7 +204,10 @@ class ClientHandler {
   std::condition_variable lease_free_;
   size_t lease_holders_ = 0, lease_joins_ = 0;
   // r5 stores: the chunk's objects read from the client before the card
-  // store reserves their place (limits.max_store_buffer_bytes at most).
+  // store reserves their place (limits.max_store_buffer_bytes at most,
+  // counted in shared_->store_buffer_bytes; given back after the connection
+  // was idle kStoreBufferIdleMs, after a put batch while another connection
+  // waits for room, and when the connection ends).
   AlignedBuffer store_buf_;
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.

@@ -47,8 +47,13 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   const int cpus = PiecePool::usable_cpus();
   const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, cpus);
-  g->shared_->limits = {opts.max_tcp_clients, opts.handshake_timeout_ms, opts.idle_timeout_ms,
-                        opts.max_ring_bytes,  opts.max_ring_total_bytes, opts.max_store_buffer_bytes};
+  g->shared_->limits = {opts.max_tcp_clients,
+                        opts.handshake_timeout_ms,
+                        opts.idle_timeout_ms,
+                        opts.max_ring_bytes,
+                        opts.max_ring_total_bytes,
+                        opts.max_store_buffer_bytes,
+                        opts.max_store_buffer_total_bytes};
   StoreStats st = g->store_->stats();
   ADP_INFO("gateway: card %s open (%llu objects, %.1f of %.1f GiB used); listening on %s%s%s", opts.card.path.c_str(),
            static_cast<unsigned long long>(st.objects), st.used_bytes / double(1ull << 30),

@@ -50,6 +50,7 @@ struct GatewayOptions {
   // r5 stores: one connection's buffer for objects read from its client's
   // process memory before the card store takes them (ConnectionLimits).
   uint64_t max_store_buffer_bytes = 256ull << 20;
+  uint64_t max_store_buffer_total_bytes = 4ull << 30;  // the store buffers of all connections together
 };
 
 class GatewayServer {

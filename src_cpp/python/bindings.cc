@@ -485,7 +485,8 @@ PYBIND11_MODULE(_native, m) {
                        const std::string& listen, const std::string& token, int io_contexts, bool durable,
                        int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
                        int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
-                       uint64_t max_store_buffer_bytes, int process_write_threads) {
+                       uint64_t max_store_buffer_bytes, int process_write_threads,
+                       uint64_t max_store_buffer_total_bytes) {
              GatewayOptions o;
              o.card.path = card;
              o.card.create_bytes = card_size_bytes;
@@ -503,6 +504,7 @@ PYBIND11_MODULE(_native, m) {
              o.max_ring_bytes = max_ring_bytes;
              o.max_ring_total_bytes = max_ring_total_bytes;
              o.max_store_buffer_bytes = max_store_buffer_bytes;
+             o.max_store_buffer_total_bytes = max_store_buffer_total_bytes;
              o.process_write_threads = process_write_threads;
              return std::make_unique<PyGatewayServer>(o);
            }),
@@ -517,6 +519,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
            py::arg("max_store_buffer_bytes") = GatewayOptions{}.max_store_buffer_bytes,
            py::arg("process_write_threads") = GatewayOptions{}.process_write_threads,
+           py::arg("max_store_buffer_total_bytes") = GatewayOptions{}.max_store_buffer_total_bytes,
            "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
            "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
            "usable CPU, 0: none).")

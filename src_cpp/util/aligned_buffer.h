@@ -20,6 +20,9 @@ class AlignedBuffer {
   // Ensures capacity >= n bytes; contents are not preserved on growth.
   // Returns false when memory cannot be mapped.
   bool reserve(size_t n);
+  // Ensures capacity >= n bytes, mapping exactly n (rounded up to a page)
+  // where it grows: no doubling, for a buffer held to a budget.
+  bool reserve_exact(size_t n);
   uint8_t* data() const { return data_; }
   size_t capacity() const { return cap_; }
   // Trades memory with o (no copy).

@@ -103,10 +103,13 @@ class ProcessClient(wire.RingClient):
         """A get of process items under an open load lease; the (status, message) of each."""
         return self.batch(wire.GET, keys, sizes, addrs)
 
-    def batch(self, op: int, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
+    def batch(
+        self, op: int, keys: list[bytes], sizes: list[int], addrs: list[int], timeout_ms: int = 5000
+    ) -> list[tuple[int, bytes]]:
         """A batch of process items under an open lease; the (status, message) of each."""
         self.map[0:8] = struct.pack("<Q", (self.rid + 1) << 2 | LEASE_OPEN)
-        self.send(wire.BATCH, wire.batch(op, keys, sizes, addrs, segments=[PROCESS_SEGMENT] * len(keys)))
+        segments = [PROCESS_SEGMENT] * len(keys)
+        self.send(wire.BATCH, wire.batch(op, keys, sizes, addrs, segments=segments, timeout_ms=timeout_ms))
         ftype, body = self.recv()
         assert ftype == wire.BATCH_REPLY, (ftype, body)
         count = struct.unpack_from("<I", body)[0]

@@ -84,9 +84,11 @@ class StoreClient(ProcessClient):
     def __init__(self, gw: Gateway, extra_features: int = 0):
         super().__init__(gw, features=FEATURE_RING | FEATURE_PROCESS_LOADS | FEATURE_PROCESS_STORES | extra_features)
 
-    def put(self, keys: list[bytes], sizes: list[int], addrs: list[int]) -> list[tuple[int, bytes]]:
+    def put(
+        self, keys: list[bytes], sizes: list[int], addrs: list[int], timeout_ms: int = 5000
+    ) -> list[tuple[int, bytes]]:
         """A put of process items under an open lease; the (status, message) of each."""
-        return self.batch(wire.PUT, keys, sizes, addrs)
+        return self.batch(wire.PUT, keys, sizes, addrs, timeout_ms)
 
 
 def test_stores_come_from_process_memory_and_the_ring_carries_none(card_gateway):
@@ -566,5 +568,77 @@ def test_objects_larger_than_the_store_buffer_go_through_the_ring():
         hits, data = load(gw, big, 2 * MIB)
         assert hits == [True] * 4 and data == [payload(k, 2 * MIB) for k in big]
     finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def put_one(c: StoreClient, key: str, size: int, timeout_ms: int = 5000) -> tuple[int, bytes]:
+    """Stores one object of `size` bytes from this process's memory on c; its (status, message)."""
+    src = ctypes.create_string_buffer(payload(key, size), size)
+    return c.put([key.encode()], [size], [ctypes.addressof(src)], timeout_ms)[0]
+
+
+def eventually(cond, timeout_s: float = 30.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_the_store_buffer_is_the_chunk_size_never_past_its_limit():
+    """Review r7 S2: with --max-store-buffer-mb 6, an object of 5 MiB and
+    100 bytes takes a store buffer of 6 MiB (its size in whole MiB), not 8
+    (doubling from 1 MiB, over the limit); a smaller one after it takes no
+    more."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--max-store-buffer-mb", "6")).start()
+    c = StoreClient(gw)
+    try:
+        assert c.register()[0] & FEATURE_PROCESS_STORES
+        assert put_one(c, "ex@0", 5 * MIB + 100) == (0, b"")
+        assert stats(gw)["store_buffer_bytes"] == 6 * MIB
+        assert put_one(c, "ex@1", MIB) == (0, b"")
+        st = stats(gw)
+        assert st["store_buffer_bytes"] == 6 * MIB and st["process_stores"] == 2, st
+    finally:
+        c.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_store_buffers_share_one_budget_and_are_given_back():
+    """Review r7 S2: --max-store-buffer-total-mb bounds the store buffers of
+    all connections together. With 8 MiB in all, A holds 6 MiB after a store;
+    B's store of 6 MiB waits for room until its deadline and fails Busy,
+    naming the option, nothing of it read; B's next store waits, and A gives
+    its buffer back after its next batch because B waits (within B's 3 s,
+    before A's 5 s idle release), so B's lands; B's buffer is given back once
+    B has been idle."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--max-store-buffer-mb", "8", "--max-store-buffer-total-mb", "8")).start()
+    a, b = StoreClient(gw), StoreClient(gw)
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES and b.register()[0] & FEATURE_PROCESS_STORES
+        assert put_one(a, "bud@a0", 6 * MIB) == (0, b"")
+        assert stats(gw)["store_buffer_bytes"] == 6 * MIB
+        status, why = put_one(b, "bud@b0", 6 * MIB, timeout_ms=300)
+        assert status != 0 and b"--max-store-buffer-total-mb" in why, (status, why)
+        st = stats(gw)
+        assert st["store_buffer_busy"] == 1 and st["process_read_bytes"] == 6 * MIB and st["objects"] == 1, st
+        result = []
+        waiter = threading.Thread(target=lambda: result.append(put_one(b, "bud@b1", 6 * MIB, timeout_ms=3000)))
+        waiter.start()
+        assert eventually(lambda: stats(gw)["store_buffer_waiting"] == 1), stats(gw)
+        assert put_one(a, "bud@a1", 4096) == (0, b"")
+        waiter.join()
+        assert result == [(0, b"")], result
+        st = stats(gw)
+        assert st["objects"] == 3 and st["store_buffer_bytes"] == 6 * MIB, st  # B's; A gave its own back
+        assert eventually(lambda: stats(gw)["store_buffer_bytes"] == 0), stats(gw)  # B idle for 5 s
+        hits, data = load(gw, ["bud@a0", "bud@b1"], 6 * MIB)
+        assert hits == [True, True] and data == [payload("bud@a0", 6 * MIB), payload("bud@b1", 6 * MIB)]
+    finally:
+        a.close()
+        b.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
