@@ -91,3 +91,12 @@ def test_process_memory_threads_under_tsan(tmp_path):
     """ProcessMemory's retarget with three transfers at once (tests/gateway/test_process_memory_threads.py)."""
     binary = cpp.build("process_memory_test", tmp_path, ("util",), ("protocol/process_memory.cc",), sanitize="tsan")
     cpp.run(binary, timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_bounce_load_under_sanitizer(mode, tmp_path):
+    """Process loads' pieces on several threads through the card store (tests/store/test_bounce_load.py)."""
+    binary = cpp.build("bounce_load_test", tmp_path, sanitize=mode)
+    cpp.run(binary, f"/dev/shm/adp-bounce-{mode}-{os.getpid()}.img", timeout=600)
+    cpp.run(binary, str(tmp_path / "card.img"), timeout=600)
