@@ -31,6 +31,37 @@ std::atomic<bool> g_process_stall_taken{false};
 std::atomic<bool> g_process_read_stall_taken{false};
 }  // namespace
 
+// Whether this thread is inside shared->gate (CardGate): a connection's
+// thread is for its batch, a piece for its card part; both leave it for
+// every wait on the client and come back only while the gate is open.
+thread_local bool t_in_card = false;
+
+bool card_enter(CardGate& gate) {
+  if (!t_in_card) t_in_card = gate.enter();
+  return t_in_card;
+}
+
+void card_leave(CardGate& gate) {
+  if (t_in_card) gate.leave();
+  t_in_card = false;
+}
+
+// Inside the gate for a scope (already inside: stays so after it).
+class CardSection {
+ public:
+  explicit CardSection(CardGate& gate) : gate_(gate), outer_(t_in_card), ok_(card_enter(gate)) {}
+  ~CardSection() {
+    if (!outer_) card_leave(gate_);
+  }
+  CardSection(const CardSection&) = delete;
+  CardSection& operator=(const CardSection&) = delete;
+  explicit operator bool() const { return ok_; }
+
+ private:
+  CardGate& gate_;
+  const bool outer_, ok_;
+};
+
 unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
 
 bool fits(uint64_t offset, uint64_t len, uint64_t area) { return offset <= area && len <= area - offset; }
@@ -72,6 +103,10 @@ Status ClientHandler::in_client_memory(F&& fn) {
     control_->in_transfer++;
     control_->transfer_since = std::chrono::steady_clock::now();
   }
+  // Out of the card gate while the client may stall this thread (the card
+  // can close meanwhile); back in only if it is still open.
+  const bool in_card = t_in_card;
+  card_leave(shared_->gate);
   Status s = fn();
   if (control_) {
     std::lock_guard<std::mutex> l(control_->mu);
@@ -81,6 +116,10 @@ Status ClientHandler::in_client_memory(F&& fn) {
       abandoned_ = true;
       return Status::Closed("the gateway stopped while the client's memory stalled it");
     }
+  }
+  if (in_card && !card_enter(shared_->gate)) {
+    abandoned_ = true;
+    return Status::Closed("the gateway closed its card while the client's memory stalled it");
   }
   return s;
 }
@@ -398,12 +437,16 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   std::mutex failed_mu;
   Status failed;  // the first write that failed: the client gone, an address it does not have
   std::atomic<bool> gave_up{false};
+  // The first failure, but Closed (the client gone, or the gateway stopped
+  // without this connection) wins over any: it ends the request, and the
+  // connection, before anything more of the server is touched (review r7 B1).
   auto fail = [&](Status s) {
     std::lock_guard<std::mutex> lock(failed_mu);
-    if (failed.ok()) failed = std::move(s);
+    if (failed.ok() || (s.code() == Status::Code::kClosed && failed.code() != Status::Code::kClosed))
+      failed = std::move(s);
     return false;
   };
-  auto sink = [&](size_t done, const uint8_t* src, size_t len) {
+  auto sink_write = [&](size_t done, const uint8_t* src, size_t len) {
     if (!process_->alive()) return fail(Status::Closed("the client process is gone"));
     if (test_process_stall_ms_ && done > 0 && (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
         !g_process_stall_taken.exchange(true)) {
@@ -422,6 +465,16 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
     leave_lease(request_id);
     return w.ok() || fail(std::move(w));
   };
+  // Out of the card gate for the whole write: the lease may wait on writers
+  // the client stalls. Back in only while the gate is open.
+  auto sink = [&](size_t done, const uint8_t* src, size_t len) {
+    const bool in_card = t_in_card;
+    card_leave(shared_->gate);
+    const bool ok = sink_write(done, src, len);
+    if (in_card && !card_enter(shared_->gate))
+      return fail(Status::Closed("the gateway closed its card while this load's pieces went out"));
+    return ok;
+  };
   auto accept = [&](size_t size) {
     if (size == it.size) return true;
     ADP_WARN_LIMITED("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
@@ -436,11 +489,34 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
     fn(**lease);
     return true;
   };
-  CardStore::RunPiecesFn run_pieces;
-  if (pool) run_pieces = [pool](size_t n, const PiecePool::PieceFn& piece) { return pool->run(n, piece); };
+  // Each piece, on this thread or a helper, runs inside the card gate (a
+  // helper freed after stop() may pick up this job: it finds the gate
+  // closed and runs nothing). This thread is out of it while it waits for
+  // the pieces (a helper's may stall), and a false return once the gate
+  // closed meanwhile tells get_via_bounce to touch the store no more.
+  CardGate& gate = shared_->gate;
+  auto gated = [&gate](const PiecePool::PieceFn& piece) {
+    return [&gate, &piece](size_t i, int slot) {
+      CardSection in(gate);
+      return in && piece(i, slot);
+    };
+  };
+  CardStore::RunPiecesFn run_pieces = [&](size_t n, const PiecePool::PieceFn& piece) {
+    const PiecePool::PieceFn each = gated(piece);
+    card_leave(gate);
+    bool ok = true;
+    if (pool)
+      ok = pool->run(n, each);
+    else
+      for (size_t i = 0; i < n && ok; i++) ok = each(i, 0);
+    if (!card_enter(gate)) return fail(Status::Closed("the gateway closed its card while this load's pieces went out"));
+    return ok;
+  };
+  if (!card_enter(gate)) return Status::Closed("the gateway is closing its card");
   Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, {bounces_.get(), bounce_slots_}, &hold_, sink,
                                              run_pieces);
   if (gave_up) *revoked = true;
+  if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
   if (!failed.ok()) return failed;
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
@@ -640,6 +716,8 @@ Status ClientHandler::serve_stats(const proto::Frame& frame) {
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
   if (!frame.body.empty()) return Status::InvalidArgument("stats request with a body");
+  CardSection in_card(shared_->gate);
+  if (!in_card) return Status::Closed("the gateway is closing its card");
   std::string json = stats_json(shared_->store->stats(), *shared_);
   std::vector<uint8_t> body(json.begin(), json.end());
   return proto::write_frame(fd_, proto::FrameType::kStatsReply, frame.header.request_id, body, {},
@@ -751,6 +829,10 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
     put_process |= req.op == proto::Op::kPut && it.segment == proto::kProcessSegment;
   }
   const bool no_ctx = req.op == proto::Op::kExists || all_process || put_process;
+  // Inside the card gate for the batch (the I/O context's lease below ends
+  // before it is left), out of it only while the client may stall it.
+  CardSection in_card(shared_->gate);
+  if (!in_card) return Status::Closed("the gateway is closing its card");
   auto lease = no_ctx ? nullptr : shared_->pool->acquire(deadline);
   if (!lease && !no_ctx) {
     for (size_t i = 0; i < n; i++) st[i] = Status::TimedOut("no I/O context came free before the deadline");
@@ -791,6 +873,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         std::vector<size_t> todo_at;
         std::vector<Status> todo_st;
         for (size_t i = 0; i < n;) {
+          if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
           if (Clock::now() >= deadline) {
             if (st[i].ok()) st[i] = Status::TimedOut("deadline passed in the gateway: not written");
             i++;
@@ -866,6 +949,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         PiecePool::Caller caller(any_process ? shared_->pieces.get() : nullptr);
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
+          if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
           if (Clock::now() >= deadline) {
             st[i] = Status::TimedOut("deadline passed in the gateway");
             continue;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "gateway/io_context_pool.h"
 #include "protocol/client_segment.h"
@@ -57,6 +58,36 @@ struct ConnectionControl {
   bool done = false;  // the thread has finished with the server's state
 };
 
+// The card gate (review r7 B1): every call into the CardStore or the
+// IoContextPool made by a connection's thread or a piece helper is made
+// inside it, and none is let in once the gateway closes its card. A thread
+// leaves the gate for every wait on a client (a transfer of its memory, the
+// load lease, helpers stalled in one), so what is inside is only card work
+// (microseconds, or a card read) and the close waits for it to drain:
+// only then are the store and the pool freed. A thread that stop() left
+// behind comes back to a closed gate and ends its request (Closed).
+class CardGate {
+ public:
+  // False once closing: the caller must not touch the card or the pool.
+  bool enter() {
+    inside_.fetch_add(1, std::memory_order_seq_cst);
+    if (!closing_.load(std::memory_order_seq_cst)) return true;
+    inside_.fetch_sub(1, std::memory_order_seq_cst);
+    return false;
+  }
+  void leave() { inside_.fetch_sub(1, std::memory_order_seq_cst); }
+  // Refuses every later enter(), then waits until nobody is inside.
+  void close() {
+    closing_.store(true, std::memory_order_seq_cst);
+    while (inside_.load(std::memory_order_seq_cst) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  bool closing() const { return closing_.load(std::memory_order_seq_cst); }
+
+ private:
+  std::atomic<int> inside_{0};
+  std::atomic<bool> closing_{false};
+};
+
 // What every connection of one gateway shares.
 struct GatewayShared {
   CardStore* store;
@@ -93,6 +124,7 @@ struct GatewayShared {
   // that stop() left behind in a stalled transfer may be waiting for its
   // helper, and holds this struct until it ends.
   std::unique_ptr<PiecePool> pieces;
+  CardGate gate;  // store and pool are used only inside it (they are freed once it closed)
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.

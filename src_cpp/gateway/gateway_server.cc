@@ -243,6 +243,11 @@ void GatewayServer::shutdown_store() {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
+  // No connection's or helper's thread may be in the card or the pool from
+  // here on: a thread stop() left behind in a transfer of its client's
+  // memory finds the gate closed when the transfer ends. Inside it is only
+  // card work, never a wait on a client, so this wait is short.
+  if (shared_) shared_->gate.close();
   pool_.reset();  // seals the open regions, before the store goes
   std::unique_ptr<CardStore> store;
   {

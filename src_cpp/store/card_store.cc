@@ -1103,15 +1103,15 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     // Each piece's CRC, joined in order after the last (pieces run in any order).
     std::vector<uint32_t> crcs(pieces);
     std::atomic<bool> changed{false}, stopped{false}, no_memory{false};
-    run([&](size_t i, int slot) {
+    const bool ran = run([&](size_t i, int slot) {
       AlignedBuffer& b = bounces[slot];
       const uint64_t off = i * kBouncePieceBytes, len = piece_len(i);
       if (!b.reserve(kBouncePieceBytes)) {
         no_memory = true;
         return false;
       }
-      if (!pin()) {  // the pieces sent so far were this object's
-        changed = true;
+      if (!pin()) {                                       // the pieces sent so far were this object's
+        if (!changed.exchange(true)) counters_.misses++;  // here: after run, the store may be out of bounds
         return false;
       }
       crcs[i] = copy_piece(off, len, b.data());
@@ -1122,18 +1122,14 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
       }
       return true;
     });
-    // The sink's refusal first: it may mean the caller must not touch the
-    // store again (a gateway that stopped without it).
-    if (stopped)
-      io = Status::TimedOut("the load was stopped while its pieces went out");
-    else if (changed)
-      io = Status::NotFound("evicted, replaced or deleted while its pieces went out");
-    else if (no_memory)
-      io = Status::IoError("out of memory for a bounce buffer");
-    if (!io.ok()) {
-      if (io.is_not_found()) counters_.misses++;
-      return io;
-    }
+    // The sink's refusal first, or run_pieces' false with no piece failing
+    // (it ran none, or no longer may): either may mean the caller must not
+    // touch the store again (a gateway that closed its card without it), so
+    // no failure here does.
+    if (stopped || (!ran && !changed && !no_memory))
+      return Status::TimedOut("the load was stopped while its pieces went out");
+    if (changed) return Status::NotFound("evicted, replaced or deleted while its pieces went out");
+    if (no_memory) return Status::IoError("out of memory for a bounce buffer");
     uint32_t crc = 0;
     for (size_t i = 0; i < pieces; i++) crc = crc32c_combine(crc, crcs[i], piece_len(i));
     if (crc != hdr.payload_crc) {

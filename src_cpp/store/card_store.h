@@ -133,7 +133,10 @@ class CardStore {
   // (damaged: dropped, NotFound). Other cards: under with_ctx the object is
   // read and checked whole in the context's staging, which then trades
   // places with `hold` (the caller's), so the context goes back before the
-  // first piece goes out.
+  // first piece goes out. run_pieces may return false with no piece having
+  // failed (it ran none, or its caller may not go on): the load then ends
+  // TimedOut, and no failure after the pieces touches the store (a gateway
+  // may have closed its card meanwhile, review r7 B1).
   using WithContextFn = std::function<bool(const std::function<void(IoContext&)>&)>;
   using RunPiecesFn = std::function<bool(size_t n, const std::function<bool(size_t piece, int slot)>& piece)>;
   Status get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,

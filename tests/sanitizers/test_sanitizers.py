@@ -100,3 +100,19 @@ def test_bounce_load_under_sanitizer(mode, tmp_path):
     binary = cpp.build("bounce_load_test", tmp_path, sanitize=mode)
     cpp.run(binary, f"/dev/shm/adp-bounce-{mode}-{os.getpid()}.img", timeout=600)
     cpp.run(binary, str(tmp_path / "card.img"), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.slow
+def test_stop_left_behind_touches_no_freed_card_under_asan(tmp_path):
+    """Review r7 B1: stop() gives up on a load whose helper's piece stalls (4 s) after another piece
+    failed EFAULT, closes the card, and the process lives on; when the stall ends the thread left
+    behind must end its request (no reply, nothing written for the next item) without touching the
+    freed CardStore or IoContextPool (tests/cpp/stop_abandon_test.cc; ASan reports a use after free
+    without the card gate)."""
+    binary = cpp.build("stop_abandon_test", tmp_path, ("store", "util", "gateway", "protocol"), sanitize="asan")
+    shm = tempfile.mkdtemp(prefix="adp-stopab-", dir="/dev/shm")
+    try:
+        cpp.run(binary, shm, timeout=120)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+// A gateway's stop() leaves a load behind, and the process lives on after it
+// (review r7 B1): the thread left behind must touch nothing of the closed
+// card or the freed I/O context pool when its transfer ends. Built and run
+// under AddressSanitizer by tests/gateway/test_stop_abandon.py, which is what
+// turns a use after free into a failure.
+//
+//   stop_abandon_test DIR
+//
+// DIR (tmpfs) holds the card image and the socket. One process is the
+// gateway (in-process, with piece helpers) and its client (registered
+// process memory, raw frames). The client gets two process items: K1, whose
+// buffer's tail is not mapped (a piece fails EFAULT on the connection's
+// thread) while a helper's piece of it stalls 4 s (the test hook, counted as
+// a transfer of the client's memory), then K2. stop() gives up on the
+// stalled connection after 2 s and closes the card; the helper wakes 2 s
+// later. Checks: no reply and nothing written into K2's buffer (the
+// request ended with the stop), and no sanitizer report.
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "gateway/gateway_server.h"
+#include "protocol/frame.h"
+#include "protocol/messages.h"
+#include "protocol/shared_ring.h"
+#include "protocol/socket_io.h"
+#include "store/card_store.h"
+
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+constexpr size_t kK1 = 32 * kMiB, kK2 = 1 * kMiB, kHole = 1 * kMiB;
+constexpr uint32_t kStallMs = 4000;
+
+adp::proto::Deadline soon() { return adp::proto::Clock::now() + std::chrono::seconds(10); }
+
+bool store_objects(const std::string& card) {
+  adp::CardOptions co;
+  co.path = card;
+  co.create_bytes = 1024 * kMiB;
+  co.region_bytes = 64 * kMiB;
+  std::unique_ptr<adp::CardStore> s;
+  adp::Status st = adp::CardStore::Open(co, &s);
+  CHECK(st.ok(), "open %s: %s", card.c_str(), st.message().c_str());
+  if (!st.ok()) return false;
+  std::vector<uint8_t> a(kK1, 0x11), b(kK2, 0x22);
+  adp::IoContext ctx;
+  adp::PutItem items[2] = {{"K1", a.data(), a.size()}, {"K2", b.data(), b.size()}};
+  adp::Status res[2];
+  s->put(ctx, items, 2, res, [] { return true; });
+  CHECK(res[0].ok() && res[1].ok(), "put: %s / %s", res[0].message().c_str(), res[1].message().c_str());
+  return res[0].ok() && res[1].ok();
+}
+
+// Reads the next frame; false once the gateway closed the connection (or nothing came by `by`).
+bool next_frame(int fd, adp::proto::Deadline by, adp::proto::Frame* f) {
+  return adp::proto::read_frame(fd, 1 << 20, by, f).ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const std::string card = dir + "/card.img";
+  if (!store_objects(card)) return 1;
+
+  // Read when the connection starts: the first helper write past an
+  // object's first piece stalls this long (ClientHandler's test hook).
+  ::setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", std::to_string(kStallMs).c_str(), 1);
+  ::setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper", 1);
+  adp::GatewayOptions go;
+  go.card.path = card;
+  go.socket_path = dir + "/gw.sock";
+  go.process_write_threads = 2;
+  std::unique_ptr<adp::GatewayServer> gw;
+  adp::Status s = adp::GatewayServer::Start(go, &gw);
+  CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
+  if (!s.ok()) return 1;
+
+  adp::proto::Endpoint ep;
+  adp::proto::parse_endpoint("unix://" + go.socket_path, &ep);
+  int fd = -1;
+  s = adp::proto::connect_endpoint(ep, soon(), &fd);
+  CHECK(s.ok(), "connect: %s", s.message().c_str());
+  std::unique_ptr<adp::proto::SharedRing> ring;
+  s = adp::proto::SharedRing::Create(4 * kMiB, &ring);
+  CHECK(s.ok(), "ring: %s", s.message().c_str());
+  if (fd < 0 || !ring) return 1;
+
+  std::vector<uint8_t> body;
+  adp::proto::Hello hello;
+  hello.features = adp::proto::kFeatureRing | adp::proto::kFeatureProcessLoads;
+  hello.ring_bytes = ring->size();
+  hello.client_name = "stop_abandon_test";
+  adp::proto::encode_hello(hello, &body);
+  adp::proto::write_frame(fd, adp::proto::FrameType::kHello, 1, body, {}, soon(), ring->fd());
+  adp::proto::Frame f;
+  CHECK(next_frame(fd, soon(), &f) && f.header.type == uint8_t(adp::proto::FrameType::kHelloOk), "no HelloOk");
+
+  uint8_t probe[16];
+  for (size_t i = 0; i < sizeof probe; i++) probe[i] = uint8_t(i * 7 + 3);
+  adp::proto::RegisterProcess reg;
+  reg.pid = static_cast<uint32_t>(::getpid());
+  reg.probe_addr = reinterpret_cast<uintptr_t>(probe);
+  reg.probe = probe;
+  body.clear();
+  adp::proto::encode_register_process(reg, &body);
+  adp::proto::write_frame(fd, adp::proto::FrameType::kRegisterProcess, 2, body, {}, soon());
+  adp::proto::ProcessOk ok;
+  CHECK(next_frame(fd, soon(), &f) && f.header.type == uint8_t(adp::proto::FrameType::kProcessOk) &&
+            adp::proto::decode_process_ok(f.body, &ok).ok() && (ok.features & adp::proto::kFeatureProcessLoads),
+        "process loads not granted: %.*s", int(ok.reason.size()), ok.reason.data());
+
+  // K1's buffer with its last MiB not mapped writable; K2's filled with a mark.
+  auto* b1 = static_cast<uint8_t*>(
+      ::mmap(nullptr, kK1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
+  auto* b2 = static_cast<uint8_t*>(
+      ::mmap(nullptr, kK2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
+  CHECK(b1 != MAP_FAILED && b2 != MAP_FAILED, "mmap");
+  if (b1 == MAP_FAILED || b2 == MAP_FAILED) return 1;
+  ::mprotect(b1 + kK1 - kHole, kHole, PROT_NONE);
+  std::memset(b2, 0xAB, kK2);
+
+  __atomic_store_n(reinterpret_cast<uint64_t*>(ring->data()), adp::proto::lease_word(3, adp::proto::kLeaseOpen),
+                   __ATOMIC_RELEASE);
+  adp::proto::BatchRequest req;
+  req.op = adp::proto::Op::kGet;
+  req.timeout_ms = 600000;
+  req.items = {{"K1", kK1, reinterpret_cast<uintptr_t>(b1), adp::proto::kProcessSegment},
+               {"K2", kK2, reinterpret_cast<uintptr_t>(b2), adp::proto::kProcessSegment}};
+  body.clear();
+  adp::proto::encode_batch(req, &body);
+  adp::proto::write_frame(fd, adp::proto::FrameType::kBatch, 3, body, {}, soon());
+
+  // The helper's piece stalls: no reply before it ends (a reply now means
+  // no helper took a piece, and the test did not test what it should).
+  pollfd p{fd, POLLIN, 0};
+  const bool replied = ::poll(&p, 1, 1000) > 0;
+  CHECK(!replied, "the get was answered at once: no piece helper stalled (the scenario did not happen)");
+
+  gw->stop();
+  CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+  // The process lives on past the stall: the thread left behind wakes now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(kStallMs + 2000));
+
+  CHECK(!next_frame(fd, adp::proto::Clock::now() + std::chrono::seconds(2), &f),
+        "a frame (type %d) came after stop() gave the connection up", int(f.header.type));
+  size_t written = 0;
+  for (size_t i = 0; i < kK2; i++) written += b2[i] != 0xAB;
+  CHECK(written == 0, "%zu bytes of K2 were written after stop() gave the connection up", written);
+
+  gw.reset();
+  ::close(fd);
+  ::munmap(b1, kK1);
+  ::munmap(b2, kK2);
+  if (adp::testing::check_failures) return 1;
+  std::printf("stop_abandon_test: PASS\n");
+  return 0;
+}
