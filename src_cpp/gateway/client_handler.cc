@@ -93,11 +93,20 @@ std::string ClientHandler::peer() const {
   return "unix pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
 }
 
+Status ClientHandler::ended() const {
+  if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
+  if (control_ && control_->stopping.load(std::memory_order_relaxed))
+    return Status::Closed("the gateway is stopping: the batch in progress ends here");
+  return Status::Ok();
+}
+
 template <typename F>
 Status ClientHandler::in_client_memory(F&& fn) {
   if (control_) {
     std::lock_guard<std::mutex> l(control_->mu);
     if (control_->abandoned) return Status::Closed("the gateway stopped");
+    // No new transfer once stop() began: one the client stalls would hold it.
+    if (control_->stopping.load(std::memory_order_relaxed)) return Status::Closed("the gateway is stopping");
     // Since the last transfer began or ended: stop() gives up only when no
     // thread of this connection got through one for that long.
     control_->in_transfer++;
@@ -447,6 +456,9 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
     return false;
   };
   auto sink_write = [&](size_t done, const uint8_t* src, size_t len) {
+    // The request's deadline before each piece, not only each item (S1).
+    if (Clock::now() >= deadline)
+      return fail(Status::TimedOut("deadline passed in the gateway while the pieces went out"));
     if (!process_->alive()) return fail(Status::Closed("the client process is gone"));
     if (test_process_stall_ms_ && done > 0 && (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
         !g_process_stall_taken.exchange(true)) {
@@ -516,7 +528,7 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, {bounces_.get(), bounce_slots_}, &hold_, sink,
                                              run_pieces);
   if (gave_up) *revoked = true;
-  if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
+  if (Status e = ended(); !e.ok()) return e;
   if (!failed.ok()) return failed;
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
@@ -551,6 +563,7 @@ Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst,
   if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
   for (size_t done = 0; done < len;) {
     if (pr->revoked) return Status::TimedOut("the client gave up the store (lease revoked): not read");
+    if (Clock::now() >= pr->deadline) return Status::TimedOut("deadline passed in the gateway: not read");
     // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
     // checked before each piece.
     if (!process_->alive()) {
@@ -853,7 +866,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         // only); then the chunk is stored from there as from any memory.
         std::vector<PutItem> items(n);
         bool in_segments = false;
-        ProcessRead pr{request_id};
+        ProcessRead pr{request_id, deadline};
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (it.segment == proto::kProcessSegment) {
@@ -873,7 +886,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         std::vector<size_t> todo_at;
         std::vector<Status> todo_st;
         for (size_t i = 0; i < n;) {
-          if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
+          if (Status e = ended(); !e.ok()) return e;
           if (Clock::now() >= deadline) {
             if (st[i].ok()) st[i] = Status::TimedOut("deadline passed in the gateway: not written");
             i++;
@@ -949,7 +962,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         PiecePool::Caller caller(any_process ? shared_->pieces.get() : nullptr);
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
-          if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
+          if (Status e = ended(); !e.ok()) return e;
           if (Clock::now() >= deadline) {
             st[i] = Status::TimedOut("deadline passed in the gateway");
             continue;

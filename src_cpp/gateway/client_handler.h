@@ -56,6 +56,11 @@ struct ConnectionControl {
   std::chrono::steady_clock::time_point transfer_since;
   bool abandoned = false;
   bool done = false;  // the thread has finished with the server's state
+  // stop() began (review r7 S1): the batch in progress ends before its next
+  // item, chunk or transfer of the client's memory (its reply could not be
+  // sent anyway: the socket is shut down), so stop() waits for one piece or
+  // item per connection, not for the rest of a batch.
+  std::atomic<bool> stopping{false};
 };
 
 // The card gate (review r7 B1): every call into the CardStore or the
@@ -154,8 +159,9 @@ class ClientHandler {
   // r5: the reads of one put request from the client's process memory.
   struct ProcessRead {
     uint64_t request_id;
-    bool revoked = false;  // the client gave up: nothing more is read
-    Status gone;           // the client process exited (or the server gave up on this connection)
+    proto::Deadline deadline;  // the request's: checked before each piece
+    bool revoked = false;      // the client gave up: nothing more is read
+    Status gone;               // the client process exited (or the server gave up on this connection)
   };
   // Reads the len bytes at addr in the client into dst (this connection's
   // store buffer) in pieces, each under the lease, the client's liveness
@@ -187,6 +193,9 @@ class ClientHandler {
   // the reply waits for every one of them.
   Status load_into_process(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline, bool* revoked);
   Status check_request_id(const proto::Frame& frame);
+  // Why the batch in progress must end now (Closed), or Ok: stop() began, or
+  // gave up on this connection, or its card is closing.
+  Status ended() const;
   Status run_batch(const proto::BatchRequest& req, uint64_t request_id, proto::BatchReply* reply,
                    std::vector<uint8_t>* payload);
   // The load lease in the ring's control page (frame.h): taken before an

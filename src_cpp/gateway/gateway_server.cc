@@ -158,7 +158,10 @@ void GatewayServer::reap(bool all) {
     std::lock_guard<std::mutex> l(mu_);
     for (auto it = clients_.begin(); it != clients_.end();) {
       auto next = std::next(it);
-      if (all) ::shutdown(it->fd, SHUT_RDWR);
+      if (all) {
+        it->control->stopping = true;  // the batch in progress ends at its next item, chunk or transfer
+        ::shutdown(it->fd, SHUT_RDWR);
+      }
       if (all || it->done) finished.splice(finished.end(), clients_, it);
       it = next;
     }
@@ -170,14 +173,12 @@ void GatewayServer::reap(bool all) {
     }
     return;
   }
-  // Stopping: every thread ends once its batch in progress has (the socket
-  // is shut down), except one stalled in a transfer of its client's memory
-  // (process_vm_readv/writev of a buffer the client does not serve: no time
-  // limit, no signal short of killing the gateway ends it). Such a thread
-  // holds no I/O context, no card space and no pin, so after kStallGiveUp in
-  // one transfer it is left behind: it owns its socket from then on and, when
-  // the transfer ends, touches nothing of the server's (ClientHandler's
-  // in_client_memory). The process's exit ends it.
+  // Stopping: every thread ends at its batch's next item, chunk or piece
+  // (`stopping`: the socket is shut down, so no reply could go out), except one stalled in a transfer of its client's
+  // memory (process_vm_readv/writev of a buffer the client does not serve: no time limit, no signal short of killing
+  // the gateway ends it). Such a thread holds no I/O context, no card space and no pin, so after kStallGiveUp in one
+  // transfer it is left behind: it owns its socket from then on and, when the transfer ends, touches nothing of the
+  // server's (ClientHandler's in_client_memory). The process's exit ends it.
   constexpr auto kStallGiveUp = std::chrono::seconds(2);
   while (!finished.empty()) {
     for (auto it = finished.begin(); it != finished.end();) {

@@ -762,6 +762,41 @@ def test_stop_does_not_wait_for_a_stalled_load_write(monkeypatch, helpers):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_stop_ends_a_long_process_batch_at_its_next_item(monkeypatch):
+    """Review r7 S1: a well-behaved but long batch of process items (40 objects, the gateway
+    slowed to 250 ms before each) does not hold stop() until its end: SIGTERM ends it at its next
+    item. The gateway exits 0, the connection closes without a reply, and the items after the stop
+    are never written (without the stopping flag every one of the 40 is written first)."""
+    d, gw = new_gateway(True, delay_ms=250, monkeypatch=monkeypatch)
+    n = 40
+    keys = [f"long@{i}" for i in range(n)]
+    a = ProcessClient(gw)
+    try:
+        store(gw, keys, PIECE)
+        assert a.register() == (FEATURE_PROCESS_LOADS, "")
+        bufs = [ctypes.create_string_buffer(b"\x77" * PIECE, PIECE) for _ in keys]
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        a.send(wire.BATCH, wire.batch(wire.GET, [k.encode() for k in keys], [PIECE] * n,
+                                      [ctypes.addressof(b) for b in bufs], timeout_ms=600000,
+                                      segments=[PROCESS_SEGMENT] * n))  # fmt: skip
+        deadline = time.monotonic() + 30
+        while bufs[0].raw != payload(keys[0], PIECE):  # the batch is under way
+            assert time.monotonic() < deadline, "the batch's first item was never written"
+            time.sleep(0.01)
+        assert gw.stop() == 0, gw.logs[-1]
+        assert a.recv() == (None, b"")  # no reply: the connection ended with the gateway
+        written = [b.raw == payload(k, PIECE) for k, b in zip(keys, bufs, strict=True)]
+        untouched = [b.raw == b"\x77" * PIECE for b in bufs]
+        assert all(w or u for w, u in zip(written, untouched, strict=True))  # each item whole or not at all
+        assert sum(written) < n, "every item was written: stop() waited for the whole batch"
+        assert untouched[-1]
+    finally:
+        a.close()
+        if gw.proc:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_buffer_whose_tail_is_unmapped_fails_that_item(card_gateway):
     """A partial transfer: the load buffer's last page is not mapped. The item
     fails as invalid argument (not mapped writable) with the bytes before the
