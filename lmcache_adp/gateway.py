@@ -84,8 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--process-write-threads",
         type=int,
         default=-1,
-        help="helper threads that write the pieces of loads into clients' process memory beside the "
-        "connections' threads, where CPUs are spare (default -1: one per CPU the gateway may use; 0: none)",
+        help="helper threads that write the pieces of loads into clients' process memory (and read the pieces of "
+        "stores from it) beside the connections' threads, where CPUs are spare (default -1: one per CPU the "
+        "gateway may use; 0: none)",
     )
     p.add_argument(
         "--metrics-port",

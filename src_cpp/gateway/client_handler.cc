@@ -558,39 +558,6 @@ void ClientHandler::leave_lease(uint64_t request_id) {
   }
 }
 
-Status ClientHandler::read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst, size_t len) {
-  // Tests: slow before each object, outside the lease.
-  if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-  for (size_t done = 0; done < len;) {
-    if (pr->revoked) return Status::TimedOut("the client gave up the store (lease revoked): not read");
-    if (Clock::now() >= pr->deadline) return Status::TimedOut("deadline passed in the gateway: not read");
-    // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
-    // checked before each piece.
-    if (!process_->alive()) {
-      pr->gone = Status::Closed("the client process is gone");
-      return pr->gone;
-    }
-    if (!take_lease(pr->request_id)) {
-      pr->revoked = true;
-      return Status::TimedOut("the client gave up the store (lease revoked): not read");
-    }
-    const size_t piece = std::min(len - done, kProcessReadPieceBytes);
-    Status s = in_client_memory([&] {
-      if (test_process_read_stall_ms_ && done > 0 && !g_process_read_stall_taken.exchange(true))
-        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_stall_ms_));
-      return process_->read(addr + done, dst + done, piece);
-    });
-    give_lease(pr->request_id);
-    if (!s.ok()) {
-      if (s.code() == Status::Code::kClosed) pr->gone = s;
-      return s;
-    }
-    shared_->process_read_bytes.fetch_add(piece, std::memory_order_relaxed);
-    done += piece;
-  }
-  return Status::Ok();
-}
-
 uint64_t ClientHandler::store_object_limit() const {
   const ConnectionLimits& lim = shared_->limits;
   return std::min(lim.max_store_buffer_bytes, lim.max_store_buffer_total_bytes) & ~uint64_t(4095);
@@ -664,6 +631,23 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       return true;
     }
   }
+  // The chunk's objects laid out in the buffer (4 KiB aligned), then read in
+  // pieces of kProcessReadPieceBytes on this thread and on helpers of the
+  // piece pool at once, each piece under the shared lease, the client's
+  // liveness and the deadline checked before each. A helper stalled in a
+  // piece holds back this connection only (PiecePool: no job waits for a
+  // helper to come free), and nothing shared is held while it reads.
+  struct Piece {
+    size_t obj;  // index in objs
+    size_t off, len;
+  };
+  struct Obj {
+    size_t k;
+    uint8_t* dst;
+    Status st;  // the first piece that failed (under mu)
+  };
+  std::vector<Obj> objs;
+  std::vector<Piece> pieces;
   uint64_t at = 0;
   for (size_t k = i; k < end; k++) {
     const proto::BatchItem& it = req.items[k];
@@ -684,15 +668,87 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       (*st)[k] = Status::TimedOut("deadline passed in the gateway: not written");
       continue;
     }
-    uint8_t* dst = store_buf_.data() + at;
-    Status s = read_process(pr, it.offset, dst, it.size);
-    if (!pr->gone.ok() || pr->revoked) return false;
-    if (!s.ok()) {
-      (*st)[k] = s;
-      continue;
-    }
-    (*items)[k].data = dst;
+    objs.push_back({k, store_buf_.data() + at, Status::Ok()});
+    for (size_t off = 0; off < it.size; off += kProcessReadPieceBytes)
+      pieces.push_back({objs.size() - 1, off, std::min<size_t>(it.size - off, kProcessReadPieceBytes)});
     at += (it.size + 4095) & ~uint64_t(4095);
+  }
+  if (pieces.empty()) return true;
+  PiecePool* pool = shared_->pieces.get();
+  if (!bounce_slots_) bounce_slots_ = 1 + (pool ? pool->max_helpers() : 0);  // join_lease's bound
+  std::mutex mu;
+  bool revoked = false;
+  Status gone;
+  auto piece = [&](size_t p, int) {
+    const Piece& pc = pieces[p];
+    Obj& o = objs[pc.obj];
+    const proto::BatchItem& it = req.items[o.k];
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (revoked || !gone.ok()) return false;
+      if (!o.st.ok()) return true;  // its object failed: the rest of it is not read
+    }
+    auto fail = [&](Status s) {
+      std::lock_guard<std::mutex> l(mu);
+      if (o.st.ok()) o.st = std::move(s);
+      return true;
+    };
+    // Tests: slow before each object, outside the lease.
+    if (pc.off == 0 && test_segment_delay_ms_)
+      std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
+    if (Clock::now() >= deadline) return fail(Status::TimedOut("deadline passed in the gateway: not written"));
+    // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
+    // checked before each piece.
+    if (!process_->alive()) {
+      std::lock_guard<std::mutex> l(mu);
+      gone = Status::Closed("the client process is gone");
+      return false;
+    }
+    if (!join_lease(pr->request_id)) {
+      std::lock_guard<std::mutex> l(mu);
+      revoked = true;
+      return false;
+    }
+    Status s = in_client_memory([&] {
+      if (test_process_read_stall_ms_ && pc.off > 0 &&
+          (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
+          !g_process_read_stall_taken.exchange(true))
+        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_stall_ms_));
+      return process_->read(it.offset + pc.off, o.dst + pc.off, pc.len);
+    });
+    leave_lease(pr->request_id);
+    if (s.code() == Status::Code::kClosed) {
+      std::lock_guard<std::mutex> l(mu);
+      gone = std::move(s);
+      return false;
+    }
+    if (!s.ok()) return fail(std::move(s));
+    shared_->process_read_bytes.fetch_add(pc.len, std::memory_order_relaxed);
+    return true;
+  };
+  // Out of the card gate for the reads (they touch no card): this thread
+  // may wait on helpers, or on the lease, that the client stalls. Back in
+  // only while the gate is open.
+  const bool in_card = t_in_card;
+  card_leave(shared_->gate);
+  if (pool) {
+    pool->run(pieces.size(), piece);
+  } else {
+    for (size_t p = 0; p < pieces.size(); p++)
+      if (!piece(p, 0)) break;
+  }
+  if (in_card && !card_enter(shared_->gate)) {
+    abandoned_ = true;
+    gone = Status::Closed("the gateway closed its card while this store's pieces were read");
+  }
+  if (!gone.ok()) pr->gone = gone;
+  if (revoked) pr->revoked = true;
+  if (!pr->gone.ok() || pr->revoked) return false;
+  for (Obj& o : objs) {
+    if (o.st.ok())
+      (*items)[o.k].data = o.dst;
+    else
+      (*st)[o.k] = std::move(o.st);
   }
   return true;
 }
@@ -867,6 +923,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         std::vector<PutItem> items(n);
         bool in_segments = false;
         ProcessRead pr{request_id, deadline};
+        // A connection with process stores shares the piece helpers as loads do.
+        PiecePool::Caller caller(put_process ? shared_->pieces.get() : nullptr);
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (it.segment == proto::kProcessSegment) {

@@ -163,14 +163,13 @@ class ClientHandler {
     bool revoked = false;      // the client gave up: nothing more is read
     Status gone;               // the client process exited (or the server gave up on this connection)
   };
-  // Reads the len bytes at addr in the client into dst (this connection's
-  // store buffer) in pieces, each under the lease, the client's liveness
-  // checked before each. Holds nothing shared: no I/O context, no card
-  // space, so a client that stalls the read stalls only this connection.
-  Status read_process(ProcessRead* pr, uint64_t addr, uint8_t* dst, size_t len);
   // Reads the process items among items [i, end) of a put into store_buf_
   // and points their PutItems there; an item that cannot be read gets its
   // status in st and no data. False: the request ends (gone, revoked).
+  // Holds nothing shared (no I/O context, no card space) while it reads,
+  // in pieces on this thread and helpers of shared_->pieces, each under
+  // the lease, the client's liveness checked before each: a client that
+  // stalls a read stalls only this connection.
   bool read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
                           ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st);
   // The largest object a process store may carry: the store buffer's limit
@@ -262,8 +261,9 @@ class ClientHandler {
   // memory (stop() leaves it behind after 2 s), as a write into a
   // client's memory that a FUSE file or userfaultfd it never serves stalls.
   int test_process_stall_ms_ = 0;
-  // Tests only (ADP_TEST_PROCESS_WRITE_STALL_ON=helper): that write only on
-  // a helper of the piece pool.
+  // Tests only (ADP_TEST_PROCESS_WRITE_STALL_ON=helper): that write (and
+  // the read of ADP_TEST_PROCESS_READ_STALL_MS) only on a helper of the
+  // piece pool.
   bool test_process_stall_on_helper_ = false;
   // Tests only (ADP_TEST_PROCESS_READ_STALL_MS): the gateway's first process
   // read (a store's) past an object's first piece (once per gateway) waits

@@ -642,3 +642,47 @@ def test_store_buffers_share_one_budget_and_are_given_back():
         b.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("card", ["tmpfs", "disk"])
+def test_store_pieces_read_by_helper_threads_land_right(card):
+    """Item 2: a store's pieces are read from the client's memory on the
+    connection's thread and on piece helpers at once (--process-write-threads
+    2), each into its place in the store buffer: every object stores and loads
+    back intact, the helpers took pieces of stores alone (no load ran), and a
+    chunk of several objects with one unmapped in the middle fails that object
+    only."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm" if card == "tmpfs" else "/tmp")
+    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
+    try:
+        size = 4 * MIB + 4096 + 3  # 5 pieces, the last of 4099 bytes: chunks of 3 objects
+        keys = [f"sh@{i}" for i in range(9)]
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        try:
+            for k in keys:
+                assert c.set([k], [memoryview(bytearray(payload(k, size)))])[0]
+            ok, _, _ = c.set(keys[:3], [memoryview(bytearray(payload(k, size))) for k in keys[:3]])
+            assert ok
+        finally:
+            c.conn.close()
+        st = stats(gw)
+        assert st["process_stores"] == len(keys) + 3 and st["process_loads"] == 0, st
+        assert st["process_helper_pieces"] > 0, st
+        hits, data = load(gw, keys, size)
+        assert hits == [True] * len(keys) and data == [payload(k, size) for k in keys]
+        s = StoreClient(gw)
+        try:
+            assert s.register()[0] & FEATURE_PROCESS_STORES
+            bufs = [ctypes.create_string_buffer(payload(f"hole@{i}", size), size) for i in range(3)]
+            addrs = [ctypes.addressof(b) for b in bufs]
+            hole_addr = 1 << 47  # above user space on x86-64: never mapped
+            res = s.put([b"hole@0", b"hole@1", b"hole@2"], [size] * 3, [addrs[0], hole_addr, addrs[2]])
+            assert res[0] == (0, b"") and res[2] == (0, b"") and res[1][0] != 0, res
+            assert b"cannot read" in res[1][1], res
+        finally:
+            s.close()
+        hits, data = load(gw, ["hole@0", "hole@1", "hole@2"], size)
+        assert hits == [True, False, True] and data[0] == payload("hole@0", size) and data[2] == payload("hole@2", size)
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
