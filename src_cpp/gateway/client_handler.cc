@@ -469,7 +469,9 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
       });
       if (!s.ok()) return fail(std::move(s));
     }
-    if (!join_lease(request_id)) {
+    if (!join_lease(request_id, deadline)) {
+      if (Clock::now() >= deadline)
+        return fail(Status::TimedOut("deadline passed in the gateway while the pieces went out"));
       gave_up = true;
       return false;
     }
@@ -535,12 +537,16 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   return st;
 }
 
-bool ClientHandler::join_lease(uint64_t request_id) {
+bool ClientHandler::join_lease(uint64_t request_id, proto::Deadline deadline) {
   std::unique_lock<std::mutex> lock(lease_mu_);
   // Writes join a held lease until each slot has written once; then the
-  // next waits for the lease to go back to OPEN, when the client may revoke
-  // it: a revoke waits out at most one piece per slot.
+  // next waits for the lease to go back to OPEN. A waiter re-takes it at
+  // once, so a revoke for any reason but the deadline may lose that race
+  // for the rest of the object (review r7 S4); past the request's deadline
+  // nothing takes or joins it, so a revoke at the client's deadline waits
+  // out at most the pieces already in flight, one per slot.
   lease_free_.wait(lock, [&] { return lease_holders_ == 0 || lease_joins_ < bounce_slots_; });
+  if (Clock::now() >= deadline) return false;
   if (lease_holders_ == 0) {
     if (!take_lease(request_id)) return false;
     lease_joins_ = 0;
@@ -704,7 +710,8 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       gone = Status::Closed("the client process is gone");
       return false;
     }
-    if (!join_lease(pr->request_id)) {
+    if (!join_lease(pr->request_id, deadline)) {
+      if (Clock::now() >= deadline) return fail(Status::TimedOut("deadline passed in the gateway: not written"));
       std::lock_guard<std::mutex> l(mu);
       revoked = true;
       return false;

@@ -203,7 +203,7 @@ class ClientHandler {
   void give_lease(uint64_t request_id);
   // The same lease shared by the threads writing one object's pieces into
   // process memory: the first takes it, the last gives it back.
-  bool join_lease(uint64_t request_id);
+  bool join_lease(uint64_t request_id, proto::Deadline deadline);
   void leave_lease(uint64_t request_id);
   // r4: item `item`'s first `upto` bytes are in the ring; then the ticket.
   void publish_progress(size_t item, size_t upto);

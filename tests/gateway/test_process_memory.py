@@ -686,6 +686,33 @@ def stalled_gateway(monkeypatch, **kw) -> tuple[str, Gateway]:
     return d, gw
 
 
+def test_no_piece_goes_out_past_the_deadline(monkeypatch):
+    """Review r7 S4/S1: the request's deadline is checked before each piece and when the lease is
+    taken, not only per item, so a revoke at the client's deadline waits out only the pieces in
+    flight. The write of piece 1 stalls 1.5 s (outside the lease) in a request of 300 ms: the item
+    answers TimedOut, piece 0 is written and nothing after it (without the check at the lease,
+    the stalled piece 1 was written after the deadline)."""
+    d, gw = stalled_gateway(monkeypatch, stall_ms=1500, extra=("--process-write-threads", "0"))
+    a = ProcessClient(gw)
+    try:
+        store(gw, ["late@a"])
+        assert a.register() == (FEATURE_PROCESS_LOADS, "")
+        buf = ctypes.create_string_buffer(b"\x77" * SIZE, SIZE)
+        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
+        a.send(wire.BATCH, wire.batch(wire.GET, [b"late@a"], [SIZE], [ctypes.addressof(buf)], timeout_ms=300,
+                                      segments=[PROCESS_SEGMENT]))  # fmt: skip
+        ftype, body = a.recv()
+        assert ftype == wire.BATCH_REPLY, (ftype, body)
+        assert body[8] != 0, body  # a failure, not OK or a miss
+        assert b"deadline passed" in body, body
+        assert buf.raw[:PIECE] == payload("late@a", SIZE)[:PIECE]
+        assert buf.raw[PIECE:] == b"\x77" * (SIZE - PIECE)
+    finally:
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("helpers", [0, 2])
 def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers):
     """The client revokes the load lease while the gateway is between two pieces
