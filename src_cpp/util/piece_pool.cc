@@ -41,6 +41,9 @@ void PiecePool::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
+  // Never from a helper of this pool in practice (no helper holds what owns
+  // the pool: GatewayShared lives in the connections' threads); from one,
+  // the destructor would then destroy its own joinable thread (terminate).
   for (auto& t : threads_)
     if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
 }
