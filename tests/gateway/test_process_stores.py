@@ -344,6 +344,27 @@ def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
 # main thread returned while its workers run would) after one store; a second
 # thread then stores and loads on the same connection and reports.
 SYS_EXIT = {"x86_64": 60, "aarch64": 93}
+
+
+def _need_thread_exit():
+    """The thread-exit tests need SYS_exit's number here, and Linux 6.9+: the
+    gateway holds the thread it names instead by a PIDFD_THREAD pidfd."""
+    assert platform.machine() in SYS_EXIT, f"no SYS_exit number known for {platform.machine()}"
+    try:
+        os.close(os.pidfd_open(os.getpid(), os.O_EXCL))
+    except OSError as e:
+        pytest.fail(f"this test needs Linux 6.9+ (pidfd_open with PIDFD_THREAD): {e}")
+
+
+def _run_thread_exit_child(script, url, size, *more):
+    """Runs a thread-exit child (url, size, SYS_exit's number, then `more`)
+    and returns the JSON of its last line."""
+    argv = [sys.executable, "-c", script, url, str(size), str(SYS_EXIT[platform.machine()]), *map(str, more)]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 MAIN_THREAD_EXITS_CHILD = """
 import ctypes, json, os, sys, threading, time
 from lmcache_adp import ADPConnector
@@ -380,21 +401,9 @@ def test_main_thread_exit_keeps_the_connection_of_a_living_process(card_gateway)
     its process memory (process_vm_readv/writev of an exited leader's pid fail
     with ESRCH; the gateway then names a live thread of the process), and the
     connection is not closed as if the client were gone."""
-    assert platform.machine() in SYS_EXIT, f"no SYS_exit number known for {platform.machine()}"
-    try:  # the gateway holds the thread it names instead by a PIDFD_THREAD pidfd
-        os.close(os.pidfd_open(os.getpid(), os.O_EXCL))
-    except OSError as e:
-        pytest.fail(f"this test needs Linux 6.9+ (pidfd_open with PIDFD_THREAD): {e}")
+    _need_thread_exit()
     gw = card_gateway
-    r = subprocess.run(
-        [sys.executable, "-c", MAIN_THREAD_EXITS_CHILD, gw.unix_url, str(SIZE), str(SYS_EXIT[platform.machine()])],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _run_thread_exit_child(MAIN_THREAD_EXITS_CHILD, gw.unix_url, SIZE)
     assert out["first"] and out["stored"] and out["loaded"], out
     assert out["process_stores"] == 4 and out["process_loads"] == 3, out
     log = gw.log()
@@ -460,32 +469,12 @@ def test_threads_named_instead_of_the_main_thread_exit_during_loads_with_helpers
     load lands intact, the connection is never closed, and the gateway holds
     two pidfds for it at the end (the process's and the thread's: none leaked
     by two writers retargeting together, none closed twice)."""
-    assert platform.machine() in SYS_EXIT, f"no SYS_exit number known for {platform.machine()}"
-    try:
-        os.close(os.pidfd_open(os.getpid(), os.O_EXCL))
-    except OSError as e:
-        pytest.fail(f"this test needs Linux 6.9+ (pidfd_open with PIDFD_THREAD): {e}")
+    _need_thread_exit()
     d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
     gw = Gateway(d, extra=("--process-write-threads", "2")).start()
     try:
         size = 16 * MIB
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                RETARGETS_CHILD,
-                gw.unix_url,
-                str(size),
-                str(SYS_EXIT[platform.machine()]),
-                str(gw.proc.pid),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout.strip().splitlines()[-1])
+        out = _run_thread_exit_child(RETARGETS_CHILD, gw.unix_url, size, gw.proc.pid)
         assert out["first"] and out["loaded"] == [True] * 4, out
         assert out["process_loads"] == 4 and out["pidfds"] == 2, out
         assert gw.log().count(" connected (") == 1, gw.log()
