@@ -29,16 +29,7 @@ using adp::IoContext;
 using adp::PiecePool;
 using adp::PutItem;
 using adp::Status;
-
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; i++) {
-    x = x * 1103515245u + 12345u;
-    v[i] = static_cast<uint8_t>(x >> 16);
-  }
-  return v;
-}
+using adp::testing::pattern;
 
 // One loader's state, as a gateway connection keeps it.
 struct Loader {

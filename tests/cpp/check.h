@@ -5,10 +5,23 @@
 // with "<name>: PASS" (exit 0) only when none did.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace adp::testing {
+
+// n bytes of a pseudo-random pattern that differs with seed.
+inline std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1103515245u + 12345u;
+    v[i] = static_cast<uint8_t>(x >> 16);
+  }
+  return v;
+}
 
 inline int check_failures = 0;
 

@@ -45,19 +45,10 @@ using adp::testing::check;
 using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
+using adp::testing::pattern;
 
 constexpr uint64_t kCardBytes = 64ull << 20;
 constexpr uint64_t kRegionBytes = 4ull << 20;  // a, b and c below share one region
-
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; i++) {
-    x = x * 1103515245u + 12345u;
-    v[i] = static_cast<uint8_t>(x >> 16);
-  }
-  return v;
-}
 
 // A fill from `src` that fails with `fail` once asked for a byte at or past `fail_at`.
 adp::FillFn fill_from(const std::vector<uint8_t>& src, uint64_t fail_at = UINT64_MAX,
