@@ -59,6 +59,10 @@ if any((ROOT / "lmcache_adp").glob("_native*.so")):
 
 import lmcache_adp  # noqa: E402
 from lmcache_adp import ADPConnector, format_card  # noqa: E402
+from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
+from lmcache_adp.stats_catalog import GAUGE, STATS  # noqa: E402
+
+GAUGES = {st.name: st.kind == GAUGE for st in STATS}
 
 MIB = 1 << 20
 BLOCK = 4096
@@ -468,6 +472,7 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                 if own:
                     for a, b in zip(row_src, src, strict=True):
                         a[:] = b
+                before = read_gateway_stats(gw["gateway"])
                 res = connector_rounds(
                     {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process},
                     row_src,
@@ -477,6 +482,16 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
                     args.window,
                     tag,
                 )
+                # The gateway's own counters over this row (warm-up included): where its time went (and the
+                # per-step sums of its process loads, with ADP_LOAD_PROFILE=1: README, session eight).
+                after = read_gateway_stats(gw["gateway"])
+                # Counters as their growth over the row; gauges (buffer bytes, threads, callers) as they
+                # stand at its end (review r8: a difference of gauges read as a count).
+                res["gateway_stats"] = {
+                    k: after[k] if GAUGES.get(k) else after[k] - before.get(k, 0)
+                    for k in after
+                    if isinstance(after[k], (int, float)) and k.startswith(("process", "store_buffer", "load_profile"))
+                }
                 loads = res.get("stats", {}).get("process_loads", 0)
                 stores = res.get("stats", {}).get("process_stores", 0)
                 if process and (loads == 0 or stores == 0):

@@ -148,10 +148,15 @@ class GatewayServer:
         max_ring_total_bytes: int = ...,
         max_store_buffer_bytes: int = ...,
         process_write_threads: int = -1,
+        max_store_buffer_total_bytes: int = ...,
+        max_request_timeout_ms: int = ...,
+        max_pipelined_stores: int = -1,
     ) -> None:
         """Opens the card and listens on socket_path (and listen, tcp://HOST:PORT,
         with token); the max_* bounds default to GatewayOptions'. process_write_threads:
-        helpers writing process loads' pieces (-1: one per usable CPU, 0: none)."""
+        helpers writing process loads' pieces (-1: one per usable CPU, 0: none).
+        max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2,
+        at least 1; 0: none)."""
 
     @property
     def tcp_port(self) -> int:

@@ -81,6 +81,12 @@ PARAMS: dict[str, Param] = {
         "PID namespace: else the ring, logged once); "
         "false: the ring",
     ),
+    "ptracer_follow": Param(
+        False,
+        "unix gateway, Yama ptrace_scope 1: once the gateway named with PR_SET_PTRACER has exited, name the "
+        "gateway that answers on the socket path next (a restart); this trusts every process of the uid that can "
+        "bind that path. false: one gateway per process, a restarted one gets the ring",
+    ),
 }
 
 # Keys that only mean something for one kind of gateway.
@@ -115,6 +121,7 @@ class ConnectorConfig:
     direct_loads: bool = True
     ring_pieces: bool = True
     process_memory: bool = True
+    ptracer_follow: bool = False
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
@@ -157,6 +164,11 @@ class ConnectorConfig:
         process_memory = get("process_memory")
         if not isinstance(process_memory, bool):
             raise ConfigError(f"adapter_params['process_memory'] must be true or false, got {process_memory!r}")
+        if "ptracer_follow" in params and not gateway.startswith("unix://"):
+            raise ConfigError("adapter_params['ptracer_follow'] applies to a unix:// gateway only")
+        ptracer_follow = get("ptracer_follow")
+        if not isinstance(ptracer_follow, bool):
+            raise ConfigError(f"adapter_params['ptracer_follow'] must be true or false, got {ptracer_follow!r}")
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
@@ -189,6 +201,7 @@ class ConnectorConfig:
             direct_loads=direct_loads,
             ring_pieces=ring_pieces,
             process_memory=process_memory,
+            ptracer_follow=ptracer_follow,
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -205,6 +218,7 @@ class ConnectorConfig:
             "direct_loads": self.direct_loads,
             "ring_pieces": self.ring_pieces,
             "process_memory": self.process_memory,
+            "ptracer_follow": self.ptracer_follow,
         }
 
 

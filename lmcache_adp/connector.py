@@ -16,6 +16,7 @@ from typing import Any
 from lmcache_adp._native import NativeConnector
 from lmcache_adp.config import ConnectorConfig
 from lmcache_adp.metrics import MetricsServer
+from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
 
 
 class ADPConnector(NativeConnector):
@@ -24,7 +25,10 @@ class ADPConnector(NativeConnector):
         super().__init__(self.config.to_native())
         self._metrics = None
         if self.config.metrics_port:
-            self._metrics = MetricsServer(self.stats, self.config.metrics_port, host=self.config.metrics_host)
+            source = EMBEDDED if self.config.gateway == "embedded" else CLIENT
+            self._metrics = MetricsServer(
+                self.stats, self.config.metrics_port, source=source, host=self.config.metrics_host
+            )
 
     def stats(self) -> dict[str, Any]:
         st = super().stats()

@@ -20,6 +20,7 @@ from lmcache_adp import _native
 from lmcache_adp.config import GIB, ConfigError, read_token_file
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
+from lmcache_adp.stats_catalog import GATEWAY
 
 log = get_logger()
 
@@ -44,7 +45,13 @@ LIMITS = [
     (
         "--max-store-buffer-total-mb",
         4096,
-        "the store buffers of all connections together; a chunk waits for room until its deadline, then fails Busy",
+        "the store buffers of all connections together; a chunk waits for room until its deadline, then fails Busy "
+        "(and, apart from them, the buffers connections keep of disk-card process loads)",
+    ),
+    (
+        "--max-request-timeout-s",
+        3600,
+        "a request's deadline (its timeout_ms) at most; a longer one is held to it, with a warning",
     ),
 ]
 LIMIT_RANGES = {
@@ -57,6 +64,7 @@ LIMIT_RANGES = {
     "max_ring_total_mb": (1, 1 << 30),
     "max_store_buffer_mb": (1, 1 << 20),
     "max_store_buffer_total_mb": (1, 1 << 30),
+    "max_request_timeout_s": (1, 86400),
 }
 
 
@@ -89,6 +97,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gateway may use; 0: none)",
     )
     p.add_argument(
+        "--max-pipelined-stores",
+        type=int,
+        default=-1,
+        help="large process stores read and copied into the card at once (each may hold an I/O context for up to "
+        "200 ms plus its bytes at 512 MiB/s); the rest go through the store buffer (default -1: half of "
+        "--io-contexts, at least 1; 0: none)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -115,6 +131,17 @@ def run(args: argparse.Namespace) -> int:
     if not -1 <= args.process_write_threads <= 1024:
         log.error("--process-write-threads must be in [-1, 1024], got %d", args.process_write_threads)
         return 2
+    if not -1 <= args.max_pipelined_stores <= 64:
+        log.error("--max-pipelined-stores must be in [-1, 64], got %d", args.max_pipelined_stores)
+        return 2
+    if args.max_pipelined_stores >= args.io_contexts:
+        log.warning(
+            "--max-pipelined-stores %d >= --io-contexts %d: clients whose memory is slow can then hold every I/O "
+            "context (each for up to 200 ms plus its object's bytes at 512 MiB/s); keep it below the contexts "
+            "unless every client is trusted",
+            args.max_pipelined_stores,
+            args.io_contexts,
+        )
     if not 0 <= args.metrics_port <= 65535:
         log.error("--metrics-port must be in [0, 65535], got %d", args.metrics_port)
         return 2
@@ -146,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             token=token,
             io_contexts=args.io_contexts,
             process_write_threads=args.process_write_threads,
+            max_pipelined_stores=args.max_pipelined_stores,
             max_clients=args.max_clients,
             max_tcp_clients=args.max_tcp_clients,
             max_handshakes=args.max_handshakes,
@@ -155,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
             max_ring_total_bytes=args.max_ring_total_mb << 20,
             max_store_buffer_bytes=args.max_store_buffer_mb << 20,
             max_store_buffer_total_bytes=args.max_store_buffer_total_mb << 20,
+            max_request_timeout_ms=args.max_request_timeout_s * 1000,
         )
     except (RuntimeError, ValueError) as e:
         log.error("gateway not started: %s", e)
@@ -164,7 +193,10 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         try:
             metrics = MetricsServer(
-                lambda: {**json.loads(server.stats_json()), "card": card}, args.metrics_port, host=args.metrics_host
+                lambda: {**json.loads(server.stats_json()), "card": card},
+                args.metrics_port,
+                source=GATEWAY,
+                host=args.metrics_host,
             )
         except OSError as e:
             log.error("gateway not started: metrics on %s:%d: %s", args.metrics_host, args.metrics_port, e.strerror)

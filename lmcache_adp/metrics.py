@@ -2,11 +2,13 @@
 """Prometheus metrics and a health endpoint for a card store (embedded
 connector or gateway), served with prometheus_client from a daemon thread.
 
-    GET /metrics   Prometheus text format
+    GET /metrics   Prometheus text format: every stat of docs/stats.md the stats carry
     GET /health    200 {"healthy": true} / 503 {"healthy": false, ...}
     GET /stats     the raw stats as JSON (read by `lmcache-adp status --url`)
 
-The card is unhealthy while its most recent I/O failed.
+Unhealthy (503) while the card's most recent I/O failed or, for a connector
+on a gateway, while its gateway cannot be reached (`gateway_reachable` 0:
+every load a miss, every store dropped).
 """
 
 from __future__ import annotations
@@ -21,38 +23,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from lmcache_adp.log import get_logger
+from lmcache_adp.stats_catalog import COUNTER, SOURCES, STATS
 
 logger = get_logger()
 
 StatsFn = Callable[[], dict[str, Any]]
-
-COUNTERS = {
-    "hits": "Loads served from the card",
-    "misses": "Loads of keys the card does not hold (or failed checks)",
-    "stores": "Objects stored",
-    "store_failures": "Objects that could not be stored",
-    "deletes": "Objects deleted on request",
-    "evicted_objects": "Objects evicted to make room",
-    "evicted_regions": "Regions evicted to make room",
-    "checksum_failures": "Objects that failed their checksum on read (dropped)",
-    "io_errors": "Card I/O errors",
-    "media_errors": "Regions found unreadable at open (objects past the damage lost; the rest served)",
-    "bytes_written": "Bytes written to the card",
-    "bytes_read": "Bytes read from the card",
-    "refused_connections": "Connections the gateway refused by a limit (gateway)",
-}
-GAUGES = {
-    "capacity_bytes": "Bytes the card can hold",
-    "used_bytes": "Bytes of the card held by live objects",
-    "payload_bytes": "Payload bytes of the objects held (used_bytes less headers and padding)",
-    "first_eviction_held_bytes": "Payload held at the first eviction since open, stores then in flight included",
-    "objects": "Objects on the card",
-    "free_regions": "Regions not holding objects",
-    "healthy": "1 while the card's most recent I/O succeeded",
-    "clients": "Connected clients (gateway)",
-    "ring_bytes": "Bytes of the connected clients' shared-memory rings (gateway)",
-    "ring_used_bytes": "Payload bytes of batches in progress in those rings (gateway)",
-}
 
 
 def latency_buckets(buckets: list[int]) -> list[tuple[str, float]]:
@@ -66,17 +41,26 @@ def latency_buckets(buckets: list[int]) -> list[tuple[str, float]]:
 
 
 class StatsCollector:
-    def __init__(self, stats_fn: StatsFn):
+    def __init__(self, stats_fn: StatsFn, source: str):
         self._stats_fn = stats_fn
+        self._source = source
 
     def collect(self):
+        """One family per stat of lmcache_adp/stats_catalog.py the source reports (docs/stats.md,
+        "reported by"): not the card's list's keys it only carries at their first value (a client's
+        capacity_bytes 0, healthy true), which would read as a card's."""
         st = self._stats_fn()
-        for name, doc in COUNTERS.items():
-            if name in st:
-                yield CounterMetricFamily(f"lmcache_adp_{name}", doc, value=float(st[name]))
-        for name, doc in GAUGES.items():
-            if name in st:
-                yield GaugeMetricFamily(f"lmcache_adp_{name}", doc, value=float(st[name]))
+        for stat in STATS:
+            if self._source not in stat.reported_by:
+                continue
+            family = CounterMetricFamily if stat.kind == COUNTER else GaugeMetricFamily
+            samples = list(stat.samples(st))
+            if not samples:
+                continue
+            m = family(stat.metric, stat.meaning, labels=stat.labels)
+            for labels, value in samples:
+                m.add_metric(labels, value)
+            yield m
         lat = st.get("latency_us_log2")
         if lat:
             h = HistogramMetricFamily(
@@ -87,15 +71,36 @@ class StatsCollector:
             yield h
 
 
+def health(st: dict[str, Any]) -> dict[str, Any]:
+    """/health's body from a stats dict: healthy unless the card's most recent I/O failed or (a connector
+    on a gateway, whose stats carry gateway_reachable) the gateway cannot be reached; `reasons` says why not."""
+    reasons = []
+    if not st.get("healthy", False):
+        reasons.append("the card's most recent I/O failed")
+    doc: dict[str, Any] = {"io_errors": st.get("io_errors", 0)}
+    if "gateway_reachable" in st:
+        doc["gateway_reachable"] = bool(st["gateway_reachable"])
+        if not doc["gateway_reachable"]:
+            gateway = f"gateway {st['card']}" if st.get("card") else "the gateway"
+            reasons.append(f"{gateway} unreachable: loads miss and stores are dropped until it is back")
+    doc = {"healthy": not reasons, **doc}
+    if reasons:
+        doc["reasons"] = reasons
+    return doc
+
+
 class MetricsServer:
-    """Serves /metrics and /health for stats_fn on host:port (port 0: any free port).
+    """Serves /metrics and /health for stats_fn on host:port (port 0: any free port); source
+    (stats_catalog's EMBEDDED, CLIENT or GATEWAY) says which stats are exported.
 
     Loopback by default: the endpoint has no authentication, so another
     address is the caller's explicit choice (`--metrics-host`, `metrics_host`)."""
 
-    def __init__(self, stats_fn: StatsFn, port: int, host: str = "127.0.0.1"):
+    def __init__(self, stats_fn: StatsFn, port: int, *, source: str, host: str = "127.0.0.1"):
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(StatsCollector(stats_fn))
+        registry.register(StatsCollector(stats_fn, source))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's naming)
@@ -105,10 +110,8 @@ class MetricsServer:
                 elif path == "/stats":
                     body, status, ctype = json.dumps(stats_fn()).encode(), 200, "application/json"
                 elif path == "/health":
-                    st = stats_fn()
-                    healthy = bool(st.get("healthy", False))
-                    doc = {"healthy": healthy, "io_errors": st.get("io_errors", 0)}
-                    body, status, ctype = json.dumps(doc).encode(), 200 if healthy else 503, "application/json"
+                    doc = health(stats_fn())
+                    body, status, ctype = json.dumps(doc).encode(), 200 if doc["healthy"] else 503, "application/json"
                 else:
                     body, status, ctype = b"not found: try /metrics, /health or /stats\n", 404, "text/plain"
                 self.send_response(status)

@@ -78,14 +78,32 @@ def format_status(st: dict[str, Any]) -> str:
         ),
         ("recovered at open", f"{st.get('recovered_objects', 0)} objects in {st.get('recovery_seconds', 0):.2f} s"),
     ]
-    if "clients" in st:
-        rows.append(("connected clients", st["clients"]))
+    if "gateway_reachable" in st:  # a connector on a gateway (docs/stats.md)
+        reach = "yes" if st["gateway_reachable"] else "NO (loads miss, stores are dropped; /health answers 503)"
+        rows.insert(2, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))
+    if "clients" in st:  # a gateway (docs/stats.md: the gateway's own stats)
+        rows += [
+            ("connected clients", f"{st['clients']} ({st.get('refused_connections', 0)} refused by a limit)"),
+            ("batches served", st.get("batches", 0)),
+            ("rings", f"{_size(st.get('ring_bytes', 0))} mapped, {_size(st.get('ring_used_bytes', 0))} in use"),
+            (
+                "process memory",
+                f"{st.get('processes', 0)} connections ({st.get('process_refusals', 0)} refused); "
+                f"{st.get('process_loads', 0)} loads, {st.get('process_stores', 0)} stores",
+            ),
+            (
+                "store buffers",
+                f"{_size(st.get('store_buffer_bytes', 0))} held, {st.get('store_buffer_waiting', 0)} connections "
+                f"waiting, {st.get('store_buffer_busy', 0)} chunks failed Busy",
+            ),
+        ]
     for op, snap in (st.get("latency_us_log2") or {}).items():
         if snap["count"]:
             p = [percentile_us(snap["buckets"], q) for q in (0.5, 0.9, 0.99)]
             rows.append(
                 (f"{op} latency", f"p50 <{p[0]:.0f} us, p90 <{p[1]:.0f} us, p99 <{p[2]:.0f} us ({snap['count']} ops)")
             )
+    rows.append(("every stat", "--json; what each means: docs/stats.md"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

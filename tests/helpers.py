@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import select
+import struct
 import time
 from typing import Any
 
@@ -26,15 +27,42 @@ def payload(key: str, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
+def object_byte(image: bytes, key: str, at: int) -> int:
+    """Where in a card image key's object has its byte `at` of the footprint (its header block from 0, its
+    payload from 4096), docs/card_format.md: the object starts in the region of its header block; where its
+    footprint runs past that region's end it continues after the header block of the region the frontier
+    opened next (the one whose header names this region and its epoch as prev_region and prev_epoch), not
+    necessarily the adjacent one."""
+    region_bytes, num_regions = struct.unpack_from("<QI", image, 24)
+    (data_offset,) = struct.unpack_from("<Q", image, 40)
+    pos = image.find(key.encode())
+    assert pos > 0, f"{key} is not on the card"
+    cur = pos - pos % 4096  # the header block
+    region = (cur - data_offset) // region_bytes
+
+    def epoch(r: int) -> int:
+        return struct.unpack_from("<Q", image, data_offset + r * region_bytes + 16)[0]
+
+    while cur + at >= data_offset + (region + 1) * region_bytes:
+        at -= data_offset + (region + 1) * region_bytes - cur
+        prev = (region, epoch(region))
+        nexts = [
+            r
+            for r in range(num_regions)
+            if image[data_offset + r * region_bytes : data_offset + r * region_bytes + 8] == b"ADPREGN1"
+            and struct.unpack_from("<IQ", image, data_offset + r * region_bytes + 28) == prev
+        ]
+        assert len(nexts) == 1, f"{key}: {len(nexts)} regions continue region {region}"
+        region = nexts[0]
+        cur = data_offset + region * region_bytes + 4096  # past that region's header block
+    return cur + at
+
+
 def corrupt(card: str, key: str, at: int) -> None:
-    """Flips the lowest bit of one byte of key's object on the card image, `at` bytes from its header block's
-    start (its payload from 4096; a payload that runs into the next region continues after that region's
-    header block, docs/card_format.md, so a later byte of the image is not the same byte of the payload)."""
+    """Flips the lowest bit of key's object's byte `at` of its footprint (its header block from 0, its payload
+    from 4096) on the card image, across region boundaries (object_byte)."""
     with open(card, "r+b") as f:
-        image = f.read()
-        pos = image.find(key.encode())
-        assert pos > 0
-        f.seek(pos - pos % 4096 + at)
+        f.seek(object_byte(f.read(), key, at))
         b = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 1]))
@@ -46,6 +74,14 @@ def no_foreign_bytes(out, data: bytes, flipped: int = 0) -> bool:
     o, d = np.frombuffer(out, np.uint8), np.frombuffer(data, np.uint8)
     own = (o == 0) | (o == d)
     return bool(np.all(own | (o == d ^ 1))) and int(np.count_nonzero(~own)) <= flipped
+
+
+def eventually(cond, timeout_s: float = 30.0) -> bool:
+    """Whether cond() holds within timeout_s (asked every 50 ms)."""
+    end = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.05)
+    return cond()
 
 
 class RawConnector:

@@ -8,9 +8,14 @@
 // bounce buffer, then process_vm_writev bounce -> client; the S threads meet
 // at a barrier after each object (the reply waits for all its pieces).
 // Embedded: W threads, crc32c_copy card -> the parent's own memory.
+// MODE (session eight, what the bounce itself costs): bounce (the above,
+// the default); direct: each piece's CRC read from the card mapping (the
+// piece then in L2), then process_vm_writev straight from the mapping (no
+// bounce write: what a pin held across the write would allow); pvm:
+// process_vm_writev from the mapping alone, no CRC (the kernel's floor).
 // Build (from the repository root):
 //   g++ -O2 -std=c++20 -pthread -Isrc_cpp -o /tmp/pbs benchmarks/probes/process_bounce_split.cc src_cpp/util/crc32c.cc
-// Run: /tmp/pbs OBJ_MiB PIECE_KiB W S TOTAL_GiB
+// Run: /tmp/pbs OBJ_MiB PIECE_KiB W S TOTAL_GiB [bounce|direct|pvm]
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -34,6 +39,7 @@ static double now() {
 static size_t total, obj, piece;
 static int W, S;
 static bool embedded;
+static int mode;  // 0 bounce, 1 direct, 2 pvm
 static char *src, *dst;
 static pid_t target;
 static std::vector<pthread_barrier_t> barriers;
@@ -54,8 +60,13 @@ static void* work(void* a) {
     size_t k = 0;
     for (size_t o = 0; o < obj; o += piece, k++) {
       if (long(k % S) != part) continue;
-      crc = adp::crc32c_copy_extend(crc, bounce, s + o, piece);
-      iovec l{bounce, piece}, r{d + o, piece};
+      const char* from = bounce;
+      if (mode == 0)
+        crc = adp::crc32c_copy_extend(crc, bounce, s + o, piece);
+      else if (mode == 1)
+        crc = adp::crc32c_extend(crc, s + o, piece);
+      if (mode != 0) from = s + o;
+      iovec l{const_cast<char*>(from), piece}, r{d + o, piece};
       if (process_vm_writev(target, &l, 1, &r, 1, 0) != (ssize_t)piece) {
         perror("process_vm_writev");
         exit(1);
@@ -83,8 +94,8 @@ static double run(bool emb) {
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
-  if (argc != 6) {
-    fprintf(stderr, "usage: %s OBJ_MiB PIECE_KiB W S TOTAL_GiB\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    fprintf(stderr, "usage: %s OBJ_MiB PIECE_KiB W S TOTAL_GiB [bounce|direct|pvm]\n", argv[0]);
     return 2;
   }
   obj = size_t(atol(argv[1])) << 20;
@@ -92,6 +103,8 @@ int main(int argc, char** argv) {
   W = atoi(argv[3]);
   S = atoi(argv[4]);
   total = size_t(atol(argv[5])) << 30;
+  static const char* const kModes[] = {"bounce+pvm_writev", "crc+pvm_writev from the card", "pvm_writev alone"};
+  if (argc == 7) mode = !strcmp(argv[6], "direct") ? 1 : !strcmp(argv[6], "pvm") ? 2 : 0;
   barriers.resize(W);
   for (auto& b : barriers) pthread_barrier_init(&b, nullptr, S);
   dst = static_cast<char*>(mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
@@ -109,7 +122,7 @@ int main(int argc, char** argv) {
     if (read(p1[0], &b, 1) != 1) _exit(1);  // the parent has touched dst: no COW faults
     run(false);                             // first touch of the card mapping
     for (int r = 0; r < 3; r++)
-      printf("obj %zuMiB piece %zuKiB W=%d S=%d bounce+pvm_writev %.2f GB/s\n", obj >> 20, piece >> 10, W, S,
+      printf("obj %zuMiB piece %zuKiB W=%d S=%d %s %.2f GB/s\n", obj >> 20, piece >> 10, W, S, kModes[mode],
              run(false));
     if (write(p2[1], "x", 1) != 1) _exit(1);
     _exit(0);

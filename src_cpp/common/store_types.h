@@ -52,6 +52,10 @@ struct PutItem {
   const uint8_t* data;
   size_t size;
   FillFn fill = {};
+  // Set (by the fill) when the fill gave the item's card place up on purpose
+  // and its caller stores the object another way: the failed item is then
+  // not counted in store_failures (the pipelined process store's stall).
+  const bool* gave_up = nullptr;
 };
 
 // Places a loaded payload in dst and checks its CRC there; false if it is not
@@ -123,6 +127,15 @@ struct StoreStats {
   // gateway's store buffer; 0 elsewhere.
   uint64_t process_stores_over_limit = 0;
   bool healthy = true;  // false while the card's most recent I/O failed
+  // A connector on a gateway only (RemoteBackend); on_gateway is false
+  // elsewhere, and then the two after it are in no stats dict (not in
+  // for_each_stat: the Python binding adds them). gateway_reachable: false
+  // from a failed connect or a dropped connection until the next connect
+  // succeeds (true before any attempt failed); gateway_reconnects:
+  // connections its workers made again after losing theirs.
+  bool on_gateway = false;
+  bool gateway_reachable = false;
+  uint64_t gateway_reconnects = 0;
 };
 
 // Calls f(name, value) for every field of st (uint64_t, double or bool): the

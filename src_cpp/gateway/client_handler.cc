@@ -13,11 +13,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 
 #include "protocol/auth.h"
+#include "util/load_profile.h"
 #include "util/log.h"
+#include "util/thread_name.h"
 
 namespace adp {
 namespace {
@@ -33,8 +36,12 @@ std::atomic<bool> g_process_read_stall_taken{false};
 
 // Whether this thread is inside shared->gate (CardGate): a connection's
 // thread is for its batch, a piece for its card part; both leave it for
-// every wait on the client and come back only while the gate is open.
+// every wait on the client (except a pipelined store's wait for its reader's
+// next piece, bounded by its card place's hold) and come back only while the
+// gate is open.
 thread_local bool t_in_card = false;
+// Whether this thread is a connection's store reader (tests: which reads wait).
+thread_local bool t_store_reader = false;
 
 bool card_enter(CardGate& gate) {
   if (!t_in_card) t_in_card = gate.enter();
@@ -75,6 +82,81 @@ constexpr size_t kProcessReadPieceBytes = 1u << 20;
 // r5 stores: a store buffer is given back once its connection sent nothing
 // for this long (mapped again, populated, by its next store).
 constexpr int kStoreBufferIdleMs = 5000;
+// Session eight: a process store of one object of at least this size on a
+// memory-speed card is read by the connection's store reader while the
+// connection's thread copies each piece into its reserved card place (the
+// second pass then reads the cache, not memory: benchmarks/README.md,
+// "Session eight: stores"); smaller objects go through the buffer whole.
+// ADP_STORE_PIPELINE_MIN_MB (the gateway's environment) sets it; 0 turns it
+// off (an A/B of the two paths in one run: benchmarks/README.md).
+constexpr uint64_t kPipelineMinBytes = 8ull << 20;
+uint64_t pipeline_min_bytes() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("ADP_STORE_PIPELINE_MIN_MB");
+    return e ? std::strtoull(e, nullptr, 10) << 20 : kPipelineMinBytes;
+  }();
+  return v;
+}
+// Session eight (loads, larger pieces): with ADP_BOUNCE_PIECE_KB (the
+// gateway's environment; a multiple of 4 up to 1024, e.g. 1024) an object
+// that no helper may join when its load starts (no pool, or
+// PiecePool::helpers_now() false: 16 connections on 16 CPUs) is written by
+// its connection's thread alone in pieces of that size, fewer and larger
+// process_vm_writev calls; helpers then do not join it even if one comes
+// free later. Unset (or 256): every object in CardStore::kBouncePieceBytes
+// pieces with helpers as before, the default, because the one A/B on the
+// 16-core machine showed no gain at 2 MiB x 16 (+3%, within its spread) and
+// a loss at 32 MiB x 16 (benchmarks/README.md, "Session eight: loads, larger
+// pieces").
+size_t solo_piece_bytes() {
+  static const size_t v = [] {
+    const char* e = std::getenv("ADP_BOUNCE_PIECE_KB");
+    const uint64_t kb = e ? std::strtoull(e, nullptr, 10) : 0;
+    if (e && kb && kb % 4 == 0 && kb <= (CardStore::kLargeBouncePieceBytes >> 10)) return size_t(kb) << 10;
+    if (e) ADP_WARN("ADP_BOUNCE_PIECE_KB=%s is not a multiple of 4 from 4 to 1024: ignored", e);
+    return CardStore::kBouncePieceBytes;
+  }();
+  return v;
+}
+// How long the thread that holds the card place waits for the next piece
+// (1 MiB, about 0.1 ms to read) before it abandons the place: the longest a
+// client whose memory stalls the read holds back other connections'
+// acknowledgements (the frontier's order) and an I/O context, once per
+// connection per 30 s (ClientHandler::pipeline_retry_: it stores through the buffer alone
+// meanwhile), and by at most GatewayShared::max_pipelined_stores at once.
+constexpr int kPipelinePieceWaitMs = 200;
+// And the longest it holds the place for the whole object (review r8 B2: a
+// client that serves each piece just inside the piece's wait would hold it
+// for the whole object): kPipelinePieceWaitMs plus the object's bytes at this
+// rate (a reader of memory goes at 5-60 GB/s), so 264 ms for 32 MiB, 712 ms
+// for 256 MiB; a slower read gives the place up as a stalled one does.
+constexpr uint64_t kPipelineMinBytesPerSecond = 512ull << 20;
+
+// One of GatewayShared::max_pipelined_stores, taken for a pipelined store's
+// whole branch (review r8 S4), given back on every way out of it.
+class PipelineSlot {
+ public:
+  PipelineSlot(GatewayShared& shared, bool want) : shared_(shared) {
+    if (!want) return;
+    uint32_t n = shared_.pipelined_stores.load(std::memory_order_relaxed);
+    while (n < shared_.max_pipelined_stores &&
+           !shared_.pipelined_stores.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+    }
+    taken_ = n < shared_.max_pipelined_stores;
+  }
+  ~PipelineSlot() { release(); }
+  void release() {
+    if (taken_) shared_.pipelined_stores.fetch_sub(1, std::memory_order_acq_rel);
+    taken_ = false;
+  }
+  PipelineSlot(const PipelineSlot&) = delete;
+  PipelineSlot& operator=(const PipelineSlot&) = delete;
+  bool taken() const { return taken_; }
+
+ private:
+  GatewayShared& shared_;
+  bool taken_ = false;
+};
 
 }  // namespace
 
@@ -91,6 +173,52 @@ std::string ClientHandler::peer() const {
   socklen_t len = sizeof cred;
   ::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len);
   return "unix pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
+}
+
+// The connection's store reader: one job at a time (a chunk's reads), posted
+// by the connection's thread, which waits for it to end before the next.
+struct ClientHandler::StoreReader {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void()> job;
+  bool pending = false;  // job posted and not yet ended
+  bool quit = false;
+  std::thread thread;
+};
+
+bool ClientHandler::post_to_reader(std::function<void()> job) {
+  if (!reader_) {
+    auto r = std::make_shared<StoreReader>();
+    try {
+      r->thread = std::thread([r = r.get(), id = id_] {
+        set_thread_name("adp-gw-sread", static_cast<int>(id));
+        t_store_reader = true;
+        std::unique_lock<std::mutex> l(r->mu);
+        for (;;) {
+          r->cv.wait(l, [r] { return r->quit || r->pending; });
+          if (!r->pending) return;  // quit, and nothing left to run
+          std::function<void()> run = std::move(r->job);
+          l.unlock();
+          run();
+          run = nullptr;
+          l.lock();
+          r->pending = false;
+          r->cv.notify_all();
+        }
+      });
+    } catch (const std::system_error& e) {  // a thread limit (review r8 S3): the buffer path, as before
+      ADP_WARN_LIMITED("gateway: client #%llu: no store reader thread (%s): its stores go through the buffer", ull(id_),
+                       e.what());
+      return false;
+    }
+    reader_ = std::move(r);
+  }
+  std::unique_lock<std::mutex> l(reader_->mu);
+  reader_->cv.wait(l, [this] { return !reader_->pending; });  // the one before has ended
+  reader_->job = std::move(job);
+  reader_->pending = true;
+  reader_->cv.notify_all();
+  return true;
 }
 
 Status ClientHandler::ended() const {
@@ -242,6 +370,10 @@ Status ClientHandler::handshake() {
     if (const char* on = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_ON"))
       test_process_stall_on_helper_ = std::string_view(on) == "helper";
     if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_STALL_MS")) test_process_read_stall_ms_ = std::atoi(d);
+    if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")) test_process_read_delay_ms_ = std::atoi(d);
+    if (const char* d = std::getenv("ADP_TEST_PIPELINE_RETRY_MS"))
+      pipeline_retry_ = std::chrono::milliseconds(std::atoi(d));
+    if (const char* d = std::getenv("ADP_TEST_LOADER_IDLE_MS")) test_loader_idle_ms_ = std::atoi(d);
   }
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
@@ -271,12 +403,19 @@ void ClientHandler::run() {
     const int idle_ms = shared_->limits.idle_timeout_ms;
     while (s.ok()) {
       auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
-      if (store_buf_.capacity()) {
-        // A store buffer is not held by a connection that sent nothing for a while.
+      if (loader_) {  // no longer counted as loading once it waits this long for its next request
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, test_loader_idle_ms_) == 0) loader_.reset();
+      }
+      if (store_buf_.capacity() || hold_.capacity()) {
+        // Neither a store buffer nor a load's hold is kept by a connection that sent nothing for a while.
         int wait_ms = kStoreBufferIdleMs;
         if (idle_ms > 0) wait_ms = std::min(wait_ms, idle_ms);
         pollfd p{fd_, POLLIN, 0};
-        if (::poll(&p, 1, wait_ms) == 0) release_store_buffer();
+        if (::poll(&p, 1, wait_ms) == 0) {
+          release_store_buffer();
+          settle_hold(true);
+        }
       }
       s = proto::read_frame(fd_, max_body, idle_by, &frame, segments_enabled_ ? 1 : 0);
       if (s.code() == Status::Code::kTimedOut) {
@@ -305,6 +444,7 @@ void ClientHandler::run() {
         break;
       }
       s = type == proto::FrameType::kStats ? serve_stats(frame) : serve_batch(frame, &table, &payload);
+      settle_hold(false);
     }
     shared_->clients--;
   }
@@ -313,11 +453,22 @@ void ClientHandler::run() {
       seg.reset();
       shared_->segments--;
     }
+  if (reader_) {  // idle: every job ended before the batch that posted it did
+    {
+      std::lock_guard<std::mutex> l(reader_->mu);
+      reader_->quit = true;
+    }
+    reader_->cv.notify_all();
+    reader_->thread.join();
+    reader_.reset();
+  }
   if (process_) {
     process_.reset();
     shared_->processes--;
   }
   release_store_buffer();
+  settle_hold(true);
+  loader_.reset();
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
@@ -341,6 +492,11 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   s = proto::decode_batch(frame.body, &req, process_granted_);
   if (!s.ok()) return s;
   if (ring_ && !req.payload.empty()) return Status::InvalidArgument("inline payload on a ring connection");
+  if (req.timeout_ms > shared_->limits.max_request_timeout_ms) {
+    ADP_WARN_LIMITED("gateway: client #%llu sent a deadline of %u ms: held to %u ms (--max-request-timeout-s)",
+                     ull(id_), req.timeout_ms, shared_->limits.max_request_timeout_ms);
+    req.timeout_ms = shared_->limits.max_request_timeout_ms;
+  }
 
   proto::BatchReply reply;
   reply.results.resize(req.items.size());
@@ -431,6 +587,8 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
 
 Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline,
                                         bool* revoked) {
+  namespace prof = load_profile;
+  prof::Timer whole(prof::kObject);
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
   // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
@@ -459,7 +617,12 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
     // The request's deadline before each piece, not only each item (S1).
     if (Clock::now() >= deadline)
       return fail(Status::TimedOut("deadline passed in the gateway while the pieces went out"));
-    if (!process_->alive()) return fail(Status::Closed("the client process is gone"));
+    bool alive;
+    {
+      prof::Timer t(prof::kAlive);
+      alive = process_->alive();
+    }
+    if (!alive) return fail(Status::Closed("the client process is gone"));
     if (test_process_stall_ms_ && done > 0 && (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
         !g_process_stall_taken.exchange(true)) {
       // Counted as a transfer of the client's memory (stop() may leave it behind), outside the lease.
@@ -469,19 +632,31 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
       });
       if (!s.ok()) return fail(std::move(s));
     }
-    if (!join_lease(request_id, deadline)) {
+    bool joined;
+    {
+      prof::Timer t(prof::kLease);
+      joined = join_lease(request_id, deadline);
+    }
+    if (!joined) {
       if (Clock::now() >= deadline)
         return fail(Status::TimedOut("deadline passed in the gateway while the pieces went out"));
       gave_up = true;
       return false;
     }
-    Status w = in_client_memory([&] { return process_->write(it.offset + done, src, len); });
-    leave_lease(request_id);
+    Status w = in_client_memory([&] {
+      prof::Timer t(prof::kWrite);
+      return process_->write(it.offset + done, src, len);
+    });
+    {
+      prof::Timer t(prof::kLease);
+      leave_lease(request_id);
+    }
     return w.ok() || fail(std::move(w));
   };
   // Out of the card gate for the whole write: the lease may wait on writers
   // the client stalls. Back in only while the gate is open.
   auto sink = [&](size_t done, const uint8_t* src, size_t len) {
+    prof::Timer t(prof::kSink);
     const bool in_card = t_in_card;
     card_leave(shared_->gate);
     const bool ok = sink_write(done, src, len);
@@ -497,11 +672,20 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   };
   // An IoContext only for a read from a card that is not memory-speed (or
   // a damaged object's tombstone), given back before any piece goes out.
+  // The object then stays in hold_: its bytes are reserved first, within
+  // --max-store-buffer-total-mb for the holds of all connections together.
+  // A memory-speed card never reads into hold_ (its context is only for a
+  // tombstone), so nothing is reserved there: else a total below an
+  // object's size would answer Busy forever and never drop it (review r8).
+  Status hold_refused;
+  const bool into_hold = !shared_->store->memory_speed();
   auto with_ctx = [&](const std::function<void(IoContext&)>& fn) {
+    if (into_hold) hold_refused = reserve_hold(kBlockSize + it.size);
+    if (!hold_refused.ok()) return false;
     auto lease = shared_->pool->acquire(deadline);
-    if (!lease) return false;
-    fn(**lease);
-    return true;
+    if (lease) fn(**lease);  // the read, and the swap into hold_
+    count_hold();
+    return bool(lease);
   };
   // Each piece, on this thread or a helper, runs inside the card gate (a
   // helper freed after stop() may pick up this job: it finds the gate
@@ -511,16 +695,24 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   CardGate& gate = shared_->gate;
   auto gated = [&gate](const PiecePool::PieceFn& piece) {
     return [&gate, &piece](size_t i, int slot) {
+      load_profile::Timer t(load_profile::kPiece);
       CardSection in(gate);
       return in && piece(i, slot);
     };
   };
+  // The piece size is fixed here, at the object's start: with other pieces
+  // than 256 KiB (ADP_BOUNCE_PIECE_KB) no helper joins it (run alone), so one
+  // writer holds the lease at a time and a revoke waits for at most one such
+  // piece (docs/protocol.md).
+  const size_t solo = solo_piece_bytes();
+  const bool alone = solo != CardStore::kBouncePieceBytes && !(pool && pool->helpers_now());
+  const size_t piece_bytes = alone ? solo : CardStore::kBouncePieceBytes;
   CardStore::RunPiecesFn run_pieces = [&](size_t n, const PiecePool::PieceFn& piece) {
     const PiecePool::PieceFn each = gated(piece);
     card_leave(gate);
     bool ok = true;
     if (pool)
-      ok = pool->run(n, each);
+      ok = pool->run(n, each, alone);
     else
       for (size_t i = 0; i < n && ok; i++) ok = each(i, 0);
     if (!card_enter(gate)) return fail(Status::Closed("the gateway closed its card while this load's pieces went out"));
@@ -528,9 +720,10 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   };
   if (!card_enter(gate)) return Status::Closed("the gateway is closing its card");
   Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, {bounces_.get(), bounce_slots_}, &hold_, sink,
-                                             run_pieces);
+                                             run_pieces, piece_bytes);
   if (gave_up) *revoked = true;
   if (Status e = ended(); !e.ok()) return e;
+  if (!hold_refused.ok()) return hold_refused;
   if (!failed.ok()) return failed;
   if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
   if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
@@ -581,6 +774,49 @@ void ClientHandler::release_store_buffer() {
   shared_->store_buffer_freed.notify_all();
 }
 
+void ClientHandler::settle_hold(bool release) {
+  if (release || hold_over_ || hold_.capacity() > store_object_limit()) {
+    AlignedBuffer gone;
+    hold_.swap(gone);
+  }  // unmapped here
+  hold_over_ = false;
+  count_hold();
+}
+
+Status ClientHandler::reserve_hold(uint64_t bytes) {
+  bytes = (bytes + 4095) & ~uint64_t(4095);
+  if (bytes <= hold_counted_) return Status::Ok();
+  const uint64_t total = shared_->limits.max_store_buffer_total_bytes;
+  const uint64_t more = bytes - hold_counted_;
+  uint64_t cur = shared_->load_hold_bytes.load();
+  do {
+    if (cur + more > total) {
+      shared_->load_hold_busy.fetch_add(1, std::memory_order_relaxed);
+      auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
+      return Status::Busy("the gateway's load buffers are used up (" + mib(cur) + " of " + mib(total) +
+                          " held by connections' last loads from a card that is not memory-speed, "
+                          "--max-store-buffer-total-mb); this load needs " +
+                          mib(more) + " more");
+    }
+  } while (!shared_->load_hold_bytes.compare_exchange_weak(cur, cur + more));
+  hold_counted_ = bytes;
+  return Status::Ok();
+}
+
+void ClientHandler::count_hold() {
+  // What is mapped is what counts: a context's staging may be larger than
+  // the bytes reserved. Past the total (or a store buffer's size), it is
+  // given back after the batch.
+  const uint64_t now = hold_.capacity();
+  uint64_t sum = shared_->load_hold_bytes.load();
+  if (now > hold_counted_) sum = shared_->load_hold_bytes.fetch_add(now - hold_counted_) + (now - hold_counted_);
+  if (now < hold_counted_) sum = shared_->load_hold_bytes.fetch_sub(hold_counted_ - now) - (hold_counted_ - now);
+  hold_counted_ = now;
+  // Only a connection that holds something gives it back (review r8: a
+  // release of its own re-armed the flag, dropping its next hold).
+  if (now > 0 && (sum > shared_->limits.max_store_buffer_total_bytes || now > store_object_limit())) hold_over_ = true;
+}
+
 Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline) {
   const uint64_t total = shared_->limits.max_store_buffer_total_bytes;
   // Exactly the chunk's size in whole MiB, never past the limit (no doubling).
@@ -623,7 +859,8 @@ Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline)
 }
 
 bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
-                                       ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st) {
+                                       ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st,
+                                       const std::function<void(size_t, size_t)>* on_piece) {
   const uint64_t cap = store_object_limit();
   uint64_t need = 0;
   for (size_t k = i; k < end; k++)
@@ -721,6 +958,8 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
           (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
           !g_process_read_stall_taken.exchange(true))
         std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_stall_ms_));
+      if (test_process_read_delay_ms_ && t_store_reader)
+        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_delay_ms_));
       return process_->read(it.offset + pc.off, o.dst + pc.off, pc.len);
     });
     leave_lease(pr->request_id);
@@ -731,6 +970,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
     }
     if (!s.ok()) return fail(std::move(s));
     shared_->process_read_bytes.fetch_add(pc.len, std::memory_order_relaxed);
+    if (on_piece) (*on_piece)(pc.off, pc.len);
     return true;
   };
   // Out of the card gate for the reads (they touch no card): this thread
@@ -824,13 +1064,30 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
   field("process_read_bytes", shared.process_read_bytes.load());
+  field("process_store_read_ns", shared.process_store_read_ns.load());
+  field("process_store_put_ns", shared.process_store_put_ns.load());
+  field("process_store_pipelined", shared.process_store_pipelined.load());
+  field("process_store_stalls", shared.process_store_stalls.load());
+  field("process_store_unpipelined_busy", shared.process_store_unpipelined_busy.load());
   field("store_buffer_bytes", shared.store_buffer_bytes.load());
   field("store_buffer_busy", shared.store_buffer_busy.load());
+  field("load_hold_bytes", shared.load_hold_bytes.load());
+  field("load_hold_busy", shared.load_hold_busy.load());
   field("store_buffer_waiting", shared.store_buffer_waiters.load());
   field("processes", shared.processes.load());
   field("process_refusals", shared.process_refusals.load());
   field("process_write_threads", shared.pieces ? shared.pieces->threads() : 0);
   field("process_helper_pieces", shared.pieces ? shared.pieces->helped_pieces() : 0);
+  field("process_piece_callers", shared.pieces ? shared.pieces->callers() : 0);
+  if (load_profile::kEnabled) {  // ADP_LOAD_PROFILE=1 (benchmarks only)
+    uint64_t ns[load_profile::kSteps], n[load_profile::kSteps];
+    load_profile::totals(ns, n);
+    for (int i = 0; i < load_profile::kSteps; i++) {
+      const std::string k = std::string("load_profile_") + load_profile::kNames[i];
+      field((k + "_ns").c_str(), ns[i]);
+      field((k + "_n").c_str(), n[i]);
+    }
+  }
   out.back() = '}';
   return out;
 }
@@ -931,7 +1188,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         bool in_segments = false;
         ProcessRead pr{request_id, deadline};
         // A connection with process stores shares the piece helpers as loads do.
-        PiecePool::Caller caller(put_process ? shared_->pieces.get() : nullptr);
+        // (Once: a connection counted as loading is not counted again.)
+        PiecePool::Caller caller(put_process && !loader_ ? shared_->pieces.get() : nullptr);
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (it.segment == proto::kProcessSegment) {
@@ -967,10 +1225,176 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             bytes += room(end);
             if (bytes > chunk_bytes) break;
           }
-          if (put_process && !read_process_chunk(req, i, end, deadline, &pr, &items, &st)) {
-            if (!pr.gone.ok()) return pr.gone;  // the client process exited (or stop() gave up): the connection ends
-            for (; i < n; i++) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
-            break;
+          // Session eight: one large object on a memory-speed card is read by
+          // this connection's store reader while this thread, holding its card
+          // place, copies each piece in as soon as it is read (from the cache).
+          // The place is reserved once the first piece is read, and held only
+          // while pieces keep coming: one not read within kPipelinePieceWaitMs,
+          // or the object not read by then plus its bytes at
+          // kPipelineMinBytesPerSecond, abandons it (a pad record: the frontier
+          // moves on, the I/O context goes back), and the object is stored from
+          // the buffer once the reader has it whole, holding nothing shared
+          // while it waits, as below.
+          // Only while the connections storing and loading leave a CPU for the
+          // reader beside each (PiecePool::spare_cpu(), the helpers' rule; with
+          // no pool, always): on full CPUs the second thread cost 32 MiB x 16
+          // 0.82x -> 0.74x (benchmarks/README.md, "Session eight: stores").
+          bool read_before = false;  // the chunk is in store_buf_ already (a pipelined store that stalled)
+          const proto::BatchItem& first = req.items[i];
+          if (reader_stalled_ && Clock::now() - reader_stalled_at_ >= pipeline_retry_) reader_stalled_ = false;
+          bool pipeline = put_process && end == i + 1 && first.segment == proto::kProcessSegment && !reader_stalled_ &&
+                          pipeline_min_bytes() && first.size >= pipeline_min_bytes() &&
+                          first.size <= store_object_limit() && store.memory_speed() &&
+                          shared_->max_pipelined_stores > 0;
+          const bool wanted = pipeline;
+          if (pipeline && shared_->pieces && !shared_->pieces->spare_cpu()) pipeline = false;
+          PipelineSlot slot(*shared_, pipeline);
+          pipeline = slot.taken();
+          if (wanted && !pipeline) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
+          if (pipeline) {
+            const uint64_t need = (first.size + 4095) & ~uint64_t(4095);
+            if (need > store_buf_.capacity()) {
+              if (Status g = grow_store_buffer(need, deadline); !g.ok()) {
+                st[i] = std::move(g);
+                i = end;
+                continue;
+              }
+            }
+            struct Progress {
+              std::mutex mu;
+              std::condition_variable cv;
+              std::vector<uint8_t> done;  // by piece of kProcessReadPieceBytes
+              bool finished = false;      // the reader's job has ended
+            };
+            auto prog = std::make_shared<Progress>();
+            prog->done.assign((first.size + kProcessReadPieceBytes - 1) / kProcessReadPieceBytes, 0);
+            ProcessRead rpr{request_id, deadline};
+            std::vector<PutItem> ritems(n);
+            std::vector<Status> rst(n);
+            const std::function<void(size_t, size_t)> on_piece = [prog](size_t off, size_t) {
+              std::lock_guard<std::mutex> l(prog->mu);
+              prog->done[off / kProcessReadPieceBytes] = 1;
+              prog->cv.notify_all();
+            };
+            // Waits for the reader out of the card gate (it may wait on the
+            // client), holding nothing shared; false: the card closed meanwhile.
+            auto wait_out = [&](const std::function<bool()>& until) {
+              card_leave(shared_->gate);
+              {
+                std::unique_lock<std::mutex> lk(prog->mu);
+                prog->cv.wait(lk, until);
+              }
+              return card_enter(shared_->gate);
+            };
+            const auto t0 = Clock::now();
+            const bool posted = post_to_reader([&, prog, i, end] {
+              read_process_chunk(req, i, end, deadline, &rpr, &ritems, &rst, &on_piece);
+              std::lock_guard<std::mutex> l(prog->mu);  // nothing of this frame is touched after it
+              prog->finished = true;
+              prog->cv.notify_all();
+            });
+            if (posted) {
+              // The place is reserved only once the reader is ahead (its first
+              // piece read): a client that stalls from the start holds nothing.
+              if (!wait_out([&] { return prog->done[0] || prog->finished; })) {
+                abandoned_ = true;
+                return Status::Closed("the gateway closed its card while this store's pieces were read");
+              }
+              bool ahead;
+              {
+                std::lock_guard<std::mutex> l(prog->mu);
+                ahead = prog->done[0];
+              }
+              bool stalled = false;
+              Status put_st = Status::TimedOut("the read from the client's memory ended early");
+              if (ahead && !lease) lease = shared_->pool->acquire(deadline);
+              if (ahead && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
+              if (ahead && lease) {
+                const uint8_t* buf = store_buf_.data();
+                const auto hold_by = Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) +
+                                     std::chrono::nanoseconds(first.size * 1000000000ull / kPipelineMinBytesPerSecond);
+                PutItem item{first.key, nullptr, first.size};
+                item.gave_up = &stalled;  // stored from the buffer next: not a store failure
+                item.fill = [&](uint8_t* dst, uint64_t off, size_t len) {
+                  for (size_t done = 0; done < len;) {
+                    const size_t at = off + done, p = at / kProcessReadPieceBytes;
+                    const size_t l = std::min<size_t>(len - done, (p + 1) * kProcessReadPieceBytes - at);
+                    {
+                      // Each piece within kPipelinePieceWaitMs, the object by hold_by.
+                      const auto by = std::min(Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs), hold_by);
+                      std::unique_lock<std::mutex> lk(prog->mu);
+                      if (!prog->cv.wait_until(lk, by, [&] { return prog->done[p] || prog->finished; })) {
+                        stalled = true;
+                        shared_->process_store_stalls.fetch_add(1, std::memory_order_relaxed);
+                        return Status::TimedOut("the client's memory stalled the read: its card place is given up");
+                      }
+                      if (!prog->done[p]) return Status::TimedOut("the read from the client's memory ended early");
+                    }
+                    std::memcpy(dst + done, buf + at, l);  // CardStore checksums it where it landed, in the cache
+                    done += l;
+                  }
+                  return Status::Ok();
+                };
+                store.put(**lease, &item, 1, &put_st, [&] { return Clock::now() < deadline; });
+                lease.reset();
+                if (stalled) slot.release();  // the card place is given up: another may pipeline
+              }
+              const auto t1 = Clock::now();
+              if (!wait_out([&] { return prog->finished; })) {
+                abandoned_ = true;
+                return Status::Closed("the gateway closed its card while this store's pieces were read");
+              }
+              using std::chrono::duration_cast, std::chrono::nanoseconds;
+              shared_->process_store_put_ns.fetch_add(duration_cast<nanoseconds>(t1 - t0).count(),
+                                                      std::memory_order_relaxed);
+              shared_->process_store_read_ns.fetch_add(duration_cast<nanoseconds>(Clock::now() - t1).count(),
+                                                       std::memory_order_relaxed);
+              if (!rpr.gone.ok()) return rpr.gone;  // the client process exited (or stop() gave up)
+              if (rpr.revoked) {
+                for (; i < n; i++)
+                  st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
+                break;
+              }
+              if (stalled && !reader_stalled_) {
+                // This connection's stores go through the buffer alone for a while.
+                reader_stalled_ = true;
+                reader_stalled_at_ = Clock::now();
+                ADP_WARN_LIMITED(
+                    "gateway: client #%llu (%s): its memory stalled a store's read for over %d ms: "
+                    "its stores go through the store buffer alone for %d s",
+                    ull(id_), peer().c_str(), kPipelinePieceWaitMs,
+                    static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(pipeline_retry_).count()));
+              }
+              if (!rst[i].ok() || put_st.ok() || !stalled) {
+                // Stored; or the read failed (its status is the answer), or the
+                // card store did (the deadline, the card).
+                st[i] = !rst[i].ok() ? std::move(rst[i]) : std::move(put_st);
+                if (st[i].ok()) {
+                  shared_->process_stores.fetch_add(1, std::memory_order_relaxed);
+                  shared_->process_store_pipelined.fetch_add(1, std::memory_order_relaxed);
+                }
+                i = end;
+                continue;
+              }
+              // Stalled, and read whole since: stored from the buffer as any other chunk.
+              items[i].data = store_buf_.data();
+              read_before = true;
+            } else {
+              reader_stalled_ = true;  // no reader thread: the buffer path for a while
+              reader_stalled_at_ = Clock::now();
+            }
+          }
+          if (put_process && !read_before) {
+            const auto t0 = Clock::now();
+            const bool read = read_process_chunk(req, i, end, deadline, &pr, &items, &st);
+            shared_->process_store_read_ns.fetch_add(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
+                std::memory_order_relaxed);
+            if (!read) {
+              if (!pr.gone.ok()) return pr.gone;  // the client process exited (or stop() gave up): the connection ends
+              for (; i < n; i++) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
+              break;
+            }
           }
           // What is left to store: every item of the chunk but process items not read.
           todo.clear();
@@ -999,8 +1423,13 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             break;
           }
           todo_st.assign(todo.size(), Status::Ok());
+          const auto t0 = Clock::now();
           store.put(**lease, todo.data(), todo.size(), todo_st.data(),
                     [&] { return Clock::now() < deadline && intact(); });
+          if (put_process)
+            shared_->process_store_put_ns.fetch_add(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
+                std::memory_order_relaxed);
           if (in_segments) give_lease(request_id);
           if (put_process) lease.reset();  // the next chunk's reads hold no context
           if (!intact())
@@ -1020,11 +1449,18 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
       }
       case proto::Op::kGet: {
         bool revoked = false;  // the client gave up: nothing more goes into its segments
-        // While this batch runs, a connection with loads: the piece helpers
-        // an object may take shrink as such connections grow (PiecePool).
+        // From its first process load until it waits 20 ms (test_loader_idle_ms_) for a
+        // request (run()), a connection with loads: the piece helpers an
+        // object may take shrink as such connections grow (PiecePool).
+        // Counted per batch instead, the count dipped between one batch
+        // and the next of 16 connections on 16 CPUs, and helpers joined
+        // objects on CPUs that had none to spare (benchmarks/README.md,
+        // "Session eight: loads").
         bool any_process = false;
         for (const auto& it : req.items) any_process |= it.segment == proto::kProcessSegment;
-        PiecePool::Caller caller(any_process ? shared_->pieces.get() : nullptr);
+        if (any_process && !loader_ && shared_->pieces)
+          loader_ = std::make_unique<PiecePool::Caller>(shared_->pieces.get());
+        const uint64_t batch_from = any_process && load_profile::kEnabled ? load_profile::now_ns() : 0;
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
           if (Status e = ended(); !e.ok()) return e;
@@ -1106,6 +1542,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           }
           st[i] = store.get(**lease, it.key, deliver, base ? ReadInto::kDestination : ReadInto::kStaging);
         }
+        if (batch_from) load_profile::add(load_profile::kBatch, load_profile::now_ns() - batch_from);
         break;
       }
       case proto::Op::kExists:

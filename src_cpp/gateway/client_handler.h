@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +44,9 @@ struct ConnectionLimits {
   // buffer's growth waits for room until its chunk's deadline, then the
   // chunk's process items fail Busy.
   uint64_t max_store_buffer_total_bytes = 4ull << 30;
+  // A batch's deadline (its timeout_ms, counted from arrival) at most: a
+  // larger one is clamped to it, with a rate-limited warning (review r7 S4).
+  uint32_t max_request_timeout_ms = 3600000;
 };
 
 // One connection's standing with the server that stops: whether its thread
@@ -116,10 +120,41 @@ struct GatewayShared {
   std::atomic<uint64_t> process_stores{0};      // objects stored straight from a client's process memory (r5)
   std::atomic<uint64_t> process_read_bytes{0};  // bytes read from clients' process memory for stores (r5)
   std::atomic<uint64_t> process_refusals{0};    // process registrations refused (r5)
+  // Process stores, phase by phase (session eight, issue 10 item 2): the
+  // connection threads' wall time in the reads of chunks from the clients'
+  // memory into their store buffers (helpers' pieces included: the thread
+  // waits for them), and in CardStore::put of those chunks (the copy into
+  // the card with its CRC, the frontier's order, the sync); two clock reads
+  // a chunk.
+  std::atomic<uint64_t> process_store_read_ns{0};
+  std::atomic<uint64_t> process_store_put_ns{0};
+  // Process stores of one large object read and stored at once (session
+  // eight): objects stored so, and those whose read stalled past
+  // kPipelinePieceWaitMs (their card place abandoned, then stored from the
+  // buffer once read, as any other).
+  std::atomic<uint64_t> process_store_pipelined{0};
+  std::atomic<uint64_t> process_store_stalls{0};
+  // Large process stores that went through the buffer on the connection's
+  // thread alone because the connections storing and loading left no CPU
+  // for a store reader beside each (PiecePool::spare_cpu() false).
+  std::atomic<uint64_t> process_store_unpipelined_busy{0};
+  // Pipelined stores in progress, and their cap (review r8 S4): each may hold
+  // an I/O context and a frontier place for up to its bound, so at most half
+  // the I/O contexts (at least 1) go to them however many connections a
+  // client opens; a store over the cap goes through the buffer (counted as
+  // process_store_unpipelined_busy).
+  std::atomic<uint32_t> pipelined_stores{0};
+  uint32_t max_pipelined_stores = 1;
   // Store buffers (r5 stores): bytes the connections' buffers hold (within
   // limits.max_store_buffer_total_bytes), chunks failed Busy for want of
   // room; a connection that waits for room is woken when one is given back.
   std::atomic<uint64_t> store_buffer_bytes{0};
+  // Bytes the connections keep of their last process load from a card that
+  // is not memory-speed (ClientHandler::hold_), reserved before the read
+  // within limits.max_store_buffer_total_bytes (apart from the store
+  // buffers' bytes) and counted again at once after it.
+  std::atomic<uint64_t> load_hold_bytes{0};
+  std::atomic<uint64_t> load_hold_busy{0};  // process loads failed Busy: no room for their hold
   std::atomic<uint64_t> store_buffer_busy{0};
   std::atomic<uint32_t> store_buffer_waiters{0};
   std::mutex store_buffer_mu;
@@ -170,8 +205,15 @@ class ClientHandler {
   // in pieces on this thread and helpers of shared_->pieces, each under
   // the lease, the client's liveness checked before each: a client that
   // stalls a read stalls only this connection.
+  // on_piece (may be null) is told of each piece read whole: (offset in its
+  // object, length), from the thread that read it.
   bool read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
-                          ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st);
+                          ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st,
+                          const std::function<void(size_t, size_t)>* on_piece = nullptr);
+  // Session eight: runs job on this connection's store reader (a thread of
+  // its own, started on first use), after the job before it has ended.
+  // False: no reader thread could be started (the caller takes the buffer path).
+  bool post_to_reader(std::function<void()> job);
   // The largest object a process store may carry: the store buffer's limit
   // (and the gateway's total for them, if lower).
   uint64_t store_object_limit() const;
@@ -181,6 +223,18 @@ class ClientHandler {
   Status grow_store_buffer(uint64_t need, proto::Deadline deadline);
   // Unmaps store_buf_ and gives its bytes back to the budget.
   void release_store_buffer();
+  // After a batch: counts hold_ in shared_->load_hold_bytes, and unmaps it
+  // first when `release`, when it is larger than a store buffer may be
+  // (store_object_limit()), or when count_hold() found the total exceeded.
+  void settle_hold(bool release);
+  // Before a load from a card that is not memory-speed: reserves what
+  // hold_ will take (bytes, rounded to 4 KiB) in shared_->load_hold_bytes,
+  // within limits.max_store_buffer_total_bytes; Busy without room.
+  Status reserve_hold(uint64_t bytes);
+  // Counts hold_'s capacity in shared_->load_hold_bytes (at once after the
+  // swap, not only between batches); marks it to be given back after the
+  // batch when the total or a store buffer's size is exceeded.
+  void count_hold();
   // Runs fn (a transfer of the client's memory) marked in control_, so that
   // stop() can give up on a transfer the client stalls; Closed if it did.
   template <typename F>
@@ -237,8 +291,20 @@ class ClientHandler {
   // once (256 KiB each, allocated on first use) and, from a card that is
   // not memory-speed, the object read into staging.
   std::unique_ptr<AlignedBuffer[]> bounces_;
+  // Counted among the connections loading from its first process load
+  // until it waited 20 ms for a request (the helpers an object may
+  // take: PiecePool::Caller).
+  std::unique_ptr<PiecePool::Caller> loader_;
+  int test_loader_idle_ms_ = 20;  // those 20 ms; tests only: ADP_TEST_LOADER_IDLE_MS
   size_t bounce_slots_ = 0;
+  // The object of the last such load (an I/O context's staging it traded
+  // places with). Kept for the next (the context took the old one), but
+  // within bounds: reserved before the read (ClientHandler::reserve_hold),
+  // given back after a batch when larger than a store buffer may be or past
+  // the total, after kStoreBufferIdleMs idle, and when the connection ends.
   AlignedBuffer hold_;
+  uint64_t hold_counted_ = 0;  // its bytes in shared_->load_hold_bytes (reserved, or mapped)
+  bool hold_over_ = false;     // past a bound: given back after the batch
   // The load lease held by the writers of one object's pieces together.
   std::mutex lease_mu_;
   std::condition_variable lease_free_;
@@ -249,6 +315,25 @@ class ClientHandler {
   // was idle kStoreBufferIdleMs, after a put batch while another connection
   // waits for room, and when the connection ends).
   AlignedBuffer store_buf_;
+  // Session eight: a process store of one large object on a memory-speed
+  // card is read into store_buf_ by this connection's store reader while
+  // this thread, holding the object's card place (reserved once the first
+  // piece is read), copies each piece read into the card (CRC fused) while
+  // it is still in the cache; a piece not read within kPipelinePieceWaitMs,
+  // or an object not read within that plus its bytes at
+  // kPipelineMinBytesPerSecond, abandons the place (the object is then
+  // stored from the buffer once the reader is done, as any other), and this
+  // connection stores through the buffer alone from then on.
+  struct StoreReader;
+  std::shared_ptr<StoreReader> reader_;
+  bool reader_stalled_ = false;
+  // When reader_stalled_ was set: the connection pipelines again
+  // pipeline_retry_ later (review r8 S5: one scheduling hiccup on a busy host
+  // must not cost a well-behaved connection its pipeline for life; the cap
+  // above bounds what a client gains by stalling again).
+  std::chrono::steady_clock::time_point reader_stalled_at_{};
+  // 30 s (tests only: ADP_TEST_PIPELINE_RETRY_MS).
+  std::chrono::steady_clock::duration pipeline_retry_ = std::chrono::seconds(30);
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
   // written into a segment, outside the lease, as a slow card would take.
   int test_segment_delay_ms_ = 0;
@@ -270,6 +355,10 @@ class ClientHandler {
   // this long inside the read, under the lease, as a process_vm_readv of a
   // buffer on a FUSE file or userfaultfd range the client never serves.
   int test_process_read_stall_ms_ = 0;
+  // Tests only (ADP_TEST_PROCESS_READ_PIECE_DELAY_MS): every piece a store
+  // reader reads (pipelined stores only; not its helpers) waits this long
+  // inside the read, as a client that serves each piece slowly (review r8 B2).
+  int test_process_read_delay_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool handshake_done_ = false;

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "protocol/messages.h"
 #include "util/log.h"
 #include "util/thread_name.h"
@@ -40,20 +42,29 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
+  g->shared_->max_pipelined_stores = opts.max_pipelined_stores >= 0
+                                         ? static_cast<uint32_t>(opts.max_pipelined_stores)
+                                         : std::max<uint32_t>(1, static_cast<uint32_t>(opts.io_contexts) / 2);
   // An object's pieces on at most kMaxPieceHelpers helpers beside its own
   // thread: the 16-core probe loaded 4 connections at 1.0-1.3x embedded
   // with 2 or 3 threads each (benchmarks/README.md, "Session seven").
   constexpr int kMaxPieceHelpers = 2;
   const int cpus = PiecePool::usable_cpus();
   const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
-  if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, cpus);
+  // Tests only: ADP_TEST_GATEWAY_CPUS=N makes the pool count N CPUs in its
+  // rule (helpers, the store pipeline: PiecePool::spare_cpu()), not this
+  // machine's, so a test decides whether its connections find a spare one.
+  const char* test_cpus = std::getenv("ADP_TEST_GATEWAY_CPUS");
+  const int rule_cpus = test_cpus && std::atoi(test_cpus) > 0 ? std::atoi(test_cpus) : cpus;
+  if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   g->shared_->limits = {opts.max_tcp_clients,
                         opts.handshake_timeout_ms,
                         opts.idle_timeout_ms,
                         opts.max_ring_bytes,
                         opts.max_ring_total_bytes,
                         opts.max_store_buffer_bytes,
-                        opts.max_store_buffer_total_bytes};
+                        opts.max_store_buffer_total_bytes,
+                        opts.max_request_timeout_ms};
   StoreStats st = g->store_->stats();
   ADP_INFO("gateway: card %s open (%llu objects, %.1f of %.1f GiB used); listening on %s%s%s", opts.card.path.c_str(),
            static_cast<unsigned long long>(st.objects), st.used_bytes / double(1ull << 30),
@@ -246,8 +257,11 @@ void GatewayServer::shutdown_store() {
   }
   // No connection's or helper's thread may be in the card or the pool from
   // here on: a thread stop() left behind in a transfer of its client's
-  // memory finds the gate closed when the transfer ends. Inside it is only
-  // card work, never a wait on a client, so this wait is short.
+  // memory finds the gate closed when the transfer ends. Inside it is card
+  // work, and a pipelined store's wait for its reader's next piece, which is
+  // bounded (200 ms a piece, 200 ms plus the object's bytes at 512 MiB/s an
+  // object; stop() ends the reader at its next transfer), so this wait is
+  // short.
   if (shared_) shared_->gate.close();
   pool_.reset();  // seals the open regions, before the store goes
   std::unique_ptr<CardStore> store;

@@ -37,6 +37,10 @@ struct GatewayOptions {
   // connections' threads where CPUs are spare (PiecePool); -1: as many as
   // the CPUs the gateway may run on (sched_getaffinity), 0: none.
   int process_write_threads = -1;
+  // Pipelined process stores at once (review r8 S4: each may hold an I/O
+  // context and a frontier place for up to its bound); -1: half the I/O
+  // contexts, at least 1; 0: no pipelined stores.
+  int max_pipelined_stores = -1;
   // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
   // own small pool and a short handshake timeout, so they never hold the
   // slots of local (Unix) or authenticated clients.
@@ -51,6 +55,7 @@ struct GatewayOptions {
   // process memory before the card store takes them (ConnectionLimits).
   uint64_t max_store_buffer_bytes = 256ull << 20;
   uint64_t max_store_buffer_total_bytes = 4ull << 30;  // the store buffers of all connections together
+  uint32_t max_request_timeout_ms = 3600000;           // a batch's timeout_ms at most (larger: clamped)
 };
 
 class GatewayServer {

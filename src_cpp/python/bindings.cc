@@ -106,6 +106,7 @@ class NativeConnector {
       o.segments = cfg["direct_loads"].cast<bool>();
       o.ring_progress = cfg["ring_pieces"].cast<bool>();
       o.process_memory = cfg["process_memory"].cast<bool>();
+      o.ptracer_follow = cfg["ptracer_follow"].cast<bool>();
     }
     o.client_name = "lmcache-adp connector, pid " + std::to_string(::getpid());
     return std::make_unique<RemoteBackend>(std::move(o));
@@ -177,6 +178,10 @@ class NativeConnector {
   static py::dict stats_dict(const StoreStats& s) {
     py::dict d;
     for_each_stat(s, [&d](const char* k, auto v) { d[k] = v; });
+    if (s.on_gateway) {  // a connector on a gateway (docs/stats.md)
+      d["gateway_reachable"] = s.gateway_reachable;
+      d["gateway_reconnects"] = s.gateway_reconnects;
+    }
     return d;
   }
 
@@ -481,48 +486,54 @@ PYBIND11_MODULE(_native, m) {
       "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
 
   py::class_<PyGatewayServer>(m, "GatewayServer")
-      .def(py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
-                       const std::string& listen, const std::string& token, int io_contexts, bool durable,
-                       int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
-                       int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
-                       uint64_t max_store_buffer_bytes, int process_write_threads,
-                       uint64_t max_store_buffer_total_bytes) {
-             GatewayOptions o;
-             o.card.path = card;
-             o.card.create_bytes = card_size_bytes;
-             o.card.durable = durable;
-             o.socket_path = socket_path;
-             o.tcp_listen = listen;
-             o.token = token;
-             o.io_contexts = io_contexts;
-             o.card.io_depth = io_contexts;
-             o.max_clients = max_clients;
-             o.max_tcp_clients = max_tcp_clients;
-             o.max_handshakes = max_handshakes;
-             o.handshake_timeout_ms = handshake_timeout_ms;
-             o.idle_timeout_ms = idle_timeout_ms;
-             o.max_ring_bytes = max_ring_bytes;
-             o.max_ring_total_bytes = max_ring_total_bytes;
-             o.max_store_buffer_bytes = max_store_buffer_bytes;
-             o.max_store_buffer_total_bytes = max_store_buffer_total_bytes;
-             o.process_write_threads = process_write_threads;
-             return std::make_unique<PyGatewayServer>(o);
-           }),
-           py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
-           py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true,
-           py::arg("max_clients") = GatewayOptions{}.max_clients,
-           py::arg("max_tcp_clients") = GatewayOptions{}.max_tcp_clients,
-           py::arg("max_handshakes") = GatewayOptions{}.max_handshakes,
-           py::arg("handshake_timeout_ms") = GatewayOptions{}.handshake_timeout_ms,
-           py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
-           py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
-           py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
-           py::arg("max_store_buffer_bytes") = GatewayOptions{}.max_store_buffer_bytes,
-           py::arg("process_write_threads") = GatewayOptions{}.process_write_threads,
-           py::arg("max_store_buffer_total_bytes") = GatewayOptions{}.max_store_buffer_total_bytes,
-           "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
-           "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
-           "usable CPU, 0: none).")
+      .def(
+          py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
+                      const std::string& listen, const std::string& token, int io_contexts, bool durable,
+                      int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
+                      int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
+                      uint64_t max_store_buffer_bytes, int process_write_threads, uint64_t max_store_buffer_total_bytes,
+                      uint32_t max_request_timeout_ms, int max_pipelined_stores) {
+            GatewayOptions o;
+            o.card.path = card;
+            o.card.create_bytes = card_size_bytes;
+            o.card.durable = durable;
+            o.socket_path = socket_path;
+            o.tcp_listen = listen;
+            o.token = token;
+            o.io_contexts = io_contexts;
+            o.card.io_depth = io_contexts;
+            o.max_clients = max_clients;
+            o.max_tcp_clients = max_tcp_clients;
+            o.max_handshakes = max_handshakes;
+            o.handshake_timeout_ms = handshake_timeout_ms;
+            o.idle_timeout_ms = idle_timeout_ms;
+            o.max_ring_bytes = max_ring_bytes;
+            o.max_ring_total_bytes = max_ring_total_bytes;
+            o.max_store_buffer_bytes = max_store_buffer_bytes;
+            o.max_store_buffer_total_bytes = max_store_buffer_total_bytes;
+            o.process_write_threads = process_write_threads;
+            o.max_request_timeout_ms = max_request_timeout_ms;
+            o.max_pipelined_stores = max_pipelined_stores;
+            return std::make_unique<PyGatewayServer>(o);
+          }),
+          py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
+          py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true,
+          py::arg("max_clients") = GatewayOptions{}.max_clients,
+          py::arg("max_tcp_clients") = GatewayOptions{}.max_tcp_clients,
+          py::arg("max_handshakes") = GatewayOptions{}.max_handshakes,
+          py::arg("handshake_timeout_ms") = GatewayOptions{}.handshake_timeout_ms,
+          py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
+          py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
+          py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
+          py::arg("max_store_buffer_bytes") = GatewayOptions{}.max_store_buffer_bytes,
+          py::arg("process_write_threads") = GatewayOptions{}.process_write_threads,
+          py::arg("max_store_buffer_total_bytes") = GatewayOptions{}.max_store_buffer_total_bytes,
+          py::arg("max_request_timeout_ms") = GatewayOptions{}.max_request_timeout_ms,
+          py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
+          "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
+          "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
+          "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, at "
+          "least 1; 0: none).")
       .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"),
            "Waits for the server to stop; True if it did within timeout_s.")

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "util/crc32c.h"
+#include "util/load_profile.h"
 #include "util/log.h"
 
 namespace adp {
@@ -28,16 +29,6 @@ constexpr size_t kPieceBytes = 1u << 20;
 // 0.82-0.90x with 1 MiB; process_vm_readv runs as fast in 256 KiB pieces as
 // in 1 MiB ones (raw/2026-12-01-1300-process-vm-limit-16core.txt).
 constexpr size_t kFillPieceBytes = 256u << 10;
-
-// A load through bounce buffers (get_via_bounce, protocol r5) copies each
-// piece of this size into one with its CRC and hands it to the sink, which
-// writes it into the client with process_vm_writev: the write then reads a
-// piece that is still in the copying core's L2 (2 MiB a core on both
-// machines). 16-core probe (benchmarks/probes/process_bounce_split.cc,
-// results/raw/2026-12-01-1615-bounce-split-16core.txt): 16 connections, one
-// thread each, 29-31 GB/s with 256 KiB pieces against 24-33 with 1 MiB; 4
-// connections of two threads, 19-22 against 14-20.
-constexpr size_t kBouncePieceBytes = 256u << 10;
 
 // On a disk card, an object from 4 KiB-aligned memory at least this large has
 // its CRC computed on the IoContext's CrcWorker while its body is written (the
@@ -604,7 +595,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
   for (size_t i = 0; i < n; i++)
-    if (!results[i].ok()) counters_.store_failures++;
+    if (!results[i].ok() && !(items[i].gave_up && *items[i].gave_up)) counters_.store_failures++;
 }
 
 bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
@@ -993,10 +984,17 @@ Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
 
 Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
                                  const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
-                                 const SinkFn& sink, const RunPiecesFn& run_pieces) {
+                                 const SinkFn& sink, const RunPiecesFn& run_pieces, size_t piece_bytes) {
+  namespace prof = load_profile;
+  if (!piece_bytes) piece_bytes = kBouncePieceBytes;
+  const uint64_t look_from = prof::kEnabled ? prof::now_ns() : 0;
   uint64_t h;
   IndexEntry e;
-  Status ls = lookup(key, &h, &e);
+  Status ls;
+  {
+    prof::Timer t(prof::kIndex);
+    ls = lookup(key, &h, &e);
+  }
   if (!ls.ok()) return ls;
   if (!accept(e.payload_bytes)) {
     counters_.misses++;
@@ -1004,10 +1002,8 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
   }
   const uint64_t fp = object_footprint(e.payload_bytes);
   const uint8_t* map = device_->mapped();
-  const size_t pieces = (e.payload_bytes + kBouncePieceBytes - 1) / kBouncePieceBytes;
-  auto piece_len = [&](size_t i) {
-    return std::min<uint64_t>(e.payload_bytes - i * kBouncePieceBytes, kBouncePieceBytes);
-  };
+  const size_t pieces = (e.payload_bytes + piece_bytes - 1) / piece_bytes;
+  auto piece_len = [&](size_t i) { return std::min<uint64_t>(e.payload_bytes - i * piece_bytes, piece_bytes); };
   // Pieces in order on this thread, or on several (run_pieces).
   auto run = [&](const std::function<bool(size_t, int)>& piece) {
     if (run_pieces) return run_pieces(pieces, piece);
@@ -1029,8 +1025,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     });
     return Status::NotFound();
   };
-  if (bounces.empty() || !bounces[0].reserve(kBouncePieceBytes))
-    return Status::IoError("out of memory for a bounce buffer");
+  if (bounces.empty() || !bounces[0].reserve(piece_bytes)) return Status::IoError("out of memory for a bounce buffer");
   // A memory-speed card: each piece copied from the mapping into a bounce
   // buffer under pins taken only for that copy, after checking that e is
   // still the entry of h with its regions of the epochs first seen. The
@@ -1057,6 +1052,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
   bool mapped = false;
   if (map) {
     {
+      prof::Timer t(prof::kFirstLook);
       std::lock_guard<std::mutex> lock(mu_);
       auto it = index_.find(h);
       if (it == index_.end() || it->second.seq != e.seq ||
@@ -1070,13 +1066,17 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
       for (uint32_t r : regs) regions_.pin(r);
     }
     mapped = ext.back().at + ext.back().len <= device_->size();
+    prof::Timer t(prof::kHeader);
     if (mapped) std::memcpy(bounces[0].data(), map + ext[0].at, kBlockSize);
     unpin_all();
   }
   if (mapped) {
     ObjectHeader hdr;
     std::memcpy(&hdr, bounces[0].data(), sizeof hdr);
-    bad = check_object_header(bounces[0].data(), h, e, epoch, key, &io);
+    {
+      prof::Timer t(prof::kHeader);
+      bad = check_object_header(bounces[0].data(), h, e, epoch, key, &io);
+    }
     if (!io.ok()) {
       if (io.is_not_found()) counters_.misses++;
       return io;
@@ -1102,26 +1102,40 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     };
     // Each piece's CRC, joined in order after the last (pieces run in any order).
     std::vector<uint32_t> crcs(pieces);
+    if (prof::kEnabled) prof::add(prof::kLookup, prof::now_ns() - look_from);
     std::atomic<bool> changed{false}, stopped{false}, no_memory{false};
+    const uint64_t run_from = prof::kEnabled ? prof::now_ns() : 0;
     const bool ran = run([&](size_t i, int slot) {
       AlignedBuffer& b = bounces[slot];
-      const uint64_t off = i * kBouncePieceBytes, len = piece_len(i);
-      if (!b.reserve(kBouncePieceBytes)) {
+      const uint64_t off = i * piece_bytes, len = piece_len(i);
+      if (!b.reserve(piece_bytes)) {
         no_memory = true;
         return false;
       }
-      if (!pin()) {                                       // the pieces sent so far were this object's
+      bool pinned;
+      {
+        prof::Timer t(prof::kPin);
+        pinned = pin();
+      }
+      if (!pinned) {                                      // the pieces sent so far were this object's
         if (!changed.exchange(true)) counters_.misses++;  // here: after run, the store may be out of bounds
         return false;
       }
-      crcs[i] = copy_piece(off, len, b.data());
-      unpin_all();
+      {
+        prof::Timer t(prof::kCopy);
+        crcs[i] = copy_piece(off, len, b.data());
+      }
+      {
+        prof::Timer t(prof::kUnpin);
+        unpin_all();
+      }
       if (!sink(off, b.data(), len)) {
         stopped = true;
         return false;
       }
       return true;
     });
+    if (prof::kEnabled) prof::add(prof::kRun, prof::now_ns() - run_from);
     // The sink's refusal first, or run_pieces' false with no piece failing
     // (it ran none, or no longer may): either may mean the caller must not
     // touch the store again (a gateway that closed its card without it), so
@@ -1131,7 +1145,10 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     if (changed) return Status::NotFound("evicted, replaced or deleted while its pieces went out");
     if (no_memory) return Status::IoError("out of memory for a bounce buffer");
     uint32_t crc = 0;
-    for (size_t i = 0; i < pieces; i++) crc = crc32c_combine(crc, crcs[i], piece_len(i));
+    {
+      prof::Timer t(prof::kCombine);
+      for (size_t i = 0; i < pieces; i++) crc = crc32c_combine(crc, crcs[i], piece_len(i));
+    }
     if (crc != hdr.payload_crc) {
       bad = "payload checksum mismatch";
       return drop();
@@ -1155,7 +1172,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
   }
   if (!bad.empty()) return drop();
   const uint8_t* payload = hold->data() + kBlockSize;
-  if (!run([&](size_t i, int) { return sink(i * kBouncePieceBytes, payload + i * kBouncePieceBytes, piece_len(i)); }))
+  if (!run([&](size_t i, int) { return sink(i * piece_bytes, payload + i * piece_bytes, piece_len(i)); }))
     return Status::TimedOut("the load was stopped while its pieces went out");
   counters_.hits++;
   return Status::Ok();

@@ -114,8 +114,8 @@ class CardStore {
   // untouched), which fails the caller's future.
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
              const PieceGuardFn& pieces = {});
-  // Protocol r5 loads: hands key's payload to sink in pieces of at most
-  // 256 KiB (kBouncePieceBytes), each first copied into a bounce buffer
+  // Protocol r5 loads: hands key's payload to sink in pieces of
+  // piece_bytes (0: kBouncePieceBytes), the last one shorter, each first copied into a bounce buffer
   // (the caller's, reused) and handed out from there, so that while sink
   // runs (a process_vm_writev that a hostile client can stall) this load
   // holds nothing of the store: no region pinned, no IoContext. with_ctx(fn)
@@ -141,7 +141,23 @@ class CardStore {
   using RunPiecesFn = std::function<bool(size_t n, const std::function<bool(size_t piece, int slot)>& piece)>;
   Status get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
                         const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
-                        const SinkFn& sink, const RunPiecesFn& run_pieces = {});
+                        const SinkFn& sink, const RunPiecesFn& run_pieces = {}, size_t piece_bytes = 0);
+  // get_via_bounce's pieces. kBouncePieceBytes: an object that helpers may
+  // split (PiecePool); each piece is copied into a bounce buffer with its
+  // CRC and written into the client with process_vm_writev, which then reads
+  // a piece still in the copying core's L2 (2 MiB a core on both machines).
+  // 16-core probe (benchmarks/probes/process_bounce_split.cc,
+  // results/raw/2026-12-01-1615-bounce-split-16core.txt): 16 connections, one
+  // thread each, 29-31 GB/s with 256 KiB pieces against 24-33 with 1 MiB; 4
+  // connections of two threads, 19-22 against 14-20. kLargeBouncePieceBytes
+  // (the bounce slot's size, AlignedBuffer's least): the largest piece of an
+  // object its own thread writes alone (the gateway's ADP_BOUNCE_PIECE_KB);
+  // the session-eight probe's 1 MiB bounce ran at 27.6-27.8 GB/s against
+  // 28.0-33.5 with 256 KiB (results/raw/2026-12-01-1948-16core-load-profile/
+  // probe.txt), and the gateway's A/B (benchmarks/README.md, "Session eight:
+  // loads, larger pieces") showed no gain, so it is not the default.
+  static constexpr size_t kBouncePieceBytes = 256u << 10;
+  static constexpr size_t kLargeBouncePieceBytes = 1u << 20;
   // True if the card is memory (an image file on tmpfs or ramfs): a read
   // takes a memcpy's time, bounded by the object size.
   bool memory_speed() const { return device_->memory_backed(); }

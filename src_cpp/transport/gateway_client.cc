@@ -2,14 +2,21 @@
 #include "transport/gateway_client.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
+
+#include "util/log.h"
 
 namespace adp {
 
@@ -72,17 +79,77 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
     socklen_t len = sizeof cred;
     if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_pid_ = cred.pid;
   }
+  ptracer_follow_ = opts.ptracer_follow;
   server_ = std::string(limits_.server);
   limits_.server = server_;  // the frame buffer is reused
   return process_offered_ ? register_process(deadline) : Status::Ok();
 }
 
 namespace {
-// The gateway this process named with PR_SET_PTRACER (0: none yet). The
-// kernel keeps one per process: never overwritten, never cleared (another
-// connection to that gateway may still need it).
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  // Linux 6.5
+#endif
+
+// The gateway this process names with PR_SET_PTRACER (Yama ptrace_scope 1).
+// The kernel keeps one ptracer per process and drops it when that gateway
+// exits. By default a process names one gateway for its life (a pidfd of it
+// kept, so a refusal can say it has exited): whoever answers on the socket
+// path later gets the ring. With ptracer_follow a connection names its own
+// gateway when the named one has exited (a restart: a new pid, or even the
+// old pid again); that trusts every process of the uid that can bind the
+// socket path. While the named gateway runs, a connection to another gateway
+// keeps the ring either way: naming its gateway would take the grant from
+// the first one's connections in the middle of their transfers.
+struct PtracerRecord {
+  pid_t owner = 0;  // the process that named it (a forked child names none yet)
+  pid_t pid = 0;    // the gateway named, 0: none
+  int pidfd = -1;   // a pidfd of it, readable once it exits (-1: none, kill(pid, 0) asked instead)
+};
 std::mutex g_ptracer_mu;
-pid_t g_ptracer = 0;
+PtracerRecord g_ptracer;
+
+// fork(): the prepare handler takes the record's mutex, so no other thread
+// holds it across the fork; the child forgets its parent's record (its
+// gateway is named afresh) and closes the pidfd while its number is still
+// certainly the inherited one, then both sides let the mutex go.
+void ptracer_before_fork() { g_ptracer_mu.lock(); }
+void ptracer_after_fork_parent() { g_ptracer_mu.unlock(); }
+void ptracer_after_fork_child() {
+  if (g_ptracer.pidfd >= 0) ::close(g_ptracer.pidfd);
+  g_ptracer = PtracerRecord{};
+  g_ptracer_mu.unlock();
+}
+[[maybe_unused]] const int g_ptracer_atfork =
+    ::pthread_atfork(ptracer_before_fork, ptracer_after_fork_parent, ptracer_after_fork_child);
+
+// Whether the gateway the record names has exited.
+bool named_gateway_exited(const PtracerRecord& r) {
+  if (r.pidfd >= 0) {
+    pollfd p{r.pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+  return ::kill(r.pid, 0) != 0 && errno == ESRCH;  // a kernel without pidfds: the pid may be reused
+}
+
+// A pidfd of the process at the other end of `sock` (SO_PEERPIDFD, else
+// pidfd_open of its pid), or -1.
+int peer_pidfd(int sock, pid_t pid) {
+  int fd = -1;
+  socklen_t len = sizeof fd;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+// Yama's ptrace_scope (0 without Yama). ADP_TEST_YAMA_PTRACE_SCOPE stands in
+// for the file in the tests, on a kernel without Yama.
+int yama_ptrace_scope() {
+  int scope = 0;
+  if (const char* v = std::getenv("ADP_TEST_YAMA_PTRACE_SCOPE"))
+    scope = std::atoi(v);
+  else
+    std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
+  return scope;
+}
 }  // namespace
 
 void GatewayClient::withdraw_process(const std::string& why) {
@@ -92,10 +159,9 @@ void GatewayClient::withdraw_process(const std::string& why) {
 
 Status GatewayClient::register_process(proto::Deadline deadline) {
   // Yama (kernel.yama.ptrace_scope): 0 lets a process of the same uid read
-  // and write this one; 1 only a process this one named (one per process:
-  // the first gateway named keeps it, see g_ptracer); 2 and 3 no one: the ring.
-  int scope = 0;
-  std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
+  // and write this one; 1 only the process this one names (one per process,
+  // see g_ptracer); 2 and 3 no one: the ring.
+  const int scope = yama_ptrace_scope();
   if (scope >= 2) {
     process_refusal_ = "Yama ptrace_scope is " + std::to_string(scope) + " (only 0 or 1 let the gateway in)";
     return Status::Ok();
@@ -106,21 +172,43 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
       process_refusal_ = "Yama ptrace_scope is 1 and the gateway's pid is not visible here (another PID namespace)";
       return Status::Ok();
     }
-    // One ptracer per process, so one record per process: named once, by
-    // the first connection that needs it; a connection to another gateway
-    // then keeps the ring instead of taking the grant from the first.
     std::lock_guard<std::mutex> l(g_ptracer_mu);
-    if (g_ptracer != 0 && g_ptracer != peer_pid_) {
-      process_refusal_ = "Yama ptrace_scope is 1 and this process already names gateway pid " +
-                         std::to_string(g_ptracer) + " with PR_SET_PTRACER (one per process)";
-      return Status::Ok();
+    PtracerRecord& r = g_ptracer;
+    if (r.owner != ::getpid()) {
+      // A child forked without the atfork handler (a raw clone): the number
+      // may be one of its own descriptors by now, so it is forgotten, not closed.
+      r = PtracerRecord{};
     }
-    if (g_ptracer == 0) {
+    const bool exited = r.pid != 0 && named_gateway_exited(r);
+    if (peer_pid_ == ::getpid()) {
+      // A gateway in this very process (as in tests): it needs no ptracer, and naming it would keep every
+      // other gateway out for the life of the process.
+    } else if (r.pid != 0 && !exited && r.pid != peer_pid_) {
+      process_refusal_ = "Yama ptrace_scope is 1 and this process names gateway pid " + std::to_string(r.pid) +
+                         " with PR_SET_PTRACER, which still runs (the kernel keeps one ptracer per process)";
+      // With ptracer_follow this connection registers on a later batch once that gateway has exited.
+      process_retry_ = ptracer_follow_;
+      return Status::Ok();
+    } else if (exited && !ptracer_follow_) {
+      process_refusal_ = "Yama ptrace_scope is 1 and named gateway pid " + std::to_string(r.pid) +
+                         " has exited: reconnecting to a new gateway needs ptracer_follow=true or a new process";
+      return Status::Ok();
+    } else if (r.pid == 0 || exited) {
+      const int pidfd = peer_pidfd(fd_, peer_pid_);
       if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(peer_pid_), 0, 0, 0) != 0) {
         process_refusal_ = "prctl(PR_SET_PTRACER) failed: " + errno_text(errno);
+        if (pidfd >= 0) ::close(pidfd);
         return Status::Ok();
       }
-      g_ptracer = peer_pid_;
+      if (exited)
+        ADP_WARN(
+            "Yama ptrace_scope 1: this process names gateway pid %d with PR_SET_PTRACER (gateway pid %d, "
+            "named before, has exited; ptracer_follow=true trusts whoever listens on the socket path)",
+            static_cast<int>(peer_pid_), static_cast<int>(r.pid));
+      if (r.pidfd >= 0) ::close(r.pidfd);
+      r.owner = ::getpid();
+      r.pid = peer_pid_;
+      r.pidfd = pidfd;
     }
   }
   std::random_device rd;
@@ -147,6 +235,17 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
   if (ok.with_store_limit) process_store_limit_ = ok.max_store_object_bytes;
   if (!process_granted_) process_refusal_ = ok.reason.empty() ? "no reason given" : std::string(ok.reason);
   return Status::Ok();
+}
+
+Status GatewayClient::retry_process(proto::Deadline deadline) {
+  if (!process_retry_) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> l(g_ptracer_mu);
+    if (g_ptracer.owner == ::getpid() && g_ptracer.pid != 0 && !named_gateway_exited(g_ptracer)) return Status::Ok();
+  }
+  process_retry_ = false;
+  process_refusal_.clear();
+  return register_process(deadline);
 }
 
 Status GatewayClient::receive(uint8_t type, proto::Deadline deadline) {

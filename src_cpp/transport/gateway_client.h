@@ -24,6 +24,9 @@ struct GatewayClientOptions {
   bool segments = true;        // Unix: ask for loads straight into registered shared memory (r3)
   bool ring_progress = true;   // Unix: ask for gets published piece by piece in the ring (r4)
   bool process_memory = true;  // Unix: ask for loads into this process's memory (r5)
+  // Yama ptrace_scope 1: name a new gateway with PR_SET_PTRACER once the one
+  // named has exited (trusts whoever of the uid binds the socket path).
+  bool ptracer_follow = false;
 };
 
 class GatewayClient {
@@ -71,6 +74,10 @@ class GatewayClient {
   // The gateway lost access to this process (EPERM on a process item): this
   // connection uses the ring from now on.
   void withdraw_process(const std::string& why);
+  // ptracer_follow: a connection refused because this process names another
+  // gateway that still ran registers once that one has exited (called
+  // between batches; a failed registration leaves the connection unusable).
+  Status retry_process(proto::Deadline deadline);
   // Whether the ring starts with its control page (r3 segments, r4, r5).
   bool control_page() const { return segments_ || ring_progress_ || process_offered_; }
   // The request id the next call() will carry (the load lease names it).
@@ -107,7 +114,9 @@ class GatewayClient {
   uint32_t process_granted_ = 0;
   uint64_t process_store_limit_ = UINT64_MAX;
   std::string process_refusal_;
-  uint8_t probe_[16] = {};  // the probe the gateway reads back (RegisterProcess)
+  bool ptracer_follow_ = false;
+  bool process_retry_ = false;  // refused while another named gateway ran: retry_process() tries again
+  uint8_t probe_[16] = {};      // the probe the gateway reads back (RegisterProcess)
   uint32_t segments_registered_ = 0;
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;

@@ -250,7 +250,8 @@ class RemoteSession : public BackendSession {
 
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
-  bool fresh_ = false;  // connected, no call made on it yet
+  bool fresh_ = false;             // connected, no call made on it yet
+  bool connected_before_ = false;  // a connection of this session was made (and, when there is none, lost)
   Clock::time_point retry_at_{};
   milliseconds backoff_{0};
   Status last_error_;
@@ -277,6 +278,8 @@ Status RemoteSession::connected(Deadline deadline) {
   }
   backoff_ = milliseconds{0};
   fresh_ = true;
+  if (connected_before_) backend_->reconnects_.fetch_add(1, std::memory_order_relaxed);
+  connected_before_ = true;
   segment_ids_.clear();
   return Status::Ok();
 }
@@ -297,6 +300,11 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
                                  const std::function<void(size_t, const Status&)>& finish, bool* retry) {
   const bool put = op == proto::Op::kPut;
   if (!connected(deadline).ok() || n > client_->limits().max_batch_keys) return false;
+  // ptracer_follow: refused while this process named another gateway that has exited since.
+  if (Status s = client_->retry_process(deadline); !s.ok()) {
+    lose(s);
+    return false;
+  }
   // Per buffer: in a shared memory file the gateway maps (r3), else, where
   // granted, this process's memory (r5); a batch with any other buffer: the ring.
   // A store's buffer may be read by others meanwhile: only the kernel's
@@ -800,6 +808,9 @@ StoreStats RemoteBackend::stats() const {
   s.process_loads = process_loads_.load(std::memory_order_relaxed);
   s.process_stores = process_stores_.load(std::memory_order_relaxed);
   s.process_stores_over_limit = process_stores_over_limit_.load(std::memory_order_relaxed);
+  s.on_gateway = true;
+  s.gateway_reachable = link_.load() != Link::kDown;
+  s.gateway_reconnects = reconnects_.load(std::memory_order_relaxed);
   return s;
 }
 

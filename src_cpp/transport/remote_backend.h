@@ -71,6 +71,8 @@ class RemoteBackend : public Backend {
   std::set<const GatewayClient*> live_;
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
+  // Connections sessions made again after losing theirs (stats: gateway_reconnects).
+  std::atomic<uint64_t> reconnects_{0};
   std::atomic<bool> ring_hinted_{false};
   OpCounters counters_;
   std::atomic<uint64_t> process_loads_{0};              // objects the gateway wrote into this process's memory (r5)

@@ -59,13 +59,25 @@ size_t PiecePool::work(Job& job, int slot, bool helper) {
   return ran;
 }
 
-bool PiecePool::run(size_t n, const PieceFn& piece) {
+bool PiecePool::helpers_now() const {
+  const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
+  return !threads_.empty() && !stopping_.load(std::memory_order_relaxed) &&
+         std::min(max_helpers_, cpus_ / callers - 1) > 0;
+}
+
+bool PiecePool::spare_cpu() const {
+  const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
+  return cpus_ / callers >= 2;
+}
+
+bool PiecePool::run(size_t n, const PieceFn& piece, bool alone) {
   Job job;
   job.piece = &piece;
   job.n = n;
   const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
   job.limit = std::min(max_helpers_, cpus_ / callers - 1);
-  const bool shared = n > 1 && job.limit > 0 && !threads_.empty() && !stopping_.load(std::memory_order_relaxed);
+  const bool shared =
+      !alone && n > 1 && job.limit > 0 && !threads_.empty() && !stopping_.load(std::memory_order_relaxed);
   if (shared) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -50,8 +50,19 @@ class PiecePool {
   // Runs piece(i, slot) once for each i in [0, n) that is started (all of
   // them unless one returned false), in any order, on this thread and on
   // helpers; returns once every piece started has returned. False if a
-  // piece returned false.
-  bool run(size_t n, const PieceFn& piece);
+  // piece returned false. alone: on this thread only, no helper joins (it
+  // still counts as a thread working pieces, for the other jobs' helpers).
+  bool run(size_t n, const PieceFn& piece, bool alone = false);
+  // Whether a job run now could take a helper: the pool has helper threads,
+  // is not stopping, and the callers alive leave a job at least one
+  // (CPUs / callers - 1). The gateway writes an object in larger pieces
+  // when not, on its own thread (ClientHandler::load_into_process).
+  bool helpers_now() const;
+  // Whether the callers alive leave each at least one CPU beside its own
+  // thread (CPUs / callers >= 2), helper threads or not: the gateway reads a
+  // large process store on a second thread of its connection only then
+  // (ClientHandler::run_batch), by the rule the helpers keep.
+  bool spare_cpu() const;
   // Helpers finish the piece they are in and leave; later jobs run on their
   // callers alone. Waits for the helper threads to end.
   void stop();
@@ -75,6 +86,8 @@ class PiecePool {
 
   int threads() const { return static_cast<int>(threads_.size()); }
   int max_helpers() const { return max_helpers_; }
+  // Caller guards alive now (the stats' process_piece_callers).
+  int callers() const { return callers_.load(std::memory_order_relaxed); }
   // Pieces run by helpers so far (the pool's use, for the stats).
   uint64_t helped_pieces() const { return helped_.load(std::memory_order_relaxed); }
 

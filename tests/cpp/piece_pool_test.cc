@@ -2,7 +2,8 @@
 // PiecePool (src_cpp/util/piece_pool.h), the helpers of the gateway's
 // process loads: every piece runs once, on one thread per slot at a time;
 // helpers take part where CPUs are spare and never where they are not, nor
-// where as many connections load as there are CPUs; a
+// where as many connections load as there are CPUs (helpers_now() says so
+// beforehand), nor in a job run alone; a
 // failing piece stops its job only; a caller whose helper is stalled in
 // another job's piece never waits for it; stop() with pieces in flight; and
 // the CRC of pieces checked out of order, joined in order (crc32c_combine).
@@ -101,6 +102,41 @@ void callers_share_the_cpus() {
   CHECK(helper_pieces() > 0, "no helper joined one caller on 4 CPUs");
 }
 
+// helpers_now() before a job: true while callers leave one a helper, false
+// with as many callers as CPUs, with no helper threads, and after stop(). A
+// job run alone takes none where helpers join the same job run shared.
+void helpers_now_and_alone() {
+  PiecePool pool(4, 2, 4);
+  CHECK(pool.helpers_now(), "no helper for one caller on 4 CPUs");
+  {
+    std::vector<std::unique_ptr<PiecePool::Caller>> callers;
+    for (int i = 0; i < 2; i++) callers.push_back(std::make_unique<PiecePool::Caller>(&pool));
+    CHECK(pool.helpers_now(), "no helper for 2 callers on 4 CPUs");
+    for (int i = 0; i < 2; i++) callers.push_back(std::make_unique<PiecePool::Caller>(&pool));
+    CHECK(!pool.helpers_now(), "a helper for 4 callers on 4 CPUs");
+  }
+  PiecePool none(0, 2, 4);
+  CHECK(!none.helpers_now(), "a helper in a pool of no threads");
+  auto helper_pieces = [&](bool alone) {
+    std::atomic<int> n{0};
+    for (int rep = 0; rep < 20; rep++)
+      pool.run(
+          200,
+          [&](size_t, int slot) {
+            std::this_thread::sleep_for(10us);
+            n += slot != 0;
+            return true;
+          },
+          alone);
+    return n.load();
+  };
+  const uint64_t helped = pool.helped_pieces();
+  CHECK(helper_pieces(true) == 0 && pool.helped_pieces() == helped, "helpers joined jobs run alone");
+  CHECK(helper_pieces(false) > 0, "no helper joined the same jobs run shared");
+  pool.stop();
+  CHECK(!pool.helpers_now(), "a helper after stop()");
+}
+
 // A piece that fails: run() says so, the pieces not yet started never start
 // (not even after run() returned), and the pool serves the next job whole.
 void failing_piece_stops_its_job() {
@@ -162,30 +198,46 @@ void stalled_helper_holds_back_its_job_only() {
 }
 
 // stop() while a job's pieces are in flight on helpers: they finish, the
-// helpers leave, the caller runs the rest; every piece once.
+// helpers leave, the caller runs the rest; every piece once. stop() returns
+// only after the helpers' pieces have: a helper's piece begun before stop()
+// waits for it to be called, then goes on 50 ms, so a stop() that returned
+// without waiting for it would find a helper still in its piece.
 void stop_with_pieces_in_flight() {
   auto pool = std::make_unique<PiecePool>(3, 2, 64);
   constexpr size_t kPieces = 400;
   std::vector<std::atomic<int>> runs(kPieces);
-  std::atomic<bool> helper_in{false};
+  std::atomic<bool> stop_called{false}, stop_returned{false};
+  std::atomic<int> helpers_in{0}, late{0};
   bool ok = false;
   std::thread t([&] {
     ok = pool->run(kPieces, [&](size_t i, int slot) {
-      if (slot) helper_in = true;
       runs[i]++;
-      std::this_thread::sleep_for(500us);
+      if (!slot) {
+        std::this_thread::sleep_for(500us);
+        return true;
+      }
+      if (stop_returned) late++;
+      helpers_in++;
+      if (!stop_called) {
+        while (!stop_called) std::this_thread::sleep_for(100us);
+        std::this_thread::sleep_for(50ms);
+      }
+      helpers_in--;
       return true;
     });
   });
-  CHECK(eventually([&] { return helper_in.load(); }), "no helper joined before stop()");
+  CHECK(eventually([&] { return helpers_in.load() > 0; }), "no helper joined before stop()");
+  stop_called = true;
   pool->stop();
-  const uint64_t helped = pool->helped_pieces();
+  stop_returned = true;
+  const int in_at_return = helpers_in;
   t.join();
   CHECK(ok, "the job failed across stop()");
   int wrong = 0;
   for (auto& r : runs) wrong += r.load() != 1;
   CHECK(wrong == 0, "%d pieces did not run exactly once across stop()", wrong);
-  CHECK(pool->helped_pieces() == helped, "a helper ran a piece after stop() returned");
+  CHECK(in_at_return == 0, "stop() returned while %d helpers were still in a piece", in_at_return);
+  CHECK(late == 0, "helpers started %d pieces after stop() returned", late.load());
   std::atomic<int> after{0};
   pool->run(20, [&](size_t, int slot) {
     after += slot == 0;
@@ -228,6 +280,7 @@ int main() {
   every_piece_once();
   no_spare_cpu_no_helper();
   callers_share_the_cpus();
+  helpers_now_and_alone();
   failing_piece_stops_its_job();
   stalled_helper_holds_back_its_job_only();
   stop_with_pieces_in_flight();

@@ -12,6 +12,10 @@ def test_unix_gateway_params(tmp_path):
     cfg = ConnectorConfig.from_params({"gateway": "unix:///run/x.sock", "ring_mb": 16, "num_workers": 2})
     native = cfg.to_native()
     assert native["gateway"] == "unix:///run/x.sock" and native["ring_bytes"] == 16 << 20 and native["token"] == ""
+    assert native["ptracer_follow"] is False  # one gateway per process unless asked (docs/protocol.md)
+    assert ConnectorConfig.from_params({"gateway": "unix:///x.sock", "ptracer_follow": True}).to_native()[
+        "ptracer_follow"
+    ]
 
 
 def test_tcp_gateway_reads_token(tmp_path):
@@ -30,6 +34,8 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "unix:///x.sock", "token_file": "/t"}, r"'token_file'\] applies to a tcp:// gateway only"),
         ({"gateway": "tcp://h:1", "ring_mb": 8, "token_file": "/t"}, r"'ring_mb'\] applies to a unix:// gateway only"),
         ({"gateway": "unix:///x.sock", "ring_mb": 0}, r"'ring_mb'\] must be in \[1, 4096\]"),
+        ({"gateway": "embedded", "ptracer_follow": True}, r"'ptracer_follow'\] applies to a unix:// gateway only"),
+        ({"gateway": "unix:///x.sock", "ptracer_follow": 1}, r"'ptracer_follow'\] must be true or false, got 1"),
         ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
         ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
     ],

@@ -6,6 +6,7 @@ unharmed."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import select
 import socket
@@ -15,7 +16,10 @@ import time
 import pytest
 
 from lmcache_adp import ADPConnector
+from lmcache_adp._native import FEATURE_PROCESS_STORES
+from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
+from tests.gateway.test_process_stores import StoreClient
 from tests.helpers import RawConnector, payload
 from tests.support.gateway import Gateway
 
@@ -184,9 +188,16 @@ def test_idle_connection_is_closed_and_the_client_reconnects(limited):
     c.conn.close()
 
 
-def test_bad_limit_is_refused_at_start(workdir):
-    gw = Gateway(workdir, extra=("--max-ring-mb", "0"))
-    with pytest.raises(RuntimeError, match=r"--max-ring-mb must be in \[1, 4096\], got 0"):
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--max-ring-mb", "0", r"--max-ring-mb must be in \[1, 4096\], got 0"),
+        ("--max-pipelined-stores", "65", r"--max-pipelined-stores must be in \[-1, 64\], got 65"),
+    ],
+)
+def test_bad_limit_is_refused_at_start(workdir, flag, value, message):
+    gw = Gateway(workdir, extra=(flag, value))
+    with pytest.raises(RuntimeError, match=message):
         gw.start()
 
 
@@ -220,3 +231,38 @@ def test_put_past_its_deadline_writes_nothing(gateway):
     st = json.loads(stats)
     assert st["bytes_written"] == 0 and st["stores"] == 0, st
     assert b"not written" in reply
+
+
+def test_a_deadline_past_the_limit_is_held_to_it(monkeypatch, workdir):
+    """Review r7 S4: a batch's timeout_ms is held to --max-request-timeout-s
+    (here 1 s), with a warning. The gateway sleeps 300 ms before each object
+    it reads from the client (ADP_TEST_SEGMENT_WRITE_DELAY_MS): of 8 process
+    stores sent in one batch with a 60 s deadline (one chunk, read in 2.4 s)
+    none is stored: they fail as past their deadline."""
+    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
+    gw = Gateway(workdir, extra=("--max-request-timeout-s", "1", "--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    a = StoreClient(gw)
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        keys = [f"held@{i}" for i in range(8)]
+        srcs = [ctypes.create_string_buffer(payload(k, SIZE), SIZE) for k in keys]
+        out = a.put([k.encode() for k in keys], [SIZE] * 8, [ctypes.addressof(s) for s in srcs], timeout_ms=60000)
+        # One chunk, read in 2.4 s: past the 1 s, so none is stored (with the 60 s asked, all would be).
+        assert all(st == 6 and b"deadline passed in the gateway" in msg for st, msg in out), out  # timed out
+        assert read_gateway_stats(gw.unix_url)["objects"] == 0
+        assert "sent a deadline of 60000 ms: held to 1000 ms (--max-request-timeout-s)" in gw.log()
+    finally:
+        a.close()
+        gw.kill()
+
+
+@pytest.mark.parametrize("pipelined, warned", [("1", False), ("2", True)])
+def test_pipelined_stores_at_the_io_contexts_are_warned_about(workdir, pipelined, warned):
+    """Review r8: --max-pipelined-stores at or above --io-contexts re-opens S4 (slow clients may hold
+    every I/O context for up to a pipelined store's bound): allowed, with a warning at start."""
+    gw = Gateway(workdir, extra=("--io-contexts", "2", "--max-pipelined-stores", pipelined)).start()
+    try:
+        assert ("--max-pipelined-stores 2 >= --io-contexts 2" in gw.log()) == warned, gw.log()
+    finally:
+        gw.stop()

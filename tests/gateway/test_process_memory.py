@@ -36,7 +36,7 @@ from lmcache_adp._native import (
 )
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.helpers import RawConnector, corrupt, no_foreign_bytes, payload
+from tests.helpers import RawConnector, corrupt, eventually, payload
 from tests.support.gateway import Gateway
 
 MIB = 1 << 20
@@ -48,14 +48,14 @@ LEASE_OPEN = 1  # the load lease's state in the page's first 8 bytes: (request_i
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str, Gateway]:
+def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None, extra=()) -> tuple[str, Gateway]:
     """A gateway on a tmpfs card (pieces straight from its mapping) or on /tmp
     (read into staging, checked, then written out); with a delay, it sleeps
     that long before each object it writes into a client (outside the lease)."""
     d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm" if memory else "/tmp")
     if delay_ms:
         monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", str(delay_ms))
-    gw = Gateway(d).start()
+    gw = Gateway(d, extra=tuple(extra)).start()
     if delay_ms:
         monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
     return d, gw
@@ -173,6 +173,102 @@ def test_pieces_written_by_helper_threads_land_right(card):
     finally:
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("idle_ms", [None, 600000])
+def test_a_connection_counts_as_loading_until_it_idles(monkeypatch, idle_ms):
+    """The piece helpers an object may take are CPUs / (connections loading) - 1;
+    a connection counts as loading from its first process load until it waits
+    20 ms for its next request, not only while a batch runs (counted per batch,
+    16 connections on 16 CPUs dipped below 16 between batches, and helpers took
+    CPUs that were not spare). With the wait stretched to 10 minutes
+    (ADP_TEST_LOADER_IDLE_MS) the connection is still counted after its batch
+    answered; with the default 20 ms it is not, soon after; a connection that
+    never loaded is not counted at all (process_piece_callers)."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
+    if idle_ms:
+        monkeypatch.setenv("ADP_TEST_LOADER_IDLE_MS", str(idle_ms))
+    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
+    monkeypatch.delenv("ADP_TEST_LOADER_IDLE_MS", raising=False)
+    a, b = ProcessClient(gw), ProcessClient(gw)
+    try:
+        store(gw, ["callers@a"])
+        assert a.register() == (FEATURE_PROCESS_LOADS, "")
+        assert b.register() == (FEATURE_PROCESS_LOADS, "")
+        assert stats(gw)["process_piece_callers"] == 0
+        buf = ctypes.create_string_buffer(SIZE)
+        assert a.get([b"callers@a"], [SIZE], [ctypes.addressof(buf)]) == [(0, b"")]
+        assert buf.raw == payload("callers@a", SIZE)
+        if idle_ms:  # answered, and still counted: its next batch may come in a moment
+            assert stats(gw)["process_piece_callers"] == 1
+            time.sleep(0.5)
+            assert stats(gw)["process_piece_callers"] == 1
+        else:  # idle: no longer counted
+            deadline = time.monotonic() + 10
+            while stats(gw)["process_piece_callers"] != 0:
+                assert time.monotonic() < deadline, "a connection idle for 10 s still counts as loading"
+                time.sleep(0.05)
+    finally:
+        a.close()
+        b.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("piece_kb", [None, 1024])
+def test_load_profile_counts_every_step_of_every_piece(monkeypatch, piece_kb):
+    """ADP_LOAD_PROFILE=1 (benchmarks/README.md, "Session eight: loads"): the
+    gateway's per-step sums of its process loads count each object once and
+    each of its pieces once in every per-piece step (pin, copy, unpin, sink,
+    liveness, write; the lease twice: join and leave), a batch once, and time
+    every step; off (the default), the stats carry none of them. The pieces
+    are 256 KiB; with ADP_BOUNCE_PIECE_KB=1024 and no piece helpers, 1 MiB
+    ("Session eight: loads, larger pieces")."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_LOAD_PROFILE", "1")
+    if piece_kb:
+        monkeypatch.setenv("ADP_BOUNCE_PIECE_KB", str(piece_kb))
+    gw = Gateway(d, extra=("--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_LOAD_PROFILE")
+    monkeypatch.delenv("ADP_BOUNCE_PIECE_KB", raising=False)
+    try:
+        keys = [f"prof@{i}" for i in range(4)]
+        store(gw, keys)
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        try:
+            for _ in range(2):
+                outs = [bytearray(SIZE) for _ in keys]
+                assert c.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
+                assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        finally:
+            c.conn.close()
+        st = stats(gw)
+        piece = (piece_kb << 10) if piece_kb else PIECE
+        objects, pieces = 2 * len(keys), 2 * len(keys) * -(-SIZE // piece)
+        n = {
+            k[len("load_profile_") : -2]: v for k, v in st.items() if k.startswith("load_profile_") and k.endswith("_n")
+        }
+        assert n["batch"] == 2 and n["object"] == n["lookup"] == n["combine"] == n["run"] == objects, n
+        for step in ("piece", "pin", "copy", "unpin", "sink", "alive", "write"):
+            assert n[step] == pieces, (step, n)
+        assert n["lease"] == 2 * pieces, n
+        for step, count in n.items():
+            assert (st[f"load_profile_{step}_ns"] > 0) == (count > 0), (step, st)
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+    d2, gw2 = new_gateway(True)
+    try:
+        store(gw2, ["prof@off"])
+        c = RawConnector(ADPConnector(gateway=gw2.unix_url, num_workers=1, timeout_ms=20000))
+        try:
+            assert c.get(["prof@off"], [memoryview(bytearray(SIZE))])[2] == [True]
+        finally:
+            c.conn.close()
+        assert not [k for k in stats(gw2) if k.startswith("load_profile_")]
+    finally:
+        gw2.kill()
+        shutil.rmtree(d2, ignore_errors=True)
 
 
 def test_option_off_keeps_the_ring(card_gateway):
@@ -403,7 +499,8 @@ def test_damaged_object_is_a_miss(card_gateway, where):
     gw = card_gateway
     keys = ["dmg@good", "dmg@bad"]
     store(gw, keys)
-    corrupt(gw.card, keys[1], {"first piece": 4096 + 777, "last piece": 4096 + SIZE - 5, "header": 30}[where])
+    at = {"first piece": 4096 + 777, "last piece": 4096 + SIZE - 5, "header": 30}[where]
+    corrupt(gw.card, keys[1], at)  # a 3 MiB object on 2 MiB regions: the payload continues in another region
     c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
     try:
         outs = [bytearray(SIZE) for _ in keys]
@@ -416,12 +513,41 @@ def test_damaged_object_is_a_miss(card_gateway, where):
             # Checked before any byte went out (a header, or a staged object).
             assert bytes(outs[1]) == bytes(SIZE)
         else:
-            # docs/protocol.md, "What a failure leaves": on a memory-speed card the pieces went out before the
-            # CRC's verdict, so the buffer may hold the object as the card holds it (damaged byte included).
-            assert no_foreign_bytes(outs[1], payload(keys[1], SIZE), flipped=1), "foreign bytes in the buffer"
+            # docs/protocol.md, "What a failure leaves": on a memory-speed card every piece went out before the
+            # CRC's verdict, so the buffer holds the object as the card holds it: the payload's byte at - 4096
+            # flipped (and no other: the label is the payload's offset, across the region boundary).
+            damaged = bytearray(payload(keys[1], SIZE))
+            damaged[at - 4096] ^= 1
+            assert bytes(outs[1]) == bytes(damaged), "not the object as the card holds it"
         assert c.exists(keys)[2] == [True, False], "a damaged object is dropped"
     finally:
         c.conn.close()
+
+
+def test_damaged_object_is_dropped_on_a_memory_speed_card_with_small_load_buffers():
+    """Review r8 (ccceb23): the load buffers' total (--max-store-buffer-total-mb) bounds only what a
+    card that is not memory-speed reads into a connection's hold; a tmpfs card never does, so with a
+    total below an object's size a damaged object is still a miss, counted once, and dropped (not
+    Busy on every load and kept)."""
+    d, gw = new_gateway(True, extra=("--max-store-buffer-total-mb", "1"))
+    keys = ["small@good", "small@bad"]
+    c = None
+    try:
+        store(gw, keys)
+        corrupt(gw.card, keys[1], 4096 + 777)
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, err, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert per_key == [True, False], err
+        assert bytes(outs[0]) == payload(keys[0], SIZE)
+        st = stats(gw)
+        assert st["checksum_failures"] == 1 and st["load_hold_busy"] == 0 and st["load_hold_bytes"] == 0, st
+        assert c.exists(keys)[2] == [True, False], "a damaged object is dropped"
+    finally:
+        if c is not None:
+            c.conn.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 PR_SET_DUMPABLE = 4
@@ -713,14 +839,19 @@ def test_no_piece_goes_out_past_the_deadline(monkeypatch):
         shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.parametrize("helpers", [0, 2])
-def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers):
+@pytest.mark.parametrize("helpers,piece_kb", [(0, None), (2, None), (0, 1024)])
+def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers, piece_kb):
     """The client revokes the load lease while the gateway is between two pieces
     of one object (one piece stalled before its write): with no piece helper the
-    first piece landed; with helpers the other threads may have sent every
-    other piece. Either way nothing lands after the revoke, not even the stalled
-    piece, and the item answers TimedOut; the connection serves on."""
+    first piece landed (256 KiB, or 1 MiB with ADP_BOUNCE_PIECE_KB=1024); with
+    helpers the other threads may have sent every other piece. Either way
+    nothing lands after the revoke, not even the stalled piece, and the item
+    answers TimedOut; the connection serves on."""
+    if piece_kb:
+        monkeypatch.setenv("ADP_BOUNCE_PIECE_KB", str(piece_kb))
     d, gw = stalled_gateway(monkeypatch, extra=("--process-write-threads", str(helpers)))
+    monkeypatch.delenv("ADP_BOUNCE_PIECE_KB", raising=False)
+    piece = (piece_kb << 10) if piece_kb else PIECE
     a = ProcessClient(gw)
     try:
         store(gw, ["mid@a"])
@@ -736,7 +867,7 @@ def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers):
         assert all(g in (w, 0x77) for g, w in zip(seen, want, strict=True)), "bytes that are not the object's"
         assert seen != want, "the stalled piece landed before the revoke"
         if not helpers:
-            assert seen[:PIECE] == want[:PIECE] and seen[PIECE:] == b"\x77" * (SIZE - PIECE)
+            assert seen[:piece] == want[:piece] and seen[piece:] == b"\x77" * (SIZE - piece)
         a.map[0:8] = struct.pack("<Q", rid << 2 | 3)  # revoked, as the connector does at its deadline
         ftype, body = a.recv()
         assert ftype == wire.BATCH_REPLY and body[8] == 6, body  # timed out: the client gave up
@@ -996,3 +1127,77 @@ def test_client_exited_while_a_forked_child_keeps_the_socket_writes_into_no_proc
         client.wait()
         if holder:
             holder.kill()
+
+
+def test_the_load_buffers_of_all_connections_stay_within_the_total():
+    """The buffers disk-card loads keep (hold_) are bounded all together by
+    --max-store-buffer-total-mb (apart from the store buffers): reserved
+    before the read, a load that finds no room fails Busy (a miss), and loads
+    once a hold is given back. Three connections of 3 MiB objects, a total of
+    8 MiB: two keep theirs, the third is refused."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/tmp")
+    gw = Gateway(d, extra=("--max-store-buffer-total-mb", "8")).start()
+    conns = []
+    try:
+        keys = [f"total@{i}" for i in range(3)]
+        store(gw, keys)
+        hits = []
+        for k in keys:  # one connection each, kept open (and so its hold, for 5 s idle)
+            c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+            conns.append(c)
+            out = bytearray(SIZE)
+            ok, _, per_key = c.get([k], [memoryview(out)])
+            hits.append(bool(per_key[0]) and bytes(out) == payload(k, SIZE))
+        st = stats(gw)
+        assert hits == [True, True, False], (hits, st)
+        assert st["process_loads"] == 2 and st["load_hold_busy"] == 1 and st["store_buffer_busy"] == 0, st
+        assert 2 * (4096 + SIZE) <= st["load_hold_bytes"] <= 8 * MIB, st
+        conns.pop(0).conn.close()  # its hold is given back with the connection
+        assert eventually(lambda: stats(gw)["load_hold_bytes"] <= 8 * MIB - (4096 + SIZE)), stats(gw)
+        out = bytearray(SIZE)
+        ok, _, per_key = conns[-1].get([keys[2]], [memoryview(out)])
+        assert per_key[0] and bytes(out) == payload(keys[2], SIZE), stats(gw)
+    finally:
+        for c in conns:
+            c.conn.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("store_buffer_mb", [256, 1])
+def test_a_disk_cards_load_buffer_is_counted_and_given_back(store_buffer_mb):
+    """From a card that is not memory-speed, a process load is read into an
+    I/O context's staging, which then trades places with the connection's own
+    buffer: the connection keeps an object's worth between batches. It is
+    counted in `load_hold_bytes`, given back after 5 s idle, and at once after
+    the batch when larger than a store buffer may be (--max-store-buffer-mb)."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/tmp")
+    gw = Gateway(d, extra=("--max-store-buffer-mb", str(store_buffer_mb))).start()
+    c = None
+    try:
+        keys = [f"hold@{i}" for i in range(2)]
+        store(gw, keys)
+        assert stats(gw)["load_hold_bytes"] == 0
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key) and [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        st = stats(gw)  # the loading connection stays open, and idle
+        assert st["process_loads"] == len(keys), st
+        if store_buffer_mb * MIB < SIZE:
+            # given back after the batch (after its reply: counted at the read, so a stats
+            # connection served between the two may see it), well before the 5 s idle rule
+            assert eventually(lambda: stats(gw)["load_hold_bytes"] == 0, timeout_s=2.5), stats(gw)
+        else:
+            assert st["load_hold_bytes"] >= 4096 + SIZE, st  # header block and payload, counted at the read
+            assert eventually(lambda: stats(gw)["load_hold_bytes"] == 0), stats(gw)
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])  # and loads go on
+        assert ok and all(per_key) and [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        c.conn.close()
+        c = None
+        assert eventually(lambda: stats(gw)["load_hold_bytes"] == 0), stats(gw)  # the connection ended
+    finally:
+        if c is not None:
+            c.conn.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)

@@ -13,6 +13,7 @@ import json
 import mmap
 import os
 import platform
+import select
 import shutil
 import struct
 import subprocess
@@ -35,7 +36,7 @@ from lmcache_adp._native import (
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_process_memory import LEASE_OPEN, REPO, ProcessClient
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, eventually, payload
 from tests.support.gateway import Gateway
 
 MIB = 1 << 20
@@ -89,6 +90,17 @@ class StoreClient(ProcessClient):
     ) -> list[tuple[int, bytes]]:
         """A put of process items under an open lease; the (status, message) of each."""
         return self.batch(wire.PUT, keys, sizes, addrs, timeout_ms)
+
+
+def send_process_put(c: StoreClient, key: str, size: int, src, timeout_ms: int) -> None:
+    """Opens c's lease and sends one process-memory PUT of key (size bytes at src, a ctypes buffer)
+    without waiting for its reply."""
+    c.map[0:8] = struct.pack("<Q", (c.rid + 1) << 2 | LEASE_OPEN)
+    c.send(
+        wire.BATCH,
+        wire.batch(wire.PUT, [key.encode()], [size], [ctypes.addressof(src)], timeout_ms=timeout_ms,
+                   segments=[PROCESS_SEGMENT]),
+    )  # fmt: skip
 
 
 def test_stores_come_from_process_memory_and_the_ring_carries_none(card_gateway):
@@ -231,6 +243,42 @@ def test_scribbled_buffer_stores_old_or_new_bytes_never_a_damaged_object(card_ga
         assert np.all((g == old) | (g == new)), f"{k} holds bytes the client never wrote"
 
 
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_large_stores_are_pipelined_only_while_a_cpu_is_spare(monkeypatch, cpus):
+    """Review r8: a large store is read on a second thread of its connection only while the
+    connections storing and loading leave each a CPU beside its own (the piece helpers' rule,
+    CPUs / connections >= 2; the pool told the CPUs by ADP_TEST_GATEWAY_CPUS). One connection on
+    1 CPU: every large store goes through the buffer on the connection's thread, counted as
+    process_store_unpipelined_busy, none pipelined; on 2 CPUs: pipelined, none counted busy (or a
+    stall on a busy host). Either way the bytes land right."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", str(cpus))
+    gw = Gateway(d, card_size_gb=1).start()
+    monkeypatch.delenv("ADP_TEST_GATEWAY_CPUS")
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        sizes = [BIG, 20 * MIB + 4097, SIZE]
+        keys = [f"spare{cpus}@{i}" for i in range(len(sizes))]
+        for k, s in zip(keys, sizes, strict=True):
+            ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, s)))])
+            assert ok, err
+        c.conn.close()
+        st = stats(gw)
+        assert st["process_stores"] == len(keys) and st["store_failures"] == 0, st
+        if cpus == 1:
+            assert st["process_store_unpipelined_busy"] == 2 and st["process_store_pipelined"] == 0, st
+            assert st["process_store_stalls"] == 0, st
+        else:
+            assert st["process_store_unpipelined_busy"] == 0 and st["process_store_pipelined"] >= 1, st
+            assert st["process_store_pipelined"] == 2 or st["process_store_stalls"] == 1, st
+        for k, s in zip(keys, sizes, strict=True):
+            hits, data = load(gw, [k], s)
+            assert hits == [True] and data[0] == distinct(k, s), k
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("io_contexts,a_timeout_ms", [(1, 60000), (4, 2000)], ids=["one-context", "deadline-passes"])
 def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io_contexts, a_timeout_ms):
     """One client's memory stalls the gateway's read of its store (as a buffer on
@@ -252,12 +300,7 @@ def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io
     try:
         assert a.register()[0] & FEATURE_PROCESS_STORES
         src = ctypes.create_string_buffer(payload("stall@a", SIZE), SIZE)
-        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
-        a.send(
-            wire.BATCH,
-            wire.batch(wire.PUT, [b"stall@a"], [SIZE], [ctypes.addressof(src)], timeout_ms=a_timeout_ms,
-                       segments=[PROCESS_SEGMENT]),
-        )  # fmt: skip
+        send_process_put(a, "stall@a", SIZE, src, a_timeout_ms)
         time.sleep(1.0)  # the gateway is in the stalled read
         b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
         keys = [f"stall@b{i}" for i in range(8)]
@@ -295,6 +338,66 @@ def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io
         shutil.rmtree(d, ignore_errors=True)
 
 
+def send_put_until_stalled(a: StoreClient, key: str, size: int, tries: int = 30):
+    """Sends a's store of key (a process item, lease open) until one stalls: no
+    reply within 1 s. With ADP_TEST_PROCESS_WRITE_STALL_ON=helper the stalled
+    read must be on a piece helper, which may join a chunk only after its own
+    thread read every piece (a busy host): such stores answer OK and are sent
+    again. Returns the stalled store's source buffer."""
+    for _ in range(tries):
+        src = ctypes.create_string_buffer(payload(key, size), size)
+        send_process_put(a, key, size, src, 60000)
+        if not select.select([a.sock], [], [], 1.0)[0]:
+            return src
+        ftype, body = a.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, body
+    pytest.fail(f"none of {tries} stores stalled: no helper joined them")
+
+
+def test_a_store_read_stalled_on_a_helper_holds_back_only_its_own_connection(monkeypatch):
+    """As above, with the stalled read on the piece pool's only helper
+    (ADP_TEST_PROCESS_WRITE_STALL_ON=helper, --process-write-threads 1: the
+    first process read past an object's first piece made by a helper waits
+    8 s, under the lease). A second client stores and loads within its own
+    3 s deadline meanwhile, through one I/O context: its chunks' reads run
+    on its own thread and never wait for the stalled helper. The stalled
+    store then completes (a 60 s deadline), its object whole."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "8000")
+    monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper")
+    gw = Gateway(d, extra=("--io-contexts", "1", "--process-write-threads", "1")).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
+    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_ON")
+    a = StoreClient(gw)
+    b = None
+    size = 16 * MIB  # 16 pieces: time for the helper to join
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = send_put_until_stalled(a, "hstall@a", size)  # the helper is in the stalled read
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+        keys = [f"hstall@b{i}" for i in range(8)]
+        for i in range(0, len(keys), 4):
+            ok, err, _ = b.set(keys[i : i + 4], [memoryview(bytearray(payload(k, SIZE))) for k in keys[i : i + 4]])
+            assert ok, f"a store waited on the stalled helper: {err}"
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key), err
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        assert not select.select([a.sock], [], [], 0)[0], "the stalled store answered before its stall ended"
+        ftype, body = a.recv()  # once the stall is over
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
+        assert stats(gw)["process_helper_pieces"] > 0  # counted as the helper leaves the chunk
+        del src
+        assert load(gw, ["hstall@a"], size) == ([True], [payload("hstall@a", size)])
+        assert load(gw, keys) == ([True] * len(keys), [payload(k, SIZE) for k in keys])
+    finally:
+        if b is not None:
+            b.conn.close()
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
     """A client whose memory stalls the gateway's read of its store for good
     (ADP_TEST_PROCESS_READ_STALL_MS: 10 minutes inside the read) does not keep the
@@ -311,12 +414,7 @@ def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
     try:
         assert a.register()[0] & FEATURE_PROCESS_STORES
         src = ctypes.create_string_buffer(payload("stop@a", SIZE), SIZE)
-        a.map[0:8] = struct.pack("<Q", (a.rid + 1) << 2 | LEASE_OPEN)
-        a.send(
-            wire.BATCH,
-            wire.batch(wire.PUT, [b"stop@a"], [SIZE], [ctypes.addressof(src)], timeout_ms=60000,
-                       segments=[PROCESS_SEGMENT]),
-        )  # fmt: skip
+        send_process_put(a, "stop@a", SIZE, src, 60000)
         time.sleep(1.0)  # the gateway is in the stalled read
         b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
         keys = [f"stop@b{i}" for i in range(4)]
@@ -553,6 +651,8 @@ def test_objects_larger_than_the_store_buffer_go_through_the_ring():
         c.conn.close()
         st = stats(gw)
         assert st["objects"] == 5 and st["process_stores"] == 1 and st["process_read_bytes"] == small, st
+        # The two phases of the one process store, timed apart (session eight).
+        assert st["process_store_read_ns"] > 0 and st["process_store_put_ns"] > 0, st
         assert mine["process_stores"] == 1 and mine["process_stores_over_limit"] == 4, mine
         hits, data = load(gw, big, 2 * MIB)
         assert hits == [True] * 4 and data == [payload(k, 2 * MIB) for k in big]
@@ -565,13 +665,6 @@ def put_one(c: StoreClient, key: str, size: int, timeout_ms: int = 5000) -> tupl
     """Stores one object of `size` bytes from this process's memory on c; its (status, message)."""
     src = ctypes.create_string_buffer(payload(key, size), size)
     return c.put([key.encode()], [size], [ctypes.addressof(src)], timeout_ms)[0]
-
-
-def eventually(cond, timeout_s: float = 30.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while not cond() and time.monotonic() < end:
-        time.sleep(0.05)
-    return cond()
 
 
 def test_the_store_buffer_is_the_chunk_size_never_past_its_limit():
@@ -672,6 +765,269 @@ def test_store_pieces_read_by_helper_threads_land_right(card):
             s.close()
         hits, data = load(gw, ["hole@0", "hole@1", "hole@2"], size)
         assert hits == [True, False, True] and data[0] == payload("hole@0", size) and data[2] == payload("hole@2", size)
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+BIG = 12 * MIB + 100  # a pipelined store (kPipelineMinBytes, 8 MiB): 13 pieces, the last partial
+
+
+def distinct(key: str, size: int) -> bytes:
+    """Bytes for a key that never repeat at a piece's distance (payload() repeats every 32
+    bytes, so a piece copied to the wrong place would still compare equal)."""
+    seed = int.from_bytes(payload(key, 8), "little")
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_large_stores_are_copied_into_the_card_as_their_pieces_are_read():
+    """Session eight: an object of 8 MiB or more on a tmpfs card is read by the
+    connection's store reader while the connection copies each piece into its
+    card place: objects of several sizes (a partial last piece, one that
+    spans regions) land byte for byte, counted as pipelined, none stalled;
+    a 3 MiB object still goes through the buffer whole."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    gw = Gateway(d, card_size_gb=1).start()
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=20000))
+        sizes = [BIG, 8 * MIB, 20 * MIB + 4097, SIZE] + [9 * MIB + 5] * 6  # 6 x 9 MiB: some span regions
+        keys = [f"pipe@{i}" for i in range(len(sizes))]
+        for k, s in zip(keys, sizes, strict=True):
+            ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, s)))])
+            assert ok, err
+        c.conn.close()
+        st = stats(gw)
+        # Every large one pipelined, unless a busy host kept the reader off a CPU past the bound (a
+        # stall: that connection then stores through the buffer, the bytes still checked below).
+        assert st["process_stores"] == len(keys) and st["process_store_pipelined"] >= 1, st
+        assert st["process_store_pipelined"] == len(keys) - 1 or st["process_store_stalls"] == 1, st
+        assert st["store_failures"] == 0, st  # a stall stores through the buffer: not a failure
+        for k, s in zip(keys, sizes, strict=True):
+            hits, data = load(gw, [k], s)
+            assert hits == [True] and data[0] == distinct(k, s), k
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("io_contexts,a_timeout_ms", [(1, 60000), (4, 2000)], ids=["one-context", "deadline-passes"])
+def test_a_stalled_pipelined_store_gives_up_its_card_place(monkeypatch, io_contexts, a_timeout_ms):
+    """As test_a_stalled_store_read_holds_back_only_its_own_connection, for an
+    object stored while it is read (BIG): the read stalls at its second piece
+    for 6 s while the connection holds the object's card place and an I/O
+    context. Within 200 ms it gives both up (the place abandoned: one store
+    failure counted, a pad on the card), so a second client stores and loads
+    within its own 3 s deadline, with one I/O context and with four. The
+    stalled store then completes from the buffer (60 s deadline) or fails
+    once its 2 s deadline has passed; that connection's later large stores go
+    through the buffer whole, and land."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "6000")
+    # Two connections storing: a spare CPU for each one's reader on any host (CPUs / 2 >= 2).
+    monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", "4")
+    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", str(io_contexts))).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
+    monkeypatch.delenv("ADP_TEST_GATEWAY_CPUS")
+    a = StoreClient(gw)
+    b = None
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(distinct("pstall@a", BIG), BIG)
+        send_process_put(a, "pstall@a", BIG, src, a_timeout_ms)
+        time.sleep(1.0)  # the gateway is in the stalled read
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+        keys = [f"pstall@b{i}" for i in range(4)]
+        for k in keys:
+            ok, err, _ = b.set([k], [memoryview(bytearray(distinct(k, BIG)))])
+            assert ok, f"a store waited on the stalled connection: {err}"
+        outs = [bytearray(BIG) for _ in keys]
+        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key), err
+        assert [bytes(o) for o in outs] == [distinct(k, BIG) for k in keys]
+        st = stats(gw)
+        # A's stall; B's stores pipelined (unless a busy host stalled one of them too).
+        assert st["process_store_stalls"] >= 1, st
+        assert st["process_store_pipelined"] == len(keys) or st["process_store_stalls"] > 1, st
+
+        ftype, body = a.recv()  # the stalled store's reply, once the stall is over
+        assert ftype == wire.BATCH_REPLY, (ftype, body)
+        completes = a_timeout_ms > 6000
+        assert body[8] == (0 if completes else 6), body  # ok, or timed out
+        # A later large store of that connection: through the buffer whole, stored.
+        later = ctypes.create_string_buffer(distinct("pstall@a2", BIG), BIG)
+        assert a.put([b"pstall@a2"], [BIG], [ctypes.addressof(later)], timeout_ms=20000) == [(0, b"")]
+        hits, data = load(gw, ["pstall@a", "pstall@a2"], BIG)
+        assert hits == [completes, True]
+        assert data[1] == distinct("pstall@a2", BIG)
+        if completes:
+            assert data[0] == distinct("pstall@a", BIG)
+        n = len(keys) + 1 + completes
+        st = stats(gw)
+        assert st["objects"] == n and st["process_stores"] == n, st
+        assert st["process_store_stalls"] >= 1, st
+        assert st["process_store_pipelined"] == len(keys) or st["process_store_stalls"] > 1, st
+        # An abandoned place is not a store failure (the object is stored from the buffer, and the
+        # one that timed out failed at its deadline on the buffer path, outside the card); no I/O error.
+        assert st["store_failures"] == 0 and st["io_errors"] == 0 and st["healthy"], st
+    finally:
+        if b is not None:
+            b.conn.close()
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_stop_does_not_wait_for_a_stalled_pipelined_store(monkeypatch):
+    """As test_stop_does_not_wait_for_a_stalled_store_read, for an object
+    stored while it is read (BIG): its reader stalls for 10 minutes, the
+    connection gives its card place up and waits for the reader holding
+    nothing; SIGTERM still ends the gateway cleanly (exit 0), leaving that
+    connection behind, and after a restart the card holds every store
+    acknowledged before the stop and nothing of the stalled one."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "600000")
+    gw = Gateway(d, card_size_gb=1).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
+    a = StoreClient(gw)
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(distinct("pstop@a", BIG), BIG)
+        send_process_put(a, "pstop@a", BIG, src, 60000)
+        time.sleep(1.0)  # the gateway's reader is in the stalled read
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
+        keys = [f"pstop@b{i}" for i in range(2)]
+        assert b.set(keys, [memoryview(bytearray(distinct(k, BIG))) for k in keys])[0]
+        b.conn.close()
+        assert stats(gw)["process_store_stalls"] >= 1
+        assert gw.stop() == 0, gw.logs[-1]
+        log = gw.logs[-1]
+        assert f"stopping without client #1 (pid {os.getpid()})" in log, log
+        assert "gateway stopped" in log and "closed" in log, log
+        assert a.recv() == (None, b"")  # the connection ended with the gateway
+        gw.start()
+        hits, data = load(gw, [*keys, "pstop@a"], BIG)
+        assert hits == [True] * len(keys) + [False]
+        assert data[: len(keys)] == [distinct(k, BIG) for k in keys]
+        assert stats(gw)["objects"] == len(keys)
+    finally:
+        a.close()
+        if gw.proc:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_slow_pipelined_read_holds_the_card_place_for_the_object_bound_only(monkeypatch):
+    """Review r8 B2: a client that serves each 1 MiB piece in 150 ms (inside the 200 ms a piece may
+    take: ADP_TEST_PROCESS_READ_PIECE_DELAY_MS on the store reader's reads) stores a 40 MiB object,
+    6 s of reads, with one I/O context and no piece helpers. The card place is held at most 200 ms
+    plus the object's bytes at 512 MiB/s (278 ms) after its first piece came, then given up (one
+    stall, not a store failure), so a second client stores and loads within its 3 s deadline; the slow
+    store then completes from the buffer."""
+    big = 40 * MIB + 100
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
+    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", "1", "--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
+    a = StoreClient(gw)
+    b = None
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(distinct("slow@a", big), big)
+        send_process_put(a, "slow@a", big, src, 60000)
+        time.sleep(1.0)  # the reader is a few pieces into the object
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+        keys = [f"slow@b{i}" for i in range(4)]
+        for i in range(0, len(keys), 2):
+            ok, err, _ = b.set(keys[i : i + 2], [memoryview(bytearray(payload(k, SIZE))) for k in keys[i : i + 2]])
+            assert ok, f"a store waited on the slow connection: {err}"
+        outs = [bytearray(SIZE) for _ in keys]
+        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
+        assert ok and all(per_key), err
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        ftype, body = a.recv()  # the slow store's reply, once read whole
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
+        hits, data = load(gw, ["slow@a"], big)
+        assert hits == [True] and data[0] == distinct("slow@a", big)
+        st = stats(gw)
+        assert st["process_store_stalls"] == 1 and st["process_store_pipelined"] == 0, st
+        assert st["objects"] == len(keys) + 1 and st["store_failures"] == 0, st
+    finally:
+        if b is not None:
+            b.conn.close()
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "flags", [("--io-contexts", "2"), ("--io-contexts", "4", "--max-pipelined-stores", "1")], ids=["half", "flag"]
+)
+def test_pipelined_stores_are_capped_at_half_the_io_contexts(monkeypatch, flags):
+    """Review r8 S4: each pipelined store may hold an I/O context and a frontier place for up to its
+    bound, so at most max(1, io_contexts / 2) run at once, however many connections a client
+    opens. With 2 I/O contexts (a cap of 1) and no piece pool, a first client's slow pipelined
+    store (150 ms a piece, 6 s of reads) holds the one slot until its place is given up; a second
+    client's large store that starts meanwhile goes through the buffer, counted as
+    process_store_unpipelined_busy, and both land byte for byte. The same with 4 I/O contexts and
+    --max-pipelined-stores 1."""
+    big = 40 * MIB + 100
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
+    gw = Gateway(d, card_size_gb=1, extra=(*flags, "--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
+    a, b = StoreClient(gw), StoreClient(gw)
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES and b.register()[0] & FEATURE_PROCESS_STORES
+        srcs = {k: ctypes.create_string_buffer(distinct(k, big), big) for k in ("cap@a", "cap@b")}
+        for c, k in ((a, "cap@a"), (b, "cap@b")):
+            send_process_put(c, k, big, srcs[k], 60000)
+            time.sleep(0.05)  # either may take the slot; the other finds it taken (held >= 400 ms)
+        for c in (a, b):
+            ftype, body = c.recv()
+            assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
+        hits, data = load(gw, list(srcs), big)
+        assert hits == [True, True] and data == [distinct(k, big) for k in srcs]
+        st = stats(gw)
+        assert st["process_store_unpipelined_busy"] == 1, st
+        assert st["process_store_pipelined"] + st["process_store_stalls"] == 1, st
+        assert st["store_failures"] == 0 and st["objects"] == 2, st
+    finally:
+        a.close()
+        b.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_connection_pipelines_again_a_while_after_a_stall(monkeypatch):
+    """Review r8 S5: a stall sends a connection's large stores through the buffer for a while
+    (30 s; ADP_TEST_PIPELINE_RETRY_MS here), not for the connection's life, so one scheduling
+    hiccup on a busy host does not cost a well-behaved client its pipeline. Every read is slow
+    here (150 ms a piece), so each pipelined try stalls: one connection's first store stalls, the
+    next one at once goes through the buffer (no new stall), and one after the retry time tries
+    the pipeline again (a second stall). All three land byte for byte."""
+    size = 9 * MIB + 7
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
+    monkeypatch.setenv("ADP_TEST_PIPELINE_RETRY_MS", "1000")
+    gw = Gateway(d, card_size_gb=1, extra=("--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
+    monkeypatch.delenv("ADP_TEST_PIPELINE_RETRY_MS")
+    try:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000))
+        keys = [f"retry@{i}" for i in range(3)]
+        stalls = []
+        for i, k in enumerate(keys):
+            if i == 2:
+                time.sleep(1.2)  # past the retry time
+            ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, size)))])
+            assert ok, err
+            stalls.append(stats(gw)["process_store_stalls"])
+        c.conn.close()
+        assert stalls == [1, 1, 2], stalls
+        hits, data = load(gw, keys, size)
+        assert hits == [True] * 3 and data == [distinct(k, size) for k in keys]
+        st = stats(gw)
+        assert st["process_stores"] == 3 and st["store_failures"] == 0, st
     finally:
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -117,7 +118,13 @@ def test_status_through_the_gateway_socket(workdir):
         st = json.loads(r.stdout)
         assert st["objects"] == 3 and st["stores"] == 3 and st["clients"] >= 2 and st["healthy"] is True
         r = run("status", "--gateway", gw.tcp_url, "--token-file", gw.token_file)
-        assert r.returncode == 0 and "connected clients" in r.stdout
+        assert r.returncode == 0, r.stderr
+        rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in r.stdout.splitlines())
+        assert rows["connected clients"].endswith("(0 refused by a limit)"), rows
+        loads, stores = st["process_loads"], st["process_stores"]  # 0 and 3 where the gateway may ptrace us
+        assert rows["process memory"].endswith(f"{loads} loads, {stores} stores"), rows
+        assert rows["store buffers"].endswith("0 connections waiting, 0 chunks failed Busy"), rows
+        assert rows["every stat"] == "--json; what each means: docs/stats.md"
         r = run("status", "--gateway", gw.tcp_url)  # no token
         assert r.returncode == 3 and "gateway refused: authentication failed" in r.stderr
         c.conn.close()

@@ -116,3 +116,19 @@ def test_stop_left_behind_touches_no_freed_card_under_asan(tmp_path):
         cpp.run(binary, shm, timeout=120)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_pipelined_store_under_sanitizer(mode, tmp_path):
+    """Session eight: process stores of 12 MiB objects read by the connection's store reader (and
+    piece helpers) while the connection's thread copies each piece into the card; one client's read
+    stalls 1.5 s (its card place abandoned, then stored from the buffer) while another's six stores
+    are pipelined (tests/cpp/pipelined_store_test.cc): every object loads back byte for byte."""
+    binary = cpp.build("pipelined_store_test", tmp_path, ("store", "util", "gateway", "protocol"), sanitize=mode)
+    shm = tempfile.mkdtemp(prefix="adp-pipest-", dir="/dev/shm")
+    try:
+        cpp.run(binary, shm, timeout=300)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from lmcache_adp import CardStore, format_card
-from tests.helpers import MIB, payload
+from tests.helpers import MIB, corrupt, payload
 
 
 def open_store(path, size=64 * MIB, **kw):
@@ -277,22 +277,11 @@ def test_recovery_is_reported(card):
     assert "recovered 25 objects" in out.stderr and " s\n" in out.stderr
 
 
-def flip_payload_byte(card: str, key: str, at: int = 100) -> None:
-    image = open(card, "rb").read()
-    pos = image.find(key.encode())
-    assert pos > 0
-    with open(card, "r+b") as f:
-        f.seek(pos - pos % 4096 + 4096 + at)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 def test_verify_finds_and_repairs_damage(card):
     s = open_store(card)
     for i in range(30):
         s.put(f"obj{i:02d}", payload(f"obj{i:02d}", 9000))
-    flip_payload_byte(card, "obj07")
+    corrupt(card, "obj07", 4096 + 100)  # a payload byte
     seen = []
     r = s.verify(repair=False, progress=lambda d, t: seen.append((d, t)))
     assert (r["checked"], r["bad"], r["repaired"]) == (30, 1, 0)

@@ -1,0 +1,484 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every stat lmcache-adp reports, in one table (stats v1): its name, kind,
+unit, who reports it and what it means. The Prometheus export
+(lmcache_adp/metrics.py) is made from it and docs/stats.md is rendered from it
+(`python scripts/render_stats_md.py`; tests/ops/test_stats_catalog.py
+checks that the two agree and that every key the live stats carry is here).
+
+Who reports a stat:
+
+    embedded  an ADPConnector on its own card (adapter_params gateway "embedded")
+    client    an ADPConnector through a gateway (unix:// or tcp://)
+    gateway   the `lmcache-adp gateway` daemon (StatsReply, `status --gateway`)
+
+Each reads its stats from `stats()` (a connector), a Stats frame (a gateway),
+`/stats` where a metrics port is open, or `lmcache-adp status --json`.
+
+Rules: a name is never reused with another meaning; a stat whose meaning
+changes gets a new name (the old one is listed in RETIRED, with its version).
+Adding a stat adds a row here (and re-renders docs/stats.md); it does not
+change the version. Removing or renaming one bumps VERSION.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+VERSION = 1
+
+EMBEDDED, CLIENT, GATEWAY = "embedded", "client", "gateway"
+SOURCES = (EMBEDDED, CLIENT, GATEWAY)
+E, C, G = frozenset({EMBEDDED}), frozenset({CLIENT}), frozenset({GATEWAY})
+
+COUNTER, GAUGE = "counter", "gauge"
+
+# The steps of the gateway's load profile, in src_cpp/util/load_profile.h's
+# order (kNames; the header says what each one times).
+LOAD_PROFILE_STEPS: tuple[str, ...] = (
+    *("batch", "object", "lookup", "pin", "copy", "unpin", "sink", "alive", "lease", "write", "run", "combine"),
+    *("piece", "index", "first_look", "header"),
+)
+
+# Entries of the stats dicts that are not numbers, with why they are not in
+# the table (nor exported to Prometheus as a family of their own).
+NOT_NUMERIC = {
+    "card": "a string: the card's path (embedded, gateway) or the gateway's address (client)",
+    "latency_us_log2": "nested: per operation, a count, a sum and log2 microsecond buckets; "
+    "exported as the histogram lmcache_adp_op_latency_seconds{op=get|set|exists|delete}",
+}
+
+# Names no longer reported, with the last version that had them: never reused.
+RETIRED: dict[str, int] = {}
+
+PREFIX = "lmcache_adp_"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One stat. `name` may hold "{step}": one key per load-profile step."""
+
+    name: str
+    kind: str  # COUNTER: only grows while the process runs; GAUGE: a level
+    unit: str  # what one unit of the value is
+    reported_by: frozenset[str]
+    meaning: str
+    only_with: str = ""  # a condition for the key to be there at all
+    metric_name: str = ""  # the family's name where it is not the stat's (per-step keys: one family)
+
+    @property
+    def per_step(self) -> bool:
+        return "{step}" in self.name
+
+    def keys(self) -> list[str]:
+        if self.per_step:
+            return [self.name.format(step=s) for s in LOAD_PROFILE_STEPS]
+        return [self.name]
+
+    @property
+    def metric(self) -> str:
+        """The Prometheus family: lmcache_adp_ + the name (or metric_name), nanoseconds
+        as seconds (`_ns` -> `_seconds`). Counters are served with `_total` added."""
+        name = self.metric_name or self.name
+        if name.endswith("_ns"):
+            name = name[: -len("_ns")] + "_seconds"
+        return PREFIX + name
+
+    @property
+    def scale(self) -> float:
+        """Factor from the stat's value to the metric's (1e-9 for nanoseconds)."""
+        return 1e-9 if self.unit == "nanoseconds" else 1.0
+
+    def samples(self, st: dict) -> Iterator[tuple[tuple[str, ...], float]]:
+        """(labels, value) of each of this stat's keys present in st."""
+        if self.per_step:
+            for s in LOAD_PROFILE_STEPS:
+                k = self.name.format(step=s)
+                if k in st:
+                    yield (s,), float(st[k]) * self.scale
+        elif self.name in st:
+            yield (), float(st[self.name]) * self.scale
+
+    @property
+    def labels(self) -> list[str]:
+        return ["step"] if self.per_step else []
+
+
+_CARD = E | G  # the card's own state: the embedded store's, or the gateway's
+_OPS = E | C | G  # the operations a client of a card sees: counted by each side
+_PROCESS = C | G  # protocol r5: process-memory loads and stores
+
+# The card's list (src_cpp/common/store_types.h, for_each_stat): every stats
+# dict carries these keys; a source that does not report one holds it at its
+# first value (CARD_LIST_DEFAULTS).
+CARD_LIST: tuple[Stat, ...] = (
+    Stat("capacity_bytes", GAUGE, "bytes", _CARD, "Bytes of the card's regions (num_regions x region_bytes)"),
+    Stat("used_bytes", GAUGE, "bytes", _CARD, "Bytes of the card held by live objects, headers and padding included"),
+    Stat(
+        "payload_bytes", GAUGE, "bytes", _CARD, "Payload bytes of the objects held (used_bytes less headers, padding)"
+    ),
+    Stat("objects", GAUGE, "objects", _CARD, "Objects on the card"),
+    Stat("region_bytes", GAUGE, "bytes", _CARD, "Size of one region, the unit of eviction (set when formatted)"),
+    Stat("num_regions", GAUGE, "regions", _CARD, "Regions on the card"),
+    Stat("free_regions", GAUGE, "regions", _CARD, "Regions not holding objects"),
+    Stat(
+        "hits",
+        COUNTER,
+        "objects",
+        _OPS,
+        "Loads served: from the card (embedded, gateway); through the gateway, this client's own (client)",
+    ),
+    Stat(
+        "misses",
+        COUNTER,
+        "objects",
+        _OPS,
+        "Loads not served: the key is not on the card, the object failed its checks, or the load failed",
+    ),
+    Stat("stores", COUNTER, "objects", _OPS, "Objects stored (acknowledged)"),
+    Stat("store_failures", COUNTER, "objects", _OPS, "Objects that could not be stored"),
+    Stat("deletes", COUNTER, "objects", _OPS, "Objects deleted on request"),
+    Stat("evicted_objects", COUNTER, "objects", _CARD, "Objects evicted to make room"),
+    Stat("evicted_regions", COUNTER, "regions", _CARD, "Regions evicted (whole, least recently used) to make room"),
+    Stat(
+        "checksum_failures",
+        COUNTER,
+        "objects",
+        _CARD,
+        "Objects that failed their checksum on read (a miss; the object is dropped)",
+    ),
+    Stat("io_errors", COUNTER, "errors", _CARD, "Card I/O operations that failed"),
+    Stat(
+        "media_errors",
+        COUNTER,
+        "regions",
+        _CARD,
+        "Regions found damaged or unreadable at open (their objects past the damage lost; the rest served)",
+    ),
+    Stat(
+        "bytes_written",
+        COUNTER,
+        "bytes",
+        _OPS,
+        "Bytes written: to the card, headers included (embedded, gateway); payload of this client's stores (client)",
+    ),
+    Stat(
+        "bytes_read",
+        COUNTER,
+        "bytes",
+        _OPS,
+        "Bytes read: from the card (embedded, gateway); payload of this client's hits (client)",
+    ),
+    Stat(
+        "first_eviction_held_bytes",
+        GAUGE,
+        "bytes",
+        _CARD,
+        "Payload held at the first eviction since open, stores then in flight and acknowledged later included "
+        "(0 before it; docs/card_format.md, Capacity)",
+    ),
+    Stat(
+        "first_eviction_inflight_stores",
+        GAUGE,
+        "objects",
+        _CARD,
+        "Stores in flight at the first eviction since open",
+    ),
+    Stat(
+        "first_eviction_inflight_acked",
+        GAUGE,
+        "objects",
+        _CARD,
+        "Of the stores in flight at the first eviction, those acknowledged so far",
+    ),
+    Stat(
+        "first_eviction_inflight_failed",
+        GAUGE,
+        "objects",
+        _CARD,
+        "Of the stores in flight at the first eviction, those failed so far",
+    ),
+    Stat("recovered_objects", GAUGE, "objects", _CARD, "Objects found on the card when it was opened"),
+    Stat("recovery_seconds", GAUGE, "seconds", _CARD, "Time the card's open took to walk its regions"),
+    Stat(
+        "process_loads",
+        COUNTER,
+        "objects",
+        _PROCESS,
+        "Objects the gateway wrote straight into process memory: this client's (client), all clients' (gateway)",
+    ),
+    Stat(
+        "process_stores",
+        COUNTER,
+        "objects",
+        _PROCESS,
+        "Objects the gateway stored straight from process memory: this client's (client), all clients' (gateway)",
+    ),
+    Stat(
+        "process_stores_over_limit",
+        COUNTER,
+        "objects",
+        C,
+        "Objects sent through the ring though process stores were granted: their batch held one larger than "
+        "the gateway's store buffer (protocol r6)",
+    ),
+    Stat("healthy", GAUGE, "1 or 0", _CARD, "1 while the card's most recent I/O succeeded (/health answers 503 at 0)"),
+)
+CARD_LIST_DEFAULTS: dict[str, int | bool] = {s.name: s.name == "healthy" or 0 for s in CARD_LIST}  # StoreStats' own
+
+# A connector on a gateway's own (src_cpp/transport/remote_backend.cc, RemoteBackend::stats; in its stats
+# dict only, added by src_cpp/python/bindings.cc).
+CLIENT_STATS: tuple[Stat, ...] = (
+    Stat(
+        "gateway_reachable",
+        GAUGE,
+        "1 or 0",
+        C,
+        "1 while the connector's last attempt to reach its gateway succeeded (also before any attempt failed); "
+        "0 from a failed connect or a dropped connection until the next connect succeeds: loads miss and stores "
+        "are dropped meanwhile (/health answers 503 at 0)",
+    ),
+    Stat(
+        "gateway_reconnects",
+        COUNTER,
+        "connections",
+        C,
+        "Connections to its gateway the connector's workers made again after losing theirs (a gateway restart "
+        "costs one per worker that had a connection; each connects lazily, at its first batch)",
+    ),
+)
+
+# The gateway's own (src_cpp/gateway/client_handler.cc, stats_json).
+GATEWAY_STATS: tuple[Stat, ...] = (
+    Stat("clients", GAUGE, "connections", G, "Connections past the handshake"),
+    Stat("batches", COUNTER, "batches", G, "Batches served since start"),
+    Stat("refused_connections", COUNTER, "connections", G, "Connections refused by a limit (README, Gateway limits)"),
+    Stat("ring_bytes", GAUGE, "bytes", G, "Bytes of the connected clients' shared-memory rings"),
+    Stat("ring_used_bytes", GAUGE, "bytes", G, "Payload bytes of batches in progress in those rings"),
+    Stat("ring_piece_loads", COUNTER, "objects", G, "Objects loaded into a ring in published pieces (protocol r4)"),
+    Stat("segments", GAUGE, "segments", G, "Client segments (/dev/shm files) mapped (protocol r3)"),
+    Stat("segment_loads", COUNTER, "objects", G, "Objects read straight into a client segment"),
+    Stat("segment_stores", COUNTER, "objects", G, "Objects stored straight from a client segment"),
+    Stat("processes", GAUGE, "connections", G, "Connections granted process memory (protocol r5)"),
+    Stat(
+        "process_refusals",
+        COUNTER,
+        "connections",
+        G,
+        "Process-memory registrations refused (the client then uses the ring; logged once with the reason)",
+    ),
+    Stat("process_read_bytes", COUNTER, "bytes", G, "Bytes read from clients' process memory for stores"),
+    Stat(
+        "process_store_read_ns",
+        COUNTER,
+        "nanoseconds",
+        G,
+        "Connection threads' wall time reading process stores' chunks from clients' memory into the store buffer "
+        "(their helpers' pieces included); of a pipelined store (process_store_pipelined), only the wait for "
+        "its read after its card store ended",
+    ),
+    Stat(
+        "process_store_put_ns",
+        COUNTER,
+        "nanoseconds",
+        G,
+        "Connection threads' wall time storing those chunks from the store buffer into the card (copy with CRC, "
+        "the frontier's order, the sync); of a pipelined store, its card store with the read it overlapped",
+    ),
+    Stat(
+        "process_store_pipelined",
+        COUNTER,
+        "objects",
+        G,
+        "Process stores of one large object (>= 8 MiB, a memory-speed card) copied into the card piece by piece "
+        "while the connection's store reader read them",
+    ),
+    Stat(
+        "process_store_stalls",
+        COUNTER,
+        "objects",
+        G,
+        "Such stores whose read fell behind (a piece over 200 ms, or the object over 200 ms plus its bytes at "
+        "512 MiB/s): their card place abandoned (a pad record, not a store failure), then stored from the buffer; "
+        "that connection pipelines again 30 s later",
+    ),
+    Stat(
+        "process_store_unpipelined_busy",
+        COUNTER,
+        "objects",
+        G,
+        "Process stores of one large object that would have been pipelined but went through the buffer on the "
+        "connection's thread alone: the connections storing and loading left no spare CPU for a store reader "
+        "beside each (CPUs / connections < 2, the piece helpers' rule), or max(1, io_contexts / 2) pipelined "
+        "stores were running",
+    ),
+    Stat("process_write_threads", GAUGE, "threads", G, "Helper threads of the piece pool (--process-write-threads)"),
+    Stat(
+        "process_helper_pieces",
+        COUNTER,
+        "pieces",
+        G,
+        "Pieces of process loads and stores the helpers took (failed and stopped ones included)",
+    ),
+    Stat(
+        "process_piece_callers",
+        GAUGE,
+        "connections",
+        G,
+        "Connections counted as moving process-memory pieces now: a loader from its first process load until "
+        "it idles 20 ms, a storer for its put batch (an object takes at most CPUs / this - 1 helpers)",
+    ),
+    Stat(
+        "store_buffer_bytes",
+        GAUGE,
+        "bytes",
+        G,
+        "Bytes the connections' store buffers hold (within --max-store-buffer-total-mb)",
+    ),
+    Stat(
+        "store_buffer_busy",
+        COUNTER,
+        "chunks",
+        G,
+        "Store chunks failed Busy: no store-buffer room came free before their deadline",
+    ),
+    Stat("store_buffer_waiting", GAUGE, "connections", G, "Connections waiting for store-buffer room"),
+    Stat(
+        "load_hold_bytes",
+        GAUGE,
+        "bytes",
+        G,
+        "Bytes the connections keep of their last process load from a card that is not memory-speed (reserved "
+        "before the read, within --max-store-buffer-total-mb apart from the store buffers)",
+    ),
+    Stat(
+        "load_hold_busy",
+        COUNTER,
+        "loads",
+        G,
+        "Process loads from a card that is not memory-speed failed Busy: no room for their buffer within "
+        "--max-store-buffer-total-mb",
+    ),
+    Stat(
+        "load_profile_{step}_ns",
+        COUNTER,
+        "nanoseconds",
+        G,
+        "Time the gateway's process loads spent in this step, summed over threads (benchmarks)",
+        only_with="ADP_LOAD_PROFILE=1",
+        metric_name="load_profile_ns",
+    ),
+    Stat(
+        "load_profile_{step}_n",
+        COUNTER,
+        "runs",
+        G,
+        "Times the gateway's process loads ran this step (benchmarks)",
+        only_with="ADP_LOAD_PROFILE=1",
+        metric_name="load_profile_runs",
+    ),
+)
+
+STATS: tuple[Stat, ...] = CARD_LIST + CLIENT_STATS + GATEWAY_STATS
+BY_KEY: dict[str, Stat] = {k: s for s in STATS for k in s.keys()}
+
+
+def expected_keys(source: str, *, load_profile: bool = False) -> set[str]:
+    """The numeric keys a source's stats carry: what it reports, plus the card's list."""
+    out = set(CARD_LIST_DEFAULTS)
+    for s in STATS:
+        if source in s.reported_by and (load_profile or not s.only_with):
+            out.update(s.keys())
+    return out
+
+
+def render_markdown() -> str:
+    """docs/stats.md, from the table above."""
+    lines = [
+        f"# Stats (stats v{VERSION})",
+        "",
+        "<!-- Rendered from lmcache_adp/stats_catalog.py: edit the table there, then",
+        "     python scripts/render_stats_md.py -->",
+        "",
+        "Every number lmcache-adp reports, in one table. Read them from a connector's",
+        "`stats()`, a gateway's Stats frame (`lmcache-adp status --gateway URL --json`),",
+        "`/stats` where a metrics port is open (`lmcache-adp status --url URL --json`),",
+        "or Prometheus (`/metrics`).",
+        "",
+        "**Who reports it**: `embedded` is an ADPConnector on its own card, `client` an",
+        "ADPConnector through a gateway, `gateway` the `lmcache-adp gateway` daemon",
+        "(`lmcache-adp status --card` reads a card no process holds: the card's list,",
+        "as embedded). The card's list (marked *card*) is in every stats dict: where a",
+        "source does not report one of its stats, it holds its value before any event",
+        "(0, `healthy` true): ask the gateway for its card's.",
+        "",
+        "**Prometheus** (`/metrics`): each source serves the stats it reports, not the",
+        "card's list's first values (a client serves no `lmcache_adp_capacity_bytes`).",
+        "The family is `lmcache_adp_` and the name; a counter's samples end in `_total`;",
+        "nanoseconds are served as seconds (`_ns` becomes `_seconds`); `healthy` is 1",
+        "or 0. The load profile's keys are two families with a `step` label, one value",
+        "per step. No other labels: a fleet's series are told apart by the scrape's",
+        "own `instance` and `job`.",
+        "",
+        "**Counted twice**: `hits`, `misses`, `stores`, `store_failures`, `deletes`,",
+        "`bytes_written`, `bytes_read`, `process_loads` and `process_stores` are counted",
+        "both by a connector on a gateway (its own operations) and by the gateway",
+        "itself (all its clients'): a fleet's sum over every scrape counts each such",
+        "operation twice, so filter by `job` (sum the gateways' or the connectors',",
+        "never both).",
+        "",
+        "**Versions**: a name is never reused with another meaning. A new stat adds a",
+        "row and keeps the version; removing or renaming one bumps it, and the old",
+        "name is listed under Retired names.",
+        "",
+        "| stat | kind | unit | reported by | Prometheus | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in STATS:
+        who = ", ".join(src for src in SOURCES if src in s.reported_by)
+        if s.name in CARD_LIST_DEFAULTS:
+            who += " (*card*)"
+        metric = s.metric + ("_total" if s.kind == COUNTER else "")
+        if s.labels:
+            metric += "{" + ",".join(s.labels) + "}"
+        meaning = s.meaning + (f"; only with `{s.only_with}`" if s.only_with else "")
+        lines.append(f"| `{s.name}` | {s.kind} | {s.unit} | {who} | `{metric}` | {meaning} |")
+    lines += [
+        "",
+        "Load-profile steps (`{step}` above; src_cpp/util/load_profile.h says what each one times): "
+        + ", ".join(f"`{s}`" for s in LOAD_PROFILE_STEPS)
+        + ".",
+        "",
+        "## Watching a fleet",
+        "",
+        "A few expressions to start from (PromQL; scrape the gateways, and the",
+        "connectors' `metrics_port`):",
+        "",
+        "| what | expression |",
+        "|---|---|",
+        "| card I/O failing (page) | `lmcache_adp_healthy == 0` |",
+        "| a connector lost its gateway (page; every load a miss, every store dropped) | "
+        "`lmcache_adp_gateway_reachable == 0` |",
+        "| a connector's gateway flapping | `increase(lmcache_adp_gateway_reconnects_total[1h]) > 3` |",
+        "| hit ratio | `rate(lmcache_adp_hits_total[5m]) / (rate(lmcache_adp_hits_total[5m]) + "
+        "rate(lmcache_adp_misses_total[5m]))` |",
+        "| damaged objects dropped | `increase(lmcache_adp_checksum_failures_total[1h]) > 0` |",
+        "| card fill | `lmcache_adp_used_bytes / lmcache_adp_capacity_bytes` |",
+        "| eviction churn (objects/s) | `rate(lmcache_adp_evicted_objects_total[5m])` |",
+        "| stores failing | `rate(lmcache_adp_store_failures_total[5m]) > 0` |",
+        "| store buffers too small (`--max-store-buffer-total-mb`) | "
+        "`rate(lmcache_adp_store_buffer_busy_total[5m]) > 0` or `lmcache_adp_store_buffer_waiting > 0` |",
+        "| clients turned away by a limit | `rate(lmcache_adp_refused_connections_total[5m]) > 0` |",
+        "| clients on the ring instead of process memory | `lmcache_adp_process_refusals_total > 0` |",
+        "| load latency p99 (connectors: embedded or client, with a metrics_port) | `histogram_quantile(0.99, sum by (le) "
+        '(rate(lmcache_adp_op_latency_seconds_bucket{op="get"}[5m])))` |',
+        "",
+        "## Not in the table",
+        "",
+        "| key | why |",
+        "|---|---|",
+    ]
+    lines += [f"| `{k}` | {why} |" for k, why in NOT_NUMERIC.items()]
+    lines += ["", "## Retired names", ""]
+    lines += [f"- `{k}` (last in stats v{v})" for k, v in RETIRED.items()] or ["None yet."]
+    return "\n".join(lines) + "\n"
