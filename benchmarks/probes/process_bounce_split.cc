@@ -15,7 +15,7 @@
 // process_vm_writev from the mapping alone, no CRC (the kernel's floor).
 // Build (from the repository root):
 //   g++ -O2 -std=c++20 -pthread -Isrc_cpp -o /tmp/pbs benchmarks/probes/process_bounce_split.cc src_cpp/util/crc32c.cc
-// Run: /tmp/pbs OBJ_MiB PIECE_KiB W S TOTAL_GiB [bounce|direct|pvm]
+// Run: /tmp/pbs OBJ_MiB PIECE_KiB W S TOTAL_GiB [bounce|direct|pvm|after]
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -39,7 +39,7 @@ static double now() {
 static size_t total, obj, piece;
 static int W, S;
 static bool embedded;
-static int mode;  // 0 bounce, 1 direct, 2 pvm
+static int mode;  // 0 bounce, 1 direct, 2 pvm, 3 after
 static char *src, *dst;
 static pid_t target;
 static std::vector<pthread_barrier_t> barriers;
@@ -71,6 +71,7 @@ static void* work(void* a) {
         perror("process_vm_writev");
         exit(1);
       }
+      if (mode == 3) crc = adp::crc32c_extend(crc, s + o, piece);
     }
     if (S > 1) pthread_barrier_wait(&barriers[conn]);
   }
@@ -95,7 +96,7 @@ static double run(bool emb) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 6 && argc != 7) {
-    fprintf(stderr, "usage: %s OBJ_MiB PIECE_KiB W S TOTAL_GiB [bounce|direct|pvm]\n", argv[0]);
+    fprintf(stderr, "usage: %s OBJ_MiB PIECE_KiB W S TOTAL_GiB [bounce|direct|pvm|after]\n", argv[0]);
     return 2;
   }
   obj = size_t(atol(argv[1])) << 20;
@@ -103,8 +104,10 @@ int main(int argc, char** argv) {
   W = atoi(argv[3]);
   S = atoi(argv[4]);
   total = size_t(atol(argv[5])) << 30;
-  static const char* const kModes[] = {"bounce+pvm_writev", "crc+pvm_writev from the card", "pvm_writev alone"};
-  if (argc == 7) mode = !strcmp(argv[6], "direct") ? 1 : !strcmp(argv[6], "pvm") ? 2 : 0;
+  static const char* const kModes[] = {"bounce+pvm_writev", "crc+pvm_writev from the card", "pvm_writev alone",
+                                       "pvm_writev from the card+crc after"};
+  if (argc == 7)
+    mode = !strcmp(argv[6], "direct") ? 1 : !strcmp(argv[6], "pvm") ? 2 : !strcmp(argv[6], "after") ? 3 : 0;
   barriers.resize(W);
   for (auto& b : barriers) pthread_barrier_init(&b, nullptr, S);
   dst = static_cast<char*>(mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
