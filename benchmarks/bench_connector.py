@@ -19,6 +19,10 @@ size and worker count, on one card image:
              medium at P x workers threads and against one embedded connector with that many
              workers, both measured in the same run with as many bytes
 
+--interleave: per repetition the embedded store, every gateway row's store, the embedded load, every gateway
+row's load (the gateway up throughout, on a card of its own), and the report pairs each gateway repetition with
+the embedded one beside it: gateway / embedded GB/s per repetition, median and min..max (README, "--interleave").
+
 Every loaded byte is compared with what was stored (a wrong or missing object fails the row).
 Rates are GB/s (1e9 bytes/s) of the median of --reps timed repetitions; the medium runs before
 and after the connector rows and its better pass is the limit. Writes: the connector acknowledges
@@ -27,6 +31,7 @@ fdatasync per thread. Raw per-repetition times go to the JSON beside the report.
 
   python benchmarks/bench_connector.py --workers 2 --sizes-mb 2,32 --total-mb 1024
   python benchmarks/bench_connector.py --workers 4,16 --clients 1,2,4,8 --total-mb 4096
+  python benchmarks/bench_connector.py --workers 2 --sizes-mb 2,32 --total-mb 512 --interleave
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ GAUGES = {st.name: st.kind == GAUGE for st in STATS}
 MIB = 1 << 20
 BLOCK = 4096
 GB = 1e9
+CLOCK0 = time.monotonic()  # the run's clock: store_at_s / load_at_s count from here
 
 
 _SHM_POOLS: list[str] = []
@@ -211,38 +217,75 @@ def drive(conn, op: str, keys: list[str], bufs: list[mmap.mmap], batch: int, win
     return time.perf_counter() - t0, failed
 
 
+class Rounds:
+    """One connector's timed repetitions, a step at a time: connector_rounds runs them back to back, and
+    --interleave runs the steps of the embedded connector and of every gateway row in turn. Each store
+    repetition moves src under fresh keys (`passes` times over, fresh keys per pass); each load repetition
+    loads the last stored keys into the zeroed dst and checks every byte. `store_at_s` / `load_at_s` keep
+    when each repetition started (seconds on the run's clock): the order the steps really ran in."""
+
+    def __init__(self, params: dict, src, dst, batch: int, window: int, tag: str, passes: int = 1) -> None:
+        self.src, self.dst, self.batch, self.window, self.tag, self.passes = src, dst, batch, window, tag, passes
+        self.out: dict = {"store_s": [], "load_s": [], "failed_keys": 0, "mismatched": 0}
+        self.out.update(store_at_s=[], load_at_s=[])
+        self.keys: list[str] = []
+        self.conn = ADPConnector(**params)
+
+    def warm(self) -> None:
+        """Untimed: connections (and rings) set up, workers' regions opened."""
+        warm = min(len(self.src), self.batch * self.window)
+        keys = [f"bench@00000000@0@w{self.tag}{j:06x}" for j in range(warm)]
+        drive(self.conn, "set", keys, self.src[:warm], self.batch, self.window)
+
+    def store(self, r: int) -> None:
+        self.out["store_at_s"].append(time.monotonic() - CLOCK0)
+        dt = 0.0
+        for p in range(self.passes):
+            self.keys = [f"bench@00000000@0@{self.tag}{r:02d}{p:02d}{j:06x}" for j in range(len(self.src))]
+            t, failed = drive(self.conn, "set", self.keys, self.src, self.batch, self.window)
+            dt += t
+            self.out["failed_keys"] += failed
+        self.out["store_s"].append(dt)
+
+    def load(self) -> None:
+        clear(self.dst)
+        self.out["load_at_s"].append(time.monotonic() - CLOCK0)
+        dt = 0.0
+        for _ in range(self.passes):
+            t, failed = drive(self.conn, "get", self.keys, self.dst, self.batch, self.window)
+            dt += t
+            self.out["failed_keys"] += failed
+        self.out["load_s"].append(dt)
+        self.out["mismatched"] += same(self.dst, self.src)
+
+    def finish(self) -> dict:
+        """The connector's counters, then closed; returns the row's results."""
+        try:
+            self.out["stats"] = {k: v for k, v in self.conn.stats().items() if isinstance(v, (int, float))}
+        finally:
+            self.close()
+        return self.out
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
 def connector_rounds(params: dict, src, dst, reps: int, batch: int, window: int, tag: str, passes: int = 1) -> dict:
     """Stores src under fresh keys `reps` times, then loads the last keys into dst `reps` times,
     checking every loaded byte; each repetition moves src `passes` times over (stores: fresh keys per
     pass). Returns the per-repetition seconds and any failure."""
-    conn = ADPConnector(**params)
-    out: dict = {"store_s": [], "load_s": [], "failed_keys": 0, "mismatched": 0}
+    rounds = Rounds(params, src, dst, batch, window, tag, passes)
     try:
-        # Untimed: connections (and rings) set up, workers' regions opened.
-        warm = min(len(src), batch * window)
-        drive(conn, "set", [f"bench@00000000@0@w{tag}{j:06x}" for j in range(warm)], src[:warm], batch, window)
-        keys: list[str] = []
+        rounds.warm()
         for r in range(reps):
-            dt = 0.0
-            for p in range(passes):
-                keys = [f"bench@00000000@0@{tag}{r:02d}{p:02d}{j:06x}" for j in range(len(src))]
-                t, failed = drive(conn, "set", keys, src, batch, window)
-                dt += t
-                out["failed_keys"] += failed
-            out["store_s"].append(dt)
+            rounds.store(r)
         for _ in range(reps):
-            clear(dst)
-            dt = 0.0
-            for _ in range(passes):
-                t, failed = drive(conn, "get", keys, dst, batch, window)
-                dt += t
-                out["failed_keys"] += failed
-            out["load_s"].append(dt)
-            out["mismatched"] += same(dst, src)
-        out["stats"] = {k: v for k, v in conn.stats().items() if isinstance(v, (int, float))}
+            rounds.load()
+        return rounds.finish()
     finally:
-        conn.close()
-    return out
+        rounds.close()
 
 
 @contextlib.contextmanager
@@ -414,6 +457,148 @@ def gbps(nbytes: int, seconds: float | list[float]) -> float:
     return nbytes / s / GB
 
 
+GATEWAY_VARIANTS = {
+    # The ring with loads copied out once the batch is in it (ring_pieces off, as before r4) beside the ring
+    # in pieces (r4); loads written straight into this process's memory (r5, process_memory); with shm
+    # buffers also loads straight into them (direct_loads, r3). name: (label, direct, pieces, process, tag)
+    "whole": ("gateway unix+ring whole", False, False, False, "g"),
+    "pieces": ("gateway unix+ring", False, True, False, "p"),
+    "process": ("gateway unix+process", False, True, True, "m"),
+    "segments": ("gateway unix+segments", True, True, False, "s"),
+    "segments-shm": ("gateway unix+segments (own shm L1)", True, True, False, "o"),
+}
+
+
+def gateway_variants(args) -> list[str]:
+    return [n for n in args.gateway_rows.split(",") if n and not (n == "segments" and args.l1 != "shm")]
+
+
+class GatewayRow:
+    """One gateway row: its connector's parameters, its buffers (segments-shm with --l1 anon: a /dev/shm
+    pool of its own, LMCache's L1 with --shm-name, beside the anonymous rows), its result row and the
+    gateway's counters over its steps (counters as their growth over the row's steps, warm-up included:
+    where the gateway's time went, and the per-step sums of its process loads with ADP_LOAD_PROFILE=1;
+    gauges as they stand after its last step: review r8)."""
+
+    def __init__(self, name: str, gw: dict, args, base: dict, src, dst, n: int, size: int) -> None:
+        label, direct, pieces, process, self.tag = GATEWAY_VARIANTS[name]
+        self.process = process
+        self.params = {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process}
+        self.url = gw["gateway"]
+        self.own = name == "segments-shm" and args.l1 != "shm"
+        self.src, self.dst = (
+            (aligned_buffers(n, size, shm=True), aligned_buffers(n, size, shm=True)) if self.own else (src, dst)
+        )
+        self.pools = _SHM_POOLS[-2:] if self.own else []
+        if self.own:
+            for a, b in zip(self.src, src, strict=True):
+                a[:] = b
+        self.row = {**base, "row": label}
+        self.counters: dict = {}
+
+    @contextlib.contextmanager
+    def counted(self):
+        """The gateway's counters' growth over the block, added to the row's."""
+        before = read_gateway_stats(self.url)
+        try:
+            yield
+        finally:
+            after = read_gateway_stats(self.url)
+            for k, v in after.items():
+                if isinstance(v, (int, float)) and k.startswith(("process", "store_buffer", "load_profile")):
+                    self.counters[k] = v if GAUGES.get(k) else self.counters.get(k, 0) + v - before.get(k, 0)
+
+    def done(self, res: dict, work: Path, rows: list[dict]) -> None:
+        """The row's results checked (process rows went through process memory, ring rows did not) and kept."""
+        res["gateway_stats"] = self.counters
+        loads = res.get("stats", {}).get("process_loads", 0)
+        stores = res.get("stats", {}).get("process_stores", 0)
+        if res.get("error"):
+            pass
+        elif self.process and (loads == 0 or stores == 0):
+            res["error"] = "loads or stores did not go through process memory (refused: see the log)"
+        elif not self.process and (loads or stores):
+            res["error"] = f"{loads} loads, {stores} stores went through process memory in a ring row"
+        if res.get("error"):  # the why, kept: the work directory and its gateway log go at the end
+            res["gateway_log"] = gateway_warnings(work / "gateway.log")
+        self.row.update(res)
+        rows.append(self.row)
+        if self.own:  # its two pools: unlinked now, freed once the row's views go
+            self.src = self.dst = None
+            for path in self.pools:
+                _SHM_POOLS.remove(path)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        print(f"   {self.row['row']}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
+
+
+def run_back_to_back(work: Path, gw: dict, params, emb, names, src, dst, args, base, batch, rows) -> None:
+    """Each gateway row's repetitions back to back, one row after the other (the embedded row ran before the
+    gateway started)."""
+    for name in names:
+        g = GatewayRow(name, gw, args, base, src, dst, len(src), len(src[0]))
+        with g.counted():
+            res = connector_rounds(g.params, g.src, g.dst, args.reps, batch, args.window, g.tag)
+        g.done(res, work, rows)
+
+
+def run_interleaved(work: Path, gw: dict, params, emb, names, src, dst, args, base, batch, rows) -> None:
+    """--interleave: per repetition r, the embedded store, each gateway row's store, the embedded load, each
+    gateway row's load (each load reads the keys its row stored in r), so that every gateway repetition has
+    an embedded one next to it in time. All connectors stay open throughout, on one gateway. A gateway row
+    whose step raises is marked failed and drops out; the others go on (an embedded error ends the run, as
+    without --interleave)."""
+    n, size = len(src), len(src[0])
+    gws = [GatewayRow(name, gw, args, base, src, dst, n, size) for name in names]
+    e: Rounds | None = None
+    rounds: list[Rounds | None] = []
+    failed: dict[int, str] = {}  # index into gws: why the row dropped out
+    try:
+        e = Rounds(params, src, dst, batch, args.window, "e")
+        for i, g in enumerate(gws):
+            try:
+                with g.counted():
+                    rounds.append(Rounds(g.params, g.src, g.dst, batch, args.window, g.tag))
+            except Exception as x:  # noqa: BLE001 - the row is marked failed
+                rounds.append(None)
+                failed[i] = repr(x)
+
+        def each(what) -> None:
+            """`what` on the embedded connector, then on every gateway row still in."""
+            what(e)
+            for i, (g, ro) in enumerate(zip(gws, rounds, strict=True)):
+                if i in failed:
+                    continue
+                try:
+                    with g.counted():
+                        what(ro)
+                except Exception as x:  # noqa: BLE001 - the row is marked failed, the others go on
+                    failed[i] = repr(x)
+
+        each(Rounds.warm)
+        for r in range(args.reps):
+            each(lambda ro: ro.store(r))  # noqa: B023 - called at once
+            each(Rounds.load)
+        emb.update(e.finish())
+        rows.append(emb)
+        print(f"   embedded: {emb['failed_keys']} failed, {emb['mismatched']} mismatched", flush=True)
+        for i, (g, ro) in enumerate(zip(gws, rounds, strict=True)):
+            if ro is None or i in failed:
+                res = {"store_s": [], "load_s": [], "failed_keys": 0, "mismatched": 0}
+                if ro is not None:
+                    ro.close()
+                    res = ro.out
+                g.done({**res, "error": failed[i]}, work, rows)
+                continue
+            with g.counted():
+                res = ro.finish()
+            g.done(res, work, rows)
+    finally:
+        for ro in [e, *rounds]:
+            if ro is not None:
+                ro.close()
+
+
 def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clients: list[int]) -> None:
     n = max(workers, args.total_mb * MIB // size)
     total = n * size
@@ -441,72 +626,33 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
     medium(1)
     format_card(str(card), 0, region)
     params = {"card": str(card), "num_workers": workers, "io_depth": workers, "timeout_ms": 60000}
-    res = connector_rounds(params, src, dst, args.reps, batch, args.window, "e")
-    rows.append({**base, "row": "embedded", **res})
-    print(f"   embedded: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
-    if not args.no_gateway:
-        format_card(str(card), 0, region)
-        with gateway(card, work / "gw.sock", workers, work / "gateway.log"):
+    gw_rows = [] if args.no_gateway else gateway_variants(args)
+    if gw_rows and args.interleave:
+        base["interleaved"] = True
+    emb = {**base, "row": "embedded"}
+    if not gw_rows or not args.interleave:
+        emb.update(connector_rounds(params, src, dst, args.reps, batch, args.window, "e"))
+        rows.append(emb)
+        print(f"   embedded: {emb['failed_keys']} failed, {emb['mismatched']} mismatched", flush=True)
+    if gw_rows:
+        # --interleave: the gateway on a card of its own beside the embedded connector's, which stays open;
+        # sized, like the embedded card for its one row, for two repetitions of every row it serves, so that
+        # no row's keys are evicted before its load and both cards wrap (reuse mapped pages) at the same
+        # repetition.
+        interleave = args.interleave
+        gcard = work / "card-gateway.img" if interleave else card
+        if interleave:
+            gspan = card_bytes_for(len(gw_rows) * total, size, workers, region)
+            print(f"   interleaved: gateway card {gspan / 2**30:.1f} GiB", flush=True)
+            prefill(gcard, gspan)
+        format_card(str(gcard), 0, region)
+        with gateway(gcard, work / "gw.sock", workers, work / "gateway.log"):
             gw = {"gateway": f"unix://{work / 'gw.sock'}", "num_workers": workers, "timeout_ms": 60000}
             gw["ring_mb"] = max(64, 2 * args.keys_per_worker * size // MIB)
-            # The ring with loads copied out once the batch is in it (ring_pieces off, as before r4) beside
-            # the ring in pieces (r4); loads written straight into this process's memory (r5,
-            # process_memory); with shm buffers also loads straight into them (direct_loads, r3).
-            variants = {
-                "whole": ("gateway unix+ring whole", False, False, False, "g"),
-                "pieces": ("gateway unix+ring", False, True, False, "p"),
-                "process": ("gateway unix+process", False, True, True, "m"),
-                "segments": ("gateway unix+segments", True, True, False, "s"),
-                "segments-shm": ("gateway unix+segments (own shm L1)", True, True, False, "s"),
-            }
-            for name in args.gateway_rows.split(","):
-                if name == "segments" and args.l1 != "shm":
-                    continue
-                label, direct, pieces, process, tag = variants[name]
-                # segments-shm: with --l1 anon, this row alone loads into and stores from buffers in a
-                # /dev/shm file of its own (LMCache's L1 with --shm-name), beside the anonymous rows.
-                own = name == "segments-shm" and args.l1 != "shm"
-                row_src, row_dst = (
-                    (aligned_buffers(n, size, shm=True), aligned_buffers(n, size, shm=True)) if own else (src, dst)
-                )
-                if own:
-                    for a, b in zip(row_src, src, strict=True):
-                        a[:] = b
-                before = read_gateway_stats(gw["gateway"])
-                res = connector_rounds(
-                    {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process},
-                    row_src,
-                    row_dst,
-                    args.reps,
-                    batch,
-                    args.window,
-                    tag,
-                )
-                # The gateway's own counters over this row (warm-up included): where its time went (and the
-                # per-step sums of its process loads, with ADP_LOAD_PROFILE=1: README, session eight).
-                after = read_gateway_stats(gw["gateway"])
-                # Counters as their growth over the row; gauges (buffer bytes, threads, callers) as they
-                # stand at its end (review r8: a difference of gauges read as a count).
-                res["gateway_stats"] = {
-                    k: after[k] if GAUGES.get(k) else after[k] - before.get(k, 0)
-                    for k in after
-                    if isinstance(after[k], (int, float)) and k.startswith(("process", "store_buffer", "load_profile"))
-                }
-                loads = res.get("stats", {}).get("process_loads", 0)
-                stores = res.get("stats", {}).get("process_stores", 0)
-                if process and (loads == 0 or stores == 0):
-                    res["error"] = "loads or stores did not go through process memory (refused: see the log)"
-                elif not process and (loads or stores):
-                    res["error"] = f"{loads} loads, {stores} stores went through process memory in a ring row"
-                if res.get("error"):  # the why, kept: the work directory and its gateway log go at the end
-                    res["gateway_log"] = gateway_warnings(work / "gateway.log")
-                rows.append({**base, "row": label, **res})
-                if own:  # its two pools: unlinked now, freed once the row's views go
-                    del row_src, row_dst
-                    for path in (_SHM_POOLS.pop(), _SHM_POOLS.pop()):
-                        with contextlib.suppress(OSError):
-                            os.unlink(path)
-                print(f"   {label}: {res['failed_keys']} failed, {res['mismatched']} mismatched", flush=True)
+            run = run_interleaved if interleave else run_back_to_back
+            run(work, gw, params, emb, gw_rows, src, dst, args, base, batch, rows)
+        if interleave:
+            gcard.unlink()
     if clients:
         run_client_counts(work, card, size, args, clients, src, dst, base, rows)
     medium(2)
@@ -584,6 +730,55 @@ def client_table(rows: list[dict], summ: list[dict]) -> list[str]:
     return out
 
 
+def add_paired(rows: list[dict]) -> None:
+    """Rows of an --interleave run: every gateway row gets paired_store / paired_load, for each repetition r
+    its GB/s in r over the embedded row's GB/s in r (the two ran next to each other; a row that dropped out
+    has fewer)."""
+    keyf = lambda r: (r["object_mb"], r["workers"])  # noqa: E731
+    emb = {keyf(r): r for r in rows if r["row"] == "embedded" and r.get("interleaved")}
+    for r in rows:
+        e = emb.get(keyf(r))
+        if not r["row"].startswith("gateway") or "clients" in r or not r.get("interleaved") or not e:
+            continue
+        for op in ("store", "load"):
+            pairs = zip(r.get(f"{op}_s", []), e.get(f"{op}_s", []), strict=False)
+            r[f"paired_{op}"] = [(r["bytes"] / g) / (e["bytes"] / es) for g, es in pairs]
+
+
+def paired_table(rows: list[dict], summ: list[dict]) -> list[str]:
+    """The paired ratios of an --interleave run beside the median-of-medians ratio of the table above."""
+    pr = [(r, s) for r, s in zip(rows, summ, strict=True) if "paired_store" in r]
+    if not pr:
+        return []
+    emb = {(r["object_mb"], r["workers"]): s for r, s in zip(rows, summ, strict=True) if r["row"] == "embedded"}
+    out = [
+        "",
+        "Paired ratios (--interleave): per repetition r, the gateway row's GB/s in r / the embedded row's GB/s in r,"
+        " the two measured next to each other (per r: embedded store, every gateway row's store, embedded load,"
+        " every gateway row's load); their median and min..max. Median of medians = the table's vs embedded"
+        " (median gateway GB/s / median embedded GB/s, each median over its own repetitions).",
+        "",
+        "| object | workers | row | store, per repetition | store: median (min..max) | store: median of medians"
+        " | load, per repetition | load: median (min..max) | load: median of medians | bytes ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r, s in pr:
+        e = emb[(r["object_mb"], r["workers"])]
+        cells = []
+        for op in ("store", "load"):
+            p = r[f"paired_{op}"]
+            cells.append(", ".join(f"{x:.2f}" for x in p))
+            if s["ok"] and e["ok"] and p:
+                cells.append(f"{statistics.median(p):.2f}x ({min(p):.2f}..{max(p):.2f})")
+                cells.append(f"{s[op] / e[op]:.2f}x")
+            else:  # a failed row's (or reference's) times are no measure
+                cells += ["not ok", "not ok"]
+        out.append(
+            f"| {r['object_mb']:g} MiB | {r['workers']} | {r['row']} | {' | '.join(cells)} | {'yes' if s['ok'] else 'NO'} |"
+        )
+    return out
+
+
 def report(rows: list[dict], args, meta: dict) -> str:
     summ = summarize(rows)
     lines = [
@@ -595,7 +790,13 @@ def report(rows: list[dict], args, meta: dict) -> str:
         "",
         *[f"- {k}: {v}" for k, v in meta.items() if k != "command"],
         "",
-        "GB/s (1e9 B/s), median of the repetitions; bytes of every load checked. Medium = better of its two passes.",
+        "GB/s (1e9 B/s), median of the repetitions; bytes of every load checked. Medium = better of its two passes."
+        " vs embedded = median gateway GB/s / median embedded GB/s (median of medians).",
+        "",
+        "Interleaved (--interleave): each gateway repetition ran next to an embedded one; the paired ratios are"
+        " under the table."
+        if any(r.get("interleaved") for r in rows)
+        else "Back to back: all embedded repetitions, then each gateway row's (no paired ratio; --interleave pairs them).",
         "",
         "| object | workers | row | store GB/s | load GB/s | store / medium write | load / medium read"
         " | vs embedded (store, load) | bytes ok |",
@@ -619,6 +820,7 @@ def report(rows: list[dict], args, meta: dict) -> str:
                 f"| {r['object_mb']:g} MiB | {r['workers']} | {r['row']} | {st:.2f} | {ld:.2f} | "
                 f"{st / mw:.2f}x | {ld / mr:.2f}x | {vs_e} | {'yes' if r['ok'] else 'NO'} |"
             )
+    lines += paired_table(rows, summ)
     lines += client_table(rows, summ)
     lines += not_ok(rows)
     lines.append("")
@@ -651,6 +853,13 @@ def main() -> None:
     ap.add_argument("--keys-per-worker", type=int, default=2, help="a batch holds workers x this many keys")
     ap.add_argument("--window", type=int, default=4, help="batches in flight (LMCache bench l2: 4)")
     ap.add_argument("--no-gateway", action="store_true")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="per repetition: the embedded store, every gateway row's store, the embedded load, every gateway "
+        "row's load (the gateway on a card of its own, up beside the embedded connector): each gateway repetition "
+        "is paired with the embedded one next to it, and the report gives the paired ratios",
+    )
     ap.add_argument(
         "--gateway-rows",
         default="whole,pieces,process,segments",
@@ -697,6 +906,7 @@ def main() -> None:
         "buffers": args.l1,
         "medium": f"{args.dir} ({subprocess.run(['df', '-T', args.dir], capture_output=True, text=True).stdout.split()[-6]})",
         "load average before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "order": "interleaved (--interleave)" if args.interleave and not args.no_gateway else "back to back",
     }
     rows: list[dict] = []
     try:
@@ -710,6 +920,7 @@ def main() -> None:
     out = Path(args.out)
     raw = out / "raw" / f"{stamp}-{args.label}"
     raw.mkdir(parents=True, exist_ok=True)
+    add_paired(rows)
     (raw / "rows.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     text = report(rows, args, meta)
     (out / f"{stamp}-{args.label}.md").write_text(text + f"\nRaw: `raw/{stamp}-{args.label}/rows.json`\n")

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/bench_connector.py --interleave: every gateway repetition runs next to an embedded one, and the
+report's paired ratios are computed from the per-repetition times that rows.json keeps; a failed row still
+fails. Tiny runs (1 MiB objects, 2 workers, 2 repetitions) on a card image under tmp_path."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "bench_connector.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+ARGS = ["--workers", "2", "--sizes-mb", "1", "--total-mb", "4", "--reps", "2", "--interleave"]
+ARGS += ["--gateway-rows", "pieces,process"]
+# The bench made non-dumpable: the gateway may not write into its memory, so the process row's loads and
+# stores go through the ring and the row fails (benchmarks/README.md, bench_connector).
+NOT_DUMPABLE = (
+    "import ctypes, runpy, sys\n"
+    "assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def bench(tmp_path: Path, *pre: str) -> tuple[list[dict], str]:
+    out = tmp_path / "out"
+    cmd = [sys.executable, *pre, str(BENCH), *ARGS, "--dir", str(tmp_path / "card"), "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rows,) = out.glob("raw/*/rows.json")
+    (md,) = out.glob("*.md")
+    return json.loads(rows.read_text())["rows"], md.read_text()
+
+
+def by_name(rows: list[dict]) -> dict[str, dict]:
+    return {r["row"]: r for r in rows if r["row"] != "medium O_DIRECT"}
+
+
+def paired_line(text: str, row: str) -> list[str]:
+    """The cells of `row`'s line in the paired-ratio table."""
+    table = text.split("Paired ratios (--interleave)", 1)[1]
+    (line,) = [x for x in table.splitlines() if x.startswith(f"| 1 MiB | 2 | {row} |")]
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_interleave_pairs_each_gateway_repetition_with_the_embedded_one_beside_it(tmp_path):
+    rows, text = bench(tmp_path)
+    rs = by_name(rows)
+    e, ring, proc = rs["embedded"], rs["gateway unix+ring"], rs["gateway unix+process"]
+    assert all(r.get("interleaved") for r in (e, ring, proc))
+    # The order the steps ran in: per repetition the embedded store, the gateway rows' stores, the embedded
+    # load, the gateway rows' loads.
+    at = [x[f"{op}_at_s"][r] for r in range(2) for op in ("store", "load") for x in (e, ring, proc)]
+    assert at == sorted(at), [(x["row"], x["store_at_s"], x["load_at_s"]) for x in (e, ring, proc)]
+    for g in (ring, proc):
+        for op in ("store", "load"):
+            assert len(g[f"{op}_s"]) == len(e[f"{op}_s"]) == 2
+            # Computed by hand: GB/s of the gateway's repetition r over the embedded row's in r.
+            mine = [(g["bytes"] / gs) / (e["bytes"] / es) for gs, es in zip(g[f"{op}_s"], e[f"{op}_s"], strict=True)]
+            assert g[f"paired_{op}"] == mine
+    cells = paired_line(text, "gateway unix+ring")
+    store = ring["paired_store"]
+    load = [(ring["bytes"] / ring["load_s"][r]) / (e["bytes"] / e["load_s"][r]) for r in range(2)]
+    assert cells[3] == f"{store[0]:.2f}, {store[1]:.2f}"
+    assert cells[4] == f"{statistics.median(store):.2f}x ({min(store):.2f}..{max(store):.2f})"
+    assert cells[6] == f"{load[0]:.2f}, {load[1]:.2f}"
+    assert cells[7] == f"{statistics.median(load):.2f}x ({min(load):.2f}..{max(load):.2f})"
+    mom = statistics.median(e["load_s"]) / statistics.median(ring["load_s"])  # the main table's vs embedded
+    assert cells[8] == f"{mom:.2f}x" and cells[9] == "yes"
+    assert "| 1 MiB | 2 | gateway unix+ring | " in text.split("Paired ratios", 1)[0]
+    assert "Interleaved (--interleave): each gateway repetition ran next to an embedded one" in text
+    assert "- order: interleaved (--interleave)" in text and "Rows not ok" not in text
+
+
+def test_interleave_still_fails_a_row_whose_loads_missed_process_memory(tmp_path):
+    rows, text = bench(tmp_path, "-c", NOT_DUMPABLE)
+    rs = by_name(rows)
+    assert rs["gateway unix+process"]["error"].startswith("loads or stores did not go through process memory")
+    assert "error" not in rs["gateway unix+ring"] and "error" not in rs["embedded"]
+    assert paired_line(text, "gateway unix+process")[-1] == "NO"
+    assert paired_line(text, "gateway unix+process")[4] == "not ok"
+    assert paired_line(text, "gateway unix+ring")[-1] == "yes"
+    assert text.split("| 1 MiB | 2 | gateway unix+process |", 1)[1].splitlines()[0].endswith("| NO |")
+    assert "gateway unix+process: NO: loads or stores did not go through process memory" in text
+
+
+def test_interleave_marks_a_row_whose_step_raises_failed_and_goes_on(tmp_path, monkeypatch, capsys):
+    """In process, with the process row's second load raising: that row is marked failed (the exception in its
+    error), the embedded and ring rows finish both repetitions, and every connector is closed."""
+    import bench_connector
+
+    load, closed = bench_connector.Rounds.load, []
+
+    def broken(self):
+        if self.tag == "m" and len(self.out["load_s"]) == 1:
+            raise RuntimeError("injected")
+        load(self)
+
+    def close(self, real=bench_connector.Rounds.close):
+        closed.append(self.tag) if self.conn is not None else None
+        real(self)
+
+    monkeypatch.setattr(bench_connector.Rounds, "load", broken)
+    monkeypatch.setattr(bench_connector.Rounds, "close", close)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", [str(BENCH), *ARGS, "--dir", str(tmp_path / "card"), "--out", str(out)])
+    bench_connector.main()
+    (path,) = out.glob("raw/*/rows.json")
+    rs = by_name(json.loads(path.read_text())["rows"])
+    proc = rs["gateway unix+process"]
+    assert proc["error"] == "RuntimeError('injected')" and len(proc["load_s"]) == 1 and len(proc["store_s"]) == 2
+    assert len(rs["gateway unix+ring"]["load_s"]) == 2 and "error" not in rs["gateway unix+ring"]
+    assert len(rs["embedded"]["load_s"]) == 2 and "error" not in rs["embedded"]
+    assert sorted(closed) == ["e", "m", "p"]
+    text = capsys.readouterr().out
+    assert "gateway unix+process: NO: RuntimeError('injected')" in text
+    assert paired_line(text, "gateway unix+process")[-1] == "NO"
