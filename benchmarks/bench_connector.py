@@ -40,6 +40,7 @@ import argparse
 import atexit
 import contextlib
 import json
+import math
 import mmap
 import multiprocessing as mp
 import os
@@ -745,25 +746,40 @@ def add_paired(rows: list[dict]) -> None:
             r[f"paired_{op}"] = [(r["bytes"] / g) / (e["bytes"] / es) for g, es in pairs]
 
 
+def scatter(g: list[float], e: list[float]) -> str:
+    """How far the ratios of repetitions scatter, paired (gateway r against embedded r) against unpaired
+    (gateway r against embedded r', every r' != r): the geometric standard deviation, as +-%. Paired well
+    below unpaired: the machine drifted during the run and pairing took the drift out."""
+    n = min(len(g), len(e))
+    if n < 2:
+        return ""
+    paired = [math.log(e[i] / g[i]) for i in range(n)]
+    unpaired = [math.log(e[j] / g[i]) for i in range(n) for j in range(n) if i != j]
+    return f"±{math.expm1(statistics.pstdev(paired)):.0%} / ±{math.expm1(statistics.pstdev(unpaired)):.0%}"
+
+
 def paired_table(rows: list[dict], summ: list[dict]) -> list[str]:
     """The paired ratios of an --interleave run beside the median-of-medians ratio of the table above."""
     pr = [(r, s) for r, s in zip(rows, summ, strict=True) if "paired_store" in r]
     if not pr:
         return []
-    emb = {(r["object_mb"], r["workers"]): s for r, s in zip(rows, summ, strict=True) if r["row"] == "embedded"}
+    emb = {(r["object_mb"], r["workers"]): (r, s) for r, s in zip(rows, summ, strict=True) if r["row"] == "embedded"}
     out = [
         "",
         "Paired ratios (--interleave): per repetition r, the gateway row's GB/s in r / the embedded row's GB/s in r,"
         " the two measured next to each other (per r: embedded store, every gateway row's store, embedded load,"
         " every gateway row's load); their median and min..max. Median of medians = the table's vs embedded"
-        " (median gateway GB/s / median embedded GB/s, each median over its own repetitions).",
+        " (median gateway GB/s / median embedded GB/s, each median over its own repetitions). Scatter: the"
+        " geometric standard deviation of the ratios, paired (repetition r against r) / unpaired (r against every"
+        " other r'); paired well below unpaired = the machine drifted and pairing took the drift out.",
         "",
         "| object | workers | row | store, per repetition | store: median (min..max) | store: median of medians"
-        " | load, per repetition | load: median (min..max) | load: median of medians | bytes ok |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | store: scatter paired / unpaired | load, per repetition | load: median (min..max)"
+        " | load: median of medians | load: scatter paired / unpaired | bytes ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r, s in pr:
-        e = emb[(r["object_mb"], r["workers"])]
+        er, e = emb[(r["object_mb"], r["workers"])]
         cells = []
         for op in ("store", "load"):
             p = r[f"paired_{op}"]
@@ -773,6 +789,7 @@ def paired_table(rows: list[dict], summ: list[dict]) -> list[str]:
                 cells.append(f"{s[op] / e[op]:.2f}x")
             else:  # a failed row's (or reference's) times are no measure
                 cells += ["not ok", "not ok"]
+            cells.append(scatter(r.get(f"{op}_s", []), er.get(f"{op}_s", [])))
         out.append(
             f"| {r['object_mb']:g} MiB | {r['workers']} | {r['row']} | {' | '.join(cells)} | {'yes' if s['ok'] else 'NO'} |"
         )

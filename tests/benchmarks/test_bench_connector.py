@@ -6,6 +6,7 @@ fails. Tiny runs (1 MiB objects, 2 workers, 2 repetitions) on a card image under
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -68,10 +69,16 @@ def test_interleave_pairs_each_gateway_repetition_with_the_embedded_one_beside_i
     load = [(ring["bytes"] / ring["load_s"][r]) / (e["bytes"] / e["load_s"][r]) for r in range(2)]
     assert cells[3] == f"{store[0]:.2f}, {store[1]:.2f}"
     assert cells[4] == f"{statistics.median(store):.2f}x ({min(store):.2f}..{max(store):.2f})"
-    assert cells[6] == f"{load[0]:.2f}, {load[1]:.2f}"
-    assert cells[7] == f"{statistics.median(load):.2f}x ({min(load):.2f}..{max(load):.2f})"
+    assert cells[7] == f"{load[0]:.2f}, {load[1]:.2f}"
+    assert cells[8] == f"{statistics.median(load):.2f}x ({min(load):.2f}..{max(load):.2f})"
     mom = statistics.median(e["load_s"]) / statistics.median(ring["load_s"])  # the main table's vs embedded
-    assert cells[8] == f"{mom:.2f}x" and cells[9] == "yes"
+    assert cells[9] == f"{mom:.2f}x" and cells[11] == "yes"
+    # Scatter, by hand for two repetitions: the paired log-ratios' population sd is half their difference; the
+    # unpaired ones are gateway 0 against embedded 1 and gateway 1 against embedded 0.
+    g, es = ring["load_s"], e["load_s"]
+    paired = abs(math.log(es[0] / g[0]) - math.log(es[1] / g[1])) / 2
+    unpaired = abs(math.log(es[1] / g[0]) - math.log(es[0] / g[1])) / 2
+    assert cells[10] == f"±{math.exp(paired) - 1:.0%} / ±{math.exp(unpaired) - 1:.0%}", cells
     assert "| 1 MiB | 2 | gateway unix+ring | " in text.split("Paired ratios", 1)[0]
     assert "Interleaved (--interleave): each gateway repetition ran next to an embedded one" in text
     assert "- order: interleaved (--interleave)" in text and "Rows not ok" not in text
@@ -83,7 +90,7 @@ def test_interleave_still_fails_a_row_whose_loads_missed_process_memory(tmp_path
     assert rs["gateway unix+process"]["error"].startswith("loads or stores did not go through process memory")
     assert "error" not in rs["gateway unix+ring"] and "error" not in rs["embedded"]
     assert paired_line(text, "gateway unix+process")[-1] == "NO"
-    assert paired_line(text, "gateway unix+process")[4] == "not ok"
+    assert paired_line(text, "gateway unix+process")[4] == "not ok" == paired_line(text, "gateway unix+process")[8]
     assert paired_line(text, "gateway unix+ring")[-1] == "yes"
     assert text.split("| 1 MiB | 2 | gateway unix+process |", 1)[1].splitlines()[0].endswith("| NO |")
     assert "gateway unix+process: NO: loads or stores did not go through process memory" in text
