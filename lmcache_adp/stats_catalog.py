@@ -248,7 +248,7 @@ CLIENT_STATS: tuple[Stat, ...] = (
     ),
 )
 
-# The gateway's own (src_cpp/gateway/client_handler.cc, stats_json).
+# The gateway's own (src_cpp/gateway/stats_json.cc).
 GATEWAY_STATS: tuple[Stat, ...] = (
     Stat("clients", GAUGE, "connections", G, "Connections past the handshake"),
     Stat("batches", COUNTER, "batches", G, "Batches served since start"),

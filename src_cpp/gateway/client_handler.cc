@@ -1,22 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
+// ClientHandler's connection: the handshake, the request loop, and each batch
+// (run_batch, a pipelined process store's branch included). Its other parts:
+// process_load.cc, process_store.cc, budgets.cc, ring_words.cc; what they
+// share: handler_internal.h.
 #include "gateway/client_handler.h"
 
-#include <linux/futex.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <system_error>
 #include <thread>
-#include <type_traits>
 
+#include "gateway/handler_internal.h"
 #include "protocol/auth.h"
 #include "util/load_profile.h"
 #include "util/log.h"
@@ -27,58 +27,12 @@ namespace {
 
 using proto::Clock;
 
-namespace {
-// ADP_TEST_PROCESS_WRITE_STALL_MS: taken by the first process write that stalls.
-std::atomic<bool> g_process_stall_taken{false};
-// ADP_TEST_PROCESS_READ_STALL_MS: taken by the first process read that stalls.
-std::atomic<bool> g_process_read_stall_taken{false};
-}  // namespace
-
-// Whether this thread is inside shared->gate (CardGate): a connection's
-// thread is for its batch, a piece for its card part; both leave it for
-// every wait on the client (except a pipelined store's wait for its reader's
-// next piece, bounded by its card place's hold) and come back only while the
-// gate is open.
-thread_local bool t_in_card = false;
-// Whether this thread is a connection's store reader (tests: which reads wait).
-thread_local bool t_store_reader = false;
-
-bool card_enter(CardGate& gate) {
-  if (!t_in_card) t_in_card = gate.enter();
-  return t_in_card;
-}
-
-void card_leave(CardGate& gate) {
-  if (t_in_card) gate.leave();
-  t_in_card = false;
-}
-
-// Inside the gate for a scope (already inside: stays so after it).
-class CardSection {
- public:
-  explicit CardSection(CardGate& gate) : gate_(gate), outer_(t_in_card), ok_(card_enter(gate)) {}
-  ~CardSection() {
-    if (!outer_) card_leave(gate_);
-  }
-  CardSection(const CardSection&) = delete;
-  CardSection& operator=(const CardSection&) = delete;
-  explicit operator bool() const { return ok_; }
-
- private:
-  CardGate& gate_;
-  const bool outer_, ok_;
-};
-
-unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
-
 bool fits(uint64_t offset, uint64_t len, uint64_t area) { return offset <= area && len <= area - offset; }
 
 // A put is written in chunks of at most this much, its deadline checked between.
 constexpr size_t kPutChunkItems = 64;
 constexpr uint64_t kPutChunkBytes = 16ull << 20;
-// r5 stores: the client's memory is read in pieces of this size, each under
-// the lease, the client's liveness checked before each.
-constexpr size_t kProcessReadPieceBytes = 1u << 20;
+
 // r5 stores: a store buffer is given back once its connection sent nothing
 // for this long (mapped again, populated, by its next store).
 constexpr int kStoreBufferIdleMs = 5000;
@@ -97,27 +51,7 @@ uint64_t pipeline_min_bytes() {
   }();
   return v;
 }
-// Session eight (loads, larger pieces): with ADP_BOUNCE_PIECE_KB (the
-// gateway's environment; a multiple of 4 up to 1024, e.g. 1024) an object
-// that no helper may join when its load starts (no pool, or
-// PiecePool::helpers_now() false: 16 connections on 16 CPUs) is written by
-// its connection's thread alone in pieces of that size, fewer and larger
-// process_vm_writev calls; helpers then do not join it even if one comes
-// free later. Unset (or 256): every object in CardStore::kBouncePieceBytes
-// pieces with helpers as before, the default, because the one A/B on the
-// 16-core machine showed no gain at 2 MiB x 16 (+3%, within its spread) and
-// a loss at 32 MiB x 16 (benchmarks/README.md, "Session eight: loads, larger
-// pieces").
-size_t solo_piece_bytes() {
-  static const size_t v = [] {
-    const char* e = std::getenv("ADP_BOUNCE_PIECE_KB");
-    const uint64_t kb = e ? std::strtoull(e, nullptr, 10) : 0;
-    if (e && kb && kb % 4 == 0 && kb <= (CardStore::kLargeBouncePieceBytes >> 10)) return size_t(kb) << 10;
-    if (e) ADP_WARN("ADP_BOUNCE_PIECE_KB=%s is not a multiple of 4 from 4 to 1024: ignored", e);
-    return CardStore::kBouncePieceBytes;
-  }();
-  return v;
-}
+
 // How long the thread that holds the card place waits for the next piece
 // (1 MiB, about 0.1 ms to read) before it abandons the place: the longest a
 // client whose memory stalls the read holds back other connections'
@@ -175,90 +109,11 @@ std::string ClientHandler::peer() const {
   return "unix pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
 }
 
-// The connection's store reader: one job at a time (a chunk's reads), posted
-// by the connection's thread, which waits for it to end before the next.
-struct ClientHandler::StoreReader {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::function<void()> job;
-  bool pending = false;  // job posted and not yet ended
-  bool quit = false;
-  std::thread thread;
-};
-
-bool ClientHandler::post_to_reader(std::function<void()> job) {
-  if (!reader_) {
-    auto r = std::make_shared<StoreReader>();
-    try {
-      r->thread = std::thread([r = r.get(), id = id_] {
-        set_thread_name("adp-gw-sread", static_cast<int>(id));
-        t_store_reader = true;
-        std::unique_lock<std::mutex> l(r->mu);
-        for (;;) {
-          r->cv.wait(l, [r] { return r->quit || r->pending; });
-          if (!r->pending) return;  // quit, and nothing left to run
-          std::function<void()> run = std::move(r->job);
-          l.unlock();
-          run();
-          run = nullptr;
-          l.lock();
-          r->pending = false;
-          r->cv.notify_all();
-        }
-      });
-    } catch (const std::system_error& e) {  // a thread limit (review r8 S3): the buffer path, as before
-      ADP_WARN_LIMITED("gateway: client #%llu: no store reader thread (%s): its stores go through the buffer", ull(id_),
-                       e.what());
-      return false;
-    }
-    reader_ = std::move(r);
-  }
-  std::unique_lock<std::mutex> l(reader_->mu);
-  reader_->cv.wait(l, [this] { return !reader_->pending; });  // the one before has ended
-  reader_->job = std::move(job);
-  reader_->pending = true;
-  reader_->cv.notify_all();
-  return true;
-}
-
 Status ClientHandler::ended() const {
   if (abandoned_ || !t_in_card) return Status::Closed("the gateway stopped without this connection");
   if (control_ && control_->stopping.load(std::memory_order_relaxed))
     return Status::Closed("the gateway is stopping: the batch in progress ends here");
   return Status::Ok();
-}
-
-template <typename F>
-Status ClientHandler::in_client_memory(F&& fn) {
-  if (control_) {
-    std::lock_guard<std::mutex> l(control_->mu);
-    if (control_->abandoned) return Status::Closed("the gateway stopped");
-    // No new transfer once stop() began: one the client stalls would hold it.
-    if (control_->stopping.load(std::memory_order_relaxed)) return Status::Closed("the gateway is stopping");
-    // Since the last transfer began or ended: stop() gives up only when no
-    // thread of this connection got through one for that long.
-    control_->in_transfer++;
-    control_->transfer_since = std::chrono::steady_clock::now();
-  }
-  // Out of the card gate while the client may stall this thread (the card
-  // can close meanwhile); back in only if it is still open.
-  const bool in_card = t_in_card;
-  card_leave(shared_->gate);
-  Status s = fn();
-  if (control_) {
-    std::lock_guard<std::mutex> l(control_->mu);
-    control_->in_transfer--;
-    control_->transfer_since = std::chrono::steady_clock::now();
-    if (control_->abandoned) {
-      abandoned_ = true;
-      return Status::Closed("the gateway stopped while the client's memory stalled it");
-    }
-  }
-  if (in_card && !card_enter(shared_->gate)) {
-    abandoned_ = true;
-    return Status::Closed("the gateway closed its card while the client's memory stalled it");
-  }
-  return s;
 }
 
 void ClientHandler::refuse(const Status& why) {
@@ -275,26 +130,6 @@ void ClientHandler::refuse(const Status& why) {
   proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
                      Clock::now() + std::chrono::milliseconds(200));
   proto::finish_sending(fd_);
-}
-
-Status ClientHandler::reserve_ring(uint64_t bytes) {
-  const ConnectionLimits& lim = shared_->limits;
-  auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
-  if (bytes > lim.max_ring_bytes) {
-    shared_->refused++;
-    return Status::InvalidArgument("a ring of " + mib(bytes) + " is larger than this gateway allows per connection (" +
-                                   mib(lim.max_ring_bytes) + ", --max-ring-mb)");
-  }
-  uint64_t cur = shared_->ring_bytes_mapped.load();
-  do {
-    if (cur + bytes > lim.max_ring_total_bytes) {
-      shared_->refused++;
-      return Status::Busy("the gateway's ring memory is used up (" + mib(cur) + " of " + mib(lim.max_ring_total_bytes) +
-                          " held by other connections, --max-ring-total-mb); " + "this ring needs " + mib(bytes));
-    }
-  } while (!shared_->ring_bytes_mapped.compare_exchange_weak(cur, cur + bytes));
-  ring_reserved_ = bytes;
-  return Status::Ok();
 }
 
 Status ClientHandler::handshake() {
@@ -585,449 +420,6 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
                             Clock::now() + proto::kFrameTimeout);
 }
 
-Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline,
-                                        bool* revoked) {
-  namespace prof = load_profile;
-  prof::Timer whole(prof::kObject);
-  if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
-  if (test_segment_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-  // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
-  // checked before the object and before each of its pieces.
-  if (!process_->alive()) return Status::Closed("the client process is gone");
-  PiecePool* pool = shared_->pieces.get();
-  if (!bounces_) {  // one bounce buffer for this thread and one for each helper an object may take
-    bounce_slots_ = 1 + (pool ? pool->max_helpers() : 0);
-    bounces_ = std::make_unique<AlignedBuffer[]>(bounce_slots_);
-  }
-  // The sink runs on this thread and on the pool's helpers at once, each
-  // piece's write under the shared lease (join_lease).
-  std::mutex failed_mu;
-  Status failed;  // the first write that failed: the client gone, an address it does not have
-  std::atomic<bool> gave_up{false};
-  // The first failure, but Closed (the client gone, or the gateway stopped
-  // without this connection) wins over any: it ends the request, and the
-  // connection, before anything more of the server is touched (review r7 B1).
-  auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(failed_mu);
-    if (failed.ok() || (s.code() == Status::Code::kClosed && failed.code() != Status::Code::kClosed))
-      failed = std::move(s);
-    return false;
-  };
-  auto sink_write = [&](size_t done, const uint8_t* src, size_t len) {
-    // The request's deadline before each piece, not only each item (S1).
-    if (Clock::now() >= deadline)
-      return fail(Status::TimedOut("deadline passed in the gateway while the pieces went out"));
-    bool alive;
-    {
-      prof::Timer t(prof::kAlive);
-      alive = process_->alive();
-    }
-    if (!alive) return fail(Status::Closed("the client process is gone"));
-    if (test_process_stall_ms_ && done > 0 && (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
-        !g_process_stall_taken.exchange(true)) {
-      // Counted as a transfer of the client's memory (stop() may leave it behind), outside the lease.
-      Status s = in_client_memory([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_stall_ms_));
-        return Status::Ok();
-      });
-      if (!s.ok()) return fail(std::move(s));
-    }
-    bool joined;
-    {
-      prof::Timer t(prof::kLease);
-      joined = join_lease(request_id, deadline);
-    }
-    if (!joined) {
-      if (Clock::now() >= deadline)
-        return fail(Status::TimedOut("deadline passed in the gateway while the pieces went out"));
-      gave_up = true;
-      return false;
-    }
-    Status w = in_client_memory([&] {
-      prof::Timer t(prof::kWrite);
-      return process_->write(it.offset + done, src, len);
-    });
-    {
-      prof::Timer t(prof::kLease);
-      leave_lease(request_id);
-    }
-    return w.ok() || fail(std::move(w));
-  };
-  // Out of the card gate for the whole write: the lease may wait on writers
-  // the client stalls. Back in only while the gate is open.
-  auto sink = [&](size_t done, const uint8_t* src, size_t len) {
-    prof::Timer t(prof::kSink);
-    const bool in_card = t_in_card;
-    card_leave(shared_->gate);
-    const bool ok = sink_write(done, src, len);
-    if (in_card && !card_enter(shared_->gate))
-      return fail(Status::Closed("the gateway closed its card while this load's pieces went out"));
-    return ok;
-  };
-  auto accept = [&](size_t size) {
-    if (size == it.size) return true;
-    ADP_WARN_LIMITED("object %s holds %zu bytes but the load buffer has %llu: served as a miss",
-                     log_safe(it.key).c_str(), size, ull(it.size));
-    return false;
-  };
-  // An IoContext only for a read from a card that is not memory-speed (or
-  // a damaged object's tombstone), given back before any piece goes out.
-  // The object then stays in hold_: its bytes are reserved first, within
-  // --max-store-buffer-total-mb for the holds of all connections together.
-  // A memory-speed card never reads into hold_ (its context is only for a
-  // tombstone), so nothing is reserved there: else a total below an
-  // object's size would answer Busy forever and never drop it (review r8).
-  Status hold_refused;
-  const bool into_hold = !shared_->store->memory_speed();
-  auto with_ctx = [&](const std::function<void(IoContext&)>& fn) {
-    if (into_hold) hold_refused = reserve_hold(kBlockSize + it.size);
-    if (!hold_refused.ok()) return false;
-    auto lease = shared_->pool->acquire(deadline);
-    if (lease) fn(**lease);  // the read, and the swap into hold_
-    count_hold();
-    return bool(lease);
-  };
-  // Each piece, on this thread or a helper, runs inside the card gate (a
-  // helper freed after stop() may pick up this job: it finds the gate
-  // closed and runs nothing). This thread is out of it while it waits for
-  // the pieces (a helper's may stall), and a false return once the gate
-  // closed meanwhile tells get_via_bounce to touch the store no more.
-  CardGate& gate = shared_->gate;
-  auto gated = [&gate](const PiecePool::PieceFn& piece) {
-    return [&gate, &piece](size_t i, int slot) {
-      load_profile::Timer t(load_profile::kPiece);
-      CardSection in(gate);
-      return in && piece(i, slot);
-    };
-  };
-  // The piece size is fixed here, at the object's start: with other pieces
-  // than 256 KiB (ADP_BOUNCE_PIECE_KB) no helper joins it (run alone), so one
-  // writer holds the lease at a time and a revoke waits for at most one such
-  // piece (docs/protocol.md).
-  const size_t solo = solo_piece_bytes();
-  const bool alone = solo != CardStore::kBouncePieceBytes && !(pool && pool->helpers_now());
-  const size_t piece_bytes = alone ? solo : CardStore::kBouncePieceBytes;
-  CardStore::RunPiecesFn run_pieces = [&](size_t n, const PiecePool::PieceFn& piece) {
-    const PiecePool::PieceFn each = gated(piece);
-    card_leave(gate);
-    bool ok = true;
-    if (pool)
-      ok = pool->run(n, each, alone);
-    else
-      for (size_t i = 0; i < n && ok; i++) ok = each(i, 0);
-    if (!card_enter(gate)) return fail(Status::Closed("the gateway closed its card while this load's pieces went out"));
-    return ok;
-  };
-  if (!card_enter(gate)) return Status::Closed("the gateway is closing its card");
-  Status st = shared_->store->get_via_bounce(it.key, accept, with_ctx, {bounces_.get(), bounce_slots_}, &hold_, sink,
-                                             run_pieces, piece_bytes);
-  if (gave_up) *revoked = true;
-  if (Status e = ended(); !e.ok()) return e;
-  if (!hold_refused.ok()) return hold_refused;
-  if (!failed.ok()) return failed;
-  if (*revoked) return Status::TimedOut("the client gave up the load (lease revoked)");
-  if (st.ok()) shared_->process_loads.fetch_add(1, std::memory_order_relaxed);
-  return st;
-}
-
-bool ClientHandler::join_lease(uint64_t request_id, proto::Deadline deadline) {
-  std::unique_lock<std::mutex> lock(lease_mu_);
-  // Writes join a held lease until each slot has written once; then the
-  // next waits for the lease to go back to OPEN. A waiter re-takes it at
-  // once, so a revoke for any reason but the deadline may lose that race
-  // for the rest of the object (review r7 S4); past the request's deadline
-  // nothing takes or joins it, so a revoke at the client's deadline waits
-  // out at most the pieces already in flight, one per slot.
-  lease_free_.wait(lock, [&] { return lease_holders_ == 0 || lease_joins_ < bounce_slots_; });
-  if (Clock::now() >= deadline) return false;
-  if (lease_holders_ == 0) {
-    if (!take_lease(request_id)) return false;
-    lease_joins_ = 0;
-  }
-  lease_holders_++;
-  lease_joins_++;
-  return true;
-}
-
-void ClientHandler::leave_lease(uint64_t request_id) {
-  std::lock_guard<std::mutex> lock(lease_mu_);
-  if (--lease_holders_ == 0) {
-    give_lease(request_id);
-    lease_free_.notify_all();
-  }
-}
-
-uint64_t ClientHandler::store_object_limit() const {
-  const ConnectionLimits& lim = shared_->limits;
-  return std::min(lim.max_store_buffer_bytes, lim.max_store_buffer_total_bytes) & ~uint64_t(4095);
-}
-
-void ClientHandler::release_store_buffer() {
-  const uint64_t held = store_buf_.capacity();
-  if (!held) return;
-  {
-    AlignedBuffer gone;
-    store_buf_.swap(gone);
-  }  // unmapped here
-  shared_->store_buffer_bytes.fetch_sub(held);
-  std::lock_guard<std::mutex> l(shared_->store_buffer_mu);
-  shared_->store_buffer_freed.notify_all();
-}
-
-void ClientHandler::settle_hold(bool release) {
-  if (release || hold_over_ || hold_.capacity() > store_object_limit()) {
-    AlignedBuffer gone;
-    hold_.swap(gone);
-  }  // unmapped here
-  hold_over_ = false;
-  count_hold();
-}
-
-Status ClientHandler::reserve_hold(uint64_t bytes) {
-  bytes = (bytes + 4095) & ~uint64_t(4095);
-  if (bytes <= hold_counted_) return Status::Ok();
-  const uint64_t total = shared_->limits.max_store_buffer_total_bytes;
-  const uint64_t more = bytes - hold_counted_;
-  uint64_t cur = shared_->load_hold_bytes.load();
-  do {
-    if (cur + more > total) {
-      shared_->load_hold_busy.fetch_add(1, std::memory_order_relaxed);
-      auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
-      return Status::Busy("the gateway's load buffers are used up (" + mib(cur) + " of " + mib(total) +
-                          " held by connections' last loads from a card that is not memory-speed, "
-                          "--max-store-buffer-total-mb); this load needs " +
-                          mib(more) + " more");
-    }
-  } while (!shared_->load_hold_bytes.compare_exchange_weak(cur, cur + more));
-  hold_counted_ = bytes;
-  return Status::Ok();
-}
-
-void ClientHandler::count_hold() {
-  // What is mapped is what counts: a context's staging may be larger than
-  // the bytes reserved. Past the total (or a store buffer's size), it is
-  // given back after the batch.
-  const uint64_t now = hold_.capacity();
-  uint64_t sum = shared_->load_hold_bytes.load();
-  if (now > hold_counted_) sum = shared_->load_hold_bytes.fetch_add(now - hold_counted_) + (now - hold_counted_);
-  if (now < hold_counted_) sum = shared_->load_hold_bytes.fetch_sub(hold_counted_ - now) - (hold_counted_ - now);
-  hold_counted_ = now;
-  // Only a connection that holds something gives it back (review r8: a
-  // release of its own re-armed the flag, dropping its next hold).
-  if (now > 0 && (sum > shared_->limits.max_store_buffer_total_bytes || now > store_object_limit())) hold_over_ = true;
-}
-
-Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline) {
-  const uint64_t total = shared_->limits.max_store_buffer_total_bytes;
-  // Exactly the chunk's size in whole MiB, never past the limit (no doubling).
-  const uint64_t bytes =
-      std::max(need, std::min((need + (1u << 20) - 1) & ~uint64_t((1u << 20) - 1), store_object_limit()));
-  release_store_buffer();  // its contents need not survive, and its bytes count for the new one
-  auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
-  uint64_t cur = shared_->store_buffer_bytes.load();
-  for (;;) {
-    if (cur + bytes <= total) {
-      if (shared_->store_buffer_bytes.compare_exchange_weak(cur, cur + bytes)) break;
-      continue;
-    }
-    // Waits for room while the client still waits (its deadline) and the
-    // connection is not closing (the client gone, or the gateway stopping).
-    pollfd p{fd_, POLLRDHUP, 0};
-    const auto now = Clock::now();
-    if (now >= deadline || (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))) {
-      shared_->store_buffer_busy.fetch_add(1, std::memory_order_relaxed);
-      return Status::Busy("the gateway's store buffers are used up (" + mib(cur) + " of " + mib(total) +
-                          " held by other connections, --max-store-buffer-total-mb); this chunk needs " + mib(bytes));
-    }
-    {
-      std::unique_lock<std::mutex> l(shared_->store_buffer_mu);
-      shared_->store_buffer_waiters++;
-      shared_->store_buffer_freed.wait_for(l, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
-      shared_->store_buffer_waiters--;
-    }
-    cur = shared_->store_buffer_bytes.load();
-  }
-  if (!store_buf_.reserve_exact(bytes)) {
-    shared_->store_buffer_bytes.fetch_sub(bytes);
-    std::lock_guard<std::mutex> l(shared_->store_buffer_mu);
-    shared_->store_buffer_freed.notify_all();
-    return Status::IoError("out of memory for the store buffer of " + mib(bytes));
-  }
-  // What is mapped is what counts (release_store_buffer gives back the capacity).
-  if (store_buf_.capacity() > bytes) shared_->store_buffer_bytes.fetch_add(store_buf_.capacity() - bytes);
-  return Status::Ok();
-}
-
-bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
-                                       ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st,
-                                       const std::function<void(size_t, size_t)>* on_piece) {
-  const uint64_t cap = store_object_limit();
-  uint64_t need = 0;
-  for (size_t k = i; k < end; k++)
-    if (req.items[k].segment == proto::kProcessSegment && req.items[k].size <= cap)
-      need += (req.items[k].size + 4095) & ~uint64_t(4095);  // each object 4 KiB aligned (O_DIRECT from it)
-  if (need > store_buf_.capacity()) {
-    Status s = grow_store_buffer(need, deadline);
-    if (!s.ok()) {
-      for (size_t k = i; k < end; k++)
-        if (req.items[k].segment == proto::kProcessSegment) (*st)[k] = s;
-      return true;
-    }
-  }
-  // The chunk's objects laid out in the buffer (4 KiB aligned), then read in
-  // pieces of kProcessReadPieceBytes on this thread and on helpers of the
-  // piece pool at once, each piece under the shared lease, the client's
-  // liveness and the deadline checked before each. A helper stalled in a
-  // piece holds back this connection only (PiecePool: no job waits for a
-  // helper to come free), and nothing shared is held while it reads.
-  struct Piece {
-    size_t obj;  // index in objs
-    size_t off, len;
-  };
-  struct Obj {
-    size_t k;
-    uint8_t* dst;
-    Status st;  // the first piece that failed (under mu)
-  };
-  std::vector<Obj> objs;
-  std::vector<Piece> pieces;
-  uint64_t at = 0;
-  for (size_t k = i; k < end; k++) {
-    const proto::BatchItem& it = req.items[k];
-    if (it.segment != proto::kProcessSegment) continue;
-    if (it.size > cap) {
-      const ConnectionLimits& lim = shared_->limits;
-      const char* option = lim.max_store_buffer_total_bytes < lim.max_store_buffer_bytes ? "--max-store-buffer-total-mb"
-                                                                                         : "--max-store-buffer-mb";
-      ADP_WARN_LIMITED(
-          "gateway: client #%llu: an object of %llu bytes is larger than the store buffer (%llu MiB, %s): refused",
-          ull(id_), ull(it.size), ull(cap >> 20), option);
-      (*st)[k] = Status::InvalidArgument("an object of " + std::to_string(it.size) +
-                                         " bytes is larger than the gateway's store buffer for process memory (" +
-                                         std::to_string(cap >> 20) + " MiB, " + option + ")");
-      continue;
-    }
-    if (Clock::now() >= deadline) {
-      (*st)[k] = Status::TimedOut("deadline passed in the gateway: not written");
-      continue;
-    }
-    objs.push_back({k, store_buf_.data() + at, Status::Ok()});
-    for (size_t off = 0; off < it.size; off += kProcessReadPieceBytes)
-      pieces.push_back({objs.size() - 1, off, std::min<size_t>(it.size - off, kProcessReadPieceBytes)});
-    at += (it.size + 4095) & ~uint64_t(4095);
-  }
-  if (pieces.empty()) return true;
-  PiecePool* pool = shared_->pieces.get();
-  if (!bounce_slots_) bounce_slots_ = 1 + (pool ? pool->max_helpers() : 0);  // join_lease's bound
-  std::mutex mu;
-  bool revoked = false;
-  Status gone;
-  auto piece = [&](size_t p, int) {
-    const Piece& pc = pieces[p];
-    Obj& o = objs[pc.obj];
-    const proto::BatchItem& it = req.items[o.k];
-    {
-      std::lock_guard<std::mutex> l(mu);
-      if (revoked || !gone.ok()) return false;
-      if (!o.st.ok()) return true;  // its object failed: the rest of it is not read
-    }
-    auto fail = [&](Status s) {
-      std::lock_guard<std::mutex> l(mu);
-      if (o.st.ok()) o.st = std::move(s);
-      return true;
-    };
-    // Tests: slow before each object, outside the lease.
-    if (pc.off == 0 && test_segment_delay_ms_)
-      std::this_thread::sleep_for(std::chrono::milliseconds(test_segment_delay_ms_));
-    if (Clock::now() >= deadline) return fail(Status::TimedOut("deadline passed in the gateway: not written"));
-    // The pid names this client only while it lives (docs/protocol.md, "Process memory": the pid reuse window):
-    // checked before each piece.
-    if (!process_->alive()) {
-      std::lock_guard<std::mutex> l(mu);
-      gone = Status::Closed("the client process is gone");
-      return false;
-    }
-    if (!join_lease(pr->request_id, deadline)) {
-      if (Clock::now() >= deadline) return fail(Status::TimedOut("deadline passed in the gateway: not written"));
-      std::lock_guard<std::mutex> l(mu);
-      revoked = true;
-      return false;
-    }
-    Status s = in_client_memory([&] {
-      if (test_process_read_stall_ms_ && pc.off > 0 &&
-          (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
-          !g_process_read_stall_taken.exchange(true))
-        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_stall_ms_));
-      if (test_process_read_delay_ms_ && t_store_reader)
-        std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_delay_ms_));
-      return process_->read(it.offset + pc.off, o.dst + pc.off, pc.len);
-    });
-    leave_lease(pr->request_id);
-    if (s.code() == Status::Code::kClosed) {
-      std::lock_guard<std::mutex> l(mu);
-      gone = std::move(s);
-      return false;
-    }
-    if (!s.ok()) return fail(std::move(s));
-    shared_->process_read_bytes.fetch_add(pc.len, std::memory_order_relaxed);
-    if (on_piece) (*on_piece)(pc.off, pc.len);
-    return true;
-  };
-  // Out of the card gate for the reads (they touch no card): this thread
-  // may wait on helpers, or on the lease, that the client stalls. Back in
-  // only while the gate is open.
-  const bool in_card = t_in_card;
-  card_leave(shared_->gate);
-  if (pool) {
-    pool->run(pieces.size(), piece);
-  } else {
-    for (size_t p = 0; p < pieces.size(); p++)
-      if (!piece(p, 0)) break;
-  }
-  if (in_card && !card_enter(shared_->gate)) {
-    abandoned_ = true;
-    gone = Status::Closed("the gateway closed its card while this store's pieces were read");
-  }
-  if (!gone.ok()) pr->gone = gone;
-  if (revoked) pr->revoked = true;
-  if (!pr->gone.ok() || pr->revoked) return false;
-  for (Obj& o : objs) {
-    if (o.st.ok())
-      (*items)[o.k].data = o.dst;
-    else
-      (*st)[o.k] = std::move(o.st);
-  }
-  return true;
-}
-
-bool ClientHandler::take_lease(uint64_t request_id) {
-  uint64_t* word = reinterpret_cast<uint64_t*>(ring_->data());
-  uint64_t expected = proto::lease_word(request_id, proto::kLeaseOpen);
-  return __atomic_compare_exchange_n(word, &expected, proto::lease_word(request_id, proto::kLeaseWriting), false,
-                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-
-void ClientHandler::give_lease(uint64_t request_id) {
-  __atomic_store_n(reinterpret_cast<uint64_t*>(ring_->data()), proto::lease_word(request_id, proto::kLeaseOpen),
-                   __ATOMIC_RELEASE);
-}
-
-void ClientHandler::publish_progress(size_t item, size_t upto) {
-  if (item >= proto::kProgressSlots) return;  // delivered after the reply
-  auto* slot = reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressSlotsAt) + item;
-  __atomic_store_n(slot, static_cast<uint32_t>(upto), __ATOMIC_RELEASE);
-  bump_ticket();
-}
-
-void ClientHandler::bump_ticket() {
-  // Sequentially consistent against the client's "waiting, then re-read the
-  // ticket": either it sees the new ticket or this sees it waiting.
-  auto* ticket = reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressTicketAt);
-  __atomic_fetch_add(ticket, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressWaitingAt), __ATOMIC_SEQ_CST))
-    ::syscall(SYS_futex, ticket, FUTEX_WAKE, 1, nullptr, nullptr, 0);  // shared memory: not FUTEX_PRIVATE
-}
-
 Status ClientHandler::serve_stats(const proto::Frame& frame) {
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
@@ -1038,58 +430,6 @@ Status ClientHandler::serve_stats(const proto::Frame& frame) {
   std::vector<uint8_t> body(json.begin(), json.end());
   return proto::write_frame(fd_, proto::FrameType::kStatsReply, frame.header.request_id, body, {},
                             Clock::now() + proto::kFrameTimeout);
-}
-
-std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
-  std::string out = "{";
-  auto field = [&out](const char* k, auto v) {
-    char buf[96];
-    if constexpr (std::is_same_v<decltype(v), bool>)
-      std::snprintf(buf, sizeof buf, "\"%s\":%s,", k, v ? "true" : "false");
-    else
-      std::snprintf(buf, sizeof buf, "\"%s\":%.17g,", k, static_cast<double>(v));
-    out += buf;
-  };
-  StoreStats with = st;
-  with.process_loads = shared.process_loads.load();  // the card's own counts are 0
-  with.process_stores = shared.process_stores.load();
-  for_each_stat(with, field);
-  field("clients", shared.clients.load());
-  field("batches", shared.batches.load());
-  field("ring_bytes", shared.ring_bytes_mapped.load());
-  field("ring_used_bytes", shared.ring_bytes_in_use.load());
-  field("refused_connections", shared.refused.load());
-  field("segments", shared.segments.load());
-  field("segment_loads", shared.segment_loads.load());
-  field("segment_stores", shared.segment_stores.load());
-  field("ring_piece_loads", shared.ring_piece_loads.load());
-  field("process_read_bytes", shared.process_read_bytes.load());
-  field("process_store_read_ns", shared.process_store_read_ns.load());
-  field("process_store_put_ns", shared.process_store_put_ns.load());
-  field("process_store_pipelined", shared.process_store_pipelined.load());
-  field("process_store_stalls", shared.process_store_stalls.load());
-  field("process_store_unpipelined_busy", shared.process_store_unpipelined_busy.load());
-  field("store_buffer_bytes", shared.store_buffer_bytes.load());
-  field("store_buffer_busy", shared.store_buffer_busy.load());
-  field("load_hold_bytes", shared.load_hold_bytes.load());
-  field("load_hold_busy", shared.load_hold_busy.load());
-  field("store_buffer_waiting", shared.store_buffer_waiters.load());
-  field("processes", shared.processes.load());
-  field("process_refusals", shared.process_refusals.load());
-  field("process_write_threads", shared.pieces ? shared.pieces->threads() : 0);
-  field("process_helper_pieces", shared.pieces ? shared.pieces->helped_pieces() : 0);
-  field("process_piece_callers", shared.pieces ? shared.pieces->callers() : 0);
-  if (load_profile::kEnabled) {  // ADP_LOAD_PROFILE=1 (benchmarks only)
-    uint64_t ns[load_profile::kSteps], n[load_profile::kSteps];
-    load_profile::totals(ns, n);
-    for (int i = 0; i < load_profile::kSteps; i++) {
-      const std::string k = std::string("load_profile_") + load_profile::kNames[i];
-      field((k + "_ns").c_str(), ns[i]);
-      field((k + "_n").c_str(), n[i]);
-    }
-  }
-  out.back() = '}';
-  return out;
 }
 
 Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {
