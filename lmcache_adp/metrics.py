@@ -8,7 +8,9 @@ connector or gateway), served with prometheus_client from a daemon thread.
 
 Unhealthy (503) while the card's most recent I/O failed or, for a connector
 on a gateway, while its gateway cannot be reached (`gateway_reachable` 0:
-every load a miss, every store dropped).
+every load a miss, every store dropped), is stalled (`gateway_stalled` 1: a
+request waited 5 s with no reply) or answers with its card's I/O errors
+(`gateway_card_healthy` 0).
 """
 
 from __future__ import annotations
@@ -73,16 +75,26 @@ class StatsCollector:
 
 def health(st: dict[str, Any]) -> dict[str, Any]:
     """/health's body from a stats dict: healthy unless the card's most recent I/O failed or (a connector
-    on a gateway, whose stats carry gateway_reachable) the gateway cannot be reached; `reasons` says why not."""
+    on a gateway, whose stats carry gateway_reachable) the gateway cannot be reached, is stalled or answers
+    with its card's I/O errors; `reasons` says why not."""
     reasons = []
     if not st.get("healthy", False):
         reasons.append("the card's most recent I/O failed")
     doc: dict[str, Any] = {"io_errors": st.get("io_errors", 0)}
     if "gateway_reachable" in st:
         doc["gateway_reachable"] = bool(st["gateway_reachable"])
+        gateway = f"gateway {st['card']}" if st.get("card") else "the gateway"
         if not doc["gateway_reachable"]:
-            gateway = f"gateway {st['card']}" if st.get("card") else "the gateway"
             reasons.append(f"{gateway} unreachable: loads miss and stores are dropped until it is back")
+        doc["gateway_stalled"] = bool(st.get("gateway_stalled", False))
+        if doc["gateway_stalled"]:
+            reasons.append(
+                f"{gateway} stalled: a request waited with no reply from it (hung or overloaded); "
+                "loads and stores fail by their deadlines until it answers"
+            )
+        doc["gateway_card_healthy"] = bool(st.get("gateway_card_healthy", True))
+        if not doc["gateway_card_healthy"]:
+            reasons.append(f"{gateway}'s card fails I/O: {st.get('gateway_card_error') or 'no message'}")
     doc = {"healthy": not reasons, **doc}
     if reasons:
         doc["reasons"] = reasons

@@ -81,6 +81,10 @@ def format_status(st: dict[str, Any]) -> str:
     if "gateway_reachable" in st:  # a connector on a gateway (docs/stats.md)
         reach = "yes" if st["gateway_reachable"] else "NO (loads miss, stores are dropped; /health answers 503)"
         rows.insert(2, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))
+        if st.get("gateway_stalled"):
+            rows.insert(3, ("gateway stalled", "YES (a request waited 5 s with no reply; /health answers 503)"))
+        if not st.get("gateway_card_healthy", True):
+            rows.insert(3, ("gateway's card", f"FAILING I/O: {st.get('gateway_card_error', '')}"))
     if "clients" in st:  # a gateway (docs/stats.md: the gateway's own stats)
         rows += [
             ("connected clients", f"{st['clients']} ({st.get('refused_connections', 0)} refused by a limit)"),

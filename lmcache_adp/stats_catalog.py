@@ -44,6 +44,8 @@ LOAD_PROFILE_STEPS: tuple[str, ...] = (
 # the table (nor exported to Prometheus as a family of their own).
 NOT_NUMERIC = {
     "card": "a string: the card's path (embedded, gateway) or the gateway's address (client)",
+    "gateway_card_error": "a string (a connector on a gateway): the gateway's message of the I/O error that made "
+    "gateway_card_healthy 0, empty while it is 1",
     "latency_us_log2": "nested: per operation, a count, a sum and log2 microsecond buckets; "
     "exported as the histogram lmcache_adp_op_latency_seconds{op=get|set|exists|delete}",
 }
@@ -245,6 +247,25 @@ CLIENT_STATS: tuple[Stat, ...] = (
         C,
         "Connections to its gateway the connector's workers made again after losing theirs (a gateway restart "
         "costs one per worker that had a connection; each connects lazily, at its first batch)",
+    ),
+    Stat(
+        "gateway_stalled",
+        GAUGE,
+        "1 or 0",
+        C,
+        "1 once a request has waited 5 s with nothing heard from the gateway on any of the connector's "
+        "connections since it was sent (a hung or stopped gateway: the connection is open but silent), until "
+        "the gateway is next heard from (a reply, a published piece, a new connection's handshake); an idle "
+        "connector is never stalled. Requests fail by their deadlines meanwhile (/health answers 503 at 1)",
+    ),
+    Stat(
+        "gateway_card_healthy",
+        GAUGE,
+        "1 or 0",
+        C,
+        "0 from a load or store the gateway answered with an I/O error of its card (the message: "
+        "`gateway_card_error`) until one of the connector's loads hits or stores succeeds; the gateway's own "
+        "`healthy` is its card's every I/O (/health answers 503 at 0)",
     ),
 )
 
@@ -459,6 +480,8 @@ def render_markdown() -> str:
         "| card I/O failing (page) | `lmcache_adp_healthy == 0` |",
         "| a connector lost its gateway (page; every load a miss, every store dropped) | "
         "`lmcache_adp_gateway_reachable == 0` |",
+        "| a connector's gateway hung (page; requests fail by their deadlines) | `lmcache_adp_gateway_stalled == 1` |",
+        "| a gateway's card failing, as its connectors see it | `lmcache_adp_gateway_card_healthy == 0` |",
         "| a connector's gateway flapping | `increase(lmcache_adp_gateway_reconnects_total[1h]) > 3` |",
         "| hit ratio | `rate(lmcache_adp_hits_total[5m]) / (rate(lmcache_adp_hits_total[5m]) + "
         "rate(lmcache_adp_misses_total[5m]))` |",

@@ -128,14 +128,22 @@ struct StoreStats {
   uint64_t process_stores_over_limit = 0;
   bool healthy = true;  // false while the card's most recent I/O failed
   // A connector on a gateway only (RemoteBackend); on_gateway is false
-  // elsewhere, and then the two after it are in no stats dict (not in
+  // elsewhere, and then the ones after it are in no stats dict (not in
   // for_each_stat: the Python binding adds them). gateway_reachable: false
   // from a failed connect or a dropped connection until the next connect
   // succeeds (true before any attempt failed); gateway_reconnects:
   // connections its workers made again after losing theirs.
+  // gateway_stalled: a request waited 5 s with nothing heard from the
+  // gateway since it was sent, until it is heard from again
+  // (RemoteBackend::stalled_locked); gateway_card_healthy: false from a load
+  // or store the gateway answered with an I/O error of its card (message in
+  // gateway_card_error) until a load hits or a store succeeds.
   bool on_gateway = false;
   bool gateway_reachable = false;
   uint64_t gateway_reconnects = 0;
+  bool gateway_stalled = false;
+  bool gateway_card_healthy = true;
+  std::string gateway_card_error;
 };
 
 // Calls f(name, value) for every field of st (uint64_t, double or bool): the

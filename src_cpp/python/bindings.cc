@@ -181,6 +181,9 @@ class NativeConnector {
     if (s.on_gateway) {  // a connector on a gateway (docs/stats.md)
       d["gateway_reachable"] = s.gateway_reachable;
       d["gateway_reconnects"] = s.gateway_reconnects;
+      d["gateway_stalled"] = s.gateway_stalled;
+      d["gateway_card_healthy"] = s.gateway_card_healthy;
+      d["gateway_card_error"] = s.gateway_card_error;
     }
     return d;
   }

@@ -41,6 +41,16 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
 
 GatewayClient::~GatewayClient() { ::close(fd_); }
 
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(proto::Clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void GatewayClient::begin_wait() { waiting_since_ns_.store(steady_ns(), std::memory_order_relaxed); }
+
+void GatewayClient::heard_now() { heard_ns_.store(steady_ns(), std::memory_order_relaxed); }
+
 void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
@@ -56,6 +66,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   hello.client_name = opts.client_name;
   table_.clear();
   proto::encode_hello(hello, &table_);
+  begin_wait();
   Status s =
       proto::write_frame(fd_, proto::FrameType::kHello, ++request_id_, table_, {}, deadline, ring_ ? ring_->fd() : -1);
   if (s.ok()) {
@@ -222,6 +233,7 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
   reg.probe = std::span<const uint8_t>(probe_, sizeof probe_);
   table_.clear();
   proto::encode_register_process(reg, &table_);
+  begin_wait();
   Status s = proto::write_frame(fd_, proto::FrameType::kRegisterProcess, ++request_id_, table_, {}, deadline);
   if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kProcessOk), deadline);
   proto::ProcessOk ok;
@@ -250,7 +262,9 @@ Status GatewayClient::retry_process(proto::Deadline deadline) {
 
 Status GatewayClient::receive(uint8_t type, proto::Deadline deadline) {
   Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_);
-  if (!s.ok()) return s;
+  if (!s.ok()) return s;  // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
+  heard_now();
+  waiting_since_ns_.store(0, std::memory_order_relaxed);
   if (frame_.header.type == static_cast<uint8_t>(proto::FrameType::kError)) {
     std::string_view reason;
     s = proto::decode_error(frame_.body, &reason);
@@ -267,6 +281,7 @@ Status GatewayClient::register_segment(int fd, uint64_t bytes, proto::Deadline d
   proto::RegisterSegment reg{segments_registered_ + 1, bytes};
   table_.clear();
   proto::encode_register_segment(reg, &table_);
+  begin_wait();
   Status s = proto::write_frame(fd_, proto::FrameType::kRegisterSegment, ++request_id_, table_, {}, deadline, fd);
   if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kSegmentOk), deadline);
   if (s.ok() && !frame_.body.empty()) s = Status::InvalidArgument("gateway sent an unexpected frame");
@@ -284,6 +299,7 @@ Status GatewayClient::call(const proto::BatchRequest& req, std::span<const iovec
 Status GatewayClient::send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline) {
   table_.clear();
   proto::encode_batch(req, &table_);
+  begin_wait();
   return proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
 }
 

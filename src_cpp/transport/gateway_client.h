@@ -6,6 +6,8 @@
 // gives it a fresh ring: the gateway may still be reading the old one).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -94,10 +96,19 @@ class GatewayClient {
   // Ends any wait on this connection at once (another thread may call it).
   void interrupt() const;
 
+  // Liveness, read by other threads (RemoteBackend::stats; steady clock ns,
+  // 0: none): when the request now waiting for its reply was sent, and when
+  // the gateway was last heard from on this connection (a frame, or a get's
+  // piece published in the ring: heard_now()).
+  int64_t waiting_since_ns() const { return waiting_since_ns_.load(std::memory_order_relaxed); }
+  int64_t heard_ns() const { return heard_ns_.load(std::memory_order_relaxed); }
+  void heard_now();
+
  private:
   explicit GatewayClient(int fd) : fd_(fd) {}
   Status handshake(const GatewayClientOptions& opts, proto::Deadline deadline);
   Status receive(uint8_t type, proto::Deadline deadline);
+  void begin_wait();  // a request goes out: waiting from now until a frame comes
   // r5: after HelloOk offered process memory: Yama's ptracer, then
   // RegisterProcess with a probe of this process's memory.
   Status register_process(proto::Deadline deadline);
@@ -121,6 +132,7 @@ class GatewayClient {
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;
   proto::Frame frame_;
+  std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};
 };
 
 }  // namespace adp

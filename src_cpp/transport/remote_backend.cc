@@ -29,7 +29,14 @@ using proto::Clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kConnectTimeout{2000};
+// A request that waits this long with nothing heard from the gateway makes it
+// stalled (RemoteBackend::stalled_locked); tests: ADP_TEST_GATEWAY_STALL_MS.
+constexpr milliseconds kStallAfter{5000};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -419,6 +426,7 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
   }
   for (size_t i = 0; i < n; i++) {
     const Status& st = s.ok() ? reply_.results[i].status : s;
+    if (s.ok()) backend_->note_item(st);
     if (process_items && !spans[i].file && st.ok())
       (put ? backend_->process_stores_ : backend_->process_loads_).fetch_add(1, std::memory_order_relaxed);
     finish(i, st);
@@ -565,6 +573,7 @@ Status RemoteSession::finish_round(const RoundInput& in, size_t begin, const pro
   const uint8_t* inline_data = reply.payload.data();
   for (size_t k = 0; k < req.items.size(); k++) {
     const proto::ItemResult& r = reply.results[k];
+    if (in.op == proto::Op::kGet || in.op == proto::Op::kPut) backend_->note_item(r.status);
     if (in.op != proto::Op::kGet || !r.status.ok()) {
       finish(begin + k, r.status, nullptr, 0);
       continue;
@@ -616,6 +625,7 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
       moved = true;
     }
     while (first < tracked && copied_[first] == req.items[first].size) first++;
+    if (moved) client_->heard_now();  // a piece is a sign of life as good as a frame
     if (!s.ok() || declined || moved) continue;
     // Every published byte is out: the rest comes with the reply, or later.
     if (first == tracked || client_->readable()) break;
@@ -631,6 +641,7 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
   // A hit's bytes are all in the ring now; the rest of each goes out.
   for (size_t k = 0; k < n; k++) {
     const proto::ItemResult& r = reply->results[k];
+    backend_->note_item(r.status);
     if (r.status.ok() && copied_[k] < r.size && !declined) copy_out(k, r.size);
     if (r.status.ok() && copied_[k] < r.size)
       finish(begin + k, Status::NotFound("not delivered"), nullptr, 0);
@@ -663,8 +674,11 @@ void RemoteSession::wait_for_ticket(uint32_t seen, Deadline deadline) {
   __atomic_store_n(waiting, 0u, __ATOMIC_RELAXED);
 }
 
-RemoteBackend::RemoteBackend(GatewayClientOptions opts) : opts_(std::move(opts)) {
+RemoteBackend::RemoteBackend(GatewayClientOptions opts)
+    : opts_(std::move(opts)), stall_ns_(std::chrono::nanoseconds(kStallAfter).count()) {
   if (const char* d = std::getenv("ADP_TEST_PUT_COPY_DELAY_MS")) test_put_delay_ = milliseconds(std::atoi(d));
+  if (const char* d = std::getenv("ADP_TEST_GATEWAY_STALL_MS"); d && std::atoi(d) > 0)
+    stall_ns_ = std::chrono::nanoseconds(milliseconds(std::atoi(d))).count();
 }
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }
@@ -700,8 +714,60 @@ void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
   {
     std::lock_guard<std::mutex> l(mu_);
     live_.erase(client->get());
+    // What it knew of the gateway outlives it: when it last heard from it and
+    // a request it gave up on after waiting stall_ns_ with nothing heard.
+    const GatewayClient& c = **client;
+    const int64_t since = c.waiting_since_ns(), now = steady_ns();
+    dropped_heard_ns_ = std::max(dropped_heard_ns_, c.heard_ns());
+    if (since && now - std::max(since, heard_locked()) >= stall_ns_) {
+      unanswered_ns_ = now;       // stalled until the gateway is heard from after this
+      (void)stalled_locked(now);  // logs the stall if no stats() saw it yet
+    }
   }
   client->reset();
+}
+
+int64_t RemoteBackend::heard_locked() const {
+  int64_t heard = dropped_heard_ns_;
+  for (const GatewayClient* c : live_) heard = std::max(heard, c->heard_ns());
+  return heard;
+}
+
+bool RemoteBackend::stalled_locked(int64_t now_ns) const {
+  const int64_t heard = heard_locked();
+  int64_t oldest = 0;
+  for (const GatewayClient* c : live_) {
+    const int64_t since = c->waiting_since_ns();
+    if (since && (!oldest || since < oldest)) oldest = since;
+  }
+  // Silence counts from the later of the wait's start and the last sign of
+  // life: a gateway that sent pieces of a load and then hung is stalled too.
+  const bool stalled = unanswered_ns_ > heard || (oldest && now_ns - std::max(oldest, heard) >= stall_ns_);
+  if (stalled != stall_logged_) {
+    stall_logged_ = stalled;
+    if (stalled)
+      ADP_WARN(
+          "%s: a request waited %lld ms with nothing heard from the gateway (stalled: hung or overloaded); "
+          "requests fail by their deadlines until it answers",
+          describe().c_str(), static_cast<long long>(stall_ns_ / 1000000));
+    else
+      ADP_INFO("%s: the gateway answers again", describe().c_str());
+  }
+  return stalled;
+}
+
+void RemoteBackend::note_item(const Status& st) {
+  if (st.code() == Status::Code::kIoError) {
+    std::lock_guard<std::mutex> l(card_mu_);
+    if (!card_failing_.exchange(true, std::memory_order_relaxed))
+      ADP_WARN("%s: the gateway's card fails I/O: %s", describe().c_str(), log_safe(st.message()).c_str());
+    card_error_ = st.message();
+  } else if (st.ok() && card_failing_.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> l(card_mu_);
+    if (card_failing_.exchange(false, std::memory_order_relaxed))
+      ADP_INFO("%s: the gateway's card works again", describe().c_str());
+    card_error_.clear();
+  }
 }
 
 void RemoteBackend::note_down(const Status& why) {
@@ -811,6 +877,13 @@ StoreStats RemoteBackend::stats() const {
   s.on_gateway = true;
   s.gateway_reachable = link_.load() != Link::kDown;
   s.gateway_reconnects = reconnects_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s.gateway_stalled = stalled_locked(steady_ns());
+  }
+  std::lock_guard<std::mutex> l(card_mu_);
+  s.gateway_card_healthy = !card_failing_.load(std::memory_order_relaxed);
+  s.gateway_card_error = card_error_;
   return s;
 }
 

@@ -58,6 +58,19 @@ class RemoteBackend : public Backend {
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
   void drop(std::unique_ptr<GatewayClient>* client);
   void note_down(const Status& why);
+  // Whether the gateway is stalled (stats: gateway_stalled): a request has
+  // waited stall_ns_ with nothing heard from the gateway on any of this
+  // connector's connections since it was sent or since the last thing heard,
+  // whichever is later (it is still waiting, or was given up by its deadline
+  // after waiting that long), until the gateway is next heard from (a reply,
+  // a published piece, a new connection's handshake). Only what the
+  // connections track already: no probe is sent.
+  bool stalled_locked(int64_t now_ns) const;  // mu_ held
+  int64_t heard_locked() const;               // mu_ held: when the gateway was last heard from, any connection
+  // A load's or store's result as the gateway's reply gave it (stats:
+  // gateway_card_healthy): an I/O error on the gateway's card makes it
+  // failing until a load hits or a store succeeds.
+  void note_item(const Status& st);
   // The segment holding [p, p + len) in one mapping, from /proc/self/maps
   // (cached; re-read when p lies in no cached mapping).
   // Null file: not in a shared memory file (anonymous memory: the ring).
@@ -67,8 +80,15 @@ class RemoteBackend : public Backend {
   void hint_ring();
 
   const GatewayClientOptions opts_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::set<const GatewayClient*> live_;
+  int64_t stall_ns_;                   // 5 s; tests: ADP_TEST_GATEWAY_STALL_MS
+  int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
+  int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
+  mutable bool stall_logged_ = false;  // mu_: the last state logged
+  std::atomic<bool> card_failing_{false};
+  mutable std::mutex card_mu_;
+  std::string card_error_;  // card_mu_: the gateway's message of the I/O error
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
   // Connections sessions made again after losing theirs (stats: gateway_reconnects).

@@ -483,6 +483,9 @@ void run_connector_phase(const BackendFactory& backend, const PhaseSpec& spec, u
       pollfd p{conn.event_fd(), POLLIN, 0};
       ::poll(&p, 1, 20);
       for (adp::Completion& c : conn.drain()) tracker.on_completion(std::move(c));
+      // As a metrics scrape does, while workers send, wait and drop connections
+      // (RemoteBackend::stats reads their liveness: gateway_stalled).
+      (void)conn.stats();
     }
   });
 

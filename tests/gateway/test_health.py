@@ -5,6 +5,7 @@ say whether its gateway can be reached (README "Operations", docs/stats.md)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,15 @@ def health(port: int) -> tuple[int, dict]:
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)
+
+
+def store_until_ok(c: RawConnector, keys: list[str], datas: list[bytes], gw: Gateway, why: str) -> None:
+    """Stores again until a store succeeds; `why` fails it after 10 s (the connector reconnects with
+    back-off, at most 2 s apart)."""
+    deadline = time.monotonic() + 10
+    while not c.set(keys, [memoryview(d) for d in datas])[0]:
+        assert time.monotonic() < deadline, f"{why}:\n" + gw.log()
+        time.sleep(0.1)
 
 
 def test_health_follows_the_gateway(workdir):
@@ -52,10 +62,7 @@ def test_health_follows_the_gateway(workdir):
         assert m["lmcache_adp_gateway_reachable"] == 0 and m["lmcache_adp_gateway_reconnects_total"] == 0, m
 
         gw.start()
-        deadline = time.monotonic() + 10  # the connector retries with back-off, at most 2 s apart
-        while not c.set(keys, [memoryview(d) for d in datas])[0]:
-            assert time.monotonic() < deadline, "connector did not reconnect:\n" + gw.log()
-            time.sleep(0.1)
+        store_until_ok(c, keys, datas, gw, "connector did not reconnect")
         code, doc = health(port)
         assert (code, doc["healthy"], doc["gateway_reachable"]) == (200, True, True), doc
         assert "reasons" not in doc, doc
@@ -67,3 +74,140 @@ def test_health_follows_the_gateway(workdir):
         conn.close()
         if gw.proc:
             assert gw.stop() == 0
+
+
+# The stall bound in these tests (ADP_TEST_GATEWAY_STALL_MS, a test knob; 5 s otherwise).
+STALL_MS = 1000
+
+
+def wait_health(port: int, code: int, within: float) -> dict:
+    """Polls /health until it answers `code`; fails after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        got, doc = health(port)
+        if got == code:
+            return doc
+        assert time.monotonic() < deadline, f"/health still {got} after {within} s: {doc}"
+        time.sleep(0.05)
+
+
+def stalled_connector(workdir, monkeypatch, timeout_ms: int):
+    monkeypatch.setenv("ADP_TEST_GATEWAY_STALL_MS", str(STALL_MS))
+    gw = Gateway(workdir).start()
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=timeout_ms, metrics_port=port)
+    return gw, conn, RawConnector(conn), port
+
+
+def test_a_stopped_gateway_is_stalled_until_it_answers(workdir, monkeypatch):
+    """SIGSTOP with a load outstanding: 503 and gateway_stalled within the bound (the connection stays
+    open: gateway_reachable is still 1); SIGCONT: the load completes (hits) and the connector is healthy."""
+    gw, conn, c, port = stalled_connector(workdir, monkeypatch, timeout_ms=8000)
+    try:
+        keys, datas = keys_and_datas(3)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        gw.pause()
+        outs = [bytearray(len(d)) for d in datas]
+        t0 = time.monotonic()
+        fid = conn.submit_batch_get(keys, [memoryview(o) for o in outs])
+        time.sleep(STALL_MS / 2000)
+        assert health(port)[0] == 200, "stalled before the bound"
+        doc = wait_health(port, 503, within=STALL_MS / 1000 + 1.5)
+        assert time.monotonic() - t0 >= STALL_MS / 1000, doc
+        assert (doc["healthy"], doc["gateway_stalled"], doc["gateway_reachable"]) == (False, True, True), doc
+        assert any(gw.unix_url in r and "stalled" in r for r in doc["reasons"]), doc
+        assert conn.stats()["gateway_stalled"] is True
+        assert scrape(port)["lmcache_adp_gateway_stalled"] == 1
+        assert "gateway stalled" in format_status(conn.stats())
+        assert fid not in c.done and not conn.drain_completions(), "the load ended while the gateway was stopped"
+
+        gw.resume()
+        ok, err, per_key = c.wait(fid, timeout=5)
+        assert ok and all(per_key), (err, per_key)
+        assert [bytes(o) for o in outs] == datas
+        doc = wait_health(port, 200, within=1)
+        assert doc["gateway_stalled"] is False and "reasons" not in doc, doc
+        assert scrape(port)["lmcache_adp_gateway_stalled"] == 0
+    finally:
+        conn.close()
+        gw.resume()
+        assert gw.stop() == 0
+
+
+def test_a_load_given_up_on_a_stopped_gateway_keeps_it_stalled(workdir, monkeypatch):
+    """The load fails by its deadline (nothing hangs); the stall outlives the dropped connection until the
+    gateway is heard from again (here: the next store's new connection, after SIGCONT)."""
+    gw, conn, c, port = stalled_connector(workdir, monkeypatch, timeout_ms=2000)
+    try:
+        keys, datas = keys_and_datas(3)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        gw.pause()
+        t0 = time.monotonic()
+        ok, err, _ = c.get(keys, [memoryview(bytearray(len(d))) for d in datas])
+        assert not ok and "timed out" in err and time.monotonic() - t0 < 2 + 1, err
+        time.sleep(0.2)
+        code, doc = health(port)
+        assert (code, doc["gateway_stalled"]) == (503, True), doc
+
+        gw.resume()
+        store_until_ok(c, keys, datas, gw, "no store after SIGCONT")
+        code, doc = health(port)
+        assert (code, doc["healthy"], doc["gateway_stalled"]) == (200, True, False), doc
+    finally:
+        conn.close()
+        gw.resume()
+        assert gw.stop() == 0
+
+
+def test_an_idle_connection_is_not_stalled(workdir, monkeypatch):
+    """No request outstanding: nothing to wait for, so no stall however long the connection is silent."""
+    gw, conn, c, port = stalled_connector(workdir, monkeypatch, timeout_ms=2000)
+    try:
+        keys, datas = keys_and_datas(2)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        time.sleep(2.5 * STALL_MS / 1000)
+        code, doc = health(port)
+        assert (code, doc["gateway_stalled"]) == (200, False), doc
+        assert c.get(keys, [memoryview(bytearray(len(d))) for d in datas])[0]
+        assert health(port)[0] == 200
+    finally:
+        conn.close()
+        assert gw.stop() == 0
+
+
+def test_the_gateways_card_failing_io(workdir):
+    """A load the gateway answers with its card's I/O error: /health 503 with the gateway's message
+    (gateway_card_healthy 0) though the gateway is reachable; a store that succeeds: healthy again."""
+    gw = Gateway(workdir).start()
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=2000, metrics_port=port)
+    c = RawConnector(conn)
+    size = 0
+    try:
+        keys, datas = keys_and_datas(3)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        size = os.path.getsize(gw.card)
+        os.truncate(gw.card, 1 << 20)  # the gateway's card fails reads past 1 MiB
+        ok, err, _ = c.get(keys, [memoryview(bytearray(len(d))) for d in datas])
+        assert not ok and "unexpected end of card" in err, err
+        code, doc = health(port)
+        assert (code, doc["gateway_card_healthy"], doc["gateway_reachable"]) == (503, False, True), doc
+        assert any("card fails I/O: unexpected end of card" in r for r in doc["reasons"]), doc
+        st = conn.stats()
+        assert st["gateway_card_healthy"] is False and "unexpected end of card" in st["gateway_card_error"], st
+        assert scrape(port)["lmcache_adp_gateway_card_healthy"] == 0
+        assert "FAILING I/O" in format_status(st)
+        assert not c.get(keys[:1], [memoryview(bytearray(len(datas[0])))])[0]  # a miss or a failure: no change
+        assert health(port)[0] == 503
+
+        os.truncate(gw.card, size)
+        size = 0
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        code, doc = health(port)
+        assert (code, doc["gateway_card_healthy"]) == (200, True) and "reasons" not in doc, doc
+        assert conn.stats()["gateway_card_error"] == ""
+    finally:
+        if size:
+            os.truncate(gw.card, size)
+        conn.close()
+        assert gw.stop() == 0
