@@ -156,7 +156,7 @@ class GatewayServer:
         with token); the max_* bounds default to GatewayOptions'. process_write_threads:
         helpers writing process loads' pieces (-1: one per usable CPU, 0: none).
         max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2,
-        at least 1; 0: none)."""
+        rounded down; 0: none)."""
 
     @property
     def tcp_port(self) -> int:

@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=-1,
         help="large process stores read and copied into the card at once (each may hold an I/O context for up to "
         "200 ms plus its bytes at 512 MiB/s); the rest go through the store buffer (default -1: half of "
-        "--io-contexts, at least 1; 0: none)",
+        "--io-contexts, rounded down, so none with one context; 0: none)",
     )
     p.add_argument(
         "--metrics-port",

@@ -330,8 +330,8 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         G,
         "Process stores of one large object that would have been pipelined but went through the buffer on the "
         "connection's thread alone: the connections storing and loading left no spare CPU for a store reader "
-        "beside each (CPUs / connections < 2, the piece helpers' rule), or max(1, io_contexts / 2) pipelined "
-        "stores were running",
+        "beside each (CPUs / connections < 2, the piece helpers' rule), or --max-pipelined-stores (io_contexts / 2 "
+        "by default) pipelined stores were running",
     ),
     Stat("process_write_threads", GAUGE, "threads", G, "Helper threads of the piece pool (--process-write-threads)"),
     Stat(

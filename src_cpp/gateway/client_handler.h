@@ -140,7 +140,7 @@ struct GatewayShared {
   std::atomic<uint64_t> process_store_unpipelined_busy{0};
   // Pipelined stores in progress, and their cap (review r8 S4): each may hold
   // an I/O context and a frontier place for up to its bound, so at most half
-  // the I/O contexts (at least 1) go to them however many connections a
+  // the I/O contexts (by default; none with one) go to them however many connections a
   // client opens; a store over the cap goes through the buffer (counted as
   // process_store_unpipelined_busy).
   std::atomic<uint32_t> pipelined_stores{0};

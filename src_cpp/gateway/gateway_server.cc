@@ -42,9 +42,11 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
-  g->shared_->max_pipelined_stores = opts.max_pipelined_stores >= 0
-                                         ? static_cast<uint32_t>(opts.max_pipelined_stores)
-                                         : std::max<uint32_t>(1, static_cast<uint32_t>(opts.io_contexts) / 2);
+  // By default half the I/O contexts, rounded down: with one context, none
+  // (a pipelined store may hold its context for its bound while its client's
+  // memory is slow; review r9 S4). Only an explicit value reaches the contexts.
+  g->shared_->max_pipelined_stores = opts.max_pipelined_stores >= 0 ? static_cast<uint32_t>(opts.max_pipelined_stores)
+                                                                    : static_cast<uint32_t>(opts.io_contexts) / 2;
   // An object's pieces on at most kMaxPieceHelpers helpers beside its own
   // thread: the 16-core probe loaded 4 connections at 1.0-1.3x embedded
   // with 2 or 3 threads each (benchmarks/README.md, "Session seven").

@@ -39,7 +39,7 @@ struct GatewayOptions {
   int process_write_threads = -1;
   // Pipelined process stores at once (review r8 S4: each may hold an I/O
   // context and a frontier place for up to its bound); -1: half the I/O
-  // contexts, at least 1; 0: no pipelined stores.
+  // contexts, rounded down (none with one context); 0: no pipelined stores.
   int max_pipelined_stores = -1;
   // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
   // own small pool and a short handshake timeout, so they never hold the

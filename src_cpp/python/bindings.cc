@@ -535,8 +535,8 @@ PYBIND11_MODULE(_native, m) {
           py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
           "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
           "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
-          "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, at "
-          "least 1; 0: none).")
+          "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
+          "rounded down; 0: none).")
       .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"),
            "Waits for the server to stop; True if it did within timeout_s.")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import ctypes
 import json
 import select
+import shutil
 import socket
+import tempfile
 import threading
 import time
 
@@ -266,3 +268,34 @@ def test_pipelined_stores_at_the_io_contexts_are_warned_about(workdir, pipelined
         assert ("--max-pipelined-stores 2 >= --io-contexts 2" in gw.log()) == warned, gw.log()
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize("flags, pipelined", [((), 0), (("--max-pipelined-stores", "1"), 1)], ids=["default", "one"])
+def test_one_io_context_pipelines_no_store_unless_asked(flags, pipelined):
+    """Review r9 S4: with --io-contexts 1 the default cap (half the contexts) is 0, not 1: a pipelined
+    store could hold the only I/O context for up to its bound while its client's memory is slow. So a
+    12 MiB process store on a memory-speed card (no piece pool: the pipeline is never short of a CPU)
+    goes through the buffer, not counted as busy, and no warning is logged; asking for 1 pipelines it,
+    with the warning at start. Stored byte for byte either way."""
+    big = 12 * 1024 * 1024 + 100
+    d = tempfile.mkdtemp(prefix="adpgw-", dir="/dev/shm")
+    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", "1", "--process-write-threads", "0", *flags)).start()
+    a = StoreClient(gw)
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(payload("one@a", big), big)
+        assert a.put([b"one@a"], [big], [ctypes.addressof(src)], timeout_ms=20000) == [(0, b"")]
+        st = read_gateway_stats(gw.unix_url)
+        assert st["process_stores"] == 1 and st["objects"] == 1, st
+        assert st["process_store_pipelined"] == pipelined and st["process_store_unpipelined_busy"] == 0, st
+        assert ("--max-pipelined-stores 1 >= --io-contexts 1" in gw.log()) == bool(pipelined), gw.log()
+        r = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, process_memory=False))
+        out = bytearray(big)
+        assert r.get(["one@a"], [memoryview(out)])[2] == [True]
+        r.conn.close()
+        assert bytes(out) == payload("one@a", big)
+    finally:
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+

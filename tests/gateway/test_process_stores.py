@@ -825,7 +825,9 @@ def test_a_stalled_pipelined_store_gives_up_its_card_place(monkeypatch, io_conte
     monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "6000")
     # Two connections storing: a spare CPU for each one's reader on any host (CPUs / 2 >= 2).
     monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", "4")
-    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", str(io_contexts))).start()
+    # One pipelined store with one I/O context too (by default none there: review r9 S4).
+    cap = ("--max-pipelined-stores", "1") if io_contexts == 1 else ()
+    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", str(io_contexts), *cap)).start()
     monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
     monkeypatch.delenv("ADP_TEST_GATEWAY_CPUS")
     a = StoreClient(gw)
@@ -926,7 +928,8 @@ def test_a_slow_pipelined_read_holds_the_card_place_for_the_object_bound_only(mo
     big = 40 * MIB + 100
     d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
     monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
-    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", "1", "--process-write-threads", "0")).start()
+    flags = ("--io-contexts", "1", "--max-pipelined-stores", "1", "--process-write-threads", "0")  # r9 S4: asked for
+    gw = Gateway(d, card_size_gb=1, extra=flags).start()
     monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
     a = StoreClient(gw)
     b = None
