@@ -25,6 +25,10 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
       s = Status::InvalidArgument("--listen takes tcp://HOST:PORT, got " + opts.tcp_listen);
     if (s.ok() && opts.token.empty()) s = Status::InvalidArgument("a TCP listener needs a token (--token-file)");
   }
+  // 0 would clamp every batch's deadline to now: every item TimedOut
+  // (review r9 N3; the CLI's range is 1..86400 s).
+  if (s.ok() && opts.max_request_timeout_ms == 0)
+    s = Status::InvalidArgument("max_request_timeout_ms must be at least 1 (--max-request-timeout-s >= 1)");
   if (!s.ok()) return s;
   // The card first: its lock tells a second gateway on the same card to go
   // away before it touches the socket of the first.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import select
 import shutil
 import socket
@@ -17,7 +18,7 @@ import time
 
 import pytest
 
-from lmcache_adp import ADPConnector
+from lmcache_adp import ADPConnector, _native
 from lmcache_adp._native import FEATURE_PROCESS_STORES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
@@ -298,4 +299,22 @@ def test_one_io_context_pipelines_no_store_unless_asked(flags, pipelined):
         a.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_request_timeout_cap_of_zero_is_refused(workdir):
+    """Review r9 N3: max_request_timeout_ms=0 would clamp every batch's deadline to now (every item
+    TimedOut); GatewayServer refuses it before it opens the card (the CLI's range is 1..86400 s)."""
+    card = os.path.join(workdir, "card.img")
+    with pytest.raises(ValueError, match="max_request_timeout_ms must be at least 1"):
+        _native.GatewayServer(
+            card=card,
+            card_size_bytes=256 << 20,
+            socket_path=os.path.join(workdir, "gw.sock"),
+            max_request_timeout_ms=0,
+        )
+    assert not os.path.exists(card)
+    ok = _native.GatewayServer(
+        card=card, card_size_bytes=256 << 20, socket_path=os.path.join(workdir, "gw.sock"), max_request_timeout_ms=1
+    )
+    ok.close()
 
