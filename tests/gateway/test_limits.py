@@ -318,3 +318,19 @@ def test_a_request_timeout_cap_of_zero_is_refused(workdir):
     )
     ok.close()
 
+
+def test_a_stray_test_cpu_count_is_logged(monkeypatch, workdir):
+    """Review r9 N2: ADP_TEST_GATEWAY_CPUS (a test hook) is read in production start-up too; when set,
+    the gateway says so at WARNING, with the count it uses instead of the machine's."""
+    gw = Gateway(workdir).start()
+    try:
+        assert "ADP_TEST_GATEWAY_CPUS" not in gw.log(), gw.log()
+    finally:
+        gw.stop()
+    monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", "3")
+    gw.start()
+    try:
+        said = "ADP_TEST_GATEWAY_CPUS=3 is set (a test hook): the piece helpers and the store pipeline count 3 CPUs"
+        assert said in gw.log(), gw.log()
+    finally:
+        gw.stop()
