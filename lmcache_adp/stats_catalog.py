@@ -138,7 +138,15 @@ CARD_LIST: tuple[Stat, ...] = (
         "Loads not served: the key is not on the card, the object failed its checks, or the load failed",
     ),
     Stat("stores", COUNTER, "objects", _OPS, "Objects stored (acknowledged)"),
-    Stat("store_failures", COUNTER, "objects", _OPS, "Objects that could not be stored"),
+    Stat(
+        "store_failures",
+        COUNTER,
+        "objects",
+        _OPS,
+        "Objects that could not be stored; a gateway's: by its card, not those whose read from the client's "
+        "process memory failed (a bad address, the lease revoked, the client gone: the client's failure, "
+        "answered to it, also when the store was pipelined)",
+    ),
     Stat("deletes", COUNTER, "objects", _OPS, "Objects deleted on request"),
     Stat("evicted_objects", COUNTER, "objects", _CARD, "Objects evicted to make room"),
     Stat("evicted_regions", COUNTER, "regions", _CARD, "Regions evicted (whole, least recently used) to make room"),

@@ -41,7 +41,10 @@ using FillFn = std::function<Status(uint8_t* dst, uint64_t offset, size_t len)>;
 // does meanwhile (a gateway reading a client's memory that the client
 // scribbles on). A fill that fails fails that item only: not indexed,
 // nothing of it visible, the rest of the batch unaffected; its status is the
-// item's result (not counted as a card I/O error). A fill runs while the
+// item's result (not counted as a card I/O error, nor in store_failures: the
+// source failed, not the store, and its caller answers for it; review r9
+// S2: the gateway's pipelined store whose read of the client failed, or
+// stalled and was stored from the buffer next). A fill runs while the
 // store holds its place on the write frontier (and its caller an I/O
 // context): every later store's acknowledgement waits for it, so a source
 // that can stall (a client's memory: FUSE, userfaultfd) must not be a fill.
@@ -52,10 +55,6 @@ struct PutItem {
   const uint8_t* data;
   size_t size;
   FillFn fill = {};
-  // Set (by the fill) when the fill gave the item's card place up on purpose
-  // and its caller stores the object another way: the failed item is then
-  // not counted in store_failures (the pipelined process store's stall).
-  const bool* gave_up = nullptr;
 };
 
 // Places a loaded payload in dst and checks its CRC there; false if it is not

@@ -654,7 +654,6 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                 const auto hold_by = Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) +
                                      std::chrono::nanoseconds(first.size * 1000000000ull / kPipelineMinBytesPerSecond);
                 PutItem item{first.key, nullptr, first.size};
-                item.gave_up = &stalled;  // stored from the buffer next: not a store failure
                 item.fill = [&](uint8_t* dst, uint64_t off, size_t len) {
                   for (size_t done = 0; done < len;) {
                     const size_t at = off + done, p = at / kProcessReadPieceBytes;

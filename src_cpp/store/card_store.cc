@@ -417,6 +417,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
   std::vector<uint64_t> tickets(n, 0);  // of the written ones
+  // Items whose fill failed: their source's failure (the caller answers for
+  // it), not counted in store_failures (review r9 S2).
+  std::vector<uint8_t> source_failed(n, 0);
   // Regions holding this put's objects stay pinned until the commit: a
   // sealed region would otherwise look empty and be evicted (and rewritten)
   // before its objects are indexed.
@@ -465,7 +468,9 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
     bool card_error = true;  // false: the fill (the source) failed, or staging memory
     if (filled) {
-      s = write_filled(ctx, pl.ext, it, epoch, seq, flags, mapped, &card_error);
+      bool fill_failed = false;
+      s = write_filled(ctx, pl.ext, it, epoch, seq, flags, mapped, &card_error, &fill_failed);
+      source_failed[i] = fill_failed;
     } else if (mapped || (aligned && device_->memory_backed())) {
       s = write_in_pieces(ctx, pl.ext, it, epoch, seq, flags, mapped);
     } else if (aligned && it.size >= kOverlapCrcBytes) {
@@ -595,7 +600,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
   for (size_t i = 0; i < n; i++)
-    if (!results[i].ok() && !(items[i].gave_up && *items[i].gave_up)) counters_.store_failures++;
+    if (!results[i].ok() && !source_failed[i]) counters_.store_failures++;
 }
 
 bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
@@ -694,7 +699,7 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
 }
 
 Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
-                               uint64_t seq, uint32_t flags, bool mapped, bool* card_error) {
+                               uint64_t seq, uint32_t flags, bool mapped, bool* card_error, bool* source_failed) {
   // Each piece (kFillPieceBytes at most) is filled where it goes, then
   // checksummed there while it is in the CPU's cache: the CRC is of the bytes
   // on the card, whatever the source does meanwhile. The header, which
@@ -702,12 +707,16 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
   // write_in_pieces: an object whose fill failed part way has no header and
   // is abandoned.
   *card_error = false;
+  *source_failed = false;
   uint32_t pcrc = 0;
   auto fill = [&](uint8_t* dst, uint64_t offset, size_t len) {
     for (size_t done = 0; done < len;) {
       size_t l = std::min(len - done, kFillPieceBytes);
       Status s = it.fill(dst + done, offset + done, l);
-      if (!s.ok()) return s;
+      if (!s.ok()) {
+        *source_failed = true;
+        return s;
+      }
       pcrc = crc32c_extend(pcrc, dst + done, l);
       done += l;
     }

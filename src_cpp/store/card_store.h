@@ -265,9 +265,10 @@ class CardStore {
   // Writes object `it` from its fill (PutItem::fill) over `ext`: into the
   // mapping when `mapped`, else through staging; the CRC over the bytes as
   // they landed. *card_error: whether a failure was the card's (an I/O
-  // error) rather than the fill's or staging memory's.
+  // error) rather than the fill's or staging memory's; *source_failed:
+  // whether it was the fill's (the caller's source, not this store's).
   Status write_filled(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch, uint64_t seq,
-                      uint32_t flags, bool mapped, bool* card_error);
+                      uint32_t flags, bool mapped, bool* card_error, bool* source_failed);
   // Writes object `it` from 4 KiB-aligned memory to a disk card: the body
   // while ctx's CrcWorker checksums it, then the header.
   Status write_body_then_header(IoContext& ctx, const Placement& pl, const PutItem& it, uint64_t epoch, uint64_t seq,
