@@ -858,8 +858,9 @@ def test_a_stalled_pipelined_store_gives_up_its_card_place(monkeypatch, io_conte
     """As test_a_stalled_store_read_holds_back_only_its_own_connection, for an
     object stored while it is read (BIG): the read stalls at its second piece
     for 6 s while the connection holds the object's card place and an I/O
-    context. Within 200 ms it gives both up (the place abandoned: one store
-    failure counted, a pad on the card), so a second client stores and loads
+    context. Within 200 ms it gives both up (the place abandoned: a pad on
+    the card, counted in process_store_stalls, not in store_failures since
+    the object is stored from the buffer next), so a second client stores and loads
     within its own 3 s deadline, with one I/O context and with four. The
     stalled store then completes from the buffer (60 s deadline) or fails
     once its 2 s deadline has passed; that connection's later large stores go
