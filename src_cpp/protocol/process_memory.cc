@@ -190,9 +190,12 @@ Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t le
     if (err == ESRCH && alive() && retargets++ < 3 && renew(&t)) continue;
     const std::string where = std::to_string(len) + " bytes at " + hex(addr) + " in pid " + std::to_string(pid_);
     if (err == ESRCH || !alive()) return Status::Closed("the client process is gone");
+    // EPERM's causes, at most 200 bytes with any pid (logs clip there: log_safe).
     if (err == EPERM)
       return Status::Unavailable("no access to the memory of pid " + std::to_string(pid_) +
-                                 " (ptrace permission: Yama ptrace_scope, another uid, or a seccomp filter)");
+                                 " (EPERM: Yama ptrace_scope, another uid, a seccomp filter, or not dumpable: prctl "
+                                 "PR_SET_DUMPABLE 0 or a setuid exec, /proc/" +
+                                 std::to_string(pid_) + "/status then owned by root)");
     if (err == EFAULT)
       return Status::InvalidArgument(std::string(write ? "cannot write " : "cannot read ") + where + " (not mapped" +
                                      (write ? " writable" : "") + " there)");

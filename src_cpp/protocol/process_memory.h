@@ -12,7 +12,7 @@
 //     pidfd_open on kernels before 6.5);
 //   - it may read the process's memory: the probe's bytes, read at the
 //     address the client named, are the ones it sent (EPERM from Yama, a
-//     uid or a seccomp filter: refused).
+//     uid, a client not dumpable or a seccomp filter: refused).
 // A refusal is no protocol error: the connection keeps the ring.
 //
 // Every thread drops CAP_SYS_PTRACE from its effective capabilities before

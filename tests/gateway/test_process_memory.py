@@ -14,6 +14,7 @@ import ctypes
 import json
 import mmap
 import os
+import re
 import select
 import shutil
 import signal
@@ -566,7 +567,10 @@ def test_non_dumpable_client_is_refused_even_by_a_root_gateway(card_gateway):
     assert os.geteuid() == 0, "this test needs root: it shows that a root gateway gets EPERM from the kernel"
     gw = card_gateway
     store(gw, ["nd@0", "nd@1"])
-    assert "no access to the memory" in refused_child_loads(gw, [sys.executable, "-c", NON_DUMPABLE_CHILD])
+    refusal = refused_child_loads(gw, [sys.executable, "-c", NON_DUMPABLE_CHILD])
+    # The refusal names this cause among EPERM's, and how to see it (review r9: the bench's non-dumpable run).
+    assert "no access to the memory" in refusal and "or not dumpable: prctl PR_SET_DUMPABLE 0" in refusal, refusal
+    assert re.search(r"/proc/\d+/status then owned by root\)", refusal), refusal  # whole: not clipped
 
 
 def set_dumpable(on: bool) -> None:
