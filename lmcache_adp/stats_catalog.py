@@ -336,12 +336,13 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "objects",
         G,
-        "Process stores of one large object that would have been pipelined but went through the buffer on the "
-        "connection's thread alone: the connections storing and loading left no spare CPU for a store reader "
-        "beside each (CPUs / connections < 2, the piece helpers' rule), or --max-pipelined-stores (io_contexts / 2 "
-        "by default) pipelined stores were running. Not counted (in no counter): a connection's large stores "
-        "in the 30 s after one of its stores stalled (process_store_stalls) or its store reader thread could not "
-        "start; so pipelined + unpipelined_busy is not every large store",
+        "Process stores of one large object that would have been pipelined but went through the buffer: the "
+        "connections storing and loading left no spare CPU for a store reader beside each (CPUs / connections "
+        "< 2, the piece helpers' rule; read on the connection's thread alone), or --max-pipelined-stores "
+        "(io_contexts / 2 by default) pipelined stores were running when its first piece was read (read whole "
+        "by its reader, then stored). Not counted (in no counter): a connection's large stores in the 30 s "
+        "after one of its stores stalled (process_store_stalls) or its store reader thread could not start; so "
+        "pipelined + unpipelined_busy is not every large store",
     ),
     Stat("process_write_threads", GAUGE, "threads", G, "Helper threads of the piece pool (--process-write-threads)"),
     Stat(

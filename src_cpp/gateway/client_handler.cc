@@ -66,8 +66,10 @@ constexpr int kPipelinePieceWaitMs = 200;
 // for 256 MiB; a slower read gives the place up as a stalled one does.
 constexpr uint64_t kPipelineMinBytesPerSecond = 512ull << 20;
 
-// One of GatewayShared::max_pipelined_stores, taken for a pipelined store's
-// whole branch (review r8 S4), given back on every way out of it.
+// One of GatewayShared::max_pipelined_stores (review r8 S4), taken by a
+// pipelined store once its reader has the first piece, with the card place
+// and the I/O context (session nine: taken before it, a client that stalled
+// at the start kept it), given back on every way out of it.
 class PipelineSlot {
  public:
   PipelineSlot(GatewayShared& shared, bool want) : shared_(shared) {
@@ -205,6 +207,8 @@ Status ClientHandler::handshake() {
     if (const char* on = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_ON"))
       test_process_stall_on_helper_ = std::string_view(on) == "helper";
     if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_STALL_MS")) test_process_read_stall_ms_ = std::atoi(d);
+    if (const char* at = std::getenv("ADP_TEST_PROCESS_READ_STALL_AT"))
+      test_process_read_stall_at_start_ = std::string_view(at) == "start";
     if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")) test_process_read_delay_ms_ = std::atoi(d);
     if (const char* d = std::getenv("ADP_TEST_PIPELINE_RETRY_MS"))
       pipeline_retry_ = std::chrono::milliseconds(std::atoi(d));
@@ -588,8 +592,6 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                           shared_->max_pipelined_stores > 0;
           const bool wanted = pipeline;
           if (pipeline && shared_->pieces && !shared_->pieces->spare_cpu()) pipeline = false;
-          PipelineSlot slot(*shared_, pipeline);
-          pipeline = slot.taken();
           if (wanted && !pipeline) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
           if (pipeline) {
             const uint64_t need = (first.size + 4095) & ~uint64_t(4095);
@@ -645,11 +647,17 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                 std::lock_guard<std::mutex> l(prog->mu);
                 ahead = prog->done[0];
               }
+              // A slot only now, with the card place and the I/O context: a
+              // client stalled before its first piece holds none. None free:
+              // the object is stored from the buffer once read, as a stalled one.
+              PipelineSlot slot(*shared_, ahead);
+              const bool no_slot = ahead && !slot.taken();
+              if (no_slot) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
               bool stalled = false;
               Status put_st = Status::TimedOut("the read from the client's memory ended early");
-              if (ahead && !lease) lease = shared_->pool->acquire(deadline);
-              if (ahead && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
-              if (ahead && lease) {
+              if (slot.taken() && !lease) lease = shared_->pool->acquire(deadline);
+              if (slot.taken() && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
+              if (slot.taken() && lease) {
                 const uint8_t* buf = store_buf_.data();
                 const auto hold_by = Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) +
                                      std::chrono::nanoseconds(first.size * 1000000000ull / kPipelineMinBytesPerSecond);
@@ -704,7 +712,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                     ull(id_), peer().c_str(), kPipelinePieceWaitMs,
                     static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(pipeline_retry_).count()));
               }
-              if (!rst[i].ok() || put_st.ok() || !stalled) {
+              if (!rst[i].ok() || put_st.ok() || !(stalled || no_slot)) {
                 // Stored; or the read failed (its status is the answer), or the
                 // card store did (the deadline, the card).
                 st[i] = !rst[i].ok() ? std::move(rst[i]) : std::move(put_st);
@@ -715,7 +723,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                 i = end;
                 continue;
               }
-              // Stalled, and read whole since: stored from the buffer as any other chunk.
+              // Stalled (or no slot), and read whole since: stored from the buffer as any other chunk.
               items[i].data = store_buf_.data();
               read_before = true;
             } else {

@@ -134,14 +134,16 @@ struct GatewayShared {
   // buffer once read, as any other).
   std::atomic<uint64_t> process_store_pipelined{0};
   std::atomic<uint64_t> process_store_stalls{0};
-  // Large process stores that went through the buffer on the connection's
-  // thread alone because the connections storing and loading left no CPU
-  // for a store reader beside each (PiecePool::spare_cpu() false).
+  // Large process stores that went through the buffer: the connections
+  // storing and loading left no CPU for a store reader beside each
+  // (PiecePool::spare_cpu() false), or no pipeline slot was free once the
+  // first piece was read (max_pipelined_stores).
   std::atomic<uint64_t> process_store_unpipelined_busy{0};
   // Pipelined stores in progress, and their cap (review r8 S4): each may hold
   // an I/O context and a frontier place for up to its bound, so at most half
-  // the I/O contexts (by default; none with one) go to them however many connections a
-  // client opens; a store over the cap goes through the buffer (counted as
+  // the I/O contexts (by default; none with one) go to them however many
+  // connections a client opens; a store over the cap (taken once its first
+  // piece is read) goes through the buffer (counted as
   // process_store_unpipelined_busy).
   std::atomic<uint32_t> pipelined_stores{0};
   uint32_t max_pipelined_stores = 1;
@@ -355,6 +357,9 @@ class ClientHandler {
   // this long inside the read, under the lease, as a process_vm_readv of a
   // buffer on a FUSE file or userfaultfd range the client never serves.
   int test_process_read_stall_ms_ = 0;
+  // Tests only (ADP_TEST_PROCESS_READ_STALL_AT=start): that read is an
+  // object's first piece instead (a pipelined store's reader not yet ahead).
+  bool test_process_read_stall_at_start_ = false;
   // Tests only (ADP_TEST_PROCESS_READ_PIECE_DELAY_MS): every piece a store
   // reader reads (pipelined stores only; not its helpers) waits this long
   // inside the read, as a client that serves each piece slowly (review r8 B2).

@@ -156,7 +156,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       return false;
     }
     Status s = in_client_memory([&] {
-      if (test_process_read_stall_ms_ && pc.off > 0 &&
+      if (test_process_read_stall_ms_ && (pc.off > 0) != test_process_read_stall_at_start_ &&
           (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
           !g_process_read_stall_taken.exchange(true))
         std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_stall_ms_));

@@ -1045,6 +1045,54 @@ def test_pipelined_stores_are_capped_at_half_the_io_contexts(monkeypatch, flags)
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_store_stalled_before_its_first_piece_keeps_no_pipeline_slot(monkeypatch):
+    """Session nine (S4 of session eight's re-read): a pipelined store takes its slot of
+    --max-pipelined-stores with its card place and I/O context, once its reader has the first
+    piece, not before. A first client's store whose first piece stalls 4 s
+    (ADP_TEST_PROCESS_READ_STALL_AT=start) holds no slot meanwhile, so with one slot a second
+    client's two large stores are pipelined during the stall, none sent through the buffer as
+    process_store_unpipelined_busy (both were, before); the stalled one is stored once its piece
+    comes, and all three land byte for byte."""
+    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "4000")
+    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_AT", "start")
+    gw = Gateway(d, card_size_gb=1, extra=("--max-pipelined-stores", "1", "--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
+    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_AT")
+    a = StoreClient(gw)
+    b = None
+    try:
+        assert a.register()[0] & FEATURE_PROCESS_STORES
+        src = ctypes.create_string_buffer(distinct("start@a", BIG), BIG)
+        t0 = time.monotonic()
+        send_process_put(a, "start@a", BIG, src, 60000)
+        time.sleep(0.5)  # the gateway is in the stalled first piece
+        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        keys = [f"start@b{i}" for i in range(2)]
+        for k in keys:
+            ok, err, _ = b.set([k], [memoryview(bytearray(distinct(k, BIG)))])
+            assert ok, err
+        st = stats(gw)
+        assert time.monotonic() - t0 < 3.5, "the stores took longer than the stall: no test"
+        # Tried on the pipeline, not sent through the buffer for want of a slot (a busy host may
+        # stall a read of B's past its bound: then B's next store takes the buffer, not counted busy).
+        assert st["process_store_unpipelined_busy"] == 0, st
+        assert st["process_store_pipelined"] + st["process_store_stalls"] >= 1, st
+        ftype, body = a.recv()  # the stalled store's reply
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
+        hits, data = load(gw, ["start@a", *keys], BIG)
+        assert hits == [True] * 3 and data == [distinct(k, BIG) for k in ["start@a", *keys]]
+        st = stats(gw)
+        assert st["process_store_unpipelined_busy"] == 0 and st["process_stores"] == 3, st
+        assert st["store_failures"] == 0, st
+    finally:
+        if b is not None:
+            b.conn.close()
+        a.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_a_connection_pipelines_again_a_while_after_a_stall(monkeypatch):
     """Review r8 S5: a stall sends a connection's large stores through the buffer for a while
     (30 s; ADP_TEST_PIPELINE_RETRY_MS here), not for the connection's life, so one scheduling
