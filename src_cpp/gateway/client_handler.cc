@@ -585,9 +585,9 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           // 0.82x -> 0.74x (benchmarks/README.md, "Session eight: stores").
           bool read_before = false;  // the chunk is in store_buf_ already (a pipelined store that stalled)
           const proto::BatchItem& first = req.items[i];
-          if (reader_stalled_ && Clock::now() - reader_stalled_at_ >= pipeline_retry_) reader_stalled_ = false;
-          bool pipeline = put_process && end == i + 1 && first.segment == proto::kProcessSegment && !reader_stalled_ &&
-                          pipeline_min_bytes() && first.size >= pipeline_min_bytes() &&
+          if (reader_stalled_at_ && Clock::now() - *reader_stalled_at_ >= pipeline_retry_) reader_stalled_at_.reset();
+          bool pipeline = put_process && end == i + 1 && first.segment == proto::kProcessSegment &&
+                          !reader_stalled_at_ && pipeline_min_bytes() && first.size >= pipeline_min_bytes() &&
                           first.size <= store_object_limit() && store.memory_speed() &&
                           shared_->max_pipelined_stores > 0;
           const bool wanted = pipeline;
@@ -702,9 +702,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                   st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
                 break;
               }
-              if (stalled && !reader_stalled_) {
+              if (stalled && !reader_stalled_at_) {
                 // This connection's stores go through the buffer alone for a while.
-                reader_stalled_ = true;
                 reader_stalled_at_ = Clock::now();
                 ADP_WARN_LIMITED(
                     "gateway: client #%llu (%s): its memory stalled a store's read for over %d ms: "
@@ -727,8 +726,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
               items[i].data = store_buf_.data();
               read_before = true;
             } else {
-              reader_stalled_ = true;  // no reader thread: the buffer path for a while
-              reader_stalled_at_ = Clock::now();
+              reader_stalled_at_ = Clock::now();  // no reader thread: the buffer path for a while
             }
           }
           if (put_process && !read_before) {

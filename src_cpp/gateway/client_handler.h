@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -325,15 +326,15 @@ class ClientHandler {
   // or an object not read within that plus its bytes at
   // kPipelineMinBytesPerSecond, abandons the place (the object is then
   // stored from the buffer once the reader is done, as any other), and this
-  // connection stores through the buffer alone from then on.
+  // connection stores through the buffer alone for a while.
   struct StoreReader;
   std::shared_ptr<StoreReader> reader_;
-  bool reader_stalled_ = false;
-  // When reader_stalled_ was set: the connection pipelines again
-  // pipeline_retry_ later (review r8 S5: one scheduling hiccup on a busy host
-  // must not cost a well-behaved connection its pipeline for life; the cap
-  // above bounds what a client gains by stalling again).
-  std::chrono::steady_clock::time_point reader_stalled_at_{};
+  // Set when a read stalled (or no reader thread could start): the
+  // connection stores through the buffer alone until pipeline_retry_ after
+  // it (review r8 S5: one scheduling hiccup on a busy host must not cost a
+  // well-behaved connection its pipeline for life; the cap above bounds what
+  // a client gains by stalling again).
+  std::optional<std::chrono::steady_clock::time_point> reader_stalled_at_;
   // 30 s (tests only: ADP_TEST_PIPELINE_RETRY_MS).
   std::chrono::steady_clock::duration pipeline_retry_ = std::chrono::seconds(30);
   // Tests only (ADP_TEST_SEGMENT_WRITE_DELAY_MS): a pause before each object
