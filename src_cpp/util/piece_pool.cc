@@ -59,25 +59,26 @@ size_t PiecePool::work(Job& job, int slot, bool helper) {
   return ran;
 }
 
-bool PiecePool::helpers_now() const {
+int PiecePool::cpus_beside_each_caller() const {
   const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
-  return !threads_.empty() && !stopping_.load(std::memory_order_relaxed) &&
-         std::min(max_helpers_, cpus_ / callers - 1) > 0;
+  return cpus_ / callers - 1;
 }
 
-bool PiecePool::spare_cpu() const {
-  const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
-  return cpus_ / callers >= 2;
+int PiecePool::helper_limit() const {
+  if (threads_.empty() || stopping_.load(std::memory_order_relaxed)) return 0;
+  return std::max(0, std::min(max_helpers_, cpus_beside_each_caller()));
 }
+
+bool PiecePool::helpers_now() const { return helper_limit() > 0; }
+
+bool PiecePool::spare_cpu() const { return cpus_beside_each_caller() >= 1; }
 
 bool PiecePool::run(size_t n, const PieceFn& piece, bool alone) {
   Job job;
   job.piece = &piece;
   job.n = n;
-  const int callers = std::max(1, callers_.load(std::memory_order_relaxed));
-  job.limit = std::min(max_helpers_, cpus_ / callers - 1);
-  const bool shared =
-      !alone && n > 1 && job.limit > 0 && !threads_.empty() && !stopping_.load(std::memory_order_relaxed);
+  job.limit = helper_limit();
+  const bool shared = !alone && n > 1 && job.limit > 0;
   if (shared) {
     {
       std::lock_guard<std::mutex> lock(mu_);

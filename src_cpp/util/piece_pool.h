@@ -97,6 +97,14 @@ class PiecePool {
   static bool on_helper_thread();
 
  private:
+  // The CPUs the callers alive leave each beside its own thread:
+  // CPUs / callers - 1 (callers at least 1). The one rule of helper_limit()
+  // and spare_cpu().
+  int cpus_beside_each_caller() const;
+  // The helpers a job run now may take: none without helper threads or once
+  // stopping, else min(max_helpers, cpus_beside_each_caller()), at least 0.
+  // run() gives a job this many; helpers_now() is whether it is above 0.
+  int helper_limit() const;
   struct Job {
     const PieceFn* piece;
     size_t n;
