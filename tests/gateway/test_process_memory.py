@@ -219,8 +219,9 @@ def test_a_connection_counts_as_loading_until_it_idles(monkeypatch, idle_ms):
 @pytest.mark.parametrize("piece_kb", [None, 1024])
 def test_load_profile_counts_every_step_of_every_piece(monkeypatch, piece_kb):
     """ADP_LOAD_PROFILE=1 (benchmarks/README.md, "Session eight: loads"): the
-    gateway's per-step sums of its process loads count each object once and
-    each of its pieces once in every per-piece step (pin, copy, unpin, sink,
+    gateway's per-step sums of its process loads count each object once (in
+    every per-object step: the header's copy and check are one step, timed
+    once since session nine) and each of its pieces once in every per-piece step (pin, copy, unpin, sink,
     liveness, write; the lease twice: join and leave), a batch once, and time
     every step; off (the default), the stats carry none of them. The pieces
     are 256 KiB; with ADP_BOUNCE_PIECE_KB=1024 and no piece helpers, 1 MiB
@@ -250,6 +251,7 @@ def test_load_profile_counts_every_step_of_every_piece(monkeypatch, piece_kb):
             k[len("load_profile_") : -2]: v for k, v in st.items() if k.startswith("load_profile_") and k.endswith("_n")
         }
         assert n["batch"] == 2 and n["object"] == n["lookup"] == n["combine"] == n["run"] == objects, n
+        assert n["index"] == n["first_look"] == n["header"] == objects, n
         for step in ("piece", "pin", "copy", "unpin", "sink", "alive", "write"):
             assert n[step] == pieces, (step, n)
         assert n["lease"] == 2 * pieces, n
