@@ -552,6 +552,10 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         std::vector<PutItem> todo;
         std::vector<size_t> todo_at;
         std::vector<Status> todo_st;
+        // A pipelined object's read (by item, as read_process_chunk lays
+        // them out): sized to the batch once, not for each such object.
+        std::vector<PutItem> ritems;
+        std::vector<Status> rst;
         for (size_t i = 0; i < n;) {
           if (Status e = ended(); !e.ok()) return e;
           if (Clock::now() >= deadline) {
@@ -611,8 +615,9 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             auto prog = std::make_shared<Progress>();
             prog->done.assign((first.size + kProcessReadPieceBytes - 1) / kProcessReadPieceBytes, 0);
             ProcessRead rpr{request_id, deadline};
-            std::vector<PutItem> ritems(n);
-            std::vector<Status> rst(n);
+            ritems.resize(n);
+            rst.resize(n);
+            rst[i] = Status::Ok();  // its chunk is item i alone: the only entry read
             const std::function<void(size_t, size_t)> on_piece = [prog](size_t off, size_t) {
               std::lock_guard<std::mutex> l(prog->mu);
               prog->done[off / kProcessReadPieceBytes] = 1;
