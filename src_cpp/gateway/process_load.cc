@@ -21,7 +21,8 @@ using proto::Clock;
 std::atomic<bool> g_process_stall_taken{false};
 
 // Session eight (loads, larger pieces): with ADP_BOUNCE_PIECE_KB (the
-// gateway's environment; a multiple of 4 up to 1024, e.g. 1024) an object
+// gateway's environment; a whole number of KiB, a multiple of 4 from 4 to
+// 1024, e.g. 1024; anything else is ignored with a warning) an object
 // that no helper may join when its load starts (no pool, or
 // PiecePool::helpers_now() false: 16 connections on 16 CPUs) is written by
 // its connection's thread alone in pieces of that size, fewer and larger
@@ -34,9 +35,11 @@ std::atomic<bool> g_process_stall_taken{false};
 size_t solo_piece_bytes() {
   static const size_t v = [] {
     const char* e = std::getenv("ADP_BOUNCE_PIECE_KB");
-    const uint64_t kb = e ? std::strtoull(e, nullptr, 10) : 0;
-    if (e && kb && kb % 4 == 0 && kb <= (CardStore::kLargeBouncePieceBytes >> 10)) return size_t(kb) << 10;
-    if (e) ADP_WARN("ADP_BOUNCE_PIECE_KB=%s is not a multiple of 4 from 4 to 1024: ignored", e);
+    char* end = nullptr;
+    const uint64_t kb = e ? std::strtoull(e, &end, 10) : 0;
+    const bool digits_only = e && e[0] >= '0' && e[0] <= '9' && *end == '\0';  // no sign, space or unit
+    if (digits_only && kb && kb % 4 == 0 && kb <= (CardStore::kLargeBouncePieceBytes >> 10)) return size_t(kb) << 10;
+    if (e) ADP_WARN("ADP_BOUNCE_PIECE_KB=%s is not a whole number of KiB, a multiple of 4 from 4 to 1024: ignored", e);
     return CardStore::kBouncePieceBytes;
   }();
   return v;

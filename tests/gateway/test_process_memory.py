@@ -216,6 +216,34 @@ def test_a_connection_counts_as_loading_until_it_idles(monkeypatch, idle_ms):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.parametrize("value", ["4M", "64 ", "0", "6", "2048", "-4"])
+def test_a_piece_size_other_than_whole_kib_from_4_to_1024_is_ignored(monkeypatch, value):
+    """ADP_BOUNCE_PIECE_KB is a whole number of KiB, a multiple of 4 from 4 to 1024; anything else (a
+    unit or a space after the number, 0, not a multiple of 4, past 1 MiB, a sign) is ignored with a
+    warning, and an object goes out in the default 256 KiB pieces (counted by ADP_LOAD_PROFILE=1).
+    Until session nine "4M" and "64 " were read as 4 and 64 KiB pieces (the number's digits only)."""
+    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_LOAD_PROFILE", "1")
+    monkeypatch.setenv("ADP_BOUNCE_PIECE_KB", value)
+    gw = Gateway(d, extra=("--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_LOAD_PROFILE")
+    monkeypatch.delenv("ADP_BOUNCE_PIECE_KB")
+    try:
+        store(gw, ["piece-kb"])
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        try:
+            out = bytearray(SIZE)
+            assert c.get(["piece-kb"], [memoryview(out)])[2] == [True]
+            assert bytes(out) == payload("piece-kb", SIZE)
+        finally:
+            c.conn.close()
+        assert stats(gw)["load_profile_piece_n"] == -(-SIZE // PIECE)
+        assert f"ADP_BOUNCE_PIECE_KB={value} is not" in gw.log()
+    finally:
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("piece_kb", [None, 1024])
 def test_load_profile_counts_every_step_of_every_piece(monkeypatch, piece_kb):
     """ADP_LOAD_PROFILE=1 (benchmarks/README.md, "Session eight: loads"): the
