@@ -644,6 +644,14 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
               // The place is reserved only once the reader is ahead (its first
               // piece read): a client that stalls from the start holds nothing.
               if (!wait_out([&] { return prog->done[0] || prog->finished; })) {
+                // The card closed (stop() gave up on this connection) with the
+                // reader past its first piece: its job refers to this frame
+                // (req, rpr, ritems, rst, on_piece), so it ends first; its
+                // pieces left fail at once (in_client_memory: abandoned).
+                {
+                  std::unique_lock<std::mutex> lk(prog->mu);
+                  prog->cv.wait(lk, [&] { return prog->finished; });
+                }
                 abandoned_ = true;
                 return Status::Closed("the gateway closed its card while this store's pieces were read");
               }
