@@ -62,9 +62,17 @@ constexpr int kPipelinePieceWaitMs = 200;
 // And the longest it holds the place for the whole object (review r8 B2: a
 // client that serves each piece just inside the piece's wait would hold it
 // for the whole object): kPipelinePieceWaitMs plus the object's bytes at this
-// rate (a reader of memory goes at 5-60 GB/s), so 264 ms for 32 MiB, 712 ms
+// rate (a reader of memory goes at 5-60 GB/s), so 262.5 ms for 32 MiB, 700 ms
 // for 256 MiB; a slower read gives the place up as a stalled one does.
 constexpr uint64_t kPipelineMinBytesPerSecond = 512ull << 20;
+// An object's bytes at that rate, in microseconds: exact enough, and no
+// overflow below 16 TiB, past --max-store-buffer-mb's top (1 TiB); in
+// nanoseconds it overflowed past 17 GiB (review r9 N1).
+constexpr std::chrono::microseconds pipeline_bytes_time(uint64_t bytes) {
+  return std::chrono::microseconds(bytes * 1000000ull / kPipelineMinBytesPerSecond);
+}
+static_assert(pipeline_bytes_time(32ull << 20) == std::chrono::microseconds(62500));
+static_assert(pipeline_bytes_time(64ull << 30) == std::chrono::seconds(128), "a 64 GiB object: no overflow");
 
 // One of GatewayShared::max_pipelined_stores (review r8 S4), taken by a
 // pipelined store once its reader has the first piece, with the card place
@@ -672,8 +680,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
               if (slot.taken() && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
               if (slot.taken() && lease) {
                 const uint8_t* buf = store_buf_.data();
-                const auto hold_by = Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) +
-                                     std::chrono::nanoseconds(first.size * 1000000000ull / kPipelineMinBytesPerSecond);
+                const auto hold_by =
+                    Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) + pipeline_bytes_time(first.size);
                 PutItem item{first.key, nullptr, first.size};
                 item.fill = [&](uint8_t* dst, uint64_t off, size_t len) {
                   for (size_t done = 0; done < len;) {
