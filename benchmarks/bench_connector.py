@@ -20,8 +20,10 @@ size and worker count, on one card image:
              workers, both measured in the same run with as many bytes
 
 --interleave: per repetition the embedded store, every gateway row's store, the embedded load, every gateway
-row's load (the gateway up throughout, on a card of its own), and the report pairs each gateway repetition with
-the embedded one beside it: gateway / embedded GB/s per repetition, median and min..max (README, "--interleave").
+row's load (the gateway up throughout, on a card of its own), the order reversed every other repetition (odd r:
+the gateway rows last to first, then the embedded one: a linear drift's bias cancels between them), and the report
+pairs each gateway repetition with the embedded one beside it: gateway / embedded GB/s per repetition, median
+and min..max (README, "--interleave").
 
 Every loaded byte is compared with what was stored (a wrong or missing object fails the row).
 Rates are GB/s (1e9 bytes/s) of the median of --reps timed repetitions; the medium runs before
@@ -543,10 +545,20 @@ def run_back_to_back(work: Path, gw: dict, params, emb, names, src, dst, args, b
         g.done(res, work, rows)
 
 
+def step_order(k: int, r: int) -> list[int | None]:
+    """--interleave's order of the connectors' steps in repetition r: None (embedded), then the k gateway rows'
+    indices 0..k-1 for even r; the reverse (k-1..0, then None) for odd r."""
+    order: list[int | None] = [None, *range(k)]
+    return order if r % 2 == 0 else order[::-1]
+
+
 def run_interleaved(work: Path, gw: dict, params, emb, names, src, dst, args, base, batch, rows) -> None:
     """--interleave: per repetition r, the embedded store, each gateway row's store, the embedded load, each
     gateway row's load (each load reads the keys its row stored in r), so that every gateway repetition has
-    an embedded one next to it in time. All connectors stay open throughout, on one gateway. A gateway row
+    an embedded one next to it in time. The order alternates (step_order): even r embedded first, then the
+    gateway rows in --gateway-rows order; odd r the gateway rows last to first, then embedded, stores and
+    loads alike, so a drift linear in time biases a row's paired ratio one way in even repetitions and the
+    other way, by as much, in odd ones. All connectors stay open throughout, on one gateway. A gateway row
     whose step raises is marked failed and drops out; the others go on (an embedded error ends the run, as
     without --interleave)."""
     n, size = len(src), len(src[0])
@@ -564,22 +576,25 @@ def run_interleaved(work: Path, gw: dict, params, emb, names, src, dst, args, ba
                 rounds.append(None)
                 failed[i] = repr(x)
 
-        def each(what) -> None:
-            """`what` on the embedded connector, then on every gateway row still in."""
-            what(e)
-            for i, (g, ro) in enumerate(zip(gws, rounds, strict=True)):
+        def each(what, r: int) -> None:
+            """`what` on the embedded connector and on every gateway row still in, in repetition r's order."""
+            for i in step_order(len(gws), r):
+                if i is None:
+                    what(e)
+                    continue
                 if i in failed:
                     continue
+                g, ro = gws[i], rounds[i]
                 try:
                     with g.counted():
                         what(ro)
                 except Exception as x:  # noqa: BLE001 - the row is marked failed, the others go on
                     failed[i] = repr(x)
 
-        each(Rounds.warm)
+        each(Rounds.warm, 0)
         for r in range(args.reps):
-            each(lambda ro: ro.store(r))  # noqa: B023 - called at once
-            each(Rounds.load)
+            each(lambda ro: ro.store(r), r)  # noqa: B023 - called at once
+            each(Rounds.load, r)
         emb.update(e.finish())
         rows.append(emb)
         print(f"   embedded: {emb['failed_keys']} failed, {emb['mismatched']} mismatched", flush=True)
@@ -810,8 +825,10 @@ def report(rows: list[dict], args, meta: dict) -> str:
         "GB/s (1e9 B/s), median of the repetitions; bytes of every load checked. Medium = better of its two passes."
         " vs embedded = median gateway GB/s / median embedded GB/s (median of medians).",
         "",
-        "Interleaved (--interleave): each gateway repetition ran next to an embedded one; the paired ratios are"
-        " under the table."
+        "Interleaved (--interleave): each gateway repetition ran next to an embedded one, in an order alternating"
+        " per repetition (even r: embedded, then the gateway rows in --gateway-rows order; odd r: the gateway rows"
+        " last to first, then embedded; stores and loads alike: a linear drift's bias cancels between them); the paired"
+        " ratios are under the table."
         if any(r.get("interleaved") for r in rows)
         else "Back to back: all embedded repetitions, then each gateway row's (no paired ratio; --interleave pairs them).",
         "",
@@ -874,8 +891,9 @@ def main() -> None:
         "--interleave",
         action="store_true",
         help="per repetition: the embedded store, every gateway row's store, the embedded load, every gateway "
-        "row's load (the gateway on a card of its own, up beside the embedded connector): each gateway repetition "
-        "is paired with the embedded one next to it, and the report gives the paired ratios",
+        "row's load, the order reversed in odd repetitions (the gateway on a card of its own, up beside the "
+        "embedded connector): each gateway repetition is paired with the embedded one next to it, and the report "
+        "gives the paired ratios",
     )
     ap.add_argument(
         "--gateway-rows",
@@ -923,7 +941,9 @@ def main() -> None:
         "buffers": args.l1,
         "medium": f"{args.dir} ({subprocess.run(['df', '-T', args.dir], capture_output=True, text=True).stdout.split()[-6]})",
         "load average before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "order": "interleaved (--interleave)" if args.interleave and not args.no_gateway else "back to back",
+        "order": "interleaved (--interleave), alternating: odd repetitions reversed"
+        if args.interleave and not args.no_gateway
+        else "back to back",
     }
     rows: list[dict] = []
     try:

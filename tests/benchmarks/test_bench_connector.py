@@ -54,9 +54,11 @@ def test_interleave_pairs_each_gateway_repetition_with_the_embedded_one_beside_i
     rs = by_name(rows)
     e, ring, proc = rs["embedded"], rs["gateway unix+ring"], rs["gateway unix+process"]
     assert all(r.get("interleaved") for r in (e, ring, proc))
-    # The order the steps ran in: per repetition the embedded store, the gateway rows' stores, the embedded
-    # load, the gateway rows' loads.
-    at = [x[f"{op}_at_s"][r] for r in range(2) for op in ("store", "load") for x in (e, ring, proc)]
+    # The order the steps ran in, alternating per repetition (a linear drift cancels in the median): r = 0 the
+    # embedded store, the gateway rows' stores in --gateway-rows order, the embedded load, the gateway rows'
+    # loads; r = 1 the gateway rows' stores last to first, the embedded store, then the loads in that order.
+    order = [(e, ring, proc), (proc, ring, e)]
+    at = [x[f"{op}_at_s"][r] for r in range(2) for op in ("store", "load") for x in order[r]]
     assert at == sorted(at), [(x["row"], x["store_at_s"], x["load_at_s"]) for x in (e, ring, proc)]
     for g in (ring, proc):
         for op in ("store", "load"):
@@ -80,8 +82,18 @@ def test_interleave_pairs_each_gateway_repetition_with_the_embedded_one_beside_i
     unpaired = abs(math.log(es[1] / g[0]) - math.log(es[0] / g[1])) / 2
     assert cells[10] == f"±{math.exp(paired) - 1:.0%} / ±{math.exp(unpaired) - 1:.0%}", cells
     assert "| 1 MiB | 2 | gateway unix+ring | " in text.split("Paired ratios", 1)[0]
-    assert "Interleaved (--interleave): each gateway repetition ran next to an embedded one" in text
-    assert "- order: interleaved (--interleave)" in text and "Rows not ok" not in text
+    assert "Interleaved (--interleave): each gateway repetition ran next to an embedded one, in an order" in text
+    assert "- order: interleaved (--interleave), alternating: odd repetitions reversed" in text
+    assert "Rows not ok" not in text
+
+
+def test_interleave_order_alternates_per_repetition():
+    """step_order, which run_interleaved follows (the test above checks a real run's times): None is the embedded
+    connector, 0..k-1 the gateway rows in --gateway-rows order."""
+    from bench_connector import step_order
+
+    assert [step_order(3, r) for r in range(4)] == [[None, 0, 1, 2], [2, 1, 0, None]] * 2
+    assert step_order(1, 0) == [None, 0] and step_order(1, 5) == [0, None]
 
 
 def test_interleave_still_fails_a_row_whose_loads_missed_process_memory(tmp_path):
