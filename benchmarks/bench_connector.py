@@ -33,7 +33,7 @@ fdatasync per thread. Raw per-repetition times go to the JSON beside the report.
 
   python benchmarks/bench_connector.py --workers 2 --sizes-mb 2,32 --total-mb 1024
   python benchmarks/bench_connector.py --workers 4,16 --clients 1,2,4,8 --total-mb 4096
-  python benchmarks/bench_connector.py --workers 2 --sizes-mb 2,32 --total-mb 512 --interleave
+  python benchmarks/bench_connector.py --workers 2 --sizes-mb 2,32 --total-mb 512 --reps 4 --interleave
 """
 
 from __future__ import annotations

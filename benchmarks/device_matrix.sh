@@ -4,7 +4,7 @@
 #   benchmarks/device_matrix.sh OUT TREE...   (each TREE a source tree of lmcache-adp)
 # The first TREE is pip-installed; the others are built in place and measured from their own
 # directory (bench_connector.py prefers a tree's in-place build). BENCH_ARGS overrides the matrix, e.g.
-# BENCH_ARGS="--workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 5 --interleave --gateway-rows pieces,process,segments-shm"
+# BENCH_ARGS="--workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 6 --interleave --gateway-rows pieces,process,segments-shm"
 # for issue 10's paired ratios (benchmarks/README.md, "--interleave").
 # Everything lands flat in OUT, so that the device tool, which returns at most 8 files and none more
 # than 2 folders below its $OUT, brings it all back from OUT=$OUT/NAME: host.txt (host facts and the
