@@ -263,8 +263,12 @@ CLIENT_STATS: tuple[Stat, ...] = (
         C,
         "1 once a request has waited 5 s with nothing heard from the gateway on any of the connector's "
         "connections since it was sent (a hung or stopped gateway: the connection is open but silent), until "
-        "the gateway is next heard from (a reply, a published piece, a new connection's handshake); an idle "
-        "connector is never stalled. Requests fail by their deadlines meanwhile (/health answers 503 at 1)",
+        "the gateway is next heard from (a reply, a published piece, a new connection's handshake, or, on a "
+        "ring with a control page, the gateway's alive word moving: it is bumped per item or chunk finished, so "
+        "a slow but working gateway is not stalled; over TCP or a ring without one, only replies count, and a "
+        "request that takes the gateway 5 s reads stalled); an idle connector is never stalled. Logged "
+        "(WARNING) when it starts, by the waiting request itself. Requests fail by their deadlines meanwhile "
+        "(/health answers 503 at 1)",
     ),
     Stat(
         "gateway_card_healthy",
@@ -272,7 +276,8 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "1 or 0",
         C,
         "0 from a load or store the gateway answered with an I/O error of its card (the message: "
-        "`gateway_card_error`) until one of the connector's loads hits or stores succeeds; the gateway's own "
+        '`gateway_card_error`; not the I/O-error answers about the gateway\'s own memory, "out of memory ...", '
+        "nor its process_vm_readv/writev of the client's memory, \"process_vm_...\") until one of the connector's loads hits or stores succeeds; the gateway's own "
         "`healthy` is its card's every I/O (/health answers 503 at 0)",
     ),
 )
@@ -491,7 +496,8 @@ def render_markdown() -> str:
         "| card I/O failing (page) | `lmcache_adp_healthy == 0` |",
         "| a connector lost its gateway (page; every load a miss, every store dropped) | "
         "`lmcache_adp_gateway_reachable == 0` |",
-        "| a connector's gateway hung (page; requests fail by their deadlines) | `lmcache_adp_gateway_stalled == 1` |",
+        "| a connector's gateway hung, or a request waiting 5 s on a gateway heard from only by its replies (TCP): "
+        "requests fail by their deadlines | `lmcache_adp_gateway_stalled == 1` |",
         "| a gateway's card failing, as its connectors see it | `lmcache_adp_gateway_card_healthy == 0` |",
         "| a connector's gateway flapping | `increase(lmcache_adp_gateway_reconnects_total[1h]) > 3` |",
         "| hit ratio | `rate(lmcache_adp_hits_total[5m]) / (rate(lmcache_adp_hits_total[5m]) + "

@@ -808,6 +808,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                 .fetch_add(1, std::memory_order_relaxed);
           }
           i = end;
+          note_alive();
         }
         // Another connection waits for room: this one's buffer goes back now.
         if (put_process && shared_->store_buffer_waiters.load()) release_store_buffer();
@@ -829,6 +830,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         const uint64_t batch_from = any_process && load_profile::kEnabled ? load_profile::now_ns() : 0;
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
+          if (i) note_alive();  // item i - 1 is done
           if (Status e = ended(); !e.ok()) return e;
           if (Clock::now() >= deadline) {
             st[i] = Status::TimedOut("deadline passed in the gateway");

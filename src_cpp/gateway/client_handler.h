@@ -266,6 +266,9 @@ class ClientHandler {
   void publish_progress(size_t item, size_t upto);
   // Bumps the progress ticket, waking the client if it sleeps on it.
   void bump_ticket();
+  // r7: bumps the control page's alive word (a sign of life; no-op without
+  // a control page). After each put chunk, process store piece, get item.
+  void note_alive();
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);

@@ -172,6 +172,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
     }
     if (!s.ok()) return fail(std::move(s));
     shared_->process_read_bytes.fetch_add(pc.len, std::memory_order_relaxed);
+    note_alive();
     if (on_piece) (*on_piece)(pc.off, pc.len);
     return true;
   };

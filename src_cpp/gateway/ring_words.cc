@@ -60,6 +60,13 @@ void ClientHandler::publish_progress(size_t item, size_t upto) {
   bump_ticket();
 }
 
+void ClientHandler::note_alive() {
+  // r7: a relaxed add costing nothing next to the item it follows; the
+  // client reads only that it changed (frame.h, kAliveAt).
+  if (!ring_ || !(segments_enabled_ || ring_progress_ || process_offered_)) return;  // no control page
+  __atomic_fetch_add(reinterpret_cast<uint32_t*>(ring_->data() + proto::kAliveAt), 1u, __ATOMIC_RELAXED);
+}
+
 void ClientHandler::bump_ticket() {
   // Sequentially consistent against the client's "waiting, then re-read the
   // ticket": either it sees the new ticket or this sees it waiting.

@@ -108,6 +108,16 @@ constexpr size_t kProgressWaitingAt = 68;
 constexpr size_t kProgressSlotsAt = 128;
 constexpr size_t kProgressSlots = (kRingControlBytes - kProgressSlotsAt) / 4;
 
+// r7 (any control page: segments, ring progress or process memory): the
+// gateway's sign of life while it works on a request.
+//   kAliveAt            u32, gateway: bumped (relaxed) after each item or
+//                       chunk of a request it finishes (a put's chunk, a
+//                       process store's piece, a get's item), not read by it.
+//                       The client reads it only as "the gateway is working"
+//                       (RemoteBackend::stats: gateway_stalled); a gateway of
+//                       r6 or older leaves it 0 (the word was reserved).
+constexpr size_t kAliveAt = 72;
+
 constexpr size_t kBatchFixedBytes = 16;
 constexpr size_t kBatchItemBytes = 24;
 constexpr size_t kReplyFixedBytes = 8;

@@ -8,7 +8,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -50,6 +52,14 @@ int64_t steady_ns() {
 void GatewayClient::begin_wait() { waiting_since_ns_.store(steady_ns(), std::memory_order_relaxed); }
 
 void GatewayClient::heard_now() { heard_ns_.store(steady_ns(), std::memory_order_relaxed); }
+
+void GatewayClient::poll_alive() const {
+  if (!ring_ || !control_page()) return;
+  const uint32_t word =
+      __atomic_load_n(reinterpret_cast<const uint32_t*>(ring_->data() + proto::kAliveAt), __ATOMIC_RELAXED);
+  if (alive_seen_.exchange(word, std::memory_order_relaxed) != word)
+    heard_ns_.store(steady_ns(), std::memory_order_relaxed);
+}
 
 void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 
@@ -306,6 +316,16 @@ Status GatewayClient::send(const proto::BatchRequest& req, std::span<const iovec
 bool GatewayClient::readable() const {
   pollfd p{fd_, POLLIN, 0};
   return ::poll(&p, 1, 0) != 0;
+}
+
+bool GatewayClient::wait_readable(proto::Deadline until) const {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - proto::Clock::now()).count();
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, 60000)));
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;  // readable, hung up or an error: the read tells
+    if (proto::Clock::now() >= until) return false;
+  }
 }
 
 Status GatewayClient::await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply) {

@@ -50,6 +50,8 @@ class GatewayClient {
   // Whether the socket has something to read (a reply, an Error, the end):
   // await_reply() then does not wait on the gateway.
   bool readable() const;
+  // Waits until the socket is readable (true) or `until` (false).
+  bool wait_readable(proto::Deadline until) const;
 
   // Registers a shared memory file (fd not taken over) under a new id on this
   // connection; 0 when this connection has no ids left.
@@ -103,6 +105,10 @@ class GatewayClient {
   int64_t waiting_since_ns() const { return waiting_since_ns_.load(std::memory_order_relaxed); }
   int64_t heard_ns() const { return heard_ns_.load(std::memory_order_relaxed); }
   void heard_now();
+  // r7: reads the control page's alive word (frame.h, kAliveAt); a change
+  // since the last look is heard_now() (a gateway working on a long request
+  // sends nothing until its reply). Any thread; no-op without a control page.
+  void poll_alive() const;
 
  private:
   explicit GatewayClient(int fd) : fd_(fd) {}
@@ -132,7 +138,8 @@ class GatewayClient {
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;
   proto::Frame frame_;
-  std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};
+  mutable std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};
+  mutable std::atomic<uint32_t> alive_seen_{0};  // the alive word at the last poll_alive()
 };
 
 }  // namespace adp

@@ -32,6 +32,9 @@ constexpr milliseconds kConnectTimeout{2000};
 // A request that waits this long with nothing heard from the gateway makes it
 // stalled (RemoteBackend::stalled_locked); tests: ADP_TEST_GATEWAY_STALL_MS.
 constexpr milliseconds kStallAfter{5000};
+// A request's wait for its reply looks at the stall this often (logs its
+// start without a stats() call: RemoteSession::wait_reply).
+constexpr milliseconds kStallCheck{250};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
 
 int64_t steady_ns() {
@@ -254,6 +257,10 @@ class RemoteSession : public BackendSession {
                         proto::BatchReply* reply, const FinishFn& finish);
   // Until the ticket moves from `seen`, the deadline, or at most kPieceSleep.
   void wait_for_ticket(uint32_t seen, Deadline deadline);
+  // Until the reply is readable or the deadline, looking at the gateway's
+  // stall every kStallCheck between (RemoteBackend::check_stall: its start is
+  // logged without a scrape; review r9 H3).
+  void wait_reply(Deadline deadline);
 
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
@@ -391,7 +398,10 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
     s = client_->send(req, {}, deadline);
     sent = s.ok();
-    if (sent) s = client_->await_reply(req, deadline, &reply_);
+    if (sent) {
+      wait_reply(deadline);
+      s = client_->await_reply(req, deadline, &reply_);
+    }
     revoke_lease(rid);
   });
   if (stale) {
@@ -537,7 +547,11 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     if (in.op == proto::Op::kGet && client_->ring_progress()) {
       s = call_in_pieces(in, begin, req, deadline, &reply, finish);
     } else {
-      s = client_->call(req, iov, deadline, &reply);
+      s = client_->send(req, iov, deadline);
+      if (s.ok()) {
+        wait_reply(deadline);
+        s = client_->await_reply(req, deadline, &reply);
+      }
       if (s.ok()) s = finish_round(in, begin, req, reply, finish);
     }
     if (!s.ok()) {
@@ -606,7 +620,12 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
   };
   Status s = client_->send(req, {}, deadline);  // the slots' zeroes go before the request (the syscall orders them)
   size_t first = 0;                             // items before it are copied whole
+  auto check_at = Clock::now() + kStallCheck;
   while (s.ok() && !declined) {
+    if (const auto now = Clock::now(); now >= check_at) {  // a gateway hung between pieces: logged (H3)
+      backend_->check_stall();
+      check_at = now + kStallCheck;
+    }
     // The ticket before the slots: a piece published after this read bumps it again.
     const uint32_t seen = __atomic_load_n(ticket, __ATOMIC_ACQUIRE);
     bool moved = false;
@@ -633,7 +652,10 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
     if (s.ok()) wait_for_ticket(seen, deadline);
   }
   if (declined) return Status::TimedOut("deadline passed while the payload was copied");
-  if (s.ok()) s = client_->await_reply(req, deadline, reply);
+  if (s.ok()) {
+    wait_reply(deadline);
+    s = client_->await_reply(req, deadline, reply);
+  }
   if (!s.ok()) return s;
   for (size_t k = 0; k < n; k++)  // checked whole before any item is finished
     if (reply->results[k].status.ok() && reply->results[k].size != req.items[k].size)
@@ -649,6 +671,14 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
       finish(begin + k, r.status, nullptr, r.size);
   }
   return Status::Ok();
+}
+
+void RemoteSession::wait_reply(Deadline deadline) {
+  for (;;) {
+    const auto now = Clock::now();
+    if (now >= deadline || client_->wait_readable(std::min<Deadline>(deadline, now + kStallCheck))) return;
+    backend_->check_stall();
+  }
 }
 
 void RemoteSession::wait_for_ticket(uint32_t seen, Deadline deadline) {
@@ -729,8 +759,16 @@ void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
 
 int64_t RemoteBackend::heard_locked() const {
   int64_t heard = dropped_heard_ns_;
-  for (const GatewayClient* c : live_) heard = std::max(heard, c->heard_ns());
+  for (const GatewayClient* c : live_) {
+    c->poll_alive();  // r7: a gateway working on a long request bumps its alive word
+    heard = std::max(heard, c->heard_ns());
+  }
   return heard;
+}
+
+void RemoteBackend::check_stall() const {
+  std::lock_guard<std::mutex> l(mu_);
+  (void)stalled_locked(steady_ns());  // logs a change (once each)
 }
 
 bool RemoteBackend::stalled_locked(int64_t now_ns) const {
@@ -756,8 +794,19 @@ bool RemoteBackend::stalled_locked(int64_t now_ns) const {
   return stalled;
 }
 
+// Whether an item's result is its gateway's card failing I/O: an I/O error,
+// except those the gateway answers for its own memory (review r9 H2: "out of
+// memory for the store buffer", "... for staging", "... for a bounce buffer")
+// and for a process_vm_readv/writev of the client's memory (ENOMEM and the
+// like), told apart by the message's start (the gateway sends no other sign).
+static bool card_io_error(const Status& st) {
+  if (st.code() != Status::Code::kIoError) return false;
+  const std::string_view m = st.message();
+  return !m.starts_with("out of memory") && !m.starts_with("process_vm_");
+}
+
 void RemoteBackend::note_item(const Status& st) {
-  if (st.code() == Status::Code::kIoError) {
+  if (card_io_error(st)) {
     std::lock_guard<std::mutex> l(card_mu_);
     if (!card_failing_.exchange(true, std::memory_order_relaxed))
       ADP_WARN("%s: the gateway's card fails I/O: %s", describe().c_str(), log_safe(st.message()).c_str());

@@ -66,7 +66,10 @@ class RemoteBackend : public Backend {
   // a published piece, a new connection's handshake). Only what the
   // connections track already: no probe is sent.
   bool stalled_locked(int64_t now_ns) const;  // mu_ held
-  int64_t heard_locked() const;               // mu_ held: when the gateway was last heard from, any connection
+  // A request's wait looks at the stall (stalled_locked, so its start and
+  // end are logged once each with no stats() call); takes mu_.
+  void check_stall() const;
+  int64_t heard_locked() const;  // mu_ held: when the gateway was last heard from, any connection
   // A load's or store's result as the gateway's reply gave it (stats:
   // gateway_card_healthy): an I/O error on the gateway's card makes it
   // failing until a load hits or a store succeeds.

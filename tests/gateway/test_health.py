@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +15,7 @@ import urllib.request
 from lmcache_adp import ADPConnector
 from lmcache_adp.ops import format_status
 from tests.gateway.test_failures import keys_and_datas
-from tests.helpers import RawConnector
+from tests.helpers import RawConnector, payload
 from tests.ops.test_metrics import free_port, scrape
 from tests.support.gateway import Gateway
 
@@ -211,5 +213,105 @@ def test_the_gateways_card_failing_io(workdir):
     finally:
         if size:
             os.truncate(gw.card, size)
+        conn.close()
+        assert gw.stop() == 0
+
+
+def test_a_slow_working_gateway_is_not_stalled(workdir, monkeypatch):
+    """A gateway whose card takes 0.3 s an object (ADP_TEST_SEGMENT_WRITE_DELAY_MS), storing then loading 10
+    objects in one batch each (3 s, three times the bound, no reply before the end): it works, so /health stays
+    200 throughout (r7: the gateway bumps the control page's alive word per item and chunk, and stats() reads
+    it as heard). Review r9 H1: before, both batches read stalled from 1 s on."""
+    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
+    gw = Gateway(workdir, extra=("--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    monkeypatch.setenv("ADP_TEST_GATEWAY_STALL_MS", str(STALL_MS))
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000, metrics_port=port)
+    c = RawConnector(conn)
+    try:
+        keys = [f"slow@{i}" for i in range(10)]
+        datas = [bytearray(payload(k, 1 << 20)) for k in keys]
+        outs = [bytearray(1 << 20) for _ in keys]
+        for what, run in (
+            ("store", lambda: c.set(keys, [memoryview(d) for d in datas])),
+            ("load", lambda: c.get(keys, [memoryview(o) for o in outs])),
+        ):
+            res: dict = {}
+            t = threading.Thread(target=lambda run=run, res=res: res.update(r=run()))
+            t0 = time.monotonic()
+            t.start()
+            seen = []
+            while t.is_alive():
+                code, doc = health(port)
+                seen.append((round(time.monotonic() - t0, 2), code, doc.get("gateway_stalled")))
+                time.sleep(0.1)
+            t.join()
+            took = time.monotonic() - t0
+            assert res["r"][0], (what, res["r"])
+            assert took >= 2.5 * STALL_MS / 1000, (what, took)  # long enough to have read stalled
+            assert [s for s in seen if s[1] != 200] == [], (what, seen)
+        assert [bytes(o) for o in outs] == [bytes(d) for d in datas]
+        st = conn.stats()
+        assert st["process_stores"] >= 10 and st["gateway_stalled"] is False, st
+    finally:
+        conn.close()
+        assert gw.stop() == 0
+
+
+def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, monkeypatch, capfd):
+    """Review r9 H3: nothing calls stats() (no metrics port, no scrape), yet the stall's WARNING comes within the
+    bound plus the wait's check interval (250 ms), once, while the load still waits; SIGCONT: the INFO that the
+    gateway answers again, once."""
+    monkeypatch.setenv("ADP_TEST_GATEWAY_STALL_MS", str(STALL_MS))
+    gw = Gateway(workdir).start()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=8000)
+    c = RawConnector(conn)
+    try:
+        keys, datas = keys_and_datas(3)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        capfd.readouterr()
+        gw.pause()
+        outs = [bytearray(len(d)) for d in datas]
+        fid = conn.submit_batch_get(keys, [memoryview(o) for o in outs])
+        time.sleep(STALL_MS / 1000 + 0.75)
+        err = capfd.readouterr().err
+        assert err.count("nothing heard from the gateway") == 1 and "WARNING" in err, err
+        assert fid not in c.done and not conn.drain_completions(), "the load ended while the gateway was stopped"
+        gw.resume()
+        ok, err, per_key = c.wait(fid, timeout=5)
+        assert ok and all(per_key), (err, per_key)
+        assert [bytes(o) for o in outs] == datas
+        err = capfd.readouterr().err
+        assert err.count("the gateway answers again") == 1 and "nothing heard" not in err, err
+    finally:
+        conn.close()
+        gw.resume()
+        assert gw.stop() == 0
+
+
+def test_the_gateways_memory_is_not_its_card_failing(workdir):
+    """Review r9 H2: a store the gateway answers "out of memory for the store buffer" (an I/O error code; its
+    address space capped with RLIMIT_AS, so it cannot map the buffer) fails with that message, but the gateway's
+    card is not reported failing: /health stays 200, gateway_card_healthy 1."""
+    gw = Gateway(workdir).start()
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=4000, metrics_port=port)
+    c = RawConnector(conn)
+    try:
+        keys, datas = keys_and_datas(2)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        with open(f"/proc/{gw.proc.pid}/status") as f:
+            vm = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) * 1024
+        resource.prlimit(gw.proc.pid, resource.RLIMIT_AS, (vm + (16 << 20), resource.RLIM_INFINITY))
+        big = bytearray(payload("big", 96 << 20))
+        ok, err, _ = c.set(["big"], [memoryview(big)])
+        assert not ok and "out of memory" in err, err
+        code, doc = health(port)
+        assert (code, doc["gateway_card_healthy"]) == (200, True), doc
+        assert conn.stats()["gateway_card_error"] == ""
+    finally:
+        if gw.proc and gw.proc.poll() is None:
+            resource.prlimit(gw.proc.pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         conn.close()
         assert gw.stop() == 0
