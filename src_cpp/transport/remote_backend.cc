@@ -401,6 +401,7 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     if (sent) {
       wait_reply(deadline);
       s = client_->await_reply(req, deadline, &reply_);
+      if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
     }
     revoke_lease(rid);
   });
@@ -551,6 +552,7 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       if (s.ok()) {
         wait_reply(deadline);
         s = client_->await_reply(req, deadline, &reply);
+        if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
       }
       if (s.ok()) s = finish_round(in, begin, req, reply, finish);
     }
@@ -655,6 +657,7 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
   if (s.ok()) {
     wait_reply(deadline);
     s = client_->await_reply(req, deadline, reply);
+    if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
   }
   if (!s.ok()) return s;
   for (size_t k = 0; k < n; k++)  // checked whole before any item is finished
@@ -783,6 +786,7 @@ bool RemoteBackend::stalled_locked(int64_t now_ns) const {
   const bool stalled = unanswered_ns_ > heard || (oldest && now_ns - std::max(oldest, heard) >= stall_ns_);
   if (stalled != stall_logged_) {
     stall_logged_ = stalled;
+    stall_flagged_.store(stalled, std::memory_order_relaxed);
     if (stalled)
       ADP_WARN(
           "%s: a request waited %lld ms with nothing heard from the gateway (stalled: hung or overloaded); "

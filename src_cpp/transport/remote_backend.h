@@ -69,6 +69,12 @@ class RemoteBackend : public Backend {
   // A request's wait looks at the stall (stalled_locked, so its start and
   // end are logged once each with no stats() call); takes mu_.
   void check_stall() const;
+  // After a reply was read: while a stall is logged, looks again (check_stall),
+  // so its end is logged when the gateway answers, not at the next wait or
+  // scrape. One relaxed load otherwise.
+  void note_answered() const {
+    if (stall_flagged_.load(std::memory_order_relaxed)) check_stall();
+  }
   int64_t heard_locked() const;  // mu_ held: when the gateway was last heard from, any connection
   // A load's or store's result as the gateway's reply gave it (stats:
   // gateway_card_healthy): an I/O error on the gateway's card makes it
@@ -89,6 +95,7 @@ class RemoteBackend : public Backend {
   int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged
+  mutable std::atomic<bool> stall_flagged_{false};  // stall_logged_, read without mu_ (note_answered)
   std::atomic<bool> card_failing_{false};
   mutable std::mutex card_mu_;
   std::string card_error_;  // card_mu_: the gateway's message of the I/O error
