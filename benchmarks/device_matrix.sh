@@ -3,9 +3,10 @@
 # The 16-core rows of issue 10 in one command (benchmarks/README.md, "bench_connector.py"):
 #   benchmarks/device_matrix.sh OUT TREE...   (each TREE a source tree of lmcache-adp)
 # The first TREE is pip-installed; the others are built in place and measured from their own
-# directory (bench_connector.py prefers a tree's in-place build). BENCH_ARGS overrides the matrix, e.g.
-# BENCH_ARGS="--workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 6 --interleave --gateway-rows pieces,process,segments-shm"
-# for issue 10's paired ratios (benchmarks/README.md, "--interleave").
+# directory (bench_connector.py prefers a tree's in-place build). The default matrix is issue 10's
+# paired ratios (benchmarks/README.md, "--interleave"; 6 repetitions, the two orders equally often:
+# about 80 s a tree on the 16-core machine, session ten); BENCH_ARGS overrides it, e.g.
+# BENCH_ARGS="--workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 3" for session seven's unpaired rows.
 # Everything lands flat in OUT, so that the device tool, which returns at most 8 files and none more
 # than 2 folders below its $OUT, brings it all back from OUT=$OUT/NAME: host.txt (host facts and the
 # CRC32C speed), build.log, bench.log and per tree <stamp>-<label>.md and <stamp>-<label>.rows.json
@@ -52,7 +53,7 @@ for size in (256 << 10, 2 << 20, 32 << 20):
         crc32c(b)
     print(f"crc32c ({crc32c_implementation()}) over {size >> 10} KiB, one thread: {n * size / (time.perf_counter() - t) / 1e9:.1f} GB/s")
 PY
-args=${BENCH_ARGS:---workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 3}
+args=${BENCH_ARGS:---workers 4,16 --sizes-mb 2,32 --total-mb 1024 --reps 6 --interleave --gateway-rows pieces,process,segments-shm}
 for tree in "$@"; do
   name=$(basename "$tree")
   (cd /tmp && timeout 280 python3 "$tree/benchmarks/bench_connector.py" $args --out "$out" --label "16core-$name") \
