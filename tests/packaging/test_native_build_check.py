@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tests/conftest.py stops the session before any test when lmcache_adp._native was built from other C++
+sources than the tree's (tests/support/native_build.py): an engineer's stale in-place build gave "empty key"
+failures instead of a clear error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lmcache_adp._native as native
+from lmcache_adp.source_digest import source_digest
+from tests.support.native_build import ALLOW, check_native, stale_native
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_this_trees_module_passes():
+    assert native.SOURCE_DIGEST == source_digest(ROOT)
+    assert stale_native(native.__file__, native.SOURCE_DIGEST, ROOT) is None
+    assert check_native(ROOT) is None
+
+
+def test_a_module_of_other_sources_is_named_with_the_rebuild_command():
+    other = "f" * 64
+    why = stale_native(native.__file__, other, ROOT)
+    assert why is not None
+    assert f"module: {Path(native.__file__).resolve()}, sources ffffffffffff" in why, why
+    assert f"src_cpp digest {source_digest(ROOT)[:12]}" in why, why
+    assert f"cd {ROOT} && ADP_WERROR=1 python setup.py -q build_ext --inplace" in why, why
+    assert "not this tree's" not in why, why  # the module is the tree's in-place one
+    # Another tree's module (a worktree with no build of its own, importing main's through pip install -e).
+    why = stale_native("/elsewhere/lmcache_adp/_native.so", other, ROOT, tree_digest="0" * 64)
+    assert f"/elsewhere/lmcache_adp/_native.so (not this tree's: no in-place build in {ROOT})" in why, why
+    why = stale_native(native.__file__, "", ROOT)  # built outside setup.py
+    assert "no source digest (built outside setup.py)" in why, why
+
+
+def fake_tree(tmp_path: Path, native_py: str) -> Path:
+    """A tree with the real conftest, check and digest code, and pyproject.toml, but a tiny src_cpp and a
+    pure-Python lmcache_adp._native (`native_py`); one test that passes."""
+    tree = tmp_path / "tree"
+    for rel in (
+        "pyproject.toml", "tests/__init__.py", "tests/conftest.py", "tests/support/__init__.py",
+        "tests/support/native_build.py", "lmcache_adp/source_digest.py",
+    ):  # fmt: skip
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tree / rel)
+    (tree / "lmcache_adp" / "__init__.py").write_text("")
+    (tree / "lmcache_adp" / "_native.py").write_text(native_py)
+    (tree / "src_cpp").mkdir()
+    (tree / "src_cpp" / "a.cc").write_text("int a() { return 1; }\n")
+    (tree / "tests" / "test_one.py").write_text("def test_one():\n    pass\n")
+    return tree
+
+
+def run_pytest(tree: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tree, capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+    )  # fmt: skip
+
+
+def test_the_session_stops_before_any_test_on_a_stale_module(tmp_path):
+    tree = fake_tree(tmp_path, f"SOURCE_DIGEST = {'e' * 64!r}\n")
+    r = run_pytest(tree, **{ALLOW: "0"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out  # a usage error: no test ran
+    assert "test_one" not in out and "passed" not in out, out
+    assert "not built from this tree's C++ sources" in out and f"{tree}/lmcache_adp/_native.py" in out, out
+    assert f"cd {tree} && ADP_WERROR=1 python setup.py -q build_ext --inplace" in out, out
+
+    # ADP_ALLOW_STALE_NATIVE=1: the tests run, with the message as a warning.
+    r = run_pytest(tree, **{ALLOW: "1"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "1 passed" in out and "not built from this tree's" in out, out
+
+
+def test_the_session_stops_on_a_module_that_does_not_import(tmp_path):
+    tree = fake_tree(tmp_path, "raise ImportError('undefined symbol: _ZN3adp9CardStore4openEv')\n")
+    r = run_pytest(tree, **{ALLOW: "0"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and "passed" not in out, out
+    assert "lmcache_adp._native does not import (undefined symbol" in out and "build_ext --inplace" in out, out
