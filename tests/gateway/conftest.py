@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Gateway daemons for the tests (tests/support/gateway.py): on a short
-temporary directory and, for the `gateway` fixture, TCP on a free port too."""
+temporary directory and, for the `gateway` fixture, TCP on a free port too;
+`card_gateway` on a tmpfs card and on a file card (/tmp) in turn."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tempfile
 
 import pytest
 
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, temp_gateway
 
 
 @pytest.fixture
@@ -26,3 +27,11 @@ def gateway(workdir):
     yield gw
     if gw.proc:
         gw.kill()
+
+
+@pytest.fixture(params=["tmpfs", "disk"])
+def card_gateway(request):
+    """A gateway on a tmpfs card (it reads and writes the card's mapping in place), then on one in /tmp (through
+    staging)."""
+    with temp_gateway(memory=request.param == "tmpfs") as gw:
+        yield gw

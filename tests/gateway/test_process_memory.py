@@ -62,15 +62,6 @@ def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None, extra=()) -> 
     return d, gw
 
 
-@pytest.fixture(params=["tmpfs", "disk"])
-def card_gateway(request):
-    d, gw = new_gateway(request.param != "disk")
-    yield gw
-    if gw.proc:
-        gw.kill()
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def stats(gw: Gateway) -> dict:
     return read_gateway_stats(gw.unix_url)
 

@@ -8,19 +8,19 @@ while the gateway is slow, a client that scribbles on its buffer meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
 import os
 import platform
 import select
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -37,33 +37,18 @@ from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_process_memory import LEASE_OPEN, REPO, ProcessClient
 from tests.helpers import RawConnector, eventually, payload
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, temp_gateway
 
 MIB = 1 << 20
 SIZE = 3 * MIB + 100  # several 1 MiB pieces and a partial one
 FOOTPRINT = 4096 + (SIZE + 4095) // 4096 * 4096  # header block, payload in whole blocks
 
 
-def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None) -> tuple[str, Gateway]:
-    """A gateway on a tmpfs card (read straight into its mapping) or on /tmp
-    (read into staging, then written); with a delay, it sleeps that long before
-    each object it reads from a client (outside the lease)."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm" if memory else "/tmp")
-    if delay_ms:
-        monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", str(delay_ms))
-    gw = Gateway(d).start()
-    if delay_ms:
-        monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
-    return d, gw
-
-
-@pytest.fixture(params=["tmpfs", "disk"])
-def card_gateway(request):
-    d, gw = new_gateway(request.param == "tmpfs")
-    yield gw
-    if gw.proc:
-        gw.kill()
-    shutil.rmtree(d, ignore_errors=True)
+# The gateway's test hooks these tests start it with (read at its start or a connection's handshake).
+SEGMENT_WRITE_DELAY = "ADP_TEST_SEGMENT_WRITE_DELAY_MS"  # sleeps that long before each object it reads from a client
+READ_STALL = "ADP_TEST_PROCESS_READ_STALL_MS"  # the first process read past an object's first piece blocks that long
+PIECE_DELAY = "ADP_TEST_PROCESS_READ_PIECE_DELAY_MS"  # each piece the store reader reads takes that long
+CPUS = "ADP_TEST_GATEWAY_CPUS"  # the CPUs the piece pool's rule counts
 
 
 def stats(gw: Gateway) -> dict:
@@ -103,11 +88,59 @@ def send_process_put(c: StoreClient, key: str, size: int, src, timeout_ms: int) 
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def store_client(gw: Gateway, extra_features: int = 0) -> Iterator[StoreClient]:
+    """A StoreClient whose RegisterProcess was granted process stores (its reply in .granted); closed at the end."""
+    c = StoreClient(gw, extra_features)
+    try:
+        c.granted = c.register()
+        assert c.granted[0] & FEATURE_PROCESS_STORES, c.granted
+        yield c
+    finally:
+        c.close()
+
+
+@contextlib.contextmanager
+def stalled_store(a: StoreClient, key: str, data: bytes, timeout_ms: int, settle_s: float = 1.0) -> Iterator[float]:
+    """Sends a's process PUT of key (its bytes `data`, from a buffer held until the block ends) without
+    waiting for the reply, then waits settle_s for the gateway to be in the read its test hook stalls.
+    Yields when it was sent (time.monotonic())."""
+    src = ctypes.create_string_buffer(data, len(data))
+    sent = time.monotonic()
+    send_process_put(a, key, len(data), src, timeout_ms)
+    time.sleep(settle_s)
+    yield sent
+    del src
+
+
+def stores_and_loads_meanwhile(b: RawConnector, keys: list[str], size: int, batch: int, what: str, data=None) -> None:
+    """b stores keys, `batch` to a store, then loads them all back byte for byte, each call within b's
+    deadline while another connection's store is held up (`what`: what a late store would have waited on).
+    data(key, size): the bytes (payload by default)."""
+    data = data or payload
+    for i in range(0, len(keys), batch):
+        ok, err, _ = b.set(keys[i : i + batch], [memoryview(bytearray(data(k, size))) for k in keys[i : i + batch]])
+        assert ok, f"a store waited on {what}: {err}"
+    outs = [bytearray(size) for _ in keys]
+    ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
+    assert ok and all(per_key), err
+    assert [bytes(o) for o in outs] == [data(k, size) for k in keys]
+
+
+@contextlib.contextmanager
+def connector(gw: Gateway, timeout_ms: int, num_workers: int = 1) -> Iterator[RawConnector]:
+    """A RawConnector of an ADPConnector on gw (process memory as by default); closed at the end."""
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=num_workers, timeout_ms=timeout_ms))
+    try:
+        yield c
+    finally:
+        c.conn.close()
+
+
 def test_stores_come_from_process_memory_and_the_ring_carries_none(card_gateway):
     gw = card_gateway
     keys = [f"ps@{i}" for i in range(8)]
-    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=20000))
-    try:
+    with connector(gw, timeout_ms=20000, num_workers=2) as c:
         bufs = [bytearray(payload(k, SIZE)) for k in keys]  # anonymous memory, as LMCache's default L1
         ok, _, per_key = c.set(keys, [memoryview(b) for b in bufs])
         assert ok and all(per_key)
@@ -117,27 +150,19 @@ def test_stores_come_from_process_memory_and_the_ring_carries_none(card_gateway)
         assert st["segment_stores"] == 0 and st["checksum_failures"] == 0, st
         assert c.conn.stats()["process_stores"] == len(keys)
         assert load(gw, keys) == ([True] * len(keys), [payload(k, SIZE) for k in keys])
-    finally:
-        c.conn.close()
 
     # By hand: the ring holds other bytes; the object is the process buffer's.
-    h = StoreClient(gw)
-    try:
-        assert h.register() == (FEATURE_PROCESS_LOADS | FEATURE_PROCESS_STORES, "")
+    with store_client(gw) as h:
+        assert h.granted == (FEATURE_PROCESS_LOADS | FEATURE_PROCESS_STORES, "")
         h.map[4096 : 4096 + SIZE] = b"\xaa" * SIZE
         buf = ctypes.create_string_buffer(payload("ps@hand", SIZE), SIZE)
         assert h.put([b"ps@hand"], [SIZE], [ctypes.addressof(buf)]) == [(0, b"")]
-    finally:
-        h.close()
     assert load(gw, ["ps@hand"]) == ([True], [payload("ps@hand", SIZE)])
 
 
 def test_unmapped_source_fails_that_item_and_others_go_on(card_gateway):
     gw = card_gateway
-    c = StoreClient(gw)
-    other = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-    try:
-        assert c.register()[0] & FEATURE_PROCESS_STORES
+    with store_client(gw) as c, connector(gw, timeout_ms=20000) as other:
         good = ctypes.create_string_buffer(payload("src@good", SIZE), SIZE)
         # Above user space on x86-64: never mapped.
         res = c.put([b"src@bad", b"src@good"], [SIZE, SIZE], [1 << 47, ctypes.addressof(good)])
@@ -171,22 +196,17 @@ def test_unmapped_source_fails_that_item_and_others_go_on(card_gateway):
         # A client's bad address is no fault of the card's.
         assert st["io_errors"] == 0 and st["healthy"] and st["checksum_failures"] == 0, st
         assert st["process_stores"] == 3, st
-    finally:
-        c.close()
-        other.conn.close()
     assert gw.proc.poll() is None
 
 
-def test_deadline_passes_while_the_gateway_is_slow(monkeypatch):
+def test_deadline_passes_while_the_gateway_is_slow():
     """The gateway sleeps before each object it reads from a client
     (ADP_TEST_SEGMENT_WRITE_DELAY_MS): the store's deadline passes with objects
     still to read. Nothing is indexed, and once the future has failed the
     gateway reads nothing more of the client's memory: the connector revoked
     the lease, and the gateway reads nothing under a revoked lease."""
-    d, gw = new_gateway(True, delay_ms=300, monkeypatch=monkeypatch)
     keys = [f"late@{i}" for i in range(6)]
-    try:
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+    with temp_gateway(env={SEGMENT_WRITE_DELAY: 300}) as gw, connector(gw, timeout_ms=700) as c:
         bufs = [bytearray(payload(k, SIZE)) for k in keys]
         ok, _, per_key = c.set(keys, [memoryview(b) for b in bufs])
         assert not ok and per_key == [False] * len(keys)
@@ -199,10 +219,6 @@ def test_deadline_passes_while_the_gateway_is_slow(monkeypatch):
         assert st["process_read_bytes"] == read_at_completion, "the gateway read the buffers after the future failed"
         assert st["process_stores"] == 0 and st["objects"] == 0, st
         assert load(gw, keys)[0] == [False] * len(keys)
-        c.conn.close()
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_scribbled_buffer_stores_old_or_new_bytes_never_a_damaged_object(card_gateway):
@@ -223,17 +239,16 @@ def test_scribbled_buffer_stores_old_or_new_bytes_never_a_damaged_object(card_ga
             np.copyto(buf, new)
             np.copyto(buf, old)
 
-    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-    t = threading.Thread(target=scribble)
-    t.start()
-    try:
-        for k in keys:  # one object a store: the scribbler is on it all along
-            ok, _, per_key = c.set([k], [memoryview(buf)])
-            assert ok and all(per_key)
-    finally:
-        stop.set()
-        t.join()
-        c.conn.close()
+    with connector(gw, timeout_ms=20000) as c:
+        t = threading.Thread(target=scribble)
+        t.start()
+        try:
+            for k in keys:  # one object a store: the scribbler is on it all along
+                ok, _, per_key = c.set([k], [memoryview(buf)])
+                assert ok and all(per_key)
+        finally:
+            stop.set()
+            t.join()
     hits, data = load(gw, keys)
     st = stats(gw)
     assert hits == [True] * rounds, st
@@ -244,25 +259,20 @@ def test_scribbled_buffer_stores_old_or_new_bytes_never_a_damaged_object(card_ga
 
 
 @pytest.mark.parametrize("cpus", [1, 2])
-def test_large_stores_are_pipelined_only_while_a_cpu_is_spare(monkeypatch, cpus):
+def test_large_stores_are_pipelined_only_while_a_cpu_is_spare(cpus):
     """Review r8: a large store is read on a second thread of its connection only while the
     connections storing and loading leave each a CPU beside its own (the piece helpers' rule,
     CPUs / connections >= 2; the pool told the CPUs by ADP_TEST_GATEWAY_CPUS). One connection on
     1 CPU: every large store goes through the buffer on the connection's thread, counted as
     process_store_unpipelined_busy, none pipelined; on 2 CPUs: pipelined, none counted busy (or a
     stall on a busy host). Either way the bytes land right."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", str(cpus))
-    gw = Gateway(d, card_size_gb=1).start()
-    monkeypatch.delenv("ADP_TEST_GATEWAY_CPUS")
-    try:
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+    with temp_gateway(env={CPUS: cpus}, card_size_gb=1) as gw:
         sizes = [BIG, 20 * MIB + 4097, SIZE]
         keys = [f"spare{cpus}@{i}" for i in range(len(sizes))]
-        for k, s in zip(keys, sizes, strict=True):
-            ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, s)))])
-            assert ok, err
-        c.conn.close()
+        with connector(gw, timeout_ms=20000) as c:
+            for k, s in zip(keys, sizes, strict=True):
+                ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, s)))])
+                assert ok, err
         st = stats(gw)
         assert st["process_stores"] == len(keys) and st["store_failures"] == 0, st
         if cpus == 1:
@@ -274,13 +284,10 @@ def test_large_stores_are_pipelined_only_while_a_cpu_is_spare(monkeypatch, cpus)
         for k, s in zip(keys, sizes, strict=True):
             hits, data = load(gw, [k], s)
             assert hits == [True] and data[0] == distinct(k, s), k
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("io_contexts,a_timeout_ms", [(1, 60000), (4, 2000)], ids=["one-context", "deadline-passes"])
-def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io_contexts, a_timeout_ms):
+def test_a_stalled_store_read_holds_back_only_its_own_connection(io_contexts, a_timeout_ms):
     """One client's memory stalls the gateway's read of its store (as a buffer on
     a FUSE file or a userfaultfd range it never serves would:
     ADP_TEST_PROCESS_READ_STALL_MS blocks the first process read past an
@@ -291,26 +298,14 @@ def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io
     then completes (a 60 s deadline), or fails cleanly once its 2 s deadline has
     passed: nothing of it indexed, the card's counts those of the other
     client's objects alone."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "6000")
-    gw = Gateway(d, extra=("--io-contexts", str(io_contexts))).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
-    a = StoreClient(gw)
-    b = None
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
-        src = ctypes.create_string_buffer(payload("stall@a", SIZE), SIZE)
-        send_process_put(a, "stall@a", SIZE, src, a_timeout_ms)
-        time.sleep(1.0)  # the gateway is in the stalled read
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+    with (
+        temp_gateway(env={READ_STALL: 6000}, extra=("--io-contexts", str(io_contexts))) as gw,
+        store_client(gw) as a,
+        stalled_store(a, "stall@a", payload("stall@a", SIZE), a_timeout_ms),  # the gateway is in the stalled read
+        connector(gw, timeout_ms=3000) as b,
+    ):
         keys = [f"stall@b{i}" for i in range(8)]
-        for i in range(0, len(keys), 4):
-            ok, err, _ = b.set(keys[i : i + 4], [memoryview(bytearray(payload(k, SIZE))) for k in keys[i : i + 4]])
-            assert ok, f"a store waited on the stalled connection: {err}"
-        outs = [bytearray(SIZE) for _ in keys]
-        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
-        assert ok and all(per_key), err
-        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        stores_and_loads_meanwhile(b, keys, SIZE, batch=4, what="the stalled connection")
         assert stats(gw)["process_stores"] == len(keys), "the other client's stores did not read its memory"
 
         ftype, body = a.recv()  # the stalled store's reply, once the stall is over
@@ -330,12 +325,6 @@ def test_a_stalled_store_read_holds_back_only_its_own_connection(monkeypatch, io
         assert st["store_failures"] == 0 and st["io_errors"] == 0 and st["healthy"], st
         # Nothing of it is left in flight: the key can be deleted (or is not there).
         assert b.delete(["stall@a"])[0] if completes else b.exists(["stall@a"])[2] == [False]
-    finally:
-        if b is not None:
-            b.conn.close()
-        a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def send_put_until_stalled(a: StoreClient, key: str, size: int, tries: int = 30):
@@ -354,7 +343,7 @@ def send_put_until_stalled(a: StoreClient, key: str, size: int, tries: int = 30)
     pytest.fail(f"none of {tries} stores stalled: no helper joined them")
 
 
-def test_a_store_read_stalled_on_a_helper_holds_back_only_its_own_connection(monkeypatch):
+def test_a_store_read_stalled_on_a_helper_holds_back_only_its_own_connection():
     """As above, with the stalled read on the piece pool's only helper
     (ADP_TEST_PROCESS_WRITE_STALL_ON=helper, --process-write-threads 1: the
     first process read past an object's first piece made by a helper waits
@@ -362,43 +351,26 @@ def test_a_store_read_stalled_on_a_helper_holds_back_only_its_own_connection(mon
     3 s deadline meanwhile, through one I/O context: its chunks' reads run
     on its own thread and never wait for the stalled helper. The stalled
     store then completes (a 60 s deadline), its object whole."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "8000")
-    monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper")
-    gw = Gateway(d, extra=("--io-contexts", "1", "--process-write-threads", "1")).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
-    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_ON")
-    a = StoreClient(gw)
-    b = None
+    env = {READ_STALL: 8000, "ADP_TEST_PROCESS_WRITE_STALL_ON": "helper"}
     size = 16 * MIB  # 16 pieces: time for the helper to join
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
+    with (
+        temp_gateway(env=env, extra=("--io-contexts", "1", "--process-write-threads", "1")) as gw,
+        store_client(gw) as a,
+    ):
         src = send_put_until_stalled(a, "hstall@a", size)  # the helper is in the stalled read
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
-        keys = [f"hstall@b{i}" for i in range(8)]
-        for i in range(0, len(keys), 4):
-            ok, err, _ = b.set(keys[i : i + 4], [memoryview(bytearray(payload(k, SIZE))) for k in keys[i : i + 4]])
-            assert ok, f"a store waited on the stalled helper: {err}"
-        outs = [bytearray(SIZE) for _ in keys]
-        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
-        assert ok and all(per_key), err
-        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
-        assert not select.select([a.sock], [], [], 0)[0], "the stalled store answered before its stall ended"
-        ftype, body = a.recv()  # once the stall is over
-        assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
-        assert stats(gw)["process_helper_pieces"] > 0  # counted as the helper leaves the chunk
-        del src
-        assert load(gw, ["hstall@a"], size) == ([True], [payload("hstall@a", size)])
-        assert load(gw, keys) == ([True] * len(keys), [payload(k, SIZE) for k in keys])
-    finally:
-        if b is not None:
-            b.conn.close()
-        a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
+        with connector(gw, timeout_ms=3000) as b:
+            keys = [f"hstall@b{i}" for i in range(8)]
+            stores_and_loads_meanwhile(b, keys, SIZE, batch=4, what="the stalled helper")
+            assert not select.select([a.sock], [], [], 0)[0], "the stalled store answered before its stall ended"
+            ftype, body = a.recv()  # once the stall is over
+            assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
+            assert stats(gw)["process_helper_pieces"] > 0  # counted as the helper leaves the chunk
+            del src
+            assert load(gw, ["hstall@a"], size) == ([True], [payload("hstall@a", size)])
+            assert load(gw, keys) == ([True] * len(keys), [payload(k, SIZE) for k in keys])
 
 
-def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
+def test_stop_does_not_wait_for_a_stalled_store_read():
     """A client whose memory stalls the gateway's read of its store for good
     (ADP_TEST_PROCESS_READ_STALL_MS: 10 minutes inside the read) does not keep the
     gateway from stopping: SIGTERM ends it cleanly (exit 0, not the SIGKILL the
@@ -406,20 +378,14 @@ def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
     warning that names the client, and the card closed in order: after a restart
     it holds every store acknowledged before the stop, and nothing of the
     stalled one."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "600000")
-    gw = Gateway(d).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
-    a = StoreClient(gw)
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
-        src = ctypes.create_string_buffer(payload("stop@a", SIZE), SIZE)
-        send_process_put(a, "stop@a", SIZE, src, 60000)
-        time.sleep(1.0)  # the gateway is in the stalled read
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
+    with (
+        temp_gateway(env={READ_STALL: 600000}) as gw,
+        store_client(gw) as a,
+        stalled_store(a, "stop@a", payload("stop@a", SIZE), 60000),  # the gateway is in the stalled read
+    ):
         keys = [f"stop@b{i}" for i in range(4)]
-        assert b.set(keys, [memoryview(bytearray(payload(k, SIZE))) for k in keys])[0]
-        b.conn.close()
+        with connector(gw, timeout_ms=5000) as b:
+            assert b.set(keys, [memoryview(bytearray(payload(k, SIZE))) for k in keys])[0]
         assert gw.stop() == 0, gw.logs[-1]
         log = gw.logs[-1]
         assert f"stopping without client #1 (pid {os.getpid()})" in log, log
@@ -430,11 +396,6 @@ def test_stop_does_not_wait_for_a_stalled_store_read(monkeypatch):
         assert hits == [True] * len(keys) + [False]
         assert data[: len(keys)] == [payload(k, SIZE) for k in keys]
         assert stats(gw)["objects"] == len(keys)
-    finally:
-        a.close()
-        if gw.proc:
-            gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 # A connector process whose main thread exits (the thread-group leader, with a
@@ -568,17 +529,12 @@ def test_threads_named_instead_of_the_main_thread_exit_during_loads_with_helpers
     two pidfds for it at the end (the process's and the thread's: none leaked
     by two writers retargeting together, none closed twice)."""
     _need_thread_exit()
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
-    try:
+    with temp_gateway(extra=("--process-write-threads", "2")) as gw:
         size = 16 * MIB
         out = _run_thread_exit_child(RETARGETS_CHILD, gw.unix_url, size, gw.proc.pid)
         assert out["first"] and out["loaded"] == [True] * 4, out
         assert out["process_loads"] == 4 and out["pidfds"] == 2, out
         assert gw.log().count(" connected (") == 1, gw.log()
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_an_object_larger_than_the_store_buffer_fails_alone():
@@ -586,11 +542,7 @@ def test_an_object_larger_than_the_store_buffer_fails_alone():
     alone, its reason naming the option, and is never read from the client;
     the request's objects of 256 KiB around it, more than the buffer holds
     together, are stored (in chunks that fit it) and load back intact."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--max-store-buffer-mb", "1")).start()
-    c = StoreClient(gw)
-    try:
-        assert c.register()[0] & FEATURE_PROCESS_STORES
+    with temp_gateway(extra=("--max-store-buffer-mb", "1")) as gw, store_client(gw) as c:
         small = 256 * 1024 + 100
         keys = ["buf@s0", "buf@s1", "buf@big", "buf@s2", "buf@s3", "buf@s4", "buf@s5"]
         sizes = [SIZE if k == "buf@big" else small for k in keys]
@@ -606,10 +558,6 @@ def test_an_object_larger_than_the_store_buffer_fails_alone():
         hits, data = load(gw, smalls, small)
         assert hits == [True] * 6 and data == [payload(k, small) for k in smalls]
         assert load(gw, ["buf@big"])[0] == [False]
-    finally:
-        c.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_store_limit_reaches_the_client_only_where_asked():
@@ -617,19 +565,14 @@ def test_the_store_limit_reaches_the_client_only_where_asked():
     store buffer's size (--max-store-buffer-mb) as a u64 at the end of
     ProcessOk; a client that does not ask (r5) gets neither, its ProcessOk
     ending at the reason as before."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--max-store-buffer-mb", "3")).start()
-    old, new = StoreClient(gw), StoreClient(gw, FEATURE_STORE_LIMIT)
-    try:
+    with (
+        temp_gateway(extra=("--max-store-buffer-mb", "3")) as gw,
+        store_client(gw) as old,  # each granted process stores
+        store_client(gw, FEATURE_STORE_LIMIT) as new,
+    ):
         assert not old.features & FEATURE_STORE_LIMIT and new.features & FEATURE_STORE_LIMIT
-        assert old.register()[0] & FEATURE_PROCESS_STORES and old.process_ok_tail == b""
-        assert new.register()[0] & FEATURE_PROCESS_STORES
+        assert old.process_ok_tail == b""
         assert new.process_ok_tail == struct.pack("<Q", 3 * MIB)
-    finally:
-        old.close()
-        new.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_objects_larger_than_the_store_buffer_go_through_the_ring():
@@ -638,17 +581,14 @@ def test_objects_larger_than_the_store_buffer_go_through_the_ring():
     instead of having them refused: they land, the gateway read none of them
     from process memory, the connector counts them as over the limit; an
     object that fits still comes from process memory."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--max-store-buffer-mb", "1")).start()
-    try:
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+    with temp_gateway(extra=("--max-store-buffer-mb", "1")) as gw:
         big = [f"lim@{i}" for i in range(4)]
-        ok, err, _ = c.set(big, [memoryview(bytearray(payload(k, 2 * MIB))) for k in big])
-        assert ok, err
         small = 512 * 1024
-        assert c.set(["lim@small"], [memoryview(bytearray(payload("lim@small", small)))])[0]
-        mine = c.conn.stats()
-        c.conn.close()
+        with connector(gw, timeout_ms=20000) as c:
+            ok, err, _ = c.set(big, [memoryview(bytearray(payload(k, 2 * MIB))) for k in big])
+            assert ok, err
+            assert c.set(["lim@small"], [memoryview(bytearray(payload("lim@small", small)))])[0]
+            mine = c.conn.stats()
         st = stats(gw)
         assert st["objects"] == 5 and st["process_stores"] == 1 and st["process_read_bytes"] == small, st
         # The two phases of the one process store, timed apart (session eight).
@@ -656,9 +596,6 @@ def test_objects_larger_than_the_store_buffer_go_through_the_ring():
         assert mine["process_stores"] == 1 and mine["process_stores_over_limit"] == 4, mine
         hits, data = load(gw, big, 2 * MIB)
         assert hits == [True] * 4 and data == [payload(k, 2 * MIB) for k in big]
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def put_one(c: StoreClient, key: str, size: int, timeout_ms: int = 5000) -> tuple[int, bytes]:
@@ -672,20 +609,12 @@ def test_the_store_buffer_is_the_chunk_size_never_past_its_limit():
     100 bytes takes a store buffer of 6 MiB (its size in whole MiB), not 8
     (doubling from 1 MiB, over the limit); a smaller one after it takes no
     more."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--max-store-buffer-mb", "6")).start()
-    c = StoreClient(gw)
-    try:
-        assert c.register()[0] & FEATURE_PROCESS_STORES
+    with temp_gateway(extra=("--max-store-buffer-mb", "6")) as gw, store_client(gw) as c:
         assert put_one(c, "ex@0", 5 * MIB + 100) == (0, b"")
         assert stats(gw)["store_buffer_bytes"] == 6 * MIB
         assert put_one(c, "ex@1", MIB) == (0, b"")
         st = stats(gw)
         assert st["store_buffer_bytes"] == 6 * MIB and st["process_stores"] == 2, st
-    finally:
-        c.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_store_buffers_share_one_budget_and_are_given_back():
@@ -696,11 +625,11 @@ def test_store_buffers_share_one_budget_and_are_given_back():
     its buffer back after its next batch because B waits (within B's 3 s,
     before A's 5 s idle release), so B's lands; B's buffer is given back once
     B has been idle."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--max-store-buffer-mb", "8", "--max-store-buffer-total-mb", "8")).start()
-    a, b = StoreClient(gw), StoreClient(gw)
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES and b.register()[0] & FEATURE_PROCESS_STORES
+    with (
+        temp_gateway(extra=("--max-store-buffer-mb", "8", "--max-store-buffer-total-mb", "8")) as gw,
+        store_client(gw) as a,
+        store_client(gw) as b,
+    ):
         assert put_one(a, "bud@a0", 6 * MIB) == (0, b"")
         assert stats(gw)["store_buffer_bytes"] == 6 * MIB
         status, why = put_one(b, "bud@b0", 6 * MIB, timeout_ms=300)
@@ -719,11 +648,6 @@ def test_store_buffers_share_one_budget_and_are_given_back():
         assert eventually(lambda: stats(gw)["store_buffer_bytes"] == 0), stats(gw)  # B idle for 5 s
         hits, data = load(gw, ["bud@a0", "bud@b1"], 6 * MIB)
         assert hits == [True, True] and data == [payload("bud@a0", 6 * MIB), payload("bud@b1", 6 * MIB)]
-    finally:
-        a.close()
-        b.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("card", ["tmpfs", "disk"])
@@ -734,40 +658,28 @@ def test_store_pieces_read_by_helper_threads_land_right(card):
     back intact, the helpers took pieces of stores alone (no load ran), and a
     chunk of several objects with one unmapped in the middle fails that object
     only."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm" if card == "tmpfs" else "/tmp")
-    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
-    try:
+    with temp_gateway(memory=card == "tmpfs", extra=("--process-write-threads", "2")) as gw:
         size = 4 * MIB + 4096 + 3  # 5 pieces, the last of 4099 bytes: chunks of 3 objects
         keys = [f"sh@{i}" for i in range(9)]
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-        try:
+        with connector(gw, timeout_ms=20000) as c:
             for k in keys:
                 assert c.set([k], [memoryview(bytearray(payload(k, size)))])[0]
             ok, _, _ = c.set(keys[:3], [memoryview(bytearray(payload(k, size))) for k in keys[:3]])
             assert ok
-        finally:
-            c.conn.close()
         st = stats(gw)
         assert st["process_stores"] == len(keys) + 3 and st["process_loads"] == 0, st
         assert st["process_helper_pieces"] > 0, st
         hits, data = load(gw, keys, size)
         assert hits == [True] * len(keys) and data == [payload(k, size) for k in keys]
-        s = StoreClient(gw)
-        try:
-            assert s.register()[0] & FEATURE_PROCESS_STORES
+        with store_client(gw) as s:
             bufs = [ctypes.create_string_buffer(payload(f"hole@{i}", size), size) for i in range(3)]
             addrs = [ctypes.addressof(b) for b in bufs]
             hole_addr = 1 << 47  # above user space on x86-64: never mapped
             res = s.put([b"hole@0", b"hole@1", b"hole@2"], [size] * 3, [addrs[0], hole_addr, addrs[2]])
             assert res[0] == (0, b"") and res[2] == (0, b"") and res[1][0] != 0, res
             assert b"cannot read" in res[1][1], res
-        finally:
-            s.close()
         hits, data = load(gw, ["hole@0", "hole@1", "hole@2"], size)
         assert hits == [True, False, True] and data[0] == payload("hole@0", size) and data[2] == payload("hole@2", size)
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 BIG = 12 * MIB + 100  # a pipelined store (kPipelineMinBytes, 8 MiB): 13 pieces, the last partial
@@ -786,16 +698,13 @@ def test_large_stores_are_copied_into_the_card_as_their_pieces_are_read():
     card place: objects of several sizes (a partial last piece, one that
     spans regions) land byte for byte, counted as pipelined, none stalled;
     a 3 MiB object still goes through the buffer whole."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    gw = Gateway(d, card_size_gb=1).start()
-    try:
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=20000))
+    with temp_gateway(card_size_gb=1) as gw:
         sizes = [BIG, 8 * MIB, 20 * MIB + 4097, SIZE] + [9 * MIB + 5] * 6  # 6 x 9 MiB: some span regions
         keys = [f"pipe@{i}" for i in range(len(sizes))]
-        for k, s in zip(keys, sizes, strict=True):
-            ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, s)))])
-            assert ok, err
-        c.conn.close()
+        with connector(gw, timeout_ms=20000, num_workers=2) as c:
+            for k, s in zip(keys, sizes, strict=True):
+                ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, s)))])
+                assert ok, err
         st = stats(gw)
         # Every large one pipelined, unless a busy host kept the reader off a CPU past the bound (a
         # stall: that connection then stores through the buffer, the bytes still checked below).
@@ -805,9 +714,6 @@ def test_large_stores_are_copied_into_the_card_as_their_pieces_are_read():
         for k, s in zip(keys, sizes, strict=True):
             hits, data = load(gw, [k], s)
             assert hits == [True] and data[0] == distinct(k, s), k
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_bad_address_is_no_store_failure_pipelined_or_not():
@@ -815,16 +721,13 @@ def test_a_bad_address_is_no_store_failure_pipelined_or_not():
     (not mapped there)" and is not counted in store_failures (the card's "stores failing" alert), through
     the buffer (3 MiB) and pipelined (12 MiB: the card place taken at the first piece, the fill ending
     early when the read fails). Nothing of either is stored; the connection goes on."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    # No piece pool: a large store is always pipelined (never short of a CPU for its reader).
-    gw = Gateway(d, card_size_gb=1, extra=("--process-write-threads", "0")).start()
-    c = StoreClient(gw)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    try:
-        assert c.register()[0] & FEATURE_PROCESS_STORES
+    # No piece pool: a large store is always pipelined (never short of a CPU for its reader).
+    gateway = temp_gateway(card_size_gb=1, extra=("--process-write-threads", "0"))
+    with gateway as gw, store_client(gw) as c:
         for key, size in (("hole@small", SIZE), ("hole@big", BIG)):
             at = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
             assert at not in (None, ctypes.c_void_p(-1).value)
@@ -847,14 +750,10 @@ def test_a_bad_address_is_no_store_failure_pipelined_or_not():
         assert st["store_failures"] == 0, st
         # Pipelined (unless a busy host kept its reader off a CPU past the bound: a stall).
         assert st["process_store_pipelined"] == 1 or st["process_store_stalls"] == 1, st
-    finally:
-        c.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("io_contexts,a_timeout_ms", [(1, 60000), (4, 2000)], ids=["one-context", "deadline-passes"])
-def test_a_stalled_pipelined_store_gives_up_its_card_place(monkeypatch, io_contexts, a_timeout_ms):
+def test_a_stalled_pipelined_store_gives_up_its_card_place(io_contexts, a_timeout_ms):
     """As test_a_stalled_store_read_holds_back_only_its_own_connection, for an
     object stored while it is read (BIG): the read stalls at its second piece
     for 6 s while the connection holds the object's card place and an I/O
@@ -865,31 +764,18 @@ def test_a_stalled_pipelined_store_gives_up_its_card_place(monkeypatch, io_conte
     stalled store then completes from the buffer (60 s deadline) or fails
     once its 2 s deadline has passed; that connection's later large stores go
     through the buffer whole, and land."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "6000")
     # Two connections storing: a spare CPU for each one's reader on any host (CPUs / 2 >= 2).
-    monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", "4")
+    env = {READ_STALL: 6000, CPUS: 4}
     # One pipelined store with one I/O context too (by default none there: review r9 S4).
     cap = ("--max-pipelined-stores", "1") if io_contexts == 1 else ()
-    gw = Gateway(d, card_size_gb=1, extra=("--io-contexts", str(io_contexts), *cap)).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
-    monkeypatch.delenv("ADP_TEST_GATEWAY_CPUS")
-    a = StoreClient(gw)
-    b = None
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
-        src = ctypes.create_string_buffer(distinct("pstall@a", BIG), BIG)
-        send_process_put(a, "pstall@a", BIG, src, a_timeout_ms)
-        time.sleep(1.0)  # the gateway is in the stalled read
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+    with (
+        temp_gateway(env=env, card_size_gb=1, extra=("--io-contexts", str(io_contexts), *cap)) as gw,
+        store_client(gw) as a,
+        stalled_store(a, "pstall@a", distinct("pstall@a", BIG), a_timeout_ms),  # the gateway is in the stalled read
+        connector(gw, timeout_ms=3000) as b,
+    ):
         keys = [f"pstall@b{i}" for i in range(4)]
-        for k in keys:
-            ok, err, _ = b.set([k], [memoryview(bytearray(distinct(k, BIG)))])
-            assert ok, f"a store waited on the stalled connection: {err}"
-        outs = [bytearray(BIG) for _ in keys]
-        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
-        assert ok and all(per_key), err
-        assert [bytes(o) for o in outs] == [distinct(k, BIG) for k in keys]
+        stores_and_loads_meanwhile(b, keys, BIG, batch=1, what="the stalled connection", data=distinct)
         st = stats(gw)
         # A's stall; B's stores pipelined (unless a busy host stalled one of them too).
         assert st["process_store_stalls"] >= 1, st
@@ -915,35 +801,23 @@ def test_a_stalled_pipelined_store_gives_up_its_card_place(monkeypatch, io_conte
         # An abandoned place is not a store failure (the object is stored from the buffer, and the
         # one that timed out failed at its deadline on the buffer path, outside the card); no I/O error.
         assert st["store_failures"] == 0 and st["io_errors"] == 0 and st["healthy"], st
-    finally:
-        if b is not None:
-            b.conn.close()
-        a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_stop_does_not_wait_for_a_stalled_pipelined_store(monkeypatch):
+def test_stop_does_not_wait_for_a_stalled_pipelined_store():
     """As test_stop_does_not_wait_for_a_stalled_store_read, for an object
     stored while it is read (BIG): its reader stalls for 10 minutes, the
     connection gives its card place up and waits for the reader holding
     nothing; SIGTERM still ends the gateway cleanly (exit 0), leaving that
     connection behind, and after a restart the card holds every store
     acknowledged before the stop and nothing of the stalled one."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "600000")
-    gw = Gateway(d, card_size_gb=1).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
-    a = StoreClient(gw)
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
-        src = ctypes.create_string_buffer(distinct("pstop@a", BIG), BIG)
-        send_process_put(a, "pstop@a", BIG, src, 60000)
-        time.sleep(1.0)  # the gateway's reader is in the stalled read
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000))
+    with (
+        temp_gateway(env={READ_STALL: 600000}, card_size_gb=1) as gw,
+        store_client(gw) as a,
+        stalled_store(a, "pstop@a", distinct("pstop@a", BIG), 60000),  # the gateway's reader is in the stalled read
+    ):
         keys = [f"pstop@b{i}" for i in range(2)]
-        assert b.set(keys, [memoryview(bytearray(distinct(k, BIG))) for k in keys])[0]
-        b.conn.close()
+        with connector(gw, timeout_ms=5000) as b:
+            assert b.set(keys, [memoryview(bytearray(distinct(k, BIG))) for k in keys])[0]
         assert stats(gw)["process_store_stalls"] >= 1
         assert gw.stop() == 0, gw.logs[-1]
         log = gw.logs[-1]
@@ -955,14 +829,9 @@ def test_stop_does_not_wait_for_a_stalled_pipelined_store(monkeypatch):
         assert hits == [True] * len(keys) + [False]
         assert data[: len(keys)] == [distinct(k, BIG) for k in keys]
         assert stats(gw)["objects"] == len(keys)
-    finally:
-        a.close()
-        if gw.proc:
-            gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_slow_pipelined_read_holds_the_card_place_for_the_object_bound_only(monkeypatch):
+def test_a_slow_pipelined_read_holds_the_card_place_for_the_object_bound_only():
     """Review r8 B2: a client that serves each 1 MiB piece in 150 ms (inside the 200 ms a piece may
     take: ADP_TEST_PROCESS_READ_PIECE_DELAY_MS on the store reader's reads) stores a 40 MiB object,
     6 s of reads, with one I/O context and no piece helpers. The card place is held at most 200 ms
@@ -970,27 +839,15 @@ def test_a_slow_pipelined_read_holds_the_card_place_for_the_object_bound_only(mo
     stall, not a store failure), so a second client stores and loads within its 3 s deadline; the slow
     store then completes from the buffer."""
     big = 40 * MIB + 100
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
     flags = ("--io-contexts", "1", "--max-pipelined-stores", "1", "--process-write-threads", "0")  # r9 S4: asked for
-    gw = Gateway(d, card_size_gb=1, extra=flags).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
-    a = StoreClient(gw)
-    b = None
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
-        src = ctypes.create_string_buffer(distinct("slow@a", big), big)
-        send_process_put(a, "slow@a", big, src, 60000)
-        time.sleep(1.0)  # the reader is a few pieces into the object
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000))
+    with (
+        temp_gateway(env={PIECE_DELAY: 150}, card_size_gb=1, extra=flags) as gw,
+        store_client(gw) as a,
+        stalled_store(a, "slow@a", distinct("slow@a", big), 60000),  # the reader is a few pieces into the object
+        connector(gw, timeout_ms=3000) as b,
+    ):
         keys = [f"slow@b{i}" for i in range(4)]
-        for i in range(0, len(keys), 2):
-            ok, err, _ = b.set(keys[i : i + 2], [memoryview(bytearray(payload(k, SIZE))) for k in keys[i : i + 2]])
-            assert ok, f"a store waited on the slow connection: {err}"
-        outs = [bytearray(SIZE) for _ in keys]
-        ok, err, per_key = b.get(keys, [memoryview(o) for o in outs])
-        assert ok and all(per_key), err
-        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        stores_and_loads_meanwhile(b, keys, SIZE, batch=2, what="the slow connection")
         ftype, body = a.recv()  # the slow store's reply, once read whole
         assert ftype == wire.BATCH_REPLY and body[8] == 0, (ftype, body)
         hits, data = load(gw, ["slow@a"], big)
@@ -998,18 +855,12 @@ def test_a_slow_pipelined_read_holds_the_card_place_for_the_object_bound_only(mo
         st = stats(gw)
         assert st["process_store_stalls"] == 1 and st["process_store_pipelined"] == 0, st
         assert st["objects"] == len(keys) + 1 and st["store_failures"] == 0, st
-    finally:
-        if b is not None:
-            b.conn.close()
-        a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
     "flags", [("--io-contexts", "2"), ("--io-contexts", "4", "--max-pipelined-stores", "1")], ids=["half", "flag"]
 )
-def test_pipelined_stores_are_capped_at_half_the_io_contexts(monkeypatch, flags):
+def test_pipelined_stores_are_capped_at_half_the_io_contexts(flags):
     """Review r8 S4: each pipelined store may hold an I/O context and a frontier place for up to its
     bound, so at most max(1, io_contexts / 2) run at once, however many connections a client
     opens. With 2 I/O contexts (a cap of 1) and no piece pool, a first client's slow pipelined
@@ -1018,13 +869,11 @@ def test_pipelined_stores_are_capped_at_half_the_io_contexts(monkeypatch, flags)
     process_store_unpipelined_busy, and both land byte for byte. The same with 4 I/O contexts and
     --max-pipelined-stores 1."""
     big = 40 * MIB + 100
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
-    gw = Gateway(d, card_size_gb=1, extra=(*flags, "--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
-    a, b = StoreClient(gw), StoreClient(gw)
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES and b.register()[0] & FEATURE_PROCESS_STORES
+    with (
+        temp_gateway(env={PIECE_DELAY: 150}, card_size_gb=1, extra=(*flags, "--process-write-threads", "0")) as gw,
+        store_client(gw) as a,
+        store_client(gw) as b,
+    ):
         srcs = {k: ctypes.create_string_buffer(distinct(k, big), big) for k in ("cap@a", "cap@b")}
         for c, k in ((a, "cap@a"), (b, "cap@b")):
             send_process_put(c, k, big, srcs[k], 60000)
@@ -1038,14 +887,9 @@ def test_pipelined_stores_are_capped_at_half_the_io_contexts(monkeypatch, flags)
         assert st["process_store_unpipelined_busy"] == 1, st
         assert st["process_store_pipelined"] + st["process_store_stalls"] == 1, st
         assert st["store_failures"] == 0 and st["objects"] == 2, st
-    finally:
-        a.close()
-        b.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_store_stalled_before_its_first_piece_keeps_no_pipeline_slot(monkeypatch):
+def test_a_store_stalled_before_its_first_piece_keeps_no_pipeline_slot():
     """Session nine (S4 of session eight's re-read): a pipelined store takes its slot of
     --max-pipelined-stores with its card place and I/O context, once its reader has the first
     piece, not before. A first client's store whose first piece stalls 4 s
@@ -1053,21 +897,15 @@ def test_a_store_stalled_before_its_first_piece_keeps_no_pipeline_slot(monkeypat
     client's two large stores are pipelined during the stall, none sent through the buffer as
     process_store_unpipelined_busy (both were, before); the stalled one is stored once its piece
     comes, and all three land byte for byte."""
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_MS", "4000")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_STALL_AT", "start")
-    gw = Gateway(d, card_size_gb=1, extra=("--max-pipelined-stores", "1", "--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_MS")
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_STALL_AT")
-    a = StoreClient(gw)
-    b = None
-    try:
-        assert a.register()[0] & FEATURE_PROCESS_STORES
-        src = ctypes.create_string_buffer(distinct("start@a", BIG), BIG)
-        t0 = time.monotonic()
-        send_process_put(a, "start@a", BIG, src, 60000)
-        time.sleep(0.5)  # the gateway is in the stalled first piece
-        b = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+    env = {READ_STALL: 4000, "ADP_TEST_PROCESS_READ_STALL_AT": "start"}
+    with (
+        temp_gateway(
+            env=env, card_size_gb=1, extra=("--max-pipelined-stores", "1", "--process-write-threads", "0")
+        ) as gw,
+        store_client(gw) as a,
+        stalled_store(a, "start@a", distinct("start@a", BIG), 60000, settle_s=0.5) as t0,  # in the stalled first piece
+        connector(gw, timeout_ms=20000) as b,
+    ):
         keys = [f"start@b{i}" for i in range(2)]
         for k in keys:
             ok, err, _ = b.set([k], [memoryview(bytearray(distinct(k, BIG)))])
@@ -1085,15 +923,9 @@ def test_a_store_stalled_before_its_first_piece_keeps_no_pipeline_slot(monkeypat
         st = stats(gw)
         assert st["process_store_unpipelined_busy"] == 0 and st["process_stores"] == 3, st
         assert st["store_failures"] == 0, st
-    finally:
-        if b is not None:
-            b.conn.close()
-        a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_connection_pipelines_again_a_while_after_a_stall(monkeypatch):
+def test_a_connection_pipelines_again_a_while_after_a_stall():
     """Review r8 S5: a stall sends a connection's large stores through the buffer for a while
     (30 s; ADP_TEST_PIPELINE_RETRY_MS here), not for the connection's life, so one scheduling
     hiccup on a busy host does not cost a well-behaved client its pipeline. Every read is slow
@@ -1101,28 +933,19 @@ def test_a_connection_pipelines_again_a_while_after_a_stall(monkeypatch):
     next one at once goes through the buffer (no new stall), and one after the retry time tries
     the pipeline again (a second stall). All three land byte for byte."""
     size = 9 * MIB + 7
-    d = tempfile.mkdtemp(prefix="adpps-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", "150")
-    monkeypatch.setenv("ADP_TEST_PIPELINE_RETRY_MS", "1000")
-    gw = Gateway(d, card_size_gb=1, extra=("--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")
-    monkeypatch.delenv("ADP_TEST_PIPELINE_RETRY_MS")
-    try:
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000))
+    env = {PIECE_DELAY: 150, "ADP_TEST_PIPELINE_RETRY_MS": 1000}
+    with temp_gateway(env=env, card_size_gb=1, extra=("--process-write-threads", "0")) as gw:
         keys = [f"retry@{i}" for i in range(3)]
         stalls = []
-        for i, k in enumerate(keys):
-            if i == 2:
-                time.sleep(1.2)  # past the retry time
-            ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, size)))])
-            assert ok, err
-            stalls.append(stats(gw)["process_store_stalls"])
-        c.conn.close()
+        with connector(gw, timeout_ms=30000) as c:
+            for i, k in enumerate(keys):
+                if i == 2:
+                    time.sleep(1.2)  # past the retry time
+                ok, err, _ = c.set([k], [memoryview(bytearray(distinct(k, size)))])
+                assert ok, err
+                stalls.append(stats(gw)["process_store_stalls"])
         assert stalls == [1, 1, 2], stalls
         hits, data = load(gw, keys, size)
         assert hits == [True] * 3 and data == [distinct(k, size) for k in keys]
         st = stats(gw)
         assert st["process_stores"] == 3 and st["store_failures"] == 0, st
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)

@@ -5,12 +5,16 @@ tests, bench_restore)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +76,9 @@ class Gateway:
             args += ["--listen", f"tcp://127.0.0.1:{self.port}", "--token-file", self.token_file]
         return args + self.extra + list(extra)
 
-    def start(self, timeout: float = 60.0) -> Gateway:
-        """Starts the daemon and waits for its ready line; raises RuntimeError with its log if it exits or stalls."""
+    def start(self, timeout: float = 60.0, env: dict[str, Any] | None = None) -> Gateway:
+        """Starts the daemon and waits for its ready line; raises RuntimeError with its log if it exits or stalls.
+        `env`: more environment for this start only (test hooks, ADP_TEST_*: a restart goes without them)."""
         self.log_path = os.path.join(self.workdir, f"gateway{len(self.logs)}.log")
         self.log_file = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -81,7 +86,7 @@ class Gateway:
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=child_env(),
+            env={**child_env(), **{k: str(v) for k, v in (env or {}).items()}},
             cwd=self.workdir,  # imports the lmcache_adp child_env() names, not one in the caller's directory
         )
         deadline = time.monotonic() + timeout
@@ -157,3 +162,18 @@ class Gateway:
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None:
             self.stop()
+
+
+@contextlib.contextmanager
+def temp_gateway(memory: bool = True, env: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[Gateway]:
+    """A started Gateway (kwargs: Gateway's) on a fresh short directory on tmpfs (memory: /dev/shm, a card
+    the gateway reads and writes in place) or on /tmp (a file card: through staging), with `env` (test hooks)
+    for its first start only; killed, if still running, and the directory removed however the block ends."""
+    d = tempfile.mkdtemp(prefix="adpgw-", dir="/dev/shm" if memory else "/tmp")
+    gw = Gateway(d, **kwargs)
+    try:
+        yield gw.start(env=env)
+    finally:
+        if gw.proc is not None:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
