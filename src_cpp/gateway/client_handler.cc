@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // ClientHandler's connection: the handshake, the request loop, and each batch
-// (run_batch, a pipelined process store's branch included). Its other parts:
+// (run_batch; a pipelined process store: process_store.cc). Its other parts:
 // process_load.cc, process_store.cc, budgets.cc, ring_words.cc; what they
 // share: handler_internal.h.
 #include "gateway/client_handler.h"
@@ -36,72 +36,6 @@ constexpr uint64_t kPutChunkBytes = 16ull << 20;
 // r5 stores: a store buffer is given back once its connection sent nothing
 // for this long (mapped again, populated, by its next store).
 constexpr int kStoreBufferIdleMs = 5000;
-// Session eight: a process store of one object of at least this size on a
-// memory-speed card is read by the connection's store reader while the
-// connection's thread copies each piece into its reserved card place (the
-// second pass then reads the cache, not memory: benchmarks/README.md,
-// "Session eight: stores"); smaller objects go through the buffer whole.
-// ADP_STORE_PIPELINE_MIN_MB (the gateway's environment) sets it; 0 turns it
-// off (an A/B of the two paths in one run: benchmarks/README.md).
-constexpr uint64_t kPipelineMinBytes = 8ull << 20;
-uint64_t pipeline_min_bytes() {
-  static const uint64_t v = [] {
-    const char* e = std::getenv("ADP_STORE_PIPELINE_MIN_MB");
-    return e ? std::strtoull(e, nullptr, 10) << 20 : kPipelineMinBytes;
-  }();
-  return v;
-}
-
-// How long the thread that holds the card place waits for the next piece
-// (1 MiB, about 0.1 ms to read) before it abandons the place: the longest a
-// client whose memory stalls the read holds back other connections'
-// acknowledgements (the frontier's order) and an I/O context, once per
-// connection per 30 s (ClientHandler::pipeline_retry_: it stores through the buffer alone
-// meanwhile), and by at most GatewayShared::max_pipelined_stores at once.
-constexpr int kPipelinePieceWaitMs = 200;
-// And the longest it holds the place for the whole object (review r8 B2: a
-// client that serves each piece just inside the piece's wait would hold it
-// for the whole object): kPipelinePieceWaitMs plus the object's bytes at this
-// rate (a reader of memory goes at 5-60 GB/s), so 262.5 ms for 32 MiB, 700 ms
-// for 256 MiB; a slower read gives the place up as a stalled one does.
-constexpr uint64_t kPipelineMinBytesPerSecond = 512ull << 20;
-// An object's bytes at that rate, in microseconds: exact enough, and no
-// overflow below 16 TiB, past --max-store-buffer-mb's top (1 TiB); in
-// nanoseconds it overflowed past 17 GiB (review r9 N1).
-constexpr std::chrono::microseconds pipeline_bytes_time(uint64_t bytes) {
-  return std::chrono::microseconds(bytes * 1000000ull / kPipelineMinBytesPerSecond);
-}
-static_assert(pipeline_bytes_time(32ull << 20) == std::chrono::microseconds(62500));
-static_assert(pipeline_bytes_time(64ull << 30) == std::chrono::seconds(128), "a 64 GiB object: no overflow");
-
-// One of GatewayShared::max_pipelined_stores (review r8 S4), taken by a
-// pipelined store once its reader has the first piece, with the card place
-// and the I/O context (session nine: taken before it, a client that stalled
-// at the start kept it), given back on every way out of it.
-class PipelineSlot {
- public:
-  PipelineSlot(GatewayShared& shared, bool want) : shared_(shared) {
-    if (!want) return;
-    uint32_t n = shared_.pipelined_stores.load(std::memory_order_relaxed);
-    while (n < shared_.max_pipelined_stores &&
-           !shared_.pipelined_stores.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
-    }
-    taken_ = n < shared_.max_pipelined_stores;
-  }
-  ~PipelineSlot() { release(); }
-  void release() {
-    if (taken_) shared_.pipelined_stores.fetch_sub(1, std::memory_order_acq_rel);
-    taken_ = false;
-  }
-  PipelineSlot(const PipelineSlot&) = delete;
-  PipelineSlot& operator=(const PipelineSlot&) = delete;
-  bool taken() const { return taken_; }
-
- private:
-  GatewayShared& shared_;
-  bool taken_ = false;
-};
-
 }  // namespace
 
 std::string ClientHandler::peer() const {
@@ -560,10 +494,6 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         std::vector<PutItem> todo;
         std::vector<size_t> todo_at;
         std::vector<Status> todo_st;
-        // A pipelined object's read (by item, as read_process_chunk lays
-        // them out): sized to the batch once, not for each such object.
-        std::vector<PutItem> ritems;
-        std::vector<Status> rst;
         for (size_t i = 0; i < n;) {
           if (Status e = ended(); !e.ok()) return e;
           if (Clock::now() >= deadline) {
@@ -581,173 +511,22 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             bytes += room(end);
             if (bytes > chunk_bytes) break;
           }
-          // Session eight: one large object on a memory-speed card is read by
-          // this connection's store reader while this thread, holding its card
-          // place, copies each piece in as soon as it is read (from the cache).
-          // The place is reserved once the first piece is read, and held only
-          // while pieces keep coming: one not read within kPipelinePieceWaitMs,
-          // or the object not read by then plus its bytes at
-          // kPipelineMinBytesPerSecond, abandons it (a pad record: the frontier
-          // moves on, the I/O context goes back), and the object is stored from
-          // the buffer once the reader has it whole, holding nothing shared
-          // while it waits, as below.
-          // Only while the connections storing and loading leave a CPU for the
-          // reader beside each (PiecePool::spare_cpu(), the helpers' rule; with
-          // no pool, always): on full CPUs the second thread cost 32 MiB x 16
-          // 0.82x -> 0.74x (benchmarks/README.md, "Session eight: stores").
           bool read_before = false;  // the chunk is in store_buf_ already (a pipelined store that stalled)
-          const proto::BatchItem& first = req.items[i];
-          if (reader_stalled_at_ && Clock::now() - *reader_stalled_at_ >= pipeline_retry_) reader_stalled_at_.reset();
-          bool pipeline = put_process && end == i + 1 && first.segment == proto::kProcessSegment &&
-                          !reader_stalled_at_ && pipeline_min_bytes() && first.size >= pipeline_min_bytes() &&
-                          first.size <= store_object_limit() && store.memory_speed() &&
-                          shared_->max_pipelined_stores > 0;
-          const bool wanted = pipeline;
-          if (pipeline && shared_->pieces && !shared_->pieces->spare_cpu()) pipeline = false;
-          if (wanted && !pipeline) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
-          if (pipeline) {
-            const uint64_t need = (first.size + 4095) & ~uint64_t(4095);
-            if (need > store_buf_.capacity()) {
-              if (Status g = grow_store_buffer(need, deadline); !g.ok()) {
-                st[i] = std::move(g);
-                i = end;
-                continue;
-              }
+          if (put_process && end == i + 1 && req.items[i].segment == proto::kProcessSegment) {
+            Pipelined how;
+            if (Status e = store_pipelined(req.items[i], request_id, deadline, &st[i], &how); !e.ok()) return e;
+            if (how == Pipelined::kRevoked) {
+              for (; i < n; i++) st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
+              break;
             }
-            struct Progress {
-              std::mutex mu;
-              std::condition_variable cv;
-              std::vector<uint8_t> done;  // by piece of kProcessReadPieceBytes
-              bool finished = false;      // the reader's job has ended
-            };
-            auto prog = std::make_shared<Progress>();
-            prog->done.assign((first.size + kProcessReadPieceBytes - 1) / kProcessReadPieceBytes, 0);
-            ProcessRead rpr{request_id, deadline};
-            ritems.resize(n);
-            rst.resize(n);
-            rst[i] = Status::Ok();  // its chunk is item i alone: the only entry read
-            const std::function<void(size_t, size_t)> on_piece = [prog](size_t off, size_t) {
-              std::lock_guard<std::mutex> l(prog->mu);
-              prog->done[off / kProcessReadPieceBytes] = 1;
-              prog->cv.notify_all();
-            };
-            // Waits for the reader out of the card gate (it may wait on the
-            // client), holding nothing shared; false: the card closed meanwhile.
-            auto wait_out = [&](const std::function<bool()>& until) {
-              card_leave(shared_->gate);
-              {
-                std::unique_lock<std::mutex> lk(prog->mu);
-                prog->cv.wait(lk, until);
-              }
-              return card_enter(shared_->gate);
-            };
-            const auto t0 = Clock::now();
-            const bool posted = post_to_reader([&, prog, i, end] {
-              read_process_chunk(req, i, end, deadline, &rpr, &ritems, &rst, &on_piece);
-              std::lock_guard<std::mutex> l(prog->mu);  // nothing of this frame is touched after it
-              prog->finished = true;
-              prog->cv.notify_all();
-            });
-            if (posted) {
-              // The place is reserved only once the reader is ahead (its first
-              // piece read): a client that stalls from the start holds nothing.
-              if (!wait_out([&] { return prog->done[0] || prog->finished; })) {
-                // The card closed (stop() gave up on this connection) with the
-                // reader past its first piece: its job refers to this frame
-                // (req, rpr, ritems, rst, on_piece), so it ends first; its
-                // pieces left fail at once (in_client_memory: abandoned).
-                {
-                  std::unique_lock<std::mutex> lk(prog->mu);
-                  prog->cv.wait(lk, [&] { return prog->finished; });
-                }
-                abandoned_ = true;
-                return Status::Closed("the gateway closed its card while this store's pieces were read");
-              }
-              bool ahead;
-              {
-                std::lock_guard<std::mutex> l(prog->mu);
-                ahead = prog->done[0];
-              }
-              // A slot only now, with the card place and the I/O context: a
-              // client stalled before its first piece holds none. None free:
-              // the object is stored from the buffer once read, as a stalled one.
-              PipelineSlot slot(*shared_, ahead);
-              const bool no_slot = ahead && !slot.taken();
-              if (no_slot) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
-              bool stalled = false;
-              Status put_st = Status::TimedOut("the read from the client's memory ended early");
-              if (slot.taken() && !lease) lease = shared_->pool->acquire(deadline);
-              if (slot.taken() && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
-              if (slot.taken() && lease) {
-                const uint8_t* buf = store_buf_.data();
-                const auto hold_by =
-                    Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) + pipeline_bytes_time(first.size);
-                PutItem item{first.key, nullptr, first.size};
-                item.fill = [&](uint8_t* dst, uint64_t off, size_t len) {
-                  for (size_t done = 0; done < len;) {
-                    const size_t at = off + done, p = at / kProcessReadPieceBytes;
-                    const size_t l = std::min<size_t>(len - done, (p + 1) * kProcessReadPieceBytes - at);
-                    {
-                      // Each piece within kPipelinePieceWaitMs, the object by hold_by.
-                      const auto by = std::min(Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs), hold_by);
-                      std::unique_lock<std::mutex> lk(prog->mu);
-                      if (!prog->cv.wait_until(lk, by, [&] { return prog->done[p] || prog->finished; })) {
-                        stalled = true;
-                        shared_->process_store_stalls.fetch_add(1, std::memory_order_relaxed);
-                        return Status::TimedOut("the client's memory stalled the read: its card place is given up");
-                      }
-                      if (!prog->done[p]) return Status::TimedOut("the read from the client's memory ended early");
-                    }
-                    std::memcpy(dst + done, buf + at, l);  // CardStore checksums it where it landed, in the cache
-                    done += l;
-                  }
-                  return Status::Ok();
-                };
-                store.put(**lease, &item, 1, &put_st, [&] { return Clock::now() < deadline; });
-                lease.reset();
-                if (stalled) slot.release();  // the card place is given up: another may pipeline
-              }
-              const auto t1 = Clock::now();
-              if (!wait_out([&] { return prog->finished; })) {
-                abandoned_ = true;
-                return Status::Closed("the gateway closed its card while this store's pieces were read");
-              }
-              using std::chrono::duration_cast, std::chrono::nanoseconds;
-              shared_->process_store_put_ns.fetch_add(duration_cast<nanoseconds>(t1 - t0).count(),
-                                                      std::memory_order_relaxed);
-              shared_->process_store_read_ns.fetch_add(duration_cast<nanoseconds>(Clock::now() - t1).count(),
-                                                       std::memory_order_relaxed);
-              if (!rpr.gone.ok()) return rpr.gone;  // the client process exited (or stop() gave up)
-              if (rpr.revoked) {
-                for (; i < n; i++)
-                  st[i] = Status::TimedOut("the client gave up the store (lease revoked): not written");
-                break;
-              }
-              if (stalled && !reader_stalled_at_) {
-                // This connection's stores go through the buffer alone for a while.
-                reader_stalled_at_ = Clock::now();
-                ADP_WARN_LIMITED(
-                    "gateway: client #%llu (%s): its memory stalled a store's read for over %d ms: "
-                    "its stores go through the store buffer alone for %d s",
-                    ull(id_), peer().c_str(), kPipelinePieceWaitMs,
-                    static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(pipeline_retry_).count()));
-              }
-              if (!rst[i].ok() || put_st.ok() || !(stalled || no_slot)) {
-                // Stored; or the read failed (its status is the answer), or the
-                // card store did (the deadline, the card).
-                st[i] = !rst[i].ok() ? std::move(rst[i]) : std::move(put_st);
-                if (st[i].ok()) {
-                  shared_->process_stores.fetch_add(1, std::memory_order_relaxed);
-                  shared_->process_store_pipelined.fetch_add(1, std::memory_order_relaxed);
-                }
-                i = end;
-                continue;
-              }
+            if (how == Pipelined::kAnswered) {
+              i = end;
+              continue;
+            }
+            if (how == Pipelined::kReadWhole) {
               // Stalled (or no slot), and read whole since: stored from the buffer as any other chunk.
               items[i].data = store_buf_.data();
               read_before = true;
-            } else {
-              reader_stalled_at_ = Clock::now();  // no reader thread: the buffer path for a while
             }
           }
           if (put_process && !read_before) {

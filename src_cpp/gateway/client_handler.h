@@ -213,6 +213,34 @@ class ClientHandler {
   bool read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
                           ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st,
                           const std::function<void(size_t, size_t)>* on_piece = nullptr);
+  // What store_pipelined did with a put chunk of one process object.
+  enum class Pipelined {
+    kNot,        // not pipelined (small, a card not memory-speed, no spare CPU, no reader): the buffer path
+    kAnswered,   // *answer is the item's (stored, or failed)
+    kReadWhole,  // stalled, or no slot was free: read whole into store_buf_ since, to be stored from there
+    kRevoked,    // the client gave up the store (lease revoked): this item and the batch's rest are not written
+  };
+  // Session eight: one large object on a memory-speed card is read by this
+  // connection's store reader while this thread, holding its card place,
+  // copies each piece in as soon as it is read (from the cache). The place
+  // is reserved once the first piece is read, and held only while pieces
+  // keep coming: one not read within kPipelinePieceWaitMs, or the object not
+  // read by then plus its bytes at kPipelineMinBytesPerSecond, abandons it
+  // (a pad record: the frontier moves on, the I/O context goes back), and
+  // the object is stored from the buffer once the reader has it whole
+  // (kReadWhole), holding nothing shared while it waits.
+  // Only while the connections storing and loading leave a CPU for the
+  // reader beside each (PiecePool::spare_cpu(), the helpers' rule; with no
+  // pool, always): on full CPUs the second thread cost 32 MiB x 16
+  // 0.82x -> 0.74x (benchmarks/README.md, "Session eight: stores").
+  // `it` is a put chunk alone, in process memory. Called inside the card
+  // gate, holding no I/O context. Not Ok: the connection ends with it (the
+  // client process gone, or stop() gave up on this connection).
+  Status store_pipelined(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline, Status* answer,
+                         Pipelined* how);
+  // A pipelined store's read: what the store reader's job reads and writes
+  // (process_store.cc).
+  struct PipelinedRead;
   // Session eight: runs job on this connection's store reader (a thread of
   // its own, started on first use), after the job before it has ended.
   // False: no reader thread could be started (the caller takes the buffer path).

@@ -1,8 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // A put item in the client's process memory (r5): read into this
 // connection's store buffer in pieces, on its thread and the piece pool's
-// helpers (or on its store reader, session eight), each under the lease.
+// helpers (or on its store reader, session eight), each under the lease;
+// and one large object stored while its store reader reads it (session
+// eight: store_pipelined, the pipeline's bounds and slots).
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -16,6 +25,72 @@ namespace adp {
 namespace {
 
 using proto::Clock;
+
+// Session eight: a process store of one object of at least this size on a
+// memory-speed card is read by the connection's store reader while the
+// connection's thread copies each piece into its reserved card place (the
+// second pass then reads the cache, not memory: benchmarks/README.md,
+// "Session eight: stores"); smaller objects go through the buffer whole.
+// ADP_STORE_PIPELINE_MIN_MB (the gateway's environment) sets it; 0 turns it
+// off (an A/B of the two paths in one run: benchmarks/README.md).
+constexpr uint64_t kPipelineMinBytes = 8ull << 20;
+uint64_t pipeline_min_bytes() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("ADP_STORE_PIPELINE_MIN_MB");
+    return e ? std::strtoull(e, nullptr, 10) << 20 : kPipelineMinBytes;
+  }();
+  return v;
+}
+
+// How long the thread that holds the card place waits for the next piece
+// (1 MiB, about 0.1 ms to read) before it abandons the place: the longest a
+// client whose memory stalls the read holds back other connections'
+// acknowledgements (the frontier's order) and an I/O context, once per
+// connection per 30 s (ClientHandler::pipeline_retry_: it stores through the buffer alone
+// meanwhile), and by at most GatewayShared::max_pipelined_stores at once.
+constexpr int kPipelinePieceWaitMs = 200;
+// And the longest it holds the place for the whole object (review r8 B2: a
+// client that serves each piece just inside the piece's wait would hold it
+// for the whole object): kPipelinePieceWaitMs plus the object's bytes at this
+// rate (a reader of memory goes at 5-60 GB/s), so 262.5 ms for 32 MiB, 700 ms
+// for 256 MiB; a slower read gives the place up as a stalled one does.
+constexpr uint64_t kPipelineMinBytesPerSecond = 512ull << 20;
+// An object's bytes at that rate, in microseconds: exact enough, and no
+// overflow below 16 TiB, past --max-store-buffer-mb's top (1 TiB); in
+// nanoseconds it overflowed past 17 GiB (review r9 N1).
+constexpr std::chrono::microseconds pipeline_bytes_time(uint64_t bytes) {
+  return std::chrono::microseconds(bytes * 1000000ull / kPipelineMinBytesPerSecond);
+}
+static_assert(pipeline_bytes_time(32ull << 20) == std::chrono::microseconds(62500));
+static_assert(pipeline_bytes_time(64ull << 30) == std::chrono::seconds(128), "a 64 GiB object: no overflow");
+
+// One of GatewayShared::max_pipelined_stores (review r8 S4), taken by a
+// pipelined store once its reader has the first piece, with the card place
+// and the I/O context (session nine: taken before it, a client that stalled
+// at the start kept it), given back on every way out of it.
+class PipelineSlot {
+ public:
+  PipelineSlot(GatewayShared& shared, bool want) : shared_(shared) {
+    if (!want) return;
+    uint32_t n = shared_.pipelined_stores.load(std::memory_order_relaxed);
+    while (n < shared_.max_pipelined_stores &&
+           !shared_.pipelined_stores.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+    }
+    taken_ = n < shared_.max_pipelined_stores;
+  }
+  ~PipelineSlot() { release(); }
+  void release() {
+    if (taken_) shared_.pipelined_stores.fetch_sub(1, std::memory_order_acq_rel);
+    taken_ = false;
+  }
+  PipelineSlot(const PipelineSlot&) = delete;
+  PipelineSlot& operator=(const PipelineSlot&) = delete;
+  bool taken() const { return taken_; }
+
+ private:
+  GatewayShared& shared_;
+  bool taken_ = false;
+};
 
 // ADP_TEST_PROCESS_READ_STALL_MS: taken by the first process read that stalls.
 std::atomic<bool> g_process_read_stall_taken{false};
@@ -201,6 +276,171 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       (*st)[o.k] = std::move(o.st);
   }
   return true;
+}
+
+// What a pipelined store's reader job reads and writes, held by the job and
+// by the connection's thread (review r9 S1: the job refers to nothing of
+// run_batch's or serve_batch's frames, so a batch that returns before the job
+// has ended leaves it nothing freed to touch).
+struct ClientHandler::PipelinedRead {
+  PipelinedRead(const proto::BatchItem& it, uint64_t request_id, proto::Deadline deadline)
+      : pr{request_id, deadline}, items(1), st(1) {
+    req.items.push_back(it);
+    req.items[0].key = {};  // a view into the request's frame; the read does not need it
+    done.assign((it.size + kProcessReadPieceBytes - 1) / kProcessReadPieceBytes, 0);
+    on_piece = [this](size_t off, size_t) {
+      std::lock_guard<std::mutex> l(mu);
+      done[off / kProcessReadPieceBytes] = 1;
+      cv.notify_all();
+    };
+  }
+  proto::BatchRequest req;  // the one item, copied: read_process_chunk's item 0
+  ProcessRead pr;           // its deadline by value
+  std::vector<PutItem> items;
+  std::vector<Status> st;
+  std::function<void(size_t, size_t)> on_piece;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint8_t> done;  // by piece of kProcessReadPieceBytes
+  bool finished = false;      // the reader's job has ended
+};
+
+Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t request_id, proto::Deadline deadline,
+                                      Status* answer, Pipelined* how) {
+  *how = Pipelined::kNot;
+  CardStore& store = *shared_->store;
+  if (reader_stalled_at_ && Clock::now() - *reader_stalled_at_ >= pipeline_retry_) reader_stalled_at_.reset();
+  bool pipeline = !reader_stalled_at_ && pipeline_min_bytes() && first.size >= pipeline_min_bytes() &&
+                  first.size <= store_object_limit() && store.memory_speed() && shared_->max_pipelined_stores > 0;
+  const bool wanted = pipeline;
+  if (pipeline && shared_->pieces && !shared_->pieces->spare_cpu()) pipeline = false;
+  if (wanted && !pipeline) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
+  if (!pipeline) return Status::Ok();
+  const uint64_t need = (first.size + 4095) & ~uint64_t(4095);
+  if (need > store_buf_.capacity()) {
+    if (Status g = grow_store_buffer(need, deadline); !g.ok()) {
+      *answer = std::move(g);
+      *how = Pipelined::kAnswered;
+      return Status::Ok();
+    }
+  }
+  auto rd = std::make_shared<PipelinedRead>(first, request_id, deadline);
+  // Waits for the reader out of the card gate (it may wait on the
+  // client), holding nothing shared; false: the card closed meanwhile.
+  auto wait_out = [&](const std::function<bool()>& until) {
+    card_leave(shared_->gate);
+    {
+      std::unique_lock<std::mutex> lk(rd->mu);
+      rd->cv.wait(lk, until);
+    }
+    return card_enter(shared_->gate);
+  };
+  const auto t0 = Clock::now();
+  const bool posted = post_to_reader([this, job = rd] {
+    read_process_chunk(job->req, 0, 1, job->pr.deadline, &job->pr, &job->items, &job->st, &job->on_piece);
+    std::lock_guard<std::mutex> l(job->mu);
+    job->finished = true;
+    job->cv.notify_all();
+  });
+  if (!posted) {
+    reader_stalled_at_ = Clock::now();  // no reader thread: the buffer path for a while
+    return Status::Ok();
+  }
+  // The place is reserved only once the reader is ahead (its first
+  // piece read): a client that stalls from the start holds nothing.
+  if (!wait_out([&] { return rd->done[0] || rd->finished; })) {
+    // The card closed (stop() gave up on this connection) with the reader
+    // past its first piece: it ends first (it holds its own state, but
+    // reads into this connection's store buffer); its pieces left fail at
+    // once (in_client_memory: abandoned).
+    {
+      std::unique_lock<std::mutex> lk(rd->mu);
+      rd->cv.wait(lk, [&] { return rd->finished; });
+    }
+    abandoned_ = true;
+    return Status::Closed("the gateway closed its card while this store's pieces were read");
+  }
+  bool ahead;
+  {
+    std::lock_guard<std::mutex> l(rd->mu);
+    ahead = rd->done[0];
+  }
+  // A slot only now, with the card place and the I/O context: a
+  // client stalled before its first piece holds none. None free:
+  // the object is stored from the buffer once read, as a stalled one.
+  PipelineSlot slot(*shared_, ahead);
+  const bool no_slot = ahead && !slot.taken();
+  if (no_slot) shared_->process_store_unpipelined_busy.fetch_add(1, std::memory_order_relaxed);
+  bool stalled = false;
+  Status put_st = Status::TimedOut("the read from the client's memory ended early");
+  std::unique_ptr<IoContextPool::Lease> lease;
+  if (slot.taken()) lease = shared_->pool->acquire(deadline);
+  if (slot.taken() && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
+  if (slot.taken() && lease) {
+    const uint8_t* buf = store_buf_.data();
+    const auto hold_by =
+        Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs) + pipeline_bytes_time(first.size);
+    PutItem item{first.key, nullptr, first.size};
+    item.fill = [&](uint8_t* dst, uint64_t off, size_t len) {
+      for (size_t done = 0; done < len;) {
+        const size_t at = off + done, p = at / kProcessReadPieceBytes;
+        const size_t l = std::min<size_t>(len - done, (p + 1) * kProcessReadPieceBytes - at);
+        {
+          // Each piece within kPipelinePieceWaitMs, the object by hold_by.
+          const auto by = std::min(Clock::now() + std::chrono::milliseconds(kPipelinePieceWaitMs), hold_by);
+          std::unique_lock<std::mutex> lk(rd->mu);
+          if (!rd->cv.wait_until(lk, by, [&] { return rd->done[p] || rd->finished; })) {
+            stalled = true;
+            shared_->process_store_stalls.fetch_add(1, std::memory_order_relaxed);
+            return Status::TimedOut("the client's memory stalled the read: its card place is given up");
+          }
+          if (!rd->done[p]) return Status::TimedOut("the read from the client's memory ended early");
+        }
+        std::memcpy(dst + done, buf + at, l);  // CardStore checksums it where it landed, in the cache
+        done += l;
+      }
+      return Status::Ok();
+    };
+    store.put(**lease, &item, 1, &put_st, [&] { return Clock::now() < deadline; });
+    lease.reset();
+    if (stalled) slot.release();  // the card place is given up: another may pipeline
+  }
+  const auto t1 = Clock::now();
+  if (!wait_out([&] { return rd->finished; })) {
+    abandoned_ = true;
+    return Status::Closed("the gateway closed its card while this store's pieces were read");
+  }
+  using std::chrono::duration_cast, std::chrono::nanoseconds;
+  shared_->process_store_put_ns.fetch_add(duration_cast<nanoseconds>(t1 - t0).count(), std::memory_order_relaxed);
+  shared_->process_store_read_ns.fetch_add(duration_cast<nanoseconds>(Clock::now() - t1).count(),
+                                           std::memory_order_relaxed);
+  if (!rd->pr.gone.ok()) return rd->pr.gone;  // the client process exited (or stop() gave up)
+  if (rd->pr.revoked) {
+    *how = Pipelined::kRevoked;
+    return Status::Ok();
+  }
+  if (stalled && !reader_stalled_at_) {
+    // This connection's stores go through the buffer alone for a while.
+    reader_stalled_at_ = Clock::now();
+    ADP_WARN_LIMITED(
+        "gateway: client #%llu (%s): its memory stalled a store's read for over %d ms: "
+        "its stores go through the store buffer alone for %d s",
+        ull(id_), peer().c_str(), kPipelinePieceWaitMs,
+        static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(pipeline_retry_).count()));
+  }
+  if (!rd->st[0].ok() || put_st.ok() || !(stalled || no_slot)) {
+    // Stored; or the read failed (its status is the answer), or the
+    // card store did (the deadline, the card).
+    *answer = !rd->st[0].ok() ? std::move(rd->st[0]) : std::move(put_st);
+    if (answer->ok()) {
+      shared_->process_stores.fetch_add(1, std::memory_order_relaxed);
+      shared_->process_store_pipelined.fetch_add(1, std::memory_order_relaxed);
+    }
+    *how = Pipelined::kAnswered;
+    return Status::Ok();
+  }
+  *how = Pipelined::kReadWhole;  // stalled (or no slot), and read whole since
+  return Status::Ok();
 }
 
 }  // namespace adp

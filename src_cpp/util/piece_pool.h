@@ -61,7 +61,7 @@ class PiecePool {
   // Whether the callers alive leave each at least one CPU beside its own
   // thread (CPUs / callers >= 2), helper threads or not: the gateway reads a
   // large process store on a second thread of its connection only then
-  // (ClientHandler::run_batch), by the rule the helpers keep.
+  // (ClientHandler::store_pipelined), by the rule the helpers keep.
   bool spare_cpu() const;
   // Helpers finish the piece they are in and leave; later jobs run on their
   // callers alone. Waits for the helper threads to end.
