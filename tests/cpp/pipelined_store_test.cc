@@ -29,60 +29,21 @@
 
 #include "check.h"
 #include "gateway/gateway_server.h"
-#include "protocol/frame.h"
-#include "protocol/messages.h"
-#include "protocol/shared_ring.h"
-#include "protocol/socket_io.h"
+#include "raw_client.h"
 
 namespace {
 
 namespace proto = adp::proto;
+using Client = adp::testing::RawClient;
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 12 * kMiB + 4099;  // >= 8 MiB: pipelined; 13 pieces, the last partial
 
-proto::Deadline soon() { return proto::Clock::now() + std::chrono::seconds(60); }
-
-struct Client {
-  int fd = -1;
-  std::unique_ptr<proto::SharedRing> ring;
-  uint64_t rid = 0;
-  uint8_t probe[16];
-};
+proto::Deadline soon() { return adp::testing::in_seconds(60); }
 
 bool connect_client(const std::string& socket, const char* name, Client* c) {
-  proto::Endpoint ep;
-  proto::parse_endpoint("unix://" + socket, &ep);
-  adp::Status s = proto::connect_endpoint(ep, soon(), &c->fd);
-  CHECK(s.ok(), "connect: %s", s.message().c_str());
-  s = proto::SharedRing::Create(4 * kMiB, &c->ring);
-  CHECK(s.ok(), "ring: %s", s.message().c_str());
-  if (c->fd < 0 || !c->ring) return false;
-  std::vector<uint8_t> body;
-  proto::Hello hello;
-  hello.features = proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores;
-  hello.ring_bytes = c->ring->size();
-  hello.client_name = name;
-  proto::encode_hello(hello, &body);
-  proto::write_frame(c->fd, proto::FrameType::kHello, ++c->rid, body, {}, soon(), c->ring->fd());
-  proto::Frame f;
-  const bool hello_ok =
-      proto::read_frame(c->fd, 1 << 20, soon(), &f).ok() && f.header.type == uint8_t(proto::FrameType::kHelloOk);
-  CHECK(hello_ok, "%s: no HelloOk", name);
-  if (!hello_ok) return false;
-  for (size_t i = 0; i < sizeof c->probe; i++) c->probe[i] = uint8_t(i * 7 + 3);
-  proto::RegisterProcess reg;
-  reg.pid = static_cast<uint32_t>(::getpid());
-  reg.probe_addr = reinterpret_cast<uintptr_t>(c->probe);
-  reg.probe = c->probe;
-  body.clear();
-  proto::encode_register_process(reg, &body);
-  proto::write_frame(c->fd, proto::FrameType::kRegisterProcess, ++c->rid, body, {}, soon());
-  proto::ProcessOk ok;
-  const bool granted = proto::read_frame(c->fd, 1 << 20, soon(), &f).ok() &&
-                       f.header.type == uint8_t(proto::FrameType::kProcessOk) &&
-                       proto::decode_process_ok(f.body, &ok).ok() && (ok.features & proto::kFeatureProcessStores);
-  CHECK(granted, "%s: process stores not granted: %.*s", name, int(ok.reason.size()), ok.reason.data());
-  return granted;
+  return adp::testing::connect_raw_client(
+      socket, name, proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores,
+      proto::kFeatureProcessStores, c, 60);
 }
 
 // One batch of process items under an open lease; each item's status.
@@ -124,12 +85,6 @@ double stat(const std::string& json, const std::string& key) {
   return at == std::string::npos ? -1 : std::strtod(json.c_str() + at + key.size() + 3, nullptr);
 }
 
-uint8_t* buffer(size_t n) {
-  auto* p = static_cast<uint8_t*>(
-      ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-  return p == MAP_FAILED ? nullptr : p;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,8 +118,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 8; i++) {
     keys.push_back((i < 2 ? "A" : "B") + std::to_string(i));
     want.push_back(adp::testing::pattern(kObject, uint8_t(i + 1)));
-    src.push_back(buffer(kObject));
-    dst.push_back(buffer(kObject));
+    src.push_back(adp::testing::populated_buffer(kObject));
+    dst.push_back(adp::testing::populated_buffer(kObject));
     CHECK(src.back() && dst.back(), "mmap");
     if (!src.back() || !dst.back()) return 1;
     std::memcpy(src.back(), want.back().data(), kObject);

@@ -31,10 +31,7 @@
 
 #include "check.h"
 #include "gateway/gateway_server.h"
-#include "protocol/frame.h"
-#include "protocol/messages.h"
-#include "protocol/shared_ring.h"
-#include "protocol/socket_io.h"
+#include "raw_client.h"
 #include "store/card_store.h"
 
 namespace {
@@ -43,7 +40,7 @@ constexpr size_t kMiB = 1 << 20;
 constexpr size_t kK1 = 32 * kMiB, kK2 = 1 * kMiB, kHole = 1 * kMiB;
 constexpr uint32_t kStallMs = 4000;
 
-adp::proto::Deadline soon() { return adp::proto::Clock::now() + std::chrono::seconds(10); }
+adp::proto::Deadline soon() { return adp::testing::in_seconds(10); }
 
 bool store_objects(const std::string& card) {
   adp::CardOptions co;
@@ -92,60 +89,32 @@ int main(int argc, char** argv) {
   CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
   if (!s.ok()) return 1;
 
-  adp::proto::Endpoint ep;
-  adp::proto::parse_endpoint("unix://" + go.socket_path, &ep);
-  int fd = -1;
-  s = adp::proto::connect_endpoint(ep, soon(), &fd);
-  CHECK(s.ok(), "connect: %s", s.message().c_str());
-  std::unique_ptr<adp::proto::SharedRing> ring;
-  s = adp::proto::SharedRing::Create(4 * kMiB, &ring);
-  CHECK(s.ok(), "ring: %s", s.message().c_str());
-  if (fd < 0 || !ring) return 1;
-
-  std::vector<uint8_t> body;
-  adp::proto::Hello hello;
-  hello.features = adp::proto::kFeatureRing | adp::proto::kFeatureProcessLoads;
-  hello.ring_bytes = ring->size();
-  hello.client_name = "stop_abandon_test";
-  adp::proto::encode_hello(hello, &body);
-  adp::proto::write_frame(fd, adp::proto::FrameType::kHello, 1, body, {}, soon(), ring->fd());
-  adp::proto::Frame f;
-  CHECK(next_frame(fd, soon(), &f) && f.header.type == uint8_t(adp::proto::FrameType::kHelloOk), "no HelloOk");
-
-  uint8_t probe[16];
-  for (size_t i = 0; i < sizeof probe; i++) probe[i] = uint8_t(i * 7 + 3);
-  adp::proto::RegisterProcess reg;
-  reg.pid = static_cast<uint32_t>(::getpid());
-  reg.probe_addr = reinterpret_cast<uintptr_t>(probe);
-  reg.probe = probe;
-  body.clear();
-  adp::proto::encode_register_process(reg, &body);
-  adp::proto::write_frame(fd, adp::proto::FrameType::kRegisterProcess, 2, body, {}, soon());
-  adp::proto::ProcessOk ok;
-  CHECK(next_frame(fd, soon(), &f) && f.header.type == uint8_t(adp::proto::FrameType::kProcessOk) &&
-            adp::proto::decode_process_ok(f.body, &ok).ok() && (ok.features & adp::proto::kFeatureProcessLoads),
-        "process loads not granted: %.*s", int(ok.reason.size()), ok.reason.data());
+  adp::testing::RawClient client;
+  if (!adp::testing::connect_raw_client(go.socket_path, "stop_abandon_test",
+                                        adp::proto::kFeatureRing | adp::proto::kFeatureProcessLoads,
+                                        adp::proto::kFeatureProcessLoads, &client))
+    return 1;
+  const int fd = client.fd;
 
   // K1's buffer with its last MiB not mapped writable; K2's filled with a mark.
-  auto* b1 = static_cast<uint8_t*>(
-      ::mmap(nullptr, kK1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-  auto* b2 = static_cast<uint8_t*>(
-      ::mmap(nullptr, kK2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-  CHECK(b1 != MAP_FAILED && b2 != MAP_FAILED, "mmap");
-  if (b1 == MAP_FAILED || b2 == MAP_FAILED) return 1;
+  uint8_t* b1 = adp::testing::populated_buffer(kK1);
+  uint8_t* b2 = adp::testing::populated_buffer(kK2);
+  CHECK(b1 && b2, "mmap");
+  if (!b1 || !b2) return 1;
   ::mprotect(b1 + kK1 - kHole, kHole, PROT_NONE);
   std::memset(b2, 0xAB, kK2);
 
-  __atomic_store_n(reinterpret_cast<uint64_t*>(ring->data()), adp::proto::lease_word(3, adp::proto::kLeaseOpen),
-                   __ATOMIC_RELEASE);
+  const uint64_t rid = ++client.rid;
+  __atomic_store_n(reinterpret_cast<uint64_t*>(client.ring->data()),
+                   adp::proto::lease_word(rid, adp::proto::kLeaseOpen), __ATOMIC_RELEASE);
   adp::proto::BatchRequest req;
   req.op = adp::proto::Op::kGet;
   req.timeout_ms = 600000;
   req.items = {{"K1", kK1, reinterpret_cast<uintptr_t>(b1), adp::proto::kProcessSegment},
                {"K2", kK2, reinterpret_cast<uintptr_t>(b2), adp::proto::kProcessSegment}};
-  body.clear();
+  std::vector<uint8_t> body;
   adp::proto::encode_batch(req, &body);
-  adp::proto::write_frame(fd, adp::proto::FrameType::kBatch, 3, body, {}, soon());
+  adp::proto::write_frame(fd, adp::proto::FrameType::kBatch, rid, body, {}, soon());
 
   // The helper's piece stalls: no reply before it ends (a reply now means
   // no helper took a piece, and the test did not test what it should).
@@ -158,6 +127,7 @@ int main(int argc, char** argv) {
   // The process lives on past the stall: the thread left behind wakes now.
   std::this_thread::sleep_for(std::chrono::milliseconds(kStallMs + 2000));
 
+  adp::proto::Frame f;
   CHECK(!next_frame(fd, adp::proto::Clock::now() + std::chrono::seconds(2), &f),
         "a frame (type %d) came after stop() gave the connection up", int(f.header.type));
   size_t written = 0;

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// A hand-driven client of an in-process gateway for the C++ test programs of
+// tests/cpp: a Unix connection with a ring, Hello, and this process's memory
+// registered (RegisterProcess / ProcessOk), speaking raw frames. Failures are
+// CHECKs (check.h); the functions say whether the step worked so a program can
+// stop early.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "protocol/frame.h"
+#include "protocol/messages.h"
+#include "protocol/shared_ring.h"
+#include "protocol/socket_io.h"
+
+namespace adp::testing {
+
+// A deadline `seconds` from now.
+inline proto::Deadline in_seconds(int seconds) { return proto::Clock::now() + std::chrono::seconds(seconds); }
+
+struct RawClient {
+  int fd = -1;
+  std::unique_ptr<proto::SharedRing> ring;
+  uint64_t rid = 0;  // the last request id sent (Hello is 1, RegisterProcess 2)
+  uint8_t probe[16];
+};
+
+// Connects to unix://socket with a 4 MiB ring and Hello `features`, then registers this process's
+// memory; true when the gateway granted every feature of `want` in ProcessOk. Frames wait up to
+// `timeout_s` seconds each.
+inline bool connect_raw_client(const std::string& socket, const char* name, uint32_t features, uint32_t want,
+                               RawClient* c, int timeout_s = 10) {
+  proto::Endpoint ep;
+  proto::parse_endpoint("unix://" + socket, &ep);
+  Status s = proto::connect_endpoint(ep, in_seconds(timeout_s), &c->fd);
+  CHECK(s.ok(), "%s: connect: %s", name, s.message().c_str());
+  s = proto::SharedRing::Create(4 << 20, &c->ring);
+  CHECK(s.ok(), "%s: ring: %s", name, s.message().c_str());
+  if (c->fd < 0 || !c->ring) return false;
+  std::vector<uint8_t> body;
+  proto::Hello hello;
+  hello.features = features;
+  hello.ring_bytes = c->ring->size();
+  hello.client_name = name;
+  proto::encode_hello(hello, &body);
+  proto::write_frame(c->fd, proto::FrameType::kHello, ++c->rid, body, {}, in_seconds(timeout_s), c->ring->fd());
+  proto::Frame f;
+  const bool hello_ok = proto::read_frame(c->fd, 1 << 20, in_seconds(timeout_s), &f).ok() &&
+                        f.header.type == uint8_t(proto::FrameType::kHelloOk);
+  CHECK(hello_ok, "%s: no HelloOk", name);
+  if (!hello_ok) return false;
+  for (size_t i = 0; i < sizeof c->probe; i++) c->probe[i] = uint8_t(i * 7 + 3);
+  proto::RegisterProcess reg;
+  reg.pid = static_cast<uint32_t>(::getpid());
+  reg.probe_addr = reinterpret_cast<uintptr_t>(c->probe);
+  reg.probe = c->probe;
+  body.clear();
+  proto::encode_register_process(reg, &body);
+  proto::write_frame(c->fd, proto::FrameType::kRegisterProcess, ++c->rid, body, {}, in_seconds(timeout_s));
+  proto::ProcessOk ok;
+  const bool granted = proto::read_frame(c->fd, 1 << 20, in_seconds(timeout_s), &f).ok() &&
+                       f.header.type == uint8_t(proto::FrameType::kProcessOk) &&
+                       proto::decode_process_ok(f.body, &ok).ok() && (ok.features & want) == want;
+  CHECK(granted, "%s: process features %#x not granted: %.*s", name, want, int(ok.reason.size()), ok.reason.data());
+  return granted;
+}
+
+// n bytes of anonymous memory, populated; nullptr if mmap fails (munmap it when done).
+inline uint8_t* populated_buffer(size_t n) {
+  auto* p = static_cast<uint8_t*>(
+      ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace adp::testing
