@@ -81,6 +81,11 @@ PARAMS: dict[str, Param] = {
         "PID namespace: else the ring, logged once); "
         "false: the ring",
     ),
+    "gateway_stall_s": Param(
+        5,
+        "unix:// or tcp:// gateway: a request waiting this many seconds with nothing heard from the gateway makes "
+        "it stalled (stat gateway_stalled, /health 503) until it is heard from again (a number > 0, at most 3600)",
+    ),
     "ptracer_follow": Param(
         False,
         "unix gateway, Yama ptrace_scope 1: once the gateway named with PR_SET_PTRACER has exited, name the "
@@ -122,6 +127,7 @@ class ConnectorConfig:
     ring_pieces: bool = True
     process_memory: bool = True
     ptracer_follow: bool = False
+    gateway_stall_s: float = 5
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
@@ -169,6 +175,13 @@ class ConnectorConfig:
         ptracer_follow = get("ptracer_follow")
         if not isinstance(ptracer_follow, bool):
             raise ConfigError(f"adapter_params['ptracer_follow'] must be true or false, got {ptracer_follow!r}")
+        if "gateway_stall_s" in params and gateway == "embedded":
+            raise ConfigError("adapter_params['gateway_stall_s'] applies to a unix:// or tcp:// gateway only")
+        stall = get("gateway_stall_s")
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0 < stall <= 3600:
+            raise ConfigError(
+                f"adapter_params['gateway_stall_s'] must be a number of seconds > 0 and at most 3600, got {stall!r}"
+            )
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()
         if not isinstance(card, str):
@@ -202,6 +215,7 @@ class ConnectorConfig:
             ring_pieces=ring_pieces,
             process_memory=process_memory,
             ptracer_follow=ptracer_follow,
+            gateway_stall_s=float(stall),
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -219,6 +233,7 @@ class ConnectorConfig:
             "ring_pieces": self.ring_pieces,
             "process_memory": self.process_memory,
             "ptracer_follow": self.ptracer_follow,
+            "gateway_stall_ns": round(self.gateway_stall_s * 1e9),
         }
 
 

@@ -9,7 +9,7 @@ connector or gateway), served with prometheus_client from a daemon thread.
 Unhealthy (503) while the card's most recent I/O failed or, for a connector
 on a gateway, while its gateway cannot be reached (`gateway_reachable` 0:
 every load a miss, every store dropped), is stalled (`gateway_stalled` 1: a
-request waited 5 s with no reply) or answers with its card's I/O errors
+request waited gateway_stall_s with nothing heard) or answers with its card's I/O errors
 (`gateway_card_healthy` 0).
 """
 

@@ -82,7 +82,9 @@ def format_status(st: dict[str, Any]) -> str:
         reach = "yes" if st["gateway_reachable"] else "NO (loads miss, stores are dropped; /health answers 503)"
         rows.insert(2, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))
         if st.get("gateway_stalled"):
-            rows.insert(3, ("gateway stalled", "YES (a request waited 5 s with no reply; /health answers 503)"))
+            rows.insert(
+                3, ("gateway stalled", "YES (a request waited gateway_stall_s with nothing heard; /health answers 503)")
+            )
         if not st.get("gateway_card_healthy", True):
             rows.insert(3, ("gateway's card", f"FAILING I/O: {st.get('gateway_card_error', '')}"))
     if "clients" in st:  # a gateway (docs/stats.md: the gateway's own stats)

@@ -117,6 +117,7 @@ Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline)
       return Status::Busy("the gateway's store buffers are used up (" + mib(cur) + " of " + mib(total) +
                           " held by other connections, --max-store-buffer-total-mb); this chunk needs " + mib(bytes));
     }
+    note_alive();  // waiting behind other connections' stores is working (r7): one bump a slice
     {
       std::unique_lock<std::mutex> l(shared_->store_buffer_mu);
       shared_->store_buffer_waiters++;

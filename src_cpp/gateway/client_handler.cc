@@ -452,7 +452,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
   // before it is left), out of it only while the client may stall it.
   CardSection in_card(shared_->gate);
   if (!in_card) return Status::Closed("the gateway is closing its card");
-  auto lease = no_ctx ? nullptr : shared_->pool->acquire(deadline);
+  auto lease = no_ctx ? nullptr : acquire_context(deadline);
   if (!lease && !no_ctx) {
     for (size_t i = 0; i < n; i++) st[i] = Status::TimedOut("no I/O context came free before the deadline");
   } else {
@@ -554,7 +554,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             continue;
           }
           if (Clock::now() >= deadline) continue;  // the reads took it: the items left fail above
-          if (!lease) lease = shared_->pool->acquire(deadline);
+          if (!lease) lease = acquire_context(deadline);
           if (!lease) {
             for (size_t k : todo_at) st[k] = Status::TimedOut("no I/O context came free before the deadline");
             i = end;
@@ -625,7 +625,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             if (st[i].code() == Status::Code::kClosed) return st[i];
             continue;
           }
-          if (!lease) lease = shared_->pool->acquire(deadline);
+          if (!lease) lease = acquire_context(deadline);
           if (!lease) {
             st[i] = Status::TimedOut("no I/O context came free before the deadline");
             continue;

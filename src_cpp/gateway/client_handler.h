@@ -295,8 +295,15 @@ class ClientHandler {
   // Bumps the progress ticket, waking the client if it sleeps on it.
   void bump_ticket();
   // r7: bumps the control page's alive word (a sign of life; no-op without
-  // a control page). After each put chunk, process store piece, get item.
+  // a control page). After each put chunk, process store piece, get item,
+  // and every slice of a wait for an I/O context or store-buffer room (the
+  // gateway works, behind other clients' I/O: not stalled).
   void note_alive();
+  // An I/O context from the pool by `deadline` (null: none came free),
+  // bumping the alive word while it waits.
+  std::unique_ptr<IoContextPool::Lease> acquire_context(proto::Deadline deadline) {
+    return shared_->pool->acquire(deadline, [this] { note_alive(); });
+  }
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);

@@ -3,11 +3,14 @@
 // open region each). A request leases one while it runs against the store,
 // so store concurrency, staging memory and the number of open regions stay
 // bounded however many clients connect; a request finding none free waits,
-// until its deadline at most.
+// until its deadline at most (calling `waiting` every kWaitSlice meanwhile:
+// the connection's alive word, so its client reads it working, r7).
 // Thread-safe. Must be destroyed before the store (contexts seal their regions).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -35,11 +38,30 @@ class IoContextPool {
     std::unique_ptr<IoContext> ctx_;
   };
 
-  // A lease, or null if none came free by `deadline`.
+  // How often a waiting acquire() calls its `waiting`: well inside the
+  // smallest stall bound a connector is likely given (gateway_stall_s).
+  static constexpr std::chrono::milliseconds kWaitSlice{100};
+
+  // A lease, or null if none came free by `deadline`. While none is free,
+  // `waiting` (if any) is called every kWaitSlice, without the pool's lock:
+  // no busy loop, one wake-up a slice.
   template <typename TimePoint>
-  std::unique_ptr<Lease> acquire(TimePoint deadline) {
+  std::unique_ptr<Lease> acquire(TimePoint deadline, const std::function<void()>& waiting = {}) {
     std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_until(l, deadline, [this] { return !free_.empty(); })) return nullptr;
+    while (free_.empty()) {
+      const auto now = TimePoint::clock::now();
+      if (now >= deadline) return nullptr;
+      if (!waiting) {
+        cv_.wait_until(l, deadline);
+        continue;
+      }
+      if (cv_.wait_until(l, std::min<TimePoint>(deadline, now + kWaitSlice)) == std::cv_status::timeout &&
+          free_.empty()) {
+        l.unlock();
+        waiting();
+        l.lock();
+      }
+    }
     auto ctx = std::move(free_.back());
     free_.pop_back();
     return std::make_unique<Lease>(this, std::move(ctx));

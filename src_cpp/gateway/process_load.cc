@@ -144,7 +144,7 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
   auto with_ctx = [&](const std::function<void(IoContext&)>& fn) {
     if (into_hold) hold_refused = reserve_hold(kBlockSize + it.size);
     if (!hold_refused.ok()) return false;
-    auto lease = shared_->pool->acquire(deadline);
+    auto lease = acquire_context(deadline);
     if (lease) fn(**lease);  // the read, and the swap into hold_
     count_hold();
     return bool(lease);

@@ -374,7 +374,7 @@ Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t re
   bool stalled = false;
   Status put_st = Status::TimedOut("the read from the client's memory ended early");
   std::unique_ptr<IoContextPool::Lease> lease;
-  if (slot.taken()) lease = shared_->pool->acquire(deadline);
+  if (slot.taken()) lease = acquire_context(deadline);
   if (slot.taken() && !lease) put_st = Status::TimedOut("no I/O context came free before the deadline");
   if (slot.taken() && lease) {
     const uint8_t* buf = store_buf_.data();

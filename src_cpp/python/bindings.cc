@@ -101,6 +101,7 @@ class NativeConnector {
     Status s = proto::parse_endpoint(gateway, &o.endpoint);
     if (!s.ok()) raise(s);
     o.token = cfg["token"].cast<std::string>();
+    o.stall_after = std::chrono::nanoseconds(cfg["gateway_stall_ns"].cast<int64_t>());
     if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) {
       o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
       o.segments = cfg["direct_loads"].cast<bool>();

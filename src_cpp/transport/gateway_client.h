@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -29,6 +30,9 @@ struct GatewayClientOptions {
   // Yama ptrace_scope 1: name a new gateway with PR_SET_PTRACER once the one
   // named has exited (trusts whoever of the uid binds the socket path).
   bool ptracer_follow = false;
+  // gateway_stall_s: a request waiting this long with nothing heard from the
+  // gateway makes it stalled (RemoteBackend::stalled_locked).
+  std::chrono::nanoseconds stall_after{std::chrono::seconds(5)};
 };
 
 class GatewayClient {

@@ -29,9 +29,6 @@ using proto::Clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kConnectTimeout{2000};
-// A request that waits this long with nothing heard from the gateway makes it
-// stalled (RemoteBackend::stalled_locked); tests: ADP_TEST_GATEWAY_STALL_MS.
-constexpr milliseconds kStallAfter{5000};
 // A request's wait for its reply looks at the stall this often (logs its
 // start without a stats() call: RemoteSession::wait_reply).
 constexpr milliseconds kStallCheck{250};
@@ -708,10 +705,8 @@ void RemoteSession::wait_for_ticket(uint32_t seen, Deadline deadline) {
 }
 
 RemoteBackend::RemoteBackend(GatewayClientOptions opts)
-    : opts_(std::move(opts)), stall_ns_(std::chrono::nanoseconds(kStallAfter).count()) {
+    : opts_(std::move(opts)), stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())) {
   if (const char* d = std::getenv("ADP_TEST_PUT_COPY_DELAY_MS")) test_put_delay_ = milliseconds(std::atoi(d));
-  if (const char* d = std::getenv("ADP_TEST_GATEWAY_STALL_MS"); d && std::atoi(d) > 0)
-    stall_ns_ = std::chrono::nanoseconds(milliseconds(std::atoi(d))).count();
 }
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }

@@ -91,7 +91,7 @@ class RemoteBackend : public Backend {
   const GatewayClientOptions opts_;
   mutable std::mutex mu_;
   std::set<const GatewayClient*> live_;
-  int64_t stall_ns_;                   // 5 s; tests: ADP_TEST_GATEWAY_STALL_MS
+  const int64_t stall_ns_;             // adapter_params gateway_stall_s (5 s)
   int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged

@@ -18,6 +18,20 @@ def test_unix_gateway_params(tmp_path):
     ]
 
 
+def test_gateway_stall_s(tmp_path):
+    """The stalled bound (README, adapter_params): 5 s by default, any number of seconds in (0, 3600], to the
+    native side in nanoseconds."""
+    assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).to_native()["gateway_stall_ns"] == 5 * 10**9
+    for given, ns in ((0.25, 250_000_000), (30, 30 * 10**9), (3600, 3600 * 10**9)):
+        cfg = ConnectorConfig.from_params({"gateway": "unix:///x.sock", "gateway_stall_s": given})
+        assert cfg.gateway_stall_s == given and cfg.to_native()["gateway_stall_ns"] == ns
+    (tmp_path / "token").write_text("t")
+    cfg = ConnectorConfig.from_params(
+        {"gateway": "tcp://h:1", "token_file": str(tmp_path / "token"), "gateway_stall_s": 2}
+    )
+    assert cfg.to_native()["gateway_stall_ns"] == 2 * 10**9
+
+
 def test_tcp_gateway_reads_token(tmp_path):
     tok = tmp_path / "token"
     tok.write_text("  s3cret\n")
@@ -37,6 +51,14 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "embedded", "ptracer_follow": True}, r"'ptracer_follow'\] applies to a unix:// gateway only"),
         ({"gateway": "unix:///x.sock", "ptracer_follow": 1}, r"'ptracer_follow'\] must be true or false, got 1"),
         ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
+        ({"gateway": "embedded", "gateway_stall_s": 5}, r"'gateway_stall_s'\] applies to a unix:// or tcp:// gateway"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": 0}, r"'gateway_stall_s'\] must be a number of seconds > 0"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": -1.5}, r"seconds > 0 and at most 3600, got -1.5"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": 3601}, r"seconds > 0 and at most 3600, got 3601"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": "5"}, r"seconds > 0 and at most 3600, got '5'"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": True}, r"seconds > 0 and at most 3600, got True"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": float("nan")}, r"seconds > 0 and at most 3600, got nan"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": None}, r"seconds > 0 and at most 3600, got None"),
         ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
     ],
 )

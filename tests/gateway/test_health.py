@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+
+import pytest
 
 from lmcache_adp import ADPConnector
 from lmcache_adp.ops import format_status
@@ -78,8 +82,9 @@ def test_health_follows_the_gateway(workdir):
             assert gw.stop() == 0
 
 
-# The stall bound in these tests (ADP_TEST_GATEWAY_STALL_MS, a test knob; 5 s otherwise).
+# The stall bound in these tests (adapter_params gateway_stall_s; 5 s by default).
 STALL_MS = 1000
+STALL_S = STALL_MS / 1000
 
 
 def wait_health(port: int, code: int, within: float) -> dict:
@@ -93,18 +98,20 @@ def wait_health(port: int, code: int, within: float) -> dict:
         time.sleep(0.05)
 
 
-def stalled_connector(workdir, monkeypatch, timeout_ms: int):
-    monkeypatch.setenv("ADP_TEST_GATEWAY_STALL_MS", str(STALL_MS))
-    gw = Gateway(workdir).start()
+def stalled_connector(workdir, timeout_ms: int, tcp: bool = False):
+    gw = Gateway(workdir, tcp=tcp).start()
     port = free_port()
-    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=timeout_ms, metrics_port=port)
+    where = {"gateway": gw.tcp_url, "token_file": gw.token_file} if tcp else {"gateway": gw.unix_url}
+    conn = ADPConnector(num_workers=1, timeout_ms=timeout_ms, metrics_port=port, gateway_stall_s=STALL_S, **where)
     return gw, conn, RawConnector(conn), port
 
 
-def test_a_stopped_gateway_is_stalled_until_it_answers(workdir, monkeypatch):
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_a_stopped_gateway_is_stalled_until_it_answers(workdir, transport):
     """SIGSTOP with a load outstanding: 503 and gateway_stalled within the bound (the connection stays
-    open: gateway_reachable is still 1); SIGCONT: the load completes (hits) and the connector is healthy."""
-    gw, conn, c, port = stalled_connector(workdir, monkeypatch, timeout_ms=8000)
+    open: gateway_reachable is still 1); SIGCONT: the load completes (hits) and the connector is healthy.
+    Over TCP too (no ring, no alive word: the request unanswered for gateway_stall_s)."""
+    gw, conn, c, port = stalled_connector(workdir, timeout_ms=8000, tcp=transport == "tcp")
     try:
         keys, datas = keys_and_datas(3)
         assert c.set(keys, [memoryview(d) for d in datas])[0]
@@ -117,7 +124,7 @@ def test_a_stopped_gateway_is_stalled_until_it_answers(workdir, monkeypatch):
         doc = wait_health(port, 503, within=STALL_MS / 1000 + 1.5)
         assert time.monotonic() - t0 >= STALL_MS / 1000, doc
         assert (doc["healthy"], doc["gateway_stalled"], doc["gateway_reachable"]) == (False, True, True), doc
-        assert any(gw.unix_url in r and "stalled" in r for r in doc["reasons"]), doc
+        assert any(conn.stats()["card"] in r and "stalled" in r for r in doc["reasons"]), doc
         assert conn.stats()["gateway_stalled"] is True
         assert scrape(port)["lmcache_adp_gateway_stalled"] == 1
         assert "gateway stalled" in format_status(conn.stats())
@@ -136,10 +143,10 @@ def test_a_stopped_gateway_is_stalled_until_it_answers(workdir, monkeypatch):
         assert gw.stop() == 0
 
 
-def test_a_load_given_up_on_a_stopped_gateway_keeps_it_stalled(workdir, monkeypatch):
+def test_a_load_given_up_on_a_stopped_gateway_keeps_it_stalled(workdir):
     """The load fails by its deadline (nothing hangs); the stall outlives the dropped connection until the
     gateway is heard from again (here: the next store's new connection, after SIGCONT)."""
-    gw, conn, c, port = stalled_connector(workdir, monkeypatch, timeout_ms=2000)
+    gw, conn, c, port = stalled_connector(workdir, timeout_ms=2000)
     try:
         keys, datas = keys_and_datas(3)
         assert c.set(keys, [memoryview(d) for d in datas])[0]
@@ -163,9 +170,9 @@ def test_a_load_given_up_on_a_stopped_gateway_keeps_it_stalled(workdir, monkeypa
         assert gw.stop() == 0
 
 
-def test_an_idle_connection_is_not_stalled(workdir, monkeypatch):
+def test_an_idle_connection_is_not_stalled(workdir):
     """No request outstanding: nothing to wait for, so no stall however long the connection is silent."""
-    gw, conn, c, port = stalled_connector(workdir, monkeypatch, timeout_ms=2000)
+    gw, conn, c, port = stalled_connector(workdir, timeout_ms=2000)
     try:
         keys, datas = keys_and_datas(2)
         assert c.set(keys, [memoryview(d) for d in datas])[0]
@@ -217,6 +224,22 @@ def test_the_gateways_card_failing_io(workdir):
         assert gw.stop() == 0
 
 
+def health_while(port: int, run) -> tuple[tuple, float, list]:
+    """Runs `run` on a thread, polling /health every 100 ms meanwhile: its result, how long it took, and
+    (seconds since the start, HTTP code, gateway_stalled) of each poll."""
+    res: dict = {}
+    t = threading.Thread(target=lambda: res.update(r=run()))
+    t0 = time.monotonic()
+    t.start()
+    seen = []
+    while t.is_alive():
+        code, doc = health(port)
+        seen.append((round(time.monotonic() - t0, 2), code, doc.get("gateway_stalled")))
+        time.sleep(0.1)
+    t.join()
+    return res["r"], time.monotonic() - t0, seen
+
+
 def test_a_slow_working_gateway_is_not_stalled(workdir, monkeypatch):
     """A gateway whose card takes 0.3 s an object (ADP_TEST_SEGMENT_WRITE_DELAY_MS), storing then loading 10
     objects in one batch each (3 s, three times the bound, no reply before the end): it works, so /health stays
@@ -225,9 +248,10 @@ def test_a_slow_working_gateway_is_not_stalled(workdir, monkeypatch):
     monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
     gw = Gateway(workdir, extra=("--process-write-threads", "0")).start()
     monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
-    monkeypatch.setenv("ADP_TEST_GATEWAY_STALL_MS", str(STALL_MS))
     port = free_port()
-    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000, metrics_port=port)
+    conn = ADPConnector(
+        gateway=gw.unix_url, num_workers=1, timeout_ms=30000, metrics_port=port, gateway_stall_s=STALL_S
+    )
     c = RawConnector(conn)
     try:
         keys = [f"slow@{i}" for i in range(10)]
@@ -237,18 +261,8 @@ def test_a_slow_working_gateway_is_not_stalled(workdir, monkeypatch):
             ("store", lambda: c.set(keys, [memoryview(d) for d in datas])),
             ("load", lambda: c.get(keys, [memoryview(o) for o in outs])),
         ):
-            res: dict = {}
-            t = threading.Thread(target=lambda run=run, res=res: res.update(r=run()))
-            t0 = time.monotonic()
-            t.start()
-            seen = []
-            while t.is_alive():
-                code, doc = health(port)
-                seen.append((round(time.monotonic() - t0, 2), code, doc.get("gateway_stalled")))
-                time.sleep(0.1)
-            t.join()
-            took = time.monotonic() - t0
-            assert res["r"][0], (what, res["r"])
+            r, took, seen = health_while(port, run)
+            assert r[0], (what, r)
             assert took >= 2.5 * STALL_MS / 1000, (what, took)  # long enough to have read stalled
             assert [s for s in seen if s[1] != 200] == [], (what, seen)
         assert [bytes(o) for o in outs] == [bytes(d) for d in datas]
@@ -259,13 +273,12 @@ def test_a_slow_working_gateway_is_not_stalled(workdir, monkeypatch):
         assert gw.stop() == 0
 
 
-def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, monkeypatch, capfd):
+def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, capfd):
     """Review r9 H3: nothing calls stats() (no metrics port, no scrape), yet the stall's WARNING comes within the
     bound plus the wait's check interval (250 ms), once, while the load still waits; SIGCONT: the INFO that the
     gateway answers again, once."""
-    monkeypatch.setenv("ADP_TEST_GATEWAY_STALL_MS", str(STALL_MS))
     gw = Gateway(workdir).start()
-    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=8000)
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=8000, gateway_stall_s=STALL_S)
     c = RawConnector(conn)
     try:
         keys, datas = keys_and_datas(3)
@@ -313,5 +326,100 @@ def test_the_gateways_memory_is_not_its_card_failing(workdir):
     finally:
         if gw.proc and gw.proc.poll() is None:
             resource.prlimit(gw.proc.pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        conn.close()
+        assert gw.stop() == 0
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_a_gateway_waiting_for_an_io_context(monkeypatch, transport):
+    """A gateway with one I/O context (--io-contexts 1) on a tmpfs card: connector A's load through the ring
+    holds it for 3 s (ADP_TEST_RING_PIECE_DELAY_MS: 0.3 s before each of the object's ten 1 MiB pieces), and
+    connector B's store, sent meanwhile, waits that long for it with no reply.
+    unix: the gateway works (behind A's I/O), so B's /health stays 200: it bumps B's alive word every 100 ms
+    while B's request waits for the context (IoContextPool::acquire). Before, B read stalled 1 s into its wait
+    (health3, item 1).
+    tcp: no alive word; the gateway is heard only by its replies, so B reads stalled from the bound until its
+    reply comes, then healthy (README "Operations": over TCP, gateway_stall_s above the longest wait expected)."""
+    d = tempfile.mkdtemp(prefix="adphc-", dir="/dev/shm")  # memory-speed: a ring load goes in pieces (r4)
+    monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", "300")
+    gw = Gateway(d, tcp=transport == "tcp", extra=("--io-contexts", "1")).start()
+    monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS")
+    port = free_port()
+    # process_memory=False: A goes through the ring, so it takes the context for its whole batch (as B does).
+    a = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000, process_memory=False))
+    where = (
+        {"gateway": gw.unix_url, "process_memory": False}
+        if transport == "unix"
+        else {"gateway": gw.tcp_url, "token_file": gw.token_file}
+    )
+    conn = ADPConnector(num_workers=1, timeout_ms=30000, metrics_port=port, gateway_stall_s=STALL_S, **where)
+    b = RawConnector(conn)
+    try:
+        key, size = "held@0", 10 << 20
+        data = payload(key, size)
+        assert a.set([key], [memoryview(data)])[0]  # only loads' pieces are delayed
+        small = [payload(f"b@{i}", 1 << 20) for i in range(2)]
+        assert b.set(["b@0"], [memoryview(small[0])])[0]  # B connected: its wait below is its request's alone
+        out = bytearray(size)
+        fid = a.conn.submit_batch_get([key], [memoryview(out)])
+        time.sleep(0.3)  # A holds the context now (its first piece alone takes 0.3 s)
+        r, took, seen = health_while(port, lambda: b.set(["b@1"], [memoryview(small[1])]))
+        assert r[0], r
+        # B waited for A's context past the bound: long enough to have read stalled.
+        assert took >= 1.5 * STALL_S, (took, seen, gw.log())
+        if transport == "unix":
+            assert [s for s in seen if s[1] != 200] == [], seen
+        else:
+            # 200 until the bound (B's wait began with its request), 503 and stalled from the bound plus the wait's
+            # check interval at most, until the reply.
+            assert all(s[1] == 200 for s in seen if s[0] < 0.9 * STALL_S), seen
+            late = [s for s in seen if STALL_S + 0.5 <= s[0] <= took - 0.3]
+            assert late and all(s[1:] == (503, True) for s in late), seen
+        assert health(port)[0] == 200  # answered: heard from
+        ok, err, per_key = a.wait(fid, timeout=10)
+        assert ok and per_key == [True] and bytes(out) == data, err
+        assert conn.stats()["gateway_stalled"] is False
+    finally:
+        a.conn.close()
+        conn.close()
+        if gw.proc:
+            assert gw.stop() == 0
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir, monkeypatch):
+    """The store buffers of all connections capped at 16 MiB (--max-store-buffer-total-mb): connector A's process
+    store of ten 1 MiB objects holds 10 MiB of it for 3 s (ADP_TEST_SEGMENT_WRITE_DELAY_MS: 0.3 s before each
+    object's read from A's memory), and connector B's 8 MiB store, sent meanwhile, waits that long for room with
+    no reply. The gateway works, so B's /health stays 200: it bumps B's alive word every slice (20 ms) of the wait
+    (ClientHandler::grow_store_buffer). Before, B read stalled 1 s into its wait (health3, item 1)."""
+    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
+    gw = Gateway(workdir, extra=("--max-store-buffer-total-mb", "16", "--process-write-threads", "0")).start()
+    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
+    port = free_port()
+    a = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000))
+    conn = ADPConnector(
+        gateway=gw.unix_url, num_workers=1, timeout_ms=30000, metrics_port=port, gateway_stall_s=STALL_S
+    )
+    b = RawConnector(conn)
+    try:
+        assert b.set(["b@0"], [memoryview(payload("b@0", 4096))])[0]  # B connected (and holds 1 MiB of buffer)
+        keys = [f"a@{i}" for i in range(10)]
+        datas = [payload(k, 1 << 20) for k in keys]
+        fid = a.conn.submit_batch_set(keys, [memoryview(d) for d in datas])
+        time.sleep(0.3)  # A's 10 MiB are taken before its first object's read (0.3 s away)
+        big = payload("b@1", 8 << 20)
+        r, took, seen = health_while(port, lambda: b.set(["b@1"], [memoryview(big)]))
+        assert r[0], r
+        assert took >= 1.5 * STALL_S, (took, seen, gw.log())  # waited for A's room past the bound
+        assert [s for s in seen if s[1] != 200] == [], seen
+        ok, err, per_key = a.wait(fid, timeout=10)
+        assert ok and all(per_key), err
+        st = conn.stats()
+        assert st["process_stores"] == 2 and st["gateway_stalled"] is False, st  # from B's memory, not the ring
+        out = bytearray(8 << 20)
+        assert b.get(["b@1"], [memoryview(out)])[0] and bytes(out) == big
+    finally:
+        a.conn.close()
         conn.close()
         assert gw.stop() == 0
