@@ -311,7 +311,8 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         G,
         "Connection threads' wall time reading process stores' chunks from clients' memory into the store buffer "
         "(their helpers' pieces included); of a pipelined store (process_store_pipelined), only the wait for "
-        "its read after its card store ended",
+        "its read after its card store ended; of an overlapped chunk (process_store_overlapped), only the waits "
+        "for its store reader (the reads beside its puts are not counted)",
     ),
     Stat(
         "process_store_put_ns",
@@ -328,6 +329,15 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         G,
         "Process stores of one large object (>= 8 MiB, a memory-speed card) copied into the card piece by piece "
         "while the connection's store reader read them",
+    ),
+    Stat(
+        "process_store_overlapped",
+        COUNTER,
+        "objects",
+        G,
+        "Process stores put into the card as soon as the connection's store reader had read them whole, beside "
+        "the read of the chunk's next objects (a chunk of two or more process objects on a memory-speed card, "
+        "while a CPU is spare beside each connection; ADP_STORE_CHUNK_OVERLAP=0 turns it off)",
     ),
     Stat(
         "process_store_stalls",

@@ -27,7 +27,6 @@
 #include "protocol/socket_io.h"
 #include "store/card_store.h"
 #include "util/piece_pool.h"
-#include "util/test_hooks.h"
 
 namespace adp {
 
@@ -136,6 +135,9 @@ struct GatewayShared {
   // buffer once read, as any other).
   std::atomic<uint64_t> process_store_pipelined{0};
   std::atomic<uint64_t> process_store_stalls{0};
+  // Process stores put object by object as the store reader read each of a
+  // chunk of several (session ten, ClientHandler::store_chunk_overlapped).
+  std::atomic<uint64_t> process_store_overlapped{0};
   // Large process stores that went through the buffer: the connections
   // storing and loading left no CPU for a store reader beside each
   // (PiecePool::spare_cpu() false), or no pipeline slot was free once the
@@ -169,8 +171,6 @@ struct GatewayShared {
   // helper, and holds this struct until it ends.
   std::unique_ptr<PiecePool> pieces;
   CardGate gate;  // store and pool are used only inside it (they are freed once it closed)
-  // The ADP_TEST_ hooks, read once when the gateway started (util/test_hooks.h).
-  TestHooks hooks;
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -212,10 +212,37 @@ class ClientHandler {
   // the lease, the client's liveness checked before each: a client that
   // stalls a read stalls only this connection.
   // on_piece (may be null) is told of each piece read whole: (offset in its
-  // object, length), from the thread that read it.
+  // object, length), from the thread that read it; on_object (may be null)
+  // of each object read whole (its item's index, its bytes in store_buf_),
+  // from the thread that read its last piece, before the call returns (an
+  // object that failed is not; items and st get every object's outcome only
+  // as the call returns).
   bool read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
                           ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st,
-                          const std::function<void(size_t, size_t)>* on_piece = nullptr);
+                          const std::function<void(size_t, size_t)>* on_piece = nullptr,
+                          const std::function<void(size_t, uint8_t*)>* on_object = nullptr);
+  // What store_chunk_overlapped did with a put chunk.
+  enum class Overlapped {
+    kNot,      // nothing done (not such a chunk, no spare CPU, no reader thread): the buffer path
+    kDone,     // every item of the chunk has its status
+    kRevoked,  // the client gave up the store (lease revoked): the objects not yet stored and the batch's rest
+               // are not written (the first answered TimedOut here)
+  };
+  // Session ten (issue 10 item 2): a put chunk [i, end) of two or more
+  // objects, all in process memory, on a memory-speed card, is read by this
+  // connection's store reader (read_process_chunk, helpers included) while
+  // this thread puts each object, or each run of them, as soon as it is
+  // read whole: the read of object k + 1 beside the put of object k. No
+  // card place and no I/O context is held while it waits for the reader
+  // (out of the card gate): an object is put only once its bytes are all
+  // in the buffer. Under the spare-CPU rule of store_pipelined. Called
+  // inside the card gate, holding no I/O context. Not Ok: the connection
+  // ends with it (the client process gone, or stop() gave up on this
+  // connection).
+  Status store_chunk_overlapped(const proto::BatchRequest& req, uint64_t request_id, size_t i, size_t end,
+                                proto::Deadline deadline, std::vector<Status>* st, Overlapped* how);
+  // Its reader job's own state (review r9 S1, as PipelinedRead).
+  struct ChunkRead;
   // What store_pipelined did with a put chunk of one process object.
   enum class Pipelined {
     kNot,        // not pipelined (small, a card not memory-speed, no spare CPU, no reader): the buffer path
@@ -339,7 +366,7 @@ class ClientHandler {
   // until it waited 20 ms for a request (the helpers an object may
   // take: PiecePool::Caller).
   std::unique_ptr<PiecePool::Caller> loader_;
-  int test_loader_idle_ms_ = 20;  // those 20 ms; tests only: ADP_TEST_LOADER_IDLE_MS (hooks, at the handshake)
+  int test_loader_idle_ms_ = 20;  // those 20 ms; tests only: ADP_TEST_LOADER_IDLE_MS
   size_t bounce_slots_ = 0;
   // The object of the last such load (an I/O context's staging it traded
   // places with). Kept for the next (the context took the old one), but

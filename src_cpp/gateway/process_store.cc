@@ -137,7 +137,8 @@ bool ClientHandler::post_to_reader(std::function<void()> job) {
 
 bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
                                        ProcessRead* pr, std::vector<PutItem>* items, std::vector<Status>* st,
-                                       const std::function<void(size_t, size_t)>* on_piece) {
+                                       const std::function<void(size_t, size_t)>* on_piece,
+                                       const std::function<void(size_t, uint8_t*)>* on_object) {
   const uint64_t cap = store_object_limit();
   uint64_t need = 0;
   for (size_t k = i; k < end; k++)
@@ -164,7 +165,8 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
   struct Obj {
     size_t k;
     uint8_t* dst;
-    Status st;  // the first piece that failed (under mu)
+    Status st;    // the first piece that failed (under mu)
+    size_t left;  // bytes not yet read (under mu)
   };
   std::vector<Obj> objs;
   std::vector<Piece> pieces;
@@ -188,7 +190,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       (*st)[k] = Status::TimedOut("deadline passed in the gateway: not written");
       continue;
     }
-    objs.push_back({k, store_buf_.data() + at, Status::Ok()});
+    objs.push_back({k, store_buf_.data() + at, Status::Ok(), it.size});
     for (size_t off = 0; off < it.size; off += kProcessReadPieceBytes)
       pieces.push_back({objs.size() - 1, off, std::min<size_t>(it.size - off, kProcessReadPieceBytes)});
     at += (it.size + 4095) & ~uint64_t(4095);
@@ -249,6 +251,15 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
     shared_->process_read_bytes.fetch_add(pc.len, std::memory_order_relaxed);
     note_alive();
     if (on_piece) (*on_piece)(pc.off, pc.len);
+    if (on_object) {
+      bool whole;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        o.left -= pc.len;
+        whole = o.left == 0 && o.st.ok();
+      }
+      if (whole) (*on_object)(o.k, o.dst);  // every byte of it is in the buffer
+    }
     return true;
   };
   // Out of the card gate for the reads (they touch no card): this thread

@@ -38,6 +38,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("process_store_put_ns", shared.process_store_put_ns.load());
   field("process_store_pipelined", shared.process_store_pipelined.load());
   field("process_store_stalls", shared.process_store_stalls.load());
+  field("process_store_overlapped", shared.process_store_overlapped.load());
   field("process_store_unpipelined_busy", shared.process_store_unpipelined_busy.load());
   field("store_buffer_bytes", shared.store_buffer_bytes.load());
   field("store_buffer_busy", shared.store_buffer_busy.load());

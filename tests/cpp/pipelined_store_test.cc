@@ -10,8 +10,7 @@
 //
 // One process is the gateway (in-process, with piece helpers) and two
 // clients (registered process memory, raw frames). Client A's first read past
-// an object's first piece stalls 1.5 s (the test hook, taken by the
-// gateway's first such read: A's, as B stores only once A stalls): its first object's
+// an object's first piece stalls 1.5 s (the test hook): its first object's
 // place is abandoned and it is stored from the buffer, its second through the
 // buffer alone. Client B meanwhile stores six objects, pipelined. Checks:
 // every store answers Ok, all eight objects load back byte for byte, the
@@ -39,51 +38,10 @@ using Client = adp::testing::RawClient;
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 12 * kMiB + 4099;  // >= 8 MiB: pipelined; 13 pieces, the last partial
 
-proto::Deadline soon() { return adp::testing::in_seconds(60); }
-
 bool connect_client(const std::string& socket, const char* name, Client* c) {
   return adp::testing::connect_raw_client(
       socket, name, proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores,
       proto::kFeatureProcessStores, c, 60);
-}
-
-// One batch of process items under an open lease; each item's status.
-std::vector<adp::Status> batch(Client& c, proto::Op op, const std::vector<std::string>& keys,
-                               const std::vector<uint8_t*>& bufs) {
-  const uint64_t rid = ++c.rid;
-  __atomic_store_n(reinterpret_cast<uint64_t*>(c.ring->data()), proto::lease_word(rid, proto::kLeaseOpen),
-                   __ATOMIC_RELEASE);
-  proto::BatchRequest req;
-  req.op = op;
-  req.timeout_ms = 60000;
-  for (size_t i = 0; i < keys.size(); i++)
-    req.items.push_back({keys[i], kObject, reinterpret_cast<uintptr_t>(bufs[i]), proto::kProcessSegment});
-  std::vector<uint8_t> body;
-  proto::encode_batch(req, &body);
-  proto::write_frame(c.fd, proto::FrameType::kBatch, rid, body, {}, soon());
-  proto::Frame f;
-  proto::BatchReply reply;
-  const bool got = proto::read_frame(c.fd, 1 << 20, soon(), &f).ok() &&
-                   f.header.type == uint8_t(proto::FrameType::kBatchReply) &&
-                   proto::decode_batch_reply(f.body, &reply).ok() && reply.results.size() == keys.size();
-  CHECK(got, "no batch reply (frame type %d)", int(f.header.type));
-  std::vector<adp::Status> out;
-  for (auto& r : reply.results) out.push_back(r.status);
-  if (!got) out.assign(keys.size(), adp::Status::IoError("no reply"));
-  return out;
-}
-
-std::string stats(Client& c) {
-  proto::write_frame(c.fd, proto::FrameType::kStats, ++c.rid, {}, {}, soon());
-  proto::Frame f;
-  if (!proto::read_frame(c.fd, 1 << 20, soon(), &f).ok()) return "";
-  return std::string(f.body.begin(), f.body.end());
-}
-
-// A number in the stats JSON ("key":value), -1 if absent.
-double stat(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\":");
-  return at == std::string::npos ? -1 : std::strtod(json.c_str() + at + key.size() + 3, nullptr);
 }
 
 }  // namespace
@@ -99,20 +57,19 @@ int main(int argc, char** argv) {
   go.card.create_bytes = 1024 * kMiB;
   go.socket_path = dir + "/gw.sock";
   go.process_write_threads = 2;
-  // The test hooks are read when the gateway starts (util/test_hooks.h).
   // Two connections storing: a spare CPU for each one's store reader on any host (CPUs / 2 >= 2).
   ::setenv("ADP_TEST_GATEWAY_CPUS", "4", 1);
-  // The first read past an object's first piece, once per gateway: A's (B stores only once A stalls).
-  ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "1500", 1);
   std::unique_ptr<adp::GatewayServer> gw;
   adp::Status s = adp::GatewayServer::Start(go, &gw);
   CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
   if (!s.ok()) return 1;
 
+  // A's connection reads the hook at its handshake; B's does not have it.
   Client a, b;
-  if (!connect_client(go.socket_path, "pipelined_store_test A", &a) ||
-      !connect_client(go.socket_path, "pipelined_store_test B", &b))
-    return 1;
+  ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "1500", 1);
+  const bool a_ok = connect_client(go.socket_path, "pipelined_store_test A", &a);
+  ::unsetenv("ADP_TEST_PROCESS_READ_STALL_MS");
+  if (!a_ok || !connect_client(go.socket_path, "pipelined_store_test B", &b)) return 1;
 
   std::vector<std::string> keys;
   std::vector<uint8_t*> src, dst;
@@ -128,24 +85,26 @@ int main(int argc, char** argv) {
   }
 
   std::vector<adp::Status> a_st;
-  std::thread ta([&] { a_st = batch(a, proto::Op::kPut, {keys[0], keys[1]}, {src[0], src[1]}); });
+  std::thread ta(
+      [&] { a_st = adp::testing::process_batch(a, proto::Op::kPut, {keys[0], keys[1]}, {src[0], src[1]}, kObject); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // A is in its stalled read
   for (int i = 2; i < 8; i += 2) {
-    auto st = batch(b, proto::Op::kPut, {keys[i], keys[i + 1]}, {src[i], src[i + 1]});
+    auto st = adp::testing::process_batch(b, proto::Op::kPut, {keys[i], keys[i + 1]}, {src[i], src[i + 1]}, kObject);
     for (int k = 0; k < 2; k++) CHECK(st[k].ok(), "store of %s: %s", keys[i + k].c_str(), st[k].message().c_str());
   }
   ta.join();
   for (int k = 0; k < 2; k++) CHECK(a_st[k].ok(), "store of %s: %s", keys[k].c_str(), a_st[k].message().c_str());
 
-  auto got = batch(b, proto::Op::kGet, keys, dst);
+  auto got = adp::testing::process_batch(b, proto::Op::kGet, keys, dst, kObject);
   for (int i = 0; i < 8; i++) {
     CHECK(got[i].ok(), "load of %s: %s", keys[i].c_str(), got[i].message().c_str());
     CHECK(std::memcmp(dst[i], want[i].data(), kObject) == 0, "%s loads other bytes than were stored", keys[i].c_str());
   }
-  const std::string st = stats(b);
+  const std::string st = adp::testing::gateway_stats(b);
   // A's stall; B's six pipelined, unless the sanitizer on a busy host kept B's reader off a CPU past
   // the bound too (then B's later stores went through the buffer; the bytes are checked above).
-  const double pipelined = stat(st, "process_store_pipelined"), stalls = stat(st, "process_store_stalls");
+  const double pipelined = adp::testing::stat(st, "process_store_pipelined"),
+               stalls = adp::testing::stat(st, "process_store_stalls");
   CHECK(stalls >= 1 && pipelined >= 1, "stalls %g, pipelined %g: %s", stalls, pipelined, st.c_str());
   CHECK(pipelined == 6 || stalls > 1, "not 6 pipelined stores and no second stall: %s", st.c_str());
 

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,53 @@ inline uint8_t* populated_buffer(size_t n) {
   auto* p = static_cast<uint8_t*>(
       ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
   return p == MAP_FAILED ? nullptr : p;
+}
+
+// One batch of process items of `size` bytes each (keys[i] at bufs[i]) under an open lease; each item's
+// status (IoError "no reply" for all when none came within `timeout_s`). want_reply false: the gateway
+// stops meanwhile; the reply, if any, is read and dropped (an empty result).
+inline std::vector<Status> process_batch(RawClient& c, proto::Op op, const std::vector<std::string>& keys,
+                                         const std::vector<uint8_t*>& bufs, size_t size, int timeout_s = 60,
+                                         bool want_reply = true) {
+  const uint64_t rid = ++c.rid;
+  __atomic_store_n(reinterpret_cast<uint64_t*>(c.ring->data()), proto::lease_word(rid, proto::kLeaseOpen),
+                   __ATOMIC_RELEASE);
+  proto::BatchRequest req;
+  req.op = op;
+  req.timeout_ms = timeout_s * 1000;
+  for (size_t i = 0; i < keys.size(); i++)
+    req.items.push_back({keys[i], size, reinterpret_cast<uintptr_t>(bufs[i]), proto::kProcessSegment});
+  std::vector<uint8_t> body;
+  proto::encode_batch(req, &body);
+  proto::write_frame(c.fd, proto::FrameType::kBatch, rid, body, {}, in_seconds(timeout_s));
+  proto::Frame f;
+  if (!want_reply) {
+    proto::read_frame(c.fd, 1 << 20, in_seconds(timeout_s), &f);
+    return {};
+  }
+  proto::BatchReply reply;
+  const bool got = proto::read_frame(c.fd, 1 << 20, in_seconds(timeout_s), &f).ok() &&
+                   f.header.type == uint8_t(proto::FrameType::kBatchReply) &&
+                   proto::decode_batch_reply(f.body, &reply).ok() && reply.results.size() == keys.size();
+  CHECK(got, "no batch reply (frame type %d)", int(f.header.type));
+  std::vector<Status> out;
+  for (auto& r : reply.results) out.push_back(r.status);
+  if (!got) out.assign(keys.size(), Status::IoError("no reply"));
+  return out;
+}
+
+// The gateway's StatsReply body (JSON), "" if none came.
+inline std::string gateway_stats(RawClient& c, int timeout_s = 60) {
+  proto::write_frame(c.fd, proto::FrameType::kStats, ++c.rid, {}, {}, in_seconds(timeout_s));
+  proto::Frame f;
+  if (!proto::read_frame(c.fd, 1 << 20, in_seconds(timeout_s), &f).ok()) return "";
+  return std::string(f.body.begin(), f.body.end());
+}
+
+// A number in the stats JSON ("key":value), -1 if absent.
+inline double stat(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  return at == std::string::npos ? -1 : std::strtod(json.c_str() + at + key.size() + 3, nullptr);
 }
 
 }  // namespace adp::testing

@@ -202,9 +202,12 @@ def test_unmapped_source_fails_that_item_and_others_go_on(card_gateway):
 def test_deadline_passes_while_the_gateway_is_slow():
     """The gateway sleeps before each object it reads from a client
     (ADP_TEST_SEGMENT_WRITE_DELAY_MS): the store's deadline passes with objects
-    still to read. Nothing is indexed, and once the future has failed the
-    gateway reads nothing more of the client's memory: the connector revoked
-    the lease, and the gateway reads nothing under a revoked lease."""
+    still to read. Once the future has failed the gateway reads nothing more
+    of the client's memory: the connector revoked the lease, and the gateway
+    reads nothing under a revoked lease. What is indexed was put before the
+    deadline, as its bytes were read (a chunk's objects are put one by one as
+    the store reader reads them, session ten: store_chunk_overlapped): each
+    such object holds the bytes the client meant, never the reused buffer's."""
     keys = [f"late@{i}" for i in range(6)]
     with temp_gateway(env={SEGMENT_WRITE_DELAY: 300}) as gw, connector(gw, timeout_ms=700) as c:
         bufs = [bytearray(payload(k, SIZE)) for k in keys]
@@ -217,8 +220,12 @@ def test_deadline_passes_while_the_gateway_is_slow():
         time.sleep(300 * len(keys) / 1000 + 0.5)  # the gateway would have read them all by now
         st = stats(gw)
         assert st["process_read_bytes"] == read_at_completion, "the gateway read the buffers after the future failed"
-        assert st["process_stores"] == 0 and st["objects"] == 0, st
-        assert load(gw, keys)[0] == [False] * len(keys)
+        assert st["process_stores"] == st["objects"] < len(keys), st
+        assert st["process_store_overlapped"] == st["objects"], st
+        hits, data = load(gw, keys)
+        assert sum(hits) == st["objects"] and not hits[-1], hits
+        for k, hit, got in zip(keys, hits, data, strict=True):
+            assert not hit or got == payload(k, SIZE), f"{k} holds bytes read after the future failed"
 
 
 def test_scribbled_buffer_stores_old_or_new_bytes_never_a_damaged_object(card_gateway):
@@ -949,3 +956,162 @@ def test_a_connection_pipelines_again_a_while_after_a_stall():
         assert hits == [True] * 3 and data == [distinct(k, size) for k in keys]
         st = stats(gw)
         assert st["process_stores"] == 3 and st["store_failures"] == 0, st
+
+
+# Session ten (issue 10 item 2): a chunk of several process objects is read by the connection's store
+# reader while its thread puts each object as soon as it is read whole (store_chunk_overlapped).
+# CPUS 4: one or two storing connections leave a CPU beside each (the spare-CPU rule) on any host.
+MIXED = [1, 100, 4096, 4097, MIB - 1, MIB, MIB + 1, 2 * MIB, SIZE, 5 * MIB + 7, 3, 2 * MIB + 4099]
+CHUNK_OVERLAP = "ADP_STORE_CHUNK_OVERLAP"  # 0: off (the A/B's before arm)
+
+
+def send_process_batch(c: StoreClient, keys: list[str], srcs: list, timeout_ms: int) -> None:
+    """Opens c's lease and sends one process-memory PUT of keys (srcs: ctypes buffers, one a key)
+    without waiting for its reply."""
+    c.map[0:8] = struct.pack("<Q", (c.rid + 1) << 2 | LEASE_OPEN)
+    sizes, addrs = [len(s) for s in srcs], [ctypes.addressof(s) for s in srcs]
+    c.send(
+        wire.BATCH,
+        wire.batch(wire.PUT, [k.encode() for k in keys], sizes, addrs, timeout_ms=timeout_ms,
+                   segments=[PROCESS_SEGMENT] * len(keys)),
+    )  # fmt: skip
+
+
+def batch_statuses(c: StoreClient) -> list[int]:
+    """The statuses of c's next batch reply."""
+    ftype, body = c.recv()
+    assert ftype == wire.BATCH_REPLY, (ftype, body)
+    return [body[8 + 16 * i] for i in range(struct.unpack_from("<I", body)[0])]
+
+
+def load_each(c: StoreClient, keys: list[str], sizes: list[int]) -> list[bytes | None]:
+    """Loads keys into this process's memory in one batch on c's connection: each one's bytes, None
+    for a miss."""
+    outs = [ctypes.create_string_buffer(max(s, 1)) for s in sizes]
+    st = c.get([k.encode() for k in keys], sizes, [ctypes.addressof(o) for o in outs])
+    return [o.raw[:s] if status == 0 else None for (status, _), o, s in zip(st, outs, sizes, strict=True)]
+
+
+def buffers(keys: list[str], sizes: list[int]) -> tuple[list[bytes], list]:
+    """distinct() bytes for each key, and ctypes buffers holding them."""
+    want = [distinct(k, s) for k, s in zip(keys, sizes, strict=True)]
+    return want, [ctypes.create_string_buffer(w, len(w)) for w in want]
+
+
+@pytest.mark.parametrize("overlap,helpers", [("on", 0), ("on", 2), ("off", 2)])
+def test_a_batch_of_many_objects_of_mixed_sizes_lands_intact(overlap, helpers):
+    """36 objects of 1 byte to 5 MiB in one put (chunks of up to 16 MiB, several objects each),
+    their bytes never repeating at a piece's distance: each loads back byte for byte. On, the chunks'
+    objects are put as read (process_store_overlapped): with no piece helpers the store reader reads
+    every piece, each 20 ms slow (ADP_TEST_PROCESS_READ_PIECE_DELAY_MS), so an object put before its
+    last piece is in would load other bytes; with two helpers (no delay) pieces land from three
+    threads. ADP_STORE_CHUNK_OVERLAP=0 (the A/B's before arm) stores them all through the buffer,
+    chunk by chunk. Shown failing with on_object called one piece early (whole = o.left <= 1 MiB):
+    objects of several pieces loaded zeros in their last piece, with and without helpers."""
+    env = {CPUS: 4, **({} if helpers else {PIECE_DELAY: 20}), **({CHUNK_OVERLAP: 0} if overlap == "off" else {})}
+    flags = ("--process-write-threads", str(helpers))
+    with temp_gateway(env=env, card_size_gb=1, extra=flags) as gw, store_client(gw) as c:
+        sizes = MIXED * 3
+        keys = [f"mix{overlap}{helpers}@{i}" for i in range(len(sizes))]
+        want, srcs = buffers(keys, sizes)
+        st = c.put([k.encode() for k in keys], sizes, [ctypes.addressof(s) for s in srcs], timeout_ms=60000)
+        assert [s for s, _ in st] == [0] * len(keys), st
+        for k, got, w in zip(keys, load_each(c, keys, sizes), want, strict=True):
+            assert got == w, f"{k} ({len(w)} bytes) loads other bytes than were stored"
+        s = stats(gw)
+        assert s["process_stores"] == len(keys) and s["store_failures"] == 0, s
+        if overlap == "on":
+            assert s["process_store_overlapped"] >= len(keys) - 3, s  # every chunk of 2+ objects
+        else:
+            assert s["process_store_overlapped"] == 0, s
+
+
+def test_a_stall_on_a_later_object_of_a_chunk_holds_back_only_its_own_connection():
+    """A's chunk: a 512 KiB object, then three of 3 MiB; the gateway's read of the second object's
+    second piece stalls 4 s (ADP_TEST_PROCESS_READ_STALL_MS). The first object is stored while A's
+    batch is still stalled (put as soon as it was read whole), and the gateway's one I/O context is
+    free meanwhile: B stores and loads eight objects within its own 3 s deadline. A's batch then
+    completes and every object loads back intact. Shown failing with the I/O context held across
+    store_chunk_overlapped's waits for the reader (B's store timed out)."""
+    with (
+        temp_gateway(env={CPUS: 4, READ_STALL: 4000}, extra=("--io-contexts", "1")) as gw,
+        store_client(gw) as a,
+    ):
+        sizes = [512 * 1024, SIZE, SIZE, SIZE]
+        keys = [f"later@a{i}" for i in range(len(sizes))]
+        want, srcs = buffers(keys, sizes)
+        send_process_batch(a, keys, srcs, 60000)
+        assert eventually(lambda: stats(gw)["process_store_overlapped"] >= 1, 3.0), stats(gw)
+        assert not select.select([a.sock], [], [], 0)[0], "A's batch answered before its stall ended"
+        with connector(gw, timeout_ms=3000) as b:
+            keys_b = [f"later@b{i}" for i in range(8)]
+            stores_and_loads_meanwhile(b, keys_b, SIZE, batch=4, what="the stalled connection")
+        assert not select.select([a.sock], [], [], 0)[0], "A's stall ended before B was done: the test proves nothing"
+        assert batch_statuses(a) == [0] * len(keys)
+        assert load_each(a, keys, sizes) == want
+        st = stats(gw)
+        assert st["objects"] == len(keys) + len(keys_b) and st["store_failures"] == 0, st
+
+
+def test_a_deadline_mid_chunk_stores_what_was_read_before_it():
+    """The gateway sleeps 400 ms before each object it reads (ADP_TEST_SEGMENT_WRITE_DELAY_MS, on
+    each thread that starts one); twelve 3 MiB objects (chunks of 5, 5, 2) with a 700 ms deadline: the
+    objects read before it answer OK and load back intact, the others answer TimedOut and are not
+    indexed (through the buffer, the whole first chunk was put past the deadline: nothing stored).
+    Shown failing with the reader's statuses ignored for the objects left at the job's end (answered
+    OK, not stored)."""
+    with temp_gateway(env={CPUS: 4, SEGMENT_WRITE_DELAY: 400}) as gw, store_client(gw) as c:
+        sizes = [SIZE] * 12
+        keys = [f"mid@{i}" for i in range(len(sizes))]
+        want, srcs = buffers(keys, sizes)
+        st = [s for s, _ in c.put([k.encode() for k in keys], sizes, [ctypes.addressof(s) for s in srcs], 700)]
+        assert set(st) == {0, 6} and st[0] == 0 and st[-1] == 6, st  # some OK, some TimedOut
+        for k, s, got, w in zip(keys, st, load_each(c, keys, sizes), want, strict=True):
+            assert got == (w if s == 0 else None), f"{k} answered {s} but loads {'nothing' if got is None else 'bytes'}"
+        s = stats(gw)
+        assert s["objects"] == st.count(0) == s["process_store_overlapped"] and s["store_failures"] == 0, s
+
+
+KILLED_CHILD = """
+import json, sys
+from lmcache_adp import ADPConnector
+from tests.helpers import RawConnector, payload
+url, size = sys.argv[1], int(sys.argv[2])
+c = RawConnector(ADPConnector(gateway=url, num_workers=1, timeout_ms=60000))
+keys = [f"killed@{i}" for i in range(6)]
+print("storing", flush=True)
+print(json.dumps(c.set(keys, [memoryview(bytearray(payload(k, size))) for k in keys])[0]), flush=True)
+"""
+
+
+def test_a_client_killed_mid_chunk_ends_its_connection_and_nothing_else():
+    """A connector process stores six 3 MiB objects in one batch (chunks of 5 and 1); the gateway's
+    read of an object's second piece stalls 2 s (ADP_TEST_PROCESS_READ_STALL_MS) and the process is
+    killed meanwhile. Once the stall is over the reader finds the client gone: the connection ends (no
+    process registered, its store buffer given back), what was indexed holds the client's bytes, the
+    rest is not indexed, and another client stores and loads as before. Shown failing with
+    store_chunk_overlapped waiting for the next object only, not for the reader's end (the connection
+    never ended)."""
+    with temp_gateway(env={CPUS: 4, READ_STALL: 2000}) as gw:
+        argv = [sys.executable, "-c", KILLED_CHILD, gw.unix_url, str(SIZE)]
+        child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "storing"
+            assert eventually(lambda: stats(gw)["process_read_bytes"] > 0, 10.0)
+            time.sleep(0.3)  # in the stalled read
+            assert child.poll() is None, "the store completed before the stall"
+        finally:
+            child.kill()
+            child.wait()
+        assert eventually(lambda: stats(gw)["processes"] == 0, 10.0), stats(gw)
+        st = stats(gw)
+        assert st["store_buffer_bytes"] == 0 and st["objects"] < 6, st
+        keys = [f"killed@{i}" for i in range(6)]
+        hits, data = load(gw, keys)
+        assert sum(hits) == st["objects"], (hits, st)
+        for k, hit, got in zip(keys, hits, data, strict=True):
+            assert not hit or got == payload(k, SIZE), k
+        with connector(gw, timeout_ms=5000) as c:
+            stores_and_loads_meanwhile(c, [f"after@{i}" for i in range(4)], SIZE, batch=4, what="the killed client")
+        st = stats(gw)
+        assert st["store_failures"] == 0 and st["healthy"], st

@@ -132,3 +132,19 @@ def test_pipelined_store_under_sanitizer(mode, tmp_path):
         cpp.run(binary, shm, timeout=300)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_chunk_store_under_sanitizer(mode, tmp_path):
+    """Session ten: process stores of chunks of six 2 MiB objects, each put by the connection's
+    thread as soon as its store reader (and piece helpers) read it whole; one client's read stalls
+    1.5 s while another's three chunks are stored; then a gateway stops while a chunk's read stalls
+    3 s (tests/cpp/chunk_store_test.cc): every object loads back byte for byte, and the abandoned
+    connection's reader never refers to a dead frame."""
+    binary = cpp.build("chunk_store_test", tmp_path, ("store", "util", "gateway", "protocol"), sanitize=mode)
+    shm = tempfile.mkdtemp(prefix="adp-chunkst-", dir="/dev/shm")
+    try:
+        cpp.run(binary, shm, timeout=300)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
