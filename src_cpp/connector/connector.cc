@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "util/log.h"
+#include "util/test_hooks.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -69,8 +70,10 @@ const char* op_name(OpType op) {
 
 Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& opts)
     : backend_(std::move(backend)), description_(backend_->describe()), opts_(opts) {
-  if (const char* d = std::getenv("ADP_TEST_DELIVERY_DELAY_MS"))
-    test_delivery_delay_ = std::chrono::milliseconds(std::atoi(d));
+  // The test hooks, read once here (and by a RemoteBackend, at its construction); each one set is logged.
+  const TestHooks hooks = read_test_hooks();
+  warn_test_hooks(hooks, HookSide::kConnector);
+  test_delivery_delay_ = std::chrono::milliseconds(hooks.delivery_delay_ms);
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) throw std::runtime_error("eventfd failed: " + errno_text(errno));
   for (int i = 0; i < opts_.num_workers; i++) workers_.emplace_back(&Connector::worker_loop, this, i);

@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -131,7 +130,7 @@ Status ClientHandler::handshake() {
   ring_progress_ = ring_ && (hello.features & proto::kFeatureRingProgress) && shared_->store->memory_speed();
   if (ring_progress_) {
     ok.features |= proto::kFeatureRingProgress;
-    if (const char* d = std::getenv("ADP_TEST_RING_PIECE_DELAY_MS")) test_piece_delay_ms_ = std::atoi(d);
+    test_piece_delay_ms_ = shared_->hooks.ring_piece_delay_ms;
   }
   // r5: process memory, only with the ring (its control page holds the
   // load lease); granted later by a registration that proves access.
@@ -143,18 +142,16 @@ Status ClientHandler::handshake() {
         (process_offered_ & proto::kFeatureProcessStores) && (hello.features & proto::kFeatureStoreLimit);
     if (store_limit_sent_) ok.features |= proto::kFeatureStoreLimit;
   }
-  if (segments_enabled_ || process_offered_) {
-    if (const char* d = std::getenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")) test_segment_delay_ms_ = std::atoi(d);
-    if (const char* d = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_MS")) test_process_stall_ms_ = std::atoi(d);
-    if (const char* on = std::getenv("ADP_TEST_PROCESS_WRITE_STALL_ON"))
-      test_process_stall_on_helper_ = std::string_view(on) == "helper";
-    if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_STALL_MS")) test_process_read_stall_ms_ = std::atoi(d);
-    if (const char* at = std::getenv("ADP_TEST_PROCESS_READ_STALL_AT"))
-      test_process_read_stall_at_start_ = std::string_view(at) == "start";
-    if (const char* d = std::getenv("ADP_TEST_PROCESS_READ_PIECE_DELAY_MS")) test_process_read_delay_ms_ = std::atoi(d);
-    if (const char* d = std::getenv("ADP_TEST_PIPELINE_RETRY_MS"))
-      pipeline_retry_ = std::chrono::milliseconds(std::atoi(d));
-    if (const char* d = std::getenv("ADP_TEST_LOADER_IDLE_MS")) test_loader_idle_ms_ = std::atoi(d);
+  if (segments_enabled_ || process_offered_) {  // the test hooks, read when the gateway started
+    const TestHooks& h = shared_->hooks;
+    test_segment_delay_ms_ = h.segment_write_delay_ms;
+    test_process_stall_ms_ = h.process_write_stall_ms;
+    test_process_stall_on_helper_ = h.process_stall_on_helper;
+    test_process_read_stall_ms_ = h.process_read_stall_ms;
+    test_process_read_stall_at_start_ = h.process_read_stall_at_start;
+    test_process_read_delay_ms_ = h.process_read_piece_delay_ms;
+    if (h.pipeline_retry_ms >= 0) pipeline_retry_ = std::chrono::milliseconds(h.pipeline_retry_ms);
+    if (h.loader_idle_ms >= 0) test_loader_idle_ms_ = h.loader_idle_ms;
   }
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;

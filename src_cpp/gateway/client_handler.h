@@ -27,6 +27,7 @@
 #include "protocol/socket_io.h"
 #include "store/card_store.h"
 #include "util/piece_pool.h"
+#include "util/test_hooks.h"
 
 namespace adp {
 
@@ -171,6 +172,8 @@ struct GatewayShared {
   // helper, and holds this struct until it ends.
   std::unique_ptr<PiecePool> pieces;
   CardGate gate;  // store and pool are used only inside it (they are freed once it closed)
+  // The ADP_TEST_ hooks, read once when the gateway started (util/test_hooks.h).
+  TestHooks hooks;
 };
 
 // The gateway's counters as one JSON object: the body of a StatsReply.
@@ -366,7 +369,7 @@ class ClientHandler {
   // until it waited 20 ms for a request (the helpers an object may
   // take: PiecePool::Caller).
   std::unique_ptr<PiecePool::Caller> loader_;
-  int test_loader_idle_ms_ = 20;  // those 20 ms; tests only: ADP_TEST_LOADER_IDLE_MS
+  int test_loader_idle_ms_ = 20;  // those 20 ms; tests only: ADP_TEST_LOADER_IDLE_MS (hooks, at the handshake)
   size_t bounce_slots_ = 0;
   // The object of the last such load (an I/O context's staging it traded
   // places with). Kept for the next (the context took the old one), but

@@ -7,10 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-
 #include "protocol/messages.h"
 #include "util/log.h"
+#include "util/test_hooks.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -57,17 +56,14 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   constexpr int kMaxPieceHelpers = 2;
   const int cpus = PiecePool::usable_cpus();
   const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
-  // Tests only: ADP_TEST_GATEWAY_CPUS=N makes the pool count N CPUs in its
-  // rule (helpers, the store pipeline: PiecePool::spare_cpu()), not this
-  // machine's, so a test decides whether its connections find a spare one.
-  // Read in production too, so a stray one is logged (review r9 N2).
-  const char* test_cpus = std::getenv("ADP_TEST_GATEWAY_CPUS");
-  const int rule_cpus = test_cpus && std::atoi(test_cpus) > 0 ? std::atoi(test_cpus) : cpus;
-  if (test_cpus)
-    ADP_WARN(
-        "gateway: ADP_TEST_GATEWAY_CPUS=%s is set (a test hook): the piece helpers and the store pipeline "
-        "count %d CPUs, not the %d it may use; unset it outside tests",
-        test_cpus, rule_cpus, cpus);
+  // The test hooks, read once here for every connection; each one set is
+  // logged (review r9 N2). ADP_TEST_GATEWAY_CPUS=N makes the pool count N
+  // CPUs in its rule (helpers, the store pipeline: PiecePool::spare_cpu()),
+  // not this machine's, so a test decides whether its connections find a
+  // spare one.
+  g->shared_->hooks = read_test_hooks();
+  warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
+  const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   g->shared_->limits = {opts.max_tcp_clients,
                         opts.handshake_timeout_ms,

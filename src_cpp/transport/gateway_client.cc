@@ -101,6 +101,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
     if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_pid_ = cred.pid;
   }
   ptracer_follow_ = opts.ptracer_follow;
+  test_yama_ptrace_scope_ = opts.test_yama_ptrace_scope;
   server_ = std::string(limits_.server);
   limits_.server = server_;  // the frame buffer is reused
   return process_offered_ ? register_process(deadline) : Status::Ok();
@@ -161,14 +162,12 @@ int peer_pidfd(int sock, pid_t pid) {
   return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 }
 
-// Yama's ptrace_scope (0 without Yama). ADP_TEST_YAMA_PTRACE_SCOPE stands in
-// for the file in the tests, on a kernel without Yama.
-int yama_ptrace_scope() {
+// Yama's ptrace_scope (0 without Yama). A test's stand-in for the file
+// (ADP_TEST_YAMA_PTRACE_SCOPE, on a kernel without Yama) if not negative.
+int yama_ptrace_scope(int test_scope) {
+  if (test_scope >= 0) return test_scope;
   int scope = 0;
-  if (const char* v = std::getenv("ADP_TEST_YAMA_PTRACE_SCOPE"))
-    scope = std::atoi(v);
-  else
-    std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
+  std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
   return scope;
 }
 }  // namespace
@@ -182,7 +181,7 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
   // Yama (kernel.yama.ptrace_scope): 0 lets a process of the same uid read
   // and write this one; 1 only the process this one names (one per process,
   // see g_ptracer); 2 and 3 no one: the ring.
-  const int scope = yama_ptrace_scope();
+  const int scope = yama_ptrace_scope(test_yama_ptrace_scope_);
   if (scope >= 2) {
     process_refusal_ = "Yama ptrace_scope is " + std::to_string(scope) + " (only 0 or 1 let the gateway in)";
     return Status::Ok();

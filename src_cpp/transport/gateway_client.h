@@ -33,6 +33,9 @@ struct GatewayClientOptions {
   // gateway_stall_s: a request waiting this long with nothing heard from the
   // gateway makes it stalled (RemoteBackend::stalled_locked).
   std::chrono::nanoseconds stall_after{std::chrono::seconds(5)};
+  // Tests: stands in for /proc/sys/kernel/yama/ptrace_scope if not negative
+  // (ADP_TEST_YAMA_PTRACE_SCOPE, set by RemoteBackend from its test hooks).
+  int test_yama_ptrace_scope = -1;
 };
 
 class GatewayClient {
@@ -136,8 +139,9 @@ class GatewayClient {
   uint64_t process_store_limit_ = UINT64_MAX;
   std::string process_refusal_;
   bool ptracer_follow_ = false;
-  bool process_retry_ = false;  // refused while another named gateway ran: retry_process() tries again
-  uint8_t probe_[16] = {};      // the probe the gateway reads back (RegisterProcess)
+  int test_yama_ptrace_scope_ = -1;  // GatewayClientOptions::test_yama_ptrace_scope
+  bool process_retry_ = false;       // refused while another named gateway ran: retry_process() tries again
+  uint8_t probe_[16] = {};           // the probe the gateway reads back (RegisterProcess)
   uint32_t segments_registered_ = 0;
   int peer_pid_ = 0;
   std::vector<uint8_t> table_;

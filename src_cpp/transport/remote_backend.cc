@@ -704,9 +704,17 @@ void RemoteSession::wait_for_ticket(uint32_t seen, Deadline deadline) {
   __atomic_store_n(waiting, 0u, __ATOMIC_RELAXED);
 }
 
-RemoteBackend::RemoteBackend(GatewayClientOptions opts)
-    : opts_(std::move(opts)), stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())) {
-  if (const char* d = std::getenv("ADP_TEST_PUT_COPY_DELAY_MS")) test_put_delay_ = milliseconds(std::atoi(d));
+// The test hooks read once, at construction (the Connector built on this
+// backend logs those set).
+RemoteBackend::RemoteBackend(GatewayClientOptions opts) : RemoteBackend(std::move(opts), read_test_hooks()) {}
+
+RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
+    : opts_([&] {
+        opts.test_yama_ptrace_scope = hooks.yama_ptrace_scope;
+        return std::move(opts);
+      }()),
+      stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())) {
+  test_put_delay_ = milliseconds(hooks.put_copy_delay_ms);
 }
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }

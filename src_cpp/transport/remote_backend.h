@@ -22,6 +22,7 @@
 
 #include "connector/backend.h"
 #include "transport/gateway_client.h"
+#include "util/test_hooks.h"
 
 namespace adp {
 
@@ -53,6 +54,7 @@ class RemoteBackend : public Backend {
 
  private:
   friend class RemoteSession;
+  RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks);
   enum class Link { kUnknown, kUp, kDown };
   // Connects a session's client; registered so interrupt() reaches it.
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);

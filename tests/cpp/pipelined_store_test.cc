@@ -10,7 +10,8 @@
 //
 // One process is the gateway (in-process, with piece helpers) and two
 // clients (registered process memory, raw frames). Client A's first read past
-// an object's first piece stalls 1.5 s (the test hook): its first object's
+// an object's first piece stalls 1.5 s (the test hook, taken by the
+// gateway's first such read: A's, as B stores only once A stalls): its first object's
 // place is abandoned and it is stored from the buffer, its second through the
 // buffer alone. Client B meanwhile stores six objects, pipelined. Checks:
 // every store answers Ok, all eight objects load back byte for byte, the
@@ -57,19 +58,20 @@ int main(int argc, char** argv) {
   go.card.create_bytes = 1024 * kMiB;
   go.socket_path = dir + "/gw.sock";
   go.process_write_threads = 2;
+  // The test hooks are read when the gateway starts (util/test_hooks.h).
   // Two connections storing: a spare CPU for each one's store reader on any host (CPUs / 2 >= 2).
   ::setenv("ADP_TEST_GATEWAY_CPUS", "4", 1);
+  // The first read past an object's first piece, once per gateway: A's (B stores only once A stalls).
+  ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "1500", 1);
   std::unique_ptr<adp::GatewayServer> gw;
   adp::Status s = adp::GatewayServer::Start(go, &gw);
   CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
   if (!s.ok()) return 1;
 
-  // A's connection reads the hook at its handshake; B's does not have it.
   Client a, b;
-  ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "1500", 1);
-  const bool a_ok = connect_client(go.socket_path, "pipelined_store_test A", &a);
-  ::unsetenv("ADP_TEST_PROCESS_READ_STALL_MS");
-  if (!a_ok || !connect_client(go.socket_path, "pipelined_store_test B", &b)) return 1;
+  if (!connect_client(go.socket_path, "pipelined_store_test A", &a) ||
+      !connect_client(go.socket_path, "pipelined_store_test B", &b))
+    return 1;
 
   std::vector<std::string> keys;
   std::vector<uint8_t*> src, dst;

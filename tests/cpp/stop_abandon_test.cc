@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
   const std::string card = dir + "/card.img";
   if (!store_objects(card)) return 1;
 
-  // Read when the connection starts: the first helper write past an
-  // object's first piece stalls this long (ClientHandler's test hook).
+  // Read when the gateway starts (util/test_hooks.h): the first helper write
+  // past an object's first piece stalls this long (ClientHandler's test hook).
   ::setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", std::to_string(kStallMs).c_str(), 1);
   ::setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper", 1);
   adp::GatewayOptions go;

@@ -330,7 +330,7 @@ def test_a_stray_test_cpu_count_is_logged(monkeypatch, workdir):
     monkeypatch.setenv("ADP_TEST_GATEWAY_CPUS", "3")
     gw.start()
     try:
-        said = "ADP_TEST_GATEWAY_CPUS=3 is set (a test hook): the piece helpers and the store pipeline count 3 CPUs"
+        said = "test hook ADP_TEST_GATEWAY_CPUS=3 is set (the piece helpers and the store pipeline count this many CPUs"
         assert said in gw.log(), gw.log()
     finally:
         gw.stop()

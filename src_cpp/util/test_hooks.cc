@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "util/test_hooks.h"
+
+#include <cstdlib>
+#include <string_view>
+
+#include "util/log.h"
+
+namespace adp {
+namespace {
+
+struct Hook {
+  const char* name;
+  HookSide side;
+  const char* what;
+  void (*take)(TestHooks& h, const char* v);
+};
+
+// Every hook: docs/testing.md lists the same (tests/util/test_test_hooks.py checks it).
+constexpr Hook kHooks[] = {
+    {"ADP_TEST_GATEWAY_CPUS", HookSide::kGateway,
+     "the piece helpers and the store pipeline count this many CPUs, not the machine's",
+     [](TestHooks& h, const char* v) { h.gateway_cpus = std::atoi(v); }},
+    {"ADP_TEST_RING_PIECE_DELAY_MS", HookSide::kGateway, "a pause before each piece of a get read into a ring",
+     [](TestHooks& h, const char* v) { h.ring_piece_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_SEGMENT_WRITE_DELAY_MS", HookSide::kGateway,
+     "a pause before each object copied into or out of a segment or process memory",
+     [](TestHooks& h, const char* v) { h.segment_write_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_PROCESS_WRITE_STALL_MS", HookSide::kGateway,
+     "the first process write past an object's first piece stalls this long",
+     [](TestHooks& h, const char* v) { h.process_write_stall_ms = std::atoi(v); }},
+    {"ADP_TEST_PROCESS_WRITE_STALL_ON", HookSide::kGateway, "helper: those stalls only on a piece helper",
+     [](TestHooks& h, const char* v) { h.process_stall_on_helper = std::string_view(v) == "helper"; }},
+    {"ADP_TEST_PROCESS_READ_STALL_MS", HookSide::kGateway,
+     "the first process read past an object's first piece stalls this long",
+     [](TestHooks& h, const char* v) { h.process_read_stall_ms = std::atoi(v); }},
+    {"ADP_TEST_PROCESS_READ_STALL_AT", HookSide::kGateway, "start: that stall is at an object's first piece",
+     [](TestHooks& h, const char* v) { h.process_read_stall_at_start = std::string_view(v) == "start"; }},
+    {"ADP_TEST_PROCESS_READ_PIECE_DELAY_MS", HookSide::kGateway, "a pause in each piece a store reader reads",
+     [](TestHooks& h, const char* v) { h.process_read_piece_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_PIPELINE_RETRY_MS", HookSide::kGateway,
+     "a connection pipelines its stores again this long after a stall (30 s)",
+     [](TestHooks& h, const char* v) { h.pipeline_retry_ms = std::atoi(v); }},
+    {"ADP_TEST_LOADER_IDLE_MS", HookSide::kGateway,
+     "a connection stops counting as loading after this long idle (20 ms)",
+     [](TestHooks& h, const char* v) { h.loader_idle_ms = std::atoi(v); }},
+    {"ADP_TEST_DELIVERY_DELAY_MS", HookSide::kConnector, "a pause in each delivery of a load's bytes",
+     [](TestHooks& h, const char* v) { h.delivery_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_PUT_COPY_DELAY_MS", HookSide::kConnector, "a pause in each put round's copy into the ring",
+     [](TestHooks& h, const char* v) { h.put_copy_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_YAMA_PTRACE_SCOPE", HookSide::kConnector, "stands in for /proc/sys/kernel/yama/ptrace_scope",
+     [](TestHooks& h, const char* v) { h.yama_ptrace_scope = std::atoi(v); }},
+};
+
+}  // namespace
+
+TestHooks read_test_hooks() {
+  TestHooks h;
+  for (const Hook& k : kHooks) {
+    const char* v = std::getenv(k.name);
+    if (!v) continue;
+    k.take(h, v);
+    h.set.push_back({k.name, v, k.side, k.what});
+  }
+  return h;
+}
+
+void warn_test_hooks(const TestHooks& hooks, HookSide side) {
+  for (const TestHooks::Set& s : hooks.set)
+    if (s.side == side)
+      ADP_WARN("%s: test hook %s=%s is set (%s): this process is not for production",
+               side == HookSide::kGateway ? "gateway" : "connector", s.name.c_str(), log_safe(s.value).c_str(), s.what);
+}
+
+}  // namespace adp

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// The ADP_TEST_* environment variables: hooks that make the gateway or the
+// connector slow, stall, or count CPUs differently, for tests only. Read in
+// this one place (read_test_hooks), once when a gateway starts
+// (GatewayServer::Start, kept in GatewayShared) or a connector does (the
+// Connector and its RemoteBackend), never per connection or request; each
+// hook set is logged at WARNING then (warn_test_hooks). A test sets them
+// before that start. The list, with what each does: docs/testing.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace adp {
+
+enum class HookSide { kGateway, kConnector };
+
+struct TestHooks {
+  // The gateway's (its connections read them from GatewayShared::hooks).
+  int gateway_cpus = 0;                      // ADP_TEST_GATEWAY_CPUS (> 0: used)
+  int ring_piece_delay_ms = 0;               // ADP_TEST_RING_PIECE_DELAY_MS
+  int segment_write_delay_ms = 0;            // ADP_TEST_SEGMENT_WRITE_DELAY_MS
+  int process_write_stall_ms = 0;            // ADP_TEST_PROCESS_WRITE_STALL_MS
+  bool process_stall_on_helper = false;      // ADP_TEST_PROCESS_WRITE_STALL_ON=helper
+  int process_read_stall_ms = 0;             // ADP_TEST_PROCESS_READ_STALL_MS
+  bool process_read_stall_at_start = false;  // ADP_TEST_PROCESS_READ_STALL_AT=start
+  int process_read_piece_delay_ms = 0;       // ADP_TEST_PROCESS_READ_PIECE_DELAY_MS
+  int pipeline_retry_ms = -1;                // ADP_TEST_PIPELINE_RETRY_MS (-1: not set)
+  int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
+  // The connector's.
+  int delivery_delay_ms = 0;   // ADP_TEST_DELIVERY_DELAY_MS
+  int put_copy_delay_ms = 0;   // ADP_TEST_PUT_COPY_DELAY_MS
+  int yama_ptrace_scope = -1;  // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
+
+  // Each hook set, as found: its name, value, side and what it does.
+  struct Set {
+    std::string name, value;
+    HookSide side;
+    const char* what;
+  };
+  std::vector<Set> set;
+};
+
+// Reads every ADP_TEST_ hook from the environment (a number as atoi reads it).
+TestHooks read_test_hooks();
+
+// One WARNING for each hook of `side` that is set: "<gateway|connector>: test
+// hook NAME=value is set (what it does): this process is not for production".
+void warn_test_hooks(const TestHooks& hooks, HookSide side);
+
+}  // namespace adp
