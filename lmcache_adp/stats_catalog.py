@@ -264,11 +264,12 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "1 once a request has waited gateway_stall_s (adapter_params, 5 s by default) with nothing heard from "
         "the gateway on any of the connector's connections since it was sent (a hung or stopped gateway: the "
         "connection is open but silent), until the gateway is next heard from (a reply, a published piece, a "
-        "new connection's handshake, or, on a ring with a control page, the gateway's alive word moving: it is "
-        "bumped per item or chunk finished and while a request waits for an I/O context or store-buffer room, "
-        "so a slow or busy but working gateway is not stalled; over TCP or a ring without one, only replies "
-        "count, and a request the gateway takes gateway_stall_s over, working or waiting behind other "
-        "clients, reads stalled); an idle connector is never stalled (nothing is sent to find out). Logged "
+        "new connection's handshake, or, on a ring with a control page, the gateway's alive word moving, over "
+        "TCP an alive frame (r8): both come per item or chunk finished and while a request waits for an I/O "
+        "context or store-buffer room, so a slow or busy but working gateway is not stalled; from a gateway "
+        "older than r8 over TCP, or on a ring without a control page, only replies count, and a request the "
+        "gateway takes gateway_stall_s over reads stalled); an idle connector is never stalled (nothing is "
+        "sent to find out). Logged "
         "(WARNING) when it starts, by the waiting request itself. Requests fail by their deadlines meanwhile "
         "(/health answers 503 at 1)",
     ),
@@ -508,7 +509,8 @@ def render_markdown() -> str:
         "| card I/O failing (page) | `lmcache_adp_healthy == 0` |",
         "| a connector lost its gateway (page; every load a miss, every store dropped) | "
         "`lmcache_adp_gateway_reachable == 0` |",
-        "| a connector's gateway hung, or a request waiting gateway_stall_s on a gateway heard from only by its replies (TCP): "
+        "| a connector's gateway hung, or a request waiting gateway_stall_s on a gateway heard from only by its "
+        "replies (TCP before r8): "
         "requests fail by their deadlines | `lmcache_adp_gateway_stalled == 1` |",
         "| a gateway's card failing, as its connectors see it | `lmcache_adp_gateway_card_healthy == 0` |",
         "| a connector's gateway flapping | `increase(lmcache_adp_gateway_reconnects_total[1h]) > 3` |",

@@ -156,6 +156,9 @@ Status ClientHandler::handshake() {
   if (segments_enabled_) {
     ok.features |= proto::kFeatureSegments;
   }
+  // r8: no ring, so no alive word: kAlive frames while a batch is worked on.
+  alive_frames_ = !ring_ && (hello.features & proto::kFeatureAlive);
+  if (alive_frames_) ok.features |= proto::kFeatureAlive;
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
   std::vector<uint8_t> body;
@@ -283,6 +286,8 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   if (ring_)
     for (const auto& it : req.items) in_ring += it.segment ? 0 : it.size;
   shared_->ring_bytes_in_use += in_ring;
+  alive_request_id_ = frame.header.request_id;
+  alive_sent_at_ = Clock::now();  // the first kAlive (r8) once the batch has taken kAliveFrameEvery
   s = run_batch(req, frame.header.request_id, &reply, payload);
   shared_->ring_bytes_in_use -= in_ring;
   if (!s.ok()) return s;

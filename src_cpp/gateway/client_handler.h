@@ -330,7 +330,8 @@ class ClientHandler {
   // r7: bumps the control page's alive word (a sign of life; no-op without
   // a control page). After each put chunk, process store piece, get item,
   // and every slice of a wait for an I/O context or store-buffer room (the
-  // gateway works, behind other clients' I/O: not stalled).
+  // gateway works, behind other clients' I/O: not stalled). r8: on a
+  // connection with no ring that asked for them, a kAlive frame instead.
   void note_alive();
   // An I/O context from the pool by `deadline` (null: none came free),
   // bumping the alive word while it waits.
@@ -353,6 +354,12 @@ class ClientHandler {
   bool segments_enabled_ = false;  // r3 negotiated
   bool segment_stores_ = false;    // r3 stores from segments granted
   bool ring_progress_ = false;     // r4: a get's pieces published in the control page
+  // r8: no ring (TCP) and the client asked: note_alive() sends a kAlive frame
+  // (at most one per kAliveFrameEvery) for the batch alive_request_id_, on
+  // the connection's thread (the only one that calls it without a ring).
+  bool alive_frames_ = false;
+  uint64_t alive_request_id_ = 0;
+  std::chrono::steady_clock::time_point alive_sent_at_{};
   std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1
   // r5: the process-memory features offered in HelloOk (a registration may
   // then grant them), and those granted; the client's address space.

@@ -3,6 +3,7 @@
 // (protocol/frame.h; docs/protocol.md, "Segments", "Ring progress"): the load
 // lease, and the progress slots and ticket of a get's pieces.
 #include <linux/futex.h>
+#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -61,6 +62,19 @@ void ClientHandler::publish_progress(size_t item, size_t upto) {
 }
 
 void ClientHandler::note_alive() {
+  if (alive_frames_) {
+    // r8 (TCP): a 24-byte frame, at most one per kAliveFrameEvery, and only
+    // while the socket takes it at once: a client that does not read never
+    // holds this thread (or the I/O context it may hold) on a sign of life.
+    // A write that fails leaves the connection to fail at the reply.
+    const auto now = Clock::now();
+    if (now - alive_sent_at_ < proto::kAliveFrameEvery) return;
+    alive_sent_at_ = now;
+    pollfd p{fd_, POLLOUT, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT))
+      (void)proto::write_frame(fd_, proto::FrameType::kAlive, alive_request_id_, {}, {}, now + proto::kFrameTimeout);
+    return;
+  }
   // r7: a relaxed add costing nothing next to the item it follows; the
   // client reads only that it changed (frame.h, kAliveAt).
   if (!ring_ || !(segments_enabled_ || ring_progress_ || process_offered_)) return;  // no control page

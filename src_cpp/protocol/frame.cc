@@ -16,7 +16,7 @@ Status check_header(const FrameHeader& h, uint32_t max_body) {
     return Status::InvalidArgument("protocol version " + std::to_string(h.version) + " (this side speaks " +
                                    std::to_string(kProtocolVersion) + ")");
   if (h.flags != 0 || h.reserved != 0) return Status::InvalidArgument("reserved header fields are not zero");
-  if (h.type < static_cast<uint8_t>(FrameType::kHello) || h.type > static_cast<uint8_t>(FrameType::kProcessOk))
+  if (h.type < static_cast<uint8_t>(FrameType::kHello) || h.type > static_cast<uint8_t>(FrameType::kAlive))
     return Status::InvalidArgument("unknown frame type " + std::to_string(h.type));
   if (h.body_bytes > max_body)
     return Status::InvalidArgument("frame body of " + std::to_string(h.body_bytes) + " bytes exceeds the bound of " +

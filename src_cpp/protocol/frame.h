@@ -12,6 +12,7 @@
 #pragma once
 
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -38,6 +39,7 @@ enum class FrameType : uint8_t {
   kSegmentOk = 9,         // gateway -> client: the segment is mapped (r3)
   kRegisterProcess = 10,  // client -> gateway: its pid and a probe of its memory (r5)
   kProcessOk = 11,        // gateway -> client: the process-memory features granted, or why not (r5)
+  kAlive = 12,            // gateway -> client: empty body; working on the batch of this request_id (r8)
 };
 
 enum class Op : uint8_t { kPut = 1, kGet = 2, kExists = 3, kDelete = 4 };
@@ -53,6 +55,12 @@ constexpr uint32_t kFeatureProcessMemory = kFeatureProcessLoads | kFeatureProces
 // r6: ProcessOk ends with the largest object the gateway reads from process
 // memory for a store (its store buffer); larger ones go through the ring.
 constexpr uint32_t kFeatureStoreLimit = 64;
+// r8: on a connection with no ring (TCP), the gateway sends kAlive frames
+// while it works on a batch (at most one per kAliveFrameEvery): the sign of
+// life the ring's alive word gives (r7), so gateway_stalled reads a working
+// gateway as working over TCP too.
+constexpr uint32_t kFeatureAlive = 128;
+constexpr std::chrono::milliseconds kAliveFrameEvery{100};
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;

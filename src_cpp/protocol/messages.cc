@@ -332,6 +332,8 @@ Status parse_frame(std::span<const uint8_t> frame) {
       ProcessOk m;
       return decode_process_ok(body, &m);
     }
+    case FrameType::kAlive:
+      return body.empty() ? Status::Ok() : malformed("alive: body must be empty");
   }
   return malformed("frame: unknown type");
 }

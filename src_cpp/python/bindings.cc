@@ -457,7 +457,8 @@ PYBIND11_MODULE(_native, m) {
                                    py::arg("REGISTER_SEGMENT") = static_cast<int>(proto::FrameType::kRegisterSegment),
                                    py::arg("SEGMENT_OK") = static_cast<int>(proto::FrameType::kSegmentOk),
                                    py::arg("REGISTER_PROCESS") = static_cast<int>(proto::FrameType::kRegisterProcess),
-                                   py::arg("PROCESS_OK") = static_cast<int>(proto::FrameType::kProcessOk));
+                                   py::arg("PROCESS_OK") = static_cast<int>(proto::FrameType::kProcessOk),
+                                   py::arg("ALIVE") = static_cast<int>(proto::FrameType::kAlive));
   m.attr("OPS") =
       py::dict(py::arg("PUT") = static_cast<int>(proto::Op::kPut), py::arg("GET") = static_cast<int>(proto::Op::kGet),
                py::arg("EXISTS") = static_cast<int>(proto::Op::kExists),
@@ -468,6 +469,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("FEATURE_PROCESS_LOADS") = proto::kFeatureProcessLoads;
   m.attr("FEATURE_PROCESS_STORES") = proto::kFeatureProcessStores;
   m.attr("FEATURE_STORE_LIMIT") = proto::kFeatureStoreLimit;
+  m.attr("FEATURE_ALIVE") = proto::kFeatureAlive;
   m.attr("PROCESS_SEGMENT") = proto::kProcessSegment;
   m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;

@@ -71,6 +71,8 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
                      (opts.ring_progress ? proto::kFeatureRingProgress : 0) |
                      (opts.process_memory ? proto::kFeatureProcessMemory | proto::kFeatureStoreLimit : 0);
     hello.ring_bytes = ring_->size();
+  } else {
+    hello.features = proto::kFeatureAlive;  // r8: no ring, so no alive word: frames instead
   }
   hello.token = opts.token;
   hello.client_name = opts.client_name;
@@ -94,6 +96,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   segments_ = ring_ && (limits_.features & proto::kFeatureSegments);
   segment_stores_ = segments_ && (limits_.features & proto::kFeatureSegmentStores);
   ring_progress_ = ring_ && opts.ring_progress && (limits_.features & proto::kFeatureRingProgress);
+  alive_frames_ = !ring_ && (limits_.features & proto::kFeatureAlive);
   process_offered_ = ring_ && opts.process_memory ? limits_.features & proto::kFeatureProcessMemory : 0;
   if (segments_ || process_offered_) {
     ucred cred{};
@@ -269,10 +272,15 @@ Status GatewayClient::retry_process(proto::Deadline deadline) {
   return register_process(deadline);
 }
 
-Status GatewayClient::receive(uint8_t type, proto::Deadline deadline) {
+Status GatewayClient::receive(uint8_t type, proto::Deadline deadline, bool* alive) {
   Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_);
   if (!s.ok()) return s;  // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
   heard_now();
+  if (alive && alive_frames_ && frame_.header.type == static_cast<uint8_t>(proto::FrameType::kAlive) &&
+      frame_.header.request_id == request_id_) {
+    *alive = true;  // r8: working on it; still waiting
+    return Status::Ok();
+  }
   waiting_since_ns_.store(0, std::memory_order_relaxed);
   if (frame_.header.type == static_cast<uint8_t>(proto::FrameType::kError)) {
     std::string_view reason;
@@ -327,8 +335,19 @@ bool GatewayClient::wait_readable(proto::Deadline until) const {
   }
 }
 
-Status GatewayClient::await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply) {
-  Status s = receive(static_cast<uint8_t>(proto::FrameType::kBatchReply), deadline);
+Status GatewayClient::await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply,
+                                  bool* alive) {
+  bool heard_alive = false;
+  Status s;
+  do {
+    heard_alive = false;
+    s = receive(static_cast<uint8_t>(proto::FrameType::kBatchReply), deadline, &heard_alive);
+  } while (s.ok() && heard_alive && !alive);  // no caller to tell: read on to the reply
+  if (s.ok() && heard_alive) {
+    *alive = true;
+    return s;
+  }
+  if (alive) *alive = false;
   if (s.ok()) s = proto::decode_batch_reply(frame_.body, reply);
   if (s.ok() && reply->results.size() != req.items.size())
     s = Status::InvalidArgument("gateway answered " + std::to_string(reply->results.size()) + " results for " +

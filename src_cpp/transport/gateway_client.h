@@ -53,7 +53,11 @@ class GatewayClient {
               proto::BatchReply* reply);
   // call() in two halves, for a client that works while the gateway does (r4).
   Status send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline);
-  Status await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply);
+  // r8: with `alive`, a kAlive frame for this request (heard from, still
+  // waiting) returns Ok with *alive true and no reply, so the caller can look
+  // at the stall before it waits again; without, it is read past.
+  Status await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply,
+                     bool* alive = nullptr);
   // Whether the socket has something to read (a reply, an Error, the end):
   // await_reply() then does not wait on the gateway.
   bool readable() const;
@@ -120,7 +124,9 @@ class GatewayClient {
  private:
   explicit GatewayClient(int fd) : fd_(fd) {}
   Status handshake(const GatewayClientOptions& opts, proto::Deadline deadline);
-  Status receive(uint8_t type, proto::Deadline deadline);
+  // The next frame, of `type`; with `alive`, a kAlive frame (r8) for the
+  // current request sets *alive instead (heard from, still waiting).
+  Status receive(uint8_t type, proto::Deadline deadline, bool* alive = nullptr);
   void begin_wait();  // a request goes out: waiting from now until a frame comes
   // r5: after HelloOk offered process memory: Yama's ptracer, then
   // RegisterProcess with a probe of this process's memory.
@@ -134,6 +140,7 @@ class GatewayClient {
   bool segments_ = false;
   bool segment_stores_ = false;
   bool ring_progress_ = false;
+  bool alive_frames_ = false;  // r8: granted (no ring): kAlive frames come while a batch is worked on
   uint32_t process_offered_ = 0;
   uint32_t process_granted_ = 0;
   uint64_t process_store_limit_ = UINT64_MAX;

@@ -546,9 +546,10 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       s = call_in_pieces(in, begin, req, deadline, &reply, finish);
     } else {
       s = client_->send(req, iov, deadline);
-      if (s.ok()) {
+      // r8 (TCP): a kAlive frame is the gateway heard from: look at the stall, then wait on.
+      for (bool alive = s.ok(); alive;) {
         wait_reply(deadline);
-        s = client_->await_reply(req, deadline, &reply);
+        s = client_->await_reply(req, deadline, &reply, &alive);
         if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
       }
       if (s.ok()) s = finish_round(in, begin, req, reply, finish);

@@ -8,6 +8,8 @@ import json
 import os
 import resource
 import shutil
+import socket
+import struct
 import tempfile
 import threading
 import time
@@ -17,11 +19,13 @@ import urllib.request
 import pytest
 
 from lmcache_adp import ADPConnector
+from lmcache_adp._native import FEATURE_ALIVE, FRAME_TYPES
 from lmcache_adp.ops import format_status
+from tests.gateway import wire
 from tests.gateway.test_failures import keys_and_datas
 from tests.helpers import RawConnector, payload
 from tests.ops.test_metrics import free_port, scrape
-from tests.support.gateway import Gateway
+from tests.support.gateway import TOKEN, Gateway
 
 
 def health(port: int) -> tuple[int, dict]:
@@ -330,61 +334,119 @@ def test_the_gateways_memory_is_not_its_card_failing(workdir):
         assert gw.stop() == 0
 
 
+class OneContextHeld:
+    """A gateway with one I/O context (--io-contexts 1) on a tmpfs card (Unix socket and TCP), and connector A
+    whose load through the ring holds that context for 3 s from start() (ADP_TEST_RING_PIECE_DELAY_MS: 0.3 s
+    before each of the object's ten 1 MiB pieces; process_memory=False, so it takes the context for its whole
+    batch): whatever else needs a context meanwhile waits for it, with the gateway working."""
+
+    def __init__(self, monkeypatch):
+        self.dir = tempfile.mkdtemp(prefix="adphc-", dir="/dev/shm")  # memory-speed: a ring load goes in pieces
+        monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", "300")
+        self.gw = Gateway(self.dir, tcp=True, extra=("--io-contexts", "1")).start()
+        monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS")
+        self.a = RawConnector(
+            ADPConnector(gateway=self.gw.unix_url, num_workers=1, timeout_ms=30000, process_memory=False)
+        )
+        self.key, size = "held@0", 10 << 20
+        self.data = payload(self.key, size)
+        assert self.a.set([self.key], [memoryview(self.data)])[0]  # only loads' pieces are delayed
+        self.out = bytearray(size)
+
+    def start(self) -> None:
+        self.fid = self.a.conn.submit_batch_get([self.key], [memoryview(self.out)])
+        time.sleep(0.3)  # A holds the context now (its first piece alone takes 0.3 s)
+
+    def finish(self) -> None:
+        ok, err, per_key = self.a.wait(self.fid, timeout=10)
+        assert ok and per_key == [True] and bytes(self.out) == self.data, err
+
+    def close(self) -> None:
+        self.a.conn.close()
+        if self.gw.proc:
+            assert self.gw.stop() == 0
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_a_gateway_waiting_for_an_io_context(monkeypatch, transport):
-    """A gateway with one I/O context (--io-contexts 1) on a tmpfs card: connector A's load through the ring
-    holds it for 3 s (ADP_TEST_RING_PIECE_DELAY_MS: 0.3 s before each of the object's ten 1 MiB pieces), and
-    connector B's store, sent meanwhile, waits that long for it with no reply.
-    unix: the gateway works (behind A's I/O), so B's /health stays 200: it bumps B's alive word every 100 ms
-    while B's request waits for the context (IoContextPool::acquire). Before, B read stalled 1 s into its wait
-    (health3, item 1).
-    tcp: no alive word; the gateway is heard only by its replies, so B reads stalled from the bound until its
-    reply comes, then healthy (README "Operations": over TCP, gateway_stall_s above the longest wait expected)."""
-    d = tempfile.mkdtemp(prefix="adphc-", dir="/dev/shm")  # memory-speed: a ring load goes in pieces (r4)
-    monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", "300")
-    gw = Gateway(d, tcp=transport == "tcp", extra=("--io-contexts", "1")).start()
-    monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS")
-    port = free_port()
-    # process_memory=False: A goes through the ring, so it takes the context for its whole batch (as B does).
-    a = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000, process_memory=False))
+    """While A holds the gateway's only I/O context for 3 s (OneContextHeld), connector B's store waits that long
+    for it with no reply. The gateway works (behind A's I/O), so B's /health stays 200: every 100 ms while B's
+    request waits for the context (IoContextPool::acquire) it bumps B's alive word (unix: the ring's control page,
+    r7) or sends B a kAlive frame (tcp, r8). Before, B read stalled 1 s into its wait (health3, item 1), over TCP
+    until its reply came."""
+    held = OneContextHeld(monkeypatch)
+    gw, port = held.gw, free_port()
     where = (
-        {"gateway": gw.unix_url, "process_memory": False}
+        {"gateway": gw.unix_url, "process_memory": False}  # through the ring, as A: a context for the batch
         if transport == "unix"
         else {"gateway": gw.tcp_url, "token_file": gw.token_file}
     )
     conn = ADPConnector(num_workers=1, timeout_ms=30000, metrics_port=port, gateway_stall_s=STALL_S, **where)
     b = RawConnector(conn)
     try:
-        key, size = "held@0", 10 << 20
-        data = payload(key, size)
-        assert a.set([key], [memoryview(data)])[0]  # only loads' pieces are delayed
         small = [payload(f"b@{i}", 1 << 20) for i in range(2)]
         assert b.set(["b@0"], [memoryview(small[0])])[0]  # B connected: its wait below is its request's alone
-        out = bytearray(size)
-        fid = a.conn.submit_batch_get([key], [memoryview(out)])
-        time.sleep(0.3)  # A holds the context now (its first piece alone takes 0.3 s)
+        held.start()
         r, took, seen = health_while(port, lambda: b.set(["b@1"], [memoryview(small[1])]))
         assert r[0], r
         # B waited for A's context past the bound: long enough to have read stalled.
         assert took >= 1.5 * STALL_S, (took, seen, gw.log())
-        if transport == "unix":
-            assert [s for s in seen if s[1] != 200] == [], seen
-        else:
-            # 200 until the bound (B's wait began with its request), 503 and stalled from the bound plus the wait's
-            # check interval at most, until the reply.
-            assert all(s[1] == 200 for s in seen if s[0] < 0.9 * STALL_S), seen
-            late = [s for s in seen if STALL_S + 0.5 <= s[0] <= took - 0.3]
-            assert late and all(s[1:] == (503, True) for s in late), seen
-        assert health(port)[0] == 200  # answered: heard from
-        ok, err, per_key = a.wait(fid, timeout=10)
-        assert ok and per_key == [True] and bytes(out) == data, err
+        assert [s for s in seen if s[1] != 200] == [], seen
+        held.finish()
         assert conn.stats()["gateway_stalled"] is False
     finally:
-        a.conn.close()
         conn.close()
-        if gw.proc:
-            assert gw.stop() == 0
-        shutil.rmtree(d, ignore_errors=True)
+        held.close()
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_alive_frames_over_tcp_only_to_a_client_that_asks(monkeypatch, asked):
+    """r8 on the wire: a TCP client whose Hello sets FEATURE_ALIVE is granted it in HelloOk and, while its batch
+    waits for the I/O context A holds (OneContextHeld), gets kAlive frames with its batch's request id (empty
+    bodies, about one per 100 ms), then its BatchReply; a client that does not ask (an r7 client) gets the
+    BatchReply alone."""
+    held = OneContextHeld(monkeypatch)
+    s = socket.create_connection(("127.0.0.1", held.gw.port))
+    s.settimeout(10)
+
+    def exact(n: int) -> bytes:
+        got = b""
+        while len(got) < n:
+            more = s.recv(n - len(got))
+            assert more, f"the gateway closed the connection:\n{held.gw.log()}"
+            got += more
+        return got
+
+    def recv() -> tuple[int, int, bytes]:
+        ftype, n, rid = wire.parse_header(exact(wire.HEADER.size))
+        return ftype, rid, exact(n)
+
+    try:
+        s.sendall(wire.frame(wire.HELLO, 1, wire.hello(token=TOKEN.encode(), features=FEATURE_ALIVE if asked else 0)))
+        ftype, _, body = recv()
+        assert ftype == wire.HELLO_OK and bool(struct.unpack_from("<I", body)[0] & FEATURE_ALIVE) == asked, body
+        held.start()
+        data = payload("w@0", 4096)
+        s.sendall(wire.frame(wire.BATCH, 2, wire.batch(wire.PUT, [b"w@0"], [len(data)], [0], data, 20000)))
+        t0, frames = time.monotonic(), []
+        while not frames or frames[-1][0] != wire.BATCH_REPLY:
+            ftype, rid, body = recv()
+            frames.append((ftype, rid, len(body), round(time.monotonic() - t0, 2)))
+        took = time.monotonic() - t0
+        assert took >= 1.5, frames  # it waited for the context
+        alive = [f for f in frames if f[0] == FRAME_TYPES["ALIVE"]]
+        assert [f[:3] for f in frames] == [(FRAME_TYPES["ALIVE"], 2, 0)] * len(alive) + [
+            (wire.BATCH_REPLY, 2, frames[-1][2])
+        ]
+        if asked:
+            assert len(alive) >= 10 * took / 2, frames  # about one per 100 ms of its wait (half, on a busy host)
+        else:
+            assert alive == [], frames
+        held.finish()
+    finally:
+        s.close()
+        held.close()
 
 
 def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir, monkeypatch):
