@@ -20,7 +20,8 @@ python -m pip install --quiet lmcache==0.5.6
 ADP_WERROR=1 python -m pip install --quiet -e '.[test]'   # warnings are errors in CI
 PYTHON=python ./scripts/check_style.sh                     # ruff, clang-format, SPDX lines
 status=0
-python -m pytest -q -p no:cacheprovider tests "$@" || status=$?
+# --durations: the slowest tests in every CI log, to see where the 90 minutes go.
+python -m pytest -q -p no:cacheprovider --durations=30 tests "$@" || status=$?
 
 if [ "${ADP_SKIP_LMCACHE_054:-0}" != 1 ]; then
   venv=build/venv-lmcache-0.5.4
@@ -31,7 +32,7 @@ if [ "${ADP_SKIP_LMCACHE_054:-0}" != 1 ]; then
   "$venv/bin/python" -m pip install --quiet pytest numpy prometheus_client tqdm google-crc32c  # setup.py's [test] needs
   echo "run_tests.sh: the LMCache-facing tests against LMCache 0.5.4"
   start=$SECONDS
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/lmcache tests/e2e tests/examples || status=$?
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=10 tests/lmcache tests/e2e tests/examples || status=$?
   echo "run_tests.sh: LMCache 0.5.4 run took $((SECONDS - start)) s"
 else
   echo "run_tests.sh: the LMCache 0.5.4 run was left out (ADP_SKIP_LMCACHE_054=1)"
