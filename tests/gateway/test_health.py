@@ -36,6 +36,14 @@ def health(port: int) -> tuple[int, dict]:
         return e.code, json.load(e)
 
 
+def metrics_connector(gw: Gateway, timeout_ms: int, **params) -> tuple[ADPConnector, RawConnector, int]:
+    """A one-worker connector on gw's Unix socket with a metrics port of its own (/health): it, its RawConnector
+    and the port."""
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=timeout_ms, metrics_port=port, **params)
+    return conn, RawConnector(conn), port
+
+
 def store_until_ok(c: RawConnector, keys: list[str], datas: list[bytes], gw: Gateway, why: str) -> None:
     """Stores again until a store succeeds; `why` fails it after 10 s (the connector reconnects with
     back-off, at most 2 s apart)."""
@@ -47,10 +55,8 @@ def store_until_ok(c: RawConnector, keys: list[str], datas: list[bytes], gw: Gat
 
 def test_health_follows_the_gateway(workdir):
     gw = Gateway(workdir).start()
-    port = free_port()
     # One worker: one connection, so the batches below are the ones that find the gateway gone and back.
-    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=2000, metrics_port=port)
-    c = RawConnector(conn)
+    conn, c, port = metrics_connector(gw, timeout_ms=2000)
     try:
         keys, datas = keys_and_datas(3)
         assert c.set(keys, [memoryview(d) for d in datas])[0]
@@ -194,9 +200,7 @@ def test_the_gateways_card_failing_io(workdir):
     """A load the gateway answers with its card's I/O error: /health 503 with the gateway's message
     (gateway_card_healthy 0) though the gateway is reachable; a store that succeeds: healthy again."""
     gw = Gateway(workdir).start()
-    port = free_port()
-    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=2000, metrics_port=port)
-    c = RawConnector(conn)
+    conn, c, port = metrics_connector(gw, timeout_ms=2000)
     size = 0
     try:
         keys, datas = keys_and_datas(3)
@@ -244,19 +248,13 @@ def health_while(port: int, run) -> tuple[tuple, float, list]:
     return res["r"], time.monotonic() - t0, seen
 
 
-def test_a_slow_working_gateway_is_not_stalled(workdir, monkeypatch):
+def test_a_slow_working_gateway_is_not_stalled(workdir):
     """A gateway whose card takes 0.3 s an object (ADP_TEST_SEGMENT_WRITE_DELAY_MS), storing then loading 10
     objects in one batch each (3 s, three times the bound, no reply before the end): it works, so /health stays
     200 throughout (r7: the gateway bumps the control page's alive word per item and chunk, and stats() reads
     it as heard). Review r9 H1: before, both batches read stalled from 1 s on."""
-    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
-    gw = Gateway(workdir, extra=("--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
-    port = free_port()
-    conn = ADPConnector(
-        gateway=gw.unix_url, num_workers=1, timeout_ms=30000, metrics_port=port, gateway_stall_s=STALL_S
-    )
-    c = RawConnector(conn)
+    gw = Gateway(workdir, extra=("--process-write-threads", "0")).start(env={"ADP_TEST_SEGMENT_WRITE_DELAY_MS": 300})
+    conn, c, port = metrics_connector(gw, timeout_ms=30000, gateway_stall_s=STALL_S)
     try:
         keys = [f"slow@{i}" for i in range(10)]
         datas = [bytearray(payload(k, 1 << 20)) for k in keys]
@@ -312,9 +310,7 @@ def test_the_gateways_memory_is_not_its_card_failing(workdir):
     address space capped with RLIMIT_AS, so it cannot map the buffer) fails with that message, but the gateway's
     card is not reported failing: /health stays 200, gateway_card_healthy 1."""
     gw = Gateway(workdir).start()
-    port = free_port()
-    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=4000, metrics_port=port)
-    c = RawConnector(conn)
+    conn, c, port = metrics_connector(gw, timeout_ms=4000)
     try:
         keys, datas = keys_and_datas(2)
         assert c.set(keys, [memoryview(d) for d in datas])[0]
@@ -340,11 +336,11 @@ class OneContextHeld:
     before each of the object's ten 1 MiB pieces; process_memory=False, so it takes the context for its whole
     batch): whatever else needs a context meanwhile waits for it, with the gateway working."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="adphc-", dir="/dev/shm")  # memory-speed: a ring load goes in pieces
-        monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", "300")
-        self.gw = Gateway(self.dir, tcp=True, extra=("--io-contexts", "1")).start()
-        monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS")
+        self.gw = Gateway(self.dir, tcp=True, extra=("--io-contexts", "1")).start(
+            env={"ADP_TEST_RING_PIECE_DELAY_MS": 300}
+        )
         self.a = RawConnector(
             ADPConnector(gateway=self.gw.unix_url, num_workers=1, timeout_ms=30000, process_memory=False)
         )
@@ -369,13 +365,13 @@ class OneContextHeld:
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
-def test_a_gateway_waiting_for_an_io_context(monkeypatch, transport):
+def test_a_gateway_waiting_for_an_io_context(transport):
     """While A holds the gateway's only I/O context for 3 s (OneContextHeld), connector B's store waits that long
     for it with no reply. The gateway works (behind A's I/O), so B's /health stays 200: every 100 ms while B's
     request waits for the context (IoContextPool::acquire) it bumps B's alive word (unix: the ring's control page,
     r7) or sends B a kAlive frame (tcp, r8). Before, B read stalled 1 s into its wait (health3, item 1), over TCP
     until its reply came."""
-    held = OneContextHeld(monkeypatch)
+    held = OneContextHeld()
     gw, port = held.gw, free_port()
     where = (
         {"gateway": gw.unix_url, "process_memory": False}  # through the ring, as A: a context for the batch
@@ -401,12 +397,12 @@ def test_a_gateway_waiting_for_an_io_context(monkeypatch, transport):
 
 
 @pytest.mark.parametrize("asked", [True, False])
-def test_alive_frames_over_tcp_only_to_a_client_that_asks(monkeypatch, asked):
+def test_alive_frames_over_tcp_only_to_a_client_that_asks(asked):
     """r8 on the wire: a TCP client whose Hello sets FEATURE_ALIVE is granted it in HelloOk and, while its batch
     waits for the I/O context A holds (OneContextHeld), gets kAlive frames with its batch's request id (empty
     bodies, about one per 100 ms), then its BatchReply; a client that does not ask (an r7 client) gets the
     BatchReply alone."""
-    held = OneContextHeld(monkeypatch)
+    held = OneContextHeld()
     s = socket.create_connection(("127.0.0.1", held.gw.port))
     s.settimeout(10)
 
@@ -449,21 +445,16 @@ def test_alive_frames_over_tcp_only_to_a_client_that_asks(monkeypatch, asked):
         held.close()
 
 
-def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir, monkeypatch):
+def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir):
     """The store buffers of all connections capped at 16 MiB (--max-store-buffer-total-mb): connector A's process
     store of ten 1 MiB objects holds 10 MiB of it for 3 s (ADP_TEST_SEGMENT_WRITE_DELAY_MS: 0.3 s before each
     object's read from A's memory), and connector B's 8 MiB store, sent meanwhile, waits that long for room with
     no reply. The gateway works, so B's /health stays 200: it bumps B's alive word every slice (20 ms) of the wait
     (ClientHandler::grow_store_buffer). Before, B read stalled 1 s into its wait (health3, item 1)."""
-    monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", "300")
-    gw = Gateway(workdir, extra=("--max-store-buffer-total-mb", "16", "--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
-    port = free_port()
+    gw = Gateway(workdir, extra=("--max-store-buffer-total-mb", "16", "--process-write-threads", "0"))
+    gw.start(env={"ADP_TEST_SEGMENT_WRITE_DELAY_MS": 300})
     a = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000))
-    conn = ADPConnector(
-        gateway=gw.unix_url, num_workers=1, timeout_ms=30000, metrics_port=port, gateway_stall_s=STALL_S
-    )
-    b = RawConnector(conn)
+    conn, b, port = metrics_connector(gw, timeout_ms=30000, gateway_stall_s=STALL_S)
     try:
         assert b.set(["b@0"], [memoryview(payload("b@0", 4096))])[0]  # B connected (and holds 1 MiB of buffer)
         keys = [f"a@{i}" for i in range(10)]
