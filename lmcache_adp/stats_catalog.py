@@ -338,7 +338,7 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         G,
         "Process stores put into the card as soon as the connection's store reader had read them whole, beside "
         "the read of the chunk's next objects (a chunk of two or more process objects on a memory-speed card, "
-        "while a CPU is spare beside each connection; ADP_STORE_CHUNK_OVERLAP=0 turns it off)",
+        "while a CPU is spare beside each connection; off unless the gateway runs with ADP_STORE_CHUNK_OVERLAP=1)",
     ),
     Stat(
         "process_store_stalls",

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   // Two connections storing: a spare CPU for each one's store reader on any host (CPUs / 2 >= 2).
   ::setenv("ADP_TEST_GATEWAY_CPUS", "4", 1);
+  ::setenv("ADP_STORE_CHUNK_OVERLAP", "1", 1);  // off by default (review r10 R4)
   std::vector<std::string> keys;
   std::vector<uint8_t*> src, dst;
   std::vector<std::vector<uint8_t>> want;

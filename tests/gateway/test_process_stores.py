@@ -199,17 +199,20 @@ def test_unmapped_source_fails_that_item_and_others_go_on(card_gateway):
     assert gw.proc.poll() is None
 
 
-def test_deadline_passes_while_the_gateway_is_slow():
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_deadline_passes_while_the_gateway_is_slow(overlap):
     """The gateway sleeps before each object it reads from a client
     (ADP_TEST_SEGMENT_WRITE_DELAY_MS): the store's deadline passes with objects
     still to read. Once the future has failed the gateway reads nothing more
     of the client's memory: the connector revoked the lease, and the gateway
-    reads nothing under a revoked lease. What is indexed was put before the
-    deadline, as its bytes were read (a chunk's objects are put one by one as
-    the store reader reads them, session ten: store_chunk_overlapped): each
-    such object holds the bytes the client meant, never the reused buffer's."""
-    keys = [f"late@{i}" for i in range(6)]
-    with temp_gateway(env={SEGMENT_WRITE_DELAY: 300}) as gw, connector(gw, timeout_ms=700) as c:
+    reads nothing under a revoked lease. By default (the buffer path) nothing
+    is indexed: the chunk is put only once read whole. With the chunk overlap
+    (ADP_STORE_CHUNK_OVERLAP=1, session ten: store_chunk_overlapped) what is
+    indexed was put before the deadline, as its bytes were read: each such
+    object holds the bytes the client meant, never the reused buffer's."""
+    keys = [f"late@{overlap}{i}" for i in range(6)]
+    env = {SEGMENT_WRITE_DELAY: 300, **({CHUNK_OVERLAP: 1} if overlap == "on" else {})}
+    with temp_gateway(env=env) as gw, connector(gw, timeout_ms=700) as c:
         bufs = [bytearray(payload(k, SIZE)) for k in keys]
         ok, _, per_key = c.set(keys, [memoryview(b) for b in bufs])
         assert not ok and per_key == [False] * len(keys)
@@ -220,6 +223,9 @@ def test_deadline_passes_while_the_gateway_is_slow():
         time.sleep(300 * len(keys) / 1000 + 0.5)  # the gateway would have read them all by now
         st = stats(gw)
         assert st["process_read_bytes"] == read_at_completion, "the gateway read the buffers after the future failed"
+        if overlap == "off":
+            assert st["process_stores"] == 0 and st["objects"] == 0, st
+            assert st["process_store_overlapped"] == 0, st
         assert st["process_stores"] == st["objects"] < len(keys), st
         assert st["process_store_overlapped"] == st["objects"], st
         hits, data = load(gw, keys)
@@ -962,7 +968,7 @@ def test_a_connection_pipelines_again_a_while_after_a_stall():
 # reader while its thread puts each object as soon as it is read whole (store_chunk_overlapped).
 # CPUS 4: one or two storing connections leave a CPU beside each (the spare-CPU rule) on any host.
 MIXED = [1, 100, 4096, 4097, MIB - 1, MIB, MIB + 1, 2 * MIB, SIZE, 5 * MIB + 7, 3, 2 * MIB + 4099]
-CHUNK_OVERLAP = "ADP_STORE_CHUNK_OVERLAP"  # 0: off (the A/B's before arm)
+CHUNK_OVERLAP = "ADP_STORE_CHUNK_OVERLAP"  # 1: on (off by default, review r10 R4)
 
 
 def send_process_batch(c: StoreClient, keys: list[str], srcs: list, timeout_ms: int) -> None:
@@ -1005,10 +1011,10 @@ def test_a_batch_of_many_objects_of_mixed_sizes_lands_intact(overlap, helpers):
     objects are put as read (process_store_overlapped): with no piece helpers the store reader reads
     every piece, each 20 ms slow (ADP_TEST_PROCESS_READ_PIECE_DELAY_MS), so an object put before its
     last piece is in would load other bytes; with two helpers (no delay) pieces land from three
-    threads. ADP_STORE_CHUNK_OVERLAP=0 (the A/B's before arm) stores them all through the buffer,
+    threads. Off (the default; the A/B's before arm) the gateway stores them all through the buffer,
     chunk by chunk. Shown failing with on_object called one piece early (whole = o.left <= 1 MiB):
     objects of several pieces loaded zeros in their last piece, with and without helpers."""
-    env = {CPUS: 4, **({} if helpers else {PIECE_DELAY: 20}), **({CHUNK_OVERLAP: 0} if overlap == "off" else {})}
+    env = {CPUS: 4, **({} if helpers else {PIECE_DELAY: 20}), **({CHUNK_OVERLAP: 1} if overlap == "on" else {})}
     flags = ("--process-write-threads", str(helpers))
     with temp_gateway(env=env, card_size_gb=1, extra=flags) as gw, store_client(gw) as c:
         sizes = MIXED * 3
@@ -1034,7 +1040,7 @@ def test_a_stall_on_a_later_object_of_a_chunk_holds_back_only_its_own_connection
     completes and every object loads back intact. Shown failing with the I/O context held across
     store_chunk_overlapped's waits for the reader (B's store timed out)."""
     with (
-        temp_gateway(env={CPUS: 4, READ_STALL: 4000}, extra=("--io-contexts", "1")) as gw,
+        temp_gateway(env={CPUS: 4, CHUNK_OVERLAP: 1, READ_STALL: 4000}, extra=("--io-contexts", "1")) as gw,
         store_client(gw) as a,
     ):
         sizes = [512 * 1024, SIZE, SIZE, SIZE]
@@ -1060,7 +1066,7 @@ def test_a_deadline_mid_chunk_stores_what_was_read_before_it():
     indexed (through the buffer, the whole first chunk was put past the deadline: nothing stored).
     Shown failing with the reader's statuses ignored for the objects left at the job's end (answered
     OK, not stored)."""
-    with temp_gateway(env={CPUS: 4, SEGMENT_WRITE_DELAY: 400}) as gw, store_client(gw) as c:
+    with temp_gateway(env={CPUS: 4, CHUNK_OVERLAP: 1, SEGMENT_WRITE_DELAY: 400}) as gw, store_client(gw) as c:
         sizes = [SIZE] * 12
         keys = [f"mid@{i}" for i in range(len(sizes))]
         want, srcs = buffers(keys, sizes)
@@ -1092,7 +1098,7 @@ def test_a_client_killed_mid_chunk_ends_its_connection_and_nothing_else():
     rest is not indexed, and another client stores and loads as before. Shown failing with
     store_chunk_overlapped waiting for the next object only, not for the reader's end (the connection
     never ended)."""
-    with temp_gateway(env={CPUS: 4, READ_STALL: 2000}) as gw:
+    with temp_gateway(env={CPUS: 4, CHUNK_OVERLAP: 1, READ_STALL: 2000}) as gw:
         argv = [sys.executable, "-c", KILLED_CHILD, gw.unix_url, str(SIZE)]
         child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
         try:
