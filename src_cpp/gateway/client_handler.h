@@ -156,6 +156,10 @@ struct GatewayShared {
   // limits.max_store_buffer_total_bytes), chunks failed Busy for want of
   // room; a connection that waits for room is woken when one is given back.
   std::atomic<uint64_t> store_buffer_bytes{0};
+  // Work done by all connections (every note_alive) and store-buffer room
+  // given back: a connection waiting for a context or room bumps its alive
+  // word only while this (or the pool's released()) moves (review r10 R3).
+  std::atomic<uint64_t> progress{0};
   // Bytes the connections keep of their last process load from a card that
   // is not memory-speed (ClientHandler::hold_), reserved before the read
   // within limits.max_store_buffer_total_bytes (apart from the store
@@ -328,16 +332,25 @@ class ClientHandler {
   // Bumps the progress ticket, waking the client if it sleeps on it.
   void bump_ticket();
   // r7: bumps the control page's alive word (a sign of life; no-op without
-  // a control page). After each put chunk, process store piece, get item,
-  // and every slice of a wait for an I/O context or store-buffer room (the
-  // gateway works, behind other clients' I/O: not stalled). r8: on a
-  // connection with no ring that asked for them, a kAlive frame instead.
+  // a control page) and GatewayShared::progress. After each put chunk,
+  // process store piece, get item and ring piece. r8: on a connection with
+  // no ring that asked for them, a kAlive frame instead.
   void note_alive();
+  // A slice of a wait for an I/O context or store-buffer room: bumps the
+  // alive word (not `progress`) only if the gateway moved since the wait
+  // began or the last bump (moved()): a connection waiting behind others'
+  // working I/O is not stalled, one behind a hung card I/O is (review r10 R3).
+  void note_waiting();
+  // Work done by any connection, contexts and store-buffer room given back.
+  uint64_t moved() const { return shared_->progress.load(std::memory_order_relaxed) + shared_->pool->released(); }
   // An I/O context from the pool by `deadline` (null: none came free),
-  // bumping the alive word while it waits.
+  // bumping the alive word while it waits and the gateway moves.
   std::unique_ptr<IoContextPool::Lease> acquire_context(proto::Deadline deadline) {
-    return shared_->pool->acquire(deadline, [this] { note_alive(); });
+    waited_moved_ = moved();
+    return shared_->pool->acquire(deadline, [this] { note_waiting(); });
   }
+  void bump_alive();
+  uint64_t waited_moved_ = 0;  // moved() when the wait began or last bumped
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);

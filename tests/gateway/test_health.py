@@ -400,7 +400,8 @@ def test_a_gateway_waiting_for_an_io_context(transport):
 def test_alive_frames_over_tcp_only_to_a_client_that_asks(asked):
     """r8 on the wire: a TCP client whose Hello sets FEATURE_ALIVE is granted it in HelloOk and, while its batch
     waits for the I/O context A holds (OneContextHeld), gets kAlive frames with its batch's request id (empty
-    bodies, about one per 100 ms), then its BatchReply; a client that does not ask (an r7 client) gets the
+    bodies, one per 100 ms slice of the wait in which the gateway moved: about one per A's 0.3 s piece, review r10
+    R3), then its BatchReply; a client that does not ask (an r7 client) gets the
     BatchReply alone."""
     held = OneContextHeld()
     s = socket.create_connection(("127.0.0.1", held.gw.port))
@@ -436,7 +437,7 @@ def test_alive_frames_over_tcp_only_to_a_client_that_asks(asked):
             (wire.BATCH_REPLY, 2, frames[-1][2])
         ]
         if asked:
-            assert len(alive) >= 10 * took / 2, frames  # about one per 100 ms of its wait (half, on a busy host)
+            assert len(alive) >= took / 0.3 / 2, frames  # about one per A's piece (half, on a busy host)
         else:
             assert alive == [], frames
         held.finish()
@@ -476,3 +477,47 @@ def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir):
         a.conn.close()
         conn.close()
         assert gw.stop() == 0
+
+
+def test_a_gateway_wedged_in_card_io_is_stalled(monkeypatch):
+    """The gateway's only I/O context held by a load whose card read hangs 3 s (ADP_TEST_RING_PIECE_DELAY_MS before
+    its one piece, inside the context): the connector's other worker's load waits for that context, and nothing in
+    the gateway moves. The waiter bumps its alive word only when the gateway moved since its last bump (work done by
+    any connection, a context or store-buffer room given back), so the connector reads stalled within the bound
+    (+ 0.5 s) of the wait, and working again once the read ends and both loads answer. Before (edeb1c2), the wait
+    bumped every 100 ms and masked the hung read (review r10 R3). test_a_gateway_waiting_for_an_io_context is the
+    busy pool beside it, which does not read stalled."""
+    d = tempfile.mkdtemp(prefix="adpwc-", dir="/dev/shm")
+    monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", "3000")
+    gw = Gateway(d, extra=("--io-contexts", "1")).start()
+    monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS")
+    conn = None
+    try:
+        w = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+        keys = ["a@0", "b@0"]
+        datas = [payload(k, 1 << 20) for k in keys]
+        assert w.set(keys, [memoryview(x) for x in datas])[0]  # only loads' pieces are delayed
+        w.conn.close()
+        conn = ADPConnector(
+            gateway=gw.unix_url, num_workers=2, timeout_ms=20000, process_memory=False, gateway_stall_s=STALL_S
+        )
+        c = RawConnector(conn)
+        outs = [bytearray(1 << 20), bytearray(1 << 20)]
+        fa = conn.submit_batch_get(["a@0"], [memoryview(outs[0])])
+        time.sleep(0.3)  # a's load holds the context, its read "hung"
+        t0 = time.monotonic()
+        fb = conn.submit_batch_get(["b@0"], [memoryview(outs[1])])
+        seen = []
+        while time.monotonic() - t0 < STALL_S + 0.5:
+            seen.append((round(time.monotonic() - t0, 2), conn.stats()["gateway_stalled"]))
+            time.sleep(0.05)
+        seen.append((round(time.monotonic() - t0, 2), conn.stats()["gateway_stalled"]))
+        assert seen[-1][1] is True, seen
+        ra, rb = c.wait(fa, timeout=20), c.wait(fb, timeout=20)
+        assert ra[0] and rb[0] and [bytes(o) for o in outs] == datas, (ra, rb)
+        assert conn.stats()["gateway_stalled"] is False
+    finally:
+        if conn:
+            conn.close()
+        assert gw.stop() == 0
+        shutil.rmtree(d, ignore_errors=True)
