@@ -337,13 +337,15 @@ Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t re
   }
   auto rd = std::make_shared<PipelinedRead>(first, request_id, deadline);
   // Waits for the reader out of the card gate (it may wait on the
-  // client), holding nothing shared; false: the card closed meanwhile.
-  auto wait_out = [&](const std::function<bool()>& until) {
+  // client), holding nothing shared, then `delay_ms` more (tests: a thread
+  // descheduled there); false: the card closed meanwhile.
+  auto wait_out = [&](const std::function<bool()>& until, int delay_ms = 0) {
     card_leave(shared_->gate);
     {
       std::unique_lock<std::mutex> lk(rd->mu);
       rd->cv.wait(lk, until);
     }
+    if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     return card_enter(shared_->gate);
   };
   const auto t0 = Clock::now();
@@ -359,7 +361,9 @@ Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t re
   }
   // The place is reserved only once the reader is ahead (its first
   // piece read): a client that stalls from the start holds nothing.
-  if (!wait_out([&] { return rd->done[0] || rd->finished; })) {
+  // (Tests: ADP_TEST_PIPELINE_WAKE_DELAY_MS, so stop() can close the card
+  // meanwhile, review r9 S1: tests/cpp/pipelined_stop_test.cc.)
+  if (!wait_out([&] { return rd->done[0] || rd->finished; }, shared_->hooks.pipeline_wake_delay_ms)) {
     // The card closed (stop() gave up on this connection) with the reader
     // past its first piece: it ends first (it holds its own state, but
     // reads into this connection's store buffer); its pieces left fail at

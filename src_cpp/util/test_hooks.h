@@ -27,6 +27,7 @@ struct TestHooks {
   int process_read_piece_delay_ms = 0;       // ADP_TEST_PROCESS_READ_PIECE_DELAY_MS
   int pipeline_retry_ms = -1;                // ADP_TEST_PIPELINE_RETRY_MS (-1: not set)
   int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
+  int pipeline_wake_delay_ms = 0;            // ADP_TEST_PIPELINE_WAKE_DELAY_MS
   // The connector's.
   int delivery_delay_ms = 0;   // ADP_TEST_DELIVERY_DELAY_MS
   int put_copy_delay_ms = 0;   // ADP_TEST_PUT_COPY_DELAY_MS

@@ -26,6 +26,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "sanitize.sh"
 
 
+def run_gateway_program(name: str, tmp_path: Path, mode: str, timeout: float) -> None:
+    """Builds tests/cpp/<name>.cc with the gateway's sources under sanitizer `mode` and runs it on a fresh
+    directory on /dev/shm (its card image and socket), removed afterwards."""
+    binary = cpp.build(name, tmp_path, ("store", "util", "gateway", "protocol"), sanitize=mode)
+    shm = tempfile.mkdtemp(prefix=f"adp-{name}-", dir="/dev/shm")
+    try:
+        cpp.run(binary, shm, timeout=timeout)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 @pytest.mark.sanitizer
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["asan", "tsan", "asan-python"])
@@ -110,12 +121,17 @@ def test_stop_left_behind_touches_no_freed_card_under_asan(tmp_path):
     behind must end its request (no reply, nothing written for the next item) without touching the
     freed CardStore or IoContextPool (tests/cpp/stop_abandon_test.cc; ASan reports a use after free
     without the card gate)."""
-    binary = cpp.build("stop_abandon_test", tmp_path, ("store", "util", "gateway", "protocol"), sanitize="asan")
-    shm = tempfile.mkdtemp(prefix="adp-stopab-", dir="/dev/shm")
-    try:
-        cpp.run(binary, shm, timeout=120)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    run_gateway_program("stop_abandon_test", tmp_path, "asan", timeout=120)
+
+
+@pytest.mark.sanitizer
+def test_stop_during_a_pipelined_store_frees_nothing_its_reader_uses_under_asan(tmp_path):
+    """Review r9 S1: stop() gives up on a connection whose pipelined store's reader is in its second
+    piece (stalled 4 s) while the connection's thread, woken by the first, waits 3 s before going back
+    into the card gate (ADP_TEST_PIPELINE_WAKE_DELAY_MS); it finds the card closed and ends its batch.
+    The reader must touch nothing the batch freed (tests/cpp/pipelined_stop_test.cc; ASan reported a
+    heap use after free of the request's item without 29728ad's wait and the job's own state)."""
+    run_gateway_program("pipelined_stop_test", tmp_path, "asan", timeout=120)
 
 
 @pytest.mark.sanitizer
@@ -126,12 +142,7 @@ def test_pipelined_store_under_sanitizer(mode, tmp_path):
     piece helpers) while the connection's thread copies each piece into the card; one client's read
     stalls 1.5 s (its card place abandoned, then stored from the buffer) while another's six stores
     are pipelined (tests/cpp/pipelined_store_test.cc): every object loads back byte for byte."""
-    binary = cpp.build("pipelined_store_test", tmp_path, ("store", "util", "gateway", "protocol"), sanitize=mode)
-    shm = tempfile.mkdtemp(prefix="adp-pipest-", dir="/dev/shm")
-    try:
-        cpp.run(binary, shm, timeout=300)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    run_gateway_program("pipelined_store_test", tmp_path, mode, timeout=300)
 
 
 @pytest.mark.sanitizer
@@ -142,9 +153,4 @@ def test_chunk_store_under_sanitizer(mode, tmp_path):
     1.5 s while another's three chunks are stored; then a gateway stops while a chunk's read stalls
     3 s (tests/cpp/chunk_store_test.cc): every object loads back byte for byte, and the abandoned
     connection's reader never refers to a dead frame."""
-    binary = cpp.build("chunk_store_test", tmp_path, ("store", "util", "gateway", "protocol"), sanitize=mode)
-    shm = tempfile.mkdtemp(prefix="adp-chunkst-", dir="/dev/shm")
-    try:
-        cpp.run(binary, shm, timeout=300)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    run_gateway_program("chunk_store_test", tmp_path, mode, timeout=300)

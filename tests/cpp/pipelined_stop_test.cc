@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// Review r9 S1: stop() gives up on a connection whose pipelined store's
+// reader is past its first piece, while the connection's thread, woken by
+// that piece, has not yet gone back into the card gate. It then finds the
+// card closed and ends its batch; the reader, still in its second piece,
+// must touch nothing the batch freed (it read the request's item and wrote
+// the read's result into run_batch's frame: a use after free, fixed by
+// 29728ad and by the reader job's own state). Built and run under
+// AddressSanitizer by tests/sanitizers/test_sanitizers.py, which is what
+// turns a use after free into a failure.
+//
+//   pipelined_stop_test DIR   (DIR on tmpfs: the card image and the socket)
+//
+// One process is the gateway (in-process, no piece helpers: the store reader
+// reads every piece) and its client (registered process memory, raw frames),
+// with two test hooks set before the gateway starts: the connection's thread
+// waits 3 s after its reader's first piece before going back into the gate
+// (ADP_TEST_PIPELINE_WAKE_DELAY_MS: a thread descheduled there), and the
+// reader's second piece stalls 4 s inside the read
+// (ADP_TEST_PROCESS_READ_STALL_MS). The client stores one 12 MiB object
+// (pipelined); stop() at 0.5 s gives up on the connection after 2 s with no
+// transfer ended and closes the card; the connection's thread wakes at 3 s,
+// the reader at 4 s. Checks: stop() waited for the stalled transfer (so the
+// scenario happened), no reply came, and no sanitizer report.
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "gateway/gateway_server.h"
+#include "protocol/frame.h"
+#include "protocol/messages.h"
+#include "raw_client.h"
+
+namespace {
+
+namespace proto = adp::proto;
+constexpr size_t kMiB = 1 << 20;
+constexpr size_t kObject = 12 * kMiB;  // >= 8 MiB on a memory-speed card: pipelined
+constexpr int kWakeDelayMs = 3000, kReadStallMs = 4000, kStopAtMs = 500;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  // Read when the gateway starts (util/test_hooks.h).
+  ::setenv("ADP_TEST_PIPELINE_WAKE_DELAY_MS", std::to_string(kWakeDelayMs).c_str(), 1);
+  ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", std::to_string(kReadStallMs).c_str(), 1);
+  adp::GatewayOptions go;
+  go.card.path = dir + "/card.img";
+  go.card.create_bytes = 256 * kMiB;
+  go.socket_path = dir + "/gw.sock";
+  go.process_write_threads = 0;
+  std::unique_ptr<adp::GatewayServer> gw;
+  adp::Status s = adp::GatewayServer::Start(go, &gw);
+  CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
+  if (!s.ok()) return 1;
+
+  adp::testing::RawClient c;
+  const uint32_t features = proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores;
+  if (!adp::testing::connect_raw_client(go.socket_path, "pipelined_stop_test", features, proto::kFeatureProcessStores,
+                                        &c))
+    return 1;
+  uint8_t* src = adp::testing::populated_buffer(kObject);
+  CHECK(src, "mmap");
+  if (!src) return 1;
+  std::memset(src, 0x5A, kObject);
+  const uint64_t rid = ++c.rid;
+  __atomic_store_n(reinterpret_cast<uint64_t*>(c.ring->data()), proto::lease_word(rid, proto::kLeaseOpen),
+                   __ATOMIC_RELEASE);
+  proto::BatchRequest req;
+  req.op = proto::Op::kPut;
+  req.timeout_ms = 60000;
+  req.items = {{"S1", kObject, reinterpret_cast<uintptr_t>(src), proto::kProcessSegment}};
+  std::vector<uint8_t> body;
+  proto::encode_batch(req, &body);
+  proto::write_frame(c.fd, proto::FrameType::kBatch, rid, body, {}, adp::testing::in_seconds(10));
+
+  pollfd p{c.fd, POLLIN, 0};
+  CHECK(::poll(&p, 1, kStopAtMs) == 0, "the store was answered at once: its read did not stall");
+  const auto stop_at = proto::Clock::now();
+  gw->stop();
+  CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+  // stop() gives up on a connection only after 2 s with no transfer of its memory ended: a quicker
+  // stop means the connection was not in the stalled read (the scenario did not happen).
+  const auto stop_ms = std::chrono::duration_cast<std::chrono::milliseconds>(proto::Clock::now() - stop_at).count();
+  CHECK(stop_ms >= 1000 && stop_ms < kWakeDelayMs - kStopAtMs,
+        "stop() took %lld ms, not the 1.5 s a stalled read holds it", static_cast<long long>(stop_ms));
+  // The process lives on past the stall: the connection's thread wakes at 3 s, the reader at 4 s.
+  std::this_thread::sleep_for(std::chrono::milliseconds(kReadStallMs + 1000 - kStopAtMs - stop_ms));
+  proto::Frame f;
+  CHECK(!proto::read_frame(c.fd, 1 << 20, proto::Clock::now() + std::chrono::milliseconds(500), &f).ok(),
+        "a frame (type %d) came after stop() gave the connection up", int(f.header.type));
+
+  gw.reset();
+  ::close(c.fd);
+  ::munmap(src, kObject);
+  if (adp::testing::check_failures) return 1;
+  std::printf("pipelined_stop_test: PASS\n");
+  return 0;
+}
