@@ -6,7 +6,7 @@ connector or gateway), served with prometheus_client from a daemon thread.
     GET /health    200 {"healthy": true} / 503 {"healthy": false, ...}
     GET /stats     the raw stats as JSON (read by `lmcache-adp status --url`)
 
-Unhealthy (503) while the card's most recent I/O failed or, for a connector
+Unhealthy (503) while the card fails I/O (healthy 0: kFailingHold) or, for a connector
 on a gateway, while its gateway cannot be reached (`gateway_reachable` 0:
 every load a miss, every store dropped), is stalled (`gateway_stalled` 1: a
 request waited gateway_stall_s with nothing heard) or answers with its card's I/O errors
@@ -74,12 +74,12 @@ class StatsCollector:
 
 
 def health(st: dict[str, Any]) -> dict[str, Any]:
-    """/health's body from a stats dict: healthy unless the card's most recent I/O failed or (a connector
+    """/health's body from a stats dict: healthy unless the card fails I/O (healthy 0) or (a connector
     on a gateway, whose stats carry gateway_reachable) the gateway cannot be reached, is stalled or answers
     with its card's I/O errors; `reasons` says why not."""
     reasons = []
     if not st.get("healthy", False):
-        reasons.append("the card's most recent I/O failed")
+        reasons.append("the card fails I/O (an error, and no I/O succeeded 10 s or more after the last one)")
     doc: dict[str, Any] = {"io_errors": st.get("io_errors", 0)}
     if "gateway_reachable" in st:
         doc["gateway_reachable"] = bool(st["gateway_reachable"])

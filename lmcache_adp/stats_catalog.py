@@ -232,7 +232,15 @@ CARD_LIST: tuple[Stat, ...] = (
         "Objects sent through the ring though process stores were granted: their batch held one larger than "
         "the gateway's store buffer (protocol r6)",
     ),
-    Stat("healthy", GAUGE, "1 or 0", _CARD, "1 while the card's most recent I/O succeeded (/health answers 503 at 0)"),
+    Stat(
+        "healthy",
+        GAUGE,
+        "1 or 0",
+        _CARD,
+        "0 from the card's first I/O error until an I/O succeeds 10 s or more after its last error "
+        "(kFailingHold: I/O failing and working interleaved reads 0 throughout; the episode is logged once at "
+        "its start and once at its end, with its error count). /health answers 503 at 0",
+    ),
 )
 CARD_LIST_DEFAULTS: dict[str, int | bool] = {s.name: s.name == "healthy" or 0 for s in CARD_LIST}  # StoreStats' own
 
@@ -281,7 +289,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         C,
         "0 from a load or store the gateway answered with an I/O error of its card (the message: "
         '`gateway_card_error`; not the I/O-error answers about the gateway\'s own memory, "out of memory ...", '
-        "nor its process_vm_readv/writev of the client's memory, \"process_vm_...\") until one of the connector's loads hits or stores succeeds; the gateway's own "
+        "nor its process_vm_readv/writev of the client's memory, \"process_vm_...\") until one of the connector's loads hits or stores succeeds 10 s or more after the last such error "
+        "(kFailingHold, as the gateway's own `healthy`: failing and working items interleaved read 0 throughout, "
+        "one WARNING at the start and one INFO with the error count at the end); the gateway's own "
         "`healthy` is its card's every I/O (/health answers 503 at 0)",
     ),
 )

@@ -125,7 +125,7 @@ struct StoreStats {
   // process stores were granted, as one of their batch was larger than the
   // gateway's store buffer; 0 elsewhere.
   uint64_t process_stores_over_limit = 0;
-  bool healthy = true;  // false while the card's most recent I/O failed
+  bool healthy = true;  // false from an I/O error until an I/O succeeds kFailingHold after the last
   // A connector on a gateway only (RemoteBackend); on_gateway is false
   // elsewhere, and then the ones after it are in no stats dict (not in
   // for_each_stat: the Python binding adds them). gateway_reachable: false

@@ -73,6 +73,7 @@ Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& o
   // The test hooks, read once here (and by a RemoteBackend, at its construction); each one set is logged.
   const TestHooks hooks = read_test_hooks();
   warn_test_hooks(hooks, HookSide::kConnector);
+  apply_failing_hold(hooks);  // its card's (embedded) or its gateway's card's health hold
   test_delivery_delay_ = std::chrono::milliseconds(hooks.delivery_delay_ms);
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) throw std::runtime_error("eventfd failed: " + errno_text(errno));

@@ -63,6 +63,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   // spare one.
   g->shared_->hooks = read_test_hooks();
   warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
+  apply_failing_hold(g->shared_->hooks);
   const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   g->shared_->limits = {opts.max_tcp_clients,

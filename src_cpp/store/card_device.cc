@@ -212,9 +212,12 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
 
 Status CardDevice::track(Status s) const {
   if (s.ok()) {
-    if (!healthy_.load(std::memory_order_relaxed) && !healthy_.exchange(true))
-      ADP_INFO("card %s: I/O works again", path_.c_str());
-  } else if (healthy_.exchange(false)) {
+    if (const FailingHold::Change c = failing_.success(); c.ended)
+      ADP_INFO(
+          "card %s: I/O works again (%llu I/O errors in %.1f s; failing until one succeeded %lld ms after the last)",
+          path_.c_str(), static_cast<unsigned long long>(c.errors), c.seconds,
+          static_cast<long long>(failing_hold_ms().load(std::memory_order_relaxed)));
+  } else if (failing_.error().started) {
     ADP_ERROR("card %s: I/O failing: %s", path_.c_str(), s.message().c_str());
   }
   return s;

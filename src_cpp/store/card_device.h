@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "store/device.h"
+#include "util/failing_hold.h"
 #include "util/status.h"
 
 namespace adp {
@@ -60,8 +61,10 @@ class CardDevice : public Device {
   // beyond it check and copy data while others wait on the card. Call before
   // the device is shared between threads.
   void set_io_depth(int depth);
-  // False while the most recent I/O failed. Transitions are logged once each.
-  bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
+  // False from an I/O error until an I/O succeeds kFailingHold after the
+  // last error (util/failing_hold.h): each episode logged once at its start
+  // and once at its end, however errors and successes interleave.
+  bool healthy() const override { return !failing_.failing(); }
 
  private:
   CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed)
@@ -80,7 +83,7 @@ class CardDevice : public Device {
   static constexpr uint64_t kPrefaultStepBytes = 16ull << 20;
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
-  mutable std::atomic<bool> healthy_{true};
+  mutable FailingHold failing_;
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};
 };

@@ -27,7 +27,7 @@ class Device {
   virtual Status writev(uint64_t offset, const iovec* iov, int count) const = 0;
   // Makes completed writes durable against power loss.
   virtual Status sync() const = 0;
-  // False while the most recent I/O failed.
+  // False while the card fails I/O (CardDevice: util/failing_hold.h).
   virtual bool healthy() const = 0;
   // True when the device is memory (an image on tmpfs/ramfs): a read takes a
   // memcpy's time.

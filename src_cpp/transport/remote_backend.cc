@@ -816,14 +816,19 @@ static bool card_io_error(const Status& st) {
 void RemoteBackend::note_item(const Status& st) {
   if (card_io_error(st)) {
     std::lock_guard<std::mutex> l(card_mu_);
-    if (!card_failing_.exchange(true, std::memory_order_relaxed))
+    if (card_failing_.error().started)
       ADP_WARN("%s: the gateway's card fails I/O: %s", describe().c_str(), log_safe(st.message()).c_str());
     card_error_ = st.message();
-  } else if (st.ok() && card_failing_.load(std::memory_order_relaxed)) {
+  } else if (st.ok() && card_failing_.failing()) {
     std::lock_guard<std::mutex> l(card_mu_);
-    if (card_failing_.exchange(false, std::memory_order_relaxed))
-      ADP_INFO("%s: the gateway's card works again", describe().c_str());
-    card_error_.clear();
+    if (const FailingHold::Change c = card_failing_.success(); c.ended) {
+      ADP_INFO(
+          "%s: the gateway's card works again (%llu I/O errors in %.1f s; failing until one succeeded %lld ms "
+          "after the last)",
+          describe().c_str(), static_cast<unsigned long long>(c.errors), c.seconds,
+          static_cast<long long>(failing_hold_ms().load(std::memory_order_relaxed)));
+      card_error_.clear();
+    }
   }
 }
 
@@ -939,7 +944,7 @@ StoreStats RemoteBackend::stats() const {
     s.gateway_stalled = stalled_locked(steady_ns());
   }
   std::lock_guard<std::mutex> l(card_mu_);
-  s.gateway_card_healthy = !card_failing_.load(std::memory_order_relaxed);
+  s.gateway_card_healthy = !card_failing_.failing();
   s.gateway_card_error = card_error_;
   return s;
 }

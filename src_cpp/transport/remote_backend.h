@@ -22,6 +22,7 @@
 
 #include "connector/backend.h"
 #include "transport/gateway_client.h"
+#include "util/failing_hold.h"
 #include "util/test_hooks.h"
 
 namespace adp {
@@ -98,7 +99,7 @@ class RemoteBackend : public Backend {
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged
   mutable std::atomic<bool> stall_flagged_{false};  // stall_logged_, read without mu_ (note_answered)
-  std::atomic<bool> card_failing_{false};
+  FailingHold card_failing_;                        // review r10 R2: held failing kFailingHold past its last error
   mutable std::mutex card_mu_;
   std::string card_error_;  // card_mu_: the gateway's message of the I/O error
   bool interrupted_ = false;

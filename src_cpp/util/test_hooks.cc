@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "util/failing_hold.h"
 #include "util/log.h"
 
 namespace adp {
@@ -47,6 +48,9 @@ constexpr Hook kHooks[] = {
     {"ADP_TEST_PIPELINE_WAKE_DELAY_MS", HookSide::kGateway,
      "a pipelined store's thread waits this long after its reader's first piece, out of the card gate",
      [](TestHooks& h, const char* v) { h.pipeline_wake_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_CARD_FAILING_HOLD_MS", HookSide::kBoth,
+     "a card reads failing until an I/O succeeds this long after its last error (10000)",
+     [](TestHooks& h, const char* v) { h.card_failing_hold_ms = std::atoi(v); }},
     {"ADP_TEST_DELIVERY_DELAY_MS", HookSide::kConnector, "a pause in each delivery of a load's bytes",
      [](TestHooks& h, const char* v) { h.delivery_delay_ms = std::atoi(v); }},
     {"ADP_TEST_PUT_COPY_DELAY_MS", HookSide::kConnector, "a pause in each put round's copy into the ring",
@@ -70,9 +74,14 @@ TestHooks read_test_hooks() {
 
 void warn_test_hooks(const TestHooks& hooks, HookSide side) {
   for (const TestHooks::Set& s : hooks.set)
-    if (s.side == side)
+    if (s.side == side || s.side == HookSide::kBoth)
       ADP_WARN("%s: test hook %s=%s is set (%s): this process is not for production",
                side == HookSide::kGateway ? "gateway" : "connector", s.name.c_str(), log_safe(s.value).c_str(), s.what);
+}
+
+void apply_failing_hold(const TestHooks& hooks) {
+  failing_hold_ms().store(hooks.card_failing_hold_ms >= 0 ? hooks.card_failing_hold_ms : kFailingHold.count(),
+                          std::memory_order_relaxed);
 }
 
 }  // namespace adp

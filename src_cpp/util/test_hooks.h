@@ -13,7 +13,7 @@
 
 namespace adp {
 
-enum class HookSide { kGateway, kConnector };
+enum class HookSide { kGateway, kConnector, kBoth };
 
 struct TestHooks {
   // The gateway's (its connections read them from GatewayShared::hooks).
@@ -28,6 +28,8 @@ struct TestHooks {
   int pipeline_retry_ms = -1;                // ADP_TEST_PIPELINE_RETRY_MS (-1: not set)
   int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
   int pipeline_wake_delay_ms = 0;            // ADP_TEST_PIPELINE_WAKE_DELAY_MS
+  // Both sides': a process's card health hold (util/failing_hold.h), set at its start.
+  int card_failing_hold_ms = -1;  // ADP_TEST_CARD_FAILING_HOLD_MS (-1: not set, kFailingHold)
   // The connector's.
   int delivery_delay_ms = 0;   // ADP_TEST_DELIVERY_DELAY_MS
   int put_copy_delay_ms = 0;   // ADP_TEST_PUT_COPY_DELAY_MS
@@ -48,5 +50,9 @@ TestHooks read_test_hooks();
 // One WARNING for each hook of `side` that is set: "<gateway|connector>: test
 // hook NAME=value is set (what it does): this process is not for production".
 void warn_test_hooks(const TestHooks& hooks, HookSide side);
+
+// Sets this process's card health hold (failing_hold_ms) from `hooks`:
+// ADP_TEST_CARD_FAILING_HOLD_MS if set, else kFailingHold.
+void apply_failing_hold(const TestHooks& hooks);
 
 }  // namespace adp

@@ -177,7 +177,9 @@ def test_latency_histograms_count_completions(conn):
     assert sum(lat["exists"]["buckets"]) == 2 and len(lat["exists"]["buckets"]) == 32
 
 
-def test_card_io_failure_is_reported_and_recovers(card):
+def test_card_io_failure_is_reported_and_recovers(card, monkeypatch):
+    """An I/O error: healthy 0; the next I/O that works: 1 again (the hold, kFailingHold, is 0 here)."""
+    monkeypatch.setenv("ADP_TEST_CARD_FAILING_HOLD_MS", "0")
     c = RawConnector(ADPConnector(card=card, card_size_gb=0.0625, num_workers=1))
     c.set(["a", "b"], [memoryview(payload("a", 300_000)), memoryview(payload("b", 300_000))])
     size = os.path.getsize(card)

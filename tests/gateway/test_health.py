@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -20,6 +21,7 @@ import pytest
 
 from lmcache_adp import ADPConnector
 from lmcache_adp._native import FEATURE_ALIVE, FRAME_TYPES
+from lmcache_adp.gateway_stats import read_gateway_stats
 from lmcache_adp.ops import format_status
 from tests.gateway import wire
 from tests.gateway.test_failures import keys_and_datas
@@ -196,10 +198,12 @@ def test_an_idle_connection_is_not_stalled(workdir):
         assert gw.stop() == 0
 
 
-def test_the_gateways_card_failing_io(workdir):
+def test_the_gateways_card_failing_io(workdir, monkeypatch):
     """A load the gateway answers with its card's I/O error: /health 503 with the gateway's message
-    (gateway_card_healthy 0) though the gateway is reachable; a store that succeeds: healthy again."""
-    gw = Gateway(workdir).start()
+    (gateway_card_healthy 0) though the gateway is reachable; a store that succeeds: healthy again (the hold,
+    kFailingHold, is 0 here: test_a_card_failing_and_working_interleaved_reads_failing_throughout has one)."""
+    gw = Gateway(workdir).start(env={"ADP_TEST_CARD_FAILING_HOLD_MS": 0})
+    monkeypatch.setenv("ADP_TEST_CARD_FAILING_HOLD_MS", "0")
     conn, c, port = metrics_connector(gw, timeout_ms=2000)
     size = 0
     try:
@@ -521,3 +525,57 @@ def test_a_gateway_wedged_in_card_io_is_stalled(monkeypatch):
             conn.close()
         assert gw.stop() == 0
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_card_failing_and_working_interleaved_reads_failing_throughout(workdir, monkeypatch, capfd):
+    """A card with a bad range (truncated to 2 MiB: some objects fail, the rest hit): 40 loads alternating a good
+    and a bad object. The gateway's card (healthy) and the connector's gateway_card_healthy read failing from the
+    first error throughout, logged once each (not a WARNING and an INFO per load: review r10 R2); a hit 2 s
+    (ADP_TEST_CARD_FAILING_HOLD_MS, kFailingHold 10 s otherwise) after the last error ends the episode, logged
+    once with its error count."""
+    hold = {"ADP_TEST_CARD_FAILING_HOLD_MS": 2000}
+    gw = Gateway(workdir).start(env=hold)
+    monkeypatch.setenv("ADP_TEST_CARD_FAILING_HOLD_MS", "2000")
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=4000)
+    c = RawConnector(conn)
+    size = 0
+    try:
+        keys = [f"f@{i}" for i in range(16)]
+        datas = [payload(k, 256 << 10) for k in keys]
+        assert c.set(keys, [memoryview(x) for x in datas])[0]
+        size = os.path.getsize(gw.card)
+        os.truncate(gw.card, 2 << 20)
+        good, bad = [], []
+        for k, x in zip(keys, datas, strict=True):
+            ok, err, _ = c.get([k], [memoryview(bytearray(len(x)))])
+            (good if ok else bad).append(k)
+        assert (
+            good
+            and bad
+            and all(("unexpected end of card" in c.get([k], [memoryview(bytearray(256 << 10))])[1]) for k in bad[:1])
+        )
+        healthy = []
+        for _ in range(20):
+            for k in (good[0], bad[0]):
+                c.get([k], [memoryview(bytearray(256 << 10))])
+                healthy.append((conn.stats()["gateway_card_healthy"], read_gateway_stats(gw.unix_url)["healthy"]))
+        assert set(healthy) == {(False, False)}, healthy
+        err = capfd.readouterr().err
+        log = gw.log()
+        assert err.count("the gateway's card fails I/O") == 1 and "works again" not in err, err
+        assert log.count("I/O failing") == 1 and "works again" not in log, log
+        time.sleep(2.2)  # no error for the hold
+        assert c.get([good[0]], [memoryview(bytearray(256 << 10))])[0]
+        st = conn.stats()
+        assert st["gateway_card_healthy"] is True and st["gateway_card_error"] == "", st
+        assert read_gateway_stats(gw.unix_url)["healthy"] is True
+        err, log = capfd.readouterr().err, gw.log()
+        ends = re.findall(r"the gateway's card works again \((\d+) I/O errors in", err)
+        assert len(ends) == 1 and int(ends[0]) >= 21, err  # every bad load counted
+        gends = re.findall(r"I/O works again \((\d+) I/O errors in", log)
+        assert len(gends) == 1 and int(gends[0]) >= 21, log
+    finally:
+        if size:
+            os.truncate(gw.card, size)
+        conn.close()
+        assert gw.stop() == 0
