@@ -282,6 +282,19 @@ class ClientHandler {
   // its own, started on first use), after the job before it has ended.
   // False: no reader thread could be started (the caller takes the buffer path).
   bool post_to_reader(std::function<void()> job);
+  // Runs read(*job) on the store reader, then marks the job finished under
+  // its mu and wakes its cv: the connection's thread waits for `finished`
+  // before it leaves the request (review r9 S1). Job: PipelinedRead or
+  // ChunkRead (each with mu, cv, finished).
+  template <class Job, class Read>
+  bool post_read(const std::shared_ptr<Job>& job, Read read) {
+    return post_to_reader([job, read] {
+      read(*job);
+      std::lock_guard<std::mutex> l(job->mu);
+      job->finished = true;
+      job->cv.notify_all();
+    });
+  }
   // The largest object a process store may carry: the store buffer's limit
   // (and the gateway's total for them, if lower).
   uint64_t store_object_limit() const;

@@ -349,11 +349,8 @@ Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t re
     return card_enter(shared_->gate);
   };
   const auto t0 = Clock::now();
-  const bool posted = post_to_reader([this, job = rd] {
-    read_process_chunk(job->req, 0, 1, job->pr.deadline, &job->pr, &job->items, &job->st, &job->on_piece);
-    std::lock_guard<std::mutex> l(job->mu);
-    job->finished = true;
-    job->cv.notify_all();
+  const bool posted = post_read(rd, [this](PipelinedRead& job) {
+    read_process_chunk(job.req, 0, 1, job.pr.deadline, &job.pr, &job.items, &job.st, &job.on_piece);
   });
   if (!posted) {
     reader_stalled_at_ = Clock::now();  // no reader thread: the buffer path for a while

@@ -94,12 +94,9 @@ Status ClientHandler::store_chunk_overlapped(const proto::BatchRequest& req, uin
   }
   auto rd = std::make_shared<ChunkRead>(req, i, end, request_id, deadline);
   const size_t m = end - i;
-  const bool posted = post_to_reader([this, job = rd] {
-    read_process_chunk(job->req, 0, job->req.items.size(), job->pr.deadline, &job->pr, &job->items, &job->st, nullptr,
-                       &job->on_object);
-    std::lock_guard<std::mutex> l(job->mu);
-    job->finished = true;
-    job->cv.notify_all();
+  const bool posted = post_read(rd, [this](ChunkRead& job) {
+    read_process_chunk(job.req, 0, job.req.items.size(), job.pr.deadline, &job.pr, &job.items, &job.st, nullptr,
+                       &job.on_object);
   });
   if (!posted) {
     reader_stalled_at_ = Clock::now();  // no reader thread: the buffer path for a while
