@@ -46,9 +46,7 @@ constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 2 * kMiB + 4099;  // 3 pieces, the last partial; six in one chunk
 
 bool connect_client(const std::string& socket, const char* name, Client* c) {
-  return adp::testing::connect_raw_client(
-      socket, name, proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores,
-      proto::kFeatureProcessStores, c, 60);
+  return adp::testing::connect_process_store_client(socket, name, c, 60);
 }
 
 }  // namespace

@@ -70,10 +70,7 @@ int main(int argc, char** argv) {
   if (!s.ok()) return 1;
 
   adp::testing::RawClient c;
-  const uint32_t features = proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores;
-  if (!adp::testing::connect_raw_client(go.socket_path, "pipelined_stop_test", features, proto::kFeatureProcessStores,
-                                        &c))
-    return 1;
+  if (!adp::testing::connect_process_store_client(go.socket_path, "pipelined_stop_test", &c, 10)) return 1;
   uint8_t* src = adp::testing::populated_buffer(kObject);
   CHECK(src, "mmap");
   if (!src) return 1;

@@ -40,9 +40,7 @@ constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 12 * kMiB + 4099;  // >= 8 MiB: pipelined; 13 pieces, the last partial
 
 bool connect_client(const std::string& socket, const char* name, Client* c) {
-  return adp::testing::connect_raw_client(
-      socket, name, proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores,
-      proto::kFeatureProcessStores, c, 60);
+  return adp::testing::connect_process_store_client(socket, name, c, 60);
 }
 
 }  // namespace

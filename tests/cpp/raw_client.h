@@ -74,6 +74,14 @@ inline bool connect_raw_client(const std::string& socket, const char* name, uint
   return granted;
 }
 
+// A client that stores from its own memory (r5): ring, process loads and stores offered, process
+// stores required.
+inline bool connect_process_store_client(const std::string& socket, const char* name, RawClient* c, int timeout_s) {
+  return connect_raw_client(socket, name,
+                            proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores,
+                            proto::kFeatureProcessStores, c, timeout_s);
+}
+
 // n bytes of anonymous memory, populated; nullptr if mmap fails (munmap it when done).
 inline uint8_t* populated_buffer(size_t n) {
   auto* p = static_cast<uint8_t*>(
