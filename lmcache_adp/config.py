@@ -21,6 +21,9 @@ DEFAULT_RING_MB = 64
 # The protocol's bounds come from the binding (src_cpp/protocol/frame.h).
 MAX_TOKEN_BYTES = _native.MAX_TOKEN_BYTES
 MIN_RING_MB, MAX_RING_MB = _native.MIN_RING_BYTES // MIB, _native.MAX_RING_BYTES // MIB
+# The smallest gateway_stall_s taken: the gateway shows it works every 100 ms at most (docs/protocol.md r7, r8),
+# so a bound near that reads a working gateway stalled between its signs of life (review r10 N8).
+MIN_GATEWAY_STALL_S = 0.5
 
 
 def default_card_path() -> str:
@@ -84,7 +87,8 @@ PARAMS: dict[str, Param] = {
     "gateway_stall_s": Param(
         5,
         "unix:// or tcp:// gateway: a request waiting this many seconds with nothing heard from the gateway makes "
-        "it stalled (stat gateway_stalled, /health 503) until it is heard from again (a number > 0, at most 3600)",
+        "it stalled (stat gateway_stalled, /health 503) until it is heard from again (a number of seconds, at least "
+        "0.5, at most 3600)",
     ),
     "ptracer_follow": Param(
         False,
@@ -178,9 +182,11 @@ class ConnectorConfig:
         if "gateway_stall_s" in params and gateway == "embedded":
             raise ConfigError("adapter_params['gateway_stall_s'] applies to a unix:// or tcp:// gateway only")
         stall = get("gateway_stall_s")
-        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0 < stall <= 3600:
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not MIN_GATEWAY_STALL_S <= stall <= 3600:
             raise ConfigError(
-                f"adapter_params['gateway_stall_s'] must be a number of seconds > 0 and at most 3600, got {stall!r}"
+                f"adapter_params['gateway_stall_s'] must be a number of seconds, at least {MIN_GATEWAY_STALL_S} "
+                f"and at most 3600, got {stall!r} (below {MIN_GATEWAY_STALL_S} s a working gateway reads stalled "
+                "between its signs of life, which come every 100 ms at most)"
             )
         token = _token(gateway, params.get("token_file"))
         card = params.get("card") or default_card_path()

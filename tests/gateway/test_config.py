@@ -19,10 +19,10 @@ def test_unix_gateway_params(tmp_path):
 
 
 def test_gateway_stall_s(tmp_path):
-    """The stalled bound (README, adapter_params): 5 s by default, any number of seconds in (0, 3600], to the
+    """The stalled bound (README, adapter_params): 5 s by default, any number of seconds in [0.5, 3600], to the
     native side in nanoseconds."""
     assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).to_native()["gateway_stall_ns"] == 5 * 10**9
-    for given, ns in ((0.25, 250_000_000), (30, 30 * 10**9), (3600, 3600 * 10**9)):
+    for given, ns in ((0.5, 500_000_000), (0.75, 750_000_000), (30, 30 * 10**9), (3600, 3600 * 10**9)):
         cfg = ConnectorConfig.from_params({"gateway": "unix:///x.sock", "gateway_stall_s": given})
         assert cfg.gateway_stall_s == given and cfg.to_native()["gateway_stall_ns"] == ns
     (tmp_path / "token").write_text("t")
@@ -52,13 +52,15 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "unix:///x.sock", "ptracer_follow": 1}, r"'ptracer_follow'\] must be true or false, got 1"),
         ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
         ({"gateway": "embedded", "gateway_stall_s": 5}, r"'gateway_stall_s'\] applies to a unix:// or tcp:// gateway"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": 0}, r"'gateway_stall_s'\] must be a number of seconds > 0"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": -1.5}, r"seconds > 0 and at most 3600, got -1.5"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": 3601}, r"seconds > 0 and at most 3600, got 3601"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": "5"}, r"seconds > 0 and at most 3600, got '5'"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": True}, r"seconds > 0 and at most 3600, got True"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": float("nan")}, r"seconds > 0 and at most 3600, got nan"),
-        ({"gateway": "unix:///x.sock", "gateway_stall_s": None}, r"seconds > 0 and at most 3600, got None"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": 0}, r"'gateway_stall_s'\] must be a number of seconds, at"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": -1.5}, r"at least 0.5 and at most 3600, got -1.5"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": 0.01}, r"at most 3600, got 0.01 \(below 0.5 s a working"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": 0.499}, r"at least 0.5 and at most 3600, got 0.499"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": 3601}, r"at least 0.5 and at most 3600, got 3601"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": "5"}, r"at least 0.5 and at most 3600, got '5'"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": True}, r"at least 0.5 and at most 3600, got True"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": float("nan")}, r"at least 0.5 and at most 3600, got nan"),
+        ({"gateway": "unix:///x.sock", "gateway_stall_s": None}, r"at least 0.5 and at most 3600, got None"),
         ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
     ],
 )
