@@ -9,6 +9,7 @@ does not start fails the test.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 pytest.importorskip("lmcache")
 
+from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
 from lmcache_adp.testing import (  # noqa: E402
     KVShape,
     MPServer,
@@ -27,7 +29,7 @@ from lmcache_adp.testing import (  # noqa: E402
     restore_prompt,
     store_prompt,
 )
-from tests.support.gateway import Gateway  # noqa: E402
+from tests.support.gateway import Gateway, temp_gateway  # noqa: E402
 from tests.support.mp_server import assert_restored_from_card  # noqa: E402
 
 pytestmark = [pytest.mark.lmcache, pytest.mark.slow]
@@ -116,3 +118,29 @@ def test_fresh_card_does_not_hit(tmp_path):
     with server_on(other, tmp_path, "other") as server, VLLMClient(server.url, SHAPE) as client:
         assert client.lookup("on-empty-card", stored.tokens) == 0
         client.end_request("on-empty-card")
+
+
+@pytest.mark.parametrize("l1_in_shm", [True, False], ids=["shm-l1", "process-l1"])
+def test_gateway_moves_bytes_in_place_when_l1_is_in_shm(tmp_path, l1_in_shm):
+    """The README's gateway deployment: `lmcache server --shm-name` puts LMCache's L1 in a /dev/shm file,
+    and the gateway (on a memory-speed card) stores every chunk from it and loads every chunk into it in
+    place (protocol r3 segments: no ring copy, issue 10 item 2's one-copy path). Without --shm-name the same
+    prompt round-trips with no segment use, so the counters tell the two paths apart."""
+    name = f"adp-e2e-{os.getpid()}-{int(l1_in_shm)}"
+    pool = Path(f"/dev/shm/lmcache_l1_pool_{name}")
+    extra = ["--shm-name", name] if l1_in_shm else []
+    chunks = TOKENS // 256
+    try:
+        with temp_gateway(memory=True, card_size_gb=CARD_GB) as gw:
+            server = MPServer([adp_adapter(gateway=gw.url)], tmp_path, l1_size_gb=1, extra_args=extra, name="shm")
+            with server, VLLMClient(server.url, SHAPE) as client:
+                assert pool.exists() == l1_in_shm, f"LMCache's L1 pool file {pool} exists: {pool.exists()}"
+                stored = store_prompt(server, client, TOKENS)
+                assert drop_l1(server) == 0, "L1 still holds objects after POST /cache/clear"
+                assert_restored_from_card(server, restore_prompt(server, client, stored))
+                stats = read_gateway_stats(gw.unix_url)
+            want = chunks if l1_in_shm else 0
+            assert (stats["segment_stores"], stats["segment_loads"]) == (want, want), stats
+            assert (stats["segments"] > 0) == l1_in_shm, stats  # one mapping per connection of the connector
+    finally:
+        pool.unlink(missing_ok=True)  # LMCache leaves its pool file behind when it stops
