@@ -5,11 +5,14 @@ worktree without one of its own importing another tree's through an editable ins
 that point nowhere near the cause ("empty key", a missing stat); the suite stops at once instead, naming the
 module and the command that rebuilds it.
 
-Standard library only: it must not import lmcache_adp before it has judged the module."""
+Standard library only, and nothing of lmcache_adp is imported: its __init__ reads the module's attributes
+(config.py: _native.MAX_TOKEN_BYTES, ...), so importing a stale module can fail with an AttributeError that
+pytest shows as an INTERNALERROR traceback, not this message (review r10 N6). The module is found where
+`import lmcache_adp._native` would find it and judged by the source digest recorded in its bytes."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.machinery
 import importlib.util
 import os
 from pathlib import Path
@@ -22,12 +25,30 @@ def rebuild_command(tree: Path) -> str:
     return f"cd {tree} && ADP_WERROR=1 python setup.py -q build_ext --inplace"
 
 
-def _source_digest(tree: Path) -> str:
-    """The digest setup.py records (lmcache_adp/source_digest.py of `tree`, loaded by path)."""
+def _digests(tree: Path):
+    """lmcache_adp/source_digest.py of `tree`, loaded by path (source_digest, recorded_digest)."""
     spec = importlib.util.spec_from_file_location("adp_source_digest", tree / "lmcache_adp" / "source_digest.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.source_digest(tree)
+    return module
+
+
+def _source_digest(tree: Path) -> str:
+    """The digest setup.py records."""
+    return _digests(tree).source_digest(tree)
+
+
+def native_file() -> tuple[Path | None, list[str]]:
+    """The file `import lmcache_adp._native` would load, found without importing lmcache_adp: the first
+    _native<extension suffix> (the interpreter's suffixes, in the import system's order) in the package's
+    directories; None if there is none. Also the directories looked in ([] if lmcache_adp is not found)."""
+    spec = importlib.util.find_spec("lmcache_adp")
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    for d in dirs:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if (Path(d) / f"_native{suffix}").is_file():
+                return Path(d) / f"_native{suffix}", dirs
+    return None, dirs
 
 
 def stale_native(module_file: str, built_from: str, tree: Path, tree_digest: str | None = None) -> str | None:
@@ -52,13 +73,19 @@ def stale_native(module_file: str, built_from: str, tree: Path, tree_digest: str
 
 
 def check_native(tree: Path) -> str | None:
-    """stale_native() for the lmcache_adp._native that imports here; a module that does not import is
-    reported the same way (it may be built for other sources' symbols)."""
-    try:
-        native = importlib.import_module("lmcache_adp._native")
-    except ImportError as e:
-        return f"lmcache_adp._native does not import ({e}). Build it in place:\n  {rebuild_command(Path(tree))}"
-    return stale_native(native.__file__, getattr(native, "SOURCE_DIGEST", ""), tree)
+    """stale_native() for the lmcache_adp._native that would import here (native_file(): nothing of
+    lmcache_adp is imported), judged by the digest recorded in its bytes; no such module is reported with the
+    rebuild command too. (A module whose digest matches but that does not import, e.g. a broken link, fails
+    the tests that import it with Python's ImportError.)"""
+    tree = Path(tree)
+    module, dirs = native_file()
+    if module is None:
+        where = f"in {', '.join(dirs)}" if dirs else "(lmcache_adp is not on sys.path)"
+        return (
+            f"no built lmcache_adp._native (_native{importlib.machinery.EXTENSION_SUFFIXES[0]}) {where}. "
+            f"Build it in place:\n  {rebuild_command(tree)}"
+        )
+    return stale_native(str(module), _digests(tree).recorded_digest(module) or "", tree)
 
 
 def allowed() -> bool:
