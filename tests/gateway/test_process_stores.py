@@ -1060,17 +1060,21 @@ def test_a_stall_on_a_later_object_of_a_chunk_holds_back_only_its_own_connection
 
 
 def test_a_deadline_mid_chunk_stores_what_was_read_before_it():
-    """The gateway sleeps 400 ms before each object it reads (ADP_TEST_SEGMENT_WRITE_DELAY_MS, on
-    each thread that starts one); twelve 3 MiB objects (chunks of 5, 5, 2) with a 700 ms deadline: the
-    objects read before it answer OK and load back intact, the others answer TimedOut and are not
+    """The gateway sleeps 800 ms before each object it reads (ADP_TEST_SEGMENT_WRITE_DELAY_MS, on
+    each thread that starts one); twelve 3 MiB objects (chunks of 5, 5, 2) with a 1500 ms deadline:
+    the objects read before it answer OK and load back intact, the others answer TimedOut and are not
     indexed (through the buffer, the whole first chunk was put past the deadline: nothing stored).
+    The first chunk's objects are read in two waves (the store reader and two piece helpers each start
+    one): the first one's are read after 800 ms and must be put within the deadline (some 700 ms of
+    margin; review r10 N10: 700 ms with 400 ms sleeps left ~290 ms on a 2-core host), the second's
+    start reading at 1600 ms at the earliest, past the deadline: some OK, some TimedOut in one chunk.
     Shown failing with the reader's statuses ignored for the objects left at the job's end (answered
     OK, not stored)."""
-    with temp_gateway(env={CPUS: 4, CHUNK_OVERLAP: 1, SEGMENT_WRITE_DELAY: 400}) as gw, store_client(gw) as c:
+    with temp_gateway(env={CPUS: 4, CHUNK_OVERLAP: 1, SEGMENT_WRITE_DELAY: 800}) as gw, store_client(gw) as c:
         sizes = [SIZE] * 12
         keys = [f"mid@{i}" for i in range(len(sizes))]
         want, srcs = buffers(keys, sizes)
-        st = [s for s, _ in c.put([k.encode() for k in keys], sizes, [ctypes.addressof(s) for s in srcs], 700)]
+        st = [s for s, _ in c.put([k.encode() for k in keys], sizes, [ctypes.addressof(s) for s in srcs], 1500)]
         assert set(st) == {0, 6} and st[0] == 0 and st[-1] == 6, st  # some OK, some TimedOut
         for k, s, got, w in zip(keys, st, load_each(c, keys, sizes), want, strict=True):
             assert got == (w if s == 0 else None), f"{k} answered {s} but loads {'nothing' if got is None else 'bytes'}"
