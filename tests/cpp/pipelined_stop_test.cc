@@ -14,14 +14,16 @@
 // One process is the gateway (in-process, no piece helpers: the store reader
 // reads every piece) and its client (registered process memory, raw frames),
 // with two test hooks set before the gateway starts: the connection's thread
-// waits 3 s after its reader's first piece before going back into the gate
+// waits 6 s after its reader's first piece before going back into the gate
 // (ADP_TEST_PIPELINE_WAKE_DELAY_MS: a thread descheduled there), and the
-// reader's second piece stalls 4 s inside the read
+// reader's second piece stalls 8 s inside the read
 // (ADP_TEST_PROCESS_READ_STALL_MS). The client stores one 12 MiB object
 // (pipelined); stop() at 0.5 s gives up on the connection after 2 s with no
-// transfer ended and closes the card; the connection's thread wakes at 3 s,
-// the reader at 4 s. Checks: stop() waited for the stalled transfer (so the
-// scenario happened), no reply came, and no sanitizer report.
+// transfer ended (about 1.5 s after it was called) and closes the card; the
+// connection's thread wakes at 6 s, the reader at 8 s. Checks: stop() waited
+// for the stalled transfer (so the scenario happened) and returned before the
+// connection's thread woke (below 5.5 s: over 3 s of margin under ASan on a
+// loaded host), no reply came, and no sanitizer report.
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -46,7 +48,7 @@ namespace {
 namespace proto = adp::proto;
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 12 * kMiB;  // >= 8 MiB on a memory-speed card: pipelined
-constexpr int kWakeDelayMs = 3000, kReadStallMs = 4000, kStopAtMs = 500;
+constexpr int kWakeDelayMs = 6000, kReadStallMs = 8000, kStopAtMs = 500;
 
 }  // namespace
 
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
   const auto stop_ms = std::chrono::duration_cast<std::chrono::milliseconds>(proto::Clock::now() - stop_at).count();
   CHECK(stop_ms >= 1000 && stop_ms < kWakeDelayMs - kStopAtMs,
         "stop() took %lld ms, not the 1.5 s a stalled read holds it", static_cast<long long>(stop_ms));
-  // The process lives on past the stall: the connection's thread wakes at 3 s, the reader at 4 s.
+  // The process lives on past the stall: the connection's thread wakes at 6 s, the reader at 8 s.
   std::this_thread::sleep_for(std::chrono::milliseconds(kReadStallMs + 1000 - kStopAtMs - stop_ms));
   proto::Frame f;
   CHECK(!proto::read_frame(c.fd, 1 << 20, proto::Clock::now() + std::chrono::milliseconds(500), &f).ok(),

@@ -127,8 +127,9 @@ def test_stop_left_behind_touches_no_freed_card_under_asan(tmp_path):
 @pytest.mark.sanitizer
 def test_stop_during_a_pipelined_store_frees_nothing_its_reader_uses_under_asan(tmp_path):
     """Review r9 S1: stop() gives up on a connection whose pipelined store's reader is in its second
-    piece (stalled 4 s) while the connection's thread, woken by the first, waits 3 s before going back
+    piece (stalled 8 s) while the connection's thread, woken by the first, waits 6 s before going back
     into the card gate (ADP_TEST_PIPELINE_WAKE_DELAY_MS); it finds the card closed and ends its batch.
+    stop() returns about 1.5 s after it is called, over 3 s before that thread wakes (review r10 N11).
     The reader must touch nothing the batch freed (tests/cpp/pipelined_stop_test.cc; ASan reported a
     heap use after free of the request's item without 29728ad's wait and the job's own state)."""
     run_gateway_program("pipelined_stop_test", tmp_path, "asan", timeout=120)
