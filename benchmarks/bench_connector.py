@@ -621,7 +621,7 @@ def run_config(work: Path, size: int, workers: int, args, rows: list[dict], clie
     region = region_for(size)
     card = work / "card.img"
     span = card_bytes_for(total, size, workers, region)
-    print(f"== {size // MIB} MiB x {n} objects, {workers} workers, card {span / 2**30:.1f} GiB", flush=True)
+    print(f"== {size / MIB:g} MiB x {n} objects, {workers} workers, card {span / 2**30:.1f} GiB", flush=True)
     prefill(card, span)
     src = aligned_buffers(n, size)
     fill_sources(src, 7)
@@ -880,7 +880,9 @@ def not_ok(rows: list[dict]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/dev/shm/lmcache-adp-bench-connector", help="where the card image lives")
-    ap.add_argument("--sizes-mb", default="2,32")
+    ap.add_argument(
+        "--sizes-mb", default="2,32", help="object sizes in MiB; fractions for small objects (0.0625 = 64 KiB)"
+    )
     ap.add_argument("--workers", default="2", help="worker (= medium thread) counts, e.g. 4,16")
     ap.add_argument("--total-mb", type=int, default=1024, help="bytes moved per timed repetition")
     ap.add_argument("--reps", type=int, default=3)
@@ -947,10 +949,13 @@ def main() -> None:
     }
     rows: list[dict] = []
     try:
-        for size_mb in (int(x) for x in args.sizes_mb.split(",")):
+        for size_mb in (float(x) for x in args.sizes_mb.split(",")):
+            size = round(size_mb * MIB / BLOCK) * BLOCK  # whole 4 KiB blocks (the medium's O_DIRECT)
+            if size <= 0:
+                ap.error(f"--sizes-mb {size_mb:g}: less than one 4 KiB block")
             for w in (int(x) for x in args.workers.split(",")):
                 cl = clients if (at is None or at == (size_mb, w)) else []
-                run_config(work, size_mb * MIB, w, args, rows, cl)
+                run_config(work, size, w, args, rows, cl)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     meta["load average after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

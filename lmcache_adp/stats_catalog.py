@@ -306,6 +306,14 @@ GATEWAY_STATS: tuple[Stat, ...] = (
     Stat("ring_piece_loads", COUNTER, "objects", G, "Objects loaded into a ring in published pieces (protocol r4)"),
     Stat("segments", GAUGE, "segments", G, "Client segments (/dev/shm files) mapped (protocol r3)"),
     Stat("segment_loads", COUNTER, "objects", G, "Objects read straight into a client segment"),
+    Stat(
+        "segment_populates",
+        COUNTER,
+        "calls",
+        G,
+        "Page-table setups (MADV_POPULATE_WRITE) of client segment pages before a load into them: once per page, "
+        "so it stops growing once a client's load buffers were each loaded into",
+    ),
     Stat("segment_stores", COUNTER, "objects", G, "Objects stored straight from a client segment"),
     Stat("processes", GAUGE, "connections", G, "Connections granted process memory (protocol r5)"),
     Stat(

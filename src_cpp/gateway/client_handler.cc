@@ -651,7 +651,8 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             proto::ClientSegment& seg = *segments_[it.segment - 1];
             auto deliver = [&](size_t size, const CopyFn& copy) {
               if (size != it.size || revoked) return false;
-              seg.prepare(it.offset, it.size);  // page tables first, outside the lease
+              // Page tables first, outside the lease (pages populated before: no call).
+              if (seg.prepare(it.offset, it.size)) shared_->segment_populates.fetch_add(1, std::memory_order_relaxed);
               if (!take_lease(request_id)) {
                 revoked = true;
                 return false;

@@ -115,6 +115,7 @@ struct GatewayShared {
   std::atomic<uint64_t> ring_bytes_in_use{0};   // payload bytes of batches in progress in those rings
   std::atomic<uint32_t> segments{0};            // client segments mapped (r3)
   std::atomic<uint64_t> segment_loads{0};       // objects read straight into a client segment
+  std::atomic<uint64_t> segment_populates{0};   // MADV_POPULATE_WRITE calls on segment pages not populated before
   std::atomic<uint64_t> segment_stores{0};      // objects stored straight from a client segment
   std::atomic<uint64_t> ring_piece_loads{0};    // objects loaded into a ring in published pieces (r4)
   std::atomic<uint32_t> processes{0};           // connections granted process memory (r5)

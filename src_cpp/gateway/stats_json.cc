@@ -31,6 +31,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("refused_connections", shared.refused.load());
   field("segments", shared.segments.load());
   field("segment_loads", shared.segment_loads.load());
+  field("segment_populates", shared.segment_populates.load());
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
   field("process_read_bytes", shared.process_read_bytes.load());

@@ -78,7 +78,7 @@ int take_slot(uintptr_t lo, uintptr_t hi) {
   return -1;
 }
 
-constexpr int kChunkShift = 21;  // populated-ness is tracked per 2 MiB
+constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
 
 // The mappings in use, by file identity: a file registered again (by any
 // connection) shares the mapping while its size is unchanged.
@@ -93,7 +93,9 @@ struct SegmentMapping {
   uint64_t size = 0;
   int slot = -1;
   std::pair<dev_t, ino_t> id;
-  std::unique_ptr<std::atomic<uint64_t>[]> populated;  // one bit per 2 MiB
+  // One bit per 4 KiB page (1/32768 of the segment, against 1/512 for the
+  // page tables that the populated pages cost anyway).
+  std::unique_ptr<std::atomic<uint64_t>[]> populated;
 
   ~SegmentMapping() {
     {
@@ -148,7 +150,7 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
   m->size = bytes;
   m->slot = slot;
   m->id = id;
-  size_t words = ((bytes >> kChunkShift) + 64) / 64;
+  size_t words = ((bytes >> kPageShift) + 64) / 64;
   m->populated.reset(new std::atomic<uint64_t>[words]());
   g_mappings[id] = m;
   out->reset(new ClientSegment(std::move(m)));
@@ -160,21 +162,25 @@ uint8_t* ClientSegment::data() const { return m_->data; }
 uint64_t ClientSegment::size() const { return m_->size; }
 bool ClientSegment::broken() const { return g_slots[m_->slot].broken.load(std::memory_order_acquire); }
 
-void ClientSegment::prepare(uint64_t offset, uint64_t len) {
-  if (len == 0) return;
-  const uint64_t first = offset >> kChunkShift, last = (offset + len - 1) >> kChunkShift;
-  auto bit = [&](uint64_t c) { return (m_->populated[c / 64].load(std::memory_order_relaxed) >> (c % 64)) & 1; };
+bool ClientSegment::prepare(uint64_t offset, uint64_t len) {
+  if (len == 0) return false;
+  // Pages [first, last] hold the range; bits [first, last] of populated.
+  const uint64_t first = offset >> kPageShift, last = (offset + len - 1) >> kPageShift;
+  auto mask = [&](uint64_t w) {  // the bits of word w in [first, last]
+    const uint64_t lo = std::max(first, w * 64), hi = std::min(last, w * 64 + 63);
+    const uint64_t n = hi - lo + 1;
+    return (n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1)) << (lo % 64);
+  };
   bool all = true;
-  for (uint64_t c = first; c <= last && all; c++) all = bit(c);
-  if (all) return;
-  uint64_t lo = offset & ~uint64_t(4095), hi = (offset + len + 4095) & ~uint64_t(4095);
+  for (uint64_t w = first / 64; w <= last / 64 && all; w++)
+    all = (m_->populated[w].load(std::memory_order_relaxed) & mask(w)) == mask(w);
+  if (all) return false;
+  uint64_t lo = first << kPageShift, hi = (last + 1) << kPageShift;
   if (hi > m_->size) hi = m_->size;
-  if (::madvise(m_->data + lo, hi - lo, MADV_POPULATE_WRITE) != 0) return;
-  // Chunks the range covered whole stay populated (the mapping is never unmapped in part).
-  for (uint64_t c = first; c <= last; c++) {
-    uint64_t cs = c << kChunkShift, ce = std::min<uint64_t>((c + 1) << kChunkShift, m_->size);
-    if (cs >= lo && ce <= hi) m_->populated[c / 64].fetch_or(uint64_t(1) << (c % 64), std::memory_order_relaxed);
-  }
+  if (::madvise(m_->data + lo, hi - lo, MADV_POPULATE_WRITE) != 0) return false;
+  // Its pages stay populated (the mapping is never unmapped in part).
+  for (uint64_t w = first / 64; w <= last / 64; w++) m_->populated[w].fetch_or(mask(w), std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace adp::proto

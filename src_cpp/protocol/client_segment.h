@@ -35,9 +35,11 @@ class ClientSegment {
   uint64_t size() const;
   bool contains(uint64_t offset, uint64_t len) const { return offset <= size() && len <= size() - offset; }
   // Maps [offset, offset + len) into the gateway's page tables in one call
-  // (MADV_POPULATE_WRITE), once per 2 MiB: a copy into it then takes no
-  // page fault per 4 KiB. Best effort.
-  void prepare(uint64_t offset, uint64_t len);
+  // (MADV_POPULATE_WRITE), once per 4 KiB page: a copy into it then takes no
+  // page fault per 4 KiB, and a range populated before costs no system call
+  // (the call costs about as much as the copy of a small object: 11 us for
+  // 64 KiB on the 2-CPU VM). Best effort; true when it made the call.
+  bool prepare(uint64_t offset, uint64_t len);
   // True once an access faulted because the client shrank the file.
   bool broken() const;
 

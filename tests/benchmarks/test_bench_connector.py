@@ -139,3 +139,20 @@ def test_interleave_marks_a_row_whose_step_raises_failed_and_goes_on(tmp_path, m
     text = capsys.readouterr().out
     assert "gateway unix+process: NO: RuntimeError('injected')" in text
     assert paired_line(text, "gateway unix+process")[-1] == "NO"
+
+
+def test_sizes_below_a_mib_are_whole_blocks(tmp_path):
+    """--sizes-mb takes fractions (small objects: the per-operation cost, benchmarks/README.md "Session
+    eleven"): 0.0625 is 64 KiB objects; less than one 4 KiB block is refused."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(BENCH), "--workers", "1", "--sizes-mb", "0.0625", "--total-mb", "1", "--reps", "1"]
+    cmd += ["--no-gateway", "--dir", str(tmp_path / "card"), "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rows,) = out.glob("raw/*/rows.json")
+    e = by_name(json.loads(rows.read_text())["rows"])["embedded"]
+    assert (e["object_mb"], e["objects"], e["bytes"]) == (0.0625, 16, 16 * 65536)
+    assert e["failed_keys"] == 0 and e["mismatched"] == 0
+    cmd[cmd.index("0.0625")] = "0.001"
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "less than one 4 KiB block" in r.stderr, r.stdout + r.stderr
