@@ -279,7 +279,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "older than r8 over TCP, or on a ring without a control page, only replies count, and a request the "
         "gateway takes gateway_stall_s over reads stalled); an idle connector is never stalled (nothing is "
         "sent to find out). Logged "
-        "(WARNING) when it starts, by the waiting request itself. Requests fail by their deadlines meanwhile "
+        "(WARNING) when it starts, by the waiting request itself, at most once a minute (the next WARNING says how "
+        "many stalls were not logged and how long they lasted in all), and its end (INFO, with how long it "
+        "lasted) when its start was logged. Requests fail by their deadlines meanwhile "
         "(/health answers 503 at 1)",
     ),
     Stat(

@@ -714,7 +714,11 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
         opts.test_yama_ptrace_scope = hooks.yama_ptrace_scope;
         return std::move(opts);
       }()),
-      stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())) {
+      stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())),
+      stall_log_interval_ns_(std::chrono::nanoseconds(hooks.stall_log_interval_ms >= 0
+                                                          ? milliseconds(hooks.stall_log_interval_ms)
+                                                          : kStallLogInterval)
+                                 .count()) {
   test_put_delay_ = milliseconds(hooks.put_copy_delay_ms);
 }
 
@@ -754,6 +758,7 @@ void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
     // What it knew of the gateway outlives it: when it last heard from it and
     // a request it gave up on after waiting stall_ns_ with nothing heard.
     const GatewayClient& c = **client;
+    c.poll_alive();  // bumps since the last wait slice's look count too (review r10 N2)
     const int64_t since = c.waiting_since_ns(), now = steady_ns();
     dropped_heard_ns_ = std::max(dropped_heard_ns_, c.heard_ns());
     if (since && now - std::max(since, heard_locked()) >= stall_ns_) {
@@ -791,13 +796,33 @@ bool RemoteBackend::stalled_locked(int64_t now_ns) const {
   if (stalled != stall_logged_) {
     stall_logged_ = stalled;
     stall_flagged_.store(stalled, std::memory_order_relaxed);
-    if (stalled)
-      ADP_WARN(
-          "%s: a request waited %lld ms with nothing heard from the gateway (stalled: hung or overloaded); "
-          "requests fail by their deadlines until it answers",
-          describe().c_str(), static_cast<long long>(stall_ns_ / 1000000));
-    else
-      ADP_INFO("%s: the gateway answers again", describe().c_str());
+    if (stalled) {
+      stall_started_ns_ = now_ns;
+      stall_warned_ = now_ns >= stall_log_next_ns_;
+      if (!stall_warned_) {
+        stalls_not_logged_++;
+      } else {
+        char others[160] = "";
+        if (stalls_not_logged_)
+          std::snprintf(others, sizeof others,
+                        " [%llu stall%s not logged since the last one logged %.0f s ago, %.1f s in all]",
+                        static_cast<unsigned long long>(stalls_not_logged_), stalls_not_logged_ == 1 ? "" : "s",
+                        (now_ns - stall_warned_ns_) / 1e9, stalls_not_logged_ns_ / 1e9);
+        ADP_WARN(
+            "%s: a request waited %lld ms with nothing heard from the gateway (stalled: hung or overloaded); "
+            "requests fail by their deadlines until it answers%s",
+            describe().c_str(), static_cast<long long>(stall_ns_ / 1000000), others);
+        stall_log_next_ns_ = now_ns + stall_log_interval_ns_;
+        stall_warned_ns_ = now_ns;
+        stalls_not_logged_ = 0;
+        stalls_not_logged_ns_ = 0;
+      }
+    } else if (stall_warned_) {
+      ADP_INFO("%s: the gateway answers again, %.1f s after the stall was seen", describe().c_str(),
+               (now_ns - stall_started_ns_) / 1e9);
+    } else {
+      stalls_not_logged_ns_ += now_ns - stall_started_ns_;
+    }
   }
   return stalled;
 }

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,12 @@
 #include "util/test_hooks.h"
 
 namespace adp {
+
+// A gateway stall's WARNING is logged at most once per this long per
+// connector (the next one says how many stalls were not logged and how long
+// they lasted): a gateway that answers only after the stall bound, cycle
+// after cycle, logs two lines a minute, not two per cycle (review r10 N1).
+inline constexpr std::chrono::milliseconds kStallLogInterval{60000};
 
 // A shared memory file of this process (/dev/shm) that holds load buffers
 // (LMCache's L1 pool with --shm-name): registered with the gateway, which
@@ -67,7 +74,9 @@ class RemoteBackend : public Backend {
   // whichever is later (it is still waiting, or was given up by its deadline
   // after waiting that long), until the gateway is next heard from (a reply,
   // a published piece, a new connection's handshake). Only what the
-  // connections track already: no probe is sent.
+  // connections track already: no probe is sent. Logs its start (WARNING, at
+  // most once per kStallLogInterval) and the end of a stall whose start was
+  // logged (INFO, with how long it lasted).
   bool stalled_locked(int64_t now_ns) const;  // mu_ held
   // A request's wait looks at the stall (stalled_locked, so its start and
   // end are logged once each with no stats() call); takes mu_.
@@ -99,7 +108,15 @@ class RemoteBackend : public Backend {
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged
   mutable std::atomic<bool> stall_flagged_{false};  // stall_logged_, read without mu_ (note_answered)
-  FailingHold card_failing_;                        // review r10 R2: held failing kFailingHold past its last error
+  // mu_: the stall logs' rate limit (review r10 N1).
+  const int64_t stall_log_interval_ns_;       // kStallLogInterval (ADP_TEST_STALL_LOG_INTERVAL_MS)
+  mutable int64_t stall_started_ns_ = 0;      // when the current (or last) stall was seen
+  mutable bool stall_warned_ = false;         // its start was logged (so its end is)
+  mutable int64_t stall_log_next_ns_ = 0;     // no stall WARNING before this
+  mutable int64_t stall_warned_ns_ = 0;       // when the last one was logged
+  mutable uint64_t stalls_not_logged_ = 0;    // stalls since it, not logged
+  mutable int64_t stalls_not_logged_ns_ = 0;  // how long those lasted, in all
+  FailingHold card_failing_;                  // review r10 R2: held failing kFailingHold past its last error
   mutable std::mutex card_mu_;
   std::string card_error_;  // card_mu_: the gateway's message of the I/O error
   bool interrupted_ = false;

@@ -55,6 +55,9 @@ constexpr Hook kHooks[] = {
      [](TestHooks& h, const char* v) { h.delivery_delay_ms = std::atoi(v); }},
     {"ADP_TEST_PUT_COPY_DELAY_MS", HookSide::kConnector, "a pause in each put round's copy into the ring",
      [](TestHooks& h, const char* v) { h.put_copy_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_STALL_LOG_INTERVAL_MS", HookSide::kConnector,
+     "a gateway stall's WARNING is logged at most once per this long (60000)",
+     [](TestHooks& h, const char* v) { h.stall_log_interval_ms = std::atoi(v); }},
     {"ADP_TEST_YAMA_PTRACE_SCOPE", HookSide::kConnector, "stands in for /proc/sys/kernel/yama/ptrace_scope",
      [](TestHooks& h, const char* v) { h.yama_ptrace_scope = std::atoi(v); }},
 };

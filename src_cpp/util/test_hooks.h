@@ -31,9 +31,10 @@ struct TestHooks {
   // Both sides': a process's card health hold (util/failing_hold.h), set at its start.
   int card_failing_hold_ms = -1;  // ADP_TEST_CARD_FAILING_HOLD_MS (-1: not set, kFailingHold)
   // The connector's.
-  int delivery_delay_ms = 0;   // ADP_TEST_DELIVERY_DELAY_MS
-  int put_copy_delay_ms = 0;   // ADP_TEST_PUT_COPY_DELAY_MS
-  int yama_ptrace_scope = -1;  // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
+  int delivery_delay_ms = 0;       // ADP_TEST_DELIVERY_DELAY_MS
+  int put_copy_delay_ms = 0;       // ADP_TEST_PUT_COPY_DELAY_MS
+  int stall_log_interval_ms = -1;  // ADP_TEST_STALL_LOG_INTERVAL_MS (-1: not set, kStallLogInterval)
+  int yama_ptrace_scope = -1;      // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
 
   // Each hook set, as found: its name, value, side and what it does.
   struct Set {

@@ -309,6 +309,54 @@ def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, capfd):
         assert gw.stop() == 0
 
 
+def test_stalls_in_a_row_log_one_warning_and_their_count_and_the_end_says_how_long(workdir, capfd, monkeypatch):
+    """Review r10 N1: a gateway that answers only past the bound, stall after stall, logs one WARNING per
+    ADP_TEST_STALL_LOG_INTERVAL_MS (here 5 s; kStallLogInterval, 60 s, otherwise), not a pair per stall. Stall 1
+    (SIGSTOP for the bound + 0.75 s under a load): a WARNING, and an INFO saying how long it lasted. Stall 2 right
+    after: no line. Stall 3 once the interval has passed: a WARNING that counts stall 2 and its time."""
+    gw = Gateway(workdir).start()
+    monkeypatch.setenv("ADP_TEST_STALL_LOG_INTERVAL_MS", "5000")
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=8000, gateway_stall_s=STALL_S)
+    monkeypatch.delenv("ADP_TEST_STALL_LOG_INTERVAL_MS")
+    c = RawConnector(conn)
+
+    def stall() -> str:
+        """One stall of about 0.5-0.75 s past the bound, ended by the load's reply; the lines logged."""
+        capfd.readouterr()
+        gw.pause()
+        outs = [bytearray(len(d)) for d in datas]
+        fid = conn.submit_batch_get(keys, [memoryview(o) for o in outs])
+        time.sleep(STALL_S + 0.75)
+        gw.resume()
+        ok, err, per_key = c.wait(fid, timeout=5)
+        assert ok and all(per_key) and [bytes(o) for o in outs] == datas, (err, per_key)
+        assert conn.stats()["gateway_stalled"] is False
+        return capfd.readouterr().err
+
+    try:
+        keys, datas = keys_and_datas(3)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        t0 = time.monotonic()
+        err = stall()
+        assert err.count("nothing heard from the gateway") == 1 and "not logged" not in err, err
+        lasted = re.findall(r"the gateway answers again, ([0-9.]+) s after the stall was seen", err)
+        assert len(lasted) == 1 and 0.2 <= float(lasted[0]) <= 2, err
+
+        err = stall()  # within 5 s of the first WARNING
+        assert "nothing heard" not in err and "answers again" not in err, err
+
+        time.sleep(max(0.0, t0 + 5.5 - time.monotonic()))
+        err = stall()
+        held = re.findall(r"nothing heard from the gateway .*\[1 stall not logged since the last one logged (\d+) s ago, "
+                          r"([0-9.]+) s in all\]", err)  # fmt: skip
+        assert len(held) == 1 and 4 <= int(held[0][0]) <= 15 and 0.2 <= float(held[0][1]) <= 2, err
+        assert err.count("nothing heard") == 1 and err.count("the gateway answers again, ") == 1, err
+    finally:
+        conn.close()
+        gw.resume()
+        assert gw.stop() == 0
+
+
 def test_the_gateways_memory_is_not_its_card_failing(workdir):
     """Review r9 H2: a store the gateway answers "out of memory for the store buffer" (an I/O error code; its
     address space capped with RLIMIT_AS, so it cannot map the buffer) fails with that message, but the gateway's
