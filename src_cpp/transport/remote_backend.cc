@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "transport/card_io_error.h"
 #include "util/log.h"
 
 namespace adp {
@@ -825,17 +826,6 @@ bool RemoteBackend::stalled_locked(int64_t now_ns) const {
     }
   }
   return stalled;
-}
-
-// Whether an item's result is its gateway's card failing I/O: an I/O error,
-// except those the gateway answers for its own memory (review r9 H2: "out of
-// memory for the store buffer", "... for staging", "... for a bounce buffer")
-// and for a process_vm_readv/writev of the client's memory (ENOMEM and the
-// like), told apart by the message's start (the gateway sends no other sign).
-static bool card_io_error(const Status& st) {
-  if (st.code() != Status::Code::kIoError) return false;
-  const std::string_view m = st.message();
-  return !m.starts_with("out of memory") && !m.starts_with("process_vm_");
 }
 
 void RemoteBackend::note_item(const Status& st) {

@@ -12,14 +12,11 @@ per-key bools of a delete: true lets it forget the key, false keeps it).
 
 from __future__ import annotations
 
-import socket
-import struct
-import threading
 from pathlib import Path
 
 import pytest
 
-from lmcache_adp import ADPConnector, _native
+from lmcache_adp import ADPConnector
 from tests.gateway import wire
 from tests.gateway.conftest import workdir  # noqa: F401 (a fixture)
 from tests.helpers import RawConnector, payload
@@ -27,7 +24,6 @@ from tests.support import cpp
 from tests.support.gateway import TOKEN, Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
-IO_ERROR = 4  # BatchReply status (docs/protocol.md)
 
 
 def test_embedded_delete_that_cannot_write_its_tombstone_fails(tmp_path):
@@ -46,64 +42,9 @@ def test_delete_of_an_absent_key_is_gone(card):
         conn.conn.close()
 
 
-def recv_frame(sock: socket.socket) -> tuple[int, int, bytes]:
-    head = b""
-    while len(head) < wire.HEADER.size:
-        chunk = sock.recv(wire.HEADER.size - len(head))
-        if not chunk:
-            raise ConnectionError("peer closed")
-        head += chunk
-    ftype, n, rid = wire.parse_header(head)
-    body = b""
-    while len(body) < n:
-        body += sock.recv(n - len(body))
-    return ftype, rid, body
-
-
-class FailingGateway:
-    """Speaks protocol v1 over TCP and answers every batch with an I/O error per key."""
-
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.batches: list[int] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
-
-    def _client(self, conn: socket.socket):
-        with conn:
-            try:
-                ftype, rid, _ = recv_frame(conn)
-                assert ftype == wire.HELLO
-                name = b"failing test gateway"
-                limits = (_native.MAX_BATCH_KEYS, 1 << 20, _native.MAX_INLINE_PAYLOAD_BYTES)
-                ok = struct.pack("<IIQQII", 0, *limits, len(name), 0) + name
-                conn.sendall(wire.frame(wire.HELLO_OK, rid, ok))
-                while True:
-                    ftype, rid, body = recv_frame(conn)
-                    op, _, _, count = struct.unpack_from("<BBHI", body)
-                    self.batches.append(op)
-                    msg = b"injected I/O error"
-                    reply = struct.pack("<II", count, 0)
-                    reply += struct.pack("<BBHIQ", IO_ERROR, 0, len(msg), 0, 0) * count + msg * count
-                    conn.sendall(wire.frame(wire.BATCH_REPLY, rid, reply))
-            except (ConnectionError, OSError):
-                return
-
-    def close(self):
-        self.listener.close()
-
-
 @pytest.mark.parametrize("op", ["delete", "lookup"])
 def test_gateway_that_answers_an_error_fails_the_batch(tmp_path, op):
-    gw = FailingGateway()
+    gw = wire.FailingGateway()
     token = tmp_path / "token"
     token.write_text(TOKEN)
     conn = RawConnector(ADPConnector(gateway=f"tcp://127.0.0.1:{gw.port}", token_file=str(token), num_workers=1))

@@ -8,6 +8,7 @@ import mmap
 import os
 import socket
 import struct
+import threading
 
 from lmcache_adp import _native
 
@@ -18,6 +19,7 @@ HELLO, HELLO_OK, BATCH, BATCH_REPLY, ERROR = (
     _native.FRAME_TYPES[t] for t in ("HELLO", "HELLO_OK", "BATCH", "BATCH_REPLY", "ERROR")
 )
 PUT, GET, EXISTS, DELETE = (_native.OPS[o] for o in ("PUT", "GET", "EXISTS", "DELETE"))
+IO_ERROR = 4  # BatchReply status (docs/protocol.md)
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, type, flags, body_bytes, reserved, request_id
 assert HEADER.size == _native.FRAME_HEADER_BYTES
 
@@ -104,3 +106,60 @@ class RingClient:
         self.map.close()
         os.close(self.ring)
         self.sock.close()
+
+
+def recv_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    head = b""
+    while len(head) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(head))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        head += chunk
+    ftype, n, rid = parse_header(head)
+    body = b""
+    while len(body) < n:
+        body += sock.recv(n - len(body))
+    return ftype, rid, body
+
+
+class FailingGateway:
+    """Speaks protocol v1 over TCP (no token check) and answers every batch with an error per key: status
+    `code` (an I/O error by default), its message `message`."""
+
+    def __init__(self, message: bytes = b"injected I/O error", code: int = IO_ERROR):
+        self.message, self.code = message, code
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.batches: list[int] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
+
+    def _client(self, conn: socket.socket):
+        with conn:
+            try:
+                ftype, rid, _ = recv_frame(conn)
+                assert ftype == HELLO
+                name = b"failing test gateway"
+                limits = (_native.MAX_BATCH_KEYS, 1 << 20, _native.MAX_INLINE_PAYLOAD_BYTES)
+                ok = struct.pack("<IIQQII", 0, *limits, len(name), 0) + name
+                conn.sendall(frame(HELLO_OK, rid, ok))
+                while True:
+                    ftype, rid, body = recv_frame(conn)
+                    op, _, _, count = struct.unpack_from("<BBHI", body)
+                    self.batches.append(op)
+                    msg = self.message
+                    reply = struct.pack("<II", count, 0)
+                    reply += struct.pack("<BBHIQ", self.code, 0, len(msg), 0, 0) * count + msg * count
+                    conn.sendall(frame(BATCH_REPLY, rid, reply))
+            except (ConnectionError, OSError):
+                return
+
+    def close(self):
+        self.listener.close()
