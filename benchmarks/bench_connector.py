@@ -508,7 +508,7 @@ class GatewayRow:
         finally:
             after = read_gateway_stats(self.url)
             for k, v in after.items():
-                if isinstance(v, (int, float)) and k.startswith(("process", "store_buffer", "load_profile")):
+                if isinstance(v, (int, float)) and k.startswith(("process", "store_buffer", "load_profile", "batch")):
                     self.counters[k] = v if GAUGES.get(k) else self.counters.get(k, 0) + v - before.get(k, 0)
 
     def done(self, res: dict, work: Path, rows: list[dict]) -> None:
@@ -811,6 +811,46 @@ def paired_table(rows: list[dict], summ: list[dict]) -> list[str]:
     return out
 
 
+def round_trip_table(rows: list[dict], keys_per_worker: int) -> list[str]:
+    """Per request (one worker's slice of a batch: keys_per_worker keys), mean over the repetitions (as the
+    gateway's counters are): the embedded
+    row's time, a gateway row's time as its client sees it, and the gateway's own time on it
+    (batch_put_ns / batch_puts, batch_get_ns / batch_gets over the row's steps, warm-up included): the client's
+    time beyond the gateway's is the round trip (sockets, wake-ups), the gateway's beyond embedded its work's
+    own cost. A slice's time = the repetition's seconds x workers / slices (every worker busy throughout)."""
+    emb = {(r["object_mb"], r["workers"]): r for r in rows if r["row"] == "embedded"}
+    out = []
+    for r in rows:
+        gs, e = r.get("gateway_stats", {}), emb.get((r["object_mb"], r["workers"]))
+        if not (gs.get("batch_puts") and gs.get("batch_gets") and e and r["store_s"] and r["load_s"]):
+            continue
+        w = r["workers"]
+        slices = -(-r["objects"] // (w * keys_per_worker)) * w
+
+        def us(seconds: list[float], w: int = w, slices: int = slices) -> float:
+            return statistics.fmean(seconds) * w / slices * 1e6
+
+        cells = []
+        for op, n_key, ns_key in (("store", "batch_puts", "batch_put_ns"), ("load", "batch_gets", "batch_get_ns")):
+            client, served, embedded = us(r[f"{op}_s"]), gs[ns_key] / gs[n_key] / 1e3, us(e[f"{op}_s"])
+            cells += [f"{embedded:.0f}", f"{client:.0f}", f"{served:.0f}", f"{client - served:.0f}"]
+        out.append(f"| {r['object_mb']:g} MiB | {w} | {r['row']} | {' | '.join(cells)} |")
+    if not out:
+        return []
+    return [
+        "",
+        f"Per request (us; a worker's slice of a batch, {keys_per_worker} keys; mean over the repetitions):"
+        " embedded, the"
+        " gateway row as its client sees it, the gateway's own time on it (request read to reply written:"
+        " batch_*_ns / batch_* over the row's steps) and the difference, the round trip.",
+        "",
+        "| object | workers | row | store: embedded | store: gateway, client | store: gateway, served |"
+        " store: round trip | load: embedded | load: gateway, client | load: gateway, served | load: round trip |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *out,
+    ]
+
+
 def report(rows: list[dict], args, meta: dict) -> str:
     summ = summarize(rows)
     lines = [
@@ -855,6 +895,7 @@ def report(rows: list[dict], args, meta: dict) -> str:
                 f"{st / mw:.2f}x | {ld / mr:.2f}x | {vs_e} | {'yes' if r['ok'] else 'NO'} |"
             )
     lines += paired_table(rows, summ)
+    lines += round_trip_table(rows, args.keys_per_worker)
     lines += client_table(rows, summ)
     lines += not_ok(rows)
     lines.append("")

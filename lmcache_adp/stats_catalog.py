@@ -302,6 +302,23 @@ CLIENT_STATS: tuple[Stat, ...] = (
 GATEWAY_STATS: tuple[Stat, ...] = (
     Stat("clients", GAUGE, "connections", G, "Connections past the handshake"),
     Stat("batches", COUNTER, "batches", G, "Batches served since start"),
+    Stat("batch_puts", COUNTER, "batches", G, "Put (store) batches answered"),
+    Stat(
+        "batch_put_ns",
+        COUNTER,
+        "nanoseconds",
+        G,
+        "Time connections spent on put batches, from the request read to its reply written: a client's time per "
+        "request beyond batch_put_ns / batch_puts is the round trip (sockets, wake-ups)",
+    ),
+    Stat("batch_gets", COUNTER, "batches", G, "Get (load) batches answered"),
+    Stat(
+        "batch_get_ns",
+        COUNTER,
+        "nanoseconds",
+        G,
+        "Time connections spent on get batches, from the request read to its reply written (as batch_put_ns)",
+    ),
     Stat("refused_connections", COUNTER, "connections", G, "Connections refused by a limit (README, Gateway limits)"),
     Stat("ring_bytes", GAUGE, "bytes", G, "Bytes of the connected clients' shared-memory rings"),
     Stat("ring_used_bytes", GAUGE, "bytes", G, "Payload bytes of batches in progress in those rings"),

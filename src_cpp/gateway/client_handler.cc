@@ -267,6 +267,7 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   if (frame.header.type != static_cast<uint8_t>(proto::FrameType::kBatch))
     return Status::InvalidArgument("unexpected frame type " + std::to_string(frame.header.type) +
                                    " after the handshake");
+  const auto read_at = Clock::now();  // the request is read: batch_put_ns / batch_get_ns count from here
   Status s = check_request_id(frame);
   if (!s.ok()) return s;
   proto::BatchRequest req;
@@ -300,6 +301,12 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
                          {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
   // A client asleep on the ticket then finds the reply on the socket.
   if (ring_progress_ && req.op == proto::Op::kGet) bump_ticket();
+  if (s.ok() && (req.op == proto::Op::kPut || req.op == proto::Op::kGet)) {
+    const bool put = req.op == proto::Op::kPut;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - read_at).count();
+    (put ? shared_->batch_puts : shared_->batch_gets).fetch_add(1, std::memory_order_relaxed);
+    (put ? shared_->batch_put_ns : shared_->batch_get_ns).fetch_add(ns, std::memory_order_relaxed);
+  }
   return s;
 }
 

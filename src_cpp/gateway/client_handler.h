@@ -110,6 +110,10 @@ struct GatewayShared {
   std::atomic<uint32_t> tcp_clients{0};     // authenticated TCP connections
   std::atomic<uint64_t> refused{0};         // connections refused by a limit
   std::atomic<uint64_t> batches{0};
+  // Put and get batches served, and the nanoseconds each connection's thread
+  // spent on them, from the request read to its reply written: a client's
+  // time per request beyond this is the round trip (sockets, wake-ups).
+  std::atomic<uint64_t> batch_puts{0}, batch_put_ns{0}, batch_gets{0}, batch_get_ns{0};
   std::atomic<uint32_t> clients{0};             // connections past the handshake
   std::atomic<uint64_t> ring_bytes_mapped{0};   // rings of the connected clients
   std::atomic<uint64_t> ring_bytes_in_use{0};   // payload bytes of batches in progress in those rings

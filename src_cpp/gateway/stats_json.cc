@@ -26,6 +26,10 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   for_each_stat(with, field);
   field("clients", shared.clients.load());
   field("batches", shared.batches.load());
+  field("batch_puts", shared.batch_puts.load());
+  field("batch_put_ns", shared.batch_put_ns.load());
+  field("batch_gets", shared.batch_gets.load());
+  field("batch_get_ns", shared.batch_get_ns.load());
   field("ring_bytes", shared.ring_bytes_mapped.load());
   field("ring_used_bytes", shared.ring_bytes_in_use.load());
   field("refused_connections", shared.refused.load());

@@ -44,7 +44,7 @@ def by_name(rows: list[dict]) -> dict[str, dict]:
 
 def paired_line(text: str, row: str) -> list[str]:
     """The cells of `row`'s line in the paired-ratio table."""
-    table = text.split("Paired ratios (--interleave)", 1)[1]
+    table = text.split("Paired ratios (--interleave)", 1)[1].split("\nPer request (us;", 1)[0]
     (line,) = [x for x in table.splitlines() if x.startswith(f"| 1 MiB | 2 | {row} |")]
     return [c.strip() for c in line.strip("|").split("|")]
 
@@ -156,3 +156,27 @@ def test_sizes_below_a_mib_are_whole_blocks(tmp_path):
     cmd[cmd.index("0.0625")] = "0.001"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "less than one 4 KiB block" in r.stderr, r.stdout + r.stderr
+
+
+def test_round_trip_table_splits_a_request_into_served_and_round_trip():
+    """Per request: embedded, the gateway as its client sees it, the gateway's own time (batch_*_ns / batch_*)
+    and the difference. 8 objects, 2 workers, 2 keys a worker: 2 batches of 2 slices, 4 requests a repetition;
+    a slice's time = seconds x workers / slices."""
+    import bench_connector
+
+    base = {"object_mb": 1.0, "workers": 2, "objects": 8}
+    rows = [
+        {**base, "row": "embedded", "store_s": [0.004, 0.005, 0.003], "load_s": [0.001, 0.003]},
+        {
+            **base,
+            "row": "gateway unix+segments (own shm L1)",
+            "store_s": [0.008],
+            "load_s": [0.004],
+            "gateway_stats": {"batch_puts": 4, "batch_put_ns": 6_000_000, "batch_gets": 4, "batch_get_ns": 2_000_000},
+        },
+    ]
+    (line,) = [x for x in bench_connector.round_trip_table(rows, 2) if x.startswith("| 1 MiB | 2 | gateway")]
+    cells = [c.strip() for c in line.strip("|").split("|")][3:]
+    assert cells == ["2000", "4000", "1500", "2500", "1000", "2000", "500", "1500"]
+    rows[1]["gateway_stats"] = {}  # a gateway without the counters: no table
+    assert bench_connector.round_trip_table(rows, 2) == []

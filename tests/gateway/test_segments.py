@@ -152,6 +152,34 @@ def test_segment_pages_are_populated_once(card_gateway):
     assert gw.proc.poll() is None
 
 
+def test_batch_time_counts_each_put_and_get_batch(card_gateway):
+    """batch_puts / batch_gets count the put and get batches answered, batch_put_ns / batch_get_ns the
+    connection's time on them (request read to reply written), so that a client's time per request beyond it
+    is the round trip (benchmarks/README.md, "Session eleven"); exists batches count in neither."""
+    gw = card_gateway
+    pool = ShmPool(4, SIZE)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
+    try:
+        t0 = time.monotonic()
+        for r in range(3):  # one worker: a submit is one request
+            keys = [f"bt@{r}@{i}" for i in range(2)]
+            for k, v in zip(keys, pool.views[:2], strict=True):
+                v[:] = payload(k, SIZE)
+            assert c.set(keys, pool.views[:2])[0]
+        for _ in range(2):
+            ok, _, per_key = c.get(keys, pool.views[2:])
+            assert ok and all(per_key)
+        assert c.exists(keys)[0]
+        wall_ns = (time.monotonic() - t0) * 1e9
+        st = stats(gw)
+        assert (st["batch_puts"], st["batch_gets"], st["batches"]) == (3, 2, 6), st
+        assert 0 < st["batch_put_ns"] and 0 < st["batch_get_ns"], st
+        assert st["batch_put_ns"] + st["batch_get_ns"] < wall_ns, (st, wall_ns)
+    finally:
+        c.conn.close()
+        pool.close()
+
+
 def test_ring_hint_logged_once_for_buffers_outside_shm(gateway, capfd):
     """An operator whose LMCache keeps L1 in process memory, with loads through the ring (process_memory off or
     refused), is told, once, why the gateway copies twice and what to change; buffers in a /dev/shm file (or
