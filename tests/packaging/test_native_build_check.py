@@ -72,9 +72,10 @@ def built_from(digest: str) -> bytes:
     return b"\x7fELF..." + MARKER + digest.encode() + b"\0..."
 
 
-def run_pytest(tree: Path, **env: str) -> subprocess.CompletedProcess:
+def run_pytest(tree: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """pytest in `tree` on `args` (the tests directory if none)."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(args or ("tests",))],
         cwd=tree, capture_output=True, text=True, timeout=120, env={**os.environ, **env},
     )  # fmt: skip
 
@@ -108,13 +109,27 @@ def test_a_module_of_this_trees_sources_passes_without_lmcache_adp_imported(tmp_
 def test_a_stale_module_missing_an_attribute_gets_the_message_not_an_internal_error(tmp_path):
     """Review r10 N6: a stale module that imports but lacks an attribute lmcache_adp/__init__ reads
     (AttributeError, not ImportError) stopped the session with an INTERNALERROR traceback while the check
-    imported lmcache_adp._native; judged from its bytes, it gets the stale message."""
+    imported lmcache_adp._native; judged from its bytes, it gets the stale message. Review r11 N12: so too
+    when pytest is given a test file under a directory whose conftest imports lmcache_adp (as
+    tests/gateway/conftest.py does): pytest loads that conftest before the session starts, and the check
+    there came too late (an "ImportError while loading conftest" traceback of the AttributeError)."""
     tree = fake_tree(tmp_path, built_from("e" * 64), MISSING_ATTRIBUTE)
-    r = run_pytest(tree, **{ALLOW: "0"})
+    deeper = tree / "tests" / "gateway"
+    deeper.mkdir()
+    (deeper / "__init__.py").write_text("")
+    (deeper / "conftest.py").write_text("import lmcache_adp  # noqa: F401\n")
+    (deeper / "test_two.py").write_text("def test_two():\n    pass\n")
+    for args in [(), ("tests/gateway/test_two.py",), ("tests/gateway",)]:
+        r = run_pytest(tree, *args, **{ALLOW: "0"})
+        out = r.stdout + r.stderr
+        assert r.returncode == 4 and "passed" not in out, (args, out)
+        assert "INTERNALERROR" not in out and "AttributeError" not in out and "ImportError" not in out, (args, out)
+        assert "not built from this tree's C++ sources" in out and "build_ext --inplace" in out, (args, out)
+
+    # ADP_ALLOW_STALE_NATIVE=1 on that test file: the deeper conftest is loaded (and fails as it would).
+    r = run_pytest(tree, "tests/gateway/test_two.py", **{ALLOW: "1"})
     out = r.stdout + r.stderr
-    assert r.returncode == 4 and "passed" not in out, out
-    assert "INTERNALERROR" not in out and "AttributeError" not in out, out
-    assert "not built from this tree's C++ sources" in out and "build_ext --inplace" in out, out
+    assert r.returncode == 4 and "ImportError while loading conftest" in out and "MAX_TOKEN_BYTES" in out, out
 
 
 def test_the_session_stops_without_a_built_module_or_one_without_a_digest(tmp_path):

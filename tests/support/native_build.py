@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Whether the imported lmcache_adp._native was built from this tree's C++ sources (tests/conftest.py asks it
-at session start). A module built from other sources (an in-place build left from an older checkout, or a
-worktree without one of its own importing another tree's through an editable install) fails tests in ways
-that point nowhere near the cause ("empty key", a missing stat); the suite stops at once instead, naming the
-module and the command that rebuilds it.
+"""Whether the imported lmcache_adp._native was built from this tree's C++ sources (tests/conftest.py asks it as
+pytest loads it, before any deeper conftest). A module built from other sources (an in-place build left from an
+older checkout, or a worktree without one of its own importing another tree's through an editable install) fails
+tests in ways that point nowhere near the cause ("empty key", a missing stat); the suite stops at once instead,
+naming the module and the command that rebuilds it.
 
 Standard library only, and nothing of lmcache_adp is imported: its __init__ reads the module's attributes
 (config.py: _native.MAX_TOKEN_BYTES, ...), so importing a stale module can fail with an AttributeError that
