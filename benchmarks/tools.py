@@ -90,7 +90,12 @@ def native_build(package: Path | None = None) -> dict:
 
         so = Path(native.__file__).resolve()
     else:
-        so = next(Path(package).resolve().glob("_native*.so"))
+        # The file the import would load there (one rule with tests/support/native_build.py's), not any
+        # _native*.so: a module left for another interpreter, or a .so beside the ABI-tagged one, is not it.
+        package = Path(package).resolve()
+        so = _load_source_digest(package).native_module(package)
+        if so is None:
+            raise FileNotFoundError(f"no native module (lmcache_adp._native) in {package}")
     tree = so.parent.parent
     # scripts/sanitize.sh asan-python builds into <tree>/build/sanitize/<mode>/py/lmcache_adp: judged against
     # <tree>'s sources (it records their digest as setup.py does).

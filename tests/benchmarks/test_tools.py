@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
@@ -161,6 +163,35 @@ def test_device_matrix_leaves_what_the_device_tool_returns(tmp_path):
             "embedded",
         ]
     assert "device tool returns 8 at most" not in r.stdout
+
+
+def test_native_build_measures_the_module_the_import_would_load(tmp_path):
+    """Beside the module the import loads (_native<this interpreter's suffix>) a package may hold another
+    interpreter's build, an .abi3.so or a plain .so: native_build judges the one `import lmcache_adp._native`
+    would load there (source_digest.native_module, the test session's rule too), not whichever a glob of
+    _native*.so lists first; with none there, FileNotFoundError, not StopIteration."""
+    from lmcache_adp.source_digest import MARKER, native_module, source_digest
+
+    digest = source_digest(ROOT)
+    tree, so = copy_of_tree(tmp_path, b"\x7fELF..." + MARKER + digest.encode() + b"\0...")
+    pkg = tree / "lmcache_adp"
+    assert so.name == "_native" + EXTENSION_SUFFIXES[0]
+    later = [pkg / f"_native{suffix}" for suffix in EXTENSION_SUFFIXES[1:]]  # what the import tries next
+    other = pkg / "_native.cpython-39-x86_64-linux-gnu.so"  # another interpreter's: never loaded here
+    recorded = {f: str(i) * 64 for i, f in enumerate([other, *later])}  # each records a digest of its own
+    for f, d in recorded.items():
+        f.write_bytes(b"\x7fELF..." + MARKER + d.encode() + b"\0...")
+    b = tools.native_build(pkg)
+    assert b["module"] == str(so) and b["stale"] == [] and b["sources"] == digest[:12], b
+    so.unlink()
+    for f in later:
+        assert native_module(pkg) == f
+        b = tools.native_build(pkg)
+        assert b["module"] == str(f) and b["sources"] == recorded[f][:12] and b["stale"], b
+        f.unlink()
+    assert native_module(pkg) is None
+    with pytest.raises(FileNotFoundError, match=re.escape(f"no native module (lmcache_adp._native) in {pkg}")):
+        tools.native_build(pkg)
 
 
 def test_native_build_judges_a_sanitizer_build_by_its_tree_sources(tmp_path):

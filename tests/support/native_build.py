@@ -19,6 +19,8 @@ from pathlib import Path
 
 # Set to 1 to run the tests anyway (a warning instead of the error).
 ALLOW = "ADP_ALLOW_STALE_NATIVE"
+# The tree this file is in.
+HERE = Path(__file__).resolve().parents[2]
 
 
 def rebuild_command(tree: Path) -> str:
@@ -38,16 +40,18 @@ def _source_digest(tree: Path) -> str:
     return _digests(tree).source_digest(tree)
 
 
-def native_file() -> tuple[Path | None, list[str]]:
-    """The file `import lmcache_adp._native` would load, found without importing lmcache_adp: the first
-    _native<extension suffix> (the interpreter's suffixes, in the import system's order) in the package's
-    directories; None if there is none. Also the directories looked in ([] if lmcache_adp is not found)."""
+def native_file(tree: Path = HERE) -> tuple[Path | None, list[str]]:
+    """The file `import lmcache_adp._native` would load, found without importing lmcache_adp: the first of
+    the package's directories holding one, and in it the file `tree`'s source_digest.native_module() picks
+    (the interpreter's extension suffixes, in the import system's order; benchmarks/tools.py's native_build
+    picks by the same); None if there is none. Also the directories looked in ([] if lmcache_adp is not
+    found)."""
     spec = importlib.util.find_spec("lmcache_adp")
     dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    pick = _digests(Path(tree)).native_module
     for d in dirs:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            if (Path(d) / f"_native{suffix}").is_file():
-                return Path(d) / f"_native{suffix}", dirs
+        if (found := pick(Path(d))) is not None:
+            return found, dirs
     return None, dirs
 
 
@@ -78,7 +82,7 @@ def check_native(tree: Path) -> str | None:
     rebuild command too. (A module whose digest matches but that does not import, e.g. a broken link, fails
     the tests that import it with Python's ImportError.)"""
     tree = Path(tree)
-    module, dirs = native_file()
+    module, dirs = native_file(tree)
     if module is None:
         where = f"in {', '.join(dirs)}" if dirs else "(lmcache_adp is not on sys.path)"
         return (
