@@ -48,7 +48,7 @@ void ClientHandler::release_store_buffer() {
     store_buf_.swap(gone);
   }  // unmapped here
   shared_->store_buffer_bytes.fetch_sub(held);
-  shared_->progress.fetch_add(1, std::memory_order_relaxed);  // room given back: waiters see the gateway move
+  shared_->buffer_progress.fetch_add(1, std::memory_order_relaxed);  // room given back: its waiters see it move
   std::lock_guard<std::mutex> l(shared_->store_buffer_mu);
   shared_->store_buffer_freed.notify_all();
 }
@@ -104,7 +104,7 @@ Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline)
   release_store_buffer();  // its contents need not survive, and its bytes count for the new one
   auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
   uint64_t cur = shared_->store_buffer_bytes.load();
-  waited_moved_ = moved();
+  waited_moved_ = buffer_moved();
   for (;;) {
     if (cur + bytes <= total) {
       if (shared_->store_buffer_bytes.compare_exchange_weak(cur, cur + bytes)) break;
@@ -119,7 +119,7 @@ Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline)
       return Status::Busy("the gateway's store buffers are used up (" + mib(cur) + " of " + mib(total) +
                           " held by other connections, --max-store-buffer-total-mb); this chunk needs " + mib(bytes));
     }
-    note_waiting();  // waiting behind other connections' working stores is not stalled (r7, r10 R3)
+    note_waiting(buffer_moved());  // waiting behind other connections' working stores is not stalled (r7, r10 R3)
     {
       std::unique_lock<std::mutex> l(shared_->store_buffer_mu);
       shared_->store_buffer_waiters++;

@@ -609,7 +609,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                 .fetch_add(1, std::memory_order_relaxed);
           }
           i = end;
-          note_alive();
+          note_card_work();  // a chunk stored under the context
         }
         // Another connection waits for room: this one's buffer goes back now.
         if (put_process && shared_->store_buffer_waiters.load()) release_store_buffer();
@@ -631,7 +631,6 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         const uint64_t batch_from = any_process && load_profile::kEnabled ? load_profile::now_ns() : 0;
         for (size_t i = 0; i < n; i++) {
           const proto::BatchItem& it = req.items[i];
-          if (i) note_alive();  // item i - 1 is done
           if (Status e = ended(); !e.ok()) return e;
           if (Clock::now() >= deadline) {
             st[i] = Status::TimedOut("deadline passed in the gateway");
@@ -645,6 +644,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             lease.reset();
             st[i] = load_into_process(it, request_id, deadline, &revoked);
             if (st[i].code() == Status::Code::kClosed) return st[i];
+            bump_alive();  // its read under a context counted as card work already (with_ctx)
             continue;
           }
           if (!lease) lease = acquire_context(deadline);
@@ -678,6 +678,7 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
                                              " shrank under a load (the client truncated its file)");
             if (revoked) st[i] = Status::TimedOut("the client gave up the load (lease revoked)");
             if (st[i].ok()) shared_->segment_loads.fetch_add(1, std::memory_order_relaxed);
+            note_card_work();  // store.get returned, under the context
             continue;
           }
           auto deliver = [&](size_t size, const CopyFn& copy) {
@@ -708,9 +709,11 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             };
             st[i] = store.get(**lease, it.key, deliver, ReadInto::kPieces, piece);
             if (st[i].ok()) shared_->ring_piece_loads.fetch_add(1, std::memory_order_relaxed);
+            note_card_work();
             continue;
           }
           st[i] = store.get(**lease, it.key, deliver, base ? ReadInto::kDestination : ReadInto::kStaging);
+          note_card_work();
         }
         if (batch_from) load_profile::add(load_profile::kBatch, load_profile::now_ns() - batch_from);
         break;

@@ -161,10 +161,17 @@ struct GatewayShared {
   // limits.max_store_buffer_total_bytes), chunks failed Busy for want of
   // room; a connection that waits for room is woken when one is given back.
   std::atomic<uint64_t> store_buffer_bytes{0};
-  // Work done by all connections (every note_alive) and store-buffer room
-  // given back: a connection waiting for a context or room bumps its alive
-  // word only while this (or the pool's released()) moves (review r10 R3).
-  std::atomic<uint64_t> progress{0};
+  // How the gateway moves, for the connections that wait (review r10 R3,
+  // R3b). card_progress: card work done under an I/O context (a ring piece
+  // read, a put chunk after store.put, a get item after store.get, a process
+  // load's read); with the pool's released(), what a wait for
+  // an I/O context looks at, so work that holds no context (process-store
+  // reads, items failed without I/O) cannot mask contexts hung in card I/O.
+  // buffer_progress: store-buffer room given back and process-store piece
+  // reads (a room holder's work before its put); with card_progress and
+  // released(), what a wait for store-buffer room looks at.
+  std::atomic<uint64_t> card_progress{0};
+  std::atomic<uint64_t> buffer_progress{0};
   // Bytes the connections keep of their last process load from a card that
   // is not memory-speed (ClientHandler::hold_), reserved before the read
   // within limits.max_store_buffer_total_bytes (apart from the store
@@ -349,26 +356,41 @@ class ClientHandler {
   void publish_progress(size_t item, size_t upto);
   // Bumps the progress ticket, waking the client if it sleeps on it.
   void bump_ticket();
-  // r7: bumps the control page's alive word (a sign of life; no-op without
-  // a control page) and GatewayShared::progress. After each put chunk,
-  // process store piece, get item and ring piece. r8: on a connection with
-  // no ring that asked for them, a kAlive frame instead.
-  void note_alive();
-  // A slice of a wait for an I/O context or store-buffer room: bumps the
-  // alive word (not `progress`) only if the gateway moved since the wait
-  // began or the last bump (moved()): a connection waiting behind others'
-  // working I/O is not stalled, one behind a hung card I/O is (review r10 R3).
-  void note_waiting();
-  // Work done by any connection, contexts and store-buffer room given back.
-  uint64_t moved() const { return shared_->progress.load(std::memory_order_relaxed) + shared_->pool->released(); }
-  // An I/O context from the pool by `deadline` (null: none came free),
-  // bumping the alive word while it waits and the gateway moves.
-  std::unique_ptr<IoContextPool::Lease> acquire_context(proto::Deadline deadline) {
-    waited_moved_ = moved();
-    return shared_->pool->acquire(deadline, [this] { note_waiting(); });
-  }
+  // r7: bump_alive() bumps the control page's alive word (a sign of life;
+  // no-op without a control page): after each put chunk, process store
+  // piece, get item and ring piece.
+  // r8: on a connection with no ring that asked for them, a kAlive frame
+  // instead. note_card_work() also counts card work done under an I/O
+  // context (GatewayShared::card_progress), note_buffer_work() a
+  // process-store piece read (buffer_progress): what waiters look at.
   void bump_alive();
-  uint64_t waited_moved_ = 0;  // moved() when the wait began or last bumped
+  void note_card_work() {
+    shared_->card_progress.fetch_add(1, std::memory_order_relaxed);
+    bump_alive();
+  }
+  void note_buffer_work() {
+    shared_->buffer_progress.fetch_add(1, std::memory_order_relaxed);
+    bump_alive();
+  }
+  // A slice of a wait: bumps the alive word only if `moved`, the measure
+  // of the gateway's movement this wait looks at, changed since the wait
+  // began or the last bump: a connection waiting behind others' working I/O
+  // is not stalled, one behind a hung card I/O is (review r10 R3, R3b).
+  void note_waiting(uint64_t moved);
+  // What a wait for an I/O context looks at: contexts given back, card work
+  // done under one. A wait for store-buffer room: that, room given back and
+  // process-store reads.
+  uint64_t card_moved() const {
+    return shared_->card_progress.load(std::memory_order_relaxed) + shared_->pool->released();
+  }
+  uint64_t buffer_moved() const { return shared_->buffer_progress.load(std::memory_order_relaxed) + card_moved(); }
+  // An I/O context from the pool by `deadline` (null: none came free),
+  // bumping the alive word while it waits and contexts move.
+  std::unique_ptr<IoContextPool::Lease> acquire_context(proto::Deadline deadline) {
+    waited_moved_ = card_moved();
+    return shared_->pool->acquire(deadline, [this] { note_waiting(card_moved()); });
+  }
+  uint64_t waited_moved_ = 0;  // the measure when the wait began or last bumped
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);
@@ -385,7 +407,7 @@ class ClientHandler {
   bool segments_enabled_ = false;  // r3 negotiated
   bool segment_stores_ = false;    // r3 stores from segments granted
   bool ring_progress_ = false;     // r4: a get's pieces published in the control page
-  // r8: no ring (TCP) and the client asked: note_alive() sends a kAlive frame
+  // r8: no ring (TCP) and the client asked: bump_alive() sends a kAlive frame
   // (at most one per kAliveFrameEvery) for the batch alive_request_id_, on
   // the connection's thread (the only one that calls it without a ring).
   bool alive_frames_ = false;

@@ -145,7 +145,10 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
     if (into_hold) hold_refused = reserve_hold(kBlockSize + it.size);
     if (!hold_refused.ok()) return false;
     auto lease = acquire_context(deadline);
-    if (lease) fn(**lease);  // the read, and the swap into hold_
+    if (lease) {
+      fn(**lease);  // the read, and the swap into hold_
+      note_card_work();
+    }
     count_hold();
     return bool(lease);
   };

@@ -249,7 +249,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
     }
     if (!s.ok()) return fail(std::move(s));
     shared_->process_read_bytes.fetch_add(pc.len, std::memory_order_relaxed);
-    note_alive();
+    note_buffer_work();  // no context held: store-buffer waiters count it, context waiters do not (r10 R3b)
     if (on_piece) (*on_piece)(pc.off, pc.len);
     if (on_object) {
       bool whole;
@@ -410,11 +410,13 @@ Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t re
         }
         std::memcpy(dst + done, buf + at, l);  // CardStore checksums it where it landed, in the cache
         done += l;
+        note_card_work();  // a piece into the card's write, under the context
       }
       return Status::Ok();
     };
     store.put(**lease, &item, 1, &put_st, [&] { return Clock::now() < deadline; });
     lease.reset();
+    note_card_work();
     if (stalled) slot.release();  // the card place is given up: another may pipeline
   }
   const auto t1 = Clock::now();

@@ -141,6 +141,7 @@ Status ClientHandler::store_chunk_overlapped(const proto::BatchRequest& req, uin
       const auto t0 = Clock::now();
       store.put(**lease, run.data(), run.size(), run_st.data(), [&] { return Clock::now() < deadline; });
       put_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      note_card_work();  // stored under the context
     }
     for (size_t t = 0; t < run.size(); t++) {
       const size_t o = run_at[t];
@@ -153,7 +154,6 @@ Status ClientHandler::store_chunk_overlapped(const proto::BatchRequest& req, uin
     }
     run.clear();
     run_at.clear();
-    note_alive();
   };
   // In order: the next object not yet put, once read whole (with those read
   // whole after it), or the job's end (it failed, or the read ended early).

@@ -59,18 +59,12 @@ void ClientHandler::publish_progress(size_t item, size_t upto) {
   auto* slot = reinterpret_cast<uint32_t*>(ring_->data() + proto::kProgressSlotsAt) + item;
   __atomic_store_n(slot, static_cast<uint32_t>(upto), __ATOMIC_RELEASE);
   bump_ticket();
-  note_alive();  // a piece done: others waiting for this context see the gateway move
+  note_card_work();  // a piece read under the context: others waiting for one see the card move
 }
 
-void ClientHandler::note_alive() {
-  shared_->progress.fetch_add(1, std::memory_order_relaxed);
-  bump_alive();
-}
-
-void ClientHandler::note_waiting() {
-  const uint64_t m = moved();
-  if (m == waited_moved_) return;  // nothing moved: a wedged gateway goes quiet, and reads stalled
-  waited_moved_ = m;
+void ClientHandler::note_waiting(uint64_t moved) {
+  if (moved == waited_moved_) return;  // nothing moved: a wedged gateway goes quiet, and reads stalled
+  waited_moved_ = moved;
   bump_alive();
 }
 

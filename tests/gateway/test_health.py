@@ -531,48 +531,123 @@ def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir):
         assert gw.stop() == 0
 
 
-def test_a_gateway_wedged_in_card_io_is_stalled(monkeypatch):
-    """The gateway's only I/O context held by a load whose card read hangs 3 s (ADP_TEST_RING_PIECE_DELAY_MS before
-    its one piece, inside the context): the connector's other worker's load waits for that context, and nothing in
-    the gateway moves. The waiter bumps its alive word only when the gateway moved since its last bump (work done by
-    any connection, a context or store-buffer room given back), so the connector reads stalled within the bound
-    (+ 0.5 s) of the wait, and working again once the read ends and both loads answer. Before (edeb1c2), the wait
-    bumped every 100 ms and masked the hung read (review r10 R3). test_a_gateway_waiting_for_an_io_context is the
-    busy pool beside it, which does not read stalled."""
-    d = tempfile.mkdtemp(prefix="adpwc-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_RING_PIECE_DELAY_MS", "3000")
-    gw = Gateway(d, extra=("--io-contexts", "1")).start()
-    monkeypatch.delenv("ADP_TEST_RING_PIECE_DELAY_MS")
-    conn = None
-    try:
-        w = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-        keys = ["a@0", "b@0"]
-        datas = [payload(k, 1 << 20) for k in keys]
-        assert w.set(keys, [memoryview(x) for x in datas])[0]  # only loads' pieces are delayed
-        w.conn.close()
-        conn = ADPConnector(
-            gateway=gw.unix_url, num_workers=2, timeout_ms=20000, process_memory=False, gateway_stall_s=STALL_S
-        )
-        c = RawConnector(conn)
-        outs = [bytearray(1 << 20), bytearray(1 << 20)]
-        fa = conn.submit_batch_get(["a@0"], [memoryview(outs[0])])
+class WedgedLoads:
+    """A gateway with one I/O context (--io-contexts 1) on a tmpfs card whose loads' card reads "hang" `hang_ms`
+    (ADP_TEST_RING_PIECE_DELAY_MS before each 1 MiB object's one piece, inside the context), a@0 and b@0 stored,
+    and connector C (two workers, through the ring, gateway_stall_s=STALL_S). start(): C's load of a@0 takes the
+    context and hangs in its read; 0.3 s later C's load of b@0 waits for the context, and nothing in the gateway
+    moves."""
+
+    def __init__(self, hang_ms: int):
+        self.dir = tempfile.mkdtemp(prefix="adpwc-", dir="/dev/shm")
+        self.gw = Gateway(self.dir, extra=("--io-contexts", "1")).start(env={"ADP_TEST_RING_PIECE_DELAY_MS": hang_ms})
+        self.conn = None
+        try:
+            w = RawConnector(ADPConnector(gateway=self.gw.unix_url, num_workers=1, timeout_ms=20000))
+            self.keys = ["a@0", "b@0"]
+            self.datas = [payload(k, 1 << 20) for k in self.keys]
+            ok = w.set(self.keys, [memoryview(x) for x in self.datas])[0]  # only loads' pieces are delayed
+            w.conn.close()
+            assert ok, self.gw.log()
+            self.conn = ADPConnector(
+                gateway=self.gw.unix_url, num_workers=2, timeout_ms=20000, process_memory=False, gateway_stall_s=STALL_S
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.c = RawConnector(self.conn)
+        self.outs = [bytearray(1 << 20), bytearray(1 << 20)]
+
+    def start(self) -> None:
+        self.fa = self.conn.submit_batch_get(["a@0"], [memoryview(self.outs[0])])
         time.sleep(0.3)  # a's load holds the context, its read "hung"
-        t0 = time.monotonic()
-        fb = conn.submit_batch_get(["b@0"], [memoryview(outs[1])])
+        self.t0 = time.monotonic()
+        self.fb = self.conn.submit_batch_get(["b@0"], [memoryview(self.outs[1])])
+
+    def sample(self) -> tuple[float, bool]:
+        """(seconds since b's load was sent, gateway_stalled)."""
+        return round(time.monotonic() - self.t0, 2), self.conn.stats()["gateway_stalled"]
+
+    def finish(self) -> None:
+        """Both loads answer once the read ends, and C reads the gateway working again."""
+        ra, rb = self.c.wait(self.fa, timeout=20), self.c.wait(self.fb, timeout=20)
+        assert ra[0] and rb[0] and [bytes(o) for o in self.outs] == self.datas, (ra, rb)
+        assert self.conn.stats()["gateway_stalled"] is False
+
+    def close(self) -> None:
+        if self.conn:
+            self.conn.close()
+        assert self.gw.stop() == 0
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def test_a_gateway_wedged_in_card_io_is_stalled():
+    """The gateway's only I/O context held by a load whose card read hangs 3 s (WedgedLoads): the connector's other
+    worker's load waits for that context, and nothing in the gateway moves. The waiter bumps its alive word only
+    when contexts moved since its last bump (a context given back, card work done under one by any connection), so
+    the connector reads stalled within the bound (+ 0.5 s) of the wait, and working again once the read ends and
+    both loads answer. Before (edeb1c2), the wait bumped every 100 ms and masked the hung read (review r10 R3).
+    test_a_gateway_waiting_for_an_io_context is the busy pool beside it, which does not read stalled."""
+    w = WedgedLoads(3000)
+    try:
+        w.start()
         seen = []
-        while time.monotonic() - t0 < STALL_S + 0.5:
-            seen.append((round(time.monotonic() - t0, 2), conn.stats()["gateway_stalled"]))
+        while time.monotonic() - w.t0 < STALL_S + 0.5:
+            seen.append(w.sample())
             time.sleep(0.05)
-        seen.append((round(time.monotonic() - t0, 2), conn.stats()["gateway_stalled"]))
+        seen.append(w.sample())
         assert seen[-1][1] is True, seen
-        ra, rb = c.wait(fa, timeout=20), c.wait(fb, timeout=20)
-        assert ra[0] and rb[0] and [bytes(o) for o in outs] == datas, (ra, rb)
-        assert conn.stats()["gateway_stalled"] is False
+        w.finish()
     finally:
-        if conn:
-            conn.close()
-        assert gw.stop() == 0
-        shutil.rmtree(d, ignore_errors=True)
+        w.close()
+
+
+def test_a_gateway_wedged_in_card_io_is_stalled_while_others_store():
+    """As test_a_gateway_wedged_in_card_io_is_stalled (WedgedLoads, the read hung 4 s here), while a second
+    connector S stores 3 MiB objects from its process memory in a loop (4 workers, 1.5 s deadline): each store reads
+    its client's memory, holding no context, then waits for the context and fails. Those reads free no context, so
+    C's waiter does not count them as the gateway moving (card_progress: contexts given back, card work done under
+    one): C reads stalled from the bound (+ 0.5 s) on, in every sample until the read ends; then both loads answer.
+    Review r10 R3b: before, S's piece reads moved the one `progress` C's waiter looked at, and C read stalled only
+    now and then (9 of 28 samples)."""
+    w = WedgedLoads(4000)
+    s = None
+    stop = threading.Event()
+    storers: list[threading.Thread] = []
+    stored = [0]
+    try:
+        s = RawConnector(ADPConnector(gateway=w.gw.unix_url, num_workers=4, timeout_ms=1500))
+        big = [bytearray(payload(f"s{j}", 3 << 20)) for j in range(4)]
+
+        def store(j: int) -> None:
+            n = 0
+            while not stop.is_set():
+                s.set([f"s{j}@{n}"], [memoryview(big[j])])
+                stored[0] += 1
+                n += 1
+
+        w.start()
+        storers = [threading.Thread(target=store, args=(j,)) for j in range(4)]
+        for t in storers:
+            t.start()
+        seen = []
+        while time.monotonic() - w.t0 < 3.2:  # the read hangs until 3.7 s at the earliest
+            seen.append(w.sample())
+            time.sleep(0.05)
+        stop.set()
+        for t in storers:
+            t.join()
+        late = [x for x in seen if x[0] >= STALL_S + 0.5]
+        assert len(late) >= 10 and all(x[1] for x in late), (stored[0], seen)
+        assert stored[0] >= 4, stored  # S stored (and failed) meanwhile: its reads went on
+        w.finish()
+    finally:
+        stop.set()
+        for t in storers:
+            t.join()
+        if s:
+            s.conn.close()
+        w.close()
 
 
 def test_a_card_failing_and_working_interleaved_reads_failing_throughout(workdir, monkeypatch, capfd):

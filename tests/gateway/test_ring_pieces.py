@@ -126,7 +126,7 @@ def test_client_that_stops_reading_mid_object(monkeypatch):
 
 def test_client_without_the_feature_gets_the_whole_object_and_no_progress(fast_gateway):
     """An r3 client (no ring-progress bit) on an r4 gateway: not granted, nothing written into the
-    control page, the object at its offset in the ring once the reply came."""
+    control page but the alive word (r7), the object at its offset in the ring once the reply came."""
     gw = fast_gateway
     size = 3 * MIB + 5
     store(gw, ["old@obj"], [size])
@@ -136,7 +136,8 @@ def test_client_without_the_feature_gets_the_whole_object_and_no_progress(fast_g
         c.send(wire.BATCH, wire.batch(wire.GET, [b"old@obj"], [size], [CONTROL]))
         ftype, body = c.recv()
         assert ftype == wire.BATCH_REPLY and struct.unpack_from("<IIBBHIQ", body)[2] == 0
-        assert c.map[8:CONTROL] == b"\0" * (CONTROL - 8)  # no ticket, no slot
+        # No ticket, no slot; the alive word at 72 (r7, any control page) is bumped after the item.
+        assert c.map[8:72] == b"\0" * 64 and c.map[76:CONTROL] == b"\0" * (CONTROL - 76)
         assert c.map[CONTROL : CONTROL + size] == payload("old@obj", size)
     finally:
         c.close()
