@@ -34,61 +34,44 @@
 #include "gateway/gateway_server.h"
 #include "protocol/messages.h"
 #include "raw_client.h"
+#include "test_gateway.h"
 
 namespace {
 
 namespace proto = adp::proto;
 using Client = adp::testing::RawClient;
+using adp::testing::connect_process_store_client;
 using adp::testing::gateway_stats;
 using adp::testing::process_batch;
 using adp::testing::stat;
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 2 * kMiB + 4099;  // 3 pieces, the last partial; six in one chunk
 
-bool connect_client(const std::string& socket, const char* name, Client* c) {
-  return adp::testing::connect_process_store_client(socket, name, c, 60);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
+  std::string dir;
+  if (!adp::testing::dir_argument(argc, argv, &dir)) return 2;
   // Two connections storing: a spare CPU for each one's store reader on any host (CPUs / 2 >= 2).
   ::setenv("ADP_TEST_GATEWAY_CPUS", "4", 1);
   ::setenv("ADP_STORE_CHUNK_OVERLAP", "1", 1);  // off by default (review r10 R4)
+  adp::testing::ProcessObjects objects(30, kObject);
+  if (!objects.ok()) return 1;
+  const auto &src = objects.src, &dst = objects.dst;
+  const auto& want = objects.want;
   std::vector<std::string> keys;
-  std::vector<uint8_t*> src, dst;
-  std::vector<std::vector<uint8_t>> want;
-  for (int i = 0; i < 30; i++) {
-    keys.push_back((i < 6 ? "A" : i < 24 ? "B" : "C") + std::to_string(i));
-    want.push_back(adp::testing::pattern(kObject, uint8_t(i + 1)));
-    src.push_back(adp::testing::populated_buffer(kObject));
-    dst.push_back(adp::testing::populated_buffer(kObject));
-    CHECK(src.back() && dst.back(), "mmap");
-    if (!src.back() || !dst.back()) return 1;
-    std::memcpy(src.back(), want.back().data(), kObject);
-  }
+  for (int i = 0; i < 30; i++) keys.push_back((i < 6 ? "A" : i < 24 ? "B" : "C") + std::to_string(i));
   auto range = [](const auto& v, int from, int to) { return std::vector(v.begin() + from, v.begin() + to); };
   {
-    adp::GatewayOptions go;
-    go.card.path = dir + "/card.img";
-    go.card.create_bytes = 256 * kMiB;
-    go.socket_path = dir + "/gw.sock";
-    go.process_write_threads = 2;
-    std::unique_ptr<adp::GatewayServer> gw;
-    adp::Status s = adp::GatewayServer::Start(go, &gw);
-    CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
-    if (!s.ok()) return 1;
+    const adp::GatewayOptions go = adp::testing::gateway_options(dir, 256, 2);
+    std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+    if (!gw) return 1;
     // A's connection reads the hook at its handshake; B's has it too, but the stall is taken once, by A.
     Client a, b;
     ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "1500", 1);
-    const bool a_ok = connect_client(go.socket_path, "chunk_store_test A", &a);
+    const bool a_ok = connect_process_store_client(go.socket_path, "chunk_store_test A", &a);
     ::unsetenv("ADP_TEST_PROCESS_READ_STALL_MS");
-    if (!a_ok || !connect_client(go.socket_path, "chunk_store_test B", &b)) return 1;
+    if (!a_ok || !connect_process_store_client(go.socket_path, "chunk_store_test B", &b)) return 1;
     std::vector<adp::Status> a_st;
     std::thread ta([&] { a_st = process_batch(a, proto::Op::kPut, range(keys, 0, 6), range(src, 0, 6), kObject); });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // A is in its stalled read
@@ -108,30 +91,22 @@ int main(int argc, char** argv) {
     CHECK(stat(st, "process_store_overlapped") == 24, "not 24 overlapped stores: %s", st.c_str());
     ::close(a.fd);
     ::close(b.fd);
-    gw->stop();
-    CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+    adp::testing::stop_gateway(*gw);
   }
   {
-    adp::GatewayOptions go;
-    go.card.path = dir + "/card2.img";
-    go.card.create_bytes = 256 * kMiB;
-    go.socket_path = dir + "/gw2.sock";
-    go.process_write_threads = 2;
+    const adp::GatewayOptions go = adp::testing::gateway_options(dir, 256, 2, "2");
     ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "3000", 1);
-    std::unique_ptr<adp::GatewayServer> gw;
-    adp::Status s = adp::GatewayServer::Start(go, &gw);
-    CHECK(s.ok(), "start the second gateway: %s", s.message().c_str());
-    if (!s.ok()) return 1;
+    std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+    if (!gw) return 1;
     Client c;
-    const bool c_ok = connect_client(go.socket_path, "chunk_store_test C", &c);
+    const bool c_ok = connect_process_store_client(go.socket_path, "chunk_store_test C", &c);
     ::unsetenv("ADP_TEST_PROCESS_READ_STALL_MS");
     if (!c_ok) return 1;
     std::thread tc(
         [&] { process_batch(c, proto::Op::kPut, range(keys, 24, 30), range(src, 24, 30), kObject, 60, false); });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // C is in its stalled read
     const auto t0 = std::chrono::steady_clock::now();
-    gw->stop();
-    CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+    adp::testing::stop_gateway(*gw);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2900),
           "stop() waited for the stalled read");
     gw.reset();
@@ -139,10 +114,6 @@ int main(int argc, char** argv) {
     // The stall ends meanwhile: the reader's job and the connection's thread finish, the server gone.
     std::this_thread::sleep_for(std::chrono::milliseconds(3500));
     ::close(c.fd);
-  }
-  for (int i = 0; i < 30; i++) {
-    ::munmap(src[i], kObject);
-    ::munmap(dst[i], kObject);
   }
   if (adp::testing::check_failures) return 1;
   std::printf("chunk_store_test: PASS\n");

@@ -42,6 +42,7 @@
 #include "protocol/frame.h"
 #include "protocol/messages.h"
 #include "raw_client.h"
+#include "test_gateway.h"
 
 namespace {
 
@@ -53,23 +54,14 @@ constexpr int kWakeDelayMs = 6000, kReadStallMs = 8000, kStopAtMs = 500;
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
+  std::string dir;
+  if (!adp::testing::dir_argument(argc, argv, &dir)) return 2;
   // Read when the gateway starts (util/test_hooks.h).
   ::setenv("ADP_TEST_PIPELINE_WAKE_DELAY_MS", std::to_string(kWakeDelayMs).c_str(), 1);
   ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", std::to_string(kReadStallMs).c_str(), 1);
-  adp::GatewayOptions go;
-  go.card.path = dir + "/card.img";
-  go.card.create_bytes = 256 * kMiB;
-  go.socket_path = dir + "/gw.sock";
-  go.process_write_threads = 0;
-  std::unique_ptr<adp::GatewayServer> gw;
-  adp::Status s = adp::GatewayServer::Start(go, &gw);
-  CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
-  if (!s.ok()) return 1;
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 256, 0);
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  if (!gw) return 1;
 
   adp::testing::RawClient c;
   if (!adp::testing::connect_process_store_client(go.socket_path, "pipelined_stop_test", &c, 10)) return 1;
@@ -91,8 +83,7 @@ int main(int argc, char** argv) {
   pollfd p{c.fd, POLLIN, 0};
   CHECK(::poll(&p, 1, kStopAtMs) == 0, "the store was answered at once: its read did not stall");
   const auto stop_at = proto::Clock::now();
-  gw->stop();
-  CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+  adp::testing::stop_gateway(*gw);
   // stop() gives up on a connection only after 2 s with no transfer of its memory ended: a quicker
   // stop means the connection was not in the stalled read (the scenario did not happen).
   const auto stop_ms = std::chrono::duration_cast<std::chrono::milliseconds>(proto::Clock::now() - stop_at).count();

@@ -31,58 +31,41 @@
 #include "check.h"
 #include "gateway/gateway_server.h"
 #include "raw_client.h"
+#include "test_gateway.h"
 
 namespace {
 
 namespace proto = adp::proto;
 using Client = adp::testing::RawClient;
+using adp::testing::connect_process_store_client;
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 12 * kMiB + 4099;  // >= 8 MiB: pipelined; 13 pieces, the last partial
-
-bool connect_client(const std::string& socket, const char* name, Client* c) {
-  return adp::testing::connect_process_store_client(socket, name, c, 60);
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
-  adp::GatewayOptions go;
-  go.card.path = dir + "/card.img";
-  go.card.create_bytes = 1024 * kMiB;
-  go.socket_path = dir + "/gw.sock";
-  go.process_write_threads = 2;
+  std::string dir;
+  if (!adp::testing::dir_argument(argc, argv, &dir)) return 2;
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 1024, 2);
   // The test hooks are read when the gateway starts (util/test_hooks.h).
   // Two connections storing: a spare CPU for each one's store reader on any host (CPUs / 2 >= 2).
   ::setenv("ADP_TEST_GATEWAY_CPUS", "4", 1);
   // The first read past an object's first piece, once per gateway: A's (B stores only once A stalls).
   ::setenv("ADP_TEST_PROCESS_READ_STALL_MS", "1500", 1);
-  std::unique_ptr<adp::GatewayServer> gw;
-  adp::Status s = adp::GatewayServer::Start(go, &gw);
-  CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
-  if (!s.ok()) return 1;
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  if (!gw) return 1;
 
   Client a, b;
-  if (!connect_client(go.socket_path, "pipelined_store_test A", &a) ||
-      !connect_client(go.socket_path, "pipelined_store_test B", &b))
+  if (!connect_process_store_client(go.socket_path, "pipelined_store_test A", &a) ||
+      !connect_process_store_client(go.socket_path, "pipelined_store_test B", &b))
     return 1;
 
+  adp::testing::ProcessObjects objects(8, kObject);
+  if (!objects.ok()) return 1;
+  const auto &src = objects.src, &dst = objects.dst;
+  const auto& want = objects.want;
   std::vector<std::string> keys;
-  std::vector<uint8_t*> src, dst;
-  std::vector<std::vector<uint8_t>> want;
-  for (int i = 0; i < 8; i++) {
-    keys.push_back((i < 2 ? "A" : "B") + std::to_string(i));
-    want.push_back(adp::testing::pattern(kObject, uint8_t(i + 1)));
-    src.push_back(adp::testing::populated_buffer(kObject));
-    dst.push_back(adp::testing::populated_buffer(kObject));
-    CHECK(src.back() && dst.back(), "mmap");
-    if (!src.back() || !dst.back()) return 1;
-    std::memcpy(src.back(), want.back().data(), kObject);
-  }
+  for (int i = 0; i < 8; i++) keys.push_back((i < 2 ? "A" : "B") + std::to_string(i));
 
   std::vector<adp::Status> a_st;
   std::thread ta(
@@ -110,13 +93,8 @@ int main(int argc, char** argv) {
 
   ::close(a.fd);
   ::close(b.fd);
-  gw->stop();
-  CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+  adp::testing::stop_gateway(*gw);
   gw.reset();
-  for (int i = 0; i < 8; i++) {
-    ::munmap(src[i], kObject);
-    ::munmap(dst[i], kObject);
-  }
   if (adp::testing::check_failures) return 1;
   std::printf("pipelined_store_test: PASS\n");
   return 0;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,7 +77,8 @@ inline bool connect_raw_client(const std::string& socket, const char* name, uint
 
 // A client that stores from its own memory (r5): ring, process loads and stores offered, process
 // stores required.
-inline bool connect_process_store_client(const std::string& socket, const char* name, RawClient* c, int timeout_s) {
+inline bool connect_process_store_client(const std::string& socket, const char* name, RawClient* c,
+                                         int timeout_s = 60) {
   return connect_raw_client(socket, name,
                             proto::kFeatureRing | proto::kFeatureProcessLoads | proto::kFeatureProcessStores,
                             proto::kFeatureProcessStores, c, timeout_s);
@@ -88,6 +90,36 @@ inline uint8_t* populated_buffer(size_t n) {
       ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
   return p == MAP_FAILED ? nullptr : p;
 }
+
+// n objects of `size` bytes for process stores and loads: object i's bytes (want[i], pattern seed i + 1),
+// a populated buffer holding them (src[i]) and one to load into (dst[i]); unmapped when it goes.
+struct ProcessObjects {
+  ProcessObjects(int n, size_t size) : size(size) {
+    for (int i = 0; i < n; i++) {
+      want.push_back(pattern(size, uint8_t(i + 1)));
+      src.push_back(populated_buffer(size));
+      dst.push_back(populated_buffer(size));
+      if (src.back()) std::memcpy(src.back(), want.back().data(), size);
+    }
+    CHECK(ok(), "mmap of %d x 2 buffers of %zu bytes", n, size);
+  }
+  ~ProcessObjects() {
+    for (uint8_t* p : src)
+      if (p) ::munmap(p, size);
+    for (uint8_t* p : dst)
+      if (p) ::munmap(p, size);
+  }
+  ProcessObjects(const ProcessObjects&) = delete;
+  ProcessObjects& operator=(const ProcessObjects&) = delete;
+  bool ok() const {
+    for (size_t i = 0; i < src.size(); i++)
+      if (!src[i] || !dst[i]) return false;
+    return true;
+  }
+  size_t size;
+  std::vector<std::vector<uint8_t>> want;
+  std::vector<uint8_t*> src, dst;
+};
 
 // One batch of process items of `size` bytes each (keys[i] at bufs[i]) under an open lease; each item's
 // status (IoError "no reply" for all when none came within `timeout_s`). want_reply false: the gateway

@@ -33,6 +33,7 @@
 #include "gateway/gateway_server.h"
 #include "raw_client.h"
 #include "store/card_store.h"
+#include "test_gateway.h"
 
 namespace {
 
@@ -68,26 +69,17 @@ bool next_frame(int fd, adp::proto::Deadline by, adp::proto::Frame* f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
-  const std::string card = dir + "/card.img";
-  if (!store_objects(card)) return 1;
+  std::string dir;
+  if (!adp::testing::dir_argument(argc, argv, &dir)) return 2;
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 0, 2);  // on the card store_objects made
+  if (!store_objects(go.card.path)) return 1;
 
   // Read when the gateway starts (util/test_hooks.h): the first helper write
   // past an object's first piece stalls this long (ClientHandler's test hook).
   ::setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", std::to_string(kStallMs).c_str(), 1);
   ::setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper", 1);
-  adp::GatewayOptions go;
-  go.card.path = card;
-  go.socket_path = dir + "/gw.sock";
-  go.process_write_threads = 2;
-  std::unique_ptr<adp::GatewayServer> gw;
-  adp::Status s = adp::GatewayServer::Start(go, &gw);
-  CHECK(s.ok(), "start the gateway: %s", s.message().c_str());
-  if (!s.ok()) return 1;
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  if (!gw) return 1;
 
   adp::testing::RawClient client;
   if (!adp::testing::connect_raw_client(go.socket_path, "stop_abandon_test",
@@ -122,8 +114,7 @@ int main(int argc, char** argv) {
   const bool replied = ::poll(&p, 1, 1000) > 0;
   CHECK(!replied, "the get was answered at once: no piece helper stalled (the scenario did not happen)");
 
-  gw->stop();
-  CHECK(gw->wait(std::chrono::seconds(30)), "stop() did not finish within 30 s");
+  adp::testing::stop_gateway(*gw);
   // The process lives on past the stall: the thread left behind wakes now.
   std::this_thread::sleep_for(std::chrono::milliseconds(kStallMs + 2000));
 
