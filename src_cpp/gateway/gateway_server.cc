@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "protocol/client_segment.h"
 #include "protocol/messages.h"
 #include "util/log.h"
 #include "util/test_hooks.h"
@@ -64,6 +65,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   g->shared_->hooks = read_test_hooks();
   warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
   apply_failing_hold(g->shared_->hooks);
+  if (g->shared_->hooks.segment_populate_einval) proto::ClientSegment::refuse_populate_for_test();
   const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   g->shared_->limits = {opts.max_tcp_clients,

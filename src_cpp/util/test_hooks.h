@@ -28,6 +28,7 @@ struct TestHooks {
   int pipeline_retry_ms = -1;                // ADP_TEST_PIPELINE_RETRY_MS (-1: not set)
   int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
   int pipeline_wake_delay_ms = 0;            // ADP_TEST_PIPELINE_WAKE_DELAY_MS
+  bool segment_populate_einval = false;      // ADP_TEST_SEGMENT_POPULATE_EINVAL=1
   // Both sides': a process's card health hold (util/failing_hold.h), set at its start.
   int card_failing_hold_ms = -1;  // ADP_TEST_CARD_FAILING_HOLD_MS (-1: not set, kFailingHold)
   // The connector's.

@@ -22,7 +22,7 @@ from lmcache_adp._native import FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.helpers import RawConnector, hits_hold_their_own, payload
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, temp_gateway
 
 SIZE = 256 << 10
 REGISTER, SEGMENT_OK = FRAME_TYPES["REGISTER_SEGMENT"], FRAME_TYPES["SEGMENT_OK"]
@@ -111,6 +111,34 @@ def test_loads_into_shm_buffers_skip_the_ring(card_gateway):
         c.conn.close()
         pool.close()
     assert gw.proc.poll() is None
+
+
+def test_a_kernel_that_refuses_populate_is_asked_once():
+    """Where the kernel refuses MADV_POPULATE_WRITE (EINVAL: before Linux 5.14; ADP_TEST_SEGMENT_POPULATE_EINVAL
+    fails each call so, logging each) the gateway says so once at INFO and makes no call after: loads into
+    buffers whose pages were never populated still land intact (the copy faults them in), with one try in
+    all, not one per load (review r11)."""
+    keys = [f"refused@{i}" for i in range(6)]
+    with temp_gateway(env={"ADP_TEST_SEGMENT_POPULATE_EINVAL": "1"}) as gw:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=10000))
+        assert c.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+        pool = ShmPool(len(keys), SIZE)
+        try:
+            for _ in range(2):  # the second round: buffers the first one loaded into
+                ok, _, per_key = c.get(keys, pool.views)
+                assert ok and all(per_key)
+                assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
+            st = stats(gw)
+            assert st["segment_loads"] == 2 * len(keys) and st["segment_populates"] == 0, st
+        finally:
+            c.conn.close()
+            pool.close()
+        log = gw.log()
+        assert gw.proc.poll() is None, log
+    tries = [line for line in log.splitlines() if "MADV_POPULATE_WRITE fails as EINVAL, not made" in line]
+    refused = [line for line in log.splitlines() if "this kernel refuses MADV_POPULATE_WRITE" in line]
+    assert len(tries) == 1 and len(refused) == 1, log
+    assert "INFO" in refused[0] and "without trying it again" in refused[0], refused
 
 
 HINT = "Start `lmcache server` with --shm-name"
