@@ -895,7 +895,8 @@ def report(rows: list[dict], args, meta: dict) -> str:
                 f"{st / mw:.2f}x | {ld / mr:.2f}x | {vs_e} | {'yes' if r['ok'] else 'NO'} |"
             )
     lines += paired_table(rows, summ)
-    lines += round_trip_table(rows, args.keys_per_worker)
+    if args is not None:  # a report of saved rows (args None) does not know the batch size
+        lines += round_trip_table(rows, args.keys_per_worker)
     lines += client_table(rows, summ)
     lines += not_ok(rows)
     lines.append("")
