@@ -718,11 +718,17 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
         if (batch_from) load_profile::add(load_profile::kBatch, load_profile::now_ns() - batch_from);
         break;
       }
-      case proto::Op::kExists:
-        for (size_t i = 0; i < n; i++) st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
+      case proto::Op::kExists:  // the index only, no context: a sign of life per item (review r10 N3)
+        for (size_t i = 0; i < n; i++) {
+          st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
+          bump_alive();
+        }
         break;
       case proto::Op::kDelete:
-        for (size_t i = 0; i < n; i++) st[i] = store.remove(**lease, req.items[i].key);
+        for (size_t i = 0; i < n; i++) {
+          st[i] = store.remove(**lease, req.items[i].key);
+          note_card_work();  // under the context (review r10 N3)
+        }
         break;
     }
   }

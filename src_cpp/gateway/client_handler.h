@@ -164,7 +164,7 @@ struct GatewayShared {
   // How the gateway moves, for the connections that wait (review r10 R3,
   // R3b). card_progress: card work done under an I/O context (a ring piece
   // read, a put chunk after store.put, a get item after store.get, a process
-  // load's read); with the pool's released(), what a wait for
+  // load's read, a delete item); with the pool's released(), what a wait for
   // an I/O context looks at, so work that holds no context (process-store
   // reads, items failed without I/O) cannot mask contexts hung in card I/O.
   // buffer_progress: store-buffer room given back and process-store piece
@@ -358,7 +358,7 @@ class ClientHandler {
   void bump_ticket();
   // r7: bump_alive() bumps the control page's alive word (a sign of life;
   // no-op without a control page): after each put chunk, process store
-  // piece, get item and ring piece.
+  // piece, get item, ring piece, process load piece, exists or delete item.
   // r8: on a connection with no ring that asked for them, a kAlive frame
   // instead. note_card_work() also counts card work done under an I/O
   // context (GatewayShared::card_progress), note_buffer_work() a
@@ -391,6 +391,11 @@ class ClientHandler {
     return shared_->pool->acquire(deadline, [this] { note_waiting(card_moved()); });
   }
   uint64_t waited_moved_ = 0;  // the measure when the wait began or last bumped
+  // Whether this connection's ring starts with a control page: the client's
+  // rule (proto::has_control_page), so the alive word is never a payload's.
+  bool control_page() const {
+    return ring_ && proto::has_control_page(segments_enabled_, ring_progress_, process_offered_ != 0);
+  }
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);

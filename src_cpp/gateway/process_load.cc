@@ -113,6 +113,7 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
       prof::Timer t(prof::kLease);
       leave_lease(request_id);
     }
+    bump_alive();  // a piece out (review r10 N3): one object the card gives slowly does not read stalled
     return w.ok() || fail(std::move(w));
   };
   // Out of the card gate for the whole write: the lease may wait on writers

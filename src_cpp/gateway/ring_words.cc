@@ -84,7 +84,7 @@ void ClientHandler::bump_alive() {
   }
   // r7: a relaxed add costing nothing next to the item it follows; the
   // client reads only that it changed (frame.h, kAliveAt).
-  if (!ring_ || !(segments_enabled_ || ring_progress_ || process_offered_)) return;  // no control page
+  if (!control_page()) return;
   __atomic_fetch_add(reinterpret_cast<uint32_t*>(ring_->data() + proto::kAliveAt), 1u, __ATOMIC_RELAXED);
 }
 

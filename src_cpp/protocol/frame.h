@@ -92,6 +92,13 @@ constexpr uint32_t kMaxProbeBytes = 64;
 // gives up (deadline, close), waiting out a WRITING first. So no byte lands
 // in a client buffer after the client completed its future.
 constexpr uint64_t kRingControlBytes = 4096;
+// Whether a ring starts with its control page: segments (r3), ring progress
+// (r4) or process memory offered (r5). One rule for both sides (the client's
+// GatewayClient::control_page, the gateway's ClientHandler::control_page):
+// a drift would have the gateway bump the alive word inside a payload.
+constexpr bool has_control_page(bool segments, bool ring_progress, bool process_offered) {
+  return segments || ring_progress || process_offered;
+}
 enum LeaseState : uint64_t { kLeaseOpen = 1, kLeaseWriting = 2, kLeaseRevoked = 3 };
 constexpr uint64_t lease_word(uint64_t request_id, uint64_t state) { return request_id << 2 | state; }
 
@@ -120,7 +127,8 @@ constexpr size_t kProgressSlots = (kRingControlBytes - kProgressSlotsAt) / 4;
 // gateway's sign of life while it works on a request.
 //   kAliveAt            u32, gateway: bumped (relaxed) after each item or
 //                       chunk of a request it finishes (a put's chunk, a
-//                       process store's piece, a get's item), not read by it.
+//                       process store's or load's piece, a get's, exists'
+//                       or delete's item), not read by it.
 //                       The client reads it only as "the gateway is working"
 //                       (RemoteBackend::stats: gateway_stalled); a gateway of
 //                       r6 or older leaves it 0 (the word was reserved).

@@ -94,7 +94,7 @@ class GatewayClient {
   // between batches; a failed registration leaves the connection unusable).
   Status retry_process(proto::Deadline deadline);
   // Whether the ring starts with its control page (r3 segments, r4, r5).
-  bool control_page() const { return segments_ || ring_progress_ || process_offered_; }
+  bool control_page() const { return proto::has_control_page(segments_, ring_progress_, process_offered_); }
   // The request id the next call() will carry (the load lease names it).
   uint64_t next_request_id() const { return request_id_ + 1; }
   // The load lease word in the ring's control page (segments() only).

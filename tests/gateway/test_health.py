@@ -4,6 +4,7 @@ say whether its gateway can be reached (README "Operations", docs/stats.md)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -20,11 +21,17 @@ import urllib.request
 import pytest
 
 from lmcache_adp import ADPConnector
-from lmcache_adp._native import FEATURE_ALIVE, FRAME_TYPES
+from lmcache_adp._native import FEATURE_ALIVE, FEATURE_RING_PROGRESS, FRAME_TYPES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from lmcache_adp.ops import format_status
 from tests.gateway import wire
 from tests.gateway.test_failures import keys_and_datas
+from tests.gateway.test_process_memory import PIECE as PM_PIECE
+from tests.gateway.test_process_memory import SIZE as PM_SIZE
+from tests.gateway.test_process_memory import ProcessClient
+from tests.gateway.test_process_memory import store as pm_store
+from tests.gateway.test_ring_pieces import CONTROL, MIB
+from tests.gateway.test_ring_pieces import RawClient as RingClient
 from tests.helpers import RawConnector, payload
 from tests.ops.test_metrics import free_port, scrape
 from tests.support.gateway import TOKEN, Gateway
@@ -279,6 +286,21 @@ def test_a_slow_working_gateway_is_not_stalled(workdir):
         assert gw.stop() == 0
 
 
+def stall_logged_until_resumed(gw: Gateway, conn: ADPConnector, c: RawConnector, fid, capfd) -> tuple:
+    """gw stopped (pause()) while c's load fid waits: the stall's WARNING comes once within the bound plus the wait's
+    check interval (250 ms) and 0.5 s, with the load still waiting; then gw resumes, and the INFO that the gateway
+    answers again comes once after the load ended. The load's (ok, err, per_key)."""
+    time.sleep(STALL_MS / 1000 + 0.75)
+    err = capfd.readouterr().err
+    assert err.count("nothing heard from the gateway") == 1 and "WARNING" in err, err
+    assert fid not in c.done and not conn.drain_completions(), "the load ended while the gateway was stopped"
+    gw.resume()
+    res = c.wait(fid, timeout=10)
+    err = capfd.readouterr().err
+    assert err.count("the gateway answers again") == 1 and "nothing heard" not in err, err
+    return res
+
+
 def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, capfd):
     """Review r9 H3: nothing calls stats() (no metrics port, no scrape), yet the stall's WARNING comes within the
     bound plus the wait's check interval (250 ms), once, while the load still waits; SIGCONT: the INFO that the
@@ -293,16 +315,9 @@ def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, capfd):
         gw.pause()
         outs = [bytearray(len(d)) for d in datas]
         fid = conn.submit_batch_get(keys, [memoryview(o) for o in outs])
-        time.sleep(STALL_MS / 1000 + 0.75)
-        err = capfd.readouterr().err
-        assert err.count("nothing heard from the gateway") == 1 and "WARNING" in err, err
-        assert fid not in c.done and not conn.drain_completions(), "the load ended while the gateway was stopped"
-        gw.resume()
-        ok, err, per_key = c.wait(fid, timeout=5)
+        ok, err, per_key = stall_logged_until_resumed(gw, conn, c, fid, capfd)
         assert ok and all(per_key), (err, per_key)
         assert [bytes(o) for o in outs] == datas
-        err = capfd.readouterr().err
-        assert err.count("the gateway answers again") == 1 and "nothing heard" not in err, err
     finally:
         conn.close()
         gw.resume()
@@ -702,3 +717,106 @@ def test_a_card_failing_and_working_interleaved_reads_failing_throughout(workdir
             os.truncate(gw.card, size)
         conn.close()
         assert gw.stop() == 0
+
+
+ALIVE_AT = 72  # the alive word in the ring's control page (r7, frame.h kAliveAt)
+
+
+def alive_word(c) -> int:
+    return struct.unpack_from("<I", c.map, ALIVE_AT)[0]
+
+
+def reply_statuses(c, batch: bytes) -> list[int]:
+    """Sends a Batch on c's connection; the status of each item of its reply."""
+    c.send(wire.BATCH, batch)
+    ftype, body = c.recv()
+    assert ftype == wire.BATCH_REPLY, (ftype, body)
+    return [body[8 + 16 * i] for i in range(struct.unpack_from("<I", body)[0])]
+
+
+def test_the_alive_word_moves_per_put_chunk_and_per_exists_and_delete_item():
+    """On the wire (a hand-driven ring with a control page): a put of 40 1 MiB objects from the ring goes to the card
+    in three chunks (16 MiB each at most, kPutChunkBytes) and the alive word moves once per chunk, after its
+    store.put (review r10 T1: nothing else bumps during a ring or segment store, so this is the only sign of life
+    of a store the card takes long); an exists and a delete of 5 keys move it once per item (review r10 N3: one
+    delete batch that takes the card long does not read stalled)."""
+    d = tempfile.mkdtemp(prefix="adpaw-", dir="/dev/shm")
+    gw = Gateway(d).start()
+    c = None
+    try:
+        c = RingClient(gw, ring_bytes=48 * MIB)
+        assert c.features & FEATURE_RING_PROGRESS  # a control page
+        keys = [f"chunk@{i}".encode() for i in range(40)]
+        data = b"".join(payload(k.decode(), MIB) for k in keys)
+        c.map[CONTROL : CONTROL + len(data)] = data
+        offsets = [CONTROL + i * MIB for i in range(len(keys))]
+        moved = {}
+        for what, batch, n in (
+            ("put", wire.batch(wire.PUT, keys, [MIB] * len(keys), offsets), len(keys)),
+            ("exists", wire.batch(wire.EXISTS, keys[:5]), 5),
+            ("delete", wire.batch(wire.DELETE, keys[:5]), 5),
+        ):
+            a0 = alive_word(c)
+            assert reply_statuses(c, batch) == [0] * n, what
+            moved[what] = alive_word(c) - a0
+        assert moved == {"put": 3, "exists": 5, "delete": 5}  # the put: 16 + 16 + 8 objects
+    finally:
+        if c:
+            c.close()
+        assert gw.stop() == 0
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_alive_word_moves_per_process_load_piece():
+    """Review r10 N3: a process load's pieces bump the alive word (ClientHandler::load_into_process's sink), so one
+    object whose pieces go out slowly does not read stalled: a 3 MiB + 100 object written into this process by the
+    connection's thread alone (--process-write-threads 0) in 256 KiB pieces moves it once per piece and once for
+    the item."""
+    d = tempfile.mkdtemp(prefix="adpap-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--process-write-threads", "0")).start()
+    c = None
+    try:
+        pm_store(gw, ["piece@0"])
+        c = ProcessClient(gw)
+        c.register()
+        buf = ctypes.create_string_buffer(PM_SIZE)
+        a0 = alive_word(c)
+        assert c.get([b"piece@0"], [PM_SIZE], [ctypes.addressof(buf)]) == [(0, b"")]
+        assert buf.raw == payload("piece@0", PM_SIZE)
+        assert alive_word(c) - a0 == -(-PM_SIZE // PM_PIECE) + 1
+    finally:
+        if c:
+            c.close()
+        assert gw.stop() == 0
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_gateway_hung_between_published_pieces_is_logged_stalled(workdir, capfd):
+    """Review r10 T2: a ring load in pieces (a tmpfs card, process_memory=False, 0.2 s before each 1 MiB piece) whose
+    gateway is stopped (SIGSTOP) after its first pieces were published: the load waits in
+    RemoteSession::call_in_pieces for the next piece, and the stall's WARNING comes from that loop's own check
+    within the bound plus its check interval, with no scrape, while the load still waits; SIGCONT: the load
+    completes and the INFO that the gateway answers again is logged."""
+    d = tempfile.mkdtemp(prefix="adphp-", dir="/dev/shm")
+    gw = Gateway(d).start(env={"ADP_TEST_RING_PIECE_DELAY_MS": 200})
+    conn = ADPConnector(
+        gateway=gw.unix_url, num_workers=1, timeout_ms=20000, process_memory=False, gateway_stall_s=STALL_S
+    )
+    c = RawConnector(conn)
+    try:
+        key, size = "pieces@0", 8 * MIB
+        data = payload(key, size)
+        assert c.set([key], [memoryview(data)])[0]
+        capfd.readouterr()
+        out = bytearray(size)
+        fid = conn.submit_batch_get([key], [memoryview(out)])
+        time.sleep(0.5)  # two pieces published, the third on its way
+        gw.pause()
+        ok, err, per_key = stall_logged_until_resumed(gw, conn, c, fid, capfd)
+        assert ok and per_key == [True] and bytes(out) == data, (err, per_key)
+        assert read_gateway_stats(gw.unix_url)["ring_piece_loads"] == 1  # it went in pieces
+    finally:
+        conn.close()
+        gw.resume()
+        assert gw.stop() == 0
+        shutil.rmtree(d, ignore_errors=True)
