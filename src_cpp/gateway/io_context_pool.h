@@ -4,7 +4,8 @@
 // so store concurrency, staging memory and the number of open regions stay
 // bounded however many clients connect; a request finding none free waits,
 // until its deadline at most (calling `waiting` every kWaitSlice meanwhile:
-// the connection bumps its alive word there if the gateway moved since, so
+// the connection bumps its alive word there if contexts moved since, given
+// back or used for card work (ClientHandler::card_moved, review r10 R3b), so
 // its client reads a busy gateway working and a wedged one stalled, r7).
 // Thread-safe. Must be destroyed before the store (contexts seal their regions).
 #pragma once
