@@ -841,7 +841,7 @@ def round_trip_table(rows: list[dict], keys_per_worker: int) -> list[str]:
         "",
         f"Per request (us; a worker's slice of a batch, {keys_per_worker} keys; mean over the repetitions):"
         " embedded, the"
-        " gateway row as its client sees it, the gateway's own time on it (request read to reply written:"
+        " gateway row as its client sees it, the gateway's own time on it (request read to reply ready to send:"
         " batch_*_ns / batch_* over the row's steps) and the difference, the round trip.",
         "",
         "| object | workers | row | store: embedded | store: gateway, client | store: gateway, served |"

@@ -97,6 +97,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gateway may use; 0: none)",
     )
     p.add_argument(
+        "--request-spin-us",
+        type=int,
+        default=100,
+        help="after answering a store or load, a connection looks for the client's next request this long before "
+        "it sleeps, while every connection leaves a CPU spare beside its own and its client's (connections x 2 <= "
+        "CPUs) and the machine runs at most half as many threads as CPUs (/proc/loadavg): no wake-up in that "
+        "request's round trip (default 100; 0: never)",
+    )
+    p.add_argument(
         "--max-pipelined-stores",
         type=int,
         default=-1,
@@ -130,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not -1 <= args.process_write_threads <= 1024:
         log.error("--process-write-threads must be in [-1, 1024], got %d", args.process_write_threads)
+        return 2
+    if not 0 <= args.request_spin_us <= 10000:
+        log.error("--request-spin-us must be in [0, 10000], got %d", args.request_spin_us)
         return 2
     if not -1 <= args.max_pipelined_stores <= 64:
         log.error("--max-pipelined-stores must be in [-1, 64], got %d", args.max_pipelined_stores)
@@ -174,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             io_contexts=args.io_contexts,
             process_write_threads=args.process_write_threads,
             max_pipelined_stores=args.max_pipelined_stores,
+            request_spin_us=args.request_spin_us,
             max_clients=args.max_clients,
             max_tcp_clients=args.max_tcp_clients,
             max_handshakes=args.max_handshakes,

@@ -310,8 +310,8 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "nanoseconds",
         G,
-        "Time connections spent on put batches, from the request read to its reply written: a client's time per "
-        "request beyond batch_put_ns / batch_puts is the round trip (sockets, wake-ups)",
+        "Time connections spent on put batches, from the request read to its reply ready to send: a client's time "
+        "per request beyond batch_put_ns / batch_puts is the round trip (sockets, wake-ups)",
     ),
     Stat("batch_gets", COUNTER, "batches", G, "Get (load) batches answered"),
     Stat(
@@ -319,7 +319,21 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "nanoseconds",
         G,
-        "Time connections spent on get batches, from the request read to its reply written (as batch_put_ns)",
+        "Time connections spent on get batches, from the request read to its reply ready to send (as batch_put_ns)",
+    ),
+    Stat(
+        "batch_spins",
+        COUNTER,
+        "waits",
+        G,
+        "Waits for a next request begun awake after a put or get (--request-spin-us, while CPUs are idle)",
+    ),
+    Stat(
+        "batch_spin_hits",
+        COUNTER,
+        "waits",
+        G,
+        "Of batch_spins, those the next request ended (the connection's thread never slept for it)",
     ),
     Stat("refused_connections", COUNTER, "connections", G, "Connections refused by a limit (README, Gateway limits)"),
     Stat("ring_bytes", GAUGE, "bytes", G, "Bytes of the connected clients' shared-memory rings"),

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -183,6 +184,7 @@ void ClientHandler::run() {
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
     const int idle_ms = shared_->limits.idle_timeout_ms;
     while (s.ok()) {
+      if (answered_batch_) spin_for_next_request();
       auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
       if (loader_) {  // no longer counted as loading once it waits this long for its next request
         pollfd p{fd_, POLLIN, 0};
@@ -297,17 +299,66 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   iovec iv{payload->data(), payload->size()};
   served_++;
   shared_->batches.fetch_add(1, std::memory_order_relaxed);
-  s = proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
-                         {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
-  // A client asleep on the ticket then finds the reply on the socket.
-  if (ring_progress_ && req.op == proto::Op::kGet) bump_ticket();
-  if (s.ok() && (req.op == proto::Op::kPut || req.op == proto::Op::kGet)) {
+  const bool put_or_get = req.op == proto::Op::kPut || req.op == proto::Op::kGet;
+  if (put_or_get) {  // counted before the reply goes: a client that reads stats after it finds them counted
     const bool put = req.op == proto::Op::kPut;
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - read_at).count();
     (put ? shared_->batch_puts : shared_->batch_gets).fetch_add(1, std::memory_order_relaxed);
     (put ? shared_->batch_put_ns : shared_->batch_get_ns).fetch_add(ns, std::memory_order_relaxed);
   }
+  s = proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
+                         {&iv, payload->empty() ? 0u : 1u}, Clock::now() + proto::kFrameTimeout);
+  // A client asleep on the ticket then finds the reply on the socket.
+  if (ring_progress_ && req.op == proto::Op::kGet) bump_ticket();
+  answered_batch_ = s.ok() && put_or_get;
   return s;
+}
+
+namespace {
+
+// Whether the machine runs at most half as many threads as the gateway's
+// CPUs (/proc/loadavg's runnable count, the reader included), read again
+// once kSpinLoadEvery has passed: a CPU a connection would spin on is idle
+// otherwise, not taken from the client or from other work on the host.
+bool idle_cpus(GatewayShared* shared) {
+  constexpr int64_t kSpinLoadEvery = 10'000'000;  // ns
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  int64_t at = shared->spin_load_read_ns.load(std::memory_order_relaxed);
+  if (now - at < kSpinLoadEvery || !shared->spin_load_read_ns.compare_exchange_strong(at, now))
+    return shared->spin_load_ok.load(std::memory_order_relaxed);
+  bool ok = false;
+  if (FILE* f = std::fopen("/proc/loadavg", "re")) {
+    double l1, l5, l15;
+    int running = 0, total = 0;
+    ok = std::fscanf(f, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) == 5 && 2 * running <= shared->spin_cpus;
+    std::fclose(f);
+  }
+  shared->spin_load_ok.store(ok, std::memory_order_relaxed);
+  return ok;
+}
+
+}  // namespace
+
+void ClientHandler::spin_for_next_request() {
+  answered_batch_ = false;
+  const auto spin = shared_->request_spin;
+  if (spin.count() <= 0 ||
+      2 * static_cast<int64_t>(shared_->clients.load(std::memory_order_relaxed)) >
+          static_cast<int64_t>(shared_->spin_cpus) ||
+      !idle_cpus(shared_))
+    return;
+  shared_->batch_spins.fetch_add(1, std::memory_order_relaxed);
+  const auto until = Clock::now() + spin;
+  do {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0) {  // a request, a hang-up or an error: read_frame tells which
+      if (p.revents & POLLIN) shared_->batch_spin_hits.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } while (Clock::now() < until);
 }
 
 Status ClientHandler::check_request_id(const proto::Frame& frame) {

@@ -111,8 +111,9 @@ struct GatewayShared {
   std::atomic<uint64_t> refused{0};         // connections refused by a limit
   std::atomic<uint64_t> batches{0};
   // Put and get batches served, and the nanoseconds each connection's thread
-  // spent on them, from the request read to its reply written: a client's
-  // time per request beyond this is the round trip (sockets, wake-ups).
+  // spent on them, from the request read to its reply ready to send (counted
+  // then, so a client that has the reply finds it counted): a client's time
+  // per request beyond this is the round trip (sockets, wake-ups).
   std::atomic<uint64_t> batch_puts{0}, batch_put_ns{0}, batch_gets{0}, batch_get_ns{0};
   std::atomic<uint32_t> clients{0};             // connections past the handshake
   std::atomic<uint64_t> ring_bytes_mapped{0};   // rings of the connected clients
@@ -157,6 +158,14 @@ struct GatewayShared {
   // process_store_unpipelined_busy).
   std::atomic<uint32_t> pipelined_stores{0};
   uint32_t max_pipelined_stores = 1;
+  // GatewayOptions::request_spin_us, and the CPUs its rule counts (connections x 2 <= CPUs).
+  std::chrono::microseconds request_spin{0};
+  int spin_cpus = 1;
+  std::atomic<uint64_t> batch_spins{0}, batch_spin_hits{0};  // looks for a next request; those that found one
+  // The machine's runnable threads (/proc/loadavg), read at most every
+  // kSpinLoadEvery by whichever connection asks: spinning is for idle CPUs.
+  std::atomic<int64_t> spin_load_read_ns{0};
+  std::atomic<bool> spin_load_ok{false};
   // Store buffers (r5 stores): bytes the connections' buffers hold (within
   // limits.max_store_buffer_total_bytes), chunks failed Busy for want of
   // room; a connection that waits for room is woken when one is given back.
@@ -208,6 +217,11 @@ class ClientHandler {
   Status handshake();
   // Takes this connection's ring out of the gateway's ring budget.
   Status reserve_ring(uint64_t bytes);
+  // After a put or get (answered_batch_): polls the socket without
+  // sleeping for up to shared_->request_spin, while connections x 2 <= CPUs
+  // and the machine runs at most CPUs / 2 threads (idle_cpus), so that a client with more work finds this thread awake
+  // (no wake-up in its round trip). Returns early once a request (or a hang-up) is there.
+  void spin_for_next_request();
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
   Status serve_stats(const proto::Frame& frame);
   Status serve_register_segment(proto::Frame* frame);
@@ -506,6 +520,7 @@ class ClientHandler {
   bool handshake_done_ = false;
   uint64_t last_request_id_ = 0;
   uint64_t served_ = 0;
+  bool answered_batch_ = false;  // the last frame served was a put or get: look for the next request first
 };
 
 }  // namespace adp

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "protocol/client_segment.h"
 #include "protocol/messages.h"
 #include "util/log.h"
@@ -46,6 +48,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   }
   g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
   g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
+  g->shared_->request_spin = std::chrono::microseconds(std::max(0, opts.request_spin_us));
   // By default half the I/O contexts, rounded down: with one context, none
   // (a pipelined store may hold its context for its bound while its client's
   // memory is slow; review r9 S4). Only an explicit value reaches the contexts.
@@ -67,6 +70,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   apply_failing_hold(g->shared_->hooks);
   if (g->shared_->hooks.segment_populate_einval) proto::ClientSegment::refuse_populate_for_test();
   const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
+  g->shared_->spin_cpus = rule_cpus;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   g->shared_->limits = {opts.max_tcp_clients,
                         opts.handshake_timeout_ms,

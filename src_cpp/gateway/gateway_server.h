@@ -41,6 +41,14 @@ struct GatewayOptions {
   // context and a frontier place for up to its bound); -1: half the I/O
   // contexts, rounded down (none with one context); 0: no pipelined stores.
   int max_pipelined_stores = -1;
+  // After answering a put or get, a connection's thread looks for the
+  // client's next request this long before it sleeps in poll() (a sleeping
+  // thread's wake-up is what a request's round trip is mostly made of on a
+  // VM: benchmarks/README.md, "Session eleven"); only while every connection
+  // leaves a CPU spare beside its own and its client's (connections x 2 <=
+  // CPUs) and the machine runs at most CPUs / 2 threads (/proc/loadavg).
+  // 0: never.
+  int request_spin_us = 100;
   // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
   // own small pool and a short handshake timeout, so they never hold the
   // slots of local (Unix) or authenticated clients.

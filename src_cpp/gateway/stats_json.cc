@@ -30,6 +30,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("batch_put_ns", shared.batch_put_ns.load());
   field("batch_gets", shared.batch_gets.load());
   field("batch_get_ns", shared.batch_get_ns.load());
+  field("batch_spins", shared.batch_spins.load());
+  field("batch_spin_hits", shared.batch_spin_hits.load());
   field("ring_bytes", shared.ring_bytes_mapped.load());
   field("ring_used_bytes", shared.ring_bytes_in_use.load());
   field("refused_connections", shared.refused.load());

@@ -498,7 +498,7 @@ PYBIND11_MODULE(_native, m) {
                       int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
                       int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
                       uint64_t max_store_buffer_bytes, int process_write_threads, uint64_t max_store_buffer_total_bytes,
-                      uint32_t max_request_timeout_ms, int max_pipelined_stores) {
+                      uint32_t max_request_timeout_ms, int max_pipelined_stores, int request_spin_us) {
             GatewayOptions o;
             o.card.path = card;
             o.card.create_bytes = card_size_bytes;
@@ -520,6 +520,7 @@ PYBIND11_MODULE(_native, m) {
             o.process_write_threads = process_write_threads;
             o.max_request_timeout_ms = max_request_timeout_ms;
             o.max_pipelined_stores = max_pipelined_stores;
+            o.request_spin_us = request_spin_us;
             return std::make_unique<PyGatewayServer>(o);
           }),
           py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
@@ -536,10 +537,12 @@ PYBIND11_MODULE(_native, m) {
           py::arg("max_store_buffer_total_bytes") = GatewayOptions{}.max_store_buffer_total_bytes,
           py::arg("max_request_timeout_ms") = GatewayOptions{}.max_request_timeout_ms,
           py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
+          py::arg("request_spin_us") = GatewayOptions{}.request_spin_us,
           "Opens the card and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
           "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
           "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
-          "rounded down; 0: none).")
+          "rounded down; 0: none). request_spin_us: how long a connection looks for the next request after a put or "
+          "get before it sleeps, while CPUs are spare (0: never).")
       .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"),
            "Waits for the server to stop; True if it did within timeout_s.")

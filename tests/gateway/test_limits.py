@@ -196,6 +196,7 @@ def test_idle_connection_is_closed_and_the_client_reconnects(limited):
     [
         ("--max-ring-mb", "0", r"--max-ring-mb must be in \[1, 4096\], got 0"),
         ("--max-pipelined-stores", "65", r"--max-pipelined-stores must be in \[-1, 64\], got 65"),
+        ("--request-spin-us", "-1", r"--request-spin-us must be in \[0, 10000\], got -1"),
     ],
 )
 def test_bad_limit_is_refused_at_start(workdir, flag, value, message):

@@ -208,6 +208,44 @@ def test_batch_time_counts_each_put_and_get_batch(card_gateway):
         pool.close()
 
 
+@pytest.mark.parametrize(
+    ("spin_us", "cpus", "spins"), [("10000", 1000, True), ("0", 1000, False), ("10000", 1, False)], ids=str
+)
+def test_a_connection_looks_for_the_next_request_awake_while_cpus_are_spare(spin_us, cpus, spins):
+    """After answering a put or get, the connection's thread polls for the client's next request for up to
+    --request-spin-us before it sleeps (batch_spins; batch_spin_hits those a request ended), only while
+    connections x 2 <= CPUs and the machine's runnable threads x 2 <= CPUs (/proc/loadavg, read every 10 ms);
+    ADP_TEST_GATEWAY_CPUS sets the CPUs both rules count: 1000 passes both whatever this machine runs, 1 fails
+    the first (1 x 2 > 1). --request-spin-us 0: never. Each request is answered all the same. (The load rule
+    alone is not tested here: a shared machine's runnable count cannot be set.)"""
+    d = tempfile.mkdtemp(prefix="adpspin-", dir="/dev/shm")
+    gw = Gateway(d, extra=("--request-spin-us", spin_us)).start(env={"ADP_TEST_GATEWAY_CPUS": cpus})
+    pool = ShmPool(2, SIZE)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
+    try:
+        before = stats(gw)  # the reader's connection is counted from here on
+        for r in range(5):  # back to back: each next request comes well within 10 ms of the last reply
+            keys = [f"spin@{r}@{i}" for i in range(2)]
+            for k, v in zip(keys, pool.views, strict=True):
+                v[:] = payload(k, SIZE)
+            assert c.set(keys, pool.views)[0]
+            ok, _, per_key = c.get(keys, pool.views)
+            assert ok and all(per_key)
+            assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
+        st = stats(gw)
+        n, hits = st["batch_spins"] - before["batch_spins"], st["batch_spin_hits"] - before["batch_spin_hits"]
+        assert st["batch_puts"] + st["batch_gets"] == 10, st
+        if spins:
+            assert n == 10 and 1 <= hits <= 9, st  # each answer; the last one's wait ends unanswered
+        else:
+            assert (n, hits) == (0, 0), st
+    finally:
+        c.conn.close()
+        pool.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_ring_hint_logged_once_for_buffers_outside_shm(gateway, capfd):
     """An operator whose LMCache keeps L1 in process memory, with loads through the ring (process_memory off or
     refused), is told, once, why the gateway copies twice and what to change; buffers in a /dev/shm file (or
