@@ -99,11 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--request-spin-us",
         type=int,
-        default=100,
+        default=0,
         help="after answering a store or load, a connection looks for the client's next request this long before "
         "it sleeps, while every connection leaves a CPU spare beside its own and its client's (connections x 2 <= "
         "CPUs) and the machine runs at most half as many threads as CPUs (/proc/loadavg): no wake-up in that "
-        "request's round trip (default 100; 0: never)",
+        "request's round trip (default 0: never; the 16-core VM's round trip fell 8 of ~75 us with 100)",
     )
     p.add_argument(
         "--max-pipelined-stores",

@@ -47,8 +47,9 @@ struct GatewayOptions {
   // VM: benchmarks/README.md, "Session eleven"); only while every connection
   // leaves a CPU spare beside its own and its client's (connections x 2 <=
   // CPUs) and the machine runs at most CPUs / 2 threads (/proc/loadavg).
-  // 0: never.
-  int request_spin_us = 100;
+  // 0 (the default): never. The 16-core run with 100 cut ~8 of the ~75 us of
+  // round trip a 2 MiB request (benchmarks/README.md, "Session eleven").
+  int request_spin_us = 0;
   // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
   // own small pool and a short handshake timeout, so they never hold the
   // slots of local (Unix) or authenticated clients.

@@ -209,17 +209,20 @@ def test_batch_time_counts_each_put_and_get_batch(card_gateway):
 
 
 @pytest.mark.parametrize(
-    ("spin_us", "cpus", "spins"), [("10000", 1000, True), ("0", 1000, False), ("10000", 1, False)], ids=str
+    ("spin_us", "cpus", "spins"),
+    [("10000", 1000, True), ("0", 1000, False), ("10000", 1, False), (None, 1000, False)],
+    ids=str,
 )
 def test_a_connection_looks_for_the_next_request_awake_while_cpus_are_spare(spin_us, cpus, spins):
     """After answering a put or get, the connection's thread polls for the client's next request for up to
     --request-spin-us before it sleeps (batch_spins; batch_spin_hits those a request ended), only while
     connections x 2 <= CPUs and the machine's runnable threads x 2 <= CPUs (/proc/loadavg, read every 10 ms);
     ADP_TEST_GATEWAY_CPUS sets the CPUs both rules count: 1000 passes both whatever this machine runs, 1 fails
-    the first (1 x 2 > 1). --request-spin-us 0: never. Each request is answered all the same. (The load rule
+    the first (1 x 2 > 1). --request-spin-us 0, the default: never. Each request is answered all the same. (The load rule
     alone is not tested here: a shared machine's runnable count cannot be set.)"""
     d = tempfile.mkdtemp(prefix="adpspin-", dir="/dev/shm")
-    gw = Gateway(d, extra=("--request-spin-us", spin_us)).start(env={"ADP_TEST_GATEWAY_CPUS": cpus})
+    flag = ("--request-spin-us", spin_us) if spin_us else ()  # None: the default, 0 (session eleven's device run)
+    gw = Gateway(d, extra=flag).start(env={"ADP_TEST_GATEWAY_CPUS": cpus})
     pool = ShmPool(2, SIZE)
     c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
     try:
