@@ -113,21 +113,26 @@ def test_loads_into_shm_buffers_skip_the_ring(card_gateway):
     assert gw.proc.poll() is None
 
 
+TRY = "MADV_POPULATE_WRITE fails as EINVAL, not made"
+
+
 def test_a_kernel_that_refuses_populate_is_asked_once():
     """Where the kernel refuses MADV_POPULATE_WRITE (EINVAL: before Linux 5.14; ADP_TEST_SEGMENT_POPULATE_EINVAL
     fails each call so, logging each) the gateway says so once at INFO and makes no call after: loads into
-    buffers whose pages were never populated still land intact (the copy faults them in), with one try in
-    all, not one per load (review r11)."""
+    buffers whose pages were never populated still land intact (the copy faults them in), with one try
+    per connection at most, not one per load (review r11)."""
     keys = [f"refused@{i}" for i in range(6)]
     with temp_gateway(env={"ADP_TEST_SEGMENT_POPULATE_EINVAL": "1"}) as gw:
         c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=10000))
         assert c.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
         pool = ShmPool(len(keys), SIZE)
+        tries_after = []
         try:
             for _ in range(2):  # the second round: buffers the first one loaded into
                 ok, _, per_key = c.get(keys, pool.views)
                 assert ok and all(per_key)
                 assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
+                tries_after.append(gw.log().count(TRY))
             st = stats(gw)
             assert st["segment_loads"] == 2 * len(keys) and st["segment_populates"] == 0, st
         finally:
@@ -135,9 +140,10 @@ def test_a_kernel_that_refuses_populate_is_asked_once():
             pool.close()
         log = gw.log()
         assert gw.proc.poll() is None, log
-    tries = [line for line in log.splitlines() if "MADV_POPULATE_WRITE fails as EINVAL, not made" in line]
+    # The 2 connections' first loads may both try before either sees the refusal: one try per connection at
+    # most, and none once it was refused (the second round), refused logged once.
     refused = [line for line in log.splitlines() if "this kernel refuses MADV_POPULATE_WRITE" in line]
-    assert len(tries) == 1 and len(refused) == 1, log
+    assert 1 <= tries_after[0] <= 2 and tries_after[1] == tries_after[0] and len(refused) == 1, (tries_after, log)
     assert "INFO" in refused[0] and "without trying it again" in refused[0], refused
 
 
