@@ -24,6 +24,21 @@ MIN_RING_MB, MAX_RING_MB = _native.MIN_RING_BYTES // MIB, _native.MAX_RING_BYTES
 # The smallest gateway_stall_s taken: the gateway shows it works every 100 ms at most (docs/protocol.md r7, r8),
 # so a bound near that reads a working gateway stalled between its signs of life (review r10 N8).
 MIN_GATEWAY_STALL_S = 0.5
+# The sizes a new card image is created with (adapter_params card_size_gb, `gateway --card-size-gb`,
+# `format --size-gb`), in GiB: 16 MiB (the store's own floor is 9 MiB: 1 MiB and 8 regions of 1 MiB) to 1 PiB.
+# Checked before the file is created, so a refused size leaves no image behind.
+MIN_CARD_SIZE_GB, MAX_CARD_SIZE_GB = 1 / 64, 1 << 20
+
+
+def card_size_ok(size: Any) -> bool:
+    """A number of GiB a card image may be created with (NaN, bools and strings are not)."""
+    return (
+        not isinstance(size, bool) and isinstance(size, (int, float)) and MIN_CARD_SIZE_GB <= size <= MAX_CARD_SIZE_GB
+    )
+
+
+def card_size_range() -> str:
+    return f"[{MIN_CARD_SIZE_GB:g}, {MAX_CARD_SIZE_GB}]"
 
 
 def default_card_path() -> str:
@@ -193,9 +208,9 @@ class ConnectorConfig:
         if not isinstance(card, str):
             raise ConfigError(f"adapter_params['card'] must be a path string, got {card!r}")
         size = get("card_size_gb")
-        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0.015625 <= size <= 1 << 20:
+        if not card_size_ok(size):
             raise ConfigError(
-                f"adapter_params['card_size_gb'] must be a number of GiB in [0.015625, 1048576], got {size!r}"
+                f"adapter_params['card_size_gb'] must be a number of GiB in {card_size_range()}, got {size!r}"
             )
         metrics_host = get("metrics_host")
         if not isinstance(metrics_host, str) or not metrics_host or any(c.isspace() for c in metrics_host):

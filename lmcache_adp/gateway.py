@@ -17,7 +17,7 @@ import os
 import signal
 
 from lmcache_adp import _native
-from lmcache_adp.config import GIB, ConfigError, read_token_file
+from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, read_token_file
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import GATEWAY
@@ -80,14 +80,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--card-size-gb",
         type=float,
         default=0,
-        help="create the image file with this size (GiB, sparse) if it does not exist",
+        help="create the image file with this size (GiB, sparse) if it does not exist; ignored for an existing "
+        "card (default 0: the card must exist)",
     )
     p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"Unix socket to serve on (default {DEFAULT_SOCKET})")
     p.add_argument(
         "--listen", default="", metavar="tcp://HOST:PORT", help="also serve TCP clients (needs --token-file)"
     )
     p.add_argument("--token-file", help="file holding the token TCP clients must present")
-    p.add_argument("--io-contexts", type=int, default=4, help="store operations run in parallel (default 4)")
+    p.add_argument(
+        "--io-contexts", type=int, default=4, help="card operations (loads and stores) run in parallel (default 4)"
+    )
     p.add_argument(
         "--process-write-threads",
         type=int,
@@ -131,6 +134,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.card_size_gb != 0 and not card_size_ok(args.card_size_gb):
+        log.error(
+            "--card-size-gb must be 0 (the card must exist) or a number of GiB in %s, got %g",
+            card_size_range(),
+            args.card_size_gb,
+        )
+        return 2
     if args.listen and not args.token_file:
         log.error("--listen needs --token-file: TCP clients must present a token")
         return 2

@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any
 
 from lmcache_adp._native import CardStore, format_card
-from lmcache_adp.config import GIB, ConfigError, read_token_file
+from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, read_token_file
 from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
 
 EXIT_OK, EXIT_BAD_CARD, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
@@ -201,8 +201,8 @@ def cmd_format(args: argparse.Namespace) -> int:
     exists = os.path.exists(args.card)
     if not exists and args.size_gb is None:
         return _fail(f"card {args.card} does not exist; give --size-gb to create it", EXIT_USAGE)
-    if args.size_gb is not None and args.size_gb <= 0:
-        return _fail(f"--size-gb must be positive, got {args.size_gb}", EXIT_USAGE)
+    if args.size_gb is not None and not card_size_ok(args.size_gb):
+        return _fail(f"--size-gb must be a number of GiB in {card_size_range()}, got {args.size_gb:g}", EXIT_USAGE)
     if exists and not args.yes:
         if not sys.stdin.isatty():
             return _fail(f"refusing to wipe {args.card} without --yes (no terminal to ask on)", EXIT_USAGE)
@@ -216,6 +216,8 @@ def cmd_format(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as e:
         return _fail(str(e), EXIT_ERROR)
     print(f"formatted {args.card}")
+    if exists and args.size_gb is not None:
+        print(f"--size-gb ignored: {args.card} existed and keeps its size (remove the file to make a new size)")
     return EXIT_OK
 
 
@@ -230,12 +232,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("verify", help="check every object's checksum on a card no process holds")
-    p.add_argument("--card", required=True)
+    p.add_argument("--card", required=True, help="card path (must not be held by a running process)")
     p.add_argument("--repair", action="store_true", help="drop the objects that fail")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("format", help="create or wipe a card")
-    p.add_argument("--card", required=True)
-    p.add_argument("--size-gb", type=float, help="size of a new image file")
+    p.add_argument(
+        "--card", required=True, help="block device or card image file (must not be held by a running process)"
+    )
+    p.add_argument(
+        "--size-gb",
+        type=float,
+        help=f"size of a new image file, GiB {card_size_range()} (sparse); ignored for an existing card",
+    )
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_format)

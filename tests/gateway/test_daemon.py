@@ -93,6 +93,17 @@ def test_missing_card_without_size_fails_clearly(workdir):
     assert r.returncode == 1 and "gateway not started" in r.stderr and gw.card in r.stderr
 
 
+def test_bad_card_size_is_refused_before_the_image_is_made(workdir):
+    """--card-size-gb below the card's floor was made into an image the store then refused (left behind, so the
+    next start with a right size found a card too small); a negative one was a TypeError traceback (audit 12)."""
+    gw = Gateway(workdir, card_size_gb=0)
+    for bad in ("-1", "0.001", "nan", "2e6"):
+        r = subprocess.run(gw.args("--card-size-gb", bad), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert "--card-size-gb must be 0 (the card must exist) or a number of GiB in [0.015625, 1048576]" in r.stderr
+        assert "Traceback" not in r.stderr and not os.path.exists(gw.card)
+
+
 def test_cli_help_lists_gateway():
     r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "gateway" in r.stdout

@@ -84,9 +84,14 @@ def test_format_creates_asks_and_wipes(tmp_path, filled):
     new = str(tmp_path / "new.img")
     r = run("format", "--card", new)
     assert r.returncode == 2 and "give --size-gb" in r.stderr
-    r = run("format", "--card", new, "--size-gb", "-1")
-    assert r.returncode == 2 and "must be positive" in r.stderr
+    for bad in ("-1", "0", "0.001", "nan", "2e6"):  # below 16 MiB the store refused it, after making the file
+        r = run("format", "--card", new, "--size-gb", bad)
+        assert r.returncode == 2 and "--size-gb must be a number of GiB in [0.015625, 1048576]" in r.stderr, r.stderr
+        assert not os.path.exists(new), f"--size-gb {bad} left an image behind"
     assert run("format", "--card", new, "--size-gb", "0.05").returncode == 0
+    assert os.path.getsize(new) == int(0.05 * (1 << 30)) & ~4095
+    r = run("format", "--card", new, "--size-gb", "1", "--yes")  # an existing card keeps its size, and says so
+    assert r.returncode == 0 and "--size-gb ignored" in r.stdout
     assert os.path.getsize(new) == int(0.05 * (1 << 30)) & ~4095
     r = run("format", "--card", filled)  # no terminal, no --yes: refuse
     assert r.returncode == 2 and "without --yes" in r.stderr
