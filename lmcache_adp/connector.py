@@ -23,12 +23,22 @@ class ADPConnector(NativeConnector):
     def __init__(self, **adapter_params: Any) -> None:
         self.config = ConnectorConfig.from_params(adapter_params)
         super().__init__(self.config.to_native())
+        self._native_started = True
         self._metrics = None
         if self.config.metrics_port:
             source = EMBEDDED if self.config.gateway == "embedded" else CLIENT
-            self._metrics = MetricsServer(
-                self.stats, self.config.metrics_port, source=source, host=self.config.metrics_host
-            )
+            host, port = self.config.metrics_host, self.config.metrics_port
+            try:
+                self._metrics = MetricsServer(self.stats, port, source=source, host=host)
+            except OSError as e:
+                # A port in use or a host that is not this machine's: one line naming the parameter (it was a
+                # bare "[Errno 98] Address already in use"), and the card or connections given back now, not
+                # whenever the half-built object is collected.
+                super().close()
+                raise RuntimeError(
+                    f"ADPConnector not started: adapter_params['metrics_port'] {port} on metrics_host {host!r}: "
+                    f"cannot serve metrics there: {e.strerror or e}"
+                ) from None
 
     def stats(self) -> dict[str, Any]:
         st = super().stats()
@@ -42,4 +52,8 @@ class ADPConnector(NativeConnector):
         super().close()
 
     def __repr__(self) -> str:
+        # One whose start raised (a bad parameter, a card already open) has no native part, and describe() would
+        # read through a null pointer: a debugger or a traceback that shows locals crashed the process (audit 12).
+        if not self.__dict__.get("_native_started"):
+            return "ADPConnector(not started)"
         return f"ADPConnector({self.describe()})"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -142,6 +144,45 @@ def test_metrics_port_validated():
 
     with pytest.raises(ConfigError, match=r"adapter_params\['metrics_port'\] must be in \[0, 65535\]"):
         ADPConnector(metrics_port=70000)
+
+
+def test_metrics_port_in_use_is_one_clear_line_and_frees_the_card(card):
+    """A metrics_port another process holds failed the connector with a bare "[Errno 98] Address already in
+    use", naming no parameter, and left the card locked until the half-built object was collected (audit 12)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError) as e:
+            ADPConnector(card=card, card_size_gb=0.0625, metrics_port=port)
+        msg = str(e.value)
+        assert f"adapter_params['metrics_port'] {port} on metrics_host '127.0.0.1'" in msg, msg
+        assert "Address already in use" in msg, msg
+        ADPConnector(card=card).close()  # the card is free at once (no "already open by another connector")
+
+
+def test_a_connector_that_did_not_start_has_a_safe_repr(card):
+    """repr() of the object left behind by a failed start (in the traceback's frames: pytest's report, a debugger,
+    an error reporter showing locals) was a segmentation fault: describe() on a native part never built."""
+    script = f"""
+import sys
+from lmcache_adp import ADPConnector, ConfigError
+held = ADPConnector(card={card!r}, card_size_gb=0.0625)
+for params in ({{"card": {card!r}}}, {{"card": {card!r}, "num_workers": 0}}):
+    try:
+        ADPConnector(**params)
+    except (RuntimeError, ConfigError) as e:
+        tb, frames = e.__traceback__, []
+        while tb:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        print(repr(next(f.f_locals["self"] for f in frames if "self" in f.f_locals)), flush=True)
+print(repr(held)[:13])
+held.close()
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["ADPConnector(not started)"] * 2 + ["ADPConnector("], r.stdout
 
 
 def test_gateway_serves_metrics_with_clients(workdir):
