@@ -8,7 +8,7 @@
 # Settings (environment, with defaults):
 #   ADP_CARD=~/.cache/lmcache-adp/card.img  card image (created sparse) or block device
 #   ADP_CARD_SIZE_GB=64     size of the image when it is created; one object (an LMCache
-#                           chunk) must fit in 1/64 of it: 256 tokens of Llama-8B = 32 MiB
+#                           chunk, 256 tokens of Llama-8B = 32 MiB) must fit in half of it
 #   ADP_L1_SIZE_GB=16       LMCache's CPU tier (L1)
 #   ADP_MP_HOST=127.0.0.1 ADP_MP_PORT=5555          vLLM connects here (lmcache.mp.host/port)
 #   ADP_HTTP_HOST=127.0.0.1 ADP_HTTP_PORT=8080      LMCache's HTTP API (/healthcheck, /metrics)
