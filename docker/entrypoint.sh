@@ -37,14 +37,24 @@ case $role in
   healthcheck)
     started=$(cat "$role_file" 2>/dev/null || echo none)
     case $started in
+      # One line on failure (the container's health log keeps it), not a Python traceback.
       gateway) exec python3 -c 'import socket, sys
-s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])' "$ADP_SOCKET" ;;
+s = socket.socket(socket.AF_UNIX); s.settimeout(5)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    sys.exit(f"unhealthy: gateway socket {sys.argv[1]}: {e.strerror or e}")' "$ADP_SOCKET" ;;
       lmcache-server) url=http://127.0.0.1:${ADP_HTTP_PORT:-8080}/healthcheck ;;
       vllm) url=http://127.0.0.1:${ADP_VLLM_PORT:-8000}/health ;;
       *) echo "no role started in this container" >&2; exit 1 ;;
     esac
     exec python3 -c 'import sys, urllib.request
-sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=5).status == 200 else 1)' "$url"
+try:
+    status = urllib.request.urlopen(sys.argv[1], timeout=5).status
+except OSError as e:
+    why = getattr(e, "reason", None) or e
+    sys.exit(f"unhealthy: {sys.argv[1]}: {why}")
+sys.exit(0 if status == 200 else f"unhealthy: {sys.argv[1]} answered {status}")' "$url"
     ;;
   *)
     echo "usage: entrypoint.sh gateway|lmcache-server|vllm|healthcheck [args]" >&2

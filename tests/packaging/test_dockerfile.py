@@ -238,6 +238,15 @@ def test_entrypoint_roles(tmp_path):
     # The healthcheck checks the role this container started: nothing listens here.
     r = subprocess.run(["bash", str(entry), "healthcheck"], env={**env, "ADP_VLLM_PORT": "1"}, capture_output=True)
     assert r.returncode != 0
+    # Unhealthy is one line naming what was asked and why, not a Python traceback (audit 12).
+    for started, extra, says in (
+        ("vllm", {"ADP_VLLM_PORT": "1"}, "unhealthy: http://127.0.0.1:1/health: [Errno 111] Connection refused"),
+        ("lmcache-server", {"ADP_HTTP_PORT": "1"}, "unhealthy: http://127.0.0.1:1/healthcheck: [Errno 111]"),
+        ("gateway", {"ADP_SOCKET": str(tmp_path / "none.sock")}, f"unhealthy: gateway socket {tmp_path}/none.sock: No"),
+    ):
+        (tmp_path / "role").write_text(started + "\n")
+        r = subprocess.run(["bash", str(entry), "healthcheck"], env={**env, **extra}, capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.startswith(says) and len(r.stderr.splitlines()) == 1, r.stderr
 
 
 @pytest.mark.slow
