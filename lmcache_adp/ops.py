@@ -19,6 +19,7 @@ from typing import Any
 from lmcache_adp._native import CardStore, format_card
 from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, read_token_file
 from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
+from lmcache_adp.stats_catalog import CLIENT, STATS
 
 EXIT_OK, EXIT_BAD_CARD, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
@@ -56,6 +57,22 @@ def _first_eviction(st: dict[str, Any]) -> str:
     )
 
 
+# Rows of `status` that show one of the card's stats (docs/stats.md, "reported by"), by label.
+_CARD_ROWS = {
+    "healthy": "healthy",
+    "capacity": "capacity_bytes",
+    "used": "used_bytes",
+    "objects": "objects",
+    "evictions": "evicted_objects",
+    "held at 1st eviction": "first_eviction_held_bytes",
+    "checksum failures": "checksum_failures",
+    "I/O errors": "io_errors",
+    "media errors": "media_errors",
+    "recovered at open": "recovered_objects",
+}
+REPORTED_BY = {stat.name: stat.reported_by for stat in STATS}
+
+
 def format_status(st: dict[str, Any]) -> str:
     hits, misses = st.get("hits", 0), st.get("misses", 0)
     ratio = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
@@ -79,14 +96,19 @@ def format_status(st: dict[str, Any]) -> str:
         ("recovered at open", f"{st.get('recovered_objects', 0)} objects in {st.get('recovery_seconds', 0):.2f} s"),
     ]
     if "gateway_reachable" in st:  # a connector on a gateway (docs/stats.md)
+        # The card's rows are the gateway's to report: a client's stats carry them at their first value
+        # (capacity 0 B, 0 objects, healthy), which read as an empty card (audit 12). Point at the gateway.
+        rows = [r for r in rows if r[0] not in _CARD_ROWS or CLIENT in REPORTED_BY[_CARD_ROWS[r[0]]]]
+        card = st.get("card", "-")
+        rows[0] = ("card", f"the gateway's at {card}: lmcache-adp status --gateway {card}")
         reach = "yes" if st["gateway_reachable"] else "NO (loads miss, stores are dropped; /health answers 503)"
-        rows.insert(2, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))
+        rows.insert(1, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))
         if st.get("gateway_stalled"):
             rows.insert(
-                3, ("gateway stalled", "YES (a request waited gateway_stall_s with nothing heard; /health answers 503)")
+                2, ("gateway stalled", "YES (a request waited gateway_stall_s with nothing heard; /health answers 503)")
             )
         if not st.get("gateway_card_healthy", True):
-            rows.insert(3, ("gateway's card", f"FAILING I/O: {st.get('gateway_card_error', '')}"))
+            rows.insert(2, ("gateway's card", f"FAILING I/O: {st.get('gateway_card_error', '')}"))
     if "clients" in st:  # a gateway (docs/stats.md: the gateway's own stats)
         rows += [
             ("connected clients", f"{st['clients']} ({st.get('refused_connections', 0)} refused by a limit)"),

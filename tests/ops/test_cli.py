@@ -100,6 +100,25 @@ def test_format_creates_asks_and_wipes(tmp_path, filled):
     assert CardStore(filled).stats()["objects"] == 0
 
 
+def test_status_of_a_client_leaves_the_card_to_its_gateway(tmp_path):
+    """`status --url` of a connector on a gateway showed the card's rows at their first value ("capacity 0 B",
+    "objects 0", "healthy yes"), read as an empty card: they are the gateway's (docs/stats.md, reported by)."""
+    from lmcache_adp import ADPConnector
+    from lmcache_adp.ops import format_status
+
+    url = f"unix://{tmp_path}/gateway.sock"  # no gateway there: the stats are a client's all the same
+    c = ADPConnector(gateway=url, num_workers=1)
+    try:
+        text = format_status(c.stats())
+    finally:
+        c.close()
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in text.splitlines())
+    assert rows["card"] == f"the gateway's at {url}: lmcache-adp status --gateway {url}", rows
+    for card_row in ("healthy", "capacity", "used", "objects", "evictions", "checksum failures", "recovered at open"):
+        assert card_row not in rows, f"a client's status shows the card's {card_row!r}: {rows}"
+    assert list(rows)[:2] == ["card", "gateway reachable"] and rows["hits / misses"].startswith("0 / 0"), rows
+
+
 def test_percentiles_from_log2_buckets():
     buckets = [0] * 32
     buckets[3] = 90  # 8-16 us
