@@ -9,9 +9,9 @@
 
 #include <algorithm>
 
-#include "protocol/client_segment.h"
 #include "protocol/messages.h"
 #include "util/log.h"
+#include "util/populate.h"
 #include "util/test_hooks.h"
 #include "util/thread_name.h"
 
@@ -68,7 +68,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   g->shared_->hooks = read_test_hooks();
   warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
   apply_failing_hold(g->shared_->hooks);
-  if (g->shared_->hooks.segment_populate_einval) proto::ClientSegment::refuse_populate_for_test();
+  if (g->shared_->hooks.segment_populate_einval) refuse_populate_for_test();  // segments and card stores
   const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
   g->shared_->spin_cpus = rule_cpus;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);

@@ -17,10 +17,7 @@
 #include <utility>
 
 #include "util/log.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
+#include "util/populate.h"
 
 namespace adp::proto {
 namespace {
@@ -81,21 +78,6 @@ int take_slot(uintptr_t lo, uintptr_t hi) {
 }
 
 constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
-
-// Set once this kernel refused MADV_POPULATE_WRITE (EINVAL: before Linux
-// 5.14): no segment makes the call again, each would fail the same way.
-std::atomic<bool> g_populate_refused{false};
-// ADP_TEST_SEGMENT_POPULATE_EINVAL: each call fails as EINVAL, not made.
-std::atomic<bool> g_refuse_populate_for_test{false};
-
-int populate_write(uint8_t* p, uint64_t n) {
-  if (g_refuse_populate_for_test.load(std::memory_order_relaxed)) {
-    ADP_INFO("gateway: test hook ADP_TEST_SEGMENT_POPULATE_EINVAL: MADV_POPULATE_WRITE fails as EINVAL, not made");
-    errno = EINVAL;
-    return -1;
-  }
-  return ::madvise(p, n, MADV_POPULATE_WRITE);
-}
 
 // The mappings in use, by file identity: a file registered again (by any
 // connection) shares the mapping while its size is unchanged.
@@ -179,10 +161,8 @@ uint8_t* ClientSegment::data() const { return m_->data; }
 uint64_t ClientSegment::size() const { return m_->size; }
 bool ClientSegment::broken() const { return g_slots[m_->slot].broken.load(std::memory_order_acquire); }
 
-void ClientSegment::refuse_populate_for_test() { g_refuse_populate_for_test.store(true); }
-
 bool ClientSegment::prepare(uint64_t offset, uint64_t len) {
-  if (len == 0 || g_populate_refused.load(std::memory_order_relaxed)) return false;
+  if (len == 0) return false;
   // Pages [first, last] hold the range; bits [first, last] of populated.
   const uint64_t first = offset >> kPageShift, last = (offset + len - 1) >> kPageShift;
   auto mask = [&](uint64_t w) {  // the bits of word w in [first, last]
@@ -196,13 +176,8 @@ bool ClientSegment::prepare(uint64_t offset, uint64_t len) {
   if (all) return false;
   uint64_t lo = first << kPageShift, hi = (last + 1) << kPageShift;
   if (hi > m_->size) hi = m_->size;
-  if (populate_write(m_->data + lo, hi - lo) != 0) {
-    if (errno == EINVAL && !g_populate_refused.exchange(true))
-      ADP_INFO(
-          "gateway: this kernel refuses MADV_POPULATE_WRITE (EINVAL; Linux before 5.14): segment loads fault "
-          "their pages in as they copy, without trying it again");
-    return false;
-  }
+  // Refused by this kernel (util/populate.h): false, without a system call.
+  if (!populate_write(m_->data + lo, hi - lo)) return false;
   // Its pages stay populated (the mapping is never unmapped in part).
   for (uint64_t w = first / 64; w <= last / 64; w++) m_->populated[w].fetch_or(mask(w), std::memory_order_relaxed);
   return true;

@@ -39,12 +39,9 @@ class ClientSegment {
   // page fault per 4 KiB, and a range populated before costs no system call
   // (the call costs about as much as the copy of a small object: 11 us for
   // 64 KiB on the 2-CPU VM). Best effort; true when it made the call. Where
-  // the kernel refuses the call (EINVAL: before Linux 5.14) the first
-  // refusal is logged at INFO and no segment of this process makes it again.
+  // the kernel refuses the call (before Linux 5.14) no segment of this
+  // process makes it (util/populate.h: asked once, logged once).
   bool prepare(uint64_t offset, uint64_t len);
-  // ADP_TEST_SEGMENT_POPULATE_EINVAL: from now on the call fails as EINVAL
-  // without being made, as on such a kernel (each try logged at INFO).
-  static void refuse_populate_for_test();
   // True once an access faulted because the client shrank the file.
   bool broken() const;
 

@@ -21,6 +21,7 @@
 
 #include "store/card_format.h"
 #include "util/log.h"
+#include "util/populate.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -102,8 +103,10 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
 bool CardDevice::prepare_mapped_write(uint64_t offset, size_t n) const {
   if (!map_ || offset % kBlockSize || n % kBlockSize || offset + n > size_) return false;
   // Allocates what is a hole and maps every page writable in one call: an
-  // error (EFAULT for a full tmpfs) instead of a SIGBUS in the copy.
-  return ::madvise(map_ + offset, n, MADV_POPULATE_WRITE) == 0;
+  // error (EFAULT for a full tmpfs) instead of a SIGBUS in the copy. False
+  // without a system call where this kernel refuses it (before Linux 5.14:
+  // util/populate.h): the store is then written with writev.
+  return populate_write(map_ + offset, n);
 }
 
 void CardDevice::start_prefault() {

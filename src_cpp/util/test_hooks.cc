@@ -49,7 +49,7 @@ constexpr Hook kHooks[] = {
      "a pipelined store's thread waits this long after its reader's first piece, out of the card gate",
      [](TestHooks& h, const char* v) { h.pipeline_wake_delay_ms = std::atoi(v); }},
     {"ADP_TEST_SEGMENT_POPULATE_EINVAL", HookSide::kGateway,
-     "1: MADV_POPULATE_WRITE on a segment fails as EINVAL, not made (a kernel before 5.14)",
+     "1: MADV_POPULATE_WRITE (segment loads, tmpfs card stores) is refused, as by a kernel before 5.14",
      [](TestHooks& h, const char* v) { h.segment_populate_einval = std::string_view(v) == "1"; }},
     {"ADP_TEST_CARD_FAILING_HOLD_MS", HookSide::kBoth,
      "a card reads failing until an I/O succeeds this long after its last error (10000)",
