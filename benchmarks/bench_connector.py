@@ -47,6 +47,7 @@ import mmap
 import multiprocessing as mp
 import os
 import platform
+import runpy
 import select
 import shutil
 import signal
@@ -60,8 +61,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# This tree's package when it is built in place; otherwise the installed one.
-if any((ROOT / "lmcache_adp").glob("_native*.so")):
+# This tree's package when it is built in place (a module `import lmcache_adp._native` loads there: the rule
+# of lmcache_adp/source_digest.py, read by path as setup.py does, not a glob that another interpreter's build
+# also matches); otherwise the installed one.
+if runpy.run_path(str(ROOT / "lmcache_adp" / "source_digest.py"))["native_module"](ROOT / "lmcache_adp"):
     sys.path.insert(0, str(ROOT))
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
 

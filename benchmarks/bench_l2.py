@@ -38,10 +38,12 @@ HERE = Path(__file__).resolve().parent
 COMMIT = subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
 ).stdout.strip()
+from tools import describe_build, native_build, native_module, require_tool  # noqa: E402
+
 # The package measured: this tree's build if it has one (an editable install may point at another tree),
 # else the installed one; copied aside for the whole run, so that a rebuild meanwhile changes nothing.
 PACKAGE = HERE.parent / "lmcache_adp"
-if not any(PACKAGE.glob("_native*.so")):
+if native_module(PACKAGE) is None:
     PACKAGE = Path(importlib.util.find_spec("lmcache_adp").origin).parent
 SNAPSHOT = Path(tempfile.mkdtemp(prefix="lmcache-adp-bench-"))
 atexit.register(shutil.rmtree, SNAPSHOT, True)
@@ -53,7 +55,6 @@ SUB_ENV = {
     "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
 }
 os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")  # quiet format_card here; the benches keep their INFO logs
-from tools import describe_build, native_build, require_tool  # noqa: E402
 
 BUILD = native_build(PACKAGE)  # the tree's, not the snapshot's (a copy: no commit, no sources)
 

@@ -93,7 +93,7 @@ def native_build(package: Path | None = None) -> dict:
         # The file the import would load there (one rule with tests/support/native_build.py's), not any
         # _native*.so: a module left for another interpreter, or a .so beside the ABI-tagged one, is not it.
         package = Path(package).resolve()
-        so = _load_source_digest(package).native_module(package)
+        so = native_module(package)
         if so is None:
             raise FileNotFoundError(f"no native module (lmcache_adp._native) in {package}")
     tree = so.parent.parent
@@ -131,6 +131,12 @@ def native_build(package: Path | None = None) -> dict:
         "sanitizer": sanitizer,
         "stale": stale,
     }
+
+
+def native_module(package: Path) -> Path | None:
+    """The file `import lmcache_adp._native` would load from the package directory `package` (its
+    source_digest.native_module, the one rule), or None: whether a tree is built in place."""
+    return _load_source_digest(Path(package)).native_module(Path(package))
 
 
 def _load_source_digest(package: Path):
