@@ -41,6 +41,29 @@ def card_size_range() -> str:
     return f"[{MIN_CARD_SIZE_GB:g}, {MAX_CARD_SIZE_GB}]"
 
 
+def card_space_warning(path: str) -> str | None:
+    """What to tell the operator when a card image file is larger than its filesystem can hold: the bytes it
+    has not allocated yet (it is sparse) beyond the filesystem's free space. Stores then fail with "No space
+    left on device" once it fills, and the card does not evict for it (it has room by its own count).
+    None for a block device, a card that fits, or a path that cannot be looked at."""
+    try:
+        st = os.stat(path)
+        fs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return None
+    if not os.path.isfile(path):
+        return None
+    unallocated, free = max(st.st_size - st.st_blocks * 512, 0), fs.f_bavail * fs.f_frsize
+    if unallocated <= free:
+        return None
+    return (
+        f"card image {path} is {st.st_size / GIB:.2f} GiB (sparse: {st.st_blocks * 512 / GIB:.2f} GiB written) but "
+        f"its filesystem has {free / GIB:.2f} GiB free: once that is used, stores fail with 'No space left on "
+        "device' and the card does not evict for it; make room, or remove the image and start with a size that "
+        "fits (the size applies when an image is created)"
+    )
+
+
 def default_card_path() -> str:
     """The embedded card image when `card` is not given: under the user's cache directory."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from lmcache_adp._native import NativeConnector
-from lmcache_adp.config import ConnectorConfig
+from lmcache_adp.config import ConnectorConfig, card_space_warning
+from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
 
@@ -25,6 +26,8 @@ class ADPConnector(NativeConnector):
         super().__init__(self.config.to_native())
         self._native_started = True
         self._metrics = None
+        if self.config.gateway == "embedded" and (warning := card_space_warning(self.config.card)):
+            get_logger().warning("%s", warning)
         if self.config.metrics_port:
             source = EMBEDDED if self.config.gateway == "embedded" else CLIENT
             host, port = self.config.metrics_host, self.config.metrics_port

@@ -17,7 +17,7 @@ import os
 import signal
 
 from lmcache_adp import _native
-from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, read_token_file
+from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, card_space_warning, read_token_file
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import GATEWAY
@@ -212,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("gateway not started: %s", e)
         return 1
     card = os.path.abspath(args.card)
+    if warning := card_space_warning(card):
+        log.warning("%s", warning)
     metrics = None
     if args.metrics_port:
         try:

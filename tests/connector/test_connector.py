@@ -361,3 +361,27 @@ def test_a_deadline_waiting_on_a_delivery_does_not_block_submits(card, monkeypat
         assert order == [exists_fid, get_fid], "the lookup waited for the load's delivery"
     finally:
         c.conn.close()
+
+
+def test_a_card_image_larger_than_its_filesystem_is_warned_about():
+    """A sparse image larger than its filesystem's free space was taken silently: once the filesystem is full
+    every store fails 'No space left on device' and the card never evicts for it (audit 12, on a 48 MiB tmpfs).
+    Now a WARNING at open says so; a card that fits says nothing."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # the package's logger does not propagate: listen on it
+    logging.getLogger("lmcache_adp").addHandler(handler)
+    shm = tempfile.mkdtemp(prefix="adp-space-", dir="/dev/shm")
+    try:
+        too_big = shutil.disk_usage(shm).total / (1 << 30) + 1  # beyond the whole filesystem: free space never fits
+        ADPConnector(card=os.path.join(shm, "big.img"), card_size_gb=too_big, num_workers=1).close()
+        warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "but its filesystem has" in warned[0] and "No space left" in warned[0], warned
+        records.clear()
+        ADPConnector(card=os.path.join(shm, "small.img"), card_size_gb=0.0625, num_workers=1).close()
+        assert not [r for r in records if r.levelno >= logging.WARNING]
+    finally:
+        logging.getLogger("lmcache_adp").removeHandler(handler)
+        shutil.rmtree(shm, ignore_errors=True)

@@ -104,6 +104,24 @@ def test_bad_card_size_is_refused_before_the_image_is_made(workdir):
         assert "Traceback" not in r.stderr and not os.path.exists(gw.card)
 
 
+def test_a_card_image_larger_than_its_filesystem_is_warned_about(workdir):
+    """The gateway's side of the embedded test (tests/connector): a WARNING at start, the gateway serves."""
+    import shutil
+    import tempfile
+
+    shm = tempfile.mkdtemp(prefix="adp-space-", dir="/dev/shm")
+    try:
+        too_big = shutil.disk_usage(shm).total / (1 << 30) + 1
+        gw = Gateway(workdir, card=os.path.join(shm, "big.img"), card_size_gb=too_big).start()
+        try:
+            log = gw.log()
+            assert "WARNING: card image " in log and "but its filesystem has" in log, log
+        finally:
+            assert gw.stop() == 0
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 def test_cli_help_lists_gateway():
     r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "gateway" in r.stdout
