@@ -24,6 +24,9 @@ MIN_RING_MB, MAX_RING_MB = _native.MIN_RING_BYTES // MIB, _native.MAX_RING_BYTES
 # The smallest gateway_stall_s taken: the gateway shows it works every 100 ms at most (docs/protocol.md r7, r8),
 # so a bound near that reads a working gateway stalled between its signs of life (review r10 N8).
 MIN_GATEWAY_STALL_S = 0.5
+# The longest Unix socket path: sizeof(sockaddr_un.sun_path) - 1 on Linux (src_cpp/protocol/socket_io.cc refuses
+# a longer one at connect or bind, where it failed every request instead of the start).
+MAX_SOCKET_PATH_BYTES = 107
 # The sizes a new card image is created with (adapter_params card_size_gb, `gateway --card-size-gb`,
 # `format --size-gb`), in GiB: 16 MiB (the store's own floor is 9 MiB: 1 MiB and 8 regions of 1 MiB) to 1 PiB.
 # Checked before the file is created, so a refused size leaves no image behind.
@@ -186,6 +189,11 @@ class ConnectorConfig:
             raise ConfigError(
                 f"adapter_params['gateway'] = {gateway!r} is not supported; valid choices: "
                 "'embedded', 'unix:///path/to/gateway.sock', 'tcp://host:port'"
+            )
+        if gateway.startswith("unix://") and len(gateway[len("unix://") :].encode()) > MAX_SOCKET_PATH_BYTES:
+            raise ConfigError(
+                f"adapter_params['gateway'] = {gateway!r}: a Unix socket path is at most {MAX_SOCKET_PATH_BYTES} "
+                f"bytes, this one is {len(gateway[len('unix://') :].encode())} (start the gateway with a shorter --socket)"
             )
         if gateway != "embedded":
             misplaced = [k for k in _EMBEDDED_ONLY if k in params]

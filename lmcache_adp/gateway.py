@@ -17,7 +17,15 @@ import os
 import signal
 
 from lmcache_adp import _native
-from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, card_space_warning, read_token_file
+from lmcache_adp.config import (
+    GIB,
+    MAX_SOCKET_PATH_BYTES,
+    ConfigError,
+    card_size_ok,
+    card_size_range,
+    card_space_warning,
+    read_token_file,
+)
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import GATEWAY
@@ -139,6 +147,14 @@ def run(args: argparse.Namespace) -> int:
             "--card-size-gb must be 0 (the card must exist) or a number of GiB in %s, got %g",
             card_size_range(),
             args.card_size_gb,
+        )
+        return 2
+    if len(os.path.abspath(args.socket).encode()) > MAX_SOCKET_PATH_BYTES:  # before the card is opened
+        log.error(
+            "--socket %s is %d bytes: a Unix socket path is at most %d",
+            os.path.abspath(args.socket),
+            len(os.path.abspath(args.socket).encode()),
+            MAX_SOCKET_PATH_BYTES,
         )
         return 2
     if args.listen and not args.token_file:

@@ -62,6 +62,8 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "unix:///x.sock", "gateway_stall_s": float("nan")}, r"at least 0.5 and at most 3600, got nan"),
         ({"gateway": "unix:///x.sock", "gateway_stall_s": None}, r"at least 0.5 and at most 3600, got None"),
         ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
+        # 108 bytes: every request failed 'socket path must be 1 to 107 bytes', the start did not (audit 12)
+        ({"gateway": "unix:///" + "s" * 107}, r"a Unix socket path is at most 107 bytes, this one is 108"),
     ],
 )
 def test_bad_gateway_params(params, message):
@@ -79,3 +81,8 @@ def test_bad_tcp_endpoint_is_a_clear_error(tmp_path):
     (tmp_path / "token").write_text("t")
     with pytest.raises(ValueError, match="port must be 0-65535"):
         ADPConnector(gateway="tcp://host:99999", token_file=str(tmp_path / "token"))
+
+
+def test_longest_socket_path_is_taken():
+    path = "/" + "s" * 106  # 107 bytes: sun_path's 108 with its NUL
+    assert ConnectorConfig.from_params({"gateway": "unix://" + path}).gateway == "unix://" + path

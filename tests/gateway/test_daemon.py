@@ -122,6 +122,15 @@ def test_a_card_image_larger_than_its_filesystem_is_warned_about(workdir):
         shutil.rmtree(shm, ignore_errors=True)
 
 
+def test_too_long_socket_path_is_refused_before_the_card_is_made(workdir):
+    """It was refused by the bind, after the card image was created and opened (audit 12)."""
+    gw = Gateway(workdir, card_size_gb=0.0625)
+    long = os.path.join(workdir, "s" * (108 - len(workdir) - 1))  # 108 bytes
+    r = subprocess.run(gw.args("--socket", long), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"--socket {long} is 108 bytes: a Unix socket path is at most 107" in r.stderr
+    assert not os.path.exists(gw.card), r.stderr
+
+
 def test_cli_help_lists_gateway():
     r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "gateway" in r.stdout
