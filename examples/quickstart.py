@@ -35,6 +35,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from lmcache_adp.config import card_size_ok, card_size_range  # noqa: E402 (after the environment is set)
 from lmcache_adp.testing import (  # noqa: E402 (after the environment is set)
     KVShape,
     MPServer,
@@ -47,6 +48,7 @@ from lmcache_adp.testing import (  # noqa: E402 (after the environment is set)
 )
 
 MIB = 1 << 20
+CHUNK_TOKENS = 256  # MPServer's chunk_size (lmcache server --chunk-size)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +60,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=8, help="KV shape: KV heads (default 8)")
     p.add_argument("--head-dim", type=int, default=128, help="KV shape: head dim (default 128)")
     p.add_argument("--restart", action="store_true", help="also restart the server and retrieve from the card again")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # Checked before the server starts (it was a ValueError traceback after it had, audit 12).
+    if args.tokens <= 0 or args.tokens % CHUNK_TOKENS:
+        p.error(f"--tokens must be a positive multiple of {CHUNK_TOKENS} (LMCache's chunk), got {args.tokens}")
+    if not card_size_ok(args.card_size_gb):
+        p.error(f"--card-size-gb must be a number of GiB in {card_size_range()}, got {args.card_size_gb:g}")
+    for name in ("layers", "kv_heads", "head_dim"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    return args
 
 
 def check(results: list[tuple[str, bool]], what: str, ok: bool) -> bool:

@@ -71,6 +71,19 @@ def run_quickstart(*args: str, timeout: float = 300) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+def test_quickstart_refuses_bad_arguments_before_starting_a_server():
+    """--tokens 100 started the server, then died in a ValueError traceback (audit 12): now argparse's one line."""
+    for args, says in (
+        (("--tokens", "100"), "--tokens must be a positive multiple of 256 (LMCache's chunk), got 100"),
+        (("--tokens", "0"), "--tokens must be a positive multiple of 256"),
+        (("--layers", "0"), "--layers must be positive, got 0"),
+        (("--card-size-gb", "0.001"), "--card-size-gb must be a number of GiB in [0.015625, 1048576], got 0.001"),
+    ):
+        r = run_quickstart(*args, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert "lmcache server pid" not in r.stdout, r.stdout
+
+
 def test_quickstart_passes():
     """What the README's main command runs, with its defaults."""
     r = run_quickstart()
