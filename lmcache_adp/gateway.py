@@ -33,6 +33,15 @@ from lmcache_adp.stats_catalog import GATEWAY
 log = get_logger()
 
 DEFAULT_SOCKET = "/run/lmcache-adp/gateway.sock"
+# `lmcache-adp gateway --help`: the operator's words (the module docstring above is the developer's).
+DESCRIPTION = """Run the storage gateway in the foreground.
+
+It owns one card and serves every LMCache server on the host through a Unix
+socket (payload through shared-memory rings, or straight into the servers'
+memory) and optionally TCP (payload inline, token required). SIGTERM or
+SIGINT stops it: batches in flight finish, the card's open regions are
+sealed, the socket is removed and it exits 0. Clients refused by a limit
+are told why (README, "Gateway limits")."""
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 # flag, default, meaning: every connection, ring and wait of the gateway is
@@ -80,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gateway",
         help="run the storage gateway daemon (foreground)",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--card", required=True, help="block device or card image file")
