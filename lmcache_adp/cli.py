@@ -5,6 +5,8 @@ module that owns it and registers itself here."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from lmcache_adp import gateway, ops
@@ -25,7 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # `lmcache-adp status ... | head -3`: the reader left early. Exit as a program killed by SIGPIPE
+        # would (128 + 13), with no traceback (audit 12); stdout goes to /dev/null so that Python's own
+        # flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -119,6 +119,17 @@ def test_status_of_a_client_leaves_the_card_to_its_gateway(tmp_path):
     assert list(rows)[:2] == ["card", "gateway reachable"] and rows["hits / misses"].startswith("0 / 0"), rows
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback(filled):
+    """`lmcache-adp status --card C | head -3` printed a BrokenPipeError traceback (audit 12)."""
+    for args in (("status", "--card", filled), ("status", "--card", filled, "--json")):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "lmcache_adp.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        p.stdout.close()  # before it prints: the card's open takes longer than this
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_percentiles_from_log2_buckets():
     buckets = [0] * 32
     buckets[3] = 90  # 8-16 us
