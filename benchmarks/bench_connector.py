@@ -854,6 +854,67 @@ def round_trip_table(rows: list[dict], keys_per_worker: int) -> list[str]:
     ]
 
 
+def connector_split_table(rows: list[dict], keys_per_worker: int) -> list[str]:
+    """Per slice, the connector's own timing (its stats worker_{put,get}_* and, through a gateway,
+    gateway_{put,get}_*; docs/stats.md), means over the row's slices, warm-up included (as the gateway's
+    counters): the throughput-derived slice (as round_trip_table), and the worker's time on it: pickup (the
+    queue's hand-off: from its submit, or the worker free if later, to taken), run (the backend's call), done
+    (the completion's hand-off; the batch's last slice writes the eventfd); a gateway row's run split into setup (taken to the request's write), round trip (write to reply read) and
+    finish (reply read to the call returned), and the round trip into the gateway's own time (served:
+    batch_*_ns / batch_*) and the rest, the sockets and wake-ups (wire). queue: submit to taken (with batches in
+    flight mostly the wait behind earlier slices: not part of the slice's cost)."""
+    emb = {(r["object_mb"], r["workers"]): r for r in rows if r["row"] == "embedded"}
+    out = []
+    for r in rows:
+        st, gs = r.get("stats", {}), r.get("gateway_stats", {})
+        if not (r["row"] == "embedded" or r["row"].startswith("gateway")) or not st.get("worker_put_slices"):
+            continue
+        if not (r["store_s"] and r["load_s"]) or (r["row"] != "embedded" and (r["object_mb"], r["workers"]) not in emb):
+            continue
+        w = r["workers"]
+        slices = -(-r["objects"] // (w * keys_per_worker)) * w
+        for op, word, n_key, ns_key in (
+            ("put", "store", "batch_puts", "batch_put_ns"),
+            ("get", "load", "batch_gets", "batch_get_ns"),
+        ):
+            n = st.get(f"worker_{op}_slices", 0)
+            if not n:
+                continue
+
+            def per(key: str, count: float = n, st: dict = st) -> float:
+                return st.get(key, 0) / count / 1e3
+
+            cells = [f"{statistics.fmean(r[f'{word}_s']) * w / slices * 1e6:.0f}"]
+            cells += [f"{per(f'worker_{op}_{k}_ns'):.0f}" for k in ("pickup", "run", "done")]
+            g, reqs = st.get(f"gateway_{op}_slices", 0), st.get(f"gateway_{op}_requests", 0)
+            if g and reqs:
+                rt = per(f"gateway_{op}_round_trip_ns", reqs)
+                served = gs[ns_key] / gs[n_key] / 1e3 if gs.get(n_key) else None
+                cells += [f"{per(f'gateway_{op}_setup_ns', g):.0f}", f"{rt:.0f}"]
+                cells += [f"{served:.0f}", f"{rt - served:.0f}"] if served is not None else ["", ""]
+                cells += [f"{per(f'gateway_{op}_finish_ns', g):.0f}"]
+            else:
+                cells += ["", "", "", "", ""]
+            cells += [f"{per(f'worker_{op}_queue_ns'):.0f}"]
+            out.append(f"| {r['object_mb']:g} MiB | {w} | {r['row']} | {word} | {' | '.join(cells)} |")
+    if not out:
+        return []
+    return [
+        "",
+        "The connector's split (us a slice, means over the row's slices, warm-up included; docs/stats.md"
+        " worker_* / gateway_*): the slice as throughput gives it; the worker's pickup (from its submit, or the"
+        " worker free if later, to taken),"
+        " run (the backend's call) and done (the hand-off, the eventfd); through a gateway, run = setup (taken to"
+        " the request's write) + round trip (write to reply read) + finish (reply read to returned), round trip ="
+        " served (the gateway's batch_*_ns) + wire (sockets, wake-ups); queue: submit to taken.",
+        "",
+        "| object | workers | row | op | slice | pickup | run | done | setup | round trip | served | wire | finish"
+        " | queue |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *out,
+    ]
+
+
 def report(rows: list[dict], args, meta: dict) -> str:
     summ = summarize(rows)
     lines = [
@@ -900,6 +961,7 @@ def report(rows: list[dict], args, meta: dict) -> str:
     lines += paired_table(rows, summ)
     if args is not None:  # a report of saved rows (args None) does not know the batch size
         lines += round_trip_table(rows, args.keys_per_worker)
+        lines += connector_split_table(rows, args.keys_per_worker)
     lines += client_table(rows, summ)
     lines += not_ok(rows)
     lines.append("")

@@ -483,7 +483,113 @@ GATEWAY_STATS: tuple[Stat, ...] = (
     ),
 )
 
-STATS: tuple[Stat, ...] = CARD_LIST + CLIENT_STATS + GATEWAY_STATS
+
+def _request_timing() -> tuple[Stat, ...]:
+    """A connector's per-request timing (src_cpp/connector/connector.h, OpTiming): for store (put) and load
+    (get) batches alike, sums in nanoseconds plus counts, per worker slice (a batch is split into one slice per
+    worker, at most). worker_*: every connector; gateway_*: one on a gateway, its requests' edges (a slice
+    sends one request on the segments and process paths, one per round through the ring)."""
+    out = []
+    for op, what in (("put", "store"), ("get", "load")):
+        w, g = f"worker_{op}", f"gateway_{op}"
+        out += [
+            Stat(f"{w}_slices", COUNTER, "slices", E | C, f"Slices of {what} batches the connector's workers ran"),
+            Stat(
+                f"{w}_queue_ns",
+                COUNTER,
+                "nanoseconds",
+                E | C,
+                "Of those slices, from the batch's submit to a "
+                "worker taking the slice (with batches in flight, mostly the wait behind the slices before it)",
+            ),
+            Stat(
+                f"{w}_pickup_ns",
+                COUNTER,
+                "nanoseconds",
+                E | C,
+                "Of those slices, from when the slice could be taken (its batch's submit, or the worker's previous "
+                "slice done if later) to taken: the queue's hand-off to a worker (an idle worker's wake-up), not "
+                "the worker's idle time waiting for a submit",
+            ),
+            Stat(
+                f"{w}_run_ns",
+                COUNTER,
+                "nanoseconds",
+                E | C,
+                "Of those slices, from taken to the backend's call "
+                "returned (the card's work embedded; through a gateway, gateway_*_setup + round trip + finish)",
+            ),
+            Stat(
+                f"{w}_done_ns",
+                COUNTER,
+                "nanoseconds",
+                E | C,
+                "Of those slices, from the call returned to the "
+                "worker done with the slice: for a batch's last slice its completion queued and the eventfd "
+                "written (the completion hand-off)",
+            ),
+            Stat(
+                f"{w}_batches",
+                COUNTER,
+                "batches",
+                E | C,
+                f"{what.capitalize()} batches completed by their workers (not by their deadline nor by close)",
+            ),
+            Stat(
+                f"{w}_batch_ns",
+                COUNTER,
+                "nanoseconds",
+                E | C,
+                "Of those batches, from submit to their last "
+                "slice done (the eventfd written): queue + run + done of that slice",
+            ),
+            Stat(
+                f"{g}_slices",
+                COUNTER,
+                "slices",
+                C,
+                f"Slices of {what} batches that sent a request to the gateway and read its reply",
+            ),
+            Stat(
+                f"{g}_setup_ns",
+                COUNTER,
+                "nanoseconds",
+                C,
+                "Of those slices, from a worker taking the slice to "
+                "its first request about to be written (finding the buffers' segments, the request's encoding)",
+            ),
+            Stat(
+                f"{g}_requests",
+                COUNTER,
+                "requests",
+                C,
+                f"{what.capitalize()} requests whose reply was read "
+                "(the gateway counts them as batch_puts / batch_gets)",
+            ),
+            Stat(
+                f"{g}_round_trip_ns",
+                COUNTER,
+                "nanoseconds",
+                C,
+                "Of those requests, from its write to its reply "
+                "read: the gateway's own time (batch_put_ns / batch_get_ns) plus the sockets and both sides' "
+                "wake-ups (and, for a ring load in pieces, the copies out of the ring meanwhile)",
+            ),
+            Stat(
+                f"{g}_finish_ns",
+                COUNTER,
+                "nanoseconds",
+                C,
+                "Of those slices, from the last reply read to the "
+                "call returned (the lease revoked, the items' results noted)",
+            ),
+        ]
+    return tuple(out)
+
+
+REQUEST_TIMING: tuple[Stat, ...] = _request_timing()
+
+STATS: tuple[Stat, ...] = CARD_LIST + CLIENT_STATS + REQUEST_TIMING + GATEWAY_STATS
 BY_KEY: dict[str, Stat] = {k: s for s in STATS for k in s.keys()}
 
 

@@ -35,9 +35,40 @@ using Deadline = std::chrono::steady_clock::time_point;
 // guarded([] {}) tells whether the store is still wanted.
 using GuardedReadFn = std::function<bool(const std::function<void()>& read)>;
 
+// When a session call's requests went to its peer and its replies came
+// back (a gateway's session fills it; an embedded one leaves it zero): the
+// connector zeroes it before each put() or get() and adds it to its
+// per-request timing after (Connector::timing, stats gateway_put_* and
+// gateway_get_*). One clock read per edge.
+struct CallTimes {
+  // Its first request about to be written (epoch: none was). Read before the
+  // write: the gateway may read the request before the client's send()
+  // returns (a wake-up preempts the sender), so the write counts in the round trip.
+  std::chrono::steady_clock::time_point first_sent{};
+  std::chrono::steady_clock::time_point last_reply{};  // its last reply read (epoch: none was)
+  uint64_t requests = 0;                               // requests whose reply was read
+  uint64_t round_trip_ns = 0;                          // their request's write -> its reply read, summed
+  // A request was written (t: before its write) / its reply just read (t: now).
+  void sent(std::chrono::steady_clock::time_point t) {
+    if (first_sent == std::chrono::steady_clock::time_point{}) first_sent = t;
+    sent_at_ = t;
+  }
+  void replied(std::chrono::steady_clock::time_point t) {
+    last_reply = t;
+    requests++;
+    round_trip_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t - sent_at_).count());
+  }
+
+ private:
+  std::chrono::steady_clock::time_point sent_at_{};
+};
+
 class BackendSession {
  public:
   virtual ~BackendSession() = default;
+  // The current put()'s or get()'s requests and replies (CallTimes); the
+  // connector's worker resets and reads it around each call.
+  CallTimes times;
   // results[i] for each item; objects are indexed only if the store is still
   // wanted (guarded([] {})) once their bytes are on the card. A session that
   // copies the caller's bytes before storing them (a gateway's) copies them

@@ -133,8 +133,10 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
   return raw->id;
 }
 
-void Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
-  if (b->mark_completed()) publish_locked(b, ok, error, use_results);
+bool Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+  if (!b->mark_completed()) return false;
+  publish_locked(b, ok, error, use_results);
+  return true;
 }
 
 void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
@@ -150,16 +152,17 @@ void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool
   (void)w;  // the counter cannot overflow in practice; a full counter still reads as readable
 }
 
-void Connector::task_done(Batch* b) {
+bool Connector::task_done(Batch* b) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (--b->tasks_left > 0) return;
+  if (--b->tasks_left > 0) return false;
   std::string err;
   {
     std::lock_guard<std::mutex> l(b->error_mu);
     err = b->first_error;
   }
-  complete_locked(b, err.empty(), err, true);
+  const bool completed = complete_locked(b, err.empty(), err, true);
   retire_locked(b);
+  return completed;
 }
 
 void Connector::retire_locked(Batch* b) {
@@ -257,6 +260,7 @@ void Connector::worker_loop(int index) {
   } catch (const std::exception& e) {
     ADP_ERROR("worker %d could not start: %s", index, e.what());
   }
+  Clock::time_point free_since{};  // when this worker was last done with a slice
   for (;;) {
     Task t;
     {
@@ -266,7 +270,12 @@ void Connector::worker_loop(int index) {
       t = tasks_.front();
       tasks_.pop_front();
     }
+    const Clock::time_point taken = Clock::now();
+    // Read now: once its last slice is done, a drain() may free the batch.
+    const OpType op = t.batch->op;
+    const Clock::time_point submitted = t.batch->submitted;
     if (session) {
+      session->times = CallTimes{};
       try {
         run_task(*session, t);
       } catch (const std::exception& e) {
@@ -275,7 +284,34 @@ void Connector::worker_loop(int index) {
     } else {
       t.batch->note_error("worker has no backend session");
     }
-    task_done(t.batch);
+    const Clock::time_point ran = Clock::now();
+    const bool completed = task_done(t.batch);
+    const Clock::time_point done = Clock::now();
+    if (op == OpType::kSet || op == OpType::kGet) {
+      OpTiming& m = op == OpType::kSet ? put_timing_ : get_timing_;
+      auto add = [](std::atomic<uint64_t>& a, Clock::duration d) {
+        a.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+                    std::memory_order_relaxed);
+      };
+      m.slices.fetch_add(1, std::memory_order_relaxed);
+      add(m.queue_ns, taken - submitted);
+      add(m.pickup_ns, taken - std::max(submitted, free_since));
+      add(m.run_ns, ran - taken);
+      add(m.done_ns, done - ran);
+      if (completed) {
+        m.batches.fetch_add(1, std::memory_order_relaxed);
+        add(m.batch_ns, done - submitted);
+      }
+      if (session && session->times.requests) {
+        const CallTimes& c = session->times;
+        m.sent_slices.fetch_add(1, std::memory_order_relaxed);
+        add(m.setup_ns, c.first_sent - taken);
+        m.requests.fetch_add(c.requests, std::memory_order_relaxed);
+        m.round_trip_ns.fetch_add(c.round_trip_ns, std::memory_order_relaxed);
+        add(m.finish_ns, ran - c.last_reply);
+      }
+    }
+    free_since = done;
   }
 }
 

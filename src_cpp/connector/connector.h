@@ -14,6 +14,7 @@
 // the Python binding can release Python buffers while holding the GIL.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -53,6 +54,32 @@ struct Completion {
   std::vector<uint8_t> per_key;  // one entry per key
 };
 
+// Where the connector's store (put) and load (get) batches spend their time,
+// per worker slice (stats worker_put_* / worker_get_*, and through a gateway
+// gateway_put_* / gateway_get_*; docs/stats.md). Sums in ns plus counts,
+// relaxed atomics, one clock read per edge: the batch's submit, a worker
+// taking a slice, its first request about to be written and its last reply read (the
+// session's CallTimes), the session call returned, and the worker done with
+// the slice (for the batch's last slice: its completion queued and the
+// eventfd written).
+struct OpTiming {
+  std::atomic<uint64_t> slices{0};    // slices of such batches run by workers
+  std::atomic<uint64_t> queue_ns{0};  // submit -> a worker took the slice
+  // From when the slice could be taken (its submit, or its worker's previous
+  // slice done if later) to taken: the queue's hand-off (a worker's wake-up
+  // when it was idle), not the time it waited for LMCache's next submit.
+  std::atomic<uint64_t> pickup_ns{0};
+  std::atomic<uint64_t> run_ns{0};         // taken -> the backend call returned
+  std::atomic<uint64_t> done_ns{0};        // returned -> the worker done with it (the last slice: eventfd written)
+  std::atomic<uint64_t> batches{0};        // batches completed by their workers (not by the deadline or close)
+  std::atomic<uint64_t> batch_ns{0};       // submit -> their last slice done (eventfd written)
+  std::atomic<uint64_t> sent_slices{0};    // slices that sent a request and read its reply (a gateway)
+  std::atomic<uint64_t> setup_ns{0};       // taken -> its first request about to be written
+  std::atomic<uint64_t> requests{0};       // requests whose reply was read
+  std::atomic<uint64_t> round_trip_ns{0};  // a request's write -> its reply read, each
+  std::atomic<uint64_t> finish_ns{0};      // the slice's last reply read -> the backend call returned
+};
+
 struct ConnectorOptions {
   int num_workers = 4;
   int timeout_ms = 30000;
@@ -78,6 +105,10 @@ class Connector {
   // Submit-to-completion latency of the futures of one kind (timeouts included).
   LatencyHistogram::Snapshot latency(OpType op) const { return latency_[static_cast<int>(op)].snapshot(); }
   std::string describe() const { return description_; }
+  // Calls f(name, value) for each per-request timing stat (OpTiming):
+  // worker_{put,get}_*, and with `gateway` gateway_{put,get}_* too.
+  template <typename F>
+  void for_each_timing(bool gateway, F&& f) const;
 
  private:
   struct Batch;
@@ -92,11 +123,12 @@ class Connector {
   void run_task(BackendSession& session, const Task& t);
   // Marks b completed (once) and queues its completion. Caller holds mu_.
   // Completes b (once), waiting for a delivery in flight; caller holds mu_.
-  void complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
+  // Returns whether this call completed it.
+  bool complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
   // Queues b's completion and signals the eventfd; b is already marked completed.
   void publish_locked(Batch* b, bool ok, const std::string& error, bool use_results);
   void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done)
-  void task_done(Batch* b);
+  bool task_done(Batch* b);      // whether it completed b (its last slice, before the deadline or close)
 
   mutable std::shared_mutex backend_mu_;  // close() drops the backend while submit() may use it
   std::unique_ptr<Backend> backend_;
@@ -119,6 +151,28 @@ class Connector {
   std::vector<std::thread> workers_;
   std::thread deadline_thread_;
   LatencyHistogram latency_[kNumOpTypes];
+  OpTiming put_timing_, get_timing_;
 };
+
+template <typename F>
+void Connector::for_each_timing(bool gateway, F&& f) const {
+  auto load = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  for (const auto& [op, t] : {std::pair<const char*, const OpTiming*>{"put", &put_timing_}, {"get", &get_timing_}}) {
+    const std::string w = std::string("worker_") + op, g = std::string("gateway_") + op;
+    f(w + "_slices", load(t->slices));
+    f(w + "_queue_ns", load(t->queue_ns));
+    f(w + "_pickup_ns", load(t->pickup_ns));
+    f(w + "_run_ns", load(t->run_ns));
+    f(w + "_done_ns", load(t->done_ns));
+    f(w + "_batches", load(t->batches));
+    f(w + "_batch_ns", load(t->batch_ns));
+    if (!gateway) continue;
+    f(g + "_slices", load(t->sent_slices));
+    f(g + "_setup_ns", load(t->setup_ns));
+    f(g + "_requests", load(t->requests));
+    f(g + "_round_trip_ns", load(t->round_trip_ns));
+    f(g + "_finish_ns", load(t->finish_ns));
+  }
+}
 
 }  // namespace adp

@@ -172,6 +172,8 @@ class NativeConnector {
       lat[op_name(static_cast<OpType>(i))] = h;
     }
     d["latency_us_log2"] = lat;
+    connector_->for_each_timing(d.contains("gateway_reachable"),
+                                [&d](const std::string& k, uint64_t v) { d[k.c_str()] = v; });
     return d;
   }
   std::string describe() const { return connector_->describe(); }

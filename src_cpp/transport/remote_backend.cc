@@ -394,11 +394,14 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     const uint64_t rid = client_->next_request_id();
     __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
+    const auto sending = Clock::now();  // before the write: the gateway may read it before send() returns
     s = client_->send(req, {}, deadline);
     sent = s.ok();
     if (sent) {
+      times.sent(sending);
       wait_reply(deadline);
       s = client_->await_reply(req, deadline, &reply_);
+      if (s.ok()) times.replied(Clock::now());
       if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
     }
     revoke_lease(rid);
@@ -546,11 +549,14 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     if (in.op == proto::Op::kGet && client_->ring_progress()) {
       s = call_in_pieces(in, begin, req, deadline, &reply, finish);
     } else {
+      const auto sending = Clock::now();  // before the write, as in try_in_place
       s = client_->send(req, iov, deadline);
+      if (s.ok()) times.sent(sending);
       // r8 (TCP): a kAlive frame is the gateway heard from: look at the stall, then wait on.
       for (bool alive = s.ok(); alive;) {
         wait_reply(deadline);
         s = client_->await_reply(req, deadline, &reply, &alive);
+        if (s.ok() && !alive) times.replied(Clock::now());
         if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
       }
       if (s.ok()) s = finish_round(in, begin, req, reply, finish);
@@ -619,8 +625,10 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
     });
     if (!declined) copied_[k] = upto;
   };
+  const auto sending = Clock::now();            // before the write, as in try_in_place
   Status s = client_->send(req, {}, deadline);  // the slots' zeroes go before the request (the syscall orders them)
-  size_t first = 0;                             // items before it are copied whole
+  if (s.ok()) times.sent(sending);
+  size_t first = 0;  // items before it are copied whole
   auto check_at = Clock::now() + kStallCheck;
   while (s.ok() && !declined) {
     if (const auto now = Clock::now(); now >= check_at) {  // a gateway hung between pieces: logged (H3)
@@ -656,6 +664,7 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
   if (s.ok()) {
     wait_reply(deadline);
     s = client_->await_reply(req, deadline, reply);
+    if (s.ok()) times.replied(Clock::now());
     if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
   }
   if (!s.ok()) return s;

@@ -180,3 +180,52 @@ def test_round_trip_table_splits_a_request_into_served_and_round_trip():
     assert cells == ["2000", "4000", "1500", "2500", "1000", "2000", "500", "1500"]
     rows[1]["gateway_stats"] = {}  # a gateway without the counters: no table
     assert bench_connector.round_trip_table(rows, 2) == []
+
+
+def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_counters():
+    """The connector's split: per slice (the counters' means), the worker's wait / run / done and, through a
+    gateway, setup / round trip / finish, the round trip less the gateway's own time (wire). 8 objects, 2 workers,
+    2 keys a worker: 4 slices a repetition; the slice column as round_trip_table's. An op with no slice counted
+    has no line; a row without the counters (an older build) none."""
+    import bench_connector
+
+    base = {"object_mb": 1.0, "workers": 2, "objects": 8}
+    emb_stats = {"worker_put_slices": 4, "worker_put_pickup_ns": 400_000, "worker_put_run_ns": 4_000_000}
+    emb_stats |= {"worker_put_done_ns": 40_000, "worker_put_queue_ns": 8_000_000}
+    gw_stats = {"worker_put_slices": 4, "worker_put_pickup_ns": 0, "worker_put_run_ns": 12_000_000}
+    gw_stats |= {"worker_put_done_ns": 80_000, "worker_put_queue_ns": 0, "gateway_put_slices": 4}
+    gw_stats |= {"gateway_put_setup_ns": 400_000, "gateway_put_requests": 4, "gateway_put_round_trip_ns": 10_000_000}
+    gw_stats |= {"gateway_put_finish_ns": 1_600_000}
+    rows = [
+        {**base, "row": "embedded", "store_s": [0.004], "load_s": [0.002], "stats": emb_stats},
+        {
+            **base,
+            "row": "gateway unix+segments (own shm L1)",
+            "store_s": [0.008],
+            "load_s": [0.004],
+            "stats": gw_stats,
+            "gateway_stats": {"batch_puts": 4, "batch_put_ns": 6_000_000, "batch_gets": 4, "batch_get_ns": 2_000_000},
+        },
+    ]
+    lines = [x for x in bench_connector.connector_split_table(rows, 2) if x.startswith("| 1 MiB | 2 |")]
+    cells = [[c.strip() for c in line.strip("|").split("|")][2:] for line in lines]
+    assert cells == [
+        ["embedded", "store", "2000", "100", "1000", "10", "", "", "", "", "", "2000"],
+        [
+            "gateway unix+segments (own shm L1)",
+            "store",
+            "4000",
+            "0",
+            "3000",
+            "20",
+            "100",
+            "2500",
+            "1500",
+            "1000",
+            "400",
+            "0",
+        ],
+    ]
+    for r in rows:
+        r["stats"] = {}
+    assert bench_connector.connector_split_table(rows, 2) == []

@@ -238,6 +238,50 @@ def test_batch_time_counts_each_put_and_get_batch(card_gateway):
         pool.close()
 
 
+def test_a_connectors_request_timing_splits_each_slice_and_moves_with_the_gateways(card_gateway):
+    """The connector's per-request timing (worker_{put,get}_*, gateway_{put,get}_*; docs/stats.md): counts equal
+    the slices, batches and requests sent (the gateway counts as many requests), every part moves, the parts of a
+    slice's run add up to no more than it, the request's round trip holds the gateway's own time on it, and a
+    batch's whole (submit to eventfd) is no shorter than the latency its future recorded and no longer than the
+    parts of all its slices. Exists and delete batches count in none of them."""
+    gw = card_gateway
+    rounds, per = 3, 4  # two workers: each batch of 4 keys is two slices of 2
+    pool = ShmPool(2 * per, SIZE)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=10000))
+    try:
+        for r in range(rounds):
+            keys = [f"rt@{r}@{i}" for i in range(per)]
+            for k, v in zip(keys, pool.views[:per], strict=True):
+                v[:] = payload(k, SIZE)
+            assert c.set(keys, pool.views[:per])[0]
+            ok, _, per_key = c.get(keys, pool.views[per:])
+            assert ok and all(per_key)
+        assert c.exists(keys)[0]
+        assert c.delete(keys[:1])[0]
+        st, served = c.conn.stats(), stats(gw)
+        for op, n_key, ns_key in (("put", "batch_puts", "batch_put_ns"), ("get", "batch_gets", "batch_get_ns")):
+            w, g = (lambda k, op=op: st[f"worker_{op}_{k}"]), (lambda k, op=op: st[f"gateway_{op}_{k}"])
+            assert (w("slices"), w("batches"), g("slices"), g("requests")) == (
+                2 * rounds,
+                rounds,
+                2 * rounds,
+                2 * rounds,
+            ), st
+            assert g("requests") == served[n_key], (st, served)
+            for k in ("queue_ns", "run_ns", "done_ns", "batch_ns", "pickup_ns"):
+                assert w(k) > 0, (op, k, st)
+            for k in ("setup_ns", "round_trip_ns", "finish_ns"):
+                assert g(k) > 0, (op, k, st)
+            assert g("setup_ns") + g("round_trip_ns") + g("finish_ns") <= w("run_ns"), (op, st)
+            assert served[ns_key] < g("round_trip_ns"), (op, st, served)
+            assert w("batch_ns") <= w("queue_ns") + w("run_ns") + w("done_ns"), (op, st)
+            lat = st["latency_us_log2"]["set" if op == "put" else "get"]
+            assert lat["count"] == rounds and lat["sum_us"] * 1000 <= w("batch_ns"), (op, lat, st)
+    finally:
+        c.conn.close()
+        pool.close()
+
+
 @pytest.mark.parametrize(
     ("spin_us", "cpus", "spins"),
     [("10000", 1000, True), ("0", 1000, False), ("10000", 1, False), (None, 1000, False)],
