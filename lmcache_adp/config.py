@@ -44,6 +44,25 @@ def card_size_range() -> str:
     return f"[{MIN_CARD_SIZE_GB:g}, {MAX_CARD_SIZE_GB}]"
 
 
+def card_size_ignored(path: str, size_gb: float, what: str) -> str | None:
+    """What to tell the operator when an image file that existed before the open has another size than the
+    one asked for (`what`: the parameter or flag that asked): the size applies only when an image is created,
+    so the card keeps its own. None when it matches or the path is not a regular file."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        have = os.path.getsize(path)
+    except OSError:
+        return None
+    if have == int(size_gb * GIB) & ~4095:
+        return None
+    return (
+        f"{what} {size_gb:g} ignored: card image {path} exists with {have / GIB:.2f} GiB and keeps that size (the "
+        "size applies when an image is created; to resize, stop, remove the image and start again: its cached "
+        "objects are lost)"
+    )
+
+
 def card_space_warning(path: str) -> str | None:
     """What to tell the operator when a card image file is larger than its filesystem can hold: the bytes it
     has not allocated yet (it is sparse) beyond the filesystem's free space. Stores then fail with "No space

@@ -11,10 +11,11 @@ are the C++ methods of the base class, so no Python runs per request.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lmcache_adp._native import NativeConnector
-from lmcache_adp.config import ConnectorConfig, card_space_warning
+from lmcache_adp.config import ConnectorConfig, card_size_ignored, card_space_warning
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
@@ -23,10 +24,15 @@ from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
 class ADPConnector(NativeConnector):
     def __init__(self, **adapter_params: Any) -> None:
         self.config = ConnectorConfig.from_params(adapter_params)
+        embedded = self.config.gateway == "embedded"
+        existed = embedded and "card_size_gb" in adapter_params and os.path.isfile(self.config.card)
         super().__init__(self.config.to_native())
         self._native_started = True
         self._metrics = None
-        if self.config.gateway == "embedded" and (warning := card_space_warning(self.config.card)):
+        size_gb, what = self.config.card_size_gb, "adapter_params['card_size_gb'] ="
+        if existed and (note := card_size_ignored(self.config.card, size_gb, what)):
+            get_logger().warning("%s", note)
+        if embedded and (warning := card_space_warning(self.config.card)):
             get_logger().warning("%s", warning)
         if self.config.metrics_port:
             source = EMBEDDED if self.config.gateway == "embedded" else CLIENT

@@ -21,6 +21,7 @@ from lmcache_adp.config import (
     GIB,
     MAX_SOCKET_PATH_BYTES,
     ConfigError,
+    card_size_ignored,
     card_size_ok,
     card_size_range,
     card_space_warning,
@@ -208,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot create the socket directory %s: %s", socket_dir, e.strerror)
         return 1
 
+    existed = args.card_size_gb != 0 and os.path.isfile(args.card)
     # Block the stop signals before the C++ threads start (they inherit the
     # mask), so they reach this thread's sigwait and nothing else.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -237,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("gateway not started: %s", e)
         return 1
     card = os.path.abspath(args.card)
+    if existed and (note := card_size_ignored(card, args.card_size_gb, "--card-size-gb")):
+        log.warning("%s", note)
     if warning := card_space_warning(card):
         log.warning("%s", warning)
     metrics = None

@@ -385,3 +385,30 @@ def test_a_card_image_larger_than_its_filesystem_is_warned_about():
     finally:
         logging.getLogger("lmcache_adp").removeHandler(handler)
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_size_an_existing_card_ignores_is_warned_about(card):
+    """card_size_gb applies only when the image is created: a new size for an existing card was ignored without
+    a word (the operator believed the card had grown; audit 12). The gateway's --card-size-gb: tests/gateway."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # the package's logger does not propagate: listen on it
+    logging.getLogger("lmcache_adp").addHandler(handler)
+    try:
+
+        def warnings_of(**params) -> list[str]:
+            records.clear()
+            ADPConnector(card=card, num_workers=1, **params).close()
+            return [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+        assert warnings_of(card_size_gb=0.0625) == []  # created with it
+        assert warnings_of(card_size_gb=0.0625) == [] and warnings_of() == []  # the same size, or none given
+        (said,) = warnings_of(card_size_gb=0.125)
+        assert said.startswith(
+            f"adapter_params['card_size_gb'] = 0.125 ignored: card image {card} exists with 0.06 GiB"
+        )
+        assert os.path.getsize(card) == 64 << 20
+    finally:
+        logging.getLogger("lmcache_adp").removeHandler(handler)

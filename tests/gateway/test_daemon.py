@@ -131,6 +131,20 @@ def test_too_long_socket_path_is_refused_before_the_card_is_made(workdir):
     assert not os.path.exists(gw.card), r.stderr
 
 
+def test_a_size_an_existing_card_ignores_is_warned_about(workdir):
+    gw = Gateway(workdir, card_size_gb=0.0625).start()
+    assert gw.stop() == 0 and "ignored" not in gw.log()
+    gw.card_size_gb = 0.125
+    gw.start()
+    try:
+        assert f"WARNING: --card-size-gb 0.125 ignored: card image {gw.card} exists with 0.06 GiB" in gw.log()
+    finally:
+        assert gw.stop() == 0
+    gw.card_size_gb = 0  # must exist: nothing asked, nothing to say
+    gw.start()
+    assert gw.stop() == 0 and "ignored" not in gw.log()
+
+
 def test_cli_help_lists_gateway():
     r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "gateway" in r.stdout
