@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -155,6 +156,17 @@ def _fail(msg: str, code: int) -> int:
     return code
 
 
+def stats_url(url: str) -> str:
+    """The /stats address of a metrics endpoint as an operator may write it: with or without http://, or with
+    the path of another of its pages (/metrics, /health, /stats) pasted from a browser or a scrape config."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    for page in ("/metrics", "/health", "/stats"):
+        url = url.removesuffix(page)
+    return url + "/stats"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     if args.gateway:
         try:
@@ -164,11 +176,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             return _fail(str(e), EXIT_ERROR)
         st["card"] = f"held by the gateway at {args.gateway}"
     elif args.url:
+        url = stats_url(args.url)
+        hint = "is it the metrics port of lmcache-adp (adapter_params metrics_port, gateway --metrics-port)?"
         try:
-            with urllib.request.urlopen(args.url.rstrip("/") + "/stats", timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=5) as r:
                 st = json.load(r)
+        except urllib.error.HTTPError as e:  # an OSError too: answered, but not ours
+            return _fail(f"cannot read {url}: HTTP {e.code} {e.reason}; {hint}", EXIT_ERROR)
         except OSError as e:
-            return _fail(f"cannot read {args.url}/stats: {e}", EXIT_ERROR)
+            return _fail(f"cannot read {url}: {getattr(e, 'reason', None) or e}", EXIT_ERROR)
+        except ValueError as e:  # a bad URL, or an answer that is not JSON (another server's page)
+            return _fail(f"cannot read {url}: {e}; {hint}", EXIT_ERROR)
+        if not isinstance(st, dict):
+            return _fail(f"{url} answered JSON that is not lmcache-adp's stats; {hint}", EXIT_ERROR)
     else:
         store = _open_card(args.card)
         st = store.stats()
@@ -248,7 +268,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--card", help="card path (must not be held by a running process)")
     src.add_argument("--gateway", metavar="unix://PATH|tcp://HOST:PORT", help="a running gateway, through its socket")
-    src.add_argument("--url", help="metrics URL of a running connector or gateway, e.g. http://127.0.0.1:9400")
+    src.add_argument(
+        "--url",
+        help="metrics URL of a running connector or gateway, e.g. http://127.0.0.1:9400 (or 127.0.0.1:9400, or the URL of "
+        "its /metrics or /health page)",
+    )
     p.add_argument("--token-file", help="with --gateway tcp://: the gateway's token")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)

@@ -185,6 +185,50 @@ held.close()
     assert r.stdout.splitlines() == ["ADPConnector(not started)"] * 2 + ["ADPConnector("], r.stdout
 
 
+def test_status_url_as_an_operator_writes_it(card, capsys):
+    """`status --url` took only http://HOST:PORT: HOST:PORT was 'unknown url type', .../metrics was
+    .../metrics/stats (404), and a server that is not ours (an HTML or text /stats) was a JSONDecodeError
+    traceback, a malformed URL a ValueError one (audit 12)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lmcache_adp.cli import main
+
+    port = free_port()
+    c = ADPConnector(card=card, card_size_gb=0.0625, metrics_port=port)
+    try:
+        for url in (f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{port}/health/"):
+            assert main(["status", "--url", url, "--json"]) == 0, capsys.readouterr().err
+            assert json.loads(capsys.readouterr().out)["card"] == card
+    finally:
+        c.close()
+
+    class NotOurs(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            body = b"<html>LMCache</html>" if self.path == "/stats" else b"no"
+            self.send_response(200 if self.path == "/stats" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), NotOurs)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        hint = "is it the metrics port of lmcache-adp (adapter_params metrics_port, gateway --metrics-port)?"
+        for url, says in (
+            (f"http://127.0.0.1:{other.server_port}", "Expecting value"),
+            (f"http://127.0.0.1:{other.server_port}/x", "HTTP 404"),
+            ("http://[bad", "Invalid IPv6 URL"),
+        ):
+            assert main(["status", "--url", url]) == 3
+            err = capsys.readouterr().err
+            assert err.startswith("lmcache-adp: error: cannot read ") and says in err and hint in err, err
+    finally:
+        other.shutdown()
+
+
 def test_gateway_serves_metrics_with_clients(workdir):
     port = free_port()
     gw = Gateway(workdir, extra=("--metrics-port", str(port))).start()
