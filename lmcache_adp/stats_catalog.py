@@ -293,7 +293,8 @@ CLIENT_STATS: tuple[Stat, ...] = (
         C,
         "0 from a load or store the gateway answered with an I/O error of its card (the message: "
         '`gateway_card_error`; not the I/O-error answers about the gateway\'s own memory, "out of memory ...", '
-        "nor its process_vm_readv/writev of the client's memory, \"process_vm_...\") until one of the connector's loads hits or stores succeeds 10 s or more after the last such error "
+        "nor its process_vm_readv/writev of the client's memory, \"process_vm_...\": told by the error's class "
+        "from a gateway of protocol r9 or later, by those starts of the message from an older one) until one of the connector's loads hits or stores succeeds 10 s or more after the last such error "
         "(kFailingHold, as the gateway's own `healthy`: failing and working items interleaved read 0 throughout, "
         "one WARNING at the start and one INFO with the error count at the end); the gateway's own "
         "`healthy` is its card's every I/O (/health answers 503 at 0)",

@@ -132,7 +132,7 @@ Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline)
     shared_->store_buffer_bytes.fetch_sub(bytes);
     std::lock_guard<std::mutex> l(shared_->store_buffer_mu);
     shared_->store_buffer_freed.notify_all();
-    return Status::IoError("out of memory for the store buffer of " + mib(bytes));
+    return Status::IoError("out of memory for the store buffer of " + mib(bytes), Status::IoClass::kGatewayMemory);
   }
   // What is mapped is what counts (release_store_buffer gives back the capacity).
   if (store_buf_.capacity() > bytes) shared_->store_buffer_bytes.fetch_add(store_buf_.capacity() - bytes);

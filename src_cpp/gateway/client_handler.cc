@@ -160,6 +160,10 @@ Status ClientHandler::handshake() {
   // r8: no ring, so no alive word: kAlive frames while a batch is worked on.
   alive_frames_ = !ring_ && (hello.features & proto::kFeatureAlive);
   if (alive_frames_) ok.features |= proto::kFeatureAlive;
+  // r9: on any transport, to a client that asked (one of r8 or older does not,
+  // and gets the reply items of r8: that byte 0).
+  error_classes_ = hello.features & proto::kFeatureErrorClass;
+  if (error_classes_) ok.features |= proto::kFeatureErrorClass;
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
   std::vector<uint8_t> body;
@@ -295,7 +299,7 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   shared_->ring_bytes_in_use -= in_ring;
   if (!s.ok()) return s;
   table->clear();
-  proto::encode_batch_reply(reply, table);
+  proto::encode_batch_reply(reply, table, error_classes_);
   iovec iv{payload->data(), payload->size()};
   served_++;
   shared_->batches.fetch_add(1, std::memory_order_relaxed);

@@ -430,6 +430,7 @@ class ClientHandler {
   // (at most one per kAliveFrameEvery) for the batch alive_request_id_, on
   // the connection's thread (the only one that calls it without a ring).
   bool alive_frames_ = false;
+  bool error_classes_ = false;  // r9: the client asked: each I/O error's class in its reply item
   uint64_t alive_request_id_ = 0;
   std::chrono::steady_clock::time_point alive_sent_at_{};
   std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1

@@ -61,6 +61,14 @@ constexpr uint32_t kFeatureStoreLimit = 64;
 // gateway as working over TCP too.
 constexpr uint32_t kFeatureAlive = 128;
 constexpr std::chrono::milliseconds kAliveFrameEvery{100};
+// r9: each I/O error of a BatchReply carries its class (Status::IoClass:
+// 1 the card, 2 the gateway's memory, 3 the client's memory) in its item's
+// byte 1, zero in r8 and older (and on any other status). Offered by the
+// client, granted by a gateway that knows it, on any transport; without it
+// that byte stays 0 and the connector tells the card by the message
+// (transport/card_io_error.h).
+constexpr uint32_t kFeatureErrorClass = 256;
+constexpr uint8_t kMaxIoClass = 3;
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;

@@ -28,7 +28,20 @@ std::string_view wire_message(const Status& s) {
   return s.ok() || s.is_not_found() ? std::string_view() : clip(s.message(), kMaxMessageBytes);
 }
 
-Status status_from_wire(uint8_t code, std::string msg) {
+static_assert(static_cast<uint8_t>(Status::IoClass::kCard) == 1 &&
+                  static_cast<uint8_t>(Status::IoClass::kGatewayMemory) == 2 &&
+                  static_cast<uint8_t>(Status::IoClass::kClientMemory) == kMaxIoClass,
+              "wire I/O error classes (docs/protocol.md, r9)");
+
+// r9: an I/O error's class on the wire; an unmarked one is the card's (the
+// rule the connector applied to messages before r9).
+uint8_t wire_class(const Status& s) {
+  if (s.code() != Status::Code::kIoError) return 0;
+  const auto c = static_cast<uint8_t>(s.io_class());
+  return c ? c : static_cast<uint8_t>(Status::IoClass::kCard);
+}
+
+Status status_from_wire(uint8_t code, std::string msg, uint8_t io_class) {
   switch (static_cast<Status::Code>(code)) {
     case Status::Code::kOk:
       return Status::Ok();
@@ -39,7 +52,7 @@ Status status_from_wire(uint8_t code, std::string msg) {
     case Status::Code::kNoSpace:
       return Status::NoSpace(std::move(msg));
     case Status::Code::kIoError:
-      return Status::IoError(std::move(msg));
+      return Status::IoError(std::move(msg), static_cast<Status::IoClass>(io_class));
     case Status::Code::kCorruption:
       return Status::Corruption(std::move(msg));
     case Status::Code::kTimedOut:
@@ -169,13 +182,13 @@ Status decode_batch(std::span<const uint8_t> body, BatchRequest* m, uint32_t gra
   return Status::Ok();
 }
 
-void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table) {
+void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table, bool classes) {
   ByteWriter w(table);
   w.put<uint32_t>(static_cast<uint32_t>(m.results.size()));
   w.put<uint32_t>(0);
   for (const ItemResult& res : m.results) {
     w.put<uint8_t>(static_cast<uint8_t>(res.status.code()));
-    w.put<uint8_t>(0);
+    w.put<uint8_t>(classes ? wire_class(res.status) : 0);
     w.put<uint16_t>(static_cast<uint16_t>(wire_message(res.status).size()));
     w.put<uint32_t>(0);
     w.put<uint64_t>(res.size);
@@ -183,24 +196,28 @@ void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table) {
   for (const ItemResult& res : m.results) w.bytes(wire_message(res.status));
 }
 
-Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m) {
+Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m, bool classes) {
   ByteReader r(body);
   uint32_t count = r.get<uint32_t>(), pad = r.get<uint32_t>();
   if (!r.ok() || pad != 0 || count > kMaxBatchKeys) return malformed("batch reply");
   if (r.remaining() / kReplyItemBytes < count) return malformed("batch reply: body shorter than its table");
   m->results.assign(count, {});
-  std::vector<uint8_t> code(count);
+  std::vector<uint8_t> code(count), io_class(count);
   std::vector<uint16_t> msg_len(count);
   for (uint32_t i = 0; i < count; i++) {
     code[i] = r.get<uint8_t>();
-    uint32_t p = r.get<uint8_t>();
+    io_class[i] = r.get<uint8_t>();
     msg_len[i] = r.get<uint16_t>();
-    p |= r.get<uint32_t>();
+    uint32_t p = r.get<uint32_t>();
     m->results[i].size = r.get<uint64_t>();
     if (p != 0 || code[i] > kMaxStatusCode || msg_len[i] > kMaxMessageBytes) return malformed("batch reply: bad item");
+    // r9: a class on every I/O error where negotiated, and nowhere else.
+    const bool carries = classes && code[i] == static_cast<uint8_t>(Status::Code::kIoError);
+    if (carries ? (io_class[i] == 0 || io_class[i] > kMaxIoClass) : io_class[i] != 0)
+      return malformed("batch reply: bad error class");
   }
   for (uint32_t i = 0; i < count; i++)
-    m->results[i].status = status_from_wire(code[i], std::string(r.text(msg_len[i])));
+    m->results[i].status = status_from_wire(code[i], std::string(r.text(msg_len[i])), io_class[i]);
   if (!r.ok()) return malformed("batch reply: body shorter than its messages");
   m->payload = r.rest();
   return Status::Ok();
@@ -307,8 +324,9 @@ Status parse_frame(std::span<const uint8_t> frame) {
       return decode_batch(body, &m, kFeatureProcessMemory);
     }
     case FrameType::kBatchReply: {
-      BatchReply m;
-      return decode_batch_reply(body, &m);
+      BatchReply m;  // as a client of r8 would read it, or one granted error classes (r9)
+      Status r8 = decode_batch_reply(body, &m, false);
+      return r8.ok() ? r8 : decode_batch_reply(body, &m, true);
     }
     case FrameType::kError: {
       std::string_view reason;

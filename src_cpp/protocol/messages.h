@@ -65,8 +65,12 @@ void encode_batch(const BatchRequest& m, std::vector<uint8_t>* table);
 // kProcessSegment is accepted on a get with kFeatureProcessLoads, on a put
 // with kFeatureProcessStores, and nowhere else.
 Status decode_batch(std::span<const uint8_t> body, BatchRequest* m, uint32_t granted = 0);
-void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table);
-Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m);
+// `classes`: the connection negotiated kFeatureErrorClass (r9). Then each
+// I/O error's item carries its class (an unmarked one as the card's) and the
+// decoder takes it into the Status; without it that byte is 0, and a nonzero
+// one is malformed (as every reserved byte).
+void encode_batch_reply(const BatchReply& m, std::vector<uint8_t>* table, bool classes = false);
+Status decode_batch_reply(std::span<const uint8_t> body, BatchReply* m, bool classes = false);
 // RegisterSegment (r3): the segment's id and size; its fd rides on the frame.
 struct RegisterSegment {
   uint32_t id = 0;

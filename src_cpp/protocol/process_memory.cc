@@ -199,8 +199,9 @@ Status ProcessMemory::transfer(bool write, uint64_t addr, void* local, size_t le
     if (err == EFAULT)
       return Status::InvalidArgument(std::string(write ? "cannot write " : "cannot read ") + where + " (not mapped" +
                                      (write ? " writable" : "") + " there)");
-    return Status::IoError(std::string(write ? "process_vm_writev of " : "process_vm_readv of ") + where + ": " +
-                           errno_text(err));
+    return Status::IoError(
+        std::string(write ? "process_vm_writev of " : "process_vm_readv of ") + where + ": " + errno_text(err),
+        Status::IoClass::kClientMemory);
   }
   return Status::Ok();
 }

@@ -90,7 +90,7 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
         " is not a multiple of 4 KiB in [1 MiB, 260 MiB + 4 KiB] leaving at least 8 regions");
 
   AlignedBuffer buf;
-  if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory");
+  if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
   std::memset(buf.data(), 0, kBlockSize);
   Superblock sb{};
   std::memcpy(sb.magic, kSuperMagic, 8);
@@ -136,7 +136,7 @@ Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out)
 Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opts, std::unique_ptr<CardStore>* out) {
   const std::string path = dev->path();
   AlignedBuffer buf;
-  if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory");
+  if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
   Superblock sb{};
   for (int attempt = 0; attempt < 2; attempt++) {
     Status s = dev->read(0, buf.data(), kBlockSize);
@@ -410,7 +410,8 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
                     const std::function<bool()>& still_wanted) {
   ctx.store_ = this;
   if (!ctx.header_.reserve(2 * kBlockSize)) {
-    for (size_t i = 0; i < n; i++) results[i] = Status::IoError("out of memory for staging");
+    for (size_t i = 0; i < n; i++)
+      results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
     return;
   }
   retry_pending(ctx);
@@ -450,7 +451,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     const bool filled = static_cast<bool>(it.fill);
     bool aligned = !filled && (reinterpret_cast<uintptr_t>(it.data) % kBlockSize) == 0 && it.size >= kBlockSize;
     if (!filled && !aligned && !ctx.staging_.reserve(fp)) {
-      results[i] = Status::IoError("out of memory for staging");
+      results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
       continue;
     }
     Status s = reserve(ctx, hash, it.size, &pl);
@@ -745,7 +746,8 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
     // included; a larger one in pieces of kGuardedPieceBytes, then the header.
     const uint64_t fp = object_footprint(it.size);
     const bool whole = fp <= kGuardedPieceBytes;
-    if (!ctx.staging_.reserve(whole ? fp : kGuardedPieceBytes)) return Status::IoError("out of memory for staging");
+    if (!ctx.staging_.reserve(whole ? fp : kGuardedPieceBytes))
+      return Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
     uint8_t* st = ctx.staging_.data();
     if (whole) {
       s = fill(st + kBlockSize, 0, it.size);
@@ -806,7 +808,8 @@ void CardStore::unpin(uint32_t r) {
 }
 
 Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
-  if (!ctx.header_.reserve(2 * kBlockSize)) return Status::IoError("out of memory for staging");
+  if (!ctx.header_.reserve(2 * kBlockSize))
+    return Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
   encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.hash, loc.payload_bytes,
                    continues(loc.offset, loc.payload_bytes));
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
@@ -875,7 +878,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
   bool header_checked = false;
   if (!ctx.staging_.reserve(direct || mapped ? 2 * kBlockSize : fp)) {
-    *io = Status::IoError("out of memory for staging");
+    *io = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
   } else if (mapped) {
     std::memcpy(ctx.staging_.data(), map + ext[0].at, kBlockSize);
     *io = Status::Ok();
@@ -1034,7 +1037,8 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     });
     return Status::NotFound();
   };
-  if (bounces.empty() || !bounces[0].reserve(piece_bytes)) return Status::IoError("out of memory for a bounce buffer");
+  if (bounces.empty() || !bounces[0].reserve(piece_bytes))
+    return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
   // A memory-speed card: each piece copied from the mapping into a bounce
   // buffer under pins taken only for that copy, after checking that e is
   // still the entry of h with its regions of the epochs first seen. The
@@ -1151,7 +1155,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     if (stopped || (!ran && !changed && !no_memory))
       return Status::TimedOut("the load was stopped while its pieces went out");
     if (changed) return Status::NotFound("evicted, replaced or deleted while its pieces went out");
-    if (no_memory) return Status::IoError("out of memory for a bounce buffer");
+    if (no_memory) return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
     uint32_t crc = 0;
     {
       prof::Timer t(prof::kCombine);

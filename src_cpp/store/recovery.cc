@@ -79,7 +79,8 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
   auto worker = [&] {
     set_thread_name("adp-recover");
     AlignedBuffer block;
-    if (!block.reserve(kBlockSize)) return fail(Status::IoError("out of memory for recovery"));
+    if (!block.reserve(kBlockSize))
+      return fail(Status::IoError("out of memory for recovery", Status::IoClass::kGatewayMemory));
     for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {
       RegionScan& scan = (*scans)[r];
       scan.io = scan_region(dev, g, r, block.data(), &scan);

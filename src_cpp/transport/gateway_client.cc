@@ -74,6 +74,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   } else {
     hello.features = proto::kFeatureAlive;  // r8: no ring, so no alive word: frames instead
   }
+  hello.features |= proto::kFeatureErrorClass;  // r9: each I/O error's class, either transport
   hello.token = opts.token;
   hello.client_name = opts.client_name;
   table_.clear();
@@ -97,6 +98,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   segment_stores_ = segments_ && (limits_.features & proto::kFeatureSegmentStores);
   ring_progress_ = ring_ && opts.ring_progress && (limits_.features & proto::kFeatureRingProgress);
   alive_frames_ = !ring_ && (limits_.features & proto::kFeatureAlive);
+  error_classes_ = limits_.features & proto::kFeatureErrorClass;
   process_offered_ = ring_ && opts.process_memory ? limits_.features & proto::kFeatureProcessMemory : 0;
   if (segments_ || process_offered_) {
     ucred cred{};
@@ -348,7 +350,7 @@ Status GatewayClient::await_reply(const proto::BatchRequest& req, proto::Deadlin
     return s;
   }
   if (alive) *alive = false;
-  if (s.ok()) s = proto::decode_batch_reply(frame_.body, reply);
+  if (s.ok()) s = proto::decode_batch_reply(frame_.body, reply, error_classes_);
   if (s.ok() && reply->results.size() != req.items.size())
     s = Status::InvalidArgument("gateway answered " + std::to_string(reply->results.size()) + " results for " +
                                 std::to_string(req.items.size()) + " keys");

@@ -140,7 +140,8 @@ class GatewayClient {
   bool segments_ = false;
   bool segment_stores_ = false;
   bool ring_progress_ = false;
-  bool alive_frames_ = false;  // r8: granted (no ring): kAlive frames come while a batch is worked on
+  bool alive_frames_ = false;   // r8: granted (no ring): kAlive frames come while a batch is worked on
+  bool error_classes_ = false;  // r9: granted: each I/O error of a reply says its class (Status::io_class)
   uint32_t process_offered_ = 0;
   uint32_t process_granted_ = 0;
   uint64_t process_store_limit_ = UINT64_MAX;

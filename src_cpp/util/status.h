@@ -3,6 +3,7 @@
 // Layers return it instead of throwing; only the Python boundary raises.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -23,12 +24,23 @@ class Status {
     kUnavailable
   };
 
+  // Where an I/O error comes from (protocol r9, review r10 N5): the card,
+  // the gateway's own memory, or a client's memory read or written with
+  // process_vm_readv/writev. kUnsaid: not marked where it was made (a
+  // gateway sends it as the card's, as the connector's message rule of r8
+  // and older reads it), or decoded from a reply that carried no class.
+  enum class IoClass : uint8_t { kUnsaid = 0, kCard = 1, kGatewayMemory = 2, kClientMemory = 3 };
+
   Status() = default;
   static Status Ok() { return Status(); }
   static Status NotFound(std::string m = "not found") { return Status(Code::kNotFound, std::move(m)); }
   static Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
   static Status NoSpace(std::string m) { return Status(Code::kNoSpace, std::move(m)); }
-  static Status IoError(std::string m) { return Status(Code::kIoError, std::move(m)); }
+  static Status IoError(std::string m, IoClass c = IoClass::kUnsaid) {
+    Status s(Code::kIoError, std::move(m));
+    s.io_class_ = c;
+    return s;
+  }
   static Status Corruption(std::string m) { return Status(Code::kCorruption, std::move(m)); }
   static Status TimedOut(std::string m) { return Status(Code::kTimedOut, std::move(m)); }
   static Status Busy(std::string m) { return Status(Code::kBusy, std::move(m)); }
@@ -39,10 +51,12 @@ class Status {
   bool is_not_found() const { return code_ == Code::kNotFound; }
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
+  IoClass io_class() const { return io_class_; }  // kUnsaid unless an I/O error marked so
 
  private:
   Status(Code c, std::string m) : code_(c), msg_(std::move(m)) {}
   Code code_ = Code::kOk;
+  IoClass io_class_ = IoClass::kUnsaid;
   std::string msg_;
 };
 

@@ -29,6 +29,15 @@ def seeds() -> list[bytes]:
         wire.frame(wire.BATCH, 4, wire.batch(wire.EXISTS, keys)),
         wire.frame(wire.BATCH, 5, wire.batch(wire.DELETE, keys[:1])),
         wire.frame(wire.BATCH_REPLY, 5, struct.pack("<II", 1, 0) + struct.pack("<BBHIQ", 4, 0, 2, 0, 0) + b"no"),
+        # r9: an I/O error with its class (2: the gateway's memory), then a miss.
+        wire.frame(
+            wire.BATCH_REPLY,
+            6,
+            struct.pack("<II", 2, 0)
+            + struct.pack("<BBHIQ", 4, 2, 2, 0, 0)
+            + struct.pack("<BBHIQ", 1, 0, 0, 0, 0)
+            + b"no",
+        ),
         wire.frame(wire.HELLO_OK, 1, struct.pack("<IIQQII", 1, 4096, 1 << 20, 1 << 26, 2, 0) + b"gw"),
         wire.frame(wire.ERROR, 1, struct.pack("<H", 3) + b"bad"),
         # r5: a registration, its answer, and a get of process memory

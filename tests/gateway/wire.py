@@ -124,13 +124,18 @@ def recv_frame(sock: socket.socket) -> tuple[int, int, bytes]:
 
 class FailingGateway:
     """Speaks protocol v1 over TCP (no token check) and answers every batch with an error per key: status
-    `code` (an I/O error by default), its message `message`."""
+    `code` (an I/O error by default), its message `message`, and `error_class` in each item's byte 1 (0, as a
+    gateway of r8 or older, by default). `grant`: FEATURE_ERROR_CLASS granted to a Hello that asks (an r9
+    gateway); a class sent without it is a broken gateway's. The features of each Hello are in `hellos`."""
 
-    def __init__(self, message: bytes = b"injected I/O error", code: int = IO_ERROR):
-        self.message, self.code = message, code
+    def __init__(
+        self, message: bytes = b"injected I/O error", code: int = IO_ERROR, error_class: int = 0, grant: bool = False
+    ):
+        self.message, self.code, self.error_class, self.grant = message, code, error_class, grant
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.batches: list[int] = []
+        self.hellos: list[int] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -144,11 +149,14 @@ class FailingGateway:
     def _client(self, conn: socket.socket):
         with conn:
             try:
-                ftype, rid, _ = recv_frame(conn)
+                ftype, rid, body = recv_frame(conn)
                 assert ftype == HELLO
+                features = struct.unpack_from("<I", body)[0]
+                self.hellos.append(features)
+                granted = features & _native.FEATURE_ERROR_CLASS if self.grant else 0
                 name = b"failing test gateway"
                 limits = (_native.MAX_BATCH_KEYS, 1 << 20, _native.MAX_INLINE_PAYLOAD_BYTES)
-                ok = struct.pack("<IIQQII", 0, *limits, len(name), 0) + name
+                ok = struct.pack("<IIQQII", granted, *limits, len(name), 0) + name
                 conn.sendall(frame(HELLO_OK, rid, ok))
                 while True:
                     ftype, rid, body = recv_frame(conn)
@@ -156,7 +164,7 @@ class FailingGateway:
                     self.batches.append(op)
                     msg = self.message
                     reply = struct.pack("<II", count, 0)
-                    reply += struct.pack("<BBHIQ", self.code, 0, len(msg), 0, 0) * count + msg * count
+                    reply += struct.pack("<BBHIQ", self.code, self.error_class, len(msg), 0, 0) * count + msg * count
                     conn.sendall(frame(BATCH_REPLY, rid, reply))
             except (ConnectionError, OSError):
                 return
