@@ -494,7 +494,15 @@ def _request_timing() -> tuple[Stat, ...]:
     for op, what in (("put", "store"), ("get", "load")):
         w, g = f"worker_{op}", f"gateway_{op}"
         out += [
-            Stat(f"{w}_slices", COUNTER, "slices", E | C, f"Slices of {what} batches the connector's workers ran"),
+            Stat(
+                f"{w}_slices",
+                COUNTER,
+                "slices",
+                E | C,
+                f"Slices of {what} batches the connector's workers ran (each counted, with its times, once its worker is done "
+                "with it: after its batch's completion was signalled, so a stats read right after a completion may "
+                "not have that batch's last slice yet)",
+            ),
             Stat(
                 f"{w}_queue_ns",
                 COUNTER,

@@ -61,7 +61,9 @@ struct Completion {
 // taking a slice, its first request about to be written and its last reply read (the
 // session's CallTimes), the session call returned, and the worker done with
 // the slice (for the batch's last slice: its completion queued and the
-// eventfd written).
+// eventfd written). A slice is counted once its worker is done with it, so
+// after its batch's completion was signalled: a stats read right after a
+// completion may not have that batch's last slice yet.
 struct OpTiming {
   std::atomic<uint64_t> slices{0};    // slices of such batches run by workers
   std::atomic<uint64_t> queue_ns{0};  // submit -> a worker took the slice

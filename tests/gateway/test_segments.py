@@ -258,7 +258,15 @@ def test_a_connectors_request_timing_splits_each_slice_and_moves_with_the_gatewa
             assert ok and all(per_key)
         assert c.exists(keys)[0]
         assert c.delete(keys[:1])[0]
-        st, served = c.conn.stats(), stats(gw)
+        # A slice is counted once its worker is done with it, after its batch's completion was signalled: the
+        # last one may still be on its way here (2 s at most).
+        deadline = time.monotonic() + 2
+        while True:
+            st, served = c.conn.stats(), stats(gw)
+            counted = [st[f"worker_{op}_{k}"] for op in ("put", "get") for k in ("slices", "batches")]
+            if counted == [2 * rounds, rounds] * 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         for op, n_key, ns_key in (("put", "batch_puts", "batch_put_ns"), ("get", "batch_gets", "batch_get_ns")):
             w, g = (lambda k, op=op: st[f"worker_{op}_{k}"]), (lambda k, op=op: st[f"gateway_{op}_{k}"])
             assert (w("slices"), w("batches"), g("slices"), g("requests")) == (
