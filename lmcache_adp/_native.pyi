@@ -98,9 +98,14 @@ class CardStore:
     """The card store used directly (tools and tests): one object per key,
     synchronous, one caller at a time."""
 
-    def __init__(self, path: str, create_bytes: int = 0, durable: bool = True, region_bytes: int = 0) -> None:
+    def __init__(
+        self, path: str, create_bytes: int = 0, durable: bool = True, region_bytes: int = 0, format_blank: bool = True
+    ) -> None:
         """Opens (recovers) the card at path; an image of create_bytes is
-        created and formatted if it does not exist. Raises RuntimeError."""
+        created and formatted if it does not exist, and a blank card (block 0
+        all zeros) is formatted unless format_blank is False (then:
+        RuntimeError "no card at PATH (block 0 is blank)", nothing written).
+        Raises RuntimeError."""
 
     @property
     def max_object_bytes(self) -> int:

@@ -9,6 +9,7 @@ accepts.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,23 +64,33 @@ def card_size_ignored(path: str, size_gb: float, what: str) -> str | None:
     )
 
 
-def card_space_warning(path: str) -> str | None:
-    """What to tell the operator when a card image file is larger than its filesystem can hold: the bytes it
-    has not allocated yet (it is sparse) beyond the filesystem's free space. Stores then fail with "No space
-    left on device" once it fills, and the card does not evict for it (it has room by its own count).
-    None for a block device, a card that fits, or a path that cannot be looked at."""
+def card_image_space(path: str) -> tuple[int, int, int] | None:
+    """(size, allocated, free) bytes of a card image file: its size, the bytes its filesystem has allocated
+    to it (st_blocks x 512; less than its size while it is sparse) and the filesystem's free bytes (f_bavail x
+    f_frsize, of the filesystem the image is on: statvfs follows a symlink). None for a block device or a path
+    that cannot be looked at."""
     try:
-        st = os.stat(path)
-        fs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        st, fs = os.stat(path), os.statvfs(path)
     except OSError:
         return None
-    if not os.path.isfile(path):
+    if not stat.S_ISREG(st.st_mode):
         return None
-    unallocated, free = max(st.st_size - st.st_blocks * 512, 0), fs.f_bavail * fs.f_frsize
-    if unallocated <= free:
+    return st.st_size, st.st_blocks * 512, fs.f_bavail * fs.f_frsize
+
+
+def card_space_warning(path: str) -> str | None:
+    """What to tell the operator when a card image file is larger than its filesystem can hold: its size
+    exceeds what is allocated to it (it is sparse) plus the filesystem's free space. Stores then fail with "No
+    space left on device" once it fills, and the card does not evict for it (it has room by its own count).
+    None for a block device, a card that fits, or a path that cannot be looked at."""
+    space = card_image_space(path)
+    if space is None:
+        return None
+    size, allocated, free = space
+    if size <= allocated + free:
         return None
     return (
-        f"card image {path} is {st.st_size / GIB:.2f} GiB (sparse: {st.st_blocks * 512 / GIB:.2f} GiB written) but "
+        f"card image {path} is {size / GIB:.2f} GiB (sparse: {allocated / GIB:.2f} GiB written) but "
         f"its filesystem has {free / GIB:.2f} GiB free: once that is used, stores fail with 'No space left on "
         "device' and the card does not evict for it; make room, or remove the image and start with a size that "
         "fits (the size applies when an image is created)"

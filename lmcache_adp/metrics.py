@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from lmcache_adp.config import GIB, card_image_space
 from lmcache_adp.log import get_logger
 from lmcache_adp.stats_catalog import COUNTER, SOURCES, STATS
 
@@ -73,6 +74,21 @@ class StatsCollector:
             yield h
 
 
+def card_filesystem_full(path: str) -> str | None:
+    """Why a failing card image fails, when its filesystem cannot hold it (the card's own size exceeds what its
+    filesystem allocated to it plus the free bytes): its stores fail with ENOSPC, which the card does not read
+    as being full (it does not evict for it). None for a block device, or an image that fits."""
+    space = card_image_space(path) if path else None
+    if space is None or space[0] <= space[1] + space[2]:
+        return None
+    size, allocated, free = space
+    return (
+        f"the card image's filesystem is full: {path} is {size / GIB:.2f} GiB, {allocated / GIB:.2f} GiB of it "
+        f"written, {free / GIB:.2f} GiB free on its filesystem; stores fail with 'No space left on device' "
+        "(the card does not evict for it) until space is made there"
+    )
+
+
 def health(st: dict[str, Any]) -> dict[str, Any]:
     """/health's body from a stats dict: healthy unless the card fails I/O (healthy 0) or (a connector
     on a gateway, whose stats carry gateway_reachable) the gateway cannot be reached, is stalled or answers
@@ -80,6 +96,8 @@ def health(st: dict[str, Any]) -> dict[str, Any]:
     reasons = []
     if not st.get("healthy", False):
         reasons.append("the card fails I/O (an error, and no I/O succeeded 10 s or more after the last one)")
+        if "gateway_reachable" not in st and (full := card_filesystem_full(st.get("card") or "")):
+            reasons.append(full)
     doc: dict[str, Any] = {"io_errors": st.get("io_errors", 0)}
     if "gateway_reachable" in st:
         doc["gateway_reachable"] = bool(st["gateway_reachable"])

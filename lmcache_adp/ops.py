@@ -141,7 +141,8 @@ def _open_card(path: str) -> CardStore:
     if not os.path.exists(path):
         raise SystemExit(_fail(f"card {path} does not exist", EXIT_USAGE))
     try:
-        return CardStore(path, 0, durable=True)
+        # A blank file or device is refused, not formatted: status and verify never write to it.
+        return CardStore(path, 0, durable=True, format_blank=False)
     except RuntimeError as e:
         msg = str(e)
         if "already open" in msg:

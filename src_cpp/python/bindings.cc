@@ -198,9 +198,10 @@ class NativeConnector {
 // Direct, synchronous access to a card: for tools (status/verify) and tests.
 class PyCardStore {
  public:
-  PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes) {
+  PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes, bool format_blank) {
     CardOptions co;
     co.path = path;
+    co.format_blank = format_blank;
     co.create_bytes = create_bytes;
     co.durable = durable;
     co.region_bytes = region_bytes;
@@ -557,10 +558,11 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("clients", &PyGatewayServer::clients, "Connected clients now.");
 
   py::class_<PyCardStore>(m, "CardStore")
-      .def(py::init<const std::string&, uint64_t, bool, uint64_t>(), py::arg("path"), py::arg("create_bytes") = 0,
-           py::arg("durable") = true, py::arg("region_bytes") = 0,
-           "Opens (recovers) the card at path; an image of create_bytes is created and formatted if it does not exist. "
-           "Raises RuntimeError.")
+      .def(py::init<const std::string&, uint64_t, bool, uint64_t, bool>(), py::arg("path"), py::arg("create_bytes") = 0,
+           py::arg("durable") = true, py::arg("region_bytes") = 0, py::arg("format_blank") = true,
+           "Opens (recovers) the card at path; an image of create_bytes is created and formatted if it does not exist, "
+           "and a blank card (block 0 all zeros) is formatted unless format_blank is False (then: RuntimeError, "
+           "nothing written). Raises RuntimeError.")
       .def("put", &PyCardStore::put, "Stores data under key (replacing an older copy); True, or RuntimeError.")
       .def("get", &PyCardStore::get, "The object's bytes, checked against its CRC; None for a miss or a failed check.")
       .def("exists", &PyCardStore::exists, "Whether key is in the index.")

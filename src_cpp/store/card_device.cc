@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -26,6 +27,30 @@
 
 namespace adp {
 
+namespace {
+
+// Bytes an unprivileged writer may still allocate on the filesystem that
+// holds `path` (or would hold it: the nearest directory above it that
+// exists); false when it cannot be asked.
+bool free_bytes_for(const std::string& path, uint64_t* free) {
+  std::filesystem::path p = std::filesystem::path(path).parent_path();
+  if (p.empty()) p = ".";
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  struct statvfs vfs{};
+  if (::statvfs(p.c_str(), &vfs) != 0) return false;
+  *free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+  return true;
+}
+
+std::string gib(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
+  return b;
+}
+
+}  // namespace
+
 Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out) {
   struct stat st{};
   bool exists = ::stat(path.c_str(), &st) == 0;
@@ -36,6 +61,14 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
 
   int flags = O_RDWR | O_DIRECT | O_CLOEXEC;
   if (!exists) {
+    // A sparse image larger than its filesystem's free space would start and
+    // then fail its stores with ENOSPC once the filesystem fills: refused
+    // before anything (a directory, the file) is made.
+    const uint64_t want = create_bytes & ~(kBlockSize - 1);
+    if (uint64_t free = 0; free_bytes_for(path, &free) && want > free)
+      return Status::NoSpace("cannot create card image " + path + " of " + gib(want) + " (" + std::to_string(want) +
+                             " bytes): its filesystem has " + gib(free) + " (" + std::to_string(free) +
+                             " bytes) free; give a size that fits or make room");
     std::error_code ec;
     auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -187,10 +220,18 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
     ssize_t n = is_write ? ::pwritev(fd_, cur, cur_count, static_cast<off_t>(offset + done))
                          : ::preadv(fd_, cur, cur_count, static_cast<off_t>(offset + done));
     if (n < 0) {
-      if (errno == EINTR) continue;
+      const int e = errno;
+      if (e == EINTR) continue;
+      // An image file (sparse) allocates its blocks as they are first
+      // written: ENOSPC means its filesystem is full, not the card.
+      const char* full = e == ENOSPC && !block_device_
+                             ? " (the card image's filesystem is full: the image is larger than the space its "
+                               "filesystem has left; free space there, or remove the image and start with a size "
+                               "that fits)"
+                             : "";
       return Status::IoError(std::string(is_write ? "write" : "read") + " of " + std::to_string(total - done) +
                              " bytes at offset " + std::to_string(offset + done) + " of " + path_ +
-                             " failed: " + errno_text(errno));
+                             " failed: " + errno_text(e) + full);
     }
     if (n == 0)
       return Status::IoError("unexpected end of card " + path_ + " at offset " + std::to_string(offset + done));

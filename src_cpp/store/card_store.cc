@@ -109,7 +109,8 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   Status s = dev.write(0, buf.data(), kBlockSize);
   if (s.ok()) s = dev.sync();
   if (s.ok())
-    ADP_INFO("formatted card %s: %u regions of %" PRIu64 " MiB", path.c_str(), sb.num_regions, region_bytes >> 20);
+    ADP_INFO("formatted card %s: %u regions of %.2f MiB", path.c_str(), sb.num_regions,
+             region_bytes / double(1u << 20));
   return s;
 }
 
@@ -169,6 +170,9 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
                                      " holds data that is not an ADP card; refusing to overwrite it (use "
                                      "`lmcache-adp format --card " +
                                      path + "` to wipe it)");
+    if (!opts.format_blank)
+      return Status::NotFound("no card at " + path + " (block 0 is blank); format it with `lmcache-adp format --card " +
+                              path + "`");
     // Blank card: format it, then read the new superblock.
     s = FormatDevice(*dev, opts.region_bytes);
     if (!s.ok()) return s;
@@ -434,14 +438,12 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     if (!results[i].ok()) continue;
     if (it.size > max_object_bytes()) {
       if (!oversize_logged_.exchange(true))
-        ADP_ERROR("card %s refuses objects larger than %" PRIu64
-                  " bytes (half its regions); got one of %zu bytes: "
-                  "format a larger card",
-                  path().c_str(), max_object_bytes(), it.size);
-      results[i] = Status::NoSpace(
-          "object of " + std::to_string(it.size) + " bytes is larger than the largest object the card " + path() +
-          " holds (" + std::to_string(max_object_bytes()) + " bytes: half its " + std::to_string(num_regions_) +
-          " regions of " + std::to_string(region_bytes_) + " bytes)");
+        ADP_ERROR("card %s refuses objects larger than %" PRIu64 " bytes (%s); got one of %zu bytes%s", path().c_str(),
+                  max_object_bytes(), max_object_bound().c_str(), it.size,
+                  max_object_bytes() == kMaxObjectBytes ? "" : ": format a larger card");
+      results[i] = Status::NoSpace("object of " + std::to_string(it.size) +
+                                   " bytes is larger than the largest object the card " + path() + " holds (" +
+                                   std::to_string(max_object_bytes()) + " bytes: " + max_object_bound() + ")");
       continue;
     }
     const uint64_t fp = object_footprint(it.size), hash = hash_key(it.key);

@@ -59,6 +59,9 @@ struct CardOptions {
   bool durable = true;        // fdatasync before a store is acknowledged
   int io_depth = 4;           // card I/O in flight at once
   int recovery_threads = 4;
+  // false: a blank card (block 0 all zeros) is NotFound, not formatted, so
+  // that opening one (status, verify) never writes to it.
+  bool format_blank = true;
 };
 
 class CardStore;
@@ -183,6 +186,13 @@ class CardStore {
   uint64_t max_object_bytes() const {
     return std::min<uint64_t>(
         uint64_t(std::max<uint32_t>(num_regions_ / 2, 1)) * (region_bytes_ - kBlockSize) - kBlockSize, kMaxObjectBytes);
+  }
+
+  // Which bound max_object_bytes() is, in words (logs and errors).
+  std::string max_object_bound() const {
+    if (max_object_bytes() == kMaxObjectBytes) return "the format's largest object, 256 MiB";
+    return "half its " + std::to_string(num_regions_) + " regions of " + std::to_string(region_bytes_) +
+           " bytes, less their headers";
   }
 
   // Validates a key against the format's bounds (common/store_types.h).

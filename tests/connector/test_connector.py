@@ -366,7 +366,8 @@ def test_a_deadline_waiting_on_a_delivery_does_not_block_submits(card, monkeypat
 def test_a_card_image_larger_than_its_filesystem_is_warned_about():
     """A sparse image larger than its filesystem's free space was taken silently: once the filesystem is full
     every store fails 'No space left on device' and the card never evicts for it (audit 12, on a 48 MiB tmpfs).
-    Now a WARNING at open says so; a card that fits says nothing."""
+    Now creating one is refused with the figures, an existing one gets a WARNING at open; a card that fits says
+    nothing."""
     import logging
 
     records: list[logging.LogRecord] = []
@@ -376,7 +377,13 @@ def test_a_card_image_larger_than_its_filesystem_is_warned_about():
     shm = tempfile.mkdtemp(prefix="adp-space-", dir="/dev/shm")
     try:
         too_big = shutil.disk_usage(shm).total / (1 << 30) + 1  # beyond the whole filesystem: free space never fits
-        ADPConnector(card=os.path.join(shm, "big.img"), card_size_gb=too_big, num_workers=1).close()
+        big = os.path.join(shm, "big.img")
+        with pytest.raises(RuntimeError, match=r"cannot create card image .* its filesystem has .* free"):
+            ADPConnector(card=big, card_size_gb=too_big, num_workers=1)  # creating one is refused (session 12)
+        assert not os.path.exists(big)
+        with open(big, "wb") as f:
+            f.truncate(int(too_big * (1 << 30)))  # an existing one is opened, with the WARNING
+        ADPConnector(card=big, num_workers=1).close()
         warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
         assert len(warned) == 1 and "but its filesystem has" in warned[0] and "No space left" in warned[0], warned
         records.clear()

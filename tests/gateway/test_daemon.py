@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from lmcache_adp import ADPConnector
+from lmcache_adp import ADPConnector, CardStore
 from tests.helpers import RawConnector, payload
 from tests.support.gateway import Gateway
 
@@ -70,6 +70,21 @@ def test_live_socket_is_not_taken_over(gateway, workdir):
     r = subprocess.run(second.args(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "already listening" in r.stderr
     assert os.path.exists(gateway.socket)
+    # The image this failed start created is removed (audit 12, finding 9); the running gateway's stays.
+    assert not os.path.exists(second.card) and f"removed the card image {second.card}" in r.stderr, r.stderr
+    assert os.path.exists(gateway.card)
+
+
+def test_a_failed_start_leaves_an_existing_card_alone(workdir):
+    """Only an image the failed start itself created is removed: a card that was there stays, byte for byte."""
+    gw = Gateway(workdir)
+    CardStore(gw.card, 64 << 20).close()
+    before = open(gw.card, "rb").read(4096)
+    with open(gw.socket, "w") as f:
+        f.write("not a socket")
+    r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is not a socket" in r.stderr
+    assert os.path.exists(gw.card) and open(gw.card, "rb").read(4096) == before and "removed" not in r.stderr
 
 
 def test_regular_file_at_socket_path_is_left_alone(workdir):
@@ -105,14 +120,22 @@ def test_bad_card_size_is_refused_before_the_image_is_made(workdir):
 
 
 def test_a_card_image_larger_than_its_filesystem_is_warned_about(workdir):
-    """The gateway's side of the embedded test (tests/connector): a WARNING at start, the gateway serves."""
+    """The gateway's side of the embedded test (tests/connector): creating such an image is refused with the
+    figures and nothing is left; an existing one (made sparse here) gets a WARNING at start, the gateway serves."""
     import shutil
     import tempfile
 
     shm = tempfile.mkdtemp(prefix="adp-space-", dir="/dev/shm")
     try:
         too_big = shutil.disk_usage(shm).total / (1 << 30) + 1
-        gw = Gateway(workdir, card=os.path.join(shm, "big.img"), card_size_gb=too_big).start()
+        card = os.path.join(shm, "big.img")
+        gw = Gateway(workdir, card=card, card_size_gb=too_big)
+        r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and f"gateway not started: cannot create card image {card} of " in r.stderr
+        assert "free; give a size that fits or make room" in r.stderr and not os.path.exists(card), r.stderr
+        with open(card, "wb") as f:
+            f.truncate(int(too_big * (1 << 30)))
+        gw = Gateway(workdir, card=card, card_size_gb=0).start()
         try:
             log = gw.log()
             assert "WARNING: card image " in log and "but its filesystem has" in log, log

@@ -64,6 +64,21 @@ def test_status_bad_arguments():
     assert r.returncode == 3 and "cannot read" in r.stderr
 
 
+def test_status_and_verify_leave_a_blank_card_unwritten(tmp_path):
+    """Opening a blank file (block 0 all zeros) formatted it: status or verify pointed at a wrong, blank device
+    wrote a superblock on it (audit 12, finding 8). Now both refuse it with one line and leave it as it was."""
+    blank = tmp_path / "blank.img"
+    blank.write_bytes(bytes(64 << 20))
+    for cmd in (["status", "--card", str(blank)], ["verify", "--card", str(blank)]):
+        r = run(*cmd)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.strip() == (
+            f"lmcache-adp: error: no card at {blank} (block 0 is blank); format it with `lmcache-adp format "
+            f"--card {blank}`"
+        ), r.stderr
+        assert blank.read_bytes() == bytes(64 << 20), f"{cmd[0]} wrote to the blank card"
+
+
 def test_verify_clean_then_damaged_then_repaired(filled):
     r = run("verify", "--card", filled)
     assert r.returncode == 0 and "12 objects" in r.stdout and "clean" in r.stdout
