@@ -57,6 +57,7 @@
 #include "check.h"
 #include "store/card_store.h"
 #include "store/key_index.h"
+#include "test_card.h"
 #include "testing/fault_device.h"
 
 namespace {
@@ -65,16 +66,17 @@ using adp::CardOptions;
 using adp::CardStore;
 using adp::IoContext;
 using adp::Status;
+using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
+using adp::testing::put_one;
+using adp::testing::read_object;
 
 constexpr uint64_t kRegionBytes = 1ull << 20;
-constexpr uint64_t kCardBytes = (1ull << 20) + 10 * kRegionBytes;  // superblock area + 10 regions
+constexpr uint64_t kCardBytes = adp::testing::card_bytes(10, kRegionBytes);
 constexpr int kKeys = 48;
 constexpr int kWriters = 3;
 constexpr int kOps = 160;
-
-using adp::testing::check_failures;
 
 std::string key_name(int k) { return "key-" + std::to_string(k); }
 
@@ -147,24 +149,12 @@ struct Run {
   uint64_t writes = 0;
 };
 
-Status open_store(const std::shared_ptr<FaultImage>& image, FaultDevice** dev_out, std::unique_ptr<CardStore>* out) {
-  auto dev = std::make_unique<FaultDevice>(image, "crash-card");
-  if (dev_out) *dev_out = dev.get();
-  CardOptions co;
-  co.durable = true;
-  co.region_bytes = kRegionBytes;
+// The store on a new device over `image` (a failure a CHECK: "<what>: <why>"), or nullptr; *dev: the device.
+std::unique_ptr<CardStore> open_store(const std::shared_ptr<FaultImage>& image, const std::string& what,
+                                      FaultDevice** dev = nullptr) {
+  CardOptions co = adp::testing::card_options(kRegionBytes);
   co.recovery_threads = 2;
-  return CardStore::OpenDevice(std::move(dev), co, out);
-}
-
-std::optional<std::vector<uint8_t>> load(CardStore& s, IoContext& ctx, const std::string& key) {
-  std::vector<uint8_t> out;
-  Status st = s.get(ctx, key, [&](size_t size, const adp::CopyFn& copy) {
-    out.resize(size);
-    return copy(out.data());
-  });
-  if (!st.ok()) return std::nullopt;
-  return out;
+  return adp::testing::checked_fault_card(image, co, what, dev, "crash-card");
 }
 
 // Runs the script on an opened store. The device may die (power cut) or fail
@@ -218,7 +208,7 @@ void run_script(CardStore& s, FaultDevice& dev, const std::vector<Op>& ops, Run*
         m.delete_unacked = true;  // failed: it may or may not have reached the card
       }
     } else {
-      (void)load(s, c, key_name(op.keys[0]));
+      (void)read_object(s, c, key_name(op.keys[0]));
     }
   }
   run->writes = dev.writes();
@@ -234,14 +224,12 @@ void snapshot_held(CardStore& s, FaultDevice& dev, Run* run) {
 }
 
 void check_reopened(const std::shared_ptr<FaultImage>& image, const Run& run, const char* what, uint64_t point) {
-  std::unique_ptr<CardStore> s;
-  Status st = open_store(image, nullptr, &s);
-  CHECK(st.ok(), "%s %" PRIu64 ": reopen failed: %s", what, point, st.message().c_str());
-  if (!st.ok()) return;
+  auto s = open_store(image, what + (" " + std::to_string(point)) + ": reopen failed");
+  if (!s) return;
   IoContext ctx;
   uint64_t found = 0, footprint = 0;
   for (int k = 0; k < kKeys; k++) {
-    auto got = load(*s, ctx, key_name(k));
+    auto got = read_object(*s, ctx, key_name(k));
     auto it = run.model.find(k);
     auto held = run.held.find(k);
     if (!got) {
@@ -281,11 +269,9 @@ void check_reopened(const std::shared_ptr<FaultImage>& image, const Run& run, co
   CHECK(stats.used_bytes <= stats.capacity_bytes, "%s: used beyond capacity", what);
   // The card still works: store and load after the reopen.
   auto b = value_bytes(999999, 5000);
-  adp::PutItem item{"after-reopen", b.data(), b.size()};
-  Status r;
-  s->put(ctx, &item, 1, &r, [] { return true; });
-  CHECK(r.ok() && load(*s, ctx, "after-reopen") == b, "%s %" PRIu64 ": card does not work after reopen: %s", what,
-        point, r.message().c_str());
+  Status r = put_one(*s, ctx, "after-reopen", b);
+  CHECK(r.ok() && read_object(*s, ctx, "after-reopen") == b, "%s %" PRIu64 ": card does not work after reopen: %s",
+        what, point, r.message().c_str());
 }
 
 std::shared_ptr<FaultImage> fresh_image() { return std::make_shared<FaultImage>(kCardBytes); }
@@ -297,10 +283,8 @@ void run_with_fault(const std::vector<Op>& ops, const std::function<void(FaultDe
                     uint64_t point) {
   auto image = fresh_image();
   FaultDevice* dev;
-  std::unique_ptr<CardStore> s;
-  Status st = open_store(image, &dev, &s);
-  CHECK(st.ok(), "open: %s", st.message().c_str());
-  if (!st.ok()) return;
+  auto s = open_store(image, "open", &dev);
+  if (!s) return;
   inject(dev);
   Run run;
   run_script(*s, *dev, ops, &run);
@@ -347,12 +331,8 @@ void fail_sync_at(const std::vector<Op>& ops, uint64_t point) {
 uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name, uint64_t* syncs = nullptr) {
   auto image = fresh_image();
   FaultDevice* dev;
-  std::unique_ptr<CardStore> s;
-  Status st = open_store(image, &dev, &s);
-  if (!st.ok()) {
-    std::fprintf(stderr, "FAIL: open: %s\n", st.message().c_str());
-    std::exit(1);
-  }
+  auto s = open_store(image, "open", &dev);
+  if (!s) std::exit(1);
   uint64_t base = dev->writes(), base_syncs = dev->syncs();
   run_script(*s, *dev, ops, run);
   adp::StoreStats stats = s->stats();
@@ -393,17 +373,11 @@ void lost_region_header_reused_epoch() {
       auto image = fresh_image();
       {
         FaultDevice* dev;
-        std::unique_ptr<CardStore> s;
-        Status st = open_store(image, &dev, &s);
-        CHECK(st.ok(), "open: %s", st.message().c_str());
-        if (!st.ok()) return;
+        auto s = open_store(image, "open", &dev);
+        if (!s) return;
         IoContext ctx;
         for (int k = 0; k < kStored; k++) {
-          auto b = value_bytes(k + 1, kSize);
-          std::string name = key(k);
-          adp::PutItem item{name, b.data(), b.size()};
-          Status r;
-          s->put(ctx, &item, 1, &r, [] { return true; });
+          Status r = put_one(*s, ctx, key(k), value_bytes(k + 1, kSize));
           CHECK(r.ok(), "epoch: store %d: %s", k, r.message().c_str());
         }
         // The batch: region 4's header, then its records (the cut at one of
@@ -426,36 +400,29 @@ void lost_region_header_reused_epoch() {
       std::string fresh = "epoch-fresh";
       {
         FaultDevice* dev;
-        std::unique_ptr<CardStore> s;
-        Status st = open_store(image, &dev, &s);
-        CHECK(st.ok(), "epoch: reopen: %s", st.message().c_str());
-        if (!st.ok()) return;
+        auto s = open_store(image, "epoch: reopen", &dev);
+        if (!s) return;
         IoContext ctx;
         for (int k = 0; k < kStored; k++) {
           Status r = s->remove(ctx, key(k));
           CHECK(r.ok(), "epoch seed %" PRIu64 " cut %" PRIu64 ": delete of %s: %s", seed, cut, key(k).c_str(),
                 r.message().c_str());
         }
-        auto b = value_bytes(999, kSize);
-        adp::PutItem item{fresh, b.data(), b.size()};
-        Status r;
-        s->put(ctx, &item, 1, &r, [] { return true; });
+        Status r = put_one(*s, ctx, fresh, value_bytes(999, kSize));
         CHECK(r.ok(), "epoch: fresh store: %s", r.message().c_str());
         dev->power_cut();  // the second cut: all of it was acknowledged, so synced
       }
-      std::unique_ptr<CardStore> s;
-      Status st = open_store(image, nullptr, &s);
-      CHECK(st.ok(), "epoch: second reopen: %s", st.message().c_str());
-      if (!st.ok()) return;
+      auto s = open_store(image, "epoch: second reopen");
+      if (!s) return;
       IoContext ctx;
       for (int k = 0; k < kStored; k++) {
-        auto got = load(*s, ctx, key(k));
+        auto got = read_object(*s, ctx, key(k));
         uint64_t v = 0;
         if (got && got->size() >= 8) std::memcpy(&v, got->data(), 8);
         CHECK(!got, "epoch seed %" PRIu64 " cut %" PRIu64 ": %s was deleted and is back (value %" PRIu64 ")", seed, cut,
               key(k).c_str(), v);
       }
-      CHECK(load(*s, ctx, fresh) == value_bytes(999, kSize), "epoch: the fresh store is lost");
+      CHECK(read_object(*s, ctx, fresh) == value_bytes(999, kSize), "epoch: the fresh store is lost");
       cases++;
     }
   }
@@ -474,20 +441,16 @@ void delete_while_store_unsettled() {
   for (int held_write = 1; held_write >= 0; held_write--) {
     auto image = fresh_image();
     FaultDevice* dev;
-    std::unique_ptr<CardStore> s;
-    Status st = open_store(image, &dev, &s);
-    CHECK(st.ok(), "open: %s", st.message().c_str());
-    if (!st.ok()) return;
+    auto s = open_store(image, "open", &dev);
+    if (!s) return;
     IoContext c0, cp, cd;
     auto v0 = value_bytes(1, 20000), v1 = value_bytes(2, 20000);
-    adp::PutItem i0{"void-k", v0.data(), v0.size()}, i1{"void-k", v1.data(), v1.size()};
-    Status r0, r1;
-    s->put(c0, &i0, 1, &r0, [] { return true; });
+    Status r0 = put_one(*s, c0, "void-k", v0), r1;
     CHECK(r0.ok(), "void: first store: %s", r0.message().c_str());
     // held_write 0: the store's record write; 1: its void's tombstone write
     // (after the record and the sync).
     dev->hold_write(dev->writes() + held_write);
-    std::thread p([&] { s->put(cp, &i1, 1, &r1, [] { return false; }); });  // its caller gives up
+    std::thread p([&] { r1 = put_one(*s, cp, "void-k", v1, /*wanted=*/false); });  // its caller gives up
     while (!dev->write_held()) std::this_thread::yield();
     Status d = s->remove(cd, "void-k");
     CHECK(!d.ok(), "void case %d: a delete was acknowledged while a store of the key was %s", held_write,
@@ -504,12 +467,10 @@ void delete_while_store_unsettled() {
     }
     CHECK(!r1.ok(), "void case %d: the store whose caller gave up was acknowledged", held_write);
     s.reset();
-    std::unique_ptr<CardStore> re;
-    st = open_store(image, nullptr, &re);
-    CHECK(st.ok(), "void: reopen: %s", st.message().c_str());
-    if (!st.ok()) return;
+    auto re = open_store(image, "void: reopen");
+    if (!re) return;
     IoContext ctx;
-    auto got = load(*re, ctx, "void-k");
+    auto got = read_object(*re, ctx, "void-k");
     CHECK(!d.ok() || !got, "void case %d: the key was deleted (acknowledged) and is back after a power cut",
           held_write);
     CHECK(!got || *got == v0 || *got == v1, "void case %d: the key serves other bytes", held_write);
@@ -521,17 +482,12 @@ void unreadable_block() {
   auto image = fresh_image();
   std::vector<std::string> keys;
   {
-    FaultDevice* dev;
-    std::unique_ptr<CardStore> s;
-    Status st = open_store(image, &dev, &s);
-    CHECK(st.ok(), "open: %s", st.message().c_str());
+    auto s = open_store(image, "open");
+    if (!s) return;
     IoContext ctx;
     for (int i = 0; i < 24; i++) {  // 24 x 100 KiB: three regions
-      auto b = value_bytes(i + 1, 100 << 10);
       keys.push_back("damage-" + std::to_string(i));
-      adp::PutItem item{keys.back(), b.data(), b.size()};
-      Status r;
-      s->put(ctx, &item, 1, &r, [] { return true; });
+      Status r = put_one(*s, ctx, keys.back(), value_bytes(i + 1, 100 << 10));
       CHECK(r.ok(), "store: %s", r.message().c_str());
     }
   }
@@ -551,7 +507,7 @@ void unreadable_block() {
   IoContext ctx;
   int served = 0;
   for (size_t i = 0; i < keys.size(); i++) {
-    auto got = load(*s, ctx, keys[i]);
+    auto got = read_object(*s, ctx, keys[i]);
     if (got) {
       served++;
       CHECK(*got == value_bytes(i + 1, 100 << 10), "damaged card: %s served wrong bytes", keys[i].c_str());
@@ -561,7 +517,7 @@ void unreadable_block() {
   // before the damage; the other regions are intact.
   CHECK(served >= static_cast<int>(keys.size()) - 9 && served < static_cast<int>(keys.size()),
         "damaged card served %d of %zu objects", served, keys.size());
-  CHECK(load(*s, ctx, keys[0]).has_value(), "the object before the damage is lost");
+  CHECK(read_object(*s, ctx, keys[0]).has_value(), "the object before the damage is lost");
   std::printf("card_crash_test: unreadable block: card opened, %d of %zu objects served, media_errors=%" PRIu64 "\n",
               served, keys.size(), stats.media_errors);
 }
@@ -575,22 +531,18 @@ void unreadable_block() {
 void hole_before_acknowledged_store() {
   auto image = fresh_image();
   FaultDevice* dev;
-  std::unique_ptr<CardStore> s;
-  Status st = open_store(image, &dev, &s);
-  CHECK(st.ok(), "open: %s", st.message().c_str());
-  if (!st.ok()) return;
+  auto s = open_store(image, "open", &dev);
+  if (!s) return;
   IoContext warm, ca, cb;
   auto w = value_bytes(1, 8192), a = value_bytes(2, 20000), b = value_bytes(3, 20000);
-  adp::PutItem wi{"hole-warm", w.data(), w.size()}, ai{"hole-a", a.data(), a.size()}, bi{"hole-b", b.data(), b.size()};
-  Status wr, ar, br;
-  s->put(warm, &wi, 1, &wr, [] { return true; });  // opens the frontier region
+  Status wr = put_one(*s, warm, "hole-warm", w), ar, br;  // opens the frontier region
   CHECK(wr.ok(), "warm-up store: %s", wr.message().c_str());
   dev->hold_write(dev->writes());  // A's object write
-  std::thread ta([&] { s->put(ca, &ai, 1, &ar, [] { return true; }); });
+  std::thread ta([&] { ar = put_one(*s, ca, "hole-a", a); });
   while (!dev->write_held()) std::this_thread::yield();
   std::atomic<bool> b_done{false};
   std::thread tb([&] {
-    s->put(cb, &bi, 1, &br, [] { return true; });
+    br = put_one(*s, cb, "hole-b", b);
     b_done = true;
   });
   // B is acknowledged quickly unless it waits for A (as it must); the wait
@@ -601,13 +553,11 @@ void hole_before_acknowledged_store() {
   tb.join();
   CHECK(!ar.ok(), "a store whose write never landed was acknowledged");
   s.reset();
-  std::unique_ptr<CardStore> re;
-  st = open_store(image, nullptr, &re);
-  CHECK(st.ok(), "reopen: %s", st.message().c_str());
-  if (!st.ok()) return;
+  auto re = open_store(image, "reopen");
+  if (!re) return;
   IoContext ctx;
-  CHECK(load(*re, ctx, "hole-warm") == w, "hole: the store before the hole is lost");
-  bool b_back = load(*re, ctx, "hole-b") == b;
+  CHECK(read_object(*re, ctx, "hole-warm") == w, "hole: the store before the hole is lost");
+  bool b_back = read_object(*re, ctx, "hole-b") == b;
   CHECK(!br.ok() || b_back, "hole: store B was acknowledged behind a hole and is lost");
   std::printf("card_crash_test: hole before a store: B %s\n", !br.ok() ? "not acknowledged (waited for the hole)"
                                                               : b_back ? "acknowledged and back"
@@ -616,11 +566,7 @@ void hole_before_acknowledged_store() {
 
 void unreadable_superblock() {
   auto image = fresh_image();
-  {
-    std::unique_ptr<CardStore> s;
-    Status st = open_store(image, nullptr, &s);
-    CHECK(st.ok(), "open: %s", st.message().c_str());
-  }
+  if (!open_store(image, "open")) return;
   auto dev = std::make_unique<FaultDevice>(image, "bad-superblock-card");
   dev->fail_reads(0, adp::kBlockSize);
   std::unique_ptr<CardStore> s;

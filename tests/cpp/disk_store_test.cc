@@ -18,11 +18,13 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "check.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "testing/fault_device.h"
 
 namespace {
@@ -30,13 +32,12 @@ namespace {
 using adp::CardStore;
 using adp::IoContext;
 using adp::Status;
+using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 
 constexpr uint64_t kRegionBytes = 1ull << 20;
-constexpr uint64_t kCardBytes = (1ull << 20) + 16 * kRegionBytes;
-
-using adp::testing::check_failures;
+constexpr uint64_t kCardBytes = adp::testing::card_bytes(16, kRegionBytes);
 
 // 4 KiB-aligned bytes of value v: what an LMCache buffer with
 // --l1-align-bytes 4096 looks like to the store.
@@ -61,38 +62,21 @@ struct Value {
   }
 };
 
-Status open_store(const std::shared_ptr<FaultImage>& image, FaultDevice** dev, std::unique_ptr<CardStore>* out) {
-  auto d = std::make_unique<FaultDevice>(image);
-  *dev = d.get();
-  adp::CardOptions opts;
-  return CardStore::OpenDevice(std::move(d), opts, out);
-}
-
-std::shared_ptr<FaultImage> formatted_image() {
-  auto image = std::make_shared<FaultImage>(kCardBytes);
-  FaultDevice dev(image);
-  Status s = CardStore::FormatDevice(dev, kRegionBytes);
-  if (!s.ok()) std::abort();
-  return image;
+// The store on a new device over `image` (blank: the first open formats it), or nullptr (a CHECK
+// failed: `what`); *dev: the device.
+std::unique_ptr<CardStore> open_store(const std::shared_ptr<FaultImage>& image, FaultDevice** dev,
+                                      const std::string& what) {
+  return adp::testing::checked_fault_card(image, adp::testing::card_options(kRegionBytes), what, dev);
 }
 
 Status put(CardStore& s, IoContext& ctx, const std::string& key, const Value& v) {
-  adp::PutItem item{key, v.data.get(), v.size};
-  Status r;
-  s.put(ctx, &item, 1, &r, [] { return true; });
-  return r;
+  return adp::testing::put_one(s, ctx, key, v.data.get(), v.size);
 }
 
-// The object's bytes, or nothing on a miss (NotFound) or an error.
-std::unique_ptr<std::vector<uint8_t>> load(CardStore& s, const std::string& key) {
+// The object's bytes (read through an IoContext of its own), or nothing on a miss (NotFound) or an error.
+std::optional<std::vector<uint8_t>> load(CardStore& s, const std::string& key) {
   IoContext ctx;
-  auto out = std::make_unique<std::vector<uint8_t>>();
-  Status st = s.get(ctx, key, [&](size_t size, const adp::CopyFn& copy) {
-    out->resize(size);
-    return copy(out->data());
-  });
-  if (!st.ok()) out.reset();
-  return out;
+  return adp::testing::read_object(s, ctx, key);
 }
 
 // Sizes that take the overlapped path: whole blocks, a partial last block,
@@ -100,10 +84,9 @@ std::unique_ptr<std::vector<uint8_t>> load(CardStore& s, const std::string& key)
 const std::vector<size_t> kSizes = {1u << 20, (3u << 19) + 123, (5u << 19) + 4096 * 3 + 7};
 
 void round_trip() {
-  auto image = formatted_image();
+  auto image = std::make_shared<FaultImage>(kCardBytes);
   FaultDevice* dev;
-  std::unique_ptr<CardStore> s;
-  CHECK(open_store(image, &dev, &s).ok(), "open");
+  auto s = open_store(image, &dev, "open");
   IoContext ctx;
   std::vector<Value> values;
   for (size_t i = 0; i < kSizes.size(); i++) {
@@ -118,14 +101,14 @@ void round_trip() {
             kSizes[i]);
     }
     s.reset();
-    CHECK(open_store(image, &dev, &s).ok(), "reopen");
+    s = open_store(image, &dev, "reopen");
   }
 }
 
 // A fresh card on which `before` is stored and acknowledged.
 struct CardWithOne {
-  explicit CardWithOne(const Value& before) : image(formatted_image()) {
-    CHECK(open_store(image, &dev, &s).ok(), "open");
+  explicit CardWithOne(const Value& before) : image(std::make_shared<FaultImage>(kCardBytes)) {
+    s = open_store(image, &dev, "open");
     CHECK(put(*s, ctx, "before", before).ok(), "store before");
   }
   std::shared_ptr<FaultImage> image;
@@ -152,7 +135,7 @@ void power_cuts(const Value& before, const Value& cut) {
       Status r = put(*c.s, c.ctx, "cut", cut);
       CHECK(!r.ok(), "cut at write %" PRIu64 " of the store: acknowledged", point);
       c.s.reset();
-      CHECK(open_store(c.image, &c.dev, &c.s).ok(), "reopen after cut at write %" PRIu64, point);
+      c.s = open_store(c.image, &c.dev, "reopen after cut at write " + std::to_string(point));
       auto b = load(*c.s, "before");
       CHECK(b && before.same(*b), "cut at write %" PRIu64 "%s: the object stored before is not intact", point,
             tear ? " (torn)" : "");

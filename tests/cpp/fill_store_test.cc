@@ -32,11 +32,11 @@
 
 #include "check.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "testing/fault_device.h"
 
 namespace {
 
-using adp::CardOptions;
 using adp::CardStore;
 using adp::IoContext;
 using adp::PutItem;
@@ -46,6 +46,7 @@ using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 using adp::testing::pattern;
+using adp::testing::read_object;
 
 constexpr uint64_t kCardBytes = 64ull << 20;
 constexpr uint64_t kRegionBytes = 4ull << 20;  // a, b and c below share one region
@@ -61,25 +62,14 @@ adp::FillFn fill_from(const std::vector<uint8_t>& src, uint64_t fail_at = UINT64
   };
 }
 
-bool read_back(CardStore& s, const std::string& key, std::vector<uint8_t>* out, Status* st = nullptr) {
-  IoContext ctx;
-  Status r = s.get(ctx, key, [&](size_t size, const adp::CopyFn& copy) {
-    out->assign(size, 0);
-    return copy(out->data());
-  });
-  if (st) *st = r;
-  return r.ok();
-}
-
-using Opener = std::function<Status(std::unique_ptr<CardStore>*)>;
+// Opens the card under test, a failure a CHECK ("<what>: <why>"): the store, or nullptr.
+using Opener = std::function<std::unique_ptr<CardStore>(const std::string& what)>;
 
 void failing_fill_fails_its_item_only(const std::string& card, const Opener& open) {
   const auto a = pattern(300 << 10, 1), b = pattern(2 << 20, 2), c = pattern((500 << 10) + 123, 3);
   {
-    std::unique_ptr<CardStore> s;
-    Status st = open(&s);
-    check(st.ok(), card + ": open: " + st.message());
-    if (!st.ok()) return;
+    auto s = open(card + ": open");
+    if (!s) return;
     IoContext ctx;
     // b's fill fails part way (1 MiB in, its fifth piece): part of it has landed.
     PutItem items[3] = {{"a", a.data(), a.size()},
@@ -98,31 +88,25 @@ void failing_fill_fails_its_item_only(const std::string& card, const Opener& ope
           card + ": a failed fill is no store failure, got " + std::to_string(stats.store_failures));
     check(stats.io_errors == 0 && stats.healthy, card + ": a failed fill is no card I/O error");
     check(stats.payload_bytes == a.size() + c.size(), card + ": only a's and c's payload is held");
-    std::vector<uint8_t> got;
     Status gs;
-    check(!read_back(*s, "b", &got, &gs) && gs.code() == Status::Code::kNotFound, card + ": the failed item is a miss");
-    check(read_back(*s, "a", &got) && got == a, card + ": a reads back");
-    check(read_back(*s, "c", &got) && got == c, card + ": c reads back");
+    check(!read_object(*s, "b", &gs) && gs.code() == Status::Code::kNotFound, card + ": the failed item is a miss");
+    check(read_object(*s, "a") == a, card + ": a reads back");
+    check(read_object(*s, "c") == c, card + ": c reads back");
     // Its first piece is on the card, but nothing of b is indexed or visible.
     check(!s->exists("b"), card + ": b does not exist");
   }
-  std::unique_ptr<CardStore> s;
-  Status st = open(&s);
-  check(st.ok(), card + ": reopen: " + st.message());
-  if (!st.ok()) return;
+  auto s = open(card + ": reopen");
+  if (!s) return;
   check(s->stats().recovered_objects == 2,
         card + ": a reopen recovers a and c, got " + std::to_string(s->stats().recovered_objects));
-  std::vector<uint8_t> got;
-  check(!read_back(*s, "b", &got), card + ": b is a miss after a reopen");
-  check(read_back(*s, "c", &got) && got == c, card + ": c, stored after the failed fill, reads back after a reopen");
-  check(read_back(*s, "a", &got) && got == a, card + ": a reads back after a reopen");
+  check(!read_object(*s, "b"), card + ": b is a miss after a reopen");
+  check(read_object(*s, "c") == c, card + ": c, stored after the failed fill, reads back after a reopen");
+  check(read_object(*s, "a") == a, card + ": a reads back after a reopen");
 }
 
 void changing_source_reads_back_intact(const std::string& card, const Opener& open) {
-  std::unique_ptr<CardStore> s;
-  Status st = open(&s);
-  check(st.ok(), card + ": open: " + st.message());
-  if (!st.ok()) return;
+  auto s = open(card + ": open");
+  if (!s) return;
   IoContext ctx;
   for (size_t size : {size_t(3 << 20) + 777, size_t(9 << 20) + 5}) {
     std::vector<uint8_t> src = pattern(size, 7), delivered(size);
@@ -145,10 +129,10 @@ void changing_source_reads_back_intact(const std::string& card, const Opener& op
     stop = true;
     scribbler.join();
     check(r.ok(), card + ": the store of a changing source succeeds: " + r.message());
-    std::vector<uint8_t> got;
     Status gs;
-    check(read_back(*s, "moving", &got, &gs), card + ": the object of a changing source reads back intact (" +
-                                                  std::to_string(size) + " bytes): " + gs.message());
+    auto got = read_object(*s, "moving", &gs);
+    check(got.has_value(), card + ": the object of a changing source reads back intact (" + std::to_string(size) +
+                               " bytes): " + gs.message());
     check(got == delivered, card + ": it holds the bytes the fill delivered (" + std::to_string(size) + " bytes)");
     check(s->stats().checksum_failures == 0, card + ": no checksum failure");
   }
@@ -158,9 +142,8 @@ void changing_source_reads_back_intact(const std::string& card, const Opener& op
   Status res[2];
   s->put(ctx, items, 2, res, [] { return true; });
   check(res[0].ok() && res[1].ok(), card + ": a 9 MiB and an empty filled object are stored");
-  std::vector<uint8_t> got;
-  check(read_back(*s, "big", &got) && got == big, card + ": the 9 MiB filled object reads back");
-  check(read_back(*s, "empty", &got) && got.empty(), card + ": the empty filled object reads back");
+  check(read_object(*s, "big") == big, card + ": the 9 MiB filled object reads back");
+  check(read_object(*s, "empty") == std::vector<uint8_t>{}, card + ": the empty filled object reads back");
   // A fill that fails at once, in the last staged piece of a large object.
   PutItem bad[2] = {{"bad0", nullptr, big.size(), fill_from(big, 0)},
                     {"bad1", nullptr, big.size(), fill_from(big, big.size() - 1)}};
@@ -170,25 +153,10 @@ void changing_source_reads_back_intact(const std::string& card, const Opener& op
   check(s->stats().io_errors == 0, card + ": no card I/O error counted");
 }
 
-Status open_image(const std::string& path, std::unique_ptr<CardStore>* out) {
-  CardOptions co;
-  co.path = path;
-  co.create_bytes = kCardBytes;
-  co.region_bytes = kRegionBytes;
-  return CardStore::Open(co, out);
-}
-
-Status open_fault(const std::shared_ptr<FaultImage>& image, std::unique_ptr<CardStore>* out,
-                  FaultDevice** dev_out = nullptr) {
-  auto dev = std::make_unique<FaultDevice>(image, "fault-card");
-  if (dev_out) *dev_out = dev.get();
-  CardOptions co;
-  co.region_bytes = kRegionBytes;
-  if (std::all_of(image->data.begin(), image->data.begin() + 4096, [](uint8_t b) { return b == 0; })) {
-    Status s = CardStore::FormatDevice(*dev, kRegionBytes);
-    if (!s.ok()) return s;
-  }
-  return CardStore::OpenDevice(std::move(dev), co, out);
+// The card on a new fault device over `image` (blank: the first open formats it); *dev: the device.
+std::unique_ptr<CardStore> open_fault(const std::shared_ptr<FaultImage>& image, const std::string& what,
+                                      FaultDevice** dev = nullptr) {
+  return adp::testing::checked_fault_card(image, adp::testing::card_options(kRegionBytes), what, dev);
 }
 
 // A power cut at each write of a filled store (a large one: several staged
@@ -209,10 +177,9 @@ void cut_and_fail_at_every_write() {
   };
   uint64_t writes = 0;
   {
-    auto image = std::make_shared<FaultImage>(kCardBytes);
-    std::unique_ptr<CardStore> s;
     FaultDevice* dev;
-    check(open_fault(image, &s, &dev).ok(), "fault card opens");
+    auto s = open_fault(std::make_shared<FaultImage>(kCardBytes), "fault card opens", &dev);
+    if (!s) return;
     check(run(dev, *s, &writes).ok(), "the filled store succeeds without faults");
   }
   check(writes >= 4, "a 9 MiB filled store takes several writes, got " + std::to_string(writes));
@@ -222,9 +189,9 @@ void cut_and_fail_at_every_write() {
       std::string what = (mode ? "failed write " : "power cut at write ") + std::to_string(point) + ": ";
       Status r;
       {
-        std::unique_ptr<CardStore> s;
         FaultDevice* dev;
-        check(open_fault(image, &s, &dev).ok(), what + "fault card opens");
+        auto s = open_fault(image, what + "fault card opens", &dev);
+        if (!s) continue;
         // The store before it: its writes are counted from the first put.
         IoContext ctx;
         PutItem ia{"acked", a.data(), a.size()};
@@ -239,19 +206,15 @@ void cut_and_fail_at_every_write() {
         check(!r.ok(), what + "the filled store fails");
         if (mode == 1) {
           check(s->stats().io_errors >= 1, what + "counted as a card I/O error");
-          std::vector<uint8_t> got;
-          check(!read_back(*s, "filled", &got), what + "the filled object is a miss");
-          check(read_back(*s, "acked", &got) && got == a, what + "the earlier object reads back");
+          check(!read_object(*s, "filled"), what + "the filled object is a miss");
+          check(read_object(*s, "acked") == a, what + "the earlier object reads back");
           dev->power_cut();
         }
       }
-      std::unique_ptr<CardStore> s;
-      Status st = open_fault(image, &s);
-      check(st.ok(), what + "reopen: " + st.message());
-      if (!st.ok()) continue;
-      std::vector<uint8_t> got;
-      check(read_back(*s, "acked", &got) && got == a, what + "the acknowledged object survives");
-      if (read_back(*s, "filled", &got)) check(got == f, what + "the filled object, if found, is byte-exact");
+      auto s = open_fault(image, what + "reopen");
+      if (!s) continue;
+      check(read_object(*s, "acked") == a, what + "the acknowledged object survives");
+      if (auto got = read_object(*s, "filled")) check(*got == f, what + "the filled object, if found, is byte-exact");
     }
   }
 }
@@ -264,19 +227,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string path = argv[1];
-  Opener image = [&](std::unique_ptr<CardStore>* out) { return open_image(path, out); };
+  Opener image = [&](const std::string& what) {
+    return adp::testing::checked_card(adp::testing::card_options(kRegionBytes, path, kCardBytes), what);
+  };
   failing_fill_fails_its_item_only(path, image);
-  {
-    std::unique_ptr<CardStore> s;
-    if (open_image(path, &s).ok()) std::printf("card %s: mapped=%d\n", path.c_str(), s->memory_speed());
-  }
+  if (auto s = image(path + ": open")) std::printf("card %s: mapped=%d\n", path.c_str(), s->memory_speed());
   std::remove(path.c_str());
   changing_source_reads_back_intact(path, image);
   std::remove(path.c_str());
 
   for (auto fn : {failing_fill_fails_its_item_only, changing_source_reads_back_intact}) {
     auto img = std::make_shared<FaultImage>(kCardBytes);
-    fn("fault device", [img](std::unique_ptr<CardStore>* out) { return open_fault(img, out); });
+    fn("fault device", [img](const std::string& what) { return open_fault(img, what); });
   }
   cut_and_fail_at_every_write();
   printf("fill_store_test: %s\n", check_failures ? "FAIL" : "PASS");

@@ -27,22 +27,18 @@
 
 #include "check.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "testing/fault_device.h"
 
 namespace {
 
-using adp::CardOptions;
-using adp::CardStore;
 using adp::IoContext;
 using adp::Status;
-using adp::testing::FaultDevice;
-using adp::testing::FaultImage;
+using adp::testing::put_one;
 
 constexpr uint64_t kRegionBytes = 1ull << 20;
-constexpr uint64_t kCardBytes = (1ull << 20) + 10 * kRegionBytes;
+constexpr uint64_t kCardBytes = adp::testing::card_bytes(10, kRegionBytes);
 constexpr uint64_t kSize = 200 << 10;
-
-using adp::testing::check_failures;
 
 struct Store {
   std::string key;
@@ -51,12 +47,6 @@ struct Store {
   IoContext ctx;
   std::thread thread;
 };
-
-void put(CardStore& s, IoContext& ctx, const std::string& key, const std::vector<uint8_t>& value, Status* result,
-         bool wanted) {
-  adp::PutItem item{key, value.data(), value.size()};
-  s.put(ctx, &item, 1, result, [wanted] { return wanted; });
-}
 
 void wait_for(const std::function<bool()>& cond, const char* what) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -72,24 +62,16 @@ void wait_for(const std::function<bool()>& cond, const char* what) {
 }  // namespace
 
 int main() {
-  auto image = std::make_shared<FaultImage>(kCardBytes);
-  auto owned = std::make_unique<FaultDevice>(image, "first-eviction-card");
-  FaultDevice* dev = owned.get();
-  CardOptions co;
-  co.durable = true;
-  co.region_bytes = kRegionBytes;
-  std::unique_ptr<CardStore> s;
-  Status st = CardStore::OpenDevice(std::move(owned), co, &s);
-  if (!st.ok()) {
-    std::fprintf(stderr, "FAIL: open: %s\n", st.message().c_str());
-    return 1;
-  }
+  adp::testing::FaultDevice* dev;
+  auto s =
+      adp::testing::checked_fault_card(std::make_shared<adp::testing::FaultImage>(kCardBytes),
+                                       adp::testing::card_options(kRegionBytes), "open", &dev, "first-eviction-card");
+  if (!s) return 1;
   CHECK(s->stats().num_regions == 10, "expected 10 regions, got %" PRIu64, s->stats().num_regions);
   std::vector<uint8_t> value(kSize, 0x5a);
   IoContext ctx;
   for (int i = 0; i < 44; i++) {
-    Status r;
-    put(*s, ctx, "obj-" + std::to_string(i), value, &r, true);
+    Status r = put_one(*s, ctx, "obj-" + std::to_string(i), value);
     CHECK(r.ok(), "store %d: %s", i, r.message().c_str());
   }
   CHECK(s->stats().evicted_objects == 0, "evicted before the card was full");
@@ -107,19 +89,19 @@ int main() {
   dev->hold_write(dev->writes());
   {
     Store& a = *inflight[0];
-    a.thread = std::thread([&] { put(*s, a.ctx, a.key, value, &a.result, a.wanted); });
+    a.thread = std::thread([&] { a.result = put_one(*s, a.ctx, a.key, value, a.wanted); });
     wait_for([&] { return dev->write_held(); }, "A's write to be held");
   }
   for (size_t i = 1; i < inflight.size(); i++) {
     Store& x = *inflight[i];
     uint64_t before = dev->writes();
-    x.thread = std::thread([&] { put(*s, x.ctx, x.key, value, &x.result, x.wanted); });
+    x.thread = std::thread([&] { x.result = put_one(*s, x.ctx, x.key, value, x.wanted); });
     wait_for([&] { return dev->writes() > before && dev->writes() >= before + (i == 1 ? 2 : 1); }, "a store's write");
   }
   // Z: no region is free; the oldest is evicted for it.
   Status zr;
   IoContext zctx;
-  std::thread z([&] { put(*s, zctx, "z", value, &zr, true); });
+  std::thread z([&] { zr = put_one(*s, zctx, "z", value); });
   wait_for([&] { return s->stats().evicted_objects > 0; }, "the first eviction");
   adp::StoreStats at = s->stats();
   CHECK(at.first_eviction_held_bytes == 44 * kSize, "at the eviction: held %" PRIu64 " bytes, expected 44 objects",
@@ -155,7 +137,7 @@ int main() {
               " acknowledged, %" PRIu64 " failed)\n",
               double(end.first_eviction_held_bytes) / kSize, end.first_eviction_inflight_stores,
               end.first_eviction_inflight_acked, end.first_eviction_inflight_failed);
-  if (check_failures) return 1;
+  if (adp::testing::check_failures) return 1;
   std::printf("first_eviction_test: PASS\n");
   return 0;
 }

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+// The card store of the C++ test programs of tests/cpp that drive one
+// directly: a card on an in-memory fault device (testing/fault_device.h) or on
+// an image file, its options, its opening with a failure a CHECK (check.h),
+// and the one-object store and load their checks go through. Beside
+// test_gateway.h, which does the same for an in-process gateway.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "store/card_format.h"
+#include "store/card_store.h"
+#include "testing/fault_device.h"
+
+namespace adp::testing {
+
+// The size of a card of `regions` regions of `region_bytes`: the superblock area, then the regions.
+constexpr uint64_t card_bytes(uint64_t regions, uint64_t region_bytes) { return kDataOffset + regions * region_bytes; }
+
+// A test card's options: durable (the default), regions of `region_bytes` when it is formatted (0: chosen
+// from its size); for CardStore::Open, the image file `path`, created with `create_bytes` if it is not there.
+inline CardOptions card_options(uint64_t region_bytes, const std::string& path = "", uint64_t create_bytes = 0) {
+  CardOptions co;
+  co.path = path;
+  co.create_bytes = create_bytes;
+  co.region_bytes = region_bytes;
+  return co;
+}
+
+// CardStore::OpenDevice on a new Dev(image, name) (a FaultDevice, or a test's own class derived from it)
+// with `co`: a blank image is formatted (co.region_bytes), one that holds a card is recovered. *dev, when
+// given, is the device, owned by the store; each open is a new device over the same image, as a restart
+// is a new process over the same card (no fault armed).
+template <class Dev = FaultDevice>
+Status open_fault_card(const std::shared_ptr<FaultImage>& image, const CardOptions& co, std::unique_ptr<CardStore>* out,
+                       Dev** dev = nullptr, const std::string& name = "fault-card") {
+  auto owned = std::make_unique<Dev>(image, name);
+  if (dev) *dev = owned.get();
+  return CardStore::OpenDevice(std::move(owned), co, out);
+}
+
+// The same, a failure a CHECK ("<what>: <why>"): the store, or nullptr.
+template <class Dev = FaultDevice>
+std::unique_ptr<CardStore> checked_fault_card(const std::shared_ptr<FaultImage>& image, const CardOptions& co,
+                                              const std::string& what, Dev** dev = nullptr,
+                                              const std::string& name = "fault-card") {
+  std::unique_ptr<CardStore> s;
+  Status st = open_fault_card(image, co, &s, dev, name);
+  CHECK(st.ok(), "%s: %s", what.c_str(), st.message().c_str());
+  return st.ok() ? std::move(s) : nullptr;
+}
+
+// CardStore::Open(co) (the image file co.path), a failure a CHECK ("<what>: <why>"): the store, or nullptr.
+inline std::unique_ptr<CardStore> checked_card(const CardOptions& co, const std::string& what) {
+  std::unique_ptr<CardStore> s;
+  Status st = CardStore::Open(co, &s);
+  CHECK(st.ok(), "%s: %s", what.c_str(), st.message().c_str());
+  return st.ok() ? std::move(s) : nullptr;
+}
+
+// Stores one object (`size` bytes at `data`) under `key` through ctx; its result. `wanted` is what the
+// store is told when it asks whether its caller still waits (false: the caller gave up).
+inline Status put_one(CardStore& s, IoContext& ctx, const std::string& key, const uint8_t* data, size_t size,
+                      bool wanted = true) {
+  PutItem item{key, data, size};
+  Status r;
+  s.put(ctx, &item, 1, &r, [wanted] { return wanted; });
+  return r;
+}
+
+inline Status put_one(CardStore& s, IoContext& ctx, const std::string& key, const std::vector<uint8_t>& value,
+                      bool wanted = true) {
+  return put_one(s, ctx, key, value.data(), value.size(), wanted);
+}
+
+// The bytes of the object under `key`, or nothing on a miss (NotFound) or an error; *st, when given, is
+// the load's status.
+inline std::optional<std::vector<uint8_t>> read_object(CardStore& s, IoContext& ctx, const std::string& key,
+                                                       Status* st = nullptr) {
+  std::vector<uint8_t> out;
+  Status r = s.get(ctx, key, [&](size_t size, const CopyFn& copy) {
+    out.resize(size);
+    return copy(out.data());
+  });
+  if (st) *st = r;
+  if (!r.ok()) return std::nullopt;
+  return out;
+}
+
+// The same through an IoContext of its own.
+inline std::optional<std::vector<uint8_t>> read_object(CardStore& s, const std::string& key, Status* st = nullptr) {
+  IoContext ctx;
+  return read_object(s, ctx, key, st);
+}
+
+}  // namespace adp::testing
