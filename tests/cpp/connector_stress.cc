@@ -53,6 +53,8 @@
 #include "connector/connector.h"
 #include "gateway/gateway_server.h"
 #include "store/card_store.h"
+#include "test_card.h"
+#include "test_gateway.h"
 #include "transport/embedded_backend.h"
 #include "transport/remote_backend.h"
 #include "util/crc32c.h"
@@ -690,17 +692,6 @@ void check_commit_window(adp::CardStore& store) {
   }
 }
 
-adp::Status open_card(const std::string& path, std::shared_ptr<adp::CardStore>* out) {
-  adp::CardOptions co;
-  co.path = path;
-  co.create_bytes = kCardBytes;
-  co.region_bytes = kRegionBytes;
-  std::unique_ptr<adp::CardStore> s;
-  adp::Status st = adp::CardStore::Open(co, &s);
-  if (st.ok()) *out = std::move(s);
-  return st;
-}
-
 // Connector keys after a reopen: any hit must hold the key's bytes.
 void check_connector_keys(adp::CardStore& store, uint64_t* hits) {
   adp::IoContext ctx;
@@ -747,12 +738,9 @@ int main(int argc, char** argv) {
   }
   auto t0 = Clock::now();
 
-  std::shared_ptr<adp::CardStore> store;
-  adp::Status s = open_card(path, &store);
-  if (!s.ok()) {
-    fprintf(stderr, "cannot open card %s: %s\n", path.c_str(), s.message().c_str());
-    return 1;
-  }
+  const adp::CardOptions card = adp::testing::card_options(kRegionBytes, path, kCardBytes);
+  std::shared_ptr<adp::CardStore> store = adp::testing::checked_card(card, "open card " + path);
+  if (!store) return 1;
 
   // 1. Connector phases.
   Totals totals;
@@ -785,11 +773,8 @@ int main(int argc, char** argv) {
 
   // 3. Reopen: recovered objects read back exactly; deleted ones stay gone.
   store.reset();
-  s = open_card(path, &store);
-  if (!s.ok()) {
-    fprintf(stderr, "cannot reopen card %s: %s\n", path.c_str(), s.message().c_str());
-    return 1;
-  }
+  store = adp::testing::checked_card(card, "reopen card " + path);
+  if (!store) return 1;
   uint64_t recovered = store->stats().recovered_objects;
   if (recovered != before.objects)
     fail("reopen recovered %llu objects; %llu were indexed at close", static_cast<unsigned long long>(recovered),
@@ -823,11 +808,8 @@ int main(int argc, char** argv) {
   }
   check_store_health(*store, "first reopen");
   store.reset();
-  s = open_card(path, &store);
-  if (!s.ok()) {
-    fprintf(stderr, "cannot reopen card %s a second time: %s\n", path.c_str(), s.message().c_str());
-    return 1;
-  }
+  store = adp::testing::checked_card(card, "reopen card " + path + " a second time");
+  if (!store) return 1;
   {
     adp::IoContext ctx;
     for (int t = 0; t < kDirectThreads; t++)
@@ -850,12 +832,8 @@ int main(int argc, char** argv) {
     go.tcp_listen = "tcp://127.0.0.1:0";
     go.token = "stress-token";
     go.io_contexts = 3;
-    std::unique_ptr<adp::GatewayServer> gw;
-    s = adp::GatewayServer::Start(go, &gw);
-    if (!s.ok()) {
-      fprintf(stderr, "cannot start the gateway on %s: %s\n", path.c_str(), s.message().c_str());
-      return 1;
-    }
+    std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+    if (!gw) return 1;
     go.tcp_listen = "tcp://127.0.0.1:" + std::to_string(gw->tcp_port());  // the same port after the restart
     auto remote = [&](bool tcp) {
       return [&, tcp] {
@@ -886,11 +864,8 @@ int main(int argc, char** argv) {
     run_connector_phase(remote(false), {"gateway-stopped-midway", 2000, 3, 100 * scale, 60 * scale, "unavailable"},
                         phase_seed++, via_gateway, [&](adp::Connector&) { gw->stop(); });
     gw.reset();
-    s = adp::GatewayServer::Start(go, &gw);
-    if (!s.ok()) {
-      fprintf(stderr, "cannot restart the gateway on %s: %s\n", path.c_str(), s.message().c_str());
-      return 1;
-    }
+    gw = adp::testing::start_gateway(go);  // the restart
+    if (!gw) return 1;
     run_connector_phase(remote(false), {"gateway-restarted", 30000, 3, 100 * scale, 0}, phase_seed++, via_gateway);
     gw.reset();
 
@@ -906,11 +881,8 @@ int main(int argc, char** argv) {
     lo.handshake_timeout_ms = 100;
     lo.idle_timeout_ms = 20;
     lo.max_ring_total_bytes = 2 << 20;  // two rings of 1 MiB
-    s = adp::GatewayServer::Start(lo, &gw);
-    if (!s.ok()) {
-      fprintf(stderr, "cannot start the limited gateway on %s: %s\n", path.c_str(), s.message().c_str());
-      return 1;
-    }
+    gw = adp::testing::start_gateway(lo);
+    if (!gw) return 1;
     std::atomic<bool> stop_peers{false};
     std::thread peers([&] {
       adp::proto::Endpoint ep;
