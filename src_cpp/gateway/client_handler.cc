@@ -262,6 +262,10 @@ void ClientHandler::run() {
   if (abandoned_)
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
              log_safe(s.message()).c_str());
+  else if (s.code() == Status::Code::kClosed && !handshake_done_)
+    // A probe (the image's healthcheck connects and closes, every 30 s; a port check): DEBUG, not a line each
+    // time at the default level (audit 12). One refused or malformed keeps its level (refuse()).
+    ADP_DEBUG("gateway: client #%llu (%s) closed the connection before its handshake", ull(id_), peer().c_str());
   else if (s.code() == Status::Code::kClosed)
     ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
   else

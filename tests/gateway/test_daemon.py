@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from lmcache_adp import ADPConnector, CardStore
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, eventually, payload
 from tests.support.gateway import Gateway
 
 
@@ -171,3 +171,42 @@ def test_a_size_an_existing_card_ignores_is_warned_about(workdir):
 def test_cli_help_lists_gateway():
     r = subprocess.run([sys.executable, "-m", "lmcache_adp.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "gateway" in r.stdout
+
+
+def test_a_probe_that_connects_and_closes_is_logged_at_debug_only(workdir, tmp_path):
+    """Audit 12 finding 11: the image's healthcheck (docker/entrypoint.sh healthcheck, every 30 s) connects to the
+    socket and closes. A connection closed before its handshake is logged at DEBUG only (it was `client #N gone
+    after 0 batches` at INFO: 2880 lines a day); a client that completed its handshake still logs its end at
+    INFO, and a malformed Hello still its WARNING."""
+    gw = Gateway(workdir).start(env={"ADP_LOG_LEVEL": "DEBUG"})
+    try:
+        role = tmp_path / "role"
+        role.write_text("gateway\n")
+        env = {**os.environ, "ADP_ROLE_FILE": str(role), "ADP_SOCKET": gw.socket}
+        entry = os.path.join(os.path.dirname(__file__), "..", "..", "docker", "entrypoint.sh")
+        for _ in range(3):
+            r = subprocess.run(["bash", entry, "healthcheck"], env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        assert eventually(lambda: gw.log().count("before its handshake") == 3), gw.log()
+        probes = [line for line in gw.log().splitlines() if "before its handshake" in line]
+        assert all(" DEBUG: " in line for line in probes), probes
+        assert "gone after 0 batches" not in gw.log()
+
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1))
+        assert c.set(["k"], [memoryview(payload("k", 4096))])[0]
+        c.conn.close()
+        assert eventually(lambda: "gone after 1 batches" in gw.log()), gw.log()
+        ends = [line for line in gw.log().splitlines() if "gone after" in line]
+        assert len(ends) == 1 and " INFO: " in ends[0], ends
+
+        with socket.socket(socket.AF_UNIX) as s:  # not a frame: refused, at its level
+            s.connect(gw.socket)
+            s.sendall(b"not a frame at all, long enough for a header")
+            s.settimeout(10)
+            while s.recv(4096):
+                pass
+        assert eventually(lambda: "closing the connection" in gw.log()), gw.log()
+        refused = [line for line in gw.log().splitlines() if "closing the connection" in line]
+        assert len(refused) == 1 and " WARNING: " in refused[0], refused
+    finally:
+        assert gw.stop() == 0
