@@ -35,6 +35,7 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
   if (!s.ok()) return s;
   std::unique_ptr<GatewayClient> c(new GatewayClient(fd));
   c->ring_ = std::move(ring);
+  c->idle_check_ns_ = opts.idle_check.count();
   s = c->handshake(opts, deadline);
   if (!s.ok()) return s;
   *out = std::move(c);
@@ -276,8 +277,9 @@ Status GatewayClient::retry_process(proto::Deadline deadline) {
 
 Status GatewayClient::receive(uint8_t type, proto::Deadline deadline, bool* alive) {
   Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_);
-  if (!s.ok()) return s;  // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
-  heard_now();
+  if (!s.ok()) return s;    // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
+  frame_ns_ = steady_ns();  // heard now
+  heard_ns_.store(frame_ns_, std::memory_order_relaxed);
   if (alive && alive_frames_ && frame_.header.type == static_cast<uint8_t>(proto::FrameType::kAlive) &&
       frame_.header.request_id == request_id_) {
     *alive = true;  // r8: working on it; still waiting
@@ -319,7 +321,19 @@ Status GatewayClient::send(const proto::BatchRequest& req, std::span<const iovec
   table_.clear();
   proto::encode_batch(req, &table_);
   begin_wait();
-  return proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
+  Status s = proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
+  unsent_ = s.code() == Status::Code::kClosed;
+  return s;
+}
+
+bool GatewayClient::closed_while_idle() {
+  const int64_t now = steady_ns();
+  if (now - std::max(frame_ns_, idle_checked_ns_) < idle_check_ns_) return false;
+  idle_checked_ns_ = now;
+  // POLLRDHUP: the gateway's end is closed (a TCP send would still succeed
+  // once; the reply's read would then find it closed, after the request went).
+  pollfd p{fd_, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 bool GatewayClient::readable() const {

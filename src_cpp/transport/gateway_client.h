@@ -19,6 +19,12 @@
 
 namespace adp {
 
+// A connection nothing was heard on for this long is looked at (one poll)
+// before its next request: the gateway may have closed it meanwhile (a
+// restart, --idle-timeout-s). Shorter than any restart or idle timeout; a
+// connection in steady use pays nothing (GatewayClient::closed_while_idle).
+inline constexpr std::chrono::milliseconds kIdleCheck{100};
+
 struct GatewayClientOptions {
   proto::Endpoint endpoint;
   std::string token;           // TCP
@@ -36,6 +42,8 @@ struct GatewayClientOptions {
   // Tests: stands in for /proc/sys/kernel/yama/ptrace_scope if not negative
   // (ADP_TEST_YAMA_PTRACE_SCOPE, set by RemoteBackend from its test hooks).
   int test_yama_ptrace_scope = -1;
+  // Tests: stands in for kIdleCheck (ADP_TEST_IDLE_CHECK_MS, set by RemoteBackend from its test hooks).
+  std::chrono::nanoseconds idle_check{kIdleCheck};
 };
 
 class GatewayClient {
@@ -53,6 +61,14 @@ class GatewayClient {
               proto::BatchReply* reply);
   // call() in two halves, for a client that works while the gateway does (r4).
   Status send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline);
+  // Whether the last send() failed on a closed connection (EPIPE,
+  // ECONNRESET): the gateway never had the whole frame, and it serves only
+  // whole frames, so the request was not served.
+  bool unsent() const { return unsent_; }
+  // Whether the gateway closed this connection while nothing was asked of it
+  // (hung up; looked at, one poll, only once nothing was heard on it for
+  // kIdleCheck): replaced before use, its request never lost. Between batches.
+  bool closed_while_idle();
   // r8: with `alive`, a kAlive frame for this request (heard from, still
   // waiting) returns Ok with *alive true and no reply, so the caller can look
   // at the stall before it waits again; without, it is read past.
@@ -156,6 +172,12 @@ class GatewayClient {
   proto::Frame frame_;
   mutable std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};
   mutable std::atomic<uint32_t> alive_seen_{0};  // the alive word at the last poll_alive()
+  bool unsent_ = false;                          // unsent()
+  // closed_while_idle(): when the last frame came (not heard_ns(): another
+  // thread's poll_alive() may see an old bump of the alive word only later)
+  // and when it last polled (steady ns).
+  int64_t frame_ns_ = 0, idle_checked_ns_ = 0;
+  int64_t idle_check_ns_ = 0;  // GatewayClientOptions::idle_check
 };
 
 }  // namespace adp

@@ -233,7 +233,12 @@ class RemoteSession : public BackendSession {
   // nothing more for it (an object being written is waited out, unless the
   // gateway died).
   void revoke_lease(uint64_t rid);
-  void lose(const Status& why);
+  // Drops the connection after `why`; the link is logged down (WARNING,
+  // once per change) unless `replaced`: a request that never reached a
+  // connection the gateway had closed while it was idle (a restart,
+  // --idle-timeout-s), tried again at once on a new one, whose own failure
+  // is the one logged.
+  void lose(const Status& why, bool replaced = false);
   // Lays out the round starting at `begin` for the current connection;
   // returns its end (== begin when item `begin` fits no round). A put's
   // bytes are copied (into the ring, or this session's staging for TCP)
@@ -276,6 +281,13 @@ class RemoteSession : public BackendSession {
 };
 
 Status RemoteSession::connected(Deadline deadline) {
+  if (client_ && client_->closed_while_idle()) {
+    // The gateway restarted (or closed it for idleness) since this session's last batch: replaced now, before a
+    // byte of this one goes out, and not an outage (a gateway still down fails the connect below, which logs it).
+    ADP_DEBUG("%s: the gateway closed this session's connection while it was idle; connecting anew",
+              backend_->describe().c_str());
+    backend_->drop(&client_);
+  }
   if (client_) return Status::Ok();
   auto now = Clock::now();
   if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
@@ -431,8 +443,11 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
       return false;
     }
   }
-  if (!s.ok() && wanted) lose(s);
-  if (!s.ok() && wanted && retry && idle && !sent && s.code() == Status::Code::kClosed) {
+  // A request whose send found the connection closed never reached the gateway (nothing can have been
+  // written for it): tried again at once on a new connection, quietly (audit 12).
+  const bool again = !s.ok() && wanted && retry && idle && !sent && s.code() == Status::Code::kClosed;
+  if (!s.ok() && wanted) lose(s, again);
+  if (again) {
     *retry = true;
     return false;
   }
@@ -461,9 +476,12 @@ void RemoteSession::revoke_lease(uint64_t rid) {
   }
 }
 
-void RemoteSession::lose(const Status& why) {
+void RemoteSession::lose(const Status& why, bool replaced) {
   backend_->drop(&client_);
-  if (link_failure(why))
+  if (replaced)
+    ADP_DEBUG("%s: %s (the gateway closed this connection while it was idle); the request goes on a new one",
+              backend_->describe().c_str(), log_safe(why.message()).c_str());
+  else if (link_failure(why))
     backend_->note_down(why);
   else
     ADP_DEBUG("%s: %s; reconnecting", backend_->describe().c_str(), log_safe(why.message()).c_str());
@@ -562,12 +580,17 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       if (s.ok()) s = finish_round(in, begin, req, reply, finish);
     }
     if (!s.ok()) {
-      lose(s);
       // A connection that died while idle (gateway restarted) gets one more try on a new one,
       // unless pieces of this round reached a buffer already (a miss on the retry would then be
-      // a miss with its buffer written).
+      // a miss with its buffer written). A request its send found the connection closed for never
+      // reached the gateway: replaced quietly. One that went out and found it closed after (TCP
+      // sends once into a closed connection; a gateway that died under it) may have been served:
+      // tried again all the same (a put of the same key and bytes, a get, an exists, a delete: the
+      // same answer but a delete's, "not found" if it was served), and logged as the outage it may be.
       const bool wrote = std::any_of(copied_.begin(), copied_.end(), [](uint64_t b) { return b > 0; });
-      if (stale && !retried && s.code() == Status::Code::kClosed && !wrote) {
+      const bool again = stale && !retried && s.code() == Status::Code::kClosed && !wrote;
+      lose(s, again && client_->unsent());
+      if (again) {
         retried = true;
         continue;
       }
@@ -722,6 +745,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts) : RemoteBackend(std::mov
 RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
     : opts_([&] {
         opts.test_yama_ptrace_scope = hooks.yama_ptrace_scope;
+        if (hooks.idle_check_ms >= 0) opts.idle_check = milliseconds(hooks.idle_check_ms);
         return std::move(opts);
       }()),
       stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())),

@@ -63,6 +63,9 @@ constexpr Hook kHooks[] = {
      [](TestHooks& h, const char* v) { h.stall_log_interval_ms = std::atoi(v); }},
     {"ADP_TEST_YAMA_PTRACE_SCOPE", HookSide::kConnector, "stands in for /proc/sys/kernel/yama/ptrace_scope",
      [](TestHooks& h, const char* v) { h.yama_ptrace_scope = std::atoi(v); }},
+    {"ADP_TEST_IDLE_CHECK_MS", HookSide::kConnector,
+     "a connection is looked at for the gateway's close before a batch only after this long with nothing heard (100)",
+     [](TestHooks& h, const char* v) { h.idle_check_ms = std::atoi(v); }},
 };
 
 }  // namespace

@@ -36,6 +36,7 @@ struct TestHooks {
   int put_copy_delay_ms = 0;       // ADP_TEST_PUT_COPY_DELAY_MS
   int stall_log_interval_ms = -1;  // ADP_TEST_STALL_LOG_INTERVAL_MS (-1: not set, kStallLogInterval)
   int yama_ptrace_scope = -1;      // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
+  int idle_check_ms = -1;          // ADP_TEST_IDLE_CHECK_MS (-1: not set, kIdleCheck)
 
   // Each hook set, as found: its name, value, side and what it does.
   struct Set {

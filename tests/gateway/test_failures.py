@@ -4,13 +4,16 @@ deadline, the connector reconnects by itself and acknowledged data comes back.""
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 import time
 
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.helpers import RawConnector, no_foreign_bytes, payload
+from lmcache_adp.gateway_stats import read_gateway_stats
+from tests.helpers import RawConnector, eventually, no_foreign_bytes, payload
 from tests.support.gateway import Gateway
 
 TIMEOUT_MS = 2000
@@ -169,3 +172,124 @@ def test_stop_longer_than_timeout_then_continue(gateway):
     assert "Traceback" not in gateway.log()
     c.conn.close()
     assert gateway.stop() == 0
+
+
+WORKERS = 4
+
+
+class Buffers:
+    """A batch's source and destination buffers: anonymous memory, or (shm=True) one /dev/shm file, as LMCache's
+    L1 pool with --shm-name (the gateway then loads into it in place: protocol r3, segments)."""
+
+    def __init__(self, datas: list[bytes], shm: bool):
+        size, n = len(datas[0]), len(datas)
+        self.map = None
+        if shm:
+            path = f"/dev/shm/adp-test-reconn-{os.getpid()}-{time.monotonic_ns()}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.unlink(path)
+                os.ftruncate(fd, 2 * n * size)
+                self.map = mmap.mmap(fd, 2 * n * size)
+            finally:
+                os.close(fd)
+            views = [memoryview(self.map)[i * size : (i + 1) * size] for i in range(2 * n)]
+            self.src, self.dst = views[:n], views[n:]
+            for v, d in zip(self.src, datas, strict=True):
+                v[:] = d
+        else:
+            self.src = [memoryview(d) for d in datas]
+            self.dst = [memoryview(bytearray(size)) for _ in datas]
+
+    def close(self) -> None:
+        for v in self.src + self.dst:
+            v.release()
+        if self.map is not None:
+            self.map.close()
+
+
+def one_key_batches(conn: ADPConnector, c: RawConnector, op: str, keys: list[str], bufs: list) -> list[tuple]:
+    """One batch per key, all submitted before any is waited for (so that every worker takes some); their
+    (ok, err, per_key)."""
+    submit = conn.submit_batch_set if op == "set" else conn.submit_batch_get
+    fids = [submit([k], [b]) for k, b in zip(keys, bufs, strict=True)]
+    return [c.wait(f) for f in fids]
+
+
+@pytest.mark.parametrize(
+    "transport, found_by",
+    [("ring", "poll"), ("process", "poll"), ("segments", "poll"), ("tcp", "poll")]
+    + [("ring", "send"), ("process", "send"), ("segments", "send")],
+)
+def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_by, capfd, monkeypatch):
+    """Audit 12 finding 10: the gateway stopped and started again on the same socket (and port), back before the
+    next batch. Each worker's connection, closed by the restart while idle, is replaced within that worker's next
+    batch: every store and load succeeds, and the connector logs no WARNING (it logged `send failed: Broken pipe;
+    its requests fail until it is back (reconnecting with back-off)`, reading as an outage). A gateway that is
+    really down still fails the batch and logs that WARNING, once. found_by "poll": the connection is seen closed
+    before the batch (idle over kIdleCheck); "send" (ADP_TEST_IDLE_CHECK_MS, Unix only: a TCP send into a closed
+    connection succeeds once): the request's send finds it closed (EPIPE), so it never reached the gateway and
+    goes again at once on a new connection."""
+    if found_by == "send":
+        monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
+    url = gateway.tcp_url if transport == "tcp" else gateway.unix_url
+    params = {"token_file": gateway.token_file} if transport == "tcp" else {"process_memory": transport != "ring"}
+    conn = ADPConnector(gateway=url, num_workers=WORKERS, timeout_ms=TIMEOUT_MS, **params)
+    monkeypatch.delenv("ADP_TEST_IDLE_CHECK_MS", raising=False)  # read at the connector's start
+    c = RawConnector(conn)
+    keys, datas = keys_and_datas(4 * WORKERS, 64 << 10)
+    bufs = Buffers(datas, shm=transport == "segments")
+    try:
+        deadline = time.monotonic() + 30
+        while read_gateway_stats(gateway.unix_url)["clients"] < WORKERS + 1:  # each worker's, and the stats one
+            assert all(ok for ok, _, _ in one_key_batches(conn, c, "set", keys, bufs.src))
+            assert time.monotonic() < deadline, "the connector's workers did not all connect"
+        assert gateway.stop() == 0
+        gateway.start()
+        capfd.readouterr()
+        rounds = 0
+        while conn.stats()["gateway_reconnects"] < WORKERS:  # until every worker met its old connection
+            rounds += 1
+            assert rounds <= 20, conn.stats()
+            results = one_key_batches(conn, c, "set", keys, bufs.src)
+            assert all(ok for ok, _, _ in results), results
+            for o in bufs.dst:
+                o[:] = bytes(len(o))
+            results = one_key_batches(conn, c, "get", keys, bufs.dst)
+            assert all(ok and per_key == [True] for ok, _, per_key in results), results
+            assert [bytes(o) for o in bufs.dst] == datas
+        err = capfd.readouterr().err
+        assert "WARNING" not in err, err
+        assert conn.stats()["gateway_reachable"] is True
+
+        assert gateway.stop() == 0  # really down: the batch fails, and the WARNING says so once
+        ok, why, _ = c.set(keys[:1], bufs.src[:1])
+        assert not ok and "unavailable" in why, why
+        assert c.set(keys[1:2], bufs.src[1:2])[0] is False
+        err = capfd.readouterr().err
+        assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
+        assert conn.stats()["gateway_reachable"] is False
+    finally:
+        conn.close()
+        bufs.close()
+
+
+def test_a_connection_closed_for_idleness_is_replaced_quietly(workdir, capfd):
+    """`gateway --idle-timeout-s`: the gateway closes a connection that sent no request that long, "as a restart
+    would"; the worker's next batch replaces it and succeeds, and the connector logs no WARNING."""
+    gw = Gateway(workdir, extra=("--idle-timeout-s", "1")).start()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=TIMEOUT_MS)
+    c = RawConnector(conn)
+    try:
+        keys, datas = keys_and_datas(2)
+        assert c.set(keys[:1], [memoryview(datas[0])])[0]
+        assert eventually(lambda: "idle for 1 s: closing the connection" in gw.log(), 10), gw.log()
+        capfd.readouterr()
+        assert c.set(keys[1:], [memoryview(datas[1])])[0]
+        assert load_all(c, keys, datas, "the stored keys did not load", gw) == datas
+        err = capfd.readouterr().err
+        assert "WARNING" not in err, err
+        assert conn.stats()["gateway_reconnects"] == 1
+    finally:
+        conn.close()
+        assert gw.stop() == 0
