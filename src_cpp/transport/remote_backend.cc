@@ -31,7 +31,8 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kConnectTimeout{2000};
 // A request's wait for its reply looks at the stall this often (logs its
-// start without a stats() call: RemoteSession::wait_reply).
+// start without a stats() call: RemoteSession::wait_reply;
+// ADP_TEST_STALL_CHECK_MS for tests: RemoteBackend::stall_check_).
 constexpr milliseconds kStallCheck{250};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
 
@@ -652,11 +653,11 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
   Status s = client_->send(req, {}, deadline);  // the slots' zeroes go before the request (the syscall orders them)
   if (s.ok()) times.sent(sending);
   size_t first = 0;  // items before it are copied whole
-  auto check_at = Clock::now() + kStallCheck;
+  auto check_at = Clock::now() + backend_->stall_check_;
   while (s.ok() && !declined) {
     if (const auto now = Clock::now(); now >= check_at) {  // a gateway hung between pieces: logged (H3)
       backend_->check_stall();
-      check_at = now + kStallCheck;
+      check_at = now + backend_->stall_check_;
     }
     // The ticket before the slots: a piece published after this read bumps it again.
     const uint32_t seen = __atomic_load_n(ticket, __ATOMIC_ACQUIRE);
@@ -710,7 +711,7 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
 void RemoteSession::wait_reply(Deadline deadline) {
   for (;;) {
     const auto now = Clock::now();
-    if (now >= deadline || client_->wait_readable(std::min<Deadline>(deadline, now + kStallCheck))) return;
+    if (now >= deadline || client_->wait_readable(std::min<Deadline>(deadline, now + backend_->stall_check_))) return;
     backend_->check_stall();
   }
 }
@@ -749,6 +750,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
         return std::move(opts);
       }()),
       stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())),
+      stall_check_(hooks.stall_check_ms > 0 ? milliseconds(hooks.stall_check_ms) : kStallCheck),
       stall_log_interval_ns_(std::chrono::nanoseconds(hooks.stall_log_interval_ms >= 0
                                                           ? milliseconds(hooks.stall_log_interval_ms)
                                                           : kStallLogInterval)

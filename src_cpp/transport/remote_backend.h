@@ -103,7 +103,12 @@ class RemoteBackend : public Backend {
   const GatewayClientOptions opts_;
   mutable std::mutex mu_;
   std::set<const GatewayClient*> live_;
-  const int64_t stall_ns_;             // adapter_params gateway_stall_s (5 s)
+  const int64_t stall_ns_;  // adapter_params gateway_stall_s (5 s)
+  // A request's wait looks at the stall this often (kStallCheck;
+  // ADP_TEST_STALL_CHECK_MS: a test that makes it longer than its request
+  // leaves drop() the only look at the alive word of a wait ended by a
+  // hang-up; a wait_reply that reaches its deadline looks once more there).
+  const std::chrono::milliseconds stall_check_;
   int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged

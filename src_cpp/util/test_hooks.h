@@ -35,6 +35,7 @@ struct TestHooks {
   int delivery_delay_ms = 0;       // ADP_TEST_DELIVERY_DELAY_MS
   int put_copy_delay_ms = 0;       // ADP_TEST_PUT_COPY_DELAY_MS
   int stall_log_interval_ms = -1;  // ADP_TEST_STALL_LOG_INTERVAL_MS (-1: not set, kStallLogInterval)
+  int stall_check_ms = -1;         // ADP_TEST_STALL_CHECK_MS (<= 0: not set, kStallCheck)
   int yama_ptrace_scope = -1;      // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
   int idle_check_ms = -1;          // ADP_TEST_IDLE_CHECK_MS (-1: not set, kIdleCheck)
 

@@ -189,6 +189,46 @@ def test_a_load_given_up_on_a_stopped_gateway_keeps_it_stalled(workdir):
         assert gw.stop() == 0
 
 
+@pytest.mark.parametrize("gateway", ["working", "stopped"])
+def test_a_load_cut_by_the_gateways_death_is_judged_by_the_alive_word_its_drop_reads(
+    workdir, monkeypatch, capfd, gateway
+):
+    """Review r11 N2: drop() reads the dropped connection's alive word before its verdict. A load of ten objects
+    at 0.3 s each (ADP_TEST_SEGMENT_WRITE_DELAY_MS: 3 s, an alive bump per object, no reply before the end) is cut
+    1.5 s in by the gateway's death (SIGKILL): the wait ends on the hang-up, not at a stall check, and with those
+    checks 60 s apart (ADP_TEST_STALL_CHECK_MS; 250 ms otherwise) none came before, so drop() is the only look at
+    the word. The gateway was working: not stalled (the bound is 1 s), nothing logged. Stopped (SIGSTOP) before
+    the load instead, it is stalled, and logged once.
+    (A wait that ends at the deadline looks at the stall once more there: RemoteSession::wait_reply.)"""
+    gw = Gateway(workdir, extra=("--process-write-threads", "0")).start(env={"ADP_TEST_SEGMENT_WRITE_DELAY_MS": 300})
+    monkeypatch.setenv("ADP_TEST_STALL_CHECK_MS", "60000")
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=30000, gateway_stall_s=STALL_S)
+    monkeypatch.delenv("ADP_TEST_STALL_CHECK_MS")
+    c = RawConnector(conn)
+    try:
+        keys = [f"cut@{i}" for i in range(10)]
+        datas = [bytearray(payload(k, 1 << 20)) for k in keys]
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        st = conn.stats()
+        assert (st["process_stores"], st["gateway_stalled"]) == (10, False), st
+        capfd.readouterr()
+        if gateway == "stopped":
+            gw.pause()
+        fid = conn.submit_batch_get(keys, [memoryview(bytearray(1 << 20)) for _ in keys])
+        time.sleep(1.5 * STALL_S)
+        gw.kill()
+        ok, err, _ = c.wait(fid, timeout=10)  # completed once the worker dropped its connection
+        assert not ok, "the load ended before the gateway was killed: no verdict to look at"
+        stalled = gateway == "stopped"
+        assert conn.stats()["gateway_stalled"] is stalled
+        assert capfd.readouterr().err.count("nothing heard from the gateway") == stalled
+    finally:
+        conn.close()
+        if gw.proc:
+            gw.resume()
+            gw.kill()
+
+
 def test_an_idle_connection_is_not_stalled(workdir):
     """No request outstanding: nothing to wait for, so no stall however long the connection is silent."""
     gw, conn, c, port = stalled_connector(workdir, timeout_ms=2000)
