@@ -328,14 +328,14 @@ namespace {
 // CPUs (/proc/loadavg's runnable count, the reader included), read again
 // once kSpinLoadEvery has passed: a CPU a connection would spin on is idle
 // otherwise, not taken from the client or from other work on the host.
+// (Tests: ADP_TEST_LOADAVG_FILE, ADP_TEST_SPIN_LOAD_EVERY_MS.)
 bool idle_cpus(GatewayShared* shared) {
-  constexpr int64_t kSpinLoadEvery = 10'000'000;  // ns
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   int64_t at = shared->spin_load_read_ns.load(std::memory_order_relaxed);
-  if (now - at < kSpinLoadEvery || !shared->spin_load_read_ns.compare_exchange_strong(at, now))
+  if (now - at < shared->spin_load_every_ns || !shared->spin_load_read_ns.compare_exchange_strong(at, now))
     return shared->spin_load_ok.load(std::memory_order_relaxed);
   bool ok = false;
-  if (FILE* f = std::fopen("/proc/loadavg", "re")) {
+  if (FILE* f = std::fopen(shared->spin_load_path.c_str(), "re")) {
     double l1, l5, l15;
     int running = 0, total = 0;
     ok = std::fscanf(f, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) == 5 && 2 * running <= shared->spin_cpus;

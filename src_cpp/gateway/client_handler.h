@@ -99,6 +99,10 @@ class CardGate {
   std::atomic<bool> closing_{false};
 };
 
+// --request-spin-us: how often the machine's runnable threads are read
+// again (GatewayShared::spin_load_every_ns).
+inline constexpr std::chrono::nanoseconds kSpinLoadEvery{10'000'000};
+
 // What every connection of one gateway shares.
 struct GatewayShared {
   CardStore* store;
@@ -164,6 +168,10 @@ struct GatewayShared {
   std::atomic<uint64_t> batch_spins{0}, batch_spin_hits{0};  // looks for a next request; those that found one
   // The machine's runnable threads (/proc/loadavg), read at most every
   // kSpinLoadEvery by whichever connection asks: spinning is for idle CPUs.
+  // Tests name another file and interval (ADP_TEST_LOADAVG_FILE,
+  // ADP_TEST_SPIN_LOAD_EVERY_MS), set once when the gateway starts.
+  std::string spin_load_path = "/proc/loadavg";
+  int64_t spin_load_every_ns = kSpinLoadEvery.count();
   std::atomic<int64_t> spin_load_read_ns{0};
   std::atomic<bool> spin_load_ok{false};
   // Store buffers (r5 stores): bytes the connections' buffers hold (within

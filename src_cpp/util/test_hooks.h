@@ -29,6 +29,8 @@ struct TestHooks {
   int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
   int pipeline_wake_delay_ms = 0;            // ADP_TEST_PIPELINE_WAKE_DELAY_MS
   bool segment_populate_einval = false;      // ADP_TEST_SEGMENT_POPULATE_EINVAL=1
+  std::string loadavg_file;                  // ADP_TEST_LOADAVG_FILE (empty: /proc/loadavg)
+  int spin_load_every_ms = -1;               // ADP_TEST_SPIN_LOAD_EVERY_MS (-1: not set, kSpinLoadEvery)
   // Both sides': a process's card health hold (util/failing_hold.h), set at its start.
   int card_failing_hold_ms = -1;  // ADP_TEST_CARD_FAILING_HOLD_MS (-1: not set, kFailingHold)
   // The connector's.

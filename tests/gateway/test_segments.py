@@ -290,46 +290,98 @@ def test_a_connectors_request_timing_splits_each_slice_and_moves_with_the_gatewa
         pool.close()
 
 
+def spin_rounds(gw: Gateway, c: RawConnector, pool: ShmPool, prefix: str, rounds: int, expect: int) -> tuple[int, int]:
+    """`rounds` back to back (a store and a load of two objects each: two answers, each next request well within
+    10 ms of the last reply); the gateway's batch_spins and batch_spin_hits counted meanwhile, read once `expect`
+    spins are (2 s at most: the last answer's spin is counted after its reply; expect 0: 0.2 s after it)."""
+    before = stats(gw)  # the reader's connection is counted from here on
+    for r in range(rounds):
+        keys = [f"{prefix}@{r}@{i}" for i in range(2)]
+        for k, v in zip(keys, pool.views, strict=True):
+            v[:] = payload(k, SIZE)
+        assert c.set(keys, pool.views)[0]
+        ok, _, per_key = c.get(keys, pool.views)
+        assert ok and all(per_key)
+        assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
+    if not expect:
+        time.sleep(0.2)
+    deadline = time.monotonic() + 2
+    while True:
+        st = stats(gw)
+        n, hits = st["batch_spins"] - before["batch_spins"], st["batch_spin_hits"] - before["batch_spin_hits"]
+        if n >= expect or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert st["batch_puts"] + st["batch_gets"] - before["batch_puts"] - before["batch_gets"] == 2 * rounds, st
+    return n, hits
+
+
 @pytest.mark.parametrize(
     ("spin_us", "cpus", "spins"),
     [("10000", 1000, True), ("0", 1000, False), ("10000", 1, False), (None, 1000, False)],
     ids=str,
 )
-def test_a_connection_looks_for_the_next_request_awake_while_cpus_are_spare(spin_us, cpus, spins):
+def test_a_connection_looks_for_the_next_request_awake_while_cpus_are_spare(tmp_path, spin_us, cpus, spins):
     """After answering a put or get, the connection's thread polls for the client's next request for up to
     --request-spin-us before it sleeps (batch_spins; batch_spin_hits those a request ended), only while
     connections x 2 <= CPUs and the machine's runnable threads x 2 <= CPUs (/proc/loadavg, read every 10 ms);
-    ADP_TEST_GATEWAY_CPUS sets the CPUs both rules count: 1000 passes both whatever this machine runs, 1 fails
-    the first (1 x 2 > 1). --request-spin-us 0, the default: never. Each request is answered all the same. (The load rule
-    alone is not tested here: a shared machine's runnable count cannot be set.)"""
+    ADP_TEST_GATEWAY_CPUS sets the CPUs both rules count: 1000 passes the first, 1 fails it (1 x 2 > 1). The
+    runnable threads read here are 0 (ADP_TEST_LOADAVG_FILE), so the load rule passes in every case and the 1-CPU
+    case fails by the connection rule alone (with this machine's count it failed both: a gateway that ignored the
+    connection rule passed it). --request-spin-us 0, the default: never. Each request is answered all the same. The
+    load rule: test_the_request_spin_follows_the_machines_runnable_threads."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.00 0.00 0.00 0/1234 5678\n")
     d = tempfile.mkdtemp(prefix="adpspin-", dir="/dev/shm")
     flag = ("--request-spin-us", spin_us) if spin_us else ()  # None: the default, 0 (session eleven's device run)
-    gw = Gateway(d, extra=flag).start(env={"ADP_TEST_GATEWAY_CPUS": cpus})
+    gw = Gateway(d, extra=flag).start(env={"ADP_TEST_GATEWAY_CPUS": cpus, "ADP_TEST_LOADAVG_FILE": loadavg})
     pool = ShmPool(2, SIZE)
     c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
     try:
-        before = stats(gw)  # the reader's connection is counted from here on
-        for r in range(5):  # back to back: each next request comes well within 10 ms of the last reply
-            keys = [f"spin@{r}@{i}" for i in range(2)]
-            for k, v in zip(keys, pool.views, strict=True):
-                v[:] = payload(k, SIZE)
-            assert c.set(keys, pool.views)[0]
-            ok, _, per_key = c.get(keys, pool.views)
-            assert ok and all(per_key)
-            assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
-        # The last answer's wait begins after its reply went: looked for until it is counted (2 s at most).
-        deadline = time.monotonic() + 2
-        while True:
-            st = stats(gw)
-            n, hits = st["batch_spins"] - before["batch_spins"], st["batch_spin_hits"] - before["batch_spin_hits"]
-            if n >= 10 or not spins or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert st["batch_puts"] + st["batch_gets"] == 10, st
+        n, hits = spin_rounds(gw, c, pool, "spin", 5, 10 if spins else 0)
         if spins:
-            assert n == 10 and 1 <= hits <= 9, st  # each answer; the last one's wait ends unanswered
+            assert n == 10 and 1 <= hits <= 9, (n, hits)  # each answer; the last one's wait ends unanswered
         else:
-            assert (n, hits) == (0, 0), st
+            assert (n, hits) == (0, 0)
+    finally:
+        c.conn.close()
+        pool.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_request_spin_follows_the_machines_runnable_threads(tmp_path):
+    """--request-spin-us's load rule: a connection spins only while the machine's runnable threads x 2 <= the
+    gateway's CPUs (ADP_TEST_GATEWAY_CPUS: 1000, so the connection rule always passes), read from /proc/loadavg
+    (here ADP_TEST_LOADAVG_FILE, a file the test writes) at most every kSpinLoadEvery (10 ms; here
+    ADP_TEST_SPIN_LOAD_EVERY_MS, 2 s). 600 runnable (600 x 2 > 1000): no answer spins; 1 runnable, read once the
+    interval passed: every answer spins (batch_spins), the next request ends some spins (batch_spin_hits); loaded
+    again: answers within the interval of the last read still spin (the value read then), those after it do not."""
+    loadavg = tmp_path / "loadavg"
+
+    def runnable(n: int) -> None:
+        loadavg.write_text(f"0.00 0.00 0.00 {n}/1234 5678\n")
+
+    runnable(600)
+    d = tempfile.mkdtemp(prefix="adpspinload-", dir="/dev/shm")
+    env = {"ADP_TEST_GATEWAY_CPUS": 1000, "ADP_TEST_LOADAVG_FILE": loadavg, "ADP_TEST_SPIN_LOAD_EVERY_MS": 2000}
+    gw = Gateway(d, extra=("--request-spin-us", "10000")).start(env=env)
+    pool = ShmPool(2, SIZE)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
+    try:
+        n, hits = spin_rounds(gw, c, pool, "loaded", 3, 0)  # read at the first answer: 600 runnable
+        assert (n, hits) == (0, 0)
+        runnable(1)
+        time.sleep(2.1)  # the interval passed since that read: the next answer reads the file again
+        n, hits = spin_rounds(gw, c, pool, "idle", 3, 6)
+        assert n == 6 and 1 <= hits <= 5, (n, hits)
+        runnable(600)  # the last read was at the first answer just above, well within 2 s
+        n, _ = spin_rounds(gw, c, pool, "cached", 1, 2)
+        assert n == 2, n
+        time.sleep(2.1)
+        n, hits = spin_rounds(gw, c, pool, "reread", 2, 0)
+        assert (n, hits) == (0, 0)
+        assert "ADP_TEST_LOADAVG_FILE" in gw.log()  # the hook is logged as set
     finally:
         c.conn.close()
         pool.close()
