@@ -27,18 +27,18 @@
 
 #include "check.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "util/piece_pool.h"
 
 namespace {
 
 using adp::AlignedBuffer;
-using adp::CardOptions;
 using adp::CardStore;
 using adp::IoContext;
 using adp::PiecePool;
-using adp::PutItem;
 using adp::Status;
 using adp::testing::pattern;
+using adp::testing::put_one;
 
 // One loader's state, as a gateway connection keeps it.
 struct Loader {
@@ -110,30 +110,18 @@ bool damage(const char* image, const std::vector<uint8_t>& data, size_t at) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CARD_IMAGE\n", argv[0]);
-    return 2;
-  }
-  std::remove(argv[1]);
-  CardOptions co;
-  co.path = argv[1];
-  co.create_bytes = 128ull << 20;
-  co.region_bytes = 4ull << 20;  // objects over 4 MiB span regions
-  std::unique_ptr<CardStore> s;
-  Status st = CardStore::Open(co, &s);
-  if (!st.ok()) {
-    std::fprintf(stderr, "open: %s\n", st.message().c_str());
-    return 1;
-  }
+  std::string path;
+  if (!adp::testing::one_argument(argc, argv, "CARD_IMAGE", &path)) return 2;
+  std::remove(path.c_str());
+  // Regions of 4 MiB: objects over 4 MiB span regions.
+  auto s = adp::testing::checked_card(adp::testing::card_options(4ull << 20, path, 128ull << 20), "open " + path);
+  if (!s) return 1;
   const std::vector<size_t> sizes = {1, 4096, 256 << 10, (256 << 10) + 1, (3 << 20) + 100, (9 << 20) + 4099};
   std::vector<std::vector<uint8_t>> data;
   for (size_t i = 0; i < sizes.size(); i++) {
     data.push_back(pattern(sizes[i], static_cast<uint8_t>(i + 1)));
     IoContext ctx;
-    const std::string key = "k" + std::to_string(i);
-    PutItem item{key, data.back().data(), sizes[i]};
-    Status r;
-    s->put(ctx, &item, 1, &r, [] { return true; });
+    Status r = put_one(*s, ctx, "k" + std::to_string(i), data.back());
     CHECK(r.ok(), "put of %zu bytes: %s", sizes[i], r.message().c_str());
   }
   PiecePool pool(4, 2, 64);
@@ -203,10 +191,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < large.size(); i++) {
       ldata.push_back(unique_bytes(large[i], 100 + i));
       IoContext ctx;
-      const std::string key = "L" + std::to_string(i);
-      PutItem item{key, ldata.back().data(), large[i]};
-      Status r;
-      s->put(ctx, &item, 1, &r, [] { return true; });
+      Status r = put_one(*s, ctx, "L" + std::to_string(i), ldata.back());
       CHECK(r.ok(), "put of %zu bytes: %s", large[i], r.message().c_str());
     }
     const uint64_t helped = pool.helped_pieces();
@@ -242,7 +227,8 @@ int main(int argc, char** argv) {
     // miss, counted once, the object dropped; the others still load.
     {
       const uint64_t failures = s->stats().checksum_failures;
-      CHECK(damage(argv[1], ldata[3], big + 4097), "the object's bytes at 1 MiB + 4097 not found once on the card");
+      CHECK(damage(path.c_str(), ldata[3], big + 4097),
+            "the object's bytes at 1 MiB + 4097 not found once on the card");
       std::vector<uint8_t> out(large[3]);
       Status r = load(*s, pool, l, "L3", &out, {}, big);
       CHECK(r.is_not_found(), "a damaged object in 1 MiB pieces: %s", r.message().c_str());
@@ -254,7 +240,7 @@ int main(int argc, char** argv) {
     }
   }
   s.reset();
-  std::remove(argv[1]);
+  std::remove(path.c_str());
   if (adp::testing::check_failures) {
     std::printf("bounce_load_test: %d checks failed\n", adp::testing::check_failures);
     return 1;

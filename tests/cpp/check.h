@@ -23,6 +23,17 @@ inline std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   return v;
 }
 
+// The program's one argument, `name` in its usage line (DIR, CARD_IMAGE); false (the usage printed)
+// when it was not given.
+inline bool one_argument(int argc, char** argv, const char* name, std::string* value) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s %s\n", argv[0], name);
+    return false;
+  }
+  *value = argv[1];
+  return true;
+}
+
 inline int check_failures = 0;
 
 // check(ok, what): counts and reports a failed check.

@@ -222,11 +222,8 @@ void cut_and_fail_at_every_write() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s CARD_IMAGE\n", argv[0]);
-    return 2;
-  }
-  const std::string path = argv[1];
+  std::string path;
+  if (!adp::testing::one_argument(argc, argv, "CARD_IMAGE", &path)) return 2;
   Opener image = [&](const std::string& what) {
     return adp::testing::checked_card(adp::testing::card_options(kRegionBytes, path, kCardBytes), what);
   };
