@@ -48,11 +48,13 @@ except OSError as e:
       vllm) url=http://127.0.0.1:${ADP_VLLM_PORT:-8000}/health ;;
       *) echo "no role started in this container" >&2; exit 1 ;;
     esac
-    exec python3 -c 'import sys, urllib.request
+    # Not only OSError: a port answered by something that is not HTTP raises http.client's
+    # BadStatusLine (an HTTPException), a bad port number InvalidURL (a ValueError).
+    exec python3 -c 'import http.client, sys, urllib.request
 try:
     status = urllib.request.urlopen(sys.argv[1], timeout=5).status
-except OSError as e:
-    why = getattr(e, "reason", None) or e
+except (OSError, http.client.HTTPException, ValueError) as e:
+    why = str(getattr(e, "reason", None) or e).strip()  # a status line keeps its CRLF
     sys.exit(f"unhealthy: {sys.argv[1]}: {why}")
 sys.exit(0 if status == 200 else f"unhealthy: {sys.argv[1]} answered {status}")' "$url"
     ;;

@@ -9,6 +9,7 @@ card in use, a missing card) are one clear line on stderr and a non-zero exit.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -101,7 +102,9 @@ def format_status(st: dict[str, Any]) -> str:
         # (capacity 0 B, 0 objects, healthy), which read as an empty card (audit 12). Point at the gateway.
         rows = [r for r in rows if r[0] not in _CARD_ROWS or CLIENT in REPORTED_BY[_CARD_ROWS[r[0]]]]
         card = st.get("card", "-")
-        rows[0] = ("card", f"the gateway's at {card}: lmcache-adp status --gateway {card}")
+        # A TCP gateway takes its token: the status command reads it only from --token-file (review r12 N2).
+        token = " --token-file <its token file>" if card.startswith("tcp://") else ""
+        rows[0] = ("card", f"the gateway's at {card}: lmcache-adp status --gateway {card}{token}")
         reach = "yes" if st["gateway_reachable"] else "NO (loads miss, stores are dropped; /health answers 503)"
         rows.insert(1, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))
         if st.get("gateway_stalled"):
@@ -186,6 +189,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             return _fail(f"cannot read {url}: HTTP {e.code} {e.reason}; {hint}", EXIT_ERROR)
         except OSError as e:
             return _fail(f"cannot read {url}: {getattr(e, 'reason', None) or e}", EXIT_ERROR)
+        except http.client.HTTPException as e:  # answered, but not in HTTP (BadStatusLine; review r12 N5)
+            if str(e).startswith("ADPG"):  # a gateway's Error frame: its TCP port (--listen), not --metrics-port
+                hostport = url.removeprefix("http://").removesuffix("/stats")
+                return _fail(
+                    f"cannot read {url}: that is a gateway's TCP port: "
+                    f"lmcache-adp status --gateway tcp://{hostport} --token-file F",
+                    EXIT_ERROR,
+                )
+            return _fail(f"cannot read {url}: {type(e).__name__}: {str(e).strip()!r}; {hint}", EXIT_ERROR)
         except ValueError as e:  # a bad URL, or an answer that is not JSON (another server's page)
             return _fail(f"cannot read {url}: {e}; {hint}", EXIT_ERROR)
         if not isinstance(st, dict):

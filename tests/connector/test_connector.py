@@ -389,6 +389,18 @@ def test_a_card_image_larger_than_its_filesystem_is_warned_about():
         records.clear()
         ADPConnector(card=os.path.join(shm, "small.img"), card_size_gb=0.0625, num_workers=1).close()
         assert not [r for r in records if r.levelno >= logging.WARNING]
+        # Through a link on another filesystem (/tmp): the image's filesystem counts, not the link's directory's
+        # (review r12 N3), where a disk with room hid the small tmpfs.
+        link = tempfile.mktemp(prefix="adp-space-link-", dir="/tmp")
+        os.symlink(os.path.join(shm, "big.img"), link)
+        try:
+            if shutil.disk_usage("/tmp").free > (too_big + 1) * (1 << 30):  # else the link's side warns as well
+                records.clear()
+                ADPConnector(card=link, num_workers=1).close()
+                warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+                assert len(warned) == 1 and "but its filesystem has" in warned[0], warned
+        finally:
+            os.unlink(link)
     finally:
         logging.getLogger("lmcache_adp").removeHandler(handler)
         shutil.rmtree(shm, ignore_errors=True)

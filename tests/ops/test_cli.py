@@ -132,6 +132,15 @@ def test_status_of_a_client_leaves_the_card_to_its_gateway(tmp_path):
     for card_row in ("healthy", "capacity", "used", "objects", "evictions", "checksum failures", "recovered at open"):
         assert card_row not in rows, f"a client's status shows the card's {card_row!r}: {rows}"
     assert list(rows)[:2] == ["card", "gateway reachable"] and rows["hits / misses"].startswith("0 / 0"), rows
+    # A TCP gateway's status needs its token: the command shown says so (review r12 N2).
+    token = tmp_path / "token"
+    token.write_text("t")
+    c = ADPConnector(gateway="tcp://127.0.0.1:1", token_file=str(token), num_workers=1)
+    try:
+        (card_row,) = [line for line in format_status(c.stats()).splitlines() if line.startswith("card ")]
+    finally:
+        c.close()
+    assert card_row.endswith("lmcache-adp status --gateway tcp://127.0.0.1:1 --token-file <its token file>"), card_row
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback(filled):
@@ -177,6 +186,12 @@ def test_status_through_the_gateway_socket(workdir):
         assert rows["every stat"] == "--json; what each means: docs/stats.md"
         r = run("status", "--gateway", gw.tcp_url)  # no token
         assert r.returncode == 3 and "gateway refused: authentication failed" in r.stderr
+        # --url at the gateway's own TCP port (--listen, a slip for --metrics-port) was a BadStatusLine
+        # traceback (review r12 N5): one line naming the command that reads it.
+        hostport = gw.tcp_url.removeprefix("tcp://")
+        r = run("status", "--url", hostport)
+        assert r.returncode == 3 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert f"that is a gateway's TCP port: lmcache-adp status --gateway {gw.tcp_url} --token-file F" in r.stderr
         c.conn.close()
     finally:
         assert gw.stop() == 0

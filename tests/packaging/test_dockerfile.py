@@ -22,9 +22,11 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import venv
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,6 +249,29 @@ def test_entrypoint_roles(tmp_path):
         (tmp_path / "role").write_text(started + "\n")
         r = subprocess.run(["bash", str(entry), "healthcheck"], env={**env, **extra}, capture_output=True, text=True)
         assert r.returncode == 1 and r.stderr.startswith(says) and len(r.stderr.splitlines()) == 1, r.stderr
+    # A port answered by something that is not HTTP (BadStatusLine), or a port that is not a number (InvalidURL):
+    # one line too, not a traceback (review r12 N1).
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def answer_garbage():
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(b"garbage\r\n")
+        conn.close()
+
+    t = threading.Thread(target=answer_garbage, daemon=True)
+    t.start()
+    (tmp_path / "role").write_text("vllm\n")
+    for port, says in ((str(srv.getsockname()[1]), "garbage"), ("x", "nonnumeric port")):
+        r = subprocess.run(
+            ["bash", str(entry), "healthcheck"], env={**env, "ADP_VLLM_PORT": port}, capture_output=True, text=True
+        )
+        assert r.returncode == 1 and r.stderr.startswith("unhealthy: ") and says in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
+    t.join(5)
+    srv.close()
 
 
 @pytest.mark.slow
