@@ -7,7 +7,7 @@ name missing here.
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from typing_extensions import Buffer
 
@@ -62,8 +62,16 @@ class NativeConnector:
     becomes readable. ADPConnector (lmcache_adp.connector) is the class
     LMCache builds; it subclasses this one."""
 
+    @overload
     def __init__(self, config: dict[str, Any], /) -> None:
         """config: ConnectorConfig.to_native() (backend, card or gateway, workers, timeout_ms, ...)."""
+
+    @overload
+    def __init__(self) -> None:
+        """An empty connector (cannot raise): _start(config) builds it (ADPConnector's way: an object whose
+        start raised exists, in the traceback's frames); until then each method raises RuntimeError ("this
+        connector failed to start: ...") and close() does nothing. _start_failed(why) records why, _started()
+        says whether it was built."""
 
     def event_fd(self) -> int:
         """An eventfd that becomes readable when completions are ready to drain."""

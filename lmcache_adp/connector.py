@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from lmcache_adp._native import NativeConnector
-from lmcache_adp.config import ConnectorConfig, card_size_ignored, card_space_warning
+from lmcache_adp.config import ConfigError, ConnectorConfig, card_size_ignored, card_space_warning
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
@@ -23,12 +23,20 @@ from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
 
 class ADPConnector(NativeConnector):
     def __init__(self, **adapter_params: Any) -> None:
-        self.config = ConnectorConfig.from_params(adapter_params)
+        # The native part first, empty (this cannot raise), then started: where a parameter or the start raises,
+        # the object (alive in the traceback's frames) answers each method with RuntimeError "this connector
+        # failed to start: ..." instead of reading memory never set up (audit 12 note 3).
+        super().__init__()
+        self._metrics = None
+        try:
+            self.config = ConnectorConfig.from_params(adapter_params)
+        except ConfigError as e:
+            self._start_failed(str(e))
+            raise
         embedded = self.config.gateway == "embedded"
         existed = embedded and "card_size_gb" in adapter_params and os.path.isfile(self.config.card)
-        super().__init__(self.config.to_native())
+        self._start(self.config.to_native())
         self._native_started = True
-        self._metrics = None
         size_gb, what = self.config.card_size_gb, "adapter_params['card_size_gb'] ="
         if existed and (note := card_size_ignored(self.config.card, size_gb, what)):
             get_logger().warning("%s", note)
@@ -61,8 +69,8 @@ class ADPConnector(NativeConnector):
         super().close()
 
     def __repr__(self) -> str:
-        # One whose start raised (a bad parameter, a card already open) has no native part, and describe() would
-        # read through a null pointer: a debugger or a traceback that shows locals crashed the process (audit 12).
+        # One whose start raised (a bad parameter, a card already open) has no card or gateway: describe() would
+        # raise (it crashed the process before the native part was built empty; audit 12).
         if not self.__dict__.get("_native_started"):
             return "ADPConnector(not started)"
         return f"ADPConnector({self.describe()})"

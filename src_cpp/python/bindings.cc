@@ -68,16 +68,37 @@ std::vector<std::string> to_keys(const py::list& keys) {
 }
 
 // The class LMCache loads (subclassed in Python as lmcache_adp.ADPConnector).
+//
+// Built empty (cannot raise), then started: a constructor that raised would
+// leave an instance with no C++ object at all (pybind11 then hands methods
+// uninitialised memory), and ADPConnector's self outlives a failed start in
+// its traceback's frames. Every method of an empty one raises RuntimeError
+// "this connector failed to start: ..." instead (audit 12 note 3); close()
+// does nothing.
 class NativeConnector {
  public:
-  explicit NativeConnector(const py::dict& cfg) {
-    std::string gateway = cfg["gateway"].cast<std::string>();
-    ConnectorOptions opts;
-    opts.num_workers = cfg["num_workers"].cast<int>();
-    opts.timeout_ms = cfg["timeout_ms"].cast<int>();
-    std::unique_ptr<Backend> backend = gateway == "embedded" ? open_embedded(cfg) : remote(gateway, cfg);
-    connector_ = std::make_unique<Connector>(std::move(backend), opts);
+  NativeConnector() = default;
+  explicit NativeConnector(const py::dict& cfg) { start(cfg); }
+
+  void start(const py::dict& cfg) {
+    if (connector_) throw std::runtime_error("this connector is started already");
+    try {
+      std::string gateway = cfg["gateway"].cast<std::string>();
+      ConnectorOptions opts;
+      opts.num_workers = cfg["num_workers"].cast<int>();
+      opts.timeout_ms = cfg["timeout_ms"].cast<int>();
+      std::unique_ptr<Backend> backend = gateway == "embedded" ? open_embedded(cfg) : remote(gateway, cfg);
+      connector_ = std::make_unique<Connector>(std::move(backend), opts);
+    } catch (const std::exception& e) {
+      why_not_started_ = e.what();
+      throw;
+    }
   }
+  // Why the start did not happen, where it failed before start() (ADPConnector's parameter checks).
+  void start_failed(const std::string& why) {
+    if (!connector_) why_not_started_ = why;
+  }
+  bool started() const { return connector_ != nullptr; }
 
   static std::unique_ptr<Backend> open_embedded(const py::dict& cfg) {
     CardOptions co;
@@ -113,9 +134,10 @@ class NativeConnector {
     return std::make_unique<RemoteBackend>(std::move(o));
   }
 
-  int event_fd() const { return connector_->event_fd(); }
+  int event_fd() const { return conn().event_fd(); }
 
   uint64_t submit_with_buffers(OpType op, const py::list& keys, const py::list& bufs) {
+    Connector& c = conn();
     if (keys.size() != bufs.size())
       throw py::value_error("got " + std::to_string(keys.size()) + " keys but " + std::to_string(bufs.size()) +
                             " buffers");
@@ -132,17 +154,18 @@ class NativeConnector {
       buffers.push_back({static_cast<uint8_t*>(view.buf), static_cast<size_t>(view.len)});
     }
     py::gil_scoped_release nogil;
-    return connector_->submit(op, std::move(k), std::move(buffers), std::move(owner));
+    return c.submit(op, std::move(k), std::move(buffers), std::move(owner));
   }
 
   uint64_t submit_keys(OpType op, const py::list& keys) {
+    Connector& c = conn();
     std::vector<std::string> k = to_keys(keys);
     py::gil_scoped_release nogil;
-    return connector_->submit(op, std::move(k), {}, nullptr);
+    return c.submit(op, std::move(k), {}, nullptr);
   }
 
   py::list drain_completions() {
-    std::vector<Completion> done = connector_->drain();
+    std::vector<Completion> done = conn().drain();
     py::list out;
     for (auto& c : done) {
       py::list per_key;
@@ -153,6 +176,7 @@ class NativeConnector {
   }
 
   void close() {
+    if (!connector_) return;  // nothing was opened
     {
       py::gil_scoped_release nogil;
       connector_->close();
@@ -161,10 +185,10 @@ class NativeConnector {
   }
 
   py::dict stats() const {
-    py::dict d = stats_dict(connector_->stats());
+    py::dict d = stats_dict(conn().stats());
     py::dict lat;
     for (int i = 0; i < kNumOpTypes; i++) {
-      auto snap = connector_->latency(static_cast<OpType>(i));
+      auto snap = conn().latency(static_cast<OpType>(i));
       py::dict h;
       h["count"] = snap.count;
       h["sum_us"] = snap.sum_us;
@@ -172,11 +196,11 @@ class NativeConnector {
       lat[op_name(static_cast<OpType>(i))] = h;
     }
     d["latency_us_log2"] = lat;
-    connector_->for_each_timing(d.contains("gateway_reachable"),
-                                [&d](const std::string& k, uint64_t v) { d[k.c_str()] = v; });
+    conn().for_each_timing(d.contains("gateway_reachable"),
+                           [&d](const std::string& k, uint64_t v) { d[k.c_str()] = v; });
     return d;
   }
-  std::string describe() const { return connector_->describe(); }
+  std::string describe() const { return conn().describe(); }
 
   static py::dict stats_dict(const StoreStats& s) {
     py::dict d;
@@ -192,7 +216,15 @@ class NativeConnector {
   }
 
  private:
+  Connector& conn() const {
+    if (!connector_)
+      throw std::runtime_error("this connector failed to start: " +
+                               (why_not_started_.empty() ? std::string("its start raised") : why_not_started_));
+    return *connector_;
+  }
+
   std::unique_ptr<Connector> connector_;
+  std::string why_not_started_;
 };
 
 // Direct, synchronous access to a card: for tools (status/verify) and tests.
@@ -411,6 +443,16 @@ PYBIND11_MODULE(_native, m) {
   py::class_<NativeConnector>(m, "NativeConnector")
       .def(py::init<const py::dict&>(),
            "config: ConnectorConfig.to_native() (backend, card or gateway, workers, timeout_ms, ...).")
+      .def(py::init<>(),
+           "An empty connector (cannot raise): start(config) builds it; until then each method raises "
+           "RuntimeError (\"this connector failed to start: ...\") and close() does nothing.")
+      .def("_start", &NativeConnector::start, py::arg("config"),
+           "Opens the card or the gateway's client from config (ConnectorConfig.to_native()); raises as the "
+           "constructor does, and the methods then raise with its message.")
+      .def("_start_failed", &NativeConnector::start_failed, py::arg("why"),
+           "Records why an empty connector was not started (a parameter refused before _start): its methods "
+           "say so.")
+      .def("_started", &NativeConnector::started, "Whether the card or the gateway's client was built.")
       .def("event_fd", &NativeConnector::event_fd,
            "An eventfd that becomes readable when completions are ready to drain.")
       .def(

@@ -161,14 +161,12 @@ def test_metrics_port_in_use_is_one_clear_line_and_frees_the_card(card):
         ADPConnector(card=card).close()  # the card is free at once (no "already open by another connector")
 
 
-def test_a_connector_that_did_not_start_has_a_safe_repr(card):
-    """repr() of the object left behind by a failed start (in the traceback's frames: pytest's report, a debugger,
-    an error reporter showing locals) was a segmentation fault: describe() on a native part never built."""
-    script = f"""
-import sys
+# The start of a script that gets hold of the object a failed start leaves behind, as a debugger, pytest's
+# report or an error reporter showing locals does: ADPConnector.__init__'s self, in the traceback's frames.
+LEFT_BEHIND = """
 from lmcache_adp import ADPConnector, ConfigError
-held = ADPConnector(card={card!r}, card_size_gb=0.0625)
-for params in ({{"card": {card!r}}}, {{"card": {card!r}, "num_workers": 0}}):
+
+def left_behind(params):
     try:
         ADPConnector(**params)
     except (RuntimeError, ConfigError) as e:
@@ -176,13 +174,67 @@ for params in ({{"card": {card!r}}}, {{"card": {card!r}, "num_workers": 0}}):
         while tb:
             frames.append(tb.tb_frame)
             tb = tb.tb_next
-        print(repr(next(f.f_locals["self"] for f in frames if "self" in f.f_locals)), flush=True)
+        return next(f.f_locals["self"] for f in frames if "self" in f.f_locals)
+    raise AssertionError(f"ADPConnector(**{params}) started")
+"""
+
+
+def test_a_connector_that_did_not_start_has_a_safe_repr(card):
+    """repr() of the object left behind by a failed start (in the traceback's frames: pytest's report, a debugger,
+    an error reporter showing locals) was a segmentation fault: describe() on a native part never built."""
+    script = (
+        LEFT_BEHIND
+        + f"""
+held = ADPConnector(card={card!r}, card_size_gb=0.0625)
+for params in ({{"card": {card!r}}}, {{"card": {card!r}, "num_workers": 0}}):
+    print(repr(left_behind(params)), flush=True)
 print(repr(held)[:13])
 held.close()
 """
+    )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == ["ADPConnector(not started)"] * 2 + ["ADPConnector("], r.stdout
+
+
+def test_every_method_of_a_connector_that_did_not_start_raises(card):
+    """Each method of the object left behind by a failed start read memory never set up (the C++ part was
+    never built; audit 12 note 3): a submit, stats() or event_fd() on it could crash the process. Now each
+    raises RuntimeError naming why the start failed, and close() does nothing. In a subprocess: a crash is
+    this test failing, not pytest dying."""
+    script = (
+        LEFT_BEHIND
+        + f"""
+held = ADPConnector(card={card!r}, card_size_gb=0.0625)
+calls = {{
+    "event_fd": (), "submit_batch_get": (["k"], [bytearray(8)]), "submit_batch_set": (["k"], [b"v"]),
+    "submit_batch_exists": (["k"],), "submit_batch_delete": (["k"],), "drain_completions": (), "stats": (),
+    "describe": (),
+}}
+for params in ({{"card": {card!r}}}, {{"card": {card!r}, "num_workers": 0}}, {{"card": "/proc/adp-no.img", "card_size_gb": 1}}):
+    obj = left_behind(params)
+    for name, args in calls.items():
+        try:
+            getattr(obj, name)(*args)
+            print(name, "returned", flush=True)
+        except RuntimeError as e:
+            print(name, "raised", e, flush=True)
+    obj.close()
+    obj.close()
+    print("closed", repr(obj), flush=True)
+held.close()
+"""
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"rc {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 * 9, r.stdout
+    whys = ("already open", "num_workers", "card image /proc/adp-no.img")  # its lock, a parameter, a path
+    for i, why in enumerate(whys):
+        said = lines[9 * i : 9 * i + 8]
+        for line in said:
+            assert " raised this connector failed to start: " in line and why in line, line
+        assert lines[9 * i + 8] == "closed ADPConnector(not started)", lines[9 * i + 8]
 
 
 def test_status_url_as_an_operator_writes_it(card, capsys):
