@@ -32,6 +32,11 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   if (s.ok() && opts.max_request_timeout_ms == 0)
     s = Status::InvalidArgument("max_request_timeout_ms must be at least 1 (--max-request-timeout-s >= 1)");
   if (!s.ok()) return s;
+  // The test hooks, read once here for every connection; each one set is
+  // logged (review r9 N2). Before the card opens: its prefault asks whether
+  // the kernel refuses MADV_POPULATE_* (util/populate.h).
+  TestHooks hooks = read_test_hooks();
+  if (hooks.segment_populate_einval) refuse_populate_for_test();  // segments, card stores, the prefault
   // The card first: its lock tells a second gateway on the same card to go
   // away before it touches the socket of the first.
   s = CardStore::Open(opts.card, &g->store_);
@@ -60,15 +65,12 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   constexpr int kMaxPieceHelpers = 2;
   const int cpus = PiecePool::usable_cpus();
   const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
-  // The test hooks, read once here for every connection; each one set is
-  // logged (review r9 N2). ADP_TEST_GATEWAY_CPUS=N makes the pool count N
-  // CPUs in its rule (helpers, the store pipeline: PiecePool::spare_cpu()),
-  // not this machine's, so a test decides whether its connections find a
-  // spare one.
-  g->shared_->hooks = read_test_hooks();
+  // ADP_TEST_GATEWAY_CPUS=N makes the pool count N CPUs in its rule (helpers,
+  // the store pipeline: PiecePool::spare_cpu()), not this machine's, so a
+  // test decides whether its connections find a spare one.
+  g->shared_->hooks = std::move(hooks);
   warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
   apply_failing_hold(g->shared_->hooks);
-  if (g->shared_->hooks.segment_populate_einval) refuse_populate_for_test();  // segments and card stores
   const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
   g->shared_->spin_cpus = rule_cpus;
   if (!g->shared_->hooks.loadavg_file.empty()) g->shared_->spin_load_path = g->shared_->hooks.loadavg_file;

@@ -150,6 +150,16 @@ void CardDevice::start_prefault() {
 
 void CardDevice::prefault_extents() {
   set_thread_name("adp-prefault");
+  // MADV_POPULATE_READ came with Linux 5.14, as MADV_POPULATE_WRITE did: a
+  // kernel that refuses one refuses both (EINVAL at the first extent, which
+  // said only "Invalid argument").
+  if (populate_refused(map_)) {
+    ADP_INFO(
+        "card %s: its written extents are not mapped in ahead: this kernel does not have MADV_POPULATE_READ "
+        "(Linux before 5.14); loads fault its pages in as they read them instead",
+        path_.c_str());
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   uint64_t mapped = 0;
   off_t at = 0;

@@ -44,6 +44,8 @@ bool kernel_refuses(void* p) {
 
 }  // namespace
 
+bool populate_refused(void* p) { return kernel_refuses(p); }
+
 bool populate_write(void* p, size_t n) {
   if (kernel_refuses(p)) {
     errno = EINVAL;

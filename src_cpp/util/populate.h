@@ -33,11 +33,18 @@ namespace adp {
 // returns false without a system call. Thread-safe.
 bool populate_write(void* p, size_t n);
 
+// Whether this kernel refuses the MADV_POPULATE_* advice (Linux before 5.14,
+// which brought MADV_POPULATE_READ and MADV_POPULATE_WRITE together): the
+// question populate_write asks, asked once per process, logged as it does.
+// p: any address of a mapping of this process. Thread-safe.
+bool populate_refused(void* p);
+
 // ADP_TEST_SEGMENT_POPULATE_EINVAL (a gateway's test hook): from now on this
-// process takes the kernel to refuse the call, as one before Linux 5.14
-// does: its one question to the kernel is not made but answered EINVAL,
-// logged at INFO ("MADV_POPULATE_WRITE fails as EINVAL, not made") each
-// time it would have been made (once, then no call is made).
+// process takes the kernel to refuse the call (and MADV_POPULATE_READ: the
+// card's prefault asks populate_refused), as one before Linux 5.14 does: its
+// one question to the kernel is not made but answered EINVAL, logged at INFO
+// ("MADV_POPULATE_WRITE fails as EINVAL, not made") each time it would have
+// been made (once, then no call is made).
 void refuse_populate_for_test();
 
 }  // namespace adp

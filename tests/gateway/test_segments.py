@@ -171,6 +171,24 @@ def test_a_memory_cards_stores_ask_a_refusing_kernel_once():
     assert "WARNING" in refused[0] and "stores into a card on tmpfs are written with pwritev" in refused[0], refused
 
 
+def test_a_refusing_kernel_is_named_by_the_cards_prefault():
+    """A tmpfs card's written extents are mapped in ahead with MADV_POPULATE_READ (Linux 5.14, as
+    MADV_POPULATE_WRITE): on an older kernel the prefault logged "mapping its extents in ahead stopped at
+    offset 0: Invalid argument", once per open, without saying why (review r12). It now asks the kernel the
+    same one question first and says why: the kernel does not have it, loads fault the pages in instead."""
+    with temp_gateway(env={"ADP_TEST_SEGMENT_POPULATE_EINVAL": "1"}) as gw:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
+        try:
+            assert c.set(["k"], [memoryview(payload("k", SIZE))])[0]
+        finally:
+            c.conn.close()
+        log = gw.log()
+    said = [line for line in log.splitlines() if "not mapped in ahead" in line]
+    assert len(said) == 1 and "does not have MADV_POPULATE_READ (Linux before 5.14)" in said[0], log
+    assert "loads fault its pages in" in said[0] and "Invalid argument" not in log, log
+    assert "written extents mapped in" not in log and log.count(TRY) == 1, log
+
+
 HINT = "Start `lmcache server` with --shm-name"
 
 
