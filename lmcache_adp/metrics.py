@@ -102,7 +102,13 @@ def health(st: dict[str, Any]) -> dict[str, Any]:
     if "gateway_reachable" in st:
         doc["gateway_reachable"] = bool(st["gateway_reachable"])
         gateway = f"gateway {st['card']}" if st.get("card") else "the gateway"
-        if not doc["gateway_reachable"]:
+        doc["gateway_token_refused"] = bool(st.get("gateway_token_refused", False))
+        if doc["gateway_token_refused"]:  # does not heal by itself (audit 12 note 22)
+            reasons.append(
+                f"{gateway} refused this connector's token: adapter_params token_file does not hold the gateway's "
+                "token; fix it and restart this process (loads miss and stores are dropped until then)"
+            )
+        elif not doc["gateway_reachable"]:
             reasons.append(f"{gateway} unreachable: loads miss and stores are dropped until it is back")
         doc["gateway_stalled"] = bool(st.get("gateway_stalled", False))
         if doc["gateway_stalled"]:

@@ -257,6 +257,16 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "are dropped meanwhile (/health answers 503 at 0)",
     ),
     Stat(
+        "gateway_token_refused",
+        GAUGE,
+        "1 or 0",
+        C,
+        "1 while the gateway's answer to the connector's last connect was a refused token (TCP: "
+        "adapter_params token_file does not hold the token of the gateway's --token-file), until a connect "
+        "succeeds; gateway_reachable is 0 meanwhile. It does not heal by itself: fix token_file and restart the "
+        "process. Logged once at ERROR; the connector tries again every 2 s (/health answers 503 at 1, saying so)",
+    ),
+    Stat(
         "gateway_reconnects",
         COUNTER,
         "connections",
@@ -678,6 +688,8 @@ def render_markdown() -> str:
         "| card I/O failing (page) | `lmcache_adp_healthy == 0` |",
         "| a connector lost its gateway (page; every load a miss, every store dropped) | "
         "`lmcache_adp_gateway_reachable == 0` |",
+        "| a connector's token refused by its TCP gateway (fix token_file, restart) | "
+        "`lmcache_adp_gateway_token_refused == 1` |",
         "| a connector's gateway hung, or a request waiting gateway_stall_s on a gateway heard from only by its "
         "replies (TCP before r8): "
         "requests fail by their deadlines | `lmcache_adp_gateway_stalled == 1` |",

@@ -137,8 +137,11 @@ struct StoreStats {
   // (RemoteBackend::stalled_locked); gateway_card_healthy: false from a load
   // or store the gateway answered with an I/O error of its card (message in
   // gateway_card_error) until a load hits or a store succeeds.
+  // gateway_token_refused: the gateway's last answer to a connect refused the
+  // token (TCP), until a connect succeeds.
   bool on_gateway = false;
   bool gateway_reachable = false;
+  bool gateway_token_refused = false;
   uint64_t gateway_reconnects = 0;
   bool gateway_stalled = false;
   bool gateway_card_healthy = true;

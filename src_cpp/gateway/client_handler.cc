@@ -92,7 +92,7 @@ Status ClientHandler::handshake() {
   proto::Hello hello;
   s = proto::decode_hello(frame.body, &hello);
   if (s.ok() && tcp_ && !proto::token_matches(hello.token, shared_->token))
-    s = Status::InvalidArgument("authentication failed: wrong or missing token");
+    s = Status::InvalidArgument(proto::kTokenRefused);
   bool want_ring = hello.features & proto::kFeatureRing;
   if (s.ok() && want_ring != (frame.fds.size() == 1))
     s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP"

@@ -74,6 +74,10 @@ constexpr uint8_t kMaxIoClass = 3;
 constexpr uint32_t kMaxBatchKeys = 4096;
 constexpr uint32_t kMaxKeyBytes = adp::kMaxKeyBytes;  // the card's own bound
 constexpr uint32_t kMaxTokenBytes = 256;
+// The reason of the Error frame a TCP gateway answers a hello with a wrong or
+// missing token: the client tells this refusal (it does not heal by itself)
+// from the others by it.
+constexpr const char* kTokenRefused = "authentication failed: wrong or missing token";
 constexpr uint32_t kMaxNameBytes = 256;                     // client name, gateway description
 constexpr uint32_t kMaxMessageBytes = 256;                  // per-key error text, error frame reason
 constexpr uint64_t kMaxObjectBytes = adp::kMaxObjectBytes;  // no card holds a larger object

@@ -207,6 +207,7 @@ class NativeConnector {
     for_each_stat(s, [&d](const char* k, auto v) { d[k] = v; });
     if (s.on_gateway) {  // a connector on a gateway (docs/stats.md)
       d["gateway_reachable"] = s.gateway_reachable;
+      d["gateway_token_refused"] = s.gateway_token_refused;
       d["gateway_reconnects"] = s.gateway_reconnects;
       d["gateway_stalled"] = s.gateway_stalled;
       d["gateway_card_healthy"] = s.gateway_card_healthy;

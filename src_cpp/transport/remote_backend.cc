@@ -295,7 +295,8 @@ Status RemoteSession::connected(Deadline deadline) {
   if (now < retry_at_) return last_error_;
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
   if (!s.ok()) {
-    backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
+    // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
+    backoff_ = RemoteBackend::token_refusal(s) ? kMaxBackoff : std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
     retry_at_ = now + backoff_;
     last_error_ = Status::Unavailable(backend_->describe() + " unavailable: " + s.message());
     backend_->note_down(s);
@@ -778,6 +779,7 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
         "%s: the gateway does not write loads into this process's memory nor read stores from it (%s): they go "
         "through the ring. Logged once.",
         describe().c_str(), log_safe(c->process_refusal()).c_str());
+  token_refused_.store(false);
   if (link_.exchange(Link::kUp) != Link::kUp)
     ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
              c->ring() ? ("ring " + std::to_string(c->ring()->size() >> 20) + " MiB per connection").c_str()
@@ -882,8 +884,19 @@ void RemoteBackend::note_item(const Status& st) {
   }
 }
 
+bool RemoteBackend::token_refusal(const Status& why) {
+  return why.message().find(proto::kTokenRefused) != std::string::npos;
+}
+
 void RemoteBackend::note_down(const Status& why) {
-  if (link_.exchange(Link::kDown) != Link::kDown)
+  const bool refused = token_refusal(why);
+  if (refused && !token_refused_.exchange(true))
+    ADP_ERROR(
+        "%s: the gateway refused this connector's token (%s): adapter_params['token_file'] does not hold the "
+        "token of the gateway's --token-file. That does not heal by itself: put the gateway's token in "
+        "token_file and restart this process. Until then every request fails (it tries again every %lld ms)",
+        describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
+  if (link_.exchange(Link::kDown) != Link::kDown && !refused)
     ADP_WARN("%s: %s; its requests fail until it is back (reconnecting with back-off)", describe().c_str(),
              log_safe(why.message()).c_str());
 }
@@ -988,6 +1001,7 @@ StoreStats RemoteBackend::stats() const {
   s.process_stores_over_limit = process_stores_over_limit_.load(std::memory_order_relaxed);
   s.on_gateway = true;
   s.gateway_reachable = link_.load() != Link::kDown;
+  s.gateway_token_refused = token_refused_.load();
   s.gateway_reconnects = reconnects_.load(std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> l(mu_);

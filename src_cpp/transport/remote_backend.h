@@ -67,7 +67,11 @@ class RemoteBackend : public Backend {
   // Connects a session's client; registered so interrupt() reaches it.
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
   void drop(std::unique_ptr<GatewayClient>* client);
+  // A failed connect or a dropped connection: logs the link going down once
+  // (WARNING), a refused token once until a connect succeeds (ERROR: it does
+  // not heal by itself; stats: gateway_token_refused).
   void note_down(const Status& why);
+  static bool token_refusal(const Status& why);
   // Whether the gateway is stalled (stats: gateway_stalled): a request has
   // waited stall_ns_ with nothing heard from the gateway on any of this
   // connector's connections since it was sent or since the last thing heard,
@@ -126,6 +130,7 @@ class RemoteBackend : public Backend {
   std::string card_error_;  // card_mu_: the gateway's message of the I/O error
   bool interrupted_ = false;
   std::atomic<Link> link_{Link::kUnknown};
+  std::atomic<bool> token_refused_{false};  // the last connect's answer refused the token, until one succeeds
   // Connections sessions made again after losing theirs (stats: gateway_reconnects).
   std::atomic<uint64_t> reconnects_{0};
   std::atomic<bool> ring_hinted_{false};

@@ -860,3 +860,83 @@ def test_a_gateway_hung_between_published_pieces_is_logged_stalled(workdir, capf
         gw.resume()
         assert gw.stop() == 0
         shutil.rmtree(d, ignore_errors=True)
+
+
+class RefusingGateway:
+    """Answers every Hello with the Error frame a TCP gateway sends for a wrong token; counts the Hellos."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.hellos = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        reason = b"authentication failed: wrong or missing token"
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    ftype, rid, _ = wire.recv_frame(conn)
+                    self.hellos += ftype == wire.HELLO
+                    conn.sendall(wire.frame(wire.ERROR, rid, struct.pack("<H", len(reason)) + reason))
+                except (ConnectionError, OSError):
+                    pass
+
+
+def test_a_refused_token_is_one_error_saying_what_to_fix(workdir, capfd):
+    """A TCP gateway refusing the token was logged "its requests fail until it is back (reconnecting with
+    back-off)" and retried from 50 ms up: a wrong token never heals by itself (audit 12 note 22). Now one ERROR
+    naming token_file and a restart, the longest back-off (2 s) at once, gateway_token_refused and a /health
+    reason that says so; a good token clears it."""
+    gw = Gateway(workdir, tcp=True).start()
+    bad = f"{workdir}/bad-token"
+    with open(bad, "w") as f:
+        f.write("not-the-token")
+    port = free_port()
+    capfd.readouterr()
+    conn = ADPConnector(gateway=gw.tcp_url, token_file=bad, num_workers=1, timeout_ms=3000, metrics_port=port)
+    c = RawConnector(conn)
+    try:
+        for _ in range(5):
+            ok, err, _ = c.set(["k"], [memoryview(b"v")])
+            assert not ok and "authentication failed" in err, err
+        st = conn.stats()
+        assert (st["gateway_token_refused"], st["gateway_reachable"]) == (True, False), st
+        code, doc = health(port)
+        assert code == 503 and doc["gateway_token_refused"] is True, doc
+        assert len(doc["reasons"]) == 1 and "refused this connector's token" in doc["reasons"][0], doc
+        assert "fix it and restart" in doc["reasons"][0], doc
+        assert scrape(port)["lmcache_adp_gateway_token_refused"] == 1
+        rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in format_status(st).splitlines())
+        assert rows["gateway reachable"].startswith("NO: the gateway refused this connector's token"), rows
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "refused this connector's token" in line]
+        assert len(said) == 1 and "ERROR" in said[0] and "token_file" in said[0] and "restart" in said[0], err
+        assert "reconnecting with back-off" not in err, err
+    finally:
+        conn.close()
+    conn = ADPConnector(gateway=gw.tcp_url, token_file=gw.token_file, num_workers=1, timeout_ms=3000)
+    try:
+        assert RawConnector(conn).set(["k"], [memoryview(b"v")])[0]
+        assert conn.stats()["gateway_token_refused"] is False
+    finally:
+        conn.close()
+        assert gw.stop() == 0
+    # Back-off: the longest at once. Requests for 1.5 s (every 50 ms) ask the gateway once; from 50 ms up
+    # doubling they asked it 5 times.
+    fake = RefusingGateway()
+    conn = ADPConnector(gateway=f"tcp://127.0.0.1:{fake.port}", token_file=bad, num_workers=1, timeout_ms=3000)
+    try:
+        c = RawConnector(conn)
+        t_end = time.monotonic() + 1.5
+        while time.monotonic() < t_end:
+            assert not c.exists(["k"])[0]
+            time.sleep(0.05)
+        assert fake.hellos == 1, fake.hellos
+    finally:
+        conn.close()
+        fake.listener.close()
