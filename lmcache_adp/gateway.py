@@ -234,15 +234,14 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot create the socket directory %s: %s", socket_dir, e.strerror)
         return 1
 
-    existed = args.card_size_gb != 0 and os.path.isfile(args.card)
     # Block the stop signals before the C++ threads start (they inherit the
     # mask), so they reach this thread's sigwait and nothing else.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     card = os.path.abspath(args.card)
-    card_existed = os.path.lexists(card)
+    card_existed = os.path.lexists(card)  # before this start: its image is not this start's to remove
     try:
         server = _native.GatewayServer(
-            card=os.path.abspath(args.card),
+            card=card,
             card_size_bytes=int(args.card_size_gb * GIB),
             socket_path=os.path.abspath(args.socket),
             listen=args.listen,
@@ -267,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         if not card_existed and "created concurrently" not in str(e):
             _remove_new_image(card, log)
         return 1
-    if existed and (note := card_size_ignored(card, args.card_size_gb, "--card-size-gb")):
+    if card_existed and args.card_size_gb and (note := card_size_ignored(card, args.card_size_gb, "--card-size-gb")):
         log.warning("%s", note)
     if warning := card_space_warning(card):
         log.warning("%s", warning)
