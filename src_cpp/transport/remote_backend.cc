@@ -265,6 +265,13 @@ class RemoteSession : public BackendSession {
   // stall every kStallCheck between (RemoteBackend::check_stall: its start is
   // logged without a scrape; review r9 H3).
   void wait_reply(Deadline deadline);
+  // client_->send(), its time noted in `times` (read before the write: the
+  // gateway may read the request before send() returns).
+  Status send_request(const proto::BatchRequest& req, std::span<const iovec> payload, Deadline deadline);
+  // wait_reply(), then the reply read; a reply (not a kAlive frame: r8,
+  // `alive`) noted in `times`, and any frame as the gateway answering (H3:
+  // a stall's end logged now).
+  Status read_reply(const proto::BatchRequest& req, Deadline deadline, proto::BatchReply* reply, bool* alive = nullptr);
 
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
@@ -408,16 +415,9 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     const uint64_t rid = client_->next_request_id();
     __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
-    const auto sending = Clock::now();  // before the write: the gateway may read it before send() returns
-    s = client_->send(req, {}, deadline);
+    s = send_request(req, {}, deadline);
     sent = s.ok();
-    if (sent) {
-      times.sent(sending);
-      wait_reply(deadline);
-      s = client_->await_reply(req, deadline, &reply_);
-      if (s.ok()) times.replied(Clock::now());
-      if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
-    }
+    if (sent) s = read_reply(req, deadline, &reply_);
     revoke_lease(rid);
   });
   if (stale) {
@@ -569,16 +569,9 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     if (in.op == proto::Op::kGet && client_->ring_progress()) {
       s = call_in_pieces(in, begin, req, deadline, &reply, finish);
     } else {
-      const auto sending = Clock::now();  // before the write, as in try_in_place
-      s = client_->send(req, iov, deadline);
-      if (s.ok()) times.sent(sending);
+      s = send_request(req, iov, deadline);
       // r8 (TCP): a kAlive frame is the gateway heard from: look at the stall, then wait on.
-      for (bool alive = s.ok(); alive;) {
-        wait_reply(deadline);
-        s = client_->await_reply(req, deadline, &reply, &alive);
-        if (s.ok() && !alive) times.replied(Clock::now());
-        if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
-      }
+      for (bool alive = s.ok(); alive;) s = read_reply(req, deadline, &reply, &alive);
       if (s.ok()) s = finish_round(in, begin, req, reply, finish);
     }
     if (!s.ok()) {
@@ -650,10 +643,8 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
     });
     if (!declined) copied_[k] = upto;
   };
-  const auto sending = Clock::now();            // before the write, as in try_in_place
-  Status s = client_->send(req, {}, deadline);  // the slots' zeroes go before the request (the syscall orders them)
-  if (s.ok()) times.sent(sending);
-  size_t first = 0;  // items before it are copied whole
+  Status s = send_request(req, {}, deadline);  // the slots' zeroes go before the request (the syscall orders them)
+  size_t first = 0;                            // items before it are copied whole
   auto check_at = Clock::now() + backend_->stall_check_;
   while (s.ok() && !declined) {
     if (const auto now = Clock::now(); now >= check_at) {  // a gateway hung between pieces: logged (H3)
@@ -686,12 +677,7 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
     if (s.ok()) wait_for_ticket(seen, deadline);
   }
   if (declined) return Status::TimedOut("deadline passed while the payload was copied");
-  if (s.ok()) {
-    wait_reply(deadline);
-    s = client_->await_reply(req, deadline, reply);
-    if (s.ok()) times.replied(Clock::now());
-    if (s.ok()) backend_->note_answered();  // a stall's end logged now (H3)
-  }
+  if (s.ok()) s = read_reply(req, deadline, reply);
   if (!s.ok()) return s;
   for (size_t k = 0; k < n; k++)  // checked whole before any item is finished
     if (reply->results[k].status.ok() && reply->results[k].size != req.items[k].size)
@@ -707,6 +693,22 @@ Status RemoteSession::call_in_pieces(const RoundInput& in, size_t begin, const p
       finish(begin + k, r.status, nullptr, r.size);
   }
   return Status::Ok();
+}
+
+Status RemoteSession::send_request(const proto::BatchRequest& req, std::span<const iovec> payload, Deadline deadline) {
+  const auto sending = Clock::now();
+  Status s = client_->send(req, payload, deadline);
+  if (s.ok()) times.sent(sending);
+  return s;
+}
+
+Status RemoteSession::read_reply(const proto::BatchRequest& req, Deadline deadline, proto::BatchReply* reply,
+                                 bool* alive) {
+  wait_reply(deadline);
+  Status s = client_->await_reply(req, deadline, reply, alive);
+  if (s.ok() && !(alive && *alive)) times.replied(Clock::now());
+  if (s.ok()) backend_->note_answered();
+  return s;
 }
 
 void RemoteSession::wait_reply(Deadline deadline) {
