@@ -21,6 +21,7 @@
 #include "check.h"
 #include "connector/connector.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "testing/fault_device.h"
 #include "transport/embedded_backend.h"
 
@@ -65,21 +66,15 @@ Completion run(Connector& c, OpType op, std::vector<std::string> keys, std::vect
 }  // namespace
 
 int main() {
-  auto image = std::make_shared<adp::testing::FaultImage>(kCardBytes);
-  auto dev = std::make_unique<adp::testing::FaultDevice>(image, "delete-result-card");
-  adp::testing::FaultDevice* faults = dev.get();
-  adp::CardOptions co;
-  co.region_bytes = kRegionBytes;
-  std::unique_ptr<adp::CardStore> store;
-  adp::Status s = adp::CardStore::OpenDevice(std::move(dev), co, &store);
-  if (!s.ok()) {
-    printf("open failed: %s\n", s.message().c_str());
-    return 1;
-  }
+  adp::testing::FaultDevice* faults;
+  std::shared_ptr<adp::CardStore> store =
+      adp::testing::checked_fault_card(std::make_shared<adp::testing::FaultImage>(kCardBytes),
+                                       adp::testing::card_options(kRegionBytes), "open", &faults, "delete-result-card");
+  if (!store) return 1;
   adp::ConnectorOptions opts;
   opts.num_workers = 2;
   opts.timeout_ms = 10000;
-  Connector c(std::make_unique<adp::EmbeddedBackend>(std::shared_ptr<adp::CardStore>(std::move(store))), opts);
+  Connector c(std::make_unique<adp::EmbeddedBackend>(std::move(store)), opts);
 
   std::vector<uint8_t> a(100000, 0xa1), b(100000, 0xb2);
   Completion put = run(c, OpType::kSet, {"m@0@0@a", "m@0@0@b"}, {{a.data(), a.size()}, {b.data(), b.size()}});

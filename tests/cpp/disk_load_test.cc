@@ -33,6 +33,7 @@
 #include "check.h"
 #include "connector/connector.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "testing/fault_device.h"
 #include "transport/embedded_backend.h"
 #include "util/aligned_buffer.h"
@@ -216,17 +217,10 @@ void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, 
 
 int main() {
   auto image = std::make_shared<adp::testing::FaultImage>(kCardBytes);
-  auto owned = std::make_unique<SlowDevice>(image, "slow-disk-card");
-  SlowDevice* dev = owned.get();
-  adp::CardOptions co;
-  co.region_bytes = kRegionBytes;
-  std::unique_ptr<adp::CardStore> opened;
-  adp::Status s = adp::CardStore::OpenDevice(std::move(owned), co, &opened);
-  if (!s.ok()) {
-    printf("open failed: %s\n", s.message().c_str());
-    return 1;
-  }
-  std::shared_ptr<adp::CardStore> store(std::move(opened));
+  SlowDevice* dev;
+  std::shared_ptr<adp::CardStore> store =
+      adp::testing::checked_fault_card(image, adp::testing::card_options(kRegionBytes), "open", &dev, "slow-disk-card");
+  if (!store) return 1;
   check(!store->memory_speed(), "the test card is not memory-speed (its loads go in pieces)");
 
   const std::vector<uint8_t> want = store_object(store, kKey, kObjectBytes);

@@ -33,6 +33,7 @@
 #include "gateway/gateway_server.h"
 #include "raw_client.h"
 #include "store/card_store.h"
+#include "test_card.h"
 #include "test_gateway.h"
 
 namespace {
@@ -44,14 +45,8 @@ constexpr uint32_t kStallMs = 4000;
 adp::proto::Deadline soon() { return adp::testing::in_seconds(10); }
 
 bool store_objects(const std::string& card) {
-  adp::CardOptions co;
-  co.path = card;
-  co.create_bytes = 1024 * kMiB;
-  co.region_bytes = 64 * kMiB;
-  std::unique_ptr<adp::CardStore> s;
-  adp::Status st = adp::CardStore::Open(co, &s);
-  CHECK(st.ok(), "open %s: %s", card.c_str(), st.message().c_str());
-  if (!st.ok()) return false;
+  auto s = adp::testing::checked_card(adp::testing::card_options(64 * kMiB, card, 1024 * kMiB), "open " + card);
+  if (!s) return false;
   std::vector<uint8_t> a(kK1, 0x11), b(kK2, 0x22);
   adp::IoContext ctx;
   adp::PutItem items[2] = {{"K1", a.data(), a.size()}, {"K2", b.data(), b.size()}};

@@ -17,14 +17,7 @@
 namespace adp::testing {
 
 // The program's one argument, DIR; false (the usage printed) when it was not given.
-inline bool dir_argument(int argc, char** argv, std::string* dir) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return false;
-  }
-  *dir = argv[1];
-  return true;
-}
+inline bool dir_argument(int argc, char** argv, std::string* dir) { return one_argument(argc, argv, "DIR", dir); }
 
 // A gateway on DIR/card<suffix>.img, created with `card_mib` MiB (0: the image exists), listening on
 // DIR/gw<suffix>.sock, with `helpers` piece helpers (process_write_threads).
