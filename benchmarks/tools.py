@@ -48,9 +48,14 @@ def wait_future(conn, fid: int) -> list[bool]:
                 return list(per_key)
 
 
-def card_against_peer(conn, keys: list[str], dst: list, peer_name: str, peer_round, reps: int) -> dict:
-    """`reps` rounds, alternating: one submit_batch_get of every key into `dst` (buffer views), then
-    peer_round() (the peer's load of the same objects). Returns the seconds of each, by row name."""
+def card_against_peer(conn, keys: list[str], src: list, dst: list, peer_name: str, peer_round, reps: int) -> dict:
+    """Stores `src` (buffer views) under `keys`, then `reps` rounds, alternating: one submit_batch_get of every key
+    into `dst` (buffer views), then peer_round() (the peer's load of the same objects). Then dst is zeroed, loaded
+    once more and compared with src byte for byte (zeroed first: the peer's last round filled dst too, so a card
+    load that wrote nothing would pass otherwise). Returns the seconds of each row, by row name."""
+    import numpy as np
+
+    assert all(wait_future(conn, conn.submit_batch_set(keys, src)))
     times: dict[str, list[float]] = {"card": [], peer_name: []}
     for _ in range(reps):
         t = time.perf_counter()
@@ -61,11 +66,20 @@ def card_against_peer(conn, keys: list[str], dst: list, peer_name: str, peer_rou
         t = time.perf_counter()
         peer_round()
         times[peer_name].append(time.perf_counter() - t)
+    loaded = [np.frombuffer(d, dtype=np.uint8) for d in dst]
+    for d in loaded:
+        d[:] = 0
+    hits = wait_future(conn, conn.submit_batch_get(keys, dst))
+    stored = [np.frombuffer(s, dtype=np.uint8) for s in src]
+    if not all(hits) or not all(np.array_equal(d, s) for d, s in zip(loaded, stored, strict=True)):
+        raise RuntimeError("loaded bytes differ from the stored ones")
     return times
 
 
-def print_rounds(times: dict, gib: float) -> None:
-    """One line per row of card_against_peer's times, then the card's median per-round ratio to the peer."""
+def print_rounds(times: dict, gib: float, about: str) -> None:
+    """`about` (what was loaded, by whom) with the host's CPUs and load average, one line per row of
+    card_against_peer's times, then the card's median per-round ratio to the peer."""
+    print(f"{about}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     width = max(len(name) for name in times)
     for name, ts in times.items():
         print(f"{name:{width}s} median {statistics.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}]  "
