@@ -232,29 +232,24 @@ class ConnectorConfig:
                     f"adapter_params {', '.join(map(repr, misplaced))} apply to gateway='embedded' only; "
                     "the gateway daemon owns its card (lmcache-adp gateway --card PATH)"
                 )
-        if "ring_mb" in params and not gateway.startswith("unix://"):
-            raise ConfigError("adapter_params['ring_mb'] applies to a unix:// gateway only")
-        ring_mb = _int("ring_mb", get("ring_mb"), MIN_RING_MB, MAX_RING_MB)
-        if "direct_loads" in params and not gateway.startswith("unix://"):
-            raise ConfigError("adapter_params['direct_loads'] applies to a unix:// gateway only")
-        direct_loads = get("direct_loads")
-        if not isinstance(direct_loads, bool):
-            raise ConfigError(f"adapter_params['direct_loads'] must be true or false, got {direct_loads!r}")
-        if "ring_pieces" in params and not gateway.startswith("unix://"):
-            raise ConfigError("adapter_params['ring_pieces'] applies to a unix:// gateway only")
-        ring_pieces = get("ring_pieces")
-        if not isinstance(ring_pieces, bool):
-            raise ConfigError(f"adapter_params['ring_pieces'] must be true or false, got {ring_pieces!r}")
-        if "process_memory" in params and not gateway.startswith("unix://"):
-            raise ConfigError("adapter_params['process_memory'] applies to a unix:// gateway only")
-        process_memory = get("process_memory")
-        if not isinstance(process_memory, bool):
-            raise ConfigError(f"adapter_params['process_memory'] must be true or false, got {process_memory!r}")
-        if "ptracer_follow" in params and not gateway.startswith("unix://"):
-            raise ConfigError("adapter_params['ptracer_follow'] applies to a unix:// gateway only")
-        ptracer_follow = get("ptracer_follow")
-        if not isinstance(ptracer_follow, bool):
-            raise ConfigError(f"adapter_params['ptracer_follow'] must be true or false, got {ptracer_follow!r}")
+
+        def unix_only(key: str) -> Any:
+            """The value of `key`, a parameter for a unix:// gateway only: refused when given with another gateway."""
+            if key in params and not gateway.startswith("unix://"):
+                raise ConfigError(f"adapter_params[{key!r}] applies to a unix:// gateway only")
+            return get(key)
+
+        def unix_only_bool(key: str) -> bool:
+            value = unix_only(key)
+            if not isinstance(value, bool):
+                raise ConfigError(f"adapter_params[{key!r}] must be true or false, got {value!r}")
+            return value
+
+        ring_mb = _int("ring_mb", unix_only("ring_mb"), MIN_RING_MB, MAX_RING_MB)
+        direct_loads = unix_only_bool("direct_loads")
+        ring_pieces = unix_only_bool("ring_pieces")
+        process_memory = unix_only_bool("process_memory")
+        ptracer_follow = unix_only_bool("ptracer_follow")
         if "gateway_stall_s" in params and gateway == "embedded":
             raise ConfigError("adapter_params['gateway_stall_s'] applies to a unix:// or tcp:// gateway only")
         stall = get("gateway_stall_s")
