@@ -75,8 +75,7 @@ def test_disk_load_under_sanitizer(mode, tmp_path):
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_fill_store_under_sanitizer(mode, tmp_path):
     # On tmpfs (the mapped card) and the fault device; see tests/store/test_fill_store.py.
-    binary = cpp.build("fill_store_test", tmp_path, sanitize=mode)
-    cpp.run(binary, f"/dev/shm/adp-fill-{mode}-{os.getpid()}.img", timeout=600)
+    cpp.run_on_cards(cpp.build("fill_store_test", tmp_path, sanitize=mode), tmp_path, disk=False, timeout=600)
 
 
 @pytest.mark.sanitizer
@@ -108,9 +107,7 @@ def test_process_memory_threads_under_tsan(tmp_path):
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_bounce_load_under_sanitizer(mode, tmp_path):
     """Process loads' pieces on several threads through the card store (tests/store/test_bounce_load.py)."""
-    binary = cpp.build("bounce_load_test", tmp_path, sanitize=mode)
-    cpp.run(binary, f"/dev/shm/adp-bounce-{mode}-{os.getpid()}.img", timeout=600)
-    cpp.run(binary, str(tmp_path / "card.img"), timeout=600)
+    cpp.run_on_cards(cpp.build("bounce_load_test", tmp_path, sanitize=mode), tmp_path, timeout=600)
 
 
 @pytest.mark.sanitizer

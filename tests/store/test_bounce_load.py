@@ -10,17 +10,8 @@ too); under ASan and TSan in tests/sanitizers/test_sanitizers.py.
 
 from __future__ import annotations
 
-import os
-import uuid
-from pathlib import Path
-
 from tests.support import cpp
 
 
 def test_bounce_loads_on_a_piece_pool(tmp_path):
-    binary = cpp.build("bounce_load_test", tmp_path)
-    shm = Path("/dev/shm")
-    assert shm.is_dir() and os.access(shm, os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
-    out = cpp.run(binary, str(shm / f"adp-bounce-{uuid.uuid4().hex}.img"), timeout=300)
-    assert "memory_speed=1" in out, out[-2000:]
-    cpp.run(binary, str(tmp_path / "card.img"), timeout=300)
+    cpp.run_on_cards(cpp.build("bounce_load_test", tmp_path), tmp_path, tmpfs_says="memory_speed=1")

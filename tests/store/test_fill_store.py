@@ -9,17 +9,8 @@ in-memory fault device.
 
 from __future__ import annotations
 
-import os
-import uuid
-from pathlib import Path
-
 from tests.support import cpp
 
 
 def test_filled_stores(tmp_path):
-    binary = cpp.build("fill_store_test", tmp_path)
-    shm = Path("/dev/shm")
-    assert shm.is_dir() and os.access(shm, os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
-    out = cpp.run(binary, str(shm / f"adp-fill-{uuid.uuid4().hex}.img"), timeout=300)
-    assert "mapped=1" in out, out[-2000:]
-    cpp.run(binary, str(tmp_path / "card.img"), timeout=300)
+    cpp.run_on_cards(cpp.build("fill_store_test", tmp_path), tmp_path, tmpfs_says="mapped=1")

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,3 +118,19 @@ def run(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> st
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and f"{binary.name}: PASS" in proc.stdout, output[-shown:]
     return output
+
+
+def run_on_cards(binary: Path, tmp_path: Path, tmpfs_says: str = "", disk: bool = True, timeout: float = 300) -> None:
+    """Runs a card program, whose one argument is its card image, on an image on tmpfs (/dev/shm: the store maps
+    it), whose output must say `tmpfs_says` where given, then, if `disk`, on one in tmp_path (staged, unless tmp_path
+    is tmpfs too). The tmpfs image is removed afterwards, whether the program removed it or not."""
+    shm = Path("/dev/shm")
+    assert shm.is_dir() and os.access(shm, os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
+    image = shm / f"adp-{binary.name}-{uuid.uuid4().hex}.img"
+    try:
+        out = run(binary, str(image), timeout=timeout)
+    finally:
+        image.unlink(missing_ok=True)
+    assert tmpfs_says in out, out[-2000:]
+    if disk:
+        run(binary, str(tmp_path / "card.img"), timeout=timeout)
