@@ -9,11 +9,7 @@
 // The Connector over the embedded backend, on a FaultDevice card.
 //
 //   delete_result_test
-#include <poll.h>
-
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,12 +18,11 @@
 #include "connector/connector.h"
 #include "store/card_store.h"
 #include "test_card.h"
+#include "test_connector.h"
 #include "testing/fault_device.h"
-#include "transport/embedded_backend.h"
 
 namespace {
 
-using adp::Buffer;
 using adp::Completion;
 using adp::Connector;
 using adp::OpType;
@@ -37,31 +32,7 @@ constexpr uint64_t kRegionBytes = 1ull << 20;
 
 using adp::testing::check;
 using adp::testing::check_failures;
-
-Completion wait(Connector& c, uint64_t id) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  static std::vector<Completion> seen;
-  for (;;) {
-    for (auto& done : c.drain()) seen.push_back(std::move(done));
-    for (auto it = seen.begin(); it != seen.end(); ++it) {
-      if (it->future_id == id) {
-        Completion done = std::move(*it);
-        seen.erase(it);
-        return done;
-      }
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      printf("future %llu did not complete\n", static_cast<unsigned long long>(id));
-      std::exit(1);
-    }
-    pollfd p{c.event_fd(), POLLIN, 0};
-    ::poll(&p, 1, 100);
-  }
-}
-
-Completion run(Connector& c, OpType op, std::vector<std::string> keys, std::vector<Buffer> bufs = {}) {
-  return wait(c, c.submit(op, std::move(keys), std::move(bufs), nullptr));
-}
+using adp::testing::run;
 
 }  // namespace
 
@@ -71,10 +42,8 @@ int main() {
       adp::testing::checked_fault_card(std::make_shared<adp::testing::FaultImage>(kCardBytes),
                                        adp::testing::card_options(kRegionBytes), "open", &faults, "delete-result-card");
   if (!store) return 1;
-  adp::ConnectorOptions opts;
-  opts.num_workers = 2;
-  opts.timeout_ms = 10000;
-  Connector c(std::make_unique<adp::EmbeddedBackend>(std::move(store)), opts);
+  std::unique_ptr<Connector> conn = adp::testing::embedded_connector(std::move(store), 2, 10000);
+  Connector& c = *conn;
 
   std::vector<uint8_t> a(100000, 0xa1), b(100000, 0xb2);
   Completion put = run(c, OpType::kSet, {"m@0@0@a", "m@0@0@b"}, {{a.data(), a.size()}, {b.data(), b.size()}});

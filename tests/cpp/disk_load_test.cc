@@ -18,8 +18,6 @@
 // The Connector over the embedded backend, one worker.
 //
 //   disk_load_test
-#include <poll.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,15 +32,13 @@
 #include "connector/connector.h"
 #include "store/card_store.h"
 #include "test_card.h"
+#include "test_connector.h"
 #include "testing/fault_device.h"
-#include "transport/embedded_backend.h"
 #include "util/aligned_buffer.h"
 
 namespace {
 
-using adp::Buffer;
 using adp::Completion;
-using adp::Connector;
 using adp::OpType;
 
 constexpr uint64_t kCardBytes = 256ull << 20;
@@ -53,6 +49,9 @@ const char* const kKey = "m@00000000@0@large";
 
 using adp::testing::check;
 using adp::testing::check_failures;
+using adp::testing::embedded_connector;
+using adp::testing::run;
+using adp::testing::wait_for;
 
 // Reads take 1 s per 64 MiB while slow; the data lands when the read ends.
 class SlowDevice : public adp::testing::FaultDevice {
@@ -73,42 +72,27 @@ class SlowDevice : public adp::testing::FaultDevice {
   mutable std::atomic<int> reads_started{0};
 };
 
-Completion wait(Connector& c, uint64_t id) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    for (auto& done : c.drain())
-      if (done.future_id == id) return done;
-    if (std::chrono::steady_clock::now() > deadline) {
-      printf("future %llu did not complete\n", static_cast<unsigned long long>(id));
-      std::exit(1);
-    }
-    pollfd p{c.event_fd(), POLLIN, 0};
-    ::poll(&p, 1, 100);
+// A load's destination: `bytes` of 0x5a at `offset` into an aligned buffer; `what` names it in the checks.
+struct Destination {
+  Destination(size_t bytes, size_t offset)
+      : what(std::to_string(bytes >> 20) + " MiB, " + (offset ? "unaligned buffer: " : "aligned buffer: ")) {
+    mem.reserve(bytes + offset);
+    dst = mem.data() + offset;
+    std::memset(dst, 0x5a, bytes);
   }
-}
-
-Completion run(Connector& c, OpType op, std::vector<std::string> keys, std::vector<Buffer> bufs) {
-  return wait(c, c.submit(op, std::move(keys), std::move(bufs), nullptr));
-}
-
-std::unique_ptr<Connector> connect(std::shared_ptr<adp::CardStore> store, int timeout_ms) {
-  adp::ConnectorOptions opts;
-  opts.num_workers = 1;
-  opts.timeout_ms = timeout_ms;
-  return std::make_unique<Connector>(std::make_unique<adp::EmbeddedBackend>(std::move(store)), opts);
-}
+  const std::string what;
+  adp::AlignedBuffer mem;
+  uint8_t* dst;
+};
 
 // A load of `key` (`bytes`) into dst (offset bytes into an aligned buffer)
 // past a deadline of timeout_ms, shorter than the object's read.
 void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key, size_t bytes,
                size_t offset, int timeout_ms) {
-  const std::string what =
-      std::to_string(bytes >> 20) + " MiB, " + (offset ? "unaligned buffer: " : "aligned buffer: ");
-  adp::AlignedBuffer mem;
-  mem.reserve(bytes + offset);
-  uint8_t* dst = mem.data() + offset;
-  std::memset(dst, 0x5a, bytes);
-  auto c = connect(store, timeout_ms);
+  Destination to(bytes, offset);
+  uint8_t* const dst = to.dst;
+  const std::string& what = to.what;
+  auto c = embedded_connector(store, 1, timeout_ms);
   dev->payload_reads = 0;
   dev->slow = true;
   Completion got = run(*c, OpType::kGet, {key}, {{dst, bytes}});
@@ -133,13 +117,10 @@ void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std
 void timely_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key, size_t offset,
                  const std::vector<uint8_t>& want) {
   const size_t bytes = want.size();
-  const std::string what =
-      std::to_string(bytes >> 20) + " MiB, " + (offset ? "unaligned buffer: " : "aligned buffer: ");
-  adp::AlignedBuffer mem;
-  mem.reserve(bytes + offset);
-  uint8_t* dst = mem.data() + offset;
-  std::memset(dst, 0x5a, bytes);
-  auto c = connect(store, 30000);
+  Destination to(bytes, offset);
+  uint8_t* const dst = to.dst;
+  const std::string& what = to.what;
+  auto c = embedded_connector(store, 1, 30000);
   dev->slow = true;
   Completion got = run(*c, OpType::kGet, {key}, {{dst, bytes}});
   dev->slow = false;
@@ -153,7 +134,7 @@ std::vector<uint8_t> store_object(std::shared_ptr<adp::CardStore> store, const s
   adp::AlignedBuffer src;
   src.reserve(bytes);
   for (size_t i = 0; i < bytes; i++) src.data()[i] = static_cast<uint8_t>(i * 131 + (i >> 20) + key.size());
-  auto c = connect(store, 30000);
+  auto c = embedded_connector(store, 1, 30000);
   Completion put = run(*c, OpType::kSet, {key}, {{src.data(), bytes}});
   check(put.ok, "the store of " + key + " succeeds: " + put.error);
   c->close();
@@ -177,7 +158,7 @@ void damaged_load(std::shared_ptr<adp::CardStore> store, adp::testing::FaultImag
   damage(image, key, at);
   adp::AlignedBuffer mem;
   mem.reserve(bytes);
-  auto c = connect(store, 30000);
+  auto c = embedded_connector(store, 1, 30000);
   Completion got = run(*c, OpType::kGet, {key}, {{mem.data(), bytes}});
   check(got.per_key == std::vector<uint8_t>{0}, what + "a damaged object is a miss");
   check(store->stats().checksum_failures == failures + 1, what + "the damage is counted once");
@@ -192,7 +173,7 @@ void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, 
   adp::AlignedBuffer mem;
   mem.reserve(bytes);
   std::memset(mem.data(), 0x5a, bytes);
-  auto c = connect(store, 30000);
+  auto c = embedded_connector(store, 1, 30000);
   dev->reads_started = 0;
   dev->slow = true;
   uint64_t id = c->submit(OpType::kGet, {key}, {{mem.data(), bytes}}, nullptr);
@@ -203,7 +184,7 @@ void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, 
   adp::IoContext ctx;
   adp::Status removed = store->remove(ctx, key);
   check(removed.ok(), "the delete during the read succeeds: " + removed.message());
-  Completion got = wait(*c, id);
+  Completion got = wait_for(*c, id);
   dev->slow = false;
   check(got.ok && got.per_key == std::vector<uint8_t>{0},
         "an object deleted while it is read is a miss (future ok): " + got.error);
