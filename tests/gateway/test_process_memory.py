@@ -21,7 +21,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -38,7 +37,7 @@ from lmcache_adp._native import (
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.helpers import RawConnector, corrupt, eventually, payload
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, temp_gateway
 
 MIB = 1 << 20
 SIZE = 3 * MIB + 100  # several pieces and a partial one
@@ -49,17 +48,19 @@ LEASE_OPEN = 1  # the load lease's state in the page's first 8 bytes: (request_i
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def new_gateway(memory: bool, delay_ms: int = 0, monkeypatch=None, extra=()) -> tuple[str, Gateway]:
-    """A gateway on a tmpfs card (pieces straight from its mapping) or on /tmp
-    (read into staging, checked, then written out); with a delay, it sleeps
-    that long before each object it writes into a client (outside the lease)."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm" if memory else "/tmp")
-    if delay_ms:
-        monkeypatch.setenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS", str(delay_ms))
-    gw = Gateway(d, extra=tuple(extra)).start()
-    if delay_ms:
-        monkeypatch.delenv("ADP_TEST_SEGMENT_WRITE_DELAY_MS")
-    return d, gw
+@pytest.fixture
+def gateways():
+    """gateways(memory=True, env=None, **Gateway's keywords): a started gateway on a tmpfs card (pieces straight
+    from its mapping) or, memory=False, on /tmp (read into staging, checked, then written out), with `env` (test
+    hooks) for its first start only (tests.support.gateway.temp_gateway); killed, if still running, and its
+    directory removed when the test ends, after the test's own finally blocks (which close its clients)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda memory=True, env=None, **kw: stack.enter_context(temp_gateway(memory, env, **kw))
+
+
+def write_delay(ms: int) -> dict:
+    """The hook that has a gateway sleep `ms` before each object it writes into a client (outside the lease)."""
+    return {"ADP_TEST_SEGMENT_WRITE_DELAY_MS": ms}
 
 
 def stats(gw: Gateway) -> dict:
@@ -135,40 +136,35 @@ def test_loads_land_through_process_memory_and_the_ring_carries_none(card_gatewa
 
 
 @pytest.mark.parametrize("card", ["tmpfs", "disk"])
-def test_pieces_written_by_helper_threads_land_right(card):
+def test_pieces_written_by_helper_threads_land_right(gateways, card):
     """A gateway with two piece helpers (--process-write-threads 2): one object's
     pieces go out on the connection's thread and on helpers at once, in any
     order, each from its own bounce buffer; every byte lands where it belongs,
     the CRC joined over the pieces passes (a hit), a miss leaves its buffer
     untouched, and the stats show the helpers and the pieces they wrote."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm" if card == "tmpfs" else "/tmp")
-    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
+    gw = gateways(card == "tmpfs", extra=("--process-write-threads", "2"))
+    size = 8 * MIB + 4096 + 3  # 33 pieces, the last of 4099 bytes
+    keys = [f"helpers@{i}" for i in range(8)]
+    store(gw, keys, size)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
     try:
-        size = 8 * MIB + 4096 + 3  # 33 pieces, the last of 4099 bytes
-        keys = [f"helpers@{i}" for i in range(8)]
-        store(gw, keys, size)
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-        try:
-            for _ in range(3):
-                outs = [bytearray(b"\x5a" * size) for _ in range(len(keys) + 1)]
-                ok, _, per_key = c.get(keys + ["helpers@missing"], [memoryview(o) for o in outs])
-                assert per_key == [True] * len(keys) + [False]
-                assert [bytes(o) for o in outs[:-1]] == [payload(k, size) for k in keys]
-                assert bytes(outs[-1]) == b"\x5a" * size, "a miss must leave its buffer untouched"
-        finally:
-            c.conn.close()
-        st = stats(gw)
-        assert st["process_loads"] == 3 * len(keys), st
-        assert st["process_write_threads"] == 2, st
-        assert st["process_helper_pieces"] > 0, st
-        assert st["checksum_failures"] == 0, st
+        for _ in range(3):
+            outs = [bytearray(b"\x5a" * size) for _ in range(len(keys) + 1)]
+            ok, _, per_key = c.get(keys + ["helpers@missing"], [memoryview(o) for o in outs])
+            assert per_key == [True] * len(keys) + [False]
+            assert [bytes(o) for o in outs[:-1]] == [payload(k, size) for k in keys]
+            assert bytes(outs[-1]) == b"\x5a" * size, "a miss must leave its buffer untouched"
     finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
+        c.conn.close()
+    st = stats(gw)
+    assert st["process_loads"] == 3 * len(keys), st
+    assert st["process_write_threads"] == 2, st
+    assert st["process_helper_pieces"] > 0, st
+    assert st["checksum_failures"] == 0, st
 
 
 @pytest.mark.parametrize("idle_ms", [None, 600000])
-def test_a_connection_counts_as_loading_until_it_idles(monkeypatch, idle_ms):
+def test_a_connection_counts_as_loading_until_it_idles(gateways, idle_ms):
     """The piece helpers an object may take are CPUs / (connections loading) - 1;
     a connection counts as loading from its first process load until it waits
     20 ms for its next request, not only while a batch runs (counted per batch,
@@ -177,11 +173,8 @@ def test_a_connection_counts_as_loading_until_it_idles(monkeypatch, idle_ms):
     (ADP_TEST_LOADER_IDLE_MS) the connection is still counted after its batch
     answered; with the default 20 ms it is not, soon after; a connection that
     never loaded is not counted at all (process_piece_callers)."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
-    if idle_ms:
-        monkeypatch.setenv("ADP_TEST_LOADER_IDLE_MS", str(idle_ms))
-    gw = Gateway(d, extra=("--process-write-threads", "2")).start()
-    monkeypatch.delenv("ADP_TEST_LOADER_IDLE_MS", raising=False)
+    hooks = {"ADP_TEST_LOADER_IDLE_MS": idle_ms} if idle_ms else None
+    gw = gateways(env=hooks, extra=("--process-write-threads", "2"))
     a, b = ProcessClient(gw), ProcessClient(gw)
     try:
         store(gw, ["callers@a"])
@@ -203,40 +196,29 @@ def test_a_connection_counts_as_loading_until_it_idles(monkeypatch, idle_ms):
     finally:
         a.close()
         b.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("value", ["4M", "64 ", "0", "6", "2048", "-4"])
-def test_a_piece_size_other_than_whole_kib_from_4_to_1024_is_ignored(monkeypatch, value):
+def test_a_piece_size_other_than_whole_kib_from_4_to_1024_is_ignored(gateways, value):
     """ADP_BOUNCE_PIECE_KB is a whole number of KiB, a multiple of 4 from 4 to 1024; anything else (a
     unit or a space after the number, 0, not a multiple of 4, past 1 MiB, a sign) is ignored with a
     warning, and an object goes out in the default 256 KiB pieces (counted by ADP_LOAD_PROFILE=1).
     Until session nine "4M" and "64 " were read as 4 and 64 KiB pieces (the number's digits only)."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_LOAD_PROFILE", "1")
-    monkeypatch.setenv("ADP_BOUNCE_PIECE_KB", value)
-    gw = Gateway(d, extra=("--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_LOAD_PROFILE")
-    monkeypatch.delenv("ADP_BOUNCE_PIECE_KB")
+    gw = gateways(env={"ADP_LOAD_PROFILE": 1, "ADP_BOUNCE_PIECE_KB": value}, extra=("--process-write-threads", "0"))
+    store(gw, ["piece-kb"])
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
     try:
-        store(gw, ["piece-kb"])
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-        try:
-            out = bytearray(SIZE)
-            assert c.get(["piece-kb"], [memoryview(out)])[2] == [True]
-            assert bytes(out) == payload("piece-kb", SIZE)
-        finally:
-            c.conn.close()
-        assert stats(gw)["load_profile_piece_n"] == -(-SIZE // PIECE)
-        assert f"ADP_BOUNCE_PIECE_KB={value} is not" in gw.log()
+        out = bytearray(SIZE)
+        assert c.get(["piece-kb"], [memoryview(out)])[2] == [True]
+        assert bytes(out) == payload("piece-kb", SIZE)
     finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
+        c.conn.close()
+    assert stats(gw)["load_profile_piece_n"] == -(-SIZE // PIECE)
+    assert f"ADP_BOUNCE_PIECE_KB={value} is not" in gw.log()
 
 
 @pytest.mark.parametrize("piece_kb", [None, 1024])
-def test_load_profile_counts_every_step_of_every_piece(monkeypatch, piece_kb):
+def test_load_profile_counts_every_step_of_every_piece(gateways, piece_kb):
     """ADP_LOAD_PROFILE=1 (benchmarks/README.md, "Session eight: loads"): the
     gateway's per-step sums of its process loads count each object once (in
     every per-object step: the header's copy and check are one step, timed
@@ -245,52 +227,37 @@ def test_load_profile_counts_every_step_of_every_piece(monkeypatch, piece_kb):
     every step; off (the default), the stats carry none of them. The pieces
     are 256 KiB; with ADP_BOUNCE_PIECE_KB=1024 and no piece helpers, 1 MiB
     ("Session eight: loads, larger pieces")."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_LOAD_PROFILE", "1")
-    if piece_kb:
-        monkeypatch.setenv("ADP_BOUNCE_PIECE_KB", str(piece_kb))
-    gw = Gateway(d, extra=("--process-write-threads", "0")).start()
-    monkeypatch.delenv("ADP_LOAD_PROFILE")
-    monkeypatch.delenv("ADP_BOUNCE_PIECE_KB", raising=False)
+    hooks = {"ADP_LOAD_PROFILE": 1} | ({"ADP_BOUNCE_PIECE_KB": piece_kb} if piece_kb else {})
+    gw = gateways(env=hooks, extra=("--process-write-threads", "0"))
+    keys = [f"prof@{i}" for i in range(4)]
+    store(gw, keys)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
     try:
-        keys = [f"prof@{i}" for i in range(4)]
-        store(gw, keys)
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-        try:
-            for _ in range(2):
-                outs = [bytearray(SIZE) for _ in keys]
-                assert c.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
-                assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
-        finally:
-            c.conn.close()
-        st = stats(gw)
-        piece = (piece_kb << 10) if piece_kb else PIECE
-        objects, pieces = 2 * len(keys), 2 * len(keys) * -(-SIZE // piece)
-        n = {
-            k[len("load_profile_") : -2]: v for k, v in st.items() if k.startswith("load_profile_") and k.endswith("_n")
-        }
-        assert n["batch"] == 2 and n["object"] == n["lookup"] == n["combine"] == n["run"] == objects, n
-        assert n["index"] == n["first_look"] == n["header"] == objects, n
-        for step in ("piece", "pin", "copy", "unpin", "sink", "alive", "write"):
-            assert n[step] == pieces, (step, n)
-        assert n["lease"] == 2 * pieces, n
-        for step, count in n.items():
-            assert (st[f"load_profile_{step}_ns"] > 0) == (count > 0), (step, st)
+        for _ in range(2):
+            outs = [bytearray(SIZE) for _ in keys]
+            assert c.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
+            assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
     finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
-    d2, gw2 = new_gateway(True)
+        c.conn.close()
+    st = stats(gw)
+    piece = (piece_kb << 10) if piece_kb else PIECE
+    objects, pieces = 2 * len(keys), 2 * len(keys) * -(-SIZE // piece)
+    n = {k[len("load_profile_") : -2]: v for k, v in st.items() if k.startswith("load_profile_") and k.endswith("_n")}
+    assert n["batch"] == 2 and n["object"] == n["lookup"] == n["combine"] == n["run"] == objects, n
+    assert n["index"] == n["first_look"] == n["header"] == objects, n
+    for step in ("piece", "pin", "copy", "unpin", "sink", "alive", "write"):
+        assert n[step] == pieces, (step, n)
+    assert n["lease"] == 2 * pieces, n
+    for step, count in n.items():
+        assert (st[f"load_profile_{step}_ns"] > 0) == (count > 0), (step, st)
+    gw2 = gateways()
+    store(gw2, ["prof@off"])
+    c = RawConnector(ADPConnector(gateway=gw2.unix_url, num_workers=1, timeout_ms=20000))
     try:
-        store(gw2, ["prof@off"])
-        c = RawConnector(ADPConnector(gateway=gw2.unix_url, num_workers=1, timeout_ms=20000))
-        try:
-            assert c.get(["prof@off"], [memoryview(bytearray(SIZE))])[2] == [True]
-        finally:
-            c.conn.close()
-        assert not [k for k in stats(gw2) if k.startswith("load_profile_")]
+        assert c.get(["prof@off"], [memoryview(bytearray(SIZE))])[2] == [True]
     finally:
-        gw2.kill()
-        shutil.rmtree(d2, ignore_errors=True)
+        c.conn.close()
+    assert not [k for k in stats(gw2) if k.startswith("load_profile_")]
 
 
 def test_option_off_keeps_the_ring(card_gateway):
@@ -460,60 +427,51 @@ def test_unmapped_address_fails_that_item_and_the_gateway_serves_on(card_gateway
     assert gw.proc.poll() is None
 
 
-def test_nothing_written_after_the_future_failed(monkeypatch):
+def test_nothing_written_after_the_future_failed(gateways):
     """The gateway is slow before each object (ADP_TEST_SEGMENT_WRITE_DELAY_MS):
     the load's deadline passes with objects still to write. Once the future has
     failed, the buffers do not change again: the connector revoked the load
     lease, and the gateway writes nothing under a revoked lease."""
-    d, gw = new_gateway(True, delay_ms=300, monkeypatch=monkeypatch)
+    gw = gateways(env=write_delay(300))
     keys = [f"late@{i}" for i in range(6)]
-    try:
-        store(gw, keys)
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
-        outs = [bytearray(b"\x11" * SIZE) for _ in keys]
-        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
-        assert not ok and per_key == [False] * len(keys)
-        at_completion = [bytes(o) for o in outs]
-        assert at_completion[0] == payload(keys[0], SIZE), "the first object lands before the deadline"
-        assert at_completion[-1] == b"\x11" * SIZE
-        time.sleep(300 * len(keys) / 1000 + 0.5)  # the gateway would have written them all by now
-        assert [bytes(o) for o in outs] == at_completion, "bytes landed after the future failed"
-        assert 1 <= stats(gw)["process_loads"] < len(keys)
-        c.conn.close()
-    finally:
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
+    store(gw, keys)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+    outs = [bytearray(b"\x11" * SIZE) for _ in keys]
+    ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+    assert not ok and per_key == [False] * len(keys)
+    at_completion = [bytes(o) for o in outs]
+    assert at_completion[0] == payload(keys[0], SIZE), "the first object lands before the deadline"
+    assert at_completion[-1] == b"\x11" * SIZE
+    time.sleep(300 * len(keys) / 1000 + 0.5)  # the gateway would have written them all by now
+    assert [bytes(o) for o in outs] == at_completion, "bytes landed after the future failed"
+    assert 1 <= stats(gw)["process_loads"] < len(keys)
+    c.conn.close()
 
 
-def test_gateway_killed_mid_load_fails_the_future_at_once(monkeypatch):
+def test_gateway_killed_mid_load_fails_the_future_at_once(gateways):
     """The gateway dies part way through a batch it writes into the client:
     the future fails then, not at its deadline (20 s), nothing lands after it,
     and once the gateway is back the connector loads through process memory
     again."""
-    d, gw = new_gateway(True, delay_ms=300, monkeypatch=monkeypatch)
+    gw = gateways(env=write_delay(300))
     keys = [f"dies@{i}" for i in range(6)]
-    try:
-        store(gw, keys)
-        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
-        outs = [bytearray(SIZE) for _ in keys]
-        t0 = time.monotonic()
-        fid = c.conn.submit_batch_get(keys, [memoryview(o) for o in outs])
-        time.sleep(0.8)  # two objects in
-        gw.kill()
-        ok, err, per_key = c.wait(fid, timeout=15)
-        assert not ok and per_key == [False] * len(keys)
-        assert "timed out" not in err and time.monotonic() - t0 < 10, err
-        gw.start()
-        outs = [bytearray(SIZE) for _ in keys]
-        ok, _, per_key = c.wait(c.conn.submit_batch_get(keys, [memoryview(o) for o in outs]), timeout=30)
-        assert ok and all(per_key)
-        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
-        assert stats(gw)["process_loads"] == len(keys)
-        c.conn.close()
-    finally:
-        if gw.proc:
-            gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
+    store(gw, keys)
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000))
+    outs = [bytearray(SIZE) for _ in keys]
+    t0 = time.monotonic()
+    fid = c.conn.submit_batch_get(keys, [memoryview(o) for o in outs])
+    time.sleep(0.8)  # two objects in
+    gw.kill()
+    ok, err, per_key = c.wait(fid, timeout=15)
+    assert not ok and per_key == [False] * len(keys)
+    assert "timed out" not in err and time.monotonic() - t0 < 10, err
+    gw.start()
+    outs = [bytearray(SIZE) for _ in keys]
+    ok, _, per_key = c.wait(c.conn.submit_batch_get(keys, [memoryview(o) for o in outs]), timeout=30)
+    assert ok and all(per_key)
+    assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+    assert stats(gw)["process_loads"] == len(keys)
+    c.conn.close()
 
 
 @pytest.mark.parametrize("where", ["first piece", "last piece", "header"])
@@ -546,12 +504,12 @@ def test_damaged_object_is_a_miss(card_gateway, where):
         c.conn.close()
 
 
-def test_damaged_object_is_dropped_on_a_memory_speed_card_with_small_load_buffers():
+def test_damaged_object_is_dropped_on_a_memory_speed_card_with_small_load_buffers(gateways):
     """Review r8 (ccceb23): the load buffers' total (--max-store-buffer-total-mb) bounds only what a
     card that is not memory-speed reads into a connection's hold; a tmpfs card never does, so with a
     total below an object's size a damaged object is still a miss, counted once, and dropped (not
     Busy on every load and kept)."""
-    d, gw = new_gateway(True, extra=("--max-store-buffer-total-mb", "1"))
+    gw = gateways(extra=("--max-store-buffer-total-mb", "1"))
     keys = ["small@good", "small@bad"]
     c = None
     try:
@@ -568,8 +526,6 @@ def test_damaged_object_is_dropped_on_a_memory_speed_card_with_small_load_buffer
     finally:
         if c is not None:
             c.conn.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 PR_SET_DUMPABLE = 4
@@ -687,12 +643,12 @@ def test_colliding_key_leaves_the_buffer_untouched(card_gateway):
         c.close()
 
 
-def test_colliding_key_leaves_the_ring_untouched():
+def test_colliding_key_leaves_the_ring_untouched(gateways):
     """The same through the ring in pieces (r4, memory-speed cards only; a disk
     card reads a ring load whole and the client copies nothing of a miss): the
     gateway publishes no byte of the other key's object into the ring, from
     where the client would copy it out as it lands."""
-    d, gw = new_gateway(True)
+    gw = gateways()
     victim, forged = colliding_keys()
     store(gw, [victim])
     store(gw, [forged])
@@ -710,8 +666,6 @@ def test_colliding_key_leaves_the_ring_untouched():
         assert c.map[CONTROL : CONTROL + SIZE] == payload(forged, SIZE)
     finally:
         c.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def send_until_stalled(a: ProcessClient, key: bytes, size: int, tries: int = 30):
@@ -734,7 +688,7 @@ def send_until_stalled(a: ProcessClient, key: bytes, size: int, tries: int = 30)
 
 
 @pytest.mark.parametrize("helpers", [0, 1])
-def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
+def test_a_stalled_process_write_holds_nothing_shared(gateways, helpers):
     """One client's memory stalls the gateway's write into it (as a load buffer
     on a FUSE file it never serves would: ADP_TEST_PROCESS_WRITE_STALL_MS blocks
     the first process write past a first piece for 8 s). With a pool of one I/O
@@ -747,14 +701,9 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
     had copied, which were that object's; with one, the other thread may have
     sent every other piece already (a hit) or not (a miss): either way every byte
     written is the object's."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", "8000")
-    if helpers:  # the stall holds the pool's only helper
-        monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper")
     extra = ("--io-contexts", "1", "--process-write-threads", str(helpers))
-    gw = Gateway(d, card_size_gb=0.0625, extra=extra).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_MS")
-    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_ON", raising=False)
+    # With a helper, the stall holds the pool's only one.
+    gw = gateways(env=write_stall(8000, on_helper=bool(helpers)), card_size_gb=0.0625, extra=extra)
     a = ProcessClient(gw)
     size = 16 * MIB if helpers else SIZE  # time for the helper to join
     try:
@@ -788,8 +737,6 @@ def test_a_stalled_process_write_holds_nothing_shared(monkeypatch, helpers):
             assert 0 < written <= 2 * PIECE and got[written:] == b"\x77" * (size - written), written
     finally:
         a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_connector_withdraws_the_grant_on_eperm_and_loads_through_the_ring(card_gateway, capfd):
@@ -823,27 +770,21 @@ def test_connector_withdraws_the_grant_on_eperm_and_loads_through_the_ring(card_
     assert len(withdrawn) == 1 and "goes through the ring from now on" in withdrawn[0], err
 
 
-def stalled_gateway(monkeypatch, **kw) -> tuple[str, Gateway]:
-    """A gateway on a tmpfs card whose first process write past an object's
-    first piece waits 3 s (ADP_TEST_PROCESS_WRITE_STALL_MS), outside the lease;
-    with on_helper, only on a helper of the piece pool."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/dev/shm")
-    monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_MS", str(kw.pop("stall_ms", 3000)))
-    if kw.pop("on_helper", False):  # that write only on a piece helper
-        monkeypatch.setenv("ADP_TEST_PROCESS_WRITE_STALL_ON", "helper")
-    gw = Gateway(d, **kw).start()
-    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_MS")
-    monkeypatch.delenv("ADP_TEST_PROCESS_WRITE_STALL_ON", raising=False)
-    return d, gw
+def write_stall(ms: int = 3000, on_helper: bool = False) -> dict:
+    """The hooks that have a gateway's first process write past an object's first piece wait `ms`
+    (ADP_TEST_PROCESS_WRITE_STALL_MS), outside the lease; with on_helper, only on a helper of the piece pool."""
+    return {"ADP_TEST_PROCESS_WRITE_STALL_MS": ms} | (
+        {"ADP_TEST_PROCESS_WRITE_STALL_ON": "helper"} if on_helper else {}
+    )
 
 
-def test_no_piece_goes_out_past_the_deadline(monkeypatch):
+def test_no_piece_goes_out_past_the_deadline(gateways):
     """Review r7 S4/S1: the request's deadline is checked before each piece and when the lease is
     taken, not only per item, so a revoke at the client's deadline waits out only the pieces in
     flight. The write of piece 1 stalls 1.5 s (outside the lease) in a request of 300 ms: the item
     answers TimedOut, piece 0 is written and nothing after it (without the check at the lease,
     the stalled piece 1 was written after the deadline)."""
-    d, gw = stalled_gateway(monkeypatch, stall_ms=1500, extra=("--process-write-threads", "0"))
+    gw = gateways(env=write_stall(1500), extra=("--process-write-threads", "0"))
     a = ProcessClient(gw)
     try:
         store(gw, ["late@a"])
@@ -860,22 +801,18 @@ def test_no_piece_goes_out_past_the_deadline(monkeypatch):
         assert buf.raw[PIECE:] == b"\x77" * (SIZE - PIECE)
     finally:
         a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("helpers,piece_kb", [(0, None), (2, None), (0, 1024)])
-def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers, piece_kb):
+def test_lease_revoked_in_the_middle_of_an_object(gateways, helpers, piece_kb):
     """The client revokes the load lease while the gateway is between two pieces
     of one object (one piece stalled before its write): with no piece helper the
     first piece landed (256 KiB, or 1 MiB with ADP_BOUNCE_PIECE_KB=1024); with
     helpers the other threads may have sent every other piece. Either way
     nothing lands after the revoke, not even the stalled piece, and the item
     answers TimedOut; the connection serves on."""
-    if piece_kb:
-        monkeypatch.setenv("ADP_BOUNCE_PIECE_KB", str(piece_kb))
-    d, gw = stalled_gateway(monkeypatch, extra=("--process-write-threads", str(helpers)))
-    monkeypatch.delenv("ADP_BOUNCE_PIECE_KB", raising=False)
+    hooks = write_stall() | ({"ADP_BOUNCE_PIECE_KB": piece_kb} if piece_kb else {})
+    gw = gateways(env=hooks, extra=("--process-write-threads", str(helpers)))
     piece = (piece_kb << 10) if piece_kb else PIECE
     a = ProcessClient(gw)
     try:
@@ -904,19 +841,17 @@ def test_lease_revoked_in_the_middle_of_an_object(monkeypatch, helpers, piece_kb
         assert buf2.raw == want
     finally:
         a.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("helpers", [0, 1])
-def test_stop_does_not_wait_for_a_stalled_load_write(monkeypatch, helpers):
+def test_stop_does_not_wait_for_a_stalled_load_write(gateways, helpers):
     """A load whose write into the client stalls for good (10 minutes), on the
     connection's thread or on a piece helper it waits for: SIGTERM still ends
     the gateway cleanly (exit 0, not the harness's SIGKILL after 30 s), leaving
     the stalled connection behind with a warning; the piece pool stays for the
     thread left behind, and a restart serves the object."""
     extra = ("--process-write-threads", str(helpers))
-    d, gw = stalled_gateway(monkeypatch, stall_ms=600000, on_helper=bool(helpers), extra=extra)
+    gw = gateways(env=write_stall(600000, on_helper=bool(helpers)), extra=extra)
     size = 16 * MIB if helpers else SIZE  # time for the helper to join
     a = ProcessClient(gw)
     try:
@@ -940,17 +875,14 @@ def test_stop_does_not_wait_for_a_stalled_load_write(monkeypatch, helpers):
             b.close()
     finally:
         a.close()
-        if gw.proc:
-            gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_stop_ends_a_long_process_batch_at_its_next_item(monkeypatch):
+def test_stop_ends_a_long_process_batch_at_its_next_item(gateways):
     """Review r7 S1: a well-behaved but long batch of process items (40 objects, the gateway
     slowed to 250 ms before each) does not hold stop() until its end: SIGTERM ends it at its next
     item. The gateway exits 0, the connection closes without a reply, and the items after the stop
     are never written (without the stopping flag every one of the 40 is written first)."""
-    d, gw = new_gateway(True, delay_ms=250, monkeypatch=monkeypatch)
+    gw = gateways(env=write_delay(250))
     n = 40
     keys = [f"long@{i}" for i in range(n)]
     a = ProcessClient(gw)
@@ -975,9 +907,6 @@ def test_stop_ends_a_long_process_batch_at_its_next_item(monkeypatch):
         assert untouched[-1]
     finally:
         a.close()
-        if gw.proc:
-            gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_buffer_whose_tail_is_unmapped_fails_that_item(card_gateway):
@@ -1154,14 +1083,13 @@ def test_client_exited_while_a_forked_child_keeps_the_socket_writes_into_no_proc
             holder.kill()
 
 
-def test_the_load_buffers_of_all_connections_stay_within_the_total():
+def test_the_load_buffers_of_all_connections_stay_within_the_total(gateways):
     """The buffers disk-card loads keep (hold_) are bounded all together by
     --max-store-buffer-total-mb (apart from the store buffers): reserved
     before the read, a load that finds no room fails Busy (a miss), and loads
     once a hold is given back. Three connections of 3 MiB objects, a total of
     8 MiB: two keep theirs, the third is refused."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/tmp")
-    gw = Gateway(d, extra=("--max-store-buffer-total-mb", "8")).start()
+    gw = gateways(False, extra=("--max-store-buffer-total-mb", "8"))
     conns = []
     try:
         keys = [f"total@{i}" for i in range(3)]
@@ -1185,19 +1113,16 @@ def test_the_load_buffers_of_all_connections_stay_within_the_total():
     finally:
         for c in conns:
             c.conn.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("store_buffer_mb", [256, 1])
-def test_a_disk_cards_load_buffer_is_counted_and_given_back(store_buffer_mb):
+def test_a_disk_cards_load_buffer_is_counted_and_given_back(gateways, store_buffer_mb):
     """From a card that is not memory-speed, a process load is read into an
     I/O context's staging, which then trades places with the connection's own
     buffer: the connection keeps an object's worth between batches. It is
     counted in `load_hold_bytes`, given back after 5 s idle, and at once after
     the batch when larger than a store buffer may be (--max-store-buffer-mb)."""
-    d = tempfile.mkdtemp(prefix="adppm-", dir="/tmp")
-    gw = Gateway(d, extra=("--max-store-buffer-mb", str(store_buffer_mb))).start()
+    gw = gateways(False, extra=("--max-store-buffer-mb", str(store_buffer_mb)))
     c = None
     try:
         keys = [f"hold@{i}" for i in range(2)]
@@ -1224,5 +1149,3 @@ def test_a_disk_cards_load_buffer_is_counted_and_given_back(store_buffer_mb):
     finally:
         if c is not None:
             c.conn.close()
-        gw.kill()
-        shutil.rmtree(d, ignore_errors=True)
