@@ -428,9 +428,24 @@ def _need_thread_exit():
         pytest.fail(f"this test needs Linux 6.9+ (pidfd_open with PIDFD_THREAD): {e}")
 
 
+# What every thread-exit child has first: wait_until_zombie(pid), which returns once the thread `pid` (the
+# process's main thread, which exits first) is a zombie.
+THREAD_EXIT_PRELUDE = """
+import time
+
+def wait_until_zombie(pid):
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        time.sleep(0.01)
+"""
+
+
 def _run_thread_exit_child(script, url, size, *more):
-    """Runs a thread-exit child (url, size, SYS_exit's number, then `more`)
-    and returns the JSON of its last line."""
+    """Runs a thread-exit child (THREAD_EXIT_PRELUDE, then `script`; its arguments url, size, SYS_exit's number,
+    then `more`) and returns the JSON of its last line."""
+    script = THREAD_EXIT_PRELUDE + script
     argv = [sys.executable, "-c", script, url, str(size), str(SYS_EXIT[platform.machine()]), *map(str, more)]
     r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -447,11 +462,7 @@ first = c.set(["me@0"], [memoryview(bytearray(payload("me@0", size)))])[0]
 leader = os.getpid()
 
 def after():
-    while True:  # until the main thread is a zombie
-        with open(f"/proc/{leader}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.01)
+    wait_until_zombie(leader)
     keys = [f"me@{i}" for i in range(1, 4)]
     ok, err, _ = c.set(keys, [memoryview(bytearray(payload(k, size))) for k in keys])
     outs = [bytearray(size) for _ in keys]
@@ -507,11 +518,7 @@ def pidfds():
     return sum(os.readlink(f"{d}/{f}") == "anon_inode:[pidfd]" for f in os.listdir(d))
 
 def after():
-    while True:  # until the main thread is a zombie
-        with open(f"/proc/{leader}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.01)
+    wait_until_zombie(leader)
     loaded = []
     for end, t in zip(ends, sleepers):
         out = bytearray(size)
