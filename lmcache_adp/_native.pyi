@@ -54,6 +54,16 @@ def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0) -> None
     does not exist): every object on the card becomes unreadable. region_bytes
     0 picks the default. Raises RuntimeError on failure."""
 
+def card_image_space(path: str) -> tuple[int, int, int] | None:
+    """(size, allocated, free) bytes of the card image file at path: its size, what its filesystem allocated to it
+    (st_blocks x 512; less than its size while it is sparse) and that filesystem's free bytes (f_bavail x
+    f_frsize; a symlink is followed). None for a block device or a path that cannot be looked at."""
+
+def card_space_warning(path: str) -> str | None:
+    """The WARNING for an existing card image whose filesystem cannot hold what it can still grow by (its size less
+    its allocated bytes), alone or with the other card images in its directory; None when it fits, for a block
+    device, or a path that cannot be looked at (docs/card_format.md, "Free space")."""
+
 def parse_frame(frame: bytes, /) -> None:
     """Checks one whole protocol frame as the gateway would; ValueError says why it is refused."""
 

@@ -8,6 +8,7 @@ accepts.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from dataclasses import dataclass, field
@@ -64,37 +65,30 @@ def card_size_ignored(path: str, size_gb: float, what: str) -> str | None:
     )
 
 
-def card_image_space(path: str) -> tuple[int, int, int] | None:
-    """(size, allocated, free) bytes of a card image file: its size, the bytes its filesystem has allocated
-    to it (st_blocks x 512; less than its size while it is sparse) and the filesystem's free bytes (f_bavail x
-    f_frsize, of the filesystem the image is on: statvfs follows a symlink). None for a block device or a path
-    that cannot be looked at."""
+def remove_new_image(card: str, log, why: str = "") -> None:
+    """Removes the card image a failed start created (it did not exist before that start), so the next start
+    creates it anew at the size it is given; `why` is the start's error. Left alone where another process made
+    it meanwhile ("created concurrently") or holds it (its lock): then it is that process's card. The gateway
+    (`lmcache-adp gateway`) and the embedded ADPConnector follow this one rule."""
+    if "created concurrently" in why:
+        return
     try:
-        st, fs = os.stat(path), os.statvfs(path)
+        fd = os.open(card, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return st.st_size, st.st_blocks * 512, fs.f_bavail * fs.f_frsize
-
-
-def card_space_warning(path: str) -> str | None:
-    """What to tell the operator when a card image file is larger than its filesystem can hold: its size
-    exceeds what is allocated to it (it is sparse) plus the filesystem's free space. Stores then fail with "No
-    space left on device" once it fills, and the card does not evict for it (it has room by its own count).
-    None for a block device, a card that fits, or a path that cannot be looked at."""
-    space = card_image_space(path)
-    if space is None:
-        return None
-    size, allocated, free = space
-    if size <= allocated + free:
-        return None
-    return (
-        f"card image {path} is {size / GIB:.2f} GiB (sparse: {allocated / GIB:.2f} GiB written) but "
-        f"its filesystem has {free / GIB:.2f} GiB free: once that is used, stores fail with 'No space left on "
-        "device' and the card does not evict for it; make room, or remove the image and start with a size that "
-        "fits (the size applies when an image is created)"
-    )
+        return  # never made, or gone
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # held: another gateway's or connector's
+        os.unlink(card)
+        log.info("removed the card image %s this start had created", card)
+    except OSError as e:
+        log.warning("cannot remove the card image %s this start had created: %s", card, e.strerror)
+    finally:
+        os.close(fd)
 
 
 def default_card_path() -> str:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lmcache_adp._native import NativeConnector
-from lmcache_adp.config import ConfigError, ConnectorConfig, card_size_ignored, card_space_warning
+from lmcache_adp._native import NativeConnector, card_space_warning
+from lmcache_adp.config import ConfigError, ConnectorConfig, card_size_ignored, remove_new_image
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
@@ -34,11 +34,22 @@ class ADPConnector(NativeConnector):
             self._start_failed(str(e))
             raise
         embedded = self.config.gateway == "embedded"
-        existed = embedded and "card_size_gb" in adapter_params and os.path.isfile(self.config.card)
-        self._start(self.config.to_native())
+        existed = embedded and os.path.lexists(self.config.card)  # before this start: never this start's to remove
+        try:
+            self._start(self.config.to_native())
+        except Exception as e:
+            # An image this start created goes with it (as the gateway's does), so the next start creates it at
+            # the size it is then given; one that was there stays.
+            if embedded and not existed:
+                remove_new_image(self.config.card, get_logger(), str(e))
+            raise
         self._native_started = True
         size_gb, what = self.config.card_size_gb, "adapter_params['card_size_gb'] ="
-        if existed and (note := card_size_ignored(self.config.card, size_gb, what)):
+        if (
+            existed
+            and "card_size_gb" in adapter_params
+            and (note := card_size_ignored(self.config.card, size_gb, what))
+        ):
             get_logger().warning("%s", note)
         if embedded and (warning := card_space_warning(self.config.card)):
             get_logger().warning("%s", warning)
@@ -52,6 +63,8 @@ class ADPConnector(NativeConnector):
                 # bare "[Errno 98] Address already in use"), and the card or connections given back now, not
                 # whenever the half-built object is collected.
                 super().close()
+                if embedded and not existed:
+                    remove_new_image(self.config.card, get_logger())
                 raise RuntimeError(
                     f"ADPConnector not started: adapter_params['metrics_port'] {port} on metrics_host {host!r}: "
                     f"cannot serve metrics there: {e.strerror or e}"

@@ -12,11 +12,9 @@ the process exits 0.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import signal
-import stat
 
 from lmcache_adp import _native
 from lmcache_adp.config import (
@@ -26,8 +24,8 @@ from lmcache_adp.config import (
     card_size_ignored,
     card_size_ok,
     card_size_range,
-    card_space_warning,
     read_token_file,
+    remove_new_image,
 )
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
@@ -153,29 +151,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _remove_new_image(card: str, log) -> None:
-    """Removes the card image this start created (it did not exist before it) and then failed with, so the
-    next start creates it anew at the size it is given, unless another process holds it (its lock): then it
-    is that process's card."""
-    try:
-        fd = os.open(card, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return  # never made, or gone
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return  # held: another gateway's or connector's
-        os.unlink(card)
-        log.info("removed the card image %s this start had created", card)
-    except OSError as e:
-        log.warning("cannot remove the card image %s this start had created: %s", card, e.strerror)
-    finally:
-        os.close(fd)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.card_size_gb != 0 and not card_size_ok(args.card_size_gb):
         log.error(
@@ -263,12 +238,12 @@ def run(args: argparse.Namespace) -> int:
         )
     except (RuntimeError, ValueError) as e:
         log.error("gateway not started: %s", e)
-        if not card_existed and "created concurrently" not in str(e):
-            _remove_new_image(card, log)
+        if not card_existed:
+            remove_new_image(card, log, str(e))
         return 1
     if card_existed and args.card_size_gb and (note := card_size_ignored(card, args.card_size_gb, "--card-size-gb")):
         log.warning("%s", note)
-    if warning := card_space_warning(card):
+    if warning := _native.card_space_warning(card):
         log.warning("%s", warning)
     metrics = None
     if args.metrics_port:
@@ -284,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
             server.stop()
             server.close()
             if not card_existed:
-                _remove_new_image(card, log)
+                remove_new_image(card, log)
             return 1
     where = f"unix://{os.path.abspath(args.socket)}"
     if args.listen:

@@ -24,7 +24,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from lmcache_adp.config import GIB, card_image_space
+from lmcache_adp._native import card_image_space
+from lmcache_adp.config import GIB
 from lmcache_adp.log import get_logger
 from lmcache_adp.stats_catalog import COUNTER, SOURCES, STATS
 

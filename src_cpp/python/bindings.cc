@@ -15,6 +15,7 @@
 #include "connector/connector.h"
 #include "gateway/gateway_server.h"
 #include "protocol/messages.h"
+#include "store/card_device.h"
 #include "store/card_store.h"
 #include "transport/embedded_backend.h"
 #include "transport/remote_backend.h"
@@ -440,6 +441,38 @@ PYBIND11_MODULE(_native, m) {
       py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0,
       "Writes a new superblock on path (creating an image of create_bytes if it does not exist): every object on the "
       "card becomes unreadable. region_bytes 0 picks the default. Raises RuntimeError on failure.");
+
+  m.def(
+      "card_image_space",
+      [](const std::string& path) -> py::object {
+        CardSpace s;
+        bool known;
+        {
+          py::gil_scoped_release nogil;
+          known = look_at_card_space(path, 0, &s, false);
+        }
+        if (!known) return py::none();
+        return py::make_tuple(s.size, s.allocated, s.free);
+      },
+      py::arg("path"),
+      "(size, allocated, free) bytes of the card image file at path: its size, what its filesystem allocated to it "
+      "(st_blocks x 512; less than its size while it is sparse) and that filesystem's free bytes (f_bavail x "
+      "f_frsize; a symlink is followed). None for a block device or a path that cannot be looked at.");
+  m.def(
+      "card_space_warning",
+      [](const std::string& path) -> py::object {
+        std::string w;
+        {
+          py::gil_scoped_release nogil;
+          w = card_space_warning(path);
+        }
+        if (w.empty()) return py::none();
+        return py::str(w);
+      },
+      py::arg("path"),
+      "The WARNING for an existing card image whose filesystem cannot hold what it can still grow by (its size less "
+      "its allocated bytes), alone or with the other card images in its directory; None when it fits, for a block "
+      "device, or a path that cannot be looked at (docs/card_format.md, \"Free space\").");
 
   py::class_<NativeConnector>(m, "NativeConnector")
       .def(py::init<const py::dict&>(),

@@ -29,27 +29,108 @@ namespace adp {
 
 namespace {
 
-// Bytes an unprivileged writer may still allocate on the filesystem that
-// holds `path` (or would hold it: the nearest directory above it that
-// exists); false when it cannot be asked.
-bool free_bytes_for(const std::string& path, uint64_t* free) {
-  std::filesystem::path p = std::filesystem::path(path).parent_path();
-  if (p.empty()) p = ".";
-  std::error_code ec;
-  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
-  struct statvfs vfs{};
-  if (::statvfs(p.c_str(), &vfs) != 0) return false;
-  *free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
-  return true;
-}
-
 std::string gib(uint64_t bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
   return b;
 }
 
+// "1.50 GiB" from 1 GiB up, "48.00 MiB" below: the several-cards WARNING
+// names small images too.
+std::string amount(uint64_t bytes) {
+  if (bytes >= (1ull << 30)) return gib(bytes);
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f MiB", bytes / double(1ull << 20));
+  return b;
+}
+
+// Whether the regular file `path` begins with the card's superblock magic
+// (any format version: an older card grows as well).
+bool is_card_image(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  char magic[sizeof kSuperMagic];
+  bool card = ::pread(fd, magic, sizeof magic, 0) == ssize_t(sizeof magic) &&
+              std::memcmp(magic, kSuperMagic, sizeof magic) == 0;
+  ::close(fd);
+  return card;
+}
+
+// The card images in `dir` on filesystem `dev` that can still grow, but the
+// one with inode `self` (0: none), by path.
+std::vector<CardSpace::Other> other_images(const std::filesystem::path& dir, dev_t dev, ino_t self) {
+  std::vector<CardSpace::Other> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string p = it->path().string();
+    struct stat st{};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != dev || st.st_ino == self) continue;
+    CardSpace::Other o{p, uint64_t(st.st_size), uint64_t(st.st_blocks) * 512};
+    if (o.grows_by() > 0 && is_card_image(p)) out.push_back(std::move(o));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  return out;
+}
+
 }  // namespace
+
+uint64_t CardSpace::others_grow_by() const {
+  uint64_t n = 0;
+  for (const Other& o : others) n += o.grows_by();
+  return n;
+}
+
+bool look_at_card_space(const std::string& path, uint64_t create_bytes, CardSpace* out, bool see_others) {
+  *out = CardSpace{};
+  std::error_code ec;
+  std::filesystem::path dir;
+  struct stat st{};
+  struct statvfs vfs{};
+  ino_t self = 0;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode) || ::statvfs(path.c_str(), &vfs) != 0) return false;
+    out->size = uint64_t(st.st_size);
+    out->allocated = uint64_t(st.st_blocks) * 512;
+    self = st.st_ino;
+    if (see_others) dir = std::filesystem::canonical(path, ec).parent_path();
+  } else {
+    if (errno != ENOENT || create_bytes == 0) return false;
+    out->size = create_bytes & ~(kBlockSize - 1);
+    dir = std::filesystem::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    while (!std::filesystem::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path())
+      dir = dir.parent_path();
+    if (::stat(dir.c_str(), &st) != 0 || ::statvfs(dir.c_str(), &vfs) != 0) return false;
+  }
+  out->free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+  if (see_others && !ec && !dir.empty()) out->others = other_images(dir, st.st_dev, self);
+  return true;
+}
+
+std::string card_space_warning(const std::string& path) {
+  CardSpace s;
+  if (!look_at_card_space(path, 0, &s, true)) return "";
+  if (s.grows_by() > s.free)
+    return "card image " + path + " is " + gib(s.size) + " (sparse: " + gib(s.allocated) +
+           " written) but its filesystem has " + gib(s.free) +
+           " free: once that is used, stores fail with 'No space left on device' and the card does not evict for it; "
+           "make room, or remove the image and start with a size that fits (the size applies when an image is "
+           "created)";
+  const uint64_t others = s.others_grow_by();
+  if (others == 0 || s.grows_by() + others <= s.free) return "";
+  constexpr size_t kNamed = 8;
+  std::string named;
+  for (size_t i = 0; i < s.others.size() && i < kNamed; i++)
+    named += (i ? ", " : "") + s.others[i].path + " " + amount(s.others[i].grows_by());
+  if (s.others.size() > kNamed) named += ", and " + std::to_string(s.others.size() - kNamed) + " more";
+  const size_t n = s.others.size();
+  return "card image " + path + " can still grow by " + amount(s.grows_by()) + " (its size less what is written) and " +
+         std::to_string(n) + " other card image" + (n == 1 ? "" : "s") + " beside it by " + amount(others) + " (" +
+         named + "): together more than the " + amount(s.free) +
+         " its filesystem has free; each fits alone, not all together: once the filesystem is full, stores of every "
+         "card there fail with 'No space left on device' and none evicts for it; make room, remove the images no "
+         "card uses, or give the cards sizes that fit together (the size applies when an image is created)";
+}
 
 Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out) {
   struct stat st{};
@@ -64,10 +145,11 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
     // A sparse image larger than its filesystem's free space would start and
     // then fail its stores with ENOSPC once the filesystem fills: refused
     // before anything (a directory, the file) is made.
-    const uint64_t want = create_bytes & ~(kBlockSize - 1);
-    if (uint64_t free = 0; free_bytes_for(path, &free) && want > free)
-      return Status::NoSpace("cannot create card image " + path + " of " + gib(want) + " (" + std::to_string(want) +
-                             " bytes): its filesystem has " + gib(free) + " (" + std::to_string(free) +
+    // (Only this image counts: the others beside it are the WARNING's, see
+    // card_space_warning and docs/card_format.md.)
+    if (CardSpace s; look_at_card_space(path, create_bytes, &s, false) && s.grows_by() > s.free)
+      return Status::NoSpace("cannot create card image " + path + " of " + gib(s.size) + " (" + std::to_string(s.size) +
+                             " bytes): its filesystem has " + gib(s.free) + " (" + std::to_string(s.free) +
                              " bytes) free; give a size that fits or make room");
     std::error_code ec;
     auto parent = std::filesystem::path(path).parent_path();

@@ -14,12 +14,54 @@
 #include <semaphore>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "store/device.h"
 #include "util/failing_hold.h"
 #include "util/status.h"
 
 namespace adp {
+
+// What a card image file can still take from its filesystem, against what
+// that filesystem has free: the one rule behind refusing a new image at
+// creation (CardDevice::Open) and the WARNING at the open of an existing one
+// (card_space_warning; the gateway and the embedded connector log it). A
+// sparse image takes its blocks as they are first written, so what counts is
+// what it can still grow by (its size less its allocated blocks), not its
+// size. docs/card_format.md, "Free space".
+struct CardSpace {
+  uint64_t size = 0;       // the image's bytes (the size asked for, in whole blocks, for one not made yet)
+  uint64_t allocated = 0;  // the blocks its filesystem holds for it: st_blocks x 512 (0 for one not made yet)
+  uint64_t free = 0;       // what an unprivileged writer may still allocate there: f_bavail x f_frsize
+  // The other card images (block 0 begins with the card magic) that are
+  // regular files in the same directory, on the same filesystem, and can
+  // still grow: several cards that each fit alone may not fit together.
+  // Images elsewhere on that filesystem (another directory, another
+  // process's) are not seen.
+  struct Other {
+    std::string path;
+    uint64_t size, allocated;
+    uint64_t grows_by() const { return size > allocated ? size - allocated : 0; }
+  };
+  std::vector<Other> others;
+  uint64_t grows_by() const { return size > allocated ? size - allocated : 0; }
+  uint64_t others_grow_by() const;
+};
+
+// Looks at the card image `path` (a symlink is followed: the image's own file,
+// filesystem and directory count) or, when it does not exist, at the image of
+// `create_bytes` that would be made there (the nearest existing directory
+// above it gives the filesystem). False for a block device or anything that
+// cannot be looked at (a missing path with create_bytes 0 too): no rule
+// applies then. `others` is filled only with see_others (a directory read).
+bool look_at_card_space(const std::string& path, uint64_t create_bytes, CardSpace* out, bool see_others);
+
+// The WARNING for an existing image `path` whose filesystem cannot hold what
+// it can still grow by, alone ("card image X is N GiB (sparse: W GiB
+// written) but its filesystem has F GiB free: ...") or together with the
+// other card images beside it ("card image X can grow by ... together that
+// is more than ..."); empty when it fits or no rule applies.
+std::string card_space_warning(const std::string& path);
 
 class CardDevice : public Device {
  public:

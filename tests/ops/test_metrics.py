@@ -148,7 +148,9 @@ def test_metrics_port_validated():
 
 def test_metrics_port_in_use_is_one_clear_line_and_frees_the_card(card):
     """A metrics_port another process holds failed the connector with a bare "[Errno 98] Address already in
-    use", naming no parameter, and left the card locked until the half-built object was collected (audit 12)."""
+    use", naming no parameter, and left the card locked until the half-built object was collected (audit 12).
+    The image that start created is removed (as a failed gateway start's is: tests/connector's
+    test_a_failed_start_removes_only_the_image_it_created); an existing card stays, and is free at once."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -158,6 +160,11 @@ def test_metrics_port_in_use_is_one_clear_line_and_frees_the_card(card):
         msg = str(e.value)
         assert f"adapter_params['metrics_port'] {port} on metrics_host '127.0.0.1'" in msg, msg
         assert "Address already in use" in msg, msg
+        assert not os.path.exists(card)  # this start's image: removed
+        ADPConnector(card=card, card_size_gb=0.0625).close()
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            ADPConnector(card=card, metrics_port=port)
+        assert os.path.exists(card)  # there before the start: kept
         ADPConnector(card=card).close()  # the card is free at once (no "already open by another connector")
 
 

@@ -6,6 +6,7 @@ space starts and then fails its stores with ENOSPC once the filesystem fills; th
 being full (by its own count it has room) and does not evict for it. So:
   - creating an image larger than the free space is refused, with the figures, before anything is made;
   - an existing image that cannot fit is warned about at open (tests/connector, tests/gateway: the WARNING);
+  - several images that each fit alone, not together, are warned about (those beside each other in a directory);
   - a store that hits ENOSPC fails with a message that says the image's filesystem is full, and /health
     (metrics.health) names it as the reason: measured on a private 16 MiB tmpfs (a mount namespace of its
     own, `unshare --mount`), not by filling /dev/shm.
@@ -26,7 +27,7 @@ import tempfile
 import pytest
 
 from lmcache_adp import CardStore
-from lmcache_adp.config import card_space_warning
+from lmcache_adp._native import card_space_warning
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,12 +45,33 @@ def test_an_image_larger_than_its_filesystem_is_not_created(tmp_path):
     assert not path.exists() and not path.parent.exists()
 
 
+def in_private_tmpfs(size_mib: int, child: str) -> tuple[str, dict]:
+    """Runs the Python `child` with a tmpfs of size_mib mounted at its argv[1], in a mount namespace of its own
+    (the mount goes with it): (that mount point, the JSON of the child's last line)."""
+    assert os.geteuid() == 0, "this test needs root: it mounts a private tmpfs in a mount namespace of its own"
+    unshare = shutil.which("unshare")
+    assert unshare, "util-linux unshare is needed for this test (scripts/run_tests.sh installs it)"
+    mnt = tempfile.mkdtemp(prefix="adp-space-tmpfs-")
+    try:
+        script = f'mount -t tmpfs -o size={size_mib}m tmpfs "$1" && exec "$2" -c "$3" "$1"'
+        r = subprocess.run(
+            [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", mnt, sys.executable, child],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        return mnt, json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        os.rmdir(mnt)  # the mount went with its namespace
+
+
 CHILD = r"""
 import json, os, sys
 from lmcache_adp import CardStore
-from lmcache_adp.config import card_space_warning
 from lmcache_adp.metrics import health
-path = sys.argv[1]
+path = sys.argv[1] + "/card.img"
 with open(path, "wb") as f:
     f.truncate(64 << 20)  # sparse, 4x the 16 MiB tmpfs (made here: creating it is refused)
 s = CardStore(path, 0, durable=False)
@@ -70,23 +92,7 @@ s.close()
 def test_a_store_on_a_full_image_filesystem_says_so():
     """A 64 MiB image on a 16 MiB tmpfs: the stores that fit are stored, every later one fails with a message
     that says the image's filesystem is full, and /health gives that as the reason."""
-    assert os.geteuid() == 0, "this test needs root: it mounts a private tmpfs in a mount namespace of its own"
-    unshare = shutil.which("unshare")
-    assert unshare, "util-linux unshare is needed for this test (scripts/run_tests.sh installs it)"
-    mnt = tempfile.mkdtemp(prefix="adp-enospc-")
-    try:
-        script = 'mount -t tmpfs -o size=16m tmpfs "$1" && exec "$2" -c "$3" "$1/card.img"'
-        r = subprocess.run(
-            [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", mnt, sys.executable, CHILD],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout.strip().splitlines()[-1])
-    finally:
-        os.rmdir(mnt)  # the mount went with its namespace
+    _, out = in_private_tmpfs(16, CHILD)
     assert 8 <= out["stored"] < 16 and len(out["errors"]) == 32 - out["stored"], out
     for e in out["errors"]:
         assert "No space left on device (the card image's filesystem is full" in e, e
@@ -98,7 +104,6 @@ def test_a_store_on_a_full_image_filesystem_says_so():
 LOG_CHILD = r"""
 import sys
 from lmcache_adp import CardStore
-from lmcache_adp.config import card_space_warning
 s = CardStore(sys.argv[1], int(sys.argv[2]))
 try:
     s.put("big", bytearray(int(sys.argv[3])))
@@ -154,3 +159,83 @@ def test_the_warning_asks_the_filesystem_the_image_is_on(tmp_path):
         assert warning is not None and "but its filesystem has" in warning
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_images_that_fit_alone_but_not_together_are_warned_about():
+    """Two sparse images created back to back on one tmpfs (/dev/shm), each 55% of its free space: each passed
+    the creation check (the first had written only its superblock) and nothing was said; once both filled, the
+    tmpfs would be full and every store of both fail. Now the second's start logs a WARNING naming the first
+    and the figures, and the first, looked at again, names the second. A file beside them that is not a card
+    image, or a card image alone, is not counted. Nothing is written: the images stay sparse."""
+    import logging
+
+    from lmcache_adp import ADPConnector
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # the package's logger does not propagate: listen on it
+    logging.getLogger("lmcache_adp").addHandler(handler)
+    shm = tempfile.mkdtemp(prefix="adp-space-", dir="/dev/shm")
+    a, b = os.path.join(shm, "a.img"), os.path.join(shm, "b.img")
+    try:
+        size_gb = round(shutil.disk_usage(shm).free * 0.55 / (1 << 30), 2)
+        first = ADPConnector(card=a, card_size_gb=size_gb, num_workers=1)
+        second = ADPConnector(card=b, card_size_gb=size_gb, num_workers=1)  # fits alone: created, not refused
+        warned = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1, warned
+        assert warned[0].startswith(f"card image {b} can still grow by {size_gb:.2f} GiB (its size less"), warned
+        assert (
+            f" and 1 other card image beside it by {size_gb:.2f} GiB ({a} {size_gb:.2f} GiB): together more "
+            in (warned[0])
+        ), warned
+        assert "its filesystem has free; each fits alone, not all together" in warned[0], warned
+        assert "stores of every card there fail with 'No space left on device'" in warned[0], warned
+        assert f"({b} {size_gb:.2f} GiB)" in (card_space_warning(a) or ""), card_space_warning(a)
+        second.close()
+        os.unlink(b)
+        assert card_space_warning(a) is None  # alone, it fits
+        with open(b, "wb") as f:
+            f.truncate(int(size_gb * (1 << 30)))  # as large and sparse, but not a card image: not counted
+        assert card_space_warning(a) is None
+        first.close()
+    finally:
+        logging.getLogger("lmcache_adp").removeHandler(handler)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+GROWN_CHILD = r"""
+import json, os, sys
+from lmcache_adp import CardStore
+from lmcache_adp._native import card_image_space, card_space_warning
+d = sys.argv[1]
+a, b = f"{d}/a.img", f"{d}/b.img"
+first = CardStore(a, 48 << 20, durable=False)
+for i in range(24):
+    first.put(f"k{i}", os.urandom(1 << 20))  # about 24 MiB written: a can still grow by about 24 MiB
+out = {"a": card_image_space(a)}
+CardStore(b, 16 << 20).close()  # 24 + 16 fit the ~56 MiB free (a's size, 48 + 16, would not)
+out["small"], out["free_small"] = card_space_warning(b), card_image_space(b)[2]
+os.unlink(b)
+CardStore(b, 40 << 20).close()  # alone, 40 fit; with a's 24, not
+out["big"], out["free_big"] = card_space_warning(b), card_image_space(b)[2]
+first.close()
+print(json.dumps(out))
+"""
+
+
+def test_the_images_beside_count_what_they_can_still_grow_by():
+    """On a private 80 MiB tmpfs, a 48 MiB image that has written about 24 MiB: a second image counts against
+    the free space with what the first can still grow by (about 24 MiB), not its size. A 16 MiB second image is
+    not warned about (24 + 16 fit the ~56 MiB free; 48 + 16 would not), a 40 MiB one is (24 + 40 do not), though
+    each is created: alone each fits."""
+    mnt, out = in_private_tmpfs(80, GROWN_CHILD)
+    size, allocated, free = out["a"]
+    assert size == 48 << 20 and 24 << 20 <= allocated < 26 << 20 and 54 << 20 < free < 57 << 20, out
+    assert out["small"] is None, out
+    big = out["big"]
+    assert big is not None and big.startswith(f"card image {mnt}/b.img can still grow by 40.00 MiB (its size"), big
+    grows = (size - allocated) / (1 << 20)
+    assert f" and 1 other card image beside it by {grows:.2f} MiB ({mnt}/a.img {grows:.2f} MiB): together more " in (
+        big
+    ), big
+    assert f"than the {out['free_big'] / (1 << 20):.2f} MiB its filesystem has free" in big, big
