@@ -21,7 +21,6 @@
 namespace {
 
 using adp::testing::check;
-using adp::testing::check_failures;
 using adp::testing::put_one;
 using adp::testing::read_object;
 
@@ -51,6 +50,5 @@ int main(int argc, char** argv) {
     check(read_object(*s, "other") == other, "the other key reads back after a restart");
   }
   std::remove(path.c_str());
-  printf("abandoned_put_test: %s\n", check_failures ? "FAIL" : "PASS");
-  return check_failures ? 1 : 0;
+  return adp::testing::finish("abandoned_put_test");
 }

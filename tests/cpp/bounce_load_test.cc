@@ -241,10 +241,5 @@ int main(int argc, char** argv) {
   }
   s.reset();
   std::remove(path.c_str());
-  if (adp::testing::check_failures) {
-    std::printf("bounce_load_test: %d checks failed\n", adp::testing::check_failures);
-    return 1;
-  }
-  std::printf("bounce_load_test: PASS\n");
-  return 0;
+  return adp::testing::finish("bounce_load_test");
 }

@@ -661,7 +661,5 @@ int main(int argc, char** argv) {
               " write points of the spanning workload, %" PRIu64 " runs, %d failures\n",
               static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", syncs,
               span_writes, runs, check_failures);
-  if (check_failures) return 1;
-  std::printf("card_crash_test: PASS\n");
-  return 0;
+  return adp::testing::finish("card_crash_test");
 }

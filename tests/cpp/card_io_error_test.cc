@@ -84,7 +84,5 @@ int main(int argc, char** argv) {
   ::munmap(buf, kBlock);
   dev.reset();
   ::unlink(path.c_str());
-  if (adp::testing::check_failures) return 1;
-  std::printf("card_io_error_test: PASS\n");
-  return 0;
+  return adp::testing::finish("card_io_error_test");
 }

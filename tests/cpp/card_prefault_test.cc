@@ -29,7 +29,6 @@
 namespace {
 
 using adp::CardDevice;
-using adp::testing::check_failures;
 
 constexpr uint64_t kPage = 4096, kMiB = 1 << 20;
 
@@ -219,10 +218,5 @@ int main(int argc, char** argv) {
   stops_when_asked_and_on_close(argv[1]);
   no_thread_for_a_disk_card(argv[2]);
   off_by_environment(argv[1]);
-  if (check_failures) {
-    std::printf("card_prefault_test: %d checks failed\n", check_failures);
-    return 1;
-  }
-  std::printf("card_prefault_test: PASS\n");
-  return 0;
+  return adp::testing::finish("card_prefault_test");
 }

@@ -44,6 +44,17 @@ inline void check(bool ok, const std::string& what) {
   }
 }
 
+// The program's end, its exit code: "<name>: PASS" and 0 when no check failed, else "<name>: N checks failed"
+// and 1 (tests/support/cpp.py's run looks for the PASS line and the 0).
+inline int finish(const char* name) {
+  if (check_failures) {
+    std::printf("%s: %d checks failed\n", name, check_failures);
+    return 1;
+  }
+  std::printf("%s: PASS\n", name);
+  return 0;
+}
+
 }  // namespace adp::testing
 
 // CHECK(cond, printf format, args...): the same, with the file and line.

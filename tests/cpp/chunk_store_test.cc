@@ -115,7 +115,5 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3500));
     ::close(c.fd);
   }
-  if (adp::testing::check_failures) return 1;
-  std::printf("chunk_store_test: PASS\n");
-  return 0;
+  return adp::testing::finish("chunk_store_test");
 }

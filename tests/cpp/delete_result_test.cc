@@ -31,7 +31,6 @@ constexpr uint64_t kCardBytes = 32ull << 20;
 constexpr uint64_t kRegionBytes = 1ull << 20;
 
 using adp::testing::check;
-using adp::testing::check_failures;
 using adp::testing::run;
 
 }  // namespace
@@ -71,10 +70,5 @@ int main() {
   check(get.ok && get.per_key == std::vector<uint8_t>{1} && got == b, "the key whose delete failed reads back");
 
   c.close();
-  if (check_failures) {
-    printf("delete_result_test: %d checks failed\n", check_failures);
-    return 1;
-  }
-  printf("delete_result_test: PASS\n");
-  return 0;
+  return adp::testing::finish("delete_result_test");
 }

@@ -48,7 +48,6 @@ constexpr size_t kSmallBytes = 4u << 20;    // one piece: staged
 const char* const kKey = "m@00000000@0@large";
 
 using adp::testing::check;
-using adp::testing::check_failures;
 using adp::testing::embedded_connector;
 using adp::testing::run;
 using adp::testing::wait_for;
@@ -222,10 +221,5 @@ int main() {
   store_object(store, doomed, kSmallBytes);
   deleted_while_read(store, dev, doomed, kSmallBytes);
 
-  if (check_failures) {
-    printf("disk_load_test: %d checks failed\n", check_failures);
-    return 1;
-  }
-  printf("disk_load_test: PASS\n");
-  return 0;
+  return adp::testing::finish("disk_load_test");
 }

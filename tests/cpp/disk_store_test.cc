@@ -32,7 +32,6 @@ namespace {
 using adp::CardStore;
 using adp::IoContext;
 using adp::Status;
-using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 
@@ -177,10 +176,5 @@ int main() {
     power_cuts(before, cut);
     failed_writes(before, cut);
   }
-  if (check_failures) {
-    std::printf("disk_store_test: %d FAILURES\n", check_failures);
-    return 1;
-  }
-  std::printf("disk_store_test: PASS\n");
-  return 0;
+  return adp::testing::finish("disk_store_test");
 }

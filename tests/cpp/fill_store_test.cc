@@ -42,7 +42,6 @@ using adp::IoContext;
 using adp::PutItem;
 using adp::Status;
 using adp::testing::check;
-using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 using adp::testing::pattern;
@@ -238,6 +237,5 @@ int main(int argc, char** argv) {
     fn("fault device", [img](const std::string& what) { return open_fault(img, what); });
   }
   cut_and_fail_at_every_write();
-  printf("fill_store_test: %s\n", check_failures ? "FAIL" : "PASS");
-  return check_failures ? 1 : 0;
+  return adp::testing::finish("fill_store_test");
 }

@@ -137,7 +137,5 @@ int main() {
               " acknowledged, %" PRIu64 " failed)\n",
               double(end.first_eviction_held_bytes) / kSize, end.first_eviction_inflight_stores,
               end.first_eviction_inflight_acked, end.first_eviction_inflight_failed);
-  if (adp::testing::check_failures) return 1;
-  std::printf("first_eviction_test: PASS\n");
-  return 0;
+  return adp::testing::finish("first_eviction_test");
 }

@@ -285,10 +285,5 @@ int main() {
   stalled_helper_holds_back_its_job_only();
   stop_with_pieces_in_flight();
   crc_of_pieces_out_of_order();
-  if (adp::testing::check_failures) {
-    std::printf("piece_pool_test: %d checks failed\n", adp::testing::check_failures);
-    return 1;
-  }
-  std::printf("piece_pool_test: PASS\n");
-  return 0;
+  return adp::testing::finish("piece_pool_test");
 }

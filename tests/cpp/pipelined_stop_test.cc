@@ -98,7 +98,5 @@ int main(int argc, char** argv) {
   gw.reset();
   ::close(c.fd);
   ::munmap(src, kObject);
-  if (adp::testing::check_failures) return 1;
-  std::printf("pipelined_stop_test: PASS\n");
-  return 0;
+  return adp::testing::finish("pipelined_stop_test");
 }

@@ -95,7 +95,5 @@ int main(int argc, char** argv) {
   ::close(b.fd);
   adp::testing::stop_gateway(*gw);
   gw.reset();
-  if (adp::testing::check_failures) return 1;
-  std::printf("pipelined_store_test: PASS\n");
-  return 0;
+  return adp::testing::finish("pipelined_store_test");
 }

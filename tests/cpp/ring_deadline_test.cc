@@ -41,7 +41,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using adp::testing::check_failures;
 using std::chrono::milliseconds;
 
 constexpr size_t kPieces = 64;
@@ -274,10 +273,5 @@ int main(int argc, char** argv) {
   }
   session_stops_at_its_deadline(argv[1]);
   connector_declines_after_completion();
-  if (check_failures) {
-    std::printf("ring_deadline_test: %d checks failed\n", check_failures);
-    return 1;
-  }
-  std::printf("ring_deadline_test: PASS\n");
-  return 0;
+  return adp::testing::finish("ring_deadline_test");
 }

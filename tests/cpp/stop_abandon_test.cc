@@ -124,7 +124,5 @@ int main(int argc, char** argv) {
   ::close(fd);
   ::munmap(b1, kK1);
   ::munmap(b2, kK2);
-  if (adp::testing::check_failures) return 1;
-  std::printf("stop_abandon_test: PASS\n");
-  return 0;
+  return adp::testing::finish("stop_abandon_test");
 }
