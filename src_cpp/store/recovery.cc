@@ -246,9 +246,9 @@ Status CardStore::recover(int threads) {
   malloc_trim(0);
   recovered_objects_ = index_.size();
   recovery_seconds_ = seconds_since(t0);
-  ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %" PRIu64 " MiB) in %.3f s",
+  ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %.2f MiB) in %.3f s",
            path().c_str(), index_.size(), used_bytes_ / double(1ull << 30),
-           num_regions_ * double(region_bytes_) / double(1ull << 30), num_regions_, region_bytes_ >> 20,
+           num_regions_ * double(region_bytes_) / double(1ull << 30), num_regions_, region_bytes_ / double(1u << 20),
            recovery_seconds_);
   return Status::Ok();
 }

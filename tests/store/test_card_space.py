@@ -124,7 +124,7 @@ s.close()
     ],
 )
 def test_format_and_oversize_logs_give_the_exact_figures(tmp_path, card_mib, object_bytes, formatted, largest, bound):
-    """Audit 12, findings 6 and 7: the region size was logged rounded down to whole MiB, and the oversize
+    """Audit 12, findings 6 and 7 (and audit 13: the open's line): the region size was logged rounded down to whole MiB, and the oversize
     line said "half its regions" also where the bound is the format's 256 MiB."""
     card = tmp_path / "card.img"
     r = subprocess.run(
@@ -137,6 +137,9 @@ def test_format_and_oversize_logs_give_the_exact_figures(tmp_path, card_mib, obj
     )
     assert r.returncode == 0, r.stderr
     assert f"formatted card {card}: {formatted}" in r.stderr, r.stderr
+    # The open's line gave the same regions rounded down ("128 regions of 7 MiB") after 13edeb8 (audit 13).
+    opened = [line for line in r.stderr.splitlines() if f"opened card {card}: " in line]
+    assert len(opened) == 1 and f", {formatted}) in " in opened[0], r.stderr
     refused = [line for line in r.stderr.splitlines() if "refuses objects larger than" in line]
     assert len(refused) == 1, r.stderr
     assert f"larger than {largest} bytes ({bound}); got one of {object_bytes} bytes" in refused[0], refused
