@@ -9,6 +9,7 @@ when the server fails, never parsed.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -53,9 +54,17 @@ def free_port() -> int:
 
 
 def lmcache_executable() -> list[str]:
-    """`lmcache` next to this interpreter (a venv's), else the one on PATH."""
+    """`lmcache` next to this interpreter (a venv's); else LMCache's command run by this interpreter,
+    which imports this lmcache_adp (a venv made with --system-site-packages on a host whose LMCache is
+    installed outside it has no `lmcache` of its own: the one on PATH runs the host's interpreter, which
+    cannot import the plugin installed in the venv, audit 13); else the `lmcache` on PATH."""
     here = Path(sys.executable).with_name("lmcache")
-    return [str(here)] if here.exists() else ["lmcache"]
+    if here.exists():
+        return [str(here)]
+    for ep in importlib.metadata.entry_points(group="console_scripts", name="lmcache"):
+        run = f"import importlib, sys; sys.argv[0] = 'lmcache'; sys.exit(importlib.import_module({ep.module!r}).{ep.attr}())"
+        return [sys.executable, "-c", run]
+    return ["lmcache"]
 
 
 def child_env() -> dict[str, str]:

@@ -27,6 +27,7 @@ from lmcache_adp.testing import (  # noqa: E402
     restore_prompt,
     store_prompt,
 )
+from lmcache_adp.testing.server import lmcache_executable  # noqa: E402
 from tests.support.mp_server import assert_restored_from_card  # noqa: E402
 
 pytestmark = [pytest.mark.lmcache, pytest.mark.slow]
@@ -100,6 +101,22 @@ def test_quickstart_fails_when_the_card_cannot_hold_a_chunk(tmp_path):
     r = run_quickstart("--card-size-gb", "0.015625", "--workdir", str(tmp_path))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL" in r.stderr and "0 of the prompt's 4 chunks" in r.stderr, r.stderr
+
+
+def test_the_server_is_run_by_this_interpreter_where_no_lmcache_is_beside_it(tmp_path, monkeypatch):
+    """Audit 13: in a venv made with --system-site-packages on a host whose LMCache is installed outside
+    it, `pip install .` put the plugin in the venv but no `lmcache` beside the venv's python, so the
+    quickstart ran the `lmcache` on PATH: the host's interpreter, which cannot import the plugin
+    ("Could not import module 'lmcache_adp'", the quickstart FAILed). Now LMCache's own command is run
+    by this interpreter."""
+    venv_python = tmp_path / "bin" / "python"  # an interpreter with no `lmcache` beside it
+    venv_python.parent.mkdir()
+    venv_python.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(venv_python))
+    argv = lmcache_executable()
+    assert argv[0] == str(venv_python), argv
+    r = subprocess.run([*argv, "server", "--help"], capture_output=True, text=True, timeout=300)  # 34 s at load 14
+    assert r.returncode == 0 and r.stdout.startswith("usage: lmcache server"), r.stdout + r.stderr
 
 
 # --- launch scripts ---------------------------------------------------------------
