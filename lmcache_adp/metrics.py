@@ -141,6 +141,12 @@ class MetricsServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's naming)
+                self._answer(with_body=True)
+
+            def do_HEAD(self):  # noqa: N802 (monitors that check with HEAD got 501: audit 13)
+                self._answer(with_body=False)
+
+            def _answer(self, *, with_body: bool) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
                     body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
@@ -155,7 +161,8 @@ class MetricsServer:
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if with_body:
+                    self.wfile.write(body)
 
             def log_message(self, *args):  # one line per scrape would flood the log
                 pass

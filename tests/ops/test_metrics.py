@@ -78,6 +78,23 @@ def test_health_and_stats_endpoints(served, card):
     os.truncate(card, size)
 
 
+def test_head_requests_answer_as_get_without_a_body(served):
+    """Audit 13: a monitor that checks with HEAD (`curl -I`, uptime checkers) got 501 Unsupported method from
+    every page, healthy or not. Now the GET's status and headers, no body."""
+    _, port = served
+    for page, ctype in (("/health", "application/json"), ("/metrics", "text/plain"), ("/stats", "application/json")):
+        get = urllib.request.urlopen(f"http://127.0.0.1:{port}{page}", timeout=5)
+        head = urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{port}{page}", method="HEAD"), timeout=5
+        )
+        assert head.status == 200 and head.headers["Content-Type"].startswith(ctype), (page, head.headers)
+        assert int(head.headers["Content-Length"]) > 0 and head.read() == b"", page
+        assert get.status == 200
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/nope", method="HEAD"), timeout=5)
+    assert e.value.code == 404
+
+
 def test_status_reads_a_running_connector(served):
     import subprocess
     import sys
