@@ -64,42 +64,40 @@ void every_piece_once() {
   CHECK(pool.helped_pieces() > 0, "no helper took a piece (threads 4, CPUs 64)");
 }
 
+// Of 20 jobs of 200 pieces (10 us each) run on pool (`alone` as run() takes it), the pieces helpers ran.
+int helper_pieces(PiecePool& pool, bool alone = false) {
+  std::atomic<int> n{0};
+  for (int rep = 0; rep < 20; rep++)
+    pool.run(
+        200,
+        [&](size_t, int slot) {
+          std::this_thread::sleep_for(10us);
+          n += slot != 0;
+          return true;
+        },
+        alone);
+  return n.load();
+}
+
 // No CPU spare (one, taken by the caller): the caller runs every piece.
 void no_spare_cpu_no_helper() {
   PiecePool pool(4, 2, 1);
-  std::atomic<int> helper_pieces{0};
-  for (int rep = 0; rep < 20; rep++)
-    pool.run(200, [&](size_t, int slot) {
-      std::this_thread::sleep_for(10us);
-      helper_pieces += slot != 0;
-      return true;
-    });
-  CHECK(helper_pieces == 0 && pool.helped_pieces() == 0, "helpers ran %d pieces with no CPU spare",
-        helper_pieces.load());
+  const int n = helper_pieces(pool);
+  CHECK(n == 0 && pool.helped_pieces() == 0, "helpers ran %d pieces with no CPU spare", n);
 }
 
 // As many callers (connections loading) as CPUs: no helper joins; with
 // one caller for the same CPUs, helpers do.
 void callers_share_the_cpus() {
   PiecePool pool(4, 2, 4);
-  auto helper_pieces = [&] {
-    std::atomic<int> n{0};
-    for (int rep = 0; rep < 20; rep++)
-      pool.run(200, [&](size_t, int slot) {
-        std::this_thread::sleep_for(10us);
-        n += slot != 0;
-        return true;
-      });
-    return n.load();
-  };
   {
     std::vector<std::unique_ptr<PiecePool::Caller>> callers;
     for (int i = 0; i < 4; i++) callers.push_back(std::make_unique<PiecePool::Caller>(&pool));
-    const int n = helper_pieces();
+    const int n = helper_pieces(pool);
     CHECK(n == 0, "helpers ran %d pieces with 4 callers on 4 CPUs", n);
   }
   PiecePool::Caller one(&pool);
-  CHECK(helper_pieces() > 0, "no helper joined one caller on 4 CPUs");
+  CHECK(helper_pieces(pool) > 0, "no helper joined one caller on 4 CPUs");
 }
 
 // helpers_now() before a job: true while callers leave one a helper, false
@@ -117,22 +115,9 @@ void helpers_now_and_alone() {
   }
   PiecePool none(0, 2, 4);
   CHECK(!none.helpers_now(), "a helper in a pool of no threads");
-  auto helper_pieces = [&](bool alone) {
-    std::atomic<int> n{0};
-    for (int rep = 0; rep < 20; rep++)
-      pool.run(
-          200,
-          [&](size_t, int slot) {
-            std::this_thread::sleep_for(10us);
-            n += slot != 0;
-            return true;
-          },
-          alone);
-    return n.load();
-  };
   const uint64_t helped = pool.helped_pieces();
-  CHECK(helper_pieces(true) == 0 && pool.helped_pieces() == helped, "helpers joined jobs run alone");
-  CHECK(helper_pieces(false) > 0, "no helper joined the same jobs run shared");
+  CHECK(helper_pieces(pool, true) == 0 && pool.helped_pieces() == helped, "helpers joined jobs run alone");
+  CHECK(helper_pieces(pool) > 0, "no helper joined the same jobs run shared");
   pool.stop();
   CHECK(!pool.helpers_now(), "a helper after stop()");
 }
