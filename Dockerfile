@@ -10,6 +10,11 @@
 #       -e ADP_GATEWAY=unix:///run/lmcache-adp/gateway.sock lmcache-adp lmcache-server   # ... and servers on it
 #   docker run --gpus all --network host --ipc host lmcache-adp vllm MODEL [vllm serve flags]
 #
+# The image runs as uid 10001: a host directory bind-mounted as above must be writable by it
+# (`install -d -o 10001 -g 10001 /var/lib/lmcache-adp /run/lmcache-adp`; one Docker creates is
+# root's: "cannot open card ...: Permission denied", "cannot listen on ...: Permission denied");
+# a named volume (README, "The container image") starts with the image's own, writable directory.
+#
 # Host network and IPC: vLLM and the MP server share KV through CUDA IPC / shared
 # memory and talk over 127.0.0.1. Roles and settings: docker/entrypoint.sh.
 #
