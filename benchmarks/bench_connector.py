@@ -304,6 +304,7 @@ def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
             + os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
             stdout=out,
             stderr=subprocess.STDOUT,
+            cwd=card.parent,  # `-m` puts the cwd first on sys.path: a checkout's unbuilt package there (audit 13)
         )
         try:
             deadline = time.monotonic() + 60

@@ -314,6 +314,7 @@ def serving(role: str, work: Path, log: Path):
             stdout=out,
             stderr=subprocess.STDOUT,
             env=SUB_ENV,
+            cwd=work,  # `-m` puts the cwd first on sys.path: a checkout's unbuilt package there (audit 13)
         )
         try:
             deadline = time.monotonic() + 120

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import select
 import shutil
 import signal
@@ -57,7 +58,13 @@ def main() -> int:
     ap.add_argument("--gateway-args", default="", help="extra gateway flags")
     a = ap.parse_args()
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's package
+    # This tree's package when it is built in place (bench_connector's rule), otherwise the installed one: a
+    # clone installed with `pip install .` has no _native beside its sources (audit 13: ModuleNotFoundError).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if runpy.run_path(os.path.join(root, "lmcache_adp", "source_digest.py"))["native_module"](
+        os.path.join(root, "lmcache_adp")
+    ):
+        sys.path.insert(0, root)
     from lmcache_adp import ADPConnector
 
     size = a.object_mb * MIB
@@ -75,7 +82,7 @@ def main() -> int:
 
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(lmcache_adp.__file__)))
     env = {**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    gw = subprocess.Popen(gw_cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+    gw = subprocess.Popen(gw_cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=work)  # not a checkout's cwd
     try:
         t0 = time.monotonic()
         while "gateway ready" not in open(log_path).read():
