@@ -38,6 +38,7 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
   c->idle_check_ns_ = opts.idle_check.count();
   s = c->handshake(opts, deadline);
   if (!s.ok()) return s;
+  c->handshake_id_ = c->request_id_;
   *out = std::move(c);
   return Status::Ok();
 }
@@ -51,6 +52,14 @@ int64_t steady_ns() {
 }  // namespace
 
 void GatewayClient::begin_wait() { waiting_since_ns_.store(steady_ns(), std::memory_order_relaxed); }
+
+Status GatewayClient::write(proto::FrameType type, std::span<const iovec> payload, proto::Deadline deadline,
+                            int pass_fd) {
+  begin_wait();
+  Status s = proto::write_frame(fd_, type, ++request_id_, table_, payload, deadline, pass_fd);
+  unsent_ = s.code() == Status::Code::kClosed;
+  return s;
+}
 
 void GatewayClient::heard_now() { heard_ns_.store(steady_ns(), std::memory_order_relaxed); }
 
@@ -80,9 +89,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   hello.client_name = opts.client_name;
   table_.clear();
   proto::encode_hello(hello, &table_);
-  begin_wait();
-  Status s =
-      proto::write_frame(fd_, proto::FrameType::kHello, ++request_id_, table_, {}, deadline, ring_ ? ring_->fd() : -1);
+  Status s = write(proto::FrameType::kHello, {}, deadline, ring_ ? ring_->fd() : -1);
   if (s.ok()) {
     s = receive(static_cast<uint8_t>(proto::FrameType::kHelloOk), deadline);
   } else if (s.code() == Status::Code::kClosed) {
@@ -248,8 +255,7 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
   reg.probe = std::span<const uint8_t>(probe_, sizeof probe_);
   table_.clear();
   proto::encode_register_process(reg, &table_);
-  begin_wait();
-  Status s = proto::write_frame(fd_, proto::FrameType::kRegisterProcess, ++request_id_, table_, {}, deadline);
+  Status s = write(proto::FrameType::kRegisterProcess, {}, deadline);
   if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kProcessOk), deadline);
   proto::ProcessOk ok;
   if (s.ok()) s = proto::decode_process_ok(frame_.body, &ok);
@@ -302,8 +308,7 @@ Status GatewayClient::register_segment(int fd, uint64_t bytes, proto::Deadline d
   proto::RegisterSegment reg{segments_registered_ + 1, bytes};
   table_.clear();
   proto::encode_register_segment(reg, &table_);
-  begin_wait();
-  Status s = proto::write_frame(fd_, proto::FrameType::kRegisterSegment, ++request_id_, table_, {}, deadline, fd);
+  Status s = write(proto::FrameType::kRegisterSegment, {}, deadline, fd);
   if (s.ok()) s = receive(static_cast<uint8_t>(proto::FrameType::kSegmentOk), deadline);
   if (s.ok() && !frame_.body.empty()) s = Status::InvalidArgument("gateway sent an unexpected frame");
   if (!s.ok()) return s;
@@ -320,10 +325,7 @@ Status GatewayClient::call(const proto::BatchRequest& req, std::span<const iovec
 Status GatewayClient::send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline) {
   table_.clear();
   proto::encode_batch(req, &table_);
-  begin_wait();
-  Status s = proto::write_frame(fd_, proto::FrameType::kBatch, ++request_id_, table_, payload, deadline);
-  unsent_ = s.code() == Status::Code::kClosed;
-  return s;
+  return write(proto::FrameType::kBatch, payload, deadline);
 }
 
 bool GatewayClient::closed_while_idle() {

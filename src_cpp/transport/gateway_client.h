@@ -61,10 +61,16 @@ class GatewayClient {
               proto::BatchReply* reply);
   // call() in two halves, for a client that works while the gateway does (r4).
   Status send(const proto::BatchRequest& req, std::span<const iovec> payload, proto::Deadline deadline);
-  // Whether the last send() failed on a closed connection (EPIPE,
-  // ECONNRESET): the gateway never had the whole frame, and it serves only
-  // whole frames, so the request was not served.
-  bool unsent() const { return unsent_; }
+  // Whether a frame went out on this connection since its handshake before
+  // the last one (a request, a segment's or this process's registration): it
+  // was in use, so the gateway may have closed it while it was idle since.
+  bool used_before() const { return request_id_ > handshake_id_ + 1; }
+  // Whether the last frame (any of those) met the connection closed (EPIPE,
+  // ECONNRESET) on a connection used_before(): the gateway closed it while it
+  // was idle (a restart, --idle-timeout-s) and never had that frame whole; it
+  // serves only whole frames, so the frame was not served and may go again at
+  // once on a new connection (RemoteSession::lose).
+  bool unsent_on_idle() const { return unsent_ && used_before(); }
   // Whether the gateway closed this connection while nothing was asked of it
   // (hung up; looked at, one poll, only once nothing was heard on it for
   // kIdleCheck): replaced before use, its request never lost. Between batches.
@@ -144,6 +150,10 @@ class GatewayClient {
   // current request sets *alive instead (heard from, still waiting).
   Status receive(uint8_t type, proto::Deadline deadline, bool* alive = nullptr);
   void begin_wait();  // a request goes out: waiting from now until a frame comes
+  // Every frame this client sends: table_ (and payload; pass_fd rides on it
+  // if not -1) under the next request id, waiting from now (begin_wait);
+  // notes whether it met the connection closed (unsent_on_idle()).
+  Status write(proto::FrameType type, std::span<const iovec> payload, proto::Deadline deadline, int pass_fd = -1);
   // r5: after HelloOk offered process memory: Yama's ptracer, then
   // RegisterProcess with a probe of this process's memory.
   Status register_process(proto::Deadline deadline);
@@ -153,6 +163,7 @@ class GatewayClient {
   proto::HelloOk limits_;
   std::string server_;
   uint64_t request_id_ = 0;
+  uint64_t handshake_id_ = 0;  // request_id_ once the handshake was done (used_before())
   bool segments_ = false;
   bool segment_stores_ = false;
   bool ring_progress_ = false;
@@ -172,7 +183,7 @@ class GatewayClient {
   proto::Frame frame_;
   mutable std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};
   mutable std::atomic<uint32_t> alive_seen_{0};  // the alive word at the last poll_alive()
-  bool unsent_ = false;                          // unsent()
+  bool unsent_ = false;                          // the last frame met the connection closed (unsent_on_idle())
   // closed_while_idle(): when the last frame came (not heard_ns(): another
   // thread's poll_alive() may see an old bump of the alive word only later)
   // and when it last polled (steady ns).

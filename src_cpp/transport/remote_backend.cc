@@ -225,8 +225,9 @@ class RemoteSession : public BackendSession {
   bool run_into_segments(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs,
                          size_t n, Deadline deadline, const GuardedReadFn& guarded,
                          const std::function<void(size_t, const Status&)>& finish);
-  // One try of run_into_segments; false with *retry set when the request
-  // never reached a connection found dead (nothing finished: try again).
+  // One try of run_into_segments; false with *retry set when a frame of it
+  // (a registration, the request) never reached a connection the gateway had
+  // closed while it was idle (lose(): nothing finished, try again).
   bool try_in_place(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs, size_t n,
                     Deadline deadline, const GuardedReadFn& guarded,
                     const std::function<void(size_t, const Status&)>& finish, bool* retry);
@@ -234,12 +235,15 @@ class RemoteSession : public BackendSession {
   // nothing more for it (an object being written is waited out, unless the
   // gateway died).
   void revoke_lease(uint64_t rid);
-  // Drops the connection after `why`; the link is logged down (WARNING,
-  // once per change) unless `replaced`: a request that never reached a
-  // connection the gateway had closed while it was idle (a restart,
-  // --idle-timeout-s), tried again at once on a new one, whose own failure
-  // is the one logged.
-  void lose(const Status& why, bool replaced = false);
+  // Drops the connection after a frame on it (a request, a segment's or
+  // this process's registration) failed with `why`. True when the frame is to
+  // go again at once on a new connection: `retry` (the caller's one more try)
+  // and it never reached a connection the gateway had closed while it was
+  // idle (GatewayClient::unsent_on_idle(): a restart, --idle-timeout-s): not
+  // an outage, logged at DEBUG; the new connection's own failure is the one
+  // logged. Otherwise the link is logged down (WARNING, once per change; a
+  // timeout at DEBUG).
+  bool lose(const Status& why, bool retry);
   // Lays out the round starting at `begin` for the current connection;
   // returns its end (== begin when item `begin` fits no round). A put's
   // bytes are copied (into the ring, or this session's staging for TCP)
@@ -275,7 +279,6 @@ class RemoteSession : public BackendSession {
 
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
-  bool fresh_ = false;             // connected, no call made on it yet
   bool connected_before_ = false;  // a connection of this session was made (and, when there is none, lost)
   Clock::time_point retry_at_{};
   milliseconds backoff_{0};
@@ -310,7 +313,6 @@ Status RemoteSession::connected(Deadline deadline) {
     return last_error_;
   }
   backoff_ = milliseconds{0};
-  fresh_ = true;
   if (connected_before_) backend_->reconnects_.fetch_add(1, std::memory_order_relaxed);
   connected_before_ = true;
   segment_ids_.clear();
@@ -321,8 +323,8 @@ bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys
                                       uint8_t* const* bufs, size_t n, Deadline deadline, const GuardedReadFn& guarded,
                                       const std::function<void(size_t, const Status&)>& finish) {
   // A connection that died while idle (the gateway restarted) gets one more
-  // try on a new one, as in run(): only when the request never reached the
-  // gateway (its send failed), so nothing can have been written for it.
+  // try on a new one, as in run(): only when a frame of it (a registration,
+  // the request) never reached the gateway, so nothing was written for it.
   bool retry = false;
   if (try_in_place(op, keys, sizes, bufs, n, deadline, guarded, finish, &retry)) return true;
   return retry && try_in_place(op, keys, sizes, bufs, n, deadline, guarded, finish, nullptr);
@@ -333,11 +335,13 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
                                  const std::function<void(size_t, const Status&)>& finish, bool* retry) {
   const bool put = op == proto::Op::kPut;
   if (!connected(deadline).ok() || n > client_->limits().max_batch_keys) return false;
-  // ptracer_follow: refused while this process named another gateway that has exited since.
-  if (Status s = client_->retry_process(deadline); !s.ok()) {
-    lose(s);
+  // The connection lost after `why`; one more try if lose() says so.
+  auto lost = [&](const Status& why) {
+    if (lose(why, retry != nullptr)) *retry = true;
     return false;
-  }
+  };
+  // ptracer_follow: refused while this process named another gateway that has exited since.
+  if (Status s = client_->retry_process(deadline); !s.ok()) return lost(s);
   // Per buffer: in a shared memory file the gateway maps (r3), else, where
   // granted, this process's memory (r5); a batch with any other buffer: the ring.
   // A store's buffer may be read by others meanwhile: only the kernel's
@@ -380,8 +384,7 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
       if (!s.ok()) {
         // A gateway that refuses the file closes the connection: use the ring for it from now on.
         if (s.code() == Status::Code::kUnavailable) spans[i].file->refused = true;
-        lose(s);
-        return false;
+        return lost(s);
       }
       if (id == 0) return false;  // this connection's ids are used up
       it = segment_ids_.emplace(f, id).first;
@@ -389,9 +392,7 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     req.items[i] = {keys[i], sizes[i], spans[i].offset, it->second};
   }
   Status s;
-  bool stale = false, sent = false;
-  const bool idle = !fresh_;  // used before: the gateway may have gone meanwhile
-  fresh_ = false;
+  bool stale = false;
   const bool wanted = guarded([&] {
     // The buffers are still the files' memory (a cached mapping may have been replaced).
     for (size_t i = 0; i < n && !stale; i++) {
@@ -416,8 +417,7 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     const uint64_t rid = client_->next_request_id();
     __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
     s = send_request(req, {}, deadline);
-    sent = s.ok();
-    if (sent) s = read_reply(req, deadline, &reply_);
+    if (s.ok()) s = read_reply(req, deadline, &reply_);
     revoke_lease(rid);
   });
   if (stale) {
@@ -446,10 +446,8 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     }
   }
   // A request whose send found the connection closed never reached the gateway (nothing can have been
-  // written for it): tried again at once on a new connection, quietly (audit 12).
-  const bool again = !s.ok() && wanted && retry && idle && !sent && s.code() == Status::Code::kClosed;
-  if (!s.ok() && wanted) lose(s, again);
-  if (again) {
+  // written for it): tried again at once on a new connection, quietly (audit 12; lose()).
+  if (!s.ok() && wanted && lose(s, retry != nullptr)) {
     *retry = true;
     return false;
   }
@@ -478,15 +476,17 @@ void RemoteSession::revoke_lease(uint64_t rid) {
   }
 }
 
-void RemoteSession::lose(const Status& why, bool replaced) {
+bool RemoteSession::lose(const Status& why, bool retry) {
+  const bool again = retry && client_ && client_->unsent_on_idle();
   backend_->drop(&client_);
-  if (replaced)
-    ADP_DEBUG("%s: %s (the gateway closed this connection while it was idle); the request goes on a new one",
+  if (again)
+    ADP_DEBUG("%s: %s (the gateway closed this connection while it was idle); it goes again on a new one",
               backend_->describe().c_str(), log_safe(why.message()).c_str());
   else if (link_failure(why))
     backend_->note_down(why);
   else
     ADP_DEBUG("%s: %s; reconnecting", backend_->describe().c_str(), log_safe(why.message()).c_str());
+  return again;
 }
 
 size_t RemoteSession::plan_round(const RoundInput& in, size_t begin, size_t n, proto::BatchRequest* req,
@@ -563,8 +563,6 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return fail_rest(Status::TimedOut("deadline passed before the request was sent"));
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
-    bool stale = !fresh_;
-    fresh_ = false;
     copied_.clear();
     if (in.op == proto::Op::kGet && client_->ring_progress()) {
       s = call_in_pieces(in, begin, req, deadline, &reply, finish);
@@ -578,13 +576,13 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       // A connection that died while idle (gateway restarted) gets one more try on a new one,
       // unless pieces of this round reached a buffer already (a miss on the retry would then be
       // a miss with its buffer written). A request its send found the connection closed for never
-      // reached the gateway: replaced quietly. One that went out and found it closed after (TCP
-      // sends once into a closed connection; a gateway that died under it) may have been served:
+      // reached the gateway: replaced quietly (lose()). One that went out and found it closed after
+      // (TCP sends once into a closed connection; a gateway that died under it) may have been served:
       // tried again all the same (a put of the same key and bytes, a get, an exists, a delete: the
       // same answer but a delete's, "not found" if it was served), and logged as the outage it may be.
       const bool wrote = std::any_of(copied_.begin(), copied_.end(), [](uint64_t b) { return b > 0; });
-      const bool again = stale && !retried && s.code() == Status::Code::kClosed && !wrote;
-      lose(s, again && client_->unsent());
+      const bool again = client_->used_before() && !retried && s.code() == Status::Code::kClosed && !wrote;
+      lose(s, again);
       if (again) {
         retried = true;
         continue;

@@ -13,8 +13,9 @@ import pytest
 
 from lmcache_adp import ADPConnector
 from lmcache_adp.gateway_stats import read_gateway_stats
+from lmcache_adp.metrics import health
 from tests.helpers import RawConnector, eventually, no_foreign_bytes, payload
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, temp_gateway
 
 TIMEOUT_MS = 2000
 
@@ -183,12 +184,13 @@ class Buffers:
 
     def __init__(self, datas: list[bytes], shm: bool):
         size, n = len(datas[0]), len(datas)
-        self.map = None
+        self.map, self.path = None, None
         if shm:
-            path = f"/dev/shm/adp-test-reconn-{os.getpid()}-{time.monotonic_ns()}"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            # Kept by name until close(): the connector registers only a file it can open by its /proc/self/maps
+            # path (an unlinked one reads "(deleted)" there and goes through the ring).
+            self.path = f"/dev/shm/adp-test-reconn-{os.getpid()}-{time.monotonic_ns()}"
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.unlink(path)
                 os.ftruncate(fd, 2 * n * size)
                 self.map = mmap.mmap(fd, 2 * n * size)
             finally:
@@ -206,6 +208,7 @@ class Buffers:
             v.release()
         if self.map is not None:
             self.map.close()
+            os.unlink(self.path)
 
 
 def one_key_batches(conn: ADPConnector, c: RawConnector, op: str, keys: list[str], bufs: list) -> list[tuple]:
@@ -272,6 +275,55 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
     finally:
         conn.close()
         bufs.close()
+
+
+@pytest.mark.parametrize("op", ["set", "get"])
+def test_a_segment_registration_on_a_connection_closed_while_idle_logs_no_outage(op, capfd, monkeypatch):
+    """Session twelve's note: a session-setup packet (here a shared memory file's registration, protocol r3) that
+    meets a connection the gateway closed while it was idle, within kIdleCheck of its last frame
+    (ADP_TEST_IDLE_CHECK_MS stands in for that window), goes again at once on a new connection, as a request does:
+    the batch succeeds in place, nothing is logged at WARNING, gateway_reachable and /health stay up. It logged
+    `send failed: Broken pipe; its requests fail until it is back` and went through the ring. A gateway really
+    gone meets the same registration: the batch fails, the WARNING comes once, /health says unreachable."""
+    monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
+    with temp_gateway() as gw:  # a tmpfs card: stores from segments too
+        conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=TIMEOUT_MS, process_memory=False)
+        monkeypatch.delenv("ADP_TEST_IDLE_CHECK_MS", raising=False)  # read at the connector's start
+        c = RawConnector(conn)
+        keys, datas = keys_and_datas(4, 64 << 10)
+        files = [Buffers(datas, shm=True) for _ in range(3)]  # each a file new to the connection it meets
+        try:
+            assert c.set(keys, files[0].src)[0]
+            assert c.get(keys, files[0].dst)[2] == [True] * len(keys)
+            assert gw.stop() == 0
+            gw.start()  # the same card: the keys are still there
+            capfd.readouterr()
+            # The second file's registration is the first frame on the connection the restart closed.
+            if op == "set":
+                ok, why, _ = c.set(keys, files[1].src)
+                assert ok, why
+            ok, why, per_key = c.get(keys, files[1].dst)
+            assert ok and per_key == [True] * len(keys), why
+            assert [bytes(o) for o in files[1].dst] == datas
+            st = read_gateway_stats(gw.unix_url)
+            assert st["segment_stores" if op == "set" else "segment_loads"] == len(keys), st  # in place, not the ring
+            err = capfd.readouterr().err
+            assert "WARNING" not in err, err
+            st = conn.stats()
+            assert st["gateway_reachable"] is True and st["gateway_reconnects"] == 1, st
+            assert health(st)["healthy"] is True, health(st)
+
+            assert gw.stop() == 0  # really down: the third file's registration meets it
+            ok, why, _ = c.set(keys, files[2].src) if op == "set" else c.get(keys, files[2].dst)
+            assert not ok and "unavailable" in why, why
+            err = capfd.readouterr().err
+            assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
+            assert conn.stats()["gateway_reachable"] is False
+            assert "unreachable" in " ".join(health(conn.stats())["reasons"])
+        finally:
+            conn.close()
+            for f in files:
+                f.close()
 
 
 def test_a_connection_closed_for_idleness_is_replaced_quietly(workdir, capfd):

@@ -131,7 +131,20 @@ try:
         out["b_same_connection"] = use(cb, ["b@1"])  # registers now that the named gateway has exited
         cb2 = RawConnector(ADPConnector(gateway=b.url, num_workers=1, timeout_ms=5000, ptracer_follow=True))
         out["b_new_connection"] = use(cb2, ["b@2"])
-        for c in (ca, cb, cb2):
+        # A re-registration that meets a connection its gateway closed while it was idle, within kIdleCheck of its
+        # last frame (ADP_TEST_IDLE_CHECK_MS stands in for that window): made again at once on a new connection,
+        # quietly, as a request is (it logged an outage and sent that batch through the ring).
+        a.start()
+        os.environ["ADP_TEST_IDLE_CHECK_MS"] = "600000"  # read at the connector's start
+        cx = RawConnector(ADPConnector(gateway=a.url, num_workers=1, timeout_ms=5000, ptracer_follow=True))
+        del os.environ["ADP_TEST_IDLE_CHECK_MS"]
+        out["x_while_b_runs"] = use(cx, ["x@0"])  # refused while b runs: the ring, a retry pending
+        b.stop()  # the named gateway exits: cx's next batch registers again...
+        a.kill()
+        a.start()  # ...on the connection this restart closed
+        out["a4"] = a.proc.pid
+        out["x_after_restart"] = use(cx, ["x@1"])
+        for c in (ca, cb, cb2, cx):
             c.conn.close()
 finally:  # no gateway left behind, also when a step above failed
     for g in (a, b):
@@ -205,5 +218,10 @@ def test_the_ptracer_record_follows_a_restarted_gateway_with_ptracer_follow(tmp_
     assert out["b_same_connection"] == {"process_stores": 1, "process_loads": 1}, out
     assert out["b_new_connection"] == {"process_stores": 1, "process_loads": 1}, out
     assert f"names gateway pid {b} with PR_SET_PTRACER (gateway pid {a2}, named before, has exited" in err
+    # The re-registration that met a closed connection: made on a new one within the batch, so both of its
+    # operations went through process memory, and no outage was logged.
+    assert out["x_while_b_runs"] == {"process_stores": 0, "process_loads": 0}, out
+    assert out["x_after_restart"] == {"process_stores": 1, "process_loads": 1}, out
+    assert "its requests fail until it is back" not in err, err[-5000:]
     if named is not None:
-        assert named == [str(a1), str(a2), str(b)]
+        assert named[:3] == [str(a1), str(a2), str(b)] and named[-1] == str(out["a4"]), named
