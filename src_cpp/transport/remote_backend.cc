@@ -381,11 +381,17 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     if (it == segment_ids_.end()) {
       uint32_t id = 0;
       Status s = client_->register_segment(f->fd, f->bytes, deadline, &id);
-      if (!s.ok()) {
-        // A gateway that refuses the file closes the connection: use the ring for it from now on.
-        if (s.code() == Status::Code::kUnavailable) spans[i].file->refused = true;
-        return lost(s);
+      if (s.code() == Status::Code::kUnavailable) {
+        // The gateway refused the file (its Error frame: it cannot map it as stated) and closed the connection.
+        // No outage: the file's buffers use the ring from now on, this batch's too, on a new connection.
+        if (!f->refused.exchange(true))
+          ADP_INFO("%s: %s; buffers in that shared memory file (%llu bytes) go through the ring from now on",
+                   backend_->describe().c_str(), log_safe(s.message()).c_str(),
+                   static_cast<unsigned long long>(f->bytes));
+        backend_->drop(&client_);
+        return false;
       }
+      if (!s.ok()) return lost(s);
       if (id == 0) return false;  // this connection's ids are used up
       it = segment_ids_.emplace(f, id).first;
     }

@@ -326,6 +326,39 @@ def test_a_segment_registration_on_a_connection_closed_while_idle_logs_no_outage
                 f.close()
 
 
+def test_a_segment_the_gateway_refuses_is_not_an_outage(capfd):
+    """A gateway that refuses a shared memory file's registration (here: the file grew after the connector
+    looked at it, so its stated size is wrong) answers with an Error frame and closes the connection. The
+    file's buffers go through the ring from then on, this batch too, on a new connection: that is said once
+    at INFO, and it is no outage (it logged `gateway refused: ...; its requests fail until it is back` at
+    WARNING and set gateway_reachable 0 until the new connection)."""
+    with temp_gateway() as gw:
+        conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=TIMEOUT_MS, process_memory=False)
+        c = RawConnector(conn)
+        keys, datas = keys_and_datas(4, 64 << 10)
+        f = Buffers(datas, shm=True)
+        try:
+            assert c.set(keys, f.src)[0]  # registered on this connection as the connector saw it
+            os.truncate(f.path, 2 * os.path.getsize(f.path))
+            assert gw.stop() == 0
+            gw.start()  # a new connection registers the file again, with the size the connector noted
+            time.sleep(0.3)  # past kIdleCheck: the closed connection is replaced before the batch, quietly
+            capfd.readouterr()
+            ok, why, per_key = c.get(keys, f.dst)
+            assert ok and per_key == [True] * len(keys), why
+            assert [bytes(o) for o in f.dst] == datas
+            assert read_gateway_stats(gw.unix_url)["segment_loads"] == 0  # the ring
+            assert "not a regular file of the stated size" in gw.log()
+            err = capfd.readouterr().err
+            assert "WARNING" not in err, err
+            assert err.count("go through the ring from now on") == 1, err
+            st = conn.stats()
+            assert st["gateway_reachable"] is True and health(st)["healthy"] is True, st
+        finally:
+            conn.close()
+            f.close()
+
+
 def test_a_connection_closed_for_idleness_is_replaced_quietly(workdir, capfd):
     """`gateway --idle-timeout-s`: the gateway closes a connection that sent no request that long, "as a restart
     would"; the worker's next batch replaces it and succeeds, and the connector logs no WARNING."""
