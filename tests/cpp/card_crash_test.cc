@@ -608,6 +608,17 @@ void key_index_model() {
   }
 }
 
+// The five crashes at write point `point` of ops: power cut there, whole and torn; cut keeping some of the
+// unsynced writes; that write failed, whole and torn. Returns the runs (5).
+uint64_t crashes_at(const std::vector<Op>& ops, uint64_t point) {
+  cut_at(ops, point, false);
+  cut_at(ops, point, true);
+  cut_keeping_some_at(ops, point);
+  fail_at(ops, point, false);
+  fail_at(ops, point, true);
+  return 5;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -628,12 +639,7 @@ int main(int argc, char** argv) {
   uint64_t runs = 0;
   for (uint64_t p : points) {
     if (p >= writes) continue;
-    cut_at(ops, p, false);
-    cut_at(ops, p, true);
-    cut_keeping_some_at(ops, p);
-    fail_at(ops, p, false);
-    fail_at(ops, p, true);
-    runs += 5;
+    runs += crashes_at(ops, p);
   }
   // Failed syncs: every sync point of the mixed workload.
   for (uint64_t p = 0; p < syncs; p++) {
@@ -644,14 +650,7 @@ int main(int argc, char** argv) {
   auto span_ops = make_span_script();
   Run span_clean;
   uint64_t span_writes = count_writes(span_ops, &span_clean, "spanning");
-  for (uint64_t p = 0; p < span_writes; p++) {
-    cut_at(span_ops, p, false);
-    cut_at(span_ops, p, true);
-    cut_keeping_some_at(span_ops, p);
-    fail_at(span_ops, p, false);
-    fail_at(span_ops, p, true);
-    runs += 5;
-  }
+  for (uint64_t p = 0; p < span_writes; p++) runs += crashes_at(span_ops, p);
   hole_before_acknowledged_store();
   lost_region_header_reused_epoch();
   delete_while_store_unsettled();
