@@ -37,4 +37,8 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # was a FileNotFoundError on '--help' (audit 13)
+        sys.exit(print(__doc__))
+    if not sys.argv[1:]:
+        sys.exit(__doc__)
     main(sys.argv[1:])
