@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +22,17 @@ def test_sigterm_exits_zero_and_removes_socket(gateway):
     assert not os.path.exists(gateway.socket)
     log = gateway.logs[-1]
     assert "SIGTERM received" in log and "closed" in log and "gateway stopped" in log
+
+
+def test_the_open_line_gives_the_card_in_hundredths_of_a_gib(workdir):
+    """Audit 13: a 0.25 GiB card was logged "open (0 objects, 0.0 of 0.2 GiB used)" beside the store's own
+    "opened card ...: (0.00 of 0.25 GiB used, ...)"."""
+    gw = Gateway(workdir, card_size_gb=0.25).start()
+    try:
+        line = next(line for line in gw.log().splitlines() if f"gateway: card {gw.card} open (" in line)
+        assert re.search(r"open \(0 objects, 0\.00 of 0\.2[45] GiB used\); listening on unix://", line), line
+    finally:
+        assert gw.stop() == 0
 
 
 def test_sigint_exits_zero(workdir):
