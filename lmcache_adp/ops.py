@@ -179,6 +179,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             token = read_token_file(args.token_file, "--token-file") if args.token_file else ""
             st = read_gateway_stats(args.gateway, token)
         except (GatewayError, ConfigError) as e:
+            if args.gateway.startswith("tcp://") and not args.token_file and "authentication failed" in str(e):
+                return _fail(f"{e}: a tcp:// gateway asks for its token: --token-file FILE", EXIT_ERROR)  # audit 13
             return _fail(str(e), EXIT_ERROR)
         st["card"] = f"held by the gateway at {args.gateway}"
     elif args.url:

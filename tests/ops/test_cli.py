@@ -184,8 +184,9 @@ def test_status_through_the_gateway_socket(workdir):
         assert rows["process memory"].endswith(f"{loads} loads, {stores} stores"), rows
         assert rows["store buffers"].endswith("0 connections waiting, 0 chunks failed Busy"), rows
         assert rows["every stat"] == "--json; what each means: docs/stats.md"
-        r = run("status", "--gateway", gw.tcp_url)  # no token
+        r = run("status", "--gateway", gw.tcp_url)  # no token: the message names the flag (audit 13)
         assert r.returncode == 3 and "gateway refused: authentication failed" in r.stderr
+        assert "a tcp:// gateway asks for its token: --token-file FILE" in r.stderr, r.stderr
         # --url at the gateway's own TCP port (--listen, a slip for --metrics-port) was a BadStatusLine
         # traceback (review r12 N5): one line naming the command that reads it.
         hostport = gw.tcp_url.removeprefix("tcp://")
