@@ -49,10 +49,13 @@ if [ "$mode" = asan-python ]; then
   fi
   mapfile -t pyinc < <("$PYTHON" -c 'import sysconfig, pybind11; print(sysconfig.get_paths()["include"]); print(pybind11.get_include())')
   flags+=(-fPIC -fvisibility=hidden -I"${pyinc[0]}" -I"${pyinc[1]}")
-  # The sources' digest, as setup.py records it (_native.SOURCE_DIGEST): benchmarks/tools.native_build()
-  # then judges this build by content like any other, instead of calling it stale for want of one.
-  digest=$("$PYTHON" -c 'import runpy; print(runpy.run_path("lmcache_adp/source_digest.py")["source_digest"]("."))')
-  flags+=("-DADP_SOURCE_DIGEST=\"$digest\"")  # one word: xargs' sh -c splits FLAGS on spaces only
+  # The sources' digest, as setup.py records it (_native.SOURCE_DIGEST, in a generated translation unit
+  # bindings.cc links against): benchmarks/tools.native_build() then judges this build by content like any
+  # other, instead of calling it stale for want of one.
+  "$PYTHON" -c 'import runpy, sys; m = runpy.run_path("lmcache_adp/source_digest.py")
+open(sys.argv[1], "w").write(m["digest_unit"](m["source_digest"](".")))' "$out/adp_source_digest.cc.$$"
+  mv "$out/adp_source_digest.cc.$$" "$out/adp_source_digest.cc"
+  sources+=("$out/adp_source_digest.cc")
 else
   mapfile -t sources < <(find src_cpp -name '*.cc' ! -path src_cpp/python/bindings.cc | sort)
   sources+=(tests/cpp/connector_stress.cc)

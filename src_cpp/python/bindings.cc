@@ -23,16 +23,16 @@
 
 namespace py = pybind11;
 
-// The digest of the src_cpp sources this module was built from (setup.py,
-// lmcache_adp/source_digest.py), behind a marker so a tool can find it in the
-// module's bytes without importing it. Other builds (sanitizers) have none.
-#ifndef ADP_SOURCE_DIGEST
-#define ADP_SOURCE_DIGEST ""
-#endif
-constexpr char kSourceDigestMarker[] = "adp-source-digest:";
-constexpr char kSourceDigestRecord[] = "adp-source-digest:" ADP_SOURCE_DIGEST;
-
 namespace adp {
+// The digest of the src_cpp sources this module was built from, behind a
+// marker so a tool can find it in the module's bytes without importing it:
+// "adp-source-digest:<64 hex>", defined in a translation unit the build
+// generates (lmcache_adp/source_digest.py digest_unit(): setup.py,
+// scripts/sanitize.sh asan-python), so that only that one object changes
+// with the sources.
+extern const char kSourceDigestRecord[];
+constexpr char kSourceDigestMarker[] = "adp-source-digest:";
+
 namespace {
 
 [[noreturn]] void raise(const Status& s) {
