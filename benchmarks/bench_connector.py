@@ -476,8 +476,24 @@ GATEWAY_VARIANTS = {
 }
 
 
+# A row name with this suffix is its variant's row with the connector's reply_spin_us at 0 (the default's A/B
+# in one run: benchmarks/README.md, "Session thirteen"); its keys' tag is the variant's, upper-cased.
+NOSPIN = "-nospin"
+
+
+def variant(name: str) -> tuple[str, bool, bool, bool, str, dict]:
+    """GATEWAY_VARIANTS[name] (or, for NAME-nospin, NAME's with reply_spin_us 0), with the connector parameters
+    it adds."""
+    if name.endswith(NOSPIN):
+        label, direct, pieces, process, tag = GATEWAY_VARIANTS[name[: -len(NOSPIN)]]
+        return f"{label}, reply_spin_us 0", direct, pieces, process, tag.upper(), {"reply_spin_us": 0}
+    return (*GATEWAY_VARIANTS[name], {})
+
+
 def gateway_variants(args) -> list[str]:
-    return [n for n in args.gateway_rows.split(",") if n and not (n == "segments" and args.l1 != "shm")]
+    return [
+        n for n in args.gateway_rows.split(",") if n and not (n.removesuffix(NOSPIN) == "segments" and args.l1 != "shm")
+    ]
 
 
 class GatewayRow:
@@ -488,11 +504,11 @@ class GatewayRow:
     gauges as they stand after its last step: review r8)."""
 
     def __init__(self, name: str, gw: dict, args, base: dict, src, dst, n: int, size: int) -> None:
-        label, direct, pieces, process, self.tag = GATEWAY_VARIANTS[name]
+        label, direct, pieces, process, self.tag, extra = variant(name)
         self.process = process
-        self.params = {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process}
+        self.params = {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process, **extra}
         self.url = gw["gateway"]
-        self.own = name == "segments-shm" and args.l1 != "shm"
+        self.own = name.removesuffix(NOSPIN) == "segments-shm" and args.l1 != "shm"
         self.src, self.dst = (
             (aligned_buffers(n, size, shm=True), aligned_buffers(n, size, shm=True)) if self.own else (src, dst)
         )
@@ -897,6 +913,8 @@ def connector_split_table(rows: list[dict], keys_per_worker: int) -> list[str]:
             else:
                 cells += ["", "", "", "", ""]
             cells += [f"{per(f'worker_{op}_queue_ns'):.0f}"]
+            spins = st.get(f"gateway_{op}_reply_spins", 0)
+            cells += [f"{spins / reqs:.0%} ({st.get(f'gateway_{op}_reply_spin_hits', 0) / spins:.0%})" if spins else ""]
             out.append(f"| {r['object_mb']:g} MiB | {w} | {r['row']} | {word} | {' | '.join(cells)} |")
     if not out:
         return []
@@ -907,11 +925,53 @@ def connector_split_table(rows: list[dict], keys_per_worker: int) -> list[str]:
         " worker free if later, to taken),"
         " run (the backend's call) and done (the hand-off, the eventfd); through a gateway, run = setup (taken to"
         " the request's write) + round trip (write to reply read) + finish (reply read to returned), round trip ="
-        " served (the gateway's batch_*_ns) + wire (sockets, wake-ups); queue: submit to taken.",
+        " served (the gateway's batch_*_ns) + wire (sockets, wake-ups); queue: submit to taken; spun: the requests"
+        " whose wait for the reply spun (reply_spin_us) and, in brackets, the share of those whose reply came"
+        " while the worker polled.",
         "",
         "| object | workers | row | op | slice | pickup | run | done | setup | round trip | served | wire | finish"
-        " | queue |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | queue | spun (hits) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *out,
+    ]
+
+
+SEG_STEPS = ("seg_item", "seg_context", "seg_get", "seg_prepare", "seg_lease", "seg_copy")
+
+
+def segment_load_table(rows: list[dict], keys_per_worker: int) -> list[str]:
+    """Where a segment load's time goes in the gateway (the gateway started with ADP_LOAD_PROFILE=1: its seg_*
+    load-profile steps), us an object, means over the row's objects (warm-up included): embedded's run (its
+    worker's backend call, a slice of keys_per_worker objects, per object), the gateway's served (batch_get_ns
+    per object), then the item whole (context taken to store.get returned) and its parts; the rest of served
+    (served - item: the request's decode, the reply's encode, the checks around the items)."""
+    emb = {(r["object_mb"], r["workers"]): r for r in rows if r["row"] == "embedded"}
+    out = []
+    for r in rows:
+        gs = r.get("gateway_stats", {})
+        objects = gs.get("load_profile_seg_item_n", 0)
+        e = emb.get((r["object_mb"], r["workers"]), {}).get("stats", {})
+        if not objects or not e.get("worker_get_slices"):
+            continue
+        emb_run = e["worker_get_run_ns"] / e["worker_get_slices"] / keys_per_worker / 1e3
+        served = gs.get("batch_get_ns", 0) / objects / 1e3
+        steps = {k: gs.get(f"load_profile_{k}_ns", 0) / objects / 1e3 for k in SEG_STEPS}
+        cells = [f"{emb_run:.0f}", f"{served:.0f}", *(f"{steps[k]:.1f}" for k in SEG_STEPS)]
+        cells.append(f"{served - steps['seg_item']:.1f}")
+        out.append(f"| {r['object_mb']:g} MiB | {r['workers']} | {r['row']} | {' | '.join(cells)} |")
+    if not out:
+        return []
+    return [
+        "",
+        "A segment load in the gateway (ADP_LOAD_PROFILE=1 in the gateway's environment: its seg_* steps, us an"
+        " object, means over the row's objects, warm-up included): embedded's run per object beside the gateway's"
+        " served per object; item = its I/O context taken (context, when the batch held none) to store.get returned"
+        " (get: the lookup, the read into the segment with its CRC = copy, under the lease = lease; prepare: the"
+        " segment's pages looked up); served - item: the request's decode, the reply, the checks around the items.",
+        "",
+        "| object | workers | row | embedded run | served | item | context | get | prepare | lease | copy |"
+        " served - item |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *out,
     ]
 
@@ -963,6 +1023,7 @@ def report(rows: list[dict], args, meta: dict) -> str:
     if args is not None:  # a report of saved rows (args None) does not know the batch size
         lines += round_trip_table(rows, args.keys_per_worker)
         lines += connector_split_table(rows, args.keys_per_worker)
+        lines += segment_load_table(rows, args.keys_per_worker)
     lines += client_table(rows, summ)
     lines += not_ok(rows)
     lines.append("")
@@ -1010,7 +1071,8 @@ def main() -> None:
         default="whole,pieces,process,segments",
         help="gateway rows to run: whole (ring, copied out after the reply, r3), pieces (ring in pieces, r4), "
         "process (written into this process's memory, r5), segments (--l1 shm only, r3), segments-shm "
-        "(segments into buffers of a /dev/shm file of the row's own, beside --l1 anon rows)",
+        "(segments into buffers of a /dev/shm file of the row's own, beside --l1 anon rows); NAME-nospin: NAME's "
+        "row with the connector's reply_spin_us at 0 (e.g. segments-shm,segments-shm-nospin: the spin's A/B)",
     )
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)

@@ -38,6 +38,7 @@ COUNTER, GAUGE = "counter", "gauge"
 LOAD_PROFILE_STEPS: tuple[str, ...] = (
     *("batch", "object", "lookup", "pin", "copy", "unpin", "sink", "alive", "lease", "write", "run", "combine"),
     *("piece", "index", "first_look", "header"),
+    *("seg_item", "seg_context", "seg_get", "seg_prepare", "seg_lease", "seg_copy"),
 )
 
 # Entries of the stats dicts that are not numbers, with why they are not in
@@ -479,7 +480,8 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "nanoseconds",
         G,
-        "Time the gateway's process loads spent in this step, summed over threads (benchmarks)",
+        "Time the gateway's process loads (seg_* steps: segment loads) spent in this step, summed over threads "
+        "(benchmarks)",
         only_with="ADP_LOAD_PROFILE=1",
         metric_name="load_profile_ns",
     ),
@@ -488,7 +490,7 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "runs",
         G,
-        "Times the gateway's process loads ran this step (benchmarks)",
+        "Times the gateway's process loads (seg_* steps: segment loads) ran this step (benchmarks)",
         only_with="ADP_LOAD_PROFILE=1",
         metric_name="load_profile_runs",
     ),
@@ -601,6 +603,22 @@ def _request_timing() -> tuple[Stat, ...]:
                 C,
                 "Of those slices, from the last reply read to the "
                 "call returned (the lease revoked, the items' results noted)",
+            ),
+            Stat(
+                f"{g}_reply_spins",
+                COUNTER,
+                "waits",
+                C,
+                f"{what.capitalize()} requests whose wait for the reply spun (adapter_params reply_spin_us: slept "
+                "to shortly before the round trip expected, then polled the socket without sleeping, while CPUs "
+                "were idle)",
+            ),
+            Stat(
+                f"{g}_reply_spin_hits",
+                COUNTER,
+                "waits",
+                C,
+                "Of those, the ones whose reply came while the worker polled (no wake-up in its round trip)",
             ),
         ]
     return tuple(out)

@@ -310,6 +310,11 @@ void Connector::worker_loop(int index) {
         m.round_trip_ns.fetch_add(c.round_trip_ns, std::memory_order_relaxed);
         add(m.finish_ns, ran - c.last_reply);
       }
+      // Spins count whether or not their reply was read (a gateway gone meanwhile).
+      if (session && session->times.reply_spins) {
+        m.reply_spins.fetch_add(session->times.reply_spins, std::memory_order_relaxed);
+        m.reply_spin_hits.fetch_add(session->times.reply_spin_hits, std::memory_order_relaxed);
+      }
     }
     free_since = done;
   }

@@ -71,15 +71,17 @@ struct OpTiming {
   // slice done if later) to taken: the queue's hand-off (a worker's wake-up
   // when it was idle), not the time it waited for LMCache's next submit.
   std::atomic<uint64_t> pickup_ns{0};
-  std::atomic<uint64_t> run_ns{0};         // taken -> the backend call returned
-  std::atomic<uint64_t> done_ns{0};        // returned -> the worker done with it (the last slice: eventfd written)
-  std::atomic<uint64_t> batches{0};        // batches completed by their workers (not by the deadline or close)
-  std::atomic<uint64_t> batch_ns{0};       // submit -> their last slice done (eventfd written)
-  std::atomic<uint64_t> sent_slices{0};    // slices that sent a request and read its reply (a gateway)
-  std::atomic<uint64_t> setup_ns{0};       // taken -> its first request about to be written
-  std::atomic<uint64_t> requests{0};       // requests whose reply was read
-  std::atomic<uint64_t> round_trip_ns{0};  // a request's write -> its reply read, each
-  std::atomic<uint64_t> finish_ns{0};      // the slice's last reply read -> the backend call returned
+  std::atomic<uint64_t> run_ns{0};           // taken -> the backend call returned
+  std::atomic<uint64_t> done_ns{0};          // returned -> the worker done with it (the last slice: eventfd written)
+  std::atomic<uint64_t> batches{0};          // batches completed by their workers (not by the deadline or close)
+  std::atomic<uint64_t> batch_ns{0};         // submit -> their last slice done (eventfd written)
+  std::atomic<uint64_t> sent_slices{0};      // slices that sent a request and read its reply (a gateway)
+  std::atomic<uint64_t> setup_ns{0};         // taken -> its first request about to be written
+  std::atomic<uint64_t> requests{0};         // requests whose reply was read
+  std::atomic<uint64_t> round_trip_ns{0};    // a request's write -> its reply read, each
+  std::atomic<uint64_t> finish_ns{0};        // the slice's last reply read -> the backend call returned
+  std::atomic<uint64_t> reply_spins{0};      // waits for a reply that spun (reply_spin_us: CallTimes)
+  std::atomic<uint64_t> reply_spin_hits{0};  // those whose reply came while they polled
 };
 
 struct ConnectorOptions {
@@ -174,6 +176,8 @@ void Connector::for_each_timing(bool gateway, F&& f) const {
     f(g + "_requests", load(t->requests));
     f(g + "_round_trip_ns", load(t->round_trip_ns));
     f(g + "_finish_ns", load(t->finish_ns));
+    f(g + "_reply_spins", load(t->reply_spins));
+    f(g + "_reply_spin_hits", load(t->reply_spin_hits));
   }
 }
 

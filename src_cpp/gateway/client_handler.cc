@@ -322,51 +322,13 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   return s;
 }
 
-namespace {
-
-// Whether the machine runs at most half as many threads as the gateway's
-// CPUs (/proc/loadavg's runnable count, the reader included), read again
-// once kSpinLoadEvery has passed: a CPU a connection would spin on is idle
-// otherwise, not taken from the client or from other work on the host.
-// (Tests: ADP_TEST_LOADAVG_FILE, ADP_TEST_SPIN_LOAD_EVERY_MS.)
-bool idle_cpus(GatewayShared* shared) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-  int64_t at = shared->spin_load_read_ns.load(std::memory_order_relaxed);
-  if (now - at < shared->spin_load_every_ns || !shared->spin_load_read_ns.compare_exchange_strong(at, now))
-    return shared->spin_load_ok.load(std::memory_order_relaxed);
-  bool ok = false;
-  if (FILE* f = std::fopen(shared->spin_load_path.c_str(), "re")) {
-    double l1, l5, l15;
-    int running = 0, total = 0;
-    ok = std::fscanf(f, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) == 5 && 2 * running <= shared->spin_cpus;
-    std::fclose(f);
-  }
-  shared->spin_load_ok.store(ok, std::memory_order_relaxed);
-  return ok;
-}
-
-}  // namespace
-
 void ClientHandler::spin_for_next_request() {
   answered_batch_ = false;
   const auto spin = shared_->request_spin;
-  if (spin.count() <= 0 ||
-      2 * static_cast<int64_t>(shared_->clients.load(std::memory_order_relaxed)) >
-          static_cast<int64_t>(shared_->spin_cpus) ||
-      !idle_cpus(shared_))
-    return;
+  if (spin.count() <= 0 || !shared_->spin_load.allows(shared_->clients.load(std::memory_order_relaxed))) return;
   shared_->batch_spins.fetch_add(1, std::memory_order_relaxed);
-  const auto until = Clock::now() + spin;
-  do {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 0) {  // a request, a hang-up or an error: read_frame tells which
-      if (p.revents & POLLIN) shared_->batch_spin_hits.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  } while (Clock::now() < until);
+  // A request, a hang-up or an error: read_frame tells which.
+  if (spin_poll(fd_, Clock::now() + spin) & POLLIN) shared_->batch_spin_hits.fetch_add(1, std::memory_order_relaxed);
 }
 
 Status ClientHandler::check_request_id(const proto::Frame& frame) {
@@ -706,7 +668,12 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             bump_alive();  // its read under a context counted as card work already (with_ctx)
             continue;
           }
-          if (!lease) lease = acquire_context(deadline);
+          namespace prof = load_profile;
+          const uint64_t item_from = it.segment && prof::kEnabled ? prof::now_ns() : 0;  // seg_item
+          if (!lease) {
+            lease = acquire_context(deadline);
+            if (item_from) prof::add(prof::kSegContext, prof::now_ns() - item_from);
+          }
           if (!lease) {
             st[i] = Status::TimedOut("no I/O context came free before the deadline");
             continue;
@@ -718,20 +685,35 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
             auto deliver = [&](size_t size, const CopyFn& copy) {
               if (size != it.size || revoked) return false;
               // Page tables first, outside the lease (pages populated before: no call).
-              if (seg.prepare(it.offset, it.size)) shared_->segment_populates.fetch_add(1, std::memory_order_relaxed);
+              {
+                prof::Timer t(prof::kSegPrepare);
+                if (seg.prepare(it.offset, it.size)) shared_->segment_populates.fetch_add(1, std::memory_order_relaxed);
+              }
+              uint64_t lease_ns = item_from ? prof::now_ns() : 0;
               if (!take_lease(request_id)) {
                 revoked = true;
                 return false;
               }
-              bool ok = copy(seg.data() + it.offset);
+              if (item_from) lease_ns = prof::now_ns() - lease_ns;
+              bool ok;
+              {
+                prof::Timer t(prof::kSegCopy);
+                ok = copy(seg.data() + it.offset);
+              }
+              const uint64_t give_from = item_from ? prof::now_ns() : 0;
               give_lease(request_id);
+              if (item_from) prof::add(prof::kSegLease, lease_ns + prof::now_ns() - give_from);
               return ok;
             };
             // A memory-speed card is read straight into the segment (the
             // lease is held for a memcpy's time); any other card is staged
             // first, so the client's deadline never waits on the card.
-            st[i] =
-                store.get(**lease, it.key, deliver, store.memory_speed() ? ReadInto::kDestination : ReadInto::kStaging);
+            {
+              prof::Timer t(prof::kSegGet);
+              st[i] = store.get(**lease, it.key, deliver,
+                                store.memory_speed() ? ReadInto::kDestination : ReadInto::kStaging);
+            }
+            if (item_from) prof::add(prof::kSegItem, prof::now_ns() - item_from);
             if (seg.broken())
               return Status::InvalidArgument("segment " + std::to_string(it.segment) +
                                              " shrank under a load (the client truncated its file)");

@@ -26,6 +26,7 @@
 #include "protocol/shared_ring.h"
 #include "protocol/socket_io.h"
 #include "store/card_store.h"
+#include "util/idle_cpus.h"
 #include "util/piece_pool.h"
 #include "util/test_hooks.h"
 
@@ -99,10 +100,6 @@ class CardGate {
   std::atomic<bool> closing_{false};
 };
 
-// --request-spin-us: how often the machine's runnable threads are read
-// again (GatewayShared::spin_load_every_ns).
-inline constexpr std::chrono::nanoseconds kSpinLoadEvery{10'000'000};
-
 // What every connection of one gateway shares.
 struct GatewayShared {
   CardStore* store;
@@ -162,18 +159,13 @@ struct GatewayShared {
   // process_store_unpipelined_busy).
   std::atomic<uint32_t> pipelined_stores{0};
   uint32_t max_pipelined_stores = 1;
-  // GatewayOptions::request_spin_us, and the CPUs its rule counts (connections x 2 <= CPUs).
+  // GatewayOptions::request_spin_us; its load rule (util/idle_cpus.h: the
+  // CPUs it counts, connections x 2 <= CPUs too; tests name another load
+  // file and interval, ADP_TEST_LOADAVG_FILE, ADP_TEST_SPIN_LOAD_EVERY_MS,
+  // set once when the gateway starts).
   std::chrono::microseconds request_spin{0};
-  int spin_cpus = 1;
+  IdleCpus spin_load;
   std::atomic<uint64_t> batch_spins{0}, batch_spin_hits{0};  // looks for a next request; those that found one
-  // The machine's runnable threads (/proc/loadavg), read at most every
-  // kSpinLoadEvery by whichever connection asks: spinning is for idle CPUs.
-  // Tests name another file and interval (ADP_TEST_LOADAVG_FILE,
-  // ADP_TEST_SPIN_LOAD_EVERY_MS), set once when the gateway starts.
-  std::string spin_load_path = "/proc/loadavg";
-  int64_t spin_load_every_ns = kSpinLoadEvery.count();
-  std::atomic<int64_t> spin_load_read_ns{0};
-  std::atomic<bool> spin_load_ok{false};
   // Store buffers (r5 stores): bytes the connections' buffers hold (within
   // limits.max_store_buffer_total_bytes), chunks failed Busy for want of
   // room; a connection that waits for room is woken when one is given back.
@@ -227,8 +219,8 @@ class ClientHandler {
   Status reserve_ring(uint64_t bytes);
   // After a put or get (answered_batch_): polls the socket without
   // sleeping for up to shared_->request_spin, while connections x 2 <= CPUs
-  // and the machine runs at most CPUs / 2 threads (idle_cpus), so that a client with more work finds this thread awake
-  // (no wake-up in its round trip). Returns early once a request (or a hang-up) is there.
+  // and the machine runs at most CPUs / 2 threads (util/idle_cpus.h), so that a client with more work finds this thread
+  // awake (no wake-up in its round trip). Returns early once a request (or a hang-up) is there.
   void spin_for_next_request();
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
   Status serve_stats(const proto::Frame& frame);

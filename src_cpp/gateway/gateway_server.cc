@@ -72,10 +72,10 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
   apply_failing_hold(g->shared_->hooks);
   const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
-  g->shared_->spin_cpus = rule_cpus;
-  if (!g->shared_->hooks.loadavg_file.empty()) g->shared_->spin_load_path = g->shared_->hooks.loadavg_file;
+  g->shared_->spin_load.cpus = rule_cpus;
+  if (!g->shared_->hooks.loadavg_file.empty()) g->shared_->spin_load.path = g->shared_->hooks.loadavg_file;
   if (g->shared_->hooks.spin_load_every_ms >= 0)
-    g->shared_->spin_load_every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
+    g->shared_->spin_load.every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   g->shared_->limits = {opts.max_tcp_clients,
                         opts.handshake_timeout_ms,

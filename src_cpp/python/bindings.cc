@@ -124,6 +124,7 @@ class NativeConnector {
     if (!s.ok()) raise(s);
     o.token = cfg["token"].cast<std::string>();
     o.stall_after = std::chrono::nanoseconds(cfg["gateway_stall_ns"].cast<int64_t>());
+    o.reply_spin = std::chrono::microseconds(cfg["reply_spin_us"].cast<int64_t>());
     if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) {
       o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
       o.segments = cfg["direct_loads"].cast<bool>();

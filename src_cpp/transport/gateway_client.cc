@@ -14,10 +14,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <mutex>
 #include <random>
 
+#include "util/idle_cpus.h"
 #include "util/log.h"
 
 namespace adp {
@@ -352,6 +354,20 @@ bool GatewayClient::wait_readable(proto::Deadline until) const {
     if (proto::Clock::now() >= until) return false;
   }
 }
+
+bool GatewayClient::sleep_readable(proto::Deadline until) const {
+  for (;;) {
+    const auto left = until - proto::Clock::now();
+    if (left <= proto::Clock::duration::zero()) return false;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::ppoll(&p, 1, &ts, nullptr);
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;  // readable, hung up or an error: the read tells
+  }
+}
+
+short GatewayClient::spin_readable(proto::Deadline until) const { return spin_poll(fd_, until); }
 
 Status GatewayClient::await_reply(const proto::BatchRequest& req, proto::Deadline deadline, proto::BatchReply* reply,
                                   bool* alive) {

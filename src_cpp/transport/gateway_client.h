@@ -25,6 +25,9 @@ namespace adp {
 // connection in steady use pays nothing (GatewayClient::closed_while_idle).
 inline constexpr std::chrono::milliseconds kIdleCheck{100};
 
+// adapter_params reply_spin_us's default (lmcache_adp/config.py states the same).
+inline constexpr std::chrono::microseconds kDefaultReplySpin{200};
+
 struct GatewayClientOptions {
   proto::Endpoint endpoint;
   std::string token;           // TCP
@@ -44,6 +47,10 @@ struct GatewayClientOptions {
   int test_yama_ptrace_scope = -1;
   // Tests: stands in for kIdleCheck (ADP_TEST_IDLE_CHECK_MS, set by RemoteBackend from its test hooks).
   std::chrono::nanoseconds idle_check{kIdleCheck};
+  // reply_spin_us: how long a worker polls for a put's or get's reply
+  // without sleeping, from shortly before the reply is expected
+  // (RemoteSession::spin_for_reply), while CPUs are idle; 0: never.
+  std::chrono::microseconds reply_spin{kDefaultReplySpin};
 };
 
 class GatewayClient {
@@ -85,6 +92,11 @@ class GatewayClient {
   bool readable() const;
   // Waits until the socket is readable (true) or `until` (false).
   bool wait_readable(proto::Deadline until) const;
+  // wait_readable() to the microsecond (ppoll: the caller's timer slack applies).
+  bool sleep_readable(proto::Deadline until) const;
+  // Polls the socket without sleeping until it is readable, hung up or in
+  // error (its revents: the read tells which) or `until` (0).
+  short spin_readable(proto::Deadline until) const;
 
   // Registers a shared memory file (fd not taken over) under a new id on this
   // connection; 0 when this connection has no ids left.

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -22,6 +23,7 @@
 
 #include "transport/card_io_error.h"
 #include "util/log.h"
+#include "util/piece_pool.h"
 
 namespace adp {
 namespace {
@@ -47,6 +49,14 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // socket: a gateway that died never bumps the ticket).
 constexpr std::chrono::microseconds kPieceSpin{10};
 constexpr std::chrono::microseconds kPieceSleep{1000};
+
+// reply_spin_us (RemoteSession::spin_for_reply): a worker's spin for a reply
+// starts this long (or a 32nd of the round trip it expects, if more) before
+// that round trip, so that its sleep's own wake-up (a timer's: as slow as the
+// socket's on an idle CPU, and late by a 1000th of the sleep at most) lands
+// before the reply; the timer slack its sleeps then have.
+constexpr std::chrono::microseconds kReplySpinLead{50};
+constexpr unsigned long kReplySpinTimerSlackNs = 1000;
 
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -269,6 +279,17 @@ class RemoteSession : public BackendSession {
   // stall every kStallCheck between (RemoteBackend::check_stall: its start is
   // logged without a scrape; review r9 H3).
   void wait_reply(Deadline deadline);
+  // reply_spin_us: for the first wait of a put or get request whose like
+  // (same op, same bytes) was answered before, sleeps (the socket watched)
+  // until kReplySpinLead (or a 32nd of it) before the round trip expected, then polls the
+  // socket without sleeping for up to reply_spin, while the load rule allows
+  // (connections x 2 <= CPUs, runnable threads x 2 <= CPUs: util/idle_cpus.h).
+  // True once the socket is readable, hung up or in error (the read tells
+  // which); false (nothing spun, or the reply not there by the spin's end or
+  // the deadline): wait_reply's own wait follows.
+  bool spin_for_reply(Deadline deadline);
+  // A reply read: its round trip moves the expectation for requests like it.
+  void expect(Clock::time_point replied);
   // client_->send(), its time noted in `times` (read before the write: the
   // gateway may read the request before send() returns).
   Status send_request(const proto::BatchRequest& req, std::span<const iovec> payload, Deadline deadline);
@@ -289,6 +310,22 @@ class RemoteSession : public BackendSession {
   MapQuery maps_;  // this thread's PROCMAP_QUERY handle
   proto::BatchReply reply_;
   std::vector<uint64_t> copied_;  // r4: bytes of each item of the current round copied out so far
+  // reply_spin: per op (0 put, 1 get), the payload bytes of its last request
+  // and a low estimate of its round trip (a reply sooner sets it, a later one
+  // moves it an eighth of the way: a guess that came late by a fluke is
+  // mended at the next reply, one early by a fluke within a few), and the
+  // request in flight: its op (-1: none to spin for or learn from), bytes and
+  // write time.
+  struct Expected {
+    uint64_t bytes = 0;
+    int64_t low_ns = 0;
+  };
+  Expected expected_[2];
+  int sent_op_ = -1;
+  bool spin_armed_ = false;  // the request's first wait for its reply is still to come
+  uint64_t sent_bytes_ = 0;
+  Clock::time_point sent_at_{};
+  bool slack_set_ = false;  // this worker thread's timer slack set (kReplySpinTimerSlackNs)
 };
 
 Status RemoteSession::connected(Deadline deadline) {
@@ -703,6 +740,15 @@ Status RemoteSession::send_request(const proto::BatchRequest& req, std::span<con
   const auto sending = Clock::now();
   Status s = client_->send(req, payload, deadline);
   if (s.ok()) times.sent(sending);
+  sent_op_ = -1;
+  spin_armed_ = false;
+  if (s.ok() && (req.op == proto::Op::kPut || req.op == proto::Op::kGet)) {
+    sent_op_ = req.op == proto::Op::kPut ? 0 : 1;
+    spin_armed_ = true;
+    sent_at_ = sending;
+    sent_bytes_ = 0;
+    for (const auto& it : req.items) sent_bytes_ += it.size;
+  }
   return s;
 }
 
@@ -710,17 +756,64 @@ Status RemoteSession::read_reply(const proto::BatchRequest& req, Deadline deadli
                                  bool* alive) {
   wait_reply(deadline);
   Status s = client_->await_reply(req, deadline, reply, alive);
-  if (s.ok() && !(alive && *alive)) times.replied(Clock::now());
+  if (s.ok() && !(alive && *alive)) {
+    const auto now = Clock::now();
+    times.replied(now);
+    expect(now);
+  }
   if (s.ok()) backend_->note_answered();
   return s;
 }
 
 void RemoteSession::wait_reply(Deadline deadline) {
+  if (spin_armed_) {
+    spin_armed_ = false;
+    if (spin_for_reply(deadline)) return;
+  }
   for (;;) {
     const auto now = Clock::now();
     if (now >= deadline || client_->wait_readable(std::min<Deadline>(deadline, now + backend_->stall_check_))) return;
     backend_->check_stall();
   }
+}
+
+bool RemoteSession::spin_for_reply(Deadline deadline) {
+  const auto spin = backend_->opts_.reply_spin;
+  if (spin.count() <= 0 || sent_op_ < 0) return false;
+  const Expected& e = expected_[sent_op_];
+  if (e.bytes != sent_bytes_ || e.low_ns <= 0) return false;
+  const auto from = sent_at_ + std::chrono::nanoseconds(e.low_ns) -
+                    std::max<std::chrono::nanoseconds>(kReplySpinLead, std::chrono::nanoseconds(e.low_ns / 32));
+  // A request expected to take longer than a stall check: the spin would gain it little, and the sleep
+  // before it would skip a look at the stall.
+  if (from - Clock::now() > backend_->stall_check_) return false;
+  if (!backend_->reply_load_.allows(backend_->connections_.load(std::memory_order_relaxed),
+                                    backend_->reply_spinning_.load(std::memory_order_relaxed)))
+    return false;
+  if (!slack_set_) {  // the sleep to `from` wakes within a microsecond (50 us otherwise)
+    slack_set_ = true;
+    ::prctl(PR_SET_TIMERSLACK, kReplySpinTimerSlackNs, 0, 0, 0);
+  }
+  times.reply_spins++;
+  if (client_->sleep_readable(std::min<Deadline>(from, deadline))) return true;  // the reply (or a hang-up) came first
+  backend_->reply_spinning_.fetch_add(1, std::memory_order_relaxed);
+  const short ev = client_->spin_readable(std::min<Deadline>(from + spin, deadline));
+  backend_->reply_spinning_.fetch_sub(1, std::memory_order_relaxed);
+  if (ev & POLLIN) times.reply_spin_hits++;
+  return ev != 0;
+}
+
+void RemoteSession::expect(Clock::time_point replied) {
+  if (sent_op_ < 0) return;
+  Expected& e = expected_[sent_op_];
+  const int64_t took = std::chrono::duration_cast<std::chrono::nanoseconds>(replied - sent_at_).count();
+  if (e.bytes != sent_bytes_ || e.low_ns <= 0) {
+    e.bytes = sent_bytes_;
+    e.low_ns = took;
+  } else {
+    e.low_ns = took < e.low_ns ? took : e.low_ns + (took - e.low_ns) / 8;
+  }
+  sent_op_ = -1;
 }
 
 void RemoteSession::wait_for_ticket(uint32_t seen, Deadline deadline) {
@@ -763,6 +856,9 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
                                                           : kStallLogInterval)
                                  .count()) {
   test_put_delay_ = milliseconds(hooks.put_copy_delay_ms);
+  reply_load_.cpus = hooks.client_cpus > 0 ? hooks.client_cpus : PiecePool::usable_cpus();
+  if (!hooks.loadavg_file.empty()) reply_load_.path = hooks.loadavg_file;
+  if (hooks.spin_load_every_ms >= 0) reply_load_.every_ns = int64_t{hooks.spin_load_every_ms} * 1'000'000;
 }
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }
@@ -779,6 +875,7 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
     std::lock_guard<std::mutex> l(mu_);
     if (interrupted_) return Status::Closed("connector closed");
     live_.insert(c.get());
+    connections_.store(static_cast<int>(live_.size()), std::memory_order_relaxed);
   }
   if (!c->process_refusal().empty() && !process_refusal_logged_.exchange(true))
     ADP_INFO(
@@ -799,6 +896,7 @@ void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
   {
     std::lock_guard<std::mutex> l(mu_);
     live_.erase(client->get());
+    connections_.store(static_cast<int>(live_.size()), std::memory_order_relaxed);
     // What it knew of the gateway outlives it: when it last heard from it and
     // a request it gave up on after waiting stall_ns_ with nothing heard.
     const GatewayClient& c = **client;

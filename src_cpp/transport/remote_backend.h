@@ -24,6 +24,7 @@
 #include "connector/backend.h"
 #include "transport/gateway_client.h"
 #include "util/failing_hold.h"
+#include "util/idle_cpus.h"
 #include "util/test_hooks.h"
 
 namespace adp {
@@ -107,6 +108,13 @@ class RemoteBackend : public Backend {
   const GatewayClientOptions opts_;
   mutable std::mutex mu_;
   std::set<const GatewayClient*> live_;
+  std::atomic<int> connections_{0};  // live_.size(), read without mu_ (reply_spin's load rule)
+  // reply_spin_us's load rule (util/idle_cpus.h: this machine's CPUs, or
+  // ADP_TEST_CLIENT_CPUS; the load file and interval of the test hooks), and
+  // the workers spinning for a reply now (runnable because they spin: not
+  // held against the rule).
+  IdleCpus reply_load_;
+  std::atomic<int> reply_spinning_{0};
   const int64_t stall_ns_;  // adapter_params gateway_stall_s (5 s)
   // A request's wait looks at the stall this often (kStallCheck;
   // ADP_TEST_STALL_CHECK_MS: a test that makes it longer than its request

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// load_profile: optional sums of the time the gateway's process loads spend
+// load_profile: optional sums of the time the gateway's process loads (and,
+// since session thirteen, its segment loads: the seg_* steps) spend
 // in each step (benchmarks/README.md, "Session eight: loads"), to tell the
 // per-object and per-piece costs apart on a machine without perf. Off
 // unless the gateway starts with ADP_LOAD_PROFILE=1 in its environment;
@@ -38,11 +39,19 @@ enum Step : int {
   kIndex,      // lookup's part: the key's index entry (card lock)
   kFirstLook,  // lookup's part: extents, epochs and pins of the object (card lock)
   kHeader,     // lookup's part: the header block copied (then unpinned: card lock), and checked
+  // A get item into a client's segment (r3; benchmarks/README.md, "Session thirteen"):
+  kSegItem,     // the item whole: its I/O context taken (if none held) to store.get returned
+  kSegContext,  // acquire_context, when the batch held none
+  kSegGet,      // store.get: index lookup, the read into the segment with its CRC, the deliver callback
+  kSegPrepare,  // the segment's pages looked up (and populated the first time)
+  kSegLease,    // the load lease taken and given back
+  kSegCopy,     // the card read straight into the segment with its CRC (the copy callback, under the lease)
   kSteps
 };
-inline constexpr const char* kNames[kSteps] = {"batch", "object", "lookup",     "pin",   "copy", "unpin",
-                                               "sink",  "alive",  "lease",      "write", "run",  "combine",
-                                               "piece", "index",  "first_look", "header"};
+inline constexpr const char* kNames[kSteps] = {
+    "batch",    "object",      "lookup",  "pin",         "copy",      "unpin",   "sink",       "alive",
+    "lease",    "write",       "run",     "combine",     "piece",     "index",   "first_look", "header",
+    "seg_item", "seg_context", "seg_get", "seg_prepare", "seg_lease", "seg_copy"};
 
 static_assert(kNames[kSteps - 1] != nullptr, "a name for every step");
 

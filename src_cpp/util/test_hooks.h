@@ -29,8 +29,9 @@ struct TestHooks {
   int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
   int pipeline_wake_delay_ms = 0;            // ADP_TEST_PIPELINE_WAKE_DELAY_MS
   bool segment_populate_einval = false;      // ADP_TEST_SEGMENT_POPULATE_EINVAL=1
-  std::string loadavg_file;                  // ADP_TEST_LOADAVG_FILE (empty: /proc/loadavg)
-  int spin_load_every_ms = -1;               // ADP_TEST_SPIN_LOAD_EVERY_MS (-1: not set, kSpinLoadEvery)
+  // Both sides': the spin load rule's (util/idle_cpus.h), set at a gateway's or connector's start.
+  std::string loadavg_file;     // ADP_TEST_LOADAVG_FILE (empty: /proc/loadavg)
+  int spin_load_every_ms = -1;  // ADP_TEST_SPIN_LOAD_EVERY_MS (-1: not set, kIdleCpusEvery)
   // Both sides': a process's card health hold (util/failing_hold.h), set at its start.
   int card_failing_hold_ms = -1;  // ADP_TEST_CARD_FAILING_HOLD_MS (-1: not set, kFailingHold)
   // The connector's.
@@ -40,6 +41,7 @@ struct TestHooks {
   int stall_check_ms = -1;         // ADP_TEST_STALL_CHECK_MS (<= 0: not set, kStallCheck)
   int yama_ptrace_scope = -1;      // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
   int idle_check_ms = -1;          // ADP_TEST_IDLE_CHECK_MS (-1: not set, kIdleCheck)
+  int client_cpus = 0;             // ADP_TEST_CLIENT_CPUS (> 0: used)
 
   // Each hook set, as found: its name, value, side and what it does.
   struct Set {

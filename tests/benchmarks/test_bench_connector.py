@@ -184,7 +184,8 @@ def test_round_trip_table_splits_a_request_into_served_and_round_trip():
 
 def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_counters():
     """The connector's split: per slice (the counters' means), the worker's wait / run / done and, through a
-    gateway, setup / round trip / finish, the round trip less the gateway's own time (wire). 8 objects, 2 workers,
+    gateway, setup / round trip / finish, the round trip less the gateway's own time (wire), and the requests whose
+    reply the worker spun for (reply_spin_us: 3 of 4, 2 of those 3 answered while it polled). 8 objects, 2 workers,
     2 keys a worker: 4 slices a repetition; the slice column as round_trip_table's. An op with no slice counted
     has no line; a row without the counters (an older build) none."""
     import bench_connector
@@ -195,7 +196,7 @@ def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_co
     gw_stats = {"worker_put_slices": 4, "worker_put_pickup_ns": 0, "worker_put_run_ns": 12_000_000}
     gw_stats |= {"worker_put_done_ns": 80_000, "worker_put_queue_ns": 0, "gateway_put_slices": 4}
     gw_stats |= {"gateway_put_setup_ns": 400_000, "gateway_put_requests": 4, "gateway_put_round_trip_ns": 10_000_000}
-    gw_stats |= {"gateway_put_finish_ns": 1_600_000}
+    gw_stats |= {"gateway_put_finish_ns": 1_600_000, "gateway_put_reply_spins": 3, "gateway_put_reply_spin_hits": 2}
     rows = [
         {**base, "row": "embedded", "store_s": [0.004], "load_s": [0.002], "stats": emb_stats},
         {
@@ -210,7 +211,7 @@ def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_co
     lines = [x for x in bench_connector.connector_split_table(rows, 2) if x.startswith("| 1 MiB | 2 |")]
     cells = [[c.strip() for c in line.strip("|").split("|")][2:] for line in lines]
     assert cells == [
-        ["embedded", "store", "2000", "100", "1000", "10", "", "", "", "", "", "2000"],
+        ["embedded", "store", "2000", "100", "1000", "10", "", "", "", "", "", "2000", ""],
         [
             "gateway unix+segments (own shm L1)",
             "store",
@@ -224,8 +225,43 @@ def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_co
             "1000",
             "400",
             "0",
+            "75% (67%)",
         ],
     ]
     for r in rows:
         r["stats"] = {}
     assert bench_connector.connector_split_table(rows, 2) == []
+
+
+def test_a_nospin_row_is_its_variant_with_the_reply_spin_off():
+    """NAME-nospin in --gateway-rows: NAME's row (its label, paths and buffers) with reply_spin_us 0 and keys of a
+    tag of its own (the two rows share one gateway's card); NAME itself adds no parameter (the default spin)."""
+    import bench_connector
+
+    label, direct, pieces, process, tag, extra = bench_connector.variant("segments-shm-nospin")
+    base = bench_connector.variant("segments-shm")
+    assert (label, direct, pieces, process) == (f"{base[0]}, reply_spin_us 0", *base[1:4])
+    assert extra == {"reply_spin_us": 0} and base[5] == {} and tag != base[4]
+    tags = [bench_connector.variant(n)[4] for n in bench_connector.GATEWAY_VARIANTS]
+    assert len({*tags, tag}) == len(tags) + 1
+
+
+def test_segment_load_table_splits_a_segment_load_from_the_gateways_profile():
+    """The gateway's seg_* load-profile steps (ADP_LOAD_PROFILE=1) per object beside embedded's run per object
+    (its slice of keys_per_worker objects) and the gateway's served per object; a row without them has no line."""
+    import bench_connector
+
+    base = {"object_mb": 2.0, "workers": 4}
+    steps = {"seg_item": 900, "seg_context": 10, "seg_get": 860, "seg_prepare": 4, "seg_lease": 6, "seg_copy": 850}
+    gs = {f"load_profile_{k}_ns": v * 1000 * 10 for k, v in steps.items()} | {"load_profile_seg_item_n": 10}
+    gs |= {"batch_gets": 5, "batch_get_ns": 10 * 950 * 1000}
+    rows = [
+        {**base, "row": "embedded", "stats": {"worker_get_slices": 5, "worker_get_run_ns": 5 * 2 * 840 * 1000}},
+        {**base, "row": "gateway unix+segments (own shm L1)", "gateway_stats": gs},
+        {**base, "row": "gateway unix+ring", "gateway_stats": {"batch_gets": 5, "batch_get_ns": 1}},
+    ]
+    lines = [x for x in bench_connector.segment_load_table(rows, 2) if x.startswith("| 2 MiB | 4 |")]
+    assert [[c.strip() for c in line.strip("|").split("|")][2:] for line in lines] == [
+        ["gateway unix+segments (own shm L1)", "840", "950", "900.0", "10.0", "860.0", "4.0", "6.0", "850.0", "50.0"]
+    ]
+    assert bench_connector.segment_load_table(rows[:1] + rows[2:], 2) == []

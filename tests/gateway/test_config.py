@@ -32,6 +32,20 @@ def test_gateway_stall_s(tmp_path):
     assert cfg.to_native()["gateway_stall_ns"] == 2 * 10**9
 
 
+def test_reply_spin_us(tmp_path):
+    """The reply spin (README, adapter_params): 200 us by default, any whole number of microseconds in
+    [0, 10000] (0: never), for unix:// and tcp:// alike."""
+    assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).to_native()["reply_spin_us"] == 200
+    for given in (0, 1, 500, 10000):
+        cfg = ConnectorConfig.from_params({"gateway": "unix:///x.sock", "reply_spin_us": given})
+        assert cfg.reply_spin_us == given and cfg.to_native()["reply_spin_us"] == given
+    (tmp_path / "token").write_text("t")
+    cfg = ConnectorConfig.from_params(
+        {"gateway": "tcp://h:1", "token_file": str(tmp_path / "token"), "reply_spin_us": 7}
+    )
+    assert cfg.to_native()["reply_spin_us"] == 7
+
+
 def test_tcp_gateway_reads_token(tmp_path):
     tok = tmp_path / "token"
     tok.write_text("  s3cret\n")
@@ -61,6 +75,11 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "unix:///x.sock", "gateway_stall_s": True}, r"at least 0.5 and at most 3600, got True"),
         ({"gateway": "unix:///x.sock", "gateway_stall_s": float("nan")}, r"at least 0.5 and at most 3600, got nan"),
         ({"gateway": "unix:///x.sock", "gateway_stall_s": None}, r"at least 0.5 and at most 3600, got None"),
+        ({"gateway": "embedded", "reply_spin_us": 100}, r"'reply_spin_us'\] applies to a unix:// or tcp:// gateway"),
+        ({"gateway": "unix:///x.sock", "reply_spin_us": -1}, r"'reply_spin_us'\] must be in \[0, 10000\], got -1"),
+        ({"gateway": "unix:///x.sock", "reply_spin_us": 10001}, r"'reply_spin_us'\] must be in \[0, 10000\]"),
+        ({"gateway": "unix:///x.sock", "reply_spin_us": 1.5}, r"'reply_spin_us'\] must be an integer in \[0, 10000\]"),
+        ({"gateway": "unix:///x.sock", "reply_spin_us": True}, r"'reply_spin_us'\] must be an integer"),
         ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
         # 108 bytes: every request failed 'socket path must be 1 to 107 bytes', the start did not (audit 12)
         ({"gateway": "unix:///" + "s" * 107}, r"a Unix socket path is at most 107 bytes, this one is 108"),

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""adapter_params reply_spin_us (RemoteSession::spin_for_reply): a worker that sent a store or load sleeps, the
+socket watched, until shortly before the round trip its earlier requests of the same op and size took, then polls
+the socket without sleeping, so that the reply finds it awake; only while the load rule of the gateway's
+--request-spin-us allows (util/idle_cpus.h: connections x 2 <= CPUs, runnable threads x 2 <= CPUs). No protocol
+change: the gateway cannot tell. The client-side test hooks: ADP_TEST_CLIENT_CPUS (the CPUs the rule counts),
+ADP_TEST_LOADAVG_FILE (the runnable threads it reads), ADP_TEST_STALL_CHECK_MS (a reply expected later than a
+stall check is not spun for)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from tests.gateway.test_segments import ShmPool, stats
+from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
+
+SIZE = 256 << 10
+
+
+@contextlib.contextmanager
+def slow_gateway_and_worker(monkeypatch, tmp_path, delay_ms: int, runnable: int, cpus: int, **params):
+    """A gateway on a tmpfs card that sleeps delay_ms before each object it copies into or out of a segment (a
+    round trip of about that long, steady against the wake-ups of a loaded host), a one-object /dev/shm pool, and
+    a one-worker connector on it started with the client-side test hooks: `runnable` threads read from
+    ADP_TEST_LOADAVG_FILE, `cpus` counted (ADP_TEST_CLIENT_CPUS), the stall checked every 5 s
+    (ADP_TEST_STALL_CHECK_MS: replies up to that far are spun for). Yields (gateway, pool, connector)."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"0.00 0.00 0.00 {runnable}/1234 5678\n")
+    d = tempfile.mkdtemp(prefix="adpreplyspin-", dir="/dev/shm")
+    gw = Gateway(d).start(env={"ADP_TEST_SEGMENT_WRITE_DELAY_MS": delay_ms})
+    pool = ShmPool(1, SIZE)
+    hooks = {"ADP_TEST_CLIENT_CPUS": cpus, "ADP_TEST_LOADAVG_FILE": loadavg, "ADP_TEST_STALL_CHECK_MS": 5000}
+    for k, v in hooks.items():  # read at the connector's start only
+        monkeypatch.setenv(k, str(v))
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, **params))
+    for k in hooks:
+        monkeypatch.delenv(k)
+    try:
+        yield gw, pool, c
+    finally:
+        c.conn.close()
+        pool.close()
+        if gw.proc:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("spin_us", "cpus", "runnable", "spins"),
+    [(10000, 64, 0, True), (0, 64, 0, False), (10000, 1, 0, False), (10000, 64, 600, False), (None, 64, 0, True)],
+    ids=str,
+)
+def test_a_worker_spins_for_its_reply_while_cpus_are_idle(monkeypatch, tmp_path, spin_us, cpus, runnable, spins):
+    """Five rounds of a one-object store and load (same size, ~100 ms each at the gateway: the spin starts a 32nd
+    of that, ~3 ms, early, which a timer's wake-up on a loaded 2-core host meets; at 20 ms it missed now and then):
+    each op's first request has no round trip to expect and is not spun for, the other four are
+    (gateway_{put,get}_reply_spins 4 each)
+    while connections x 2 <= CPUs (ADP_TEST_CLIENT_CPUS 64; 1 fails it: 1 x 2 > 1) and runnable threads x 2 <=
+    CPUs (0 read from ADP_TEST_LOADAVG_FILE; 600 x 2 > 64 fails it); the replies come inside the spin's window
+    (up to 10 ms from ~3 ms before the expected round trip), so some spins end with the reply
+    (gateway_*_reply_spin_hits). reply_spin_us 0: never; None: the default (200 us), which spins too. Every
+    load's bytes are its own either way, and the gateway answers every request."""
+    params = {} if spin_us is None else {"reply_spin_us": spin_us}
+    with slow_gateway_and_worker(monkeypatch, tmp_path, 100, runnable, cpus, **params) as (gw, pool, c):
+        rounds = 5
+        for r in range(rounds):
+            key = f"replyspin@{r}"
+            pool.views[0][:] = payload(key, SIZE)
+            assert c.set([key], pool.views)[0]
+            pool.views[0][:] = b"\0" * SIZE
+            ok, _, per_key = c.get([key], pool.views)
+            assert ok and per_key == [True]
+            assert bytes(pool.views[0]) == payload(key, SIZE)
+        time.sleep(0.2)  # the last slice is counted once its worker is done with it
+        st, served = c.conn.stats(), stats(gw)
+        assert served["batch_puts"] == served["batch_gets"] == rounds, served
+        for op in ("put", "get"):
+            n, hits = st[f"gateway_{op}_reply_spins"], st[f"gateway_{op}_reply_spin_hits"]
+            if spins and spin_us:
+                assert n == rounds - 1 and 1 <= hits <= n, (op, n, hits)
+            elif spins:  # the default's 200 us window: the reply may come after it on a loaded host
+                assert n == rounds - 1 and 0 <= hits <= n, (op, n, hits)
+            else:
+                assert (n, hits) == (0, 0), (op, st)
+
+
+def test_a_gateway_that_dies_while_a_worker_waits_to_spin_is_seen_at_once(monkeypatch, tmp_path):
+    """A load the worker expects to take ~2 s (the gateway sleeps 2 s before the object; the stall check every
+    5 s, ADP_TEST_STALL_CHECK_MS, so a 2 s reply is spun for): its wait sleeps until shortly before 2 s with the
+    socket watched. The gateway killed 0.5 s into it: the future fails within a second of the kill, not at the
+    expected reply's time nor at the deadline (20 s)."""
+    with slow_gateway_and_worker(monkeypatch, tmp_path, 2000, 0, 64, reply_spin_us=10000) as (gw, pool, c):
+        pool.views[0][:] = payload("dies@0", SIZE)
+        assert c.set(["dies@0"], pool.views)[0]
+        assert c.get(["dies@0"], pool.views)[2] == [True]  # learnt: a load of this size takes ~2 s
+        fid = c.conn.submit_batch_get(["dies@0"], list(pool.views))
+        killer = threading.Timer(0.5, gw.kill)
+        killer.start()
+        killer.join()
+        killed = time.monotonic()
+        ok, _, per_key = c.wait(fid, timeout=15)
+        seen = time.monotonic() - killed
+        assert not ok and per_key == [False]
+        assert seen < 1.0, f"the dead gateway was seen {seen:.2f} s after its kill"
+        assert c.conn.stats()["gateway_get_reply_spins"] == 1
