@@ -33,6 +33,11 @@ if os.environ.get("ADP_WERROR") == "1":
     WARNINGS.append("-Werror")
 
 
+def _dry_run(obj) -> bool:
+    """--dry-run, where the setuptools has it (84 removed it from the compiler and the commands)."""
+    return bool(getattr(obj, "dry_run", False))
+
+
 def _sha256(path: str) -> str | None:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -94,7 +99,7 @@ def incremental_compile(compiler, sources, output_dir=None, macros=None, include
 
     def compile_one(obj):
         src, ext = build[obj]
-        if compiler.dry_run:
+        if _dry_run(compiler):
             compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)  # logs the command only
             return
         Path(obj + ".stamp").unlink(missing_ok=True)
@@ -115,7 +120,7 @@ def incremental_compile(compiler, sources, output_dir=None, macros=None, include
     jobs = int(os.environ.get("ADP_BUILD_JOBS", "0")) or os.cpu_count() or 1
     with ThreadPoolExecutor(max(1, min(jobs, len(todo)))) as pool:
         list(pool.map(compile_one, todo))
-    if not compiler.dry_run and digest_ns["source_snapshot"](ROOT)[0] != SOURCE_DIGEST:
+    if not _dry_run(compiler) and digest_ns["source_snapshot"](ROOT)[0] != SOURCE_DIGEST:
         raise CompileError("src_cpp changed during the build: run it again")
     return objects
 
@@ -138,12 +143,12 @@ class BuildExt(build_ext):
         Path(self.build_temp).mkdir(parents=True, exist_ok=True)
         unit = Path(self.build_temp) / "adp_source_digest.cc"
         text = digest_ns["digest_unit"](SOURCE_DIGEST)
-        if not self.dry_run and (not unit.exists() or unit.read_text() != text):
+        if not _dry_run(self) and (not unit.exists() or unit.read_text() != text):
             unit.write_text(text)
         if str(unit) not in ext.sources:
             ext.sources.append(str(unit))
         built = Path(self.get_ext_fullpath(ext.name))
-        if built.exists() and digest_ns["recorded_digest"](built) != SOURCE_DIGEST and not self.dry_run:
+        if built.exists() and digest_ns["recorded_digest"](built) != SOURCE_DIGEST and not _dry_run(self):
             built.unlink()  # the link below then runs whatever the objects' times
         # One build at a time per build directory: two at once would mix their objects and records.
         with open(Path(self.build_temp) / "build.lock", "w") as lock:
@@ -163,7 +168,7 @@ class BuildExt(build_ext):
             inplace, regular = (Path(p) for p in self._get_inplace_equivalent(build_py, ext))
             if inplace.exists() and regular.exists() and inplace.read_bytes() == regular.read_bytes():
                 continue
-            if not self.dry_run:
+            if not _dry_run(self):
                 inplace.unlink(missing_ok=True)
             self.copy_file(str(regular), str(inplace), level=self.verbose)
 
