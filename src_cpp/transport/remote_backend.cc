@@ -341,6 +341,14 @@ Status RemoteSession::connected(Deadline deadline) {
   if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
   if (now < retry_at_) return last_error_;
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
+  if (!s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + kConnectTimeout) {
+    // The batch's own deadline ran out while connecting (a short timeout_ms, a busy gateway slow to accept or to
+    // answer the handshake): this batch's timeout, not an outage. No back-off, gateway_reachable as it was; a
+    // gateway that stays silent for the whole kConnectTimeout, or refuses, is still the outage below.
+    ADP_DEBUG("%s: the batch's deadline passed while connecting (%s)", backend_->describe().c_str(),
+              log_safe(s.message()).c_str());
+    return Status::TimedOut("deadline passed while connecting to the gateway: " + s.message());
+  }
   if (!s.ok()) {
     // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
     backoff_ = RemoteBackend::token_refusal(s) ? kMaxBackoff : std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);

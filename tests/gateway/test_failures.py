@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 import threading
 import time
 
@@ -211,6 +212,16 @@ class Buffers:
             os.unlink(self.path)
 
 
+def assert_outage(conn: ADPConnector, result: tuple, capfd) -> None:
+    """A batch that met the gateway down: it failed "unavailable", the connector logged the outage's WARNING once
+    and reads gateway_reachable 0."""
+    ok, why, _ = result
+    assert not ok and "unavailable" in why, why
+    err = capfd.readouterr().err
+    assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
+    assert conn.stats()["gateway_reachable"] is False
+
+
 def one_key_batches(conn: ADPConnector, c: RawConnector, op: str, keys: list[str], bufs: list) -> list[tuple]:
     """One batch per key, all submitted before any is waited for (so that every worker takes some); their
     (ok, err, per_key)."""
@@ -266,12 +277,9 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
         assert conn.stats()["gateway_reachable"] is True
 
         assert gateway.stop() == 0  # really down: the batch fails, and the WARNING says so once
-        ok, why, _ = c.set(keys[:1], bufs.src[:1])
-        assert not ok and "unavailable" in why, why
+        first = c.set(keys[:1], bufs.src[:1])
         assert c.set(keys[1:2], bufs.src[1:2])[0] is False
-        err = capfd.readouterr().err
-        assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
-        assert conn.stats()["gateway_reachable"] is False
+        assert_outage(conn, first, capfd)
     finally:
         conn.close()
         bufs.close()
@@ -314,11 +322,7 @@ def test_a_segment_registration_on_a_connection_closed_while_idle_logs_no_outage
             assert health(st)["healthy"] is True, health(st)
 
             assert gw.stop() == 0  # really down: the third file's registration meets it
-            ok, why, _ = c.set(keys, files[2].src) if op == "set" else c.get(keys, files[2].dst)
-            assert not ok and "unavailable" in why, why
-            err = capfd.readouterr().err
-            assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
-            assert conn.stats()["gateway_reachable"] is False
+            assert_outage(conn, c.set(keys, files[2].src) if op == "set" else c.get(keys, files[2].dst), capfd)
             assert "unreachable" in " ".join(health(conn.stats())["reasons"])
         finally:
             conn.close()
@@ -378,3 +382,46 @@ def test_a_connection_closed_for_idleness_is_replaced_quietly(workdir, capfd):
     finally:
         conn.close()
         assert gw.stop() == 0
+
+
+def test_a_deadline_met_while_connecting_is_a_timeout_not_an_outage(workdir, capfd):
+    """A gateway that is up but slow to answer the handshake (here: a listening socket that never answers) against
+    a batch whose timeout_ms runs out first: that batch fails "timed out", the connector logs no WARNING,
+    gateway_reachable and /health stay up, and the next batch connects again and times out too. It was logged as an
+    outage (WARNING "gateway did not answer in time; its requests fail until it is back") with reachable 0 and the
+    back-off started (reconn3; the back-off's first 50 ms end before the next 300 ms batch, so this test does not
+    see it). A refused connect (nothing listening) is still the outage: "unavailable", the WARNING once,
+    reachable 0."""
+    path = os.path.join(workdir, "silent.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(16)
+    conn = ADPConnector(gateway="unix://" + path, num_workers=1, timeout_ms=300)
+    c = RawConnector(conn)
+    try:
+        keys, datas = keys_and_datas(1)
+        capfd.readouterr()
+        for _ in range(2):
+            ok, err, _ = c.set(keys, [memoryview(datas[0])])
+            assert not ok and "timed out" in err and "unavailable" not in err, err
+        time.sleep(0.1)  # the worker's connect ends with the deadline: its log lines come right after
+        out = capfd.readouterr().err
+        assert "WARNING" not in out, out
+        st = conn.stats()
+        assert st["gateway_reachable"] is True and health(st)["healthy"] is True, st
+        srv.setblocking(False)
+        accepted = []
+        while True:
+            try:
+                accepted.append(srv.accept()[0])
+            except BlockingIOError:
+                break
+        assert len(accepted) == 2, accepted  # each batch tried its own connect
+        for a in accepted:
+            a.close()
+        srv.close()
+        os.unlink(path)  # nothing listens now: refused, the outage
+        assert_outage(conn, c.set(keys, [memoryview(datas[0])]), capfd)
+    finally:
+        conn.close()
+        srv.close()
