@@ -302,6 +302,7 @@ class RemoteSession : public BackendSession {
   std::unique_ptr<GatewayClient> client_;
   bool connected_before_ = false;  // a connection of this session was made (and, when there is none, lost)
   Clock::time_point retry_at_{};
+  Clock::time_point unanswered_since_{};  // the first of the connects in a row cut short by their batch's deadline
   milliseconds backoff_{0};
   Status last_error_;
   std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
@@ -341,10 +342,14 @@ Status RemoteSession::connected(Deadline deadline) {
   if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
   if (now < retry_at_) return last_error_;
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
-  if (!s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + kConnectTimeout) {
+  const bool cut_short = !s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + kConnectTimeout;
+  if (!cut_short) unanswered_since_ = {};
+  if (cut_short && unanswered_since_ == Clock::time_point{}) unanswered_since_ = now;
+  if (cut_short && Clock::now() - unanswered_since_ < kConnectTimeout) {
     // The batch's own deadline ran out while connecting (a short timeout_ms, a busy gateway slow to accept or to
-    // answer the handshake): this batch's timeout, not an outage. No back-off, gateway_reachable as it was; a
-    // gateway that stays silent for the whole kConnectTimeout, or refuses, is still the outage below.
+    // answer the handshake): this batch's timeout, not an outage. No back-off, gateway_reachable as it was. A
+    // gateway that refuses, or leaves this session's connects unanswered for kConnectTimeout (one connect, or
+    // several cut short in a row since the first), is still the outage below.
     ADP_DEBUG("%s: the batch's deadline passed while connecting (%s)", backend_->describe().c_str(),
               log_safe(s.message()).c_str());
     return Status::TimedOut("deadline passed while connecting to the gateway: " + s.message());
