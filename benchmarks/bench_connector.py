@@ -1100,7 +1100,7 @@ def main() -> None:
     os.environ["ADP_BENCH_L1"] = args.l1  # spawned client processes allocate alike
 
     stamp = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
-    work = Path(args.dir) / f"run-{os.getpid()}"
+    work = Path(args.dir).resolve() / f"run-{os.getpid()}"  # absolute: the gateway runs in another cwd
     work.mkdir(parents=True, exist_ok=True)
     clients = [int(x) for x in args.clients.split(",") if x]
     at = tuple(int(x) for x in args.clients_at.split(",")) if args.clients_at else None

@@ -485,7 +485,9 @@ def report(
 
 
 def run_medium(medium: str, args: argparse.Namespace, stamp: str) -> Path:
-    work = Path(args.dir if medium == "disk" else SHM_DIR) / f"run-{os.getpid()}"  # own files, even if runs overlap
+    work = (
+        Path(args.dir if medium == "disk" else SHM_DIR).resolve() / f"run-{os.getpid()}"
+    )  # own files, even if runs overlap
     results = RESULTS / "tmp" if args.quick else RESULTS  # quick runs are smoke tests, not results
     raw = results / "raw" / f"{stamp}-{medium}"
     work.mkdir(parents=True)

@@ -71,7 +71,7 @@ def main() -> int:
     nkeys = a.batches * a.keys_per_batch
     # Regions hold whole objects: room for two regions per object is plenty.
     card_gb = a.card_gb or max(1.0, nkeys * 2 * (size + MIB) * 1.25 / (1 << 30))
-    work = tempfile.mkdtemp(prefix="adpload-", dir=a.card_dir)
+    work = tempfile.mkdtemp(prefix="adpload-", dir=os.path.abspath(a.card_dir))  # the gateway runs in it
     sock = os.path.join(tempfile.mkdtemp(prefix="adps-", dir="/tmp"), "gw.sock")
     log_path = os.path.join(work, "gateway.log")
     gw_cmd = [sys.executable, "-m", "lmcache_adp.cli", "gateway", "--card", os.path.join(work, "card.img")]

@@ -265,3 +265,17 @@ def test_segment_load_table_splits_a_segment_load_from_the_gateways_profile():
         ["gateway unix+segments (own shm L1)", "840", "950", "900.0", "10.0", "860.0", "4.0", "6.0", "850.0", "50.0"]
     ]
     assert bench_connector.segment_load_table(rows[:1] + rows[2:], 2) == []
+
+
+def test_a_relative_dir_is_the_callers_not_the_gateways(tmp_path):
+    """The gateway the bench starts runs in its card's directory (audit 13: not a checkout's cwd); a
+    relative --dir is the caller's, so the card the gateway opens is the one the bench made (review r13 S1:
+    a relative --dir failed "card ... does not exist" once the gateway resolved it from its own cwd)."""
+    cmd = [sys.executable, str(BENCH), "--workers", "1", "--sizes-mb", "1", "--total-mb", "2", "--reps", "1"]
+    cmd += ["--gateway-rows", "pieces", "--dir", "card", "--out", "out"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(next((tmp_path / "out").glob("raw/*/rows.json")).read_text())["rows"]
+    (gw,) = [x for x in rows if x["row"].startswith("gateway")]
+    assert "error" not in gw and gw["load_s"] and not gw["mismatched"], gw
+    assert not (tmp_path / "card" / "card").exists()
