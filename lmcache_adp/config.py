@@ -160,7 +160,8 @@ PARAMS: dict[str, Param] = {
         "unix:// or tcp:// gateway: a worker waiting for a store's or load's reply polls the socket without "
         "sleeping for up to this many microseconds from shortly before the reply is expected (learnt from earlier "
         "requests of the same size), while CPUs are idle (connections x 2 and runnable threads x 2 at most the "
-        "CPUs): no wake-up in its round trip. 0-10000; 0: never",
+        "CPUs: the affinity's, or a container's CPU quota where fewer): no wake-up in its round trip. On by default "
+        "(200); 0-10000; 0: never",
     ),
     "ptracer_follow": Param(
         False,

@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=-1,
         help="helper threads that write the pieces of loads into clients' process memory (and read the pieces of "
         "stores from it) beside the connections' threads, where CPUs are spare (default -1: one per CPU the "
-        "gateway may use; 0: none)",
+        "gateway may use, its container's CPU quota counted; 0: none)",
     )
     p.add_argument(
         "--request-spin-us",
@@ -123,7 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="after answering a store or load, a connection looks for the client's next request this long before "
         "it sleeps, while every connection leaves a CPU spare beside its own and its client's (connections x 2 <= "
-        "CPUs) and the machine runs at most half as many threads as CPUs (/proc/loadavg): no wake-up in that "
+        "CPUs, a container's CPU quota counted) and the machine runs at most half as many threads as CPUs (/proc/loadavg): no wake-up in that "
         "request's round trip (default 0: never; the 16-core VM's round trip fell 8 of ~75 us with 100)",
     )
     p.add_argument(

@@ -162,7 +162,7 @@ struct GatewayShared {
   // GatewayOptions::request_spin_us; its load rule (util/idle_cpus.h: the
   // CPUs it counts, connections x 2 <= CPUs too; tests name another load
   // file and interval, ADP_TEST_LOADAVG_FILE, ADP_TEST_SPIN_LOAD_EVERY_MS,
-  // set once when the gateway starts).
+  // and the quota, ADP_TEST_CPU_MAX_FILE, set once when the gateway starts).
   std::chrono::microseconds request_spin{0};
   IdleCpus spin_load;
   std::atomic<uint64_t> batch_spins{0}, batch_spin_hits{0};  // looks for a next request; those that found one

@@ -63,7 +63,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   // thread: the 16-core probe loaded 4 connections at 1.0-1.3x embedded
   // with 2 or 3 threads each (benchmarks/README.md, "Session seven").
   constexpr int kMaxPieceHelpers = 2;
-  const int cpus = PiecePool::usable_cpus();
+  const int cpus = PiecePool::usable_cpus(hooks.cpu_max_file);
   const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
   // ADP_TEST_GATEWAY_CPUS=N makes the pool count N CPUs in its rule (helpers,
   // the store pipeline: PiecePool::spare_cpu()), not this machine's, so a

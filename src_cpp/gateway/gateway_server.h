@@ -35,7 +35,8 @@ struct GatewayOptions {
   int io_contexts = 4;      // store operations in parallel
   // Helper threads that write the pieces of process loads (r5) beside the
   // connections' threads where CPUs are spare (PiecePool); -1: as many as
-  // the CPUs the gateway may run on (sched_getaffinity), 0: none.
+  // the CPUs the gateway may use (PiecePool::usable_cpus: sched_getaffinity,
+  // or its cgroup's CPU quota where fewer), 0: none.
   int process_write_threads = -1;
   // Pipelined process stores at once (review r8 S4: each may hold an I/O
   // context and a frontier place for up to its bound); -1: half the I/O

@@ -109,7 +109,7 @@ class RemoteBackend : public Backend {
   mutable std::mutex mu_;
   std::set<const GatewayClient*> live_;
   std::atomic<int> connections_{0};  // live_.size(), read without mu_ (reply_spin's load rule)
-  // reply_spin_us's load rule (util/idle_cpus.h: this machine's CPUs, or
+  // reply_spin_us's load rule (util/idle_cpus.h: PiecePool::usable_cpus, or
   // ADP_TEST_CLIENT_CPUS; the load file and interval of the test hooks), and
   // the workers spinning for a reply now (runnable because they spin: not
   // held against the rule).

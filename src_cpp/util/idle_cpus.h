@@ -27,7 +27,7 @@ inline constexpr std::chrono::nanoseconds kIdleCpusEvery{10'000'000};
 struct IdleCpus {
   std::string path = "/proc/loadavg";
   int64_t every_ns = kIdleCpusEvery.count();
-  int cpus = 1;  // the CPUs the rule counts
+  int cpus = 1;  // the CPUs the rule counts (PiecePool::usable_cpus: a container's quota counted)
   std::atomic<int64_t> read_ns{0};
   std::atomic<bool> ok{false};
 

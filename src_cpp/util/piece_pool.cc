@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "util/cpu_quota.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -15,11 +16,13 @@ thread_local bool t_helper = false;
 
 bool PiecePool::on_helper_thread() { return t_helper; }
 
-int PiecePool::usable_cpus() {
+int PiecePool::usable_cpus(const std::string& cpu_max_file) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  const int affinity = ::sched_getaffinity(0, sizeof set, &set) != 0 ? 1 : std::max(1, CPU_COUNT(&set));
+  static const int kQuota = cgroup_quota_cpus();  // read once per process
+  const int quota = cpu_max_file.empty() ? kQuota : cpu_max_cpus(cpu_max_file);
+  return quota > 0 ? std::min(affinity, quota) : affinity;
 }
 
 PiecePool::PiecePool(int threads, int max_helpers, int cpus)

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -91,8 +92,13 @@ class PiecePool {
   // Pieces run by helpers so far (the pool's use, for the stats).
   uint64_t helped_pieces() const { return helped_.load(std::memory_order_relaxed); }
 
-  // The CPUs this process may run on (sched_getaffinity), at least 1.
-  static int usable_cpus();
+  // The CPUs this process may use, at least 1: sched_getaffinity's count, or
+  // its cgroup's CPU quota where that is fewer (util/cpu_quota.h: ceil(quota
+  // / period), read once per process). A test names a cpu.max file in its
+  // place (ADP_TEST_CPU_MAX_FILE: `cpu_max_file`, read each call). Feeds the
+  // gateway's piece helpers (their count by default and PiecePool's CPU rule)
+  // and the spin load rule of both sides (util/idle_cpus.h).
+  static int usable_cpus(const std::string& cpu_max_file = {});
   // True on a helper thread of any pool (tests pick which thread stalls).
   static bool on_helper_thread();
 

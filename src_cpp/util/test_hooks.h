@@ -32,6 +32,7 @@ struct TestHooks {
   // Both sides': the spin load rule's (util/idle_cpus.h), set at a gateway's or connector's start.
   std::string loadavg_file;     // ADP_TEST_LOADAVG_FILE (empty: /proc/loadavg)
   int spin_load_every_ms = -1;  // ADP_TEST_SPIN_LOAD_EVERY_MS (-1: not set, kIdleCpusEvery)
+  std::string cpu_max_file;     // ADP_TEST_CPU_MAX_FILE (empty: the cgroup's own quota)
   // Both sides': a process's card health hold (util/failing_hold.h), set at its start.
   int card_failing_hold_ms = -1;  // ADP_TEST_CARD_FAILING_HOLD_MS (-1: not set, kFailingHold)
   // The connector's.

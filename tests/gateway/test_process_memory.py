@@ -135,6 +135,17 @@ def test_loads_land_through_process_memory_and_the_ring_carries_none(card_gatewa
         c.conn.close()
 
 
+@pytest.mark.parametrize(("cpu_max", "cpus"), [("100000 100000", 1), ("250000 100000", 3), ("max 100000", None)])
+def test_the_piece_helpers_default_to_the_cpus_a_containers_quota_allows(tmp_path, cpu_max, cpus):
+    """--process-write-threads by default: one per CPU the gateway may use, sched_getaffinity's count or the
+    cgroup's CPU quota (cpu.max "QUOTA PERIOD", rounded up) where fewer (review r13 S2); ADP_TEST_CPU_MAX_FILE
+    names the cpu.max read. "max" sets no quota: the affinity's count."""
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    affinity = len(os.sched_getaffinity(0))
+    with temp_gateway(env={"ADP_TEST_CPU_MAX_FILE": tmp_path / "cpu.max"}) as gw:
+        assert stats(gw)["process_write_threads"] == min(affinity, cpus or affinity)
+
+
 @pytest.mark.parametrize("card", ["tmpfs", "disk"])
 def test_pieces_written_by_helper_threads_land_right(gateways, card):
     """A gateway with two piece helpers (--process-write-threads 2): one object's

@@ -4,12 +4,14 @@ socket watched, until shortly before the round trip its earlier requests of the 
 the socket without sleeping, so that the reply finds it awake; only while the load rule of the gateway's
 --request-spin-us allows (util/idle_cpus.h: connections x 2 <= CPUs, runnable threads x 2 <= CPUs). No protocol
 change: the gateway cannot tell. The client-side test hooks: ADP_TEST_CLIENT_CPUS (the CPUs the rule counts),
-ADP_TEST_LOADAVG_FILE (the runnable threads it reads), ADP_TEST_STALL_CHECK_MS (a reply expected later than a
+ADP_TEST_CPU_MAX_FILE (a cgroup v2 cpu.max whose quota caps the CPUs counted), ADP_TEST_LOADAVG_FILE (the runnable
+threads it reads), ADP_TEST_STALL_CHECK_MS (a reply expected later than a
 stall check is not spun for)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import threading
@@ -26,18 +28,24 @@ SIZE = 256 << 10
 
 
 @contextlib.contextmanager
-def slow_gateway_and_worker(monkeypatch, tmp_path, delay_ms: int, runnable: int, cpus: int, **params):
+def slow_gateway_and_worker(monkeypatch, tmp_path, delay_ms: int, runnable: int, cpus: int | None, **params):
     """A gateway on a tmpfs card that sleeps delay_ms before each object it copies into or out of a segment (a
-    round trip of about that long, steady against the wake-ups of a loaded host), a one-object /dev/shm pool, and
-    a one-worker connector on it started with the client-side test hooks: `runnable` threads read from
-    ADP_TEST_LOADAVG_FILE, `cpus` counted (ADP_TEST_CLIENT_CPUS), the stall checked every 5 s
-    (ADP_TEST_STALL_CHECK_MS: replies up to that far are spun for). Yields (gateway, pool, connector)."""
+        round trip of about that long, steady against the wake-ups of a loaded host), a one-object /dev/shm pool, and
+        a one-worker connector on it started with the client-side test hooks: `runnable` threads read from
+        ADP_TEST_LOADAVG_FILE, `cpus` counted (ADP_TEST_CLIENT_CPUS; None: not set, and a `cpu_max` param is written to
+    the file ADP_TEST_CPU_MAX_FILE names), the stall checked every 5 s
+        (ADP_TEST_STALL_CHECK_MS: replies up to that far are spun for). Yields (gateway, pool, connector)."""
     loadavg = tmp_path / "loadavg"
     loadavg.write_text(f"0.00 0.00 0.00 {runnable}/1234 5678\n")
     d = tempfile.mkdtemp(prefix="adpreplyspin-", dir="/dev/shm")
     gw = Gateway(d).start(env={"ADP_TEST_SEGMENT_WRITE_DELAY_MS": delay_ms})
     pool = ShmPool(1, SIZE)
-    hooks = {"ADP_TEST_CLIENT_CPUS": cpus, "ADP_TEST_LOADAVG_FILE": loadavg, "ADP_TEST_STALL_CHECK_MS": 5000}
+    hooks = {"ADP_TEST_LOADAVG_FILE": loadavg, "ADP_TEST_STALL_CHECK_MS": 5000}
+    if cpus is not None:
+        hooks["ADP_TEST_CLIENT_CPUS"] = cpus
+    if "cpu_max" in params:
+        (tmp_path / "cpu.max").write_text(params.pop("cpu_max") + "\n")
+        hooks["ADP_TEST_CPU_MAX_FILE"] = tmp_path / "cpu.max"
     for k, v in hooks.items():  # read at the connector's start only
         monkeypatch.setenv(k, str(v))
     c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, **params))
@@ -90,6 +98,33 @@ def test_a_worker_spins_for_its_reply_while_cpus_are_idle(monkeypatch, tmp_path,
                 assert n == rounds - 1 and 0 <= hits <= n, (op, n, hits)
             else:
                 assert (n, hits) == (0, 0), (op, st)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the rule needs 2 CPUs for one connection")
+@pytest.mark.parametrize(
+    ("cpu_max", "spins"), [("100000 100000", False), ("150000 100000", True), ("max 100000", True)], ids=str
+)
+def test_a_containers_cpu_quota_is_counted_by_the_spin_rule(monkeypatch, tmp_path, cpu_max, spins):
+    """The CPUs the rule counts are sched_getaffinity's (at least 2 here) or the cgroup's CPU quota where fewer
+    (review r13 S2: a container on a big idle host spent its quota spinning): a cpu.max (ADP_TEST_CPU_MAX_FILE, not
+    ADP_TEST_CLIENT_CPUS) of 1 CPU fails one connection's 1 x 2 <= CPUs, so no reply is spun for
+    (gateway_*_reply_spins 0); 1.5 CPUs count as 2 (rounded up) and no quota ("max") as the affinity's, and the
+    worker spins for its second and third replies of each op as before."""
+    with slow_gateway_and_worker(monkeypatch, tmp_path, 100, 0, None, reply_spin_us=10000, cpu_max=cpu_max) as (
+        gw,
+        pool,
+        c,
+    ):
+        rounds = 3
+        for r in range(rounds):
+            key = f"quota@{r}"
+            pool.views[0][:] = payload(key, SIZE)
+            assert c.set([key], pool.views)[0]
+            assert c.get([key], pool.views)[2] == [True]
+            assert bytes(pool.views[0]) == payload(key, SIZE)
+        time.sleep(0.2)  # the last slice is counted once its worker is done with it
+        st = c.conn.stats()
+        assert [st[f"gateway_{op}_reply_spins"] for op in ("put", "get")] == [rounds - 1 if spins else 0] * 2, st
 
 
 def test_a_gateway_that_dies_while_a_worker_waits_to_spin_is_seen_at_once(monkeypatch, tmp_path):
