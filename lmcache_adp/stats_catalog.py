@@ -253,7 +253,8 @@ CLIENT_STATS: tuple[Stat, ...] = (
         GAUGE,
         "1 or 0",
         C,
-        "1 while the connector's last attempt to reach its gateway succeeded (also before any attempt failed); "
+        "1 while the connector's last attempt to reach its gateway succeeded (also before the first attempt ended: "
+        "its first worker connects as the connector starts, in the background); "
         "0 from a failed connect or a dropped connection until the next connect succeeds: loads miss and stores "
         "are dropped meanwhile (/health answers 503 at 0)",
     ),
@@ -273,7 +274,7 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "connections",
         C,
         "Connections to its gateway the connector's workers made again after losing theirs (a gateway restart "
-        "costs one per worker that had a connection; each connects lazily, at its first batch)",
+        "costs one per worker that had a connection; each connects again at its next batch)",
     ),
     Stat(
         "gateway_stalled",

@@ -94,6 +94,14 @@ class BackendSession {
   // results[i]: Ok (deleted), NotFound (was not there) or why the delete did
   // not happen (an I/O error, a gateway that failed or answered an error).
   virtual void remove(const std::string_view* keys, size_t n, Status* results, Deadline deadline) = 0;
+  // Called once, by the connector's first worker as it starts, before it
+  // takes any work: a session whose peer is reached over a socket connects
+  // now (a gateway: connect and handshake, a failure logged and counted as a
+  // batch's would be), so that stats() says whether the peer can be reached
+  // before the first batch (audit 13 item 6). Start never waits on it; the
+  // first batch uses that connection or connects as it would have. A no-op
+  // by default.
+  virtual void prepare() {}
 };
 
 class Backend {

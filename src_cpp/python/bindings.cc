@@ -117,7 +117,8 @@ class NativeConnector {
     return std::make_unique<EmbeddedBackend>(std::move(store));
   }
 
-  // Connects lazily: a gateway that is not up yet is not an error here.
+  // Connects nowhere here (the first worker tries once as the connector starts, in the background:
+  // BackendSession::prepare): a gateway that is not up yet is not an error.
   static std::unique_ptr<Backend> remote(const std::string& gateway, const py::dict& cfg) {
     GatewayClientOptions o;
     Status s = proto::parse_endpoint(gateway, &o.endpoint);

@@ -218,6 +218,12 @@ class RemoteSession : public BackendSession {
         [&](size_t i, const Status& st, const uint8_t*, size_t) { results[i] = st; });
   }
 
+  // Connects at the connector's start (BackendSession::prepare): connected()'s own path, so a failure is the
+  // outage a batch's would be (note_down: the one WARNING, or the token's ERROR; gateway_reachable 0) and the
+  // back-off it sets holds for this session's first batch. No batch deadline: the connect's own bound
+  // (kConnectTimeout), so one left unanswered is an outage, not a batch cut short.
+  void prepare() override { (void)connected(Deadline::max()); }
+
   void remove(const std::string_view* keys, size_t n, Status* results, Deadline deadline) override {
     auto& c = backend_->counters_;
     run({proto::Op::kDelete, keys, nullptr, nullptr, nullptr}, n, deadline,

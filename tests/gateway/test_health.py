@@ -887,11 +887,9 @@ class RefusingGateway:
                     pass
 
 
-def test_a_refused_token_is_one_error_saying_what_to_fix(workdir, capfd):
-    """A TCP gateway refusing the token was logged "its requests fail until it is back (reconnecting with
-    back-off)" and retried from 50 ms up: a wrong token never heals by itself (audit 12 note 22). Now one ERROR
-    naming token_file and a restart, the longest back-off (2 s) at once, gateway_token_refused and a /health
-    reason that says so; a good token clears it."""
+def wrong_token_connector(workdir, capfd) -> tuple[Gateway, str, ADPConnector, int]:
+    """A TCP gateway and a one-worker connector on it whose token_file holds a wrong token, with a metrics port
+    (stderr read up to its start): the gateway, that token file, the connector and its port."""
     gw = Gateway(workdir, tcp=True).start()
     bad = f"{workdir}/bad-token"
     with open(bad, "w") as f:
@@ -899,6 +897,15 @@ def test_a_refused_token_is_one_error_saying_what_to_fix(workdir, capfd):
     port = free_port()
     capfd.readouterr()
     conn = ADPConnector(gateway=gw.tcp_url, token_file=bad, num_workers=1, timeout_ms=3000, metrics_port=port)
+    return gw, bad, conn, port
+
+
+def test_a_refused_token_is_one_error_saying_what_to_fix(workdir, capfd):
+    """A TCP gateway refusing the token was logged "its requests fail until it is back (reconnecting with
+    back-off)" and retried from 50 ms up: a wrong token never heals by itself (audit 12 note 22). Now one ERROR
+    naming token_file and a restart, the longest back-off (2 s) at once, gateway_token_refused and a /health
+    reason that says so; a good token clears it."""
+    gw, bad, conn, port = wrong_token_connector(workdir, capfd)
     c = RawConnector(conn)
     try:
         for _ in range(5):
@@ -940,3 +947,65 @@ def test_a_refused_token_is_one_error_saying_what_to_fix(workdir, capfd):
     finally:
         conn.close()
         fake.listener.close()
+
+
+def test_health_says_unreachable_before_the_first_batch(workdir, capfd):
+    """Audit 13 item 6: connections were made at the first batch, so a connector whose `gateway` names a socket
+    that does not exist (a typo) answered /health 200 {"healthy": true, "gateway_reachable": true} until traffic
+    failed. Its first worker now connects at start, in the background: 503 and gateway_reachable false within
+    about a second, with no batch sent, and the one WARNING."""
+    port = free_port()
+    capfd.readouterr()
+    t0 = time.monotonic()
+    conn = ADPConnector(gateway=f"unix://{workdir}/none.sock", num_workers=1, timeout_ms=2000, metrics_port=port)
+    try:
+        assert time.monotonic() - t0 < 1, "start waited on the gateway"
+        doc = wait_health(port, 503, within=1)
+        assert (doc["healthy"], doc["gateway_reachable"]) == (False, False), doc
+        assert any("none.sock" in r and "unreachable" in r for r in doc["reasons"]), doc
+        assert scrape(port)["lmcache_adp_gateway_reachable"] == 0
+        st = conn.stats()
+        assert st["gateway_reachable"] is False and st["stores"] == st["hits"] == st["misses"] == 0, st
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "reconnecting with back-off" in line]
+        assert len(said) == 1 and "WARNING" in said[0] and "none.sock" in said[0], err
+    finally:
+        conn.close()
+
+
+def test_a_refused_token_shows_before_the_first_batch(workdir, capfd):
+    """Audit 13 item 6, over TCP: a wrong token gave its ERROR and gateway_token_refused only when a batch
+    failed. The connect at start asks the gateway at once."""
+    gw, _, conn, port = wrong_token_connector(workdir, capfd)
+    try:
+        doc = wait_health(port, 503, within=1)
+        assert (doc["gateway_token_refused"], doc["gateway_reachable"]) == (True, False), doc
+        assert scrape(port)["lmcache_adp_gateway_token_refused"] == 1
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "refused this connector's token" in line]
+        assert len(said) == 1 and "ERROR" in said[0], err
+    finally:
+        conn.close()
+        assert gw.stop() == 0
+
+
+def test_a_gateway_started_after_its_connector_is_reachable_once_up(workdir):
+    """The connect at start fails (503 at once); the gateway then starts: the next batch connects and /health is
+    200 again, with no reconnect counted (the session's first connection)."""
+    gw = Gateway(workdir)
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=2000, metrics_port=port)
+    c = RawConnector(conn)
+    try:
+        doc = wait_health(port, 503, within=1)
+        assert doc["gateway_reachable"] is False, doc
+        gw.start()
+        keys, datas = keys_and_datas(3)
+        store_until_ok(c, keys, datas, gw, "no store once the gateway started")
+        code, doc = health(port)
+        assert (code, doc["healthy"], doc["gateway_reachable"]) == (200, True, True), doc
+        assert conn.stats()["gateway_reconnects"] == 0
+    finally:
+        conn.close()
+        if gw.proc:
+            assert gw.stop() == 0
