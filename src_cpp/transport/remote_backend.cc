@@ -308,7 +308,7 @@ class RemoteSession : public BackendSession {
   std::unique_ptr<GatewayClient> client_;
   bool connected_before_ = false;  // a connection of this session was made (and, when there is none, lost)
   Clock::time_point retry_at_{};
-  Clock::time_point unanswered_since_{};  // the first of the connects in a row cut short by their batch's deadline
+  Clock::duration unanswered_{};  // the time waited by the connects in a row cut short by their batches' deadlines
   milliseconds backoff_{0};
   Status last_error_;
   std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
@@ -348,14 +348,18 @@ Status RemoteSession::connected(Deadline deadline) {
   if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
   if (now < retry_at_) return last_error_;
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
+  // The connector closing cut it short (a connect at start, BackendSession::prepare, or a batch's racing close):
+  // nothing to say about the gateway (review r13 S4: a connector closed at once logged an outage).
+  if (!s.ok() && backend_->closing()) return s;
   const bool cut_short = !s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + kConnectTimeout;
-  if (!cut_short) unanswered_since_ = {};
-  if (cut_short && unanswered_since_ == Clock::time_point{}) unanswered_since_ = now;
-  if (cut_short && Clock::now() - unanswered_since_ < kConnectTimeout) {
+  // Connects cut short in a row add up the time they waited, not the time since the first (review r13 S3: two
+  // 300 ms connects 3 s apart were an outage).
+  unanswered_ = cut_short ? unanswered_ + (Clock::now() - now) : Clock::duration{};
+  if (cut_short && unanswered_ < kConnectTimeout) {
     // The batch's own deadline ran out while connecting (a short timeout_ms, a busy gateway slow to accept or to
     // answer the handshake): this batch's timeout, not an outage. No back-off, gateway_reachable as it was. A
     // gateway that refuses, or leaves this session's connects unanswered for kConnectTimeout (one connect, or
-    // several cut short in a row since the first), is still the outage below.
+    // several cut short in a row that waited that long in all), is still the outage below.
     ADP_DEBUG("%s: the batch's deadline passed while connecting (%s)", backend_->describe().c_str(),
               log_safe(s.message()).c_str());
     return Status::TimedOut("deadline passed while connecting to the gateway: " + s.message());
@@ -1032,6 +1036,11 @@ void RemoteBackend::hint_ring() {
       "`lmcache server` with --shm-name to put its L1 pool in /dev/shm: the gateway then loads into and stores "
       "from it in place (docs/protocol.md, \"Segments\"). Logged once.",
       describe().c_str());
+}
+
+bool RemoteBackend::closing() {
+  std::lock_guard<std::mutex> l(mu_);
+  return interrupted_;
 }
 
 void RemoteBackend::interrupt() {

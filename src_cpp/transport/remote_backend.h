@@ -60,6 +60,9 @@ class RemoteBackend : public Backend {
   std::string describe() const override { return "gateway " + opts_.endpoint.str(); }
   StoreStats stats() const override;
   void interrupt() override;
+  // Whether interrupt() ran: the connector is closing, and a connect it cut
+  // short ("connector closed") is not an outage (review r13 S4).
+  bool closing();
 
  private:
   friend class RemoteSession;

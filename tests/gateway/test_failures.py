@@ -440,6 +440,52 @@ def test_a_deadline_met_while_connecting_is_a_timeout_not_an_outage(workdir, cap
         srv.close()
 
 
+def test_connects_cut_short_count_their_waits_not_the_idle_time_between_them(workdir, capfd):
+    """Two batches whose 300 ms deadlines each cut a connect short, 2.5 s apart with the session idle between them:
+    0.6 s of unanswered connects, not an outage (review r13 S3: f8d6a2f counted from the first such connect, so the
+    second logged the outage WARNING and reachable 0 after 0.6 s of waiting). The connector starts on a real
+    gateway (its start-up connect answered), which is then replaced by a socket that listens and never answers."""
+    with temp_gateway() as gw:
+        conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=300)
+        c = RawConnector(conn)
+        try:
+            keys, datas = keys_and_datas(1)
+            assert c.set(keys, [memoryview(datas[0])])[0]
+            gw.kill()
+            os.unlink(gw.socket)
+            srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            srv.bind(gw.socket)
+            srv.listen(64)
+            try:
+                time.sleep(0.2)  # the session's connection is idle past the 100 ms check: replaced quietly
+                capfd.readouterr()
+                for i in range(2):
+                    if i:
+                        time.sleep(2.5)
+                    ok, why, _ = c.set(keys, [memoryview(datas[0])])
+                    assert not ok and timed_out(why), why
+                time.sleep(0.1)
+                err = capfd.readouterr().err
+                assert "WARNING" not in err, err
+                assert conn.stats()["gateway_reachable"] is True
+            finally:
+                srv.close()
+        finally:
+            conn.close()
+
+
+def test_a_connector_closed_as_it_starts_logs_no_outage(capfd):
+    """A connector closed right after it was made: its start-up connect (BackendSession::prepare) cut short by the
+    close ("connector closed") is not an outage (review r13 S4: 200 of 200 such connectors logged "connector
+    closed; its requests fail until it is back")."""
+    with temp_gateway() as gw:
+        capfd.readouterr()
+        for _ in range(30):
+            ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=2000).close()
+        err = capfd.readouterr().err
+        assert "until it is back" not in err and "WARNING" not in err, err
+
+
 def test_connects_left_unanswered_for_two_seconds_are_an_outage(workdir, capfd):
     """The other side of the test above: a gateway that answers none of a session's connects for kConnectTimeout
     (2 s) in all is down, though each connect was cut short by its batch's 300 ms deadline: the WARNING once,
