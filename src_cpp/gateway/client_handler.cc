@@ -166,12 +166,6 @@ Status ClientHandler::handshake() {
   if (error_classes_) ok.features |= proto::kFeatureErrorClass;
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
-  // A client that gave up before this reply has closed its end (its connect timed out while the gateway was
-  // stopped: on resuming, the gateway accepts the whole backlog of them at once): no HelloOk, and run() logs it
-  // as a connection closed before its handshake (DEBUG, as a probe's), not a "connected" and "gone after 0
-  // batches" INFO pair each (audit 13 item 7).
-  if (pollfd hup{fd_, POLLRDHUP, 0}; ::poll(&hup, 1, 0) > 0 && (hup.revents & (POLLRDHUP | POLLHUP | POLLERR)))
-    return Status::Closed("the client closed the connection before the gateway's HelloOk");
   std::vector<uint8_t> body;
   proto::encode_hello_ok(ok, &body);
   s = proto::write_frame(fd_, proto::FrameType::kHelloOk, frame.header.request_id, body, {},
