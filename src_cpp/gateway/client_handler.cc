@@ -249,12 +249,14 @@ void ClientHandler::run() {
     reader_->thread.join();
     reader_.reset();
   }
+  // The store buffer goes back before the process count drops: a client's process no longer
+  // counted means its buffer is given back too (what stats readers wait for).
+  release_store_buffer();
+  settle_hold(true);
   if (process_) {
     process_.reset();
     shared_->processes--;
   }
-  release_store_buffer();
-  settle_hold(true);
   loader_.reset();
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
