@@ -5,6 +5,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -162,15 +163,24 @@ class BuildExt(build_ext):
     def copy_extensions_to_source(self):
         """--inplace: the package's module is replaced when it differs from the one built, whatever the two
         files' times (distutils copies only a newer file: a module copied in later, e.g. main's, stayed), and
-        by a new file, not rewritten in place under a process that has it mapped; left alone when the same."""
+        by a new file, not rewritten in place under a process that has it mapped; left alone when the same.
+        The new file is copied beside it under a temporary name and renamed over it (os.replace, atomic): a
+        process importing the package meanwhile finds the old module or the new one, never none or half of
+        one (review r13 N3: an unlink, then a copy, left it without _native in between)."""
         build_py = self.get_finalized_command("build_py")
         for ext in self.extensions:
             inplace, regular = (Path(p) for p in self._get_inplace_equivalent(build_py, ext))
             if inplace.exists() and regular.exists() and inplace.read_bytes() == regular.read_bytes():
                 continue
-            if not _dry_run(self):
-                inplace.unlink(missing_ok=True)
-            self.copy_file(str(regular), str(inplace), level=self.verbose)
+            if _dry_run(self):
+                self.copy_file(str(regular), str(inplace), level=self.verbose)  # logs the copy only
+                continue
+            tmp = inplace.with_name(f"{inplace.name}.{os.getpid()}.tmp")
+            try:
+                shutil.copy2(regular, tmp)
+                os.replace(tmp, inplace)
+            finally:
+                tmp.unlink(missing_ok=True)
 
 
 ext = Pybind11Extension(

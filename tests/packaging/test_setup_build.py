@@ -85,14 +85,40 @@ class Built:
         self.module = tree / "lmcache_adp" / SO_NAME
 
 
-def build(tree: Path, werror: bool = True, edit_after: str = "") -> Built:
+# Runs setup.py (argv[1:]) with an audit hook that writes to $WATCH_LOG each file operation of the build
+# (open, rename, replace, remove) at which the package's module ($WATCH_MODULE) is missing, and each open of it
+# for writing: an import of the package at that moment would find no _native, or half of one.
+WATCH = """
+import os, runpy, sys
+module, log = os.path.abspath(os.environ["WATCH_MODULE"]), open(os.environ["WATCH_LOG"], "a", buffering=1)
+EVENTS = ("open", "os.rename", "os.replace", "os.remove")
+WRITE = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
+
+def hook(event, args):
+    if event not in EVENTS or not isinstance(args[0], (str, bytes, os.PathLike)):
+        return
+    path = os.path.abspath(os.fsdecode(args[0]))
+    if not os.path.exists(module):
+        log.write(f"missing at {event} {path}\\n")
+    elif event == "open" and path == module and (any(c in (args[1] or "") for c in "wax+") or args[2] & WRITE):
+        log.write(f"written in place: {event} {path}\\n")
+
+sys.addaudithook(hook)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def build(tree: Path, werror: bool = True, edit_after: str = "", watch: str = "") -> Built:
+    """setup.py build_ext --inplace in `tree`; with `watch` (a log file), under WATCH."""
     env = {k: v for k, v in os.environ.items() if k not in ("CFLAGS", "CPPFLAGS", "LDSHARED", "ADP_WERROR")}
     wrapper = str(tree.parent / "cc")
     env.update(CC=wrapper, CXX=wrapper, LOG=str(tree.parent / "log"), EDIT_AFTER=edit_after, ADP_BUILD_JOBS="2")
+    env.update(WATCH_MODULE=str(tree / "lmcache_adp" / SO_NAME), WATCH_LOG=watch)
     if werror:
         env["ADP_WERROR"] = "1"
     r = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        [sys.executable, *(["-c", WATCH] if watch else []), "setup.py", "-q", "build_ext", "--inplace"],
         cwd=tree, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     b = Built(tree, r)
@@ -169,6 +195,23 @@ def test_a_module_of_other_sources_is_relinked_and_replaced_in_place_though_newe
     os.utime(b.module, (future, future))
     b = build(tree)
     assert units(b) == [] and b.links == 0, b.output  # (build() checks the digest the package's module records)
+
+
+def test_the_package_never_lacks_its_module_while_a_build_replaces_it(tree):
+    """Review r13 N3: the package's module is replaced by a rename of a copy made beside it, so a process
+    importing the package during an in-place build finds the old module or the new one: at every file operation
+    of a build that relinks (an edit) or only copies (the package's module not the one built), the module is
+    there and is never opened for writing; no temporary file is left; the new module is in place."""
+    watch = tree.parent / "watch"
+    build(tree)
+    (tree / "src_cpp/util/b.cc").write_text("int b_value() { return 3; }\n")
+    b = build(tree, watch=str(watch))
+    assert units(b) == ["digest", "src_cpp/util/b.cc"] and b.links == 1, b.output
+    b.module.write_bytes(b"\x7fELF... copied from another tree")
+    b = build(tree, watch=str(watch))
+    assert units(b) == [] and b.links == 0, b.output  # (build() checks the digest the package's module records)
+    assert watch.read_text() == "", watch.read_text()[:3000]
+    assert not list(b.module.parent.glob("*.tmp")), list(b.module.parent.iterdir())
 
 
 def test_an_edit_saved_during_the_build_is_compiled_by_the_next(tree):
