@@ -2,11 +2,12 @@
 // The I/O errors a card image's device (store/card_device.h) actually makes,
 // and how they are read: a read and a write that the kernel fails (EFAULT: a
 // buffer that is not mapped, the only failure of preadv/pwritev an unprivileged
-// test can cause on any filesystem) and a read past the image's end (the image
-// cut short under the open device). Each is an I/O error of the card
+// test can cause on any filesystem), a read past the image's end (the image
+// cut short under the open device) and a failed fdatasync (a pipe put in the
+// device's fd's place: EINVAL; review r13 N1). Each is an I/O error of the card
 // (transport/card_io_error.h: not the gateway's memory nor the client's),
 // without a class (a gateway sends it as the card's), saying what failed where;
-// each message is printed as "MESSAGE <read|write|end> <message>" for
+// each message is printed as "MESSAGE <read|write|end|sync> <message>" for
 // tests/gateway/test_card_io_error.py, which answers a connector's load with it.
 //
 //   card_io_error_test DIR   (the image DIR/card-io-error.img, removed at the end)
@@ -16,8 +17,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -52,6 +56,18 @@ void* page_of(int prot) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+// The descriptor of this process open on `path` (its /proc/self/fd link), or -1 (none, or more than one).
+int fd_of(const std::string& path) {
+  int found = -1, count = 0;
+  for (int fd = 0; fd < 1024; ++fd) {
+    char link[PATH_MAX];
+    const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof(link) - 1);
+    if (n > 0 && std::string(link, size_t(n)) == path) found = fd, ++count;
+  }
+  CHECK(count == 1, "one descriptor open on %s (found %d)", path.c_str(), count);
+  return count == 1 ? found : -1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +95,18 @@ int main(int argc, char** argv) {
   CHECK(::truncate(path.c_str(), 16 * kBlock) == 0, "truncate %s", path.c_str());
   st = dev->readv(32 * kBlock, &good, 1);
   check_card_error(st, "end", "a read past the image's end", "unexpected end of card ", path);
+
+  // A pipe's end put in the device's descriptor's place (one thread here: nothing else uses it meanwhile):
+  // fdatasync of a pipe fails EINVAL, the one way to make it fail without root on any filesystem.
+  const int fd = fd_of(path);
+  int pipe_fds[2];
+  CHECK(::pipe(pipe_fds) == 0, "pipe: %s", std::strerror(errno));
+  if (fd < 0 || ::dup2(pipe_fds[0], fd) != fd) return 1;
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  st = dev->sync();
+  check_card_error(st, "sync", "a failed fdatasync", "fdatasync of ", path);
+  CHECK(st.message().ends_with(" failed: Invalid argument"), "fdatasync's error: '%s'", st.message().c_str());
 
   ::munmap(page, kBlock);
   ::munmap(buf, kBlock);

@@ -6,7 +6,8 @@ I/O error's class in its reply item (1 the card, 2 its memory, 3 the client's) t
 the connector goes by it; a gateway of r8 or older sends none, and the connector tells them by the message's
 start (src_cpp/transport/card_io_error.h; review r10 N5). These tests pin both sides: the gateway's sources
 still send those messages as they start, with their class, every one of its I/O errors about memory starts so;
-the card device's own I/O errors, as it makes them (a failed read and write, an image cut short), are the card's;
+the card device's own I/O errors, as it makes them (a failed read, write and fdatasync, an image cut short), are
+the card's;
 the connector reads each message of an r8 gateway as it should and an r9 gateway's class over the message
 (through a fake gateway over TCP that answers a load with them); a real gateway sends the class only to a client
 that asked, and to one that did not the bytes of r8."""
@@ -104,25 +105,27 @@ def test_the_gateways_non_card_io_errors_still_start_as_the_connector_expects():
 
 
 def card_device_errors(tmp_path) -> dict[str, str]:
-    """The messages of a card image's device (store/card_device.cc) failing a read and a write (EFAULT) and reading
-    past the image's end (cut short under it), as it makes them (tests/cpp/card_io_error_test.cc, which also
-    checks that transport/card_io_error.h reads each as the card's), by kind: read, write, end."""
+    """The messages of a card image's device (store/card_device.cc) failing a read and a write (EFAULT), reading
+    past the image's end (cut short under it) and failing an fdatasync (EINVAL: a pipe in its descriptor's place),
+    as it makes them (tests/cpp/card_io_error_test.cc, which also checks that transport/card_io_error.h reads each
+    as the card's), by kind: read, write, end, sync."""
     binary = cpp.build("card_io_error_test", tmp_path, ("util",), ("store/card_device.cc",))
     out = cpp.run(binary, str(tmp_path), timeout=120)
     return dict(line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("MESSAGE "))
 
 
 def test_the_card_devices_io_errors_are_the_card_failing(tmp_path):
-    """What is the card: a card image's device failing a read, a write and a read past its end says which and
-    where, and a connector answered with that message (an r8 gateway's load, no class) reads it as the card
-    failing: gateway_card_healthy 0, the message in gateway_card_error. Behaviour, where this once scanned
-    card_device.cc for the literals "read" and "write" inside its IoError call."""
+    """What is the card: a card image's device failing a read, a write, a read past its end and an fdatasync says
+    which and where, and a connector answered with that message (an r8 gateway's load, no class) reads it as the
+    card failing: gateway_card_healthy 0, the message in gateway_card_error. Behaviour, where this once scanned
+    card_device.cc for the literals "read", "write" and "fdatasync of" inside its IoError calls."""
     errors = card_device_errors(tmp_path)
-    assert set(errors) == {"read", "write", "end"}, errors
+    assert set(errors) == {"read", "write", "end", "sync"}, errors
     image = str(tmp_path / "card-io-error.img")
     assert errors["read"] == f"read of 4096 bytes at offset 8192 of {image} failed: Bad address", errors
     assert errors["write"] == f"write of 4096 bytes at offset 12288 of {image} failed: Bad address", errors
     assert errors["end"] == f"unexpected end of card {image} at offset 131072", errors
+    assert errors["sync"] == f"fdatasync of {image} failed: Invalid argument", errors
     for kind, message in errors.items():
         err, st = failed_load(tmp_path, wire.FailingGateway(message.encode()))
         assert message in err, (kind, err)
