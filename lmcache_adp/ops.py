@@ -273,6 +273,11 @@ def cmd_format(args: argparse.Namespace) -> int:
     try:
         format_card(args.card, size, 0)
     except (RuntimeError, ValueError) as e:
+        if exists and os.path.isfile(args.card) and "are needed" in str(e):
+            # An existing file keeps its size (--size-gb is for a new one): say how to get a card there (audit 14).
+            return _fail(
+                f"{e} (an existing file keeps its size: remove it, then --size-gb N makes a new image)", EXIT_ERROR
+            )
         return _fail(str(e), EXIT_ERROR)
     print(f"formatted {args.card}")
     if exists and args.size_gb is not None:

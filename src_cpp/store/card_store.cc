@@ -78,8 +78,9 @@ Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_
 Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   const std::string& path = dev.path();
   uint64_t size = dev.size() & ~(kBlockSize - 1);
+  // The device's own size in the message: a 1221-byte file read "has 0 bytes" (its whole blocks; audit 14).
   if (size < kDataOffset + kMinRegions * kMinRegionBytes)
-    return Status::InvalidArgument("card " + path + " has " + std::to_string(size) + " bytes; at least " +
+    return Status::InvalidArgument("card " + path + " has " + std::to_string(dev.size()) + " bytes; at least " +
                                    std::to_string(kDataOffset + kMinRegions * kMinRegionBytes) + " are needed");
   uint64_t data_bytes = size - kDataOffset;
   if (region_bytes == 0) region_bytes = default_region_bytes(data_bytes);
@@ -136,6 +137,17 @@ Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out)
 
 Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opts, std::unique_ptr<CardStore>* out) {
   const std::string path = dev->path();
+  // A file shorter than the superblock's block (an empty file an operator
+  // made with `touch`, a short text file at a mistyped path) is no card and
+  // cannot be formatted: its read failed "unexpected end of card" and the
+  // message offered `format --yes`, which then refused it (audit 14).
+  if (dev->size() < kBlockSize)
+    return Status::InvalidArgument(
+        "card " + path + " is a file of " + std::to_string(dev->size()) +
+        " bytes: not an ADP card, and too small to be one (at least " +
+        std::to_string(kDataOffset + kMinRegions * kMinRegionBytes) +
+        " bytes); check the path, or remove the file and start again with a size (card_size_gb, --card-size-gb) "
+        "to create a card image there");
   AlignedBuffer buf;
   if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
   Superblock sb{};

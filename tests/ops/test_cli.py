@@ -115,6 +115,32 @@ def test_format_creates_asks_and_wipes(tmp_path, filled):
     assert CardStore(filled).stats()["objects"] == 0
 
 
+@pytest.mark.parametrize("content", [b"", b"root:x:0:0:root:/root:/bin/bash\n" * 38], ids=["empty", "text"])
+def test_a_file_too_short_to_be_a_card_is_named_so_and_left_alone(tmp_path, content):
+    """An empty file (`touch card.img`) or a short text file at a mistyped path: opening it failed "cannot read
+    the superblock ... (unexpected end of card ...)" with an ERROR "I/O failing" first, and offered `format
+    --card X --yes`, which then refused the file with "has 0 bytes" (its whole blocks, for a 1216-byte file)
+    (audit 14). Now status, verify, a connector and a gateway say it is too small to be a card and how to
+    make one, and format gives the file's own size and how to get a card there; the file is untouched."""
+    path = tmp_path / "card.img"
+    path.write_bytes(content)
+    too_small = f"card {path} is a file of {len(content)} bytes: not an ADP card, and too small to be one"
+    for cmd in ("status", "verify"):
+        r = run(cmd, "--card", str(path))
+        assert r.returncode == 1 and too_small in r.stderr, r.stderr
+        assert "format" not in r.stderr and "I/O failing" not in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(ValueError, match=re.escape(too_small) + r".*remove the file and start again with a size"):
+        ADPConnector(card=str(path), card_size_gb=0.25)
+    r = run("gateway", "--card", str(path), "--card-size-gb", "0.25", "--socket", str(tmp_path / "gw.sock"))
+    assert r.returncode == 1 and f"gateway not started: {too_small}" in r.stderr, r.stderr
+    r = run("format", "--card", str(path), "--yes")
+    assert r.returncode == 3, r.stderr
+    assert f"card {path} has {len(content)} bytes; at least 9437184 are needed (an existing file keeps its size" in (
+        r.stderr
+    )
+    assert path.read_bytes() == content
+
+
 def test_status_of_a_client_leaves_the_card_to_its_gateway(tmp_path):
     """`status --url` of a connector on a gateway showed the card's rows at their first value ("capacity 0 B",
     "objects 0", "healthy yes"), read as an empty card: they are the gateway's (docs/stats.md, reported by)."""
