@@ -266,9 +266,15 @@ class ConnectorConfig:
             raise ConfigError("adapter_params['reply_spin_us'] applies to a unix:// or tcp:// gateway only")
         reply_spin_us = _int("reply_spin_us", get("reply_spin_us"), 0, 10000)
         token = _token(gateway, params.get("token_file"))
-        card = params.get("card") or default_card_path()
-        if not isinstance(card, str):
-            raise ConfigError(f"adapter_params['card'] must be a path string, got {card!r}")
+        card = params.get("card")
+        if card is None:
+            card = default_card_path()
+        if not isinstance(card, str) or not card.strip():
+            # An empty path (a template's unset variable) made the default image, silently (audit 14).
+            raise ConfigError(
+                f"adapter_params['card'] must be a path string, got {card!r} (leave the key out for the default, "
+                f"{default_card_path()})"
+            )
         size = get("card_size_gb")
         if not card_size_ok(size):
             raise ConfigError(

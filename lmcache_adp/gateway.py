@@ -44,6 +44,10 @@ SIGINT stops it: batches in flight finish, the card's open regions are
 sealed, the socket is removed and it exits 0. Clients refused by a limit
 are told why (README, "Gateway limits")."""
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+MISSING_CARD_HINT = (
+    "; give --card-size-gb N to create an image file of N GiB there (sparse), or `lmcache-adp format --card PATH "
+    "--size-gb N` first (a block device must exist)"
+)
 
 # flag, default, meaning: every connection, ring and wait of the gateway is
 # bounded (issue 9). The ranges are checked in run().
@@ -237,7 +241,10 @@ def run(args: argparse.Namespace) -> int:
             max_request_timeout_ms=args.max_request_timeout_s * 1000,
         )
     except (RuntimeError, ValueError) as e:
-        log.error("gateway not started: %s", e)
+        # A missing image and no size (README's own line names a block device, which has no size): say how to
+        # make one, where the message ended at "does not exist" (audit 14).
+        hint = MISSING_CARD_HINT if not card_existed and not args.card_size_gb and "does not exist" in str(e) else ""
+        log.error("gateway not started: %s%s", e, hint)
         if not card_existed:
             remove_new_image(card, log, str(e))
         return 1

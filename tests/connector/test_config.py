@@ -39,5 +39,17 @@ def test_defaults(monkeypatch, tmp_path):
     assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).num_workers == 4
 
 
+@pytest.mark.parametrize("card", ["", "  "])
+def test_an_empty_card_path_is_refused_not_read_as_the_default(monkeypatch, tmp_path, card):
+    """`"card": ""` (a config template whose variable was unset) made and used the default image under
+    ~/.cache without a word (audit 14). Now it is refused, naming the default; leaving the key out (or null)
+    still means the default."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"adapter_params\['card'\] must be a path string, got '\s*' \(leave the"):
+        ADPConnector(card=card, card_size_gb=0.25)
+    assert not os.path.exists(default_card_path())
+    assert ConnectorConfig.from_params({"card": None}).card == default_card_path()
+
+
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)

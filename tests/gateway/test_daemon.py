@@ -115,9 +115,19 @@ def test_listen_without_token_file_is_refused(workdir):
 
 
 def test_missing_card_without_size_fails_clearly(workdir):
+    """README's line (`gateway --card /dev/nvme1n1 ...`) given an image path that is not there yet: the error
+    ended at "card X does not exist" (audit 14); it now says how to make one."""
     gw = Gateway(workdir, card_size_gb=0)
     r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "gateway not started" in r.stderr and gw.card in r.stderr
+    assert (
+        r.returncode == 1 and f"gateway not started: card {gw.card} does not exist; give --card-size-gb N" in r.stderr
+    )
+    assert "lmcache-adp format --card PATH --size-gb N" in r.stderr and not os.path.exists(gw.card)
+    # A card that is there but not openable keeps its own message, with no hint about sizes.
+    os.mkdir(gw.card)
+    r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "neither a regular file nor a block device" in r.stderr, r.stderr
+    assert "--card-size-gb N" not in r.stderr
 
 
 def test_bad_card_size_is_refused_before_the_image_is_made(workdir):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,7 +84,7 @@ for i in range(32):
     except RuntimeError as e:
         errors.append(str(e))
 st = s.stats()
-print(json.dumps({"stored": stored, "errors": errors, "healthy": st["healthy"],
+print(json.dumps({"path": path, "stored": stored, "errors": errors, "healthy": st["healthy"],
                   "health": health({**st, "card": path})}))
 s.close()
 """
@@ -98,7 +99,13 @@ def test_a_store_on_a_full_image_filesystem_says_so():
         assert "No space left on device (the card image's filesystem is full" in e, e
     assert out["healthy"] is False
     reasons = out["health"]["reasons"]
-    assert any(r.startswith("the card image's filesystem is full: ") and "0.06 GiB" in r for r in reasons), reasons
+    # In MiB below 1 GiB, as the WARNING at start: this read "is 0.06 GiB, 0.02 GiB of it written, 0.00 GiB free"
+    # (audit 14).
+    assert any(
+        r.startswith(f"the card image's filesystem is full: {out['path']} is 64.00 MiB, ")
+        and re.search(r" MiB of it written, \d+\.\d\d MiB free on its filesystem", r)
+        for r in reasons
+    ), reasons
 
 
 LOG_CHILD = r"""
