@@ -36,9 +36,15 @@ constexpr uint64_t kPutChunkBytes = 16ull << 20;
 // r5 stores: a store buffer is given back once its connection sent nothing
 // for this long (mapped again, populated, by its next store).
 constexpr int kStoreBufferIdleMs = 5000;
+
+// How long a client whose sending side had ended at its HelloOk, and that sent no request, is given to show it
+// hung up (a TCP peer's reset in answer to the HelloOk: a round trip) before it counts as one that was there.
+// Tests only: ADP_TEST_HANG_UP_WAIT_MS.
+constexpr int kHangUpWaitMs = 200;
 }  // namespace
 
 std::string ClientHandler::peer() const {
+  if (!peer_.empty()) return peer_;
   if (tcp_) {
     sockaddr_storage sa;
     socklen_t len = sizeof sa;
@@ -166,15 +172,43 @@ Status ClientHandler::handshake() {
   if (error_classes_) ok.features |= proto::kFeatureErrorClass;
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
+  // The client may be gone already: its connect gave up while the gateway was not accepting (a stopped gateway
+  // accepts, on resuming, the whole backlog of them at once: audit 13 item 7). Gone is a full hang-up only. A Unix
+  // socket whose peer closed reports POLLHUP; a TCP one reports only the end of its read side (POLLRDHUP), as it
+  // does for a client that shut down just its sending side and still reads its replies (test_hostile_input's raw
+  // exchanges), until the peer answers the HelloOk with a reset (POLLHUP | POLLERR; on loopback before the write
+  // returns, over a network a round trip later).
+  peer_ = peer();
+  pollfd p{fd_, POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) return gone_before_hello_ok();
+  const bool sending_side_ended = p.revents & POLLRDHUP;
   std::vector<uint8_t> body;
   proto::encode_hello_ok(ok, &body);
   s = proto::write_frame(fd_, proto::FrameType::kHelloOk, frame.header.request_id, body, {},
                          Clock::now() + proto::kFrameTimeout);
-  if (s.ok())
-    ADP_INFO("gateway: client #%llu connected (%s, %s, %s)", ull(id_), peer().c_str(),
-             log_safe(hello.client_name).c_str(),
-             ring_ ? ("ring " + std::to_string(ring_->size() >> 20) + " MiB").c_str() : "payload inline");
+  if (s.code() == Status::Code::kClosed) return gone_before_hello_ok();  // EPIPE, ECONNRESET
+  if (!s.ok()) return s;
+  std::string line =
+      "gateway: client #" + std::to_string(id_) + " connected (" + peer_ + ", " + log_safe(hello.client_name) + ", " +
+      (ring_ ? "ring " + std::to_string(ring_->size() >> 20) + " MiB" : std::string("payload inline")) + ")";
+  if (!sending_side_ended) {
+    ADP_INFO("%s", line.c_str());
+  } else if (hung_up(0)) {
+    return gone_before_hello_ok();
+  } else {
+    held_connected_line_ = std::move(line);  // logged with its first request, or at its end unless it hung up
+  }
   return s;
+}
+
+bool ClientHandler::hung_up(int wait_ms) const {
+  pollfd p{fd_, 0, 0};  // POLLHUP and POLLERR are reported unasked; the end of the read side (POLLRDHUP) is not
+  return ::poll(&p, 1, wait_ms) > 0 && (p.revents & (POLLHUP | POLLERR));
+}
+
+Status ClientHandler::gone_before_hello_ok() {
+  gone_before_hello_ok_ = true;
+  return Status::Closed("the client hung up before its HelloOk");
 }
 
 void ClientHandler::run() {
@@ -216,6 +250,10 @@ void ClientHandler::run() {
                                     " ms");
       }
       if (!s.ok()) break;
+      if (!held_connected_line_.empty()) {  // there after all: a request came
+        ADP_INFO("%s", held_connected_line_.c_str());
+        held_connected_line_.clear();
+      }
       const auto type = static_cast<proto::FrameType>(frame.header.type);
       if (type == proto::FrameType::kRegisterSegment) {
         s = serve_register_segment(&frame);
@@ -232,6 +270,18 @@ void ClientHandler::run() {
       }
       s = type == proto::FrameType::kStats ? serve_stats(frame) : serve_batch(frame, &table, &payload);
       settle_hold(false);
+    }
+    if (!held_connected_line_.empty()) {
+      // A client that sent no request after its Hello. One that hung up (a TCP peer's reset in answer to the
+      // HelloOk takes a round trip over a network: bounded by kHangUpWaitMs) was gone before its HelloOk; one that
+      // only shut down its sending side is still there, and logged as any other.
+      const bool stopping = control_ && control_->stopping.load(std::memory_order_relaxed);  // stop() shuts it down
+      const int wait_ms = shared_->hooks.hang_up_wait_ms >= 0 ? shared_->hooks.hang_up_wait_ms : kHangUpWaitMs;
+      if (s.code() == Status::Code::kClosed && !stopping && hung_up(wait_ms))
+        gone_before_hello_ok_ = true;
+      else
+        ADP_INFO("%s", held_connected_line_.c_str());
+      held_connected_line_.clear();
     }
     shared_->clients--;
   }
@@ -261,17 +311,23 @@ void ClientHandler::run() {
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
-  if (abandoned_)
+  if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
              log_safe(s.message()).c_str());
-  else if (s.code() == Status::Code::kClosed && !handshake_done_)
+  } else if (gone_before_hello_ok_) {
+    // One of a backlog that gave up on a stopped gateway, say: DEBUG each, and a count line at INFO from the
+    // accept thread (GatewayServer::log_gone_clients), not a "connected" and "gone after 0 batches" pair each.
+    ADP_DEBUG("gateway: client #%llu (%s) hung up before its HelloOk", ull(id_), peer().c_str());
+    shared_->gone_before_hello_ok.fetch_add(1, std::memory_order_relaxed);
+  } else if (s.code() == Status::Code::kClosed && !handshake_done_) {
     // A probe (the image's healthcheck connects and closes, every 30 s; a port check): DEBUG, not a line each
     // time at the default level (audit 12). One refused or malformed keeps its level (refuse()).
     ADP_DEBUG("gateway: client #%llu (%s) closed the connection before its handshake", ull(id_), peer().c_str());
-  else if (s.code() == Status::Code::kClosed)
+  } else if (s.code() == Status::Code::kClosed) {
     ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
-  else
+  } else {
     refuse(s);
+  }
 }
 
 Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table,

@@ -110,6 +110,9 @@ struct GatewayShared {
   std::atomic<uint32_t> tcp_handshakes{0};  // TCP connections not yet past the handshake
   std::atomic<uint32_t> tcp_clients{0};     // authenticated TCP connections
   std::atomic<uint64_t> refused{0};         // connections refused by a limit
+  // Clients that hung up before their HelloOk reached them (each logged at DEBUG; the accept thread logs a count
+  // line: GatewayServer::log_gone_clients).
+  std::atomic<uint64_t> gone_before_hello_ok{0};
   std::atomic<uint64_t> batches{0};
   // Put and get batches served, and the nanoseconds each connection's thread
   // spent on them, from the request read to its reply ready to send (counted
@@ -414,6 +417,11 @@ class ClientHandler {
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);
   std::string peer() const;
+  // Whether the client hung up fully (POLLHUP or POLLERR), waiting up to wait_ms for it. Never the end of the
+  // read side alone: a client that shut down only its sending side still reads its replies.
+  bool hung_up(int wait_ms) const;
+  // The handshake's end for a client that hung up before its HelloOk reached it.
+  Status gone_before_hello_ok();
 
   const int fd_;
   const bool tcp_;
@@ -519,6 +527,11 @@ class ClientHandler {
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool handshake_done_ = false;
+  bool gone_before_hello_ok_ = false;  // the client hung up before its HelloOk reached it (audit 13 item 7)
+  // The "connected" line of a client whose sending side had ended when its HelloOk went out: logged with its first
+  // request, or at its end unless it hung up (then it was gone before its HelloOk).
+  std::string held_connected_line_;
+  std::string peer_;  // peer(), read before the HelloOk goes out (a TCP socket reset in answer to it has none)
   uint64_t last_request_id_ = 0;
   uint64_t served_ = 0;
   bool answered_batch_ = false;  // the last frame served was a put or get: look for the next request first

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "protocol/messages.h"
 #include "util/log.h"
@@ -248,11 +249,43 @@ void GatewayServer::reap(bool all) {
   }
 }
 
+namespace {
+// A backlog of clients gone before their HelloOk is accepted within a moment (a stopped gateway resumed): their
+// count line waits this long after the first, so that it counts them all; then at most one line per kGoneLineEvery.
+constexpr auto kGoneGather = std::chrono::seconds(1);
+constexpr auto kGoneLineEvery = std::chrono::seconds(10);
+}  // namespace
+
+int GatewayServer::log_gone_clients(bool at_once) {
+  const uint64_t gone = shared_->gone_before_hello_ok.load(std::memory_order_relaxed);
+  if (gone == gone_logged_) return -1;
+  const auto now = proto::Clock::now();
+  if (gone_first_ == proto::Clock::time_point{}) {
+    gone_first_ = now;
+    gone_due_ = std::max(now + kGoneGather, gone_last_line_ + kGoneLineEvery);
+  }
+  if (!at_once && now < gone_due_)
+    return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(gone_due_ - now).count());
+  const uint64_t n = gone - gone_logged_;
+  const long long s = std::max<long long>(1, std::llround(std::chrono::duration<double>(now - gone_first_).count()));
+  ADP_INFO(
+      "gateway: %llu %s in the last %lld s (%s before the gateway answered, such as those queued while it was "
+      "stopped; ADP_LOG_LEVEL=DEBUG logs each)",
+      static_cast<unsigned long long>(n),
+      n == 1 ? "client gone before its handshake" : "clients gone before their handshake", s,
+      n == 1 ? "its connect gave up" : "their connects gave up");
+  gone_logged_ = gone;
+  gone_first_ = {};
+  gone_last_line_ = now;
+  return -1;
+}
+
 void GatewayServer::accept_loop() {
   set_thread_name("adp-gw-accept");
   while (!stopping_) {
     pollfd p[3] = {{wake_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
-    int r = ::poll(p, tcp_fd_ >= 0 ? 3 : 2, -1);
+    // Woken by each client's end (reaped here): the count line of those gone before their HelloOk goes when due.
+    int r = ::poll(p, tcp_fd_ >= 0 ? 3 : 2, log_gone_clients(false));
     if (r < 0) continue;  // EINTR
     if (p[0].revents) {
       uint64_t v;
@@ -266,6 +299,7 @@ void GatewayServer::accept_loop() {
   }
   ADP_INFO("gateway: stopping (%zu clients connected)", clients());
   reap(true);
+  log_gone_clients(true);
   shutdown_store();
 }
 

@@ -98,6 +98,11 @@ class GatewayServer {
   void accept_loop();
   void accept_one(int listen_fd, bool tcp);
   void reap(bool all);
+  // The INFO count line of the clients that hung up before their HelloOk (each at DEBUG: audit 13 item 7): one for
+  // a burst, gathered kGoneGather from the first, and at most one every kGoneLineEvery; at_once: whatever is
+  // counted, now (stopping). Returns how long the accept loop may wait before calling it again (ms; -1: no
+  // line due).
+  int log_gone_clients(bool at_once);
   void shutdown_store();
   void wake();
 
@@ -116,6 +121,10 @@ class GatewayServer {
   std::list<Client> clients_;
   uint64_t next_client_ = 1;
   StoreStats final_stats_;
+  // log_gone_clients' (the accept thread's only): those of shared_->gone_before_hello_ok in a line already, when
+  // the first of those not yet was seen, when their line is due, and when the last line went.
+  uint64_t gone_logged_ = 0;
+  proto::Clock::time_point gone_first_{}, gone_due_{}, gone_last_line_{};
 };
 
 }  // namespace adp

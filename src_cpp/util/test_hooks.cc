@@ -48,6 +48,10 @@ constexpr Hook kHooks[] = {
     {"ADP_TEST_PIPELINE_WAKE_DELAY_MS", HookSide::kGateway,
      "a pipelined store's thread waits this long after its reader's first piece, out of the card gate",
      [](TestHooks& h, const char* v) { h.pipeline_wake_delay_ms = std::atoi(v); }},
+    {"ADP_TEST_HANG_UP_WAIT_MS", HookSide::kGateway,
+     "a client that sent its Hello and shut down its sending side, and no request, is given this long to hang up "
+     "(200 ms)",
+     [](TestHooks& h, const char* v) { h.hang_up_wait_ms = std::atoi(v); }},
     {"ADP_TEST_SEGMENT_POPULATE_EINVAL", HookSide::kGateway,
      "1: MADV_POPULATE_WRITE (segment loads, tmpfs card stores) is refused, as by a kernel before 5.14",
      [](TestHooks& h, const char* v) { h.segment_populate_einval = std::string_view(v) == "1"; }},

@@ -28,6 +28,7 @@ struct TestHooks {
   int pipeline_retry_ms = -1;                // ADP_TEST_PIPELINE_RETRY_MS (-1: not set)
   int loader_idle_ms = -1;                   // ADP_TEST_LOADER_IDLE_MS (-1: not set)
   int pipeline_wake_delay_ms = 0;            // ADP_TEST_PIPELINE_WAKE_DELAY_MS
+  int hang_up_wait_ms = -1;                  // ADP_TEST_HANG_UP_WAIT_MS (-1: not set)
   bool segment_populate_einval = false;      // ADP_TEST_SEGMENT_POPULATE_EINVAL=1
   // Both sides': the spin load rule's (util/idle_cpus.h), set at a gateway's or connector's start.
   std::string loadavg_file;     // ADP_TEST_LOADAVG_FILE (empty: /proc/loadavg)
