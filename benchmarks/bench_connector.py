@@ -914,7 +914,12 @@ def connector_split_table(rows: list[dict], keys_per_worker: int) -> list[str]:
                 cells += ["", "", "", "", ""]
             cells += [f"{per(f'worker_{op}_queue_ns'):.0f}"]
             spins = st.get(f"gateway_{op}_reply_spins", 0)
-            cells += [f"{spins / reqs:.0%} ({st.get(f'gateway_{op}_reply_spin_hits', 0) / spins:.0%})" if spins else ""]
+            # spins count waits, also those whose request then failed (no reply read: no share to give)
+            cells += [
+                f"{spins / reqs:.0%} ({st.get(f'gateway_{op}_reply_spin_hits', 0) / spins:.0%})"
+                if spins and reqs
+                else ""
+            ]
             out.append(f"| {r['object_mb']:g} MiB | {w} | {r['row']} | {word} | {' | '.join(cells)} |")
     if not out:
         return []
