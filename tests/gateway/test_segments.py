@@ -20,6 +20,7 @@ import pytest
 from lmcache_adp import ADPConnector
 from lmcache_adp._native import FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
 from lmcache_adp.gateway_stats import read_gateway_stats
+from lmcache_adp.stats_catalog import LOAD_PROFILE_STEPS
 from tests.gateway import wire
 from tests.helpers import RawConnector, hits_hold_their_own, payload
 from tests.support.gateway import Gateway, temp_gateway
@@ -226,6 +227,50 @@ def test_segment_pages_are_populated_once(card_gateway):
         c.conn.close()
         pool.close()
     assert gw.proc.poll() is None
+
+
+SEG_STEPS = tuple(s for s in LOAD_PROFILE_STEPS if s.startswith("seg_"))  # a segment load's steps
+
+
+def test_load_profile_counts_each_step_of_a_segment_load():
+    """ADP_LOAD_PROFILE=1: the gateway's seg_* steps (aaea38d: where a segment load's time goes, benchmarks/README.md
+    "Session thirteen, measured", read by bench_connector's segment_load_table) count each item of a segment load
+    once in item and get, a hit once more in prepare, lease and copy (a miss delivers nothing); every step counted
+    has time. The I/O context step counts none: a batch of segment items takes its context before its first item
+    (context is for an item after a process item gave the batch's back; the connector sends a batch wholly to
+    segments or not at all). A load into anonymous buffers (process memory or the ring) counts no seg_* step.
+    Review r14b N3: nothing pinned these counts."""
+    d = tempfile.mkdtemp(prefix="adpseg-", dir="/dev/shm")
+    gw = Gateway(d).start(env={"ADP_LOAD_PROFILE": 1})
+    keys = [f"segprof@{i}" for i in range(4)]
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
+    pool = ShmPool(len(keys) + 1, SIZE)
+    try:
+        assert c.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+        batches = 2
+        for _ in range(batches):
+            ok, _, per_key = c.get(keys + ["segprof@missing"], pool.views)
+            assert per_key == [True] * len(keys) + [False]
+            assert [bytes(v) for v in pool.views[:-1]] == [payload(k, SIZE) for k in keys]
+        st = stats(gw)
+        outs = [bytearray(SIZE) for _ in keys]
+        assert c.get(keys, [memoryview(o) for o in outs])[2] == [True] * len(keys)
+        assert [bytes(o) for o in outs] == [payload(k, SIZE) for k in keys]
+        after = stats(gw)
+    finally:
+        c.conn.close()
+        pool.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+    hits = batches * len(keys)
+    assert st["segment_loads"] == hits, st
+    n = {step: st[f"load_profile_{step}_n"] for step in SEG_STEPS}
+    assert n["seg_item"] == n["seg_get"] == batches * (len(keys) + 1), n
+    assert n["seg_prepare"] == n["seg_lease"] == n["seg_copy"] == hits, n
+    assert n["seg_context"] == 0, n
+    for step, count in n.items():
+        assert (st[f"load_profile_{step}_ns"] > 0) == (count > 0), (step, st)
+    assert {step: after[f"load_profile_{step}_n"] for step in SEG_STEPS} == n, after
 
 
 def test_batch_time_counts_each_put_and_get_batch(card_gateway):
