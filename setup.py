@@ -2,14 +2,11 @@
 """Build of lmcache-adp: the Python package plus the pybind11 core in src_cpp/."""
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -26,6 +23,9 @@ SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src_cpp").rglob("*.c
 digest_ns = {}
 exec((ROOT / "lmcache_adp" / "source_digest.py").read_text(), digest_ns)
 SOURCE_DIGEST, SNAPSHOT = digest_ns["source_snapshot"](ROOT)
+# Which objects are up to date (by content and command), shared with scripts/sanitize.sh.
+stamps_ns = {"__name__": "object_stamps"}
+exec((ROOT / "lmcache_adp" / "object_stamps.py").read_text(), stamps_ns)
 
 # Warnings are always on; ADP_WERROR=1 (set by the test script and CI) makes
 # them errors, so none lands, without breaking a user's build on a newer compiler.
@@ -39,89 +39,35 @@ def _dry_run(obj) -> bool:
     return bool(getattr(obj, "dry_run", False))
 
 
-def _sha256(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _dependencies(depfile: str) -> list[str]:
-    """The files a -MD dependency file lists (its first rule's prerequisites), paths as the compiler wrote them."""
-    text = Path(depfile).read_text().replace("\\\n", " ")
-    rule = text.split("\n", 1)[0]
-    words = rule.split(": ", 1)[1].replace("\\ ", "\0").split()
-    return [w.replace("\0", " ") for w in words]
-
-
 def incremental_compile(compiler, sources, output_dir=None, macros=None, include_dirs=None, debug=False,
                         extra_preargs=None, extra_postargs=None, depends=None):  # fmt: skip
-    """CCompiler.compile that reuses an object when what built it is unchanged: the same compile command
-    (flags, defines, -Werror, include dirs; the compiler's --version) and the same content of its source and of
-    every header the compiler read (-MD dependency file), by sha256. An object's record (<object>.stamp) is
-    written only after the object is in place, and only when none of its src_cpp inputs differs from the
-    snapshot the build records as SOURCE_DIGEST; so a stale object is never reused, nor one compiled from an
-    edit saved during the build. Objects compile in parallel (ADP_BUILD_JOBS, 0 or unset: one per core)."""
+    """CCompiler.compile that reuses an object when what built it is unchanged (lmcache_adp/object_stamps.py): the
+    same compile command (flags, defines, -Werror, include dirs; the compiler's --version) and the same content of
+    its source and of every header the compiler read, by sha256, judged against the snapshot the build records as
+    SOURCE_DIGEST. Objects compile in parallel (ADP_BUILD_JOBS, 0 or unset: one per core)."""
     macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
         output_dir, macros, include_dirs, sources, depends, extra_postargs
     )
     cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
-    version = subprocess.run([compiler.compiler_so[0], "--version"], capture_output=True, text=True).stdout
+    version = stamps_ns["compiler_version"](compiler.compiler_so[0])
     command = json.dumps([compiler.compiler_so, cc_args, extra_postargs, version])
-    hashes = {}  # path -> sha256, each file read once per build (src_cpp's: the snapshot's)
-
-    def content(path):
-        rel = os.path.relpath(path, ROOT)
-        if rel in SNAPSHOT:
-            return SNAPSHOT[rel]
-        if path not in hashes:
-            hashes[path] = _sha256(path)
-        return hashes[path]
-
-    def as_built(path, sha):
-        """Whether the content `path` had when compiled (`sha`) is the snapshot's (for a file outside src_cpp:
-        no snapshot, taken as such)."""
-        rel = os.path.relpath(path, ROOT)
-        return SNAPSHOT[rel] == sha if rel in SNAPSHOT else not rel.startswith("src_cpp" + os.sep)
-
-    def up_to_date(obj):
-        try:
-            stamp = json.loads(Path(obj + ".stamp").read_text())
-        except (OSError, ValueError):
-            return False
-        if compiler.force or not os.path.exists(obj) or stamp.get("command") != command:
-            return False
-        return all(content(path) == sha for path, sha in stamp["deps"].items())
-
-    todo = [obj for obj in objects if obj in build and not up_to_date(obj)]
+    stamps = stamps_ns["ObjectStamps"](ROOT, SNAPSHOT, command, force=compiler.force)
+    todo = [obj for obj in objects if obj in build and not stamps.up_to_date(obj)]
     print(
         f"lmcache_adp._native: compiling {len(todo)} of {len(objects)} objects ({len(objects) - len(todo)} up to date)"
     )
 
-    def compile_one(obj):
+    def compile_one(obj, tmp, depfile):
         src, ext = build[obj]
-        if _dry_run(compiler):
-            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)  # logs the command only
-            return
-        Path(obj + ".stamp").unlink(missing_ok=True)
-        tmp = f"{obj}.{os.getpid()}.tmp"
-        try:
-            compiler._compile(tmp, src, ext, cc_args + ["-MD", "-MF", tmp + ".d"], extra_postargs, pp_opts)
-            deps = {os.path.normpath(d): _sha256(d) for d in _dependencies(tmp + ".d")}
-            os.replace(tmp, obj)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-            Path(tmp + ".d").unlink(missing_ok=True)
-        # An input edited while it compiled (its content now not the snapshot's): no record, so the next build
-        # compiles it again; this build's module records the snapshot's digest, which the tree no longer has.
-        if all(as_built(d, sha) for d, sha in deps.items()):
-            Path(obj + ".stamp.tmp").write_text(json.dumps({"command": command, "deps": deps}))
-            os.replace(obj + ".stamp.tmp", obj + ".stamp")
+        compiler._compile(tmp, src, ext, cc_args + ["-MD", "-MF", depfile], extra_postargs, pp_opts)
 
-    jobs = int(os.environ.get("ADP_BUILD_JOBS", "0")) or os.cpu_count() or 1
-    with ThreadPoolExecutor(max(1, min(jobs, len(todo)))) as pool:
-        list(pool.map(compile_one, todo))
-    if not _dry_run(compiler) and digest_ns["source_snapshot"](ROOT)[0] != SOURCE_DIGEST:
+    if _dry_run(compiler):
+        for obj in todo:
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)  # logs the command only
+        return objects
+    stamps.compile_all(todo, compile_one, stamps_ns["jobs"]())
+    if digest_ns["source_snapshot"](ROOT)[0] != SOURCE_DIGEST:
         raise CompileError("src_cpp changed during the build: run it again")
     return objects
 

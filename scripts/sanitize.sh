@@ -18,9 +18,13 @@
 # ADP_STRESS_SCALE=N multiplies the stress test's work (default 1), for soak runs.
 # card_dir holds the test's card image (a 48 MiB file, removed afterwards) and
 # must support O_DIRECT; default /dev/shm (tmpfs has O_DIRECT since Linux 6.6),
-# else build/sanitize. Objects and the binary go to build/sanitize/<mode>/.
-# Every file is written under a temporary name and renamed, so concurrent runs
-# in one tree do not read each other's half-written objects.
+# else build/sanitize. Objects and the binary go to build/sanitize/<mode>/, and
+# a run reuses the objects there that are up to date, judged as setup.py's
+# build judges its own (lmcache_adp/object_stamps.py: the same compile command,
+# the same content of the source and of every header it read): a second run
+# with nothing changed compiles nothing. One build at a time per mode (a lock,
+# build/sanitize/<mode>/build.lock, over the compile and the link); every file
+# is written under a temporary name and renamed.
 set -euo pipefail
 
 mode=${1:-}
@@ -62,29 +66,44 @@ else
 fi
 
 start=$SECONDS
-# One compiler per core: the build is most of the time on a small machine.
-printf '%s\n' "${sources[@]}" |
-  CXX=$CXX FLAGS="${flags[*]}" OUT=$out xargs -P "$(nproc)" -n 1 \
-    sh -c 'o=$OUT/$(echo "${1%.cc}" | tr / _).o; $CXX $FLAGS -c "$1" -o "$o.$$" && mv "$o.$$" "$o"' sh
-objs=()
-for src in "${sources[@]}"; do
-  obj=${src%.cc}
-  objs+=("$out/${obj//\//_}.o")
-done
+exec 9>"$out/build.lock"
+flock 9
+# One compiler per core (ADP_BUILD_JOBS), the objects not up to date only.
+mapfile -t objs < <(ADP_BUILD_JOBS=${ADP_BUILD_JOBS:-$(nproc)} "$PYTHON" lmcache_adp/object_stamps.py \
+  "$out" "$CXX" "${flags[@]}" -- "${sources[@]}" || echo FAILED)
+if [ "${#objs[@]}" -ne "${#sources[@]}" ]; then
+  echo "sanitize.sh: the $mode build failed" >&2
+  exit 1
+fi
+# The link, unless what is there was linked by the same command from objects of the same content.
+if [ "$mode" = asan-python ]; then
+  suffix=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  linked=$out/_native$suffix
+  link=(-shared)
+else
+  linked=$out/connector_stress
+  link=()
+fi
+link_id=$({ printf '%s\n' "$CXX" "${flags[@]}" "${link[@]}"; sha256sum "${objs[@]}"; } | sha256sum)
+if [ -f "$linked" ] && [ "$(cat "$linked.stamp" 2>/dev/null)" = "$link_id" ]; then
+  what="up to date"
+else
+  rm -f "$linked.stamp"
+  "$CXX" "${flags[@]}" "${link[@]}" "${objs[@]}" -o "$linked.$$"
+  mv "$linked.$$" "$linked"
+  echo "$link_id" >"$linked.stamp.$$" && mv "$linked.stamp.$$" "$linked.stamp"
+  what=linked
+fi
 if [ "$mode" = asan-python ]; then
   # The package as installed, with the sanitized extension in place of the normal one.
   pkg=$out/py/lmcache_adp
   rm -rf "$out/py" && mkdir -p "$out/py"
   cp -r lmcache_adp "$pkg"
   rm -f "$pkg"/_native*.so
-  suffix=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  "$CXX" "${flags[@]}" -shared "${objs[@]}" -o "$pkg/_native$suffix"
-  echo "sanitize.sh: built $pkg/_native$suffix ($mode) in $((SECONDS - start)) s"
-else
-  "$CXX" "${flags[@]}" "${objs[@]}" -o "$out/connector_stress.$$"
-  mv "$out/connector_stress.$$" "$out/connector_stress"
-  echo "sanitize.sh: built $out/connector_stress ($mode) in $((SECONDS - start)) s"
+  cp "$linked" "$pkg/_native$suffix"
 fi
+exec 9>&-
+echo "sanitize.sh: built $linked ($mode; $what) in $((SECONDS - start)) s"
 
 card=$card_dir/adp-sanitize-$mode-$$.img
 rm -f "$card"

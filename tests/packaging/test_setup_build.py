@@ -62,7 +62,11 @@ fi
 def tree(tmp_path):
     t = tmp_path / "tree"
     (t / "lmcache_adp").mkdir(parents=True)
-    for name in ("setup.py", "README.md", "lmcache_adp/source_digest.py", "lmcache_adp/_version.py"):
+    for name in (
+        "setup.py",
+        "README.md",
+        *(f"lmcache_adp/{m}.py" for m in ("source_digest", "object_stamps", "_version")),
+    ):
         shutil.copy(ROOT / name, t / name)
     (t / "lmcache_adp" / "__init__.py").write_text("")
     for name, text in SOURCES.items():
@@ -225,3 +229,29 @@ def test_an_edit_saved_during_the_build_is_compiled_by_the_next(tree):
     assert "src_cpp/util/a.cc" in units(b)
     b = build(tree)
     assert units(b) == ["digest", "src_cpp/util/a.cc"] and b.links == 1, b.output
+
+
+def sanitize_build(tree: Path, *flags: str) -> list[str]:
+    """lmcache_adp/object_stamps.py as scripts/sanitize.sh runs it (its own build directory, its own flags) on
+    a.cc and b.cc: the sources it compiled (after checking that it prints their objects)."""
+    out, sources = "build/sanitize/x", ["src_cpp/util/a.cc", "src_cpp/util/b.cc"]
+    env = dict(os.environ, LOG=str(tree.parent / "log"), EDIT_AFTER="", ADP_BUILD_JOBS="2")
+    r = subprocess.run(
+        [sys.executable, "lmcache_adp/object_stamps.py", out, str(tree.parent / "cc"), "-Isrc_cpp", *flags,
+         "--", *sources],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == [f"{out}/src_cpp_util_a.o", f"{out}/src_cpp_util_b.o"], r.stdout
+    return Built(tree, r).compiled
+
+
+def test_the_sanitizer_build_reuses_its_objects_by_the_same_rules(tree):
+    """scripts/sanitize.sh's objects (lmcache_adp/object_stamps.py, which setup.py's build shares): a second
+    build with nothing changed compiles nothing; a header edit compiles its includer; other flags compile all."""
+    assert sanitize_build(tree) == ["src_cpp/util/a.cc", "src_cpp/util/b.cc"]
+    assert sanitize_build(tree) == []
+    (tree / "src_cpp/util/a.h").write_text("#pragma once\nint a_value();\nint a_twice();\n")
+    assert sanitize_build(tree) == ["src_cpp/util/a.cc"]
+    assert sanitize_build(tree, "-DSANITIZED") == ["src_cpp/util/a.cc", "src_cpp/util/b.cc"]
+    assert sanitize_build(tree, "-DSANITIZED") == []

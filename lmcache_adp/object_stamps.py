@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compiled objects reused by content, for setup.py's build_ext and scripts/sanitize.sh: an object is reused when
+what built it is unchanged, the same compile command (the compiler and its --version, flags, defines, include
+dirs) and the same content of its source and of every header the compiler read (its -MD dependency file), by
+sha256, never by file times. Its record, <object>.stamp, is written only after the object is in place, and only
+when none of its src_cpp inputs differs from the snapshot the build took at its start
+(source_digest.source_snapshot); so a stale object is never reused, nor one compiled from an edit saved during
+the build.
+
+Standard library only, no package imports: setup.py loads this file by path before the extension exists, and
+scripts/sanitize.sh runs it as a script:
+
+    python lmcache_adp/object_stamps.py OUT_DIR CXX [FLAG ...] -- SOURCE ...
+
+compiles each SOURCE (a path relative to the tree) into OUT_DIR/<its path, '/' as '_', .cc as .o> with
+`CXX FLAG ... -c`, those whose object is not up to date only, ADP_BUILD_JOBS at once (0 or unset: one per core);
+prints the objects' paths, in the sources' order, on stdout and how many it compiled on stderr. The caller runs
+one build at a time per OUT_DIR (sanitize.sh holds a lock over the compile and the link)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def sha256(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def dependencies(depfile: str) -> list[str]:
+    """The files a -MD dependency file lists (its first rule's prerequisites), paths as the compiler wrote them."""
+    text = Path(depfile).read_text().replace("\\\n", " ")
+    rule = text.split("\n", 1)[0]
+    words = rule.split(": ", 1)[1].replace("\\ ", "\0").split()
+    return [w.replace("\0", " ") for w in words]
+
+
+def compiler_version(compiler: str) -> str:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+
+
+def jobs() -> int:
+    return int(os.environ.get("ADP_BUILD_JOBS", "0")) or os.cpu_count() or 1
+
+
+class ObjectStamps:
+    """The objects of one build: `root` the tree, `snapshot` its src_cpp files' sha256 by relative path (read
+    once, at the start), `command` what identifies the compile command (a string: compiler, its --version,
+    flags); `force` compiles every object."""
+
+    def __init__(self, root: Path, snapshot: dict[str, str], command: str, force: bool = False):
+        self.root, self.snapshot, self.command, self.force = Path(root), snapshot, command, force
+        self._hashes: dict[str, str | None] = {}  # each file outside the snapshot read once per build
+
+    def content(self, path: str) -> str | None:
+        rel = os.path.relpath(path, self.root)
+        if rel in self.snapshot:
+            return self.snapshot[rel]
+        if path not in self._hashes:
+            self._hashes[path] = sha256(path)
+        return self._hashes[path]
+
+    def as_built(self, path: str, sha: str | None) -> bool:
+        """Whether the content `path` had when compiled (`sha`) is the snapshot's (for a file outside src_cpp: no
+        snapshot, taken as such)."""
+        rel = os.path.relpath(path, self.root)
+        return self.snapshot[rel] == sha if rel in self.snapshot else not rel.startswith("src_cpp" + os.sep)
+
+    def up_to_date(self, obj: str) -> bool:
+        try:
+            stamp = json.loads(Path(obj + ".stamp").read_text())
+        except (OSError, ValueError):
+            return False
+        if self.force or not os.path.exists(obj) or stamp.get("command") != self.command:
+            return False
+        return all(self.content(path) == sha for path, sha in stamp["deps"].items())
+
+    def compile(self, obj: str, run: Callable[[str, str], None]) -> None:
+        """Compiles `obj` anew: run(tmp, depfile) compiles its source into the object file `tmp`, writing the -MD
+        dependency file `depfile`; the object is then renamed into place, and recorded when its inputs were the
+        snapshot's. An input edited while it compiled: no record, so the next build compiles it again."""
+        Path(obj + ".stamp").unlink(missing_ok=True)
+        tmp = f"{obj}.{os.getpid()}.tmp"
+        try:
+            run(tmp, tmp + ".d")
+            deps = {os.path.normpath(d): sha256(d) for d in dependencies(tmp + ".d")}
+            os.replace(tmp, obj)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+            Path(tmp + ".d").unlink(missing_ok=True)
+        if all(self.as_built(d, sha) for d, sha in deps.items()):
+            Path(tmp + ".stamp").write_text(json.dumps({"command": self.command, "deps": deps}))
+            os.replace(tmp + ".stamp", obj + ".stamp")
+
+    def compile_all(self, todo: list[str], run: Callable[[str, str, str], None], jobs: int) -> None:
+        """compile() each object of `todo`, `jobs` at once; run(obj, tmp, depfile) compiles obj's source."""
+        with ThreadPoolExecutor(max(1, min(jobs, len(todo)))) as pool:
+            list(pool.map(lambda obj: self.compile(obj, lambda tmp, dep: run(obj, tmp, dep)), todo))
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") < 2:
+        print(f"usage: {sys.argv[0]} OUT_DIR CXX [FLAG ...] -- SOURCE ...", file=sys.stderr)
+        return 2
+    out, cxx, *flags = argv[: argv.index("--")]
+    sources = argv[argv.index("--") + 1 :]
+    root = Path(__file__).resolve().parents[1]
+    digests: dict = {}
+    exec((Path(__file__).with_name("source_digest.py")).read_text(), digests)
+    digest, snapshot = digests["source_snapshot"](root)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    stamps = ObjectStamps(root, snapshot, json.dumps([cxx, flags, compiler_version(cxx)]))
+    objects = {src: os.path.join(out, src.removesuffix(".cc").replace("/", "_") + ".o") for src in sources}
+    source_of = {obj: src for src, obj in objects.items()}
+    todo = [obj for obj in objects.values() if not stamps.up_to_date(obj)]
+    print(f"compiling {len(todo)} of {len(objects)} objects ({len(objects) - len(todo)} up to date)", file=sys.stderr)
+
+    def run(obj: str, tmp: str, depfile: str) -> None:
+        subprocess.run([cxx, *flags, "-c", source_of[obj], "-o", tmp, "-MD", "-MF", depfile], check=True)
+
+    try:
+        stamps.compile_all(todo, run, jobs())
+    except subprocess.CalledProcessError as e:
+        print(f"compile failed: {' '.join(e.cmd)}", file=sys.stderr)
+        return 1
+    if digests["source_snapshot"](root)[0] != digest:
+        print("src_cpp changed during the build: run it again", file=sys.stderr)
+        return 1
+    print("\n".join(objects.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
