@@ -37,7 +37,7 @@ FROM ${BASE_IMAGE} AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ \
  && rm -rf /var/lib/apt/lists/*
-RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir "setuptools>=64" wheel "pybind11>=2.12"
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir "setuptools>=64,<85" wheel "pybind11>=2.12"
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src_cpp ./src_cpp

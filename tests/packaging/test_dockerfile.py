@@ -113,6 +113,22 @@ def package_versions() -> tuple[str, Requirement]:
     return ns["__version__"], Requirement(lmcache_req)
 
 
+def test_setuptools_is_pinned_alike_everywhere_the_build_installs_it():
+    """setup.py uses setuptools' build internals: the build's setuptools requirement has an upper bound (the
+    versions tested, docs/building.md "Build tools"), and the Dockerfile's build stage and
+    scripts/build_image.sh's wheelhouse ask for exactly pyproject.toml's."""
+    import tomllib
+
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    (pin,) = [r for r in requires if Requirement(r).name == "setuptools"]
+    assert any(s.operator == "<" for s in Requirement(pin).specifier), f"no upper bound: {pin}"
+    places = {"Dockerfile": DOCKERFILE, "scripts/build_image.sh": ROOT / "scripts" / "build_image.sh"}
+    for name, path in places.items():
+        asked = re.findall(r'"(setuptools[^"]*)"', path.read_text())
+        assert asked == [pin], f"{name} asks for {asked}, pyproject.toml's build for {pin}"
+    assert "`setuptools" + pin.removeprefix("setuptools") + "`" in (ROOT / "docs" / "building.md").read_text()
+
+
 def test_every_copy_source_exists(dockerfile):
     _, stages = dockerfile
     names = {s.name for s in stages}
