@@ -171,46 +171,53 @@ def test_the_warning_asks_the_filesystem_the_image_is_on(tmp_path):
         shutil.rmtree(shm, ignore_errors=True)
 
 
+TOGETHER_CHILD = r"""
+import json, logging, os, shutil, sys
+from lmcache_adp import ADPConnector
+from lmcache_adp._native import card_space_warning
+d = sys.argv[1]
+records = []
+handler = logging.Handler()
+handler.emit = records.append  # the package's logger does not propagate: listen on it
+logging.getLogger("lmcache_adp").addHandler(handler)
+a, b = f"{d}/a.img", f"{d}/b.img"
+size_gb = round(shutil.disk_usage(d).free * 0.55 / (1 << 30), 2)
+first = ADPConnector(card=a, card_size_gb=size_gb, num_workers=1)
+second = ADPConnector(card=b, card_size_gb=size_gb, num_workers=1)  # fits alone: created, not refused
+out = {"size_gb": size_gb, "warned": [r.getMessage() for r in records if r.levelno >= logging.WARNING]}
+out["a_with_b"] = card_space_warning(a)
+second.close()
+os.unlink(b)
+out["a_alone"] = card_space_warning(a)
+with open(b, "wb") as f:
+    f.truncate(int(size_gb * (1 << 30)))  # as large and sparse, but not a card image: not counted
+out["a_beside_a_file"] = card_space_warning(a)
+first.close()
+print(json.dumps(out))
+"""
+
+
 def test_images_that_fit_alone_but_not_together_are_warned_about():
-    """Two sparse images created back to back on one tmpfs (/dev/shm), each 55% of its free space: each passed
-    the creation check (the first had written only its superblock) and nothing was said; once both filled, the
-    tmpfs would be full and every store of both fail. Now the second's start logs a WARNING naming the first
-    and the figures, and the first, looked at again, names the second. A file beside them that is not a card
-    image, or a card image alone, is not counted. Nothing is written: the images stay sparse."""
-    import logging
-
-    from lmcache_adp import ADPConnector
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # the package's logger does not propagate: listen on it
-    logging.getLogger("lmcache_adp").addHandler(handler)
-    shm = tempfile.mkdtemp(prefix="adp-space-", dir="/dev/shm")
-    a, b = os.path.join(shm, "a.img"), os.path.join(shm, "b.img")
-    try:
-        size_gb = round(shutil.disk_usage(shm).free * 0.55 / (1 << 30), 2)
-        first = ADPConnector(card=a, card_size_gb=size_gb, num_workers=1)
-        second = ADPConnector(card=b, card_size_gb=size_gb, num_workers=1)  # fits alone: created, not refused
-        warned = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
-        assert len(warned) == 1, warned
-        assert warned[0].startswith(f"card image {b} can still grow by {size_gb:.2f} GiB (its size less"), warned
-        assert (
-            f" and 1 other card image beside it by {size_gb:.2f} GiB ({a} {size_gb:.2f} GiB): together more "
-            in (warned[0])
-        ), warned
-        assert "its filesystem has free; each fits alone, not all together" in warned[0], warned
-        assert "stores of every card there fail with 'No space left on device'" in warned[0], warned
-        assert f"({b} {size_gb:.2f} GiB)" in (card_space_warning(a) or ""), card_space_warning(a)
-        second.close()
-        os.unlink(b)
-        assert card_space_warning(a) is None  # alone, it fits
-        with open(b, "wb") as f:
-            f.truncate(int(size_gb * (1 << 30)))  # as large and sparse, but not a card image: not counted
-        assert card_space_warning(a) is None
-        first.close()
-    finally:
-        logging.getLogger("lmcache_adp").removeHandler(handler)
-        shutil.rmtree(shm, ignore_errors=True)
+    """Two sparse images created back to back on one tmpfs, each 55% of its free space: each passed the creation
+    check (the first had written only its superblock) and nothing was said; once both filled, the tmpfs would be
+    full and every store of both fail. Now the second's start logs a WARNING naming the first and the figures,
+    and the first, looked at again, names the second. A file beside them that is not a card image, or a card
+    image alone, is not counted. Nothing is written: the images stay sparse. On a private 4 GiB tmpfs (its free
+    space is this test's alone: on /dev/shm, another run's images written between the free-space read and the
+    second creation could refuse it, review r14b N4; the sizes stay in GiB, as the messages give them)."""
+    mnt, out = in_private_tmpfs(4096, TOGETHER_CHILD)
+    a, b, size_gb, warned = f"{mnt}/a.img", f"{mnt}/b.img", out["size_gb"], out["warned"]
+    assert size_gb == 2.2, out
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"card image {b} can still grow by {size_gb:.2f} GiB (its size less"), warned
+    assert (
+        f" and 1 other card image beside it by {size_gb:.2f} GiB ({a} {size_gb:.2f} GiB): together more " in warned[0]
+    ), warned
+    assert "its filesystem has free; each fits alone, not all together" in warned[0], warned
+    assert "stores of every card there fail with 'No space left on device'" in warned[0], warned
+    assert f"({b} {size_gb:.2f} GiB)" in (out["a_with_b"] or ""), out
+    assert out["a_alone"] is None, out  # alone, it fits
+    assert out["a_beside_a_file"] is None, out
 
 
 GROWN_CHILD = r"""
