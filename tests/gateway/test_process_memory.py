@@ -442,11 +442,17 @@ def test_nothing_written_after_the_future_failed(gateways):
     """The gateway is slow before each object (ADP_TEST_SEGMENT_WRITE_DELAY_MS):
     the load's deadline passes with objects still to write. Once the future has
     failed, the buffers do not change again: the connector revoked the load
-    lease, and the gateway writes nothing under a revoked lease."""
+    lease, and the gateway writes nothing under a revoked lease. The deadline
+    (1.5 s) is the gateway's writing alone (connected before the load) and
+    leaves the first object 1.2 s of room; the last one cannot come before
+    1.8 s (six sleeps of 300 ms)."""
     gw = gateways(env=write_delay(300))
     keys = [f"late@{i}" for i in range(6)]
     store(gw, keys)
-    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=700))
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=1500))
+    # Connected (and registered) before the load: a connect inside a 700 ms deadline took 350 ms on a loaded CI
+    # host (session 13, test_process_stores), and the first object did not land before the deadline.
+    assert eventually(lambda: c.exists(["late@warm-up"])[0]), "the gateway answers a lookup"
     outs = [bytearray(b"\x11" * SIZE) for _ in keys]
     ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
     assert not ok and per_key == [False] * len(keys)

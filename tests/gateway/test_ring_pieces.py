@@ -23,7 +23,7 @@ from lmcache_adp import ADPConnector
 from lmcache_adp._native import FEATURE_RING, FEATURE_RING_PROGRESS, FEATURE_SEGMENTS
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, eventually, payload
 from tests.support import cpp
 from tests.support.gateway import Gateway
 
@@ -168,26 +168,31 @@ def test_gateway_that_dies_mid_object_fails_the_load_at_once(monkeypatch):
 
 def test_no_piece_copied_after_the_deadline(monkeypatch):
     """The deadline passes while the gateway is still publishing pieces the client has not copied yet
-    (each delivery into the buffer takes 150 ms, the gateway publishes a piece every 50 ms): the future
+    (each delivery into the buffer takes 150 ms, the gateway publishes a piece every 100 ms): the future
     fails, and the pieces published but not copied by then never reach the buffer. Fails when the client
     copies after its deadline outside the guard (both of its protections out, each alone: see
-    test_session_and_connector_each_keep_late_pieces_out); the gateway's own deadline has its test below."""
-    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=50)
+    test_session_and_connector_each_keep_late_pieces_out); the gateway's own deadline has its test below.
+    The deadline (1 s) is the load's alone (connected before it): the first piece has ~0.75 s of room, and the
+    last is not published before 1.2 s (twelve pieces of 100 ms). It was 500 ms with a piece every 50 ms, a connect
+    inside it: 300 ms of room for the connect and the first piece, and a connect took 350 ms on a loaded CI host
+    (session 13)."""
+    d, gw = tmpfs_gateway(monkeypatch, piece_delay_ms=100)
     try:
         size = 12 * MIB
         store(gw, ["deadline@obj"], [size])
         monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "150")  # read by the connector at construction
         c = RawConnector(
-            ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=500, ring_mb=32, process_memory=False)
+            ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=1000, ring_mb=32, process_memory=False)
         )
         monkeypatch.delenv("ADP_TEST_DELIVERY_DELAY_MS")
+        assert eventually(lambda: c.exists(["deadline@warm-up"])[0]), "the gateway answers a lookup"
         out = bytearray(b"\x11" * size)
         ok, _, per_key = c.get(["deadline@obj"], [memoryview(out)])
         assert not ok and per_key == [False]
         at_completion = bytes(out)
         assert at_completion[0:MIB] == payload("deadline@obj", size)[0:MIB]  # the first pieces came
         assert at_completion[-MIB:] == b"\x11" * MIB  # the last had not
-        time.sleep(0.05 * 12 + 0.5)  # the gateway has published every piece it would by now
+        time.sleep(0.1 * 12 + 0.5)  # the gateway has published every piece it would by now
         assert bytes(out) == at_completion, "bytes landed after the future failed"
         c.conn.close()
         assert gw.proc.poll() is None
@@ -223,11 +228,17 @@ def test_gateway_publishes_no_piece_past_the_request_deadline(monkeypatch):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def fake_gateway(path: str, slot_values, every: float = 0.2, done: threading.Event | None = None) -> socket.socket:
+def fake_gateway(
+    path: str,
+    slot_values,
+    every: float = 0.2,
+    done: threading.Event | None = None,
+    greeted: threading.Event | None = None,
+) -> socket.socket:
     """A gateway double that grants r4, takes one get and publishes slot 0 =
     each of slot_values(size) in turn (bumping the ticket, `every` seconds
-    apart), never replying, whatever the request's deadline; sets `done`
-    after the last."""
+    apart), never replying, whatever the request's deadline; sets `greeted`
+    once its HelloOk is sent and `done` after the last piece."""
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
     srv.listen(1)
@@ -241,6 +252,8 @@ def fake_gateway(path: str, slot_values, every: float = 0.2, done: threading.Eve
             name = b"fake"
             ok = struct.pack("<IIQQII", FEATURE_RING | FEATURE_RING_PROGRESS, 4096, 256 << 20, 64 << 20, len(name), 0)
             conn.sendall(wire.frame(wire.HELLO_OK, 1, ok + name))
+            if greeted:
+                greeted.set()
             _, n, _ = wire.parse_header(conn.recv(wire.HEADER.size, socket.MSG_WAITALL))
             body = conn.recv(n, socket.MSG_WAITALL)
             _, _, _, size, offset = struct.unpack_from("<HHIQQ", body, 16)
@@ -289,16 +302,22 @@ def test_no_piece_copied_after_the_deadline_whatever_the_gateway_publishes(workd
     1 s, while each delivery into the buffer takes 50 ms (so the client always finds a piece waiting
     and never idles): once the future failed, none of them reaches the buffer. Fails when the client
     copies after its deadline outside the guard; each of those two protections alone is
-    test_session_and_connector_each_keep_late_pieces_out's."""
+    test_session_and_connector_each_keep_late_pieces_out's. The deadline (600 ms) is the load's alone: the
+    connector's start-up connect has had its HelloOk before the load is sent (a connect inside a short deadline
+    took 350 ms on a loaded CI host, session 13), so the first piece has ~0.5 s of room, and the last one is not
+    published before ~1 s."""
     path = os.path.join(workdir, "fake.sock")
     pieces, piece = 50, 4096
     size = pieces * piece
-    published = threading.Event()
-    srv = fake_gateway(path, lambda size: [piece * i for i in range(1, pieces + 1)], every=0.02, done=published)
+    published, greeted = threading.Event(), threading.Event()
+    srv = fake_gateway(
+        path, lambda size: [piece * i for i in range(1, pieces + 1)], every=0.02, done=published, greeted=greeted
+    )
     try:
         monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "50")  # read by the connector at construction
-        c = RawConnector(ADPConnector(gateway=f"unix://{path}", num_workers=1, timeout_ms=300, ring_mb=1))
+        c = RawConnector(ADPConnector(gateway=f"unix://{path}", num_workers=1, timeout_ms=600, ring_mb=1))
         monkeypatch.delenv("ADP_TEST_DELIVERY_DELAY_MS")
+        assert greeted.wait(10), "the connector did not connect at its start"
         out = bytearray(b"\x11" * size)
         ok, _, per_key = c.get(["k"], [memoryview(out)])
         assert not ok and per_key == [False]
