@@ -14,6 +14,7 @@
 #include <poll.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -58,11 +59,14 @@ struct IdleCpus {
 };
 
 // Polls fd without sleeping until it is readable, hung up or in error (its
-// revents) or `until` passes (0).
+// revents) or `until` passes (0). A poll a signal interrupts (EINTR) is not
+// an error: the spin goes on (review r14a N4).
 inline short spin_poll(int fd, std::chrono::steady_clock::time_point until) {
   do {
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 0) return p.revents ? p.revents : POLLERR;
+    const int r = ::poll(&p, 1, 0);
+    if (r > 0) return p.revents;
+    if (r < 0 && errno != EINTR) return POLLERR;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
