@@ -40,10 +40,23 @@ int cfs_cpus(const std::string& dir) {
 // The smaller quota of two, 0 meaning none.
 int tighter(int a, int b) { return a == 0 ? b : b == 0 ? a : std::min(a, b); }
 
+// Whether the cgroup path has a ".." component: the kernel's way of naming a
+// cgroup outside this cgroup namespace's root, whose files are not under the
+// mount (joined as is, the path would lead out of it).
+bool outside_root(const std::string& path) {
+  std::stringstream parts(path);
+  for (std::string part; std::getline(parts, part, '/');)
+    if (part == "..") return true;
+  return false;
+}
+
 // The smallest quota of `cpus(mount + dir)` over the cgroup `path` and each
-// cgroup above it, the mount's root included.
+// cgroup above it, the mount's root included; 0 for a path outside the
+// namespace's root.
 template <typename Fn>
 int along(const std::string& mount, std::string path, Fn cpus) {
+  if (outside_root(path)) return 0;
+  if (!path.empty() && path.front() != '/') path.insert(path.begin(), '/');
   int found = 0;
   while (!path.empty() && path.back() == '/') path.pop_back();
   for (;;) {
@@ -63,8 +76,8 @@ int cpu_max_cpus(const std::string& path) {
   return quota_cpus(q, p);
 }
 
-int cgroup_quota_cpus() {
-  std::ifstream f("/proc/self/cgroup");
+int cgroup_quota_cpus(const std::string& proc_cgroup, const std::string& root) {
+  std::ifstream f(proc_cgroup);
   std::string line, v2_path, v1_mount, v1_path;
   bool v2 = false, v1 = false;
   while (std::getline(f, line)) {  // "ID:CONTROLLERS:PATH"
@@ -80,16 +93,15 @@ int cgroup_quota_cpus() {
     for (std::string name; std::getline(names, name, ',');)
       if (name == "cpu") {
         v1 = true;
-        v1_mount = "/sys/fs/cgroup/" + controllers;
+        v1_mount = root + "/" + controllers;
         v1_path = path;
       }
   }
   int cpus = 0;
-  if (v2)
-    cpus = along("/sys/fs/cgroup", v2_path, [](const std::string& dir) { return cpu_max_cpus(dir + "/cpu.max"); });
+  if (v2) cpus = along(root, v2_path, [](const std::string& dir) { return cpu_max_cpus(dir + "/cpu.max"); });
   if (cpus == 0 && v1) {
     cpus = along(v1_mount, v1_path, cfs_cpus);
-    if (cpus == 0 && v1_mount != "/sys/fs/cgroup/cpu") cpus = along("/sys/fs/cgroup/cpu", v1_path, cfs_cpus);
+    if (cpus == 0 && v1_mount != root + "/cpu") cpus = along(root + "/cpu", v1_path, cfs_cpus);
   }
   return cpus;
 }

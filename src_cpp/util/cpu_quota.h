@@ -19,7 +19,10 @@ int cpu_max_cpus(const std::string& path);
 // under /sys/fs/cgroup) and of each cgroup above it up to
 // /sys/fs/cgroup/cpu.max, the smallest; else cgroup v1: cpu.cfs_quota_us /
 // cpu.cfs_period_us likewise, under the cpu controller's mount. Read from
-// the files each call (PiecePool::usable_cpus reads it once).
-int cgroup_quota_cpus();
+// the files each call (PiecePool::usable_cpus reads it once). A cgroup
+// outside this cgroup namespace's root (a ".." in its path) has no quota
+// found: its files are not under the mount. Tests name another
+// /proc/self/cgroup and mount root (tests/cpp/cpu_quota_test.cc).
+int cgroup_quota_cpus(const std::string& proc_cgroup = "/proc/self/cgroup", const std::string& root = "/sys/fs/cgroup");
 
 }  // namespace adp
