@@ -283,7 +283,6 @@ void ClientHandler::run() {
         ADP_INFO("%s", held_connected_line_.c_str());
       held_connected_line_.clear();
     }
-    shared_->clients--;
   }
   for (auto& seg : segments_)
     if (seg) {
@@ -299,18 +298,19 @@ void ClientHandler::run() {
     reader_->thread.join();
     reader_.reset();
   }
-  // The store buffer goes back before the process count drops: a client's process no longer
-  // counted means its buffer is given back too (what stats readers wait for).
   release_store_buffer();
   settle_hold(true);
-  if (process_) {
-    process_.reset();
-    shared_->processes--;
-  }
+  const bool had_process = process_ != nullptr;
+  process_.reset();
   loader_.reset();
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
+  // The counts a stats reader waits on drop last, once all the above is given back: a connection no longer
+  // counted in `clients` (or a process no longer in `processes`) has its segments, ring, store buffer and
+  // process memory back too (e58a523, review r14a N7).
+  if (had_process) shared_->processes--;
+  if (handshake_done_) shared_->clients--;
   if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
              log_safe(s.message()).c_str());

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from lmcache_adp import ADPConnector
+from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.helpers import RawConnector, payload
 from tests.support.gateway import TOKEN, Gateway
@@ -147,3 +148,29 @@ def test_card_store_close_waits_for_the_operation_in_progress(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_closed_connection_is_uncounted_only_once_its_resources_are_back(gateway):
+    """Review r14a N7 (after e58a523, which did it for the store buffer and `processes`): a connection ends by
+    giving back its segments, ring, store buffer and process memory, then stops being counted in `clients`, so a
+    stats reader that sees its count drop sees those back too (they were given back after `clients` dropped)."""
+    conn = ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000)
+    c = RawConnector(conn)
+    try:
+        assert c.set(["uncounted"], [memoryview(payload("uncounted", 1 << 20))])[0]
+        st = read_gateway_stats(gateway.unix_url)
+        assert st["clients"] == 2 and st["ring_bytes"] > 0, st  # the connector's and this reader's
+    finally:
+        conn.close()
+    st = {}
+
+    def only_the_reader():
+        st.update(read_gateway_stats(gateway.unix_url))
+        return st["clients"] == 1
+
+    deadline = time.monotonic() + 10
+    while not only_the_reader():
+        assert time.monotonic() < deadline, st
+        time.sleep(0.4)  # a new stats connection each time: one at a time
+    held = {k: st[k] for k in ("ring_bytes", "segments", "processes", "store_buffer_bytes")}
+    assert held == dict.fromkeys(held, 0), st
