@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
@@ -827,7 +828,11 @@ def test_lease_revoked_in_the_middle_of_an_object(gateways, helpers, piece_kb):
     first piece landed (256 KiB, or 1 MiB with ADP_BOUNCE_PIECE_KB=1024); with
     helpers the other threads may have sent every other piece. Either way
     nothing lands after the revoke, not even the stalled piece, and the item
-    answers TimedOut; the connection serves on."""
+    answers TimedOut; the connection serves on. The revoke must come within the
+    stall (3 s): the look at the buffer before it is numpy's, not a Python loop
+    over 3 MiB (with five busy loops at nice -5 beside the other engineers' work
+    that loop outlasted the stall, the load answered OK, and all three cases
+    failed)."""
     hooks = write_stall() | ({"ADP_BOUNCE_PIECE_KB": piece_kb} if piece_kb else {})
     gw = gateways(env=hooks, extra=("--process-write-threads", str(helpers)))
     piece = (piece_kb << 10) if piece_kb else PIECE
@@ -843,7 +848,8 @@ def test_lease_revoked_in_the_middle_of_an_object(gateways, helpers, piece_kb):
         time.sleep(1.0)  # one piece waits before its write; the others are written
         want = payload("mid@a", SIZE)
         seen = buf.raw
-        assert all(g in (w, 0x77) for g, w in zip(seen, want, strict=True)), "bytes that are not the object's"
+        got, own = np.frombuffer(seen, np.uint8), np.frombuffer(want, np.uint8)
+        assert np.all((got == own) | (got == 0x77)), "bytes that are not the object's"
         assert seen != want, "the stalled piece landed before the revoke"
         if not helpers:
             assert seen[:piece] == want[:piece] and seen[piece:] == b"\x77" * (SIZE - piece)
