@@ -254,8 +254,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "1 or 0",
         C,
         "1 while the connector's last attempt to reach its gateway succeeded (also before the first attempt ended: "
-        "its first worker connects as the connector starts, in the background); "
-        "0 from a failed connect or a dropped connection until the next connect succeeds: loads miss and stores "
+        "a connect is made as the connector starts, in the background, on a thread of its own); "
+        "0 from a failed connect or a dropped connection until the next connect succeeds (not from that start-up "
+        "connect's failure once a batch's own connect succeeded after it began): loads miss and stores "
         "are dropped meanwhile (/health answers 503 at 0)",
     ),
     Stat(

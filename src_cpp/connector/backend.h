@@ -98,9 +98,10 @@ class BackendSession {
   // takes any work: a session whose peer is reached over a socket connects
   // now (a gateway: connect and handshake, a failure logged and counted as a
   // batch's would be), so that stats() says whether the peer can be reached
-  // before the first batch (audit 13 item 6). Start never waits on it; the
-  // first batch uses that connection or connects as it would have. A no-op
-  // by default.
+  // before the first batch (audit 13 item 6). It returns at once: the connect
+  // runs on a thread of its own, so neither start nor a batch waits behind
+  // it (RemoteSession::take_start: the first batch uses that connection, or
+  // connects on its own after kStartWait). A no-op by default.
   virtual void prepare() {}
 };
 

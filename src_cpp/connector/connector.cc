@@ -260,8 +260,9 @@ void Connector::worker_loop(int index) {
   } catch (const std::exception& e) {
     ADP_ERROR("worker %d could not start: %s", index, e.what());
   }
-  // One session reaches its peer at start, in this thread (the constructor does not wait): a gateway that
-  // cannot be reached, or refuses the token, shows in stats and /health before any traffic (audit 13 item 6).
+  // One session reaches its peer at start, on a thread of its own (neither the constructor nor this worker waits
+  // on it): a gateway that cannot be reached, or refuses the token, shows in stats and /health before any traffic
+  // (audit 13 item 6).
   if (index == 0 && session) session->prepare();
   Clock::time_point free_since{};  // when this worker was last done with a slice
   for (;;) {

@@ -59,7 +59,8 @@ Status GatewayClient::write(proto::FrameType type, std::span<const iovec> payloa
                             int pass_fd) {
   begin_wait();
   Status s = proto::write_frame(fd_, type, ++request_id_, table_, payload, deadline, pass_fd);
-  unsent_ = s.code() == Status::Code::kClosed;
+  unsent_ = closed_unanswered_ = s.code() == Status::Code::kClosed;
+  answered_ = false;
   return s;
 }
 
@@ -285,7 +286,11 @@ Status GatewayClient::retry_process(proto::Deadline deadline) {
 
 Status GatewayClient::receive(uint8_t type, proto::Deadline deadline, bool* alive) {
   Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_);
-  if (!s.ok()) return s;    // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
+  if (!s.ok()) {
+    closed_unanswered_ = closed_unanswered_ || (!answered_ && s.code() == Status::Code::kClosed);
+    return s;  // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
+  }
+  answered_ = true;
   frame_ns_ = steady_ns();  // heard now
   heard_ns_.store(frame_ns_, std::memory_order_relaxed);
   if (alive && alive_frames_ && frame_.header.type == static_cast<uint8_t>(proto::FrameType::kAlive) &&

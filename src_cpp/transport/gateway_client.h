@@ -78,6 +78,14 @@ class GatewayClient {
   // serves only whole frames, so the frame was not served and may go again at
   // once on a new connection (RemoteSession::lose).
   bool unsent_on_idle() const { return unsent_ && used_before(); }
+  // Whether the last frame met the connection closed before anything of its
+  // answer was read, on a connection used_before(): its send (unsent_on_idle())
+  // or its answer's first read (the end of the stream, ECONNRESET). A TCP send
+  // into a connection the gateway closed while it was idle succeeds once, and
+  // the read then finds it closed; so does a gateway that died with the frame
+  // and sent nothing back: it may have been served, so only a frame that may
+  // go twice goes again quietly (RemoteSession::lose).
+  bool closed_unanswered_on_idle() const { return closed_unanswered_ && used_before(); }
   // Whether the gateway closed this connection while nothing was asked of it
   // (hung up; looked at, one poll, only once nothing was heard on it for
   // kIdleCheck): replaced before use, its request never lost. Between batches.
@@ -196,6 +204,8 @@ class GatewayClient {
   mutable std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};
   mutable std::atomic<uint32_t> alive_seen_{0};  // the alive word at the last poll_alive()
   bool unsent_ = false;                          // the last frame met the connection closed (unsent_on_idle())
+  bool answered_ = false;                        // a frame came since the last one sent
+  bool closed_unanswered_ = false;               // closed_unanswered_on_idle()
   // closed_while_idle(): when the last frame came (not heard_ns(): another
   // thread's poll_alive() may see an old bump of the alive word only later)
   // and when it last polled (steady ns).

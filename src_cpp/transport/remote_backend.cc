@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "transport/card_io_error.h"
 #include "util/log.h"
 #include "util/piece_pool.h"
+#include "util/thread_name.h"
 
 namespace adp {
 namespace {
@@ -37,6 +39,12 @@ constexpr milliseconds kConnectTimeout{2000};
 // ADP_TEST_STALL_CHECK_MS for tests: RemoteBackend::stall_check_).
 constexpr milliseconds kStallCheck{250};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
+// A batch that needs a connection while the start-up connect (prepare) is
+// still being made waits for it this long at most (half its time left, if
+// less), then connects on its own: a gateway that answers the handshake
+// within it gives the batch that connection (no second one), and one that
+// leaves it unanswered holds the batch no longer than this.
+constexpr milliseconds kStartWait{100};
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -165,7 +173,11 @@ SegmentFile::~SegmentFile() {
 class RemoteSession : public BackendSession {
  public:
   explicit RemoteSession(RemoteBackend* backend) : backend_(backend) {}
-  ~RemoteSession() override { backend_->drop(&client_); }
+  ~RemoteSession() override {
+    if (start_thread_.joinable()) start_thread_.join();
+    backend_->drop(&start_client_);
+    backend_->drop(&client_);
+  }
 
   void put(const PutItem* items, size_t n, Status* results, Deadline deadline, const GuardedReadFn& guarded) override {
     std::vector<std::string_view> keys(n);
@@ -218,11 +230,21 @@ class RemoteSession : public BackendSession {
         [&](size_t i, const Status& st, const uint8_t*, size_t) { results[i] = st; });
   }
 
-  // Connects at the connector's start (BackendSession::prepare): connected()'s own path, so a failure is the
-  // outage a batch's would be (note_down: the one WARNING, or the token's ERROR; gateway_reachable 0) and the
-  // back-off it sets holds for this session's first batch. No batch deadline: the connect's own bound
-  // (kConnectTimeout), so one left unanswered is an outage, not a batch cut short.
-  void prepare() override { (void)connected(Deadline::max()); }
+  // Connects at the connector's start (BackendSession::prepare), on a thread of its own (start_connect), so
+  // that no batch waits behind it: a failure is the outage a batch's would be (the one WARNING, or the token's
+  // ERROR; gateway_reachable 0) and the back-off it sets holds for this session's first batch; its connection
+  // is that batch's (take_start). No batch deadline: the connect's own bound (kConnectTimeout), so one left
+  // unanswered is an outage, not a batch cut short.
+  void prepare() override {
+    start_began_ = Clock::now();
+    start_pending_.store(true, std::memory_order_relaxed);
+    try {
+      start_thread_ = std::thread(&RemoteSession::start_connect, this);
+    } catch (const std::system_error& e) {  // no thread: the first batch connects, as before prepare() was
+      start_pending_.store(false, std::memory_order_relaxed);
+      ADP_DEBUG("%s: no start-up connect (%s)", backend_->describe().c_str(), e.what());
+    }
+  }
 
   void remove(const std::string_view* keys, size_t n, Status* results, Deadline deadline) override {
     auto& c = backend_->counters_;
@@ -235,6 +257,18 @@ class RemoteSession : public BackendSession {
 
  private:
   Status connected(Deadline deadline);
+  // A connect failed at `failed`: the session waits (backoff_) from then before its next try; the batch's
+  // error.
+  Status back_off(const Status& why, Clock::time_point failed);
+  // The start-up connect, on start_thread_: its connection or its failure for take_start(). A failure is
+  // logged and counted at once (RemoteBackend::note_start_failure), so /health says it before any batch.
+  void start_connect();
+  // At a batch's need of a connection while the start-up connect's outcome is not taken (start_pending_):
+  // waits for it (kStartWait at most, half the time left to `deadline` if less), then takes it if it ended:
+  // its connection (dropped if this session has one of its own by then) or its failure's back-off (unless
+  // this session connected on its own meanwhile: its own outcome is the newer). Otherwise the batch connects
+  // on its own (own_connect_), and a later outcome is taken at the next need.
+  void take_start(Deadline deadline);
   // Loads into (get) or stores from (put) the caller's buffers in place when
   // all of them lie in shared memory files the gateway maps (protocol r3),
   // finishing every item; false (nothing done) to use the ring instead.
@@ -254,12 +288,16 @@ class RemoteSession : public BackendSession {
   // Drops the connection after a frame on it (a request, a segment's or
   // this process's registration) failed with `why`. True when the frame is to
   // go again at once on a new connection: `retry` (the caller's one more try)
-  // and it never reached a connection the gateway had closed while it was
-  // idle (GatewayClient::unsent_on_idle(): a restart, --idle-timeout-s): not
-  // an outage, logged at DEBUG; the new connection's own failure is the one
-  // logged. Otherwise the link is logged down (WARNING, once per change; a
-  // timeout at DEBUG).
-  bool lose(const Status& why, bool retry);
+  // and it met a connection the gateway had closed while it was idle (a
+  // restart, --idle-timeout-s): it never reached it
+  // (GatewayClient::unsent_on_idle(): Unix sockets, where the send fails), or,
+  // `replayable` (a frame whose second serving changes nothing: not a
+  // delete), the connection was found closed before anything of its answer
+  // came (GatewayClient::closed_unanswered_on_idle(): TCP, where the send
+  // succeeds once and the read finds it closed). Not an outage, logged at
+  // DEBUG; the new connection's own failure is the one logged. Otherwise the
+  // link is logged down (WARNING, once per change; a timeout at DEBUG).
+  bool lose(const Status& why, bool retry, bool replayable);
   // Lays out the round starting at `begin` for the current connection;
   // returns its end (== begin when item `begin` fits no round). A put's
   // bytes are copied (into the ring, or this session's staging for TCP)
@@ -307,6 +345,17 @@ class RemoteSession : public BackendSession {
   RemoteBackend* backend_;
   std::unique_ptr<GatewayClient> client_;
   bool connected_before_ = false;  // a connection of this session was made (and, when there is none, lost)
+  // The start-up connect (prepare, start_connect, take_start).
+  std::thread start_thread_;
+  Clock::time_point start_began_{};
+  Clock::time_point start_failed_{};        // start_mu_: when it failed
+  std::atomic<bool> start_pending_{false};  // started, its outcome not taken: the worker looks (take_start)
+  bool own_connect_ = false;                // worker: this session tried a connect of its own meanwhile
+  std::mutex start_mu_;
+  std::condition_variable start_cv_;             // start_done_ set
+  bool start_done_ = false;                      // start_mu_
+  Status start_status_;                          // start_mu_: its outcome
+  std::unique_ptr<GatewayClient> start_client_;  // start_mu_: its connection, not taken yet
   Clock::time_point retry_at_{};
   Clock::duration unanswered_{};  // the time waited by the connects in a row cut short by their batches' deadlines
   milliseconds backoff_{0};
@@ -335,7 +384,57 @@ class RemoteSession : public BackendSession {
   bool slack_set_ = false;  // this worker thread's timer slack set (kReplySpinTimerSlackNs)
 };
 
+void RemoteSession::start_connect() {
+  set_thread_name("adp-connect");
+  const uint64_t connects = backend_->connects();
+  std::unique_ptr<GatewayClient> c;
+  Status s = backend_->connect(start_began_ + kConnectTimeout, &c);
+  if (!s.ok()) backend_->note_start_failure(s, connects);
+  {
+    std::lock_guard<std::mutex> l(start_mu_);
+    start_done_ = true;
+    start_failed_ = Clock::now();
+    start_status_ = s;
+    start_client_ = std::move(c);
+  }
+  start_cv_.notify_all();
+}
+
+void RemoteSession::take_start(Deadline deadline) {
+  std::unique_ptr<GatewayClient> extra;
+  {
+    std::unique_lock<std::mutex> l(start_mu_);
+    if (!client_) {
+      const auto now = Clock::now();
+      start_cv_.wait_until(l, now + std::min<Clock::duration>(kStartWait, (deadline - now) / 2),
+                           [this] { return start_done_; });
+    }
+    if (!start_done_) return;  // still connecting: this batch connects on its own
+    start_pending_.store(false, std::memory_order_relaxed);
+    if (start_client_ && client_) {
+      extra = std::move(start_client_);  // this session's own connection came first
+    } else if (start_client_) {
+      client_ = std::move(start_client_);
+      if (connected_before_) backend_->reconnects_.fetch_add(1, std::memory_order_relaxed);
+      connected_before_ = true;
+      segment_ids_.clear();
+    } else if (!start_status_.ok() && !own_connect_ && !backend_->closing()) {
+      (void)back_off(start_status_, start_failed_);
+    }
+  }
+  if (extra) backend_->drop(&extra);
+}
+
+Status RemoteSession::back_off(const Status& why, Clock::time_point failed) {
+  // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
+  backoff_ = RemoteBackend::token_refusal(why) ? kMaxBackoff : std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
+  retry_at_ = failed + backoff_;
+  last_error_ = Status::Unavailable(backend_->describe() + " unavailable: " + why.message());
+  return last_error_;
+}
+
 Status RemoteSession::connected(Deadline deadline) {
+  if (start_pending_.load(std::memory_order_relaxed)) take_start(deadline);
   if (client_ && client_->closed_while_idle()) {
     // The gateway restarted (or closed it for idleness) since this session's last batch: replaced now, before a
     // byte of this one goes out, and not an outage (a gateway still down fails the connect below, which logs it).
@@ -347,6 +446,7 @@ Status RemoteSession::connected(Deadline deadline) {
   auto now = Clock::now();
   if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
   if (now < retry_at_) return last_error_;
+  own_connect_ = start_pending_.load(std::memory_order_relaxed);
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
   // The connector closing cut it short (a connect at start, BackendSession::prepare, or a batch's racing close):
   // nothing to say about the gateway (review r13 S4: a connector closed at once logged an outage).
@@ -365,10 +465,9 @@ Status RemoteSession::connected(Deadline deadline) {
     return Status::TimedOut("deadline passed while connecting to the gateway: " + s.message());
   }
   if (!s.ok()) {
-    // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
-    backoff_ = RemoteBackend::token_refusal(s) ? kMaxBackoff : std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
-    retry_at_ = now + backoff_;
-    last_error_ = Status::Unavailable(backend_->describe() + " unavailable: " + s.message());
+    // From the failure, not the connect's start: a connect left unanswered for kConnectTimeout has waited out
+    // any back-off by then, and the batch's next path (run() after try_in_place) connected again at once.
+    (void)back_off(s, Clock::now());
     backend_->note_down(s);
     return last_error_;
   }
@@ -396,8 +495,8 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
   const bool put = op == proto::Op::kPut;
   if (!connected(deadline).ok() || n > client_->limits().max_batch_keys) return false;
   // The connection lost after `why`; one more try if lose() says so.
-  auto lost = [&](const Status& why) {
-    if (lose(why, retry != nullptr)) *retry = true;
+  auto lost = [&](const Status& why) {  // a registration: made anew on the new connection
+    if (lose(why, retry != nullptr, true)) *retry = true;
     return false;
   };
   // ptracer_follow: refused while this process named another gateway that has exited since.
@@ -512,8 +611,9 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     }
   }
   // A request whose send found the connection closed never reached the gateway (nothing can have been
-  // written for it): tried again at once on a new connection, quietly (audit 12; lose()).
-  if (!s.ok() && wanted && lose(s, retry != nullptr)) {
+  // written for it): tried again at once on a new connection, quietly (audit 12; lose()). So is a store found
+  // closed by its reply's read (the gateway only reads its buffers); a load may have written into them.
+  if (!s.ok() && wanted && lose(s, retry != nullptr, put)) {
     *retry = true;
     return false;
   }
@@ -542,8 +642,9 @@ void RemoteSession::revoke_lease(uint64_t rid) {
   }
 }
 
-bool RemoteSession::lose(const Status& why, bool retry) {
-  const bool again = retry && client_ && client_->unsent_on_idle();
+bool RemoteSession::lose(const Status& why, bool retry, bool replayable) {
+  const bool again =
+      retry && client_ && (client_->unsent_on_idle() || (replayable && client_->closed_unanswered_on_idle()));
   backend_->drop(&client_);
   if (again)
     ADP_DEBUG("%s: %s (the gateway closed this connection while it was idle); it goes again on a new one",
@@ -642,13 +743,15 @@ void RemoteSession::run(const RoundInput& in, size_t n, Deadline deadline, const
       // A connection that died while idle (gateway restarted) gets one more try on a new one,
       // unless pieces of this round reached a buffer already (a miss on the retry would then be
       // a miss with its buffer written). A request its send found the connection closed for never
-      // reached the gateway: replaced quietly (lose()). One that went out and found it closed after
-      // (TCP sends once into a closed connection; a gateway that died under it) may have been served:
-      // tried again all the same (a put of the same key and bytes, a get, an exists, a delete: the
-      // same answer but a delete's, "not found" if it was served), and logged as the outage it may be.
+      // reached the gateway: replaced quietly (lose()). One that went out and found it closed before
+      // anything of its reply came (TCP sends once into a closed connection; a gateway that died under
+      // it) may have been served: a put of the same key and bytes, a get, an exists give the same
+      // answer again, so they go again quietly too (lose(): the new connection's failure is the outage
+      // logged). A delete is tried again all the same ("not found" if it was served) and logged as the
+      // outage it may be.
       const bool wrote = std::any_of(copied_.begin(), copied_.end(), [](uint64_t b) { return b > 0; });
       const bool again = client_->used_before() && !retried && s.code() == Status::Code::kClosed && !wrote;
-      lose(s, again);
+      lose(s, again, in.op != proto::Op::kDelete);
       if (again) {
         retried = true;
         continue;
@@ -897,6 +1000,7 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
   {
     std::lock_guard<std::mutex> l(mu_);
     if (interrupted_) return Status::Closed("connector closed");
+    connects_++;
     live_.insert(c.get());
     connections_.store(static_cast<int>(live_.size()), std::memory_order_relaxed);
   }
@@ -1026,6 +1130,16 @@ void RemoteBackend::note_down(const Status& why) {
   if (link_.exchange(Link::kDown) != Link::kDown && !refused)
     ADP_WARN("%s: %s; its requests fail until it is back (reconnecting with back-off)", describe().c_str(),
              log_safe(why.message()).c_str());
+}
+
+void RemoteBackend::note_start_failure(const Status& why, uint64_t connects_before) {
+  std::lock_guard<std::mutex> l(mu_);  // against a connect's success (connects_): the link it logged up stays up
+  if (interrupted_ || connects_ != connects_before) {
+    ADP_DEBUG("%s: the start-up connect failed (%s), but %s", describe().c_str(), log_safe(why.message()).c_str(),
+              interrupted_ ? "the connector is closing" : "a connection was made since it began");
+    return;
+  }
+  note_down(why);
 }
 
 void RemoteBackend::hint_ring() {

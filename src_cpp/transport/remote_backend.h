@@ -75,6 +75,15 @@ class RemoteBackend : public Backend {
   // (WARNING), a refused token once until a connect succeeds (ERROR: it does
   // not heal by itself; stats: gateway_token_refused).
   void note_down(const Status& why);
+  // The start-up connect's failure (RemoteSession::start_connect): note_down,
+  // unless the connector is closing or a connection was made since it began
+  // (connects() was `connects_before`): a batch's own, which found the gateway
+  // answering, so this failure says nothing newer.
+  void note_start_failure(const Status& why, uint64_t connects_before);
+  uint64_t connects() {
+    std::lock_guard<std::mutex> l(mu_);
+    return connects_;
+  }
   static bool token_refusal(const Status& why);
   // Whether the gateway is stalled (stats: gateway_stalled): a request has
   // waited stall_ns_ with nothing heard from the gateway on any of this
@@ -140,6 +149,7 @@ class RemoteBackend : public Backend {
   mutable std::mutex card_mu_;
   std::string card_error_;  // card_mu_: the gateway's message of the I/O error
   bool interrupted_ = false;
+  uint64_t connects_ = 0;  // mu_: connections made, in all (note_start_failure)
   std::atomic<Link> link_{Link::kUnknown};
   std::atomic<bool> token_refused_{false};  // the last connect's answer refused the token, until one succeeds
   // Connections sessions made again after losing theirs (stats: gateway_reconnects).

@@ -235,7 +235,7 @@ def one_key_batches(conn: ADPConnector, c: RawConnector, op: str, keys: list[str
 @pytest.mark.parametrize(
     "transport, found_by",
     [("ring", "poll"), ("process", "poll"), ("segments", "poll"), ("tcp", "poll")]
-    + [("ring", "send"), ("process", "send"), ("segments", "send")],
+    + [("ring", "send"), ("process", "send"), ("segments", "send"), ("tcp", "send")],
 )
 def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_by, capfd, monkeypatch):
     """Audit 12 finding 10: the gateway stopped and started again on the same socket (and port), back before the
@@ -243,9 +243,10 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
     batch: every store and load succeeds, and the connector logs no WARNING (it logged `send failed: Broken pipe;
     its requests fail until it is back (reconnecting with back-off)`, reading as an outage). A gateway that is
     really down still fails the batch and logs that WARNING, once. found_by "poll": the connection is seen closed
-    before the batch (idle over kIdleCheck); "send" (ADP_TEST_IDLE_CHECK_MS, Unix only: a TCP send into a closed
-    connection succeeds once): the request's send finds it closed (EPIPE), so it never reached the gateway and
-    goes again at once on a new connection."""
+    before the batch (idle over kIdleCheck); "send" (ADP_TEST_IDLE_CHECK_MS: a restart within kIdleCheck of the
+    last frame): on Unix the request's send finds it closed (EPIPE), so it never reached the gateway; over TCP the
+    send succeeds once and the reply's read finds it closed (a store or a load may go twice: session fourteen;
+    it logged the outage's WARNING before). Either way it goes again at once on a new connection."""
     if found_by == "send":
         monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
     url = gateway.tcp_url if transport == "tcp" else gateway.unix_url
@@ -285,6 +286,39 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
     finally:
         conn.close()
         bufs.close()
+
+
+def test_a_tcp_restart_within_the_idle_check_retries_lookups_quietly_and_deletes_loudly(gateway, capfd, monkeypatch):
+    """A TCP gateway restarted within kIdleCheck of its last frame (ADP_TEST_IDLE_CHECK_MS stands in for that
+    window): the next request's send succeeds and its reply's read finds the connection closed, so the gateway
+    may have served it. A lookup answers the same again: it goes again on a new connection, quietly. A delete
+    may have been served (its second try then answers "not found"): it goes again too, but is logged as the
+    outage it may be (its WARNING), as before session fourteen."""
+    monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
+    conn = ADPConnector(gateway=gateway.tcp_url, token_file=gateway.token_file, num_workers=1, timeout_ms=TIMEOUT_MS)
+    monkeypatch.delenv("ADP_TEST_IDLE_CHECK_MS", raising=False)
+    c = RawConnector(conn)
+    keys, datas = keys_and_datas(2, 4096)
+    try:
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        for op in ("exists", "delete"):
+            assert gateway.stop() == 0
+            gateway.start()
+            capfd.readouterr()
+            if op == "exists":
+                ok, why, per_key = c.exists(keys)
+                assert ok and per_key == [True, True], why
+                err = capfd.readouterr().err
+                assert "WARNING" not in err, err
+            else:
+                c.delete(keys[:1])
+                err = capfd.readouterr().err
+                assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
+                assert c.exists(keys)[2] == [False, True]
+        st = conn.stats()
+        assert st["gateway_reconnects"] == 2 and st["gateway_reachable"] is True, st
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("op", ["set", "get"])
@@ -512,3 +546,108 @@ def test_connects_left_unanswered_for_two_seconds_are_an_outage(capfd):
         assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
         assert "did not answer in time" in err, err
         assert conn.stats()["gateway_reachable"] is False
+
+
+class SilentFirstListener:
+    """A TCP listener that accepts every connection: the first it holds open and never answers (a gateway that
+    accepts but does not answer the handshake); with `forward_to` (a port) it relays each later one to it, byte
+    for byte, otherwise it holds those silent too. `accepted`: the connections accepted so far."""
+
+    def __init__(self, forward_to: int = 0):
+        self.forward_to = forward_to
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                s, _ = self.listener.accept()
+            except OSError:
+                return
+            self.socks.append(s)
+            self.accepted += 1
+            if self.accepted > 1 and self.forward_to:
+                up = socket.create_connection(("127.0.0.1", self.forward_to))
+                self.socks.append(up)
+                for a, b in ((s, up), (up, s)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.socks:
+            s.close()
+
+
+def test_a_batch_right_after_start_does_not_wait_on_the_start_up_connect(gateway, capfd):
+    """Review of ebc41af (session thirteen's note): the first worker made the start-up connect itself, so a batch
+    submitted in its first 2 s waited behind a connect the gateway accepted and never answered. Here the first
+    connection is held silent and the later ones reach a real gateway: the batch (1.5 s deadline, submitted right
+    after the start) connects on its own after kStartWait and succeeds, its bytes come back, and when the silent
+    start-up connect gives up (2 s) that is no outage (a connection was made since): no WARNING, reachable. It
+    failed "timed out after 1500 ms" before."""
+    relay = SilentFirstListener(forward_to=gateway.port)
+    capfd.readouterr()
+    conn = ADPConnector(
+        gateway=f"tcp://127.0.0.1:{relay.port}", token_file=gateway.token_file, num_workers=1, timeout_ms=1500
+    )
+    c = RawConnector(conn)
+    keys, datas = keys_and_datas(2, 64 << 10)
+    try:
+        t0 = time.monotonic()
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+        assert time.monotonic() - t0 < 1.2
+        assert load_all(c, keys, datas, "the stored keys did not load") == datas
+        time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))  # the start-up connect has given up by now
+        err = capfd.readouterr().err
+        assert "WARNING" not in err, err
+        st = conn.stats()
+        assert st["gateway_reachable"] is True and st["gateway_reconnects"] == 0, st
+    finally:
+        conn.close()
+        relay.close()
+
+
+def test_a_batch_against_a_silent_gateway_ends_at_its_deadline_with_its_own_connect(gateway):
+    """A listener that accepts and never answers: a batch submitted right after the connector starts ends by its
+    deadline, having tried a connection of its own (the listener's second); it did not (the worker held the
+    start-up connect for 2 s, the batch timed out in the queue). With a 5 s deadline: "unavailable" after one
+    connect's 2 s (plus kStartWait), where it took 5 s (the worker's hold, then two connects: the back-off
+    counted from a connect's start had run out when it failed)."""
+    silent = SilentFirstListener()
+    token = {"token_file": gateway.token_file}
+    try:
+        conn = ADPConnector(gateway=f"tcp://127.0.0.1:{silent.port}", num_workers=1, timeout_ms=300, **token)
+        try:
+            t0 = time.monotonic()
+            ok, why, _ = RawConnector(conn).set(["k"], [memoryview(b"v")])
+            took = time.monotonic() - t0
+            assert not ok and timed_out(why), why
+            assert took < 0.6, took
+            assert eventually(lambda: silent.accepted >= 2, 0.3), silent.accepted
+        finally:
+            conn.close()
+        conn = ADPConnector(gateway=f"tcp://127.0.0.1:{silent.port}", num_workers=1, timeout_ms=5000, **token)
+        try:
+            t0 = time.monotonic()
+            ok, why, _ = RawConnector(conn).set(["k"], [memoryview(b"v")])
+            took = time.monotonic() - t0
+            assert not ok and "unavailable" in why and "did not answer in time" in why, why
+            assert 1.9 < took < 3.5, took
+            assert conn.stats()["gateway_reachable"] is False
+        finally:
+            conn.close()
+    finally:
+        silent.close()
