@@ -8,6 +8,7 @@ accepts.
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import os
 import stat
@@ -214,8 +215,15 @@ class ConnectorConfig:
 
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
+            # The nearest valid key of each, where one is near: a typo ('card_sizegb') is read at a glance, not
+            # found in a list of 17 (audit 14).
+            near = [(k, m[0]) for k in unknown if (m := difflib.get_close_matches(str(k), PARAMS, n=1, cutoff=0.8))]
+            if len(unknown) == 1:
+                meant = f" (did you mean {near[0][1]!r}?)" if near else ""
+            else:
+                meant = f" (did you mean {', '.join(f'{m!r} for {k!r}' for k, m in near)}?)" if near else ""
             raise ConfigError(
-                f"unknown adapter_params key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(PARAMS)}"
+                f"unknown adapter_params key(s) {', '.join(map(repr, unknown))}{meant}; valid keys: {', '.join(PARAMS)}"
             )
         gateway = get("gateway")
         if not isinstance(gateway, str) or not (gateway == "embedded" or gateway.startswith(("unix:///", "tcp://"))):

@@ -12,6 +12,13 @@ from lmcache_adp import ADPConnector, ConfigError, ConnectorConfig, default_card
     "params, match",
     [
         ({"bogus": 1}, r"unknown adapter_params key\(s\) 'bogus'; valid keys: gateway, card"),
+        # A near miss names the key meant (audit 14: 'card_sizegb' was only in a list of 17).
+        ({"card_sizegb": 1}, r"key\(s\) 'card_sizegb' \(did you mean 'card_size_gb'\?\); valid keys: gateway, card"),
+        (
+            {"numworkers": 2, "timeout": 5},
+            r"key\(s\) 'numworkers', 'timeout' \(did you mean 'num_workers' for 'numworkers', 'timeout_ms' for "
+            r"'timeout'\?\); valid keys",
+        ),
         ({"gateway": "nfs://x"}, r"adapter_params\['gateway'\] = 'nfs://x' is not supported; valid choices"),
         ({"num_workers": 0}, r"adapter_params\['num_workers'\] must be in \[1, 64\], got 0"),
         ({"num_workers": "4"}, r"adapter_params\['num_workers'\] must be an integer"),
