@@ -267,7 +267,7 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "1 while the gateway's answer to the connector's last connect was a refused token (TCP: "
         "adapter_params token_file does not hold the token of the gateway's --token-file), until a connect "
         "succeeds; gateway_reachable is 0 meanwhile. It does not heal by itself: fix token_file and restart the "
-        "process. Logged once at ERROR; the connector tries again every 2 s (/health answers 503 at 1, saying so)",
+        "process. Logged once at ERROR; a request tries again at most every 2 s (/health answers 503 at 1, saying so)",
     ),
     Stat(
         "gateway_reconnects",

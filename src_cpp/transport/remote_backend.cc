@@ -1125,11 +1125,14 @@ void RemoteBackend::note_down(const Status& why) {
     ADP_ERROR(
         "%s: the gateway refused this connector's token (%s): adapter_params['token_file'] does not hold the "
         "token of the gateway's --token-file. That does not heal by itself: put the gateway's token in "
-        "token_file and restart this process. Until then every request fails (it tries again every %lld ms)",
+        "token_file and restart this process. Until then every request fails (a request tries again at most every %lld "
+        "ms; an idle connector does not)",
         describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
   if (link_.exchange(Link::kDown) != Link::kDown && !refused)
-    ADP_WARN("%s: %s; its requests fail until it is back (reconnecting with back-off)", describe().c_str(),
-             log_safe(why.message()).c_str());
+    ADP_WARN(
+        "%s: %s; its requests fail until it is back (its next requests reconnect, with back-off; an idle connector "
+        "does not try)",
+        describe().c_str(), log_safe(why.message()).c_str());
 }
 
 void RemoteBackend::note_start_failure(const Status& why, uint64_t connects_before) {

@@ -923,7 +923,7 @@ def test_a_refused_token_is_one_error_saying_what_to_fix(workdir, capfd):
         err = capfd.readouterr().err
         said = [line for line in err.splitlines() if "refused this connector's token" in line]
         assert len(said) == 1 and "ERROR" in said[0] and "token_file" in said[0] and "restart" in said[0], err
-        assert "reconnecting with back-off" not in err, err
+        assert "requests reconnect, with back-off" not in err, err
     finally:
         conn.close()
     conn = ADPConnector(gateway=gw.tcp_url, token_file=gw.token_file, num_workers=1, timeout_ms=3000)
@@ -974,7 +974,7 @@ def test_health_says_unreachable_before_the_first_batch(workdir, capfd):
         st = conn.stats()
         assert st["gateway_reachable"] is False and st["stores"] == st["hits"] == st["misses"] == 0, st
         err = capfd.readouterr().err
-        said = [line for line in err.splitlines() if "reconnecting with back-off" in line]
+        said = [line for line in err.splitlines() if "requests reconnect, with back-off" in line]
         assert len(said) == 1 and "WARNING" in said[0] and "none.sock" in said[0], err
     finally:
         conn.close()
