@@ -47,6 +47,7 @@ import mmap
 import multiprocessing as mp
 import os
 import platform
+import resource
 import runpy
 import select
 import shutil
@@ -223,17 +224,25 @@ def drive(conn, op: str, keys: list[str], bufs: list[mmap.mmap], batch: int, win
     return time.perf_counter() - t0, failed
 
 
+def cpu_s() -> float:
+    """This process's CPU time so far, user + system, all its threads (getrusage RUSAGE_SELF)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 class Rounds:
     """One connector's timed repetitions, a step at a time: connector_rounds runs them back to back, and
     --interleave runs the steps of the embedded connector and of every gateway row in turn. Each store
     repetition moves src under fresh keys (`passes` times over, fresh keys per pass); each load repetition
     loads the last stored keys into the zeroed dst and checks every byte. `store_at_s` / `load_at_s` keep
-    when each repetition started (seconds on the run's clock): the order the steps really ran in."""
+    when each repetition started (seconds on the run's clock): the order the steps really ran in;
+    `store_cpu_s` / `load_cpu_s` the process's CPU time over each (getrusage, user + system: the driving thread
+    and every connector's workers; the gateway is another process)."""
 
     def __init__(self, params: dict, src, dst, batch: int, window: int, tag: str, passes: int = 1) -> None:
         self.src, self.dst, self.batch, self.window, self.tag, self.passes = src, dst, batch, window, tag, passes
         self.out: dict = {"store_s": [], "load_s": [], "failed_keys": 0, "mismatched": 0}
-        self.out.update(store_at_s=[], load_at_s=[])
+        self.out.update(store_at_s=[], load_at_s=[], store_cpu_s=[], load_cpu_s=[])
         self.keys: list[str] = []
         self.conn = ADPConnector(**params)
 
@@ -245,6 +254,7 @@ class Rounds:
 
     def store(self, r: int) -> None:
         self.out["store_at_s"].append(time.monotonic() - CLOCK0)
+        cpu = cpu_s()
         dt = 0.0
         for p in range(self.passes):
             self.keys = [f"bench@00000000@0@{self.tag}{r:02d}{p:02d}{j:06x}" for j in range(len(self.src))]
@@ -252,16 +262,19 @@ class Rounds:
             dt += t
             self.out["failed_keys"] += failed
         self.out["store_s"].append(dt)
+        self.out["store_cpu_s"].append(cpu_s() - cpu)
 
     def load(self) -> None:
         clear(self.dst)
         self.out["load_at_s"].append(time.monotonic() - CLOCK0)
+        cpu = cpu_s()
         dt = 0.0
         for _ in range(self.passes):
             t, failed = drive(self.conn, "get", self.keys, self.dst, self.batch, self.window)
             dt += t
             self.out["failed_keys"] += failed
         self.out["load_s"].append(dt)
+        self.out["load_cpu_s"].append(cpu_s() - cpu)
         self.out["mismatched"] += same(self.dst, self.src)
 
     def finish(self) -> dict:
@@ -506,7 +519,8 @@ class GatewayRow:
     def __init__(self, name: str, gw: dict, args, base: dict, src, dst, n: int, size: int) -> None:
         label, direct, pieces, process, self.tag, extra = variant(name)
         self.process = process
-        self.params = {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process, **extra}
+        spin = {} if args.reply_spin_us is None else {"reply_spin_us": args.reply_spin_us}
+        self.params = {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process, **spin, **extra}
         self.url = gw["gateway"]
         self.own = name.removesuffix(NOSPIN) == "segments-shm" and args.l1 != "shm"
         self.src, self.dst = (
@@ -920,6 +934,8 @@ def connector_split_table(rows: list[dict], keys_per_worker: int) -> list[str]:
                 if spins and reqs
                 else ""
             ]
+            cpu = r.get(f"{word}_cpu_s")
+            cells += [f"{statistics.fmean(cpu) / slices * 1e6:.0f}" if cpu else ""]
             out.append(f"| {r['object_mb']:g} MiB | {w} | {r['row']} | {word} | {' | '.join(cells)} |")
     if not out:
         return []
@@ -931,12 +947,13 @@ def connector_split_table(rows: list[dict], keys_per_worker: int) -> list[str]:
         " run (the backend's call) and done (the hand-off, the eventfd); through a gateway, run = setup (taken to"
         " the request's write) + round trip (write to reply read) + finish (reply read to returned), round trip ="
         " served (the gateway's batch_*_ns) + wire (sockets, wake-ups); queue: submit to taken; spun: the requests"
-        " whose wait for the reply spun (reply_spin_us) and, in brackets, the share of those whose reply came"
-        " while the worker polled.",
+        " whose wait for the reply polled (reply_spin_us: docs/stats.md gateway_*_reply_spins) and, in brackets, the"
+        " share of those whose reply came while the worker polled; cpu: the bench process's CPU time (getrusage, user + system, all its threads:"
+        " the driver and the connector's workers, not the gateway's) over the timed repetitions, mean a slice.",
         "",
         "| object | workers | row | op | slice | pickup | run | done | setup | round trip | served | wire | finish"
-        " | queue | spun (hits) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | queue | spun (hits) | cpu |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *out,
     ]
 
@@ -1078,6 +1095,12 @@ def main() -> None:
         "process (written into this process's memory, r5), segments (--l1 shm only, r3), segments-shm "
         "(segments into buffers of a /dev/shm file of the row's own, beside --l1 anon rows); NAME-nospin: NAME's "
         "row with the connector's reply_spin_us at 0 (e.g. segments-shm,segments-shm-nospin: the spin's A/B)",
+    )
+    ap.add_argument(
+        "--reply-spin-us",
+        type=int,
+        default=None,
+        help="the gateway rows' adapter_params reply_spin_us (default: the connector's; NAME-nospin rows: 0)",
     )
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)

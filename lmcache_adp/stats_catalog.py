@@ -611,9 +611,12 @@ def _request_timing() -> tuple[Stat, ...]:
                 COUNTER,
                 "waits",
                 C,
-                f"{what.capitalize()} requests whose wait for the reply spun (adapter_params reply_spin_us: slept "
-                "to shortly before the round trip expected, then polled the socket without sleeping, while CPUs "
-                "were idle)",
+                f"{what.capitalize()} requests whose wait for the reply polled the socket without sleeping "
+                "(adapter_params reply_spin_us: the worker slept to shortly before the round trip expected and the "
+                "reply had not come by then; a reply there before that is not counted). Only while CPUs are idle "
+                "and the worker's spins of this op catch their replies: once fewer than 4 of its last 16 did, 1 "
+                "wait in 16 (a probe, which resumes them when it catches its reply). A ring load in pieces never "
+                "spins (its reply is read after the pieces)",
             ),
             Stat(
                 f"{g}_reply_spin_hits",

@@ -48,9 +48,9 @@ struct CallTimes {
   std::chrono::steady_clock::time_point last_reply{};  // its last reply read (epoch: none was)
   uint64_t requests = 0;                               // requests whose reply was read
   uint64_t round_trip_ns = 0;                          // their request's write -> its reply read, summed
-  // reply_spin_us: waits for a reply that spun (slept to shortly before the
-  // round trip expected, then polled without sleeping), and those whose
-  // reply came while it polled.
+  // reply_spin_us: waits for a reply that polled without sleeping (slept to
+  // shortly before the round trip expected, the reply not there by then),
+  // and those whose reply came while it polled.
   uint64_t reply_spins = 0, reply_spin_hits = 0;
   // A request was written (t: before its write) / its reply just read (t: now).
   void sent(std::chrono::steady_clock::time_point t) {

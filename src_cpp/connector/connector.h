@@ -80,7 +80,7 @@ struct OpTiming {
   std::atomic<uint64_t> requests{0};         // requests whose reply was read
   std::atomic<uint64_t> round_trip_ns{0};    // a request's write -> its reply read, each
   std::atomic<uint64_t> finish_ns{0};        // the slice's last reply read -> the backend call returned
-  std::atomic<uint64_t> reply_spins{0};      // waits for a reply that spun (reply_spin_us: CallTimes)
+  std::atomic<uint64_t> reply_spins{0};      // waits for a reply that polled (reply_spin_us: CallTimes)
   std::atomic<uint64_t> reply_spin_hits{0};  // those whose reply came while they polled
 };
 

@@ -362,13 +362,14 @@ bool GatewayClient::wait_readable(proto::Deadline until) const {
 
 bool GatewayClient::sleep_readable(proto::Deadline until) const {
   for (;;) {
-    const auto left = until - proto::Clock::now();
-    if (left <= proto::Clock::duration::zero()) return false;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    // `until` passed already: one look, no sleep (a reply there is not the spin's to catch).
+    const auto ns =
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(until - proto::Clock::now()).count());
     timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
     pollfd p{fd_, POLLIN, 0};
     const int r = ::ppoll(&p, 1, &ts, nullptr);
     if (r > 0 || (r < 0 && errno != EINTR)) return true;  // readable, hung up or an error: the read tells
+    if (r == 0) return false;                             // until passed
   }
 }
 

@@ -100,7 +100,8 @@ class GatewayClient {
   bool readable() const;
   // Waits until the socket is readable (true) or `until` (false).
   bool wait_readable(proto::Deadline until) const;
-  // wait_readable() to the microsecond (ppoll: the caller's timer slack applies).
+  // wait_readable() to the microsecond (ppoll: the caller's timer slack applies); `until` already passed: one
+  // look without sleeping.
   bool sleep_readable(proto::Deadline until) const;
   // Polls the socket without sleeping until it is readable, hung up or in
   // error (its revents: the read tells which) or `until` (0).

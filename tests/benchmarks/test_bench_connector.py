@@ -185,9 +185,11 @@ def test_round_trip_table_splits_a_request_into_served_and_round_trip():
 def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_counters():
     """The connector's split: per slice (the counters' means), the worker's wait / run / done and, through a
     gateway, setup / round trip / finish, the round trip less the gateway's own time (wire), and the requests whose
-    reply the worker spun for (reply_spin_us: 3 of 4, 2 of those 3 answered while it polled). 8 objects, 2 workers,
-    2 keys a worker: 4 slices a repetition; the slice column as round_trip_table's. An op with no slice counted
-    has no line; a row without the counters (an older build) none."""
+    reply the worker spun for (reply_spin_us: 3 of 4, 2 of those 3 answered while it polled), and the process's CPU
+    time a slice over the timed repetitions (store_cpu_s: 2 ms a repetition of 4 slices; a row without it, an
+    empty cell). 8 objects, 2 workers, 2 keys a worker: 4 slices a repetition; the slice column as
+    round_trip_table's. An op with no slice counted has no line; a row without the counters (an older build)
+    none."""
     import bench_connector
 
     base = {"object_mb": 1.0, "workers": 2, "objects": 8}
@@ -204,6 +206,7 @@ def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_co
             "row": "gateway unix+segments (own shm L1)",
             "store_s": [0.008],
             "load_s": [0.004],
+            "store_cpu_s": [0.001, 0.003],
             "stats": gw_stats,
             "gateway_stats": {"batch_puts": 4, "batch_put_ns": 6_000_000, "batch_gets": 4, "batch_get_ns": 2_000_000},
         },
@@ -211,7 +214,7 @@ def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_co
     lines = [x for x in bench_connector.connector_split_table(rows, 2) if x.startswith("| 1 MiB | 2 |")]
     cells = [[c.strip() for c in line.strip("|").split("|")][2:] for line in lines]
     assert cells == [
-        ["embedded", "store", "2000", "100", "1000", "10", "", "", "", "", "", "2000", ""],
+        ["embedded", "store", "2000", "100", "1000", "10", "", "", "", "", "", "2000", "", ""],
         [
             "gateway unix+segments (own shm L1)",
             "store",
@@ -226,13 +229,14 @@ def test_connector_split_table_gives_each_slice_its_parts_from_the_connectors_co
             "400",
             "0",
             "75% (67%)",
+            "500",
         ],
     ]
     # Requests that spun and then failed (a gateway gone under the bench): no reply read, so no share to give (it
-    # raised ZeroDivisionError and lost the report: review r14b N1).
+    # raised ZeroDivisionError and lost the report: review r14b N1). The spun cell is the last but the cpu one.
     gw_stats["gateway_put_requests"] = 0
     lines = [x for x in bench_connector.connector_split_table(rows, 2) if x.startswith("| 1 MiB | 2 | gateway")]
-    assert [[c.strip() for c in line.strip("|").split("|")][-1] for line in lines] == [""], lines
+    assert [[c.strip() for c in line.strip("|").split("|")][-2] for line in lines] == [""], lines
     for r in rows:
         r["stats"] = {}
     assert bench_connector.connector_split_table(rows, 2) == []
