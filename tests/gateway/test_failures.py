@@ -608,7 +608,8 @@ def test_a_batch_right_after_start_does_not_wait_on_the_start_up_connect(gateway
         t0 = time.monotonic()
         ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
         assert ok, why
-        assert time.monotonic() - t0 < 1.2
+        # `ok` is the proof: the 1.5 s deadline is under the start-up connect's 2 s hold. (A bound of 1.2 s here
+        # measured only how loaded the machine was: review r14b.)
         assert load_all(c, keys, datas, "the stored keys did not load") == datas
         time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))  # the start-up connect has given up by now
         err = capfd.readouterr().err
@@ -635,8 +636,10 @@ def test_a_batch_against_a_silent_gateway_ends_at_its_deadline_with_its_own_conn
             ok, why, _ = RawConnector(conn).set(["k"], [memoryview(b"v")])
             took = time.monotonic() - t0
             assert not ok and timed_out(why), why
-            assert took < 0.6, took
-            assert eventually(lambda: silent.accepted >= 2, 0.3), silent.accepted
+            assert took < 1.5, took  # ended by its 300 ms deadline (the connector's own), not by a 2 s connect
+            # Its own connection, made during the batch (the old hold made none: the batch expired in the queue);
+            # the listener's Python thread may accept it late on a loaded machine (it was given 0.3 s: review r14b).
+            assert eventually(lambda: silent.accepted >= 2, 5), silent.accepted
         finally:
             conn.close()
         conn = ADPConnector(gateway=f"tcp://127.0.0.1:{silent.port}", num_workers=1, timeout_ms=5000, **token)
