@@ -42,15 +42,21 @@ def _dry_run(obj) -> bool:
 def incremental_compile(compiler, sources, output_dir=None, macros=None, include_dirs=None, debug=False,
                         extra_preargs=None, extra_postargs=None, depends=None):  # fmt: skip
     """CCompiler.compile that reuses an object when what built it is unchanged (lmcache_adp/object_stamps.py): the
-    same compile command (flags, defines, -Werror, include dirs; the compiler's --version) and the same content of
-    its source and of every header the compiler read, by sha256, judged against the snapshot the build records as
-    SOURCE_DIGEST. Objects compile in parallel (ADP_BUILD_JOBS, 0 or unset: one per core)."""
+    same compile command (CC and CXX with their flags, defines, -Werror, include dirs; the compilers' --version)
+    and the same content of its source and of every header the compiler read, by sha256, judged against the
+    snapshot the build records as SOURCE_DIGEST. Objects compile in parallel (ADP_BUILD_JOBS, 0 or unset: one
+    per core)."""
     macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
         output_dir, macros, include_dirs, sources, depends, extra_postargs
     )
     cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
-    version = stamps_ns["compiler_version"](compiler.compiler_so[0])
-    command = json.dumps([compiler.compiler_so, cc_args, extra_postargs, version])
+    # The command a .cc compiles with: distutils with C++ support (setuptools 80 here) spawns compiler_so_cxx
+    # (CXX, CXXFLAGS), older ones compiler_so (CC, CFLAGS); both recorded, and each one's --version.
+    cxx = getattr(compiler, "compiler_so_cxx", None)
+    versions = [
+        stamps_ns["compiler_version"](exe) for exe in dict.fromkeys(c[0] for c in (compiler.compiler_so, cxx) if c)
+    ]
+    command = json.dumps([compiler.compiler_so, cxx, cc_args, extra_postargs, versions])
     stamps = stamps_ns["ObjectStamps"](ROOT, SNAPSHOT, command, force=compiler.force)
     todo = [obj for obj in objects if obj in build and not stamps.up_to_date(obj)]
     print(

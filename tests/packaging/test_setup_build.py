@@ -113,14 +113,18 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def build(tree: Path, werror: bool = True, edit_after: str = "", watch: str = "") -> Built:
-    """setup.py build_ext --inplace in `tree`; with `watch` (a log file), under WATCH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("CFLAGS", "CPPFLAGS", "LDSHARED", "ADP_WERROR")}
+def build(
+    tree: Path, werror: bool = True, edit_after: str = "", watch: str = "", env_set: dict[str, str] | None = None
+) -> Built:
+    """setup.py build_ext --inplace in `tree`; with `watch` (a log file), under WATCH; `env_set` on top."""
+    drop = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDSHARED", "ADP_WERROR")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     wrapper = str(tree.parent / "cc")
     env.update(CC=wrapper, CXX=wrapper, LOG=str(tree.parent / "log"), EDIT_AFTER=edit_after, ADP_BUILD_JOBS="2")
     env.update(WATCH_MODULE=str(tree / "lmcache_adp" / SO_NAME), WATCH_LOG=watch)
     if werror:
         env["ADP_WERROR"] = "1"
+    env.update(env_set or {})
     r = subprocess.run(
         [sys.executable, *(["-c", WATCH] if watch else []), "setup.py", "-q", "build_ext", "--inplace"],
         cwd=tree, env=env, capture_output=True, text=True, timeout=300,
@@ -181,6 +185,31 @@ def test_a_change_of_flags_recompiles_everything(tree):
     assert units(b) == ALL and b.links == 1, b.output
     b = build(tree, werror=True)
     assert units(b) == ALL and b.links == 1, b.output
+
+
+def built_value(tree: Path) -> int:
+    """_native.A of the tree's package module, imported in a new interpreter."""
+    code = "import lmcache_adp._native as n; print(n.A)"
+    return int(
+        subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True).stdout
+    )
+
+
+def test_objects_of_another_cxx_or_cxxflags_are_not_reused(tree):
+    """distutils compiles a .cc with CXX and CXXFLAGS where it has them (setuptools 80: compiler_so_cxx), CC and
+    CFLAGS in older ones: the object's record holds the command that compiled it, so a change of CXX or
+    CXXFLAGS is a change of command. Judged by what the module computes: the same as a build from nothing."""
+    (tree / "src_cpp/util/a.cc").write_text(
+        '#include "util/a.h"\n#ifndef ADP_V\n#define ADP_V 1\n#endif\nint a_value() { return ADP_V; }\n'
+    )
+    (tree.parent / "cxx2").write_text(WRAPPER.replace('g++ "$@"', 'g++ -DADP_V=3 "$@"'))
+    (tree.parent / "cxx2").chmod(0o755)
+    for env in ({}, {"CXXFLAGS": "-DADP_V=2"}, {"CXX": str(tree.parent / "cxx2")}, {}):
+        build(tree, env_set=env)
+        incremental = built_value(tree)
+        shutil.rmtree(tree / "build")
+        build(tree, env_set=env)
+        assert incremental == built_value(tree), f"{env}: an object of another command was reused"
 
 
 def test_a_module_of_other_sources_is_relinked_and_replaced_in_place_though_newer(tree):
