@@ -51,11 +51,11 @@ def incremental_compile(compiler, sources, output_dir=None, macros=None, include
     )
     cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
     # The command a .cc compiles with: distutils with C++ support (setuptools 80 here) spawns compiler_so_cxx
-    # (CXX, CXXFLAGS), older ones compiler_so (CC, CFLAGS); both recorded, and each one's --version.
+    # (CXX, CXXFLAGS), older ones compiler_so (CC, CFLAGS); both recorded, and each compiler's --version (past a
+    # launcher: "ccache g++" is g++'s).
     cxx = getattr(compiler, "compiler_so_cxx", None)
-    versions = [
-        stamps_ns["compiler_version"](exe) for exe in dict.fromkeys(c[0] for c in (compiler.compiler_so, cxx) if c)
-    ]
+    compilers = dict.fromkeys(stamps_ns["compiler_of"](c) for c in (compiler.compiler_so, cxx) if c)
+    versions = [stamps_ns["compiler_version"](exe) for exe in compilers]
     command = json.dumps([compiler.compiler_so, cxx, cc_args, extra_postargs, versions])
     stamps = stamps_ns["ObjectStamps"](ROOT, SNAPSHOT, command, force=compiler.force)
     todo = [obj for obj in objects if obj in build and not stamps.up_to_date(obj)]

@@ -44,6 +44,15 @@ def dependencies(depfile: str) -> list[str]:
     return [w.replace("\0", " ") for w in words]
 
 
+# Programs that run the compiler named after them (CC="ccache g++"): a compiler's version is the compiler's.
+LAUNCHERS = {"ccache", "sccache", "distcc", "icecc"}
+
+
+def compiler_of(argv: list[str]) -> str:
+    """The compiler a command line runs: its first word that is not a launcher."""
+    return next((w for w in argv if os.path.basename(w) not in LAUNCHERS), argv[0])
+
+
 def compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
 

@@ -212,6 +212,29 @@ def test_objects_of_another_cxx_or_cxxflags_are_not_reused(tree):
         assert incremental == built_value(tree), f"{env}: an object of another command was reused"
 
 
+def test_a_compiler_behind_a_launcher_is_judged_by_its_own_version(tree):
+    """Review r14a N3: with CC/CXX "ccache <compiler>" the record holds the compiler's --version, not the
+    launcher's, so a compiler upgraded in place (the same path, another version) recompiles everything."""
+    launcher = tree.parent / "ccache"
+    launcher.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "ccache version 4.8"; exit 0; }\nexec "$@"\n')
+    cxx = tree.parent / "cxxv"  # the logging wrapper, whose --version is $VERSION_FILE
+    cxx.write_text(
+        WRAPPER.replace("#!/bin/sh\n", '#!/bin/sh\n[ "$1" = --version ] && { cat "$VERSION_FILE"; exit 0; }\n')
+    )
+    for f in (launcher, cxx):
+        f.chmod(0o755)
+    version = tree.parent / "version"
+    version.write_text("g++ (Debian 12.2.0-14) 12.2.0\n")
+    env = {"CC": f"{launcher} {cxx}", "CXX": f"{launcher} {cxx}", "VERSION_FILE": str(version)}
+    b = build(tree, env_set=env)
+    assert units(b) == ALL, b.output
+    b = build(tree, env_set=env)
+    assert units(b) == [], b.output
+    version.write_text("g++ (Debian 13.1.0-1) 13.1.0\n")  # upgraded in place
+    b = build(tree, env_set=env)
+    assert units(b) == ALL, b.output
+
+
 def test_a_module_of_other_sources_is_relinked_and_replaced_in_place_though_newer(tree):
     """A module recording other sources than the tree's is relinked though newer than every object (an edit
     saved while a build compiled is older than that build's module); the package's module is replaced when it
