@@ -95,17 +95,18 @@ class BuildExt(build_ext):
         self.compiler.compile = incremental_compile.__get__(self.compiler)
         Path(self.build_temp).mkdir(parents=True, exist_ok=True)
         unit = Path(self.build_temp) / "adp_source_digest.cc"
-        text = digest_ns["digest_unit"](SOURCE_DIGEST)
-        if not _dry_run(self) and (not unit.exists() or unit.read_text() != text):
-            unit.write_text(text)
         if str(unit) not in ext.sources:
             ext.sources.append(str(unit))
-        built = Path(self.get_ext_fullpath(ext.name))
-        if built.exists() and digest_ns["recorded_digest"](built) != SOURCE_DIGEST and not _dry_run(self):
-            built.unlink()  # the link below then runs whatever the objects' times
-        # One build at a time per build directory: two at once would mix their objects and records.
+        # One build at a time per build directory: two at once would mix their objects and records, and one of
+        # other sources would rewrite the digest unit or remove the module under the other's compiler or linker.
         with open(Path(self.build_temp) / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            text = digest_ns["digest_unit"](SOURCE_DIGEST)
+            if not _dry_run(self) and (not unit.exists() or unit.read_text() != text):
+                unit.write_text(text)
+            built = Path(self.get_ext_fullpath(ext.name))
+            if built.exists() and digest_ns["recorded_digest"](built) != SOURCE_DIGEST and not _dry_run(self):
+                built.unlink()  # the link below then runs whatever the objects' times
             force, self.force = self.force, True  # past distutils' skip by times; the compiler keeps --force
             try:
                 super().build_extension(ext)

@@ -10,11 +10,14 @@ About 40-90 s on the 2-core development machine at load 8-12 (sixteen builds of 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -268,6 +271,36 @@ def test_the_package_never_lacks_its_module_while_a_build_replaces_it(tree):
     assert units(b) == [] and b.links == 0, b.output  # (build() checks the digest the package's module records)
     assert watch.read_text() == "", watch.read_text()[:3000]
     assert not list(b.module.parent.glob("*.tmp")), list(b.module.parent.iterdir())
+
+
+def lock_waiters(lock: Path) -> int:
+    """Processes blocked in flock() on `lock` (/proc/locks' "->" lines for its inode)."""
+    ino = f":{lock.stat().st_ino} "
+    return sum(1 for line in Path("/proc/locks").read_text().splitlines() if "->" in line and ino in line)
+
+
+def test_a_build_touches_the_digest_unit_and_the_module_only_under_the_lock(tree):
+    """Review r14a N2: a build of other sources that finds another build holding the build directory's lock
+    waits for it before it rewrites the generated digest unit or removes the module it would relink: it did both
+    before taking the lock, under the other build's compiler and linker. Then it builds as usual."""
+    build(tree)
+    (unit,) = (tree / "build").glob("temp*/adp_source_digest.cc")
+    (regular,) = (tree / "build").glob(f"lib*/lmcache_adp/{SO_NAME}")
+    before = unit.read_text()
+    (tree / "src_cpp/util/b.cc").write_text("int b_value() { return 3; }\n")  # other sources: another digest
+    built = []
+    with open(unit.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another build's, for the test
+        waiter = threading.Thread(target=lambda: built.append(build(tree)))
+        waiter.start()
+        deadline = time.monotonic() + 120
+        while lock_waiters(unit.parent / "build.lock") == 0:
+            assert waiter.is_alive() and time.monotonic() < deadline, "the build never waited for the lock"
+            time.sleep(0.05)
+        assert unit.read_text() == before, "the digest unit was rewritten before the lock was taken"
+        assert regular.exists(), "the module was removed before the lock was taken"
+    waiter.join(300)
+    assert units(built[0]) == ["digest", "src_cpp/util/b.cc"] and built[0].links == 1, built[0].output
 
 
 def test_an_edit_saved_during_the_build_is_compiled_by_the_next(tree):
