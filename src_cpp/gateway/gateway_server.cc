@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "protocol/messages.h"
+#include "util/amount.h"
 #include "util/log.h"
 #include "util/populate.h"
 #include "util/test_hooks.h"
@@ -87,9 +88,9 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
                         opts.max_store_buffer_total_bytes,
                         opts.max_request_timeout_ms};
   StoreStats st = g->store_->stats();
-  ADP_INFO("gateway: card %s open (%llu objects, %.2f of %.2f GiB used); listening on %s%s%s", opts.card.path.c_str(),
-           static_cast<unsigned long long>(st.objects), st.used_bytes / double(1ull << 30),
-           st.capacity_bytes / double(1ull << 30), g->unix_ep_.str().c_str(), g->tcp_fd_ >= 0 ? " and " : "",
+  ADP_INFO("gateway: card %s open (%llu objects, %s of %s used); listening on %s%s%s", opts.card.path.c_str(),
+           static_cast<unsigned long long>(st.objects), log_amount(st.used_bytes).c_str(),
+           log_amount(st.capacity_bytes).c_str(), g->unix_ep_.str().c_str(), g->tcp_fd_ >= 0 ? " and " : "",
            g->tcp_fd_ >= 0 ? g->tcp_ep_.str().c_str() : "");
   g->accept_thread_ = std::thread(&GatewayServer::accept_loop, g.get());
   *out = std::move(g);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "store/card_format.h"
+#include "util/amount.h"
 #include "util/log.h"
 #include "util/populate.h"
 #include "util/thread_name.h"
@@ -32,15 +33,6 @@ namespace {
 std::string gib(uint64_t bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
-  return b;
-}
-
-// "1.50 GiB" from 1 GiB up, "48.00 MiB" below: the several-cards WARNING
-// names small images too.
-std::string amount(uint64_t bytes) {
-  if (bytes >= (1ull << 30)) return gib(bytes);
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f MiB", bytes / double(1ull << 20));
   return b;
 }
 
@@ -121,12 +113,12 @@ std::string card_space_warning(const std::string& path) {
   constexpr size_t kNamed = 8;
   std::string named;
   for (size_t i = 0; i < s.others.size() && i < kNamed; i++)
-    named += (i ? ", " : "") + s.others[i].path + " " + amount(s.others[i].grows_by());
+    named += (i ? ", " : "") + s.others[i].path + " " + log_amount(s.others[i].grows_by());
   if (s.others.size() > kNamed) named += ", and " + std::to_string(s.others.size() - kNamed) + " more";
   const size_t n = s.others.size();
-  return "card image " + path + " can still grow by " + amount(s.grows_by()) + " (its size less what is written) and " +
-         std::to_string(n) + " other card image" + (n == 1 ? "" : "s") + " beside it by " + amount(others) + " (" +
-         named + "): together more than the " + amount(s.free) +
+  return "card image " + path + " can still grow by " + log_amount(s.grows_by()) +
+         " (its size less what is written) and " + std::to_string(n) + " other card image" + (n == 1 ? "" : "s") +
+         " beside it by " + log_amount(others) + " (" + named + "): together more than the " + log_amount(s.free) +
          " its filesystem has free; each fits alone, not all together: once the filesystem is full, stores of every "
          "card there fail with 'No space left on device' and none evicts for it; make room, remove the images no "
          "card uses, or give the cards sizes that fit together (the size applies when an image is created)";
@@ -194,7 +186,7 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
       return Status::IoError("cannot size new card image " + path + ": " + errno_text(e));
     }
     size = create_bytes;
-    ADP_INFO("created card image %s (%.2f GiB, sparse)", path.c_str(), size / double(1ull << 30));
+    ADP_INFO("created card image %s (%s, sparse)", path.c_str(), log_amount(size).c_str());
   } else {
     size = static_cast<uint64_t>(st.st_size);
   }
@@ -277,7 +269,7 @@ void CardDevice::prefault_extents() {
   if (stop_prefault_.load(std::memory_order_relaxed)) return;
   prefault_done_.store(true, std::memory_order_release);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ADP_INFO("card %s: %.2f GiB of written extents mapped in %.2f s", path_.c_str(), mapped / double(1ull << 30), s);
+  ADP_INFO("card %s: %s of written extents mapped in %.2f s", path_.c_str(), log_amount(mapped).c_str(), s);
 }
 
 void CardDevice::stop_prefault() {

@@ -14,6 +14,7 @@
 #include "store/card_format.h"
 #include "store/card_store.h"
 #include "util/aligned_buffer.h"
+#include "util/amount.h"
 #include "util/log.h"
 #include "util/thread_name.h"
 
@@ -246,10 +247,9 @@ Status CardStore::recover(int threads) {
   malloc_trim(0);
   recovered_objects_ = index_.size();
   recovery_seconds_ = seconds_since(t0);
-  ADP_INFO("opened card %s: recovered %zu objects (%.2f of %.2f GiB used, %u regions of %.2f MiB) in %.3f s",
-           path().c_str(), index_.size(), used_bytes_ / double(1ull << 30),
-           num_regions_ * double(region_bytes_) / double(1ull << 30), num_regions_, region_bytes_ / double(1u << 20),
-           recovery_seconds_);
+  ADP_INFO("opened card %s: recovered %zu objects (%s of %s used, %u regions of %.2f MiB) in %.3f s", path().c_str(),
+           index_.size(), log_amount(used_bytes_).c_str(), log_amount(uint64_t(num_regions_) * region_bytes_).c_str(),
+           num_regions_, region_bytes_ / double(1u << 20), recovery_seconds_);
   return Status::Ok();
 }
 

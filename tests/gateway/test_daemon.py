@@ -24,13 +24,20 @@ def test_sigterm_exits_zero_and_removes_socket(gateway):
     assert "SIGTERM received" in log and "closed" in log and "gateway stopped" in log
 
 
-def test_the_open_line_gives_the_card_in_hundredths_of_a_gib(workdir):
+def test_card_lines_give_a_small_card_in_mib(workdir):
     """Audit 13: a 0.25 GiB card was logged "open (0 objects, 0.0 of 0.2 GiB used)" beside the store's own
-    "opened card ...: (0.00 of 0.25 GiB used, ...)"."""
+    "opened card ...: (0.00 of 0.25 GiB used, ...)". Audit 14 item 12: below 1 GiB those lines read "0.00 of 0.01
+    GiB"; now the created, opened and open lines give MiB there (util/amount.h, the helper the several-cards
+    WARNING already used)."""
     gw = Gateway(workdir, card_size_gb=0.25).start()
     try:
-        line = next(line for line in gw.log().splitlines() if f"gateway: card {gw.card} open (" in line)
-        assert re.search(r"open \(0 objects, 0\.00 of 0\.2[45] GiB used\); listening on unix://", line), line
+        lines = gw.log().splitlines()
+        created = next(line for line in lines if f"created card image {gw.card} (" in line)
+        assert "(256.00 MiB, sparse)" in created, created
+        opened = next(line for line in lines if f"opened card {gw.card}: recovered" in line)
+        assert re.search(r"\(0\.00 MiB of 2[45]\d\.\d\d MiB used, ", opened), opened
+        line = next(line for line in lines if f"gateway: card {gw.card} open (" in line)
+        assert re.search(r"open \(0 objects, 0\.00 MiB of 2[45]\d\.\d\d MiB used\); listening on unix://", line), line
     finally:
         assert gw.stop() == 0
 
