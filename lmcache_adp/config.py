@@ -236,6 +236,8 @@ class ConnectorConfig:
                 f"adapter_params['gateway'] = {gateway!r}: a Unix socket path is at most {MAX_SOCKET_PATH_BYTES} "
                 f"bytes, this one is {len(gateway[len('unix://') :].encode())} (start the gateway with a shorter --socket)"
             )
+        if gateway.startswith("tcp://") and (why := tcp_address_error(gateway, 1)):
+            raise ConfigError(f"adapter_params['gateway'] = {gateway!r}: {why}")
         if gateway != "embedded":
             misplaced = [k for k in _EMBEDDED_ONLY if k in params]
             if misplaced:
@@ -346,6 +348,23 @@ def read_token_file(path: str, what: str) -> str:
     if not token or len(token.encode()) > MAX_TOKEN_BYTES:
         raise ConfigError(f"{what}: token file {path!r} must hold 1 to {MAX_TOKEN_BYTES} bytes of token")
     return token
+
+
+def tcp_address_error(url: str, min_port: int) -> str | None:
+    """Why `url` is not `tcp://HOST:PORT` (a port in [min_port, 65535], nothing after it), or None if it is.
+
+    The native parser read 'tcp://h:9000/' as "port must be 0-65535" and took port 0, where a connector then
+    failed every connect (audit 15); HOST is as it parses it: up to the last ':', an IPv6 address in brackets.
+    """
+    rest = url[len("tcp://") :]
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or host == "[]":
+        return f"expected tcp://HOST:PORT, as tcp://10.0.0.5:9500 (no {'host' if colon else 'port'} given)"
+    if any(c.isspace() or c == "/" for c in rest):
+        return "expected tcp://HOST:PORT, with no '/' or space in it (no path, no trailing '/')"
+    if not (port.isascii() and port.isdigit()) or not min_port <= int(port) <= 65535:
+        return f"the port must be a number in [{min_port}, 65535], got {port!r}"
+    return None
 
 
 def _token(gateway: str, token_file: Any) -> str:

@@ -26,6 +26,7 @@ from lmcache_adp.config import (
     card_size_range,
     read_token_file,
     remove_new_image,
+    tcp_address_error,
 )
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
@@ -109,7 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--listen", default="", metavar="tcp://HOST:PORT", help="also serve TCP clients (needs --token-file)"
     )
-    p.add_argument("--token-file", help="file holding the token TCP clients must present")
+    p.add_argument("--token-file", help="file holding the token TCP clients must present (with --listen)")
     p.add_argument(
         "--io-contexts", type=int, default=4, help="card operations (loads and stores) run in parallel (default 4)"
     )
@@ -174,6 +175,16 @@ def run(args: argparse.Namespace) -> int:
     if args.listen and not args.token_file:
         log.error("--listen needs --token-file: TCP clients must present a token")
         return 2
+    # Before the card is opened (it was the native parser's "port must be 0-65535" for 'tcp://h:9500/', after it);
+    # port 0 listens on a free port, which the ready line names.
+    if args.listen and (
+        why := tcp_address_error(args.listen, 0) if args.listen.startswith("tcp://") else "expected tcp://HOST:PORT"
+    ):
+        log.error("--listen %s: %s", args.listen, why)
+        return 2
+    if args.token_file and not args.listen:
+        # It was ignored without a word: an operator who forgot --listen got a gateway no TCP client reaches.
+        log.warning("--token-file %s is ignored without --listen: this gateway serves no TCP clients", args.token_file)
     if not 1 <= args.io_contexts <= 64:
         log.error("--io-contexts must be in [1, 64], got %d", args.io_contexts)
         return 2

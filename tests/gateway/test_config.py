@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmcache_adp import ADPConnector, ConfigError, ConnectorConfig
@@ -96,10 +98,34 @@ def test_empty_token_file_refused(tmp_path):
         ConnectorConfig.from_params({"gateway": "tcp://h:1", "token_file": str(tmp_path / "empty")})
 
 
-def test_bad_tcp_endpoint_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    "gateway, why",
+    [
+        ("tcp://host:99999", r"the port must be a number in \[1, 65535\], got '99999'"),
+        # Read as "port must be 0-65535" by the native parser (audit 15): the '/' is named now.
+        ("tcp://10.0.0.5:9500/", r"expected tcp://HOST:PORT, with no '/' or space in it \(no path, no trailing '/'\)"),
+        # Port 0 was taken, and every connect then failed.
+        ("tcp://10.0.0.5:0", r"the port must be a number in \[1, 65535\], got '0'"),
+        ("tcp://10.0.0.5", r"expected tcp://HOST:PORT, as tcp://10.0.0.5:9500 \(no port given\)"),
+        ("tcp://:9500", r"expected tcp://HOST:PORT, as tcp://10.0.0.5:9500 \(no host given\)"),
+        ("tcp://[]:9500", r"expected tcp://HOST:PORT, as tcp://10.0.0.5:9500 \(no host given\)"),
+        ("tcp://h:95x0", r"the port must be a number in \[1, 65535\], got '95x0'"),
+    ],
+)
+def test_bad_tcp_endpoint_is_a_clear_error(tmp_path, gateway, why):
+    """The key is named, before the token file is read or anything is started (audit 15: a bare ValueError of the
+    native parser, and with no token_file the token was what the message named)."""
     (tmp_path / "token").write_text("t")
-    with pytest.raises(ValueError, match="port must be 0-65535"):
-        ADPConnector(gateway="tcp://host:99999", token_file=str(tmp_path / "token"))
+    with pytest.raises(ConfigError, match=rf"^adapter_params\['gateway'\] = '{re.escape(gateway)}': {why}"):
+        ADPConnector(gateway=gateway, token_file=str(tmp_path / "token"))
+    with pytest.raises(ConfigError, match=r"^adapter_params\['gateway'\]"):
+        ConnectorConfig.from_params({"gateway": gateway})
+
+
+@pytest.mark.parametrize("gateway", ["tcp://10.0.0.5:9500", "tcp://[::1]:1", "tcp://gw.example:65535"])
+def test_good_tcp_endpoints_are_taken(tmp_path, gateway):
+    (tmp_path / "token").write_text("t")
+    assert ConnectorConfig.from_params({"gateway": gateway, "token_file": str(tmp_path / "token")}).gateway == gateway
 
 
 def test_longest_socket_path_is_taken():

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from lmcache_adp import ADPConnector, CardStore
 from tests.helpers import RawConnector, eventually, payload
 from tests.support.gateway import Gateway
@@ -119,6 +121,33 @@ def test_listen_without_token_file_is_refused(workdir):
     gw = Gateway(workdir)
     r = subprocess.run(gw.args("--listen", "tcp://127.0.0.1:0"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--token-file" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "listen, why",
+    [
+        ("tcp://127.0.0.1:9500/", "expected tcp://HOST:PORT, with no '/' or space in it"),
+        ("tcp://127.0.0.1", "expected tcp://HOST:PORT, as tcp://10.0.0.5:9500 (no port given)"),
+        ("127.0.0.1:9500", "expected tcp://HOST:PORT"),
+        ("tcp://127.0.0.1:65536", "the port must be a number in [0, 65535], got '65536'"),
+    ],
+)
+def test_bad_listen_address_is_refused_before_the_card(workdir, listen, why):
+    """A trailing '/' read "port must be 0-65535", after the card had been opened (audit 15): now the flag and the
+    reason, exit 2, and no card is made."""
+    gw = Gateway(workdir)
+    r = subprocess.run(
+        gw.args("--listen", listen, "--token-file", gw.token_file), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and f"--listen {listen}: {why}" in r.stderr, r.stderr
+    assert not os.path.exists(gw.card)
+
+
+def test_token_file_without_listen_is_named(workdir):
+    """--token-file without --listen was ignored without a word (audit 15): a gateway no TCP client reaches."""
+    token = os.path.join(workdir, "token")  # the file Gateway writes
+    with Gateway(workdir, extra=("--token-file", token)) as gw:
+        assert f"WARNING: --token-file {token} is ignored without --listen" in gw.log()
 
 
 def test_missing_card_without_size_fails_clearly(workdir):
