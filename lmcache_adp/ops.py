@@ -86,7 +86,9 @@ def format_status(st: dict[str, Any]) -> str:
         ("used", f"{_size(st.get('used_bytes', 0))} ({st.get('used_bytes', 0) / cap:.1%})" if cap else "-"),
         ("objects", st.get("objects", 0)),
         ("hits / misses", f"{hits} / {misses} (hit ratio {ratio})"),
-        ("stores (failed)", f"{st.get('stores', 0)} ({st.get('store_failures', 0)})"),
+        # Two counts side by side, as hits / misses: "stores (failed) 2 (2)" read as both stores failed where two
+        # were stored and two more failed (audit 15; `stores` counts the acknowledged only, docs/stats.md).
+        ("stored / failed", f"{st.get('stores', 0)} / {st.get('store_failures', 0)} objects"),
         ("evictions", f"{st.get('evicted_objects', 0)} objects in {st.get('evicted_regions', 0)} regions"),
         ("held at 1st eviction", _first_eviction(st)),
         ("checksum failures", st.get("checksum_failures", 0)),

@@ -169,6 +169,19 @@ def test_status_of_a_client_leaves_the_card_to_its_gateway(tmp_path):
     assert card_row.endswith("lmcache-adp status --gateway tcp://127.0.0.1:1 --token-file <its token file>"), card_row
 
 
+def test_status_shows_stores_and_failures_side_by_side():
+    """`stores` counts the acknowledged stores only and `store_failures` the others: "stores (failed) 2 (2)" read as
+    two stores, both failed, where two were stored and two failed (audit 15)."""
+    from lmcache_adp.ops import format_status
+
+    rows = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in format_status({"card": "/c.img", "stores": 2, "store_failures": 2}).splitlines()
+    )
+    assert rows["stored / failed"] == "2 / 2 objects", rows
+    assert not [label for label in rows if "(failed)" in label], rows
+
+
 def test_a_reader_that_leaves_early_gets_no_traceback(filled):
     """`lmcache-adp status --card C | head -3` printed a BrokenPipeError traceback (audit 12)."""
     for args in (("status", "--card", filled), ("status", "--card", filled, "--json")):
