@@ -238,3 +238,11 @@ def test_systemd_unit():
     from lmcache_adp.cli import build_parser
 
     build_parser().parse_args(argv[1:])
+    # ProtectSystem=strict: a path made writable must exist at start, or systemd fails the unit with 226/NAMESPACE
+    # (ReadWritePaths=/var/lib/lmcache-adp on a fresh host, audit 15). What the unit writes is its own directories,
+    # which systemd makes; a ReadWritePaths entry is only taken if it may be missing ("-").
+    assert svc["ProtectSystem"] == "strict" and svc["StateDirectory"] == "lmcache-adp", dict(svc)
+    for path in svc.get("ReadWritePaths", "").split():
+        assert path.startswith("-"), f"ReadWritePaths {path} fails the start where it does not exist"
+    card = flag(argv, "--card")
+    assert card.startswith("/dev/") or Path(card).parent == Path("/var/lib") / svc["StateDirectory"], card
