@@ -131,29 +131,35 @@ Status parse_endpoint(std::string_view url, Endpoint* out) {
   return Status::Ok();
 }
 
-Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd) {
+Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd, ConnectWatch* watch) {
   sockaddr_storage sa;
   socklen_t len;
   Status s = sockaddr_of(ep, &sa, &len);
   if (!s.ok()) return s;
   int f = new_socket(sa);
   if (f < 0) return Status::IoError("socket: " + errno_text(errno));
-  ::fcntl(f, F_SETFL, ::fcntl(f, F_GETFL) | O_NONBLOCK);
-  if (::connect(f, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
-    int err = errno;
-    if (err == EINPROGRESS || err == EAGAIN) {
-      s = wait_ready(f, POLLOUT, deadline);
-      socklen_t el = sizeof err;
-      if (s.ok() && ::getsockopt(f, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) {
-        tune_tcp(f, sa);
-        *fd = f;
-        return Status::Ok();
-      }
-    }
+  const auto abandoned = [&ep] { return Status::Closed("connect to " + ep.str() + " abandoned"); };
+  if (watch && !watch->watch(f)) {
     ::close(f);
-    if (!s.ok()) return s;
-    return Status::Unavailable("cannot connect to " + ep.str() + ": " + errno_text(err));
+    return abandoned();
   }
+  const auto fail = [&](Status why) {
+    if (watch) watch->unwatch(f);
+    ::close(f);
+    return why;
+  };
+  ::fcntl(f, F_SETFL, ::fcntl(f, F_GETFL) | O_NONBLOCK);
+  int err = 0;
+  if (::connect(f, reinterpret_cast<sockaddr*>(&sa), len) != 0) err = errno;
+  if (watch && watch->cancelled()) return fail(abandoned());
+  if (err == EINPROGRESS || err == EAGAIN) {
+    s = wait_ready(f, POLLOUT, deadline);
+    socklen_t el = sizeof err;
+    if (s.ok() && ::getsockopt(f, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+    if (watch && watch->cancelled()) return fail(abandoned());
+    if (!s.ok()) return fail(s);
+  }
+  if (err != 0) return fail(Status::Unavailable("cannot connect to " + ep.str() + ": " + errno_text(err)));
   tune_tcp(f, sa);
   *fd = f;
   return Status::Ok();

@@ -37,7 +37,27 @@ struct Endpoint {
 // an ephemeral port).
 Status parse_endpoint(std::string_view url, Endpoint* out);
 
-Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd);
+// Lets another thread end a connect in progress at once (connect_endpoint and
+// whatever its caller then waits for on the socket, a handshake): it shuts the
+// socket down (shutdown(2)), which ends every wait on it (kClosed, or the
+// connect's own error). watch(fd): the socket exists, before connect(2); false
+// when the watcher gave up already (the socket is closed, kClosed). cancelled():
+// asked once connect(2) was made, so a cancel between watch() and connect(2),
+// which shutdown(2) of a socket not yet connecting may miss, still ends it.
+// unwatch(fd): before the socket is closed or handed on, so a late cancel never
+// shuts down a reused descriptor.
+class ConnectWatch {
+ public:
+  virtual ~ConnectWatch() = default;
+  virtual bool watch(int fd) = 0;
+  virtual bool cancelled() = 0;
+  virtual void unwatch(int fd) = 0;
+};
+
+// With `watch`, the socket is watched from its creation: on failure it is
+// unwatched before it is closed; on success it stays watched (the caller
+// unwatches it).
+Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd, ConnectWatch* watch = nullptr);
 // Binds and listens. Unix: a stale socket file (nobody accepting) is removed
 // first; a live one or a non-socket file at the path is an error. TCP: the
 // bound port is written back into ep->port.

@@ -25,7 +25,7 @@
 namespace adp {
 
 Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline deadline,
-                              std::unique_ptr<GatewayClient>* out) {
+                              std::unique_ptr<GatewayClient>* out, proto::ConnectWatch* watch) {
   // The ring first: the gateway's handshake clock starts at connect.
   std::unique_ptr<proto::SharedRing> ring;
   if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes) {
@@ -33,12 +33,16 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
     if (!s.ok()) return s;
   }
   int fd = -1;
-  Status s = proto::connect_endpoint(opts.endpoint, deadline, &fd);
+  Status s = proto::connect_endpoint(opts.endpoint, deadline, &fd, watch);
   if (!s.ok()) return s;
   std::unique_ptr<GatewayClient> c(new GatewayClient(fd));
   c->ring_ = std::move(ring);
   c->idle_check_ns_ = opts.idle_check.count();
   s = c->handshake(opts, deadline);
+  if (watch) {
+    watch->unwatch(fd);  // before c (a failed handshake) closes it
+    if (!s.ok() && watch->cancelled()) s = Status::Closed("connect to " + opts.endpoint.str() + " abandoned");
+  }
   if (!s.ok()) return s;
   c->handshake_id_ = c->request_id_;
   *out = std::move(c);

@@ -55,8 +55,11 @@ struct GatewayClientOptions {
 
 class GatewayClient {
  public:
-  static Status Connect(const GatewayClientOptions& opts, proto::Deadline deadline,
-                        std::unique_ptr<GatewayClient>* out);
+  // With `watch`, its socket is watched through the connect and the handshake
+  // (another thread may end both at once: proto::ConnectWatch), and unwatched
+  // before this returns.
+  static Status Connect(const GatewayClientOptions& opts, proto::Deadline deadline, std::unique_ptr<GatewayClient>* out,
+                        proto::ConnectWatch* watch = nullptr);
   ~GatewayClient();
   GatewayClient(const GatewayClient&) = delete;
   GatewayClient& operator=(const GatewayClient&) = delete;

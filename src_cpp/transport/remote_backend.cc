@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -1044,8 +1045,13 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
     if (interrupted_) return Status::Closed("connector closed");
   }
   std::unique_ptr<GatewayClient> c;
-  Status s = GatewayClient::Connect(opts_, deadline, &c);
-  if (!s.ok()) return s;
+  Status s = GatewayClient::Connect(opts_, deadline, &c, this);
+  if (!s.ok()) {
+    if (!closing()) return s;
+    const std::string why = s.code() == Status::Code::kClosed ? "" : " (" + log_safe(s.message()) + ")";
+    ADP_INFO("%s: a connect in progress was abandoned: the connector is closing%s", describe().c_str(), why.c_str());
+    return Status::Closed("connector closed");
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     if (interrupted_) return Status::Closed("connector closed");
@@ -1213,6 +1219,21 @@ void RemoteBackend::interrupt() {
   std::lock_guard<std::mutex> l(mu_);
   interrupted_ = true;
   for (const GatewayClient* c : live_) c->interrupt();
+  for (int fd : connecting_) ::shutdown(fd, SHUT_RDWR);  // unwatched before closed: still this socket
+}
+
+bool RemoteBackend::watch(int fd) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (interrupted_) return false;
+  connecting_.insert(fd);
+  return true;
+}
+
+bool RemoteBackend::cancelled() { return closing(); }
+
+void RemoteBackend::unwatch(int fd) {
+  std::lock_guard<std::mutex> l(mu_);
+  connecting_.erase(fd);
 }
 
 SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {

@@ -53,7 +53,7 @@ struct SegmentSpan {
   uint64_t offset = 0;
 };
 
-class RemoteBackend : public Backend {
+class RemoteBackend : public Backend, private proto::ConnectWatch {
  public:
   explicit RemoteBackend(GatewayClientOptions opts);
   std::unique_ptr<BackendSession> new_session() override;
@@ -68,8 +68,17 @@ class RemoteBackend : public Backend {
   friend class RemoteSession;
   RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks);
   enum class Link { kUnknown, kUp, kDown };
-  // Connects a session's client; registered so interrupt() reaches it.
+  // Connects a session's client; registered so interrupt() reaches it, and
+  // watched while it connects (connecting_), so interrupt() ends the connect
+  // and the handshake at once too: close() does not wait out a gateway that
+  // accepts but never answers, or a TCP address that drops SYNs, for
+  // kConnectTimeout (review r14 S1). A connect so abandoned is logged (INFO)
+  // and fails "connector closed".
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  // proto::ConnectWatch, under mu_: connecting_ and interrupted_.
+  bool watch(int fd) override;
+  bool cancelled() override;
+  void unwatch(int fd) override;
   void drop(std::unique_ptr<GatewayClient>* client);
   // A failed connect or a dropped connection: logs the link going down once
   // (WARNING), a refused token once until a connect succeeds (ERROR: it does
@@ -120,6 +129,7 @@ class RemoteBackend : public Backend {
   const GatewayClientOptions opts_;
   mutable std::mutex mu_;
   std::set<const GatewayClient*> live_;
+  std::set<int> connecting_;         // mu_: sockets of connects in progress (interrupt() shuts them down)
   std::atomic<int> connections_{0};  // live_.size(), read without mu_ (reply_spin's load rule)
   // reply_spin_us's load rule (util/idle_cpus.h: PiecePool::usable_cpus, or
   // ADP_TEST_CLIENT_CPUS; the load file and interval of the test hooks), and

@@ -21,6 +21,12 @@
 //      TCP, 1 ms deadlines on both, stop and restart).
 //   5. A gateway with tight limits (clients, ring memory, idle and handshake
 //      timeouts) under load, with raw TCP peers churning its handshake pool.
+//   6. Gateways that never answer (review r14 S1): a Unix socket that never
+//      accepts (connects land in its backlog, the handshake waits) and a TCP
+//      listener whose full accept queue drops SYNs (connect(2) in progress);
+//      close() races the workers' and the start-up connects (RemoteBackend's
+//      ConnectWatch against interrupt()) and returns within half of
+//      kConnectTimeout, every future completed, the threads joined.
 // Content is a function of (key, version), every write a new version, so every
 // hit is checked byte for byte; misses are allowed (eviction) but never a hit
 // of a key that is known to be gone or of a version known to be overwritten
@@ -908,6 +914,42 @@ int main(int argc, char** argv) {
     peers.join();
     gw.reset();
   }
+  // 6. Gateways that never answer: close() with connects in flight.
+  {
+    const std::string silent_path = path + ".silent.sock";
+    adp::proto::Endpoint unix_ep, tcp_ep;
+    adp::proto::parse_endpoint("unix://" + silent_path, &unix_ep);
+    adp::proto::parse_endpoint("tcp://127.0.0.1:0", &tcp_ep);
+    int unix_fd = -1, tcp_fd = -1, filler = -1;
+    adp::Status s = adp::proto::listen_endpoint(&unix_ep, 4096, &unix_fd);
+    if (s.ok()) s = adp::proto::listen_endpoint(&tcp_ep, 0, &tcp_fd);
+    // One connection fills a backlog-0 accept queue: the kernel drops the SYNs of the next ones.
+    if (s.ok()) s = adp::proto::connect_endpoint(tcp_ep, Clock::now() + std::chrono::seconds(5), &filler);
+    if (!s.ok()) fail("silent listeners: %s", s.message().c_str());
+    std::mt19937_64 rng(phase_seed);
+    for (int round = 0; s.ok() && round < 6 * scale; round++) {
+      const bool tcp = round % 2;
+      const auto remote = [&] {
+        adp::GatewayClientOptions o;
+        o.endpoint = tcp ? tcp_ep : unix_ep;
+        o.token = "stress-token";
+        o.ring_bytes = tcp ? 0 : 1 << 20;
+        return std::make_unique<adp::RemoteBackend>(o);
+      };
+      const auto close_promptly = [&](adp::Connector& c) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));  // connects under way, or just begun
+        const auto t0 = Clock::now();
+        c.close();
+        if (since(t0) > 1.0) fail("close() took %.2f s with connects to a silent gateway in flight", since(t0));
+      };
+      const std::string name = std::string(tcp ? "silent-tcp-syn-" : "silent-unix-handshake-") + std::to_string(round);
+      run_connector_phase(remote, {name.c_str(), 30000, 2, 20, 8, "closed"}, phase_seed++, via_gateway, close_promptly);
+    }
+    for (int fd : {unix_fd, tcp_fd, filler})
+      if (fd >= 0) ::close(fd);
+    ::unlink(silent_path.c_str());
+  }
+
   if (via_gateway.hits == 0) fail("no get through the gateway ever hit");
   printf("connector_stress: gateway phases: %llu futures (%llu failed, %llu hits, %llu misses)\n",
          static_cast<unsigned long long>(via_gateway.completed.load()),

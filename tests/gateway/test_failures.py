@@ -5,12 +5,13 @@ deadline, the connector reconnects by itself and acknowledged data comes back.""
 from __future__ import annotations
 
 import contextlib
+import gc
 import mmap
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -546,6 +547,97 @@ def test_connects_left_unanswered_for_two_seconds_are_an_outage(capfd):
         assert err.count("its requests fail until it is back") == 1 and " WARNING: " in err, err
         assert "did not answer in time" in err, err
         assert conn.stats()["gateway_reachable"] is False
+
+
+# kConnectTimeout (src_cpp/transport/remote_backend.cc): how long a connect and its handshake may take.
+CONNECT_TIMEOUT_S = 2.0
+
+
+def tcp_states(port: int) -> list[str]:
+    """The states (hex, /proc/net/tcp: 02 SYN_SENT) of this host's IPv4 TCP sockets connecting to 127.0.0.1:port."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return [r[3] for r in rows if r[2] == f"0100007F:{port:04X}"]
+
+
+@contextlib.contextmanager
+def never_answering(kind: str, workdir: str) -> Iterator[tuple[str, dict, Callable[[], bool], list[socket.socket]]]:
+    """A gateway address whose connects never end by themselves before kConnectTimeout. "handshake": a Unix socket
+    that accepts and reads the Hello, and never answers it. "syn": a TCP listener (backlog 0) whose accept queue
+    a first connection fills, so the kernel drops the SYNs of the next ones (connect(2) stays in progress).
+    Yields (its URL, the connector's parameters for it, whether a connect to it is under way now, the sockets it
+    holds open: the connections it accepted)."""
+    held: list[socket.socket] = []
+    if kind == "handshake":
+        path = os.path.join(workdir, "silent.sock")
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(path)
+        srv.listen(8)
+        hellos = threading.Event()
+
+        def accept() -> None:
+            while True:
+                try:
+                    s, _ = srv.accept()
+                except OSError:
+                    return
+                held.append(s)
+                if s.recv(1, socket.MSG_PEEK):
+                    hellos.set()  # the Hello came: the connector waits for its answer
+
+        threading.Thread(target=accept, daemon=True).start()
+        url, params, under_way = f"unix://{path}", {}, hellos.is_set
+    else:
+        srv = socket.create_server(("127.0.0.1", 0), backlog=0)
+        port = srv.getsockname()[1]
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=5))  # fills the accept queue
+        probe = socket.socket()
+        probe.settimeout(0.3)
+        with pytest.raises(TimeoutError):  # the double works: a connect now hangs in SYN_SENT
+            probe.connect(("127.0.0.1", port))
+        probe.close()
+        token = os.path.join(workdir, "token")
+        with open(token, "w") as f:
+            f.write("any-token")  # never sent: the connect does not get that far
+        url, params = f"tcp://127.0.0.1:{port}", {"token_file": token}
+
+        def under_way() -> bool:
+            return "02" in tcp_states(port)
+
+    try:
+        yield url, params, under_way, held
+    finally:
+        srv.close()
+        for s in held:
+            s.close()
+
+
+@pytest.mark.parametrize("kind", ["handshake", "syn"])
+def test_close_abandons_a_connect_the_gateway_never_answers(kind, workdir, capfd):
+    """Review r14 S1: close() (LMCache's shutdown) waited for an in-flight connect to a gateway that accepts and
+    never answers the handshake, or to a TCP address that drops SYNs, until its kConnectTimeout (2 s). interrupt()
+    now shuts down the socket being connected: close() returns in well under the timeout (half of it, a generous
+    bound: the fix takes milliseconds, the bug the whole timeout), the start-up thread is joined and its socket
+    closed (the process's threads and descriptors as before the connector), one INFO line says the connect was
+    abandoned, and no outage is logged."""
+    with never_answering(kind, workdir) as (url, params, under_way, held):
+        gc.collect()
+        threads, fds = len(os.listdir("/proc/self/task")), set(os.listdir("/proc/self/fd"))
+        capfd.readouterr()
+        conn = ADPConnector(gateway=url, num_workers=1, timeout_ms=5000, **params)
+        assert eventually(under_way, 5), "the start-up connect never reached the double"
+        t0 = time.monotonic()
+        conn.close()
+        took = time.monotonic() - t0
+        assert took < CONNECT_TIMEOUT_S / 2, f"close() took {took:.2f} s: it waited for the connect"
+        del conn
+        gc.collect()
+        assert len(os.listdir("/proc/self/task")) == threads
+        assert set(os.listdir("/proc/self/fd")) - fds <= {str(s.fileno()) for s in held}  # the double's own
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "abandoned" in line]
+        assert len(said) == 1 and " INFO: " in said[0] and "the connector is closing" in said[0], err
+        assert "WARNING" not in err and "until it is back" not in err, err
 
 
 class SilentFirstListener:
