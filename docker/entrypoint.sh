@@ -26,6 +26,13 @@ case $role in
   lmcache-server)
     echo lmcache-server >"$role_file"
     if [[ -n ${ADP_GATEWAY:-} ]]; then
+      # run_server_gateway.sh takes a socket path: a tcp:// value became "unix://tcp://...", refused by the
+      # plugin as an unsupported gateway with no word about ADP_GATEWAY (audit 15).
+      if [[ $ADP_GATEWAY != unix:///* ]]; then
+        echo "ADP_GATEWAY=$ADP_GATEWAY: this role takes a gateway's Unix socket, unix:///path/to/gateway.sock" \
+          "(a volume shared with the gateway's container); a tcp:// gateway is not supported here" >&2
+        exit 2
+      fi
       ADP_START_GATEWAY=0 ADP_SOCKET=${ADP_GATEWAY#unix://} exec "$scripts/run_server_gateway.sh" "$@"
     fi
     exec "$scripts/run_server_embedded.sh" "$@"

@@ -290,6 +290,21 @@ def test_entrypoint_roles(tmp_path):
     srv.close()
 
 
+@pytest.mark.parametrize("gateway", ["tcp://10.0.0.5:9500", "/run/lmcache-adp/gw.sock", "unix://gw.sock"])
+def test_entrypoint_names_a_gateway_it_cannot_take(tmp_path, gateway):
+    """ADP_GATEWAY=tcp://... became adapter_params gateway 'unix://tcp://...', which the plugin refused as
+    unsupported without naming ADP_GATEWAY (audit 15): the role now says what it takes, before anything runs."""
+    env = {**os.environ, "ADP_SCRIPTS": str(ROOT / "examples"), "ADP_ROLE_FILE": str(tmp_path / "role")}
+    r = subprocess.run(
+        ["bash", str(ROOT / "docker" / "entrypoint.sh"), "lmcache-server"],
+        env={**env, "ADP_DRY_RUN": "1", "ADP_GATEWAY": gateway},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and not r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"ADP_GATEWAY={gateway}: this role takes a gateway's Unix socket, unix:///"), r.stderr
+
+
 @pytest.mark.slow
 def test_install_steps_build_and_install_the_wheel(tmp_path, dockerfile):
     """The build stage's `pip wheel` on a context of only the COPYed files, then the
