@@ -30,12 +30,6 @@ namespace adp {
 
 namespace {
 
-std::string gib(uint64_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
-  return b;
-}
-
 // Whether the regular file `path` begins with the card's superblock magic
 // (any format version: an older card grows as well).
 bool is_card_image(const std::string& path) {
@@ -103,8 +97,8 @@ std::string card_space_warning(const std::string& path) {
   CardSpace s;
   if (!look_at_card_space(path, 0, &s, true)) return "";
   if (s.grows_by() > s.free)
-    return "card image " + path + " is " + gib(s.size) + " (sparse: " + gib(s.allocated) +
-           " written) but its filesystem has " + gib(s.free) +
+    return "card image " + path + " is " + log_amount(s.size) + " (sparse: " + log_amount(s.allocated) +
+           " written) but its filesystem has " + log_amount(s.free) +
            " free: once that is used, stores fail with 'No space left on device' and the card does not evict for it; "
            "make room, or remove the image and start with a size that fits (the size applies when an image is "
            "created)";
@@ -140,9 +134,9 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
     // (Only this image counts: the others beside it are the WARNING's, see
     // card_space_warning and docs/card_format.md.)
     if (CardSpace s; look_at_card_space(path, create_bytes, &s, false) && s.grows_by() > s.free)
-      return Status::NoSpace("cannot create card image " + path + " of " + gib(s.size) + " (" + std::to_string(s.size) +
-                             " bytes): its filesystem has " + gib(s.free) + " (" + std::to_string(s.free) +
-                             " bytes) free; give a size that fits or make room");
+      return Status::NoSpace("cannot create card image " + path + " of " + log_amount(s.size) + " (" +
+                             std::to_string(s.size) + " bytes): its filesystem has " + log_amount(s.free) + " (" +
+                             std::to_string(s.free) + " bytes) free; give a size that fits or make room");
     std::error_code ec;
     auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);

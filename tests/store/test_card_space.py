@@ -108,6 +108,36 @@ def test_a_store_on_a_full_image_filesystem_says_so():
     ), reasons
 
 
+SMALL_CHILD = r"""
+import json, sys
+from lmcache_adp import CardStore
+from lmcache_adp._native import card_space_warning
+d = sys.argv[1]
+out = {}
+try:
+    CardStore(d + "/new.img", 64 << 20)  # 4x the tmpfs: refused
+except RuntimeError as e:
+    out["refused"] = str(e)
+with open(d + "/old.img", "wb") as f:
+    f.truncate(64 << 20)  # an existing sparse image as large: warned about
+out["warning"] = card_space_warning(d + "/old.img")
+print(json.dumps(out))
+"""
+
+
+def test_space_messages_of_a_small_card_give_mib():
+    """The refusal to create an image larger than its filesystem and the WARNING about an existing one gave
+    "0.06 GiB" and "0.02 GiB" for a 64 MiB image on a 16 MiB tmpfs (review r14: the other card lines give MiB
+    below 1 GiB, util/amount.h's log_amount)."""
+    mnt, out = in_private_tmpfs(16, SMALL_CHILD)
+    refused, warning = out["refused"], out["warning"]
+    assert f"cannot create card image {mnt}/new.img of 64.00 MiB (67108864 bytes): its filesystem has " in refused
+    assert re.search(r"its filesystem has 1?\d\.\d\d MiB \(\d+ bytes\) free", refused), refused
+    assert f"card image {mnt}/old.img is 64.00 MiB (sparse: 0.00 MiB written) but its filesystem has " in warning
+    assert re.search(r"its filesystem has 1?\d\.\d\d MiB free", warning), warning
+    assert "GiB" not in refused and "GiB" not in warning, (refused, warning)
+
+
 LOG_CHILD = r"""
 import sys
 from lmcache_adp import CardStore
