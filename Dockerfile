@@ -42,6 +42,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src_cpp ./src_cpp
 COPY lmcache_adp ./lmcache_adp
+COPY scripts/object_stamps.py ./scripts/
 RUN python3 -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 # --- runtime ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
-from setuptools.errors import CompileError
+from setuptools.errors import CompileError, OptionError
 
 ROOT = Path(__file__).parent
 SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src_cpp").rglob("*.cc"))
@@ -25,7 +25,7 @@ exec((ROOT / "lmcache_adp" / "source_digest.py").read_text(), digest_ns)
 SOURCE_DIGEST, SNAPSHOT = digest_ns["source_snapshot"](ROOT)
 # Which objects are up to date (by content and command), shared with scripts/sanitize.sh.
 stamps_ns = {"__name__": "object_stamps"}
-exec((ROOT / "lmcache_adp" / "object_stamps.py").read_text(), stamps_ns)
+exec((ROOT / "scripts" / "object_stamps.py").read_text(), stamps_ns)
 
 # Warnings are always on; ADP_WERROR=1 (set by the test script and CI) makes
 # them errors, so none lands, without breaking a user's build on a newer compiler.
@@ -41,7 +41,7 @@ def _dry_run(obj) -> bool:
 
 def incremental_compile(compiler, sources, output_dir=None, macros=None, include_dirs=None, debug=False,
                         extra_preargs=None, extra_postargs=None, depends=None):  # fmt: skip
-    """CCompiler.compile that reuses an object when what built it is unchanged (lmcache_adp/object_stamps.py): the
+    """CCompiler.compile that reuses an object when what built it is unchanged (scripts/object_stamps.py): the
     same compile command (CC and CXX with their flags, defines, -Werror, include dirs; the compilers' --version)
     and the same content of its source and of every header the compiler read, by sha256, judged against the
     snapshot the build records as SOURCE_DIGEST. Objects compile in parallel (ADP_BUILD_JOBS, 0 or unset: one
@@ -88,6 +88,10 @@ class BuildExt(build_ext):
     relinks a module that records other sources than the tree's."""
 
     def build_extension(self, ext):
+        try:
+            stamps_ns["jobs"]()  # ADP_BUILD_JOBS judged before any work: a bad one is "error: ..." and exit 1
+        except ValueError as e:
+            raise OptionError(str(e)) from None
         if getattr(self, "editable_mode", False):
             # pip install -e: setuptools builds in a new temporary directory each time; the tree's build/
             # keeps the objects, as for build_ext --inplace (they are judged by content and command).

@@ -20,7 +20,7 @@
 # must support O_DIRECT; default /dev/shm (tmpfs has O_DIRECT since Linux 6.6),
 # else build/sanitize. Objects and the binary go to build/sanitize/<mode>/, and
 # a run reuses the objects there that are up to date, judged as setup.py's
-# build judges its own (lmcache_adp/object_stamps.py: the same compile command,
+# build judges its own (scripts/object_stamps.py: the same compile command,
 # the same content of the source and of every header it read): a second run
 # with nothing changed compiles nothing. One build at a time per mode (a lock,
 # build/sanitize/<mode>/build.lock, over the compile and the link); every file
@@ -69,7 +69,7 @@ start=$SECONDS
 exec 9>"$out/build.lock"
 flock 9
 # One compiler per core (ADP_BUILD_JOBS), the objects not up to date only.
-mapfile -t objs < <(ADP_BUILD_JOBS=${ADP_BUILD_JOBS:-$(nproc)} "$PYTHON" lmcache_adp/object_stamps.py \
+mapfile -t objs < <(ADP_BUILD_JOBS=${ADP_BUILD_JOBS:-$(nproc)} "$PYTHON" scripts/object_stamps.py \
   "$out" "$CXX" "${flags[@]}" -- "${sources[@]}" || echo FAILED)
 if [ "${#objs[@]}" -ne "${#sources[@]}" ]; then
   echo "sanitize.sh: the $mode build failed" >&2

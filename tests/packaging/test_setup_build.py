@@ -65,10 +65,12 @@ fi
 def tree(tmp_path):
     t = tmp_path / "tree"
     (t / "lmcache_adp").mkdir(parents=True)
+    (t / "scripts").mkdir()
     for name in (
         "setup.py",
         "README.md",
-        *(f"lmcache_adp/{m}.py" for m in ("source_digest", "object_stamps", "_version")),
+        "scripts/object_stamps.py",
+        *(f"lmcache_adp/{m}.py" for m in ("source_digest", "_version")),
     ):
         shutil.copy(ROOT / name, t / name)
     (t / "lmcache_adp" / "__init__.py").write_text("")
@@ -317,12 +319,12 @@ def test_an_edit_saved_during_the_build_is_compiled_by_the_next(tree):
 
 
 def sanitize_build(tree: Path, *flags: str) -> list[str]:
-    """lmcache_adp/object_stamps.py as scripts/sanitize.sh runs it (its own build directory, its own flags) on
+    """scripts/object_stamps.py as scripts/sanitize.sh runs it (its own build directory, its own flags) on
     a.cc and b.cc: the sources it compiled (after checking that it prints their objects)."""
     out, sources = "build/sanitize/x", ["src_cpp/util/a.cc", "src_cpp/util/b.cc"]
     env = dict(os.environ, LOG=str(tree.parent / "log"), EDIT_AFTER="", ADP_BUILD_JOBS="2")
     r = subprocess.run(
-        [sys.executable, "lmcache_adp/object_stamps.py", out, str(tree.parent / "cc"), "-Isrc_cpp", *flags,
+        [sys.executable, "scripts/object_stamps.py", out, str(tree.parent / "cc"), "-Isrc_cpp", *flags,
          "--", *sources],
         cwd=tree, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -332,7 +334,7 @@ def sanitize_build(tree: Path, *flags: str) -> list[str]:
 
 
 def test_the_sanitizer_build_reuses_its_objects_by_the_same_rules(tree):
-    """scripts/sanitize.sh's objects (lmcache_adp/object_stamps.py, which setup.py's build shares): a second
+    """scripts/sanitize.sh's objects (scripts/object_stamps.py, which setup.py's build shares): a second
     build with nothing changed compiles nothing; a header edit compiles its includer; other flags compile all."""
     assert sanitize_build(tree) == ["src_cpp/util/a.cc", "src_cpp/util/b.cc"]
     assert sanitize_build(tree) == []
@@ -340,3 +342,36 @@ def test_the_sanitizer_build_reuses_its_objects_by_the_same_rules(tree):
     assert sanitize_build(tree) == ["src_cpp/util/a.cc"]
     assert sanitize_build(tree, "-DSANITIZED") == ["src_cpp/util/a.cc", "src_cpp/util/b.cc"]
     assert sanitize_build(tree, "-DSANITIZED") == []
+
+
+BAD_JOBS = "ADP_BUILD_JOBS must be a whole number of compilers at once (0: one per core), got {!r}"
+
+
+@pytest.mark.parametrize("jobs", ["x", "-1", "2.5"])
+def test_a_bad_build_jobs_value_is_one_clear_error(tree, jobs):
+    """ADP_BUILD_JOBS=x gave a bare ValueError traceback from setup.py (review r14); now one line naming the
+    variable, before anything compiles, from setup.py's build and from sanitize.sh's (scripts/object_stamps.py)."""
+    wrapper = str(tree.parent / "cc")
+    env = dict(os.environ, CC=wrapper, CXX=wrapper, LOG=str(tree.parent / "log"), EDIT_AFTER="", ADP_BUILD_JOBS=jobs)
+    for argv, code in (
+        (["setup.py", "-q", "build_ext", "--inplace"], 1),
+        (["scripts/object_stamps.py", "build/x", wrapper, "-Isrc_cpp", "--", "src_cpp/util/a.cc"], 2),
+    ):
+        r = subprocess.run([sys.executable, *argv], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == "error: " + BAD_JOBS.format(jobs), r.stderr
+        assert not (tree.parent / "log").exists(), "it compiled"
+
+
+def test_the_runtime_package_holds_no_build_helper(tmp_path):
+    """object_stamps.py (setup.py's and sanitize.sh's object records) shipped in the lmcache_adp package, though
+    nothing imports it at run time (review r14): it lives in scripts/ now. The package's files as a wheel holds
+    them (setup.py build_py): not it."""
+    r = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    shipped = {p.name for p in (tmp_path / "lmcache_adp").glob("*.py")}
+    assert "cli.py" in shipped and "source_digest.py" in shipped, shipped  # source_digest: read by a build's checks
+    assert "object_stamps.py" not in shipped, shipped

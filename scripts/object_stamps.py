@@ -10,7 +10,7 @@ the build.
 Standard library only, no package imports: setup.py loads this file by path before the extension exists, and
 scripts/sanitize.sh runs it as a script:
 
-    python lmcache_adp/object_stamps.py OUT_DIR CXX [FLAG ...] -- SOURCE ...
+    python scripts/object_stamps.py OUT_DIR CXX [FLAG ...] -- SOURCE ...
 
 compiles each SOURCE (a path relative to the tree) into OUT_DIR/<its path, '/' as '_', .cc as .o> with
 `CXX FLAG ... -c`, those whose object is not up to date only, ADP_BUILD_JOBS at once (0 or unset: one per core);
@@ -58,7 +58,14 @@ def compiler_version(compiler: str) -> str:
 
 
 def jobs() -> int:
-    return int(os.environ.get("ADP_BUILD_JOBS", "0")) or os.cpu_count() or 1
+    """ADP_BUILD_JOBS: compilers at once (0 or unset: one per core). ValueError, naming the variable, for a value
+    that is not a whole number >= 0."""
+    value = os.environ.get("ADP_BUILD_JOBS", "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    if not value.isdigit():
+        raise ValueError(f"ADP_BUILD_JOBS must be a whole number of compilers at once (0: one per core), got {value!r}")
+    return int(value) or os.cpu_count() or 1
 
 
 class ObjectStamps:
@@ -121,10 +128,15 @@ def main(argv: list[str]) -> int:
         print(f"usage: {sys.argv[0]} OUT_DIR CXX [FLAG ...] -- SOURCE ...", file=sys.stderr)
         return 2
     out, cxx, *flags = argv[: argv.index("--")]
+    try:
+        n_jobs = jobs()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     sources = argv[argv.index("--") + 1 :]
     root = Path(__file__).resolve().parents[1]
     digests: dict = {}
-    exec((Path(__file__).with_name("source_digest.py")).read_text(), digests)
+    exec((root / "lmcache_adp" / "source_digest.py").read_text(), digests)
     digest, snapshot = digests["source_snapshot"](root)
     Path(out).mkdir(parents=True, exist_ok=True)
     stamps = ObjectStamps(root, snapshot, json.dumps([cxx, flags, compiler_version(cxx)]))
@@ -137,7 +149,7 @@ def main(argv: list[str]) -> int:
         subprocess.run([cxx, *flags, "-c", source_of[obj], "-o", tmp, "-MD", "-MF", depfile], check=True)
 
     try:
-        stamps.compile_all(todo, run, jobs())
+        stamps.compile_all(todo, run, n_jobs)
     except subprocess.CalledProcessError as e:
         print(f"compile failed: {' '.join(e.cmd)}", file=sys.stderr)
         return 1
