@@ -30,6 +30,7 @@ FEATURE_PROCESS_STORES: int
 FEATURE_STORE_LIMIT: int
 FEATURE_ALIVE: int  # r8: alive frames over TCP
 FEATURE_ERROR_CLASS: int  # r9: each I/O error's class in its reply item
+FEATURE_STATUS_QUERY: int  # r10: a status query, not a client
 PROCESS_SEGMENT: int
 MAX_SEGMENTS: int
 MAX_BATCH_KEYS: int

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Reads a running gateway's counters over its own socket: a Hello without a
-ring, then one Stats request (docs/protocol.md, "Stats"). Used by
-`lmcache-adp status --gateway unix://...|tcp://...`."""
+ring that says it is a status query (r10: the gateway logs it at DEBUG and does
+not count it among its clients), then one Stats request (docs/protocol.md,
+"Stats"). Used by `lmcache-adp status --gateway unix://...|tcp://...`."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def read_gateway_stats(url: str, token: str = "", timeout: float = 5.0) -> dict[
     sock = _connect(url, timeout)
     try:
         name, tok = b"lmcache-adp status", token.encode()
-        hello = struct.pack("<IIQHHI", 0, 0, 0, len(tok), len(name), 0) + tok + name
+        hello = struct.pack("<IIQHHI", _native.FEATURE_STATUS_QUERY, 0, 0, len(tok), len(name), 0) + tok + name
         sock.sendall(HEADER.pack(MAGIC, VERSION, HELLO, 0, len(hello), 0, 1) + hello)
         ftype, _ = _read_frame(sock)
         if ftype != HELLO_OK:

@@ -75,6 +75,19 @@ _CARD_ROWS = {
 REPORTED_BY = {stat.name: stat.reported_by for stat in STATS}
 
 
+def _clients(st: dict[str, Any]) -> str:
+    out = f"{st['clients']} ({st.get('refused_connections', 0)} refused by a limit"
+    if "status_queries" in st:  # protocol r10: a status query is not a client (an older gateway counts it)
+        out += f"; status queries not counted: {st['status_queries']} since start"
+    return out + ")"
+
+
+def _usable_cpus(st: dict[str, Any]) -> str:
+    if "usable_cpus" not in st:
+        return "- (a gateway older than the usable_cpus stat)"
+    return f"{st['usable_cpus']} (what its spin rule and piece helpers count: affinity, or a cgroup CPU quota if fewer)"
+
+
 def format_status(st: dict[str, Any]) -> str:
     hits, misses = st.get("hits", 0), st.get("misses", 0)
     ratio = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
@@ -119,7 +132,8 @@ def format_status(st: dict[str, Any]) -> str:
             rows.insert(2, ("gateway's card", f"FAILING I/O: {st.get('gateway_card_error', '')}"))
     if "clients" in st:  # a gateway (docs/stats.md: the gateway's own stats)
         rows += [
-            ("connected clients", f"{st['clients']} ({st.get('refused_connections', 0)} refused by a limit)"),
+            ("connected clients", _clients(st)),
+            ("usable CPUs", _usable_cpus(st)),
             ("batches served", st.get("batches", 0)),
             ("rings", f"{_size(st.get('ring_bytes', 0))} mapped, {_size(st.get('ring_used_bytes', 0))} in use"),
             (

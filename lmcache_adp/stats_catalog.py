@@ -316,7 +316,30 @@ CLIENT_STATS: tuple[Stat, ...] = (
 
 # The gateway's own (src_cpp/gateway/stats_json.cc).
 GATEWAY_STATS: tuple[Stat, ...] = (
-    Stat("clients", GAUGE, "connections", G, "Connections past the handshake"),
+    Stat(
+        "clients",
+        GAUGE,
+        "connections",
+        G,
+        "Connections past the handshake, status queries not counted (protocol r10: `lmcache-adp status --gateway`; "
+        "one of an older status command is counted)",
+    ),
+    Stat(
+        "status_queries",
+        COUNTER,
+        "connections",
+        G,
+        "Status queries past the handshake since start (`lmcache-adp status --gateway`, protocol r10); each logged "
+        "at DEBUG, not in clients",
+    ),
+    Stat(
+        "usable_cpus",
+        GAUGE,
+        "CPUs",
+        G,
+        "The CPUs the gateway's rules count (--request-spin-us's load rule, the piece helpers, the store pipeline): "
+        "sched_getaffinity's count, or a container's cgroup CPU quota rounded up where fewer; also in its start line",
+    ),
     Stat("batches", COUNTER, "batches", G, "Batches served since start"),
     Stat("batch_puts", COUNTER, "batches", G, "Put (store) batches answered"),
     Stat(

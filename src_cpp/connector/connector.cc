@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "util/log.h"
+#include "util/piece_pool.h"
 #include "util/test_hooks.h"
 #include "util/thread_name.h"
 
@@ -79,8 +80,9 @@ Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& o
   if (event_fd_ < 0) throw std::runtime_error("eventfd failed: " + errno_text(errno));
   for (int i = 0; i < opts_.num_workers; i++) workers_.emplace_back(&Connector::worker_loop, this, i);
   deadline_thread_ = std::thread(&Connector::deadline_loop, this);
-  ADP_INFO("ADPConnector ready: %s, %d workers, timeout %d ms", description_.c_str(), opts_.num_workers,
-           opts_.timeout_ms);
+  // The CPUs its spin rule counts (reply_spin_us; a container's quota taken), as the gateway's start line says.
+  ADP_INFO("ADPConnector ready: %s, %d workers, timeout %d ms, %s", description_.c_str(), opts_.num_workers,
+           opts_.timeout_ms, PiecePool::usable_cpus_text(hooks.cpu_max_file).c_str());
 }
 
 Connector::~Connector() {

@@ -170,6 +170,9 @@ Status ClientHandler::handshake() {
   // and gets the reply items of r8: that byte 0).
   error_classes_ = hello.features & proto::kFeatureErrorClass;
   if (error_classes_) ok.features |= proto::kFeatureErrorClass;
+  // r10: a status query (Stats requests only), on any transport.
+  status_query_ = hello.features & proto::kFeatureStatusQuery;
+  if (status_query_) ok.features |= proto::kFeatureStatusQuery;
   ok.max_object_bytes = shared_->store->max_object_bytes();
   ok.server = shared_->description;
   // The client may be gone already: its connect gave up while the gateway was not accepting (a stopped gateway
@@ -188,11 +191,13 @@ Status ClientHandler::handshake() {
                          Clock::now() + proto::kFrameTimeout);
   if (s.code() == Status::Code::kClosed) return gone_before_hello_ok();  // EPIPE, ECONNRESET
   if (!s.ok()) return s;
-  std::string line =
-      "gateway: client #" + std::to_string(id_) + " connected (" + peer_ + ", " + log_safe(hello.client_name) + ", " +
-      (ring_ ? "ring " + std::to_string(ring_->size() >> 20) + " MiB" : std::string("payload inline")) + ")";
+  const std::string how = status_query_ ? std::string("status query")
+                          : ring_       ? "ring " + std::to_string(ring_->size() >> 20) + " MiB"
+                                        : std::string("payload inline");
+  std::string line = "gateway: client #" + std::to_string(id_) + " connected (" + peer_ + ", " +
+                     log_safe(hello.client_name) + ", " + how + ")";
   if (!sending_side_ended) {
-    ADP_INFO("%s", line.c_str());
+    log_coming_and_going(line);
   } else if (hung_up(0)) {
     return gone_before_hello_ok();
   } else {
@@ -211,12 +216,22 @@ Status ClientHandler::gone_before_hello_ok() {
   return Status::Closed("the client hung up before its HelloOk");
 }
 
+void ClientHandler::log_coming_and_going(const std::string& line) const {
+  if (status_query_)
+    ADP_DEBUG("%s", line.c_str());
+  else
+    ADP_INFO("%s", line.c_str());
+}
+
 void ClientHandler::run() {
   Status s = handshake();
   if (tcp_) shared_->tcp_handshakes--;  // counted by the accept thread
   if (s.ok()) {
     handshake_done_ = true;
-    shared_->clients++;
+    if (status_query_)
+      shared_->status_queries.fetch_add(1, std::memory_order_relaxed);
+    else
+      shared_->clients++;
     proto::Frame frame;
     std::vector<uint8_t> table, payload;
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
@@ -251,10 +266,16 @@ void ClientHandler::run() {
       }
       if (!s.ok()) break;
       if (!held_connected_line_.empty()) {  // there after all: a request came
-        ADP_INFO("%s", held_connected_line_.c_str());
+        log_coming_and_going(held_connected_line_);
         held_connected_line_.clear();
       }
       const auto type = static_cast<proto::FrameType>(frame.header.type);
+      if (status_query_ && type != proto::FrameType::kStats) {  // not counted among the clients: not one either
+        proto::close_fds(&frame.fds);
+        s = Status::InvalidArgument("frame type " + std::to_string(frame.header.type) +
+                                    " on a status query's connection (Hello bit 9): it sends Stats only");
+        break;
+      }
       if (type == proto::FrameType::kRegisterSegment) {
         s = serve_register_segment(&frame);
         continue;
@@ -280,7 +301,7 @@ void ClientHandler::run() {
       if (s.code() == Status::Code::kClosed && !stopping && hung_up(wait_ms))
         gone_before_hello_ok_ = true;
       else
-        ADP_INFO("%s", held_connected_line_.c_str());
+        log_coming_and_going(held_connected_line_);
       held_connected_line_.clear();
     }
   }
@@ -310,7 +331,7 @@ void ClientHandler::run() {
   // counted in `clients` (or a process no longer in `processes`) has its segments, ring, store buffer and
   // process memory back too (e58a523, review r14a N7).
   if (had_process) shared_->processes--;
-  if (handshake_done_) shared_->clients--;
+  if (handshake_done_ && !status_query_) shared_->clients--;
   if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
              log_safe(s.message()).c_str());
@@ -324,7 +345,9 @@ void ClientHandler::run() {
     // time at the default level (audit 12). One refused or malformed keeps its level (refuse()).
     ADP_DEBUG("gateway: client #%llu (%s) closed the connection before its handshake", ull(id_), peer().c_str());
   } else if (s.code() == Status::Code::kClosed) {
-    ADP_INFO("gateway: client #%llu gone after %llu batches", ull(id_), ull(served_));
+    log_coming_and_going(
+        "gateway: client #" + std::to_string(id_) +
+        (status_query_ ? " gone (a status query)" : " gone after " + std::to_string(served_) + " batches"));
   } else {
     refuse(s);
   }

@@ -119,7 +119,8 @@ struct GatewayShared {
   // then, so a client that has the reply finds it counted): a client's time
   // per request beyond this is the round trip (sockets, wake-ups).
   std::atomic<uint64_t> batch_puts{0}, batch_put_ns{0}, batch_gets{0}, batch_get_ns{0};
-  std::atomic<uint32_t> clients{0};             // connections past the handshake
+  std::atomic<uint32_t> clients{0};             // connections past the handshake, status queries not counted
+  std::atomic<uint64_t> status_queries{0};      // status queries past the handshake (r10), since start
   std::atomic<uint64_t> ring_bytes_mapped{0};   // rings of the connected clients
   std::atomic<uint64_t> ring_bytes_in_use{0};   // payload bytes of batches in progress in those rings
   std::atomic<uint32_t> segments{0};            // client segments mapped (r3)
@@ -422,6 +423,9 @@ class ClientHandler {
   bool hung_up(int wait_ms) const;
   // The handshake's end for a client that hung up before its HelloOk reached it.
   Status gone_before_hello_ok();
+  // A connection's "connected" and "gone" lines: INFO for a client, DEBUG for a status query (r10), which an
+  // operator's `lmcache-adp status` makes each time it runs.
+  void log_coming_and_going(const std::string& line) const;
 
   const int fd_;
   const bool tcp_;
@@ -439,6 +443,7 @@ class ClientHandler {
   // the connection's thread (the only one that calls it without a ring).
   bool alive_frames_ = false;
   bool error_classes_ = false;  // r9: the client asked: each I/O error's class in its reply item
+  bool status_query_ = false;   // r10: a status query, not a client: Stats only, logged at DEBUG, not in `clients`
   uint64_t alive_request_id_ = 0;
   std::chrono::steady_clock::time_point alive_sent_at_{};
   std::unique_ptr<proto::ClientSegment> segments_[proto::kMaxSegments];  // by id - 1

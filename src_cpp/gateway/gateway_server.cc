@@ -88,10 +88,14 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
                         opts.max_store_buffer_total_bytes,
                         opts.max_request_timeout_ms};
   StoreStats st = g->store_->stats();
-  ADP_INFO("gateway: card %s open (%llu objects, %s of %s used); listening on %s%s%s", opts.card.path.c_str(),
+  // The CPUs its rules count (stats usable_cpus), so that an operator sees a container's quota taken.
+  const std::string cpus_text = g->shared_->hooks.gateway_cpus > 0
+                                    ? std::to_string(rule_cpus) + " CPUs counted (ADP_TEST_GATEWAY_CPUS)"
+                                    : PiecePool::usable_cpus_text(g->shared_->hooks.cpu_max_file);
+  ADP_INFO("gateway: card %s open (%llu objects, %s of %s used); listening on %s%s%s; %s", opts.card.path.c_str(),
            static_cast<unsigned long long>(st.objects), log_amount(st.used_bytes).c_str(),
            log_amount(st.capacity_bytes).c_str(), g->unix_ep_.str().c_str(), g->tcp_fd_ >= 0 ? " and " : "",
-           g->tcp_fd_ >= 0 ? g->tcp_ep_.str().c_str() : "");
+           g->tcp_fd_ >= 0 ? g->tcp_ep_.str().c_str() : "", cpus_text.c_str());
   g->accept_thread_ = std::thread(&GatewayServer::accept_loop, g.get());
   *out = std::move(g);
   return Status::Ok();

@@ -25,6 +25,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   with.process_stores = shared.process_stores.load();
   for_each_stat(with, field);
   field("clients", shared.clients.load());
+  field("status_queries", shared.status_queries.load());
+  field("usable_cpus", shared.spin_load.cpus);  // what its CPU rules count (spin, piece helpers, store pipeline)
   field("batches", shared.batches.load());
   field("batch_puts", shared.batch_puts.load());
   field("batch_put_ns", shared.batch_put_ns.load());

@@ -69,6 +69,11 @@ constexpr std::chrono::milliseconds kAliveFrameEvery{100};
 // (transport/card_io_error.h).
 constexpr uint32_t kFeatureErrorClass = 256;
 constexpr uint8_t kMaxIoClass = 3;
+// r10: the connection is a status query (`lmcache-adp status --gateway`), not
+// a client: granted by a gateway that knows it (on any transport), which then
+// answers its Stats requests only, logs it at DEBUG and counts it in
+// `status_queries`, not in `clients`. Without it a query is a client, as in r9.
+constexpr uint32_t kFeatureStatusQuery = 512;
 
 // Bounds (docs/protocol.md, "Bounds").
 constexpr uint32_t kMaxBatchKeys = 4096;

@@ -552,6 +552,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("FEATURE_STORE_LIMIT") = proto::kFeatureStoreLimit;
   m.attr("FEATURE_ALIVE") = proto::kFeatureAlive;
   m.attr("FEATURE_ERROR_CLASS") = proto::kFeatureErrorClass;
+  m.attr("FEATURE_STATUS_QUERY") = proto::kFeatureStatusQuery;
   m.attr("PROCESS_SEGMENT") = proto::kProcessSegment;
   m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;

@@ -12,17 +12,32 @@ namespace adp {
 
 namespace {
 thread_local bool t_helper = false;
-}  // namespace
 
-bool PiecePool::on_helper_thread() { return t_helper; }
+struct CpuCounts {
+  int affinity;  // sched_getaffinity's, at least 1
+  int quota;     // the cgroup's CPU quota, 0: none
+  int usable() const { return quota > 0 ? std::min(affinity, quota) : affinity; }
+};
 
-int PiecePool::usable_cpus(const std::string& cpu_max_file) {
+CpuCounts count_cpus(const std::string& cpu_max_file) {
   cpu_set_t set;
   CPU_ZERO(&set);
   const int affinity = ::sched_getaffinity(0, sizeof set, &set) != 0 ? 1 : std::max(1, CPU_COUNT(&set));
   static const int kQuota = cgroup_quota_cpus();  // read once per process
-  const int quota = cpu_max_file.empty() ? kQuota : cpu_max_cpus(cpu_max_file);
-  return quota > 0 ? std::min(affinity, quota) : affinity;
+  return {affinity, cpu_max_file.empty() ? kQuota : cpu_max_cpus(cpu_max_file)};
+}
+}  // namespace
+
+bool PiecePool::on_helper_thread() { return t_helper; }
+
+int PiecePool::usable_cpus(const std::string& cpu_max_file) { return count_cpus(cpu_max_file).usable(); }
+
+std::string PiecePool::usable_cpus_text(const std::string& cpu_max_file) {
+  const CpuCounts c = count_cpus(cpu_max_file);
+  const int n = c.usable();
+  std::string text = std::to_string(n) + (n == 1 ? " usable CPU" : " usable CPUs");
+  if (n < c.affinity) text += " (the cgroup's CPU quota; " + std::to_string(c.affinity) + " by affinity)";
+  return text;
 }
 
 PiecePool::PiecePool(int threads, int max_helpers, int cpus)

@@ -99,6 +99,9 @@ class PiecePool {
   // gateway's piece helpers (their count by default and PiecePool's CPU rule)
   // and the spin load rule of both sides (util/idle_cpus.h).
   static int usable_cpus(const std::string& cpu_max_file = {});
+  // usable_cpus() as the start lines give it: "4 usable CPUs", or "2 usable
+  // CPUs (the cgroup's CPU quota; 16 by affinity)" where the quota is fewer.
+  static std::string usable_cpus_text(const std::string& cpu_max_file = {});
   // True on a helper thread of any pool (tests pick which thread stalls).
   static bool on_helper_thread();
 

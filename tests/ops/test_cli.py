@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 
 import pytest
 
-from lmcache_adp import ADPConnector, CardStore
+from lmcache_adp import ADPConnector, CardStore, _native
 from lmcache_adp.ops import percentile_us
 from tests.gateway.conftest import workdir  # noqa: F401 (fixture)
 from tests.helpers import payload
@@ -214,11 +215,13 @@ def test_status_through_the_gateway_socket(workdir):
         r = run("status", "--gateway", gw.unix_url, "--json")
         assert r.returncode == 0, r.stderr
         st = json.loads(r.stdout)
-        assert st["objects"] == 3 and st["stores"] == 3 and st["clients"] >= 2 and st["healthy"] is True
+        assert st["objects"] == 3 and st["stores"] == 3 and st["clients"] >= 1 and st["healthy"] is True
         r = run("status", "--gateway", gw.tcp_url, "--token-file", gw.token_file)
         assert r.returncode == 0, r.stderr
         rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in r.stdout.splitlines())
-        assert rows["connected clients"].endswith("(0 refused by a limit)"), rows
+        assert re.fullmatch(r"\d \(0 refused by a limit; status queries not counted: 2 since start\)",
+                            rows["connected clients"]), rows  # fmt: skip
+        assert rows["usable CPUs"].startswith(f"{st['usable_cpus']} (what its spin rule"), rows
         loads, stores = st["process_loads"], st["process_stores"]  # 0 and 3 where the gateway may ptrace us
         assert rows["process memory"].endswith(f"{loads} loads, {stores} stores"), rows
         assert rows["store buffers"].endswith("0 connections waiting, 0 chunks failed Busy"), rows
@@ -237,5 +240,111 @@ def test_status_through_the_gateway_socket(workdir):
         assert gw.stop() == 0
     r = run("status", "--gateway", gw.unix_url)
     assert r.returncode == 3 and "cannot reach the gateway" in r.stderr
+
+
+def raw_status_query(
+    url: str, features: int, then: bytes = b"", name: bytes = b"lmcache-adp status"
+) -> tuple[int | None, bytes]:
+    """A Hello with `features` (no ring) on the gateway's socket, then a Stats request, or the frame `then`:
+    the reply's (type, body), (None, b"") where the gateway closed the connection instead."""
+    import socket
+
+    from tests.gateway import wire
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(url.removeprefix("unix://"))
+        s.sendall(wire.frame(wire.HELLO, 1, wire.hello(name=name, features=features)))
+        ftype, _, body = wire.recv_frame(s)
+        assert ftype == wire.HELLO_OK, body
+        assert (
+            struct.unpack_from("<I", body)[0] & _native.FEATURE_STATUS_QUERY == features & _native.FEATURE_STATUS_QUERY
+        )
+        s.sendall(then or wire.frame(_native.FRAME_TYPES["STATS"], 2, b""))
+        try:
+            ftype, _, body = wire.recv_frame(s)
+        except ConnectionError:
+            return None, b""
+        return ftype, body
+
+
+def test_a_status_query_is_not_a_client(workdir):
+    """ops item 1: each `lmcache-adp status --gateway` was logged at INFO as a client connecting and leaving, and
+    counted in `clients` (its own reply said 1 with no client there). Its Hello now says it is a status query
+    (protocol r10, bit 9): DEBUG lines, counted in `status_queries`, not in `clients`; Stats only. A Hello
+    without the bit (an r9 status command) is still a client."""
+    from tests.gateway import wire
+    from tests.helpers import RawConnector
+    from tests.support.gateway import Gateway
+
+    gw = Gateway(workdir, tcp=True).start()
+    try:
+        for args in (("--gateway", gw.unix_url), ("--gateway", gw.tcp_url, "--token-file", gw.token_file)):
+            r = run("status", *args, "--json")
+            assert r.returncode == 0, r.stderr
+        st = json.loads(r.stdout)
+        assert (st["clients"], st["status_queries"]) == (0, 2), st
+        conn = ADPConnector(gateway=gw.unix_url, num_workers=1)
+        try:
+            assert RawConnector(conn).set(["q"], [memoryview(payload("q", 1000))])[0]
+            st = json.loads(run("status", "--gateway", gw.unix_url, "--json").stdout)
+            assert (st["clients"], st["status_queries"]) == (1, 3), st  # the connector's connection only
+        finally:
+            conn.close()
+        # An r9 status command's Hello (no bit): a client, as before.
+        ftype, body = raw_status_query(gw.unix_url, 0, name=b"an r9 status command")
+        assert ftype == _native.FRAME_TYPES["STATS_REPLY"] and json.loads(body)["status_queries"] == 3, body
+        # A batch on a status query's connection: refused, the connection closed.
+        ftype, body = raw_status_query(gw.unix_url, _native.FEATURE_STATUS_QUERY, wire.frame(
+            wire.BATCH, 2, wire.batch(wire.EXISTS, [b"q"])))  # fmt: skip
+        assert ftype == wire.ERROR and b"on a status query's connection (Hello bit 9): it sends Stats only" in body
+    finally:
+        assert gw.stop() == 0
+    log = gw.logs[-1]
+    # The connector's lines are INFO (the level these lines are checked at), the status queries' none.
+    said = [line for line in log.splitlines() if re.search(r"gateway: client #\d+ (connected|gone)", line)]
+    assert not [line for line in said if "lmcache-adp status" in line or "status query" in line], said
+    # The connector's connection and the r9-style query: each a client, its two lines at INFO.
+    connected = [line for line in said if " connected (" in line]
+    assert len(connected) == 2 and all("INFO" in line for line in said), said
+    assert any("ring" in line for line in connected) and any("an r9 status command" in line for line in connected)
+    assert len([line for line in said if " gone after " in line]) == 2, said
     r = run("status", "--gateway", "http://nope")
     assert r.returncode == 3 and "expected unix:///path or tcp://HOST:PORT" in r.stderr
+
+
+@pytest.mark.parametrize("cpu_max", ["100000 100000", "max 100000"])
+def test_the_usable_cpus_are_shown(workdir, monkeypatch, capfd, cpu_max):
+    """ops item 2: the CPUs the spin rule and the piece helpers count (sched_getaffinity's, or a cgroup CPU quota
+    where fewer: util/cpu_quota.h) were shown nowhere. Now in the gateway's start line, its stats (usable_cpus)
+    and `status`, and the connector's start line. A quota of 1 CPU (ADP_TEST_CPU_MAX_FILE, in place of the
+    cgroup's cpu.max), and none ("max")."""
+    from tests.support.gateway import Gateway
+
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max_file = os.path.join(workdir, "cpu.max")
+    with open(cpu_max_file, "w") as f:
+        f.write(cpu_max + "\n")
+    quota = cpu_max.startswith("100000")
+    usable = 1 if quota else affinity
+    text = f"{usable} usable CPU{'s' if usable > 1 else ''}"
+    if usable < affinity:
+        text += f" (the cgroup's CPU quota; {affinity} by affinity)"
+    gw = Gateway(workdir).start(env={"ADP_TEST_CPU_MAX_FILE": cpu_max_file})
+    try:
+        opened = [line for line in gw.log().splitlines() if "gateway: card " in line and " open (" in line]
+        assert len(opened) == 1 and opened[0].endswith(f"; {text}"), gw.log()
+        r = run("status", "--gateway", gw.unix_url, "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["usable_cpus"] == usable, r.stdout + r.stderr
+        rows = dict(
+            re.split(r"\s{2,}", line.strip(), maxsplit=1)
+            for line in run("status", "--gateway", gw.unix_url).stdout.splitlines()
+        )
+        assert rows["usable CPUs"].startswith(f"{usable} (what its spin rule and piece helpers count"), rows
+        monkeypatch.setenv("ADP_TEST_CPU_MAX_FILE", cpu_max_file)  # read at the connector's start
+        capfd.readouterr()
+        ADPConnector(gateway=gw.unix_url, num_workers=1).close()
+        ready = [line for line in capfd.readouterr().err.splitlines() if "ADPConnector ready: " in line]
+        assert len(ready) == 1 and ready[0].endswith(f", 1 workers, timeout 10000 ms, {text}"), ready
+    finally:
+        assert gw.stop() == 0
