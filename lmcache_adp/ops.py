@@ -98,7 +98,9 @@ def format_status(st: dict[str, Any]) -> str:
         ("capacity", _size(cap)),
         ("used", f"{_size(st.get('used_bytes', 0))} ({st.get('used_bytes', 0) / cap:.1%})" if cap else "-"),
         ("objects", st.get("objects", 0)),
-        ("hits / misses", f"{hits} / {misses} (hit ratio {ratio})"),
+        # Of loads: LMCache loads only the keys its lookup found on the card, so an evicted key is never a miss
+        # and this read 100% while prompts were lost to eviction (audit 15; docs/stats.md, misses).
+        ("hits / misses", f"{hits} / {misses} (load hit ratio {ratio}; evicted keys are not loaded, not misses)"),
         # Two counts side by side, as hits / misses: "stores (failed) 2 (2)" read as both stores failed where two
         # were stored and two more failed (audit 15; `stores` counts the acknowledged only, docs/stats.md).
         ("stored / failed", f"{st.get('stores', 0)} / {st.get('store_failures', 0)} objects"),

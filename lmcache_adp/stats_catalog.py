@@ -136,7 +136,9 @@ CARD_LIST: tuple[Stat, ...] = (
         COUNTER,
         "objects",
         _OPS,
-        "Loads not served: the key is not on the card, the object failed its checks, or the load failed",
+        "Loads not served: the key is not on the card, the object failed its checks, or the load failed. LMCache "
+        "loads only the keys its lookup (exists) found on the card, so a key the card evicted is not counted: "
+        "hits / (hits + misses) is that of loads, near 1 however much the card evicts (audit 15)",
     ),
     Stat("stores", COUNTER, "objects", _OPS, "Objects stored (acknowledged)"),
     Stat(
@@ -741,8 +743,9 @@ def render_markdown() -> str:
         "requests fail by their deadlines | `lmcache_adp_gateway_stalled == 1` |",
         "| a gateway's card failing, as its connectors see it | `lmcache_adp_gateway_card_healthy == 0` |",
         "| a connector's gateway flapping | `increase(lmcache_adp_gateway_reconnects_total[1h]) > 3` |",
-        "| hit ratio | `rate(lmcache_adp_hits_total[5m]) / (rate(lmcache_adp_hits_total[5m]) + "
-        "rate(lmcache_adp_misses_total[5m]))` |",
+        "| loads served of those tried (not prompts found: an evicted key is never loaded, so never a miss; "
+        "the card's fit shows in eviction churn below) | `rate(lmcache_adp_hits_total[5m]) / "
+        "(rate(lmcache_adp_hits_total[5m]) + rate(lmcache_adp_misses_total[5m]))` |",
         "| damaged objects dropped | `increase(lmcache_adp_checksum_failures_total[1h]) > 0` |",
         "| card fill | `lmcache_adp_used_bytes / lmcache_adp_capacity_bytes` |",
         "| eviction churn (objects/s) | `rate(lmcache_adp_evicted_objects_total[5m])` |",

@@ -180,6 +180,8 @@ def test_status_shows_stores_and_failures_side_by_side():
         for line in format_status({"card": "/c.img", "stores": 2, "store_failures": 2}).splitlines()
     )
     assert rows["stored / failed"] == "2 / 2 objects", rows
+    # An evicted key is never loaded, so never a miss: the ratio says it is of loads (audit 15).
+    assert rows["hits / misses"] == "0 / 0 (load hit ratio -; evicted keys are not loaded, not misses)", rows
     assert not [label for label in rows if "(failed)" in label], rows
 
 
