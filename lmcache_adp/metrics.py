@@ -116,7 +116,13 @@ def health(st: dict[str, Any]) -> dict[str, Any]:
                 "token; fix it and restart this process (loads miss and stores are dropped until then)"
             )
         elif not doc["gateway_reachable"]:
-            reasons.append(f"{gateway} unreachable: loads miss and stores are dropped until it is back")
+            # Not only "down": a running gateway that refuses this connector (a ring_mb above its --max-ring-mb, too
+            # many clients) read the same, and an operator who found it running had nowhere to look (audit 15).
+            reasons.append(
+                f"{gateway} unreachable: not answering, or refusing this connector (the connector's WARNING in this "
+                "server's log gives the reason, such as a ring_mb above the gateway's --max-ring-mb); loads miss and "
+                "stores are dropped until a connect succeeds"
+            )
         doc["gateway_stalled"] = bool(st.get("gateway_stalled", False))
         if doc["gateway_stalled"]:
             reasons.append(

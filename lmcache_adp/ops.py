@@ -122,7 +122,12 @@ def format_status(st: dict[str, Any]) -> str:
         # A TCP gateway takes its token: the status command reads it only from --token-file (review r12 N2).
         token = " --token-file <its token file>" if card.startswith("tcp://") else ""
         rows[0] = ("card", f"the gateway's at {card}: lmcache-adp status --gateway {card}{token}")
-        reach = "yes" if st["gateway_reachable"] else "NO (loads miss, stores are dropped; /health answers 503)"
+        reach = (
+            "yes"
+            if st["gateway_reachable"]
+            else "NO (loads miss, stores are dropped; /health answers 503): not answering, or refusing this "
+            "connector (its WARNING in the server's log says which)"
+        )
         if st.get("gateway_token_refused"):
             reach = "NO: the gateway refused this connector's token (fix token_file, restart; /health answers 503)"
         rows.insert(1, ("gateway reachable", f"{reach}; {st.get('gateway_reconnects', 0)} reconnects"))

@@ -978,6 +978,27 @@ def test_health_says_unreachable_before_the_first_batch(workdir, capfd):
         conn.close()
 
 
+def test_a_gateway_that_refuses_the_connector_is_not_read_as_down(workdir, capfd):
+    """A running gateway refusing the connector's ring (ring_mb above its --max-ring-mb) read on /health as
+    "unreachable: ... until it is back" (audit 15): the operator found the gateway up and had no reason. The reason
+    now says it may be a refusal and where it is given; the WARNING names the limit."""
+    port = free_port()
+    with Gateway(workdir) as gw:
+        capfd.readouterr()
+        conn = ADPConnector(gateway=gw.url, ring_mb=2048, num_workers=1, timeout_ms=2000, metrics_port=port)
+        try:
+            doc = wait_health(port, 503, within=BEFORE_TRAFFIC_S)
+            (reason,) = [r for r in doc["reasons"] if gw.unix_url in r]
+            assert "refusing this connector" in reason and "WARNING" in reason and "--max-ring-mb" in reason, doc
+            assert "until it is back" not in reason, doc
+            said = [line for line in capfd.readouterr().err.splitlines() if " WARNING: " in line and gw.url in line]
+            assert said and "a ring of 2048 MiB is larger than this gateway allows" in said[0], said
+            assert "--max-ring-mb" in said[0], said
+            assert "refusing this connector (its WARNING" in format_status(conn.stats())  # `status --url`
+        finally:
+            conn.close()
+
+
 def test_the_start_does_not_wait_on_the_gateway(workdir):
     """Audit 13 item 6's connect at start runs on a thread of its own: the connector's constructor does not wait on
     the gateway. (The test above said so with `time.monotonic() - t0 < 1`, which could not fail: a missing socket
