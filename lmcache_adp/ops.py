@@ -175,6 +175,12 @@ def _open_card(path: str) -> CardStore:
         msg = str(e)
         if "already open" in msg:
             msg += "; ask the process that holds it (lmcache-adp status --url/--gateway)"
+        elif "Read-only file system" in msg:
+            # A disk remounted read-only after errors is when verify is wanted; it ended at the errno (audit 15).
+            msg += (
+                "; status and verify open a card read-write: copy the image to a writable filesystem "
+                "(cp --sparse=always; a block device: dd it to a file) and run them on the copy"
+            )
         raise SystemExit(_fail(msg, EXIT_ERROR)) from None
     except ValueError as e:
         raise SystemExit(_fail(str(e), EXIT_BAD_CARD)) from None

@@ -185,6 +185,30 @@ def test_status_shows_stores_and_failures_side_by_side():
     assert not [label for label in rows if "(failed)" in label], rows
 
 
+def test_a_card_on_a_read_only_filesystem_is_named_so_with_what_to_do(tmp_path, filled):
+    """A card on a filesystem remounted read-only (as the kernel does after errors): status and verify ended at
+    "cannot open card X: Read-only file system" (audit 15); they now say how to inspect it. Needs mount (root)."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        card = mnt / "card.img"
+        subprocess.run(["cp", "--sparse=always", filled, str(card)], check=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        for cmd in (("status", "--card", str(card)), ("verify", "--card", str(card))):
+            r = run(*cmd)
+            assert r.returncode != 0 and f"cannot open card {card}: Read-only file system" in r.stderr, r.stderr
+            assert "copy the image to a writable filesystem (cp --sparse=always" in r.stderr, r.stderr
+        # The copy the message asks for is read whole.
+        copy = tmp_path / "copy.img"
+        subprocess.run(["cp", "--sparse=always", str(card), str(copy)], check=True)
+        r = run("verify", "--card", str(copy))
+        assert r.returncode == 0 and "12 objects" in r.stdout, r.stdout + r.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
 def test_a_reader_that_leaves_early_gets_no_traceback(filled):
     """`lmcache-adp status --card C | head -3` printed a BrokenPipeError traceback (audit 12)."""
     for args in (("status", "--card", filled), ("status", "--card", filled, "--json")):
