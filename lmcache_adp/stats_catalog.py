@@ -259,7 +259,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "a connect is made as the connector starts, in the background, on a thread of its own); "
         "0 from a failed connect or a dropped connection until the next connect succeeds (not from that start-up "
         "connect's failure once a batch's own connect succeeded after it began): loads miss and stores "
-        "are dropped meanwhile (/health answers 503 at 0)",
+        "are dropped meanwhile (/health answers 503 at 0). With no traffic the connector reconnects in the "
+        "background meanwhile (every 2 s at the longest), so it turns 1 within 2 s of the gateway's return "
+        "without a batch",
     ),
     Stat(
         "gateway_token_refused",
@@ -269,7 +271,8 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "1 while the gateway's answer to the connector's last connect was a refused token (TCP: "
         "adapter_params token_file does not hold the token of the gateway's --token-file), until a connect "
         "succeeds; gateway_reachable is 0 meanwhile. It does not heal by itself: fix token_file and restart the "
-        "process. Logged once at ERROR; a request tries again at most every 2 s (/health answers 503 at 1, saying so)",
+        "process. Logged once at ERROR; the connector tries again at most every 2 s, in the background while "
+        "idle (/health answers 503 at 1, saying so)",
     ),
     Stat(
         "gateway_reconnects",
@@ -277,7 +280,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "connections",
         C,
         "Connections to its gateway the connector's workers made again after losing theirs (a gateway restart "
-        "costs one per worker that had a connection; each connects again at its next batch)",
+        "costs one per worker that had a connection; each connects again at its next batch, the first one "
+        "taking the connection the background reconnect made while the connector was idle, if any: counted "
+        "once, when a worker takes it)",
     ),
     Stat(
         "gateway_stalled",

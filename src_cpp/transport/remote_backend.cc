@@ -369,7 +369,8 @@ class RemoteSession : public BackendSession {
   Status start_status_;                          // start_mu_: its outcome
   std::unique_ptr<GatewayClient> start_client_;  // start_mu_: its connection, not taken yet
   Clock::time_point retry_at_{};
-  Clock::duration unanswered_{};  // the time waited by the connects in a row cut short by their batches' deadlines
+  uint64_t backoff_connects_ = 0;  // the backend's connects() when the back-off began: one made since ends it
+  Clock::duration unanswered_{};   // the time waited by the connects in a row cut short by their batches' deadlines
   milliseconds backoff_{0};
   Status last_error_;
   std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
@@ -471,6 +472,7 @@ Status RemoteSession::back_off(const Status& why, Clock::time_point failed) {
   // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
   backoff_ = RemoteBackend::token_refusal(why) ? kMaxBackoff : std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
   retry_at_ = failed + backoff_;
+  backoff_connects_ = backend_->connects();
   last_error_ = Status::Unavailable(backend_->describe() + " unavailable: " + why.message());
   return last_error_;
 }
@@ -487,7 +489,9 @@ Status RemoteSession::connected(Deadline deadline) {
   if (client_) return Status::Ok();
   auto now = Clock::now();
   if (now >= deadline) return Status::TimedOut("deadline passed before the gateway was reached");
-  if (now < retry_at_) return last_error_;
+  // A connection made since the back-off began (the background reconnect's, or another session's) says the gateway
+  // is back: this batch connects at once (it takes the background one), not failing in front of a reachable link.
+  if (now < retry_at_ && backend_->connects() == backoff_connects_) return last_error_;
   own_connect_ = start_pending_.load(std::memory_order_relaxed);
   Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
   // The connector closing cut it short (a connect at start, BackendSession::prepare, or a batch's racing close):
@@ -1039,7 +1043,40 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }
 
+RemoteBackend::~RemoteBackend() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    interrupted_ = true;
+  }
+  reconnect_cv_.notify_all();
+  if (reconnect_thread_.joinable()) reconnect_thread_.join();
+  drop(&spare_);
+}
+
 Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out) {
+  std::unique_ptr<GatewayClient> spare;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (interrupted_) return Status::Closed("connector closed");
+    spare = std::move(spare_);
+  }
+  if (spare && !spare->closed_while_idle()) {
+    ADP_DEBUG("%s: a session takes the connection the background reconnect made", describe().c_str());
+    *out = std::move(spare);
+    return Status::Ok();
+  }
+  if (spare) {  // the gateway closed it meanwhile (gone again, or its idle timeout): this session connects anew
+    ADP_DEBUG("%s: the background reconnect's connection was closed by the gateway meanwhile", describe().c_str());
+    drop(&spare);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    session_try_ns_ = steady_ns();
+  }
+  return connect_new(deadline, out);
+}
+
+Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (interrupted_) return Status::Closed("connector closed");
@@ -1180,14 +1217,84 @@ void RemoteBackend::note_down(const Status& why) {
     ADP_ERROR(
         "%s: the gateway refused this connector's token (%s): adapter_params['token_file'] does not hold the "
         "token of the gateway's --token-file. That does not heal by itself: put the gateway's token in "
-        "token_file and restart this process. Until then every request fails (a request tries again at most every %lld "
-        "ms; an idle connector does not)",
+        "token_file and restart this process. Until then every request fails (the connector tries again at most "
+        "every %lld ms, in the background while idle)",
         describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
   if (link_.exchange(Link::kDown) != Link::kDown && !refused)
     ADP_WARN(
         "%s: %s; its requests fail until it is back (its next requests reconnect, with back-off; an idle connector "
-        "does not try)",
-        describe().c_str(), log_safe(why.message()).c_str());
+        "retries in the background, every %lld ms at the longest)",
+        describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
+  start_reconnect();
+}
+
+void RemoteBackend::start_reconnect() {
+  std::call_once(reconnect_once_, [this] {
+    try {
+      reconnect_thread_ = std::thread(&RemoteBackend::reconnect_loop, this);
+    } catch (const std::system_error& e) {  // no thread: the next batch reconnects, as before
+      ADP_WARN("%s: no background reconnect (%s): an idle connector stays unreachable until its next batch",
+               describe().c_str(), e.what());
+    }
+  });
+  reconnect_cv_.notify_all();
+}
+
+void RemoteBackend::reconnect_loop() {
+  set_thread_name("adp-reconnect");
+  const auto ns = [](milliseconds d) { return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(); };
+  milliseconds backoff{0};  // 0: no outage seen by this loop yet
+  int64_t try_at = 0;
+  std::unique_lock<std::mutex> l(mu_);
+  while (!interrupted_) {
+    if (link_.load() == Link::kDown && spare_) {
+      // Down again before a session took it: made before this outage, it proves nothing now (and, kept, it would
+      // hold this loop off while the connector stays unreachable).
+      std::unique_ptr<GatewayClient> old = std::move(spare_);
+      l.unlock();
+      drop(&old);
+      l.lock();
+      continue;
+    }
+    if (link_.load() != Link::kDown) {
+      // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
+      // missed between this look and the wait (link_ is set without mu_).
+      backoff = milliseconds{0};
+      reconnect_cv_.wait_for(l, kMaxBackoff);
+      continue;
+    }
+    if (backoff.count() == 0) {
+      backoff = token_refused_.load() ? kMaxBackoff : kFirstBackoff;
+      try_at = steady_ns() + ns(backoff);
+    }
+    // A session that began a connect of its own within the back-off has traffic: it reconnects by itself.
+    try_at = std::max(try_at, session_try_ns_ + ns(backoff));
+    if (const int64_t now = steady_ns(); now < try_at) {
+      reconnect_cv_.wait_for(l, std::chrono::nanoseconds(try_at - now));
+      continue;
+    }
+    const uint64_t before = connects_;
+    l.unlock();
+    std::unique_ptr<GatewayClient> c;
+    const Status s = connect_new(Clock::now() + kConnectTimeout, &c);
+    if (!s.ok() && !closing()) {
+      note_down(s);  // the link is down already: logs only a token refused anew (its ERROR, once)
+      ADP_DEBUG("%s: the background reconnect failed (%s)", describe().c_str(), log_safe(s.message()).c_str());
+    }
+    l.lock();
+    if (s.ok() && connects_ == before + 1 && !interrupted_) {
+      spare_ = std::move(c);  // the link is up (connect_new logged "connected")
+    } else if (c) {
+      // A session's own connect succeeded while this one was made: one connection each is enough.
+      l.unlock();
+      drop(&c);
+      l.lock();
+    }
+    if (!s.ok()) {
+      backoff = token_refusal(s) ? kMaxBackoff : std::clamp(backoff * 2, kFirstBackoff, kMaxBackoff);
+      try_at = steady_ns() + ns(backoff);
+    }
+  }
 }
 
 void RemoteBackend::note_start_failure(const Status& why, uint64_t connects_before) {
@@ -1220,6 +1327,7 @@ void RemoteBackend::interrupt() {
   interrupted_ = true;
   for (const GatewayClient* c : live_) c->interrupt();
   for (int fd : connecting_) ::shutdown(fd, SHUT_RDWR);  // unwatched before closed: still this socket
+  reconnect_cv_.notify_all();
 }
 
 bool RemoteBackend::watch(int fd) {

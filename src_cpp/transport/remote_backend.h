@@ -14,11 +14,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "connector/backend.h"
@@ -56,6 +58,7 @@ struct SegmentSpan {
 class RemoteBackend : public Backend, private proto::ConnectWatch {
  public:
   explicit RemoteBackend(GatewayClientOptions opts);
+  ~RemoteBackend() override;  // ends and joins the reconnect thread
   std::unique_ptr<BackendSession> new_session() override;
   std::string describe() const override { return "gateway " + opts_.endpoint.str(); }
   StoreStats stats() const override;
@@ -75,6 +78,24 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // kConnectTimeout (review r14 S1). A connect so abandoned is logged (INFO)
   // and fails "connector closed".
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  // A new connection (connect() without the spare), watched.
+  Status connect_new(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  // The background reconnect (review r14 S2: an idle connector stayed
+  // unreachable, /health 503, until LMCache's next batch, so a readiness probe
+  // on /health waited for traffic that waited for it). Started at the first
+  // outage (note_down), on a thread of its own ("adp-reconnect"), ended by
+  // interrupt(). While the link is down with no spare connection, it connects
+  // once per back-off (kFirstBackoff doubling to kMaxBackoff; a refused token:
+  // kMaxBackoff each time), and only while no session has tried a connect of
+  // its own within that back-off (the sessions of a connector with traffic
+  // reconnect by themselves: it does not race them). Its connection is the
+  // spare: the link is up (INFO "connected", gateway_reachable 1, /health
+  // 200) and the next session that needs a connection takes it (connect(),
+  // counted there as that session's reconnect, once); dropped instead if a
+  // session's own connect succeeded while it was made, or if the link went
+  // down again before a session took it (then it tries anew).
+  void start_reconnect();
+  void reconnect_loop();
   // proto::ConnectWatch, under mu_: connecting_ and interrupted_.
   bool watch(int fd) override;
   bool cancelled() override;
@@ -159,7 +180,13 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   mutable std::mutex card_mu_;
   std::string card_error_;  // card_mu_: the gateway's message of the I/O error
   bool interrupted_ = false;
-  uint64_t connects_ = 0;  // mu_: connections made, in all (note_start_failure)
+  // The background reconnect (start_reconnect); mu_ for the rest.
+  std::once_flag reconnect_once_;
+  std::thread reconnect_thread_;
+  std::condition_variable reconnect_cv_;  // interrupted_, link_ down, or session_try_ns_ moved
+  std::unique_ptr<GatewayClient> spare_;  // its connection, not taken yet (in live_)
+  int64_t session_try_ns_ = 0;            // when a session last began a connect of its own
+  uint64_t connects_ = 0;                 // mu_: connections made, in all (note_start_failure)
   std::atomic<Link> link_{Link::kUnknown};
   std::atomic<bool> token_refused_{false};  // the last connect's answer refused the token, until one succeeds
   // Connections sessions made again after losing theirs (stats: gateway_reconnects).

@@ -21,6 +21,11 @@
 //      TCP, 1 ms deadlines on both, stop and restart).
 //   5. A gateway with tight limits (clients, ring memory, idle and handshake
 //      timeouts) under load, with raw TCP peers churning its handshake pool.
+//   7. (run after 5, on its gateway options) The background reconnect (review
+//      r14 S2): a connector that saw its gateway stop, left idle while it
+//      restarts, reads reachable again with no batch sent; then its workers'
+//      batches race for the one connection it made, and close() races the
+//      reconnect thread's back-off after a second stop.
 //   6. Gateways that never answer (review r14 S1): a Unix socket that never
 //      accepts (connects land in its backlog, the handshake waits) and a TCP
 //      listener whose full accept queue drops SYNs (connect(2) in progress);
@@ -913,6 +918,64 @@ int main(int argc, char** argv) {
     stop_peers = true;
     peers.join();
     gw.reset();
+
+    // 7. The background reconnect.
+    for (int round = 0; round < 3 * scale; round++) {
+      gw = adp::testing::start_gateway(go);
+      if (!gw) return 1;
+      adp::ConnectorOptions opts;
+      opts.num_workers = 4;
+      opts.timeout_ms = 2000;
+      adp::Connector conn(remote(false)(), opts);
+      // n exists batches at once; how many succeeded.
+      const auto batches = [&](int n) {
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < n; i++) ids.push_back(conn.submit(adp::OpType::kExists, {connector_key(i)}, {}, nullptr));
+        int ok = 0;
+        for (size_t done = 0; done < ids.size();) {
+          pollfd p{conn.event_fd(), POLLIN, 0};
+          ::poll(&p, 1, 20);
+          for (const adp::Completion& c : conn.drain()) {
+            done++;
+            ok += c.ok;
+          }
+        }
+        return ok;
+      };
+      // Until the connector reads `reachable` (with a batch now and then, `poking`), or fails after `within`.
+      const auto until_reachable = [&](bool reachable, bool poking, double within, const char* what) {
+        const auto t0 = Clock::now();
+        while (conn.stats().gateway_reachable != reachable) {
+          if (since(t0) > within) {
+            fail("round %d: %s not seen within %.0f s", round, what, within);
+            return false;
+          }
+          if (poking) (void)batches(1);
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        return true;
+      };
+      if (batches(4) != 4) fail("round %d: batches on a running gateway failed", round);
+      gw.reset();  // stopped: the next batches find it gone
+      if (!until_reachable(false, true, 30, "the outage")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(150 * round));  // the back-off at other points
+      gw = adp::testing::start_gateway(go);
+      if (!gw) return 1;
+      // No batch: the background reconnect (kMaxBackoff, 2 s, at the longest; slack for a sanitizer's pace).
+      if (!until_reachable(true, false, 15, "reachable again with no traffic")) break;
+      if (batches(8) != 8) fail("round %d: batches after the background reconnect failed", round);
+      if (round % 2) {
+        gw.reset();
+        if (!until_reachable(false, true, 30, "the second outage")) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // into the reconnect thread's back-off
+        const auto t0 = Clock::now();
+        conn.close();
+        if (since(t0) > 1.0) fail("round %d: close() took %.2f s during the background back-off", round, since(t0));
+      }
+      conn.close();
+      gw.reset();
+    }
+    printf("connector_stress: background reconnect: %d rounds\n", 3 * scale);
   }
   // 6. Gateways that never answer: close() with connects in flight.
   {

@@ -32,7 +32,7 @@ from tests.gateway.test_process_memory import ProcessClient
 from tests.gateway.test_process_memory import store as pm_store
 from tests.gateway.test_ring_pieces import CONTROL, MIB
 from tests.gateway.test_ring_pieces import RawClient as RingClient
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, eventually, payload
 from tests.ops.test_metrics import free_port, scrape
 from tests.support.gateway import TOKEN, Gateway
 
@@ -869,6 +869,7 @@ class RefusingGateway:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.hellos = 0
+        self.hello_times: list[float] = []  # time.monotonic() of each Hello
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -881,7 +882,9 @@ class RefusingGateway:
             with conn:
                 try:
                     ftype, rid, _ = wire.recv_frame(conn)
-                    self.hellos += ftype == wire.HELLO
+                    if ftype == wire.HELLO:
+                        self.hellos += 1
+                        self.hello_times.append(time.monotonic())
                     conn.sendall(wire.frame(wire.ERROR, rid, struct.pack("<H", len(reason)) + reason))
                 except (ConnectionError, OSError):
                     pass
@@ -1074,3 +1077,114 @@ def test_a_gateway_started_after_its_connector_is_reachable_once_up(workdir):
         conn.close()
         if gw.proc:
             assert gw.stop() == 0
+
+
+# kMaxBackoff (src_cpp/transport/remote_backend.cc): the longest wait between a connector's connects to a gateway
+# that is down, and the wait after a refused token.
+MAX_BACKOFF_S = 2.0
+# What a connect and the scrape after it may take beyond that on a loaded machine (CI: load 12-15 on 2 cores).
+SLACK_S = 3.0
+
+
+def adp_threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass
+    return [n for n in names if n.startswith("adp-")]
+
+
+def test_an_idle_connector_reconnects_in_the_background(workdir, capfd):
+    """Review r14 S2: after its gateway went away and came back, a connector with no traffic stayed unreachable
+    (503, gateway_reachable 0) until LMCache's next batch, and a readiness probe on /health waited for traffic that
+    waited for it. A background reconnect now tries at the back-off's pace: /health 200 within kMaxBackoff (plus
+    slack) of the restart with no batch sent, INFO "connected" again. The next batch takes that connection (it
+    does not fail on its session's back-off, nor open a second one: the gateway counts one client) and it is
+    counted once as a reconnect."""
+    gw = Gateway(workdir).start()
+    conn, c, port = metrics_connector(gw, timeout_ms=2000)
+    try:
+        keys, datas = keys_and_datas(2)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        gw.kill()
+        assert not c.set(keys, [memoryview(d) for d in datas])[0], "a store succeeded with the gateway killed"
+        wait_health(port, 503, within=BEFORE_TRAFFIC_S)
+        time.sleep(MAX_BACKOFF_S + 0.5)  # the background tries fail meanwhile; their back-off reaches its longest
+        capfd.readouterr()
+        gw.start()
+        doc = wait_health(port, 200, within=MAX_BACKOFF_S + SLACK_S)
+        assert (doc["healthy"], doc["gateway_reachable"]) == (True, True), doc
+        assert scrape(port)["lmcache_adp_gateway_reachable"] == 1
+        err = capfd.readouterr().err
+        assert len([line for line in err.splitlines() if " INFO: " in line and ": connected (" in line]) == 1, err
+        assert conn.stats()["gateway_reconnects"] == 0  # no session has taken it yet
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+        assert load_all_ok(c, keys, datas)
+        assert conn.stats()["gateway_reconnects"] == 1
+        assert (
+            read_gateway_stats(gw.unix_url)["clients"] == 1
+        )  # the session's, the background one's (a status query: not counted)
+        assert "WARNING" not in capfd.readouterr().err
+    finally:
+        conn.close()
+        if gw.proc:
+            assert gw.stop() == 0
+
+
+def load_all_ok(c: RawConnector, keys: list[str], datas: list[bytes]) -> bool:
+    bufs = [bytearray(len(d)) for d in datas]
+    ok, why, _ = c.get(keys, [memoryview(b) for b in bufs])
+    assert ok, why
+    return [bytes(b) for b in bufs] == datas
+
+
+def test_close_during_the_background_back_off_returns_promptly(workdir):
+    """The background reconnect waits out its back-off (here the longest, 2 s: a refused token) on a condition
+    that close() signals: close() returns in well under that wait (half of it: a generous bound, not a speed
+    claim), and the reconnect thread is joined (no adp- thread left)."""
+    fake = RefusingGateway()
+    bad = f"{workdir}/bad-token"
+    with open(bad, "w") as f:
+        f.write("not-the-token")
+    try:
+        conn = ADPConnector(gateway=f"tcp://127.0.0.1:{fake.port}", token_file=bad, num_workers=1, timeout_ms=3000)
+        try:
+            assert eventually(lambda: "adp-reconnect" in adp_threads(), BEFORE_TRAFFIC_S), adp_threads()
+            time.sleep(0.2)  # into the 2 s wait that follows the start-up connect's refusal
+        finally:
+            t0 = time.monotonic()
+            conn.close()
+            took = time.monotonic() - t0
+        assert took < MAX_BACKOFF_S / 2, f"close() took {took:.2f} s: it waited out the back-off"
+        assert adp_threads() == [], adp_threads()
+    finally:
+        fake.listener.close()
+
+
+def test_a_refused_token_is_not_retried_faster_than_the_longest_back_off(workdir, capfd):
+    """An idle connector whose token the gateway refuses: the background reconnect asks again (it did not ask at
+    all), every kMaxBackoff at the soonest (a refused token does not heal by itself: no 50 ms first back-off), and
+    the ERROR stays one line."""
+    fake = RefusingGateway()
+    bad = f"{workdir}/bad-token"
+    with open(bad, "w") as f:
+        f.write("not-the-token")
+    capfd.readouterr()
+    try:
+        conn = ADPConnector(gateway=f"tcp://127.0.0.1:{fake.port}", token_file=bad, num_workers=1, timeout_ms=3000)
+        try:
+            assert eventually(lambda: len(fake.hello_times) >= 3, 3 * MAX_BACKOFF_S + 2 * SLACK_S), fake.hello_times
+            time.sleep(0.5)
+        finally:
+            conn.close()
+        gaps = [b - a for a, b in zip(fake.hello_times, fake.hello_times[1:], strict=False)]
+        assert min(gaps) >= MAX_BACKOFF_S - 0.05, gaps
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "refused this connector's token" in line]
+        assert len(said) == 1 and "ERROR" in said[0], err
+    finally:
+        fake.listener.close()
