@@ -12,6 +12,7 @@ the process exits 0.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -273,7 +274,17 @@ def run(args: argparse.Namespace) -> int:
                 host=args.metrics_host,
             )
         except OSError as e:
-            log.error("gateway not started: metrics on %s:%d: %s", args.metrics_host, args.metrics_port, e.strerror)
+            # The flags named, as the connector's message names adapter_params (audit 15: "metrics on H:P: ...").
+            log.error(
+                "gateway not started: --metrics-port %d on --metrics-host %s: cannot serve metrics there: %s%s",
+                args.metrics_port,
+                args.metrics_host,
+                e.strerror or e,
+                " (another process holds the port: another gateway's --metrics-port or a connector's metrics_port; "
+                "give each its own)"
+                if e.errno == errno.EADDRINUSE
+                else "",
+            )
             server.stop()
             server.close()
             if not card_existed:

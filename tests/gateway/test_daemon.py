@@ -143,6 +143,23 @@ def test_bad_listen_address_is_refused_before_the_card(workdir, listen, why):
     assert not os.path.exists(gw.card)
 
 
+def test_metrics_port_in_use_names_the_flags(workdir):
+    """A --metrics-port another process holds: "metrics on 127.0.0.1:P: Address already in use" named no flag
+    (audit 15); now the flags, and who may hold the port. The card this start created is removed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        gw = Gateway(workdir)
+        r = subprocess.run(gw.args("--metrics-port", str(port)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert (
+        f"gateway not started: --metrics-port {port} on --metrics-host 127.0.0.1: cannot serve metrics there: "
+        "Address already in use (another process holds the port" in r.stderr
+    ), r.stderr
+    assert not os.path.exists(gw.card)
+
+
 def test_token_file_without_listen_is_named(workdir):
     """--token-file without --listen was ignored without a word (audit 15): a gateway no TCP client reaches."""
     token = os.path.join(workdir, "token")  # the file Gateway writes
