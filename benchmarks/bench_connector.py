@@ -246,11 +246,20 @@ class Rounds:
         self.keys: list[str] = []
         self.conn = ADPConnector(**params)
 
+    # --warm-loads (every row alike): the warm-up also loads keys the card does not hold into dst (misses:
+    # nothing is written, nothing populated), so a segments row registers its load pool before the timed
+    # repetitions instead of at the first timed load (the gateway's background populate then has rep 0's
+    # stores' time; benchmarks/README.md, "Session fifteen").
+    warm_loads = False
+
     def warm(self) -> None:
         """Untimed: connections (and rings) set up, workers' regions opened."""
         warm = min(len(self.src), self.batch * self.window)
         keys = [f"bench@00000000@0@w{self.tag}{j:06x}" for j in range(warm)]
         drive(self.conn, "set", keys, self.src[:warm], self.batch, self.window)
+        if self.warm_loads:
+            absent = [f"bench@00000000@0@a{self.tag}{j:06x}" for j in range(warm)]
+            drive(self.conn, "get", absent, self.dst[:warm], self.batch, self.window)
 
     def store(self, r: int) -> None:
         self.out["store_at_s"].append(time.monotonic() - CLOCK0)
@@ -542,8 +551,12 @@ class GatewayRow:
         finally:
             after = read_gateway_stats(self.url)
             for k, v in after.items():
-                if isinstance(v, (int, float)) and k.startswith(("process", "store_buffer", "load_profile", "batch")):
-                    self.counters[k] = v if GAUGES.get(k) else self.counters.get(k, 0) + v - before.get(k, 0)
+                if isinstance(v, (int, float)) and k.startswith(
+                    ("process", "store_buffer", "load_profile", "batch", "segment")
+                ):
+                    # The background populate runs between the row's steps too: its totals since the gateway's start.
+                    total = GAUGES.get(k) or k.startswith("segment_prefault")
+                    self.counters[k] = v if total else self.counters.get(k, 0) + v - before.get(k, 0)
 
     def done(self, res: dict, work: Path, rows: list[dict]) -> None:
         """The row's results checked (process rows went through process memory, ring rows did not) and kept."""
@@ -980,6 +993,8 @@ def segment_load_table(rows: list[dict], keys_per_worker: int) -> list[str]:
         steps = {k: gs.get(f"load_profile_{k}_ns", 0) / objects / 1e3 for k in SEG_STEPS}
         cells = [f"{emb_run:.0f}", f"{served:.0f}", *(f"{steps[k]:.1f}" for k in SEG_STEPS)]
         cells.append(f"{served - steps['seg_item']:.1f}")
+        cells += [f"{gs.get('segment_populates', 0)}", f"{gs.get('segment_prefault_bytes', 0) / MIB:.0f}"]
+        cells.append(f"{gs.get('segment_prefault_ns', 0) / 1e6:.1f}")
         out.append(f"| {r['object_mb']:g} MiB | {r['workers']} | {r['row']} | {' | '.join(cells)} |")
     if not out:
         return []
@@ -989,11 +1004,15 @@ def segment_load_table(rows: list[dict], keys_per_worker: int) -> list[str]:
         " object, means over the row's objects, warm-up included): embedded's run per object beside the gateway's"
         " served per object; item = its I/O context taken (context, when the batch held none) to store.get returned"
         " (get: the lookup, the read into the segment with its CRC = copy, under the lease = lease; prepare: the"
-        " segment's pages looked up); served - item: the request's decode, the reply, the checks around the items.",
+        " segment's pages looked up); served - item: the request's decode, the reply, the checks around the items."
+        " Over the row's steps: populates = the loads' own page-table populates (segment_populates: calls, one a"
+        " buffer on pages not populated before); bg MiB, bg ms = the gateway's background populate"
+        " (segment_prefault_bytes, segment_prefault_ns since the gateway's start: every segments row of the run;"
+        " --segment-prefault, session fifteen).",
         "",
         "| object | workers | row | embedded run | served | item | context | get | prepare | lease | copy |"
-        " served - item |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " served - item | populates | bg MiB | bg ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *out,
     ]
 
@@ -1102,6 +1121,12 @@ def main() -> None:
         default=None,
         help="the gateway rows' adapter_params reply_spin_us (default: the connector's; NAME-nospin rows: 0)",
     )
+    ap.add_argument(
+        "--warm-loads",
+        action="store_true",
+        help="the warm-up also loads absent keys into the load buffers (misses: nothing written), so a segments "
+        "row registers its pool before the timed repetitions, not at the first timed load",
+    )
     ap.add_argument("--clients", default="", help="client process counts on one gateway, e.g. 1,2,4,8")
     ap.add_argument("--client-workers", type=int, default=2)
     ap.add_argument("--client-mb", type=int, default=512, help="MiB of buffers (objects) of each client process")
@@ -1126,6 +1151,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     os.environ["ADP_BENCH_L1"] = args.l1  # spawned client processes allocate alike
+    Rounds.warm_loads = args.warm_loads
 
     stamp = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     work = Path(args.dir).resolve() / f"run-{os.getpid()}"  # absolute: the gateway runs in another cwd
@@ -1145,6 +1171,9 @@ def main() -> None:
         if args.interleave and not args.no_gateway
         else "back to back",
     }
+    for var in ("BENCH_GATEWAY_ARGS", "ADP_LOAD_PROFILE"):  # what the command line does not show
+        if os.environ.get(var):
+            meta[var] = os.environ[var]
     rows: list[dict] = []
     try:
         for size_mb in (float(x) for x in args.sizes_mb.split(",")):

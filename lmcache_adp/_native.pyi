@@ -177,12 +177,17 @@ class GatewayServer:
         max_store_buffer_total_bytes: int = ...,
         max_request_timeout_ms: int = ...,
         max_pipelined_stores: int = -1,
+        request_spin_us: int = 0,
+        segment_prefault: bool = True,
     ) -> None:
         """Opens the card and listens on socket_path (and listen, tcp://HOST:PORT,
         with token); the max_* bounds default to GatewayOptions'. process_write_threads:
         helpers writing process loads' pieces (-1: one per usable CPU, 0: none).
         max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2,
-        rounded down; 0: none)."""
+        rounded down; 0: none). request_spin_us: how long a connection looks for the
+        next request after a put or get before it sleeps, while CPUs are spare (0: never).
+        segment_prefault: populate registered segments' written pages in the background
+        (False: each load populates its own)."""
 
     @property
     def tcp_port(self) -> int:

@@ -393,6 +393,31 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "Page-table setups (MADV_POPULATE_WRITE) of client segment pages before a load into them: once per page, "
         "so it stops growing once a client's load buffers were each loaded into",
     ),
+    Stat(
+        "segment_prefault_bytes",
+        COUNTER,
+        "bytes",
+        G,
+        "Client segment bytes whose page tables the gateway populated in the background after their registration "
+        "(--segment-prefault on: the pages the segment's file held, not populated by a load before), so that "
+        "loads into them make no MADV_POPULATE_WRITE (segment_populates does not move)",
+    ),
+    Stat(
+        "segment_prefault_ns",
+        COUNTER,
+        "nanoseconds",
+        G,
+        "Wall time of the gateway's background populate of segment pages (its MADV_POPULATE_WRITE calls, on its "
+        "own thread adp-segpopulate: what it cost in CPU, about)",
+    ),
+    Stat(
+        "segment_prefaults",
+        COUNTER,
+        "segments",
+        G,
+        "Client segments whose written pages the background populate went over to the end (one a file: "
+        "connections registering the same file share its mapping)",
+    ),
     Stat("segment_stores", COUNTER, "objects", G, "Objects stored straight from a client segment"),
     Stat("processes", GAUGE, "connections", G, "Connections granted process memory (protocol r5)"),
     Stat(

@@ -439,6 +439,8 @@ Status ClientHandler::serve_register_segment(proto::Frame* frame) {
   if (!s.ok()) return s;
   shared_->segments++;
   ADP_DEBUG("gateway: client #%llu registered segment %u (%llu MiB)", ull(id_), reg.id, ull(reg.bytes >> 20));
+  // Its pages' page tables in the background, so its first loads need not (queued: this reply waits for nothing).
+  if (shared_->segment_prefault) shared_->segment_prefault->add(*segments_[reg.id - 1]);
   return proto::write_frame(fd_, proto::FrameType::kSegmentOk, frame->header.request_id, {}, {},
                             Clock::now() + proto::kFrameTimeout);
 }

@@ -200,6 +200,9 @@ struct GatewayShared {
   // that stop() left behind in a stalled transfer may be waiting for its
   // helper, and holds this struct until it ends.
   std::unique_ptr<PiecePool> pieces;
+  // The background populate of registered segments' pages
+  // (GatewayOptions::segment_prefault; none when off).
+  std::unique_ptr<proto::SegmentPrefaulter> segment_prefault;
   CardGate gate;  // store and pool are used only inside it (they are freed once it closed)
   // The ADP_TEST_ hooks, read once when the gateway started (util/test_hooks.h).
   TestHooks hooks;

@@ -79,6 +79,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   if (g->shared_->hooks.spin_load_every_ms >= 0)
     g->shared_->spin_load.every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
+  if (opts.segment_prefault) g->shared_->segment_prefault = std::make_unique<proto::SegmentPrefaulter>();
   g->shared_->limits = {opts.max_tcp_clients,
                         opts.handshake_timeout_ms,
                         opts.idle_timeout_ms,
@@ -303,6 +304,7 @@ void GatewayServer::accept_loop() {
     reap(false);
   }
   ADP_INFO("gateway: stopping (%zu clients connected)", clients());
+  if (shared_->segment_prefault) shared_->segment_prefault->stop();  // within one piece
   reap(true);
   log_gone_clients(true);
   shutdown_store();

@@ -51,6 +51,12 @@ struct GatewayOptions {
   // 0 (the default): never. The 16-core run with 100 cut ~8 of the ~75 us of
   // round trip a 2 MiB request (benchmarks/README.md, "Session eleven").
   int request_spin_us = 0;
+  // Populate each registered segment's written pages in the gateway's page
+  // tables in the background (proto::SegmentPrefaulter), so the first load
+  // into a page does not (~220 us a 2 MiB object on the 2-CPU VM). Costs
+  // page tables (~2 MiB a GiB of segment) and one thread's CPU while it runs
+  // (~110 ms a GiB on the 2-CPU VM). false: loads populate their own pages.
+  bool segment_prefault = true;
   // Limits (README, "Gateway limits"). Unauthenticated TCP peers have their
   // own small pool and a short handshake timeout, so they never hold the
   // slots of local (Unix) or authenticated clients.

@@ -40,6 +40,9 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segments", shared.segments.load());
   field("segment_loads", shared.segment_loads.load());
   field("segment_populates", shared.segment_populates.load());
+  field("segment_prefault_bytes", shared.segment_prefault ? shared.segment_prefault->bytes() : 0);
+  field("segment_prefault_ns", shared.segment_prefault ? shared.segment_prefault->ns() : 0);
+  field("segment_prefaults", shared.segment_prefault ? shared.segment_prefault->segments_done() : 0);
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
   field("process_read_bytes", shared.process_read_bytes.load());

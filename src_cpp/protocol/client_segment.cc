@@ -10,14 +10,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "util/amount.h"
 #include "util/log.h"
 #include "util/populate.h"
+#include "util/prefault.h"
+#include "util/thread_name.h"
 
 namespace adp::proto {
 namespace {
@@ -95,6 +100,27 @@ struct SegmentMapping {
   // One bit per 4 KiB page (1/32768 of the segment, against 1/512 for the
   // page tables that the populated pages cost anyway).
   std::unique_ptr<std::atomic<uint64_t>[]> populated;
+  // Queued for, or gone over by, a SegmentPrefaulter (given back if it let
+  // the mapping go part-way, so a later registration queues it again).
+  std::atomic<bool> queued{false};
+
+  // The bits of word w in pages [first, last].
+  static uint64_t mask(uint64_t w, uint64_t first, uint64_t last) {
+    const uint64_t lo = std::max(first, w * 64), hi = std::min(last, w * 64 + 63);
+    const uint64_t n = hi - lo + 1;
+    return (n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1)) << (lo % 64);
+  }
+  bool all_populated(uint64_t first, uint64_t last) const {
+    for (uint64_t w = first / 64; w <= last / 64; w++)
+      if ((populated[w].load(std::memory_order_relaxed) & mask(w, first, last)) != mask(w, first, last)) return false;
+    return true;
+  }
+  // Its pages stay populated (the mapping is never unmapped in part).
+  void mark_populated(uint64_t first, uint64_t last) {
+    for (uint64_t w = first / 64; w <= last / 64; w++)
+      populated[w].fetch_or(mask(w, first, last), std::memory_order_relaxed);
+  }
+  bool broken() const { return g_slots[slot].broken.load(std::memory_order_acquire); }
 
   ~SegmentMapping() {
     {
@@ -159,28 +185,109 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
 ClientSegment::~ClientSegment() = default;
 uint8_t* ClientSegment::data() const { return m_->data; }
 uint64_t ClientSegment::size() const { return m_->size; }
-bool ClientSegment::broken() const { return g_slots[m_->slot].broken.load(std::memory_order_acquire); }
+bool ClientSegment::broken() const { return m_->broken(); }
 
 bool ClientSegment::prepare(uint64_t offset, uint64_t len) {
   if (len == 0) return false;
   // Pages [first, last] hold the range; bits [first, last] of populated.
   const uint64_t first = offset >> kPageShift, last = (offset + len - 1) >> kPageShift;
-  auto mask = [&](uint64_t w) {  // the bits of word w in [first, last]
-    const uint64_t lo = std::max(first, w * 64), hi = std::min(last, w * 64 + 63);
-    const uint64_t n = hi - lo + 1;
-    return (n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1)) << (lo % 64);
-  };
-  bool all = true;
-  for (uint64_t w = first / 64; w <= last / 64 && all; w++)
-    all = (m_->populated[w].load(std::memory_order_relaxed) & mask(w)) == mask(w);
-  if (all) return false;
+  if (m_->all_populated(first, last)) return false;
   uint64_t lo = first << kPageShift, hi = (last + 1) << kPageShift;
   if (hi > m_->size) hi = m_->size;
   // Refused by this kernel (util/populate.h): false, without a system call.
   if (!populate_write(m_->data + lo, hi - lo)) return false;
-  // Its pages stay populated (the mapping is never unmapped in part).
-  for (uint64_t w = first / 64; w <= last / 64; w++) m_->populated[w].fetch_or(mask(w), std::memory_order_relaxed);
+  m_->mark_populated(first, last);
   return true;
+}
+
+void SegmentPrefaulter::add(const ClientSegment& seg) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_ || seg.m_->queued.exchange(true)) return;
+  queue_.push_back(seg.m_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  cv_.notify_one();
+}
+
+void SegmentPrefaulter::stop() {
+  std::thread t;
+  std::deque<std::weak_ptr<SegmentMapping>> left;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    stop_.store(true, std::memory_order_relaxed);
+    t = std::move(thread_);
+    left.swap(queue_);
+  }
+  cv_.notify_all();
+  if (t.joinable()) t.join();
+  for (auto& w : left)  // not begun: another prefaulter of this process may take them
+    if (auto m = w.lock()) m->queued.store(false);
+}
+
+void SegmentPrefaulter::run() {
+  set_thread_name("adp-segpopulate");
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    cv_.wait(l, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    std::weak_ptr<SegmentMapping> next = std::move(queue_.front());
+    queue_.pop_front();
+    l.unlock();
+    if (std::shared_ptr<SegmentMapping> m = next.lock()) populate(m);  // the last holder unmaps it here
+    l.lock();
+  }
+}
+
+void SegmentPrefaulter::populate(const std::shared_ptr<SegmentMapping>& m) {
+  if (populate_refused(m->data)) return;  // logged once, at WARNING, by util/populate.h
+  char name[PATH_MAX] = "a client segment";
+  const std::string fd_link = "/proc/self/fd/" + std::to_string(m->fd);
+  if (ssize_t n = ::readlink(fd_link.c_str(), name, sizeof name - 1); n > 0) name[n] = 0;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  uint64_t bytes = 0;
+  bool failed = false;
+  const ExtentWalk w = walk_written_extents(m->fd, m->size, [&](uint64_t p, uint64_t n) {
+    // Let go of it: the gateway stops, every connection released it (this
+    // is the last reference), or its client shrank the file.
+    if (stop_.load(std::memory_order_relaxed) || m.use_count() == 1 || m->broken()) return false;
+    if (before_piece_for_test) before_piece_for_test(p);
+    const uint64_t first = p >> kPageShift, last = (p + n - 1) >> kPageShift;
+    if (m->all_populated(first, last)) return true;  // loads came first
+    const auto t0 = Clock::now();
+    bool ok;
+    do ok = populate_write(m->data + p, n);
+    while (!ok && errno == EINTR);
+    const int err = errno;
+    ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
+                  std::memory_order_relaxed);
+    if (!ok) {
+      // EFAULT: the client shrank its file under it (a load into it fails the same way).
+      ADP_WARN(
+          "gateway: populating segment %s in the background stopped at offset %llu: %s; loads populate "
+          "their own pages from there",
+          name, static_cast<unsigned long long>(p), errno_text(err).c_str());
+      failed = true;
+      return false;
+    }
+    m->mark_populated(first, last);
+    bytes += n;
+    bytes_.fetch_add(n, std::memory_order_relaxed);
+    return true;
+  });
+  if (w.end == ExtentWalk::End::kSeekFailed)
+    ADP_WARN(
+        "gateway: segment %s: cannot find its written pages past offset %llu (%s); loads populate their own "
+        "pages from there",
+        name, static_cast<unsigned long long>(w.at), errno_text(w.err).c_str());
+  if (w.end != ExtentWalk::End::kDone) {
+    if (!failed && w.end == ExtentWalk::End::kStopped) m->queued.store(false);  // let go: a later registration may
+    return;
+  }
+  done_.fetch_add(1, std::memory_order_relaxed);
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  ADP_INFO("gateway: segment %s (%s): %s of written pages populated in the background in %.3f s", name,
+           log_amount(m->size).c_str(), log_amount(bytes).c_str(), s);
 }
 
 }  // namespace adp::proto

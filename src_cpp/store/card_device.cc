@@ -24,6 +24,7 @@
 #include "util/amount.h"
 #include "util/log.h"
 #include "util/populate.h"
+#include "util/prefault.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -230,36 +231,26 @@ void CardDevice::prefault_extents() {
   }
   const auto start = std::chrono::steady_clock::now();
   uint64_t mapped = 0;
-  off_t at = 0;
-  while (!stop_prefault_.load(std::memory_order_relaxed) && static_cast<uint64_t>(at) < size_) {
-    // tmpfs reports extents in whole pages; ENXIO: no data past `at`.
-    off_t data = ::lseek(fd_, at, SEEK_DATA);
-    off_t hole = data < 0 ? -1 : ::lseek(fd_, data, SEEK_HOLE);
-    if (data < 0 && errno == ENXIO) break;
-    if (hole < 0) {
-      ADP_WARN("card %s: cannot find its written extents past offset %llu: %s", path_.c_str(),
-               static_cast<unsigned long long>(at), errno_text(errno).c_str());
-      return;
+  const ExtentWalk w = walk_written_extents(fd_, size_, [&](uint64_t p, uint64_t n) {
+    if (stop_prefault_.load(std::memory_order_relaxed)) return false;
+    // A read fault on a written tmpfs page maps it, writable (tmpfs asks
+    // for no write notification: later stores into it take no fault
+    // either), and allocates nothing.
+    int rc;
+    do rc = ::madvise(map_ + p, n, MADV_POPULATE_READ);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      ADP_WARN("card %s: mapping its extents in ahead stopped at offset %llu: %s", path_.c_str(),
+               static_cast<unsigned long long>(p), errno_text(errno).c_str());
+      return false;
     }
-    const uint64_t end = std::min<uint64_t>(static_cast<uint64_t>(hole), size_);
-    for (uint64_t p = static_cast<uint64_t>(data); p < end; p += kPrefaultStepBytes) {
-      if (stop_prefault_.load(std::memory_order_relaxed)) return;
-      const size_t n = static_cast<size_t>(std::min(kPrefaultStepBytes, end - p));
-      // A read fault on a written tmpfs page maps it, writable (tmpfs asks
-      // for no write notification: later stores into it take no fault
-      // either), and allocates nothing.
-      int rc;
-      do rc = ::madvise(map_ + p, n, MADV_POPULATE_READ);
-      while (rc != 0 && errno == EINTR);
-      if (rc != 0) {
-        ADP_WARN("card %s: mapping its extents in ahead stopped at offset %llu: %s", path_.c_str(),
-                 static_cast<unsigned long long>(p), errno_text(errno).c_str());
-        return;
-      }
-      mapped += n;
-    }
-    at = hole;
-  }
+    mapped += n;
+    return true;
+  });
+  if (w.end == ExtentWalk::End::kSeekFailed)
+    ADP_WARN("card %s: cannot find its written extents past offset %llu: %s", path_.c_str(),
+             static_cast<unsigned long long>(w.at), errno_text(w.err).c_str());
+  if (w.end != ExtentWalk::End::kDone) return;
   if (stop_prefault_.load(std::memory_order_relaxed)) return;
   prefault_done_.store(true, std::memory_order_release);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -82,8 +82,8 @@ class CardDevice : public Device {
   uint8_t* mapped() const override { return map_; }
   bool prepare_mapped_write(uint64_t offset, size_t n) const override;
   // Maps the image's written extents (lseek SEEK_DATA/SEEK_HOLE) into the
-  // mapping on a thread of its own (adp-prefault), kPrefaultStepBytes per
-  // madvise(MADV_POPULATE_READ), so that the first pass of loads over a card
+  // mapping on a thread of its own (adp-prefault), kPrefaultPieceBytes per
+  // madvise(MADV_POPULATE_READ) (util/prefault.h), so that the first pass of loads over a card
   // written by another process does not take a page fault per page. Holes
   // are skipped: no tmpfs page is allocated. A no-op without a mapping (disk
   // cards), when already started, or with ADP_CARD_PREFAULT=0 in the
@@ -121,8 +121,6 @@ class CardDevice : public Device {
   bool block_device_;
   bool memory_backed_;
   uint8_t* map_ = nullptr;
-  // One madvise of the prefault: the longest the destructor waits for it.
-  static constexpr uint64_t kPrefaultStepBytes = 16ull << 20;
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
   mutable FailingHold failing_;

@@ -24,11 +24,14 @@
 #include <vector>
 
 #include "check.h"
+#include "page_state.h"
 #include "store/card_device.h"
 
 namespace {
 
 using adp::CardDevice;
+using adp::testing::allocated_bytes;
+using adp::testing::present_pages;
 
 constexpr uint64_t kPage = 4096, kMiB = 1 << 20;
 
@@ -54,38 +57,7 @@ void make_image(const std::string& path, uint64_t bytes, const std::vector<std::
   for (auto [offset, n] : extents) write_extent(path, offset, n);
 }
 
-uint64_t allocated_bytes(const std::string& path) {
-  struct stat st{};
-  ::stat(path.c_str(), &st);
-  return static_cast<uint64_t>(st.st_blocks) * 512;
-}
-
-// Whether each page of [p, p + n) is present in this process's page tables.
-std::vector<bool> present_pages(const uint8_t* p, uint64_t n) {
-  int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-  std::vector<uint64_t> entries(n / kPage);
-  const off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(p) / kPage * 8);
-  ssize_t got = ::pread(fd, entries.data(), entries.size() * 8, at);
-  ::close(fd);
-  CHECK(got == static_cast<ssize_t>(entries.size() * 8), "read /proc/self/pagemap");
-  std::vector<bool> out(entries.size());
-  for (size_t i = 0; i < entries.size(); i++) out[i] = (entries[i] >> 63) & 1;
-  return out;
-}
-
-int prefault_threads() {
-  int n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name == "adp-prefault";
-  }
-  ::closedir(d);
-  return n;
-}
+int prefault_threads() { return adp::testing::threads_named("adp-prefault"); }
 
 bool wait_done(const CardDevice& dev) {
   auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);

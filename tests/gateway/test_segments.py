@@ -229,6 +229,104 @@ def test_segment_pages_are_populated_once(card_gateway):
     assert gw.proc.poll() is None
 
 
+def written_pool(n: int) -> ShmPool:
+    """A pool whose pages the client wrote (as LMCache's L1 pool, pinned or used before): the file holds them."""
+    pool = ShmPool(n, SIZE)
+    pool.map[:] = b"\x01" * (n * SIZE)
+    return pool
+
+
+def register_by_a_miss(c: RawConnector, pool: ShmPool) -> None:
+    """Registers the pool's file with the gateway without a load into it: a load of keys the card does not hold
+    (a miss delivers nothing, so it populates nothing)."""
+    ok, _, per_key = c.get([f"absent@{i}" for i in range(len(pool.views))], pool.views)
+    assert per_key == [False] * len(pool.views)
+
+
+def stored_and_pool(gw: Gateway, tag: str, n: int, workers: int = 1) -> tuple[RawConnector, list[str], ShmPool]:
+    """A connector on gw that stored n keys (from anonymous memory), and a written pool of n buffers for them."""
+    keys = [f"{tag}@{i}" for i in range(n)]
+    c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=workers, timeout_ms=10000))
+    assert c.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+    return c, keys, written_pool(n)
+
+
+def wait_for_stat(gw: Gateway, key: str, want: int, timeout: float = 30.0) -> dict:
+    give_up = time.monotonic() + timeout
+    while (st := stats(gw))[key] != want and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return st
+
+
+def test_a_registered_segment_is_populated_before_its_first_load(card_gateway):
+    """Issue 10 item 2: the gateway populates a registered segment's written pages in the background
+    (--segment-prefault on, the default), so the first loads into them make no MADV_POPULATE_WRITE (~220 us a
+    2 MiB object before): segment_prefault_bytes counts the pool's bytes, segment_prefaults the file, and
+    segment_populates does not move through two rounds of loads. A second connection registering the same file
+    (the mapping is shared) does not populate it again."""
+    gw = card_gateway
+    c, keys, pool = stored_and_pool(gw, "prefault", 6, workers=2)
+    try:
+        register_by_a_miss(c, pool)
+        st = wait_for_stat(gw, "segment_prefaults", 1)
+        assert st["segment_prefaults"] == 1 and st["segment_prefault_bytes"] == len(keys) * SIZE, st
+        assert st["segment_prefault_ns"] > 0 and st["segment_populates"] == 0 and st["segments"] >= 1, st
+        for round_ in range(2):
+            ok, _, per_key = c.get(keys, pool.views)
+            assert ok and all(per_key)
+            assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
+            st = stats(gw)
+            assert st["segment_loads"] == (round_ + 1) * len(keys) and st["segment_populates"] == 0, (round_, st)
+        assert st["segment_prefaults"] == 1 and st["segment_prefault_bytes"] == len(keys) * SIZE, st
+    finally:
+        c.conn.close()
+        pool.close()
+    log = gw.log()
+    assert gw.proc.poll() is None, log
+    assert log.count("of written pages populated in the background") == 1, log
+
+
+def register_wait_and_load(gw: Gateway, tag: str) -> tuple[dict, str]:
+    """Stores 4 keys, registers a written pool by a miss, waits 0.3 s (what a background populate of its 1 MiB
+    needs, many times over), loads the keys into it and checks their bytes; returns the gateway's stats and log."""
+    c, keys, pool = stored_and_pool(gw, tag, 4)
+    try:
+        register_by_a_miss(c, pool)
+        time.sleep(0.3)
+        ok, _, per_key = c.get(keys, pool.views)
+        assert ok and all(per_key)
+        assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
+        st = stats(gw)
+    finally:
+        c.conn.close()
+        pool.close()
+    log = gw.log()
+    assert gw.proc.poll() is None, log
+    assert st["segments"] >= 1 and st["segment_loads"] == len(keys), st
+    return st, log
+
+
+def test_segment_prefault_off_leaves_the_pages_to_the_loads():
+    """--segment-prefault off: nothing is populated in the background; each first load into a page populates its
+    own (one call a buffer), as before session fifteen."""
+    with temp_gateway(extra=("--segment-prefault", "off")) as gw:
+        st, log = register_wait_and_load(gw, "prefault-off")
+    assert st["segment_prefault_bytes"] == st["segment_prefaults"] == st["segment_prefault_ns"] == 0, st
+    assert st["segment_populates"] == 4, st
+    assert "populated in the background" not in log, log
+
+
+def test_a_refusing_kernel_populates_no_segment_in_the_background():
+    """ADP_TEST_SEGMENT_POPULATE_EINVAL (a kernel before Linux 5.14): the background populate makes no call and
+    counts nothing; the refusal is logged once, as before; loads land intact (their copy faults the pages in)."""
+    with temp_gateway(env={"ADP_TEST_SEGMENT_POPULATE_EINVAL": "1"}) as gw:
+        st, log = register_wait_and_load(gw, "prefault-refused")
+    assert st["segment_prefault_bytes"] == st["segment_prefaults"] == st["segment_populates"] == 0, st
+    refused = [line for line in log.splitlines() if REFUSED in line]
+    assert len(refused) == 1 and log.count(TRY) == 1, log
+    assert "populated in the background" not in log and "in the background stopped" not in log, log
+
+
 SEG_STEPS = tuple(s for s in LOAD_PROFILE_STEPS if s.startswith("seg_"))  # a segment load's steps
 
 

@@ -91,6 +91,19 @@ def test_card_prefault_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_segment_prefault_under_sanitizer(mode, tmp_path):
+    """The segments' background populate released, stopped and destroyed while it runs, and a file shrunk
+    under it (tests/gateway/test_segment_prefault.py)."""
+    shm = tempfile.mkdtemp(prefix="adp-segpre-", dir="/dev/shm")
+    try:
+        binary = cpp.build("segment_prefault_test", tmp_path, ("util",), ("protocol/client_segment.cc",), sanitize=mode)
+        cpp.run(binary, shm, timeout=600)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_piece_pool_under_sanitizer(mode, tmp_path):
     """The process loads' piece helpers (tests/util/test_piece_pool.py)."""
     cpp.run(cpp.build("piece_pool_test", tmp_path, ("util",), sanitize=mode), timeout=600)
