@@ -85,8 +85,8 @@ Status clear_stale_socket(const Endpoint& ep) {
   if (!S_ISSOCK(st.st_mode)) return Status::InvalidArgument(ep.path + " exists and is not a socket; not replacing it");
   int fd = -1;
   Status s = connect_endpoint(ep, Clock::now() + std::chrono::seconds(2), &fd);
-  if (s.ok()) {
-    ::close(fd);
+  if (s.ok() || s.code() == Status::Code::kBusy) {  // kBusy: listening, its accept queue full
+    if (s.ok()) ::close(fd);
     return Status::Busy("a gateway is already listening on " + ep.path);
   }
   if (::unlink(ep.path.c_str()) != 0 && errno != ENOENT)
@@ -152,7 +152,14 @@ Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd, ConnectW
   int err = 0;
   if (::connect(f, reinterpret_cast<sockaddr*>(&sa), len) != 0) err = errno;
   if (watch && watch->cancelled()) return fail(abandoned());
-  if (err == EINPROGRESS || err == EAGAIN) {
+  // A Unix socket whose listener's accept queue is full refuses at once (EAGAIN) and stays unconnected: polled, it
+  // reads writable with no error, and the first send failed "Transport endpoint is not connected". Busy: a live
+  // listener (clear_stale_socket keeps its socket file).
+  if (err == EAGAIN && sa.ss_family == AF_UNIX)
+    return fail(Status::Busy("cannot connect to " + ep.str() +
+                             ": its accept queue is full (the gateway is not accepting connections: stopped, hung "
+                             "or overloaded)"));
+  if (err == EINPROGRESS) {
     s = wait_ready(f, POLLOUT, deadline);
     socklen_t el = sizeof err;
     if (s.ok() && ::getsockopt(f, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;

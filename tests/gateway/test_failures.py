@@ -5,10 +5,12 @@ deadline, the connector reconnects by itself and acknowledged data comes back.""
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import mmap
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -638,6 +640,57 @@ def test_close_abandons_a_connect_the_gateway_never_answers(kind, workdir, capfd
         said = [line for line in err.splitlines() if "abandoned" in line]
         assert len(said) == 1 and " INFO: " in said[0] and "the connector is closing" in said[0], err
         assert "WARNING" not in err and "until it is back" not in err, err
+
+
+@contextlib.contextmanager
+def full_unix_backlog(path: str) -> Iterator[socket.socket]:
+    """A Unix socket at path that listens (backlog 0) and never accepts, with its accept queue filled by one
+    connection: a gateway stopped or hung with clients queued. Yields the listener."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(0)
+    queued = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        queued.connect(path)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.setblocking(False)
+        assert probe.connect_ex(path) == errno.EAGAIN  # the double works: the queue is full
+        probe.close()
+        yield srv
+    finally:
+        queued.close()
+        srv.close()
+
+
+def test_a_unix_gateway_with_a_full_accept_queue_is_named_so(workdir, capfd):
+    """A Unix connect(2) into a full accept queue fails at once (EAGAIN) and leaves the socket unconnected; it was
+    polled as a connect in progress (it reads writable, SO_ERROR 0), taken as connected, and the Hello's send failed
+    "send failed: Transport endpoint is not connected", which named nothing an operator could look at. Now the
+    batch fails, and the outage WARNING says, that the gateway's accept queue is full."""
+    path = os.path.join(workdir, "full.sock")
+    with full_unix_backlog(path):
+        capfd.readouterr()
+        conn = ADPConnector(gateway=f"unix://{path}", num_workers=1, timeout_ms=3000)
+        try:
+            ok, why, _ = RawConnector(conn).set(["k"], [memoryview(b"v")])
+            assert not ok and "accept queue is full" in why and "not connected" not in why, why
+            assert conn.stats()["gateway_reachable"] is False
+        finally:
+            conn.close()
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "until it is back" in line]
+        assert len(said) == 1 and "WARNING" in said[0] and "accept queue is full" in said[0], err
+
+
+def test_a_gateway_does_not_take_over_a_live_socket_whose_queue_is_full(workdir):
+    """The gateway's start connects to an existing socket file to tell a live gateway from a stale file: one whose
+    accept queue is full is live (it read as connected before, by the same accident as above): the start fails
+    "already listening" and the socket file stays."""
+    gw = Gateway(workdir)
+    with full_unix_backlog(gw.socket):
+        r = subprocess.run(gw.args(), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "already listening" in r.stderr, r.stderr
+        assert os.path.exists(gw.socket)
 
 
 class SilentFirstListener:
