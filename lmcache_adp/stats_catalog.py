@@ -261,7 +261,8 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "connect's failure once a batch's own connect succeeded after it began): loads miss and stores "
         "are dropped meanwhile (/health answers 503 at 0). With no traffic the connector reconnects in the "
         "background meanwhile (every 2 s at the longest), so it turns 1 within 2 s of the gateway's return "
-        "without a batch",
+        "without a batch; and an idle connector whose gateway closed all its connections connects once to "
+        "tell a gateway gone (0 within 2 s of its stop) from one closing idle connections (stays 1)",
     ),
     Stat(
         "gateway_token_refused",

@@ -80,6 +80,11 @@ void GatewayClient::poll_alive() const {
 
 void GatewayClient::interrupt() const { ::shutdown(fd_, SHUT_RDWR); }
 
+bool GatewayClient::peer_closed() const {
+  pollfd p{fd_, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
   proto::Hello hello;
   if (ring_) {

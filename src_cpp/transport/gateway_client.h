@@ -154,6 +154,9 @@ class GatewayClient {
   const std::string& server() const { return server_; }
   // Ends any wait on this connection at once (another thread may call it).
   void interrupt() const;
+  // Whether the gateway closed this connection (hung up: one poll, no wait);
+  // any thread, while the connection is alive (RemoteBackend: in live_).
+  bool peer_closed() const;
 
   // Liveness, read by other threads (RemoteBackend::stats; steady clock ns,
   // 0: none): when the request now waiting for its reply was sent, and when

@@ -1102,6 +1102,7 @@ Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<Gate
         "through the ring. Logged once.",
         describe().c_str(), log_safe(c->process_refusal()).c_str());
   token_refused_.store(false);
+  start_reconnect();  // from the first connection: it also looks at idle connections (all_closed_locked)
   if (link_.exchange(Link::kUp) != Link::kUp)
     ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
              c->ring() ? ("ring " + std::to_string(c->ring()->size() >> 20) + " MiB per connection").c_str()
@@ -1228,6 +1229,13 @@ void RemoteBackend::note_down(const Status& why) {
   start_reconnect();
 }
 
+bool RemoteBackend::all_closed_locked() const {
+  if (live_.empty()) return false;
+  for (const GatewayClient* c : live_)
+    if (c->waiting_since_ns() || !c->peer_closed()) return false;
+  return true;
+}
+
 void RemoteBackend::start_reconnect() {
   std::call_once(reconnect_once_, [this] {
     try {
@@ -1258,9 +1266,30 @@ void RemoteBackend::reconnect_loop() {
     }
     if (link_.load() != Link::kDown) {
       // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
-      // missed between this look and the wait (link_ is set without mu_).
+      // missed between this look and the wait (link_ is set without mu_), and paces the look at idle connections.
       backoff = milliseconds{0};
       reconnect_cv_.wait_for(l, kMaxBackoff);
+      if (interrupted_ || link_.load() != Link::kUp || !all_closed_locked()) continue;
+      // Every connection of this connector, none waiting for a reply, was closed by the gateway (audit 15 item 22:
+      // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch). Gone,
+      // or closing idle connections (--idle-timeout-s): one connect tells which. It fails: the outage (WARNING,
+      // 503), and the loop below reconnects; it succeeds: kept as the spare (the next batch's connection). A
+      // spare of before is one of those closed: dropped (kept, it would make this look true every time).
+      std::unique_ptr<GatewayClient> old = std::move(spare_);
+      l.unlock();
+      drop(&old);
+      std::unique_ptr<GatewayClient> c;
+      const Status s = connect_new(Clock::now() + kConnectTimeout, &c);
+      if (!s.ok() && !closing())
+        note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
+      l.lock();
+      if (s.ok() && !spare_ && !interrupted_) {
+        spare_ = std::move(c);
+      } else if (c) {
+        l.unlock();
+        drop(&c);
+        l.lock();
+      }
       continue;
     }
     if (backoff.count() == 0) {

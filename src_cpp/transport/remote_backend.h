@@ -83,8 +83,12 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // The background reconnect (review r14 S2: an idle connector stayed
   // unreachable, /health 503, until LMCache's next batch, so a readiness probe
   // on /health waited for traffic that waited for it). Started at the first
-  // outage (note_down), on a thread of its own ("adp-reconnect"), ended by
-  // interrupt(). While the link is down with no spare connection, it connects
+  // connection or outage, on a thread of its own ("adp-reconnect"), ended by
+  // interrupt(). While the link is up it looks at the connections every
+  // kMaxBackoff: all of them idle and closed by the gateway (audit 15 item 22:
+  // an idle connector did not see its gateway stop), it connects once: a
+  // failure is the outage, a success (a gateway closing idle connections) the
+  // spare below. While the link is down with no spare connection, it connects
   // once per back-off (kFirstBackoff doubling to kMaxBackoff; a refused token:
   // kMaxBackoff each time), and only while no session has tried a connect of
   // its own within that back-off (the sessions of a connector with traffic
@@ -96,6 +100,9 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // down again before a session took it (then it tries anew).
   void start_reconnect();
   void reconnect_loop();
+  // Whether every connection in live_ (one at least) is idle (no request
+  // waiting) and closed by the gateway (GatewayClient::peer_closed). mu_ held.
+  bool all_closed_locked() const;
   // proto::ConnectWatch, under mu_: connecting_ and interrupted_.
   bool watch(int fd) override;
   bool cancelled() override;

@@ -4,6 +4,7 @@ say whether its gateway can be reached (README "Operations", docs/stats.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -1097,6 +1098,23 @@ def adp_threads() -> list[str]:
     return [n for n in names if n.startswith("adp-")]
 
 
+@contextlib.contextmanager
+def one_store_on_a_gateway(workdir, extra: tuple[str, ...] = ()):
+    """A gateway (`extra`: its flags), a one-worker connector on it with a metrics port, and two keys stored
+    through it. Yields (the gateway, the connector, its RawConnector, the port, the keys, their bytes); closes the
+    connector and stops the gateway after."""
+    gw = Gateway(workdir, extra=extra).start()
+    conn, c, port = metrics_connector(gw, timeout_ms=2000)
+    try:
+        keys, datas = keys_and_datas(2)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        yield gw, conn, c, port, keys, datas
+    finally:
+        conn.close()
+        if gw.proc:
+            assert gw.stop() == 0
+
+
 def test_an_idle_connector_reconnects_in_the_background(workdir, capfd):
     """Review r14 S2: after its gateway went away and came back, a connector with no traffic stayed unreachable
     (503, gateway_reachable 0) until LMCache's next batch, and a readiness probe on /health waited for traffic that
@@ -1104,11 +1122,7 @@ def test_an_idle_connector_reconnects_in_the_background(workdir, capfd):
     slack) of the restart with no batch sent, INFO "connected" again. The next batch takes that connection (it
     does not fail on its session's back-off, nor open a second one: the gateway counts one client) and it is
     counted once as a reconnect."""
-    gw = Gateway(workdir).start()
-    conn, c, port = metrics_connector(gw, timeout_ms=2000)
-    try:
-        keys, datas = keys_and_datas(2)
-        assert c.set(keys, [memoryview(d) for d in datas])[0]
+    with one_store_on_a_gateway(workdir) as (gw, conn, c, port, keys, datas):
         gw.kill()
         assert not c.set(keys, [memoryview(d) for d in datas])[0], "a store succeeded with the gateway killed"
         wait_health(port, 503, within=BEFORE_TRAFFIC_S)
@@ -1129,10 +1143,6 @@ def test_an_idle_connector_reconnects_in_the_background(workdir, capfd):
             read_gateway_stats(gw.unix_url)["clients"] == 1
         )  # the session's, the background one's (a status query: not counted)
         assert "WARNING" not in capfd.readouterr().err
-    finally:
-        conn.close()
-        if gw.proc:
-            assert gw.stop() == 0
 
 
 def load_all_ok(c: RawConnector, keys: list[str], datas: list[bytes]) -> bool:
@@ -1188,3 +1198,41 @@ def test_a_refused_token_is_not_retried_faster_than_the_longest_back_off(workdir
         assert len(said) == 1 and "ERROR" in said[0], err
     finally:
         fake.listener.close()
+
+
+def test_an_idle_connector_sees_its_gateway_stop_and_come_back(workdir, capfd):
+    """Audit 15 item 22: a connector connected and idle when its gateway stopped read reachable (/health 200,
+    gateway_reachable 1) until its next batch found the connection closed. The reconnect thread looks at the
+    connections every kMaxBackoff: all of them idle and closed by the gateway, one connect tells a gateway gone
+    from one closing idle connections; here it fails: 503 and the outage WARNING within kMaxBackoff (plus slack),
+    no batch sent. Restarted, the gateway is reachable again with no batch, and the next batch succeeds."""
+    with one_store_on_a_gateway(workdir) as (gw, conn, c, port, keys, datas):
+        capfd.readouterr()
+        assert gw.stop() == 0
+        doc = wait_health(port, 503, within=MAX_BACKOFF_S + SLACK_S)
+        assert doc["gateway_reachable"] is False, doc
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if "until it is back" in line]
+        assert len(said) == 1 and "closed this connector's connections" in said[0], err
+        gw.start()
+        wait_health(port, 200, within=MAX_BACKOFF_S + SLACK_S)
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+        assert conn.stats()["gateway_reconnects"] == 1
+
+
+def test_a_gateway_closing_idle_connections_is_not_an_outage(workdir, capfd):
+    """The other side: a gateway with --idle-timeout-s 1 closes the idle connector's connection while it runs. The
+    connect that tells the two apart succeeds: no WARNING, /health 200 throughout, and the next batch uses that
+    connection (no failed batch)."""
+    with one_store_on_a_gateway(workdir, ("--idle-timeout-s", "1")) as (gw, conn, c, port, keys, datas):
+        capfd.readouterr()
+        end = time.monotonic() + 2 * MAX_BACKOFF_S + 1.5
+        while time.monotonic() < end:
+            code, doc = health(port)
+            assert code == 200, doc
+            time.sleep(0.1)
+        assert "idle for 1 s" in gw.log()
+        assert "WARNING" not in capfd.readouterr().err
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
