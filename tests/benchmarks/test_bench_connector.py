@@ -264,6 +264,8 @@ def test_segment_load_table_splits_a_segment_load_from_the_gateways_profile():
     steps = {"seg_item": 900, "seg_context": 10, "seg_get": 860, "seg_prepare": 4, "seg_lease": 6, "seg_copy": 850}
     gs = {f"load_profile_{k}_ns": v * 1000 * 10 for k, v in steps.items()} | {"load_profile_seg_item_n": 10}
     gs |= {"batch_gets": 5, "batch_get_ns": 10 * 950 * 1000}
+    # The loads' own populates and the gateway's background populate (session fifteen's last three columns).
+    gs |= {"segment_populates": 3, "segment_prefault_bytes": 64 << 20, "segment_prefault_ns": 12_500_000}
     rows = [
         {**base, "row": "embedded", "stats": {"worker_get_slices": 5, "worker_get_run_ns": 5 * 2 * 840 * 1000}},
         {**base, "row": "gateway unix+segments (own shm L1)", "gateway_stats": gs},
@@ -271,7 +273,11 @@ def test_segment_load_table_splits_a_segment_load_from_the_gateways_profile():
     ]
     lines = [x for x in bench_connector.segment_load_table(rows, 2) if x.startswith("| 2 MiB | 4 |")]
     assert [[c.strip() for c in line.strip("|").split("|")][2:] for line in lines] == [
-        ["gateway unix+segments (own shm L1)", "840", "950", "900.0", "10.0", "860.0", "4.0", "6.0", "850.0", "50.0"]
+        [
+            "gateway unix+segments (own shm L1)",
+            *("840", "950", "900.0", "10.0", "860.0", "4.0", "6.0", "850.0", "50.0"),
+            *("3", "64", "12.5"),
+        ]
     ]
     assert bench_connector.segment_load_table(rows[:1] + rows[2:], 2) == []
 
