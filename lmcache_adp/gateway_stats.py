@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 from lmcache_adp import _native
+from lmcache_adp.config import tcp_address_error
 
 # The protocol's constants come from the binding (src_cpp/protocol/frame.h).
 MAGIC, VERSION = _native.FRAME_MAGIC, _native.PROTOCOL_VERSION
@@ -53,9 +54,11 @@ def _connect(url: str, timeout: float) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         target: Any = url[len("unix://") :]
     elif url.startswith("tcp://"):
+        # The connector's and the gateway's check of the address, not a third one of its own (review r15 N4:
+        # tcp://h:99999 was an OverflowError traceback).
+        if why := tcp_address_error(url, 1):
+            raise GatewayError(f"bad gateway address {url!r}: {why}")
         host, _, port = url[len("tcp://") :].rpartition(":")
-        if not host or not port.isdigit():
-            raise GatewayError(f"bad gateway address {url!r}; expected tcp://HOST:PORT")
         sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
         target = (host.strip("[]"), int(port))
     else:

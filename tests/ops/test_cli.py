@@ -374,3 +374,13 @@ def test_the_usable_cpus_are_shown(workdir, monkeypatch, capfd, cpu_max):
         assert len(ready) == 1 and ready[0].endswith(f", 1 workers, timeout 10000 ms, {text}"), ready
     finally:
         assert gw.stop() == 0
+
+
+@pytest.mark.parametrize("url", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1:9500/", "tcp://:9500"])
+def test_status_names_a_bad_tcp_gateway_address_without_a_traceback(url):
+    """`status --gateway` checks a tcp:// address as the connector and the gateway do (review r15 N4: port 99999 was
+    an OverflowError traceback): one line that says what is wrong, the error exit code, nothing connected."""
+    r = run("status", "--gateway", url)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert f"bad gateway address {url!r}" in r.stderr + r.stdout
