@@ -59,20 +59,6 @@ void make_image(const std::string& path, uint64_t bytes, const std::vector<std::
 
 int prefault_threads() { return adp::testing::threads_named("adp-prefault"); }
 
-// A joined thread can still be listed in /proc/self/task for a moment: its
-// join returns when it clears its tid, before the kernel releases the task
-// (seen in a fresh-clone CI run on the loaded 2-core VM). Waits up to 2 s for
-// none to be listed; a thread that really outlives its stop stays.
-int prefault_threads_after_stop() {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  int n = prefault_threads();
-  while (n != 0 && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    n = prefault_threads();
-  }
-  return n;
-}
-
 bool wait_done(const CardDevice& dev) {
   auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!dev.prefault_done() && std::chrono::steady_clock::now() < give_up)
@@ -100,23 +86,15 @@ void maps_the_written_extents(const std::string& dir) {
   CHECK(present_before == 0, "%zu pages present before the prefault", present_before);
   dev->start_prefault();
   CHECK(wait_done(*dev), "the prefault did not finish");
-  std::vector<bool> now = present_pages(dev->mapped(), size);
-  std::vector<bool> want(size / kPage, false);
-  for (auto [offset, n] : extents)
-    for (uint64_t p = offset / kPage; p < (offset + n + kPage - 1) / kPage; p++) want[p] = true;
-  size_t missing = 0, extra = 0;
-  for (size_t i = 0; i < want.size(); i++) {
-    missing += want[i] && !now[i];
-    extra += !want[i] && now[i];
-  }
-  CHECK(missing == 0, "%zu pages of written extents not mapped", missing);
-  CHECK(extra == 0, "%zu pages of holes mapped", extra);
+  const adp::testing::PageDiff d = adp::testing::page_diff(present_pages(dev->mapped(), size), extents);
+  CHECK(d.missing == 0, "%zu pages of written extents not mapped", d.missing);
+  CHECK(d.extra == 0, "%zu pages of holes mapped", d.extra);
   CHECK(allocated_bytes(path) == allocated, "the image's allocated bytes grew from %llu to %llu",
         static_cast<unsigned long long>(allocated), static_cast<unsigned long long>(allocated_bytes(path)));
   // The mapped pages are the card's bytes.
   CHECK(dev->mapped()[4 * kMiB] == 0x5a && dev->mapped()[240 * kMiB - 1] == 0x5a, "mapped bytes");
   dev.reset();
-  CHECK(prefault_threads_after_stop() == 0, "a prefault thread outlived its card");
+  CHECK(adp::testing::threads_named_after_join("adp-prefault") == 0, "a prefault thread outlived its card");
   ::unlink(path.c_str());
 }
 
@@ -139,9 +117,9 @@ void stops_when_asked_and_on_close(const std::string& dir) {
   for (bool b : present_pages(dev->mapped(), written)) present += b;
   CHECK(present < written / kPage && !dev->prefault_done(), "the prefault ran to the end (%zu of %llu pages)", present,
         static_cast<unsigned long long>(written / kPage));
-  CHECK(prefault_threads_after_stop() == 0, "the prefault thread outlived stop_prefault()");
+  CHECK(adp::testing::threads_named_after_join("adp-prefault") == 0, "the prefault thread outlived stop_prefault()");
   dev->start_prefault();  // stopped for good: starts nothing
-  CHECK(prefault_threads_after_stop() == 0, "a stopped prefault started again");
+  CHECK(adp::testing::threads_named_after_join("adp-prefault") == 0, "a stopped prefault started again");
   dev.reset();
   // Closed while it runs.
   s = CardDevice::Open(path, 0, &dev);
@@ -149,7 +127,7 @@ void stops_when_asked_and_on_close(const std::string& dir) {
   if (!s.ok()) return;
   dev->start_prefault();
   dev.reset();
-  CHECK(prefault_threads_after_stop() == 0, "a prefault thread outlived its card");
+  CHECK(adp::testing::threads_named_after_join("adp-prefault") == 0, "a prefault thread outlived its card");
   CHECK(allocated_bytes(path) == allocated, "the image's allocated bytes changed");
   // Reopened and left alone, it runs to the end.
   s = CardDevice::Open(path, 0, &dev);

@@ -9,9 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -51,6 +54,39 @@ inline int threads_named(const std::string& name) {
   }
   ::closedir(d);
   return n;
+}
+
+// threads_named(name) once it is 0, or after 2 s: a joined thread is still
+// listed in /proc/self/task until the kernel releases it (its join returns
+// when it clears its tid), a moment that a loaded machine stretches (seen in
+// a fresh-clone CI run on the 2-core VM). A thread that really outlives its
+// stop stays listed.
+inline int threads_named_after_join(const std::string& name) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int n = threads_named(name);
+  while (n != 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    n = threads_named(name);
+  }
+  return n;
+}
+
+// Pages present that `extents` (offset, length) do not cover (extra), and pages
+// they cover, whole or in part, that are not present (missing).
+struct PageDiff {
+  size_t missing = 0, extra = 0;
+};
+inline PageDiff page_diff(const std::vector<bool>& present, const std::vector<std::pair<uint64_t, uint64_t>>& extents) {
+  constexpr uint64_t kPage = 4096;
+  std::vector<bool> want(present.size(), false);
+  for (auto [offset, n] : extents)
+    for (uint64_t p = offset / kPage; p < (offset + n + kPage - 1) / kPage; p++) want[p] = true;
+  PageDiff d;
+  for (size_t i = 0; i < want.size(); i++) {
+    d.missing += want[i] && !present[i];
+    d.extra += !want[i] && present[i];
+  }
+  return d;
 }
 
 }  // namespace adp::testing

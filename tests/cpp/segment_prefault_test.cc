@@ -100,20 +100,11 @@ void populates_the_written_pages(const std::string& dir) {
   SegmentPrefaulter pre;
   pre.add(*seg);
   CHECK(wait_for([&] { return pre.segments_done() == 1; }), "the populate did not finish");
-  std::vector<bool> now = present_pages(seg->data(), size), want(size / kPage, false);
   uint64_t written = 0;
-  for (auto [offset, n] : extents) {
-    const uint64_t pages = (offset + n + kPage - 1) / kPage - offset / kPage;
-    for (uint64_t p = offset / kPage; p < offset / kPage + pages; p++) want[p] = true;
-    written += pages * kPage;
-  }
-  size_t missing = 0, extra = 0;
-  for (size_t i = 0; i < want.size(); i++) {
-    missing += want[i] && !now[i];
-    extra += !want[i] && now[i];
-  }
-  CHECK(missing == 0, "%zu written pages not populated", missing);
-  CHECK(extra == 0, "%zu pages of holes populated", extra);
+  for (auto [offset, n] : extents) written += ((offset + n + kPage - 1) / kPage - offset / kPage) * kPage;
+  const adp::testing::PageDiff d = adp::testing::page_diff(present_pages(seg->data(), size), extents);
+  CHECK(d.missing == 0, "%zu written pages not populated", d.missing);
+  CHECK(d.extra == 0, "%zu pages of holes populated", d.extra);
   CHECK(allocated_bytes(path) == allocated, "the file's allocated bytes grew from %llu to %llu",
         static_cast<unsigned long long>(allocated), static_cast<unsigned long long>(allocated_bytes(path)));
   CHECK(pre.bytes() == written && pre.ns() > 0, "populated %llu bytes (want %llu) in %llu ns",
@@ -128,7 +119,7 @@ void populates_the_written_pages(const std::string& dir) {
   if (again) pre.add(*again);
   pre.stop();
   CHECK(pre.segments_done() == 1 && pre.bytes() == written, "the same file was gone over again");
-  CHECK(populate_threads() == 0, "the populate thread outlived stop()");
+  CHECK(adp::testing::threads_named_after_join("adp-segpopulate") == 0, "the populate thread outlived stop()");
   CHECK(seg->data()[4 * kMiB] == 0x5a, "the segment's bytes");
   seg.reset();
   again.reset();
@@ -178,7 +169,7 @@ void lets_go_when_released_or_stopped(const std::string& dir) {
           static_cast<unsigned long long>(pre.bytes()));
     CHECK(populate_threads() == 1, "the thread waits for the next segment");
   }
-  CHECK(populate_threads() == 0, "the populate thread outlived its prefaulter");
+  CHECK(adp::testing::threads_named_after_join("adp-segpopulate") == 0, "the populate thread outlived its prefaulter");
   {
     SegmentPrefaulter pre;
     pre.before_piece_for_test = [](uint64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
@@ -189,9 +180,9 @@ void lets_go_when_released_or_stopped(const std::string& dir) {
     pre.stop();
     CHECK(pre.segments_done() == 0 && pre.bytes() < size, "it ran to the end (%llu bytes)",
           static_cast<unsigned long long>(pre.bytes()));
-    CHECK(populate_threads() == 0, "the populate thread outlived stop()");
+    CHECK(adp::testing::threads_named_after_join("adp-segpopulate") == 0, "the populate thread outlived stop()");
     pre.add(*seg);  // stopped for good
-    CHECK(populate_threads() == 0, "a stopped prefaulter started again");
+    CHECK(adp::testing::threads_named_after_join("adp-segpopulate") == 0, "a stopped prefaulter started again");
     // A segment it let go part-way is queued again by another prefaulter (another gateway of this process).
     SegmentPrefaulter next;
     next.add(*seg);
@@ -204,7 +195,8 @@ void lets_go_when_released_or_stopped(const std::string& dir) {
     if (seg) pre->add(*seg);
     pre.reset();
     seg.reset();
-    CHECK(!mapped(path) && populate_threads() == 0, "a prefaulter destroyed while it ran left a mapping or thread");
+    CHECK(!mapped(path) && adp::testing::threads_named_after_join("adp-segpopulate") == 0,
+          "a prefaulter destroyed while it ran left a mapping or thread");
   }
   ::unlink(path.c_str());
 }
