@@ -41,6 +41,12 @@ constexpr milliseconds kConnectTimeout{2000};
 // ADP_TEST_STALL_CHECK_MS for tests: RemoteBackend::stall_check_).
 constexpr milliseconds kStallCheck{250};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
+// The wait before the next connect after `prev` (0: the first failure): doubling from kFirstBackoff to
+// kMaxBackoff, kMaxBackoff at once for a refused token (no retry soon can fix it). One rule for a session's
+// back-off and the background reconnect's.
+milliseconds next_backoff(milliseconds prev, bool token_refused) {
+  return token_refused ? kMaxBackoff : std::clamp(prev * 2, kFirstBackoff, kMaxBackoff);
+}
 // A batch that needs a connection while the start-up connect (prepare) is
 // still being made waits for it this long at most (half its time left, if
 // less), then connects on its own: a gateway that answers the handshake
@@ -470,7 +476,7 @@ void RemoteSession::take_start(Deadline deadline) {
 
 Status RemoteSession::back_off(const Status& why, Clock::time_point failed) {
   // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
-  backoff_ = RemoteBackend::token_refusal(why) ? kMaxBackoff : std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
+  backoff_ = next_backoff(backoff_, RemoteBackend::token_refusal(why));
   retry_at_ = failed + backoff_;
   backoff_connects_ = backend_->connects();
   last_error_ = Status::Unavailable(backend_->describe() + " unavailable: " + why.message());
@@ -1293,7 +1299,7 @@ void RemoteBackend::reconnect_loop() {
       continue;
     }
     if (backoff.count() == 0) {
-      backoff = token_refused_.load() ? kMaxBackoff : kFirstBackoff;
+      backoff = next_backoff(milliseconds{0}, token_refused_.load());
       try_at = steady_ns() + ns(backoff);
     }
     // A session that began a connect of its own within the back-off has traffic: it reconnects by itself.
@@ -1320,7 +1326,7 @@ void RemoteBackend::reconnect_loop() {
       l.lock();
     }
     if (!s.ok()) {
-      backoff = token_refusal(s) ? kMaxBackoff : std::clamp(backoff * 2, kFirstBackoff, kMaxBackoff);
+      backoff = next_backoff(backoff, token_refusal(s));
       try_at = steady_ns() + ns(backoff);
     }
   }
