@@ -88,9 +88,23 @@ def _usable_cpus(st: dict[str, Any]) -> str:
     return f"{st['usable_cpus']} (what its spin rule and piece helpers count: affinity, or a cgroup CPU quota if fewer)"
 
 
+def _ratio(hits: int, misses: int) -> str:
+    return f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+
+
+def _lookups(st: dict[str, Any]) -> str:
+    """The hit ratio a card is sized by: of the keys LMCache's lookups asked, those found on the card (an evicted
+    key is a lookup miss; audit 15 item 9)."""
+    if "lookup_hits" not in st:
+        return "- (stats of a release older than the lookup counters)"
+    hits, misses = st["lookup_hits"], st.get("lookup_misses", 0)
+    if "latency_us_log2" not in st and "clients" not in st:  # a card read on its own (`status --card`)
+        return "- (counted by the process that serves the card: status --url, or --gateway)"
+    return f"{hits} / {misses} keys (hit ratio {_ratio(hits, misses)}; evicted keys are misses)"
+
+
 def format_status(st: dict[str, Any]) -> str:
     hits, misses = st.get("hits", 0), st.get("misses", 0)
-    ratio = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
     cap = st.get("capacity_bytes", 0)
     rows = [
         ("card", st.get("card", "-")),
@@ -98,9 +112,13 @@ def format_status(st: dict[str, Any]) -> str:
         ("capacity", _size(cap)),
         ("used", f"{_size(st.get('used_bytes', 0))} ({st.get('used_bytes', 0) / cap:.1%})" if cap else "-"),
         ("objects", st.get("objects", 0)),
-        # Of loads: LMCache loads only the keys its lookup found on the card, so an evicted key is never a miss
-        # and this read 100% while prompts were lost to eviction (audit 15; docs/stats.md, misses).
-        ("hits / misses", f"{hits} / {misses} (load hit ratio {ratio}; evicted keys are not loaded, not misses)"),
+        # The headline: keys found by LMCache's lookups. The load ratio below read 100% while prompts were lost to
+        # eviction, since LMCache loads only what its lookup found (audit 15 item 9; docs/stats.md, lookup_hits).
+        ("lookup hits / misses", _lookups(st)),
+        (
+            "load hits / misses",
+            f"{hits} / {misses} objects (load hit ratio {_ratio(hits, misses)}; only keys a lookup found are loaded)",
+        ),
         # Two counts side by side, as hits / misses: "stores (failed) 2 (2)" read as both stores failed where two
         # were stored and two more failed (audit 15; `stores` counts the acknowledged only, docs/stats.md).
         ("stored / failed", f"{st.get('stores', 0)} / {st.get('store_failures', 0)} objects"),

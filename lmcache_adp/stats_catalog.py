@@ -138,7 +138,28 @@ CARD_LIST: tuple[Stat, ...] = (
         _OPS,
         "Loads not served: the key is not on the card, the object failed its checks, or the load failed. LMCache "
         "loads only the keys its lookup (exists) found on the card, so a key the card evicted is not counted: "
-        "hits / (hits + misses) is that of loads, near 1 however much the card evicts (audit 15)",
+        "hits / (hits + misses) is that of loads, near 1 however much the card evicts (audit 15); "
+        "lookup_hits / lookup_misses are what a card is sized by",
+    ),
+    Stat(
+        "lookup_hits",
+        COUNTER,
+        "keys",
+        _OPS,
+        "Keys LMCache's lookups (exists) found on the card, once per key asked: counted by a connector when the "
+        "lookup's answer reaches LMCache (embedded, client; a lookup that failed or timed out, which LMCache reads "
+        "as all misses, counts in neither lookup_hits nor lookup_misses), and by the gateway per key asked of it "
+        "(all its clients'). lookup_hits / (lookup_hits + lookup_misses) is the hit ratio a card is sized by: "
+        "`lmcache-adp status` shows it first. The card itself does not count them (`status --card`: 0)",
+    ),
+    Stat(
+        "lookup_misses",
+        COUNTER,
+        "keys",
+        _OPS,
+        "Keys LMCache's lookups (exists) did not find on the card, once per key asked (counted as lookup_hits): "
+        "keys never stored and keys the card evicted alike. LMCache loads only what its lookup found, so these "
+        "never reach a load and are not in `misses`",
     ),
     Stat("stores", COUNTER, "objects", _OPS, "Objects stored (acknowledged)"),
     Stat(
@@ -728,8 +749,9 @@ def render_markdown() -> str:
         "per step. No other labels: a fleet's series are told apart by the scrape's",
         "own `instance` and `job`.",
         "",
-        "**Counted twice**: `hits`, `misses`, `stores`, `store_failures`, `deletes`,",
-        "`bytes_written`, `bytes_read`, `process_loads` and `process_stores` are counted",
+        "**Counted twice**: `hits`, `misses`, `lookup_hits`, `lookup_misses`, `stores`,",
+        "`store_failures`, `deletes`, `bytes_written`, `bytes_read`, `process_loads` and",
+        "`process_stores` are counted",
         "both by a connector on a gateway (its own operations) and by the gateway",
         "itself (all its clients'): a fleet's sum over every scrape counts each such",
         "operation twice, so filter by `job` (sum the gateways' or the connectors',",
@@ -774,8 +796,11 @@ def render_markdown() -> str:
         "requests fail by their deadlines | `lmcache_adp_gateway_stalled == 1` |",
         "| a gateway's card failing, as its connectors see it | `lmcache_adp_gateway_card_healthy == 0` |",
         "| a connector's gateway flapping | `increase(lmcache_adp_gateway_reconnects_total[1h]) > 3` |",
+        "| hit ratio a card is sized by: keys LMCache's lookups found on the card (evicted keys are misses) | "
+        "`rate(lmcache_adp_lookup_hits_total[5m]) / (rate(lmcache_adp_lookup_hits_total[5m]) + "
+        "rate(lmcache_adp_lookup_misses_total[5m]))` |",
         "| loads served of those tried (not prompts found: an evicted key is never loaded, so never a miss; "
-        "the card's fit shows in eviction churn below) | `rate(lmcache_adp_hits_total[5m]) / "
+        "use the lookup ratio above to size a card) | `rate(lmcache_adp_hits_total[5m]) / "
         "(rate(lmcache_adp_hits_total[5m]) + rate(lmcache_adp_misses_total[5m]))` |",
         "| damaged objects dropped | `increase(lmcache_adp_checksum_failures_total[1h]) > 0` |",
         "| card fill | `lmcache_adp_used_bytes / lmcache_adp_capacity_bytes` |",

@@ -102,6 +102,14 @@ struct StoreStats {
   uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
   uint64_t region_bytes = 0, num_regions = 0, free_regions = 0;
   uint64_t hits = 0, misses = 0, stores = 0, store_failures = 0, deletes = 0;
+  // Keys of lookups (exists) answered found / not found, once per key asked:
+  // by the connector (embedded or through a gateway) when a lookup's answer
+  // reaches LMCache (a lookup that failed, or timed out, counts in neither:
+  // LMCache reads all its keys as misses), and by the gateway per key asked
+  // of it. The card store itself never counts them (0 from `status --card`).
+  // LMCache loads only the keys its lookup found, so an evicted key is a
+  // lookup miss, never a load miss (audit 15 item 9).
+  uint64_t lookup_hits = 0, lookup_misses = 0;
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
   uint64_t media_errors = 0;  // regions found damaged or unreadable at open (their objects past the damage are lost)
   uint64_t bytes_written = 0, bytes_read = 0;
@@ -160,6 +168,8 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("free_regions", st.free_regions);
   f("hits", st.hits);
   f("misses", st.misses);
+  f("lookup_hits", st.lookup_hits);
+  f("lookup_misses", st.lookup_misses);
   f("stores", st.stores);
   f("store_failures", st.store_failures);
   f("deletes", st.deletes);

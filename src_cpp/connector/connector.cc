@@ -148,6 +148,12 @@ void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool
   latency_[static_cast<int>(b->op)].record(static_cast<uint64_t>(us));
   Completion c{b->id, ok, error, {}};
   c.per_key = use_results ? b->results : std::vector<uint8_t>(b->keys.size(), 0);
+  if (b->op == OpType::kExists && ok && use_results) {
+    // The answer LMCache gets, once per key (a failed or timed-out lookup: in neither; LMCache reads it all misses).
+    const auto found = static_cast<uint64_t>(std::count(c.per_key.begin(), c.per_key.end(), uint8_t{1}));
+    lookup_hits_.fetch_add(found, std::memory_order_relaxed);
+    lookup_misses_.fetch_add(c.per_key.size() - found, std::memory_order_relaxed);
+  }
   completions_.push_back(std::move(c));
   uint64_t one = 1;
   ssize_t w = ::write(event_fd_, &one, sizeof one);
@@ -399,14 +405,21 @@ void Connector::close() {
     std::unique_lock<std::shared_mutex> bl(backend_mu_);
     backend_.reset();
   }
-  ADP_INFO("ADPConnector closed: %s (%llu hits, %llu misses, %llu stores)", description_.c_str(),
-           static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
-           static_cast<unsigned long long>(st.stores));
+  ADP_INFO("ADPConnector closed: %s (lookups: %llu keys found, %llu not; loads: %llu hits, %llu misses; %llu stores)",
+           description_.c_str(), static_cast<unsigned long long>(lookup_hits_.load()),
+           static_cast<unsigned long long>(lookup_misses_.load()), static_cast<unsigned long long>(st.hits),
+           static_cast<unsigned long long>(st.misses), static_cast<unsigned long long>(st.stores));
 }
 
 StoreStats Connector::stats() const {
-  std::shared_lock<std::shared_mutex> bl(backend_mu_);
-  return backend_ ? backend_->stats() : StoreStats{};
+  StoreStats s;
+  {
+    std::shared_lock<std::shared_mutex> bl(backend_mu_);
+    if (backend_) s = backend_->stats();
+  }
+  s.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
+  s.lookup_misses = lookup_misses_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace adp

@@ -156,6 +156,9 @@ class Connector {
   std::thread deadline_thread_;
   LatencyHistogram latency_[kNumOpTypes];
   OpTiming put_timing_, get_timing_;
+  // Keys of the lookups whose answer reached LMCache (a successful exists
+  // future): found / not found (StoreStats::lookup_hits / lookup_misses).
+  std::atomic<uint64_t> lookup_hits_{0}, lookup_misses_{0};
 };
 
 template <typename F>

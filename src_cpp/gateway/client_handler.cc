@@ -844,7 +844,9 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
       }
       case proto::Op::kExists:  // the index only, no context: a sign of life per item (review r10 N3)
         for (size_t i = 0; i < n; i++) {
-          st[i] = store.exists(req.items[i].key) ? Status::Ok() : Status::NotFound();
+          const bool found = store.exists(req.items[i].key);
+          st[i] = found ? Status::Ok() : Status::NotFound();
+          (found ? shared_->lookup_hits : shared_->lookup_misses).fetch_add(1, std::memory_order_relaxed);
           bump_alive();
         }
         break;

@@ -114,6 +114,8 @@ struct GatewayShared {
   // line: GatewayServer::log_gone_clients).
   std::atomic<uint64_t> gone_before_hello_ok{0};
   std::atomic<uint64_t> batches{0};
+  // Keys asked by lookups (exists), found / not found on the card (StoreStats::lookup_hits / lookup_misses).
+  std::atomic<uint64_t> lookup_hits{0}, lookup_misses{0};
   // Put and get batches served, and the nanoseconds each connection's thread
   // spent on them, from the request read to its reply ready to send (counted
   // then, so a client that has the reply finds it counted): a client's time

@@ -126,8 +126,16 @@ bool GatewayServer::wait(std::chrono::milliseconds timeout) {
 }
 
 StoreStats GatewayServer::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return store_ ? store_->stats() : final_stats_;
+  StoreStats st;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    st = store_ ? store_->stats() : final_stats_;
+  }
+  if (shared_) {  // the connections' count: the card store does not count lookups
+    st.lookup_hits = shared_->lookup_hits.load(std::memory_order_relaxed);
+    st.lookup_misses = shared_->lookup_misses.load(std::memory_order_relaxed);
+  }
+  return st;
 }
 
 std::string GatewayServer::stats_json() const { return adp::stats_json(stats(), *shared_); }

@@ -23,6 +23,8 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   StoreStats with = st;
   with.process_loads = shared.process_loads.load();  // the card's own counts are 0
   with.process_stores = shared.process_stores.load();
+  with.lookup_hits = shared.lookup_hits.load();  // counted per key asked by the connections, not by the card
+  with.lookup_misses = shared.lookup_misses.load();
   for_each_stat(with, field);
   field("clients", shared.clients.load());
   field("status_queries", shared.status_queries.load());

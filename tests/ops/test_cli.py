@@ -42,6 +42,9 @@ def test_status_human_and_json(filled):
         ["objects", "12"]
     ]
     assert "capacity" in r.stdout and "hit ratio" in r.stdout
+    # The card keeps no lookup counts: the row says where they are, not "0 / 0" (audit 15 item 9).
+    (lookups,) = [line for line in r.stdout.splitlines() if line.startswith("lookup hits / misses")]
+    assert lookups.endswith("- (counted by the process that serves the card: status --url, or --gateway)"), lookups
     r = run("status", "--card", filled, "--json")
     st = json.loads(r.stdout)
     assert st["objects"] == 12 and st["capacity_bytes"] > 0 and st["healthy"] is True
@@ -158,7 +161,8 @@ def test_status_of_a_client_leaves_the_card_to_its_gateway(tmp_path):
     assert rows["card"] == f"the gateway's at {url}: lmcache-adp status --gateway {url}", rows
     for card_row in ("healthy", "capacity", "used", "objects", "evictions", "checksum failures", "recovered at open"):
         assert card_row not in rows, f"a client's status shows the card's {card_row!r}: {rows}"
-    assert list(rows)[:2] == ["card", "gateway reachable"] and rows["hits / misses"].startswith("0 / 0"), rows
+    assert list(rows)[:2] == ["card", "gateway reachable"] and rows["load hits / misses"].startswith("0 / 0"), rows
+    assert rows["lookup hits / misses"] == "0 / 0 keys (hit ratio -; evicted keys are misses)", rows
     # A TCP gateway's status needs its token: the command shown says so (review r12 N2).
     token = tmp_path / "token"
     token.write_text("t")
@@ -181,7 +185,9 @@ def test_status_shows_stores_and_failures_side_by_side():
     )
     assert rows["stored / failed"] == "2 / 2 objects", rows
     # An evicted key is never loaded, so never a miss: the ratio says it is of loads (audit 15).
-    assert rows["hits / misses"] == "0 / 0 (load hit ratio -; evicted keys are not loaded, not misses)", rows
+    assert rows["load hits / misses"] == "0 / 0 objects (load hit ratio -; only keys a lookup found are loaded)", rows
+    # Stats without the lookup counters (a connector of an older release, read with --url): said so, no ratio made up.
+    assert rows["lookup hits / misses"] == "- (stats of a release older than the lookup counters)", rows
     assert not [label for label in rows if "(failed)" in label], rows
 
 
