@@ -139,7 +139,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="populate the gateway's page tables for each registered client segment (LMCache's L1 pool with "
         "--shm-name) in the background, over the pages its file already holds, so that the first loads into them "
         "need not: it costs page tables (~2 MiB a GiB of segment) and one thread's CPU while it runs (~110 ms a "
-        "GiB on a 2-CPU VM), once per segment (default on; off: each load populates its own pages)",
+        "GiB on a 2-CPU VM), once per segment; only segments on tmpfs or hugetlbfs, a disk-backed file's pages "
+        "are left to its loads (default on; off: each load populates its own pages)",
     )
     p.add_argument(
         "--max-pipelined-stores",

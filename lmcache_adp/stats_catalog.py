@@ -422,7 +422,8 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         G,
         "Client segment bytes whose page tables the gateway populated in the background after their registration "
         "(--segment-prefault on: the pages the segment's file held, not populated by a load before), so that "
-        "loads into them make no MADV_POPULATE_WRITE (segment_populates does not move)",
+        "loads into them make no MADV_POPULATE_WRITE (segment_populates does not move). Only segments on a memory "
+        "filesystem (tmpfs, hugetlbfs): a disk-backed file's pages are left to its loads",
     ),
     Stat(
         "segment_prefault_ns",

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "protocol/client_segment.h"
 
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,6 +84,14 @@ int take_slot(uintptr_t lo, uintptr_t hi) {
   return -1;
 }
 
+// The client's name for the file (its /dev/shm path), for the log.
+std::string file_name(int fd) {
+  char name[PATH_MAX] = "a client segment";
+  const std::string fd_link = "/proc/self/fd/" + std::to_string(fd);
+  if (ssize_t n = ::readlink(fd_link.c_str(), name, sizeof name - 1); n > 0) name[n] = 0;
+  return log_safe(name);
+}
+
 constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
 
 // The mappings in use, by file identity: a file registered again (by any
@@ -100,8 +110,12 @@ struct SegmentMapping {
   // One bit per 4 KiB page (1/32768 of the segment, against 1/512 for the
   // page tables that the populated pages cost anyway).
   std::unique_ptr<std::atomic<uint64_t>[]> populated;
+  // On a memory filesystem (tmpfs, hugetlbfs, ramfs): a write fault
+  // allocates or maps a page there and dirties nothing that is written back.
+  bool in_memory = false;
   // Queued for, or gone over by, a SegmentPrefaulter (given back if it let
-  // the mapping go part-way, so a later registration queues it again).
+  // the mapping go part-way, so a later registration queues it again), or
+  // left to the loads (not in_memory).
   std::atomic<bool> queued{false};
 
   // The bits of word w in pages [first, last].
@@ -175,6 +189,9 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
   m->size = bytes;
   m->slot = slot;
   m->id = id;
+  struct statfs fs{};
+  m->in_memory =
+      ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC || fs.f_type == RAMFS_MAGIC);
   size_t words = ((bytes >> kPageShift) + 64) / 64;
   m->populated.reset(new std::atomic<uint64_t>[words]());
   g_mappings[id] = m;
@@ -203,6 +220,13 @@ bool ClientSegment::prepare(uint64_t offset, uint64_t len) {
 void SegmentPrefaulter::add(const ClientSegment& seg) {
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_ || seg.m_->queued.exchange(true)) return;
+  if (!seg.m_->in_memory) {  // marked queued: not looked at again
+    ADP_DEBUG(
+        "gateway: segment %s is not on a memory filesystem (tmpfs, hugetlbfs): not populated in the background "
+        "(that would dirty every written page of the file); its loads populate their own pages",
+        file_name(seg.m_->fd).c_str());
+    return;
+  }
   queue_.push_back(seg.m_);
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   cv_.notify_one();
@@ -240,9 +264,8 @@ void SegmentPrefaulter::run() {
 
 void SegmentPrefaulter::populate(const std::shared_ptr<SegmentMapping>& m) {
   if (populate_refused(m->data)) return;  // logged once, at WARNING, by util/populate.h
-  char name[PATH_MAX] = "a client segment";
-  const std::string fd_link = "/proc/self/fd/" + std::to_string(m->fd);
-  if (ssize_t n = ::readlink(fd_link.c_str(), name, sizeof name - 1); n > 0) name[n] = 0;
+  const std::string name_text = file_name(m->fd);
+  const char* name = name_text.c_str();
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   uint64_t bytes = 0;

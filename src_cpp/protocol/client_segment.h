@@ -59,8 +59,12 @@ class ClientSegment {
 
 // Populates registered segments' page tables in the background, so that the
 // first load into each page pays no MADV_POPULATE_WRITE (issue 10 item 2:
-// ~220 us a 2 MiB object on the 2-CPU VM). One thread (adp-seg-populate,
-// started at the first add), segments in the order added, each over its
+// ~220 us a 2 MiB object on the 2-CPU VM). Only a segment on a memory
+// filesystem (tmpfs, hugetlbfs, ramfs: fstatfs at Attach): a write fault on a
+// disk-backed file's page dirties it, so populating one would write the
+// whole file back and move its mtime with no load asked for (review r15
+// N10); those are left to the loads, with a DEBUG line. One thread
+// (adp-segpopulate, started at the first add), segments in the order added, each over its
 // written pages only (util/prefault.h: a hole is left to the load that
 // allocates it, so the client's file takes no memory it did not), in pieces
 // of kPrefaultPieceBytes, each made as prepare() makes it and marked, so a
@@ -79,8 +83,9 @@ class SegmentPrefaulter {
 
   // Queues the segment's mapping (not a reference to it: a segment released
   // before its turn is skipped); one already queued or gone over is not
-  // queued again (another connection's registration of the same file).
-  // Never blocks on the populate. Nothing after stop().
+  // queued again (another connection's registration of the same file), nor
+  // one not on a memory filesystem. Never blocks on the populate. Nothing
+  // after stop().
   void add(const ClientSegment& seg);
   // Stops the thread within one piece and joins it; idempotent.
   void stop();

@@ -27,7 +27,12 @@ struct ExtentWalk {
 // (lseek SEEK_DATA / SEEK_HOLE; tmpfs reports whole pages), in order, in
 // pieces of at most kPrefaultPieceBytes: kDone after the last, kStopped as
 // soon as piece returns false. Uses fd's file offset (lseek): nothing else
-// may read or write through fd meanwhile.
+// may read or write through fd meanwhile. That offset belongs to the open
+// file description, which a descriptor passed by SCM_RIGHTS shares with the
+// process that sent it: a client segment's walk moves its client's offset
+// too (harmless to the connector, which maps its pool and never read(2)s
+// it; a client that read(2)s or write(2)s the file it registered would see
+// its offset moved).
 ExtentWalk walk_written_extents(int fd, uint64_t size, const std::function<bool(uint64_t offset, uint64_t n)>& piece);
 
 }  // namespace adp

@@ -12,6 +12,7 @@ import mmap
 import os
 import shutil
 import struct
+import subprocess
 import tempfile
 import time
 
@@ -325,6 +326,55 @@ def test_a_refusing_kernel_populates_no_segment_in_the_background():
     refused = [line for line in log.splitlines() if REFUSED in line]
     assert len(refused) == 1 and log.count(TRY) == 1, log
     assert "populated in the background" not in log and "in the background stopped" not in log, log
+
+
+def disk_dir() -> str:
+    """A directory on a disk filesystem (not in memory): /var/tmp or /tmp."""
+    for d in ("/var/tmp", "/tmp"):
+        fs = subprocess.run(["stat", "-f", "-c", "%T", d], capture_output=True, text=True).stdout.strip()
+        if fs not in ("tmpfs", "ramfs", "hugetlbfs"):
+            return d
+    pytest.skip("/var/tmp and /tmp are both in memory here")
+
+
+def written_file(directory: str, size: int) -> tuple[str, int]:
+    """A file of size bytes, all written and synced, in directory; its fd open read-write."""
+    fd, path = tempfile.mkstemp(prefix="adp-test-seg-", dir=directory)
+    os.write(fd, b"\x02" * size)
+    os.fsync(fd)
+    return path, fd
+
+
+def test_a_segment_on_a_disk_file_is_not_populated_in_the_background():
+    """Review r15 N10: the background populate write-faults each written page (MADV_POPULATE_WRITE), which on a
+    disk filesystem dirties the page: a whole file written back and its mtime moved with no load asked for. A
+    segment file on a disk filesystem is left to the loads (a DEBUG line says so); a /dev/shm one registered after
+    it on the same connection is still populated. Segments are gone over in the order added, so once the /dev/shm
+    one is done the disk file was passed over: no sleep."""
+    size = 4 << 20
+    disk_path, disk_fd = written_file(disk_dir(), size)
+    os.utime(disk_fd, ns=(10**18, 10**18))  # 2001: the populate would set it to now
+    shm_path, shm_fd = shm_file(size)
+    os.write(shm_fd, b"\x03" * size)
+    try:
+        with temp_gateway(env={"ADP_LOG_LEVEL": "DEBUG"}) as gw:
+            c = RawClient(gw)
+            try:
+                assert c.register(disk_fd, size, seg_id=1) == (SEGMENT_OK, b"")
+                assert c.register(shm_fd, size, seg_id=2) == (SEGMENT_OK, b"")
+                st = wait_for_stat(gw, "segment_prefaults", 1)
+                assert st["segments"] == 2, st
+            finally:
+                c.close()
+            log = gw.log()
+        assert st["segment_prefaults"] == 1 and st["segment_prefault_bytes"] == size, st
+        assert os.fstat(disk_fd).st_mtime_ns == 10**18, "the disk file's mtime moved"
+        assert f"segment {disk_path} is not on a memory filesystem" in log, log
+        assert log.count("of written pages populated in the background") == 1 and shm_path in log, log
+    finally:
+        for fd, path in ((disk_fd, disk_path), (shm_fd, shm_path)):
+            os.close(fd)
+            os.unlink(path)
 
 
 SEG_STEPS = tuple(s for s in LOAD_PROFILE_STEPS if s.startswith("seg_"))  # a segment load's steps
