@@ -119,13 +119,22 @@ class CardStore:
     synchronous, one caller at a time."""
 
     def __init__(
-        self, path: str, create_bytes: int = 0, durable: bool = True, region_bytes: int = 0, format_blank: bool = True
+        self,
+        path: str,
+        create_bytes: int = 0,
+        durable: bool = True,
+        region_bytes: int = 0,
+        format_blank: bool = True,
+        read_only: bool = False,
     ) -> None:
         """Opens (recovers) the card at path; an image of create_bytes is
         created and formatted if it does not exist, and a blank card (block 0
         all zeros) is formatted unless format_blank is False (then:
         RuntimeError "no card at PATH (block 0 is blank)", nothing written).
-        Raises RuntimeError."""
+        read_only: opened O_RDONLY (still locked against other owners), so a
+        card on a read-only filesystem opens; nothing is created, formatted or
+        written, and put, remove and verify(repair=True) raise ValueError
+        ("... it is open read-only ..."). Raises RuntimeError."""
 
     @property
     def max_object_bytes(self) -> int:
@@ -147,8 +156,8 @@ class CardStore:
         """Counters and sizes (objects, used_bytes, capacity_bytes, regions, failures, ...)."""
 
     def verify(self, repair: bool = False, progress: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
-        """Reads every object and checks its CRC; repair=True drops the bad ones.
-        progress(done, total) is called now and then."""
+        """Reads every object and checks its CRC; repair=True drops the bad ones
+        (ValueError on a read-only card). progress(done, total) is called now and then."""
 
     def close(self) -> None:
         """Closes the card; the store is unusable afterwards."""

@@ -183,21 +183,23 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _open_card(path: str) -> CardStore:
+def _open_card(path: str, *, read_only: bool) -> CardStore:
     if not os.path.exists(path):
         raise SystemExit(_fail(f"card {path} does not exist", EXIT_USAGE))
     try:
-        # A blank file or device is refused, not formatted: status and verify never write to it.
-        return CardStore(path, 0, durable=True, format_blank=False)
+        # A blank file or device is refused, not formatted: status and verify never write to it. Read-only
+        # (O_RDONLY, still locked against a gateway or a server): a disk the kernel remounted read-only after
+        # errors is when verify is wanted, and an image the operator may not write is read (audit 15).
+        return CardStore(path, 0, durable=True, format_blank=False, read_only=read_only)
     except RuntimeError as e:
         msg = str(e)
         if "already open" in msg:
             msg += "; ask the process that holds it (lmcache-adp status --url/--gateway)"
-        elif "Read-only file system" in msg:
-            # A disk remounted read-only after errors is when verify is wanted; it ended at the errno (audit 15).
+        elif not read_only and ("Read-only file system" in msg or "Permission denied" in msg):
+            # Only --repair opens read-write: it writes (it marks the bad objects deleted).
             msg += (
-                "; status and verify open a card read-write: copy the image to a writable filesystem "
-                "(cp --sparse=always; a block device: dd it to a file) and run them on the copy"
+                "; --repair writes to the card (it marks the bad objects deleted): run verify without --repair to "
+                "check it, or --repair on a writable copy (cp --sparse=always; a block device: dd it to a file)"
             )
         raise SystemExit(_fail(msg, EXIT_ERROR)) from None
     except ValueError as e:
@@ -254,7 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not isinstance(st, dict):
             return _fail(f"{url} answered JSON that is not lmcache-adp's stats; {hint}", EXIT_ERROR)
     else:
-        store = _open_card(args.card)
+        store = _open_card(args.card, read_only=True)
         st = store.stats()
         store.close()
         st["card"] = args.card
@@ -287,7 +289,7 @@ class _Progress:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    store = _open_card(args.card)
+    store = _open_card(args.card, read_only=not args.repair)
     progress = _Progress()
     try:
         report = store.verify(repair=args.repair, progress=progress)

@@ -234,10 +234,12 @@ class NativeConnector {
 // Direct, synchronous access to a card: for tools (status/verify) and tests.
 class PyCardStore {
  public:
-  PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes, bool format_blank) {
+  PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes, bool format_blank,
+              bool read_only) {
     CardOptions co;
     co.path = path;
     co.format_blank = format_blank;
+    co.read_only = read_only;
     co.create_bytes = create_bytes;
     co.durable = durable;
     co.region_bytes = region_bytes;
@@ -308,10 +310,11 @@ class PyCardStore {
   // progress(done, total) is called from time to time, with the GIL.
   py::dict verify(bool repair, const py::object& progress) {
     VerifyReport r;
+    Status s;
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> l(mu_);
-      store().verify(
+      s = store().verify(
           *ctx_, repair,
           [&progress](uint64_t done, uint64_t total) {
             if (progress.is_none() || (done % 256 && done != total)) return;
@@ -320,6 +323,7 @@ class PyCardStore {
           },
           &r);
     }
+    if (!s.ok()) raise(s);
     py::dict d;
     d["checked"] = r.checked;
     d["bad"] = r.bad;
@@ -640,11 +644,13 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("clients", &PyGatewayServer::clients, "Connected clients now.");
 
   py::class_<PyCardStore>(m, "CardStore")
-      .def(py::init<const std::string&, uint64_t, bool, uint64_t, bool>(), py::arg("path"), py::arg("create_bytes") = 0,
-           py::arg("durable") = true, py::arg("region_bytes") = 0, py::arg("format_blank") = true,
+      .def(py::init<const std::string&, uint64_t, bool, uint64_t, bool, bool>(), py::arg("path"),
+           py::arg("create_bytes") = 0, py::arg("durable") = true, py::arg("region_bytes") = 0,
+           py::arg("format_blank") = true, py::arg("read_only") = false,
            "Opens (recovers) the card at path; an image of create_bytes is created and formatted if it does not exist, "
            "and a blank card (block 0 all zeros) is formatted unless format_blank is False (then: RuntimeError, "
-           "nothing written). Raises RuntimeError.")
+           "nothing written). read_only: opened O_RDONLY (still locked), nothing created, formatted or written; "
+           "put, remove and verify(repair=True) raise ValueError. Raises RuntimeError.")
       .def("put", &PyCardStore::put, "Stores data under key (replacing an older copy); True, or RuntimeError.")
       .def("get", &PyCardStore::get, "The object's bytes, checked against its CRC; None for a miss or a failed check.")
       .def("exists", &PyCardStore::exists, "Whether key is in the index.")
@@ -653,8 +659,8 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", &PyCardStore::stats,
            "Counters and sizes (objects, used_bytes, capacity_bytes, regions, failures, ...).")
       .def("verify", &PyCardStore::verify, py::arg("repair") = false, py::arg("progress") = py::none(),
-           "Reads every object and checks its CRC; repair=True drops the bad ones. progress(done, total) is called now "
-           "and then.")
+           "Reads every object and checks its CRC; repair=True drops the bad ones (ValueError on a read-only card). "
+           "progress(done, total) is called now and then.")
       .def_property_readonly("max_object_bytes", &PyCardStore::max_object_bytes,
                              "The largest object this card holds (one region minus its header room).")
       .def("close", &PyCardStore::close, "Closes the card; the store is unusable afterwards.");

@@ -119,15 +119,19 @@ std::string card_space_warning(const std::string& path) {
          "card uses, or give the cards sizes that fit together (the size applies when an image is created)";
 }
 
-Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out) {
+Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out,
+                        Access access) {
+  const bool read_only = access == Access::kReadOnly;
   struct stat st{};
   bool exists = ::stat(path.c_str(), &st) == 0;
   if (!exists && errno != ENOENT) return Status::IoError("cannot stat card " + path + ": " + errno_text(errno));
-  if (!exists && create_bytes == 0) return Status::NotFound("card " + path + " does not exist");
+  if (!exists && (create_bytes == 0 || read_only)) return Status::NotFound("card " + path + " does not exist");
   if (exists && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
     return Status::InvalidArgument("card " + path + " is neither a regular file nor a block device");
 
-  int flags = O_RDWR | O_DIRECT | O_CLOEXEC;
+  // flock() takes its exclusive lock on a read-only descriptor too: a
+  // read-only open still keeps a gateway or a connector off the card.
+  int flags = (read_only ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC;
   if (!exists) {
     // A sparse image larger than its filesystem's free space would start and
     // then fail its stores with ENOSPC once the filesystem fills: refused
@@ -187,12 +191,12 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
   }
   struct statfs fs{};
   bool memory = !is_blk && ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-  out->reset(new CardDevice(path, fd, size, is_blk, memory));
+  out->reset(new CardDevice(path, fd, size, is_blk, memory, read_only));
   if (memory && size > 0) {
     // Reads only touch blocks that were written, and writes blocks that
     // prepare_mapped_write() allocated, so the mapping never faults on a hole
     // (which on a full tmpfs would be SIGBUS, not an error).
-    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* m = ::mmap(nullptr, size, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED)
       ADP_WARN("card %s: cannot map the image (%s); loads read it with preadv", path.c_str(),
                errno_text(errno).c_str());
@@ -203,7 +207,7 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
 }
 
 bool CardDevice::prepare_mapped_write(uint64_t offset, size_t n) const {
-  if (!map_ || offset % kBlockSize || n % kBlockSize || offset + n > size_) return false;
+  if (!map_ || read_only_ || offset % kBlockSize || n % kBlockSize || offset + n > size_) return false;
   // Allocates what is a hole and maps every page writable in one call: an
   // error (EFAULT for a full tmpfs) instead of a SIGBUS in the copy. False
   // without a system call where this kernel refuses it (before Linux 5.14:
@@ -341,6 +345,9 @@ Status CardDevice::readv(uint64_t offset, const iovec* iov, int count) const {
 }
 
 Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const {
+  if (read_only_)
+    return Status::InvalidArgument("card " + path_ +
+                                   " is open read-only (status, verify without --repair): nothing is written to it");
   return track(transfer(true, offset, iov, count));
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CardDevice: the card as a file descriptor opened with O_DIRECT, either a
-// block device or an image file (created sparse when missing). Holds an
-// exclusive flock for its lifetime, so a card has one owner at a time.
+// block device or an image file (created sparse when missing), read-write or
+// read-only. Holds an exclusive flock for its lifetime either way, so a card
+// has one owner at a time.
 // I/O calls are thread-safe (positional), and must use 4 KiB-aligned offsets,
 // lengths and memory: the card never enters the host page cache. An image on
 // tmpfs is also mapped, and its written extents are mapped in ahead of use on
@@ -65,15 +66,21 @@ std::string card_space_warning(const std::string& path);
 
 class CardDevice : public Device {
  public:
+  // kReadOnly (status, verify without --repair): O_RDONLY, so that a card on
+  // a filesystem the kernel remounted read-only, or an image the caller may
+  // not write, can still be read; nothing is created, writev refuses.
+  enum class Access { kReadWrite, kReadOnly };
   // Opens `path`. A missing file is created with `create_bytes` (sparse) if
-  // create_bytes > 0; otherwise a missing card is NotFound. Busy if another
-  // open description holds the card.
-  static Status Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out);
+  // create_bytes > 0 and access is kReadWrite; otherwise a missing card is
+  // NotFound. Busy if another open description holds the card.
+  static Status Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out,
+                     Access access = Access::kReadWrite);
   ~CardDevice() override;
 
   const std::string& path() const override { return path_; }
   uint64_t size() const override { return size_; }
   bool is_block_device() const { return block_device_; }
+  bool read_only() const { return read_only_; }
   // True for an image file on tmpfs or ramfs: its I/O is a memory copy.
   bool memory_backed() const override { return memory_backed_; }
   // A memory-backed image is mapped (MAP_SHARED: the mapping is the tmpfs
@@ -96,6 +103,7 @@ class CardDevice : public Device {
   bool prefault_done() const { return prefault_done_.load(std::memory_order_acquire); }
 
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
+  // InvalidArgument, nothing written, on a card opened kReadOnly.
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
   // Makes completed writes durable against power loss (fdatasync).
   Status sync() const override;
@@ -109,8 +117,13 @@ class CardDevice : public Device {
   bool healthy() const override { return !failing_.failing(); }
 
  private:
-  CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed)
-      : path_(std::move(path)), fd_(fd), size_(size), block_device_(block_device), memory_backed_(memory_backed) {}
+  CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed, bool read_only)
+      : path_(std::move(path)),
+        fd_(fd),
+        size_(size),
+        block_device_(block_device),
+        memory_backed_(memory_backed),
+        read_only_(read_only) {}
   Status transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const;
   void prefault_extents();  // the adp-prefault thread
   Status track(Status s) const;
@@ -120,6 +133,7 @@ class CardDevice : public Device {
   uint64_t size_;
   bool block_device_;
   bool memory_backed_;
+  bool read_only_;
   uint8_t* map_ = nullptr;
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};

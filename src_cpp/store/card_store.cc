@@ -68,6 +68,11 @@ bool all_zero(const void* p, size_t n) {
 
 IoContext::~IoContext() = default;
 
+Status CardStore::read_only_refusal(const char* what) const {
+  return Status::InvalidArgument("cannot " + std::string(what) + " on card " + path() +
+                                 ": it is open read-only (status, verify without --repair)");
+}
+
 Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes) {
   std::unique_ptr<CardDevice> dev;
   Status s = CardDevice::Open(path, create_bytes, &dev);
@@ -115,20 +120,22 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   return s;
 }
 
-CardStore::CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable)
+CardStore::CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable, bool read_only)
     : device_(std::move(dev)),
       card_id_(sb.card_id),
       data_offset_(sb.data_offset),
       region_bytes_(sb.region_bytes),
       num_regions_(sb.num_regions),
       durable_(durable),
+      read_only_(read_only),
       regions_(sb.num_regions) {}
 
 CardStore::~CardStore() = default;
 
 Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out) {
   std::unique_ptr<CardDevice> dev;
-  Status s = CardDevice::Open(opts.path, opts.create_bytes, &dev);
+  Status s = CardDevice::Open(opts.path, opts.create_bytes, &dev,
+                              opts.read_only ? CardDevice::Access::kReadOnly : CardDevice::Access::kReadWrite);
   if (!s.ok()) return s;
   dev->set_io_depth(opts.io_depth);
   dev->start_prefault();  // in the background, alongside recovery
@@ -171,7 +178,7 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
         return Status::Corruption("superblock of card " + path + " does not match the device (" +
                                   std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format --card " +
                                   path + " --yes`");
-      std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable));
+      std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable, opts.read_only));
       s = store->recover(std::max(1, opts.recovery_threads));
       if (!s.ok()) return s;
       *out = std::move(store);
@@ -182,7 +189,7 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
                                      " holds data that is not an ADP card; refusing to overwrite it (use "
                                      "`lmcache-adp format --card " +
                                      path + "` to wipe it)");
-    if (!opts.format_blank)
+    if (!opts.format_blank || opts.read_only)
       return Status::NotFound("no card at " + path + " (block 0 is blank); format it with `lmcache-adp format --card " +
                               path + "`");
     // Blank card: format it, then read the new superblock.
@@ -425,6 +432,10 @@ void CardStore::abandon(IoContext& ctx, const Placement& pl, uint64_t payload_by
 void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* results,
                     const std::function<bool()>& still_wanted) {
   ctx.store_ = this;
+  if (read_only_) {
+    for (size_t i = 0; i < n; i++) results[i] = read_only_refusal("store");
+    return;
+  }
   if (!ctx.header_.reserve(2 * kBlockSize)) {
     for (size_t i = 0; i < n; i++)
       results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
@@ -1324,6 +1335,7 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   ctx.store_ = this;
   Status s = check_key(key);
   if (!s.ok()) return s;
+  if (read_only_) return read_only_refusal("delete");
   retry_pending(ctx);
   uint64_t h = hash_key(key);
   Location loc;

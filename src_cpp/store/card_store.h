@@ -62,6 +62,11 @@ struct CardOptions {
   // false: a blank card (block 0 all zeros) is NotFound, not formatted, so
   // that opening one (status, verify) never writes to it.
   bool format_blank = true;
+  // The card opened O_RDONLY (CardDevice::Access::kReadOnly): nothing is
+  // created, formatted or written, recovery included (older copies are left
+  // for a read-write open to mark deleted); put, remove and a repairing
+  // verify fail. Status and verify without --repair open a card so.
+  bool read_only = false;
 };
 
 class CardStore;
@@ -175,9 +180,10 @@ class CardStore {
 
   // Reads every indexed object and checks it as a load would. Bad objects
   // are reported, and dropped (as a failed load drops them) when `repair`.
-  // progress(done, total) is called after each object.
-  void verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
-              VerifyReport* report);
+  // progress(done, total) is called after each object. A repair on a
+  // read-only card is refused (InvalidArgument) before anything is read.
+  Status verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
+                VerifyReport* report);
 
   StoreStats stats() const;
   const std::string& path() const { return device_->path(); }
@@ -217,8 +223,10 @@ class CardStore {
     int64_t guard;
   };
 
-  CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable);
+  CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable, bool read_only);
   Status recover(int threads);
+  // What put, remove and a repairing verify answer on a read-only card.
+  Status read_only_refusal(const char* what) const;
   uint64_t region_offset(uint32_t r) const { return data_offset_ + uint64_t(r) * region_bytes_; }
 
   // A device extent of a record: `len` bytes at card offset `at`.
@@ -327,6 +335,7 @@ class CardStore {
   const uint64_t region_bytes_;
   const uint32_t num_regions_;
   const bool durable_;
+  const bool read_only_;  // CardOptions::read_only
 
   // Serializes reservations at the frontier (held across opening a region);
   // taken before mu_.

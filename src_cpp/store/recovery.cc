@@ -231,7 +231,11 @@ Status CardStore::recover(int threads) {
   });
   for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 
-  if (!stale.empty()) {
+  if (!stale.empty() && read_only_) {
+    // The index holds the newest copies only; a read-write open marks these.
+    ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
+             stale.size());
+  } else if (!stale.empty()) {
     for (const Stale& st : stale) {
       regions_.pin(st.loc.region);
       regions_.pin(static_cast<uint32_t>(st.guard));

@@ -7,8 +7,9 @@
 
 namespace adp {
 
-void CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
-                       VerifyReport* report) {
+Status CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uint64_t, uint64_t)>& progress,
+                         VerifyReport* report) {
+  if (repair && read_only_) return read_only_refusal("repair (drop the bad objects)");
   ctx.store_ = this;
   std::vector<std::pair<uint64_t, IndexEntry>> entries;
   {
@@ -46,6 +47,7 @@ void CardStore::verify(IoContext& ctx, bool repair, const std::function<void(uin
     }
     progress(++done, entries.size());
   }
+  return Status::Ok();
 }
 
 }  // namespace adp

@@ -191,9 +191,10 @@ def test_status_shows_stores_and_failures_side_by_side():
     assert not [label for label in rows if "(failed)" in label], rows
 
 
-def test_a_card_on_a_read_only_filesystem_is_named_so_with_what_to_do(tmp_path, filled):
-    """A card on a filesystem remounted read-only (as the kernel does after errors): status and verify ended at
-    "cannot open card X: Read-only file system" (audit 15); they now say how to inspect it. Needs mount (root)."""
+def test_status_and_verify_read_a_card_on_a_read_only_filesystem(tmp_path, filled):
+    """A card on a filesystem remounted read-only (as the kernel does after errors, when verify is wanted): status
+    and verify ended at "cannot open card X: Read-only file system" (audit 15 item 10). They open the card read-only
+    (still locked: a second opener is refused); --repair, which writes, says why it cannot. Needs mount (root)."""
     mnt = tmp_path / "ro"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True).returncode:
@@ -202,17 +203,38 @@ def test_a_card_on_a_read_only_filesystem_is_named_so_with_what_to_do(tmp_path, 
         card = mnt / "card.img"
         subprocess.run(["cp", "--sparse=always", filled, str(card)], check=True)
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
-        for cmd in (("status", "--card", str(card)), ("verify", "--card", str(card))):
-            r = run(*cmd)
-            assert r.returncode != 0 and f"cannot open card {card}: Read-only file system" in r.stderr, r.stderr
-            assert "copy the image to a writable filesystem (cp --sparse=always" in r.stderr, r.stderr
-        # The copy the message asks for is read whole.
-        copy = tmp_path / "copy.img"
-        subprocess.run(["cp", "--sparse=always", str(card), str(copy)], check=True)
-        r = run("verify", "--card", str(copy))
-        assert r.returncode == 0 and "12 objects" in r.stdout, r.stdout + r.stderr
+        r = run("status", "--card", str(card), "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["objects"] == 12, r.stdout + r.stderr
+        r = run("verify", "--card", str(card))
+        assert r.returncode == 0 and r.stdout.endswith("12 objects, 234.4 KiB checked: clean\n"), r.stdout + r.stderr
+        r = run("verify", "--card", str(card), "--repair")
+        assert r.returncode == 3 and f"cannot open card {card}: Read-only file system" in r.stderr, r.stderr
+        assert "--repair writes to the card" in r.stderr and "run verify without --repair" in r.stderr, r.stderr
+        # Read-only is still exclusive: a server or gateway cannot take the card while it is read.
+        held = CardStore(str(card), read_only=True, format_blank=False)
+        try:
+            r = run("status", "--card", str(card))
+            assert r.returncode == 3 and "already open" in r.stderr, r.stderr
+        finally:
+            held.close()
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_read_only_card_refuses_every_write(filled):
+    """CardStore(read_only=True): the card is read, and a store, a delete or a repair is refused with what it is,
+    before anything is written (the image's bytes are unchanged)."""
+    before = open(filled, "rb").read()
+    s = CardStore(filled, read_only=True)
+    try:
+        assert s.get("k3") == payload("k3", 20000) and s.stats()["objects"] == 12
+        for write in (lambda: s.put("new", payload("new", 5000)), lambda: s.remove("k3"), lambda: s.verify(True)):
+            with pytest.raises(ValueError, match=f"cannot .* on card {filled}: it is open read-only"):
+                write()
+        assert s.verify()["checked"] == 12 and s.exists("k3") and not s.exists("new")
+    finally:
+        s.close()
+    assert open(filled, "rb").read() == before
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback(filled):

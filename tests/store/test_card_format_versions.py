@@ -56,6 +56,26 @@ def test_older_card_is_refused_with_what_to_run_then_reformatted(card, old):
     s.close()
 
 
+def revive_first_object(card: str, key: bytes, data: bytes) -> None:
+    """Undoes the tombstone of the first object of the first region (as if it had been lost in a power cut): its
+    header is made live again, for `key` holding `data`."""
+    with open(card, "r+b") as f:
+        region0 = 1 * MIB
+        f.seek(region0 + 4096)
+        hdr = bytearray(f.read(4096))
+        assert hdr[:8] == b"ADPOBJT1"
+        flags = struct.unpack_from("<I", hdr, 48)[0]
+        assert flags & 1  # deleted (superseded)
+        # A tombstone keeps no key: rebuild the live header from the key.
+        struct.pack_into("<I", hdr, 48, 0)  # flags
+        struct.pack_into("<I", hdr, 52, len(key))  # key_bytes
+        struct.pack_into("<I", hdr, 56, crc32c(data))
+        hdr[64 : 64 + len(key)] = key
+        struct.pack_into("<I", hdr, 60, crc32c(key, crc32c(bytes(hdr[:60]))))
+        f.seek(region0 + 4096)
+        f.write(hdr)
+
+
 def test_deleted_key_stays_deleted_when_an_older_copy_survives(card):
     """Recovery orders a delete against an older live copy by sequence number.
 
@@ -68,25 +88,29 @@ def test_deleted_key_stays_deleted_when_an_older_copy_survives(card):
     assert s.remove("k")  # tombstone over the new copy, seq 2
     s.close()
     assert st["objects"] == 1
-    # Find the old copy's header (the first object of the first region) and
-    # restore its live flags: the superseding tombstone is gone.
-    with open(card, "r+b") as f:
-        region0 = 1 * MIB
-        f.seek(region0 + 4096)
-        hdr = bytearray(f.read(4096))
-        assert hdr[:8] == b"ADPOBJT1"
-        flags = struct.unpack_from("<I", hdr, 48)[0]
-        assert flags & 1  # deleted (superseded)
-        # A tombstone keeps no key: rebuild the live header from the key.
-        key = b"k"
-        struct.pack_into("<I", hdr, 48, 0)  # flags
-        struct.pack_into("<I", hdr, 52, len(key))  # key_bytes
-        struct.pack_into("<I", hdr, 56, crc32c(payload("old", 8192)))
-        hdr[64 : 64 + len(key)] = key
-        struct.pack_into("<I", hdr, 60, crc32c(key, crc32c(bytes(hdr[:60]))))
-        f.seek(region0 + 4096)
-        f.write(hdr)
+    revive_first_object(card, b"k", payload("old", 8192))
     s = CardStore(card)
     assert s.get("k") is None and not s.exists("k")
     assert s.stats()["objects"] == 0
     s.close()
+
+
+def test_a_read_only_open_leaves_an_older_copy_unmarked(card, capfd):
+    """Recovery marks a surviving older copy deleted (a tombstone write); a read-only open (status, verify) writes
+    nothing: it says so, and loads the newer copy. The next read-write open marks it."""
+    s = CardStore(card, 64 * MIB)
+    s.put("k", payload("old", 8192))
+    s.put("k", payload("new", 8192))
+    s.close()
+    revive_first_object(card, b"k", payload("old", 8192))
+    before = open(card, "rb").read()
+    capfd.readouterr()
+    s = CardStore(card, read_only=True)
+    assert s.get("k") == payload("new", 8192) and s.stats()["objects"] == 1
+    s.close()
+    assert f"card {card} is open read-only: 1 older copies are left as they are" in capfd.readouterr().err
+    assert open(card, "rb").read() == before
+    s = CardStore(card)
+    assert s.get("k") == payload("new", 8192)
+    s.close()
+    assert open(card, "rb").read() != before  # the older copy's tombstone, written now
