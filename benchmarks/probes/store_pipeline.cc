@@ -15,10 +15,22 @@
 //  V) the read alone: pieces read into the warm 1 MiB buffer (no card write)
 //  D) the read straight into the card, piece by piece, each piece's CRC while
 //     it is in the cache (session six's fill path, before the stall fix)
+// Session sixteen (ringstore), the ring's store and the parts of each pass:
+//  M) memcpy client -> an object-sized warm buffer (the connector's copy into
+//     the ring, alone)
+//  G) the ring store as on main: memcpy client -> ring area (the connector),
+//     then crc32c_copy ring -> card (the gateway), one after the other
+//  Q) a pipelined ring store: a second thread memcpys 1 MiB pieces into the
+//     ring area while this one crc32c_copies each piece into the card as it
+//     lands (what a ring store published in pieces would reach)
+//  W) memcpy client -> card, no CRC (the card write alone)
+//  C) crc32c over the client's object alone (no copy)
 // Build (from the repository root):
 //   g++ -O2 -std=c++20 -march=native -pthread -Isrc_cpp -o /tmp/spp benchmarks/probes/store_pipeline.cc
 //   src_cpp/util/crc32c.cc
-// Run: /tmp/spp THREADS OBJ_MiB   (writes /dev/shm/store-pipeline.img, removed after)
+// Run: /tmp/spp THREADS OBJ_MiB   (writes /dev/shm/store-pipeline.img, removed after);
+// PROBE_MODES=0,6,7 runs those modes only, in that order. Ratios to E:
+// python benchmarks/probes/store_pipeline_ratios.py OUTPUT
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
@@ -32,41 +44,23 @@
 #include <thread>
 #include <vector>
 
+#include "probe_passes.h"
 #include "util/crc32c.h"
 using namespace adp;
-using C = std::chrono::steady_clock;
+using probe::map_anon;
 
 namespace {
 constexpr size_t kPiece = 1 << 20;
 constexpr int kSlots = 4;
-pid_t g_pid;
+// process_vm_readv of this process's src into dst.
+void pvr(uint8_t* dst, const uint8_t* src, size_t len) { probe::own_process_copy(false, dst, src, len); }
 
-void pvr(uint8_t* dst, const uint8_t* src, size_t len) {
-  iovec l{dst, len}, r{const_cast<uint8_t*>(src), len};
-  if (process_vm_readv(g_pid, &l, 1, &r, 1, 0) != static_cast<ssize_t>(len)) {
-    perror("process_vm_readv");
-    exit(1);
-  }
-}
-
-uint8_t* map_anon(size_t n) {
-  auto* p = static_cast<uint8_t*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  memset(p, 1, n);
-  return p;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int threads = atoi(argv[1]);
-  const size_t obj = size_t(atoi(argv[2])) << 20;
-  const size_t total = size_t(1) << 30;
-  const size_t per = total / threads / obj * obj;  // card bytes per thread
-  g_pid = getpid();
-  int fd = open("/dev/shm/store-pipeline.img", O_RDWR | O_CREAT | O_TRUNC, 0600);
-  if (ftruncate(fd, total) != 0) return 1;
-  auto* card = static_cast<uint8_t*>(mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  memset(card, 0, total);          // the tmpfs pages allocated
-  uint8_t* src = map_anon(total);  // the clients' objects, out of the cache
+  const auto [threads, obj, total, per] = probe::shape(argc, argv);
+  uint8_t* card = probe::map_card("/dev/shm/store-pipeline.img", total, 0);  // the tmpfs pages allocated
+  uint8_t* src = map_anon(total);                                            // the clients' objects, out of the cache
   std::vector<uint8_t*> whole(threads), warm(threads), ring(threads);
   for (int t = 0; t < threads; t++) {
     whole[t] = map_anon(obj);
@@ -75,32 +69,56 @@ int main(int argc, char** argv) {
   }
   std::atomic<uint32_t> sink{0};
   auto store = [&](int mode, int t) {
-    uint32_t c = 0;
-    for (size_t at = t * per; at + obj <= (t + 1) * per; at += obj) {
-      const uint8_t* s = src + at;
-      uint8_t* d = card + at;
+    sink ^= probe::over_objects(t, per, obj, src, card, [&](const uint8_t* s, uint8_t* d) -> uint32_t {
       if (mode == 0) {
-        c ^= crc32c_copy(d, s, obj);
+        return crc32c_copy(d, s, obj);
       } else if (mode == 1) {
         for (size_t p = 0; p < obj; p += kPiece) pvr(whole[t] + p, s + p, kPiece);
-        c ^= crc32c_copy(d, whole[t], obj);
+        return crc32c_copy(d, whole[t], obj);
       } else if (mode == 2) {
         uint32_t k = 0;
         for (size_t p = 0; p < obj; p += kPiece) {
           pvr(warm[t], s + p, kPiece);
           k = crc32c_copy_extend(k, d + p, warm[t], kPiece);
         }
-        c ^= k;
+        return k;
       } else if (mode == 4) {
         for (size_t p = 0; p < obj; p += kPiece) pvr(warm[t], s + p, kPiece);
-        c ^= warm[t][0];
+        return warm[t][0];
       } else if (mode == 5) {
         uint32_t k = 0;
         for (size_t p = 0; p < obj; p += kPiece) {
           pvr(d + p, s + p, kPiece);
           k = crc32c_extend(k, d + p, kPiece);
         }
-        c ^= k;
+        return k;
+      } else if (mode == 6) {
+        std::memcpy(whole[t], s, obj);
+        return whole[t][obj - 1];
+      } else if (mode == 7) {
+        std::memcpy(whole[t], s, obj);
+        return crc32c_copy(d, whole[t], obj);
+      } else if (mode == 8) {
+        const size_t n = obj / kPiece;
+        std::atomic<size_t> landed{0};
+        std::thread client([&] {
+          for (size_t p = 0; p < n; p++) {
+            std::memcpy(whole[t] + p * kPiece, s + p * kPiece, kPiece);
+            landed.store(p + 1, std::memory_order_release);
+          }
+        });
+        uint32_t k = 0;
+        for (size_t p = 0; p < n; p++) {
+          while (landed.load(std::memory_order_acquire) <= p) std::this_thread::yield();
+          k = crc32c_copy_extend(k, d + p * kPiece, whole[t] + p * kPiece, kPiece);
+        }
+        client.join();
+        return k;
+      } else if (mode == 9) {
+        std::memcpy(d, s, obj);
+        return d[obj - 1];
+      } else if (mode == 10) {
+        return crc32c(s, obj);
       } else if (mode == 3) {
         const size_t n = obj / kPiece;
         std::atomic<size_t> read{0}, copied{0};
@@ -118,25 +136,23 @@ int main(int argc, char** argv) {
           copied.store(p + 1, std::memory_order_release);
         }
         reader.join();
-        c ^= k;
+        return k;
       }
-    }
-    sink ^= c;
+      return 0;
+    });
   };
-  const char* names[] = {"E embedded crc_copy",        "A whole buffer, then crc_copy",
-                         "P piece read, crc_copy hot", "R reader thread + crc_copy",
-                         "V read alone, into warm",    "D read into the card, CRC hot"};
-  for (int rep = 0; rep < 3; rep++)
-    for (int mode = 0; mode < 6; mode++) {
-      auto t0 = C::now();
-      std::vector<std::thread> ts;
-      for (int t = 0; t < threads; t++) ts.emplace_back(store, mode, t);
-      for (auto& th : ts) th.join();
-      double s = std::chrono::duration<double>(C::now() - t0).count();
-      printf("threads %d obj %zu MiB %-30s %6.2f GB/s\n", threads, obj >> 20, names[mode],
-             double(per) * threads / s / 1e9);
-      fflush(stdout);
-    }
+  const std::vector<const char*> names = {"E embedded crc_copy",
+                                          "A whole buffer, then crc_copy",
+                                          "P piece read, crc_copy hot",
+                                          "R reader thread + crc_copy",
+                                          "V read alone, into warm",
+                                          "D read into the card, CRC hot",
+                                          "M memcpy into the ring alone",
+                                          "G ring: memcpy, then crc_copy",
+                                          "Q ring in pieces, 2 threads",
+                                          "W memcpy into the card alone",
+                                          "C crc32c alone"};
+  probe::run_passes(threads, obj, per, names, store);
   unlink("/dev/shm/store-pipeline.img");
   return sink.load() == 12345 ? 2 : 0;
 }
