@@ -76,6 +76,7 @@ bool look_at_card_space(const std::string& path, uint64_t create_bytes, CardSpac
   ino_t self = 0;
   if (::stat(path.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode) || ::statvfs(path.c_str(), &vfs) != 0) return false;
+    out->at = path;
     out->size = uint64_t(st.st_size);
     out->allocated = uint64_t(st.st_blocks) * 512;
     self = st.st_ino;
@@ -88,15 +89,18 @@ bool look_at_card_space(const std::string& path, uint64_t create_bytes, CardSpac
     while (!std::filesystem::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path())
       dir = dir.parent_path();
     if (::stat(dir.c_str(), &st) != 0 || ::statvfs(dir.c_str(), &vfs) != 0) return false;
+    out->at = dir.string();
   }
   out->free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+  out->read_only = vfs.f_flag & ST_RDONLY;
+  out->reports_size = vfs.f_blocks > 0;
   if (see_others && !ec && !dir.empty()) out->others = other_images(dir, st.st_dev, self);
   return true;
 }
 
 std::string card_space_warning(const std::string& path) {
   CardSpace s;
-  if (!look_at_card_space(path, 0, &s, true)) return "";
+  if (!look_at_card_space(path, 0, &s, true) || !s.reports_size) return "";
   if (s.grows_by() > s.free)
     return "card image " + path + " is " + log_amount(s.size) + " (sparse: " + log_amount(s.allocated) +
            " written) but its filesystem has " + log_amount(s.free) +
@@ -138,7 +142,13 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
     // before anything (a directory, the file) is made.
     // (Only this image counts: the others beside it are the WARNING's, see
     // card_space_warning and docs/card_format.md.)
-    if (CardSpace s; look_at_card_space(path, create_bytes, &s, false) && s.grows_by() > s.free)
+    // One on a read-only filesystem is refused as that, whatever free space it
+    // reports (a squashfs or ISO image reports none: audit 15 item 11).
+    CardSpace s;
+    const bool looked = look_at_card_space(path, create_bytes, &s, false);
+    if (looked && s.read_only)
+      return Status::IoError("cannot create card image " + path + ": " + s.at + " is on a read-only filesystem");
+    if (looked && s.reports_size && s.grows_by() > s.free)
       return Status::NoSpace("cannot create card image " + path + " of " + log_amount(s.size) + " (" +
                              std::to_string(s.size) + " bytes): its filesystem has " + log_amount(s.free) + " (" +
                              std::to_string(s.free) + " bytes) free; give a size that fits or make room");

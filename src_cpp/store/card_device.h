@@ -34,6 +34,15 @@ struct CardSpace {
   uint64_t size = 0;       // the image's bytes (the size asked for, in whole blocks, for one not made yet)
   uint64_t allocated = 0;  // the blocks its filesystem holds for it: st_blocks x 512 (0 for one not made yet)
   uint64_t free = 0;       // what an unprivileged writer may still allocate there: f_bavail x f_frsize
+  // Where the filesystem was asked: the image, or (not made yet) the nearest
+  // existing directory above it.
+  std::string at;
+  bool read_only = false;  // that filesystem is mounted read-only (ST_RDONLY): nothing is made or written there
+  // It reports its size (f_blocks > 0). A pseudo filesystem (sysfs, procfs)
+  // or a tmpfs of size=0 (no limit) reports 0 blocks and 0 free: no rule on
+  // space applies there (audit 15 item 11: "/sys/x/card.img" was refused as
+  // "0 bytes free"; making it gives the real reason).
+  bool reports_size = true;
   // The other card images (block 0 begins with the card magic) that are
   // regular files in the same directory, on the same filesystem, and can
   // still grow: several cards that each fit alone may not fit together.

@@ -138,6 +138,61 @@ def test_space_messages_of_a_small_card_give_mib():
     assert "GiB" not in refused and "GiB" not in warning, (refused, warning)
 
 
+READ_ONLY_CHILD = r"""
+import json, os, subprocess, sys
+from lmcache_adp import CardStore
+d = sys.argv[1]
+with open(d + "/filler", "wb") as f:  # the tmpfs full: it reports 0 free, as a squashfs or ISO image does
+    try:
+        while True:
+            f.write(b"x" * (1 << 20))
+            f.flush()
+    except OSError:
+        pass
+subprocess.run(["mount", "-o", "remount,ro", d], check=True)
+st = os.statvfs(d)
+out = {"free": st.f_bavail, "read_only": bool(st.f_flag & os.ST_RDONLY)}
+try:
+    CardStore(d + "/cards/new.img", 1 << 20)
+except RuntimeError as e:
+    out["refused"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_an_image_on_a_read_only_filesystem_is_refused_as_that():
+    """Audit 15 item 11: an image to be made on a read-only filesystem that reports no free space (a squashfs or ISO
+    image; here a full private tmpfs remounted read-only) was refused as "its filesystem has 0.00 MiB (0 bytes)
+    free"; the reason is that nothing can be made there."""
+    mnt, out = in_private_tmpfs(4, READ_ONLY_CHILD)
+    assert out["free"] == 0 and out["read_only"], out
+    assert out["refused"] == f"cannot create card image {mnt}/cards/new.img: {mnt} is on a read-only filesystem", out
+
+
+UNLIMITED_CHILD = r"""
+import json, sys
+from lmcache_adp import CardStore
+from lmcache_adp._native import card_space_warning
+s = CardStore(sys.argv[1] + "/new.img", 64 << 20)
+s.put("k", b"v" * 4096)
+print(json.dumps({"got": bytes(s.get("k")).decode()[:1], "warning": card_space_warning(sys.argv[1] + "/new.img")}))
+s.close()
+"""
+
+
+def test_a_filesystem_that_reports_no_size_is_not_read_as_full(tmp_path):
+    """Audit 15 item 11: a filesystem that reports no blocks at all (f_blocks 0: sysfs, procfs, a tmpfs of size=0,
+    which has no limit) reports 0 free too, and a card to be made there was refused as "0.00 GiB (0 bytes) free".
+    Now no rule on space applies there: on sysfs making the directory gives the real reason, and on a tmpfs of no
+    limit the image is made and used, with no WARNING about its space."""
+    assert os.statvfs("/sys").f_blocks == 0, "sysfs reports blocks here"
+    with pytest.raises(RuntimeError) as e:
+        CardStore("/sys/adp-test-nope/card.img", 1 << 20)
+    assert str(e.value).startswith("cannot create directory /sys/adp-test-nope: "), e.value
+    _, out = in_private_tmpfs(0, UNLIMITED_CHILD)
+    assert out == {"got": "v", "warning": None}, out
+
+
 LOG_CHILD = r"""
 import sys
 from lmcache_adp import CardStore
