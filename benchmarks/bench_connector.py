@@ -147,24 +147,37 @@ def medium_pass(path: Path, bufs: list[mmap.mmap], threads: int, write: bool, pa
     image with O_DIRECT (thread t takes blocks t, t + threads, ...), `passes` times over."""
     size = len(bufs[0])
     fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT)
+
+    def work(t: int) -> None:
+        for _ in range(passes):
+            for j in range(t, len(bufs), threads):
+                off = j * size
+                n = os.pwritev(fd, [bufs[j]], off) if write else os.preadv(fd, [bufs[j]], off)
+                if n != size:
+                    raise OSError(f"short transfer {n} of {size}")
+        if write:
+            os.fdatasync(fd)
+
+    try:
+        return timed_threads(threads, work)
+    finally:
+        os.close(fd)
+
+
+def timed_threads(threads: int, work) -> float:
+    """Seconds from a common start until `threads` threads running work(t) are all done; the first error
+    any of them raised is raised here."""
     start = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
-    def work(t: int) -> None:
+    def run(t: int) -> None:
         start.wait()
         try:
-            for _ in range(passes):
-                for j in range(t, len(bufs), threads):
-                    off = j * size
-                    n = os.pwritev(fd, [bufs[j]], off) if write else os.preadv(fd, [bufs[j]], off)
-                    if n != size:
-                        raise OSError(f"short transfer {n} of {size}")
-            if write:
-                os.fdatasync(fd)
-        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            work(t)
+        except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
 
-    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
     for t in ts:
         t.start()
     start.wait()
@@ -172,7 +185,6 @@ def medium_pass(path: Path, bufs: list[mmap.mmap], threads: int, write: bool, pa
     for t in ts:
         t.join()
     dt = time.perf_counter() - t0
-    os.close(fd)
     if errors:
         raise errors[0]
     return dt

@@ -82,9 +82,36 @@ def free_port() -> int:
 GATEWAY_PORT = free_port()
 
 
-def sh(cmd: list[str], log: Path = Path(os.devnull)) -> int:
+def sh(cmd: list[str], log: Path = Path(os.devnull), env: dict | None = None, cwd: Path | None = None) -> int:
     with open(log, "w") as out:
-        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=SUB_ENV).returncode
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or SUB_ENV, cwd=cwd).returncode
+
+
+# --extra-adp LABEL=DIR: rows "ADP LABEL" run another built package (a tree's lmcache_adp, e.g. an older commit
+# built in its own worktree) beside this one, in the same run. Filled by main(): row name -> its snapshot.
+EXTRA: dict[str, dict] = {}
+
+
+def extra_adp(arg: str) -> tuple[str, Path]:
+    """Parses LABEL=DIR; DIR is a tree with lmcache_adp/ built in place, or the lmcache_adp directory itself."""
+    label, sep, d = arg.partition("=")
+    if not sep or not label or not d:
+        raise argparse.ArgumentTypeError(f"--extra-adp {arg!r}: expected LABEL=DIR")
+    pkg = Path(d).resolve()
+    if pkg.name != "lmcache_adp":
+        pkg = pkg / "lmcache_adp"
+    if native_module(pkg) is None:
+        raise argparse.ArgumentTypeError(f"--extra-adp {arg!r}: no built lmcache_adp._native in {pkg}")
+    return label, pkg
+
+
+def add_extra(label: str, pkg: Path) -> None:
+    """Copies the package aside (as this tree's: a rebuild during the run changes nothing) and registers the
+    row: its subprocesses (the bench, the card's format) import that copy first."""
+    snap = Path(tempfile.mkdtemp(prefix=f"extra-{len(EXTRA)}-", dir=SNAPSHOT))
+    shutil.copytree(pkg, snap / "lmcache_adp", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**SUB_ENV, "PYTHONPATH": os.pathsep.join([str(snap), *SUB_ENV["PYTHONPATH"].split(os.pathsep)[1:]])}
+    EXTRA[f"ADP {label}"] = {"env": env, "package": pkg, "build": native_build(pkg)}
 
 
 def prefill(path: Path, nbytes: int) -> None:
@@ -104,11 +131,17 @@ def prefill(path: Path, nbytes: int) -> None:
     )
 
 
-def reset(work: Path) -> None:
-    """Fresh state for the next adapter: empty card (new superblock), no files, nothing dirty in the page cache."""
+def reset(work: Path, env: dict | None = None) -> None:
+    """Fresh state for the next adapter: empty card (new superblock), no files, nothing dirty in the page cache.
+    With `env` (an --extra-adp row) the card is formatted by that row's package."""
     shutil.rmtree(work / "files", ignore_errors=True)
     (work / "sparse.img").unlink(missing_ok=True)
-    lmcache_adp.format_card(str(work / "card.img"))
+    card = str(work / "card.img")
+    if env is None:
+        lmcache_adp.format_card(card)
+    # cwd: `-c` puts it first on sys.path, and a checkout's own lmcache_adp there would be imported instead
+    elif sh([sys.executable, "-c", f"import lmcache_adp; lmcache_adp.format_card({card!r})"], env=env, cwd=work):
+        raise RuntimeError(f"format_card({card}) failed with {env['PYTHONPATH']}")
     os.sync()
 
 
@@ -173,6 +206,7 @@ def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, in
 
     return [
         ("ADP", "adp", adp(), 4096),
+        *((name, "adp", adp(), 4096) for name in EXTRA),
         ("ADP, L1 align 1", "adp", adp(), 1),
         ("ADP via gateway, unix + ring", "gateway", plugin(gateway=f"unix://{work / 'gw.sock'}"), 4096),
         (
@@ -214,7 +248,9 @@ def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, in
     ]
 
 
-def lmcache_bench(spec: dict, align: int, bs: int, rounds: int, out: Path, only: list[str]) -> dict:
+def lmcache_bench(
+    spec: dict, align: int, bs: int, rounds: int, out: Path, only: list[str], env: dict | None = None
+) -> dict:
     """Runs `lmcache bench l2`; rates come from the median round, which bursts of load from other
     processes on a shared machine move less than the mean."""
     rc = sh(
@@ -247,6 +283,7 @@ def lmcache_bench(spec: dict, align: int, bs: int, rounds: int, out: Path, only:
             *only,
         ],
         out.with_suffix(".log"),
+        env,
     )
     if not out.exists():
         return {"status": f"FAILED (exit {rc})"}
@@ -341,17 +378,27 @@ def best_of(old: dict | None, new: dict) -> dict:
     return merged
 
 
-def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: str) -> list[dict]:
-    """Two passes over fio and the adapters, the second in reverse order, so that where a run stands in
-    the sequence does not favour it; each row keeps the better of its two passes."""
+def run_size(
+    work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: str, passes: int = 2, only: tuple = ()
+) -> list[dict]:
+    """`passes` passes over fio and the adapters (all, or the rows named in `only`), every other one in reverse
+    order, so that where a run stands in the sequence does not favour it; each row keeps the better of its
+    passes, and every pass's rates in "passes" (the same-run pairs)."""
     rows: dict[str, dict] = {}
-    entries = adapters(work, bs, card_gb)
+    per_pass: dict[str, list[dict]] = {}
+
+    def keep(name: str, row: dict) -> None:
+        rows[name] = best_of(rows.get(name), row)
+        per_pass.setdefault(name, []).append({k: row.get(k) for k in ("store", "load", "status")})
+
+    entries = [e for e in adapters(work, bs, card_gb) if not only or e[0] in only]
     rounds = max(2, nbytes // (NUM_KEYS * IN_FLIGHT * bs))
-    for p, order in enumerate((entries, entries[::-1]), 1):
+    for p in range(1, passes + 1):
+        order = entries if p % 2 else entries[::-1]
         for jobs in FIO_JOBS:
             name = f"fio O_DIRECT QD{jobs}"
-            rows[name] = best_of(
-                rows.get(name),
+            keep(
+                name,
                 {
                     "name": name,
                     "role": "fio" if jobs == QD else "info",
@@ -370,9 +417,10 @@ def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: 
                 "load": memcpy_mibps(bs, nbytes),
             }
         for name, role, spec, align in order:
-            if p == 2 and role in ("buffered", "floor"):  # no target rides on them: one pass is enough
+            if p > 1 and role in ("buffered", "floor"):  # no target rides on them: one pass is enough
                 continue
-            reset(work)
+            env = EXTRA[name]["env"] if name in EXTRA else None
+            reset(work, env)
             print(f"  {bs // 1024} KiB, pass {p}: {name}", flush=True)
             slug = "".join(c if c.isalnum() else "-" for c in name.lower())
             out = raw / f"{bs // 1024}k-{slug}-pass{p}.json"
@@ -381,13 +429,57 @@ def run_size(work: Path, raw: Path, bs: int, nbytes: int, card_gb: int, medium: 
                     "name": name,
                     "role": role,
                     "align": align,
-                    **lmcache_bench(spec, align, bs, rounds, out, ["--only", "lookup"] if role == "floor" else []),
+                    **lmcache_bench(spec, align, bs, rounds, out, ["--only", "lookup"] if role == "floor" else [], env),
                 }
-                if row["status"] == "verified":
+                if row["status"] == "verified" and env is None:  # the extra package is not imported here
                     row["native_lookup_us"] = native_lookup_us(spec, (rounds + 1) * NUM_KEYS * IN_FLIGHT)
-            rows[name] = best_of(rows.get(name), row)
+            keep(name, row)
     reset(work)
+    for name, r in rows.items():
+        r["passes"] = per_pass.get(name, [])
     return list(rows.values())
+
+
+def selected(rows: list[str]) -> tuple[str, ...]:
+    """The rows --row names, and every --extra-adp row with them (an extra row is asked for by its option);
+    () when --row is not given: every row."""
+    return (*rows, *(name for name in EXTRA if name not in rows)) if rows else ()
+
+
+def pass_pairs(rows: list[dict]) -> list[str]:
+    """Table lines: each ADP row's store and load over the best O_DIRECT peer of the same pass, pass by pass
+    (the pairs the targets are judged on; the best-of-passes table above mixes passes)."""
+    peers = [r for r in rows if r["role"] == "odirect"]
+    n = max((len(r.get("passes", [])) for r in rows), default=0)
+    lines = []
+    for r in rows:
+        if r["role"] not in ("adp", "diag") or not r.get("passes"):
+            continue
+        cells = []
+        for op in ("store", "load"):
+            ratios = []
+            for p, mine in enumerate(r["passes"]):
+                best = max(
+                    (q["passes"][p][op] for q in peers if len(q.get("passes", [])) > p and q["passes"][p].get(op)),
+                    default=None,
+                )
+                ok = mine.get(op) and mine["status"] == "verified" and best
+                ratios.append(mine[op] / best if ok else None)
+            text = ", ".join("-" if x is None else f"{x:.2f}x" for x in ratios)
+            low = min((x for x in ratios if x is not None), default=None)
+            cells.append(f"{text} (min {low:.2f}x)" if low is not None else text)
+        lines.append(f"| {r['name']} | {cells[0]} | {cells[1]} |")
+    if not lines or not peers:
+        return []
+    return [
+        "",
+        f"Same-run pairs, pass by pass ({n} passes, every other one in reverse order): each ADP row over the best "
+        "O_DIRECT peer of the same pass.",
+        "",
+        "| ADP row | store / peer, each pass | load / peer, each pass |",
+        "|---|---|---|",
+        *lines,
+    ]
 
 
 def fmt(v: float | None, digits: int = 0) -> str:
@@ -402,7 +494,12 @@ def ratio(a: float | None, b: float | None, goal: float, higher: bool = True) ->
 
 
 def report(
-    rows_by_size: dict[int, list[dict]], medium: str, work: Path, load: tuple[float, float], seconds: float
+    rows_by_size: dict[int, list[dict]],
+    medium: str,
+    work: Path,
+    load: tuple[float, float],
+    seconds: float,
+    passes: int = 2,
 ) -> str:
     lines = [
         f"# L2 benchmark: {medium} ({work.parent})",
@@ -411,10 +508,14 @@ def report(
         f"lmcache_adp from {PACKAGE}; {describe_build(BUILD)}; {os.cpu_count()} cores, kernel "
         f"{os.uname().release}, load average {load[0]:.1f} at the start and {load[1]:.1f} at the end; "
         f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`",
+        *(
+            f"- Row '{name}': lmcache_adp from {x['package']}; {describe_build(x['build'])}"
+            for name, x in EXTRA.items()
+        ),
         "",
         f"Each round submits {IN_FLIGHT} batches of {NUM_KEYS} keys and waits for them (1 warmup round); "
         f"every adapter and fio run at queue depth {QD}. MiB/s and lookup us/key come from the median round "
-        "(lookups hit stored keys); each row is the better of two passes (one for buffered and floor). "
+        f"(lookups hit stored keys); each row is the better of {passes} passes (one for buffered and floor). "
         "'Connector only' times submit_batch_exists on the native connector without LMCache's adapter "
         "around it. Method and limits: benchmarks/README.md.",
         "",
@@ -438,7 +539,7 @@ def report(
         best = {op: max(peers, key=lambda r: r[op]) if peers else {} for op in ("store", "load")}
         fio_row = next(r for r in rows if r["role"] == "fio")
         fs_native = {
-            k: min((r[k] for r in ok if r["name"].startswith("fs_native")), default=None)
+            k: min((r[k] for r in ok if r["name"].startswith("fs_native") and r.get(k) is not None), default=None)
             for k in ("lookup_us", "native_lookup_us")
         }
         memcpy = next((r["load"] for r in rows if r["role"] == "memcpy"), None)
@@ -458,9 +559,10 @@ def report(
                     f"{ratio(r['load'], best['load'].get('load'), 1)} | {ratio(r['store'], fio_row['store'], 0.9)} | "
                     f"{ratio(r['load'], fio_row['load'], 0.9)} | "
                     f"{ratio(r['lookup_us'], fs_native['lookup_us'], 0.2, False)} | "
-                    f"{ratio(r['native_lookup_us'], fs_native['native_lookup_us'], 0.2, False)} |"
+                    f"{ratio(r.get('native_lookup_us'), fs_native['native_lookup_us'], 0.2, False)} |"
                     + (f" {ratio(r['load'], memcpy, 0.7)} |" if memcpy else "")
                 )
+        lines += pass_pairs(rows)
         embedded = next((r for r in ok if r["name"] == "ADP"), None)
         gateways = [r for r in ok if r["role"] in GATEWAY_ROLES]
         if embedded and gateways:
@@ -500,12 +602,15 @@ def run_medium(medium: str, args: argparse.Namespace, stamp: str) -> Path:
     try:
         for name, size in images.items():
             prefill(work / name, size)
-        rows = {kb * 1024: run_size(work, raw, kb * 1024, nbytes, card_gb, medium) for kb in args.sizes_kb}
+        rows = {
+            kb * 1024: run_size(work, raw, kb * 1024, nbytes, card_gb, medium, args.passes, selected(args.row))
+            for kb in args.sizes_kb
+        }
     finally:
         shutil.rmtree(work)
     (raw / "rows.json").write_text(json.dumps(rows, indent=1))
     md = results / f"{stamp}-{medium}.md"
-    md.write_text(report(rows, medium, work, (load0, os.getloadavg()[0]), time.time() - t0))
+    md.write_text(report(rows, medium, work, (load0, os.getloadavg()[0]), time.time() - t0, args.passes))
     return md
 
 
@@ -519,7 +624,31 @@ def main() -> None:
     p.add_argument("--medium", choices=("disk", "shm", "both"), default="both")
     p.add_argument("--sizes-kb", type=lambda s: [int(x) for x in s.split(",")], default=[256, 2048])
     p.add_argument("--quick", action="store_true", help="smoke run: 256 MiB per phase, written to results/tmp/")
+    p.add_argument("--passes", type=int, default=2, help="passes over fio and the rows, every other one reversed")
+    p.add_argument(
+        "--row",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this row (repeat for more; fio always runs); default: every row",
+    )
+    p.add_argument(
+        "--extra-adp",
+        type=extra_adp,
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="one more ADP row, 'ADP LABEL', from the lmcache_adp built in place in tree DIR (another commit)",
+    )
     args = p.parse_args()
+    if args.passes < 1:
+        p.error("--passes must be at least 1")
+    for label, pkg in args.extra_adp:
+        add_extra(label, pkg)
+    names = [e[0] for e in adapters(Path("/"), 256 * 1024, 4)]
+    unknown = [r for r in args.row if r not in names]
+    if unknown:
+        p.error(f"--row {', '.join(map(repr, unknown))}: no such row; rows: {', '.join(map(repr, names))}")
     require_tool("fio")  # before any run: the limit is measured first
     stamp = f"{datetime.datetime.now():%Y-%m-%d-%H%M}"
     for medium in ("disk", "shm") if args.medium == "both" else (args.medium,):

@@ -155,10 +155,14 @@ def native_module(package: Path) -> Path | None:
 
 def _load_source_digest(package: Path):
     """lmcache_adp/source_digest.py of the package measured, loaded by path (importing the package would
-    import a native module, maybe another one than `package`'s)."""
+    import a native module, maybe another one than `package`'s); this tree's for a package older than it
+    (bench_l2.py --extra-adp: a build of an older commit, whose module then records no digest)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("adp_source_digest", package / "source_digest.py")
+    path = package / "source_digest.py"
+    if not path.exists():
+        path = Path(__file__).resolve().parent.parent / "lmcache_adp" / "source_digest.py"
+    spec = importlib.util.spec_from_file_location("adp_source_digest", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

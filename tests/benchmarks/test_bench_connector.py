@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_connector.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -294,3 +296,22 @@ def test_a_relative_dir_is_the_callers_not_the_gateways(tmp_path):
     (gw,) = [x for x in rows if x["row"].startswith("gateway")]
     assert "error" not in gw and gw["load_s"] and not gw["mismatched"], gw
     assert not (tmp_path / "card" / "card").exists()
+
+
+def test_timed_threads_waits_for_every_thread_and_raises_the_first_error():
+    """The medium rows' thread runner (also probe_store_sync.py's): every thread runs to its end, then one
+    thread's error is raised (a short O_DIRECT transfer, a failed fdatasync) instead of a time."""
+    import bench_connector
+
+    ran = []
+    assert bench_connector.timed_threads(3, ran.append) >= 0 and sorted(ran) == [0, 1, 2]
+
+    def work(t: int) -> None:
+        ran.append(t)
+        if t == 1:
+            raise OSError("short transfer 4096 of 8192")
+
+    ran.clear()
+    with pytest.raises(OSError, match="short transfer 4096 of 8192"):
+        bench_connector.timed_threads(3, work)
+    assert sorted(ran) == [0, 1, 2]

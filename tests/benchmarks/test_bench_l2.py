@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/bench_l2.py: the same-run pairs pass by pass, rows picked by name, and an extra ADP row that runs
+another built package (--extra-adp LABEL=DIR) in the same run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+pytest.importorskip("lmcache")
+import bench_l2  # noqa: E402
+
+
+def row(name: str, role: str, passes: list[tuple[float, float]], status: str = "verified") -> dict:
+    rates = [{"store": s, "load": ld, "status": status} for s, ld in passes]
+    return {"name": name, "role": role, "align": 4096, "status": status, "passes": rates,
+            "store": max(s for s, _ in passes), "load": max(ld for _, ld in passes), "lookup_us": 1.0}  # fmt: skip
+
+
+def test_pass_pairs_divide_each_pass_by_the_best_peer_of_that_pass():
+    """Pass 1: ADP 100 against peers 80 and 125 (the best, 125) = 0.80x; pass 2: 150 against 100 = 1.50x. The
+    best-of-passes ratio (150 / 125 = 1.20x) hides pass 1's miss; the pairs show it, with the minimum."""
+    rows = [
+        row("fio O_DIRECT QD4", "fio", [(500, 500), (500, 500)]),
+        row("ADP", "adp", [(200, 100), (200, 150)]),
+        row("fs_native O_DIRECT", "odirect", [(100, 80), (100, 100)]),
+        row("raw_block", "odirect", [(50, 125), (400, 90)]),
+        row("fs_native buffered", "buffered", [(900, 900)]),
+    ]
+    lines = bench_l2.pass_pairs(rows)
+    assert "| ADP | 2.00x, 0.50x (min 0.50x) | 0.80x, 1.50x (min 0.80x) |" in lines
+    assert not any("buffered" in line or "fio" in line.split("|")[1] for line in lines[5:])
+    text = bench_l2.report({256 * 1024: rows}, "disk", Path("/var/tmp/x/run-1"), (0.5, 0.7), 60, passes=2)
+    assert "each row is the better of 2 passes" in text
+    assert "| ADP | 2.00x, 0.50x (min 0.50x) | 0.80x, 1.50x (min 0.80x) |" in text
+
+
+def test_pass_pairs_mark_a_failed_pass_and_skip_it_in_the_minimum():
+    rows = [
+        row("fio O_DIRECT QD4", "fio", [(500, 500), (500, 500)]),
+        {**row("ADP", "adp", [(200, 100), (200, 150)]), "passes": [
+            {"store": None, "load": None, "status": "FAILED (exit 1, all keys: False)"},
+            {"store": 200, "load": 150, "status": "verified"}]},
+        row("fs_native O_DIRECT", "odirect", [(100, 80), (100, 100)]),
+    ]  # fmt: skip
+    assert "| ADP | -, 2.00x (min 2.00x) | -, 1.50x (min 1.50x) |" in bench_l2.pass_pairs(rows)
+
+
+def built_tree(tmp_path: Path, marker: str) -> Path:
+    """A tree whose lmcache_adp is 'built' (a _native module file, never loaded) and says `marker` on import."""
+    pkg = tmp_path / "tree" / "lmcache_adp"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"MARK = {marker!r}\n")
+    (pkg / f"_native{EXTENSION_SUFFIXES[0]}").write_bytes(b"\x7fELF not a real module")
+    return pkg.parent
+
+
+def test_extra_adp_takes_a_tree_or_its_package_and_refuses_one_without_a_build(tmp_path):
+    tree = built_tree(tmp_path, "old")
+    assert bench_l2.extra_adp(f"b22={tree}") == ("b22", tree / "lmcache_adp")
+    assert bench_l2.extra_adp(f"b22={tree / 'lmcache_adp'}") == ("b22", tree / "lmcache_adp")
+    with pytest.raises(Exception, match="expected LABEL=DIR"):
+        bench_l2.extra_adp(str(tree))
+    (tree / "lmcache_adp" / f"_native{EXTENSION_SUFFIXES[0]}").unlink()
+    with pytest.raises(Exception, match="no built lmcache_adp._native"):
+        bench_l2.extra_adp(f"b22={tree}")
+
+
+def test_an_extra_row_runs_its_own_package_and_the_others_this_one(tmp_path, monkeypatch):
+    """run_size with --row ADP --row 'fs_native O_DIRECT' and one --extra-adp row: only those rows (and fio) run,
+    in reverse order on pass 2; the extra row's bench and its card's format import the extra package (checked by
+    a subprocess under the env it gets), the others this tree's; each row keeps every pass's rates."""
+    monkeypatch.setattr(bench_l2, "EXTRA", {})
+    bench_l2.add_extra("old", built_tree(tmp_path, "old") / "lmcache_adp")
+    calls = []
+
+    def which_package(env) -> str:
+        code = "import lmcache_adp; print(getattr(lmcache_adp, 'MARK', 'this tree'))"
+        return subprocess.run([sys.executable, "-c", code], env=env or bench_l2.SUB_ENV, cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+    def fake_bench(spec, align, bs, rounds, out, only, env=None):
+        calls.append((out.name, which_package(env)))
+        return {"status": "verified", "store": 100.0 + len(calls), "load": 50.0 + len(calls), "lookup_us": 1.0}
+
+    formatted = []
+    monkeypatch.setattr(bench_l2, "fio", lambda *a: 10.0)
+    monkeypatch.setattr(bench_l2, "lmcache_bench", fake_bench)
+    monkeypatch.setattr(bench_l2, "native_lookup_us", lambda spec, n: 0.5)
+    monkeypatch.setattr(bench_l2, "reset", lambda work, env=None: formatted.append(env and env["PYTHONPATH"]))
+    only = bench_l2.selected(["ADP", "fs_native O_DIRECT"])
+    assert only == ("ADP", "fs_native O_DIRECT", "ADP old") and bench_l2.selected([]) == ()
+    rows = bench_l2.run_size(tmp_path, tmp_path, 256 * 1024, 1 << 30, 4, "disk", passes=2, only=only)
+
+    assert [c[0] for c in calls] == [
+        "256k-adp-pass1.json", "256k-adp-old-pass1.json", "256k-fs-native-o-direct-pass1.json",
+        "256k-fs-native-o-direct-pass2.json", "256k-adp-old-pass2.json", "256k-adp-pass2.json",
+    ]  # fmt: skip
+    assert {c[0]: c[1] for c in calls}["256k-adp-old-pass1.json"] == "old"
+    assert [c[1] for c in calls if "-old-" not in c[0]] == ["this tree"] * 4
+    assert formatted[1].startswith(str(bench_l2.EXTRA["ADP old"]["env"]["PYTHONPATH"]))
+    assert [f is None for f in formatted] == [True, False, True, True, False, True, True]
+    by_name = {r["name"]: r for r in rows}
+    assert [p["load"] for p in by_name["ADP old"]["passes"]] == [52.0, 55.0]
+    assert by_name["ADP old"]["load"] == 55.0 and "native_lookup_us" not in by_name["ADP old"]
+    assert by_name["ADP"]["native_lookup_us"] == 0.5
+    assert set(by_name) == {"fio O_DIRECT QD4", "fio O_DIRECT QD8", *only}
+
+
+def test_an_extra_rows_card_is_formatted_by_its_own_package(tmp_path, monkeypatch):
+    """reset() for an extra row formats the card in a subprocess that imports the extra package, even when run
+    from a checkout (pytest runs in one: `python -c` would import the checkout's lmcache_adp from the cwd); a
+    format that fails stops the run, naming the package path."""
+    monkeypatch.setattr(bench_l2, "EXTRA", {})
+    tree = built_tree(tmp_path, "old")
+    (tree / "lmcache_adp" / "__init__.py").write_text(
+        "def format_card(path):\n    open(path, 'w').write('formatted by the old package')\n"
+    )
+    bench_l2.add_extra("old", tree / "lmcache_adp")
+    work = tmp_path / "work"
+    work.mkdir()
+    bench_l2.reset(work, bench_l2.EXTRA["ADP old"]["env"])
+    assert (work / "card.img").read_text() == "formatted by the old package"
+    (tree / "lmcache_adp" / "__init__.py").write_text("")  # the snapshot is a copy: still formats
+    bench_l2.reset(work, bench_l2.EXTRA["ADP old"]["env"])
+    snap = Path(bench_l2.EXTRA["ADP old"]["env"]["PYTHONPATH"].split(":")[0])
+    (snap / "lmcache_adp" / "__init__.py").write_text("")
+    with pytest.raises(RuntimeError, match=f"format_card.*failed with {snap}"):
+        bench_l2.reset(work, bench_l2.EXTRA["ADP old"]["env"])
