@@ -11,6 +11,7 @@ import sys
 
 from lmcache_adp import gateway, ops
 from lmcache_adp._version import __version__
+from lmcache_adp.native_check import check_native
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if why := check_native():  # a developer's build left from other sources: one line, not pybind's TypeError
+        print(f"lmcache-adp: error: {why}", file=sys.stderr)
+        return ops.EXIT_ERROR
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit

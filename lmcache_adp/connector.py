@@ -18,6 +18,7 @@ from lmcache_adp._native import NativeConnector, card_space_warning
 from lmcache_adp.config import ConfigError, ConnectorConfig, card_size_ignored, remove_new_image
 from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
+from lmcache_adp.native_check import check_native
 from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
 
 
@@ -26,8 +27,20 @@ class ADPConnector(NativeConnector):
         # The native part first, empty (this cannot raise), then started: where a parameter or the start raises,
         # the object (alive in the traceback's frames) answers each method with RuntimeError "this connector
         # failed to start: ..." instead of reading memory never set up (audit 12 note 3).
-        super().__init__()
-        self._metrics = None
+        # A module built from other sources than the tree beside it is named in one line (audit 15 item 23), not
+        # by pybind's TypeError where its constructors do not match; the object is built empty first all the same
+        # (a method of one that is not built crashes the process), where that much of the module still works.
+        why = check_native()
+        try:
+            super().__init__()
+            self._metrics = None
+            if why:
+                self._start_failed(why)
+        except Exception:
+            if not why:
+                raise
+        if why:
+            raise RuntimeError(f"ADPConnector not started: {why}")
         try:
             self.config = ConnectorConfig.from_params(adapter_params)
         except ConfigError as e:

@@ -17,14 +17,11 @@ import importlib.util
 import os
 from pathlib import Path
 
-# Set to 1 to run the tests anyway (a warning instead of the error).
+# Set to 1 to run the tests anyway (a warning instead of the error); the package's own check
+# (lmcache_adp/native_check.py) reads it too.
 ALLOW = "ADP_ALLOW_STALE_NATIVE"
 # The tree this file is in.
 HERE = Path(__file__).resolve().parents[2]
-
-
-def rebuild_command(tree: Path) -> str:
-    return f"cd {tree} && ADP_WERROR=1 python setup.py -q build_ext --inplace"
 
 
 def _digests(tree: Path):
@@ -33,6 +30,10 @@ def _digests(tree: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def rebuild_command(tree: Path) -> str:
+    return _digests(tree).rebuild_command(tree)
 
 
 def _source_digest(tree: Path) -> str:

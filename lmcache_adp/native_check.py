@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Whether the lmcache_adp._native this process loaded was built from the C++ sources beside it, where the
+package sits in a source tree (src_cpp/ beside lmcache_adp/: an editable or in-place install). A module built
+from other sources (main moved, or a bindings.cc change landed, and nobody rebuilt) failed `lmcache-adp
+gateway` or ADPConnector(...) with a 30-line pybind TypeError about constructor arguments (audit 15 item 23).
+The command line (lmcache_adp/cli.py) and ADPConnector ask once per process and stop with one line naming the
+rebuild command; ADP_ALLOW_STALE_NATIVE=1 (the tests' switch, tests/support/native_build.py) makes it a
+warning. A wheel or the image has no src_cpp/ beside the package: nothing is read.
+
+Cost: one digest of src_cpp (about 80 files, 0.7 MB) per process, measured in
+benchmarks/results/*-native-check.md."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from lmcache_adp.log import get_logger
+from lmcache_adp.source_digest import rebuild_command, source_digest
+
+ALLOW = "ADP_ALLOW_STALE_NATIVE"
+
+
+@functools.cache
+def stale_native() -> str | None:
+    """One line saying that lmcache_adp._native was built from other sources than the src_cpp/ beside it and
+    what rebuilds it; None when it was built from them, or when the package is in no source tree."""
+    from lmcache_adp import _native
+
+    module = Path(_native.__file__).resolve()
+    tree = module.parent.parent
+    if not (tree / "src_cpp").is_dir():
+        return None
+    built, now = getattr(_native, "SOURCE_DIGEST", ""), source_digest(tree)
+    if built == now:
+        return None
+    sources = f"sources {built[:12]}" if built else "no source digest"
+    return (
+        f"lmcache_adp._native ({module}, {sources}) was built from other C++ sources than {tree / 'src_cpp'} "
+        f"(digest {now[:12]}): rebuild it: {rebuild_command(tree)}"
+    )
+
+
+def check_native() -> str | None:
+    """stale_native(), unless ADP_ALLOW_STALE_NATIVE=1: then its line is logged once as a WARNING, and None."""
+    why = stale_native()
+    if why and os.environ.get(ALLOW) == "1":
+        _warn_once(why)
+        return None
+    return why
+
+
+@functools.cache
+def _warn_once(why: str) -> None:
+    get_logger().warning("%s (%s=1: going on with it)", why, ALLOW)

@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The package's own check of its native module (lmcache_adp/native_check.py): where lmcache_adp sits in a
+source tree, a _native built from other sources than the src_cpp/ beside it stops `lmcache-adp` and
+ADPConnector(...) with one line naming the rebuild command, where it gave a 30-line pybind TypeError (audit 15
+item 23). The trees here are copies of this one's package (its real, current module) and src_cpp."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from lmcache_adp.native_check import ALLOW
+
+ROOT = Path(__file__).resolve().parents[2]
+CONNECT = (
+    "from lmcache_adp import ADPConnector\n"
+    "try:\n"
+    "    ADPConnector(card={card!r})\n"
+    "except RuntimeError as e:\n"
+    "    print('RuntimeError:', e)\n"
+)
+
+
+def tree_copy(tmp_path: Path, *, edit: bool) -> Path:
+    """This tree's lmcache_adp (with its built module) and src_cpp, under tmp_path/tree; `edit`: one source
+    gets a comment more, as a rebase or a landed change gives a tree whose module nobody rebuilt."""
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "lmcache_adp", tree / "lmcache_adp", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "src_cpp", tree / "src_cpp")
+    if edit:
+        with open(tree / "src_cpp" / "store" / "verify.cc", "a") as f:
+            f.write("// landed after the build\n")
+    return tree
+
+
+def run_in(tree: Path, *args: str, allow: str = "0") -> subprocess.CompletedProcess:
+    """python `args` with `tree` first on sys.path (its own lmcache_adp, not the one under test)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), ALLOW: allow}
+    return subprocess.run([sys.executable, *args], cwd=tree, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_a_module_of_other_sources_stops_the_cli_and_the_connector_in_one_line(tmp_path):
+    tree = tree_copy(tmp_path, edit=True)
+    card = str(tmp_path / "card.img")
+    module = tree / "lmcache_adp" / Path(__import__("lmcache_adp._native").__dict__["_native"].__file__).name
+    r = run_in(tree, "-m", "lmcache_adp.cli", "status", "--card", card)
+    assert r.returncode == 3 and r.stdout == "", r.stdout + r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"lmcache-adp: error: lmcache_adp._native ({module}, sources "), line
+    assert f"was built from other C++ sources than {tree}/src_cpp (digest " in line, line
+    assert line.endswith(f"rebuild it: cd {tree} && ADP_WERROR=1 python setup.py -q build_ext --inplace"), line
+
+    r = run_in(tree, "-c", CONNECT.format(card=card))
+    assert r.returncode == 0 and r.stdout.startswith("RuntimeError: ADPConnector not started: lmcache_adp._native ("), (
+        r.stdout + r.stderr
+    )
+    assert r.stdout.strip().endswith("build_ext --inplace") and not os.path.exists(card), r.stdout + r.stderr
+
+    # ADP_ALLOW_STALE_NATIVE=1: a WARNING, and the command goes on (to its own error here: no card).
+    r = run_in(tree, "-m", "lmcache_adp.cli", "status", "--card", card, allow="1")
+    assert r.returncode == 2 and f"card {card} does not exist" in r.stderr, r.stderr
+    assert "WARNING" in r.stderr and "was built from other C++ sources" in r.stderr and f"{ALLOW}=1" in r.stderr
+
+
+def test_a_module_of_the_sources_beside_it_or_of_no_source_tree_passes(tmp_path):
+    """The tree's own sources: no line; a package with no src_cpp/ beside it (a wheel, the image): nothing
+    to judge."""
+    tree = tree_copy(tmp_path, edit=False)
+    card = str(tmp_path / "card.img")
+    r = run_in(tree, "-m", "lmcache_adp.cli", "status", "--card", card)
+    assert r.returncode == 2 and r.stderr == f"lmcache-adp: error: card {card} does not exist\n", r.stderr
+    r = run_in(tree, "-c", CONNECT.format(card=str(tmp_path / "new.img")) + "else:\n    print('started')\n")
+    assert r.stdout.splitlines()[-1] == "started", r.stdout + r.stderr
+
+    with open(tree / "src_cpp" / "store" / "verify.cc", "a") as f:
+        f.write("// landed after the build\n")
+    shutil.move(tree / "src_cpp", tmp_path / "elsewhere")
+    r = run_in(tree, "-m", "lmcache_adp.cli", "status", "--card", card)
+    assert r.returncode == 2 and r.stderr == f"lmcache-adp: error: card {card} does not exist\n", r.stderr
