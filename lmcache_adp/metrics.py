@@ -96,6 +96,24 @@ def amount(nbytes: int) -> str:
     return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.2f} MiB"
 
 
+UNTIL_CONNECTED = "loads miss and stores are dropped until a connect succeeds"
+REFUSED = "gateway refused: "  # the connector's words for the gateway's Error frame (src_cpp/transport)
+
+
+def gateway_not_reached(gateway: str, error: str) -> str:
+    """Why a connector does not reach its gateway, from its gateway_error: a gateway that answers and refuses it
+    (a ring_mb above the gateway's --max-ring-mb, too many clients, another protocol version) is not "unreachable".
+    Without the stat (a connector of an older release) it says where the reason is."""
+    if error.startswith(REFUSED):
+        return f"{gateway} answers but refuses this connector: {error.removeprefix(REFUSED)}"
+    if error:
+        return f"{gateway} unreachable: {error}"
+    return (
+        f"{gateway} unreachable: not answering, or refusing this connector (the connector's WARNING in this "
+        "server's log gives the reason, such as a ring_mb above the gateway's --max-ring-mb)"
+    )
+
+
 def health(st: dict[str, Any]) -> dict[str, Any]:
     """/health's body from a stats dict: healthy unless the card fails I/O (healthy 0) or (a connector
     on a gateway, whose stats carry gateway_reachable) the gateway cannot be reached, is stalled or answers
@@ -117,12 +135,9 @@ def health(st: dict[str, Any]) -> dict[str, Any]:
             )
         elif not doc["gateway_reachable"]:
             # Not only "down": a running gateway that refuses this connector (a ring_mb above its --max-ring-mb, too
-            # many clients) read the same, and an operator who found it running had nowhere to look (audit 15).
-            reasons.append(
-                f"{gateway} unreachable: not answering, or refusing this connector (the connector's WARNING in this "
-                "server's log gives the reason, such as a ring_mb above the gateway's --max-ring-mb); loads miss and "
-                "stores are dropped until a connect succeeds"
-            )
+            # many clients) read the same, and an operator who found it running had nowhere to look (audit 15
+            # item 18): the connector's last failure (gateway_error) is the reason.
+            reasons.append(f"{gateway_not_reached(gateway, st.get('gateway_error') or '')}; {UNTIL_CONNECTED}")
         doc["gateway_stalled"] = bool(st.get("gateway_stalled", False))
         if doc["gateway_stalled"]:
             reasons.append(

@@ -21,6 +21,7 @@ from typing import Any
 from lmcache_adp._native import CardStore, format_card
 from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, read_token_file
 from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
+from lmcache_adp.metrics import gateway_not_reached
 from lmcache_adp.stats_catalog import CLIENT, STATS
 
 EXIT_OK, EXIT_BAD_CARD, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
@@ -143,8 +144,8 @@ def format_status(st: dict[str, Any]) -> str:
         reach = (
             "yes"
             if st["gateway_reachable"]
-            else "NO (loads miss, stores are dropped; /health answers 503): not answering, or refusing this "
-            "connector (its WARNING in the server's log says which)"
+            else "NO (loads miss, stores are dropped; /health answers 503): "
+            + gateway_not_reached("the gateway", st.get("gateway_error") or "")
         )
         if st.get("gateway_token_refused"):
             reach = "NO: the gateway refused this connector's token (fix token_file, restart; /health answers 503)"

@@ -47,6 +47,11 @@ NOT_NUMERIC = {
     "card": "a string: the card's path (embedded, gateway) or the gateway's address (client)",
     "gateway_card_error": "a string (a connector on a gateway): the gateway's message of the I/O error that made "
     "gateway_card_healthy 0, empty while it is 1",
+    "gateway_error": "a string (a connector on a gateway): why the gateway is not reached, empty from a successful "
+    "connect: the last failure that took the link down or kept it down (a connect or handshake, the gateway's "
+    "refusal verbatim, such as a ring_mb above its --max-ring-mb, or a lost connection), ending in what to fix "
+    "where no retry heals it (`... a retry cannot heal this: fix ring_mb (or the gateway's --max-ring-mb) and "
+    "restart`). /health's reason and `lmcache-adp status --url` show it while gateway_reachable is 0",
     "latency_us_log2": "nested: per operation, a count, a sum and log2 microsecond buckets; "
     "exported as the histogram lmcache_adp_op_latency_seconds{op=get|set|exists|delete}",
 }

@@ -146,7 +146,11 @@ struct StoreStats {
   // or store the gateway answered with an I/O error of its card (message in
   // gateway_card_error) until a load hits or a store succeeds.
   // gateway_token_refused: the gateway's last answer to a connect refused the
-  // token (TCP), until a connect succeeds.
+  // token (TCP), until a connect succeeds. gateway_error: why the gateway is
+  // not reached (audit 15 item 18): the last failure that took the link down
+  // or kept it down (a connect or handshake, the gateway's refusal verbatim,
+  // or a lost connection), with what fixes a refusal no retry heals
+  // (RemoteBackend::note_down); empty from a successful connect.
   bool on_gateway = false;
   bool gateway_reachable = false;
   bool gateway_token_refused = false;
@@ -154,6 +158,7 @@ struct StoreStats {
   bool gateway_stalled = false;
   bool gateway_card_healthy = true;
   std::string gateway_card_error;
+  std::string gateway_error;
 };
 
 // Calls f(name, value) for every field of st (uint64_t, double or bool): the

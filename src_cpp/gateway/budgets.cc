@@ -20,8 +20,8 @@ Status ClientHandler::reserve_ring(uint64_t bytes) {
   auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
   if (bytes > lim.max_ring_bytes) {
     shared_->refused++;
-    return Status::InvalidArgument("a ring of " + mib(bytes) + " is larger than this gateway allows per connection (" +
-                                   mib(lim.max_ring_bytes) + ", --max-ring-mb)");
+    return Status::InvalidArgument("a ring of " + mib(bytes) + proto::kRingTooLarge + mib(lim.max_ring_bytes) +
+                                   ", --max-ring-mb)");
   }
   uint64_t cur = shared_->ring_bytes_mapped.load();
   do {

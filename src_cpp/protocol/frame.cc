@@ -13,7 +13,7 @@ FrameHeader make_header(FrameType type, uint64_t request_id, size_t body_bytes) 
 Status check_header(const FrameHeader& h, uint32_t max_body) {
   if (h.magic != kFrameMagic) return Status::InvalidArgument("bad frame magic");
   if (h.version != kProtocolVersion)
-    return Status::InvalidArgument("protocol version " + std::to_string(h.version) + " (this side speaks " +
+    return Status::InvalidArgument(kOtherVersion + std::to_string(h.version) + " (this side speaks " +
                                    std::to_string(kProtocolVersion) + ")");
   if (h.flags != 0 || h.reserved != 0) return Status::InvalidArgument("reserved header fields are not zero");
   if (h.type < static_cast<uint8_t>(FrameType::kHello) || h.type > static_cast<uint8_t>(FrameType::kAlive))

@@ -83,6 +83,12 @@ constexpr uint32_t kMaxTokenBytes = 256;
 // missing token: the client tells this refusal (it does not heal by itself)
 // from the others by it.
 constexpr const char* kTokenRefused = "authentication failed: wrong or missing token";
+// Words of the other refusals a retry cannot heal, by which the client tells
+// them (audit 15 item 18: RemoteBackend::unhealable_fix): a ring larger than
+// the gateway allows one connection (--max-ring-mb; gateway/budgets.cc), and
+// a frame of another protocol version (check_header, on either side).
+constexpr const char* kRingTooLarge = " is larger than this gateway allows per connection (";
+constexpr const char* kOtherVersion = "protocol version ";
 constexpr uint32_t kMaxNameBytes = 256;                     // client name, gateway description
 constexpr uint32_t kMaxMessageBytes = 256;                  // per-key error text, error frame reason
 constexpr uint64_t kMaxObjectBytes = adp::kMaxObjectBytes;  // no card holds a larger object

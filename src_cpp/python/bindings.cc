@@ -215,6 +215,7 @@ class NativeConnector {
       d["gateway_stalled"] = s.gateway_stalled;
       d["gateway_card_healthy"] = s.gateway_card_healthy;
       d["gateway_card_error"] = s.gateway_card_error;
+      d["gateway_error"] = s.gateway_error;
     }
     return d;
   }

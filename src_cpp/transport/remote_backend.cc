@@ -1108,6 +1108,11 @@ Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<Gate
         "through the ring. Logged once.",
         describe().c_str(), log_safe(c->process_refusal()).c_str());
   token_refused_.store(false);
+  unhealable_logged_.store(false);
+  {
+    std::lock_guard<std::mutex> l(error_mu_);
+    gateway_error_.clear();
+  }
   start_reconnect();  // from the first connection: it also looks at idle connections (all_closed_locked)
   if (link_.exchange(Link::kUp) != Link::kUp)
     ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
@@ -1218,8 +1223,25 @@ bool RemoteBackend::token_refusal(const Status& why) {
   return why.message().find(proto::kTokenRefused) != std::string::npos;
 }
 
+std::string RemoteBackend::unhealable_fix(const Status& why) {
+  const std::string& m = why.message();
+  if (m.find(proto::kRingTooLarge) != std::string::npos && m.find("--max-ring-mb") != std::string::npos)
+    return "a retry cannot heal this: fix ring_mb (or the gateway's --max-ring-mb) and restart";
+  if (m.find(proto::kOtherVersion) != std::string::npos)
+    return "a retry cannot heal this: run the connector and the gateway of one lmcache-adp release (this one "
+           "speaks protocol version " +
+           std::to_string(proto::kProtocolVersion) + ") and restart";
+  return "";
+}
+
 void RemoteBackend::note_down(const Status& why) {
   const bool refused = token_refusal(why);
+  const std::string fix = refused ? "" : unhealable_fix(why);
+  {
+    std::lock_guard<std::mutex> l(error_mu_);
+    // Printable ASCII (a peer's text): a stats dict's str, and /health's JSON, take it as it is.
+    gateway_error_ = log_safe(why.message(), 512) + (fix.empty() ? "" : "; " + fix);
+  }
   if (refused && !token_refused_.exchange(true))
     ADP_ERROR(
         "%s: the gateway refused this connector's token (%s): adapter_params['token_file'] does not hold the "
@@ -1227,11 +1249,21 @@ void RemoteBackend::note_down(const Status& why) {
         "token_file and restart this process. Until then every request fails (the connector tries again at most "
         "every %lld ms, in the background while idle)",
         describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
-  if (link_.exchange(Link::kDown) != Link::kDown && !refused)
+  const bool was_down = link_.exchange(Link::kDown) == Link::kDown;
+  if (!fix.empty()) {
+    // Not "until it is back": the gateway is up, and refuses every connect until one side is changed (audit 15).
+    if (!unhealable_logged_.exchange(true))
+      ADP_WARN(
+          "%s: %s; its requests fail until a connect succeeds (it tries again with back-off, in the background "
+          "while idle, every %lld ms at the longest), and %s",
+          describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()),
+          fix.c_str());
+  } else if (!was_down && !refused) {
     ADP_WARN(
         "%s: %s; its requests fail until it is back (its next requests reconnect, with back-off; an idle connector "
         "retries in the background, every %lld ms at the longest)",
         describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
+  }
   start_reconnect();
 }
 
@@ -1465,6 +1497,10 @@ StoreStats RemoteBackend::stats() const {
   s.gateway_reachable = link_.load() != Link::kDown;
   s.gateway_token_refused = token_refused_.load();
   s.gateway_reconnects = reconnects_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> l(error_mu_);
+    s.gateway_error = gateway_error_;
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     s.gateway_stalled = stalled_locked(steady_ns());

@@ -110,7 +110,10 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   void drop(std::unique_ptr<GatewayClient>* client);
   // A failed connect or a dropped connection: logs the link going down once
   // (WARNING), a refused token once until a connect succeeds (ERROR: it does
-  // not heal by itself; stats: gateway_token_refused).
+  // not heal by itself; stats: gateway_token_refused), and another refusal no
+  // retry heals (unhealable_fix) once until a connect succeeds, its WARNING
+  // ending in the fix even while the link was down already. Keeps `why` (and
+  // that fix) as gateway_error until a connect succeeds.
   void note_down(const Status& why);
   // The start-up connect's failure (RemoteSession::start_connect): note_down,
   // unless the connector is closing or a connection was made since it began
@@ -122,6 +125,10 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
     return connects_;
   }
   static bool token_refusal(const Status& why);
+  // What fixes a refusal no retry heals but a token's (audit 15 item 18: a
+  // ring above the gateway's --max-ring-mb, another protocol version), in the
+  // words of its WARNING and of gateway_error; empty for any other failure.
+  static std::string unhealable_fix(const Status& why);
   // Whether the gateway is stalled (stats: gateway_stalled): a request has
   // waited stall_ns_ with nothing heard from the gateway on any of this
   // connector's connections since it was sent or since the last thing heard,
@@ -195,7 +202,10 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   int64_t session_try_ns_ = 0;            // when a session last began a connect of its own
   uint64_t connects_ = 0;                 // mu_: connections made, in all (note_start_failure)
   std::atomic<Link> link_{Link::kUnknown};
-  std::atomic<bool> token_refused_{false};  // the last connect's answer refused the token, until one succeeds
+  std::atomic<bool> token_refused_{false};      // the last connect's answer refused the token, until one succeeds
+  std::atomic<bool> unhealable_logged_{false};  // a refusal with unhealable_fix logged, until a connect succeeds
+  mutable std::mutex error_mu_;                 // not mu_: note_down runs under it too
+  std::string gateway_error_;                   // error_mu_: stats gateway_error
   // Connections sessions made again after losing theirs (stats: gateway_reconnects).
   std::atomic<uint64_t> reconnects_{0};
   std::atomic<bool> ring_hinted_{false};

@@ -864,13 +864,15 @@ def test_a_gateway_hung_between_published_pieces_is_logged_stalled(workdir, capf
 
 
 class RefusingGateway:
-    """Answers every Hello with the Error frame a TCP gateway sends for a wrong token; counts the Hellos."""
+    """Answers every Hello with the Error frame a TCP gateway sends for a wrong token, or with answer(request id);
+    counts the Hellos."""
 
-    def __init__(self):
+    def __init__(self, answer=None):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.hellos = 0
         self.hello_times: list[float] = []  # time.monotonic() of each Hello
+        self.answer = answer
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -886,7 +888,8 @@ class RefusingGateway:
                     if ftype == wire.HELLO:
                         self.hellos += 1
                         self.hello_times.append(time.monotonic())
-                    conn.sendall(wire.frame(wire.ERROR, rid, struct.pack("<H", len(reason)) + reason))
+                    refusal = wire.frame(wire.ERROR, rid, struct.pack("<H", len(reason)) + reason)
+                    conn.sendall(self.answer(rid) if self.answer else refusal)
                 except (ConnectionError, OSError):
                     pass
 
@@ -982,25 +985,76 @@ def test_health_says_unreachable_before_the_first_batch(workdir, capfd):
         conn.close()
 
 
-def test_a_gateway_that_refuses_the_connector_is_not_read_as_down(workdir, capfd):
+RING_FIX = "a retry cannot heal this: fix ring_mb (or the gateway's --max-ring-mb) and restart"
+RING_REFUSED = "a ring of 2048 MiB is larger than this gateway allows per connection (1024 MiB, --max-ring-mb)"
+
+
+def test_a_gateway_that_refuses_the_connector_says_why_until_it_allows_it(workdir, capfd):
     """A running gateway refusing the connector's ring (ring_mb above its --max-ring-mb) read on /health as
-    "unreachable: ... until it is back" (audit 15): the operator found the gateway up and had no reason. The reason
-    now says it may be a refusal and where it is given; the WARNING names the limit."""
+    "unreachable", and its WARNING said "until it is back" (audit 15 items 18): the operator found the gateway up
+    and no reason, and no retry heals it. The refusal is now the stat gateway_error, named in /health's reason and
+    `status --url`, and the one WARNING ends in what to fix; a gateway restarted with a larger limit clears it."""
     port = free_port()
-    with Gateway(workdir) as gw:
-        capfd.readouterr()
-        conn = ADPConnector(gateway=gw.url, ring_mb=2048, num_workers=1, timeout_ms=2000, metrics_port=port)
-        try:
-            doc = wait_health(port, 503, within=BEFORE_TRAFFIC_S)
-            (reason,) = [r for r in doc["reasons"] if gw.unix_url in r]
-            assert "refusing this connector" in reason and "WARNING" in reason and "--max-ring-mb" in reason, doc
-            assert "until it is back" not in reason, doc
-            said = [line for line in capfd.readouterr().err.splitlines() if " WARNING: " in line and gw.url in line]
-            assert said and "a ring of 2048 MiB is larger than this gateway allows" in said[0], said
-            assert "--max-ring-mb" in said[0], said
-            assert "refusing this connector (its WARNING" in format_status(conn.stats())  # `status --url`
-        finally:
-            conn.close()
+    gw = Gateway(workdir).start()  # the default --max-ring-mb, 1024
+    capfd.readouterr()
+    conn = ADPConnector(gateway=gw.url, ring_mb=2048, num_workers=1, timeout_ms=2000, metrics_port=port)
+    c = RawConnector(conn)
+    try:
+        doc = wait_health(port, 503, within=BEFORE_TRAFFIC_S)  # the start-up connect's refusal: no batch needed
+        assert doc["reasons"] == [
+            f"gateway {gw.unix_url} answers but refuses this connector: {RING_REFUSED}; {RING_FIX}; loads miss and "
+            "stores are dropped until a connect succeeds"
+        ], doc
+        for _ in range(4):  # the batches' own connects are refused too: no second WARNING
+            ok, err, _ = c.set(["k"], [memoryview(b"v")])
+            assert not ok and "--max-ring-mb" in err, err
+            time.sleep(0.2)
+        st = conn.stats()
+        assert st["gateway_error"] == f"gateway refused: {RING_REFUSED}; {RING_FIX}", st
+        rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in format_status(st).splitlines())
+        assert rows["gateway reachable"].startswith(
+            "NO (loads miss, stores are dropped; /health answers 503): the gateway answers but refuses this "
+            f"connector: {RING_REFUSED}; {RING_FIX}; "
+        ), rows  # `lmcache-adp status --url`
+        said = [line for line in capfd.readouterr().err.splitlines() if " WARNING: " in line and gw.url in line]
+        assert len(said) == 1 and RING_REFUSED in said[0] and said[0].endswith(RING_FIX), said
+        assert "until it is back" not in said[0], said
+
+        gw.stop()
+        gw.extra = ["--max-ring-mb", "2048"]
+        gw.start()
+        doc = wait_health(port, 200, within=10)  # the background reconnect: every 2 s at the longest
+        assert "reasons" not in doc and conn.stats()["gateway_error"] == "", (doc, conn.stats()["gateway_error"])
+        assert c.set(["k"], [memoryview(b"v")])[0]
+    finally:
+        conn.close()
+        if gw.proc:
+            gw.stop()
+
+
+def test_a_gateway_of_another_protocol_version_says_what_to_fix(workdir, capfd):
+    """A gateway whose frames carry another protocol version is refused by the connector at the handshake: no
+    retry heals it either, so the WARNING and gateway_error end in what to fix, not "until it is back"."""
+    fake = RefusingGateway(answer=lambda rid: wire.frame(wire.HELLO_OK, rid, b"", version=wire.VERSION + 1))
+    token_file = os.path.join(workdir, "token")
+    with open(token_file, "w") as f:
+        f.write(TOKEN + "\n")
+    capfd.readouterr()
+    port = free_port()
+    conn = ADPConnector(gateway=f"tcp://127.0.0.1:{fake.port}", token_file=token_file, num_workers=1,
+                        timeout_ms=2000, metrics_port=port)  # fmt: skip
+    try:
+        doc = wait_health(port, 503, within=BEFORE_TRAFFIC_S)
+        fix = "a retry cannot heal this: run the connector and the gateway of one lmcache-adp release (this one speaks"
+        want = f"protocol version {wire.VERSION + 1} (this side speaks {wire.VERSION}); {fix} protocol version "
+        assert conn.stats()["gateway_error"] == f"{want}{wire.VERSION}) and restart", conn.stats()["gateway_error"]
+        (reason,) = doc["reasons"]
+        assert reason.startswith(f"gateway tcp://127.0.0.1:{fake.port} unreachable: {want}"), reason
+        said = [line for line in capfd.readouterr().err.splitlines() if " WARNING: " in line and str(fake.port) in line]
+        assert len(said) == 1 and said[0].endswith(f"{fix} protocol version {wire.VERSION}) and restart"), said
+    finally:
+        conn.close()
+        fake.listener.close()
 
 
 def test_the_start_does_not_wait_on_the_gateway(workdir):
