@@ -54,7 +54,12 @@ MISSING_CARD_HINT = (
 # flag, default, meaning: every connection, ring and wait of the gateway is
 # bounded (issue 9). The ranges are checked in run().
 LIMITS = [
-    ("--max-clients", 256, "local (Unix socket) connections; TCP peers never take these slots"),
+    (
+        "--max-clients",
+        256,
+        "local (Unix socket) clients; TCP peers never take these slots, nor do status queries (2 local "
+        "connections past it are kept for `lmcache-adp status --gateway`)",
+    ),
     ("--max-tcp-clients", 64, "authenticated TCP connections"),
     ("--max-handshakes", 16, "TCP connections not yet authenticated; more are closed at once"),
     ("--handshake-timeout-ms", 2000, "time a new connection has to complete its Hello"),

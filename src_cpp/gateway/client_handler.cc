@@ -99,6 +99,17 @@ Status ClientHandler::handshake() {
   s = proto::decode_hello(frame.body, &hello);
   if (s.ok() && tcp_ && !proto::token_matches(hello.token, shared_->token))
     s = Status::InvalidArgument(proto::kTokenRefused);
+  const bool status_query = hello.features & proto::kFeatureStatusQuery;
+  if (s.ok() && status_query && (hello.features & proto::kClientFeatures)) {
+    char features[16];
+    std::snprintf(features, sizeof features, "0x%x", hello.features);
+    s = Status::InvalidArgument(std::string("a status query (Hello bit 9) asks for no other feature, this one for ") +
+                                features + " (a ring, segments, ...: bits 0-8)");
+  }
+  if (s.ok() && !status_query && control_ && !control_->reserve_refusal.empty()) {
+    shared_->refused++;
+    s = Status::Busy(control_->reserve_refusal);
+  }
   bool want_ring = hello.features & proto::kFeatureRing;
   if (s.ok() && want_ring != (frame.fds.size() == 1))
     s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP"
@@ -228,9 +239,10 @@ void ClientHandler::run() {
   if (tcp_) shared_->tcp_handshakes--;  // counted by the accept thread
   if (s.ok()) {
     handshake_done_ = true;
-    if (status_query_)
+    if (status_query_) {
       shared_->status_queries.fetch_add(1, std::memory_order_relaxed);
-    else
+      if (control_) control_->status_query.store(true, std::memory_order_relaxed);
+    } else
       shared_->clients++;
     proto::Frame frame;
     std::vector<uint8_t> table, payload;

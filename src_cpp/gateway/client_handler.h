@@ -68,6 +68,14 @@ struct ConnectionControl {
   // sent anyway: the socket is shut down), so stop() waits for one piece or
   // item per connection, not for the rest of a batch.
   std::atomic<bool> stopping{false};
+  // Set by the accept thread before the connection's thread starts: it was
+  // admitted past --max-clients, on the reserve kept for status queries
+  // (review r15 N2), and is refused with this reason unless its Hello
+  // carries bit 9 (r10). Empty: admitted as a client.
+  std::string reserve_refusal;
+  // Set once the handshake made it a status query (r10): the accept thread
+  // counts it apart from the clients.
+  std::atomic<bool> status_query{false};
 };
 
 // The card gate (review r7 B1): every call into the CardStore or the

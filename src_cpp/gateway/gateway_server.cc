@@ -140,17 +140,24 @@ StoreStats GatewayServer::stats() const {
 
 std::string GatewayServer::stats_json() const { return adp::stats_json(stats(), *shared_); }
 
+GatewayServer::Open GatewayServer::open_connections(bool local_only) const {
+  Open n;
+  for (const Client& c : clients_)
+    if (!c.done && !(local_only && c.tcp))
+      (c.control->status_query.load(std::memory_order_relaxed) ? n.status_queries : n.clients)++;
+  return n;
+}
+
 size_t GatewayServer::clients() const {
   std::lock_guard<std::mutex> l(mu_);
-  size_t n = 0;
-  for (const Client& c : clients_) n += !c.done;
-  return n;
+  return open_connections(false).clients;
 }
 
 void GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;  // EAGAIN, or the peer left first
   std::lock_guard<std::mutex> l(mu_);
+  std::string reserve_refusal;  // admitted on the status queries' reserve: refused unless it is one
   if (tcp) {
     // Unauthenticated peers have a pool of their own: however many there
     // are, they take no slot (and no thread) of local or authenticated clients.
@@ -163,12 +170,19 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
     }
     shared_->tcp_handshakes++;
   } else {
-    size_t local = 0;
-    for (const Client& c : clients_) local += !c.tcp && !c.done;
-    if (local >= static_cast<size_t>(opts_.max_clients)) {
+    // Past --max-clients clients (status queries not counted), kStatusQueryReserve more local connections are
+    // admitted, each refused at its Hello unless it is a status query (r10): `lmcache-adp status --gateway` still
+    // answers on a full gateway (review r15 N2).
+    const Open open = open_connections(true);
+    const size_t max_clients = static_cast<size_t>(opts_.max_clients);
+    std::string why = "too many local clients (" + std::to_string(opts_.max_clients) + ", --max-clients)";
+    if (open.clients >= max_clients) reserve_refusal = why;
+    if (open.clients + open.status_queries >= max_clients + kStatusQueryReserve) {
       shared_->refused++;
-      ADP_WARN_LIMITED("gateway: refusing a local client: %d connected already (--max-clients)", opts_.max_clients);
-      std::string why = "too many local clients (" + std::to_string(opts_.max_clients) + ", --max-clients)";
+      ADP_WARN_LIMITED(
+          "gateway: refusing a local connection: %zu clients and %zu status queries connected already "
+          "(--max-clients %d, and %d more for status queries)",
+          open.clients, open.status_queries, opts_.max_clients, kStatusQueryReserve);
       std::vector<uint8_t> body;
       proto::encode_error(why, &body);
       // The Hello's id is 1; the client reads this in place of HelloOk.
@@ -182,6 +196,7 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   c.fd = fd;
   c.tcp = tcp;
   c.control = std::make_shared<ConnectionControl>();
+  c.control->reserve_refusal = std::move(reserve_refusal);
   c.thread = std::thread([this, &c, fd, tcp, id = c.id, shared = shared_, control = c.control] {
     set_thread_name("adp-conn", static_cast<int>(id % 1000000));
     ClientHandler(fd, tcp, id, shared, control).run();
@@ -311,7 +326,15 @@ void GatewayServer::accept_loop() {
     if (tcp_fd_ >= 0 && (p[2].revents & POLLIN)) accept_one(tcp_fd_, true);
     reap(false);
   }
-  ADP_INFO("gateway: stopping (%zu clients connected)", clients());
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    const Open open = open_connections(false);
+    l.unlock();
+    if (open.status_queries == 0)
+      ADP_INFO("gateway: stopping (%zu clients connected)", open.clients);
+    else
+      ADP_INFO("gateway: stopping (%zu clients and %zu status queries connected)", open.clients, open.status_queries);
+  }
   if (shared_->segment_prefault) shared_->segment_prefault->stop();  // within one piece
   reap(true);
   log_gone_clients(true);

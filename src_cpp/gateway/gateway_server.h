@@ -74,6 +74,11 @@ struct GatewayOptions {
   uint32_t max_request_timeout_ms = 3600000;           // a batch's timeout_ms at most (larger: clamped)
 };
 
+// Local connections admitted past --max-clients, for status queries only
+// (r10): a full gateway still answers `lmcache-adp status --gateway`
+// (review r15 N2).
+constexpr int kStatusQueryReserve = 2;
+
 class GatewayServer {
  public:
   static Status Start(const GatewayOptions& opts, std::unique_ptr<GatewayServer>* out);
@@ -86,6 +91,7 @@ class GatewayServer {
   bool wait(std::chrono::milliseconds timeout);
   uint16_t tcp_port() const { return tcp_ep_.port; }
   StoreStats stats() const;
+  // Connections past the handshake or in it, status queries (r10) not counted.
   size_t clients() const;
   // The counters of a StatsReply (store, clients, batches, rings) as JSON.
   std::string stats_json() const;
@@ -99,6 +105,13 @@ class GatewayServer {
     std::atomic<bool> done{false};
     std::shared_ptr<ConnectionControl> control;  // shared with its ClientHandler
   };
+
+  // The connections not ended, local only or all: clients (those in their
+  // handshake included) and status queries apart. Under mu_.
+  struct Open {
+    size_t clients = 0, status_queries = 0;
+  };
+  Open open_connections(bool local_only) const;
 
   GatewayServer() = default;
   void accept_loop();

@@ -367,6 +367,119 @@ def test_a_status_query_is_not_a_client(workdir):
     assert r.returncode == 3 and "expected unix:///path or tcp://HOST:PORT" in r.stderr
 
 
+def hello_reply(url: str, features: int, ring_bytes: int = 0) -> tuple[int, bytes]:
+    """The gateway's reply (type, body) to a Hello with `features` on its Unix socket; with ring_bytes, a memfd of
+    that size rides on it as the ring's descriptor."""
+    import fcntl
+    import socket
+
+    from tests.gateway import wire
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(url.removeprefix("unix://"))
+        data = wire.frame(wire.HELLO, 1, wire.hello(features=features, ring_bytes=ring_bytes))
+        try:
+            if ring_bytes:
+                ring = os.memfd_create("test-ring", os.MFD_ALLOW_SEALING)
+                os.ftruncate(ring, ring_bytes)
+                fcntl.fcntl(ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+                socket.send_fds(s, [data], [ring])
+                os.close(ring)
+            else:
+                s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused at accept: the gateway wrote its Error frame and closed before reading the Hello
+        ftype, _, body = wire.recv_frame(s)
+        return ftype, body
+
+
+def error_reason(body: bytes) -> str:
+    (n,) = struct.unpack_from("<H", body)
+    return body[2 : 2 + n].decode()
+
+
+@pytest.mark.parametrize(
+    "feature, ring_bytes", [("FEATURE_RING", 4 << 20), ("FEATURE_ALIVE", 0), ("FEATURE_ERROR_CLASS", 0)]
+)
+def test_a_status_query_asks_for_nothing_else(workdir, feature, ring_bytes):
+    """Review r15 N1: bit 9 was granted whatever else the Hello asked for, a ring included: that connection held
+    4 MiB of ring memory (ring_bytes) unseen, while `clients` said 0 and its lines were DEBUG. Protocol r10's rule
+    now: a Hello with bit 9 and any of bits 0-8 is refused (InvalidArgument, an Error frame), before a ring is
+    reserved; the bit alone is still a status query."""
+    from tests.gateway import wire
+    from tests.support.gateway import Gateway
+
+    gw = Gateway(workdir).start()
+    try:
+        ftype, body = hello_reply(gw.unix_url, _native.FEATURE_STATUS_QUERY | getattr(_native, feature), ring_bytes)
+        assert ftype == wire.ERROR, body
+        assert "a status query (Hello bit 9) asks for no other feature" in error_reason(body), body
+        st = json.loads(run("status", "--gateway", gw.unix_url, "--json").stdout)
+        assert (st["ring_bytes"], st["clients"], st["status_queries"]) == (0, 0, 1), st
+    finally:
+        assert gw.stop() == 0
+    assert "asks for no other feature" in gw.logs[-1]
+
+
+def test_a_full_gateway_still_answers_status(workdir):
+    """Review r15 N2: a gateway at --max-clients refused `lmcache-adp status --gateway` itself ("gateway refused: too
+    many local clients"), counted it in refused_connections and logged a WARNING, the moment an operator most wants
+    the status; and status queries held --max-clients slots. Now 2 local connections past --max-clients are kept
+    for status queries (a Hello there without bit 9 is refused as over the limit), and status queries are not
+    counted as clients in the refusal or the stopping line."""
+    from tests.gateway import wire
+    from tests.helpers import RawConnector
+    from tests.support.gateway import Gateway
+
+    gw = Gateway(workdir, extra=("--max-clients", "1")).start()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000)
+    try:
+        assert RawConnector(conn).set(["q"], [memoryview(payload("q", 1000))])[0]
+        r = run("status", "--gateway", gw.unix_url, "--json")
+        assert r.returncode == 0, r.stderr
+        st = json.loads(r.stdout)
+        assert (st["clients"], st["status_queries"], st["refused_connections"]) == (1, 1, 0), st
+        # Past --max-clients, a Hello that is not a status query is refused as over the limit, at its Hello.
+        ftype, body = hello_reply(gw.unix_url, 0)
+        assert ftype == wire.ERROR and error_reason(body) == "too many local clients (1, --max-clients)", body
+        r = run("status", "--gateway", gw.unix_url)
+        assert r.returncode == 0 and re.search(r"connected clients +1 \(1 refused by a limit", r.stdout), r
+    finally:
+        conn.close()
+    # Two status queries held open do not keep a connector out (they held its slot).
+    held = [socket_status_query(gw.unix_url) for _ in range(2)]
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000)
+    try:
+        assert RawConnector(conn).set(["r"], [memoryview(payload("r", 1000))])[0]
+        # The third local connection past the one client: none left, whatever it is.
+        ftype, body = hello_reply(gw.unix_url, _native.FEATURE_STATUS_QUERY)
+        assert ftype == wire.ERROR and error_reason(body) == "too many local clients (1, --max-clients)", body
+    finally:
+        conn.close()
+        for s in held:
+            s.close()
+        assert gw.stop() == 0
+    log = gw.logs[-1]
+    assert "refusing a local connection: 1 clients and 2 status queries connected already (--max-clients 1" in log
+    assert re.search(r"client #\d+ \(unix pid \d+ uid \d+\): too many local clients \(1, --max-clients\)", log), log
+    assert "gateway: stopping (0 clients connected)" in log, log
+
+
+def socket_status_query(url: str):
+    """A status query's connection past its handshake, held open (the caller closes it)."""
+    import socket
+
+    from tests.gateway import wire
+
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(url.removeprefix("unix://"))
+    s.sendall(wire.frame(wire.HELLO, 1, wire.hello(features=_native.FEATURE_STATUS_QUERY)))
+    assert wire.recv_frame(s)[0] == wire.HELLO_OK
+    return s
+
+
 @pytest.mark.parametrize("cpu_max", ["100000 100000", "max 100000"])
 def test_the_usable_cpus_are_shown(workdir, monkeypatch, capfd, cpu_max):
     """ops item 2: the CPUs the spin rule and the piece helpers count (sched_getaffinity's, or a cgroup CPU quota
