@@ -8,6 +8,8 @@
 #                    (unix:///path/to/gateway.sock, a volume shared with it)
 #   vllm MODEL ...   vllm serve with LMCacheMPConnector to $ADP_MP_HOST:$ADP_MP_PORT
 #   healthcheck      what HEALTHCHECK runs: checks the role this container started
+#                    (lmcache-server: LMCache's /healthcheck, and the plugin's /health
+#                    when $ADP_METRICS_PORT is set)
 #
 # Extra arguments go to the role's program. Settings are the ADP_* variables of
 # the launch scripts in /opt/lmcache-adp (examples/ in the repository).
@@ -51,19 +53,33 @@ try:
     s.connect(sys.argv[1])
 except OSError as e:
     sys.exit(f"unhealthy: gateway socket {sys.argv[1]}: {e.strerror or e}")' "$ADP_SOCKET" ;;
-      lmcache-server) url=http://127.0.0.1:${ADP_HTTP_PORT:-8080}/healthcheck ;;
-      vllm) url=http://127.0.0.1:${ADP_VLLM_PORT:-8000}/health ;;
+      # LMCache's /healthcheck answers while its L1 serves, whatever the card or the gateway do; with
+      # ADP_METRICS_PORT set the plugin's /health is asked too, so that an unreachable gateway or a card
+      # failing I/O reads unhealthy (a choice: such a server still serves from L1; README, "The container image").
+      lmcache-server)
+        urls=("http://127.0.0.1:${ADP_HTTP_PORT:-8080}/healthcheck")
+        [[ ${ADP_METRICS_PORT:-0} == 0 ]] || urls+=("http://127.0.0.1:$ADP_METRICS_PORT/health") ;;
+      vllm) urls=("http://127.0.0.1:${ADP_VLLM_PORT:-8000}/health") ;;
       *) echo "no role started in this container" >&2; exit 1 ;;
     esac
     # Not only OSError: a port answered by something that is not HTTP raises http.client's
-    # BadStatusLine (an HTTPException), a bad port number InvalidURL (a ValueError).
-    exec python3 -c 'import http.client, sys, urllib.request
-try:
-    status = urllib.request.urlopen(sys.argv[1], timeout=5).status
-except (OSError, http.client.HTTPException, ValueError) as e:
-    why = str(getattr(e, "reason", None) or e).strip()  # a status line keeps its CRLF
-    sys.exit(f"unhealthy: {sys.argv[1]}: {why}")
-sys.exit(0 if status == 200 else f"unhealthy: {sys.argv[1]} answered {status}")' "$url"
+    # BadStatusLine (an HTTPException), a bad port number InvalidURL (a ValueError). An error status
+    # (HTTPError) names the reasons of the plugin's /health body, where it has them.
+    exec python3 -c 'import http.client, json, sys, urllib.error, urllib.request
+for url in sys.argv[1:]:
+    try:
+        status = urllib.request.urlopen(url, timeout=5).status
+    except urllib.error.HTTPError as e:
+        try:
+            why = "; ".join(json.loads(e.read()).get("reasons", []))
+        except (OSError, ValueError, AttributeError, TypeError):
+            why = ""
+        sys.exit(f"unhealthy: {url} answered {e.code}" + (f": {why}" if why else ""))
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        why = str(getattr(e, "reason", None) or e).strip()  # a status line keeps its CRLF
+        sys.exit(f"unhealthy: {url}: {why}")
+    if status != 200:
+        sys.exit(f"unhealthy: {url} answered {status}")' "${urls[@]}"
     ;;
   *)
     echo "usage: entrypoint.sh gateway|lmcache-server|vllm|healthcheck [args]" >&2

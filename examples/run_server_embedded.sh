@@ -12,14 +12,22 @@
 #   ADP_L1_SIZE_GB=16       LMCache's CPU tier (L1)
 #   ADP_MP_HOST=127.0.0.1 ADP_MP_PORT=5555          vLLM connects here (lmcache.mp.host/port)
 #   ADP_HTTP_HOST=127.0.0.1 ADP_HTTP_PORT=8080      LMCache's HTTP API (/healthcheck, /metrics)
+#   ADP_METRICS_PORT=N      the plugin's /metrics, /health and /stats on 127.0.0.1:N
+#                           (adapter_params metrics_port; unset or 0: none). The image's
+#                           healthcheck then asks its /health too (README, "The container image")
 #   ADP_DRY_RUN=1           print the command instead of running it
 #
 # The script execs the server, so its PID is the server's: stop it with kill PID.
 set -euo pipefail
 
 card=${ADP_CARD:-${XDG_CACHE_HOME:-$HOME/.cache}/lmcache-adp/card.img}
-l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"embedded","card":"%s","card_size_gb":%s}}' \
-  "$card" "${ADP_CARD_SIZE_GB:-64}")
+# ADP_METRICS_PORT: adapter_params metrics_port, checked first (a value that is no port made the JSON malformed).
+port=${ADP_METRICS_PORT:-0} metrics=
+[[ $port =~ ^(0|[1-9][0-9]{0,4})$ ]] && ((port <= 65535)) ||
+  { echo "ADP_METRICS_PORT=$port: a port number, 1-65535 (0 or unset: no metrics port)" >&2; exit 2; }
+((port == 0)) || metrics=",\"metrics_port\":$port"
+l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"embedded","card":"%s","card_size_gb":%s%s}}' \
+  "$card" "${ADP_CARD_SIZE_GB:-64}" "$metrics")
 
 cmd=(lmcache server
   --host "${ADP_MP_HOST:-127.0.0.1}" --port "${ADP_MP_PORT:-5555}"

@@ -16,6 +16,9 @@
 #   ADP_START_GATEWAY=1     start `lmcache-adp gateway` here (0: use a running one)
 #   ADP_L1_SIZE_GB=16  ADP_MP_HOST=127.0.0.1  ADP_MP_PORT=5555
 #   ADP_HTTP_HOST=127.0.0.1  ADP_HTTP_PORT=8080
+#   ADP_METRICS_PORT=N      the plugin's /metrics, /health and /stats on 127.0.0.1:N
+#                           (adapter_params metrics_port; unset or 0: none). The image's
+#                           healthcheck then asks its /health too (README, "The container image")
 #   ADP_DRY_RUN=1           print the commands instead of running them
 #
 # SIGTERM/SIGINT to this script stops the server, then the gateway it started.
@@ -23,7 +26,12 @@ set -euo pipefail
 
 card=${ADP_CARD:-${XDG_CACHE_HOME:-$HOME/.cache}/lmcache-adp/card.img}
 socket=${ADP_SOCKET:-${XDG_RUNTIME_DIR:-/tmp}/lmcache-adp/gateway.sock}
-l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"unix://%s"}}' "$socket")
+# ADP_METRICS_PORT: adapter_params metrics_port, checked first (a value that is no port made the JSON malformed).
+port=${ADP_METRICS_PORT:-0} metrics=
+[[ $port =~ ^(0|[1-9][0-9]{0,4})$ ]] && ((port <= 65535)) ||
+  { echo "ADP_METRICS_PORT=$port: a port number, 1-65535 (0 or unset: no metrics port)" >&2; exit 2; }
+((port == 0)) || metrics=",\"metrics_port\":$port"
+l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"unix://%s"%s}}' "$socket" "$metrics")
 
 gateway_cmd=(lmcache-adp gateway --card "$card" --card-size-gb "${ADP_CARD_SIZE_GB:-64}" --socket "$socket")
 server_cmd=(lmcache server

@@ -185,6 +185,26 @@ def test_run_server_gateway_command_lines(tmp_path):
     assert server_only[:2] == ["lmcache", "server"]
 
 
+@pytest.mark.parametrize("script", ["run_server_embedded.sh", "run_server_gateway.sh"])
+def test_metrics_port_setting(script):
+    """ADP_METRICS_PORT becomes adapter_params metrics_port (what the image's healthcheck asks, audit 15 item 16);
+    unset or 0: none; a value that is no port is refused before anything runs (it made the JSON malformed)."""
+    env = {"ADP_START_GATEWAY": "0"}
+    (server,) = dry_run(script, **env, ADP_METRICS_PORT="9400")
+    params = l2_adapter_spec(flag(server, "--l2-adapter"))
+    assert params["metrics_port"] == 9400 and ConnectorConfig.from_params(params).metrics_port == 9400, params
+    for unset in ({}, {"ADP_METRICS_PORT": "0"}):
+        (server,) = dry_run(script, **env, **unset)
+        assert "metrics_port" not in l2_adapter_spec(flag(server, "--l2-adapter"))
+    for bad in ("x", "65536", "08", "-1", "9400 "):
+        r = subprocess.run(
+            ["bash", str(EXAMPLES / script)], env={**child_env(), **env, "ADP_DRY_RUN": "1", "ADP_METRICS_PORT": bad},
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert r.returncode == 2 and not r.stdout, (bad, r.stdout)
+        assert r.stderr == f"ADP_METRICS_PORT={bad}: a port number, 1-65535 (0 or unset: no metrics port)\n", r.stderr
+
+
 # --- configs ------------------------------------------------------------------------
 
 

@@ -290,6 +290,62 @@ def test_entrypoint_roles(tmp_path):
     srv.close()
 
 
+def test_the_server_healthcheck_asks_the_plugins_health_when_a_metrics_port_is_set(tmp_path):
+    """LMCache's /healthcheck answers while its L1 serves: a server whose gateway is unreachable read healthy
+    (audit 15 item 16). With ADP_METRICS_PORT the healthcheck asks the plugin's /health too (its real server
+    here, on a client's stats with the gateway unreachable) and says why in one line; without it, as before."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lmcache_adp.metrics import MetricsServer
+    from lmcache_adp.stats_catalog import CLIENT
+
+    class LMCacheHealth(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/healthcheck" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    lmcache = ThreadingHTTPServer(("127.0.0.1", 0), LMCacheHealth)
+    threading.Thread(target=lmcache.serve_forever, daemon=True).start()
+    stats = {"healthy": True, "card": "unix:///run/lmcache-adp/gateway.sock", "gateway_reachable": 1}
+    plugin = MetricsServer(lambda: dict(stats), 0, source=CLIENT)
+    (tmp_path / "role").write_text("lmcache-server\n")
+    env = {**os.environ, "ADP_ROLE_FILE": str(tmp_path / "role"), "ADP_HTTP_PORT": str(lmcache.server_port)}
+
+    def healthcheck(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(ROOT / "docker" / "entrypoint.sh"), "healthcheck"], env={**env, **extra},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    try:
+        port = str(plugin.port)
+        r = healthcheck(ADP_METRICS_PORT=port)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        stats["gateway_reachable"] = 0
+        r = healthcheck(ADP_METRICS_PORT=port)
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(
+            f"unhealthy: http://127.0.0.1:{port}/health answered 503: gateway unix:///run/lmcache-adp/gateway.sock "
+            "unreachable: "
+        ), r.stderr
+        # Unset or 0: LMCache's /healthcheck alone, as before (the choice is the operator's).
+        for extra in ({}, {"ADP_METRICS_PORT": "0"}):
+            r = healthcheck(**extra)
+            assert r.returncode == 0 and not r.stderr, (extra, r.stderr)
+        # A metrics port nothing serves (the plugin did not start its endpoint): unhealthy, one line.
+        plugin.close()
+        r = healthcheck(ADP_METRICS_PORT=port)
+        assert r.returncode == 1 and r.stderr.startswith(f"unhealthy: http://127.0.0.1:{port}/health: "), r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
+    finally:
+        plugin.close()
+        lmcache.shutdown()
+        lmcache.server_close()
+
+
 @pytest.mark.parametrize("gateway", ["tcp://10.0.0.5:9500", "/run/lmcache-adp/gw.sock", "unix://gw.sock"])
 def test_entrypoint_names_a_gateway_it_cannot_take(tmp_path, gateway):
     """ADP_GATEWAY=tcp://... became adapter_params gateway 'unix://tcp://...', which the plugin refused as
