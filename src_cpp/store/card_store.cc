@@ -1226,7 +1226,8 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
     regions_.pin(e.region);
     loc.epoch = regions_[e.region].epoch;
   }
-  Status ts = write_tombstone(ctx, loc);
+  // A read-only card (CardOptions::read_only) drops it from the index only: its tombstone is no I/O error.
+  Status ts = read_only_ ? Status::Ok() : write_tombstone(ctx, loc);
   if (!ts.ok()) count_io_error();
   unpin(e.region);
 }

@@ -15,7 +15,7 @@ import pytest
 from lmcache_adp import ADPConnector, CardStore, _native
 from lmcache_adp.ops import percentile_us
 from tests.gateway.conftest import workdir  # noqa: F401 (fixture)
-from tests.helpers import payload
+from tests.helpers import corrupt, payload
 
 
 def run(*args, stdin=subprocess.DEVNULL):
@@ -232,6 +232,18 @@ def test_a_read_only_card_refuses_every_write(filled):
             with pytest.raises(ValueError, match=f"cannot .* on card {filled}: it is open read-only"):
                 write()
         assert s.verify()["checked"] == 12 and s.exists("k3") and not s.exists("new")
+    finally:
+        s.close()
+    assert open(filled, "rb").read() == before
+    # A damaged object read through a read-only card: a miss, dropped from the index only (no tombstone written,
+    # no I/O error counted).
+    corrupt(filled, "k5", 4096 + 100)
+    before = open(filled, "rb").read()
+    s = CardStore(filled, read_only=True)
+    try:
+        assert s.get("k5") is None and not s.exists("k5")
+        st = s.stats()
+        assert (st["checksum_failures"], st["io_errors"], st["objects"]) == (1, 0, 11), st
     finally:
         s.close()
     assert open(filled, "rb").read() == before
