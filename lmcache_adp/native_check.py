@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from lmcache_adp.log import get_logger
-from lmcache_adp.source_digest import rebuild_command, source_digest
+from lmcache_adp.source_digest import native_module, rebuild_command, recorded_digest, source_digest
 
 ALLOW = "ADP_ALLOW_STALE_NATIVE"
 
@@ -28,11 +28,21 @@ def stale_native() -> str | None:
     what rebuilds it; None when it was built from them, or when the package is in no source tree."""
     from lmcache_adp import _native
 
-    module = Path(_native.__file__).resolve()
+    return _judge(Path(_native.__file__).resolve(), lambda: getattr(_native, "SOURCE_DIGEST", ""))
+
+
+def stale_native_file(package: Path) -> str | None:
+    """stale_native() for the module file in the package directory `package`, judged by the digest recorded in
+    its bytes: for where importing it, or the package, failed (lmcache_adp/__init__.py)."""
+    module = native_module(package)
+    return _judge(module.resolve(), lambda: recorded_digest(module) or "") if module else None
+
+
+def _judge(module: Path, built_from) -> str | None:
     tree = module.parent.parent
     if not (tree / "src_cpp").is_dir():
         return None
-    built, now = getattr(_native, "SOURCE_DIGEST", ""), source_digest(tree)
+    built, now = built_from(), source_digest(tree)
     if built == now:
         return None
     sources = f"sources {built[:12]}" if built else "no source digest"

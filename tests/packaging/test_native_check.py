@@ -80,3 +80,20 @@ def test_a_module_of_the_sources_beside_it_or_of_no_source_tree_passes(tmp_path)
     shutil.move(tree / "src_cpp", tmp_path / "elsewhere")
     r = run_in(tree, "-m", "lmcache_adp.cli", "status", "--card", card)
     assert r.returncode == 2 and r.stderr == f"lmcache-adp: error: card {card} does not exist\n", r.stderr
+
+
+def test_a_module_that_fails_the_package_import_is_named_so_when_stale(tmp_path):
+    """A module of other sources may lack a name lmcache_adp reads at import (config.py reads _native's
+    constants): `import lmcache_adp` ended in Python's AttributeError; now in the same one line, judged from the
+    module's bytes. The same failure with the tree's own sources stays Python's error (it is not the build)."""
+    for edit in (True, False):
+        tree = tree_copy(tmp_path / str(edit), edit=edit)
+        with open(tree / "lmcache_adp" / "config.py", "a") as f:  # as if this build lacked a name config.py reads
+            f.write("\n_native.NOT_IN_THIS_BUILD\n")
+        r = run_in(tree, "-c", "import lmcache_adp")
+        last = r.stderr.strip().splitlines()[-1]
+        if edit:
+            assert r.returncode == 1 and "AttributeError" not in r.stderr, r.stderr
+            assert last.startswith("ImportError: lmcache_adp._native (") and last.endswith("build_ext --inplace"), last
+        else:
+            assert r.returncode == 1 and last.endswith("has no attribute 'NOT_IN_THIS_BUILD'"), r.stderr
