@@ -35,6 +35,7 @@ namespace {
 using proto::Clock;
 using std::chrono::milliseconds;
 
+// A connect's bound, its handshake included (ADP_TEST_CONNECT_TIMEOUT_MS for tests: RemoteBackend::connect_timeout_).
 constexpr milliseconds kConnectTimeout{2000};
 // A request's wait for its reply looks at the stall this often (logs its
 // start without a stats() call: RemoteSession::wait_reply;
@@ -437,7 +438,7 @@ void RemoteSession::start_connect() {
   set_thread_name("adp-connect");
   const uint64_t connects = backend_->connects();
   std::unique_ptr<GatewayClient> c;
-  Status s = backend_->connect(start_began_ + kConnectTimeout, &c);
+  Status s = backend_->connect(start_began_ + backend_->connect_timeout_, &c);
   if (!s.ok()) backend_->note_start_failure(s, connects);
   {
     std::lock_guard<std::mutex> l(start_mu_);
@@ -499,15 +500,15 @@ Status RemoteSession::connected(Deadline deadline) {
   // is back: this batch connects at once (it takes the background one), not failing in front of a reachable link.
   if (now < retry_at_ && backend_->connects() == backoff_connects_) return last_error_;
   own_connect_ = start_pending_.load(std::memory_order_relaxed);
-  Status s = backend_->connect(std::min<Deadline>(deadline, now + kConnectTimeout), &client_);
+  Status s = backend_->connect(std::min<Deadline>(deadline, now + backend_->connect_timeout_), &client_);
   // The connector closing cut it short (a connect at start, BackendSession::prepare, or a batch's racing close):
   // nothing to say about the gateway (review r13 S4: a connector closed at once logged an outage).
   if (!s.ok() && backend_->closing()) return s;
-  const bool cut_short = !s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + kConnectTimeout;
+  const bool cut_short = !s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + backend_->connect_timeout_;
   // Connects cut short in a row add up the time they waited, not the time since the first (review r13 S3: two
   // 300 ms connects 3 s apart were an outage).
   unanswered_ = cut_short ? unanswered_ + (Clock::now() - now) : Clock::duration{};
-  if (cut_short && unanswered_ < kConnectTimeout) {
+  if (cut_short && unanswered_ < backend_->connect_timeout_) {
     // The batch's own deadline ran out while connecting (a short timeout_ms, a busy gateway slow to accept or to
     // answer the handshake): this batch's timeout, not an outage. No back-off, gateway_reachable as it was. A
     // gateway that refuses, or leaves this session's connects unanswered for kConnectTimeout (one connect, or
@@ -1037,6 +1038,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
       }()),
       stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())),
       stall_check_(hooks.stall_check_ms > 0 ? milliseconds(hooks.stall_check_ms) : kStallCheck),
+      connect_timeout_(hooks.connect_timeout_ms > 0 ? milliseconds(hooks.connect_timeout_ms) : kConnectTimeout),
       stall_log_interval_ns_(std::chrono::nanoseconds(hooks.stall_log_interval_ms >= 0
                                                           ? milliseconds(hooks.stall_log_interval_ms)
                                                           : kStallLogInterval)
@@ -1317,7 +1319,7 @@ void RemoteBackend::reconnect_loop() {
       l.unlock();
       drop(&old);
       std::unique_ptr<GatewayClient> c;
-      const Status s = connect_new(Clock::now() + kConnectTimeout, &c);
+      const Status s = connect_new(Clock::now() + connect_timeout_, &c);
       if (!s.ok() && !closing())
         note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
       l.lock();
@@ -1343,7 +1345,7 @@ void RemoteBackend::reconnect_loop() {
     const uint64_t before = connects_;
     l.unlock();
     std::unique_ptr<GatewayClient> c;
-    const Status s = connect_new(Clock::now() + kConnectTimeout, &c);
+    const Status s = connect_new(Clock::now() + connect_timeout_, &c);
     if (!s.ok() && !closing()) {
       note_down(s);  // the link is down already: logs only a token refused anew (its ERROR, once)
       ADP_DEBUG("%s: the background reconnect failed (%s)", describe().c_str(), log_safe(s.message()).c_str());

@@ -178,6 +178,9 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // leaves drop() the only look at the alive word of a wait ended by a
   // hang-up; a wait_reply that reaches its deadline looks once more there).
   const std::chrono::milliseconds stall_check_;
+  // A connect's bound, its handshake included (kConnectTimeout; ADP_TEST_CONNECT_TIMEOUT_MS: a test that makes it
+  // longer than its own wait tells a close() that waits for a connect from one that abandons it).
+  const std::chrono::milliseconds connect_timeout_;
   int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged

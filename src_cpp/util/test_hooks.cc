@@ -84,6 +84,9 @@ constexpr Hook kHooks[] = {
     {"ADP_TEST_IDLE_CHECK_MS", HookSide::kConnector,
      "a connection is looked at for the gateway's close before a batch only after this long with nothing heard (100)",
      [](TestHooks& h, const char* v) { h.idle_check_ms = std::atoi(v); }},
+    {"ADP_TEST_CONNECT_TIMEOUT_MS", HookSide::kConnector,
+     "a connect to the gateway (its handshake included) gives up after this long, not 2000 ms",
+     [](TestHooks& h, const char* v) { h.connect_timeout_ms = std::atoi(v); }},
 };
 
 }  // namespace

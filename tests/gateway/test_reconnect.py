@@ -1,0 +1,262 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The connector's reconnect sub-paths that session fifteen left without a test of their own
+(src_cpp/transport/remote_backend.cc: the background reconnect "adp-reconnect" of 0d77bd8, its spare connection
+in RemoteBackend::spare_, 99d445d's look at idle connections): a worker in back-off that takes the background
+connection at once, a spare dropped when the link goes down again before a worker took it, and a spare the gateway
+closed that is never handed to a worker.
+
+The gateway is a real TCP gateway behind ScriptedProxy, a TCP double that decides, connection by connection in
+the order they come, whether the connector reaches the gateway: that is what orders the session's connects and the
+background thread's here, which a gateway stopped and started again cannot (its restart takes longer than the
+back-offs these paths live in)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+from lmcache_adp import ADPConnector
+from tests.gateway import wire
+from tests.gateway.test_failures import keys_and_datas, tcp_states
+from tests.gateway.test_health import MAX_BACKOFF_S, SLACK_S, health, load_all_ok
+from tests.helpers import RawConnector, eventually
+from tests.ops.test_metrics import free_port
+from tests.support.gateway import Gateway
+
+# /proc/net/tcp's state of a socket whose peer closed and that its owner has not closed yet.
+CLOSE_WAIT = "08"
+TOKEN_REFUSAL = b"authentication failed: wrong or missing token"  # what a TCP gateway answers a wrong token
+
+
+class ScriptedProxy:
+    """A TCP listener in front of a gateway's TCP port. Each connection it accepts takes the next action of
+    `script` (then `default`): "forward" (bytes both ways to the gateway), "close" (closed at once: the connector's
+    handshake fails, a plain outage), "refuse" (its Hello answered with the Error frame of a wrong token) or "hold"
+    (the Hello read and never answered, until kill_all). kill_all() closes every connection forwarded or held, as a
+    gateway that went away does. `actions` lists the action each accepted connection took, in order."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.script: collections.deque[str] = collections.deque()
+        self.default = "forward"
+        self.actions: list[str] = []
+        self.lock = threading.Lock()
+        self.open: list[socket.socket] = []  # the sockets of the connections forwarded (closed by their thread)
+        self.held: list[socket.socket] = []  # the connections held
+        self.generation = 0  # kill_all()s so far
+        self.threads: list[threading.Thread] = []
+        self._start(self._accept)
+
+    def _start(self, target, *args) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                action = self.script.popleft() if self.script else self.default
+                self.actions.append(action)
+            if action == "close":
+                conn.close()
+            elif action == "refuse":
+                self._start(self._refuse, conn)
+            elif action == "hold":
+                with self.lock:
+                    self.held.append(conn)
+            else:
+                up = socket.create_connection(self.upstream, timeout=5)
+                with self.lock:
+                    self.open += [conn, up]
+                    generation = self.generation
+                self._start(self._pipe, conn, up, generation)
+
+    @staticmethod
+    def _refuse(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError, ConnectionError):
+            ftype, rid, _ = wire.recv_frame(conn)
+            assert ftype == wire.HELLO
+            conn.sendall(wire.frame(wire.ERROR, rid, struct.pack("<H", len(TOKEN_REFUSAL)) + TOKEN_REFUSAL))
+
+    def _pipe(self, a: socket.socket, b: socket.socket, generation: int) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(a, selectors.EVENT_READ, b)
+        sel.register(b, selectors.EVENT_READ, a)
+        try:
+            while self.generation == generation:  # kill_all() ends it
+                for key, _ in sel.select(0.1):
+                    data = key.fileobj.recv(1 << 20)
+                    if not data:
+                        return
+                    key.data.sendall(data)
+        except OSError:
+            return
+        finally:
+            sel.close()
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def kill_all(self) -> None:
+        """Every connection forwarded or held is shut down (the connector reads its end at once); a forwarded one
+        is closed by its own thread, which ends."""
+        with self.lock:
+            self.generation += 1
+            sockets, self.open = self.open, []
+            held, self.held = self.held, []
+        for s in sockets + held:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        for s in held:
+            s.close()
+
+    def taken(self, action: str) -> int:
+        with self.lock:
+            return self.actions.count(action)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept(2)
+        self.listener.close()
+        self.kill_all()
+        for t in self.threads:
+            t.join(10)
+        assert not [t for t in self.threads if t.is_alive()], "a thread of the proxy outlived it"
+
+
+@contextlib.contextmanager
+def behind_a_proxy(workdir) -> Iterator[tuple[ScriptedProxy, ADPConnector, RawConnector, int, list, list]]:
+    """A TCP gateway, a ScriptedProxy in front of it, and a one-worker connector on the proxy (a metrics port of
+    its own) with two keys stored through it. Yields (the proxy, the connector, its RawConnector, its metrics port,
+    the keys, their bytes)."""
+    gw = Gateway(workdir, tcp=True).start()
+    proxy = ScriptedProxy(gw.port)
+    port = free_port()
+    conn = ADPConnector(gateway=proxy.url, token_file=gw.token_file, num_workers=1, timeout_ms=5000, metrics_port=port)
+    try:
+        c = RawConnector(conn)
+        keys, datas = keys_and_datas(2)
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+        yield proxy, conn, c, port, keys, datas
+    finally:
+        conn.close()
+        proxy.close()
+        assert gw.stop() == 0
+
+
+def down_with_background_back_off(proxy: ScriptedProxy, c: RawConnector, keys, datas) -> None:
+    """Takes the gateway away (its connections closed, every new one closed at once), fails one batch on it (its
+    session's back-off: 50 ms), then waits until the background reconnect failed 3 times in a row (50, 100, 200 ms
+    apart): its next try is 400 ms after the last at the soonest, and after any connect a session begins. Returns
+    with no connect of the connector's under way."""
+    proxy.default = "close"
+    proxy.kill_all()
+    ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+    assert not ok, "a store succeeded with the gateway away"
+    batch_tries = proxy.taken("close")  # the batch's own connect: every later one is the background thread's
+    assert eventually(lambda: proxy.taken("close") >= batch_tries + 3, 5), proxy.actions
+
+
+def reachable(conn: ADPConnector) -> bool:
+    return conn.stats()["gateway_reachable"]
+
+
+def test_a_worker_in_back_off_takes_the_background_connection_at_once(workdir):
+    """Session fifteen (0d77bd8) left untested: a session whose back-off has not run out connects at once when a
+    connection was made since it began (RemoteSession::connected: backend connects() moved), here the background
+    thread's. The session's connect is refused for its token (its back-off: the longest, kMaxBackoff) while the
+    background thread's back-off is 400 ms; the thread's next connect reaches the gateway well inside the session's
+    back-off, and the batch sent then succeeds at once on that connection (no second one), instead of failing with
+    the refusal of up to 2 s before in front of a reachable gateway."""
+    with behind_a_proxy(workdir) as (proxy, conn, c, port, keys, datas):
+        down_with_background_back_off(proxy, c, keys, datas)
+        with proxy.lock:
+            proxy.script.append("refuse")  # the next connection: the batch's below
+            proxy.default = "forward"
+        refused_at = time.monotonic()
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert not ok and "authentication failed" in why, why
+        assert proxy.actions[-1] == "refuse", proxy.actions  # the session's connect was the refused one
+        assert eventually(lambda: reachable(conn), MAX_BACKOFF_S + SLACK_S), "the background reconnect never connected"
+        assert proxy.taken("forward") == 2, proxy.actions  # the start's, and the background thread's
+        sent_at = time.monotonic()
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        # What makes this batch the case: it went within the session's back-off (the longest, from the refusal).
+        assert sent_at - refused_at < MAX_BACKOFF_S, f"the background connect came {sent_at - refused_at:.2f} s late"
+        assert ok, f"a batch failed in front of a reachable gateway: {why}"
+        assert load_all_ok(c, keys, datas)
+        assert proxy.taken("forward") == 2, proxy.actions  # it took the background connection: none made anew
+        assert conn.stats()["gateway_reconnects"] == 1
+
+
+def test_a_spare_is_dropped_when_the_link_goes_down_before_a_worker_took_it(workdir):
+    """Session fifteen (0d77bd8) left untested: the background thread's connection (the spare) made, the link goes
+    down again before a session took it (reconnect_loop: "Down again before a session took it"). Here the session's
+    own connect, begun before the thread's, is held unanswered while the thread connects; then the gateway goes
+    away (every connection closed, the session's failing) and the session's failure takes the link down with the
+    spare kept. The spare is dropped at once: no socket of the connector's is left half closed (CLOSE_WAIT) while
+    the gateway is away. Back, the gateway is reachable again with no batch, and the next batch succeeds."""
+    with behind_a_proxy(workdir) as (proxy, conn, c, port, keys, datas):
+        down_with_background_back_off(proxy, c, keys, datas)
+        with proxy.lock:
+            proxy.script.append("hold")  # the next connection: the batch's below
+            proxy.default = "forward"
+        outcome: list = []
+        batch = threading.Thread(target=lambda: outcome.append(c.set(keys, [memoryview(d) for d in datas])))
+        batch.start()
+        try:
+            assert eventually(lambda: reachable(conn), MAX_BACKOFF_S + SLACK_S), "the background thread never connected"
+            assert proxy.actions[-2:] == ["hold", "forward"], proxy.actions  # the session's connect held, the spare
+            assert CLOSE_WAIT not in tcp_states(proxy.port)
+            proxy.default = "close"
+            proxy.kill_all()  # the spare and the held connect end: the session's failure is the outage
+        finally:
+            batch.join(30)
+        assert outcome and not outcome[0][0], outcome
+        assert eventually(lambda: not reachable(conn), 5), "the link stayed up"
+        # The spare, closed by the gateway, dropped while the link is down: no half-closed socket is left.
+        assert eventually(lambda: CLOSE_WAIT not in tcp_states(proxy.port), 2), tcp_states(proxy.port)
+        proxy.default = "forward"
+        assert eventually(lambda: health(port)[0] == 200, MAX_BACKOFF_S + SLACK_S), health(port)
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+        assert load_all_ok(c, keys, datas)
+        assert conn.stats()["gateway_reconnects"] == 1
+
+
+def test_a_spare_the_gateway_closed_is_never_handed_to_a_worker(workdir):
+    """Session fifteen (0d77bd8) left untested: the spare made, the gateway closes it (a restart, an idle timeout)
+    before a worker took it and before the background thread's next look at it (every kMaxBackoff). The next batch
+    does not get it (RemoteBackend::connect: closed_while_idle): it connects anew and succeeds. Handed the closed
+    spare, the batch would fail: its request goes out on a connection never used (no quiet retry) and finds it
+    closed."""
+    with behind_a_proxy(workdir) as (proxy, conn, c, port, keys, datas):
+        down_with_background_back_off(proxy, c, keys, datas)
+        proxy.default = "forward"
+        assert eventually(lambda: reachable(conn), MAX_BACKOFF_S + SLACK_S), "the background thread never connected"
+        spare_at = time.monotonic()
+        time.sleep(0.3)  # past kIdleCheck (100 ms): a connection is looked at before its use only after that
+        proxy.kill_all()  # the spare is closed; the gateway still accepts new connections
+        # An exists: its request goes out on the connection it is given (a store or a load asks for a connection
+        # twice, its in-place try's and then the ring's, and the second look would find the spare closed).
+        ok, why, found = c.exists(keys)
+        # What makes this batch the case: it came before the thread's own look at the spare could replace it.
+        assert time.monotonic() - spare_at < MAX_BACKOFF_S, "the batch came after the background look"
+        assert ok and found == [True] * len(keys), f"the batch failed on the closed spare: {why} {found}"
+        assert proxy.taken("forward") == 3, proxy.actions  # the start's, the spare, and the batch's new one
+        assert load_all_ok(c, keys, datas)
