@@ -221,6 +221,29 @@ def test_status_and_verify_read_a_card_on_a_read_only_filesystem(tmp_path, fille
         subprocess.run(["umount", str(mnt)], check=True)
 
 
+def test_status_and_verify_read_an_image_the_user_may_not_write(filled):
+    """A chmod 0444 image, read by a process that may not write it (root without CAP_DAC_OVERRIDE here, by
+    setpriv: the interpreter lives where no other user may go): status and verify work, --repair says why it
+    cannot (audit 15 item 10)."""
+    os.chmod(filled, 0o444)
+    no_override = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    probe = subprocess.run([*no_override, "sh", "-c", f"exec 3>>{filled}"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("setpriv cannot take the DAC override away here")
+
+    def run_as(*args):
+        cmd = [*no_override, sys.executable, "-m", "lmcache_adp.cli", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    r = run_as("status", "--card", filled, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["objects"] == 12, r.stdout + r.stderr
+    r = run_as("verify", "--card", filled)
+    assert r.returncode == 0 and "12 objects" in r.stdout and "clean" in r.stdout, r.stdout + r.stderr
+    r = run_as("verify", "--card", filled, "--repair")
+    assert r.returncode == 3 and f"cannot open card {filled}: Permission denied" in r.stderr, r.stderr
+    assert "--repair writes to the card" in r.stderr, r.stderr
+
+
 def test_a_read_only_card_refuses_every_write(filled):
     """CardStore(read_only=True): the card is read, and a store, a delete or a repair is refused with what it is,
     before anything is written (the image's bytes are unchanged)."""
