@@ -77,7 +77,13 @@ def read_gateway_stats(url: str, token: str = "", timeout: float = 5.0) -> dict[
     try:
         name, tok = b"lmcache-adp status", token.encode()
         hello = struct.pack("<IIQHHI", _native.FEATURE_STATUS_QUERY, 0, 0, len(tok), len(name), 0) + tok + name
-        sock.sendall(HEADER.pack(MAGIC, VERSION, HELLO, 0, len(hello), 0, 1) + hello)
+        try:
+            sock.sendall(HEADER.pack(MAGIC, VERSION, HELLO, 0, len(hello), 0, 1) + hello)
+        except (BrokenPipeError, ConnectionResetError):
+            # A gateway over a limit writes its reason and closes before it reads the Hello (as the C++ client
+            # knows: gateway_client.cc): the reason is still in this socket's receive queue (review r15 N3: the
+            # status command said "Broken pipe" instead, 1 run in 3).
+            pass
         ftype, _ = _read_frame(sock)
         if ftype != HELLO_OK:
             raise GatewayError(f"unexpected reply type {ftype} to hello")
