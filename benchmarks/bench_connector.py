@@ -513,11 +513,24 @@ GATEWAY_VARIANTS = {
 # A row name with this suffix is its variant's row with the connector's reply_spin_us at 0 (the default's A/B
 # in one run: benchmarks/README.md, "Session thirteen"); its keys' tag is the variant's, upper-cased.
 NOSPIN = "-nospin"
+# NAME@MB: NAME's row with the connector's ring_mb at MB instead of the run's (e.g. pieces@63,pieces@64 at 32 MiB:
+# a worker's two objects in two ring rounds, then in one; benchmarks/README.md, "Session sixteen: the ring's
+# payload area"); its keys' tag is the variant's with "r" and MB added.
+RING_AT = "@"
+
+
+def base_row(name: str) -> str:
+    """The GATEWAY_VARIANTS name a row name is a variant of."""
+    return name.split(RING_AT)[0].removesuffix(NOSPIN)
 
 
 def variant(name: str) -> tuple[str, bool, bool, bool, str, dict]:
-    """GATEWAY_VARIANTS[name] (or, for NAME-nospin, NAME's with reply_spin_us 0), with the connector parameters
-    it adds."""
+    """GATEWAY_VARIANTS[name] (or, for NAME-nospin, NAME's with reply_spin_us 0; for NAME@MB, NAME's with ring_mb
+    MB), with the connector parameters it adds."""
+    if RING_AT in name:
+        name, mb = name.split(RING_AT)
+        label, direct, pieces, process, tag, extra = variant(name)
+        return f"{label}, ring_mb {int(mb)}", direct, pieces, process, f"{tag}r{int(mb)}", {**extra, "ring_mb": int(mb)}
     if name.endswith(NOSPIN):
         label, direct, pieces, process, tag = GATEWAY_VARIANTS[name[: -len(NOSPIN)]]
         return f"{label}, reply_spin_us 0", direct, pieces, process, tag.upper(), {"reply_spin_us": 0}
@@ -525,9 +538,7 @@ def variant(name: str) -> tuple[str, bool, bool, bool, str, dict]:
 
 
 def gateway_variants(args) -> list[str]:
-    return [
-        n for n in args.gateway_rows.split(",") if n and not (n.removesuffix(NOSPIN) == "segments" and args.l1 != "shm")
-    ]
+    return [n for n in args.gateway_rows.split(",") if n and not (base_row(n) == "segments" and args.l1 != "shm")]
 
 
 class GatewayRow:
@@ -543,7 +554,7 @@ class GatewayRow:
         spin = {} if args.reply_spin_us is None else {"reply_spin_us": args.reply_spin_us}
         self.params = {**gw, "direct_loads": direct, "ring_pieces": pieces, "process_memory": process, **spin, **extra}
         self.url = gw["gateway"]
-        self.own = name.removesuffix(NOSPIN) == "segments-shm" and args.l1 != "shm"
+        self.own = base_row(name) == "segments-shm" and args.l1 != "shm"
         self.src, self.dst = (
             (aligned_buffers(n, size, shm=True), aligned_buffers(n, size, shm=True)) if self.own else (src, dst)
         )
@@ -1125,7 +1136,8 @@ def main() -> None:
         help="gateway rows to run: whole (ring, copied out after the reply, r3), pieces (ring in pieces, r4), "
         "process (written into this process's memory, r5), segments (--l1 shm only, r3), segments-shm "
         "(segments into buffers of a /dev/shm file of the row's own, beside --l1 anon rows); NAME-nospin: NAME's "
-        "row with the connector's reply_spin_us at 0 (e.g. segments-shm,segments-shm-nospin: the spin's A/B)",
+        "row with the connector's reply_spin_us at 0 (e.g. segments-shm,segments-shm-nospin: the spin's A/B); NAME@MB: "
+        "NAME's row with the connector's ring_mb at MB (the run's: max(64, 2 x keys-per-worker x object MiB))",
     )
     ap.add_argument(
         "--reply-spin-us",

@@ -407,7 +407,14 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "Of batch_spins, those the next request ended (the connection's thread never slept for it)",
     ),
     Stat("refused_connections", COUNTER, "connections", G, "Connections refused by a limit (README, Gateway limits)"),
-    Stat("ring_bytes", GAUGE, "bytes", G, "Bytes of the connected clients' shared-memory rings"),
+    Stat(
+        "ring_bytes",
+        GAUGE,
+        "bytes",
+        G,
+        "Bytes of the connected clients' shared-memory rings: their payload areas (protocol r12: a ring's 4 KiB "
+        "control page is not counted)",
+    ),
     Stat("ring_used_bytes", GAUGE, "bytes", G, "Payload bytes of batches in progress in those rings"),
     Stat("ring_piece_loads", COUNTER, "objects", G, "Objects loaded into a ring in published pieces (protocol r4)"),
     Stat("segments", GAUGE, "segments", G, "Client segments (/dev/shm files) mapped (protocol r3)"),

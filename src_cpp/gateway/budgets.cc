@@ -15,8 +15,11 @@ namespace adp {
 
 using proto::Clock;
 
-Status ClientHandler::reserve_ring(uint64_t bytes) {
+Status ClientHandler::reserve_ring(uint64_t mapped) {
   const ConnectionLimits& lim = shared_->limits;
+  // r12: the payload area counts (a ring_mb of N fits --max-ring-mb N); the
+  // control page beside it does not. SharedRing::Attach checks the size after.
+  const uint64_t bytes = proto::ring_area_bytes(mapped);
   auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
   if (bytes > lim.max_ring_bytes) {
     shared_->refused++;

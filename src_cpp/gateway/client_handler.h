@@ -232,8 +232,9 @@ class ClientHandler {
 
  private:
   Status handshake();
-  // Takes this connection's ring out of the gateway's ring budget.
-  Status reserve_ring(uint64_t bytes);
+  // Takes this connection's ring (a mapping of `mapped` bytes: its payload
+  // area counts, proto::ring_area_bytes) out of the gateway's ring budget.
+  Status reserve_ring(uint64_t mapped);
   // After a put or get (answered_batch_): polls the socket without
   // sleeping for up to shared_->request_spin, while connections x 2 <= CPUs
   // and the machine runs at most CPUs / 2 threads (util/idle_cpus.h), so that a client with more work finds this thread

@@ -97,6 +97,7 @@ constexpr uint32_t kMaxNameBytes = 256;                     // client name, gate
 constexpr uint32_t kMaxMessageBytes = 256;                  // per-key error text, error frame reason
 constexpr uint64_t kMaxObjectBytes = adp::kMaxObjectBytes;  // no card holds a larger object
 constexpr uint64_t kMaxInlinePayloadBytes = 64u << 20;      // TCP: payload bytes in one frame
+// A ring's payload area (a client's ring_mb), the bounds of ring_area_bytes below.
 constexpr uint64_t kMinRingBytes = 1u << 20;
 constexpr uint64_t kMaxRingBytes = 4ull << 30;
 constexpr uint32_t kMaxHelloBodyBytes = 4096;  // the only size accepted before the handshake
@@ -119,6 +120,19 @@ constexpr uint32_t kMaxProbeBytes = 64;
 // gives up (deadline, close), waiting out a WRITING first. So no byte lands
 // in a client buffer after the client completed its future.
 constexpr uint64_t kRingControlBytes = 4096;
+// r12: a client maps its ring as its payload area (ring_mb) plus one page for
+// the control page, so a batch of objects adding up to ring_mb goes in one
+// round whether or not the control page is in use (r11 and older clients
+// mapped ring_mb in all, the control page inside it: two 32 MiB objects did
+// not fit a 64 MiB ring). Hello's ring_bytes is the mapping's size. The
+// gateway accepts a mapping of kMinRingBytes .. kMaxRingBytes plus that page
+// and counts ring_area_bytes of it against --max-ring-mb and
+// --max-ring-total-mb (an r11 client's ring of exactly ring_mb counts 4 KiB
+// less than its ring_mb).
+constexpr uint64_t ring_map_bytes(uint64_t area) { return area + kRingControlBytes; }
+constexpr uint64_t ring_area_bytes(uint64_t mapped) {
+  return mapped > kRingControlBytes ? mapped - kRingControlBytes : mapped;
+}
 // Whether a ring starts with its control page: segments (r3), ring progress
 // (r4) or process memory offered (r5). One rule for both sides (the client's
 // GatewayClient::control_page, the gateway's ClientHandler::control_page):

@@ -15,10 +15,13 @@ namespace {
 
 constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
+// A mapping of the payload area plus the control page (r12), or of the
+// payload area alone (an r11 client's ring).
 Status check_size(uint64_t bytes) {
-  if (bytes < kMinRingBytes || bytes > kMaxRingBytes || bytes % kRingAlign)
+  constexpr uint64_t kMaxMapped = ring_map_bytes(kMaxRingBytes);
+  if (bytes < kMinRingBytes || bytes > kMaxMapped || bytes % kRingAlign)
     return Status::InvalidArgument("ring size " + std::to_string(bytes) + " is not a multiple of 4 KiB in [" +
-                                   std::to_string(kMinRingBytes) + ", " + std::to_string(kMaxRingBytes) + "]");
+                                   std::to_string(kMinRingBytes) + ", " + std::to_string(kMaxMapped) + "]");
   return Status::Ok();
 }
 

@@ -5,7 +5,10 @@
 // gateway maps the same pages. A connection has one request in flight, so
 // each request lays its objects out from the start of the ring at 4 KiB
 // aligned offsets (the card store then writes from it without staging); a
-// batch larger than the ring goes in several rounds.
+// batch larger than the ring goes in several rounds. The client maps its
+// payload area plus one page (proto::ring_map_bytes, r12): the control page,
+// where segments, ring progress or process memory are in use, is that first
+// page, and the payload area after it keeps the size the client asked for.
 //
 // Seals (no shrink, no grow) keep a client from truncating the memory under
 // the gateway, which would otherwise fault on access.
@@ -22,7 +25,8 @@ constexpr uint64_t kRingAlign = 4096;
 
 class SharedRing {
  public:
-  // Client side: a new sealed memfd of `bytes`, mapped (pages allocated on first use).
+  // Client side: a new sealed memfd of `bytes` (the mapping: ring_map_bytes of
+  // the payload area), mapped (pages allocated on first use).
   static Status Create(uint64_t bytes, std::unique_ptr<SharedRing>* out);
   // Gateway side: maps the client's fd (taken over) after checking that it is
   // a sealed memfd of exactly `bytes`.

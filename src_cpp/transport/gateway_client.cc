@@ -29,7 +29,8 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
   // The ring first: the gateway's handshake clock starts at connect.
   std::unique_ptr<proto::SharedRing> ring;
   if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes) {
-    Status s = proto::SharedRing::Create(opts.ring_bytes, &ring);
+    // r12: the payload area ring_bytes, the control page beside it.
+    Status s = proto::SharedRing::Create(proto::ring_map_bytes(opts.ring_bytes), &ring);
     if (!s.ok()) return s;
   }
   int fd = -1;

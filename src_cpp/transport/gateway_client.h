@@ -31,7 +31,7 @@ inline constexpr std::chrono::microseconds kDefaultReplySpin{200};
 struct GatewayClientOptions {
   proto::Endpoint endpoint;
   std::string token;           // TCP
-  uint64_t ring_bytes = 0;     // Unix: size of this connection's ring
+  uint64_t ring_bytes = 0;     // Unix: this connection's ring's payload area (mapped with one page more, r12)
   std::string client_name;     // shown in the gateway's log
   bool segments = true;        // Unix: ask for loads straight into registered shared memory (r3)
   bool ring_progress = true;   // Unix: ask for gets published piece by piece in the ring (r4)

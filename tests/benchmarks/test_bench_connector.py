@@ -257,6 +257,26 @@ def test_a_nospin_row_is_its_variant_with_the_reply_spin_off():
     assert len({*tags, tag}) == len(tags) + 1
 
 
+def test_a_ring_mb_row_is_its_variant_with_that_ring():
+    """NAME@MB in --gateway-rows: NAME's row with the connector's ring_mb at MB (the ring's A/B in one run), keys
+    of a tag of its own, and the row keeps NAME's buffers (segments-shm@MB: a pool of its own; segments@MB is
+    left out with --l1 anon as segments is)."""
+    import argparse
+
+    import bench_connector
+
+    base = bench_connector.variant("pieces")
+    for name, mb, spin in [("pieces@63", 63, {}), ("pieces-nospin@64", 64, {"reply_spin_us": 0})]:
+        label, direct, pieces, process, tag, extra = bench_connector.variant(name)
+        assert label.startswith(base[0]) and label.endswith(f", ring_mb {mb}")
+        assert (direct, pieces, process) == base[1:4] and extra == {**spin, "ring_mb": mb}
+        assert tag not in {bench_connector.variant(n)[4] for n in [*bench_connector.GATEWAY_VARIANTS, "pieces-nospin"]}
+    assert bench_connector.variant("pieces@63")[4] != bench_connector.variant("pieces@64")[4]
+    assert bench_connector.base_row("segments-shm-nospin@64") == "segments-shm"
+    args = argparse.Namespace(gateway_rows="pieces@63,segments@64,segments-shm@64", l1="anon")
+    assert bench_connector.gateway_variants(args) == ["pieces@63", "segments-shm@64"]
+
+
 def test_segment_load_table_splits_a_segment_load_from_the_gateways_profile():
     """The gateway's seg_* load-profile steps (ADP_LOAD_PROFILE=1) per object beside embedded's run per object
     (its slice of keys_per_worker objects) and the gateway's served per object; a row without them has no line."""

@@ -341,3 +341,36 @@ def test_session_and_connector_each_keep_late_pieces_out(tmp_path):
     dirs = ("store", "util", "testing", "connector", "transport", "protocol")
     output = cpp.run(cpp.build("ring_deadline_test", tmp_path, dirs), str(tmp_path), timeout=120)
     assert "0 after the deadline" in output and "declined after" in output
+
+
+def test_a_batch_as_large_as_the_ring_goes_in_one_round_trip(fast_gateway):
+    """r12: the ring's payload area is ring_mb exactly, its control page beside it (the connector maps one page
+    more): a worker's batch of two ring_mb / 2 objects is one request to the gateway, for a store and for a load.
+    Before r12 the control page took the ring's first 4 KiB, so the second object went in a second round trip
+    (two 32 MiB objects in the default 64 MiB ring), and an object of ring_mb, which ring_mb is documented to
+    bound, failed as "larger than the ring (raise ring_mb)". The gateway counts the payload area in its
+    ring_bytes."""
+    gw = fast_gateway
+    c = RawConnector(
+        ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=20000, ring_mb=2, process_memory=False)
+    )
+    try:
+        keys = ["round@0", "round@1"]
+        assert c.exists(["round@warm-up"])[0]  # connected, its ring mapped
+        before = read_gateway_stats(gw.unix_url)
+        assert before["ring_bytes"] == 2 * MIB  # the payload area; the control page is not counted
+        assert c.set(keys, [memoryview(payload(k, MIB)) for k in keys])[0]
+        outs = [bytearray(MIB) for _ in keys]
+        ok, _, per_key = c.get(keys, [memoryview(o) for o in outs])
+        assert ok and per_key == [True, True]
+        assert [bytes(o) for o in outs] == [payload(k, MIB) for k in keys]
+        after = read_gateway_stats(gw.unix_url)
+        assert after["ring_piece_loads"] - before["ring_piece_loads"] == 2  # the control page was in use
+        assert (after["batch_puts"] - before["batch_puts"], after["batch_gets"] - before["batch_gets"]) == (1, 1)
+        whole = payload("round@whole", 2 * MIB)  # as large as the ring
+        ok, err, _ = c.set(["round@whole"], [memoryview(whole)])
+        assert ok, err
+        out = bytearray(2 * MIB)
+        assert c.get(["round@whole"], [memoryview(out)])[2] == [True] and bytes(out) == whole
+    finally:
+        c.conn.close()
