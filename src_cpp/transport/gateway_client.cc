@@ -28,7 +28,7 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
                               std::unique_ptr<GatewayClient>* out, proto::ConnectWatch* watch) {
   // The ring first: the gateway's handshake clock starts at connect.
   std::unique_ptr<proto::SharedRing> ring;
-  if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes) {
+  if (opts.endpoint.kind == proto::Endpoint::Kind::kUnix && opts.ring_bytes && !opts.status_query) {
     // r12: the payload area ring_bytes, the control page beside it.
     Status s = proto::SharedRing::Create(proto::ring_map_bytes(opts.ring_bytes), &ring);
     if (!s.ok()) return s;
@@ -88,7 +88,9 @@ bool GatewayClient::peer_closed() const {
 
 Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadline deadline) {
   proto::Hello hello;
-  if (ring_) {
+  if (opts.status_query) {
+    hello.features = proto::kFeatureStatusQuery;  // r10; alone (r11: with any of bits 0-8 it is refused)
+  } else if (ring_) {
     hello.features = proto::kFeatureRing |
                      (opts.segments ? proto::kFeatureSegments | proto::kFeatureSegmentStores : 0) |
                      (opts.ring_progress ? proto::kFeatureRingProgress : 0) |
@@ -97,7 +99,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   } else {
     hello.features = proto::kFeatureAlive;  // r8: no ring, so no alive word: frames instead
   }
-  hello.features |= proto::kFeatureErrorClass;  // r9: each I/O error's class, either transport
+  if (!opts.status_query) hello.features |= proto::kFeatureErrorClass;  // r9: each I/O error's class, either transport
   hello.token = opts.token;
   hello.client_name = opts.client_name;
   table_.clear();
@@ -120,6 +122,7 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   ring_progress_ = ring_ && opts.ring_progress && (limits_.features & proto::kFeatureRingProgress);
   alive_frames_ = !ring_ && (limits_.features & proto::kFeatureAlive);
   error_classes_ = limits_.features & proto::kFeatureErrorClass;
+  status_query_ = opts.status_query && (limits_.features & proto::kFeatureStatusQuery);
   process_offered_ = ring_ && opts.process_memory ? limits_.features & proto::kFeatureProcessMemory : 0;
   if (segments_ || process_offered_) {
     ucred cred{};

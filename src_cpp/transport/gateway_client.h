@@ -47,6 +47,10 @@ struct GatewayClientOptions {
   int test_yama_ptrace_scope = -1;
   // Tests: stands in for kIdleCheck (ADP_TEST_IDLE_CHECK_MS, set by RemoteBackend from its test hooks).
   std::chrono::nanoseconds idle_check{kIdleCheck};
+  // A status query (protocol r10, Hello bit 9 alone): no ring, not a client
+  // of the gateway (no --max-clients slot, DEBUG lines only on an r10
+  // gateway); only its handshake is used (RemoteBackend::probe).
+  bool status_query = false;
   // reply_spin_us: how long a worker polls for a put's or get's reply
   // without sleeping, from shortly before the reply is expected
   // (RemoteSession::spin_for_reply), while CPUs are idle; 0: never.
@@ -116,6 +120,9 @@ class GatewayClient {
   // Whether the gateway took the segments feature (r3), and stores from
   // segments (granted on a memory-speed card only).
   bool segments() const { return segments_; }
+  // Whether the gateway took bit 9 (r10; asked with GatewayClientOptions::status_query): an older gateway takes
+  // the connection as a client's.
+  bool status_query() const { return status_query_; }
   bool segment_stores() const { return segment_stores_; }
   // Whether the gateway publishes a get's pieces in the control page (r4).
   bool ring_progress() const { return ring_progress_; }
@@ -195,6 +202,7 @@ class GatewayClient {
   bool segment_stores_ = false;
   bool ring_progress_ = false;
   bool alive_frames_ = false;   // r8: granted (no ring): kAlive frames come while a batch is worked on
+  bool status_query_ = false;   // r10: granted (asked with GatewayClientOptions::status_query)
   bool error_classes_ = false;  // r9: granted: each I/O error of a reply says its class (Status::io_class)
   uint32_t process_offered_ = 0;
   uint32_t process_granted_ = 0;

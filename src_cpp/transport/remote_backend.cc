@@ -42,6 +42,12 @@ constexpr milliseconds kConnectTimeout{2000};
 // ADP_TEST_STALL_CHECK_MS for tests: RemoteBackend::stall_check_).
 constexpr milliseconds kStallCheck{250};
 constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
+// While the link is up, the reconnect thread looks at the connections this
+// often, and an idle connector with none open asks the gateway a status
+// query this often (RemoteBackend::reconnect_loop): a stop is seen within it
+// (plus the query's connect: at once on a stopped gateway, kConnectTimeout
+// on one that accepts and never answers).
+constexpr milliseconds kIdleLook{1000};
 // The wait before the next connect after `prev` (0: the first failure): doubling from kFirstBackoff to
 // kMaxBackoff, kMaxBackoff at once for a refused token (no retry soon can fix it). One rule for a session's
 // back-off and the background reconnect's.
@@ -1101,6 +1107,7 @@ Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<Gate
     std::lock_guard<std::mutex> l(mu_);
     if (interrupted_) return Status::Closed("connector closed");
     connects_++;
+    idle_probing_ = false;  // a connection is open: the looks watch it (all_closed_locked)
     live_.insert(c.get());
     connections_.store(static_cast<int>(live_.size()), std::memory_order_relaxed);
   }
@@ -1252,6 +1259,7 @@ void RemoteBackend::note_down(const Status& why) {
         "every %lld ms, in the background while idle)",
         describe().c_str(), log_safe(why.message()).c_str(), static_cast<long long>(kMaxBackoff.count()));
   const bool was_down = link_.exchange(Link::kDown) == Link::kDown;
+  if (!was_down) probe_unsupported_.store(false);  // the gateway that comes back may know status queries (r10)
   if (!fix.empty()) {
     // Not "until it is back": the gateway is up, and refuses every connect until one side is changed (audit 15).
     if (!unhealable_logged_.exchange(true))
@@ -1270,10 +1278,19 @@ void RemoteBackend::note_down(const Status& why) {
 }
 
 bool RemoteBackend::all_closed_locked() const {
-  if (live_.empty()) return false;
   for (const GatewayClient* c : live_)
     if (c->waiting_since_ns() || !c->peer_closed()) return false;
-  return true;
+  return !live_.empty() || idle_probing_;
+}
+
+Status RemoteBackend::probe(bool* as_query) {
+  GatewayClientOptions o = opts_;
+  o.status_query = true;
+  std::unique_ptr<GatewayClient> c;
+  Status s = GatewayClient::Connect(o, Clock::now() + kConnectTimeout, &c, this);
+  if (!s.ok() && closing()) return Status::Closed("connector closed");
+  *as_query = s.ok() && c->status_query();
+  return s;  // c, if any, closed here: the gateway logs the query's end at DEBUG
 }
 
 void RemoteBackend::start_reconnect() {
@@ -1308,16 +1325,41 @@ void RemoteBackend::reconnect_loop() {
       // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
       // missed between this look and the wait (link_ is set without mu_), and paces the look at idle connections.
       backoff = milliseconds{0};
-      reconnect_cv_.wait_for(l, kMaxBackoff);
+      reconnect_cv_.wait_for(l, kIdleLook);
       if (interrupted_ || link_.load() != Link::kUp || !all_closed_locked()) continue;
       // Every connection of this connector, none waiting for a reply, was closed by the gateway (audit 15 item 22:
-      // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch). Gone,
-      // or closing idle connections (--idle-timeout-s): one connect tells which. It fails: the outage (WARNING,
-      // 503), and the loop below reconnects; it succeeds: kept as the spare (the next batch's connection). A
-      // spare of before is one of those closed: dropped (kept, it would make this look true every time).
+      // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch), or
+      // none is left since the last look's status query. Gone, or closing idle connections (--idle-timeout-s): a
+      // status query tells which, holding no --max-clients slot and no ring (review r15 N13). It fails: the outage
+      // (WARNING, 503), and the loop below reconnects; it is answered: no outage, nothing kept, asked again at the
+      // next look. A spare of before is one of those closed: dropped (kept, it would make this look true every
+      // time).
       std::unique_ptr<GatewayClient> old = std::move(spare_);
       l.unlock();
       drop(&old);
+      if (!probe_unsupported_.load()) {
+        bool as_query = false;
+        const Status s = probe(&as_query);
+        if (!s.ok() && !closing())
+          note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
+        if (!s.ok() || as_query) {
+          l.lock();
+          if (s.ok() && !idle_probing_)
+            ADP_DEBUG(
+                "%s: the gateway closed this idle connector's connections and answers a status query: "
+                "asked again every %lld ms until the next batch connects",
+                describe().c_str(), static_cast<long long>(kIdleLook.count()));
+          if (s.ok() && !interrupted_) idle_probing_ = true;
+          continue;
+        }
+        // A gateway older than r10 served it as a client's connection (logged connected and gone at INFO): a
+        // query a second would fill its log. Connect as before r16 instead, the connection kept as the spare.
+        probe_unsupported_.store(true);
+        ADP_INFO(
+            "%s: the gateway does not know status queries (protocol r9 or older): while idle this connector keeps "
+            "one connection to it, to see it stop, and connects again after each idle close (--idle-timeout-s)",
+            describe().c_str());
+      }
       std::unique_ptr<GatewayClient> c;
       const Status s = connect_new(Clock::now() + connect_timeout_, &c);
       if (!s.ok() && !closing())

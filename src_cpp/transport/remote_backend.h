@@ -85,10 +85,17 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // on /health waited for traffic that waited for it). Started at the first
   // connection or outage, on a thread of its own ("adp-reconnect"), ended by
   // interrupt(). While the link is up it looks at the connections every
-  // kMaxBackoff: all of them idle and closed by the gateway (audit 15 item 22:
-  // an idle connector did not see its gateway stop), it connects once: a
-  // failure is the outage, a success (a gateway closing idle connections) the
-  // spare below. While the link is down with no spare connection, it connects
+  // kIdleLook: all of them idle and closed by the gateway (audit 15 item 22:
+  // an idle connector did not see its gateway stop), it asks the gateway a
+  // status query (probe()): a failure is the outage; an answer (a gateway
+  // closing idle connections, --idle-timeout-s) is no outage, and from then on,
+  // while no connection is open (idle_probing_), it asks again every kIdleLook,
+  // holding nothing on the gateway between two (review r15 N13: it connected
+  // as a client, kept that connection as the spare below, and so held a
+  // --max-clients slot and a ring for good, reconnecting at every idle close).
+  // A gateway older than r10 takes the query as a client's connection
+  // (probe_unsupported_): then it connects as before r16, the connection kept
+  // as the spare. While the link is down with no spare connection, it connects
   // once per back-off (kFirstBackoff doubling to kMaxBackoff; a refused token:
   // kMaxBackoff each time), and only while no session has tried a connect of
   // its own within that back-off (the sessions of a connector with traffic
@@ -100,8 +107,14 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // down again before a session took it (then it tries anew).
   void start_reconnect();
   void reconnect_loop();
-  // Whether every connection in live_ (one at least) is idle (no request
-  // waiting) and closed by the gateway (GatewayClient::peer_closed). mu_ held.
+  // The gateway answers a status query (r10: Hello bit 9 alone, no ring, not a
+  // client), watched like a connect; the connection is closed at once.
+  // *as_query: the gateway took bit 9 (false: a gateway older than r10 took a
+  // client's connection).
+  Status probe(bool* as_query);
+  // Whether no connection in live_ is open or waiting for a reply: every one
+  // idle and closed by the gateway (GatewayClient::peer_closed), one at least,
+  // or none left while idle_probing_. mu_ held.
   bool all_closed_locked() const;
   // proto::ConnectWatch, under mu_: connecting_ and interrupted_.
   bool watch(int fd) override;
@@ -200,10 +213,12 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // The background reconnect (start_reconnect); mu_ for the rest.
   std::once_flag reconnect_once_;
   std::thread reconnect_thread_;
-  std::condition_variable reconnect_cv_;  // interrupted_, link_ down, or session_try_ns_ moved
-  std::unique_ptr<GatewayClient> spare_;  // its connection, not taken yet (in live_)
-  int64_t session_try_ns_ = 0;            // when a session last began a connect of its own
-  uint64_t connects_ = 0;                 // mu_: connections made, in all (note_start_failure)
+  std::condition_variable reconnect_cv_;        // interrupted_, link_ down, or session_try_ns_ moved
+  std::unique_ptr<GatewayClient> spare_;        // its connection, not taken yet (in live_)
+  int64_t session_try_ns_ = 0;                  // when a session last began a connect of its own
+  uint64_t connects_ = 0;                       // mu_: connections made, in all (note_start_failure)
+  bool idle_probing_ = false;                   // mu_: the last look's status query was answered, no connect since
+  std::atomic<bool> probe_unsupported_{false};  // a gateway older than r10 answered it as a client, until an outage
   std::atomic<Link> link_{Link::kUnknown};
   std::atomic<bool> token_refused_{false};      // the last connect's answer refused the token, until one succeeds
   std::atomic<bool> unhealable_logged_{false};  // a refusal with unhealable_fix logged, until a connect succeeds

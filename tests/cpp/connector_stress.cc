@@ -733,6 +733,22 @@ void check_store_health(const adp::CardStore& store, const char* when) {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// n exists batches at once on conn; how many succeeded.
+int exists_batches(adp::Connector& conn, int n) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < n; i++) ids.push_back(conn.submit(adp::OpType::kExists, {connector_key(i)}, {}, nullptr));
+  int ok = 0;
+  for (size_t done = 0; done < ids.size();) {
+    pollfd p{conn.event_fd(), POLLIN, 0};
+    ::poll(&p, 1, 20);
+    for (const adp::Completion& c : conn.drain()) {
+      done++;
+      ok += c.ok;
+    }
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -927,21 +943,7 @@ int main(int argc, char** argv) {
       opts.num_workers = 4;
       opts.timeout_ms = 2000;
       adp::Connector conn(remote(false)(), opts);
-      // n exists batches at once; how many succeeded.
-      const auto batches = [&](int n) {
-        std::vector<uint64_t> ids;
-        for (int i = 0; i < n; i++) ids.push_back(conn.submit(adp::OpType::kExists, {connector_key(i)}, {}, nullptr));
-        int ok = 0;
-        for (size_t done = 0; done < ids.size();) {
-          pollfd p{conn.event_fd(), POLLIN, 0};
-          ::poll(&p, 1, 20);
-          for (const adp::Completion& c : conn.drain()) {
-            done++;
-            ok += c.ok;
-          }
-        }
-        return ok;
-      };
+      const auto batches = [&](int n) { return exists_batches(conn, n); };
       // Until the connector reads `reachable` (with a batch now and then, `poking`), or fails after `within`.
       const auto until_reachable = [&](bool reachable, bool poking, double within, const char* what) {
         const auto t0 = Clock::now();
@@ -976,6 +978,40 @@ int main(int argc, char** argv) {
       gw.reset();
     }
     printf("connector_stress: background reconnect: %d rounds\n", 3 * scale);
+
+    // 7b. An idle connector whose connections the gateway closes (a 100 ms idle timeout): the reconnect thread
+    // asks status queries (review r15 N13) while batches come now and then, then sees the gateway stop.
+    {
+      adp::GatewayOptions io = go;
+      io.idle_timeout_ms = 100;
+      gw = adp::testing::start_gateway(io);
+      if (!gw) return 1;
+      adp::ConnectorOptions opts;
+      opts.num_workers = 4;
+      opts.timeout_ms = 2000;
+      adp::Connector conn(remote(false)(), opts);
+      const auto field = [&](const char* name) {
+        const std::string st = gw->stats_json(), key = std::string("\"") + name + "\":";
+        const size_t at = st.find(key);
+        return at == std::string::npos ? ~0ull : std::strtoull(st.c_str() + at + key.size(), nullptr, 10);
+      };
+      for (int i = 0; i < 3 * scale; i++) {
+        const int ok = exists_batches(conn, 4);
+        if (ok != 4) fail("idle probes, round %d: %d of 4 batches succeeded", i, ok);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // idle closes, looks, status queries
+        if (!conn.stats().gateway_reachable) fail("idle probes, round %d: unreachable while the gateway runs", i);
+        if (field("clients") != 0 || field("ring_bytes") != 0)
+          fail("idle probes, round %d: the idle connector holds %llu clients, %llu ring bytes", i,
+               static_cast<unsigned long long>(field("clients")), static_cast<unsigned long long>(field("ring_bytes")));
+      }
+      gw.reset();  // stopped while idle: a status query fails
+      const auto t0 = Clock::now();
+      while (conn.stats().gateway_reachable && since(t0) < 15)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (conn.stats().gateway_reachable) fail("idle probes: the stop while idle not seen within 15 s");
+      conn.close();
+    }
+    printf("connector_stress: idle probes: %d rounds\n", 3 * scale);
   }
   // 6. Gateways that never answer: close() with connects in flight.
   {

@@ -1257,7 +1257,7 @@ def test_a_refused_token_is_not_retried_faster_than_the_longest_back_off(workdir
 def test_an_idle_connector_sees_its_gateway_stop_and_come_back(workdir, capfd):
     """Audit 15 item 22: a connector connected and idle when its gateway stopped read reachable (/health 200,
     gateway_reachable 1) until its next batch found the connection closed. The reconnect thread looks at the
-    connections every kMaxBackoff: all of them idle and closed by the gateway, one connect tells a gateway gone
+    connections every kIdleLook: all of them idle and closed by the gateway, a status query tells a gateway gone
     from one closing idle connections; here it fails: 503 and the outage WARNING within kMaxBackoff (plus slack),
     no batch sent. Restarted, the gateway is reachable again with no batch, and the next batch succeeds."""
     with one_store_on_a_gateway(workdir) as (gw, conn, c, port, keys, datas):
@@ -1277,8 +1277,8 @@ def test_an_idle_connector_sees_its_gateway_stop_and_come_back(workdir, capfd):
 
 def test_a_gateway_closing_idle_connections_is_not_an_outage(workdir, capfd):
     """The other side: a gateway with --idle-timeout-s 1 closes the idle connector's connection while it runs. The
-    connect that tells the two apart succeeds: no WARNING, /health 200 throughout, and the next batch uses that
-    connection (no failed batch)."""
+    status query that tells the two apart is answered: no WARNING, /health 200 throughout, and the next batch
+    connects anew (no failed batch)."""
     with one_store_on_a_gateway(workdir, ("--idle-timeout-s", "1")) as (gw, conn, c, port, keys, datas):
         capfd.readouterr()
         end = time.monotonic() + 2 * MAX_BACKOFF_S + 1.5
@@ -1290,3 +1290,58 @@ def test_a_gateway_closing_idle_connections_is_not_an_outage(workdir, capfd):
         assert "WARNING" not in capfd.readouterr().err
         ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
         assert ok, why
+
+
+# kIdleLook (src_cpp/transport/remote_backend.cc): how often the reconnect thread looks at an idle connector's
+# connections, and asks a status query while none is open.
+IDLE_LOOK_S = 1.0
+
+
+def connected_lines(log: str) -> list[str]:
+    """The gateway's INFO lines of a connection made (a client's; a status query's are DEBUG)."""
+    return [line for line in log.splitlines() if " INFO" in line and re.search(r"client #\d+ connected \(", line)]
+
+
+def test_an_idle_closed_connector_holds_nothing_on_the_gateway(workdir, capfd):
+    """Review r15 N13: a connector whose connections the gateway closed for idleness (--idle-timeout-s) connected
+    again at once to tell an idle close from a stop, and kept that connection: one --max-clients slot and one ring
+    held for good, "connected" and "idle ... closing" INFO lines in the gateway's log every timeout. It now asks a
+    status query (no slot, no ring, DEBUG lines) every kIdleLook instead: after ~5 s idle at a 1 s timeout, the
+    gateway counts no client and no ring bytes and logged one "connected" per worker at most; /health 200
+    throughout, no WARNING. Stopped under it, the gateway is seen gone with no batch (503); restarted, it is
+    reachable again with no batch, and the next batch works."""
+    gw = Gateway(workdir, extra=("--idle-timeout-s", "1")).start()
+    port = free_port()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=2000, metrics_port=port)
+    c = RawConnector(conn)
+    try:
+        keys, datas = keys_and_datas(4)
+        for i in range(4):  # a few batches, so both workers may have connected
+            assert c.set(keys[i : i + 1], [memoryview(datas[i])])[0]
+        capfd.readouterr()
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            code, doc = health(port)
+            assert code == 200, doc
+            time.sleep(0.1)
+        for _ in range(8):  # across two looks at least: a connection held for part of each look's cycle is seen
+            st = read_gateway_stats(gw.unix_url)
+            assert (st["clients"], st["ring_bytes"]) == (0, 0), (st, gw.log())
+            time.sleep(0.25)
+        log = gw.log()
+        assert 1 <= len(connected_lines(log)) <= 2, log  # one per worker at most, none since the idle closes
+        assert "idle for 1 s" in log
+        assert "WARNING" not in capfd.readouterr().err
+
+        assert gw.stop() == 0
+        doc = wait_health(port, 503, within=IDLE_LOOK_S + SLACK_S)
+        assert doc["gateway_reachable"] is False, doc
+        gw.start()
+        wait_health(port, 200, within=MAX_BACKOFF_S + SLACK_S)
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+        assert load_all_ok(c, keys, datas)
+    finally:
+        conn.close()
+        if gw.proc:
+            assert gw.stop() == 0
