@@ -453,6 +453,14 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "Client segments whose written pages the background populate went over to the end (one a file: "
         "connections registering the same file share its mapping)",
     ),
+    Stat(
+        "segment_prefault_pending",
+        GAUGE,
+        "segments",
+        G,
+        "Client segments queued for the background populate or being gone over now; 0 once each added was "
+        "finished with (done, let go, or refused by the kernel)",
+    ),
     Stat("segment_stores", COUNTER, "objects", G, "Objects stored straight from a client segment"),
     Stat("processes", GAUGE, "connections", G, "Connections granted process memory (protocol r5)"),
     Stat(

@@ -45,6 +45,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("segment_prefault_bytes", shared.segment_prefault ? shared.segment_prefault->bytes() : 0);
   field("segment_prefault_ns", shared.segment_prefault ? shared.segment_prefault->ns() : 0);
   field("segment_prefaults", shared.segment_prefault ? shared.segment_prefault->segments_done() : 0);
+  field("segment_prefault_pending", shared.segment_prefault ? shared.segment_prefault->pending() : 0);
   field("segment_stores", shared.segment_stores.load());
   field("ring_piece_loads", shared.ring_piece_loads.load());
   field("process_read_bytes", shared.process_read_bytes.load());

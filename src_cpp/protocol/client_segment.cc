@@ -228,6 +228,7 @@ void SegmentPrefaulter::add(const ClientSegment& seg) {
     return;
   }
   queue_.push_back(seg.m_);
+  pending_.fetch_add(1, std::memory_order_relaxed);
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   cv_.notify_one();
 }
@@ -241,6 +242,7 @@ void SegmentPrefaulter::stop() {
     stop_.store(true, std::memory_order_relaxed);
     t = std::move(thread_);
     left.swap(queue_);
+    pending_.fetch_sub(left.size(), std::memory_order_release);
   }
   cv_.notify_all();
   if (t.joinable()) t.join();
@@ -258,6 +260,7 @@ void SegmentPrefaulter::run() {
     queue_.pop_front();
     l.unlock();
     if (std::shared_ptr<SegmentMapping> m = next.lock()) populate(m);  // the last holder unmaps it here
+    pending_.fetch_sub(1, std::memory_order_release);
     l.lock();
   }
 }

@@ -95,9 +95,16 @@ class SegmentPrefaulter {
   uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
   uint64_t ns() const { return ns_.load(std::memory_order_relaxed); }
   uint64_t segments_done() const { return done_.load(std::memory_order_relaxed); }
+  // Segments queued or being gone over now: 0 once every segment added was
+  // finished with (done, let go, or refused by the kernel), so a reader that
+  // waits for 0 sees their whole outcome in the counters and the log.
+  uint64_t pending() const { return pending_.load(std::memory_order_acquire); }
 
-  // Tests only: called before each piece with its offset in the segment.
+  // Tests only: called before each piece with its offset in the segment
+  // (after the piece's look at stop(): a hook that waits for stop_requested()
+  // lets that piece be made, and no later one).
   std::function<void(uint64_t offset)> before_piece_for_test;
+  bool stop_requested() const { return stop_.load(std::memory_order_relaxed); }
 
  private:
   void run();
@@ -109,7 +116,7 @@ class SegmentPrefaulter {
   bool stopping_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::atomic<uint64_t> bytes_{0}, ns_{0}, done_{0};
+  std::atomic<uint64_t> bytes_{0}, ns_{0}, done_{0}, pending_{0};
 };
 
 }  // namespace adp::proto

@@ -29,6 +29,7 @@
 #include "page_state.h"
 #include "protocol/client_segment.h"
 #include "util/populate.h"
+#include "util/prefault.h"
 
 namespace {
 
@@ -171,14 +172,20 @@ void lets_go_when_released_or_stopped(const std::string& dir) {
   }
   CHECK(adp::testing::threads_named_after_join("adp-segpopulate") == 0, "the populate thread outlived its prefaulter");
   {
+    // Gated, not paced (review r15 N11): the second piece waits until stop() began, so exactly two pieces are
+    // made however the threads are scheduled.
     SegmentPrefaulter pre;
-    pre.before_piece_for_test = [](uint64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
+    std::atomic<int> pieces{0};
+    pre.before_piece_for_test = [&](uint64_t) {
+      if (pieces.fetch_add(1) == 1) wait_for([&] { return pre.stop_requested(); });
+    };
     auto seg = attach(path, size);
     if (!seg) return;
     pre.add(*seg);
-    CHECK(wait_for([&] { return pre.bytes() > 0; }), "the populate did not begin");
+    CHECK(wait_for([&] { return pieces.load() >= 2; }), "the populate did not reach its second piece");
     pre.stop();
-    CHECK(pre.segments_done() == 0 && pre.bytes() < size, "it ran to the end (%llu bytes)",
+    CHECK(pieces.load() == 2 && pre.segments_done() == 0 && pre.bytes() == 2 * adp::kPrefaultPieceBytes,
+          "it went on after stop() (%d pieces, %llu bytes)", pieces.load(),
           static_cast<unsigned long long>(pre.bytes()));
     CHECK(adp::testing::threads_named_after_join("adp-segpopulate") == 0, "the populate thread outlived stop()");
     pre.add(*seg);  // stopped for good
@@ -188,12 +195,20 @@ void lets_go_when_released_or_stopped(const std::string& dir) {
     next.add(*seg);
     CHECK(wait_for([&] { return next.segments_done() == 1; }), "the segment let go was not gone over again");
   }
-  // Destroyed while it runs (the gateway's shared state going).
+  // Destroyed while it runs (the gateway's shared state going): its first
+  // piece waits until the destructor's stop() began.
   {
     auto seg = attach(path, size);
     auto pre = std::make_unique<SegmentPrefaulter>();
+    std::atomic<int> pieces{0};
+    SegmentPrefaulter* p = pre.get();
+    pre->before_piece_for_test = [&pieces, p](uint64_t) {
+      if (pieces.fetch_add(1) == 0) wait_for([p] { return p->stop_requested(); });
+    };
     if (seg) pre->add(*seg);
+    CHECK(wait_for([&] { return pieces.load() >= 1; }), "the populate did not begin");
     pre.reset();
+    CHECK(pieces.load() == 1, "it went on after its destructor's stop() (%d pieces)", pieces.load());
     seg.reset();
     CHECK(!mapped(path) && adp::testing::threads_named_after_join("adp-segpopulate") == 0,
           "a prefaulter destroyed while it ran left a mapping or thread");

@@ -288,12 +288,13 @@ def test_a_registered_segment_is_populated_before_its_first_load(card_gateway):
 
 
 def register_wait_and_load(gw: Gateway, tag: str) -> tuple[dict, str]:
-    """Stores 4 keys, registers a written pool by a miss, waits 0.3 s (what a background populate of its 1 MiB
-    needs, many times over), loads the keys into it and checks their bytes; returns the gateway's stats and log."""
+    """Stores 4 keys, registers a written pool by a miss, waits until the background populate finished with every
+    segment added (segment_prefault_pending 0: a gate, not a pause, review r15 N11; at once where none was added),
+    loads the keys into it and checks their bytes; returns the gateway's stats and log."""
     c, keys, pool = stored_and_pool(gw, tag, 4)
     try:
         register_by_a_miss(c, pool)
-        time.sleep(0.3)
+        assert wait_for_stat(gw, "segment_prefault_pending", 0)["segment_prefault_pending"] == 0
         ok, _, per_key = c.get(keys, pool.views)
         assert ok and all(per_key)
         assert [bytes(v) for v in pool.views] == [payload(k, SIZE) for k in keys]
