@@ -184,7 +184,8 @@ CARD_LIST: tuple[Stat, ...] = (
         COUNTER,
         "objects",
         _CARD,
-        "Objects that failed their checksum on read (a miss; the object is dropped)",
+        "Objects that failed their checksum on read (a miss; the object is dropped); a header read while a "
+        "delete or re-store rewrote it is a plain miss, not counted here (docs/card_format.md, Writing)",
     ),
     Stat("io_errors", COUNTER, "errors", _CARD, "Card I/O operations that failed"),
     Stat(

@@ -986,6 +986,10 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   counters_.bytes_read += fp;
   const uint8_t* block = ctx.staging_.data();
   std::string why = header_checked ? header_why : check_header();
+  if (!why.empty() && overwritten_meanwhile(hash, e)) {
+    *io = Status::NotFound("deleted or replaced while it was read");
+    return std::string();
+  }
   if (!why.empty() || !io->ok()) return why;
   ObjectHeader hdr;
   std::memcpy(&hdr, block, sizeof hdr);
@@ -1114,6 +1118,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     std::memcpy(&hdr, bounces[0].data(), sizeof hdr);
     bad = check_object_header(bounces[0].data(), h, e, epoch, key, &io);
     if (header_from) prof::add(prof::kHeader, prof::now_ns() - header_from);
+    if (!bad.empty() && overwritten_meanwhile(h, e)) io = Status::NotFound("deleted or replaced while it was read");
     if (!io.ok()) {
       if (io.is_not_found()) counters_.misses++;
       return io;
@@ -1213,6 +1218,13 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     return Status::TimedOut("the load was stopped while its pieces went out");
   counters_.hits++;
   return Status::Ok();
+}
+
+bool CardStore::overwritten_meanwhile(uint64_t hash, const IndexEntry& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(hash);
+  if (it == index_.end() || it->second.seq != e.seq) return true;
+  return std::find(removing_.begin(), removing_.end(), std::make_pair(hash, uint64_t(e.seq))) != removing_.end();
 }
 
 void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e) {
@@ -1356,6 +1368,7 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     const IndexEntry& e = it->second;
     regions_.pin(e.region);
     loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
+    removing_.emplace_back(h, e.seq);  // until the entry is erased, or the write failed
   }
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come
@@ -1371,6 +1384,9 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
       if (!superseded) erase_entry_locked(h, it->second);
       erased = !superseded;
     }
+    auto mine = std::find(removing_.begin(), removing_.end(), std::make_pair(h, loc.seq));
+    *mine = removing_.back();
+    removing_.pop_back();
     if (regions_.unpin(loc.region)) unpinned_.notify_all();
   }
   if (!s.ok()) {

@@ -328,6 +328,12 @@ class CardStore {
   Status lookup(std::string_view key, uint64_t* hash, IndexEntry* e);
   // Removes a damaged object from the index and marks it deleted on the card.
   void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
+  // Whether the header of e (the entry of hash when a load found it) may
+  // have been overwritten while the load read it: e is no longer the entry
+  // of hash (deleted, replaced, evicted, or dropped), or a delete of it is
+  // writing its tombstone. A bad header read then is that write, half done
+  // (a miss), not damage (docs/card_format.md, Writing).
+  bool overwritten_meanwhile(uint64_t hash, const IndexEntry& e);
 
   std::unique_ptr<Device> device_;
   const uint64_t card_id_;
@@ -381,6 +387,10 @@ class CardStore {
   uint64_t next_seq_ = 1;  // 0 is never a store's: tombstones of never-indexed copies carry it
   bool evicting_logged_ = false;
   std::vector<Stale> pending_;  // tombstones that failed; guarded by mu_
+  // Deletes whose tombstone is being written over the header of their
+  // object, still indexed meanwhile: (hash, seq). A load reading that header
+  // then may see it half-written: overwritten_meanwhile(). Guarded by mu_.
+  std::vector<std::pair<uint64_t, uint64_t>> removing_;
   std::atomic<size_t> pending_count_{0};
 
   struct Counters : OpCounters {

@@ -65,6 +65,13 @@ def test_disk_store_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_tombstone_race_under_sanitizer(mode, tmp_path):
+    """A load racing a delete's tombstone write (tests/cpp/tombstone_race_test.cc), its two threads."""
+    cpp.run(cpp.build("tombstone_race_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_disk_load_under_sanitizer(mode, tmp_path):
     dirs = ("store", "util", "connector", "testing")
     binary = cpp.build("disk_load_test", tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize=mode)

@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A load that reads an object's header while a delete writes its tombstone over it is a miss, not
+damage: no checksum failure, no WARNING, the entry not dropped by the load, and the delete still done;
+a header damaged the same way with no delete in flight is still damage (tests/cpp/tombstone_race_test.cc
+on the fault device, the delete's write held). The race behind connector_stress's rare
+"header damaged" under ASan (session sixteen)."""
+
+from __future__ import annotations
+
+from tests.support import cpp
+
+
+def test_load_racing_a_deletes_tombstone_is_a_miss_not_damage(tmp_path):
+    cpp.run(cpp.build("tombstone_race_test", tmp_path))
