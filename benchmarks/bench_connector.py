@@ -72,6 +72,7 @@ if runpy.run_path(str(ROOT / "lmcache_adp" / "source_digest.py"))["native_module
 import lmcache_adp  # noqa: E402
 from lmcache_adp import ADPConnector, format_card  # noqa: E402
 from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
+from lmcache_adp.log import showing_info  # noqa: E402
 from lmcache_adp.stats_catalog import GAUGE, STATS  # noqa: E402
 
 GAUGES = {st.name: st.kind == GAUGE for st in STATS}
@@ -338,6 +339,7 @@ def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
             + os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
             stdout=out,
             stderr=subprocess.STDOUT,
+            env=showing_info(dict(os.environ)),  # the ready line below is INFO
             cwd=card.parent,  # `-m` puts the cwd first on sys.path: a checkout's unbuilt package there (audit 13)
         )
         try:

@@ -48,17 +48,24 @@ if native_module(PACKAGE) is None:
 SNAPSHOT = Path(tempfile.mkdtemp(prefix="lmcache-adp-bench-"))
 atexit.register(shutil.rmtree, SNAPSHOT, True)
 shutil.copytree(PACKAGE, SNAPSHOT / "lmcache_adp", ignore=shutil.ignore_patterns("__pycache__"))
-sys.path.insert(0, str(SNAPSHOT))
 SUB_ENV = {
     **os.environ,
     "LMCACHE_DISABLE_BANNER": "1",
     "PYTHONPATH": os.pathsep.join([str(SNAPSHOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
 }
-os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")  # quiet format_card here; the benches keep their INFO logs
+if __name__ == "__main__":
+    # Run as the bench, this process measures the snapshot too, with format_card quiet (the benches' children keep
+    # their INFO logs: SUB_ENV was taken above). Imported (tests/benchmarks/test_bench_l2.py) it changes neither:
+    # an ADP_LOG_LEVEL=WARNING set at pytest's collection went to every gateway the tests started, which then never
+    # printed the INFO "gateway ready" line they wait for: every gateway test failed after 60 s, and CI ran out of
+    # its 90 minutes.
+    sys.path.insert(0, str(SNAPSHOT))
+    os.environ.setdefault("ADP_LOG_LEVEL", "WARNING")
 
 BUILD = native_build(PACKAGE)  # the tree's, not the snapshot's (a copy: no commit, no sources)
 
 import lmcache_adp  # noqa: E402
+from lmcache_adp.log import showing_info  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 RESULTS = HERE / "results"
@@ -350,7 +357,7 @@ def serving(role: str, work: Path, log: Path):
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=SUB_ENV,
+            env=showing_info(SUB_ENV),  # the ready line below is INFO
             cwd=work,  # `-m` puts the cwd first on sys.path: a checkout's unbuilt package there (audit 13)
         )
         try:

@@ -66,6 +66,7 @@ def main() -> int:
     ):
         sys.path.insert(0, root)
     from lmcache_adp import ADPConnector
+    from lmcache_adp.log import showing_info
 
     size = a.object_mb * MIB
     nkeys = a.batches * a.keys_per_batch
@@ -81,7 +82,7 @@ def main() -> int:
     import lmcache_adp
 
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(lmcache_adp.__file__)))
-    env = {**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = showing_info({**os.environ, "PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")})
     gw = subprocess.Popen(gw_cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=work)  # not a checkout's cwd
     try:
         t0 = time.monotonic()

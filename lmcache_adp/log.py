@@ -20,3 +20,12 @@ def get_logger() -> logging.Logger:
         logger.setLevel(os.environ.get("ADP_LOG_LEVEL", "INFO").upper())
         logger.propagate = False
     return logger
+
+
+def showing_info(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a child whose INFO lines its launcher reads (the gateway's "gateway ready" line, which the tests
+    and benches wait for): ADP_LOG_LEVEL lowered to INFO where it would hide them, kept where it shows them
+    (DEBUG, INFO)."""
+    if env.get("ADP_LOG_LEVEL", "INFO").upper() in ("DEBUG", "INFO"):
+        return env
+    return {**env, "ADP_LOG_LEVEL": "INFO"}

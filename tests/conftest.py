@@ -4,6 +4,7 @@ native module under test was built from this tree's sources (tests/support/nativ
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -19,6 +20,10 @@ TREE = Path(__file__).resolve().parents[1]
 # pytest_sessionstart (review r11 N12).
 STALE = check_native(TREE)
 
+# The ADP_* environment pytest started with: every gateway and server the tests start inherits it, so a module
+# imported while collecting (a benchmark a test imports) may not change it (pytest_collection_finish).
+ADP_ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("ADP_")}
+
 
 def pytest_plugin_registered(plugin, manager):
     """Stops pytest as it registers this conftest (the first call of this hook is for this module, or for a
@@ -29,6 +34,24 @@ def pytest_plugin_registered(plugin, manager):
     message alone."""
     if STALE is not None and not allowed():
         raise pytest.UsageError(STALE)
+
+
+def pytest_collection_finish(session):
+    """Stops the session before its first test when collecting it changed an ADP_* variable: bench_l2.py set
+    ADP_LOG_LEVEL=WARNING as a test imported it, and every gateway started after it kept its INFO ready line to
+    itself, so each gateway test waited 60 s and failed (CI ran out of time)."""
+    if changed := environment_changes(ADP_ENV_AT_START):
+        raise pytest.UsageError(f"collecting the tests changed the environment the tests' children inherit: {changed}")
+
+
+def environment_changes(before: dict[str, str]) -> str:
+    """The ADP_* variables of os.environ that differ from `before`, as 'NAME: old -> new', or ''."""
+    now = {k: v for k, v in os.environ.items() if k.startswith("ADP_")}
+    return "; ".join(
+        f"{k}: {before.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
+        for k in sorted(before.keys() | now.keys())
+        if before.get(k) != now.get(k)
+    )
 
 
 def pytest_sessionstart(session):

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lmcache_adp.log import showing_info
+
 # Counters of the server's /metrics (lmcache 0.5.x, mp_observability): chunks
 # LMCache wrote to L2 successfully, and chunks its prefetch loaded from L2.
 L2_STORED_CHUNKS = "lmcache_mp_l2_store_completed_objects_chunks_total"
@@ -69,8 +71,8 @@ def lmcache_executable() -> list[str]:
 
 def child_env() -> dict[str, str]:
     """Environment for a child process that loads the plugin: it imports this very
-    lmcache_adp (a source tree, not another install on the machine) and runs the
-    `lmcache` beside this interpreter."""
+    lmcache_adp (a source tree, not another install on the machine), runs the
+    `lmcache` beside this interpreter and logs at INFO at least (lmcache_adp.log.showing_info)."""
     env = dict(os.environ)
     import lmcache_adp
 
@@ -78,7 +80,7 @@ def child_env() -> dict[str, str]:
     if root not in {str(Path(p).resolve()) for p in site.getsitepackages()}:
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), *filter(None, [env.get("PATH")])])
-    return env
+    return showing_info(env)  # the tests read their children's INFO lines: the gateway's ready line first
 
 
 def read_metrics(http_url: str, *names: str) -> dict[str, float]:

@@ -4,6 +4,7 @@ another built package (--extra-adp LABEL=DIR) in the same run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -15,6 +16,24 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 pytest.importorskip("lmcache")
 import bench_l2  # noqa: E402
+
+
+def test_importing_it_leaves_the_environment_and_the_import_path_alone():
+    """Imported, as these tests do while pytest collects them, bench_l2 changes neither os.environ nor sys.path
+    (the bench run as a script quiets its own format_card and imports its snapshot): it set ADP_LOG_LEVEL=WARNING
+    for every gateway the whole test session started afterwards, hiding their ready lines."""
+    code = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "env, path = dict(os.environ), list(sys.path)\n"
+        "import bench_l2, lmcache_adp\n"
+        "assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())\n"
+        "assert sys.path == path, (sys.path, path)\n"
+        "assert 'lmcache-adp-bench-' not in lmcache_adp.__file__, lmcache_adp.__file__\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ADP_LOG_LEVEL"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
 
 
 def row(name: str, role: str, passes: list[tuple[float, float]], status: str = "verified") -> dict:

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from lmcache_adp import ADPConnector, CardStore
+from lmcache_adp.testing import child_env
 from tests.helpers import RawConnector, eventually, payload
 from tests.support.gateway import Gateway
 
@@ -42,6 +43,22 @@ def test_card_lines_give_a_small_card_in_mib(workdir):
         assert re.search(r"open \(0 objects, 0\.00 MiB of 2[45]\d\.\d\d MiB used\); listening on unix://", line), line
     finally:
         assert gw.stop() == 0
+
+
+def test_a_quieter_level_in_the_tests_environment_still_shows_the_ready_line(workdir, monkeypatch):
+    """ADP_LOG_LEVEL=WARNING in the environment pytest runs in (bench_l2.py set it as a test imported it): the
+    gateways the tests start log at INFO all the same (child_env), so each one's ready line comes; it hid, and
+    every gateway test waited its 60 s and failed. A level that shows more (DEBUG) is the caller's to keep."""
+    monkeypatch.setenv("ADP_LOG_LEVEL", "WARNING")
+    gw = Gateway(workdir).start(timeout=30)
+    try:
+        assert "gateway ready" in gw.log() and "DEBUG" not in gw.log()
+    finally:
+        assert gw.stop() == 0
+    monkeypatch.setenv("ADP_LOG_LEVEL", "debug")
+    assert child_env()["ADP_LOG_LEVEL"] == "debug"
+    monkeypatch.setenv("ADP_LOG_LEVEL", "ERROR")
+    assert child_env()["ADP_LOG_LEVEL"] == "INFO"
 
 
 def test_sigint_exits_zero(workdir):
