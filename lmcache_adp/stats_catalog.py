@@ -155,7 +155,7 @@ CARD_LIST: tuple[Stat, ...] = (
         "lookup's answer reaches LMCache (embedded, client; a lookup that failed or timed out, which LMCache reads "
         "as all misses, counts in neither lookup_hits nor lookup_misses), and by the gateway per key asked of it "
         "(all its clients'). lookup_hits / (lookup_hits + lookup_misses) is the hit ratio a card is sized by: "
-        "`lmcache-adp status` shows it first. The card itself does not count them (`status --card`: 0)",
+        "`lmcache-adp status` shows it first. The card itself does not count them (`status --card --json`: null)",
     ),
     Stat(
         "lookup_misses",

@@ -49,6 +49,9 @@ def test_status_human_and_json(filled):
     r = run("status", "--card", filled, "--json")
     st = json.loads(r.stdout)
     assert st["objects"] == 12 and st["capacity_bytes"] > 0 and st["healthy"] is True
+    # Nor in JSON: null, where a 0 / 0 read as "no lookups" (review r16 N4); the card's own counts stay numbers.
+    assert st["lookup_hits"] is None and st["lookup_misses"] is None, st
+    assert st["hits"] == 0 and st["misses"] == 0 and st["objects"] == 12, st  # its counts since this open
 
 
 def test_status_of_card_held_by_a_connector(filled):
