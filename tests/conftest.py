@@ -20,9 +20,15 @@ TREE = Path(__file__).resolve().parents[1]
 # pytest_sessionstart (review r11 N12).
 STALE = check_native(TREE)
 
+
 # The ADP_* environment pytest started with: every gateway and server the tests start inherits it, so a module
 # imported while collecting (a benchmark a test imports) may not change it (pytest_collection_finish).
-ADP_ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("ADP_")}
+def adp_environment() -> dict[str, str]:
+    """The ADP_* variables of os.environ."""
+    return {k: v for k, v in os.environ.items() if k.startswith("ADP_")}
+
+
+ADP_ENV_AT_START = adp_environment()
 
 
 def pytest_plugin_registered(plugin, manager):
@@ -46,7 +52,7 @@ def pytest_collection_finish(session):
 
 def environment_changes(before: dict[str, str]) -> str:
     """The ADP_* variables of os.environ that differ from `before`, as 'NAME: old -> new', or ''."""
-    now = {k: v for k, v in os.environ.items() if k.startswith("ADP_")}
+    now = adp_environment()
     return "; ".join(
         f"{k}: {before.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
         for k in sorted(before.keys() | now.keys())

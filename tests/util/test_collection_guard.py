@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import environment_changes
+from tests.conftest import adp_environment, environment_changes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ def test_environment_changes_names_each_variable_changed_set_or_unset(monkeypatc
     monkeypatch.setenv("ADP_NEW", "1")
     monkeypatch.setenv("OTHER", "ignored")
     monkeypatch.delenv("ADP_GONE", raising=False)
-    now = {k: v for k, v in os.environ.items() if k.startswith("ADP_")}
+    now = adp_environment()
     assert environment_changes(now) == ""
     before = {**now, "ADP_LOG_LEVEL": "INFO", "ADP_GONE": "2"}
     del before["ADP_NEW"]
