@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from lmcache_adp import ADPConnector, CardStore, _native
+from lmcache_adp import ADPConnector, CardStore, _native, ops
 from lmcache_adp.ops import percentile_us
 from tests.gateway.conftest import workdir  # noqa: F401 (fixture)
 from tests.helpers import corrupt, payload
@@ -101,6 +102,50 @@ def test_verify_clean_then_damaged_then_repaired(filled):
     r = run("verify", "--card", filled, "--repair")
     assert r.returncode == 0 and "1 bad, 1 dropped" in r.stdout
     assert run("verify", "--card", filled).returncode == 0
+
+
+def test_verify_says_what_it_read_and_what_it_did_not(filled, monkeypatch, capsys):
+    """verify reads the objects the card's index holds, no more (review r16): it says so, and a card with regions
+    recovery could not read at open is not "clean" (exit 1: their objects past the failed block are lost and were
+    never read); bad objects an I/O error kept --repair from dropping are named as left, exit 1."""
+    r = run("verify", "--card", filled)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        f"{filled} (opened read-only: nothing written): 12 objects, 234.4 KiB checked, every object the card's "
+        "index holds (header, key and payload checksum, as a load reads them): clean",
+        "not checked: what the index does not hold (deleted objects, older copies, stores a crash cut off)",
+    ], r.stdout
+
+    class Card:  # a card whose open found unreadable regions (an I/O error there: a test cannot make one on a file)
+        def __init__(self, media_errors, report):
+            self.media_errors, self.report = media_errors, report
+
+        def stats(self):
+            return {"media_errors": self.media_errors}
+
+        def verify(self, repair, progress):
+            return self.report
+
+        def close(self):
+            pass
+
+    clean = {"checked": 12, "bytes": 240000, "bad": 0, "repaired": 0, "bad_objects": []}
+    monkeypatch.setattr(ops, "_open_card", lambda path, read_only: Card(2, clean))
+    assert ops.cmd_verify(argparse.Namespace(card=filled, repair=False)) == ops.EXIT_BAD_CARD
+    out = capsys.readouterr().out
+    assert "clean" not in out.replace("not clean", ""), out
+    assert out.splitlines()[0].endswith(": not clean (below)"), out
+    assert out.splitlines()[-1] == (
+        "not checked: 2 regions could not be read when the card was opened (media_errors): their objects from the "
+        "failed block on are lost and were not read; check the device"
+    ), out
+
+    io_failed = {"checked": 12, "bytes": 240000, "bad": 2, "repaired": 1, "bad_objects": ["region 3 offset 0: x"] * 2}
+    monkeypatch.setattr(ops, "_open_card", lambda path, read_only: Card(0, io_failed))
+    assert ops.cmd_verify(argparse.Namespace(card=filled, repair=True)) == ops.EXIT_BAD_CARD
+    out = capsys.readouterr().out
+    assert ": 2 bad, 1 dropped" in out and "(opened read-only" not in out, out
+    assert out.splitlines()[-1].startswith("1 bad objects could not be read back and were left on the card"), out
 
 
 def test_format_creates_asks_and_wipes(tmp_path, filled):
@@ -210,7 +255,8 @@ def test_status_and_verify_read_a_card_on_a_read_only_filesystem(tmp_path, fille
         r = run("status", "--card", str(card), "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["objects"] == 12, r.stdout + r.stderr
         r = run("verify", "--card", str(card))
-        assert r.returncode == 0 and r.stdout.endswith("12 objects, 234.4 KiB checked: clean\n"), r.stdout + r.stderr
+        assert r.returncode == 0 and "12 objects, 234.4 KiB checked, every object" in r.stdout, r.stdout + r.stderr
+        assert "(opened read-only: nothing written)" in r.stdout and ": clean\n" in r.stdout, r.stdout + r.stderr
         r = run("verify", "--card", str(card), "--repair")
         assert r.returncode == 3 and f"cannot open card {card}: Read-only file system" in r.stderr, r.stderr
         assert "--repair writes to the card" in r.stderr and "run verify without --repair" in r.stderr, r.stderr
