@@ -70,11 +70,11 @@ struct ConnectionControl {
   std::atomic<bool> stopping{false};
   // Set by the accept thread before the connection's thread starts: it was
   // admitted past --max-clients, on the reserve kept for status queries
-  // (review r15 N2), and is refused with this reason unless its Hello
+  // (review r15 N2, r11), and is refused with this reason unless its Hello
   // carries bit 9 (r10). Empty: admitted as a client.
   std::string reserve_refusal;
   // Set once the handshake made it a status query (r10): the accept thread
-  // counts it apart from the clients.
+  // counts it apart from the clients (r11).
   std::atomic<bool> status_query{false};
 };
 

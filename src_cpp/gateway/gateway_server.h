@@ -75,7 +75,7 @@ struct GatewayOptions {
 };
 
 // Local connections admitted past --max-clients, for status queries only
-// (r10): a full gateway still answers `lmcache-adp status --gateway`
+// (r11): a full gateway still answers `lmcache-adp status --gateway`
 // (review r15 N2).
 constexpr int kStatusQueryReserve = 2;
 
@@ -91,7 +91,7 @@ class GatewayServer {
   bool wait(std::chrono::milliseconds timeout);
   uint16_t tcp_port() const { return tcp_ep_.port; }
   StoreStats stats() const;
-  // Connections past the handshake or in it, status queries (r10) not counted.
+  // Connections past the handshake or in it, status queries (r10) not counted (r11).
   size_t clients() const;
   // The counters of a StatsReply (store, clients, batches, rings) as JSON.
   std::string stats_json() const;

@@ -74,7 +74,7 @@ constexpr uint8_t kMaxIoClass = 3;
 // answers its Stats requests only, logs it at DEBUG and counts it in
 // `status_queries`, not in `clients`. Without it a query is a client, as in r9.
 constexpr uint32_t kFeatureStatusQuery = 512;
-// r10 rule (review r15 N1): a Hello with bit 9 asks for none of bits 0-8
+// r11 rule (review r15 N1): a Hello with bit 9 asks for none of bits 0-8
 // (a ring, segments, ..., error classes: what a client asks for), else it
 // is refused before anything (a ring) is reserved for it.
 constexpr uint32_t kClientFeatures = kFeatureStatusQuery - 1;

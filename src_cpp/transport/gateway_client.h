@@ -48,8 +48,9 @@ struct GatewayClientOptions {
   // Tests: stands in for kIdleCheck (ADP_TEST_IDLE_CHECK_MS, set by RemoteBackend from its test hooks).
   std::chrono::nanoseconds idle_check{kIdleCheck};
   // A status query (protocol r10, Hello bit 9 alone): no ring, not a client
-  // of the gateway (no --max-clients slot, DEBUG lines only on an r10
-  // gateway); only its handshake is used (RemoteBackend::probe).
+  // of the gateway (DEBUG lines only on an r10 gateway or later; no
+  // --max-clients slot on an r11 one); only its handshake is used
+  // (RemoteBackend::probe).
   bool status_query = false;
   // reply_spin_us: how long a worker polls for a put's or get's reply
   // without sleeping, from shortly before the reply is expected
