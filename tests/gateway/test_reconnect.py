@@ -21,10 +21,12 @@ import threading
 import time
 from collections.abc import Iterator
 
-from lmcache_adp import ADPConnector
+import pytest
+
+from lmcache_adp import ADPConnector, _native
 from tests.gateway import wire
 from tests.gateway.test_failures import keys_and_datas, tcp_states
-from tests.gateway.test_health import MAX_BACKOFF_S, SLACK_S, health, load_all_ok
+from tests.gateway.test_health import IDLE_LOOK_S, MAX_BACKOFF_S, SLACK_S, health, load_all_ok
 from tests.helpers import RawConnector, eventually
 from tests.ops.test_metrics import free_port
 from tests.support.gateway import Gateway
@@ -39,7 +41,8 @@ class ScriptedProxy:
     `script` (then `default`): "forward" (bytes both ways to the gateway), "close" (closed at once: the connector's
     handshake fails, a plain outage), "refuse" (its Hello answered with the Error frame of a wrong token) or "hold"
     (the Hello read and never answered, until kill_all). kill_all() closes every connection forwarded or held, as a
-    gateway that went away does. `actions` lists the action each accepted connection took, in order."""
+    gateway that went away does. `actions` lists the action each accepted connection took, in order; `queries`
+    counts the forwarded connections whose Hello was a status query (bit 9: the connector's background look)."""
 
     def __init__(self, upstream_port: int):
         self.upstream = ("127.0.0.1", upstream_port)
@@ -53,6 +56,7 @@ class ScriptedProxy:
         self.open: list[socket.socket] = []  # the sockets of the connections forwarded (closed by their thread)
         self.held: list[socket.socket] = []  # the connections held
         self.generation = 0  # kill_all()s so far
+        self.queries = 0  # forwarded connections whose Hello asked for a status query
         self.threads: list[threading.Thread] = []
         self._start(self._accept)
 
@@ -95,12 +99,20 @@ class ScriptedProxy:
         sel = selectors.DefaultSelector()
         sel.register(a, selectors.EVENT_READ, b)
         sel.register(b, selectors.EVENT_READ, a)
+        hello: bytes | None = b""  # the connector's first bytes, until its Hello's features are read
         try:
             while self.generation == generation:  # kill_all() ends it
                 for key, _ in sel.select(0.1):
                     data = key.fileobj.recv(1 << 20)
                     if not data:
                         return
+                    if key.fileobj is a and hello is not None:
+                        hello += data
+                        if len(hello) >= wire.HEADER.size + 4:  # counted before the gateway sees it
+                            if struct.unpack_from("<I", hello, wire.HEADER.size)[0] & _native.FEATURE_STATUS_QUERY:
+                                with self.lock:
+                                    self.queries += 1
+                            hello = None
                     key.data.sendall(data)
         except OSError:
             return
@@ -239,24 +251,41 @@ def test_a_spare_is_dropped_when_the_link_goes_down_before_a_worker_took_it(work
         assert conn.stats()["gateway_reconnects"] == 1
 
 
-def test_a_spare_the_gateway_closed_is_never_handed_to_a_worker(workdir):
+def test_a_spare_the_gateway_closed_is_never_handed_to_a_worker(workdir, monkeypatch):
     """Session fifteen (0d77bd8) left untested: the spare made, the gateway closes it (a restart, an idle timeout)
-    before a worker took it and before the background thread's next look at it (every kMaxBackoff). The next batch
-    does not get it (RemoteBackend::connect: closed_while_idle): it connects anew and succeeds. Handed the closed
-    spare, the batch would fail: its request goes out on a connection never used (no quiet retry) and finds it
-    closed."""
+    before a worker took it and before the background thread's next look at it (kIdleLook after it was made). The
+    next batch does not get it (RemoteBackend::connect: closed_while_idle): it connects anew and succeeds. Handed
+    the closed spare, the batch would fail: its request goes out on a connection never used (no quiet retry) and
+    finds it closed.
+
+    No step waits on time for the connector to reach a state (review r16; it slept 0.3 s past kIdleCheck and
+    then asserted the batch came within 2 s, where the thread's look comes 1 s after the spare): the connector
+    looks at a connection before every use (ADP_TEST_IDLE_CHECK_MS=0), and the batch is sent once the connector's
+    end of the spare is seen closed (CLOSE_WAIT). That the thread's look did not come first is read from the
+    proxy: a look that finds the spare closed drops it and asks a status query, which the proxy counts. Where one
+    came first, the case was not reached: it is set up again (3 tries)."""
+    monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "0")  # read when the connector is built (behind_a_proxy)
     with behind_a_proxy(workdir) as (proxy, conn, c, port, keys, datas):
-        down_with_background_back_off(proxy, c, keys, datas)
-        proxy.default = "forward"
-        assert eventually(lambda: reachable(conn), MAX_BACKOFF_S + SLACK_S), "the background thread never connected"
-        spare_at = time.monotonic()
-        time.sleep(0.3)  # past kIdleCheck (100 ms): a connection is looked at before its use only after that
-        proxy.kill_all()  # the spare is closed; the gateway still accepts new connections
-        # An exists: its request goes out on the connection it is given (a store or a load asks for a connection
-        # twice, its in-place try's and then the ring's, and the second look would find the spare closed).
-        ok, why, found = c.exists(keys)
-        # What makes this batch the case: it came before the thread's own look at the spare could replace it.
-        assert time.monotonic() - spare_at < MAX_BACKOFF_S, "the batch came after the background look"
+        for _ in range(3):
+            down_with_background_back_off(proxy, c, keys, datas)
+            proxy.default = "forward"
+            assert eventually(lambda: reachable(conn), MAX_BACKOFF_S + SLACK_S), "the background thread never connected"
+            spare_at = time.monotonic()  # made by now: the thread's look at it comes IDLE_LOOK_S after, or later
+            assert proxy.actions[-1] == "forward", proxy.actions
+            forwards, queries = proxy.taken("forward"), proxy.queries
+            proxy.kill_all()  # the spare is closed; the gateway still accepts new connections
+            assert eventually(lambda: CLOSE_WAIT in tcp_states(proxy.port), 5), tcp_states(proxy.port)
+            # An exists: its request goes out on the connection it is given (a store or a load asks for a
+            # connection twice, its in-place try's and then the ring's, and the second look would find the spare
+            # closed).
+            ok, why, found = c.exists(keys)
+            # A look that came before the batch asked its status query at once; one after it finds the batch's
+            # connection open and asks nothing. Give a look that came first the time to be counted.
+            time.sleep(max(0.0, spare_at + IDLE_LOOK_S + SLACK_S - time.monotonic()))
+            if proxy.queries == queries:
+                break
+        else:
+            pytest.fail(f"the background thread's look came before the batch in 3 tries: {proxy.actions}")
         assert ok and found == [True] * len(keys), f"the batch failed on the closed spare: {why} {found}"
-        assert proxy.taken("forward") == 3, proxy.actions  # the start's, the spare, and the batch's new one
+        assert proxy.taken("forward") == forwards + 1, proxy.actions  # the batch's new connection, nothing else
         assert load_all_ok(c, keys, datas)
