@@ -97,3 +97,45 @@ def test_a_module_that_fails_the_package_import_is_named_so_when_stale(tmp_path)
             assert last.startswith("ImportError: lmcache_adp._native (") and last.endswith("build_ext --inplace"), last
         else:
             assert r.returncode == 1 and last.endswith("has no attribute 'NOT_IN_THIS_BUILD'"), r.stderr
+
+
+# As setuptools' editable install of another checkout: a finder after the path finder that serves the package's
+# native module from that tree where the package's own directory has none (review r16); before any real one.
+EDITABLE_ELSEWHERE = (
+    "import importlib.machinery, importlib.util, runpy, sys\n"
+    "class Editable:\n"
+    "    @staticmethod\n"
+    "    def find_spec(name, path=None, target=None):\n"
+    "        if name == 'lmcache_adp._native':\n"
+    "            return importlib.util.spec_from_file_location(name, {module!r})\n"
+    "sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder) + 1, Editable)\n"
+    "sys.argv = ['lmcache-adp', *{args!r}]\n"
+    "runpy.run_module('lmcache_adp.cli', run_name='__main__')\n"
+)
+
+
+def test_a_source_tree_with_no_module_built_is_named_so(tmp_path):
+    """A fresh clone or a new worktree, nothing built in its package (review r16): `import lmcache_adp` ended in
+    Python's "No module named 'lmcache_adp._native'"; and where an editable install of another checkout served
+    the name, `lmcache-adp` ran on that tree's module, judged against that tree's sources (passed, or named that
+    tree's rebuild). Now both name this tree's package as not built and this tree's rebuild command."""
+    tree = tree_copy(tmp_path / "fresh", edit=True)
+    for built in (tree / "lmcache_adp").glob("_native*.so"):
+        built.unlink()
+    rebuild = f"build it: cd {tree} && ADP_WERROR=1 python setup.py -q build_ext --inplace"
+
+    r = run_in(tree, "-S", "-c", "import lmcache_adp")  # -S: no site-packages, so no editable install either
+    last = r.stderr.strip().splitlines()[-1]
+    assert (
+        r.returncode == 1 and last == f"ImportError: lmcache_adp._native is not built in {tree}/lmcache_adp: {rebuild}"
+    )
+
+    other = tree_copy(tmp_path / "other", edit=False)  # built, and current for its own sources
+    (module,) = (other / "lmcache_adp").glob("_native*.so")
+    card = str(tmp_path / "card.img")
+    r = run_in(tree, "-c", EDITABLE_ELSEWHERE.format(module=str(module), args=["status", "--card", card]))
+    assert r.returncode == 3 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"lmcache-adp: error: lmcache_adp._native is not built in {tree}/lmcache_adp; {module} was imported in its "
+        f"place, another tree's: {rebuild}"
+    ], r.stderr
