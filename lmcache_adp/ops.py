@@ -285,7 +285,7 @@ class _Progress:
             self.bar.refresh()
         elif time.monotonic() - self.last >= self.every_s or done == total:
             self.last = time.monotonic()
-            print(f"verify: {done}/{total} objects checked", file=self.stream, flush=True)
+            print(f"verify: {done}/{total} objects", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -311,20 +311,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def verify_summary(card: str, report: dict, *, unreadable_regions: int, read_only: bool) -> tuple[list[str], int]:
     """verify's lines: what it read and checked, what it did not, the verdict; and its exit code (0: every object
-    the index holds passed or was dropped, and every region was read at open; 1: bad objects remain, or regions
-    could not be read at open)."""
+    the index holds was checked and passed or was dropped, and every region was read at open; 1: bad objects remain,
+    or regions could not be read at open; 3: neither, but verify could not check some objects: no memory to read
+    them into, or deleted or replaced while it read, which no process holding the card should do)."""
     lines = [f"bad object: {line}" for line in report["bad_objects"]]
     left = report["bad"] - report["repaired"]
+    no_memory, gone = report["no_memory"], report["gone"]
     if report["bad"]:
         verdict = f"{report['bad']} bad, {report['repaired']} dropped"
-    elif unreadable_regions:
+    elif unreadable_regions or no_memory or gone:
         verdict = "not clean (below)"
     else:
         verdict = "clean"
     mode = " (opened read-only: nothing written)" if read_only else ""
     lines.append(
         f"{card}{mode}: {report['checked']} objects, {_size(report['bytes'])} checked, every object the card's index "
-        f"holds (header, key and payload checksum, as a load reads them): {verdict}"
+        f"holds{' but those below' if no_memory or gone else ''} (header, key and payload checksum, as a load reads "
+        f"them): {verdict}"
     )
     lines.append("not checked: what the index does not hold (deleted objects, older copies, stores a crash cut off)")
     if unreadable_regions:
@@ -332,13 +335,25 @@ def verify_summary(card: str, report: dict, *, unreadable_regions: int, read_onl
             f"not checked: {unreadable_regions} regions could not be read when the card was opened (media_errors): "
             "their objects from the failed block on are lost and were not read; check the device"
         )
+    if no_memory:
+        lines.append(
+            f"not checked: {no_memory} objects ({_size(report['no_memory_bytes'])}): verify had no memory to "
+            "read them into (no fault of theirs); run it again with more memory free"
+        )
+    if gone:
+        lines.append(
+            f"not checked: {gone} objects were deleted or replaced while verify read the card (is a process writing "
+            "to it?); run it again with no process using the card"
+        )
     if left and read_only:
         lines.append("run again with --repair to drop the bad objects (it writes to the card)")
     elif left:
         lines.append(
             f"{left} bad objects could not be read back and were left on the card (an I/O error: check the device)"
         )
-    return lines, EXIT_OK if not left and not unreadable_regions else EXIT_BAD_CARD
+    if left or unreadable_regions:
+        return lines, EXIT_BAD_CARD
+    return lines, EXIT_ERROR if no_memory or gone else EXIT_OK
 
 
 def cmd_format(args: argparse.Namespace) -> int:
@@ -390,7 +405,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Reads every object the card's index holds and checks it as a load would; says what it did not "
         "read. Exit 0: clean (or every bad object dropped); 1: bad objects remain, regions could not be read when the "
         "card was opened, or the path holds no card of this format; 2: no such path; 3: it could not be opened "
-        "(held by a process, blank, not writable for --repair).",
+        "(held by a process, blank, not writable for --repair), or, with none of 1's, it could not check some "
+        "objects (no memory to read them into; deleted or replaced while it read).",
     )
     p.add_argument("--card", required=True, help="card path (must not be held by a running process)")
     p.add_argument("--repair", action="store_true", help="drop the objects that fail")

@@ -330,6 +330,9 @@ class PyCardStore {
     d["bad"] = r.bad;
     d["repaired"] = r.repaired;
     d["bytes"] = r.bytes;
+    d["no_memory"] = r.no_memory;
+    d["no_memory_bytes"] = r.no_memory_bytes;
+    d["gone"] = r.gone;
     d["bad_objects"] = r.bad_objects;
     return d;
   }

@@ -88,7 +88,13 @@ class IoContext {
 };
 
 struct VerifyReport {
+  // checked: objects read and judged (good or bad), their payload bytes.
   uint64_t checked = 0, bad = 0, repaired = 0, bytes = 0;
+  // Objects verify did not judge, neither checked nor bad: no_memory, those
+  // it had no memory to read into (not the object's fault); gone, those the
+  // read found deleted or replaced since the index was read (none while verify
+  // holds the card alone), with their payload bytes.
+  uint64_t no_memory = 0, no_memory_bytes = 0, gone = 0;
   std::vector<std::string> bad_objects;  // "region R offset O: reason"
 };
 

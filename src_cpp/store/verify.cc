@@ -33,17 +33,26 @@ Status CardStore::verify(IoContext& ctx, bool repair, const std::function<void(u
     if (current) {
       Status io;
       std::string bad = read_and_check(ctx, hash, e, &io, true);
-      report->checked++;
-      report->bytes += e.payload_bytes;
-      if (!bad.empty()) {
-        report->bad++;
-        report->bad_objects.push_back("region " + std::to_string(e.region) + " offset " +
-                                      std::to_string(uint64_t(e.block) * kBlockSize) + ": " + bad);
-        if (repair && io.ok()) {
-          drop_damaged(ctx, hash, e);
-          report->repaired++;
+      if (io.is_not_found() || io.code() == Status::Code::kTimedOut) {
+        report->gone++;  // deleted or replaced since the index was read: not judged
+      } else if (io.io_class() == Status::IoClass::kGatewayMemory) {
+        report->no_memory++;  // no buffer to read it into: not read, and no fault of the object's
+        report->no_memory_bytes += e.payload_bytes;
+      } else {
+        report->checked++;
+        report->bytes += e.payload_bytes;
+        if (!bad.empty()) {
+          report->bad++;
+          report->bad_objects.push_back("region " + std::to_string(e.region) + " offset " +
+                                        std::to_string(uint64_t(e.block) * kBlockSize) + ": " + bad);
+          if (repair && io.ok()) {
+            drop_damaged(ctx, hash, e);
+            report->repaired++;
+          }
         }
       }
+    } else {
+      report->gone++;  // deleted or replaced since the index was read
     }
     progress(++done, entries.size());
   }

@@ -11,6 +11,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -98,5 +100,46 @@ inline std::optional<std::vector<uint8_t>> read_object(CardStore& s, const std::
   IoContext ctx;
   return read_object(s, ctx, key, st);
 }
+
+// The image offset of the header block of the object stored under key (its key follows the header in
+// that block), or UINT64_MAX.
+inline uint64_t header_block(const FaultImage& image, const std::string& key) {
+  std::string_view all(reinterpret_cast<const char*>(image.data.data()), image.data.size());
+  size_t at = all.find(key);
+  return at == std::string_view::npos ? UINT64_MAX : at / kBlockSize * kBlockSize;
+}
+
+// What a tombstone write cut part way leaves of the header at `block`: some of its bytes changed.
+inline void half_overwrite(FaultImage& image, uint64_t block) {
+  for (uint64_t i = 8; i < 40; i++) image.data[block + i] ^= 0x5a;
+}
+
+// A delete of `key` on a thread of its own, its tombstone write held on `dev` before it touches the image
+// (the object still indexed, the delete in flight) from construction until finish().
+class HeldDelete {
+ public:
+  HeldDelete(CardStore& s, FaultDevice& dev, const std::string& key) : dev_(dev) {
+    dev.hold_write(dev.writes());
+    thread_ = std::thread([this, &s, key] {
+      IoContext ctx;
+      removed_ = s.remove(ctx, key);
+    });
+    while (!dev.write_held()) std::this_thread::yield();
+  }
+  ~HeldDelete() {
+    if (thread_.joinable()) finish();
+  }
+  // Lets the tombstone write go on (whole); the delete's result.
+  Status finish() {
+    dev_.release_held_write(false);
+    thread_.join();
+    return removed_;
+  }
+
+ private:
+  FaultDevice& dev_;
+  std::thread thread_;
+  Status removed_ = Status::IoError("not run");
+};
 
 }  // namespace adp::testing

@@ -38,19 +38,6 @@ using adp::testing::FaultImage;
 constexpr uint64_t kRegionBytes = 1ull << 20;
 constexpr uint64_t kCardBytes = adp::testing::card_bytes(16, kRegionBytes);
 
-// The image offset of the header block of the object stored under key (its key follows the header in
-// that block), or UINT64_MAX.
-uint64_t header_block(const FaultImage& image, const std::string& key) {
-  std::string_view all(reinterpret_cast<const char*>(image.data.data()), image.data.size());
-  size_t at = all.find(key);
-  return at == std::string_view::npos ? UINT64_MAX : at / adp::kBlockSize * adp::kBlockSize;
-}
-
-// What a tombstone write cut part way leaves of the header: some of its bytes changed.
-void half_overwrite(FaultImage& image, uint64_t block) {
-  for (uint64_t i = 8; i < 40; i++) image.data[block + i] ^= 0x5a;
-}
-
 }  // namespace
 
 int main() {
@@ -63,19 +50,14 @@ int main() {
   const std::vector<uint8_t> a = adp::testing::pattern(100000, 1), d = adp::testing::pattern(50000, 2);
   check(adp::testing::put_one(*s, ctx, "race@key@deleted", a).ok(), "the store of the deleted key succeeds");
   check(adp::testing::put_one(*s, ctx, "race@key@damaged", d).ok(), "the store of the damaged key succeeds");
-  const uint64_t ha = header_block(*image, "race@key@deleted"), hd = header_block(*image, "race@key@damaged");
+  const uint64_t ha = adp::testing::header_block(*image, "race@key@deleted"),
+                 hd = adp::testing::header_block(*image, "race@key@damaged");
   check(ha != UINT64_MAX && hd != UINT64_MAX, "both headers are found on the image");
   if (adp::testing::check_failures) return adp::testing::finish("tombstone_race_test");
 
   // The delete of a: its tombstone write held before it touches the image, the object still indexed.
-  dev->hold_write(dev->writes());
-  Status removed = Status::IoError("not run");
-  std::thread remover([&] {
-    IoContext rctx;
-    removed = s->remove(rctx, "race@key@deleted");
-  });
-  while (!dev->write_held()) std::this_thread::yield();
-  half_overwrite(*image, ha);  // the tombstone half written, as a concurrent load can see it
+  adp::testing::HeldDelete remover(*s, *dev, "race@key@deleted");
+  adp::testing::half_overwrite(*image, ha);  // the tombstone half written, as a concurrent load can see it
 
   Status got;
   auto bytes = adp::testing::read_object(*s, "race@key@deleted", &got);
@@ -83,14 +65,13 @@ int main() {
   check(s->stats().checksum_failures == 0, "a load racing the delete's tombstone counts no checksum failure (" +
                                                std::to_string(s->stats().checksum_failures) + ")");
 
-  dev->release_held_write(false);
-  remover.join();
+  const Status removed = remover.finish();
   check(removed.ok(), "the delete whose tombstone a load raced succeeds: '" + removed.message() + "'");
   check(s->stats().deletes == 1, "the delete is counted (" + std::to_string(s->stats().deletes) + ")");
   check(!adp::testing::read_object(*s, "race@key@deleted"), "the deleted key is gone");
 
   // The same bytes damaged with no delete in flight: damage, counted once and dropped.
-  half_overwrite(*image, hd);
+  adp::testing::half_overwrite(*image, hd);
   bytes = adp::testing::read_object(*s, "race@key@damaged", &got);
   check(!bytes && got.is_not_found(), "a damaged header is served as a miss: '" + got.message() + "'");
   check(s->stats().checksum_failures == 1, "a damaged header with no delete in flight is a checksum failure (" +
