@@ -48,12 +48,6 @@ constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
 // (plus the query's connect: at once on a stopped gateway, kConnectTimeout
 // on one that accepts and never answers).
 constexpr milliseconds kIdleLook{1000};
-// The wait before the next connect after `prev` (0: the first failure): doubling from kFirstBackoff to
-// kMaxBackoff, kMaxBackoff at once for a refused token (no retry soon can fix it). One rule for a session's
-// back-off and the background reconnect's.
-milliseconds next_backoff(milliseconds prev, bool token_refused) {
-  return token_refused ? kMaxBackoff : std::clamp(prev * 2, kFirstBackoff, kMaxBackoff);
-}
 // A batch that needs a connection while the start-up connect (prepare) is
 // still being made waits for it this long at most (half its time left, if
 // less), then connects on its own: a gateway that answers the handshake
@@ -483,7 +477,7 @@ void RemoteSession::take_start(Deadline deadline) {
 
 Status RemoteSession::back_off(const Status& why, Clock::time_point failed) {
   // A refused token does not heal by itself (audit 12 note 22): the longest wait at once.
-  backoff_ = next_backoff(backoff_, RemoteBackend::token_refusal(why));
+  backoff_ = backend_->next_backoff(backoff_, RemoteBackend::token_refusal(why));
   retry_at_ = failed + backoff_;
   backoff_connects_ = backend_->connects();
   last_error_ = Status::Unavailable(backend_->describe() + " unavailable: " + why.message());
@@ -1045,6 +1039,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
       stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())),
       stall_check_(hooks.stall_check_ms > 0 ? milliseconds(hooks.stall_check_ms) : kStallCheck),
       connect_timeout_(hooks.connect_timeout_ms > 0 ? milliseconds(hooks.connect_timeout_ms) : kConnectTimeout),
+      max_backoff_(hooks.max_backoff_ms > 0 ? milliseconds(hooks.max_backoff_ms) : kMaxBackoff),
       stall_log_interval_ns_(std::chrono::nanoseconds(hooks.stall_log_interval_ms >= 0
                                                           ? milliseconds(hooks.stall_log_interval_ms)
                                                           : kStallLogInterval)
@@ -1056,6 +1051,10 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
 }
 
 std::unique_ptr<BackendSession> RemoteBackend::new_session() { return std::make_unique<RemoteSession>(this); }
+
+milliseconds RemoteBackend::next_backoff(milliseconds prev, bool token_refused) const {
+  return token_refused ? max_backoff_ : std::clamp(prev * 2, std::min(kFirstBackoff, max_backoff_), max_backoff_);
+}
 
 RemoteBackend::~RemoteBackend() {
   {

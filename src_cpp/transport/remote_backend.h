@@ -133,6 +133,10 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // (connects() was `connects_before`): a batch's own, which found the gateway
   // answering, so this failure says nothing newer.
   void note_start_failure(const Status& why, uint64_t connects_before);
+  // The wait before the next connect after `prev` (0: the first failure): doubling from kFirstBackoff to
+  // max_backoff_, max_backoff_ at once for a refused token (no retry soon can fix it). One rule for a session's
+  // back-off and the background reconnect's.
+  std::chrono::milliseconds next_backoff(std::chrono::milliseconds prev, bool token_refused) const;
   uint64_t connects() {
     std::lock_guard<std::mutex> l(mu_);
     return connects_;
@@ -194,6 +198,9 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // A connect's bound, its handshake included (kConnectTimeout; ADP_TEST_CONNECT_TIMEOUT_MS: a test that makes it
   // longer than its own wait tells a close() that waits for a connect from one that abandons it).
   const std::chrono::milliseconds connect_timeout_;
+  // The longest back-off, and a refused token's (kMaxBackoff; ADP_TEST_MAX_BACKOFF_MS: a test that reaches it
+  // sooner, or keeps a session in its back-off for its whole run).
+  const std::chrono::milliseconds max_backoff_;
   int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged

@@ -87,6 +87,9 @@ constexpr Hook kHooks[] = {
     {"ADP_TEST_CONNECT_TIMEOUT_MS", HookSide::kConnector,
      "a connect to the gateway (its handshake included) gives up after this long, not 2000 ms",
      [](TestHooks& h, const char* v) { h.connect_timeout_ms = std::atoi(v); }},
+    {"ADP_TEST_MAX_BACKOFF_MS", HookSide::kConnector,
+     "the longest wait between connects to a gateway that is away, and a refused token's, is this long, not 2000 ms",
+     [](TestHooks& h, const char* v) { h.max_backoff_ms = std::atoi(v); }},
 };
 
 }  // namespace

@@ -1169,21 +1169,73 @@ def one_store_on_a_gateway(workdir, extra: tuple[str, ...] = ()):
             assert gw.stop() == 0
 
 
-def test_an_idle_connector_reconnects_in_the_background(workdir, capfd):
+class ClosingListener:
+    """A Unix socket listener at `path` (a gateway's, the gateway away) that closes every connection at once: a
+    connector's handshake fails there as on a gateway that went away. `times`: when each came (time.monotonic())."""
+
+    def __init__(self, path: str):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(16)
+        self.times: list[float] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.times.append(time.monotonic())
+            conn.close()
+
+    def longest_gap(self) -> float:
+        times = list(self.times)
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept(2)
+        self.listener.close()
+        self.thread.join(10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+# ADP_TEST_MAX_BACKOFF_MS for a test that reaches the longest back-off: doubling from 50 ms, 800 ms is the fifth
+# wait (after 50, 100, 200, 400 ms), its tries 400 ms apart before it; 2 s (kMaxBackoff) would be the seventh.
+SHORT_MAX_BACKOFF_S = 0.8
+
+
+def test_an_idle_connector_reconnects_in_the_background(workdir, capfd, monkeypatch):
     """Review r14 S2: after its gateway went away and came back, a connector with no traffic stayed unreachable
     (503, gateway_reachable 0) until LMCache's next batch, and a readiness probe on /health waited for traffic that
-    waited for it. A background reconnect now tries at the back-off's pace: /health 200 within kMaxBackoff (plus
-    slack) of the restart with no batch sent, INFO "connected" again. The next batch takes that connection (it
+    waited for it. A background reconnect now tries at the back-off's pace: /health 200 within the longest back-off
+    (plus slack) of the restart with no batch sent, INFO "connected" again. The next batch takes that connection (it
     does not fail on its session's back-off, nor open a second one: the gateway counts one client) and it is
-    counted once as a reconnect."""
+    counted once as a reconnect. The gateway comes back once the background tries are the longest back-off apart
+    (seen by a listener in the gateway's place that closes each: the case is that one, whatever the machine's
+    speed; a sleep of 2.5 s here left it in a shorter one, or not, as the gateway's start took), that longest made
+    0.8 s (ADP_TEST_MAX_BACKOFF_MS) so as to be reached in 1.5 s, not 3.2 s."""
+    monkeypatch.setenv("ADP_TEST_MAX_BACKOFF_MS", str(int(SHORT_MAX_BACKOFF_S * 1000)))
     with one_store_on_a_gateway(workdir) as (gw, conn, c, port, keys, datas):
         gw.kill()
-        assert not c.set(keys, [memoryview(d) for d in datas])[0], "a store succeeded with the gateway killed"
-        wait_health(port, 503, within=BEFORE_TRAFFIC_S)
-        time.sleep(MAX_BACKOFF_S + 0.5)  # the background tries fail meanwhile; their back-off reaches its longest
+        away = ClosingListener(gw.socket)
+        try:
+            assert not c.set(keys, [memoryview(d) for d in datas])[0], "a store succeeded with the gateway killed"
+            wait_health(port, 503, within=BEFORE_TRAFFIC_S)
+            # Two tries at least half the longest back-off apart: the wait before the next is the longest.
+            longest = eventually(lambda: away.longest_gap() >= 0.75 * SHORT_MAX_BACKOFF_S, 10 * SHORT_MAX_BACKOFF_S)
+            assert longest, f"the background tries never came the longest back-off apart: {away.times}"
+        finally:
+            away.close()
         capfd.readouterr()
         gw.start()
-        doc = wait_health(port, 200, within=MAX_BACKOFF_S + SLACK_S)
+        doc = wait_health(port, 200, within=SHORT_MAX_BACKOFF_S + SLACK_S)
         assert (doc["healthy"], doc["gateway_reachable"]) == (True, True), doc
         assert scrape(port)["lmcache_adp_gateway_reachable"] == 1
         err = capfd.readouterr().err
@@ -1206,10 +1258,38 @@ def load_all_ok(c: RawConnector, keys: list[str], datas: list[bytes]) -> bool:
     return [bytes(b) for b in bufs] == datas
 
 
+# futex(2)'s number (/proc/PID/task/TID/syscall's first field), and FUTEX_WAIT_BITSET, the operation (less
+# FUTEX_PRIVATE_FLAG and FUTEX_CLOCK_REALTIME) of glibc's timed condition variable wait.
+FUTEX = {"x86_64": 202, "aarch64": 98}
+FUTEX_WAIT_BITSET = 9
+
+
+def in_timed_wait(thread: str) -> bool:
+    """Whether this process's thread named `thread` is blocked in a timed wait on a condition variable (futex(2),
+    FUTEX_WAIT_BITSET with a timeout): not running, not blocked on a mutex (FUTEX_WAIT, no timeout), not in a
+    connect's poll(2)."""
+    futex = FUTEX[os.uname().machine]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != thread:
+                    continue
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                call = f.read().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if len(call) > 4 and call[0] == str(futex):
+            op, timeout = int(call[2], 16), int(call[4], 16)
+            return op & 0x7F == FUTEX_WAIT_BITSET and timeout != 0
+    return False
+
+
 def test_close_during_the_background_back_off_returns_promptly(workdir):
     """The background reconnect waits out its back-off (here the longest, 2 s: a refused token) on a condition
     that close() signals: close() returns in well under that wait (half of it: a generous bound, not a speed
-    claim), and the reconnect thread is joined (no adp- thread left)."""
+    claim), and the reconnect thread is joined (no adp- thread left). close() comes once the thread is in that
+    wait (blocked in a timed futex wait, /proc/self/task/TID/syscall: the one timed wait of its loop while the
+    gateway is away), not 0.2 s after the thread was seen, which assumed it had got there."""
     fake = RefusingGateway()
     bad = f"{workdir}/bad-token"
     with open(bad, "w") as f:
@@ -1217,8 +1297,9 @@ def test_close_during_the_background_back_off_returns_promptly(workdir):
     try:
         conn = ADPConnector(gateway=f"tcp://127.0.0.1:{fake.port}", token_file=bad, num_workers=1, timeout_ms=3000)
         try:
-            assert eventually(lambda: "adp-reconnect" in adp_threads(), BEFORE_TRAFFIC_S), adp_threads()
-            time.sleep(0.2)  # into the 2 s wait that follows the start-up connect's refusal
+            # In the 2 s wait that follows the start-up connect's refusal.
+            assert eventually(lambda: in_timed_wait("adp-reconnect"), BEFORE_TRAFFIC_S), adp_threads()
+            assert fake.hellos == 1 and conn.stats()["gateway_token_refused"], (fake.hellos, conn.stats())
         finally:
             t0 = time.monotonic()
             conn.close()
