@@ -343,6 +343,7 @@ void ClientHandler::run() {
   // counted in `clients` (or a process no longer in `processes`) has its segments, ring, store buffer and
   // process memory back too (e58a523, review r14a N7).
   if (had_process) shared_->processes--;
+  if (control_) control_->ended.store(true, std::memory_order_seq_cst);  // before `clients`: see ConnectionControl
   if (handshake_done_ && !status_query_) shared_->clients--;
   if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),

@@ -76,6 +76,12 @@ struct ConnectionControl {
   // Set once the handshake made it a status query (r10): the accept thread
   // counts it apart from the clients (r11).
   std::atomic<bool> status_query{false};
+  // Set by the connection's thread in its teardown, once its ring, segments,
+  // store buffer and process memory are given back, right before `clients`
+  // drops: the accept thread no longer counts it, although its thread has
+  // not ended yet (`done`), so a client admitted once `clients` says there
+  // is room is admitted (and finds the ring budget given back).
+  std::atomic<bool> ended{false};
 };
 
 // The card gate (review r7 B1): every call into the CardStore or the

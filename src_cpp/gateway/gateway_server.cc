@@ -143,7 +143,7 @@ std::string GatewayServer::stats_json() const { return adp::stats_json(stats(), 
 GatewayServer::Open GatewayServer::open_connections(bool local_only) const {
   Open n;
   for (const Client& c : clients_)
-    if (!c.done && !(local_only && c.tcp))
+    if (!c.done && !c.control->ended.load(std::memory_order_seq_cst) && !(local_only && c.tcp))
       (c.control->status_query.load(std::memory_order_relaxed) ? n.status_queries : n.clients)++;
   return n;
 }
@@ -200,6 +200,10 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   c.thread = std::thread([this, &c, fd, tcp, id = c.id, shared = shared_, control = c.control] {
     set_thread_name("adp-conn", static_cast<int>(id % 1000000));
     ClientHandler(fd, tcp, id, shared, control).run();
+    // Tests only (ADP_TEST_CONN_END_DELAY_MS): the thread ends this long after its teardown (or at stop()).
+    for (auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(shared->hooks.conn_end_delay_ms);
+         std::chrono::steady_clock::now() < until && !control->stopping.load(std::memory_order_relaxed);)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::lock_guard<std::mutex> l(control->mu);
     if (control->abandoned) {
       // stop() went on without this thread (reap): the server, its card and

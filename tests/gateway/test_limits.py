@@ -335,3 +335,36 @@ def test_a_stray_test_cpu_count_is_logged(monkeypatch, workdir):
         assert said in gw.log(), gw.log()
     finally:
         gw.stop()
+
+
+def test_a_client_is_admitted_once_clients_says_the_last_one_left(workdir):
+    """Brief admission item 1: the accept thread counted a connection until its thread ended, while `clients`
+    dropped in the thread's teardown before that: right after a client left, a new one could be refused "too many
+    local clients" although `clients` said there was room (CI flaked on it: 37234af). The accept thread now stops
+    counting a connection where `clients` drops (ConnectionControl::ended), after its ring is given back.
+    ADP_TEST_CONN_END_DELAY_MS holds each thread 5 s past its teardown, so the window is there every time: with
+    --max-clients 1 and ring memory for one ring, a client with a ring leaves; once a held status query reads
+    `clients` 0 (and `ring_bytes` 0), a second client with a ring is admitted."""
+    from tests.ops.test_cli import error_reason, hello_reply, socket_status_query
+
+    ring = 4 << 20  # counted 4 KiB less (protocol r12): one fits --max-ring-total-mb 4, two do not
+    gw = Gateway(workdir, extra=("--max-clients", "1", "--max-ring-total-mb", "4"))
+    gw.start(env={"ADP_TEST_CONN_END_DELAY_MS": "5000"})
+    query = socket_status_query(gw.unix_url)
+    try:
+        ftype, body = hello_reply(gw.unix_url, _native.FEATURE_RING, ring)
+        assert ftype == wire.HELLO_OK, body  # and closed at once
+        give_up = time.monotonic() + 10
+        for request_id in range(2, 1000):
+            query.sendall(wire.frame(_native.FRAME_TYPES["STATS"], request_id, b""))
+            st = json.loads(wire.recv_frame(query)[2])
+            if (st["clients"], st["ring_bytes"]) == (0, 0):
+                break
+            assert time.monotonic() < give_up, st
+            time.sleep(0.01)
+        ftype, body = hello_reply(gw.unix_url, _native.FEATURE_RING, ring)
+        assert ftype == wire.HELLO_OK, error_reason(body)
+    finally:
+        query.close()
+        assert gw.stop() == 0
+    assert "too many local clients" not in gw.logs[-1]
