@@ -106,9 +106,17 @@ Status ClientHandler::handshake() {
     s = Status::InvalidArgument(std::string("a status query (Hello bit 9) asks for no other feature, this one for ") +
                                 features + " (a ring, segments, ...: bits 0-8)");
   }
-  if (s.ok() && !status_query && control_ && !control_->reserve_refusal.empty()) {
-    shared_->refused++;
-    s = Status::Busy(control_->reserve_refusal);
+  // A local client is admitted here, not at accept (review N9: a connection in its handshake is neither a client
+  // nor a status query yet): --max-clients clients past their Hello at most, status queries not counted.
+  if (s.ok() && !status_query && !tcp_) {
+    const auto max_clients = static_cast<uint32_t>(shared_->limits.max_clients);
+    if (shared_->local_clients.fetch_add(1) >= max_clients) {
+      shared_->local_clients--;
+      shared_->refused++;
+      s = Status::Busy(proto::kTooManyLocalClients + (" (" + std::to_string(max_clients) + ", --max-clients)"));
+    } else {
+      local_counted_ = true;
+    }
   }
   bool want_ring = hello.features & proto::kFeatureRing;
   if (s.ok() && want_ring != (frame.fds.size() == 1))
@@ -118,8 +126,8 @@ Status ClientHandler::handshake() {
     if (shared_->tcp_clients.fetch_add(1) >= static_cast<uint32_t>(shared_->limits.max_tcp_clients)) {
       shared_->tcp_clients--;
       shared_->refused++;
-      s = Status::Busy("too many TCP clients (" + std::to_string(shared_->limits.max_tcp_clients) +
-                       ", --max-tcp-clients)");
+      s = Status::Busy(proto::kTooManyTcpClients +
+                       (" (" + std::to_string(shared_->limits.max_tcp_clients) + ", --max-tcp-clients)"));
     } else {
       tcp_counted_ = true;
     }
@@ -196,6 +204,10 @@ Status ClientHandler::handshake() {
   pollfd p{fd_, POLLRDHUP, 0};
   if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) return gone_before_hello_ok();
   const bool sending_side_ended = p.revents & POLLRDHUP;
+  // Counted as what it is before its HelloOk goes: a client that has it finds itself counted so at accept.
+  if (control_)
+    control_->phase.store(status_query_ ? ConnectionControl::Phase::kStatusQuery : ConnectionControl::Phase::kClient,
+                          std::memory_order_seq_cst);
   std::vector<uint8_t> body;
   proto::encode_hello_ok(ok, &body);
   s = proto::write_frame(fd_, proto::FrameType::kHelloOk, frame.header.request_id, body, {},
@@ -241,9 +253,9 @@ void ClientHandler::run() {
     handshake_done_ = true;
     if (status_query_) {
       shared_->status_queries.fetch_add(1, std::memory_order_relaxed);
-      if (control_) control_->status_query.store(true, std::memory_order_relaxed);
-    } else
+    } else {
       shared_->clients++;
+    }
     proto::Frame frame;
     std::vector<uint8_t> table, payload;
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
@@ -343,7 +355,8 @@ void ClientHandler::run() {
   // counted in `clients` (or a process no longer in `processes`) has its segments, ring, store buffer and
   // process memory back too (e58a523, review r14a N7).
   if (had_process) shared_->processes--;
-  if (control_) control_->ended.store(true, std::memory_order_seq_cst);  // before `clients`: see ConnectionControl
+  if (local_counted_) shared_->local_clients--;
+  if (control_) control_->phase.store(ConnectionControl::Phase::kEnded, std::memory_order_seq_cst);  // see its comment
   if (handshake_done_ && !status_query_) shared_->clients--;
   if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),

@@ -34,6 +34,8 @@ namespace adp {
 
 // The limits a connection is held to (GatewayOptions).
 struct ConnectionLimits {
+  // Local clients past their Hello (status queries not counted), taken at the Hello (GatewayShared::local_clients).
+  int max_clients = 256;
   int max_tcp_clients = 64;
   int handshake_timeout_ms = 2000;
   int idle_timeout_ms = 600000;
@@ -68,20 +70,14 @@ struct ConnectionControl {
   // sent anyway: the socket is shut down), so stop() waits for one piece or
   // item per connection, not for the rest of a batch.
   std::atomic<bool> stopping{false};
-  // Set by the accept thread before the connection's thread starts: it was
-  // admitted past --max-clients, on the reserve kept for status queries
-  // (review r15 N2, r11), and is refused with this reason unless its Hello
-  // carries bit 9 (r10). Empty: admitted as a client.
-  std::string reserve_refusal;
-  // Set once the handshake made it a status query (r10): the accept thread
-  // counts it apart from the clients (r11).
-  std::atomic<bool> status_query{false};
-  // Set by the connection's thread in its teardown, once its ring, segments,
-  // store buffer and process memory are given back, right before `clients`
-  // drops: the accept thread no longer counts it, although its thread has
-  // not ended yet (`done`), so a client admitted once `clients` says there
-  // is room is admitted (and finds the ring budget given back).
-  std::atomic<bool> ended{false};
+  // Where the connection is, for the accept thread's count (GatewayServer::open_connections): in its handshake (not
+  // yet known to be a client or a status query: review N9, counted apart from both), past it as a client or a
+  // status query (r10; apart: r11), or ended. kEnded is set by the connection's thread in its teardown, once its ring,
+  // segments, store buffer and process memory are given back, right before `clients` drops: from there the accept
+  // thread no longer counts it, although its thread has not ended yet (`done`), so a client admitted once
+  // `clients` says there is room is admitted (and finds the ring budget given back).
+  enum class Phase : uint8_t { kHandshake, kClient, kStatusQuery, kEnded };
+  std::atomic<Phase> phase{Phase::kHandshake};
 };
 
 // The card gate (review r7 B1): every call into the CardStore or the
@@ -123,7 +119,10 @@ struct GatewayShared {
   ConnectionLimits limits;
   std::atomic<uint32_t> tcp_handshakes{0};  // TCP connections not yet past the handshake
   std::atomic<uint32_t> tcp_clients{0};     // authenticated TCP connections
-  std::atomic<uint64_t> refused{0};         // connections refused by a limit
+  // Local connections admitted as clients at their Hello, within limits.max_clients (a status query takes none);
+  // given back in the teardown, where `clients` drops.
+  std::atomic<uint32_t> local_clients{0};
+  std::atomic<uint64_t> refused{0};  // connections refused by a limit
   // Clients that hung up before their HelloOk reached them (each logged at DEBUG; the accept thread logs a count
   // line: GatewayServer::log_gone_clients).
   std::atomic<uint64_t> gone_before_hello_ok{0};
@@ -551,6 +550,7 @@ class ClientHandler {
   int test_process_read_delay_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
+  bool local_counted_ = false;  // holds one of shared->local_clients
   bool handshake_done_ = false;
   bool gone_before_hello_ok_ = false;  // the client hung up before its HelloOk reached it (audit 13 item 7)
   // The "connected" line of a client whose sending side had ended when its HelloOk went out: logged with its first

@@ -80,7 +80,8 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
     g->shared_->spin_load.every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
   if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
   if (opts.segment_prefault) g->shared_->segment_prefault = std::make_unique<proto::SegmentPrefaulter>();
-  g->shared_->limits = {opts.max_tcp_clients,
+  g->shared_->limits = {opts.max_clients,
+                        opts.max_tcp_clients,
                         opts.handshake_timeout_ms,
                         opts.idle_timeout_ms,
                         opts.max_ring_bytes,
@@ -141,23 +142,37 @@ StoreStats GatewayServer::stats() const {
 std::string GatewayServer::stats_json() const { return adp::stats_json(stats(), *shared_); }
 
 GatewayServer::Open GatewayServer::open_connections(bool local_only) const {
+  using Phase = ConnectionControl::Phase;
   Open n;
-  for (const Client& c : clients_)
-    if (!c.done && !c.control->ended.load(std::memory_order_seq_cst) && !(local_only && c.tcp))
-      (c.control->status_query.load(std::memory_order_relaxed) ? n.status_queries : n.clients)++;
+  for (const Client& c : clients_) {
+    if (c.done || (local_only && c.tcp)) continue;
+    switch (c.control->phase.load(std::memory_order_seq_cst)) {
+      case Phase::kHandshake:
+        n.handshakes++;
+        break;
+      case Phase::kClient:
+        n.clients++;
+        break;
+      case Phase::kStatusQuery:
+        n.status_queries++;
+        break;
+      case Phase::kEnded:
+        break;
+    }
+  }
   return n;
 }
 
 size_t GatewayServer::clients() const {
   std::lock_guard<std::mutex> l(mu_);
-  return open_connections(false).clients;
+  const Open open = open_connections(false);
+  return open.clients + open.handshakes;
 }
 
 void GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;  // EAGAIN, or the peer left first
   std::lock_guard<std::mutex> l(mu_);
-  std::string reserve_refusal;  // admitted on the status queries' reserve: refused unless it is one
   if (tcp) {
     // Unauthenticated peers have a pool of their own: however many there
     // are, they take no slot (and no thread) of local or authenticated clients.
@@ -170,21 +185,20 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
     }
     shared_->tcp_handshakes++;
   } else {
-    // Past --max-clients clients (status queries not counted), kStatusQueryReserve more local connections are
-    // admitted, each refused at its Hello unless it is a status query (r10): `lmcache-adp status --gateway` still
-    // answers on a full gateway (review r15 N2).
+    // --max-clients clients at most, taken at their Hello (ClientHandler::handshake: a connection in its handshake
+    // is not known to be a client yet, review N9), and kStatusQueryReserve more local connections for status
+    // queries (r11): `lmcache-adp status --gateway` still answers on a full gateway (review r15 N2). Here, the
+    // bound of them all, those in their handshake included: a flood of half-open connections holds no more.
     const Open open = open_connections(true);
-    const size_t max_clients = static_cast<size_t>(opts_.max_clients);
-    std::string why = "too many local clients (" + std::to_string(opts_.max_clients) + ", --max-clients)";
-    if (open.clients >= max_clients) reserve_refusal = why;
-    if (open.clients + open.status_queries >= max_clients + kStatusQueryReserve) {
+    if (open.all() >= static_cast<size_t>(opts_.max_clients) + kStatusQueryReserve) {
       shared_->refused++;
       ADP_WARN_LIMITED(
-          "gateway: refusing a local connection: %zu clients and %zu status queries connected already "
+          "gateway: refusing a local connection: %zu clients and %zu status queries connected already%s "
           "(--max-clients %d, and %d more for status queries)",
-          open.clients, open.status_queries, opts_.max_clients, kStatusQueryReserve);
+          open.clients, open.status_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
       std::vector<uint8_t> body;
-      proto::encode_error(why, &body);
+      proto::encode_error(proto::kTooManyLocalClients + (" (" + std::to_string(opts_.max_clients) + ", --max-clients)"),
+                          &body);
       // The Hello's id is 1; the client reads this in place of HelloOk.
       proto::write_frame(fd, proto::FrameType::kError, 1, body, {}, proto::Clock::now());
       ::close(fd);
@@ -196,7 +210,6 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   c.fd = fd;
   c.tcp = tcp;
   c.control = std::make_shared<ConnectionControl>();
-  c.control->reserve_refusal = std::move(reserve_refusal);
   c.thread = std::thread([this, &c, fd, tcp, id = c.id, shared = shared_, control = c.control] {
     set_thread_name("adp-conn", static_cast<int>(id % 1000000));
     ClientHandler(fd, tcp, id, shared, control).run();
@@ -335,9 +348,10 @@ void GatewayServer::accept_loop() {
     const Open open = open_connections(false);
     l.unlock();
     if (open.status_queries == 0)
-      ADP_INFO("gateway: stopping (%zu clients connected)", open.clients);
+      ADP_INFO("gateway: stopping (%zu clients connected%s)", open.clients, open.handshakes_text().c_str());
     else
-      ADP_INFO("gateway: stopping (%zu clients and %zu status queries connected)", open.clients, open.status_queries);
+      ADP_INFO("gateway: stopping (%zu clients and %zu status queries connected%s)", open.clients, open.status_queries,
+               open.handshakes_text().c_str());
   }
   if (shared_->segment_prefault) shared_->segment_prefault->stop();  // within one piece
   reap(true);

@@ -91,7 +91,8 @@ class GatewayServer {
   bool wait(std::chrono::milliseconds timeout);
   uint16_t tcp_port() const { return tcp_ep_.port; }
   StoreStats stats() const;
-  // Connections past the handshake or in it, status queries (r10) not counted (r11).
+  // Connections past the handshake as clients, or in it; status queries (r10) not counted (r11), nor connections
+  // ended.
   size_t clients() const;
   // The counters of a StatsReply (store, clients, batches, rings) as JSON.
   std::string stats_json() const;
@@ -106,10 +107,15 @@ class GatewayServer {
     std::shared_ptr<ConnectionControl> control;  // shared with its ClientHandler
   };
 
-  // The connections not ended, local only or all: clients (those in their
-  // handshake included) and status queries apart. Under mu_.
+  // The connections not ended (ConnectionControl::phase), local only or all: clients, status queries and those
+  // in their handshake (not yet known as either: review N9), apart. Under mu_.
   struct Open {
-    size_t clients = 0, status_queries = 0;
+    size_t clients = 0, status_queries = 0, handshakes = 0;
+    size_t all() const { return clients + status_queries + handshakes; }
+    // ", N more in their handshake" for the log lines that count them, or nothing where none is.
+    std::string handshakes_text() const {
+      return handshakes ? ", " + std::to_string(handshakes) + " more in their handshake" : "";
+    }
   };
   Open open_connections(bool local_only) const;
 

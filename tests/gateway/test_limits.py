@@ -368,3 +368,59 @@ def test_a_client_is_admitted_once_clients_says_the_last_one_left(workdir):
         query.close()
         assert gw.stop() == 0
     assert "too many local clients" not in gw.logs[-1]
+
+
+def half_open(url: str) -> socket.socket:
+    """A local connection that sends no Hello (in its handshake until the caller closes it)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(url.removeprefix("unix://"))
+    return s
+
+
+def test_a_connection_in_its_handshake_is_not_a_client(workdir):
+    """Review N9: the accept thread counted a connection still in its handshake as a client (a status query is
+    known only at its Hello), so with --max-clients 1 one half-open connection (a status command that has not sent
+    its Hello yet, say) put the next real client on the status-query reserve, where it was refused "too many local
+    clients" with no client connected. A local client is now admitted at its Hello, against the clients past theirs
+    (GatewayShared::local_clients); at accept, those in their handshake are counted apart, within the same bound
+    as before (--max-clients plus the reserve of 2): a flood of half-open connections holds no more."""
+    from tests.ops.test_cli import error_reason, hello_reply
+
+    gw = Gateway(workdir, extra=("--max-clients", "1", "--handshake-timeout-ms", "30000")).start()
+    held = []
+    try:
+        held.append(half_open(gw.unix_url))  # accepted before the next: one accept thread, in order
+        client = half_open(gw.unix_url)
+        held.append(client)
+        client.sendall(wire.frame(wire.HELLO, 1, wire.hello(features=0)))  # a client: no bit 9
+        ftype, _, body = wire.recv_frame(client)
+        assert ftype == wire.HELLO_OK, error_reason(body)
+        # 1 client and 1 in its handshake: one local connection left (the reserve's second), for anything.
+        held.append(half_open(gw.unix_url))
+        ftype, body = hello_reply(gw.unix_url, _native.FEATURE_STATUS_QUERY)
+        assert ftype == wire.ERROR and error_reason(body) == "too many local clients (1, --max-clients)", body
+    finally:
+        for s in held:
+            s.close()
+        assert gw.stop() == 0
+    said = "refusing a local connection: 1 clients and 0 status queries connected already, 2 more in their handshake"
+    assert said in gw.logs[-1], gw.logs[-1]
+
+
+def test_two_hellos_race_for_the_last_client_slot(workdir):
+    """The other side of N9's fix: with clients admitted at their Hello, two connections accepted while none was a
+    client still get one --max-clients slot between them: one HelloOk, one Error "too many local clients"."""
+    gw = Gateway(workdir, extra=("--max-clients", "1", "--handshake-timeout-ms", "30000")).start()
+    held = [half_open(gw.unix_url), half_open(gw.unix_url)]
+    try:
+        for s in held:
+            s.sendall(wire.frame(wire.HELLO, 1, wire.hello(features=0)))
+        replies = [wire.recv_frame(s) for s in held]
+        assert sorted(r[0] for r in replies) == sorted([wire.HELLO_OK, wire.ERROR]), replies
+        assert [r[2] for r in replies if r[0] == wire.ERROR][0][2:] == b"too many local clients (1, --max-clients)"
+        assert read_gateway_stats(gw.unix_url)["clients"] == 1
+    finally:
+        for s in held:
+            s.close()
+        assert gw.stop() == 0
