@@ -364,8 +364,17 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "connections",
         G,
-        "Status queries past the handshake since start (`lmcache-adp status --gateway`, protocol r10); each logged "
-        "at DEBUG, not in clients",
+        "Status queries that asked for the stats, since start (`lmcache-adp status --gateway`, protocol r10); each "
+        "logged at DEBUG, not in clients. Idle connectors' probes are not among them: status_probes",
+    ),
+    Stat(
+        "status_probes",
+        COUNTER,
+        "connections",
+        G,
+        "Status queries that closed after their handshake, asking nothing, since start: a connector whose "
+        "connections this gateway closed for idleness (--idle-timeout-s) asks one a second to see the gateway is "
+        "up (docs/protocol.md, Failure and reconnection); each logged at DEBUG, not in clients nor status_queries",
     ),
     Stat(
         "usable_cpus",
@@ -407,7 +416,14 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         G,
         "Of batch_spins, those the next request ended (the connection's thread never slept for it)",
     ),
-    Stat("refused_connections", COUNTER, "connections", G, "Connections refused by a limit (README, Gateway limits)"),
+    Stat(
+        "refused_connections",
+        COUNTER,
+        "connections",
+        G,
+        "Connections refused by a limit (README, Gateway limits); on a full gateway, idle connectors' probes (one a "
+        "second each: status_probes) among them",
+    ),
     Stat(
         "ring_bytes",
         GAUGE,

@@ -251,11 +251,7 @@ void ClientHandler::run() {
   if (tcp_) shared_->tcp_handshakes--;  // counted by the accept thread
   if (s.ok()) {
     handshake_done_ = true;
-    if (status_query_) {
-      shared_->status_queries.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      shared_->clients++;
-    }
+    if (!status_query_) shared_->clients++;  // a status query is counted at its first Stats (serve_stats)
     proto::Frame frame;
     std::vector<uint8_t> table, payload;
     uint32_t max_body = ring_ ? proto::kMaxTableBytes : proto::kMaxFrameBodyBytes;
@@ -356,6 +352,8 @@ void ClientHandler::run() {
   // process memory back too (e58a523, review r14a N7).
   if (had_process) shared_->processes--;
   if (local_counted_) shared_->local_clients--;
+  // A status query that asked nothing: a connector's liveness probe (RemoteBackend::probe), counted apart.
+  if (handshake_done_ && status_query_ && !asked_stats_) shared_->status_probes.fetch_add(1, std::memory_order_relaxed);
   if (control_) control_->phase.store(ConnectionControl::Phase::kEnded, std::memory_order_seq_cst);  // see its comment
   if (handshake_done_ && !status_query_) shared_->clients--;
   if (abandoned_) {
@@ -511,6 +509,8 @@ Status ClientHandler::serve_stats(const proto::Frame& frame) {
   if (!frame.body.empty()) return Status::InvalidArgument("stats request with a body");
   CardSection in_card(shared_->gate);
   if (!in_card) return Status::Closed("the gateway is closing its card");
+  if (status_query_ && !asked_stats_) shared_->status_queries.fetch_add(1, std::memory_order_relaxed);  // before:
+  asked_stats_ = true;  // its own reply counts it
   std::string json = stats_json(shared_->store->stats(), *shared_);
   std::vector<uint8_t> body(json.begin(), json.end());
   return proto::write_frame(fd_, proto::FrameType::kStatsReply, frame.header.request_id, body, {},

@@ -135,7 +135,8 @@ struct GatewayShared {
   // per request beyond this is the round trip (sockets, wake-ups).
   std::atomic<uint64_t> batch_puts{0}, batch_put_ns{0}, batch_gets{0}, batch_get_ns{0};
   std::atomic<uint32_t> clients{0};             // connections past the handshake, status queries not counted
-  std::atomic<uint64_t> status_queries{0};      // status queries past the handshake (r10), since start
+  std::atomic<uint64_t> status_queries{0};      // status queries (r10) that asked for the stats, since start
+  std::atomic<uint64_t> status_probes{0};       // status queries that ended asking nothing (idle connectors' probes)
   std::atomic<uint64_t> ring_bytes_mapped{0};   // rings of the connected clients
   std::atomic<uint64_t> ring_bytes_in_use{0};   // payload bytes of batches in progress in those rings
   std::atomic<uint32_t> segments{0};            // client segments mapped (r3)
@@ -559,6 +560,7 @@ class ClientHandler {
   std::string peer_;  // peer(), read before the HelloOk goes out (a TCP socket reset in answer to it has none)
   uint64_t last_request_id_ = 0;
   uint64_t served_ = 0;
+  bool asked_stats_ = false;     // a Stats request came (a status query is counted in status_queries at the first)
   bool answered_batch_ = false;  // the last frame served was a put or get: look for the next request first
 };
 

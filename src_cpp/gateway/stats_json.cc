@@ -28,6 +28,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   for_each_stat(with, field);
   field("clients", shared.clients.load());
   field("status_queries", shared.status_queries.load());
+  field("status_probes", shared.status_probes.load());
   field("usable_cpus", shared.spin_load.cpus);  // what its CPU rules count (spin, piece helpers, store pipeline)
   field("batches", shared.batches.load());
   field("batch_puts", shared.batch_puts.load());

@@ -1231,6 +1231,12 @@ bool RemoteBackend::token_refusal(const Status& why) {
   return why.message().find(proto::kTokenRefused) != std::string::npos;
 }
 
+bool RemoteBackend::full_refusal(const Status& why) {
+  const std::string& m = why.message();
+  return m.find(proto::kTooManyLocalClients) != std::string::npos ||
+         m.find(proto::kTooManyTcpClients) != std::string::npos;
+}
+
 std::string RemoteBackend::unhealable_fix(const Status& why) {
   const std::string& m = why.message();
   if (m.find(proto::kRingTooLarge) != std::string::npos && m.find("--max-ring-mb") != std::string::npos)
@@ -1339,7 +1345,18 @@ void RemoteBackend::reconnect_loop() {
       if (!probe_unsupported_.load()) {
         bool as_query = false;
         const Status s = probe(&as_query);
-        if (!s.ok() && !closing())
+        // Refused for being full (--max-clients clients and the status-query reserve taken, or --max-tcp-clients):
+        // an answer, so the gateway is up (brief admission item 2: it read as an outage, WARNING and 503). A batch
+        // would be refused as well, and says so when one comes.
+        const bool full = !s.ok() && full_refusal(s);
+        if (full && !full_logged_.exchange(true))
+          ADP_INFO(
+              "%s: the gateway closed this idle connector's connections and is full (%s): it is up; asked again "
+              "every %lld ms until the next batch connects (this line once; the next refusals at DEBUG)",
+              describe().c_str(), log_safe(s.message()).c_str(), static_cast<long long>(kIdleLook.count()));
+        else if (full)
+          ADP_DEBUG("%s: idle status query refused: %s", describe().c_str(), log_safe(s.message()).c_str());
+        if (!s.ok() && !full && !closing())
           note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
         if (!s.ok() || as_query) {
           l.lock();
@@ -1348,7 +1365,7 @@ void RemoteBackend::reconnect_loop() {
                 "%s: the gateway closed this idle connector's connections and answers a status query: "
                 "asked again every %lld ms until the next batch connects",
                 describe().c_str(), static_cast<long long>(kIdleLook.count()));
-          if (s.ok() && !interrupted_) idle_probing_ = true;
+          if ((s.ok() || full) && !interrupted_) idle_probing_ = true;
           continue;
         }
         // A gateway older than r10 served it as a client's connection (logged connected and gone at INFO): a

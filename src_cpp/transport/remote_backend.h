@@ -88,7 +88,8 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // kIdleLook: all of them idle and closed by the gateway (audit 15 item 22:
   // an idle connector did not see its gateway stop), it asks the gateway a
   // status query (probe()): a failure is the outage; an answer (a gateway
-  // closing idle connections, --idle-timeout-s) is no outage, and from then on,
+  // closing idle connections, --idle-timeout-s; or a refusal for being full,
+  // full_refusal: the gateway is up) is no outage, and from then on,
   // while no connection is open (idle_probing_), it asks again every kIdleLook,
   // holding nothing on the gateway between two (review r15 N13: it connected
   // as a client, kept that connection as the spare below, and so held a
@@ -142,6 +143,8 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
     return connects_;
   }
   static bool token_refusal(const Status& why);
+  // A refusal for being full (proto::kTooManyLocalClients, kTooManyTcpClients): the gateway is up and answered.
+  static bool full_refusal(const Status& why);
   // What fixes a refusal no retry heals but a token's (audit 15 item 18: a
   // ring above the gateway's --max-ring-mb, another protocol version), in the
   // words of its WARNING and of gateway_error; empty for any other failure.
@@ -226,6 +229,7 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   uint64_t connects_ = 0;                       // mu_: connections made, in all (note_start_failure)
   bool idle_probing_ = false;                   // mu_: the last look's status query was answered, no connect since
   std::atomic<bool> probe_unsupported_{false};  // a gateway older than r10 answered it as a client, until an outage
+  std::atomic<bool> full_logged_{false};        // an idle status query refused as full logged at INFO (once)
   std::atomic<Link> link_{Link::kUnknown};
   std::atomic<bool> token_refused_{false};      // the last connect's answer refused the token, until one succeeds
   std::atomic<bool> unhealable_logged_{false};  // a refusal with unhealable_fix logged, until a connect succeeds

@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+"""An idle connector's status queries (RemoteBackend::reconnect_loop, probe()): once the gateway closed its
+connections (--idle-timeout-s), it asks one a second to see the gateway is up (docs/protocol.md, "Failure and
+reconnection"). A gateway full to its status-query reserve is up; and the operator's `status_queries` counts the
+operator's queries, not these."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from lmcache_adp import _native
+from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
+from tests.gateway import wire
+from tests.gateway.test_failures import keys_and_datas
+from tests.gateway.test_health import health, metrics_connector
+from tests.support.gateway import Gateway
+
+
+class HeldConnections:
+    """Local connections past their Hello (`features` each: 0 a client, FEATURE_STATUS_QUERY a status query), kept
+    open past the gateway's --idle-timeout-s by a Stats request on each every 0.3 s, until close()."""
+
+    def __init__(self, url: str, features: list[int]):
+        self.socks: list[socket.socket] = []
+        for f in features:
+            self.socks.append(self._hello(url, f))
+        self.stop = threading.Event()
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._keep_alive, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _hello(url: str, features: int) -> socket.socket:
+        # An idle connector's status query holds one local connection for a moment each second: retried past it.
+        give_up = time.monotonic() + 10
+        while True:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(30)
+            s.connect(url.removeprefix("unix://"))
+            try:
+                s.sendall(wire.frame(wire.HELLO, 1, wire.hello(features=features)))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at accept: its Error frame is there to read
+            ftype, _, body = wire.recv_frame(s)
+            if ftype == wire.HELLO_OK:
+                return s
+            s.close()
+            assert time.monotonic() < give_up, body
+            time.sleep(0.05)
+
+    def _keep_alive(self) -> None:
+        request_id = 2
+        try:
+            while not self.stop.wait(0.3):
+                for s in self.socks:
+                    s.sendall(wire.frame(_native.FRAME_TYPES["STATS"], request_id, b""))
+                    assert wire.recv_frame(s)[0] == _native.FRAME_TYPES["STATS_REPLY"]
+                request_id += 1
+        except BaseException as e:  # noqa: BLE001 (reported by close())
+            self.error.append(e)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for s in self.socks:
+            s.close()
+        assert not self.error, self.error
+
+
+def idle_closed(gw: Gateway) -> None:
+    """Waits until the gateway closed its one client (the connector's connection) for idleness."""
+    give_up = time.monotonic() + 10
+    while "idle for 1 s" not in gw.log() or read_gateway_stats(gw.unix_url)["clients"]:
+        assert time.monotonic() < give_up, gw.log()
+        time.sleep(0.05)
+
+
+def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd):
+    """Brief admission item 2: an idle connector whose connections the gateway closed asks a status query every
+    kIdleLook (1 s); on a gateway full to its status-query reserve (--max-clients 1: one client and two status
+    queries held) each was refused "too many local clients", and the connector read that as an outage: WARNING
+    "unreachable", gateway_reachable 0, /health 503, although the gateway was up and answered. A refusal for being
+    full is an answer now: /health 200 and gateway_reachable 1 throughout 3.5 s of refused queries (the gateway
+    counts them in refused_connections), one INFO line saying so, no WARNING; once there is room, the next batch
+    works."""
+    gw = Gateway(workdir, extra=("--max-clients", "1", "--idle-timeout-s", "1")).start()
+    conn, c, port = metrics_connector(gw, timeout_ms=2000)
+    held = None
+    try:
+        keys, datas = keys_and_datas(2)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        idle_closed(gw)
+        capfd.readouterr()
+        held = HeldConnections(gw.unix_url, [0, _native.FEATURE_STATUS_QUERY, _native.FEATURE_STATUS_QUERY])
+        end = time.monotonic() + 3.5
+        while time.monotonic() < end:
+            code, doc = health(port)
+            assert code == 200 and doc["gateway_reachable"] is True, doc
+            assert conn.stats()["gateway_reachable"] == 1
+            time.sleep(0.1)
+        with pytest.raises(GatewayError) as refused:
+            read_gateway_stats(gw.unix_url)  # full: a status query past the reserve is refused too
+        assert "too many local clients" in str(refused.value)
+        held.close()
+        held = None
+        st = read_gateway_stats(gw.unix_url)
+        assert st["refused_connections"] >= 3, st  # the connector's queries (2 at least) and this test's one
+        err = capfd.readouterr().err
+        assert "WARNING" not in err, err
+        said = [line for line in err.splitlines() if "is full (gateway refused: too many local clients" in line]
+        assert len(said) == 1 and " INFO: " in said[0], err
+        ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
+        assert ok, why
+    finally:
+        if held:
+            held.close()
+        conn.close()
+        assert gw.stop() == 0
+
+
+def test_an_idle_connectors_status_queries_are_not_the_operators(workdir):
+    """Brief admission item 2: each status query of an idle connector (one a second) was counted in the gateway's
+    `status_queries`, the count an operator reads in `lmcache-adp status` as the status queries made. Those that
+    ask nothing (the connector's: closed once HelloOk is read) are counted apart now, in `status_probes`; a
+    status query is counted in `status_queries` at its first Stats request (its own reply counts it)."""
+    gw = Gateway(workdir, extra=("--idle-timeout-s", "1")).start()
+    conn, c, _ = metrics_connector(gw, timeout_ms=2000)
+    try:
+        keys, datas = keys_and_datas(1)
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        reads = 0
+        give_up = time.monotonic() + 15
+        while True:
+            st = read_gateway_stats(gw.unix_url)
+            reads += 1
+            if st.get("status_probes", 0) >= 2 or st["status_queries"] >= reads + 2:
+                break
+            assert time.monotonic() < give_up, st
+            time.sleep(0.1)
+        assert st["status_queries"] == reads, st  # this test's reads only
+        assert st["status_probes"] >= 2, st
+        assert st["clients"] == 0, st
+    finally:
+        conn.close()
+        assert gw.stop() == 0
