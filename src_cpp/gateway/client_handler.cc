@@ -325,6 +325,10 @@ void ClientHandler::run() {
       held_connected_line_.clear();
     }
   }
+  // Tests only (ADP_TEST_TEARDOWN_DELAY_MS): the connection, ended, is given back this long later (or at stop()).
+  for (auto until = Clock::now() + std::chrono::milliseconds(shared_->hooks.teardown_delay_ms);
+       Clock::now() < until && !(control_ && control_->stopping.load(std::memory_order_relaxed));)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   for (auto& seg : segments_)
     if (seg) {
       seg.reset();

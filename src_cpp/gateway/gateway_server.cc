@@ -141,12 +141,16 @@ StoreStats GatewayServer::stats() const {
 
 std::string GatewayServer::stats_json() const { return adp::stats_json(stats(), *shared_); }
 
-GatewayServer::Open GatewayServer::open_connections(bool local_only) const {
+GatewayServer::Open GatewayServer::open_connections(bool local_only, bool without_hung_up) const {
   using Phase = ConnectionControl::Phase;
   Open n;
+  std::vector<pollfd> fds;  // without_hung_up: those that may be left out
   for (const Client& c : clients_) {
     if (c.done || (local_only && c.tcp)) continue;
-    switch (c.control->phase.load(std::memory_order_seq_cst)) {
+    const Phase phase = c.control->phase.load(std::memory_order_seq_cst);
+    if (without_hung_up && !c.tcp && (phase == Phase::kHandshake || phase == Phase::kStatusQuery))
+      fds.push_back({c.fd, 0, 0});  // POLLHUP is reported unasked
+    switch (phase) {
       case Phase::kHandshake:
         n.handshakes++;
         break;
@@ -160,6 +164,9 @@ GatewayServer::Open GatewayServer::open_connections(bool local_only) const {
         break;
     }
   }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return n;
+  for (size_t i = 0; i < fds.size(); i++)
+    if (fds[i].revents & POLLHUP) n.hung_up++;
   return n;
 }
 
@@ -189,8 +196,10 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
     // is not known to be a client yet, review N9), and kStatusQueryReserve more local connections for status
     // queries (r11): `lmcache-adp status --gateway` still answers on a full gateway (review r15 N2). Here, the
     // bound of them all, those in their handshake included: a flood of half-open connections holds no more.
-    const Open open = open_connections(true);
-    if (open.all() >= static_cast<size_t>(opts_.max_clients) + kStatusQueryReserve) {
+    Open open = open_connections(true);
+    const size_t bound = static_cast<size_t>(opts_.max_clients) + kStatusQueryReserve;
+    if (open.all() >= bound) open = open_connections(true, true);  // at the bound: those on their way out apart
+    if (open.all() >= bound) {
       shared_->refused++;
       ADP_WARN_LIMITED(
           "gateway: refusing a local connection: %zu clients and %zu status queries connected already%s "

@@ -111,13 +111,17 @@ class GatewayServer {
   // in their handshake (not yet known as either: review N9), apart. Under mu_.
   struct Open {
     size_t clients = 0, status_queries = 0, handshakes = 0;
-    size_t all() const { return clients + status_queries + handshakes; }
+    size_t hung_up = 0;  // of the status queries and handshakes (without_hung_up only)
+    size_t all() const { return clients + status_queries + handshakes - hung_up; }
     // ", N more in their handshake" for the log lines that count them, or nothing where none is.
     std::string handshakes_text() const {
       return handshakes ? ", " + std::to_string(handshakes) + " more in their handshake" : "";
     }
   };
-  Open open_connections(bool local_only) const;
+  // without_hung_up: not counting the local status queries and connections in their handshake whose client hung up
+  // (POLLHUP; one poll): their threads are about to end (a status query asks only for Stats), so a full gateway does
+  // not count them at accept: `lmcache-adp status` returned, its connection closed, holds no slot.
+  Open open_connections(bool local_only, bool without_hung_up = false) const;
 
   GatewayServer() = default;
   void accept_loop();

@@ -370,6 +370,26 @@ def test_a_client_is_admitted_once_clients_says_the_last_one_left(workdir):
     assert "too many local clients" not in gw.logs[-1]
 
 
+def test_status_reads_that_returned_hold_no_slot(workdir):
+    """Brief admission item 1, its other half: `lmcache-adp status` returned, but the gateway, until its thread saw
+    the connection closed, counted it at accept: on a full gateway the next connection could be refused though the
+    reads were over. A status query (or a connection in its handshake) whose client hung up is not counted at the
+    bound now (GatewayServer::open_connections, without_hung_up). ADP_TEST_TEARDOWN_DELAY_MS keeps each ended
+    connection 5 s before its teardown: three status reads that returned, on --max-clients 1 (bound 3), then a
+    client is admitted."""
+    from tests.ops.test_cli import error_reason, hello_reply
+
+    gw = Gateway(workdir, extra=("--max-clients", "1")).start(env={"ADP_TEST_TEARDOWN_DELAY_MS": "5000"})
+    try:
+        for _ in range(3):
+            assert read_gateway_stats(gw.unix_url)["clients"] == 0
+        ftype, body = hello_reply(gw.unix_url, 0)
+        assert ftype == wire.HELLO_OK, error_reason(body)
+    finally:
+        assert gw.stop() == 0
+    assert "refusing a local connection" not in gw.logs[-1]
+
+
 def half_open(url: str) -> socket.socket:
     """A local connection that sends no Hello (in its handshake until the caller closes it)."""
     s = socket.socket(socket.AF_UNIX)
