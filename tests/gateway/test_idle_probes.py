@@ -12,37 +12,44 @@ import time
 
 import pytest
 
-from lmcache_adp import _native
+from lmcache_adp import ADPConnector, _native
 from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_failures import keys_and_datas
 from tests.gateway.test_health import health, metrics_connector
-from tests.support.gateway import Gateway
+from tests.helpers import RawConnector
+from tests.ops.test_metrics import free_port
+from tests.support.gateway import TOKEN, Gateway
 
 
 class HeldConnections:
-    """Local connections past their Hello (`features` each: 0 a client, FEATURE_STATUS_QUERY a status query), kept
-    open past the gateway's --idle-timeout-s by a Stats request on each every 0.3 s, until close()."""
+    """Connections past their Hello (`features` each: 0 a client, FEATURE_STATUS_QUERY a status query; on the
+    gateway's Unix socket, or its TCP port with `token`), kept open past the gateway's --idle-timeout-s by a Stats
+    request on each every 0.3 s, until close()."""
 
-    def __init__(self, url: str, features: list[int]):
+    def __init__(self, url: str, features: list[int], token: bytes = b""):
         self.socks: list[socket.socket] = []
         for f in features:
-            self.socks.append(self._hello(url, f))
+            self.socks.append(self._hello(url, f, token))
         self.stop = threading.Event()
         self.error: list[BaseException] = []
         self.thread = threading.Thread(target=self._keep_alive, daemon=True)
         self.thread.start()
 
     @staticmethod
-    def _hello(url: str, features: int) -> socket.socket:
-        # An idle connector's status query holds one local connection for a moment each second: retried past it.
+    def _hello(url: str, features: int, token: bytes) -> socket.socket:
+        # An idle connector's status query holds one connection for a moment each second: retried past it.
         give_up = time.monotonic() + 10
         while True:
-            s = socket.socket(socket.AF_UNIX)
-            s.settimeout(30)
-            s.connect(url.removeprefix("unix://"))
+            if url.startswith("tcp://"):
+                host, port = url.removeprefix("tcp://").rsplit(":", 1)
+                s = socket.create_connection((host, int(port)), timeout=30)
+            else:
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(30)
+                s.connect(url.removeprefix("unix://"))
             try:
-                s.sendall(wire.frame(wire.HELLO, 1, wire.hello(features=features)))
+                s.sendall(wire.frame(wire.HELLO, 1, wire.hello(token=token, features=features)))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # refused at accept: its Error frame is there to read
             ftype, _, body = wire.recv_frame(s)
@@ -79,39 +86,51 @@ def idle_closed(gw: Gateway) -> None:
         time.sleep(0.05)
 
 
-def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd):
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transport):
     """Brief admission item 2: an idle connector whose connections the gateway closed asks a status query every
-    kIdleLook (1 s); on a gateway full to its status-query reserve (--max-clients 1: one client and two status
-    queries held) each was refused "too many local clients", and the connector read that as an outage: WARNING
+    kIdleLook (1 s); on a full gateway each was refused, and the connector read that as an outage: WARNING
     "unreachable", gateway_reachable 0, /health 503, although the gateway was up and answered. A refusal for being
     full is an answer now: /health 200 and gateway_reachable 1 throughout 3.5 s of refused queries (the gateway
     counts them in refused_connections), one INFO line saying so, no WARNING; once there is room, the next batch
-    works."""
-    gw = Gateway(workdir, extra=("--max-clients", "1", "--idle-timeout-s", "1")).start()
-    conn, c, port = metrics_connector(gw, timeout_ms=2000)
+    works. Unix: --max-clients 1, one client and two status queries held (the reserve), each query refused at
+    accept, "too many local clients". TCP, where a status query holds a --max-tcp-clients slot: --max-tcp-clients
+    1, one TCP client held, each query refused at its Hello, "too many TCP clients"."""
+    tcp = transport == "tcp"
+    limit = ("--max-tcp-clients", "1") if tcp else ("--max-clients", "1")
+    gw = Gateway(workdir, tcp=tcp, extra=(*limit, "--idle-timeout-s", "1")).start()
+    port = free_port()
+    where = dict(gateway=gw.tcp_url, token_file=gw.token_file) if tcp else dict(gateway=gw.unix_url)
+    conn = ADPConnector(**where, num_workers=1, timeout_ms=2000, metrics_port=port)
+    c = RawConnector(conn)
     held = None
     try:
         keys, datas = keys_and_datas(2)
         assert c.set(keys, [memoryview(d) for d in datas])[0]
         idle_closed(gw)
         capfd.readouterr()
-        held = HeldConnections(gw.unix_url, [0, _native.FEATURE_STATUS_QUERY, _native.FEATURE_STATUS_QUERY])
+        if tcp:
+            held = HeldConnections(gw.tcp_url, [0], token=TOKEN.encode())
+        else:
+            held = HeldConnections(gw.unix_url, [0, _native.FEATURE_STATUS_QUERY, _native.FEATURE_STATUS_QUERY])
         end = time.monotonic() + 3.5
         while time.monotonic() < end:
             code, doc = health(port)
             assert code == 200 and doc["gateway_reachable"] is True, doc
             assert conn.stats()["gateway_reachable"] == 1
             time.sleep(0.1)
-        with pytest.raises(GatewayError) as refused:
-            read_gateway_stats(gw.unix_url)  # full: a status query past the reserve is refused too
-        assert "too many local clients" in str(refused.value)
+        if not tcp:
+            with pytest.raises(GatewayError) as refused:
+                read_gateway_stats(gw.unix_url)  # full: a status query past the reserve is refused too
+            assert "too many local clients" in str(refused.value)
         held.close()
         held = None
         st = read_gateway_stats(gw.unix_url)
-        assert st["refused_connections"] >= 3, st  # the connector's queries (2 at least) and this test's one
+        assert st["refused_connections"] >= 2, st  # the connector's queries, 2 at least
         err = capfd.readouterr().err
         assert "WARNING" not in err, err
-        said = [line for line in err.splitlines() if "is full (gateway refused: too many local clients" in line]
+        reason = "too many TCP clients" if tcp else "too many local clients"
+        said = [line for line in err.splitlines() if f"is full (gateway refused: {reason}" in line]
         assert len(said) == 1 and " INFO: " in said[0], err
         ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
         assert ok, why
