@@ -362,8 +362,10 @@ Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const {
 }
 
 Status CardDevice::sync() const {
-  if (::fdatasync(fd_) != 0) return track(Status::IoError("fdatasync of " + path_ + " failed: " + errno_text(errno)));
-  return Status::Ok();
+  return group_sync_.sync([this] {
+    if (::fdatasync(fd_) != 0) return track(Status::IoError("fdatasync of " + path_ + " failed: " + errno_text(errno)));
+    return Status::Ok();
+  });
 }
 
 }  // namespace adp

@@ -19,6 +19,7 @@
 
 #include "store/device.h"
 #include "util/failing_hold.h"
+#include "util/group_sync.h"
 #include "util/status.h"
 
 namespace adp {
@@ -114,7 +115,9 @@ class CardDevice : public Device {
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
   // InvalidArgument, nothing written, on a card opened kReadOnly.
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
-  // Makes completed writes durable against power loss (fdatasync).
+  // Makes completed writes durable against power loss (fdatasync). Callers
+  // that come while one runs share the next (util/group_sync.h): each is
+  // answered by an fdatasync that began after its call.
   Status sync() const override;
   // Bounds the card I/O in flight at once (the card's queue depth): threads
   // beyond it check and copy data while others wait on the card. Call before
@@ -147,6 +150,7 @@ class CardDevice : public Device {
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
   mutable FailingHold failing_;
+  mutable GroupSync group_sync_;
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};
 };

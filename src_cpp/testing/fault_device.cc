@@ -126,15 +126,17 @@ Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
 }
 
 Status FaultDevice::sync() const {
-  std::lock_guard<std::mutex> l(mu_);
-  if (dead_) {
-    healthy_ = false;
-    return Status::IoError("sync of " + name_ + " failed: power cut");
-  }
-  if (sync_calls_++ == fail_sync_n_) return Status::IoError("sync of " + name_ + " failed: injected");
-  syncs_++;
-  unsynced_.clear();
-  return Status::Ok();
+  return group_sync_.sync([this] {
+    std::lock_guard<std::mutex> l(mu_);
+    if (dead_) {
+      healthy_ = false;
+      return Status::IoError("sync of " + name_ + " failed: power cut");
+    }
+    if (sync_calls_++ == fail_sync_n_) return Status::IoError("sync of " + name_ + " failed: injected");
+    syncs_++;
+    unsynced_.clear();
+    return Status::Ok();
+  });
 }
 
 bool FaultDevice::healthy() const {

@@ -5,7 +5,9 @@
 //   - fail the n-th write, or every read/write touching a byte range;
 //   - tear a write: only its first bytes reach the image;
 //   - fail the n-th sync (the writes before it stay unsynced: a later sync
-//     may still make them durable, as after a failed fdatasync);
+//     may still make them durable, as after a failed fdatasync); syncs are
+//     grouped as CardDevice's (util/group_sync.h): callers that come while
+//     one runs share the next, and a failed one fails all its callers;
 //   - cut power: at a chosen write (which may be torn) the device dies,
 //     every later I/O fails, and every write not yet synced is undone; or,
 //     with keep_unsynced_at_cut(seed), a seeded arbitrary subset of them
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "store/device.h"
+#include "util/group_sync.h"
 
 namespace adp::testing {
 
@@ -47,7 +50,8 @@ class FaultDevice : public Device {
   // without touching the image; with tear_bytes > 0 its first tear_bytes
   // bytes are written first (a torn write).
   void fail_write(uint64_t n, uint64_t tear_bytes = 0);
-  // The n-th sync (0-based, counted from this device's creation) fails; the
+  // The n-th sync run (0-based, counted from this device's creation; callers
+  // grouped into one run count once) fails, for every caller it covered; the
   // writes it should have made durable stay unsynced (a later sync makes
   // them durable, a power cut before it undoes them).
   void fail_sync(uint64_t n);
@@ -80,7 +84,7 @@ class FaultDevice : public Device {
   uint64_t dropped_at_cut() const;
 
   uint64_t writes() const;  // writes attempted so far
-  uint64_t syncs() const;
+  uint64_t syncs() const;   // syncs run and succeeded (callers grouped into one count once)
   bool dead() const;
 
  private:
@@ -105,7 +109,8 @@ class FaultDevice : public Device {
   mutable bool held_ = false;
   bool released_ = false, release_fails_ = false;
   mutable std::condition_variable held_cv_;
-  mutable uint64_t sync_calls_ = 0;
+  mutable uint64_t sync_calls_ = 0;  // syncs run (grouped callers: one)
+  mutable GroupSync group_sync_;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
   bool keep_some_ = false;
   uint64_t keep_seed_ = 0;

@@ -117,6 +117,13 @@ def test_piece_pool_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_group_sync_under_sanitizer(mode, tmp_path):
+    """The card's group commit of fdatasync, its callers on eight threads (tests/util/test_group_sync.py)."""
+    cpp.run(cpp.build("group_sync_test", tmp_path, ("util", "testing"), sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
 def test_process_memory_threads_under_tsan(tmp_path):
     """ProcessMemory's retarget with three transfers at once (tests/gateway/test_process_memory_threads.py)."""
     binary = cpp.build("process_memory_test", tmp_path, ("util",), ("protocol/process_memory.cc",), sanitize="tsan")

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// GroupSync (src_cpp/util/group_sync.h), the group commit of a card's
+// fdatasync: callers that come while a flush runs share the next one, each
+// caller's flush began after its call (it covers the writes the caller
+// completed before calling), a failed flush fails every caller it covered and
+// no other; and FaultDevice (src_cpp/testing), which syncs through it, still
+// loses at a power cut only writes no successful sync covered.
+// Built and run by tests/util/test_group_sync.py (also under TSan:
+// tests/sanitizers/test_sanitizers.py).
+#include "util/group_sync.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "testing/fault_device.h"
+#include "util/aligned_buffer.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+using adp::GroupSync;
+using adp::Status;
+
+// Waits up to 10 s for cond; its last value.
+template <typename F>
+bool eventually(F cond) {
+  for (int i = 0; i < 1000 && !cond(); i++) std::this_thread::sleep_for(10ms);
+  return cond();
+}
+
+// One caller runs flush 1, held until the other callers have all come and
+// wait: they are one round, and one flush (the 2nd) covers them all. With
+// `fail` the flush of that number fails: only its own callers see it.
+void late_callers_share_one_flush(uint64_t fail) {
+  constexpr int kLate = 7;
+  GroupSync gs;
+  std::atomic<uint64_t> events{0}, begin[16] = {};
+  std::atomic<bool> first_began{false};
+  auto flush = [&]() -> Status {
+    const uint64_t n = gs.flushes();  // this flush's number: flushes run one at a time
+    begin[n < 16 ? n : 15] = ++events;
+    if (n == 1) {
+      first_began = true;
+      CHECK(eventually([&] { return gs.waiting() == kLate; }), "only %d of %d late callers wait", gs.waiting(), kLate);
+    }
+    return n == fail ? Status::IoError("flush " + std::to_string(n)) : Status::Ok();
+  };
+  struct Call {
+    uint64_t seq = 0, number = 0;
+    Status status;
+  };
+  std::vector<Call> calls(kLate + 1);
+  auto call = [&](int i) {
+    calls[i].seq = ++events;
+    calls[i].status = gs.sync(flush, &calls[i].number);
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(call, 0);
+  CHECK(eventually([&] { return first_began.load(); }), "flush 1 did not begin");
+  for (int i = 1; i <= kLate; i++) threads.emplace_back(call, i);
+  for (auto& t : threads) t.join();
+  CHECK(gs.flushes() == 2, "fail=%llu: %llu flushes for 1 + %d callers, not 2", static_cast<unsigned long long>(fail),
+        static_cast<unsigned long long>(gs.flushes()), kLate);
+  for (int i = 0; i <= kLate; i++) {
+    const Call& c = calls[i];
+    const uint64_t want = i == 0 ? 1 : 2;
+    CHECK(c.number == want, "caller %d was answered by flush %llu, not %llu", i,
+          static_cast<unsigned long long>(c.number), static_cast<unsigned long long>(want));
+    const uint64_t began = begin[c.number < 16 ? c.number : 15];
+    CHECK(began > c.seq, "caller %d: its flush began (event %llu) before its call (event %llu)", i,
+          static_cast<unsigned long long>(began), static_cast<unsigned long long>(c.seq));
+    CHECK(c.status.ok() == (want != fail), "caller %d, flush %llu (failing: %llu): %s", i,
+          static_cast<unsigned long long>(want), static_cast<unsigned long long>(fail),
+          c.status.ok() ? "OK" : c.status.message().c_str());
+  }
+  // A caller after a failed flush runs its own: it is not answered by the failure.
+  CHECK(gs.sync(flush).ok(), "a sync after the rounds failed");
+  CHECK(gs.flushes() == 3, "the sync after the rounds did not run a flush of its own");
+}
+
+// Many callers, every third flush failing. Each caller completes a write,
+// then syncs. A flush takes a snapshot of the completed writes when it
+// begins and, when it succeeds, makes them durable (as fdatasync). A caller
+// answered OK finds its write durable; one answered with an error was
+// covered by a failed flush that began after its call.
+void callers_covered_by_their_flush() {
+  constexpr int kThreads = 8, kCalls = 300;
+  GroupSync gs;
+  std::atomic<uint64_t> events{0};
+  std::vector<std::atomic<uint64_t>> begin(kThreads * kCalls + 2);
+  std::vector<std::atomic<uint64_t>> completed(kThreads);
+  std::vector<uint64_t> durable(kThreads, 0);
+  std::mutex durable_mu;
+  std::atomic<int> in_flush{0}, overlaps{0};
+  auto flush = [&]() -> Status {
+    if (in_flush++) overlaps++;
+    const uint64_t n = gs.flushes();
+    begin[n] = ++events;
+    std::vector<uint64_t> snap(kThreads);
+    for (int t = 0; t < kThreads; t++) snap[t] = completed[t];
+    std::this_thread::sleep_for(100us);
+    Status s = Status::IoError("flush " + std::to_string(n));
+    if (n % 3 != 0) {
+      std::lock_guard<std::mutex> l(durable_mu);
+      for (int t = 0; t < kThreads; t++) durable[t] = std::max(durable[t], snap[t]);
+      s = Status::Ok();
+    }
+    in_flush--;
+    return s;
+  };
+  std::atomic<int> bad_order{0}, lost{0}, wrong_status{0}, failed{0};
+  auto worker = [&](int t) {
+    for (int i = 1; i <= kCalls; i++) {
+      completed[t] = i;  // a write completes
+      const uint64_t seq = ++events;
+      uint64_t number = 0;
+      const Status s = gs.sync(flush, &number);
+      if (begin[number] <= seq) bad_order++;
+      if (s.ok()) {
+        std::lock_guard<std::mutex> l(durable_mu);
+        if (number % 3 == 0) wrong_status++;
+        if (durable[t] < static_cast<uint64_t>(i)) lost++;
+      } else {
+        failed++;
+        if (number % 3 != 0 || s.message() != "flush " + std::to_string(number)) wrong_status++;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; t++) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  const uint64_t flushes = gs.flushes();
+  std::printf("callers_covered_by_their_flush: %d calls, %llu flushes, %d failed\n", kThreads * kCalls,
+              static_cast<unsigned long long>(flushes), failed.load());
+  CHECK(overlaps == 0, "%d flushes ran while another ran", overlaps.load());
+  CHECK(bad_order == 0, "%d callers answered by a flush that began before their call", bad_order.load());
+  CHECK(lost == 0, "%d callers answered OK whose write no successful flush covered", lost.load());
+  CHECK(wrong_status == 0, "%d callers given another flush's result", wrong_status.load());
+  CHECK(failed > 0, "no caller saw a failed flush");
+  CHECK(flushes < static_cast<uint64_t>(kThreads * kCalls), "%llu flushes for %d calls: none shared",
+        static_cast<unsigned long long>(flushes), kThreads * kCalls);
+}
+
+// FaultDevice syncs through GroupSync: threads that write and sync at once
+// share syncs, and after a power cut every write a sync acknowledged holds
+// its bytes (the unsynced ones are undone).
+void fault_device_keeps_acknowledged_writes() {
+  constexpr int kThreads = 4, kWrites = 200;
+  constexpr size_t kBlock = 4096;
+  auto image = std::make_shared<adp::testing::FaultImage>(kThreads * kWrites * kBlock);
+  adp::testing::FaultDevice dev(image);
+  std::vector<std::vector<bool>> acked(kThreads, std::vector<bool>(kWrites));
+  auto worker = [&](int t) {
+    adp::AlignedBuffer buf;
+    CHECK(buf.reserve(kBlock), "no memory");
+    for (int i = 0; i < kWrites; i++) {
+      std::memset(buf.data(), 1 + (t * kWrites + i) % 255, kBlock);
+      if (!dev.write(uint64_t(t * kWrites + i) * kBlock, buf.data(), kBlock).ok()) continue;
+      acked[t][i] = dev.sync().ok();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; t++) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  const uint64_t syncs = dev.syncs();
+  dev.power_cut();
+  int missing = 0, not_acked = 0;
+  for (int t = 0; t < kThreads; t++)
+    for (int i = 0; i < kWrites; i++) {
+      if (!acked[t][i]) {
+        not_acked++;
+        continue;
+      }
+      const uint8_t want = 1 + (t * kWrites + i) % 255;
+      const uint8_t* p = image->data.data() + uint64_t(t * kWrites + i) * kBlock;
+      for (size_t b = 0; b < kBlock; b++)
+        if (p[b] != want) {
+          missing++;
+          break;
+        }
+    }
+  std::printf("fault_device_keeps_acknowledged_writes: %d syncs called, %llu run\n", kThreads * kWrites,
+              static_cast<unsigned long long>(syncs));
+  CHECK(not_acked == 0, "%d syncs failed on a healthy device", not_acked);
+  CHECK(missing == 0, "%d acknowledged writes lost at the power cut", missing);
+  CHECK(syncs <= static_cast<uint64_t>(kThreads * kWrites), "more syncs run than called");
+}
+
+// A failed sync of FaultDevice fails every caller it covered: its writes
+// stay unsynced (a power cut undoes them) until a later sync succeeds.
+void fault_device_failed_sync() {
+  constexpr size_t kBlock = 4096;
+  auto image = std::make_shared<adp::testing::FaultImage>(4 * kBlock);
+  adp::testing::FaultDevice dev(image);
+  adp::AlignedBuffer buf;
+  CHECK(buf.reserve(kBlock), "no memory");
+  std::memset(buf.data(), 7, kBlock);
+  CHECK(dev.write(0, buf.data(), kBlock).ok(), "write failed");
+  dev.fail_sync(dev.syncs());
+  CHECK(!dev.sync().ok(), "the injected sync failure was not returned");
+  dev.power_cut();
+  CHECK(image->data[0] == 0, "a write covered only by a failed sync survived the power cut");
+}
+
+}  // namespace
+
+int main() {
+  late_callers_share_one_flush(0);
+  late_callers_share_one_flush(1);
+  late_callers_share_one_flush(2);
+  callers_covered_by_their_flush();
+  fault_device_keeps_acknowledged_writes();
+  fault_device_failed_sync();
+  return adp::testing::finish("group_sync_test");
+}
