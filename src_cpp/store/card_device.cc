@@ -358,7 +358,9 @@ Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const {
   if (read_only_)
     return Status::InvalidArgument("card " + path_ +
                                    " is open read-only (status, verify without --repair): nothing is written to it");
-  return track(transfer(true, offset, iov, count));
+  Status s = track(transfer(true, offset, iov, count));
+  group_sync_.wrote();  // a sync from now on covers it
+  return s;
 }
 
 Status CardDevice::sync() const {

@@ -116,8 +116,8 @@ class CardDevice : public Device {
   // InvalidArgument, nothing written, on a card opened kReadOnly.
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
   // Makes completed writes durable against power loss (fdatasync). Callers
-  // that come while one runs share the next (util/group_sync.h): each is
-  // answered by an fdatasync that began after its call.
+  // share fdatasyncs (group commit, util/group_sync.h): each is answered by
+  // one that began after every write completed before its call.
   Status sync() const override;
   // Bounds the card I/O in flight at once (the card's queue depth): threads
   // beyond it check and copy data while others wait on the card. Call before

@@ -89,6 +89,12 @@ void FaultDevice::drop_unsynced_locked() const {
 }
 
 Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
+  Status s = write_once(offset, iov, count);
+  group_sync_.wrote();  // a sync from now on covers it
+  return s;
+}
+
+Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) const {
   std::unique_lock<std::mutex> l(mu_);
   uint64_t n = total_bytes(iov, count);
   if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned write (O_DIRECT would refuse it)");

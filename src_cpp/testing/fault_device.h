@@ -6,8 +6,8 @@
 //   - tear a write: only its first bytes reach the image;
 //   - fail the n-th sync (the writes before it stay unsynced: a later sync
 //     may still make them durable, as after a failed fdatasync); syncs are
-//     grouped as CardDevice's (util/group_sync.h): callers that come while
-//     one runs share the next, and a failed one fails all its callers;
+//     grouped as CardDevice's (util/group_sync.h): callers share a sync that
+//     began after their completed writes, and a failed one fails them all;
 //   - cut power: at a chosen write (which may be torn) the device dies,
 //     every later I/O fails, and every write not yet synced is undone; or,
 //     with keep_unsynced_at_cut(seed), a seeded arbitrary subset of them
@@ -94,6 +94,7 @@ class FaultDevice : public Device {
   };
   // The power cut: undoes the unsynced writes, then redoes the ones kept.
   void drop_unsynced_locked() const;
+  Status write_once(uint64_t offset, const iovec* iov, int count) const;  // writev, before wrote()
   bool overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t n) const;
   void apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const;
 

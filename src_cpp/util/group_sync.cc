@@ -4,17 +4,23 @@
 namespace adp {
 
 Status GroupSync::sync(const Flush& flush, uint64_t* number) {
+  // The writes this caller must have flushed: every one completed so far.
+  const uint64_t need = written_.load(std::memory_order_acquire);
   std::unique_lock<std::mutex> l(mu_);
-  // Join the round whose flush has not begun (a flush running now may have
-  // begun before this caller's writes completed: it does not count).
-  if (!next_) next_ = std::make_shared<Round>();
-  const std::shared_ptr<Round> mine = next_;
+  std::shared_ptr<Round> mine;
+  if (running_ && running_->covers >= need) {
+    mine = running_;  // it began after this caller's writes
+  } else {
+    if (!next_) next_ = std::make_shared<Round>();
+    mine = next_;
+  }
   while (!mine->done) {
     if (!running_) {
-      // Nothing runs, and this round's flush has not begun (only the round
-      // that ran can be done): lead it.
+      // Nothing runs, and this round's flush has not begun (only a round
+      // that ran can be done, and mine is not running): lead it.
       running_ = std::move(next_);
       mine->number = ++started_;
+      mine->covers = written_.load(std::memory_order_acquire);
       l.unlock();
       Status s = flush();
       l.lock();

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // GroupSync (src_cpp/util/group_sync.h), the group commit of a card's
-// fdatasync: callers that come while a flush runs share the next one, each
-// caller's flush began after its call (it covers the writes the caller
-// completed before calling), a failed flush fails every caller it covered and
-// no other; and FaultDevice (src_cpp/testing), which syncs through it, still
+// fdatasync: callers share flushes, each caller's flush began after every
+// write it completed before calling (one running already if it began after
+// them, else the next), a failed flush fails every caller it covered and no
+// other; and FaultDevice (src_cpp/testing), which syncs through it, still
 // loses at a power cut only writes no successful sync covered.
 // Built and run by tests/util/test_group_sync.py (also under TSan:
 // tests/sanitizers/test_sanitizers.py).
@@ -37,9 +37,11 @@ bool eventually(F cond) {
 }
 
 // One caller runs flush 1, held until the other callers have all come and
-// wait: they are one round, and one flush (the 2nd) covers them all. With
-// `fail` the flush of that number fails: only its own callers see it.
-void late_callers_share_one_flush(uint64_t fail) {
+// wait. Late callers that completed a write after flush 1 began are one
+// round, and one flush (the 2nd) covers them all; late callers with no write
+// since it began share flush 1 itself. With `fail` the flush of that number
+// fails: only its own callers see it.
+void late_callers_share_one_flush(bool wrote_meanwhile, uint64_t fail) {
   constexpr int kLate = 7;
   GroupSync gs;
   std::atomic<uint64_t> events{0}, begin[16] = {};
@@ -54,12 +56,15 @@ void late_callers_share_one_flush(uint64_t fail) {
     return n == fail ? Status::IoError("flush " + std::to_string(n)) : Status::Ok();
   };
   struct Call {
-    uint64_t seq = 0, number = 0;
+    uint64_t wrote = 0, number = 0;  // the event of its last write (0: none), the flush that answered
     Status status;
   };
   std::vector<Call> calls(kLate + 1);
   auto call = [&](int i) {
-    calls[i].seq = ++events;
+    if (i == 0 || wrote_meanwhile) {
+      calls[i].wrote = ++events;
+      gs.wrote();
+    }
     calls[i].status = gs.sync(flush, &calls[i].number);
   };
   std::vector<std::thread> threads;
@@ -67,23 +72,27 @@ void late_callers_share_one_flush(uint64_t fail) {
   CHECK(eventually([&] { return first_began.load(); }), "flush 1 did not begin");
   for (int i = 1; i <= kLate; i++) threads.emplace_back(call, i);
   for (auto& t : threads) t.join();
-  CHECK(gs.flushes() == 2, "fail=%llu: %llu flushes for 1 + %d callers, not 2", static_cast<unsigned long long>(fail),
-        static_cast<unsigned long long>(gs.flushes()), kLate);
+  const uint64_t rounds = wrote_meanwhile ? 2 : 1;
+  CHECK(gs.flushes() == rounds, "wrote_meanwhile=%d fail=%llu: %llu flushes for 1 + %d callers, not %llu",
+        wrote_meanwhile, static_cast<unsigned long long>(fail), static_cast<unsigned long long>(gs.flushes()), kLate,
+        static_cast<unsigned long long>(rounds));
   for (int i = 0; i <= kLate; i++) {
     const Call& c = calls[i];
-    const uint64_t want = i == 0 ? 1 : 2;
+    const uint64_t want = i == 0 ? 1 : rounds;
     CHECK(c.number == want, "caller %d was answered by flush %llu, not %llu", i,
           static_cast<unsigned long long>(c.number), static_cast<unsigned long long>(want));
     const uint64_t began = begin[c.number < 16 ? c.number : 15];
-    CHECK(began > c.seq, "caller %d: its flush began (event %llu) before its call (event %llu)", i,
-          static_cast<unsigned long long>(began), static_cast<unsigned long long>(c.seq));
+    CHECK(began > c.wrote, "caller %d: its flush began (event %llu) before its write completed (event %llu)", i,
+          static_cast<unsigned long long>(began), static_cast<unsigned long long>(c.wrote));
     CHECK(c.status.ok() == (want != fail), "caller %d, flush %llu (failing: %llu): %s", i,
           static_cast<unsigned long long>(want), static_cast<unsigned long long>(fail),
           c.status.ok() ? "OK" : c.status.message().c_str());
   }
-  // A caller after a failed flush runs its own: it is not answered by the failure.
-  CHECK(gs.sync(flush).ok(), "a sync after the rounds failed");
-  CHECK(gs.flushes() == 3, "the sync after the rounds did not run a flush of its own");
+  // A caller after the rounds (after a failed flush too) runs its own, and
+  // gets its own flush's result.
+  gs.wrote();
+  CHECK(gs.sync(flush).ok() == (rounds + 1 != fail), "the sync after the rounds: not its own flush's result");
+  CHECK(gs.flushes() == rounds + 1, "the sync after the rounds did not run a flush of its own");
 }
 
 // Many callers, every third flush failing. Each caller completes a write,
@@ -120,10 +129,11 @@ void callers_covered_by_their_flush() {
   auto worker = [&](int t) {
     for (int i = 1; i <= kCalls; i++) {
       completed[t] = i;  // a write completes
-      const uint64_t seq = ++events;
+      const uint64_t wrote = ++events;
+      gs.wrote();
       uint64_t number = 0;
       const Status s = gs.sync(flush, &number);
-      if (begin[number] <= seq) bad_order++;
+      if (begin[number] <= wrote) bad_order++;
       if (s.ok()) {
         std::lock_guard<std::mutex> l(durable_mu);
         if (number % 3 == 0) wrong_status++;
@@ -141,7 +151,7 @@ void callers_covered_by_their_flush() {
   std::printf("callers_covered_by_their_flush: %d calls, %llu flushes, %d failed\n", kThreads * kCalls,
               static_cast<unsigned long long>(flushes), failed.load());
   CHECK(overlaps == 0, "%d flushes ran while another ran", overlaps.load());
-  CHECK(bad_order == 0, "%d callers answered by a flush that began before their call", bad_order.load());
+  CHECK(bad_order == 0, "%d callers answered by a flush that began before their write completed", bad_order.load());
   CHECK(lost == 0, "%d callers answered OK whose write no successful flush covered", lost.load());
   CHECK(wrong_status == 0, "%d callers given another flush's result", wrong_status.load());
   CHECK(failed > 0, "no caller saw a failed flush");
@@ -213,9 +223,8 @@ void fault_device_failed_sync() {
 }  // namespace
 
 int main() {
-  late_callers_share_one_flush(0);
-  late_callers_share_one_flush(1);
-  late_callers_share_one_flush(2);
+  for (bool wrote_meanwhile : {true, false})
+    for (uint64_t fail : {0, 1, 2}) late_callers_share_one_flush(wrote_meanwhile, fail);
   callers_covered_by_their_flush();
   fault_device_keeps_acknowledged_writes();
   fault_device_failed_sync();
