@@ -10,6 +10,10 @@
 // transfer says Closed. Under TSan (tests/sanitizers): no data race on the
 // thread named. Review r7 B2. Built and run by
 // tests/gateway/test_process_memory_threads.py.
+// Each step waits for what it can see, not for time: a thread told to exit
+// is waited for until /proc shows it gone (the main thread: a zombie
+// leader), then for 30 more transfers (a loaded host ran them before the
+// client's main thread was scheduled to exit: target() still named it).
 #include "protocol/process_memory.h"
 
 #include <dirent.h>
@@ -41,6 +45,7 @@ constexpr size_t kBytes = 1u << 20;    // read by each transfer
 alignas(4096) uint8_t g_data[kBytes];  // the same address in the client (a fork)
 alignas(64) uint8_t g_probe[64];       // the registration's probe
 int g_pipes[kThreads + 1][2];          // a byte on [i] ends the client's thread i (kThreads: its main thread)
+std::atomic<pid_t> g_tids[kThreads];   // in the client: its threads' ids, sent to the test once all are set
 
 int open_fds() {
   int n = 0;
@@ -52,6 +57,7 @@ int open_fds() {
 
 void* client_thread(void* arg) {
   const int i = static_cast<int>(reinterpret_cast<intptr_t>(arg));
+  g_tids[i] = static_cast<pid_t>(::syscall(SYS_gettid));
   char b;
   while (::read(g_pipes[i][0], &b, 1) < 0) {
   }
@@ -59,8 +65,8 @@ void* client_thread(void* arg) {
   return nullptr;
 }
 
-// The client: connects, starts its threads, says so, and ends its threads
-// (the main thread with a raw SYS_exit: the process lives on) as told.
+// The client: connects, starts its threads, sends their ids, and ends its
+// threads (the main thread with a raw SYS_exit: the process lives on) as told.
 [[noreturn]] void client(const sockaddr_un& addr, socklen_t len) {
   int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
   if (::connect(s, reinterpret_cast<const sockaddr*>(&addr), len) != 0) ::_exit(2);
@@ -69,12 +75,30 @@ void* client_thread(void* arg) {
     if (pthread_create(&t, nullptr, client_thread, reinterpret_cast<void*>(static_cast<intptr_t>(i))) != 0) ::_exit(3);
     pthread_detach(t);
   }
-  char b = 'r';
-  if (::write(s, &b, 1) != 1) ::_exit(4);
+  pid_t tids[kThreads];
+  for (int i = 0; i < kThreads; i++) {
+    while (g_tids[i].load() == 0) ::usleep(1000);
+    tids[i] = g_tids[i].load();
+  }
+  if (::write(s, tids, sizeof tids) != static_cast<ssize_t>(sizeof tids)) ::_exit(4);
+  char b;
   while (::read(g_pipes[kThreads][0], &b, 1) < 0) {
   }
   ::syscall(SYS_exit, 0);  // this thread only
   ::_exit(5);
+}
+
+// Whether thread tid of process pid has exited: its /proc entry is gone, or
+// (the main thread, while others live) it is a zombie.
+bool exited(pid_t pid, pid_t tid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat";
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return true;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buf, ')');  // "tid (comm) S ...": the state follows the last ')'
+  return n == 0 || !paren || paren[1] == '\0' || paren[2] == 'Z' || paren[2] == 'X';
 }
 
 }  // namespace
@@ -93,8 +117,9 @@ int main() {
   const pid_t child = ::fork();  // before any thread of this process
   if (child == 0) client(addr, alen);
   int sock = ::accept(listener, nullptr, nullptr);
-  char b;
-  CHECK(::read(sock, &b, 1) == 1, "the client's threads started");
+  pid_t tids[kThreads];
+  CHECK(::recv(sock, tids, sizeof tids, MSG_WAITALL) == static_cast<ssize_t>(sizeof tids),
+        "the client's threads started");
   for (auto& p : g_pipes) ::close(p[0]);
 
   std::unique_ptr<adp::proto::ProcessMemory> pm;
@@ -123,18 +148,28 @@ int main() {
         if (first_bad.empty()) first_bad = st.ok() ? "other bytes" : st.message();
       }
     });
-  auto pause = [&] {  // until each reader got through a few more transfers
+  auto pause = [&] {  // until the readers got through 30 more transfers (they fail the test if they fail)
     const int from = good.load();
-    for (int i = 0; i < 500 && good.load() < from + 30; i++) std::this_thread::sleep_for(2ms);
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (good.load() < from + 30 && bad.load() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(2ms);
+    CHECK(good.load() >= from + 30 || bad.load() > 0, "no 30 transfers within 60 s");
   };
   pause();
-  auto end = [&](int i) { CHECK(::write(g_pipes[i][1], "x", 1) == 1, "end thread %d", i); };
-  end(kThreads);  // the main thread
-  pause();
+  // Ends the client's thread tid (pipe i) and waits until it has exited.
+  auto end = [&](int i, pid_t tid) {
+    CHECK(::write(g_pipes[i][1], "x", 1) == 1, "end thread %d", i);
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!exited(child, tid) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    CHECK(exited(child, tid), "thread %d of the client still runs 60 s after it was told to exit", i);
+  };
+  end(kThreads, child);  // the main thread
+  pause();               // transfers since it exited: each met ESRCH, or the thread one of them named
   CHECK(pm->target() != child, "a live thread is named instead of the exited main thread");
   for (int i = 0; i < kThreads - 1; i++) {  // the thread named (the first listed) exits, and so on
-    end(i);
+    end(i, tids[i]);
     pause();
+    CHECK(pm->target() != tids[i], "thread %d (%d) exited and is still named", i, tids[i]);
   }
   stop = true;
   for (auto& t : readers) t.join();
@@ -144,7 +179,7 @@ int main() {
   CHECK(open_fds() == fds + 1, "%d descriptors, expected %d (the pidfd and one thread pidfd)", open_fds(), fds + 1);
   CHECK(::fcntl(sock, F_GETFD) >= 0 && ::fcntl(listener, F_GETFD) >= 0, "another descriptor was closed");
 
-  end(kThreads - 1);  // the whole process
+  end(kThreads - 1, tids[kThreads - 1]);  // the whole process
   int status = 0;
   ::waitpid(child, &status, 0);
   std::vector<uint8_t> buf(4096);
