@@ -1040,6 +1040,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
       stall_check_(hooks.stall_check_ms > 0 ? milliseconds(hooks.stall_check_ms) : kStallCheck),
       connect_timeout_(hooks.connect_timeout_ms > 0 ? milliseconds(hooks.connect_timeout_ms) : kConnectTimeout),
       max_backoff_(hooks.max_backoff_ms > 0 ? milliseconds(hooks.max_backoff_ms) : kMaxBackoff),
+      idle_look_(hooks.idle_look_ms > 0 ? milliseconds(hooks.idle_look_ms) : kIdleLook),
       stall_log_interval_ns_(std::chrono::nanoseconds(hooks.stall_log_interval_ms >= 0
                                                           ? milliseconds(hooks.stall_log_interval_ms)
                                                           : kStallLogInterval)
@@ -1330,7 +1331,7 @@ void RemoteBackend::reconnect_loop() {
       // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
       // missed between this look and the wait (link_ is set without mu_), and paces the look at idle connections.
       backoff = milliseconds{0};
-      reconnect_cv_.wait_for(l, kIdleLook);
+      reconnect_cv_.wait_for(l, idle_look_);
       if (interrupted_ || link_.load() != Link::kUp || !all_closed_locked()) continue;
       // Every connection of this connector, none waiting for a reply, was closed by the gateway (audit 15 item 22:
       // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch), or
@@ -1353,7 +1354,7 @@ void RemoteBackend::reconnect_loop() {
           ADP_INFO(
               "%s: the gateway closed this idle connector's connections and is full (%s): it is up; asked again "
               "every %lld ms until the next batch connects (this line once; the next refusals at DEBUG)",
-              describe().c_str(), log_safe(s.message()).c_str(), static_cast<long long>(kIdleLook.count()));
+              describe().c_str(), log_safe(s.message()).c_str(), static_cast<long long>(idle_look_.count()));
         else if (full)
           ADP_DEBUG("%s: idle status query refused: %s", describe().c_str(), log_safe(s.message()).c_str());
         if (!s.ok() && !full && !closing())
@@ -1364,7 +1365,7 @@ void RemoteBackend::reconnect_loop() {
             ADP_DEBUG(
                 "%s: the gateway closed this idle connector's connections and answers a status query: "
                 "asked again every %lld ms until the next batch connects",
-                describe().c_str(), static_cast<long long>(kIdleLook.count()));
+                describe().c_str(), static_cast<long long>(idle_look_.count()));
           if ((s.ok() || full) && !interrupted_) idle_probing_ = true;
           continue;
         }

@@ -204,6 +204,9 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // The longest back-off, and a refused token's (kMaxBackoff; ADP_TEST_MAX_BACKOFF_MS: a test that reaches it
   // sooner, or keeps a session in its back-off for its whole run).
   const std::chrono::milliseconds max_backoff_;
+  // How often the background reconnect looks at an idle connector's connections (kIdleLook; ADP_TEST_IDLE_LOOK_MS:
+  // a test that restarts a gateway and means a batch, not that look, to meet the closed connection).
+  const std::chrono::milliseconds idle_look_;
   int64_t dropped_heard_ns_ = 0;       // mu_: the latest heard_ns() of the connections dropped
   int64_t unanswered_ns_ = 0;          // mu_: when a request was last given up after stall_ns_ with nothing heard
   mutable bool stall_logged_ = false;  // mu_: the last state logged

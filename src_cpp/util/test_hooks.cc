@@ -96,6 +96,10 @@ constexpr Hook kHooks[] = {
     {"ADP_TEST_MAX_BACKOFF_MS", HookSide::kConnector,
      "the longest wait between connects to a gateway that is away, and a refused token's, is this long, not 2000 ms",
      [](TestHooks& h, const char* v) { h.max_backoff_ms = std::atoi(v); }},
+    {"ADP_TEST_IDLE_LOOK_MS", HookSide::kConnector,
+     "an idle connector looks at its connections for the gateway's close (a status query if all are) this often, "
+     "not every 1000 ms",
+     [](TestHooks& h, const char* v) { h.idle_look_ms = std::atoi(v); }},
 };
 
 }  // namespace

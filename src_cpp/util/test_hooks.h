@@ -48,6 +48,7 @@ struct TestHooks {
   int client_cpus = 0;             // ADP_TEST_CLIENT_CPUS (> 0: used)
   int connect_timeout_ms = -1;     // ADP_TEST_CONNECT_TIMEOUT_MS (<= 0: not set, kConnectTimeout)
   int max_backoff_ms = -1;         // ADP_TEST_MAX_BACKOFF_MS (<= 0: not set, kMaxBackoff)
+  int idle_look_ms = -1;           // ADP_TEST_IDLE_LOOK_MS (<= 0: not set, kIdleLook)
 
   // Each hook set, as found: its name, value, side and what it does.
   struct Set {
