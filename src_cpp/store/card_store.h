@@ -84,7 +84,7 @@ class IoContext {
   CardStore* store_ = nullptr;
   AlignedBuffer staging_;
   AlignedBuffer header_;  // header and tail blocks of a zero-copy write
-  CrcWorker crc_;         // checksums a disk store's body while it is written
+  CrcWorker crc_;         // a disk store's body while it is written, a disk load's piece while the next is read
 };
 
 struct VerifyReport {
@@ -125,9 +125,13 @@ class CardStore {
   // `pieces` (kPieces only) runs each piece written into the destination;
   // once it declines part way, the load stops and fails as TimedOut (the
   // buffer may hold the pieces read before; a miss would promise it
-  // untouched), which fails the caller's future.
+  // untouched), which fails the caller's future. `piece_bytes` (kPieces, a
+  // 4 KiB multiple; 0: kGuardedPieceBytes, 4 MiB) is the size of the pieces
+  // an object larger than 4 MiB is read in straight into an aligned
+  // destination: the most a load can write after `pieces` last agreed, and
+  // the bytes one load keeps in the card's queue.
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
-             const PieceGuardFn& pieces = {});
+             const PieceGuardFn& pieces = {}, size_t piece_bytes = 0);
   // Protocol r5 loads: hands key's payload to sink in pieces of
   // piece_bytes (0: kBouncePieceBytes), the last one shorter, each first copied into a bounce buffer
   // (the caller's, reused) and handed out from there, so that while sink
@@ -317,13 +321,14 @@ class CardStore {
   // with the delivery copy). A 4 KiB aligned `payload_dst` receives the
   // payload (same I/O, checked there); otherwise it lands in staging. With
   // `guard` (a kPieces load), every write into payload_dst runs under it, in
-  // pieces of kGuardedPieceBytes; once it declines, *io is TimedOut.
+  // pieces of guard_piece_bytes (0: kGuardedPieceBytes); once it declines,
+  // *io is TimedOut.
   // With `key`, the whole key is compared with the header's where the header
   // is checked (before any payload byte on a mapped card and with a guard):
   // another key is NotFound in *io, no damage.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
                              uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr,
-                             std::string_view key = {});
+                             std::string_view key = {}, size_t guard_piece_bytes = 0);
   // Checks an object's header block against e (region epoch `epoch`): empty
   // if it is e's object (or, with *io set to NotFound, if it was deleted
   // meanwhile, or it is another key than a non-empty `key` with the same

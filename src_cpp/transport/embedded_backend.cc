@@ -6,6 +6,19 @@
 namespace adp {
 namespace {
 
+// A disk card's object larger than 4 MiB is read straight into LMCache's
+// buffer in pieces of this size, each under the batch's guard and started
+// before its deadline. One 32 MiB piece per LMCache chunk (its default
+// size), as fs_native reads a whole object: with 4 MiB pieces the card's 4
+// workers kept 4 x 4 MiB in the queue against fs_native's 4 x 32 MiB, and
+// each worker waited for a CPU 8 times per object between its reads (an MP
+// server's prefetch on this 2-CPU VM under strace: 11% of each worker's
+// time between reads, its reads 1.16x slower per byte;
+// benchmarks/results/2026-12-04-*-diskload-*.md). The price: a load past its
+// deadline completes as failed when its piece in flight ends, one 32 MiB
+// read (tens of ms on a disk) instead of one of 4 MiB.
+constexpr size_t kDiskLoadPieceBytes = 32u << 20;
+
 class EmbeddedSession : public BackendSession {
  public:
   explicit EmbeddedSession(std::shared_ptr<CardStore> store) : store_(std::move(store)) {}
@@ -30,7 +43,8 @@ class EmbeddedSession : public BackendSession {
     };
     for (size_t i = 0; i < n; i++)
       results[i] = store_->get(
-          *ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, into_, pieces);
+          *ctx_, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, into_, pieces,
+          kDiskLoadPieceBytes);
   }
 
   void exists(const std::string_view* keys, size_t n, Status* results, Deadline) override {
@@ -46,9 +60,9 @@ class EmbeddedSession : public BackendSession {
   std::shared_ptr<CardStore> store_;
   // A memory-speed card is read straight into LMCache's buffer: the read
   // then takes a memcpy's time under the batch's deadline guard. Any other
-  // card is read into it in pieces (an object of one piece or less: staged,
-  // then copied), each under the guard and before the deadline, so a slow
-  // card holds up a deadline by one piece's read at most.
+  // card is read into it in pieces of kDiskLoadPieceBytes (an object of
+  // 4 MiB or less: staged, then copied), each under the guard and before the
+  // deadline, so a slow card holds up a deadline by one piece's read at most.
   const ReadInto into_ = store_->memory_speed() ? ReadInto::kDestination : ReadInto::kPieces;
   std::unique_ptr<IoContext> ctx_ = std::make_unique<IoContext>();
 };

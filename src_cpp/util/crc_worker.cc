@@ -16,9 +16,12 @@ CrcWorker::~CrcWorker() {
   thread_.join();
 }
 
-void CrcWorker::start(const void* data, size_t n) {
+void CrcWorker::start(const void* data, size_t n) { start_copy(nullptr, data, n); }
+
+void CrcWorker::start_copy(void* dst, const void* data, size_t n) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    dst_ = dst;
     data_ = data;
     n_ = n;
     pending_ = true;
@@ -43,9 +46,10 @@ void CrcWorker::run() {
     if (stop_) return;
     pending_ = false;
     const void* data = data_;
+    void* dst = dst_;
     size_t n = n_;
     lock.unlock();
-    uint32_t crc = crc32c(data, n);
+    uint32_t crc = dst ? crc32c_copy(dst, data, n) : crc32c(data, n);
     lock.lock();
     crc_ = crc;
     done_ = true;

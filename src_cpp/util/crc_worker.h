@@ -24,6 +24,9 @@ class CrcWorker {
   // Starts the CRC32C of [data, data + n): the memory must stay valid and
   // unchanged until wait() returns. Must not be called again before wait().
   void start(const void* data, size_t n);
+  // The same, copying the bytes to dst in the same pass (crc32c_copy): dst
+  // is written until wait() returns.
+  void start_copy(void* dst, const void* data, size_t n);
   // Waits for the CRC started last and returns it.
   uint32_t wait();
 
@@ -34,6 +37,7 @@ class CrcWorker {
   std::condition_variable cv_;
   std::thread thread_;
   const void* data_ = nullptr;
+  void* dst_ = nullptr;  // start_copy's
   size_t n_ = 0;
   uint32_t crc_ = 0;
   bool pending_ = false, done_ = false, stop_ = false;

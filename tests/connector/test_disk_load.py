@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Loads from a disk card, deadline-safe: large objects straight into LMCache's buffer in pieces,
-objects of one piece (4 MiB) or less staged and copied under the batch's guard.
+"""Loads from a disk card, deadline-safe: large objects straight into LMCache's buffer in pieces
+(32 MiB, the body's last 4 MiB apart, each piece's CRC beside the next one's read), objects of
+4 MiB or less staged and copied under the batch's guard.
 
 Builds tests/cpp/disk_load_test.cc with the store, the connector, the embedded
 backend and the fault device, and runs it: on a card whose reads are slow, a
-load past its deadline fails and writes nothing into its buffer after that (32 MiB
+load past its deadline fails and writes nothing into its buffer after that (64 MiB
 into 4 KiB aligned and unaligned buffers, 4 MiB into an aligned one), a load
-within its deadline returns the object, a damaged byte (in a middle piece of
-the 32 MiB object, in the 4 MiB one) is a miss, counted and dropped, and a 4 MiB
-object deleted while it is read is a miss with its buffer untouched (see the .cc file).
+within its deadline returns the object (64 MiB: the header block and 3 reads),
+a damaged byte (in the middle or the last piece of a 64 MiB object, in the 4 MiB
+one) is a miss, counted and dropped, and a 4 MiB object deleted while it is read
+is a miss with its buffer untouched (see the .cc file).
 """
 
 from __future__ import annotations

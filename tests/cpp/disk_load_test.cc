@@ -1,20 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
-// Loads from a disk card (ReadInto::kPieces: an object larger than one
-// piece read straight into LMCache's buffer in pieces, each under the batch's
-// guard and before its deadline; one of a piece or less staged, then copied
-// under the guard), on a FaultDevice whose reads are slow (64 MiB/s, the
-// bytes land when a read ends, as a DMA's would). Checks, for a 32 MiB object
-// (8 pieces) and a 4 MiB one (one piece, staged):
+// Loads from a disk card (ReadInto::kPieces: an object larger than 4 MiB
+// read with its header block and first 4 MiB into staging in one I/O, then
+// straight into LMCache's buffer in pieces of 32 MiB, the embedded backend's,
+// each under the batch's guard and before its deadline, the body's last
+// 4 MiB a piece of its own; the staged piece copied and each piece's CRC
+// computed on the worker's CrcWorker while the next is read; one of 4 MiB or
+// less staged, then copied under the guard), on a FaultDevice whose reads
+// are slow (64 MiB/s, the bytes land when a read ends, as a DMA's would).
+// Checks, for a 64 MiB object and a 4 MiB one (staged):
+//   - a timely load of the large object reads 4 MiB + 4 KiB (header block
+//     and first piece), then 32, 24 and 4 MiB: no read of the header alone,
+//     no 4 MiB pieces;
 //   - a load past its deadline completes as failed, and nothing is written
-//     into its buffer after that (4 KiB aligned buffer; for 32 MiB also an
+//     into its buffer after that (4 KiB aligned buffer; for 64 MiB also an
 //     unaligned one: staged, then copied under the guard), and the load in
 //     pieces stops reading once it is late instead of reading the rest;
 //   - with a deadline it can meet, the same loads return the object's bytes;
-//   - a damaged byte (in a middle piece of the large object, in the small
+//   - a damaged byte (in the large object's middle piece, checked on the
+//     CrcWorker, or in its last piece, checked on the worker; in the small
 //     one) makes it a miss, counted, and the object is dropped;
-//   - a 4 MiB object deleted while it is read is a miss whose buffer is left
-//     untouched (its header, read in the same I/O as the payload, is checked
-//     before any byte is copied into the buffer).
+//   - a 4 MiB object and a 64 MiB one deleted while their first I/O is read
+//     are misses whose buffers are left untouched (the header, read in the
+//     same I/O as the first payload bytes, is checked before any byte is
+//     copied into the buffer).
 // The Connector over the embedded backend, one worker.
 //
 //   disk_load_test
@@ -24,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,10 +50,11 @@ namespace {
 using adp::Completion;
 using adp::OpType;
 
-constexpr uint64_t kCardBytes = 256ull << 20;
-constexpr uint64_t kRegionBytes = 16ull << 20;
-constexpr size_t kObjectBytes = 32u << 20;  // 8 pieces of 4 MiB (kGuardedPieceBytes)
-constexpr size_t kSmallBytes = 4u << 20;    // one piece: staged
+constexpr uint64_t kCardBytes = 576ull << 20;   // 8 regions
+constexpr uint64_t kRegionBytes = 68ull << 20;  // a 64 MiB object fits in one: one read a piece
+constexpr size_t kObjectBytes = 64u << 20;      // read as 4 MiB + 4 KiB, 32, 24 and 4 MiB (embedded_backend.cc)
+constexpr int kObjectReads = 4;                 // those reads
+constexpr size_t kSmallBytes = 4u << 20;        // one piece: staged
 const char* const kKey = "m@00000000@0@large";
 
 using adp::testing::check;
@@ -61,6 +71,10 @@ class SlowDevice : public adp::testing::FaultDevice {
       uint64_t n = 0;
       for (int i = 0; i < count; i++) n += iov[i].iov_len;
       reads_started++;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        sizes.push_back(n);
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(n / 64));  // 64 MiB/s: ~16 us per KiB
       payload_reads++;
     }
@@ -69,6 +83,8 @@ class SlowDevice : public adp::testing::FaultDevice {
   std::atomic<bool> slow{false};
   mutable std::atomic<int> payload_reads{0};
   mutable std::atomic<int> reads_started{0};
+  mutable std::mutex mu;
+  mutable std::vector<uint64_t> sizes;  // of the slow reads, in the order they started
 };
 
 // A load's destination: `bytes` of 0x5a at `offset` into an aligned buffer; `what` names it in the checks.
@@ -96,7 +112,7 @@ void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std
   dev->slow = true;
   Completion got = run(*c, OpType::kGet, {key}, {{dst, bytes}});
   std::vector<uint8_t> at_completion(dst, dst + bytes);
-  // Reading the whole 32 MiB object takes 0.5 s: wait that long again, so
+  // Reading the whole 64 MiB object takes 1 s: wait that long again, so
   // that a load that went on would have written by now.
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   check(!got.ok && got.error.find("timed out") != std::string::npos,
@@ -105,9 +121,9 @@ void late_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std
   check(std::memcmp(at_completion.data(), dst, bytes) == 0,
         what + "nothing was written into the buffer after its future completed");
   if (!offset && bytes > kSmallBytes)
-    check(dev->payload_reads.load() < int(kObjectBytes / (4u << 20)), what + "the load stopped reading once late (" +
-                                                                          std::to_string(dev->payload_reads.load()) +
-                                                                          " reads of 8 pieces)");
+    check(dev->payload_reads.load() < kObjectReads, what + "the load stopped reading once late (" +
+                                                        std::to_string(dev->payload_reads.load()) + " reads of " +
+                                                        std::to_string(kObjectReads) + ")");
   c->close();
   dev->slow = false;
 }
@@ -120,11 +136,24 @@ void timely_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const s
   uint8_t* const dst = to.dst;
   const std::string& what = to.what;
   auto c = embedded_connector(store, 1, 30000);
+  dev->payload_reads = 0;
+  {
+    std::lock_guard<std::mutex> lock(dev->mu);
+    dev->sizes.clear();
+  }
   dev->slow = true;
   Completion got = run(*c, OpType::kGet, {key}, {{dst, bytes}});
   dev->slow = false;
   check(got.ok && got.per_key == std::vector<uint8_t>{1}, what + "a slow load within its deadline hits: " + got.error);
   check(std::memcmp(dst, want.data(), bytes) == 0, what + "the loaded bytes are the object's");
+  if (!offset && bytes > kSmallBytes) {
+    std::lock_guard<std::mutex> lock(dev->mu);
+    const std::vector<uint64_t> want_sizes{(4u << 20) + 4096, 32u << 20, 24u << 20, 4u << 20};
+    std::string got_sizes;
+    for (uint64_t n : dev->sizes) got_sizes += " " + std::to_string(n >> 10) + " KiB";
+    check(dev->sizes == want_sizes,
+          what + "the header block with the first 4 MiB, then 32, 24 and 4 MiB (read:" + got_sizes + ")");
+  }
   c->close();
 }
 
@@ -179,7 +208,7 @@ void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, 
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (dev->reads_started.load() == 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-  check(dev->reads_started.load() == 1, "the load's read started (one read for header and payload)");
+  check(dev->reads_started.load() == 1, "the load's first read started (header block and payload, or its first 4 MiB)");
   adp::IoContext ctx;
   adp::Status removed = store->remove(ctx, key);
   check(removed.ok(), "the delete during the read succeeds: " + removed.message());
@@ -205,11 +234,15 @@ int main() {
 
   const std::vector<uint8_t> want = store_object(store, kKey, kObjectBytes);
   for (size_t offset : {size_t(0), size_t(8)}) {
-    late_load(store, dev, kKey, kObjectBytes, offset, 100);  // 0.5 s to read
+    late_load(store, dev, kKey, kObjectBytes, offset, 100);  // 1 s to read, its first piece 0.5 s
     timely_load(store, dev, kKey, offset, want);
   }
-  // One flipped byte in the fifth of eight pieces.
-  damaged_load(store, *image, kKey, kObjectBytes, (17u << 20) + 12345);
+  // One flipped byte in the middle piece (its CRC on the CrcWorker), then in
+  // another object's last piece (its CRC on the worker).
+  damaged_load(store, *image, kKey, kObjectBytes, (40u << 20) + 12345);
+  const std::string other = "m@00000000@0@large-2";
+  store_object(store, other, kObjectBytes);
+  damaged_load(store, *image, other, kObjectBytes, (62u << 20) + 777);
 
   // One piece (staged): 62 ms to read, past a 20 ms deadline.
   const std::string small = "m@00000000@0@small";
@@ -220,6 +253,9 @@ int main() {
   const std::string doomed = "m@00000000@0@deleted-while-read";
   store_object(store, doomed, kSmallBytes);
   deleted_while_read(store, dev, doomed, kSmallBytes);
+  const std::string doomed_large = "m@00000000@0@large-deleted-while-read";
+  store_object(store, doomed_large, kObjectBytes);
+  deleted_while_read(store, dev, doomed_large, kObjectBytes);
 
   return adp::testing::finish("disk_load_test");
 }
