@@ -73,11 +73,13 @@ using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
 // time. Callers choose it where that time is bounded (a memory-speed card,
 // CardStore::memory_speed()) or where dst is memory no one reuses once its
 // caller gave up (a gateway connection's ring). kPieces: deliver() only names
-// dst (copy(dst) returns true at once); an object of more than one piece
-// (4 MiB, kGuardedPieceBytes) is then read straight into dst (4 KiB aligned) in
-// pieces, each written into dst under the PieceGuardFn given to get(), the
-// CRC checked piece by piece: one pass over the bytes; a smaller object, or
-// any into unaligned dst, is staged and copied in one piece under it. A
+// dst (copy(dst) returns true at once); an object of more than 4 MiB
+// (kGuardedPieceBytes) into 4 KiB aligned dst is then read with its header
+// block and first 4 MiB into staging in one I/O, the rest straight into dst in
+// pieces (get()'s piece_bytes), each written into dst under the PieceGuardFn
+// given to get() (the staged piece copied under it beside the next piece's
+// read), the CRC checked piece by piece: one pass over the bytes; a smaller
+// object, or any into unaligned dst, is staged and copied in one piece under it. A
 // memory-speed card is copied from its mapping into dst in 1 MiB pieces at
 // any size and alignment. The header is checked before the first piece.
 // Either way dst is written only while its caller accepts bytes (for a card
