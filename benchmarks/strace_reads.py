@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import gzip
 import re
+import statistics
 import sys
 
 LINE = re.compile(r"^(\d+)\s+(\d\d:\d\d:\d\d\.\d+) (.*)$")
@@ -34,7 +36,7 @@ def parse(path: str, names: set[str], min_bytes: int) -> list[tuple[float, float
     """(start, end, syscall, fd, bytes, tid) of each read of at least min_bytes."""
     pending: dict[int, tuple[str, int]] = {}
     out = []
-    with open(path, errors="replace") as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", errors="replace") as f:
         for line in f:
             m = LINE.match(line.rstrip("\n"))
             if not m:
@@ -78,12 +80,31 @@ def size_text(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB" if n % 1024 == 0 else f"{n} B"
 
 
+def per_thread(rs: list[tuple[float, float, str, int, int, int]]) -> None:
+    t0 = min(r[0] for r in rs)
+    for size, _count in collections.Counter(r[4] for r in rs).most_common(4):
+        took = statistics.median(r[1] - r[0] for r in rs if r[4] == size)
+        print(
+            f"    reads of {size_text(size)}: median {took * 1e3:.1f} ms ({took * 1e3 / (size / 2**20):.2f} ms per MiB)"
+        )
+    for tid in sorted({r[5] for r in rs}):
+        x = [r for r in rs if r[5] == tid]
+        busy = sum(r[1] - r[0] for r in x)
+        small = sum(r[1] - r[0] for r in x if r[4] <= 4096)
+        gaps = sum(b[0] - a[1] for a, b in zip(x, x[1:], strict=False))
+        print(
+            f"    thread {tid}: {len(x)} reads, done at {max(r[1] for r in x) - t0:.3f} s, in reads {busy:.3f} s "
+            f"({small:.3f} s in reads of <= 4 KiB), between reads {gaps:.3f} s"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log")
     ap.add_argument("--min-bytes", type=int, default=4096)
     ap.add_argument("--gap", type=float, default=0.5)
     ap.add_argument("--syscalls", default="read,pread64,preadv,preadv2")
+    ap.add_argument("--per-thread", action="store_true", help="each thread's time in and between reads")
     args = ap.parse_args()
     reads = parse(args.log, set(args.syscalls.split(",")), args.min_bytes)
     bursts: list[list] = []
@@ -107,6 +128,8 @@ def main() -> int:
                 f"{len({r[5] for r in rs})} threads, in flight mean {mean:.2f} max {most}; sizes "
                 + ", ".join(f"{size_text(s)} x{c}" for s, c in sizes.most_common(4))
             )
+            if args.per_thread:
+                per_thread(rs)
     return 0
 
 
