@@ -569,7 +569,14 @@ def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir):
         keys = [f"a@{i}" for i in range(10)]
         datas = [payload(k, 1 << 20) for k in keys]
         fid = a.conn.submit_batch_set(keys, [memoryview(d) for d in datas])
-        time.sleep(0.3)  # A's 10 MiB are taken before its first object's read (0.3 s away)
+
+        # B's store goes once the gateway holds A's 10 MiB (B's 1 MiB beside them): A's first object's read is 0.3 s
+        # after they are taken. It slept 0.3 s instead: A's batch reaching the gateway later than that (a loaded
+        # host), B's 8 MiB took their room first and did not wait at all.
+        def held() -> int:
+            return read_gateway_stats(gw.unix_url)["store_buffer_bytes"]
+
+        assert eventually(lambda: held() >= 11 << 20, 20), (held(), gw.log())
         big = payload("b@1", 8 << 20)
         r, took, seen = health_while(port, lambda: b.set(["b@1"], [memoryview(big)]))
         assert r[0], r
