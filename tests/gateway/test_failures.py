@@ -252,10 +252,15 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
     it logged the outage's WARNING before). Either way it goes again at once on a new connection."""
     if found_by == "send":
         monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
+    # No background look at the idle connections (kIdleLook, 1 s): a restart slower than that (a loaded host) was
+    # seen by it, logged as an outage before the test read its output, and the batch then ran on the look's new
+    # connection, not on the one the restart closed.
+    monkeypatch.setenv("ADP_TEST_IDLE_LOOK_MS", "600000")
     url = gateway.tcp_url if transport == "tcp" else gateway.unix_url
     params = {"token_file": gateway.token_file} if transport == "tcp" else {"process_memory": transport != "ring"}
     conn = ADPConnector(gateway=url, num_workers=WORKERS, timeout_ms=TIMEOUT_MS, **params)
     monkeypatch.delenv("ADP_TEST_IDLE_CHECK_MS", raising=False)  # read at the connector's start
+    monkeypatch.delenv("ADP_TEST_IDLE_LOOK_MS", raising=False)
     c = RawConnector(conn)
     keys, datas = keys_and_datas(4 * WORKERS, 64 << 10)
     bufs = Buffers(datas, shm=transport == "segments")
@@ -333,9 +338,11 @@ def test_a_segment_registration_on_a_connection_closed_while_idle_logs_no_outage
     `send failed: Broken pipe; its requests fail until it is back` and went through the ring. A gateway really
     gone meets the same registration: the batch fails, the WARNING comes once, /health says unreachable."""
     monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
+    monkeypatch.setenv("ADP_TEST_IDLE_LOOK_MS", "600000")  # no background look: as in the restart test above
     with temp_gateway() as gw:  # a tmpfs card: stores from segments too
         conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=TIMEOUT_MS, process_memory=False)
         monkeypatch.delenv("ADP_TEST_IDLE_CHECK_MS", raising=False)  # read at the connector's start
+        monkeypatch.delenv("ADP_TEST_IDLE_LOOK_MS", raising=False)
         c = RawConnector(conn)
         keys, datas = keys_and_datas(4, 64 << 10)
         files = [Buffers(datas, shm=True) for _ in range(3)]  # each a file new to the connection it meets
