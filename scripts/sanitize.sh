@@ -134,7 +134,11 @@ if [ "$mode" = asan-python ]; then
   # the path ahead of the sanitized one; the driver appends the tree for tests.*.
   # libstdc++ preloaded too: python does not link it, and ASan's __cxa_throw
   # interceptor must find the real one at startup ("real___cxa_throw != 0").
-  preload="$("$CXX" -print-file-name=libasan.so) $("$CXX" -print-file-name=libstdc++.so)"
+  # -print-file-name echoes the bare name when it finds no such file (or names a link that is dangling: no unversioned
+  # libstdc++.so link, e.g. Ubuntu 24.04's g++ 13 on the 16-core machine): then the runtime's own soname.
+  lib() { local f; for f in "$@"; do f=$("$CXX" -print-file-name="$f"); [ "${f#/}" != "$f" ] && [ -e "$f" ] && { echo "$f"; return; }; done
+    echo "sanitize.sh asan-python: $CXX knows no $* to preload" >&2; exit 1; }
+  preload="$(lib libasan.so libasan.so.8) $(lib libstdc++.so libstdc++.so.6)"
   (cd "$work" &&
     ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 LD_PRELOAD=$preload PYTHONMALLOC=malloc \
       PYTHONPATH=$root/$out/py ADP_SANITIZED_PREFIX=$root/$out/py ADP_LOG_LEVEL=INFO \
