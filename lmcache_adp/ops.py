@@ -70,6 +70,7 @@ _CARD_ROWS = {
     "held at 1st eviction": "first_eviction_held_bytes",
     "checksum failures": "checksum_failures",
     "I/O errors": "io_errors",
+    "memory failures": "memory_failures",
     "media errors": "media_errors",
     "recovered at open": "recovered_objects",
 }
@@ -127,6 +128,8 @@ def format_status(st: dict[str, Any]) -> str:
         ("held at 1st eviction", _first_eviction(st)),
         ("checksum failures", st.get("checksum_failures", 0)),
         ("I/O errors", st.get("io_errors", 0)),
+        # Not the card's: this process had no memory for staging or a bounce buffer (docs/stats.md).
+        ("memory failures", f"{st.get('memory_failures', 0)} operations (out of memory here; the card did not fail)"),
         (
             "media errors",
             f"{st.get('media_errors', 0)} regions unreadable at open (their objects past the damage lost)",

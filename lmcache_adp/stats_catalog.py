@@ -187,7 +187,24 @@ CARD_LIST: tuple[Stat, ...] = (
         "Objects that failed their checksum on read (a miss; the object is dropped); a header read while a "
         "delete or re-store rewrote it is a plain miss, not counted here (docs/card_format.md, Writing)",
     ),
-    Stat("io_errors", COUNTER, "errors", _CARD, "Card I/O operations that failed"),
+    Stat(
+        "io_errors",
+        COUNTER,
+        "errors",
+        _CARD,
+        "Card I/O operations that failed (the card's: not those that failed for want of this process's memory, "
+        "counted in memory_failures)",
+    ),
+    Stat(
+        "memory_failures",
+        COUNTER,
+        "operations",
+        _CARD,
+        "Card operations (loads, stores, tombstone writes) that failed for want of this process's own memory: "
+        'its staging or a bounce buffer could not grow ("out of memory for staging", "... for a bounce '
+        'buffer", I/O-error class 2). The host is short of memory, the card is not failing: not in io_errors, '
+        "`healthy` stays 1. A store failed so is also in store_failures",
+    ),
     Stat(
         "media_errors",
         COUNTER,
@@ -841,6 +858,8 @@ def render_markdown() -> str:
         "use the lookup ratio above to size a card) | `rate(lmcache_adp_hits_total[5m]) / "
         "(rate(lmcache_adp_hits_total[5m]) + rate(lmcache_adp_misses_total[5m]))` |",
         "| damaged objects dropped | `increase(lmcache_adp_checksum_failures_total[1h]) > 0` |",
+        "| the host short of memory for loads and stores (not the card) | "
+        "`rate(lmcache_adp_memory_failures_total[5m]) > 0` |",
         "| card fill | `lmcache_adp_used_bytes / lmcache_adp_capacity_bytes` |",
         "| eviction churn (objects/s) | `rate(lmcache_adp_evicted_objects_total[5m])` |",
         "| stores failing | `rate(lmcache_adp_store_failures_total[5m]) > 0` |",

@@ -114,6 +114,10 @@ struct StoreStats {
   uint64_t lookup_hits = 0, lookup_misses = 0;
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
   uint64_t media_errors = 0;  // regions found damaged or unreadable at open (their objects past the damage are lost)
+  // Card operations (loads, stores, tombstones) that failed for want of this
+  // process's own memory (staging, a bounce buffer): not the card's, so not
+  // in io_errors.
+  uint64_t memory_failures = 0;
   uint64_t bytes_written = 0, bytes_read = 0;
   uint64_t payload_bytes = 0;  // payload of the objects held (used_bytes less headers and padding)
   // The card's fill at its first eviction since it was opened (zero before
@@ -185,6 +189,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("checksum_failures", st.checksum_failures);
   f("io_errors", st.io_errors);
   f("media_errors", st.media_errors);
+  f("memory_failures", st.memory_failures);
   f("bytes_written", st.bytes_written);
   f("bytes_read", st.bytes_read);
   f("payload_bytes", st.payload_bytes);

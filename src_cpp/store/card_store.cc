@@ -314,7 +314,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   if (s.ok() && durable_) s = device_->sync();
   lock.lock();
   if (!s.ok()) {
-    count_io_error();
+    count_failure(s);
     regions_.fail_open(r);  // other regions are tried before this one again
     return s;
   }
@@ -417,7 +417,7 @@ void CardStore::abandon(IoContext& ctx, const Placement& pl, uint64_t payload_by
   encode_pad(ctx.header_.data(), card_id_, pl.epoch, payload_bytes, continues(pl.offset, payload_bytes));
   Status s = device_->write(pl.ext[0].at, ctx.header_.data(), kBlockSize);
   if (s.ok()) return;
-  count_io_error();
+  count_failure(s);
   // Recovery's walk of the region will stop here: no store behind this
   // place in the region may be acknowledged, and the frontier moves on.
   // (mu_ only: a reservation holding frontier_mu_ may be waiting for a
@@ -439,6 +439,8 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   if (!ctx.header_.reserve(2 * kBlockSize)) {
     for (size_t i = 0; i < n; i++)
       results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
+    counters_.store_failures += n;
+    counters_.memory_failures += n;
     return;
   }
   retry_pending(ctx);
@@ -525,7 +527,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     }
     if (iovcnt) s = io_mapped(true, pl.ext, 0, iov, iovcnt);
     if (!s.ok()) {
-      if (card_error) count_io_error();
+      if (card_error) count_failure(s);
       results[i] = s;
       abandon(ctx, pl, it.size);
       resolve(pl.ticket, true);
@@ -548,7 +550,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   if (any_written && durable_) {
     Status s = device_->sync();
     if (!s.ok()) {
-      count_io_error();
+      count_failure(s);
       synced = false;
       for (size_t i = 0; i < n; i++)
         if (written[i].region != UINT32_MAX) results[i] = s;
@@ -625,19 +627,23 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   if (!wanted && synced)
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
-  for (size_t i = 0; i < n; i++)
-    if (!results[i].ok() && !source_failed[i]) counters_.store_failures++;
+  for (size_t i = 0; i < n; i++) {
+    if (results[i].ok() || source_failed[i]) continue;
+    counters_.store_failures++;
+    if (results[i].io_class() == Status::IoClass::kGatewayMemory) counters_.memory_failures++;  // staging
+  }
 }
 
 bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
   if (stale.empty()) return true;
-  std::vector<bool> ok(stale.size());
+  std::vector<Status> ok(stale.size());
   bool any = false;
   for (size_t i = 0; i < stale.size(); i++) {
-    ok[i] = write_tombstone(ctx, stale[i].loc).ok();
-    any |= ok[i];
+    ok[i] = write_tombstone(ctx, stale[i].loc);
+    any |= ok[i].ok();
   }
-  if (any && durable_ && !device_->sync().ok()) ok.assign(stale.size(), false);
+  if (any && durable_)
+    if (Status s = device_->sync(); !s.ok()) ok.assign(stale.size(), s);
   bool all = true;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < stale.size(); i++) {
@@ -646,12 +652,12 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
       auto v = voiding_.find(stale[i].loc.hash);
       if (v != voiding_.end()) voiding_.erase(v);
     }
-    if (ok[i]) {
+    if (ok[i].ok()) {
       if (stale[i].guard >= 0 && regions_.unpin(static_cast<uint32_t>(stale[i].guard))) unpinned_.notify_all();
       continue;
     }
     all = false;
-    count_io_error();
+    count_failure(ok[i]);
     pending_.push_back(stale[i]);
   }
   pending_count_ = pending_.size();
@@ -1035,7 +1041,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // miss: the buffer may hold the pieces read): no damage either way.
   if (io->is_not_found() || io->code() == Status::Code::kTimedOut) return std::string();
   if (!io->ok()) {
-    count_io_error();
+    count_failure(*io);  // the card's, or (no staging) this process's memory
     return io->message();
   }
   counters_.bytes_read += fp;
@@ -1121,8 +1127,10 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     });
     return Status::NotFound();
   };
-  if (bounces.empty() || !bounces[0].reserve(piece_bytes))
+  if (bounces.empty() || !bounces[0].reserve(piece_bytes)) {
+    counters_.memory_failures++;
     return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
+  }
   // A memory-speed card: each piece copied from the mapping into a bounce
   // buffer under pins taken only for that copy, after checking that e is
   // still the entry of h with its regions of the epochs first seen. The
@@ -1240,7 +1248,10 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     if (stopped || (!ran && !changed && !no_memory))
       return Status::TimedOut("the load was stopped while its pieces went out");
     if (changed) return Status::NotFound("evicted, replaced or deleted while its pieces went out");
-    if (no_memory) return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
+    if (no_memory) {
+      counters_.memory_failures++;
+      return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
+    }
     uint32_t crc = 0;
     {
       prof::Timer t(prof::kCombine);
@@ -1295,7 +1306,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e)
   }
   // A read-only card (CardOptions::read_only) drops it from the index only: its tombstone is no I/O error.
   Status ts = read_only_ ? Status::Ok() : write_tombstone(ctx, loc);
-  if (!ts.ok()) count_io_error();
+  if (!ts.ok()) count_failure(ts);
   unpin(e.region);
 }
 
@@ -1445,7 +1456,7 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     if (regions_.unpin(loc.region)) unpinned_.notify_all();
   }
   if (!s.ok()) {
-    count_io_error();
+    count_failure(s);
     return s;
   }
   if (erased) counters_.deletes++;
@@ -1475,6 +1486,7 @@ StoreStats CardStore::stats() const {
   st.checksum_failures = counters_.checksum_failures;
   st.io_errors = counters_.io_errors;
   st.media_errors = counters_.media_errors;
+  st.memory_failures = counters_.memory_failures;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;
   st.healthy = device_->healthy();

@@ -311,7 +311,13 @@ class CardStore {
   // stays pinned) and are retried by retry_pending(). False if any failed.
   bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale);
   void retry_pending(IoContext& ctx);
-  void count_io_error() { counters_.io_errors++; }  // the device logs failing/working transitions
+  // A failed operation's count: memory_failures when it failed for want of
+  // this process's memory (Status::IoClass::kGatewayMemory: staging, a
+  // bounce buffer, recovery's block), else io_errors (the card's; the device
+  // logs failing/working transitions).
+  void count_failure(const Status& s) {
+    (s.io_class() == Status::IoClass::kGatewayMemory ? counters_.memory_failures : counters_.io_errors)++;
+  }
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
   // Reads the object of (hash, e) into ctx's staging and checks header, key
   // hash and payload CRC. Empty string if good, else the reason. *io is
@@ -406,7 +412,7 @@ class CardStore {
 
   struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
-    std::atomic<uint64_t> media_errors{0};
+    std::atomic<uint64_t> media_errors{0}, memory_failures{0};
   } counters_;
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;

@@ -111,8 +111,8 @@ Status CardStore::recover(int threads) {
   std::vector<RegionScan> scans;
   Status scan_status = scan_regions(*device_, g, threads, &scans);
   if (!scan_status.ok()) {
-    count_io_error();
-    return Status::IoError("recovery of card " + path() + " failed: " + scan_status.message());
+    count_failure(scan_status);
+    return Status::IoError("recovery of card " + path() + " failed: " + scan_status.message(), scan_status.io_class());
   }
 
   // Damaged media costs what it holds: the region keeps what was found

@@ -6,8 +6,11 @@
 // test_gateway.h, which does the same for an in-process gateway.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,6 +103,33 @@ inline std::optional<std::vector<uint8_t>> read_object(CardStore& s, const std::
   IoContext ctx;
   return read_object(s, ctx, key, st);
 }
+
+// Holds this process's address space (RLIMIT_AS) to what it is now and `slack` bytes more while it lives: a
+// buffer that would grow past that is refused (the store's "out of memory ..."), as on a host short of memory.
+// Whatever the code under test needs besides is made before.
+class AddressSpaceLimit {
+ public:
+  explicit AddressSpaceLimit(uint64_t slack) {
+    getrlimit(RLIMIT_AS, &old_);
+    rlimit limited = old_;
+    limited.rlim_cur = vm_size() + slack;
+    check(setrlimit(RLIMIT_AS, &limited) == 0, "RLIMIT_AS is set");
+  }
+  ~AddressSpaceLimit() { setrlimit(RLIMIT_AS, &old_); }
+  AddressSpaceLimit(const AddressSpaceLimit&) = delete;
+  AddressSpaceLimit& operator=(const AddressSpaceLimit&) = delete;
+
+ private:
+  // This process's address space now (VmSize), in bytes.
+  static uint64_t vm_size() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+    return 0;
+  }
+  rlimit old_{};
+};
 
 // The image offset of the header block of the object stored under key (its key follows the header in
 // that block), or UINT64_MAX.

@@ -10,10 +10,7 @@
 //     --repair leaves it; with the memory back it is checked, and good.
 //
 //   verify_test
-#include <sys/resource.h>
-
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,15 +48,6 @@ std::string counts(const VerifyReport& r) {
          (r.bad_objects.empty() ? "" : ", first bad: " + r.bad_objects[0]);
 }
 
-// This process's address space now (VmSize), in bytes.
-uint64_t address_space() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
-  return 0;
-}
-
 }  // namespace
 
 int main() {
@@ -93,14 +81,12 @@ int main() {
   check(removed.ok(), "the delete succeeds: '" + removed.message() + "'");
 
   // No memory for the big object's read buffer: the address space held to what it is now and a few MiB.
-  rlimit old{};
-  getrlimit(RLIMIT_AS, &old);
-  rlimit limited = old;
-  limited.rlim_cur = address_space() + (8u << 20);
-  check(setrlimit(RLIMIT_AS, &limited) == 0, "RLIMIT_AS is set");
-  r = verify(*s);
-  VerifyReport repaired = verify(*s, true);
-  setrlimit(RLIMIT_AS, &old);
+  VerifyReport repaired;
+  {
+    adp::testing::AddressSpaceLimit limit(8u << 20);
+    r = verify(*s);
+    repaired = verify(*s, true);
+  }
   check(r.no_memory == 1 && r.no_memory_bytes == kBig && r.checked == 3 && r.bad == 0 && r.bad_objects.empty() &&
             r.gone == 0,
         "an object verify had no memory to read is counted apart, not checked and not bad (" + counts(r) + ")");
