@@ -81,6 +81,10 @@ def _clients(st: dict[str, Any]) -> str:
     out = f"{st['clients']} ({st.get('refused_connections', 0)} refused by a limit"
     if "status_queries" in st:  # protocol r10: a status query is not a client (an older gateway counts it)
         out += f"; status queries not counted: {st['status_queries']} since start"
+    if "status_probes" in st:  # r13: idle connectors' status queries, which ask nothing
+        out += f", {st['status_probes']} idle connectors' probes"
+    if "refused_status_queries" in st:  # not among the refused clients above
+        out += f", {st['refused_status_queries']} refused for being full"
     return out + ")"
 
 

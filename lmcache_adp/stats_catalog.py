@@ -438,8 +438,21 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "connections",
         G,
-        "Connections refused by a limit (README, Gateway limits); on a full gateway, idle connectors' probes (one a "
-        "second each: status_probes) among them",
+        "Connections refused by a limit (README, Gateway limits), status queries refused at their Hello not counted "
+        "(refused_status_queries). Those refused before their Hello, not known to be clients yet, are counted: "
+        "TCP connections past --max-handshakes, and local ones past --max-clients and the 2 of the status-query "
+        "reserve (an idle connector's probe among them only when that reserve is taken)",
+    ),
+    Stat(
+        "refused_status_queries",
+        COUNTER,
+        "connections",
+        G,
+        "Status queries refused at their Hello for being full (--max-tcp-clients: over TCP a status query takes a "
+        "slot), since start: mostly idle connectors' probes (one a second each while the gateway holds their "
+        "connections closed, status_probes), which read a refusal for being full as an answer; also "
+        "`lmcache-adp status --gateway tcp://...`. Not in refused_connections: a gateway full of clients that "
+        "idle connectors probe turns no client away (a local status query is never refused at its Hello)",
     ),
     Stat(
         "ring_bytes",

@@ -125,7 +125,7 @@ Status ClientHandler::handshake() {
   if (s.ok() && tcp_) {
     if (shared_->tcp_clients.fetch_add(1) >= static_cast<uint32_t>(shared_->limits.max_tcp_clients)) {
       shared_->tcp_clients--;
-      shared_->refused++;
+      (status_query ? shared_->refused_status_queries : shared_->refused)++;  // a status query is no client
       s = Status::Busy(proto::kTooManyTcpClients +
                        (" (" + std::to_string(shared_->limits.max_tcp_clients) + ", --max-tcp-clients)"));
     } else {

@@ -122,7 +122,10 @@ struct GatewayShared {
   // Local connections admitted as clients at their Hello, within limits.max_clients (a status query takes none);
   // given back in the teardown, where `clients` drops.
   std::atomic<uint32_t> local_clients{0};
-  std::atomic<uint64_t> refused{0};  // connections refused by a limit
+  std::atomic<uint64_t> refused{0};  // connections refused by a limit (refused_connections)
+  // Status queries refused at their Hello for being full (--max-tcp-clients): idle connectors' probes, one a
+  // second each, and `status --gateway tcp://`; not in `refused`, whose alert is for clients turned away.
+  std::atomic<uint64_t> refused_status_queries{0};
   // Clients that hung up before their HelloOk reached them (each logged at DEBUG; the accept thread logs a count
   // line: GatewayServer::log_gone_clients).
   std::atomic<uint64_t> gone_before_hello_ok{0};

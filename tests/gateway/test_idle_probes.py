@@ -92,8 +92,8 @@ def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transpo
     kIdleLook (1 s); on a full gateway each was refused, and the connector read that as an outage: WARNING
     "unreachable", gateway_reachable 0, /health 503, although the gateway was up and answered. A refusal for being
     full is an answer now: /health 200 and gateway_reachable 1 throughout 3.5 s of refused queries (the gateway
-    counts them in refused_connections), one INFO line saying so, no WARNING; once there is room, the next batch
-    works. Unix: --max-clients 1, one client and two status queries held (the reserve), each query refused at
+    counts them: refused at accept, before their Hello, in refused_connections; at their Hello, over TCP, in
+    refused_status_queries), one INFO line saying so, no WARNING; once there is room, the next batch works. Unix: --max-clients 1, one client and two status queries held (the reserve), each query refused at
     accept, "too many local clients". TCP, where a status query holds a --max-tcp-clients slot: --max-tcp-clients
     1, one TCP client held, each query refused at its Hello, "too many TCP clients"."""
     tcp = transport == "tcp"
@@ -126,7 +126,8 @@ def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transpo
         held.close()
         held = None
         st = read_gateway_stats(gw.unix_url)
-        assert st["refused_connections"] >= 2, st  # the connector's queries, 2 at least
+        refused = "refused_status_queries" if tcp else "refused_connections"
+        assert st[refused] >= 2, st  # the connector's queries, 2 at least
         err = capfd.readouterr().err
         assert "WARNING" not in err, err
         reason = "too many TCP clients" if tcp else "too many local clients"
