@@ -61,7 +61,7 @@ LIMITS = [
         "connections past it are kept for `lmcache-adp status --gateway`)",
     ),
     ("--max-tcp-clients", 64, "authenticated TCP connections"),
-    ("--max-handshakes", 16, "TCP connections not yet authenticated; more are closed at once"),
+    ("--max-handshakes", 16, "TCP connections not yet authenticated; more are refused at accept"),
     ("--handshake-timeout-ms", 2000, "time a new connection has to complete its Hello"),
     ("--idle-timeout-s", 600, "a connection with no request for this long is closed (0: never)"),
     ("--max-ring-mb", 1024, "largest shared-memory ring one connection may map (a client's ring_mb)"),

@@ -176,6 +176,25 @@ size_t GatewayServer::clients() const {
   return open.clients + open.handshakes;
 }
 
+namespace {
+
+// Refuses a connection just accepted, on the accept thread (no wait): an Error frame with `reason`, which the
+// client reads in place of HelloOk (the Hello's id is 1), our side ended (FIN), what the peer sent already (its
+// Hello) read, so that closing with unread input does not reset the connection before the frame is read, and
+// the descriptor closed.
+void refuse_at_accept(int fd, const std::string& reason) {
+  std::vector<uint8_t> body;
+  proto::encode_error(reason, &body);
+  proto::write_frame(fd, proto::FrameType::kError, 1, body, {}, proto::Clock::now());
+  ::shutdown(fd, SHUT_WR);
+  uint8_t sink[4096];
+  for (int i = 0; i < 4 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
 void GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;  // EAGAIN, or the peer left first
@@ -183,11 +202,14 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   if (tcp) {
     // Unauthenticated peers have a pool of their own: however many there
     // are, they take no slot (and no thread) of local or authenticated clients.
+    // Refused with a reason (r14; closed with none until r13): a connector's
+    // idle status query refused so reads the gateway up, as for local clients.
     if (shared_->tcp_handshakes.load() >= static_cast<uint32_t>(opts_.max_handshakes)) {
       shared_->refused++;
       ADP_WARN_LIMITED("gateway: refusing a TCP connection: %d handshakes in progress already (--max-handshakes)",
                        opts_.max_handshakes);
-      ::close(fd);
+      refuse_at_accept(
+          fd, proto::kTooManyTcpHandshakes + (" (" + std::to_string(opts_.max_handshakes) + ", --max-handshakes)"));
       return;
     }
     shared_->tcp_handshakes++;
@@ -205,12 +227,8 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
           "gateway: refusing a local connection: %zu clients and %zu status queries connected already%s "
           "(--max-clients %d, and %d more for status queries)",
           open.clients, open.status_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
-      std::vector<uint8_t> body;
-      proto::encode_error(proto::kTooManyLocalClients + (" (" + std::to_string(opts_.max_clients) + ", --max-clients)"),
-                          &body);
-      // The Hello's id is 1; the client reads this in place of HelloOk.
-      proto::write_frame(fd, proto::FrameType::kError, 1, body, {}, proto::Clock::now());
-      ::close(fd);
+      refuse_at_accept(fd,
+                       proto::kTooManyLocalClients + (" (" + std::to_string(opts_.max_clients) + ", --max-clients)"));
       return;
     }
   }

@@ -94,10 +94,13 @@ constexpr const char* kTokenRefused = "authentication failed: wrong or missing t
 constexpr const char* kRingTooLarge = " is larger than this gateway allows per connection (";
 constexpr const char* kOtherVersion = "protocol version ";
 // The start of the Error frame's reason where a gateway is full (--max-clients local clients, or the status-query
-// reserve past them taken, refused at accept; --max-tcp-clients): an answer, so the gateway is up; a connector's
-// idle probe (a status query) refused so does not read it as an outage (r13; RemoteBackend::full_refusal).
+// reserve past them taken, refused at accept; --max-tcp-clients; r14: --max-handshakes TCP connections in their
+// handshake, refused at accept, where until r13 the connection was closed with no frame): an answer, so the
+// gateway is up; a connector's idle probe (a status query) refused so does not read it as an outage (r13;
+// RemoteBackend::full_refusal).
 constexpr const char* kTooManyLocalClients = "too many local clients";
 constexpr const char* kTooManyTcpClients = "too many TCP clients";
+constexpr const char* kTooManyTcpHandshakes = "too many TCP connections in their handshake";
 constexpr uint32_t kMaxNameBytes = 256;                     // client name, gateway description
 constexpr uint32_t kMaxMessageBytes = 256;                  // per-key error text, error frame reason
 constexpr uint64_t kMaxObjectBytes = adp::kMaxObjectBytes;  // no card holds a larger object

@@ -1235,7 +1235,8 @@ bool RemoteBackend::token_refusal(const Status& why) {
 bool RemoteBackend::full_refusal(const Status& why) {
   const std::string& m = why.message();
   return m.find(proto::kTooManyLocalClients) != std::string::npos ||
-         m.find(proto::kTooManyTcpClients) != std::string::npos;
+         m.find(proto::kTooManyTcpClients) != std::string::npos ||
+         m.find(proto::kTooManyTcpHandshakes) != std::string::npos;
 }
 
 std::string RemoteBackend::unhealable_fix(const Status& why) {

@@ -143,7 +143,8 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
     return connects_;
   }
   static bool token_refusal(const Status& why);
-  // A refusal for being full (proto::kTooManyLocalClients, kTooManyTcpClients): the gateway is up and answered.
+  // A refusal for being full (proto::kTooManyLocalClients, kTooManyTcpClients, kTooManyTcpHandshakes): the
+  // gateway is up and answered.
   static bool full_refusal(const Status& why);
   // What fixes a refusal no retry heals but a token's (audit 15 item 18: a
   // ring above the gateway's --max-ring-mb, another protocol version), in the

@@ -86,19 +86,70 @@ def idle_closed(gw: Gateway) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("transport", ["unix", "tcp"])
+class SilentPeer:
+    """A TCP connection that never sends its Hello: with --max-handshakes 1 (and a long --handshake-timeout-ms)
+    it holds the gateway's one handshake slot until close(). Ready once a new TCP connection is refused at
+    accept."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        give_up = time.monotonic() + 10
+        while HANDSHAKES_FULL not in refusal_at_accept(port):
+            assert time.monotonic() < give_up, "the silent peer holds no handshake slot"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+HANDSHAKES_FULL = "too many TCP connections in their handshake (1, --max-handshakes)"
+
+
+def refusal_at_accept(port: int) -> str:
+    """What a new TCP connection that sends a status query's Hello reads first: an Error frame's reason, or
+    "HelloOk" or "closed" (no frame)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(
+                wire.frame(wire.HELLO, 1, wire.hello(token=TOKEN.encode(), features=_native.FEATURE_STATUS_QUERY))
+            )
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused at accept: its Error frame is there to read
+        try:
+            ftype, _, body = wire.recv_frame(s)
+        except (ConnectionError, OSError):
+            return "closed"
+    return body[2:].decode(errors="replace") if ftype == wire.ERROR else "HelloOk"  # after its u16 length
+
+
+# transport: the connector's, and the limit its status queries meet: (gateway flags, reason, counted in).
+FULL = {
+    "unix": (("--max-clients", "1"), "too many local clients", "refused_connections"),
+    "tcp": (("--max-tcp-clients", "1"), "too many TCP clients", "refused_status_queries"),
+    "tcp-handshakes": (
+        ("--max-handshakes", "1", "--handshake-timeout-ms", "60000"),
+        HANDSHAKES_FULL,
+        "refused_connections",
+    ),
+}
+
+
+@pytest.mark.parametrize("transport", list(FULL))
 def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transport):
     """Brief admission item 2: an idle connector whose connections the gateway closed asks a status query every
     kIdleLook (1 s); on a full gateway each was refused, and the connector read that as an outage: WARNING
-    "unreachable", gateway_reachable 0, /health 503, although the gateway was up and answered. A refusal for being
-    full is an answer now: /health 200 and gateway_reachable 1 throughout 3.5 s of refused queries (the gateway
-    counts them: refused at accept, before their Hello, in refused_connections; at their Hello, over TCP, in
-    refused_status_queries), one INFO line saying so, no WARNING; once there is room, the next batch works. Unix: --max-clients 1, one client and two status queries held (the reserve), each query refused at
-    accept, "too many local clients". TCP, where a status query holds a --max-tcp-clients slot: --max-tcp-clients
-    1, one TCP client held, each query refused at its Hello, "too many TCP clients"."""
-    tcp = transport == "tcp"
-    limit = ("--max-tcp-clients", "1") if tcp else ("--max-clients", "1")
-    gw = Gateway(workdir, tcp=tcp, extra=(*limit, "--idle-timeout-s", "1")).start()
+    "unreachable", gateway_reachable 0, /health 503, although the gateway was up and answered. A refusal for
+    being full is an answer now: /health 200 and gateway_reachable 1 throughout 3.5 s of refused queries, one
+    INFO line saying so, no WARNING; once there is room, the next batch works. The gateway counts them: refused
+    before their Hello in refused_connections, at it in refused_status_queries.
+    Unix: --max-clients 1, one client and two status queries held (the reserve), each query refused at accept,
+    "too many local clients". TCP, where a status query holds a --max-tcp-clients slot: --max-tcp-clients 1, one
+    TCP client held, each query refused at its Hello, "too many TCP clients". TCP past --max-handshakes (brief
+    defects item 3): --max-handshakes 1, a silent peer holding the slot, each query refused at accept; until r13
+    the gateway closed it with no frame, which the connector read as an outage (a WARNING, 503)."""
+    flags, reason, counted_in = FULL[transport]
+    tcp = transport != "unix"
+    gw = Gateway(workdir, tcp=tcp, extra=(*flags, "--idle-timeout-s", "1")).start()
     port = free_port()
     where = dict(gateway=gw.tcp_url, token_file=gw.token_file) if tcp else dict(gateway=gw.unix_url)
     conn = ADPConnector(**where, num_workers=1, timeout_ms=2000, metrics_port=port)
@@ -109,7 +160,9 @@ def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transpo
         assert c.set(keys, [memoryview(d) for d in datas])[0]
         idle_closed(gw)
         capfd.readouterr()
-        if tcp:
+        if transport == "tcp-handshakes":
+            held = SilentPeer(gw.port)
+        elif tcp:
             held = HeldConnections(gw.tcp_url, [0], token=TOKEN.encode())
         else:
             held = HeldConnections(gw.unix_url, [0, _native.FEATURE_STATUS_QUERY, _native.FEATURE_STATUS_QUERY])
@@ -126,11 +179,9 @@ def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transpo
         held.close()
         held = None
         st = read_gateway_stats(gw.unix_url)
-        refused = "refused_status_queries" if tcp else "refused_connections"
-        assert st[refused] >= 2, st  # the connector's queries, 2 at least
+        assert st[counted_in] >= 2, st  # the connector's queries, 2 at least
         err = capfd.readouterr().err
         assert "WARNING" not in err, err
-        reason = "too many TCP clients" if tcp else "too many local clients"
         said = [line for line in err.splitlines() if f"is full (gateway refused: {reason}" in line]
         assert len(said) == 1 and " INFO: " in said[0], err
         ok, why, _ = c.set(keys, [memoryview(d) for d in datas])
