@@ -374,7 +374,9 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "connections",
         G,
         "Connections past the handshake, status queries not counted (protocol r10: `lmcache-adp status --gateway`; "
-        "one of an older status command is counted)",
+        "one of an older status command is counted). A client is counted before its HelloOk is sent, so a stats "
+        "read it makes once it has its HelloOk counts it (until session nineteen counted just after, and a read "
+        "made at once could miss it)",
     ),
     Stat(
         "status_queries",

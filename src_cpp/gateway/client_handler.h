@@ -556,6 +556,7 @@ class ClientHandler {
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
   bool local_counted_ = false;  // holds one of shared->local_clients
   bool handshake_done_ = false;
+  bool client_counted_ = false;        // holds one of shared->clients (counted before its HelloOk went)
   bool gone_before_hello_ok_ = false;  // the client hung up before its HelloOk reached it (audit 13 item 7)
   // The "connected" line of a client whose sending side had ended when its HelloOk went out: logged with its first
   // request, or at its end unless it hung up (then it was gone before its HelloOk).
