@@ -9,6 +9,7 @@
 #include <thread>
 #include <tuple>
 
+#include "store/key_tag.h"
 #include "util/crc32c.h"
 #include "util/load_profile.h"
 #include "util/log.h"
@@ -59,6 +60,16 @@ uint64_t default_region_bytes(uint64_t data_bytes) {
   return std::max(r, kMinRegionBytes);
 }
 
+// The index holds a region number in 20 bits (key_index.h): a card of more
+// regions is refused, at format and at open.
+static_assert(kMaxRegionBytes / kBlockSize < (1u << 17) && kMaxObjectBytes < (1u << 29), "index entry fields");
+Status too_many_regions(const std::string& path, uint64_t regions) {
+  return Status::InvalidArgument("card " + path + " has " + std::to_string(regions) + " regions; this build indexes " +
+                                 std::to_string(kMaxIndexRegions) +
+                                 " at most: format it with larger regions (region size at least its data bytes / " +
+                                 std::to_string(kMaxIndexRegions) + ", up to 260 MiB), or use a smaller card");
+}
+
 bool all_zero(const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
   return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
@@ -94,6 +105,8 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
     return Status::InvalidArgument(
         "region size " + std::to_string(region_bytes) +
         " is not a multiple of 4 KiB in [1 MiB, 260 MiB + 4 KiB] leaving at least 8 regions");
+
+  if (data_bytes / region_bytes > kMaxIndexRegions) return too_many_regions(path, data_bytes / region_bytes);
 
   AlignedBuffer buf;
   if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
@@ -178,6 +191,7 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
         return Status::Corruption("superblock of card " + path + " does not match the device (" +
                                   std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format --card " +
                                   path + " --yes`");
+      if (sb.num_regions > kMaxIndexRegions) return too_many_regions(path, sb.num_regions);
       std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable, opts.read_only));
       s = store->recover(std::max(1, opts.recovery_threads));
       if (!s.ok()) return s;
@@ -447,6 +461,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
   std::vector<uint64_t> tickets(n, 0);  // of the written ones
+  std::vector<uint16_t> tags(n, 0);     // their keys' (key_tag.h)
   // Items whose fill failed: their source's failure (the caller answers for
   // it), not counted in store_failures (review r9 S2).
   std::vector<uint8_t> source_failed(n, 0);
@@ -537,6 +552,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
     counters_.bytes_written += fp;
     written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash};
     tickets[i] = pl.ticket;
+    tags[i] = key_tag(it.key);
     any_written = true;
   }
   if (any_written) {
@@ -593,7 +609,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       }
       uint64_t h = loc.hash;
       IndexEntry e{loc.region, static_cast<uint32_t>(loc.offset / kBlockSize), static_cast<uint32_t>(loc.payload_bytes),
-                   0, loc.seq};
+                   tags[i], loc.seq};
       auto [it, inserted] = index_.try_emplace(h, e);
       counters_.stores++;
       if (!inserted) {
@@ -841,6 +857,15 @@ void CardStore::unpin(uint32_t r) {
 Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   if (!ctx.header_.reserve(2 * kBlockSize))
     return Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
+  {
+    // A direct load of the object reads its header after its payload into
+    // the caller's buffer: its get is ordered before this delete (it waits
+    // for the read, up to one piece past the load's deadline).
+    std::unique_lock<std::mutex> lock(mu_);
+    read_done_.wait(lock, [&] {
+      return std::find(reading_.begin(), reading_.end(), std::make_pair(loc.hash, loc.seq)) == reading_.end();
+    });
+  }
   encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.hash, loc.payload_bytes,
                    continues(loc.offset, loc.payload_bytes));
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
@@ -873,6 +898,16 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   uint64_t fp = object_footprint(e.payload_bytes);
   std::vector<Extent> ext;
   std::vector<uint32_t> regs;
+  // Mapped (a memory-backed card): the header block is copied into staging,
+  // the payload from the mapping straight into payload_dst (any alignment),
+  // its CRC computed in the same pass: one read and one write of each byte,
+  // as a memcpy (piece by piece over the regions it spans). Otherwise
+  // direct: the header block, and a partial last block, into staging; the
+  // payload's whole blocks straight into payload_dst, in pieces small enough
+  // that each is checked while it is still in the CPU's cache; with a guard
+  // each piece is read under it (the header block with the first).
+  const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
+  bool mapped = false, direct = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Checked under the same lock as the pins: once unlocked after a lookup,
@@ -883,21 +918,21 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       *io = Status::NotFound("evicted, replaced or deleted meanwhile");
       return std::string();
     }
+    mapped = map && ext.back().at + ext.back().len <= device_->size();
+    direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
+    // A direct load writes payload_dst before it sees the header: it is
+    // registered in reading_ (a tombstone of the object waits for it), and
+    // one whose tombstone is being written already (a delete) is a miss now.
+    if (direct &&
+        std::find(removing_.begin(), removing_.end(), std::make_pair(hash, uint64_t(e.seq))) != removing_.end()) {
+      *io = Status::NotFound("being deleted");
+      return std::string();
+    }
+    if (direct) reading_.emplace_back(hash, e.seq);
     for (uint32_t r : regs) regions_.pin(r);  // every region the object has bytes in
     regions_.touch(e.region);
     epoch = regions_[e.region].epoch;
   }
-  // Mapped (a memory-backed card): the header block is copied into staging,
-  // the payload from the mapping straight into payload_dst (any alignment),
-  // its CRC computed in the same pass: one read and one write of each byte,
-  // as a memcpy (piece by piece over the regions it spans). Otherwise
-  // direct: the header block, and a partial last block, into staging; the
-  // payload's whole blocks straight into payload_dst, in pieces small enough
-  // that each is checked while it is still in the CPU's cache; with a guard
-  // each piece is read under it (the header block with the first).
-  const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
-  const bool mapped = map && ext.back().at + ext.back().len <= device_->size();
-  const bool direct = !mapped && payload_dst && reinterpret_cast<uintptr_t>(payload_dst) % kBlockSize == 0;
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   uint32_t body_crc = 0;
   // Checks the header block in staging against e: empty if it is e's object
@@ -908,9 +943,8 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   };
   std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
   bool header_checked = false;
-  // Staging: the header block, a tail block, and (a guarded direct load) the
-  // payload's first piece.
-  const size_t staging = mapped ? 2 * kBlockSize : !direct ? fp : 2 * kBlockSize + (guard ? kGuardedPieceBytes : 0);
+  // Staging: the header block and a tail block, or (not direct) the object.
+  const size_t staging = mapped || direct ? 2 * kBlockSize : fp;
   if (!ctx.staging_.reserve(staging)) {
     *io = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
   } else if (mapped) {
@@ -948,85 +982,57 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     const size_t piece = !guard               ? kPieceBytes
                          : !guard_piece_bytes ? kGuardedPieceBytes
                                               : std::max<size_t>(guard_piece_bytes & ~(kBlockSize - 1), kBlockSize);
-    // With a guard (a disk card) the header block is checked before any byte
-    // reaches payload_dst, so that a miss found there (deleted meanwhile, not
-    // the indexed object) leaves payload_dst untouched; a failed payload CRC
-    // still writes it. The header block comes in one I/O with the payload's
-    // first kGuardedPieceBytes, into staging: read alone, the 4 KiB waited
-    // behind the other workers' large reads in the card's queue (an MP
-    // server's prefetch on this VM's disk: 9 ms median, 13-19% of each
-    // worker's time). That first piece is copied into payload_dst with its
-    // CRC, under the guard, on ctx's CrcWorker while the next piece is read.
-    const bool header_first = guard != nullptr;
-    const size_t first = header_first ? std::min(body, kGuardedPieceBytes) : 0;  // payload bytes staged
-    uint8_t* const staged = ctx.staging_.data() + 2 * kBlockSize;
-    bool header_ok = true;
-    if (header_first) {
-      iovec hv[3];
-      int n = 0;
-      hv[n++] = {ctx.staging_.data(), kBlockSize};
-      if (first) hv[n++] = {staged, first};
-      if (tail && first == body) hv[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
-      *io = io_mapped(false, ext, 0, hv, n);
-      if (io->ok()) header_why = check_header(), header_checked = true;
-      header_ok = io->ok() && header_why.empty();
-    }
-    bool copy_first = header_ok && first > 0;  // the staged piece is still to be copied into payload_dst
-    if (copy_first && first == body) {         // nothing more to read: the copy alone
-      if (!(*guard)(first, [&] { body_crc = crc32c_copy(payload_dst, staged, first); }))
-        *io = Status::TimedOut("deadline passed while the object was read into the buffer");
-      copy_first = false;
-    }
+    // The header block (into staging) rides with the payload's first piece
+    // (straight into payload_dst) and, when that is all, the tail block:
+    // an object of up to a piece in one request. The header is checked after
+    // the read; what would make it a miss was ruled out before it: another
+    // key with the same hash by the key's tag (lookup()), a delete or
+    // replacement by `reading_` (a registered load is waited for by the
+    // tombstone of what it reads, write_tombstone()). What is left writes
+    // payload_dst and is then a miss: damage (dropped), a tag collision
+    // (1 in 65536 for a crafted key: key_tag.h).
     // With a guard, the CRC of each piece but the last runs on ctx's
     // CrcWorker while the next piece is read; the last one's (up to a piece)
-    // after it, here. Splitting the body's last 4 MiB off to overlap that too
-    // cost a request more per object, and in an MP server's prefetch on this
-    // VM's disk each request waited 15-20 ms in the card's queue (a 4 MiB
-    // read 21.6 ms, a 24 MiB one 34.7 ms) against 1-3 ms for a 32 MiB CRC.
+    // after it, here: on this VM's disk each request waited 15-20 ms in the
+    // card's queue (an MP server's prefetch, 4 workers) against 1-3 ms for a
+    // 32 MiB CRC (benchmarks/results/2026-12-04-0625-diskload.md).
     const bool overlap = guard && check_payload;
     size_t crc_pending = 0;  // bytes whose CRC runs on ctx.crc_
     auto join_crc = [&] {
       if (crc_pending) body_crc = crc32c_combine(body_crc, ctx.crc_.wait(), crc_pending);
       crc_pending = 0;
     };
-    size_t done = first;
-    if (header_ok && io->ok() && (done < body || !header_first)) do {
-        size_t len = std::min(body - done, piece);
-        iovec iov[3];
-        int n = 0;
-        if (done == 0 && !header_first) iov[n++] = {ctx.staging_.data(), kBlockSize};
-        if (len) iov[n++] = {payload_dst + done, len};
-        if (tail && done + len == body) iov[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
-        const uint64_t at = done == 0 && !header_first ? 0 : kBlockSize + done;
-        auto read_piece = [&] {
-          if (copy_first) ctx.crc_.start_copy(payload_dst, staged, first);
-          *io = n ? io_mapped(false, ext, at, iov, n) : Status::Ok();
-          if (copy_first) {
-            body_crc = ctx.crc_.wait();
-            copy_first = false;
-          }
-        };
-        if (!guard) {
-          read_piece();
-        } else if (!(*guard)(done + len, read_piece)) {
-          *io = Status::TimedOut("deadline passed while the object was read into the buffer");
-          break;
+    size_t done = 0;
+    do {
+      size_t len = std::min(body - done, piece);
+      iovec iov[3];
+      int n = 0;
+      if (done == 0) iov[n++] = {ctx.staging_.data(), kBlockSize};
+      if (len) iov[n++] = {payload_dst + done, len};
+      if (tail && done + len == body) iov[n++] = {ctx.staging_.data() + kBlockSize, kBlockSize};
+      const uint64_t at = done == 0 ? 0 : kBlockSize + done;
+      auto read_piece = [&] { *io = io_mapped(false, ext, at, iov, n); };
+      if (!guard) {
+        read_piece();
+      } else if (!(*guard)(done + len, read_piece)) {
+        *io = Status::TimedOut("deadline passed while the object was read into the buffer");
+        break;
+      }
+      if (check_payload && io->ok()) {
+        if (!overlap) {
+          body_crc = crc32c_extend(body_crc, payload_dst + done, len);
+        } else if (done + len < body) {
+          join_crc();
+          ctx.crc_.start(payload_dst + done, len);
+          crc_pending = len;
+        } else {
+          const uint32_t last = crc32c(payload_dst + done, len);
+          join_crc();
+          body_crc = crc32c_combine(body_crc, last, len);
         }
-        if (check_payload && io->ok()) {
-          if (!overlap) {
-            body_crc = crc32c_extend(body_crc, payload_dst + done, len);
-          } else if (done + len < body) {
-            join_crc();
-            ctx.crc_.start(payload_dst + done, len);
-            crc_pending = len;
-          } else {
-            const uint32_t last = crc32c(payload_dst + done, len);
-            join_crc();
-            body_crc = crc32c_combine(body_crc, last, len);
-          }
-        }
-        done += len;
-      } while (io->ok() && done < body);
+      }
+      done += len;
+    } while (io->ok() && done < body);
     join_crc();  // also after a failed or declined piece: the CrcWorker may still read payload_dst
   } else {
     iovec whole{ctx.staging_.data(), fp};
@@ -1036,6 +1042,12 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     std::lock_guard<std::mutex> lock(mu_);
     for (uint32_t r : regs)
       if (regions_.unpin(r)) unpinned_.notify_all();
+    if (direct) {
+      auto mine = std::find(reading_.begin(), reading_.end(), std::make_pair(hash, uint64_t(e.seq)));
+      *mine = reading_.back();
+      reading_.pop_back();
+      read_done_.notify_all();
+    }
   }
   // Deleted meanwhile, or the caller gave up part way (a failure, not a
   // miss: the buffer may hold the pieces read): no damage either way.
@@ -1074,9 +1086,10 @@ Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
   *hash = hash_key(key);
+  const uint16_t tag = key_tag(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(*hash);
-  if (it == index_.end()) {
+  if (it == index_.end() || it->second.tag() != tag) {  // another tag: another key with the same hash
     counters_.misses++;
     return Status::NotFound();
   }
@@ -1396,9 +1409,10 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
 bool CardStore::exists(std::string_view key) {
   if (!check_key(key).ok()) return false;
   uint64_t h = hash_key(key);
+  const uint16_t tag = key_tag(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(h);
-  if (it == index_.end()) return false;
+  if (it == index_.end() || it->second.tag() != tag) return false;
   regions_.touch(it->second.region);
   return true;
 }

@@ -408,6 +408,12 @@ class CardStore {
   // object, still indexed meanwhile: (hash, seq). A load reading that header
   // then may see it half-written: overwritten_meanwhile(). Guarded by mu_.
   std::vector<std::pair<uint64_t, uint64_t>> removing_;
+  // Direct loads in progress, (hash, seq) each: they read the object's
+  // header block in the same request as its payload, into the caller's
+  // buffer, so its tombstone waits for them (write_tombstone) and a load of
+  // an object in removing_ is a miss before it reads. Guarded by mu_.
+  std::vector<std::pair<uint64_t, uint64_t>> reading_;
+  std::condition_variable read_done_;  // an entry left reading_
   std::atomic<size_t> pending_count_{0};
 
   struct Counters : OpCounters {

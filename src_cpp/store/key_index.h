@@ -17,16 +17,32 @@
 
 namespace adp {
 
+// The 16-bit key tag (store/key_tag.h) rides in bits the other fields do not
+// need: a block number fits 17 bits (regions up to 512 MiB), a payload 29
+// (objects up to 512 MiB), a region number 20 (kMaxIndexRegions regions).
 struct IndexEntry {
-  IndexEntry() : seq(0), block(0), region(0), payload_bytes(0) {}
-  IndexEntry(uint32_t region_, uint32_t block_, uint32_t payload_bytes_, uint32_t /*reserved*/, uint64_t seq_)
-      : seq(seq_), block(block_), region(region_), payload_bytes(payload_bytes_) {}
+  IndexEntry() : seq(0), block(0), tag0(0), region(0), tag1(0), payload_bytes(0), tag2(0) {}
+  IndexEntry(uint32_t region_, uint32_t block_, uint32_t payload_bytes_, uint16_t tag_, uint64_t seq_)
+      : seq(seq_),
+        block(block_),
+        tag0(tag_ & 1u),
+        region(region_),
+        tag1((tag_ >> 1) & 0xfffu),
+        payload_bytes(payload_bytes_),
+        tag2(tag_ >> 13) {}
+  uint16_t tag() const { return static_cast<uint16_t>(tag0 | tag1 << 1 | tag2 << 13); }
   uint64_t seq : 46;    // card-wide store sequence (7e13 stores)
-  uint64_t block : 18;  // offset within the region / 4 KiB (regions up to 1 GiB)
-  uint32_t region;
-  uint32_t payload_bytes;
+  uint64_t block : 17;  // offset within the region / 4 KiB (regions up to 512 MiB)
+  uint64_t tag0 : 1;
+  uint32_t region : 20;
+  uint32_t tag1 : 12;
+  uint32_t payload_bytes : 29;
+  uint32_t tag2 : 3;
 };
 static_assert(sizeof(IndexEntry) == 16, "index entry layout");
+// Regions a card may have: the index holds region numbers in 20 bits, and
+// all ones marks an empty slot.
+constexpr uint32_t kMaxIndexRegions = (1u << 20) - 1;
 constexpr uint64_t kMaxIndexSeq = (1ull << 46) - 1;
 
 class KeyIndex {
@@ -98,7 +114,7 @@ class KeyIndex {
   size_t memory_bytes() const { return capacity() * sizeof(Slot); }
 
  private:
-  static constexpr uint32_t kEmpty = UINT32_MAX;
+  static constexpr uint32_t kEmpty = kMaxIndexRegions;  // no region has this number
   size_t home(uint64_t h) const {
     return static_cast<size_t>((static_cast<unsigned __int128>(h * 0x9E3779B97F4A7C15ull) * cap_) >> 64);
   }

@@ -13,6 +13,7 @@
 
 #include "store/card_format.h"
 #include "store/card_store.h"
+#include "store/key_tag.h"
 #include "util/aligned_buffer.h"
 #include "util/amount.h"
 #include "util/log.h"
@@ -51,7 +52,8 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
     if (!(h.flags & kObjectPad)) {  // a pad is an abandoned reservation: stepped over
       bool deleted = h.flags & kObjectDeleted;
       scan->objects.push_back({deleted ? h.key_hash : hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
-                               static_cast<uint32_t>(off / kBlockSize), deleted, spans});
+                               static_cast<uint32_t>(off / kBlockSize), deleted, spans,
+                               deleted ? uint16_t(0) : key_tag(object_key(block, h))});
     }
     if (spans) {
       off = g.region_bytes;
@@ -190,7 +192,7 @@ Status CardStore::recover(int threads) {
       if (f.deleted) continue;
       const Winner& w = winners[f.hash];
       if (w.seq == f.seq && !w.deleted) {
-        index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), 0, f.seq});
+        index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), f.tag, f.seq});
       } else {
         stale.push_back({{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash},
                          static_cast<int64_t>(w.region)});

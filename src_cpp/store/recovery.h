@@ -32,6 +32,7 @@ struct RecoveredObject {
   uint32_t region, block;  // block: offset within the region / kBlockSize
   bool deleted;            // a tombstone: the key was deleted (or this copy superseded) at `seq`
   bool spans = false;      // continues past the region's end (the region's last record)
+  uint16_t tag = 0;        // key_tag of its key (an object; a tombstone carries no key)
 };
 
 struct RegionScan {

@@ -1,29 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 // Loads from a disk card (ReadInto::kPieces: an object larger than 4 MiB
-// read with its header block and first 4 MiB into staging in one I/O, then
-// straight into LMCache's buffer in pieces of 32 MiB, the embedded backend's,
-// each under the batch's guard and before its deadline; the staged piece
-// copied, and each piece's CRC but the last's computed, on the worker's
+// read straight into LMCache's buffer in pieces of 32 MiB, the embedded
+// backend's, the header block in the same request as the first (and the
+// tail block with the last), each under the batch's guard and before its
+// deadline; each piece's CRC but the last's computed on the worker's
 // CrcWorker while the next is read; one of 4 MiB or less staged, then
 // copied under the guard), on a FaultDevice whose reads are slow (64 MiB/s,
 // the bytes land when a read ends, as a DMA's would). Checks, for a 64 MiB
 // object and a 4 MiB one (staged):
-//   - a timely load of the large object reads 4 MiB + 4 KiB (header block
-//     and first piece), then 32 and 28 MiB: no read of the header alone,
-//     no 4 MiB pieces;
+//   - a timely load of the large object reads 32 MiB + 4 KiB (header block
+//     and first piece), then 32 MiB: a request per 32 MiB, no header read
+//     alone;
 //   - a load past its deadline completes as failed, and nothing is written
 //     into its buffer after that (4 KiB aligned buffer; for 64 MiB also an
 //     unaligned one: staged, then copied under the guard), and the load in
 //     pieces stops reading once it is late instead of reading the rest;
 //   - with a deadline it can meet, the same loads return the object's bytes;
-//   - a damaged byte (in the large object's staged first piece or its
-//     middle piece, checked on the CrcWorker, or in its last piece, checked
-//     on the worker; in the small one) makes it a miss, counted, and the
-//     object is dropped;
-//   - a 4 MiB object and a 64 MiB one deleted while their first I/O is read
-//     are misses whose buffers are left untouched (the header, read in the
-//     same I/O as the first payload bytes, is checked before any byte is
-//     copied into the buffer).
+//   - a damaged byte (in the large object's first piece, checked on the
+//     CrcWorker, or in its last piece, checked on the worker; in the small
+//     one) makes it a miss, counted, and the object is dropped;
+//   - an object deleted while its first request is read: the 4 MiB one
+//     (staged) is a miss whose buffer is left untouched (its header, read in
+//     the same request, is checked before any byte is copied into the
+//     buffer); the 64 MiB one (its header read with its payload into the
+//     buffer) is a hit with the object's bytes: the delete's tombstone waits
+//     for the read, the get is ordered before the delete.
 // The Connector over the embedded backend, one worker.
 //
 //   disk_load_test
@@ -53,8 +54,8 @@ using adp::OpType;
 
 constexpr uint64_t kCardBytes = 576ull << 20;   // 8 regions
 constexpr uint64_t kRegionBytes = 68ull << 20;  // a 64 MiB object fits in one: one read a piece
-constexpr size_t kObjectBytes = 64u << 20;      // read as 4 MiB + 4 KiB, 32 and 28 MiB (embedded_backend.cc)
-constexpr int kObjectReads = 3;                 // those reads
+constexpr size_t kObjectBytes = 64u << 20;      // read as 32 MiB + 4 KiB, then 32 MiB (embedded_backend.cc)
+constexpr int kObjectReads = 2;                 // those reads
 constexpr size_t kSmallBytes = 4u << 20;        // one piece: staged
 const char* const kKey = "m@00000000@0@large";
 
@@ -149,11 +150,11 @@ void timely_load(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const s
   check(std::memcmp(dst, want.data(), bytes) == 0, what + "the loaded bytes are the object's");
   if (!offset && bytes > kSmallBytes) {
     std::lock_guard<std::mutex> lock(dev->mu);
-    const std::vector<uint64_t> want_sizes{(4u << 20) + 4096, 32u << 20, 28u << 20};
+    const std::vector<uint64_t> want_sizes{(32u << 20) + 4096, 32u << 20};
     std::string got_sizes;
     for (uint64_t n : dev->sizes) got_sizes += " " + std::to_string(n >> 10) + " KiB";
     check(dev->sizes == want_sizes,
-          what + "the header block with the first 4 MiB, then 32 and 28 MiB (read:" + got_sizes + ")");
+          what + "the header block with the first 32 MiB, then 32 MiB (read:" + got_sizes + ")");
   }
   c->close();
 }
@@ -195,10 +196,15 @@ void damaged_load(std::shared_ptr<adp::CardStore> store, adp::testing::FaultImag
   c->close();
 }
 
-// A slow load of a one-piece object deleted while the card reads it (its
-// tombstone lands in the header block before the read ends): a miss in a
-// future that succeeds, the buffer untouched.
-void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key, size_t bytes) {
+// A slow load of an object deleted while the card reads its first request:
+// `ordered` (a load straight into the buffer, header with the payload): the
+// delete waits for the read, and the load is a hit with the object's bytes;
+// otherwise (staged) the tombstone lands in the header block before the read
+// ends, and the load is a miss in a future that succeeds, the buffer
+// untouched. Either way the delete succeeds.
+void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, const std::string& key,
+                        const std::vector<uint8_t>& want, bool ordered) {
+  const size_t bytes = want.size();
   adp::AlignedBuffer mem;
   mem.reserve(bytes);
   std::memset(mem.data(), 0x5a, bytes);
@@ -209,17 +215,22 @@ void deleted_while_read(std::shared_ptr<adp::CardStore> store, SlowDevice* dev, 
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (dev->reads_started.load() == 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-  check(dev->reads_started.load() == 1, "the load's first read started (header block and payload, or its first 4 MiB)");
+  check(dev->reads_started.load() == 1, "the load's first read started (header block and payload)");
   adp::IoContext ctx;
   adp::Status removed = store->remove(ctx, key);
   check(removed.ok(), "the delete during the read succeeds: " + removed.message());
   Completion got = wait_for(*c, id);
   dev->slow = false;
-  check(got.ok && got.per_key == std::vector<uint8_t>{0},
-        "an object deleted while it is read is a miss (future ok): " + got.error);
-  std::vector<uint8_t> untouched(bytes, 0x5a);
-  check(std::memcmp(mem.data(), untouched.data(), bytes) == 0,
-        "the buffer of an object deleted while it is read is untouched");
+  const std::string what = std::to_string(bytes >> 20) + " MiB deleted while it is read: ";
+  if (ordered) {
+    check(got.ok && got.per_key == std::vector<uint8_t>{1}, what + "a hit, ordered before the delete: " + got.error);
+    check(std::memcmp(mem.data(), want.data(), bytes) == 0, what + "the buffer holds the object's bytes");
+  } else {
+    check(got.ok && got.per_key == std::vector<uint8_t>{0}, what + "a miss (future ok): " + got.error);
+    std::vector<uint8_t> untouched(bytes, 0x5a);
+    check(std::memcmp(mem.data(), untouched.data(), bytes) == 0, what + "the buffer is untouched");
+  }
+  check(!store->exists(key), what + "the delete is done");
   c->close();
 }
 
@@ -238,9 +249,9 @@ int main() {
     late_load(store, dev, kKey, kObjectBytes, offset, 100);  // 1 s to read, its first piece 0.5 s
     timely_load(store, dev, kKey, offset, want);
   }
-  // One flipped byte in the middle piece (its CRC on the CrcWorker), then in
+  // One flipped byte in the first piece (its CRC on the CrcWorker), then in
   // another object's last piece (its CRC on the worker), then in a third's
-  // staged first piece (copied with its CRC on the CrcWorker).
+  // first piece again, near its start.
   damaged_load(store, *image, kKey, kObjectBytes, (20u << 20) + 12345);
   for (const auto& [other, at] : {std::pair<std::string, size_t>{"m@00000000@0@large-2", (62u << 20) + 777},
                                   {"m@00000000@0@large-3", (1u << 20) + 333}}) {
@@ -255,11 +266,9 @@ int main() {
   timely_load(store, dev, small, 0, want_small);
   damaged_load(store, *image, small, kSmallBytes, (3u << 20) + 777);
   const std::string doomed = "m@00000000@0@deleted-while-read";
-  store_object(store, doomed, kSmallBytes);
-  deleted_while_read(store, dev, doomed, kSmallBytes);
+  deleted_while_read(store, dev, doomed, store_object(store, doomed, kSmallBytes), false);
   const std::string doomed_large = "m@00000000@0@large-deleted-while-read";
-  store_object(store, doomed_large, kObjectBytes);
-  deleted_while_read(store, dev, doomed_large, kObjectBytes);
+  deleted_while_read(store, dev, doomed_large, store_object(store, doomed_large, kObjectBytes), true);
 
   return adp::testing::finish("disk_load_test");
 }
