@@ -72,6 +72,7 @@ _CARD_ROWS = {
     "I/O errors": "io_errors",
     "memory failures": "memory_failures",
     "media errors": "media_errors",
+    "damaged at open": "recovery_damaged_regions",
     "recovered at open": "recovered_objects",
 }
 REPORTED_BY = {stat.name: stat.reported_by for stat in STATS}
@@ -137,6 +138,11 @@ def format_status(st: dict[str, Any]) -> str:
         (
             "media errors",
             f"{st.get('media_errors', 0)} regions unreadable at open (their objects past the damage lost)",
+        ),
+        (
+            "damaged at open",
+            f"{st.get('recovery_damaged_regions', 0)} regions ({st.get('recovery_lost_objects', 0)} objects, "
+            f"{_size(st.get('recovery_lost_bytes', 0))} lost behind the damage)",
         ),
         ("recovered at open", f"{st.get('recovered_objects', 0)} objects in {st.get('recovery_seconds', 0):.2f} s"),
     ]
@@ -306,27 +312,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         # Regions recovery could not read at this open: what was past the failed block is not in the index, so
         # verify cannot read it (review r16: such a card was reported "clean").
-        unreadable = store.stats().get("media_errors", 0)
+        opened = store.stats()
+        unreadable = opened.get("media_errors", 0)
+        # Regions recovery found damaged (a header that reads back wrong): what lay behind the damage is not in the
+        # index either, so verify cannot read it; recovery logged each one at ERROR.
+        damaged = {k: opened.get(k, 0) for k in ("recovery_damaged_regions", "recovery_lost_objects")}
+        damaged["recovery_lost_bytes"] = opened.get("recovery_lost_bytes", 0)
         report = store.verify(repair=args.repair, progress=progress)
     finally:
         progress.close()
         store.close()
-    lines, code = verify_summary(args.card, report, unreadable_regions=unreadable, read_only=read_only)
+    lines, code = verify_summary(args.card, report, unreadable_regions=unreadable, read_only=read_only, damaged=damaged)
     print("\n".join(lines))
     return code
 
 
-def verify_summary(card: str, report: dict, *, unreadable_regions: int, read_only: bool) -> tuple[list[str], int]:
+def verify_summary(
+    card: str, report: dict, *, unreadable_regions: int, read_only: bool, damaged: dict | None = None
+) -> tuple[list[str], int]:
     """verify's lines: what it read and checked, what it did not, the verdict; and its exit code (0: every object
-    the index holds was checked and passed or was dropped, and every region was read at open; 1: bad objects remain,
-    or regions could not be read at open; 3: neither, but verify could not check some objects: no memory to read
-    them into, or deleted or replaced while it read, which no process holding the card should do)."""
+    the index holds was checked and passed or was dropped, and every region was read at open and found undamaged;
+    1: bad objects remain, or regions could not be read at open, or recovery found regions damaged (`damaged`:
+    the open's recovery_damaged_regions, _lost_objects, _lost_bytes); 3: none of these, but verify could not check
+    some objects: no memory to read them into, or deleted or replaced while it read, which no process holding the
+    card should do)."""
+    damaged_regions = (damaged or {}).get("recovery_damaged_regions", 0)
     lines = [f"bad object: {line}" for line in report["bad_objects"]]
     left = report["bad"] - report["repaired"]
     no_memory, gone = report["no_memory"], report["gone"]
     if report["bad"]:
         verdict = f"{report['bad']} bad, {report['repaired']} dropped"
-    elif unreadable_regions or no_memory or gone:
+    elif unreadable_regions or damaged_regions or no_memory or gone:
         verdict = "not clean (below)"
     else:
         verdict = "clean"
@@ -341,6 +357,14 @@ def verify_summary(card: str, report: dict, *, unreadable_regions: int, read_onl
         lines.append(
             f"not checked: {unreadable_regions} regions could not be read when the card was opened (media_errors): "
             "their objects from the failed block on are lost and were not read; check the device"
+        )
+    if damaged_regions:
+        assert damaged is not None
+        lines.append(
+            f"not checked: {damaged_regions} regions were found damaged when the card was opened "
+            f"(recovery_damaged_regions: a header that reads back wrong, no crash's cut): the "
+            f"{damaged['recovery_lost_objects']} objects ({_size(damaged['recovery_lost_bytes'])}) found behind the "
+            "damage are lost and were not read; the ERROR lines above name each region and offset; check the device"
         )
     if no_memory:
         lines.append(
@@ -358,7 +382,7 @@ def verify_summary(card: str, report: dict, *, unreadable_regions: int, read_onl
         lines.append(
             f"{left} bad objects could not be read back and were left on the card (an I/O error: check the device)"
         )
-    if left or unreadable_regions:
+    if left or unreadable_regions or damaged_regions:
         return lines, EXIT_BAD_CARD
     return lines, EXIT_ERROR if no_memory or gone else EXIT_OK
 

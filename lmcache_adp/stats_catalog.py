@@ -210,7 +210,8 @@ CARD_LIST: tuple[Stat, ...] = (
         COUNTER,
         "regions",
         _CARD,
-        "Regions found damaged or unreadable at open (their objects past the damage lost; the rest served)",
+        "Regions with a read that failed at open (an I/O error: their objects from the failed block on lost; the "
+        "rest served). Damage that reads back wrong is recovery_damaged_regions",
     ),
     Stat(
         "bytes_written",
@@ -257,6 +258,24 @@ CARD_LIST: tuple[Stat, ...] = (
     ),
     Stat("recovered_objects", GAUGE, "objects", _CARD, "Objects found on the card when it was opened"),
     Stat("recovery_seconds", GAUGE, "seconds", _CARD, "Time the card's open took to walk its regions"),
+    Stat(
+        "recovery_damaged_regions",
+        GAUGE,
+        "regions",
+        _CARD,
+        "Regions the card's open found damaged, where no crash could have cut a write (a header of this card that "
+        "fails its checksum, or a region header the frontier's chain names that is not one): each logged at ERROR "
+        "with its offset and what it cost; the rest of the card served (docs/card_format.md, Recovery)",
+    ),
+    Stat(
+        "recovery_lost_objects",
+        GAUGE,
+        "objects",
+        _CARD,
+        "Objects found behind the damage of recovery_damaged_regions (a block-by-block look) that no newer copy or "
+        "delete supersedes: lost to it",
+    ),
+    Stat("recovery_lost_bytes", GAUGE, "bytes", _CARD, "Payload of recovery_lost_objects"),
     Stat(
         "process_loads",
         COUNTER,
@@ -873,6 +892,8 @@ def render_markdown() -> str:
         "use the lookup ratio above to size a card) | `rate(lmcache_adp_hits_total[5m]) / "
         "(rate(lmcache_adp_hits_total[5m]) + rate(lmcache_adp_misses_total[5m]))` |",
         "| damaged objects dropped | `increase(lmcache_adp_checksum_failures_total[1h]) > 0` |",
+        "| damage found on a card at its open (each region in an ERROR line; `lmcache-adp verify`) | "
+        "`lmcache_adp_recovery_damaged_regions > 0` |",
         "| the host short of memory for loads and stores (not the card) | "
         "`rate(lmcache_adp_memory_failures_total[5m]) > 0` |",
         "| card fill | `lmcache_adp_used_bytes / lmcache_adp_capacity_bytes` |",

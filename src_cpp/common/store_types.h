@@ -113,7 +113,7 @@ struct StoreStats {
   // lookup miss, never a load miss (audit 15 item 9).
   uint64_t lookup_hits = 0, lookup_misses = 0;
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
-  uint64_t media_errors = 0;  // regions found damaged or unreadable at open (their objects past the damage are lost)
+  uint64_t media_errors = 0;  // regions with a read that failed at open (their objects past the failed block are lost)
   // Card operations (loads, stores, tombstones) that failed for want of this
   // process's own memory (staging, a bounce buffer): not the card's, so not
   // in io_errors.
@@ -129,6 +129,10 @@ struct StoreStats {
   uint64_t first_eviction_inflight_acked = 0, first_eviction_inflight_failed = 0;
   uint64_t recovered_objects = 0;
   double recovery_seconds = 0;
+  // Damage the open's recovery proved (docs/card_format.md, Recovery): the
+  // regions, and the objects found behind it (their payload) that no newer
+  // copy or delete supersedes: lost.
+  uint64_t recovery_damaged_regions = 0, recovery_lost_objects = 0, recovery_lost_bytes = 0;
   // Through a gateway (r5): objects it wrote straight into this process's
   // memory (the connector), or into its clients' (the gateway); 0 on a card.
   uint64_t process_loads = 0;
@@ -199,6 +203,9 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("first_eviction_inflight_failed", st.first_eviction_inflight_failed);
   f("recovered_objects", st.recovered_objects);
   f("recovery_seconds", st.recovery_seconds);
+  f("recovery_damaged_regions", st.recovery_damaged_regions);
+  f("recovery_lost_objects", st.recovery_lost_objects);
+  f("recovery_lost_bytes", st.recovery_lost_bytes);
   f("process_loads", st.process_loads);
   f("process_stores", st.process_stores);
   f("process_stores_over_limit", st.process_stores_over_limit);

@@ -1503,6 +1503,9 @@ StoreStats CardStore::stats() const {
   st.memory_failures = counters_.memory_failures;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;
+  st.recovery_damaged_regions = damaged_regions_;
+  st.recovery_lost_objects = damage_lost_objects_;
+  st.recovery_lost_bytes = damage_lost_bytes_;
   st.healthy = device_->healthy();
   return st;
 }

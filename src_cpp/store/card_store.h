@@ -423,6 +423,9 @@ class CardStore {
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
+  // Damage recovery proved at open (recovery_damage.h): regions, and the
+  // objects found behind the damage that nothing newer supersedes.
+  uint64_t damaged_regions_ = 0, damage_lost_objects_ = 0, damage_lost_bytes_ = 0;
 };
 
 template <typename F>

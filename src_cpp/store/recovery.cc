@@ -14,6 +14,7 @@
 #include "store/card_format.h"
 #include "store/card_store.h"
 #include "store/key_tag.h"
+#include "store/recovery_damage.h"
 #include "util/aligned_buffer.h"
 #include "util/amount.h"
 #include "util/log.h"
@@ -31,8 +32,15 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
   uint64_t base = g.region_offset(r);
   Status s = dev.read(base, block, kBlockSize);
   RegionHeader rh{};
-  if (!s.ok() || !decode_region_header(block, g.card_id, r, &rh)) return s;
-  if (rh.cont_bytes > g.region_bytes - kBlockSize || rh.cont_bytes % kBlockSize) return s;  // bounded before use
+  if (!s.ok()) return s;
+  if (!decode_region_header(block, g.card_id, r, &rh)) {
+    note_region_header_damage(block, g.card_id, scan);
+    return s;
+  }
+  if (rh.cont_bytes > g.region_bytes - kBlockSize || rh.cont_bytes % kBlockSize) {  // bounded before use
+    note_cont_bytes_damage(rh, scan);
+    return s;
+  }
   scan->valid = true;
   scan->epoch = rh.epoch;
   scan->prev_region = rh.prev_region;
@@ -44,11 +52,22 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
   while (off + kBlockSize <= g.region_bytes) {
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
-    if (!s.ok() || !decode_object_header(block, g.card_id, rh.epoch, &h)) break;
-    if (h.payload_bytes > max_payload) break;  // bounded before it is used
+    if (!s.ok()) break;
+    // A block that does not check out ends the walk: a crash's cut (older
+    // bytes there), or damage if it is this card's header of this epoch.
+    const char* bad = nullptr;
+    if (!decode_object_header(block, g.card_id, rh.epoch, &h))
+      bad = "that fails its checksum (or names a key over 1024 bytes)";
+    else if (h.payload_bytes > max_payload)  // bounded before it is used
+      bad = "whose payload_bytes is beyond the card";
+    else if (record_continues(off, h.payload_bytes, g.region_bytes) != ((h.flags & kObjectContinues) != 0))
+      bad = "whose continue flag disagrees with its length";
+    if (bad) {
+      note_object_header_damage(block, g.card_id, rh.epoch, off, bad, scan);
+      break;
+    }
     uint64_t fp = object_footprint(h.payload_bytes);
     bool spans = record_continues(off, h.payload_bytes, g.region_bytes);
-    if (spans != ((h.flags & kObjectContinues) != 0)) break;
     if (!(h.flags & kObjectPad)) {  // a pad is an abandoned reservation: stepped over
       bool deleted = h.flags & kObjectDeleted;
       scan->objects.push_back({deleted ? h.key_hash : hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
@@ -199,6 +218,15 @@ Status CardStore::recover(int threads) {
       }
     }
   }
+  // Damage recovery can prove (not a crash's cut): counted, and what it
+  // cost logged. The region itself is placed below as any other.
+  DamageTotals dt = judge_damage(*device_, g, &scans, [&winners](uint64_t hash, uint64_t seq) {
+    auto it = winners.find(hash);
+    return it != winners.end() && it->second.seq > seq;
+  });
+  damaged_regions_ = dt.regions;
+  damage_lost_objects_ = dt.objects;
+  damage_lost_bytes_ = dt.bytes;
   winners = {};
   uint64_t next_epoch = 1;
   std::vector<uint32_t> unreadable;

@@ -35,6 +35,15 @@ struct RecoveredObject {
   uint16_t tag = 0;        // key_tag of its key (an object; a tombstone carries no key)
 };
 
+// Damage the walk can prove, not a crash's cut (docs/card_format.md,
+// Recovery, "Damaged media"): a block every write of which was a whole,
+// valid record of this card and that no longer checks out.
+enum class Damage : uint8_t {
+  kNone,
+  kRegionHeader,  // the region header: this card's, failing a check, or missing where the chain names the region
+  kObjectHeader,  // an object header of this card under the region's epoch that fails a check: the walk ended there
+};
+
 struct RegionScan {
   bool valid = false;  // a region header of this card was found
   uint64_t epoch = 0;
@@ -44,6 +53,13 @@ struct RegionScan {
   uint64_t end = 0;                      // offset after the last record that checked out
   std::vector<RecoveredObject> objects;  // objects and tombstones, in write order
   Status io;                             // a read that failed: the walk stopped there (damaged media)
+  Damage damage = Damage::kNone;
+  uint64_t damage_at = 0;  // offset in the region of the block that does not check out
+  std::string damage_why;  // what about it does not check out
+  // The header block is neither zero nor this card's: foreign bytes (the
+  // device before its format), or damage if another region names this one.
+  bool foreign_header = false;
+  uint64_t header_epoch = 0;  // kRegionHeader: the epoch its records carry, as far as known (0: unknown)
 };
 
 // Scans every region with `threads` threads into scans[0..num_regions).
