@@ -74,14 +74,17 @@ using DeliverPayloadFn = std::function<bool(size_t size, const CopyFn& copy)>;
 // CardStore::memory_speed()) or where dst is memory no one reuses once its
 // caller gave up (a gateway connection's ring). kPieces: deliver() only names
 // dst (copy(dst) returns true at once); an object of more than 4 MiB
-// (kGuardedPieceBytes) into 4 KiB aligned dst is then read with its header
-// block and first 4 MiB into staging in one I/O, the rest straight into dst in
-// pieces (get()'s piece_bytes), each written into dst under the PieceGuardFn
-// given to get() (the staged piece copied under it beside the next piece's
-// read), the CRC checked piece by piece: one pass over the bytes; a smaller
-// object, or any into unaligned dst, is staged and copied in one piece under it. A
-// memory-speed card is copied from its mapping into dst in 1 MiB pieces at
-// any size and alignment. The header is checked before the first piece.
+// (kGuardedPieceBytes) into 4 KiB aligned dst from a disk card is then read
+// straight into dst in pieces (get()'s piece_bytes), the header block in the
+// first piece's request, each read under the PieceGuardFn given to get(), the
+// CRC checked piece by piece: one pass over the bytes; the header and key
+// are checked after the read (what would make it a miss is ruled out from
+// memory before: CardStore::read_and_check). A smaller object, or any into
+// unaligned dst, is staged and copied in one piece under it. A memory-speed
+// card is copied from its mapping into dst in 1 MiB pieces at any size and
+// alignment, the header checked before the first piece (a gateway's ring
+// publishes each piece to its client as it lands; one whose mapping failed:
+// staged).
 // Either way dst is written only while its caller accepts bytes (for a card
 // whose read time is not bounded: a disk; or to let a gateway's client copy
 // each piece out of the ring while the next one is read).

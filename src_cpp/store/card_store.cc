@@ -1361,7 +1361,12 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
       return true;
     });
     // Read straight into dst only an object of more than one piece from
-    // 4 KiB aligned memory. One of a piece or less is staged: header and
+    // 4 KiB aligned memory, from a disk card: its header is checked after the
+    // read (read_and_check), and a gateway's ring loads in pieces (r4: each
+    // piece published to the client as it lands) from memory-speed cards
+    // only, so no piece reaches a client before its header is checked (a
+    // memory-backed card whose mapping failed is staged). One of a piece or
+    // less is staged: header and
     // payload in one read into this worker's staging, then one copy under
     // the guard (bounded like a piece's read). Straight into dst it took two
     // reads (the header block is checked before any byte reaches dst), and on
@@ -1371,7 +1376,8 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     // A memory-speed card is copied from its mapping in pieces at any size
     // and alignment (a gateway publishes each piece to its client).
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
-    if (delivered && (device_->mapped() || (aligned && e.payload_bytes > kGuardedPieceBytes))) {
+    if (delivered &&
+        (device_->mapped() || (aligned && e.payload_bytes > kGuardedPieceBytes && !device_->memory_backed()))) {
       delivered = read(dst, true, &pieces);
     } else if (delivered) {  // one piece or less, or unaligned: staged, then copied in one piece
       bool copied = false;

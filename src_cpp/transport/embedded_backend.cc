@@ -7,14 +7,14 @@ namespace adp {
 namespace {
 
 // A disk card's object larger than 4 MiB is read straight into LMCache's
-// buffer (after its header block and first 4 MiB, staged) in pieces of up to
-// this size, each under the batch's guard and started before its deadline:
-// an LMCache chunk (32 MiB by default) in two requests, as fs_native reads
-// it in one. With 4 MiB pieces (and the header read alone) the card's 4
-// workers made 9 requests per 32 MiB object, each waiting its turn in the
-// disk's queue, and the CRC of each piece ran between them (an MP server's
-// prefetch on this 2-CPU VM under strace: 11% of each worker's time between
-// reads, 5-7% in header reads; benchmarks/results/2026-12-04-*-diskload.md).
+// buffer in pieces of up to this size, the header block in the first one's
+// request, each under the batch's guard and started before its deadline: an
+// LMCache chunk (32 MiB by default) in one request, as fs_native reads it.
+// With 4 MiB pieces (and the header read alone) the card's 4 workers made 9
+// requests per 32 MiB object, each waiting its turn in the disk's queue, and
+// the CRC of each piece ran between them (an MP server's prefetch on this
+// 2-CPU VM under strace: 11% of each worker's time between reads, 5-7% in
+// header reads; benchmarks/results/2026-12-04-*-diskload.md, -oneread.md).
 // The price: a load past its deadline completes as failed when its piece in
 // flight ends, one 32 MiB read (tens of ms on a disk) instead of 4 MiB.
 constexpr size_t kDiskLoadPieceBytes = 32u << 20;

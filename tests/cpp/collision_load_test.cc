@@ -14,12 +14,17 @@
 //   - the forged key loads its own bytes, an object of 8 MiB + 1000 bytes
 //     (a partial last block) in one request of 8 MiB + 8 KiB (header block,
 //     payload blocks, tail block);
-//   - exists() tells the victim from the forged key by the tag.
+//   - exists() tells the victim from the forged key by the tag;
+//   - on a memory-backed card whose mapping failed (where a gateway's ring
+//     loads in pieces, each published to its client as it lands), a
+//     kPieces load of the victim with the forged key of the same tag runs
+//     no piece: the header is checked before any byte reaches the buffer.
 // The Connector over the embedded backend, one worker, on a FaultDevice
 // that records the size of each read.
 //
 //   collision_load_test
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -134,6 +139,43 @@ Load load(std::shared_ptr<adp::CardStore> s, CountingDevice* dev, const std::str
           dev->take()};
 }
 
+// A memory-speed card (tmpfs) whose mapping failed: mapped() stays nullptr.
+class UnmappedMemoryDevice : public adp::testing::FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  bool memory_backed() const override { return true; }
+};
+
+// A kPieces load of the victim, forged with its tag, on an UnmappedMemoryDevice card.
+void ring_pieces_on_unmapped_memory_card() {
+  auto image = std::make_shared<adp::testing::FaultImage>(kCardBytes);
+  std::shared_ptr<adp::CardStore> s = adp::testing::checked_fault_card<UnmappedMemoryDevice>(
+      image, adp::testing::card_options(kRegionBytes), "open memory card", nullptr, "unmapped-memory-card");
+  if (!s) return;
+  check(s->memory_speed(), "the memory card is memory-speed");
+  const std::string victim = "collide@victim#3", forged = forge(victim, true);
+  store(s, victim, 3);
+  store(s, forged, 4);
+  adp::AlignedBuffer mem;
+  mem.reserve(kObjectBytes);
+  std::memset(mem.data(), 0x5a, kObjectBytes);
+  size_t pieces = 0;
+  adp::PieceGuardFn guard = [&](size_t, const std::function<void()>& piece) {
+    pieces++;
+    piece();
+    return true;
+  };
+  adp::IoContext ctx;
+  adp::Status st = s->get(
+      ctx, victim, [&](size_t size, const adp::CopyFn& copy) { return size == kObjectBytes && copy(mem.data()); },
+      adp::ReadInto::kPieces, guard);
+  check(st.is_not_found(), "memory card, same tag: the victim's load in pieces is a miss: " + st.message());
+  check(pieces == 0,
+        "memory card, same tag: no piece ran before the header was checked (" + std::to_string(pieces) + " ran)");
+  check(std::vector<uint8_t>(mem.data(), mem.data() + kObjectBytes) == std::vector<uint8_t>(kObjectBytes, 0x5a),
+        "memory card, same tag: the buffer is untouched");
+}
+
 std::string sizes(const std::vector<uint64_t>& v) {
   std::string out;
   for (uint64_t n : v) out += " " + std::to_string(n);
@@ -175,5 +217,6 @@ int main() {
     const std::vector<uint64_t> one{(8u << 20) + 2 * adp::kBlockSize};
     check(f.reads == one, what + "in one request: header, payload and tail blocks (read:" + sizes(f.reads) + ")");
   }
+  ring_pieces_on_unmapped_memory_card();
   return adp::testing::finish("collision_load_test");
 }
