@@ -79,6 +79,24 @@ class BackendSession {
   // inside guarded().
   virtual void put(const PutItem* items, size_t n, Status* results, Deadline deadline,
                    const GuardedReadFn& guarded) = 0;
+  // One batch's slice, for put_slices().
+  struct PutSlice {
+    const PutItem* items;
+    size_t n;
+    Status* results;
+    Deadline deadline;
+    const GuardedReadFn* guarded;
+  };
+  // Up to how many bytes of store slices (of batches queued behind one
+  // another) a worker hands to one put_slices(); 0: one slice a call.
+  virtual uint64_t put_slices_bytes() const { return 0; }
+  // Stores several slices, each as put() would; a session may share work
+  // between them (an embedded durable card: all written, one sync, then each
+  // slice's objects indexed if its guarded() still lets them).
+  virtual void put_slices(const PutSlice* slices, size_t count) {
+    for (size_t s = 0; s < count; s++)
+      put(slices[s].items, slices[s].n, slices[s].results, slices[s].deadline, *slices[s].guarded);
+  }
   // results[i]: Ok (delivered), NotFound (miss) or an error. sizes[i] is
   // the length of the caller's buffer for key i (a gateway reserves room
   // for it; deliver() still decides). dsts[i] is that buffer: a session may

@@ -179,28 +179,81 @@ void Connector::retire_locked(Batch* b) {
   live_.erase(it);
 }
 
-void Connector::run_task(BackendSession& session, const Task& t) {
-  Batch* b = t.batch;
-  if (b->is_completed()) return;  // timed out or closed while queued
-  size_t n = t.end - t.begin;
-  std::vector<std::string_view> keys(b->keys.begin() + t.begin, b->keys.begin() + t.end);
-  // Runs read() under the batch's guard while its future has not completed.
-  GuardedReadFn guarded = [b](const std::function<void()>& read) {
+namespace {
+
+// Runs read() under the batch's guard while its future has not completed.
+template <class B>
+GuardedReadFn guarded_read(B* b) {
+  return [b](const std::function<void()>& read) {
     std::shared_lock<std::shared_mutex> g(b->guard);
     if (b->completed) return false;
     read();
     return true;
   };
+}
+
+}  // namespace
+
+void Connector::put_results(const Task& t, const Status* st) {
+  Batch* b = t.batch;
+  for (size_t i = 0; i < t.end - t.begin; i++) {
+    b->results[t.begin + i] = st[i].ok();
+    if (!st[i].ok()) b->note_error("store of key " + b->keys[t.begin + i] + " failed: " + st[i].message());
+  }
+}
+
+void Connector::take_puts_locked(uint64_t cap, std::vector<Task>* run) {
+  auto bytes_of = [](const Task& t) {
+    uint64_t n = 0;
+    for (size_t i = t.begin; i < t.end; i++) n += t.batch->buffers[i].size;
+    return n;
+  };
+  const size_t workers = static_cast<size_t>(std::max(1, opts_.num_workers));
+  const size_t share = (tasks_.size() + workers) / workers;  // ceil((queued + this one) / workers)
+  uint64_t bytes = bytes_of(run->front());
+  while (run->size() < share && !tasks_.empty() && tasks_.front().batch->op == OpType::kSet) {
+    const uint64_t more = bytes_of(tasks_.front());
+    if (bytes + more > cap) break;
+    bytes += more;
+    run->push_back(tasks_.front());
+    tasks_.pop_front();
+  }
+}
+
+void Connector::run_puts(BackendSession& session, const std::vector<Task>& tasks) {
+  struct Slice {
+    const Task* task;
+    std::vector<PutItem> items;
+    std::vector<Status> st;
+    GuardedReadFn guarded;
+  };
+  std::vector<Slice> own;
+  own.reserve(tasks.size());  // the PutSlices point into it
+  std::vector<BackendSession::PutSlice> slices;
+  for (const Task& t : tasks) {
+    Batch* b = t.batch;
+    if (b->is_completed()) continue;  // timed out or closed while queued
+    Slice& s = own.emplace_back(Slice{&t, {}, std::vector<Status>(t.end - t.begin), guarded_read(b)});
+    for (size_t i = t.begin; i < t.end; i++) s.items.push_back({b->keys[i], b->buffers[i].data, b->buffers[i].size});
+    slices.push_back({s.items.data(), s.items.size(), s.st.data(), b->deadline, &s.guarded});
+  }
+  if (!slices.empty()) session.put_slices(slices.data(), slices.size());
+  for (const Slice& s : own) put_results(*s.task, s.st.data());
+}
+
+void Connector::run_task(BackendSession& session, const Task& t) {
+  Batch* b = t.batch;
+  if (b->is_completed()) return;  // timed out or closed while queued
+  size_t n = t.end - t.begin;
+  std::vector<std::string_view> keys(b->keys.begin() + t.begin, b->keys.begin() + t.end);
+  GuardedReadFn guarded = guarded_read(b);
   switch (b->op) {
     case OpType::kSet: {
       std::vector<PutItem> items(n);
       for (size_t i = 0; i < n; i++) items[i] = {keys[i], b->buffers[t.begin + i].data, b->buffers[t.begin + i].size};
       std::vector<Status> st(n);
       session.put(items.data(), n, st.data(), b->deadline, guarded);
-      for (size_t i = 0; i < n; i++) {
-        b->results[t.begin + i] = st[i].ok();
-        if (!st[i].ok()) b->note_error("store of key " + std::string(keys[i]) + " failed: " + st[i].message());
-      }
+      put_results(t, st.data());
       break;
     }
     case OpType::kGet: {
@@ -260,6 +313,35 @@ void Connector::run_task(BackendSession& session, const Task& t) {
   }
 }
 
+void Connector::note_timing(OpTiming& m, const SliceTimes& at, bool completed, const BackendSession* session) {
+  auto add = [](std::atomic<uint64_t>& a, Clock::duration d) {
+    a.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+                std::memory_order_relaxed);
+  };
+  m.slices.fetch_add(1, std::memory_order_relaxed);
+  add(m.queue_ns, at.taken - at.submitted);
+  add(m.pickup_ns, at.taken - std::max(at.submitted, at.free_since));
+  add(m.run_ns, at.ran - at.taken);
+  add(m.done_ns, at.done - at.ran);
+  if (completed) {
+    m.batches.fetch_add(1, std::memory_order_relaxed);
+    add(m.batch_ns, at.done - at.submitted);
+  }
+  if (session && session->times.requests) {
+    const CallTimes& c = session->times;
+    m.sent_slices.fetch_add(1, std::memory_order_relaxed);
+    add(m.setup_ns, c.first_sent - at.taken);
+    m.requests.fetch_add(c.requests, std::memory_order_relaxed);
+    m.round_trip_ns.fetch_add(c.round_trip_ns, std::memory_order_relaxed);
+    add(m.finish_ns, at.ran - c.last_reply);
+  }
+  // Spins count whether or not their reply was read (a gateway gone meanwhile).
+  if (session && session->times.reply_spins) {
+    m.reply_spins.fetch_add(session->times.reply_spins, std::memory_order_relaxed);
+    m.reply_spin_hits.fetch_add(session->times.reply_spin_hits, std::memory_order_relaxed);
+  }
+}
+
 void Connector::worker_loop(int index) {
   set_thread_name("adp-worker", index);
   std::unique_ptr<BackendSession> session;
@@ -273,62 +355,46 @@ void Connector::worker_loop(int index) {
   // (audit 13 item 6).
   if (index == 0 && session) session->prepare();
   Clock::time_point free_since{};  // when this worker was last done with a slice
+  // A durable embedded card stores the slices queued behind one another with one sync (put_slices).
+  const uint64_t put_cap = session ? session->put_slices_bytes() : 0;
   for (;;) {
-    Task t;
+    std::vector<Task> run;  // one task, or store slices taken together
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [this] { return closed_ || !tasks_.empty(); });
       if (tasks_.empty()) break;  // closed and nothing left
-      t = tasks_.front();
+      run.push_back(tasks_.front());
       tasks_.pop_front();
+      if (put_cap && run[0].batch->op == OpType::kSet) take_puts_locked(put_cap, &run);
     }
     const Clock::time_point taken = Clock::now();
     // Read now: once its last slice is done, a drain() may free the batch.
-    const OpType op = t.batch->op;
-    const Clock::time_point submitted = t.batch->submitted;
+    const OpType op = run[0].batch->op;
+    std::vector<Clock::time_point> submitted;
+    for (const Task& t : run) submitted.push_back(t.batch->submitted);
     if (session) {
       session->times = CallTimes{};
       try {
-        run_task(*session, t);
+        if (run.size() == 1)
+          run_task(*session, run[0]);
+        else
+          run_puts(*session, run);
       } catch (const std::exception& e) {
-        t.batch->note_error(std::string("internal error: ") + e.what());
+        for (const Task& t : run) t.batch->note_error(std::string("internal error: ") + e.what());
       }
     } else {
-      t.batch->note_error("worker has no backend session");
+      for (const Task& t : run) t.batch->note_error("worker has no backend session");
     }
     const Clock::time_point ran = Clock::now();
-    const bool completed = task_done(t.batch);
-    const Clock::time_point done = Clock::now();
-    if (op == OpType::kSet || op == OpType::kGet) {
-      OpTiming& m = op == OpType::kSet ? put_timing_ : get_timing_;
-      auto add = [](std::atomic<uint64_t>& a, Clock::duration d) {
-        a.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
-                    std::memory_order_relaxed);
-      };
-      m.slices.fetch_add(1, std::memory_order_relaxed);
-      add(m.queue_ns, taken - submitted);
-      add(m.pickup_ns, taken - std::max(submitted, free_since));
-      add(m.run_ns, ran - taken);
-      add(m.done_ns, done - ran);
-      if (completed) {
-        m.batches.fetch_add(1, std::memory_order_relaxed);
-        add(m.batch_ns, done - submitted);
-      }
-      if (session && session->times.requests) {
-        const CallTimes& c = session->times;
-        m.sent_slices.fetch_add(1, std::memory_order_relaxed);
-        add(m.setup_ns, c.first_sent - taken);
-        m.requests.fetch_add(c.requests, std::memory_order_relaxed);
-        m.round_trip_ns.fetch_add(c.round_trip_ns, std::memory_order_relaxed);
-        add(m.finish_ns, ran - c.last_reply);
-      }
-      // Spins count whether or not their reply was read (a gateway gone meanwhile).
-      if (session && session->times.reply_spins) {
-        m.reply_spins.fetch_add(session->times.reply_spins, std::memory_order_relaxed);
-        m.reply_spin_hits.fetch_add(session->times.reply_spin_hits, std::memory_order_relaxed);
-      }
+    for (size_t k = 0; k < run.size(); k++) {
+      const bool completed = task_done(run[k].batch);
+      const Clock::time_point done = Clock::now();
+      // A call's requests and spins count once (with its first slice).
+      if (op == OpType::kSet || op == OpType::kGet)
+        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted[k], free_since, taken, ran, done},
+                    completed, k == 0 ? session.get() : nullptr);
     }
-    free_since = done;
+    free_since = Clock::now();
   }
 }
 

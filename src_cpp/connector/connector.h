@@ -125,6 +125,23 @@ class Connector {
   void worker_loop(int index);
   void deadline_loop();
   void run_task(BackendSession& session, const Task& t);
+  // Store slices taken together (take_puts_locked): one put_slices() call.
+  void run_puts(BackendSession& session, const std::vector<Task>& tasks);
+  // Records a store slice's results in its batch.
+  void put_results(const Task& t, const Status* st);
+  // Appends to `run` (one store slice) the store slices queued next, while
+  // their bytes stay within `cap` and they are at most this worker's share
+  // of the queue (it and this one over all the workers: a busy worker that
+  // comes back finds its share, and no worker idles behind another's
+  // slices). Caller holds mu_.
+  void take_puts_locked(uint64_t cap, std::vector<Task>* run);
+  // A slice's times: its batch's submit, its worker's previous slice done,
+  // taken, the backend call returned, the slice done (task_done).
+  struct SliceTimes {
+    Clock::time_point submitted, free_since, taken, ran, done;
+  };
+  // Adds a get or put slice's times to m; `session`'s CallTimes too if given.
+  static void note_timing(OpTiming& m, const SliceTimes& at, bool completed, const BackendSession* session);
   // Marks b completed (once) and queues its completion. Caller holds mu_.
   // Completes b (once), waiting for a delivery in flight; caller holds mu_.
   // Returns whether this call completed it.

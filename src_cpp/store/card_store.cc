@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <optional>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -445,6 +446,15 @@ void CardStore::abandon(IoContext& ctx, const Placement& pl, uint64_t payload_by
 
 void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* results,
                     const std::function<bool()>& still_wanted) {
+  std::optional<bool> asked;  // one caller: asked once
+  put_each(ctx, items, n, results, [&](size_t) {
+    if (!asked) asked = still_wanted();
+    return *asked;
+  });
+}
+
+void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
+                         const std::function<bool(size_t item)>& item_wanted) {
   ctx.store_ = this;
   if (read_only_) {
     for (size_t i = 0; i < n; i++) results[i] = read_only_refusal("store");
@@ -579,7 +589,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
   // A copy whose sync failed is not acknowledged and never indexed, but it
   // may be on the card: it is voided like an abandoned one (below), and a
   // later delete of its key outranks it (remove()).
-  bool wanted = synced && still_wanted();
+  std::vector<uint8_t> wanted(n, 0);
+  bool all_wanted = true;
+  for (size_t i = 0; i < n; i++)
+    if (written[i].region != UINT32_MAX) all_wanted &= (wanted[i] = synced && item_wanted(i));
   std::vector<Stale> stale;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -594,8 +607,8 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
         settle_locked(tickets[i], false);
         continue;
       }
-      settle_locked(tickets[i], wanted);
-      if (!wanted) {
+      settle_locked(tickets[i], wanted[i]);
+      if (!wanted[i]) {
         // A copy that was never indexed voids only itself: its tombstone
         // carries seq 0 (no store gets it), so recovery's merge ranks it below
         // every copy. With its own seq it would outrank the older copy still
@@ -640,9 +653,10 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
       if (regions_.unpin(r)) unpinned_.notify_all();
   }
   write_tombstones(ctx, stale);
-  if (!wanted && synced)
+  if (!all_wanted && synced)
     for (size_t i = 0; i < n; i++)
-      if (written[i].region != UINT32_MAX) results[i] = Status::TimedOut("store abandoned: deadline passed");
+      if (written[i].region != UINT32_MAX && !wanted[i])
+        results[i] = Status::TimedOut("store abandoned: deadline passed");
   for (size_t i = 0; i < n; i++) {
     if (results[i].ok() || source_failed[i]) continue;
     counters_.store_failures++;

@@ -116,6 +116,13 @@ class CardStore {
   // and only if still_wanted() is true at that moment; a caller that gave up
   // (deadline) gets nothing indexed.
   void put(IoContext& ctx, const PutItem* items, size_t n, Status* results, const std::function<bool()>& still_wanted);
+  // The same for items of several callers (a connector worker's slices of
+  // several batches): all written, then one sync, then item i is indexed only
+  // if wanted(i) is true at that moment (asked once the sync is done, for each
+  // written item, in order, before any is indexed).
+  void put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
+                const std::function<bool(size_t item)>& wanted);
+  bool durable() const { return durable_; }
 
   // Reads key and checks its header and key, then lets deliver() place the
   // payload, checking the payload CRC on the way; `into` says whether the

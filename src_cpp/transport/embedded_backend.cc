@@ -2,6 +2,8 @@
 #include "transport/embedded_backend.h"
 
 #include <chrono>
+#include <cstdint>
+#include <vector>
 
 namespace adp {
 namespace {
@@ -19,6 +21,14 @@ namespace {
 // flight ends, one 32 MiB read (tens of ms on a disk) instead of 4 MiB.
 constexpr size_t kDiskLoadPieceBytes = 32u << 20;
 
+// A worker of a durable disk card takes the store slices queued behind its
+// own, up to this many bytes, and stores them with one sync (put_slices).
+// A sync a slice of 2 x 256 KiB held durable stores on this VM's disk to
+// 0.83x of durable=false (0.3-0.5x in a quiet moment); taken together, 0.94x
+// (benchmarks/results/2026-12-04-0930-storesync.md). The gateway's chunk
+// (16 MiB, one sync each) is bounded alike.
+constexpr uint64_t kPutSlicesBytes = 16u << 20;
+
 class EmbeddedSession : public BackendSession {
  public:
   explicit EmbeddedSession(std::shared_ptr<CardStore> store) : store_(std::move(store)) {}
@@ -30,6 +40,31 @@ class EmbeddedSession : public BackendSession {
   // still wanted: bytes it indexes were read before the future completed.
   void put(const PutItem* items, size_t n, Status* results, Deadline, const GuardedReadFn& guarded) override {
     store_->put(*ctx_, items, n, results, [&guarded] { return guarded([] {}); });
+  }
+
+  // Not on a memory-speed card: its sync costs nothing.
+  uint64_t put_slices_bytes() const override {
+    return store_->durable() && !store_->memory_speed() ? kPutSlicesBytes : 0;
+  }
+
+  // One put of every slice's items, one sync: an item is indexed only if its
+  // slice's batch still wants it once the sync is done (asked once a slice).
+  void put_slices(const PutSlice* slices, size_t count) override {
+    std::vector<PutItem> items;
+    std::vector<size_t> slice_of;
+    for (size_t s = 0; s < count; s++) {
+      items.insert(items.end(), slices[s].items, slices[s].items + slices[s].n);
+      slice_of.insert(slice_of.end(), slices[s].n, s);
+    }
+    std::vector<Status> results(items.size());
+    std::vector<int8_t> wanted(count, -1);
+    store_->put_each(*ctx_, items.data(), items.size(), results.data(), [&](size_t i) {
+      const size_t s = slice_of[i];
+      if (wanted[s] < 0) wanted[s] = (*slices[s].guarded)([] {});
+      return wanted[s] > 0;
+    });
+    for (size_t s = 0, i = 0; s < count; s++)
+      for (size_t j = 0; j < slices[s].n; j++) slices[s].results[j] = std::move(results[i++]);
   }
 
   void get(const std::string_view* keys, const size_t*, uint8_t* const*, size_t n, Status* results, Deadline deadline,

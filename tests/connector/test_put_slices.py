@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Store slices of several batches with one sync on a durable embedded card, crash-safe.
+
+Builds tests/cpp/put_slices_test.cc with the store, the connector, the embedded backend and the fault
+device, and runs it: a power cut as the shared sync starts leaves no key of any slice visible,
+acknowledged, or on the card after the reopen; a power cut after the sync, before indexing, leaves every
+key on the card; a slice whose batch gave up gets nothing indexed while the other's keys are; and a
+one-worker Connector stores the four batches queued behind a held one with one sync (see the .cc file).
+"""
+
+from __future__ import annotations
+
+from tests.support import cpp
+
+
+def test_put_slices_one_sync_crash_safe(tmp_path):
+    dirs = ("store", "util", "connector", "testing")
+    binary = cpp.build("put_slices_test", tmp_path, dirs, ("transport/embedded_backend.cc",))
+    cpp.run(binary, timeout=300)

@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: Apache-2.0
+// Store slices of several batches with one sync (BackendSession::put_slices,
+// the embedded backend on a durable card; CardStore::put_each), on a fault
+// device. Checks:
+//   - a power cut as the shared sync starts (after the last slice's last
+//     write): no key of any slice is visible then, none is acknowledged, and
+//     none is on the card after the reopen;
+//   - a power cut after the sync, before any key is indexed (inside the
+//     first slice's guard, which the store asks once the sync is done): no
+//     key is visible then, and every key of every slice is on the card, with
+//     its bytes, after the reopen;
+//   - a slice whose batch gave up (its guard says no) gets nothing indexed
+//     (its keys answer TimedOut) while the other slice's keys are, before and
+//     after a reopen;
+//   - the Connector (one worker, durable embedded card) stores the batches
+//     queued while its worker was busy with one sync: five batches, the first
+//     held at its write while the other four are submitted, take 2 syncs.
+//
+//   put_slices_test
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "connector/connector.h"
+#include "store/card_store.h"
+#include "test_card.h"
+#include "test_connector.h"
+#include "testing/fault_device.h"
+#include "transport/embedded_backend.h"
+
+namespace {
+
+using adp::BackendSession;
+using adp::PutItem;
+using adp::Status;
+using adp::testing::check;
+using adp::testing::FaultImage;
+
+constexpr uint64_t kRegionBytes = 4ull << 20;
+constexpr uint64_t kCardBytes = adp::testing::card_bytes(8, kRegionBytes);
+
+// Runs `at_sync` as each sync starts, while armed (then syncs as any FaultDevice).
+class HookedDevice : public adp::testing::FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  Status sync() const override {
+    if (at_sync) {
+      auto f = std::move(at_sync);
+      at_sync = nullptr;
+      f();
+    }
+    return FaultDevice::sync();
+  }
+  mutable std::function<void()> at_sync;
+};
+
+// Two slices (two batches' shares) of two keys each: 300 KiB, 5 KiB, 1 MiB + 1, 64 KiB.
+struct Slices {
+  explicit Slices(const std::string& tag) {
+    const size_t sizes[4] = {300 << 10, 5 << 10, (1 << 20) + 1, 64 << 10};
+    for (int i = 0; i < 4; i++) {
+      keys.push_back("m@00000000@0@" + tag + "-" + std::to_string(i));
+      values.push_back(adp::testing::pattern(sizes[i], static_cast<uint8_t>(i + 1)));
+    }
+    for (int i = 0; i < 4; i++) items.push_back({keys[i], values[i].data(), values[i].size()});
+    results.resize(4);
+  }
+  // Stores them through `session`, slice s's guard saying wanted[s] after running before_index (once).
+  void put(BackendSession& session, const bool wanted[2], const std::function<void()>& before_index = {}) {
+    bool ran = false;
+    std::vector<adp::GuardedReadFn> guards;
+    for (int s = 0; s < 2; s++)
+      guards.push_back([&, s](const std::function<void()>& read) {
+        if (!ran && before_index) before_index();
+        ran = true;
+        if (wanted[s]) read();
+        return wanted[s];
+      });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    BackendSession::PutSlice slices[2] = {{&items[0], 2, &results[0], deadline, &guards[0]},
+                                          {&items[2], 2, &results[2], deadline, &guards[1]}};
+    session.put_slices(slices, 2);
+  }
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<PutItem> items;
+  std::vector<Status> results;
+};
+
+std::shared_ptr<adp::CardStore> open_card(const std::shared_ptr<FaultImage>& image, const char* what,
+                                          HookedDevice** dev = nullptr) {
+  return adp::testing::checked_fault_card<HookedDevice>(image, adp::testing::card_options(kRegionBytes), what, dev);
+}
+
+// One small store through `session`: opens its region (whose header is synced then), so that the next
+// put's one sync is its own.
+void warm(BackendSession& session) {
+  const std::vector<uint8_t> v = adp::testing::pattern(4096, 99);
+  PutItem item{"m@00000000@0@warm", v.data(), v.size()};
+  Status r;
+  session.put(&item, 1, &r, std::chrono::steady_clock::now() + std::chrono::seconds(60),
+              [](const std::function<void()>& read) { return read(), true; });
+  CHECK(r.ok(), "warm-up store: %s", r.message().c_str());
+}
+
+int visible(adp::CardStore& s, const Slices& put) {
+  int n = 0;
+  for (const std::string& k : put.keys) n += s.exists(k);
+  return n;
+}
+
+// A fresh card on a HookedDevice, an embedded session on it that has stored one small object (its region
+// opened, whose header is synced then: the next put's one sync is its own), and its reopen.
+struct Card {
+  Card() {
+    store = open_card(image, "open", &dev);
+    if (!store) return;
+    backend = std::make_unique<adp::EmbeddedBackend>(store);
+    session = backend->new_session();
+    check(session->put_slices_bytes() > 0, "a durable embedded card takes slices together");
+    warm(*session);
+  }
+  // Closes the store (after whatever the device went through) and opens the card again on a new device.
+  std::shared_ptr<adp::CardStore> reopen(const std::string& what) {
+    session.reset();
+    backend.reset();
+    store.reset();
+    return open_card(image, (what + ": reopen").c_str());
+  }
+  std::shared_ptr<FaultImage> image = std::make_shared<FaultImage>(kCardBytes);
+  HookedDevice* dev = nullptr;
+  std::shared_ptr<adp::CardStore> store;
+  std::unique_ptr<adp::EmbeddedBackend> backend;
+  std::unique_ptr<BackendSession> session;
+};
+
+// A power cut as the put's one sync starts: every write of every slice is done, none synced.
+void cut_at_sync() {
+  Card card;
+  if (!card.store) return;
+  Slices put("cut-at-sync");
+  int seen = -1;
+  card.dev->at_sync = [&] {
+    seen = visible(*card.store, put);
+    card.dev->power_cut();
+  };
+  const bool wanted[2] = {true, true};
+  put.put(*card.session, wanted);
+  CHECK(seen == 0, "cut at the sync: %d keys were visible before their sync", seen);
+  for (int i = 0; i < 4; i++) CHECK(!put.results[i].ok(), "cut at the sync: key %d acknowledged without its sync", i);
+  const int after = visible(*card.store, put);
+  CHECK(after == 0, "cut at the sync: %d keys visible after their sync failed", after);
+  auto again = card.reopen("cut at the sync");
+  for (int i = 0; again && i < 4; i++)
+    CHECK(!adp::testing::read_object(*again, put.keys[i]), "cut at the sync: key %d is on the card after the reopen",
+          i);
+}
+
+// A power cut after the sync, before the put indexes any key.
+void cut_after_sync() {
+  Card card;
+  if (!card.store) return;
+  Slices put("cut-after-sync");
+  int seen = -1;
+  const bool wanted[2] = {true, true};
+  put.put(*card.session, wanted, [&] {
+    seen = visible(*card.store, put);
+    card.dev->power_cut();
+  });
+  CHECK(seen == 0, "cut after the sync: %d keys were visible before they were indexed", seen);
+  auto again = card.reopen("cut after the sync");
+  for (int i = 0; again && i < 4; i++)
+    CHECK(adp::testing::read_object(*again, put.keys[i]) == put.values[i],
+          "cut after the sync: key %d (slice %d) is not on the card after the reopen", i, i / 2);
+}
+
+// Slice 0's batch gave up: only slice 1's keys are indexed.
+void one_slice_unwanted() {
+  Card card;
+  if (!card.store) return;
+  Slices put("one-unwanted");
+  const bool wanted[2] = {false, true};
+  put.put(*card.session, wanted);
+  for (int i = 0; i < 4; i++) {
+    const bool want = i >= 2;
+    CHECK(put.results[i].ok() == want && (want || put.results[i].code() == Status::Code::kTimedOut),
+          "one slice unwanted: key %d answered %s", i, put.results[i].message().c_str());
+    CHECK(card.store->exists(put.keys[i]) == want, "one slice unwanted: key %d visible %d", i, !want);
+  }
+  auto again = card.reopen("one slice unwanted");
+  for (int i = 0; again && i < 4; i++)
+    CHECK(static_cast<bool>(adp::testing::read_object(*again, put.keys[i])) == (i >= 2),
+          "one slice unwanted: key %d after the reopen", i);
+}
+
+// Five batches of two 64 KiB keys through a one-worker Connector: the first held at its write while the
+// other four are queued, which the worker then stores with one sync.
+void connector_takes_queued_slices() {
+  auto image = std::make_shared<FaultImage>(kCardBytes);
+  HookedDevice* dev;
+  auto store = open_card(image, "open", &dev);
+  if (!store) return;
+  auto conn = adp::testing::embedded_connector(store, 1, 60000);
+  std::vector<std::vector<uint8_t>> values;
+  auto batch = [&](int b) {
+    std::vector<std::string> keys;
+    std::vector<adp::Buffer> bufs;
+    for (int i = 0; i < 2; i++) {
+      keys.push_back("m@00000000@0@q" + std::to_string(b) + "-" + std::to_string(i));
+      values.push_back(adp::testing::pattern(64 << 10, static_cast<uint8_t>(2 * b + i)));
+      bufs.push_back({values.back().data(), values.back().size()});
+    }
+    return conn->submit(adp::OpType::kSet, std::move(keys), std::move(bufs), nullptr);
+  };
+  values.reserve(12);
+  check(adp::testing::wait_for(*conn, batch(0)).ok, "warm-up store");  // opens the worker's region
+  const uint64_t syncs = dev->syncs();
+  dev->hold_write(dev->writes());
+  std::vector<uint64_t> ids{batch(1)};
+  for (int i = 0; i < 2000 && !dev->write_held(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  check(dev->write_held(), "the first batch's write is held");
+  for (int b = 2; b <= 5; b++) ids.push_back(batch(b));
+  dev->release_held_write(false);
+  // Their completions come together: drained until every one is in.
+  std::map<uint64_t, bool> done;
+  for (int i = 0; i < 6000 && done.size() < ids.size(); i++) {
+    for (const adp::Completion& c : conn->drain()) done[c.future_id] = c.ok;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (uint64_t id : ids) CHECK(done.count(id) && done[id], "batch %llu failed", (unsigned long long)id);
+  CHECK(dev->syncs() - syncs == 2, "5 batches (4 queued behind the first) took %llu syncs, not 2",
+        (unsigned long long)(dev->syncs() - syncs));
+  for (int b = 1; b <= 5; b++)
+    for (int i = 0; i < 2; i++)
+      CHECK(adp::testing::read_object(*store, "m@00000000@0@q" + std::to_string(b) + "-" + std::to_string(i)) ==
+                values[2 * b + i],
+            "batch %d key %d not stored", b, i);
+  conn->close();
+}
+
+}  // namespace
+
+int main() {
+  cut_at_sync();
+  cut_after_sync();
+  one_slice_unwanted();
+  connector_takes_queued_slices();
+  return adp::testing::finish("put_slices_test");
+}
