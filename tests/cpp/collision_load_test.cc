@@ -15,6 +15,9 @@
 //     (a partial last block) in one request of 8 MiB + 8 KiB (header block,
 //     payload blocks, tail block);
 //   - exists() tells the victim from the forged key by the tag;
+//   - an object that runs from one region into the next one on the card
+//     loads in one request too, that region's header block read into a
+//     scratch block between (12 MiB regions: the second object spans);
 //   - on a memory-backed card whose mapping failed (where a gateway's ring
 //     loads in pieces, each published to its client as it lands), a
 //     kPieces load of the victim with the forged key of the same tag runs
@@ -176,6 +179,24 @@ void ring_pieces_on_unmapped_memory_card() {
         "memory card, same tag: the buffer is untouched");
 }
 
+std::string sizes(const std::vector<uint64_t>& v);
+
+// Two objects on a new card of 12 MiB regions: the second runs from region 0 into region 1.
+void spanning_object_in_one_request() {
+  auto image = std::make_shared<adp::testing::FaultImage>(adp::testing::card_bytes(8, 12ull << 20));
+  CountingDevice* dev = nullptr;
+  std::shared_ptr<adp::CardStore> s =
+      adp::testing::checked_fault_card(image, adp::testing::card_options(12ull << 20), "open 12 MiB regions", &dev);
+  if (!s) return;
+  store(s, "span@first", 5);
+  const std::vector<uint8_t> want = store(s, "span@second", 6);
+  Load got = load(s, dev, "span@second");
+  check(got.hit && got.bytes == want, "spanning: the object spanning two regions loads its bytes");
+  const std::vector<uint64_t> one{(8u << 20) + 3 * adp::kBlockSize};
+  check(got.reads == one,
+        "spanning: one request: header, payload, the next region's header block, tail (read:" + sizes(got.reads) + ")");
+}
+
 std::string sizes(const std::vector<uint64_t>& v) {
   std::string out;
   for (uint64_t n : v) out += " " + std::to_string(n);
@@ -217,6 +238,7 @@ int main() {
     const std::vector<uint64_t> one{(8u << 20) + 2 * adp::kBlockSize};
     check(f.reads == one, what + "in one request: header, payload and tail blocks (read:" + sizes(f.reads) + ")");
   }
+  spanning_object_in_one_request();
   ring_pieces_on_unmapped_memory_card();
   return adp::testing::finish("collision_load_test");
 }
