@@ -1466,6 +1466,50 @@ bool CardStore::unsettled_locked(uint64_t hash) const {
   return false;
 }
 
+Status CardStore::remove_refusal_locked(uint64_t hash) const {
+  // A copy of the key that may be on the card and is neither indexed nor
+  // durably voided would outrank this delete at recovery: the delete
+  // waits for it (the caller retries; LMCache keeps the key to evict again).
+  for (const Stale& p : pending_)
+    if (p.loc.hash == hash && p.loc.seq == 0)
+      return Status::IoError("a failed store of this key is not yet marked deleted on card " + path() +
+                             "; the delete is not done");
+  if (unsettled_locked(hash))
+    return Status::Busy("a store of this key is in flight on card " + path() + "; the delete is not done");
+  return Status::Ok();
+}
+
+Status CardStore::check_remove_header(IoContext& ctx, std::string_view key, uint64_t hash, const IndexEntry& e,
+                                      uint64_t epoch, bool* changed) {
+  *changed = false;
+  if (!ctx.header_.reserve(2 * kBlockSize))
+    return Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
+  Status io = device_->read(region_offset(e.region) + uint64_t(e.block) * kBlockSize, ctx.header_.data(), kBlockSize);
+  if (!io.ok()) {
+    count_failure(io);
+    return io;
+  }
+  counters_.bytes_read += kBlockSize;
+  const uint8_t* block = ctx.header_.data();
+  const std::string why = check_object_header(block, hash, e, epoch, key, &io);
+  if (why.empty()) {
+    // NotFound: another key's object, or its own tombstone (deleted or
+    // replaced since the lookup).
+    ObjectHeader hdr;
+    std::memcpy(&hdr, block, sizeof hdr);
+    *changed = io.is_not_found() && (hdr.flags & kObjectDeleted);
+    return io;
+  }
+  if (overwritten_meanwhile(hash, e)) {  // a tombstone half written over it
+    *changed = true;
+    return Status::NotFound("deleted or replaced while its header was read");
+  }
+  ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped at its delete", e.region,
+           uint64_t(e.block) * kBlockSize, path().c_str(), why.c_str());
+  drop_damaged(ctx, hash, e);  // as a load would (counted); whose key it held cannot be told
+  return Status::NotFound("damaged: " + why);
+}
+
 Status CardStore::remove(IoContext& ctx, std::string_view key) {
   ctx.store_ = this;
   Status s = check_key(key);
@@ -1473,24 +1517,44 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   if (read_only_) return read_only_refusal("delete");
   retry_pending(ctx);
   uint64_t h = hash_key(key);
+  const uint16_t tag = key_tag(key);
   Location loc;
+  IndexEntry e;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // A copy of the key that may be on the card and is neither indexed nor
-    // durably voided would outrank this delete at recovery: the delete
-    // waits for it (the caller retries; LMCache keeps the key to evict again).
-    for (const Stale& p : pending_)
-      if (p.loc.hash == h && p.loc.seq == 0)
-        return Status::IoError("a failed store of this key is not yet marked deleted on card " + path() +
-                               "; the delete is not done");
-    if (unsettled_locked(h))
-      return Status::Busy("a store of this key is in flight on card " + path() + "; the delete is not done");
+    s = remove_refusal_locked(h);
+    if (!s.ok()) return s;
     auto it = index_.find(h);
-    if (it == index_.end()) return Status::NotFound();
-    const IndexEntry& e = it->second;
+    // The index is keyed by the 64-bit hash (crafted collisions: key_tag.h):
+    // another key's object is not deleted. Another tag is another key.
+    if (it == index_.end() || it->second.tag() != tag) return Status::NotFound();
+    e = it->second;
     regions_.pin(e.region);
     loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
-    removing_.emplace_back(h, e.seq);  // until the entry is erased, or the write failed
+  }
+  // The same tag: the whole key is compared with the object's header (its
+  // region pinned meanwhile) before anything is written. Not yet in
+  // removing_: a load of the object is not turned away by a delete that
+  // may turn out to be another key's.
+  bool changed = false;  // the header read found e's object deleted or replaced already
+  s = check_remove_header(ctx, key, h, e, loc.epoch, &changed);
+  if (s.ok() || changed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(h);
+    if (s.ok()) s = remove_refusal_locked(h);
+    // Replaced meanwhile: the newer copy (which may be another key's) stays;
+    // the store that replaced it marks this copy deleted. Deleted or
+    // evicted meanwhile (or its tombstone being written by another delete):
+    // NotFound, as before.
+    if (it != index_.end() && it->second.seq != e.seq)
+      s = Status::Busy("a newer copy was stored while the key was deleted");
+    else if (it == index_.end() || changed)
+      s = Status::NotFound();
+    if (s.ok()) removing_.emplace_back(h, loc.seq);  // until the entry is erased, or the write failed
+  }
+  if (!s.ok()) {
+    unpin(loc.region);
+    return s;
   }
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come

@@ -189,10 +189,11 @@ class CardStore {
 
   bool exists(std::string_view key);
   // Ok: the key was present and its delete is on the card. NotFound: it was
-  // not there. Busy: a newer copy was stored meanwhile (and stays), or a
-  // store of the key is in flight or being voided (see unsettled_locked).
-  // Otherwise the error that kept the delete off the card (the key stays
-  // readable).
+  // not there (another key with the same 64-bit hash is not deleted: its
+  // tag, then its whole key in the object's header, is compared first; an
+  // object whose header is found damaged is dropped, as a load drops it). Busy: a newer copy was stored meanwhile (and
+  // stays), or a store of the key is in flight or being voided (see unsettled_locked). Otherwise the error that kept
+  // the delete off the card (the key stays readable).
   Status remove(IoContext& ctx, std::string_view key);
 
   // Reads every indexed object and checks it as a load would. Bad objects
@@ -311,6 +312,17 @@ class CardStore {
   bool continues(uint64_t offset, uint64_t payload_bytes) const {
     return record_continues(offset, payload_bytes, region_bytes_);
   }
+  // Why a delete of `hash` cannot be done now (a store of it in flight, or
+  // its void not yet on the card); Ok if it can. Caller holds mu_.
+  Status remove_refusal_locked(uint64_t hash) const;
+  // A delete's check of the object of (hash, e) (its region pinned, of
+  // epoch `epoch`): reads its header block into ctx.header_ and compares
+  // the whole key. Ok: key's object. NotFound: another key's, deleted or
+  // replaced meanwhile (*changed set: its tombstone, or one half written,
+  // is there), or damaged (then dropped, as a load drops it). Otherwise the
+  // read's error (counted).
+  Status check_remove_header(IoContext& ctx, std::string_view key, uint64_t hash, const IndexEntry& e, uint64_t epoch,
+                             bool* changed);
   // Marks the object at loc deleted on the card (region must be pinned).
   Status write_tombstone(IoContext& ctx, const Location& loc);
   // Writes the tombstones of `stale` (synced when durable), then unpins

@@ -35,6 +35,7 @@
 
 #include "check.h"
 #include "connector/connector.h"
+#include "forge_key.h"
 #include "store/card_format.h"
 #include "store/card_store.h"
 #include "store/key_tag.h"
@@ -48,6 +49,7 @@ namespace {
 using adp::Completion;
 using adp::OpType;
 using adp::testing::check;
+using adp::testing::forge;
 using adp::testing::run;
 
 // The four objects fit the first region: none spans two (a read in each).
@@ -76,38 +78,6 @@ class CountingDevice : public adp::testing::FaultDevice {
   mutable std::mutex mu;
   mutable std::vector<uint64_t> sizes;
 };
-
-constexpr uint64_t kM = 0xc6a4a7935bd1e995ull;
-uint64_t mix(uint64_t k) {
-  k *= kM;
-  k ^= k >> 47;
-  return k * kM;
-}
-uint64_t unmix(uint64_t y) {
-  uint64_t inv = kM;  // kM's inverse mod 2^64 (Newton: each step doubles the correct bits)
-  for (int i = 0; i < 5; i++) inv *= 2 - kM * inv;
-  uint64_t x = y * inv;
-  x ^= x >> 47;
-  return x * inv;
-}
-
-// A 16-byte key with victim's hash_key (victim: 16 bytes), its first 8 bytes
-// from `n`; same_tag: searched until its key_tag is victim's too, else until
-// it differs.
-std::string forge(const std::string& victim, bool same_tag) {
-  const uint64_t h0 = 0x41445043415244ull ^ (16 * kM);
-  uint64_t a1, a2;
-  std::memcpy(&a1, victim.data(), 8);
-  std::memcpy(&a2, victim.data() + 8, 8);
-  const uint64_t h1a = (h0 ^ mix(a1)) * kM;
-  for (uint64_t n = 1;; n++) {
-    const uint64_t b1 = n * 0x9E3779B97F4A7C15ull, b2 = unmix(h1a ^ mix(a2) ^ ((h0 ^ mix(b1)) * kM));
-    std::string key(16, '\0');
-    std::memcpy(key.data(), &b1, 8);
-    std::memcpy(key.data() + 8, &b2, 8);
-    if (key != victim && (adp::key_tag(key) == adp::key_tag(victim)) == same_tag) return key;
-  }
-}
 
 std::vector<uint8_t> store(std::shared_ptr<adp::CardStore> s, const std::string& key, uint8_t seed) {
   adp::AlignedBuffer src;

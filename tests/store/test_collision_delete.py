@@ -1,0 +1,16 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A delete is exact: a key forged to share another key's 64-bit hash (the index's key) does not
+delete that key's object. Another key tag is NotFound from memory (no read of the card); the same
+tag reads the object's header block, finds another key and is NotFound with nothing written; the
+victim stays loadable, the counters unchanged, and it survives a restart; the victim's own delete
+still works (tests/cpp/collision_delete_test.cc, directly and through the Connector)."""
+
+from __future__ import annotations
+
+from tests.support import cpp
+
+
+def test_a_colliding_keys_delete_spares_the_other_object(tmp_path):
+    binary = cpp.build("collision_delete_test", tmp_path, ("store", "util", "connector", "testing"),
+                       ("transport/embedded_backend.cc",))  # fmt: skip
+    cpp.run(binary, timeout=120)
