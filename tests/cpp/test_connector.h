@@ -11,7 +11,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,14 +34,63 @@ inline std::unique_ptr<Connector> embedded_connector(std::shared_ptr<CardStore> 
   return std::make_unique<Connector>(std::make_unique<EmbeddedBackend>(std::move(store)), opts);
 }
 
-// The completion of c's future `id`, waiting on c's event fd. The completions of other futures drained
-// meanwhile are dropped: a caller waits for each request before it submits the next. A future not
-// complete after 60 s ends the program (exit 1: nothing after it can be checked).
-inline Completion wait_for(Connector& c, uint64_t id) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+// Completions drained by wait_for for futures other than the one it waited
+// for, kept for their own wait: by connector, then future id. A connector's
+// entry goes when its last kept completion is taken (forget() drops one
+// whose futures will not be waited for, before the connector is destroyed:
+// a later connector at the same address numbers its futures from 1 again).
+struct KeptCompletions {
+  std::mutex mu;
+  std::map<const Connector*, std::map<uint64_t, Completion>> by_connector;
+};
+inline KeptCompletions& kept_completions() {
+  static KeptCompletions kept;
+  return kept;
+}
+
+// Takes the kept completion of c's future `id`, if there is one.
+inline std::optional<Completion> take_kept(const Connector& c, uint64_t id) {
+  KeptCompletions& k = kept_completions();
+  std::lock_guard<std::mutex> lock(k.mu);
+  auto conn = k.by_connector.find(&c);
+  if (conn == k.by_connector.end()) return std::nullopt;
+  auto it = conn->second.find(id);
+  if (it == conn->second.end()) return std::nullopt;
+  Completion done = std::move(it->second);
+  conn->second.erase(it);
+  if (conn->second.empty()) k.by_connector.erase(conn);
+  return done;
+}
+
+// Drops what is kept for c (its futures' completions nobody waited for).
+inline void forget(const Connector& c) {
+  KeptCompletions& k = kept_completions();
+  std::lock_guard<std::mutex> lock(k.mu);
+  k.by_connector.erase(&c);
+}
+
+// The completion of c's future `id`, waiting on c's event fd. The completions
+// of other futures drained meanwhile are kept for their own wait_for
+// (several futures waited for in turn, in any order; threads waiting on the
+// same connector). A future not complete after `timeout` ends the program
+// (exit 1: nothing after it can be checked).
+inline Completion wait_for(Connector& c, uint64_t id, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    for (auto& done : c.drain())
-      if (done.future_id == id) return std::move(done);
+    if (std::optional<Completion> done = take_kept(c, id)) return std::move(*done);
+    std::optional<Completion> mine;
+    {
+      std::vector<Completion> drained = c.drain();
+      KeptCompletions& k = kept_completions();
+      std::lock_guard<std::mutex> lock(k.mu);
+      for (auto& done : drained) {
+        if (done.future_id == id)
+          mine = std::move(done);
+        else
+          k.by_connector[&c][done.future_id] = std::move(done);
+      }
+    }
+    if (mine) return std::move(*mine);
     if (std::chrono::steady_clock::now() > deadline) {
       std::printf("future %llu did not complete\n", static_cast<unsigned long long>(id));
       std::exit(1);
