@@ -60,7 +60,7 @@ LIMITS = [
         "local (Unix socket) clients; TCP peers never take these slots, nor do status queries (2 local "
         "connections past it are kept for `lmcache-adp status --gateway`)",
     ),
-    ("--max-tcp-clients", 64, "authenticated TCP connections"),
+    ("--max-tcp-clients", 64, "authenticated TCP connections (2 more for status queries, protocol r15)"),
     ("--max-handshakes", 16, "TCP connections not yet authenticated; more are refused at accept"),
     ("--handshake-timeout-ms", 2000, "time a new connection has to complete its Hello"),
     ("--idle-timeout-s", 600, "a connection with no request for this long is closed (0: never)"),

@@ -469,8 +469,8 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         COUNTER,
         "connections",
         G,
-        "Status queries refused at their Hello for being full (--max-tcp-clients: over TCP a status query takes a "
-        "slot), since start: mostly idle connectors' probes (one a second each while the gateway holds their "
+        "Status queries refused at their Hello for being full (--max-tcp-clients and the 2 past it kept for status "
+        "queries, protocol r15: over TCP a status query takes a slot), since start: mostly idle connectors' probes (one a second each while the gateway holds their "
         "connections closed, status_probes), which read a refusal for being full as an answer; also "
         "`lmcache-adp status --gateway tcp://...`. Not in refused_connections: a gateway full of clients that "
         "idle connectors probe turns no client away (a local status query is never refused at its Hello)",

@@ -41,6 +41,9 @@ constexpr int kStoreBufferIdleMs = 5000;
 // hung up (a TCP peer's reset in answer to the HelloOk: a round trip) before it counts as one that was there.
 // Tests only: ADP_TEST_HANG_UP_WAIT_MS.
 constexpr int kHangUpWaitMs = 200;
+
+// Why a TCP status query on the reserve (kStatusQueryReserve) ends: closed quietly, as a status query's end.
+constexpr const char* kReserveQueryClosed = "a status query on the reserve: answered once, or its time was up";
 }  // namespace
 
 std::string ClientHandler::peer() const {
@@ -123,13 +126,17 @@ Status ClientHandler::handshake() {
     s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP"
                                      : "ring feature and passed descriptor disagree");
   if (s.ok() && tcp_) {
-    if (shared_->tcp_clients.fetch_add(1) >= static_cast<uint32_t>(shared_->limits.max_tcp_clients)) {
+    // A status query has kStatusQueryReserve more (r15): on a gateway full of TCP clients it is still answered.
+    const auto max_tcp = static_cast<uint32_t>(shared_->limits.max_tcp_clients);
+    const uint32_t before = shared_->tcp_clients.fetch_add(1);
+    if (before >= max_tcp + (status_query ? kStatusQueryReserve : 0)) {
       shared_->tcp_clients--;
       (status_query ? shared_->refused_status_queries : shared_->refused)++;  // a status query is no client
       s = Status::Busy(proto::kTooManyTcpClients +
                        (" (" + std::to_string(shared_->limits.max_tcp_clients) + ", --max-tcp-clients)"));
     } else {
       tcp_counted_ = true;
+      on_reserve_ = status_query && before >= max_tcp;
     }
   }
   if (s.ok() && want_ring) s = reserve_ring(hello.ring_bytes);
@@ -268,6 +275,13 @@ void ClientHandler::run() {
     while (s.ok()) {
       if (answered_batch_) spin_for_next_request();
       auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
+      if (on_reserve_) {  // its Stats within the handshake timeout, one only (kStatusQueryReserve)
+        if (asked_stats_) {
+          s = Status::Closed(kReserveQueryClosed);
+          break;
+        }
+        idle_by = std::min(idle_by, Clock::now() + std::chrono::milliseconds(shared_->limits.handshake_timeout_ms));
+      }
       if (loader_) {  // no longer counted as loading once it waits this long for its next request
         pollfd p{fd_, POLLIN, 0};
         if (::poll(&p, 1, test_loader_idle_ms_) == 0) loader_.reset();
@@ -284,6 +298,10 @@ void ClientHandler::run() {
       }
       s = proto::read_frame(fd_, max_body, idle_by, &frame, segments_enabled_ ? 1 : 0);
       if (s.code() == Status::Code::kTimedOut) {
+        if (on_reserve_ && Clock::now() >= idle_by) {
+          s = Status::Closed(kReserveQueryClosed);
+          break;
+        }
         if (Clock::now() >= idle_by) {
           // Closed quietly, as a restart would: the client reconnects on its next batch.
           ADP_INFO("gateway: client #%llu idle for %d s: closing the connection", ull(id_), idle_ms / 1000);

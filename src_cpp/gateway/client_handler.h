@@ -32,6 +32,16 @@
 
 namespace adp {
 
+// Connections admitted past the client limit of their transport, for status
+// queries only, so a full gateway still answers `lmcache-adp status
+// --gateway`: local ones past --max-clients (r11, review r15 N2; bounded at
+// accept, GatewayServer::accept_one), and apart from those, TCP ones past
+// --max-tcp-clients (r15; at the Hello, ClientHandler::handshake). A TCP
+// status query on its reserve is closed once its first Stats is answered, or
+// after --handshake-timeout-ms without one (kReserveQueryClosed), so no peer
+// holds the reserve.
+constexpr int kStatusQueryReserve = 2;
+
 // The limits a connection is held to (GatewayOptions).
 struct ConnectionLimits {
   // Local clients past their Hello (status queries not counted), taken at the Hello (GatewayShared::local_clients).
@@ -554,6 +564,7 @@ class ClientHandler {
   int test_process_read_delay_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
+  bool on_reserve_ = false;     // a TCP status query past --max-tcp-clients (kStatusQueryReserve): one Stats, briefly
   bool local_counted_ = false;  // holds one of shared->local_clients
   bool handshake_done_ = false;
   bool client_counted_ = false;        // holds one of shared->clients (counted before its HelloOk went)

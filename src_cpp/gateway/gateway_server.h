@@ -74,11 +74,6 @@ struct GatewayOptions {
   uint32_t max_request_timeout_ms = 3600000;           // a batch's timeout_ms at most (larger: clamped)
 };
 
-// Local connections admitted past --max-clients, for status queries only
-// (r11): a full gateway still answers `lmcache-adp status --gateway`
-// (review r15 N2).
-constexpr int kStatusQueryReserve = 2;
-
 class GatewayServer {
  public:
   static Status Start(const GatewayOptions& opts, std::unique_ptr<GatewayServer>* out);

@@ -24,7 +24,7 @@ from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_process_stores import StoreClient
 from tests.helpers import RawConnector, payload
-from tests.support.gateway import Gateway
+from tests.support.gateway import TOKEN, Gateway
 
 SIZE = 64 * 1024
 
@@ -166,6 +166,87 @@ def test_tcp_client_limit_leaves_local_clients_alone(limited):
     roundtrip(first, "tcp1b")
     for c in (first, second, local):
         c.conn.close()
+
+
+def tcp_hello(port: int, features: int) -> tuple[socket.socket, int, bytes]:
+    """A TCP connection that sent its Hello (the test token, `features`), and the gateway's reply (type, body); the
+    caller closes the socket."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        s.sendall(wire.frame(wire.HELLO, 1, wire.hello(token=TOKEN.encode(), features=features)))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the Hello was read: the Error frame is in the receive queue
+    ftype, _, body = wire.recv_frame(s)
+    return s, ftype, body
+
+
+def closed_by_gateway(s: socket.socket, within: float) -> bool:
+    """Whether the gateway ends s (EOF, after any frames it still sends) within `within` seconds."""
+    s.settimeout(within)
+    try:
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("limited", [("--max-tcp-clients", "1", "--handshake-timeout-ms", "5000")], indirect=True)
+def test_a_full_tcp_gateway_still_answers_status(limited):
+    """Brief defects2 item 2 (protocol r15): local connections had 2 slots past --max-clients for status queries
+    (r11), TCP none: on a gateway at --max-tcp-clients, `lmcache-adp status --gateway tcp://...` was refused "too
+    many TCP clients". Now 2 TCP status queries are admitted past --max-tcp-clients (a reserve of their own, apart
+    from the local one); a Hello there without bit 9 is refused as before, and a third status query too. A status
+    query on the reserve is closed by the gateway once its first Stats is answered, or after --handshake-timeout-ms
+    (5 s here) without one, so a peer cannot hold the reserve."""
+    from lmcache_adp.gateway_stats import GatewayError
+
+    tcp = dict(gateway=limited.tcp_url, token_file=limited.token_file, timeout_ms=3000, num_workers=1)
+    first = RawConnector(ADPConnector(**tcp))
+    held: list[socket.socket] = []
+    try:
+        roundtrip(first, "full")
+        for i in range(2):  # `lmcache-adp status --gateway tcp://...`'s read, on the reserve
+            st = read_gateway_stats(limited.tcp_url, TOKEN)
+            assert (st["clients"], st["refused_connections"], st["refused_status_queries"]) == (1, 0, 0), (i, st)
+        # One held past its answer is closed by the gateway then, not at the 5 s timeout.
+        s, ftype, body = tcp_hello(limited.port, _native.FEATURE_STATUS_QUERY)
+        with s:
+            assert ftype == wire.HELLO_OK, body
+            s.sendall(wire.frame(_native.FRAME_TYPES["STATS"], 2, b""))
+            assert json.loads(wire.recv_frame(s)[2])["clients"] == 1
+            assert closed_by_gateway(s, 2.5), "a status query on the reserve stayed open after its answer"
+        s, ftype, body = tcp_hello(limited.port, 0)
+        s.close()
+        assert ftype == wire.ERROR and b"too many TCP clients (1, --max-tcp-clients)" in body, body
+        # The reserve's 2 held past their Hello (asking nothing): a third status query is refused.
+        for _ in range(2):
+            s, ftype, body = tcp_hello(limited.port, _native.FEATURE_STATUS_QUERY)
+            held.append(s)
+            assert ftype == wire.HELLO_OK, body
+        with pytest.raises(GatewayError, match="too many TCP clients"):
+            read_gateway_stats(limited.tcp_url, TOKEN)
+        # The local reserve is apart: a local status query answers.
+        assert read_gateway_stats(limited.unix_url)["clients"] == 1
+        # The held ones are closed by the gateway (no Stats within the handshake timeout), and the reserve is back.
+        assert all(closed_by_gateway(s, 15) for s in held)
+        give_up = time.monotonic() + 10
+        while True:
+            try:
+                st = read_gateway_stats(limited.tcp_url, TOKEN)
+                break
+            except GatewayError:
+                assert time.monotonic() < give_up
+                time.sleep(0.05)
+        assert st["clients"] == 1 and st["refused_status_queries"] == 1, st
+        roundtrip(first, "still")
+    finally:
+        first.conn.close()
+        for s in held:
+            s.close()
+    assert "too many TCP clients" in limited.log()
 
 
 @pytest.mark.parametrize("limited", [("--handshake-timeout-ms", "300")], indirect=True)

@@ -5,7 +5,8 @@ docs/protocol.md "Failure and reconnection") was refused at its Hello and counte
 alert (`rate(refused_connections) > 0`, docs/stats.md) then fired for a gateway merely full while idle connectors
 probed it (test_idle_probes' TCP case: 2 or more in 3.5 s from one connector). They are counted in
 refused_status_queries now, shown beside in `lmcache-adp status`; a client refused the same way still counts in
-refused_connections."""
+refused_connections. Since r15 2 TCP status queries are admitted past --max-tcp-clients (their reserve): they are
+held here first (a long --handshake-timeout-ms: a reserve query that asks nothing is closed at it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import socket
 from lmcache_adp import ADPConnector, _native
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
-from tests.gateway.test_limits import roundtrip
+from tests.gateway.test_limits import roundtrip, tcp_hello
 from tests.helpers import RawConnector
 from tests.support.gateway import TOKEN, Gateway
 
@@ -29,10 +30,15 @@ def refused_hello(port: int, features: int) -> str:
 
 
 def test_status_queries_refused_for_being_full_are_not_refused_clients(workdir):
-    gw = Gateway(workdir, tcp=True, extra=("--max-tcp-clients", "1")).start()
+    gw = Gateway(workdir, tcp=True, extra=("--max-tcp-clients", "1", "--handshake-timeout-ms", "60000")).start()
     held = RawConnector(ADPConnector(gateway=gw.tcp_url, token_file=gw.token_file, timeout_ms=3000, num_workers=1))
+    reserve: list[socket.socket] = []
     try:
         roundtrip(held, "held")  # the one TCP slot taken
+        for _ in range(2):  # and the status-query reserve's 2 (r15)
+            s, ftype, body = tcp_hello(gw.port, _native.FEATURE_STATUS_QUERY)
+            reserve.append(s)
+            assert ftype == wire.HELLO_OK, body
         for _ in range(3):
             assert "too many TCP clients (1, --max-tcp-clients)" in refused_hello(gw.port, _native.FEATURE_STATUS_QUERY)
         assert "too many TCP clients (1, --max-tcp-clients)" in refused_hello(gw.port, 0)  # a client's Hello
@@ -40,4 +46,6 @@ def test_status_queries_refused_for_being_full_are_not_refused_clients(workdir):
         assert (st["refused_status_queries"], st["refused_connections"]) == (3, 1), st
     finally:
         held.conn.close()
+        for s in reserve:
+            s.close()
         assert gw.stop() == 0
