@@ -142,7 +142,7 @@ def format_status(st: dict[str, Any]) -> str:
         (
             "damaged at open",
             f"{st.get('recovery_damaged_regions', 0)} regions ({st.get('recovery_lost_objects', 0)} objects, "
-            f"{_size(st.get('recovery_lost_bytes', 0))} lost behind the damage)",
+            f"{_size(st.get('recovery_lost_bytes', 0))} lost to the damage)",
         ),
         ("recovered at open", f"{st.get('recovered_objects', 0)} objects in {st.get('recovery_seconds', 0):.2f} s"),
     ]
@@ -314,8 +314,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         # verify cannot read it (review r16: such a card was reported "clean").
         opened = store.stats()
         unreadable = opened.get("media_errors", 0)
-        # Regions recovery found damaged (a header that reads back wrong): what lay behind the damage is not in the
-        # index either, so verify cannot read it; recovery logged each one at ERROR.
+        # Regions recovery found damaged (a header that reads back wrong): the records of damaged headers (and what
+        # lay behind a damaged region header) are not in the index, so verify cannot read them; recovery logged
+        # each region at ERROR.
         damaged = {k: opened.get(k, 0) for k in ("recovery_damaged_regions", "recovery_lost_objects")}
         damaged["recovery_lost_bytes"] = opened.get("recovery_lost_bytes", 0)
         report = store.verify(repair=args.repair, progress=progress)
@@ -362,9 +363,11 @@ def verify_summary(
         assert damaged is not None
         lines.append(
             f"not checked: {damaged_regions} regions were found damaged when the card was opened "
-            f"(recovery_damaged_regions: a header that reads back wrong, no crash's cut): the "
-            f"{damaged['recovery_lost_objects']} objects ({_size(damaged['recovery_lost_bytes'])}) found behind the "
-            "damage are lost and were not read; the ERROR lines above name each region and offset; check the device"
+            f"(recovery_damaged_regions: a header that reads back wrong, no crash's cut): "
+            f"{damaged['recovery_lost_objects']} objects ({_size(damaged['recovery_lost_bytes'])}) are lost, the "
+            "record of each damaged object header (the walk resumed behind it: what it found is checked above) and "
+            "the objects behind a damaged region header; the ERROR lines above name each region and offset; check "
+            "the device"
         )
     if no_memory:
         lines.append(

@@ -272,10 +272,17 @@ CARD_LIST: tuple[Stat, ...] = (
         GAUGE,
         "objects",
         _CARD,
-        "Objects found behind the damage of recovery_damaged_regions (a block-by-block look) that no newer copy or "
-        "delete supersedes: lost to it",
+        "Objects lost to the damage of recovery_damaged_regions: the record of each damaged object header (the "
+        "walk resumes behind it), and the objects found behind a damaged region header (a block-by-block look) "
+        "that no newer copy or delete supersedes",
     ),
-    Stat("recovery_lost_bytes", GAUGE, "bytes", _CARD, "Payload of recovery_lost_objects"),
+    Stat(
+        "recovery_lost_bytes",
+        GAUGE,
+        "bytes",
+        _CARD,
+        "Payload of recovery_lost_objects (a damaged object header's record: its blocks up to where the walk resumed)",
+    ),
     Stat(
         "process_loads",
         COUNTER,

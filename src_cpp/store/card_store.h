@@ -443,7 +443,7 @@ class CardStore {
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
   // Damage recovery proved at open (recovery_damage.h): regions, and the
-  // objects found behind the damage that nothing newer supersedes.
+  // objects lost to it (their payload).
   uint64_t damaged_regions_ = 0, damage_lost_objects_ = 0, damage_lost_bytes_ = 0;
 };
 

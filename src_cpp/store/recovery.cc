@@ -46,27 +46,22 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
   scan->prev_region = rh.prev_region;
   scan->prev_epoch = rh.prev_epoch;
   scan->cont_bytes = rh.cont_bytes;
-  // A record may span at most every region of the card.
-  const uint64_t max_payload = uint64_t(g.num_regions) * g.region_bytes;
   uint64_t off = kBlockSize + rh.cont_bytes;
+  scan->end = off;
   while (off + kBlockSize <= g.region_bytes) {
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
     if (!s.ok()) break;
-    // A block that does not check out ends the walk: a crash's cut (older
-    // bytes there), or damage if it is this card's header of this epoch.
-    const char* bad = nullptr;
-    if (!decode_object_header(block, g.card_id, rh.epoch, &h))
-      bad = "that fails its checksum (or names a key over 1024 bytes)";
-    else if (h.payload_bytes > max_payload)  // bounded before it is used
-      bad = "whose payload_bytes is beyond the card";
-    else if (record_continues(off, h.payload_bytes, g.region_bytes) != ((h.flags & kObjectContinues) != 0))
-      bad = "whose continue flag disagrees with its length";
-    if (bad) {
-      note_object_header_damage(block, g.card_id, rh.epoch, off, bad, scan);
-      break;
+    if (const char* bad = check_object_header(block, g, rh.epoch, off, &h)) {
+      // A crash's cut (older bytes there) ends the walk: the stores behind
+      // it were never acknowledged. Damage (this card's header of this
+      // epoch, once whole and valid) costs its own record only: the walk
+      // resumes at the next header of the epoch that checks out.
+      if (!damaged_object_header(block, g.card_id, rh.epoch)) break;
+      off = skip_damage(dev, g, r, rh.epoch, off, bad, block, scan, &s);
+      if (!s.ok()) break;
+      continue;
     }
-    uint64_t fp = object_footprint(h.payload_bytes);
     bool spans = record_continues(off, h.payload_bytes, g.region_bytes);
     if (!(h.flags & kObjectPad)) {  // a pad is an abandoned reservation: stepped over
       bool deleted = h.flags & kObjectDeleted;
@@ -74,13 +69,9 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
                                static_cast<uint32_t>(off / kBlockSize), deleted, spans,
                                deleted ? uint16_t(0) : key_tag(object_key(block, h))});
     }
-    if (spans) {
-      off = g.region_bytes;
-      break;
-    }
-    off += fp;
+    off = spans ? g.region_bytes : off + object_footprint(h.payload_bytes);
+    scan->end = off;
   }
-  scan->end = std::min(off, g.region_bytes);
   return s;
 }
 
@@ -220,7 +211,7 @@ Status CardStore::recover(int threads) {
   }
   // Damage recovery can prove (not a crash's cut): counted, and what it
   // cost logged. The region itself is placed below as any other.
-  DamageTotals dt = judge_damage(*device_, g, &scans, [&winners](uint64_t hash, uint64_t seq) {
+  DamageTotals dt = judge_damage(*device_, g, succ, &scans, [&winners](uint64_t hash, uint64_t seq) {
     auto it = winners.find(hash);
     return it != winners.end() && it->second.seq > seq;
   });

@@ -3,7 +3,9 @@
 // CacheLib Navy's BlockCache recovers from its regions. Each region is a
 // chain of records from its first record (after the continuation of the
 // previous frontier region's last record); the walk stops at the first
-// record that does not check out, so a torn or cut-off store is never found.
+// record that does not check out, so a torn or cut-off store is never found,
+// except at damage no crash can leave (recovery_damage.h): there it resumes
+// at the next header that checks out, and the damage costs its record only.
 // A last record that continues into the next region is reported with
 // `spans`; the store checks that the regions it continues into are there. What the objects
 // mean (which copy of a key wins) is the store's decision (CardStore::recover).
@@ -41,7 +43,16 @@ struct RecoveredObject {
 enum class Damage : uint8_t {
   kNone,
   kRegionHeader,  // the region header: this card's, failing a check, or missing where the chain names the region
-  kObjectHeader,  // an object header of this card under the region's epoch that fails a check: the walk ended there
+  kObjectHeader,  // an object header of this card under the region's epoch that fails a check: the walk went on behind
+                  // it
+};
+
+// A damaged object header at `at` and the blocks behind it up to `end`, where
+// the walk resumed at the next header that checks out (or the region's end):
+// its record, key and length unknown, is what the damage cost.
+struct DamagedSpan {
+  uint64_t at = 0, end = 0;
+  std::string why;  // what about the header does not check out
 };
 
 struct RegionScan {
@@ -54,8 +65,8 @@ struct RegionScan {
   std::vector<RecoveredObject> objects;  // objects and tombstones, in write order
   Status io;                             // a read that failed: the walk stopped there (damaged media)
   Damage damage = Damage::kNone;
-  uint64_t damage_at = 0;  // offset in the region of the block that does not check out
-  std::string damage_why;  // what about it does not check out
+  std::string damage_why;          // kRegionHeader: what about the header does not check out
+  std::vector<DamagedSpan> spans;  // kObjectHeader: each damaged header, in the region's order
   // The header block is neither zero nor this card's: foreign bytes (the
   // device before its format), or damage if another region names this one.
   bool foreign_header = false;

@@ -30,6 +30,10 @@ bool all_zero(const uint8_t* block) { return block[0] == 0 && std::memcmp(block,
 
 std::string u64(uint64_t v) { return std::to_string(v); }
 
+std::string header_why(uint64_t epoch, const char* why) {
+  return "an object header of this card under the region's epoch " + u64(epoch) + " " + why;
+}
+
 }  // namespace
 
 void note_region_header_damage(const uint8_t* block, uint64_t card_id, RegionScan* scan) {
@@ -41,27 +45,54 @@ void note_region_header_damage(const uint8_t* block, uint64_t card_id, RegionSca
     return;
   }
   scan->damage = Damage::kRegionHeader;
-  scan->damage_at = 0;
   scan->damage_why = "a region header of this card that does not check out (its checksum or region index)";
   scan->header_epoch = rh.epoch;
 }
 
 void note_cont_bytes_damage(const RegionHeader& rh, RegionScan* scan) {
   scan->damage = Damage::kRegionHeader;
-  scan->damage_at = 0;
   scan->damage_why =
       "a region header whose cont_bytes " + u64(rh.cont_bytes) + " is not 4 KiB blocks inside the region";
   scan->header_epoch = rh.epoch;
 }
 
-void note_object_header_damage(const uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t off, const char* why,
-                               RegionScan* scan) {
+const char* check_object_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
+                                ObjectHeader* h) {
+  // A record may span at most every region of the card.
+  const uint64_t max_payload = uint64_t(g.num_regions) * g.region_bytes;
+  if (!decode_object_header(block, g.card_id, epoch, h))
+    return "that fails its checksum (or names a key over 1024 bytes)";
+  if (h->payload_bytes > max_payload)  // bounded before it is used
+    return "whose payload_bytes is beyond the card";
+  if (record_continues(off, h->payload_bytes, g.region_bytes) != ((h->flags & kObjectContinues) != 0))
+    return "whose continue flag disagrees with its length";
+  return nullptr;
+}
+
+bool damaged_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch) {
   ObjectHeader h;
   std::memcpy(&h, block, sizeof h);
-  if (std::memcmp(h.magic, kObjectMagic, 8) != 0 || h.card_id != card_id || h.epoch != epoch) return;
+  return std::memcmp(h.magic, kObjectMagic, 8) == 0 && h.card_id == card_id && h.epoch == epoch;
+}
+
+uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t off,
+                     const char* why, uint8_t* block, RegionScan* scan, Status* io) {
+  const uint64_t base = g.region_offset(r);
   scan->damage = Damage::kObjectHeader;
-  scan->damage_at = off;
-  scan->damage_why = std::string("an object header of this card under the region's epoch ") + u64(epoch) + " " + why;
+  scan->spans.push_back({off, g.region_bytes, header_why(epoch, why)});
+  for (uint64_t at = off + kBlockSize; at + kBlockSize <= g.region_bytes; at += kBlockSize) {
+    *io = dev.read(base + at, block, kBlockSize);
+    if (!io->ok()) return g.region_bytes;
+    ObjectHeader h;
+    const char* bad = check_object_header(block, g, epoch, at, &h);
+    // A payload block of the damaged record, or older bytes (an older
+    // epoch's records, a cut's hole): stepped over.
+    if (bad && !damaged_object_header(block, g.card_id, epoch)) continue;
+    scan->spans.back().end = at;
+    if (!bad) return at;
+    scan->spans.push_back({at, g.region_bytes, header_why(epoch, bad)});  // another damaged header: its own span
+  }
+  return g.region_bytes;
 }
 
 void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t from,
@@ -81,7 +112,48 @@ void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, ui
   }
 }
 
-DamageTotals judge_damage(const Device& dev, const CardGeometry& g, std::vector<RegionScan>* scans,
+namespace {
+
+// The bytes a damaged span holds: its blocks behind the header and, for a
+// span that runs to the region's end, the continuation the regions the
+// frontier opened next hold (the damaged record may be the region's last).
+uint64_t span_bytes(const CardGeometry& g, const std::vector<RegionScan>& sc, const std::vector<uint32_t>& succ,
+                    uint32_t r, const DamagedSpan& d) {
+  uint64_t bytes = d.end - d.at - kBlockSize;
+  if (d.end < g.region_bytes) return bytes;
+  uint32_t cur = r;
+  for (uint32_t hops = 0; hops < g.num_regions && succ[cur] < g.num_regions; hops++) {
+    cur = succ[cur];
+    bytes += sc[cur].cont_bytes;
+    if (sc[cur].cont_bytes < g.region_bytes - kBlockSize) break;
+  }
+  return bytes;
+}
+
+// The ERROR line's account of region r's damaged object headers (after
+// "region R, "), and what they cost: each one's record (its key unknown).
+std::string object_damage_line(const CardGeometry& g, const std::vector<RegionScan>& sc,
+                               const std::vector<uint32_t>& succ, uint32_t r, uint64_t* lost, uint64_t* lost_bytes) {
+  std::string line;
+  for (const DamagedSpan& d : sc[r].spans) {
+    (*lost)++;
+    *lost_bytes += span_bytes(g, sc, succ, r, d);
+    line +=
+        (line.empty() ? "offset " + u64(d.at) + ": damage, not a crash's cut: " : "; then offset " + u64(d.at) + ": ");
+    line += d.why;
+    line += d.end < g.region_bytes ? "; the walk resumed at offset " + u64(d.end) +
+                                         ", the next header of the region's epoch that checks out"
+                                   : "; no header of the region's epoch checks out behind it";
+  }
+  return line + "; lost: " + u64(*lost) + " objects (" + log_amount(*lost_bytes) +
+         "), the record of each damaged header (its key unknown, its bytes those up to where the walk resumed); " +
+         u64(sc[r].objects.size()) + " records of the region kept";
+}
+
+}  // namespace
+
+DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::vector<uint32_t>& succ,
+                          std::vector<RegionScan>* scans,
                           const std::function<bool(uint64_t hash, uint64_t seq)>& newer_elsewhere) {
   std::vector<RegionScan>& sc = *scans;
   // A foreign header block where a valid region of this card says the
@@ -108,36 +180,32 @@ DamageTotals judge_damage(const Device& dev, const CardGeometry& g, std::vector<
   for (uint32_t r = 0; r < g.num_regions; r++) {
     RegionScan& s = sc[r];
     if (s.damage == Damage::kNone) continue;
-    std::vector<RecoveredObject> behind;
-    uint64_t epoch = s.epoch;
+    uint64_t lost = 0, lost_bytes = 0;
+    std::string line;
     if (s.damage == Damage::kObjectHeader) {
-      find_behind_damage(dev, g, r, epoch, s.damage_at + kBlockSize, block.data(), &behind);
+      line = object_damage_line(g, sc, succ, r, &lost, &lost_bytes);
     } else {
       // Its own epoch field (if the bytes are this card's header) or the one
       // its successor names: whichever finds more records.
-      epoch = 0;
+      std::vector<RecoveredObject> behind;
+      uint64_t epoch = 0;
       for (uint64_t e : {s.header_epoch, named_epoch[r]}) {
         std::vector<RecoveredObject> found;
         if (e && e != epoch) find_behind_damage(dev, g, r, e, kBlockSize, block.data(), &found);
         if (e && (epoch == 0 || found.size() > behind.size())) epoch = e, behind = std::move(found);
       }
+      for (const RecoveredObject& f : behind)
+        if (!newer_elsewhere(f.hash, f.seq)) lost++, lost_bytes += f.payload_bytes;
+      line = "offset 0: damage, not a crash's cut: " + s.damage_why +
+             "; the region is taken as free; lost: " + u64(lost) + " objects (" + log_amount(lost_bytes) +
+             ") found behind it" + (epoch ? "" : " (its epoch unknown: none looked for)");
     }
-    uint64_t lost = 0, lost_bytes = 0;
-    for (const RecoveredObject& f : behind)
-      if (!newer_elsewhere(f.hash, f.seq)) lost++, lost_bytes += f.payload_bytes;
     t.regions++;
     t.objects += lost;
     t.bytes += lost_bytes;
     if (t.regions > kLoggedRegions) continue;
-    std::string what =
-        s.damage == Damage::kRegionHeader
-            ? "the region is taken as free"
-            : "the walk of the region ends there (" + std::to_string(s.objects.size()) + " records before it are kept)";
-    ADP_ERROR("card %s: region %u, offset %" PRIu64 ": damage, not a crash's cut: %s; %s; lost: %s%" PRIu64
-              " objects (%s) found behind it%s. The rest of the card is served (`lmcache-adp verify` reports it)",
-              dev.path().c_str(), r, s.damage_at, s.damage_why.c_str(), what.c_str(),
-              s.damage == Damage::kObjectHeader ? "the record there and " : "", lost, log_amount(lost_bytes).c_str(),
-              epoch ? "" : " (its epoch unknown: none looked for)");
+    ADP_ERROR("card %s: region %u, %s. The rest of the card is served (`lmcache-adp verify` reports it)",
+              dev.path().c_str(), r, line.c_str());
   }
   if (t.regions > kLoggedRegions)
     ADP_ERROR("card %s: %" PRIu64 " damaged regions in all (the first %" PRIu64 " logged above): %" PRIu64

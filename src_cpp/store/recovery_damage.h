@@ -20,30 +20,50 @@ namespace adp {
 void note_region_header_damage(const uint8_t* block, uint64_t card_id, RegionScan* scan);
 // A region header of this card whose cont_bytes is out of bounds.
 void note_cont_bytes_damage(const RegionHeader& rh, RegionScan* scan);
-// The walk ended at `off` on a block that does not check out (`why`): damage
-// if it is an object header of this card under the region's `epoch`.
-void note_object_header_damage(const uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t off, const char* why,
-                               RegionScan* scan);
+// The walk's check of the block at `off` of a region under `epoch`: nullptr
+// if it is a record the walk follows (decoded into *h), else what about it
+// does not check out.
+const char* check_object_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
+                                ObjectHeader* h);
+// Whether a block that failed check_object_header is damage, not a crash's
+// cut: an object header of this card (magic, card_id) under `epoch`.
+bool damaged_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch);
+
+// The walk of region r met a damaged object header at `off` (`why`): reads
+// the blocks behind it one by one until a header of `epoch` checks out and
+// returns that offset, where the walk resumes (region_bytes: none did). Each
+// damaged header met is a span of scan->spans, to the next one or to the
+// resume. A read that fails: *io, and region_bytes. At most the region's
+// blocks are read, and only in a damaged region.
+uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t off,
+                     const char* why, uint8_t* block, RegionScan* scan, Status* io);
 
 // The live records (objects, not tombstones or pads) of `epoch` found
-// behind a damaged block of region r: one read per 4 KiB block from `from`
-// until a header of `epoch` checks out, then its length skipped. What the
-// damage cost, counted and logged, never indexed (the walk's order of
-// acknowledgement ends at the damage). At most the region's blocks are read.
+// behind a damaged region header of region r: one read per 4 KiB block from
+// `from` until a header of `epoch` checks out, then its length skipped. What
+// the damage cost, counted and logged, never indexed (the region's epoch and
+// where its records begin are unknown). At most the region's blocks are read.
 void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t from,
                         uint8_t* block, std::vector<RecoveredObject>* out);
 
 struct DamageTotals {
   uint64_t regions = 0;  // regions found damaged
-  uint64_t objects = 0;  // objects found behind the damage that no newer copy or delete supersedes
-  uint64_t bytes = 0;    // their payload
+  // Objects lost to it: the record of each damaged object header, and the
+  // objects found behind a damaged region header that no newer copy or
+  // delete supersedes.
+  uint64_t objects = 0;
+  uint64_t bytes = 0;  // their payload (a damaged object header's: its span)
 };
 
-// Marks the foreign region headers the chain names as damaged, looks behind
-// every damage for what it cost (newer_elsewhere(hash, seq): a newer copy or
-// tombstone of that key was found elsewhere, so that object is no loss), and
-// logs one ERROR line per damaged region (the first 8, then a summary).
-DamageTotals judge_damage(const Device& dev, const CardGeometry& g, std::vector<RegionScan>* scans,
+// Marks the foreign region headers the chain names as damaged, counts what
+// every damage cost (behind a damaged region header: newer_elsewhere(hash,
+// seq), a newer copy or tombstone of that key was found elsewhere, so that
+// object is no loss), and logs one ERROR line per damaged region (the first
+// 8, then a summary).
+// succ[p]: the region the frontier opened after p (kNoRegion: none found),
+// which holds the continuation of p's last record.
+DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::vector<uint32_t>& succ,
+                          std::vector<RegionScan>* scans,
                           const std::function<bool(uint64_t hash, uint64_t seq)>& newer_elsewhere);
 
 }  // namespace adp

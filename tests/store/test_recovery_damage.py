@@ -11,8 +11,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from lmcache_adp import CardStore
-from tests.helpers import corrupt, payload
+from tests.helpers import corrupt, object_byte, payload
 
 MIB = 1 << 20
 SIZE = 200 << 10  # footprint 204 KiB: five fill a 1 MiB region after its header, so keys 5r..5r+4 are region r's
@@ -83,38 +85,149 @@ def test_garbage_region_header_is_damage_where_the_chain_names_it_and_foreign_by
     s.close()
 
 
-def test_corrupt_object_header_in_a_finished_region_is_counted_and_verify_reports_it(card, capfd):
+def offset_in_region(card, key: str) -> int:
+    """Offset of key's header block in its region."""
+    with open(card, "rb") as f:
+        return (object_byte(f.read(), key, 0) - MIB) % MIB
+
+
+@pytest.mark.parametrize("at", [40, 64])  # payload_bytes (the record's length unknown), the key's first byte
+def test_a_damaged_object_header_costs_its_object_only_and_verify_checks_the_rest(card, capfd, at):
     fill(card)
-    corrupt(card, "obj07", 40)  # payload_bytes of region 1's third object: its header checksum fails
+    corrupt(card, "obj07", at)  # region 1's third object of five: its header checksum fails
     capfd.readouterr()
     s = CardStore(card)
     st = s.stats()
     err = capfd.readouterr().err
-    # Behind it: obj08 and obj09 (obj07's own header is what is damaged).
-    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 2), st
+    assert served(s) == [k for k in KEYS if k != "obj07"]  # obj08 and obj09, behind it, load (bytes checked)
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"], st["recovery_lost_bytes"]) == (1, 1, SIZE)
+    assert st["objects"] == 19 and st["checksum_failures"] == 0, st
     offset = 4096 + 2 * (4096 + SIZE)
-    assert f"region 1, offset {offset}: damage, not a crash's cut: an object header of this card" in err, err
-    assert "2 records before it are kept" in err and "lost: the record there and 2 objects" in err, err
-    assert served(s) == KEYS[:7] + KEYS[10:]
+    (line,) = [ln for ln in err.splitlines() if "ERROR" in ln]
+    assert f"region 1, offset {offset}: damage, not a crash's cut: an object header of this card" in line, line
+    assert f"; the walk resumed at offset {offset + 4096 + SIZE}, the next header of the region's epoch" in line, line
+    assert "lost: 1 objects (0.20 MiB), the record of each damaged header" in line, line
+    assert "; 4 records of the region kept. The rest of the card is served" in line, line
+    s.put("after", payload("after", SIZE))  # the card works on
     s.close()
     r = subprocess.run(
         [sys.executable, "-m", "lmcache_adp.cli", "verify", "--card", card], capture_output=True, text=True
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stdout.splitlines()[0].endswith(": not clean (below)"), r.stdout
+    first = r.stdout.splitlines()[0]
+    assert ": 20 objects, " in first and first.endswith(": not clean (below)"), r.stdout  # obj08, obj09 checked
     assert (
         "not checked: 1 regions were found damaged when the card was opened (recovery_damaged_regions: a header that "
-        "reads back wrong, no crash's cut): the 2 objects (400.0 KiB) found behind the damage are lost" in r.stdout
+        "reads back wrong, no crash's cut): 1 objects (200.0 KiB) are lost, the record of each damaged object header "
+        "(the walk resumed behind it: what it found is checked above)" in r.stdout
     ), r.stdout
     assert f"region 1, offset {offset}: damage" in r.stderr, r.stderr
     r = subprocess.run(
         [sys.executable, "-m", "lmcache_adp.cli", "status", "--card", card], capture_output=True, text=True
     )
-    assert "damaged at open" in r.stdout and "1 regions (2 objects, 400.0 KiB lost behind the damage)" in r.stdout
+    assert "damaged at open" in r.stdout and "1 regions (1 objects, 200.0 KiB lost to the damage)" in r.stdout
 
 
-def test_superseded_objects_behind_the_damage_are_no_loss(card):
-    """Older copies behind the damage (marked deleted when their key was stored again) cost nothing."""
+@pytest.mark.parametrize("victims", [("obj06", "obj08"), ("obj06", "obj07"), ("obj09",)])
+def test_damaged_headers_apart_adjacent_or_last_in_the_region_cost_their_objects_only(card, capfd, victims):
+    fill(card)
+    for k in victims:
+        corrupt(card, k, 40)
+    capfd.readouterr()
+    s = CardStore(card)
+    st = s.stats()
+    err = capfd.readouterr().err
+    n = len(victims)
+    assert served(s) == [k for k in KEYS if k not in victims]
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"], st["recovery_lost_bytes"]) == (1, n, n * SIZE)
+    (line,) = [ln for ln in err.splitlines() if "ERROR" in ln]
+    if victims == ("obj09",):  # the region's last: nothing behind it
+        assert "; no header of the region's epoch checks out behind it; lost: 1 objects" in line, line
+    else:  # the second damaged header is its own span, the walk resumed behind it
+        assert f"; then offset {offset_in_region(card, victims[1])}: an object header of this card" in line, line
+    s.close()
+
+
+def test_the_walk_resumed_behind_the_damage_keeps_a_record_that_spans_into_the_next_region(card, capfd):
+    """300 KiB objects (footprint 304 KiB): three fit a region after its header, the fourth continues into the
+    region the frontier opens next. Damage to its header costs it alone; damage to the one before it, too: the
+    walk resumed behind it follows the record into the next region, whose objects load as well."""
+    big = 300 << 10
+    keys = [f"big{i:02d}" for i in range(12)]
+    s = CardStore(card, 64 * MIB)
+    for k in keys:
+        s.put(k, payload(k, big))
+    s.close()
+    spanning = keys[3]
+    assert offset_in_region(card, spanning) + 4096 + big > MIB
+    for victim in (spanning, keys[2]):
+        corrupt(card, victim, 40)
+        capfd.readouterr()
+        s = CardStore(card)
+        st = s.stats()
+        assert [k for k in keys if s.get(k) == payload(k, big)] == [k for k in keys if k != victim]
+        assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 1), (victim, st)
+        assert st["recovery_lost_bytes"] == big, (victim, st)  # its part in both regions
+        assert "ERROR" in capfd.readouterr().err
+        s.close()
+        corrupt(card, victim, 40)  # its header back as it was: the next round damages another one
+
+
+def test_a_stale_header_of_an_older_epoch_in_the_damaged_span_is_not_resurrected(card, capfd):
+    """A region reused under a new epoch with larger objects, the first of which lost some payload blocks to a cut
+    (its header landed): those blocks hold the headers of the evicted objects, whole, of the older epoch. The walk
+    resumed behind that record's damaged header steps over them to the next header of the region's epoch: the
+    evicted keys stay gone."""
+    s = CardStore(card, 64 * MIB)
+    regions = s.stats()["capacity_bytes"] // MIB
+    old = [f"old{i:03d}" for i in range(5 * regions)]  # every region full of 200 KiB objects
+    for k in old:
+        s.put(k, payload(k, SIZE))
+    with open(card, "rb") as f:
+        before = f.read()
+    new = [f"new{i:02d}" for i in range(4)]
+    for k in new:  # 500 KiB each: the first evicts the oldest region and is stored after its new header
+        s.put(k, payload(k, 500 << 10))
+    st = s.stats()
+    s.close()
+    assert st["evicted_regions"] >= 1, st
+    with open(card, "rb") as f:
+        start = object_byte(f.read(), "new00", 0)
+    assert (start - MIB) % MIB == 4096, "new00 is not the first record of its region"
+    olds = [b for b in range(start + 4096, start + 4096 + (500 << 10), 4096) if before[b : b + 8] == b"ADPOBJT1"]
+    for b in olds:  # the older bytes that a cut left in place of new00's payload blocks
+        write_at(card, b, before[b : b + 4096])
+    stale = [before[b + 64 : b + 70].decode() for b in olds]
+    assert len(stale) == 2 and all(k in old for k in stale), stale
+    corrupt(card, "new00", 40)
+    capfd.readouterr()
+    s = CardStore(card)
+    st = s.stats()
+    err = capfd.readouterr().err
+    assert not any(s.exists(k) for k in stale), [k for k in stale if s.exists(k)]
+    assert [k for k in new if s.get(k) == payload(k, 500 << 10)] == new[1:]
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 1), st
+    assert f"the walk resumed at offset {4096 + 504 * 1024}, the next header" in err, err
+    s.close()
+
+
+def test_a_cut_still_ends_the_walk(card):
+    """Older bytes in place of a header (here zeros: a store cut before its header landed) are no damage: the
+    walk ends there, as before, and the stores behind it (never acknowledged) are not found."""
+    fill(card)
+    with open(card, "rb") as f:
+        at = object_byte(f.read(), "obj07", 0)
+    write_at(card, at, bytes(4096))
+    s = CardStore(card)
+    st = s.stats()
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (0, 0), st
+    assert served(s) == KEYS[:7] + KEYS[10:]
+    s.close()
+
+
+def test_superseded_copies_behind_the_damage_are_resolved_as_any_other(card):
+    """Older copies behind the damage (marked deleted when their key was stored again) are found by the resumed
+    walk and lose to their newer copies, as anywhere."""
     fill(card)
     s = CardStore(card)
     for k in KEYS[8:10]:  # newer copies of region 1's last two objects, elsewhere
@@ -123,8 +236,8 @@ def test_superseded_objects_behind_the_damage_are_no_loss(card):
     corrupt(card, "obj07", 40)
     s = CardStore(card)
     st = s.stats()
-    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 0), st
-    assert served(s) == KEYS[:7] + KEYS[8:]
+    assert served(s) == KEYS[:7] + KEYS[8:] and st["objects"] == 19, st
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 1), st
     s.close()
 
 
