@@ -622,24 +622,19 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
       Location& loc = written[i];
       if (loc.region == UINT32_MAX) continue;
       if (loc.offset >= regions_[loc.region].broken_at) {
-        // An abandoned store before it could not be marked: recovery would
-        // not find this one. Not acknowledged, never indexed.
+        // An abandoned store before it could not be marked: recovery's walk
+        // ends at that hole. Not acknowledged, never indexed, and voided as
+        // a copy not wanted (below): a walk resumed behind damage in front
+        // of the hole would find it (docs/card_format.md, Recovery).
         results[i] = Status::IoError("an earlier store in the region failed and could not be marked");
-        loc.region = UINT32_MAX;
         settle_locked(tickets[i], false);
+        void_copy_locked(loc, &stale);
+        loc.region = UINT32_MAX;
         continue;
       }
       settle_locked(tickets[i], wanted[i]);
       if (!wanted[i]) {
-        // A copy that was never indexed voids only itself: its tombstone
-        // carries seq 0 (no store gets it), so recovery's merge ranks it below
-        // every copy. With its own seq it would outrank the older copy still
-        // indexed, and that key would be lost on the next restart.
-        regions_.pin(loc.region);
-        Location own = loc;
-        own.seq = 0;
-        stale.push_back({own, -1});
-        voiding_.insert(own.hash);
+        void_copy_locked(loc, &stale);
         continue;
       }
       uint64_t h = loc.hash;
@@ -684,6 +679,18 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     counters_.store_failures++;
     if (results[i].io_class() == Status::IoClass::kGatewayMemory) counters_.memory_failures++;  // staging
   }
+}
+
+void CardStore::void_copy_locked(const Location& loc, std::vector<Stale>* stale) {
+  // A copy that was never indexed voids only itself: its tombstone carries
+  // seq 0 (no store gets it), so recovery's merge ranks it below every copy.
+  // With its own seq it would outrank the older copy still indexed, and
+  // that key would be lost on the next restart.
+  regions_.pin(loc.region);
+  Location own = loc;
+  own.seq = 0;
+  stale->push_back({own, -1});
+  voiding_.insert(own.hash);
 }
 
 bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {

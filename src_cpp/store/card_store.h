@@ -329,6 +329,10 @@ class CardStore {
   // their regions and guards. Those that fail go to pending_ (their guard
   // stays pinned) and are retried by retry_pending(). False if any failed.
   bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale);
+  // Queues into *stale the void (a tombstone of seq 0) of a copy written but
+  // never indexed, its region pinned; a delete of its key is refused until
+  // the void is on the card (voiding_). Under mu_.
+  void void_copy_locked(const Location& loc, std::vector<Stale>* stale);
   void retry_pending(IoContext& ctx);
   // A failed operation's count: memory_failures when it failed for want of
   // this process's memory (Status::IoClass::kGatewayMemory: staging, a

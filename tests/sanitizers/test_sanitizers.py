@@ -72,6 +72,14 @@ def test_tombstone_race_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_damage_resume_under_sanitizer(mode, tmp_path):
+    """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
+    (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""
+    cpp.run(cpp.build("damage_resume_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 @pytest.mark.parametrize(
     "name", ["disk_load_test", "put_slices_test", "collision_load_test", "collision_delete_test", "wait_for_test"]
 )

@@ -15,6 +15,7 @@ import pytest
 
 from lmcache_adp import CardStore
 from tests.helpers import corrupt, object_byte, payload
+from tests.support import cpp
 
 MIB = 1 << 20
 SIZE = 200 << 10  # footprint 204 KiB: five fill a 1 MiB region after its header, so keys 5r..5r+4 are region r's
@@ -252,3 +253,10 @@ def test_an_undamaged_card_counts_nothing_and_verify_is_clean(card):
         [sys.executable, "-m", "lmcache_adp.cli", "verify", "--card", card], capture_output=True, text=True
     )
     assert r.returncode == 0 and "recovery_damaged_regions" not in r.stdout, r.stdout
+
+
+def test_damage_resume_on_a_fault_device(tmp_path):
+    """tests/cpp/damage_resume_test.cc: two damaged headers in a region (one of a record continuing into the
+    next) cost their records only; a store that failed behind a hole that could not be marked is voided on the
+    card, so a walk resumed behind damage in front of the hole does not bring back a key deleted after it."""
+    cpp.run(cpp.build("damage_resume_test", tmp_path), timeout=300)
