@@ -1416,6 +1416,11 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     // this VM's disk a read into LMCache's L1 ran 0.67-0.83x of one into a
     // reused staging buffer, so staging loaded faster at 256 KiB-4 MiB with
     // 4 workers (benchmarks/README.md, "Disk loads of one piece, staged").
+    // Why: a read costs per physically contiguous run of its destination (a
+    // segment each; over the queue's max_segments it is split), and L1's 4 KiB
+    // pages are scattered; the staging is in huge pages (IoContext). Straight
+    // into L1 at 2 MiB read 0.67-0.95x of staged in the same passes
+    // (benchmarks/results/2026-12-04-1240-diskload.md).
     // A memory-speed card is copied from its mapping in pieces at any size
     // and alignment (a gateway publishes each piece to its client).
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
