@@ -369,6 +369,7 @@ def verify_summary(
             "the objects behind a damaged region header; the ERROR lines above name each region and offset; check "
             "the device"
         )
+        lines += [f"damaged at open: {span}" for span in report.get("damaged_spans", [])]
     if no_memory:
         lines.append(
             f"not checked: {no_memory} objects ({_size(report['no_memory_bytes'])}): verify had no memory to "

@@ -334,6 +334,7 @@ class PyCardStore {
     d["no_memory_bytes"] = r.no_memory_bytes;
     d["gone"] = r.gone;
     d["bad_objects"] = r.bad_objects;
+    d["damaged_spans"] = r.damaged_spans;
     return d;
   }
   uint64_t max_object_bytes() const {

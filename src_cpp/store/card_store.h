@@ -100,6 +100,9 @@ struct VerifyReport {
   // holds the card alone), with their payload bytes.
   uint64_t no_memory = 0, no_memory_bytes = 0, gone = 0;
   std::vector<std::string> bad_objects;  // "region R offset O: reason"
+  // Damage recovery proved when the card was opened (not read by verify):
+  // "region R, offset A to E: what (what it cost)", one a damaged span.
+  std::vector<std::string> damaged_spans;
 };
 
 class CardStore {
@@ -453,6 +456,7 @@ class CardStore {
   // Damage recovery proved at open (recovery_damage.h): regions, and the
   // objects lost to it (their payload).
   uint64_t damaged_regions_ = 0, damage_lost_objects_ = 0, damage_lost_bytes_ = 0;
+  std::vector<std::string> damaged_spans_;  // VerifyReport::damaged_spans (set at open)
 };
 
 template <typename F>

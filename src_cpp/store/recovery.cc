@@ -218,6 +218,7 @@ Status CardStore::recover(int threads) {
   damaged_regions_ = dt.regions;
   damage_lost_objects_ = dt.objects;
   damage_lost_bytes_ = dt.bytes;
+  damaged_spans_ = std::move(dt.spans);
   winners = {};
   uint64_t next_epoch = 1;
   std::vector<uint32_t> unreadable;

@@ -26,6 +26,7 @@ namespace {
 
 constexpr uint64_t kLoggedRegions = 8;      // one ERROR line each, then a summary
 constexpr uint64_t kScanChunk = 256 << 10;  // read at once behind a damaged object header
+constexpr size_t kListedSpans = 64;         // verify's lines, then how many more
 
 bool all_zero(const uint8_t* block) { return block[0] == 0 && std::memcmp(block, block + 1, kBlockSize - 1) == 0; }
 
@@ -145,11 +146,15 @@ uint64_t span_bytes(const CardGeometry& g, const std::vector<RegionScan>& sc, co
 // The ERROR line's account of region r's damaged object headers (after
 // "region R, "), and what they cost: each one's record (its key unknown).
 std::string object_damage_line(const CardGeometry& g, const std::vector<RegionScan>& sc,
-                               const std::vector<uint32_t>& succ, uint32_t r, uint64_t* lost, uint64_t* lost_bytes) {
+                               const std::vector<uint32_t>& succ, uint32_t r, uint64_t* lost, uint64_t* lost_bytes,
+                               std::vector<std::string>* listed) {
   std::string line;
   for (const DamagedSpan& d : sc[r].spans) {
     (*lost)++;
     *lost_bytes += span_bytes(g, sc, succ, r, d);
+    listed->push_back("region " + u64(r) + ", offset " + u64(d.at) + " to " + u64(d.end) + ": " + d.why +
+                      (d.end < g.region_bytes ? " (its record lost; the walk resumed at " + u64(d.end) + ")"
+                                              : " (its record lost; no header checks out behind it)"));
     line +=
         (line.empty() ? "offset " + u64(d.at) + ": damage, not a crash's cut: " : "; then offset " + u64(d.at) + ": ");
     line += d.why;
@@ -187,6 +192,7 @@ DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::v
     p.damage = Damage::kRegionHeader;
   }
   DamageTotals t;
+  std::vector<std::string> listed;
   AlignedBuffer block;
   if (!block.reserve(kBlockSize)) return t;
   for (uint32_t r = 0; r < g.num_regions; r++) {
@@ -195,7 +201,7 @@ DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::v
     uint64_t lost = 0, lost_bytes = 0;
     std::string line;
     if (s.damage == Damage::kObjectHeader) {
-      line = object_damage_line(g, sc, succ, r, &lost, &lost_bytes);
+      line = object_damage_line(g, sc, succ, r, &lost, &lost_bytes, &listed);
     } else {
       // Its own epoch field (if the bytes are this card's header) or the one
       // its successor names: whichever finds more records.
@@ -211,6 +217,8 @@ DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::v
       line = "offset 0: damage, not a crash's cut: " + s.damage_why +
              "; the region is taken as free; lost: " + u64(lost) + " objects (" + log_amount(lost_bytes) +
              ") found behind it" + (epoch ? "" : " (its epoch unknown: none looked for)");
+      listed.push_back("region " + u64(r) + ", offset 0 (its header) to " + u64(g.region_bytes) + ": " + s.damage_why +
+                       " (the region taken as free: " + u64(lost) + " objects found behind it lost)");
     }
     t.regions++;
     t.objects += lost;
@@ -223,6 +231,12 @@ DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::v
     ADP_ERROR("card %s: %" PRIu64 " damaged regions in all (the first %" PRIu64 " logged above): %" PRIu64
               " objects (%s) lost",
               dev.path().c_str(), t.regions, kLoggedRegions, t.objects, log_amount(t.bytes).c_str());
+  if (listed.size() > kListedSpans) {
+    const size_t more = listed.size() - kListedSpans;
+    listed.resize(kListedSpans);
+    listed.push_back(u64(more) + " more damaged spans (the ERROR lines of the open count them)");
+  }
+  t.spans = std::move(listed);
   return t;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "store/card_format.h"
@@ -53,6 +54,9 @@ struct DamageTotals {
   // delete supersedes.
   uint64_t objects = 0;
   uint64_t bytes = 0;  // their payload (a damaged object header's: its span)
+  // One line per damaged span, for verify: "region R, offset A to E: what
+  // (what it cost)"; after kListedSpans, one line saying how many more.
+  std::vector<std::string> spans;
 };
 
 // Marks the foreign region headers the chain names as damaged, counts what

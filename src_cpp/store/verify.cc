@@ -11,6 +11,7 @@ Status CardStore::verify(IoContext& ctx, bool repair, const std::function<void(u
                          VerifyReport* report) {
   if (repair && read_only_) return read_only_refusal("repair (drop the bad objects)");
   ctx.store_ = this;
+  report->damaged_spans = damaged_spans_;  // set at open, never changed after
   std::vector<std::pair<uint64_t, IndexEntry>> entries;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -83,6 +83,10 @@ def test_garbage_region_header_is_damage_where_the_chain_names_it_and_foreign_by
     )
     assert "region 40" not in err
     assert served(s) == KEYS[:5] + KEYS[10:]
+    assert s.verify()["damaged_spans"] == [
+        f"region 1, offset 0 (its header) to {MIB}: not a region header of this card, though region 2 names it as "
+        "the region the frontier came from (the region taken as free: 5 objects found behind it lost)"
+    ]
     s.close()
 
 
@@ -121,6 +125,11 @@ def test_a_damaged_object_header_costs_its_object_only_and_verify_checks_the_res
         "not checked: 1 regions were found damaged when the card was opened (recovery_damaged_regions: a header that "
         "reads back wrong, no crash's cut): 1 objects (200.0 KiB) are lost, the record of each damaged object header "
         "(the walk resumed behind it: what it found is checked above)" in r.stdout
+    ), r.stdout
+    assert (
+        f"\ndamaged at open: region 1, offset {offset} to {offset + 4096 + SIZE}: an object header of this card under "
+        "the region's epoch 2 that fails its checksum (or names a key over 1024 bytes) (its record lost; the walk "
+        f"resumed at {offset + 4096 + SIZE})\n" in r.stdout
     ), r.stdout
     assert f"region 1, offset {offset}: damage" in r.stderr, r.stderr
     r = subprocess.run(
