@@ -14,6 +14,8 @@ KV: 32 layers, 8 KV heads, head dim 128, fp16 = 1 GiB in 32 chunks of 32 MiB):
   mock       L2 = LMCache's `mock` adapter: RAM, bandwidth limit set out of the way
   adp        L2 = the card through this plugin (embedded; O_DIRECT on an image file)
   adp_gw     the same through `lmcache-adp gateway` (when this build has it)
+  adp_fit    as adp, on a card formatted with regions of two chunks each (its 4 KiB header and two
+             chunks' footprints): no chunk runs from one region into the next (not in the default)
   fs_native  L2 = LMCache's `fs_native` with use_odirect on the same disk
   fio        the medium's limit: the prompt's bytes over fio's O_DIRECT sequential
              read bandwidth, at the card's I/O size (one read per 32 MiB object)
@@ -57,6 +59,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from tools import ProcessDied, dead_process, describe_build, fail_fast, native_build, require_tool  # noqa: E402
 
 from lmcache_adp import __version__ as adp_version  # noqa: E402
+from lmcache_adp import format_card  # noqa: E402
 from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
 from lmcache_adp.testing import (  # noqa: E402
     KVShape,
@@ -219,7 +222,8 @@ def render(res: dict) -> str:
     cpu = [r for t in tiers.values() for r in t["cpu_tier"]]
     lines.append(row("CPU tier (L1), all servers", cpu, False))
     labels = {"mock": "RAM L2 (mock)", "adp": "card, this plugin (embedded)", "adp_gw": "card, this plugin (gateway)",
-              "fs_native": "fs_native, O_DIRECT, same disk"}  # fmt: skip
+              "fs_native": "fs_native, O_DIRECT, same disk",
+              "adp_fit": "card, this plugin (embedded), regions of two chunks"}  # fmt: skip
     for name, t in tiers.items():
         base, _, l1 = name.partition("+")
         label = labels[base] + (", L1 in /dev/shm (--shm-name)" if l1 == "shm" else "")
@@ -349,6 +353,7 @@ def main() -> int:
     adapters = {
         "mock": {"type": "mock", "max_size_gb": gib + 1, "mock_bandwidth_gb": 1000},
         "adp": adp_adapter(card=str(work / "card.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
+        "adp_fit": adp_adapter(card=str(work / "card-fit.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
         "fs_native": {
             "type": "fs_native",
             "base_path": str(work / "fs_native"),
@@ -357,6 +362,12 @@ def main() -> int:
         },  # fmt: skip
     }
     tiers = args.tiers.split(",")
+    if any(t.partition("+")[0] == "adp_fit" for t in tiers):
+        # Regions of their 4 KiB header and two chunks' footprints (4 KiB header block + payload): no chunk
+        # runs from one region into the next (the default geometry, card / ~128, does every other time).
+        fit = 4096 + 2 * (4096 + res["prompt"]["chunk_bytes"])
+        format_card(str(work / "card-fit.img"), int(card_gb * GiB), fit)
+        res["notes"]["adp_fit"] = f"card formatted with regions of {fit} bytes (two chunks each)"
     server_env = dict(kv.split("=", 1) for kv in args.server_env)
     for rnd in range(args.rounds):
         for name in tiers if rnd % 2 == 0 else tiers[::-1]:
