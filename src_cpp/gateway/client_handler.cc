@@ -42,8 +42,10 @@ constexpr int kStoreBufferIdleMs = 5000;
 // Tests only: ADP_TEST_HANG_UP_WAIT_MS.
 constexpr int kHangUpWaitMs = 200;
 
-// Why a TCP status query on the reserve (kStatusQueryReserve) ends: closed quietly, as a status query's end.
-constexpr const char* kReserveQueryClosed = "a status query on the reserve: answered once, or its time was up";
+// Why the gateway ends a status query on the reserve (kStatusQueryReserve): closed quietly, as a status query's end,
+// and said in its "gone" line.
+constexpr const char* kReserveAnswered = "a status query on the reserve: closed after its answer";
+constexpr const char* kReserveTimeUp = "a status query on the reserve: closed, no Stats within the handshake timeout";
 }  // namespace
 
 std::string ClientHandler::peer() const {
@@ -111,8 +113,8 @@ Status ClientHandler::handshake() {
   }
   // A local client is admitted here, not at accept (review N9: a connection in its handshake is neither a client
   // nor a status query yet): --max-clients clients past their Hello at most, status queries not counted.
+  const auto max_clients = static_cast<uint32_t>(shared_->limits.max_clients);
   if (s.ok() && !status_query && !tcp_) {
-    const auto max_clients = static_cast<uint32_t>(shared_->limits.max_clients);
     if (shared_->local_clients.fetch_add(1) >= max_clients) {
       shared_->local_clients--;
       shared_->refused++;
@@ -121,22 +123,38 @@ Status ClientHandler::handshake() {
       local_counted_ = true;
     }
   }
+  // r16: a local status query is within --max-clients while the local clients and the status queries within it are
+  // fewer, else on the reserve (kStatusQueryReserve; bounded at accept, as those within it are not).
+  if (s.ok() && status_query && !tcp_) {
+    const uint32_t within = shared_->local_queries.fetch_add(1);
+    if (shared_->local_clients.load() + within >= max_clients) {
+      shared_->local_queries--;
+      on_reserve_ = true;
+    } else {
+      local_query_counted_ = true;
+    }
+  }
   bool want_ring = hello.features & proto::kFeatureRing;
   if (s.ok() && want_ring != (frame.fds.size() == 1))
     s = Status::InvalidArgument(tcp_ ? "a ring cannot be shared over TCP"
                                      : "ring feature and passed descriptor disagree");
   if (s.ok() && tcp_) {
-    // A status query has kStatusQueryReserve more (r15): on a gateway full of TCP clients it is still answered.
+    // A status query has kStatusQueryReserve more (r15): on a gateway full of TCP clients it is still answered. Those
+    // on the reserve are counted apart (r16): one there never holds a slot of --max-tcp-clients.
     const auto max_tcp = static_cast<uint32_t>(shared_->limits.max_tcp_clients);
-    const uint32_t before = shared_->tcp_clients.fetch_add(1);
-    if (before >= max_tcp + (status_query ? kStatusQueryReserve : 0)) {
-      shared_->tcp_clients--;
-      (status_query ? shared_->refused_status_queries : shared_->refused)++;  // a status query is no client
-      s = Status::Busy(proto::kTooManyTcpClients +
-                       (" (" + std::to_string(shared_->limits.max_tcp_clients) + ", --max-tcp-clients)"));
-    } else {
+    if (shared_->tcp_clients.fetch_add(1) < max_tcp) {
       tcp_counted_ = true;
-      on_reserve_ = status_query && before >= max_tcp;
+    } else {
+      shared_->tcp_clients--;
+      if (status_query && shared_->tcp_reserve_queries.fetch_add(1) < kStatusQueryReserve) {
+        tcp_reserve_counted_ = true;
+        on_reserve_ = true;
+      } else {
+        if (status_query) shared_->tcp_reserve_queries--;
+        (status_query ? shared_->refused_status_queries : shared_->refused)++;  // a status query is no client
+        s = Status::Busy(proto::kTooManyTcpClients +
+                         (" (" + std::to_string(shared_->limits.max_tcp_clients) + ", --max-tcp-clients)"));
+      }
     }
   }
   if (s.ok() && want_ring) s = reserve_ring(hello.ring_bytes);
@@ -214,9 +232,11 @@ Status ClientHandler::handshake() {
   // Counted as what it is before its HelloOk goes: a client that has it finds itself counted so at accept, and in
   // `clients` by a stats read it makes next (brief defects item 4: counted after the write, a read made at once
   // could miss it). A status query is counted at its first Stats (serve_stats); one that asks nothing at its end.
-  if (control_)
-    control_->phase.store(status_query_ ? ConnectionControl::Phase::kStatusQuery : ConnectionControl::Phase::kClient,
-                          std::memory_order_seq_cst);
+  if (control_) {
+    using Phase = ConnectionControl::Phase;
+    const Phase phase = !status_query_ ? Phase::kClient : on_reserve_ ? Phase::kReserveQuery : Phase::kStatusQuery;
+    control_->phase.store(phase, std::memory_order_seq_cst);
+  }
   if (!status_query_) {
     shared_->clients++;
     client_counted_ = true;  // given back in the teardown, whether the HelloOk below goes or not
@@ -274,13 +294,15 @@ void ClientHandler::run() {
     const int idle_ms = shared_->limits.idle_timeout_ms;
     while (s.ok()) {
       if (answered_batch_) spin_for_next_request();
-      auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
+      const auto idle_by = idle_ms > 0 ? Clock::now() + std::chrono::milliseconds(idle_ms) : proto::kNoDeadline;
+      auto reserve_by = proto::kNoDeadline;
       if (on_reserve_) {  // its Stats within the handshake timeout, one only (kStatusQueryReserve)
         if (asked_stats_) {
-          s = Status::Closed(kReserveQueryClosed);
+          reserve_closed_ = kReserveAnswered;
+          s = Status::Closed(reserve_closed_);
           break;
         }
-        idle_by = std::min(idle_by, Clock::now() + std::chrono::milliseconds(shared_->limits.handshake_timeout_ms));
+        reserve_by = Clock::now() + std::chrono::milliseconds(shared_->limits.handshake_timeout_ms);
       }
       if (loader_) {  // no longer counted as loading once it waits this long for its next request
         pollfd p{fd_, POLLIN, 0};
@@ -296,10 +318,11 @@ void ClientHandler::run() {
           settle_hold(true);
         }
       }
-      s = proto::read_frame(fd_, max_body, idle_by, &frame, segments_enabled_ ? 1 : 0);
+      s = proto::read_frame(fd_, max_body, std::min(idle_by, reserve_by), &frame, segments_enabled_ ? 1 : 0);
       if (s.code() == Status::Code::kTimedOut) {
-        if (on_reserve_ && Clock::now() >= idle_by) {
-          s = Status::Closed(kReserveQueryClosed);
+        if (Clock::now() >= reserve_by && reserve_by < idle_by) {
+          reserve_closed_ = kReserveTimeUp;
+          s = Status::Closed(reserve_closed_);
           break;
         }
         if (Clock::now() >= idle_by) {
@@ -378,6 +401,8 @@ void ClientHandler::run() {
   ring_.reset();
   shared_->ring_bytes_mapped -= ring_reserved_;
   if (tcp_counted_) shared_->tcp_clients--;
+  if (tcp_reserve_counted_) shared_->tcp_reserve_queries--;
+  if (local_query_counted_) shared_->local_queries--;
   // The counts a stats reader waits on drop last, once all the above is given back: a connection no longer
   // counted in `clients` (or a process no longer in `processes`) has its segments, ring, store buffer and
   // process memory back too (e58a523, review r14a N7).
@@ -399,6 +424,11 @@ void ClientHandler::run() {
     // A probe (the image's healthcheck connects and closes, every 30 s; a port check): DEBUG, not a line each
     // time at the default level (audit 12). One refused or malformed keeps its level (refuse()).
     ADP_DEBUG("gateway: client #%llu (%s) closed the connection before its handshake", ull(id_), peer().c_str());
+  } else if (reserve_closed_ == kReserveTimeUp) {  // one that holds the reserve and asks nothing: said at INFO
+    ADP_INFO("gateway: client #%llu (%s) gone (%s, %d ms)", ull(id_), peer_.c_str(), reserve_closed_,
+             shared_->limits.handshake_timeout_ms);
+  } else if (reserve_closed_) {
+    log_coming_and_going("gateway: client #" + std::to_string(id_) + " gone (" + reserve_closed_ + ")");
   } else if (s.code() == Status::Code::kClosed) {
     log_coming_and_going(
         "gateway: client #" + std::to_string(id_) +

@@ -34,12 +34,18 @@ namespace adp {
 
 // Connections admitted past the client limit of their transport, for status
 // queries only, so a full gateway still answers `lmcache-adp status
-// --gateway`: local ones past --max-clients (r11, review r15 N2; bounded at
-// accept, GatewayServer::accept_one), and apart from those, TCP ones past
-// --max-tcp-clients (r15; at the Hello, ClientHandler::handshake). A TCP
-// status query on its reserve is closed once its first Stats is answered, or
-// after --handshake-timeout-ms without one (kReserveQueryClosed), so no peer
-// holds the reserve.
+// --gateway`. A status query is within the limit while the clients and the
+// status queries within it are fewer than the limit (--max-clients, local;
+// --max-tcp-clients, TCP), taken at its Hello (ClientHandler::handshake), and
+// is then served until --idle-timeout-s; past it, it is on its transport's
+// reserve: closed once its first Stats is answered, or after
+// --handshake-timeout-ms without one (TCP r15, local r16), so no peer holds
+// the reserve. TCP: the reserve counted apart from --max-tcp-clients (r16;
+// GatewayShared::tcp_reserve_queries). Local (r11): every local connection
+// but the status queries within the limit (clients, status queries on the
+// reserve, those in their handshake) within --max-clients plus the reserve,
+// at accept (GatewayServer::accept_one); the status queries within the limit
+// are bounded by it at their Hello (GatewayShared::local_queries).
 constexpr int kStatusQueryReserve = 2;
 
 // The limits a connection is held to (GatewayOptions).
@@ -86,7 +92,9 @@ struct ConnectionControl {
   // segments, store buffer and process memory are given back, right before `clients` drops: from there the accept
   // thread no longer counts it, although its thread has not ended yet (`done`), so a client admitted once
   // `clients` says there is room is admitted (and finds the ring budget given back).
-  enum class Phase : uint8_t { kHandshake, kClient, kStatusQuery, kEnded };
+  // A status query within its transport's limit is kStatusQuery, one on the reserve kReserveQuery (r16: a local
+  // one within --max-clients is not counted at accept, kStatusQueryReserve).
+  enum class Phase : uint8_t { kHandshake, kClient, kStatusQuery, kReserveQuery, kEnded };
   std::atomic<Phase> phase{Phase::kHandshake};
 };
 
@@ -128,10 +136,17 @@ struct GatewayShared {
   std::string description;  // sent in HelloOk
   ConnectionLimits limits;
   std::atomic<uint32_t> tcp_handshakes{0};  // TCP connections not yet past the handshake
-  std::atomic<uint32_t> tcp_clients{0};     // authenticated TCP connections
+  // Authenticated TCP connections within --max-tcp-clients: clients, and status queries within it.
+  std::atomic<uint32_t> tcp_clients{0};
+  // TCP status queries on the reserve (kStatusQueryReserve at most; r16: apart from tcp_clients, so one on the reserve
+  // never takes a client's slot, as one counted there did once a client left).
+  std::atomic<uint32_t> tcp_reserve_queries{0};
   // Local connections admitted as clients at their Hello, within limits.max_clients (a status query takes none);
   // given back in the teardown, where `clients` drops.
   std::atomic<uint32_t> local_clients{0};
+  // Local status queries within --max-clients (r16): admitted at the Hello while these and local_clients are fewer
+  // than it (one past is on the reserve); not counted against clients, nor at accept.
+  std::atomic<uint32_t> local_queries{0};
   std::atomic<uint64_t> refused{0};  // connections refused by a limit (refused_connections)
   // Status queries refused at their Hello for being full (--max-tcp-clients): idle connectors' probes, one a
   // second each, and `status --gateway tcp://`; not in `refused`, whose alert is for clients turned away.
@@ -564,8 +579,12 @@ class ClientHandler {
   int test_process_read_delay_ms_ = 0;
   uint64_t ring_reserved_ = 0;  // bytes of shared->ring_bytes_mapped this connection holds
   bool tcp_counted_ = false;    // holds one of shared->tcp_clients
-  bool on_reserve_ = false;     // a TCP status query past --max-tcp-clients (kStatusQueryReserve): one Stats, briefly
-  bool local_counted_ = false;  // holds one of shared->local_clients
+  bool on_reserve_ = false;     // a status query past its transport's limit (kStatusQueryReserve): one Stats, briefly
+  bool tcp_reserve_counted_ = false;  // holds one of shared->tcp_reserve_queries
+  bool local_counted_ = false;        // holds one of shared->local_clients
+  bool local_query_counted_ = false;  // holds one of shared->local_queries
+  // Why the gateway closed a status query on the reserve (answered, or no Stats in time): its "gone" line.
+  const char* reserve_closed_ = nullptr;
   bool handshake_done_ = false;
   bool client_counted_ = false;        // holds one of shared->clients (counted before its HelloOk went)
   bool gone_before_hello_ok_ = false;  // the client hung up before its HelloOk reached it (audit 13 item 7)

@@ -148,7 +148,7 @@ GatewayServer::Open GatewayServer::open_connections(bool local_only, bool withou
   for (const Client& c : clients_) {
     if (c.done || (local_only && c.tcp)) continue;
     const Phase phase = c.control->phase.load(std::memory_order_seq_cst);
-    if (without_hung_up && !c.tcp && (phase == Phase::kHandshake || phase == Phase::kStatusQuery))
+    if (without_hung_up && !c.tcp && (phase == Phase::kHandshake || phase == Phase::kReserveQuery))
       fds.push_back({c.fd, 0, 0});  // POLLHUP is reported unasked
     switch (phase) {
       case Phase::kHandshake:
@@ -159,6 +159,9 @@ GatewayServer::Open GatewayServer::open_connections(bool local_only, bool withou
         break;
       case Phase::kStatusQuery:
         n.status_queries++;
+        break;
+      case Phase::kReserveQuery:
+        n.reserve_queries++;
         break;
       case Phase::kEnded:
         break;
@@ -217,16 +220,18 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
     // --max-clients clients at most, taken at their Hello (ClientHandler::handshake: a connection in its handshake
     // is not known to be a client yet, review N9), and kStatusQueryReserve more local connections for status
     // queries (r11): `lmcache-adp status --gateway` still answers on a full gateway (review r15 N2). Here, the
-    // bound of them all, those in their handshake included: a flood of half-open connections holds no more.
+    // bound of them all, those in their handshake included: a flood of half-open connections holds no more. A status
+    // query within --max-clients is not counted (r16: bounded at its Hello by --max-clients with the clients; counted
+    // here, one connected before the clients filled the gateway kept the operator's out).
     Open open = open_connections(true);
     const size_t bound = static_cast<size_t>(opts_.max_clients) + kStatusQueryReserve;
-    if (open.all() >= bound) open = open_connections(true, true);  // at the bound: those on their way out apart
-    if (open.all() >= bound) {
+    if (open.bounded() >= bound) open = open_connections(true, true);  // at the bound: those on their way out apart
+    if (open.bounded() >= bound) {
       shared_->refused++;
       ADP_WARN_LIMITED(
-          "gateway: refusing a local connection: %zu clients and %zu status queries connected already%s "
-          "(--max-clients %d, and %d more for status queries)",
-          open.clients, open.status_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
+          "gateway: refusing a local connection: %zu clients and %zu status queries on the reserve connected "
+          "already%s (--max-clients %d, and %d more for status queries)",
+          open.clients, open.reserve_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
       refuse_at_accept(fd,
                        proto::kTooManyLocalClients + (" (" + std::to_string(opts_.max_clients) + ", --max-clients)"));
       return;
@@ -374,10 +379,11 @@ void GatewayServer::accept_loop() {
     std::unique_lock<std::mutex> l(mu_);
     const Open open = open_connections(false);
     l.unlock();
-    if (open.status_queries == 0)
+    const size_t queries = open.status_queries + open.reserve_queries;
+    if (queries == 0)
       ADP_INFO("gateway: stopping (%zu clients connected%s)", open.clients, open.handshakes_text().c_str());
     else
-      ADP_INFO("gateway: stopping (%zu clients and %zu status queries connected%s)", open.clients, open.status_queries,
+      ADP_INFO("gateway: stopping (%zu clients and %zu status queries connected%s)", open.clients, queries,
                open.handshakes_text().c_str());
   }
   if (shared_->segment_prefault) shared_->segment_prefault->stop();  // within one piece

@@ -102,20 +102,22 @@ class GatewayServer {
     std::shared_ptr<ConnectionControl> control;  // shared with its ClientHandler
   };
 
-  // The connections not ended (ConnectionControl::phase), local only or all: clients, status queries and those
-  // in their handshake (not yet known as either: review N9), apart. Under mu_.
+  // The connections not ended (ConnectionControl::phase), local only or all: clients, status queries within their
+  // transport's limit and on its reserve, and those in their handshake (not yet known as either: review N9), apart.
+  // Under mu_.
   struct Open {
-    size_t clients = 0, status_queries = 0, handshakes = 0;
-    size_t hung_up = 0;  // of the status queries and handshakes (without_hung_up only)
-    size_t all() const { return clients + status_queries + handshakes - hung_up; }
+    size_t clients = 0, status_queries = 0, reserve_queries = 0, handshakes = 0;
+    size_t hung_up = 0;  // of the status queries on the reserve and handshakes (without_hung_up only)
+    // What the local bound counts (r16: a status query within --max-clients apart, kStatusQueryReserve).
+    size_t bounded() const { return clients + reserve_queries + handshakes - hung_up; }
     // ", N more in their handshake" for the log lines that count them, or nothing where none is.
     std::string handshakes_text() const {
       return handshakes ? ", " + std::to_string(handshakes) + " more in their handshake" : "";
     }
   };
-  // without_hung_up: not counting the local status queries and connections in their handshake whose client hung up
-  // (POLLHUP; one poll): their threads are about to end (a status query asks only for Stats), so a full gateway does
-  // not count them at accept: `lmcache-adp status` returned, its connection closed, holds no slot.
+  // without_hung_up: not counting the local status queries on the reserve and connections in their handshake whose
+  // client hung up (POLLHUP; one poll): their threads are about to end (a status query asks only for Stats), so a full
+  // gateway does not count them at accept: `lmcache-adp status` returned, its connection closed, holds no slot.
   Open open_connections(bool local_only, bool without_hung_up = false) const;
 
   GatewayServer() = default;

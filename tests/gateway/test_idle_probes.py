@@ -25,12 +25,14 @@ from tests.support.gateway import TOKEN, Gateway
 class HeldConnections:
     """Connections past their Hello (`features` each: 0 a client, FEATURE_STATUS_QUERY a status query; on the
     gateway's Unix socket, or its TCP port with `token`), kept open past the gateway's --idle-timeout-s by a Stats
-    request on each every 0.3 s, until close()."""
+    request on each every 0.3 s, until close(); and `silent` more connections that send no Hello (in their handshake
+    until close(), or the gateway's --handshake-timeout-ms)."""
 
-    def __init__(self, url: str, features: list[int], token: bytes = b""):
+    def __init__(self, url: str, features: list[int], token: bytes = b"", silent: int = 0):
         self.socks: list[socket.socket] = []
         for f in features:
             self.socks.append(self._hello(url, f, token))
+        self.silent = [self._connect(url) for _ in range(silent)]
         self.stop = threading.Event()
         self.error: list[BaseException] = []
         self.thread = threading.Thread(target=self._keep_alive, daemon=True)
@@ -41,13 +43,7 @@ class HeldConnections:
         # An idle connector's status query holds one connection for a moment each second: retried past it.
         give_up = time.monotonic() + 10
         while True:
-            if url.startswith("tcp://"):
-                host, port = url.removeprefix("tcp://").rsplit(":", 1)
-                s = socket.create_connection((host, int(port)), timeout=30)
-            else:
-                s = socket.socket(socket.AF_UNIX)
-                s.settimeout(30)
-                s.connect(url.removeprefix("unix://"))
+            s = HeldConnections._connect(url)
             try:
                 s.sendall(wire.frame(wire.HELLO, 1, wire.hello(token=token, features=features)))
             except (BrokenPipeError, ConnectionResetError):
@@ -58,6 +54,16 @@ class HeldConnections:
             s.close()
             assert time.monotonic() < give_up, body
             time.sleep(0.05)
+
+    @staticmethod
+    def _connect(url: str) -> socket.socket:
+        if url.startswith("tcp://"):
+            host, port = url.removeprefix("tcp://").rsplit(":", 1)
+            return socket.create_connection((host, int(port)), timeout=30)
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(url.removeprefix("unix://"))
+        return s
 
     def _keep_alive(self) -> None:
         request_id = 2
@@ -73,7 +79,7 @@ class HeldConnections:
     def close(self) -> None:
         self.stop.set()
         self.thread.join()
-        for s in self.socks:
+        for s in self.socks + self.silent:
             s.close()
         assert not self.error, self.error
 
@@ -124,7 +130,12 @@ def refusal_at_accept(port: int) -> str:
 
 # transport: the connector's, and the limit its status queries meet: (gateway flags, reason, counted in).
 FULL = {
-    "unix": (("--max-clients", "1"), "too many local clients", "refused_connections"),
+    # The reserve held by connections in their handshake: the handshake timeout far off.
+    "unix": (
+        ("--max-clients", "1", "--handshake-timeout-ms", "60000"),
+        "too many local clients",
+        "refused_connections",
+    ),
     # r15: a status query has a reserve of 2 past --max-tcp-clients, so the probes are answered: no "is full".
     "tcp": (("--max-tcp-clients", "1"), None, "status_probes"),
     "tcp-handshakes": (
@@ -143,8 +154,9 @@ def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transpo
     being full is an answer now: /health 200 and gateway_reachable 1 throughout 3.5 s of refused queries, one
     INFO line saying so, no WARNING; once there is room, the next batch works. The gateway counts them: refused
     before their Hello in refused_connections, at it in refused_status_queries.
-    Unix: --max-clients 1, one client and two status queries held (the reserve), each query refused at accept,
-    "too many local clients". TCP: --max-tcp-clients 1, one TCP client held; until r15 each query was refused at its
+    Unix: --max-clients 1, one client and two connections in their handshake held (the reserve: since r16 a status
+    query on it is closed after its answer, or when it asks none in time), each query refused at accept, "too many
+    local clients". TCP: --max-tcp-clients 1, one TCP client held; until r15 each query was refused at its
     Hello, "too many TCP clients"; now each is answered on the TCP status-query reserve (counted in status_probes,
     no "is full" line; test_refused_status_queries holds that reserve). TCP past --max-handshakes (brief
     defects item 3): --max-handshakes 1, a silent peer holding the slot, each query refused at accept; until r13
@@ -168,7 +180,7 @@ def test_an_idle_connector_on_a_full_gateway_is_not_down(workdir, capfd, transpo
         elif tcp:
             held = HeldConnections(gw.tcp_url, [0], token=TOKEN.encode())
         else:
-            held = HeldConnections(gw.unix_url, [0, _native.FEATURE_STATUS_QUERY, _native.FEATURE_STATUS_QUERY])
+            held = HeldConnections(gw.unix_url, [0], silent=2)
         end = time.monotonic() + 3.5
         while time.monotonic() < end:
             code, doc = health(port)

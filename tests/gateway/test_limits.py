@@ -505,7 +505,8 @@ def test_a_connection_in_its_handshake_is_not_a_client(workdir):
         for s in held:
             s.close()
         assert gw.stop() == 0
-    said = "refusing a local connection: 1 clients and 0 status queries connected already, 2 more in their handshake"
+    said = "refusing a local connection: 1 clients and 0 status queries on the reserve connected already, 2 more in"
+    said += " their handshake"
     assert said in gw.logs[-1], gw.logs[-1]
 
 

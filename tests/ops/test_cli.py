@@ -586,13 +586,16 @@ def test_a_full_gateway_still_answers_status(workdir):
     many local clients"), counted it in refused_connections and logged a WARNING, the moment an operator most wants
     the status; and status queries held --max-clients slots. Now 2 local connections past --max-clients are kept
     for status queries (a Hello there without bit 9 is refused as over the limit), and status queries are not
-    counted as clients in the refusal or the stopping line."""
+    counted as clients in the refusal or the stopping line. Protocol r16: a status query within --max-clients (one
+    connected while there was room for a client) is not counted at accept either, so the reserve is still whole
+    once the clients filled the gateway (a long --handshake-timeout-ms: one on the reserve asking nothing is
+    closed at it)."""
     from lmcache_adp.gateway_stats import read_gateway_stats
     from tests.gateway import wire
     from tests.helpers import RawConnector
     from tests.support.gateway import Gateway
 
-    gw = Gateway(workdir, extra=("--max-clients", "1")).start()
+    gw = Gateway(workdir, extra=("--max-clients", "1", "--handshake-timeout-ms", "60000")).start()
     conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000)
     try:
         assert RawConnector(conn).set(["q"], [memoryview(payload("q", 1000))])[0]
@@ -610,7 +613,8 @@ def test_a_full_gateway_still_answers_status(workdir):
     give_up = time.monotonic() + 30
     while read_gateway_stats(gw.unix_url)["clients"] and time.monotonic() < give_up:  # the gateway saw it go
         time.sleep(0.02)
-    # Two status queries held open do not keep a connector out (they held its slot).
+    # Two status queries held open do not keep a connector out (they held its slot): with no client connected, the
+    # first is within --max-clients, the second on the reserve (r16).
     held = [socket_status_query(gw.unix_url) for _ in range(2)]
     conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000)
     try:
@@ -618,10 +622,12 @@ def test_a_full_gateway_still_answers_status(workdir):
         # connector gone once `clients` says so (brief admission item 1; CI flaked here on dd25340, and 37234af
         # retried this set while they went).
         assert RawConnector(conn).set(["r"], [memoryview(payload("r", 1000))])[0]
-        # The third local connection past the one client: none left, whatever it is.
+        # The one within --max-clients is not counted at accept (r16): the reserve's second takes a status query,
+        # and past it, none is left, whatever it is.
+        held.append(socket_status_query(gw.unix_url))
         ftype, body = hello_reply(gw.unix_url, _native.FEATURE_STATUS_QUERY)
         assert ftype == wire.ERROR and error_reason(body) == "too many local clients (1, --max-clients)", body
-        assert gw.stop() == 0  # the connector and the two queries still connected
+        assert gw.stop() == 0  # the connector and the three queries still connected
     finally:
         conn.close()
         for s in held:
@@ -629,9 +635,12 @@ def test_a_full_gateway_still_answers_status(workdir):
         if gw.proc:
             gw.kill()
     log = gw.logs[-1]
-    assert "refusing a local connection: 1 clients and 2 status queries connected already (--max-clients 1" in log
+    said = (
+        "refusing a local connection: 1 clients and 2 status queries on the reserve connected already (--max-clients 1"
+    )
+    assert said in log, log
     assert re.search(r"client #\d+ \(unix pid \d+ uid \d+\): too many local clients \(1, --max-clients\)", log), log
-    assert "gateway: stopping (1 clients and 2 status queries connected)" in log, log
+    assert "gateway: stopping (1 clients and 3 status queries connected)" in log, log
 
 
 def test_status_names_a_full_gateways_refusal_every_time(workdir):
@@ -644,7 +653,7 @@ def test_status_names_a_full_gateways_refusal_every_time(workdir):
     from tests.helpers import RawConnector
     from tests.support.gateway import Gateway
 
-    gw = Gateway(workdir, extra=("--max-clients", "1")).start()
+    gw = Gateway(workdir, extra=("--max-clients", "1", "--handshake-timeout-ms", "60000")).start()  # reserve held
     conn = ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=3000)
     held = []
     reason = "gateway refused: too many local clients (1, --max-clients)"
