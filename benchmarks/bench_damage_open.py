@@ -9,6 +9,11 @@ header per region is flipped (its payload_bytes: the header checksum fails); the
 written, so every open sees the same image), alternately, --repeat times each. Reported: recovery_seconds (the
 card's own figure for its walk) and the wall time of the open, per image, and the damage counters.
 
+--damage region flips one bit of every region header's checksum instead (each region taken as free; what the
+damage cost is looked for behind it: find_behind_damage). --tree NAME=PATH (repeatable) opens each image with the
+lmcache_adp of each tree in turn (a child process each open, PYTHONPATH=PATH), so a before and an after are measured
+in one invocation, alternately, on the same images.
+
 Run from the repository root, on the tree under test (built in place):
     PYTHONPATH=. python benchmarks/bench_damage_open.py --dir /var/tmp/adp-damage-bench
 Writes benchmarks/results/<date>-damage-open.md and the raw samples to benchmarks/results/raw/<date>-damage-open/.
@@ -47,16 +52,22 @@ def fill(path: str, card_bytes: int, object_bytes: int) -> dict:
     return st
 
 
+def region_bases(f) -> tuple[int, list[int]]:
+    """The region size and each region's offset, read from the superblock of the card image open as f."""
+    f.seek(0)
+    sb = f.read(BLOCK)
+    region_bytes, num_regions = struct.unpack_from("<QI", sb, 24)
+    (data_offset,) = struct.unpack_from("<Q", sb, 40)
+    return region_bytes, [data_offset + r * region_bytes for r in range(num_regions)]
+
+
 def damage(path: str, where: str) -> int:
     """Flips payload_bytes (its lowest bit) of one object header of the region's epoch per region: the first
     record after the region's continuation, or its middle one. Returns how many were flipped."""
     with open(path, "r+b") as f:
-        sb = f.read(BLOCK)
-        region_bytes, num_regions = struct.unpack_from("<QI", sb, 24)
-        (data_offset,) = struct.unpack_from("<Q", sb, 40)
+        region_bytes, bases = region_bases(f)
         flipped = 0
-        for r in range(num_regions):
-            base = data_offset + r * region_bytes
+        for base in bases:
             f.seek(base)
             region = f.read(region_bytes)
             if region[:8] != b"ADPREGN1":
@@ -79,14 +90,50 @@ def damage(path: str, where: str) -> int:
     return flipped
 
 
-def open_once(path: str) -> dict:
+def damage_region_headers(path: str) -> int:
+    """Flips one bit of every region header's checksum (a region header of this card that does not check out:
+    damage; its epoch field intact). Returns how many were flipped."""
+    with open(path, "r+b") as f:
+        flipped = 0
+        for base in region_bases(f)[1]:
+            f.seek(base)
+            head = f.read(56)
+            if head[:8] != b"ADPREGN1":
+                continue
+            f.seek(base + 52)
+            f.write(bytes([head[52] ^ 1]))
+            flipped += 1
+    return flipped
+
+
+KEYS = ("recovery_seconds", "recovered_objects", "recovery_damaged_regions", "recovery_lost_objects")
+
+# One open in a child process, with the lmcache_adp its PYTHONPATH names (-P: not the working directory's).
+OPEN_IN_CHILD = f"""
+import json, sys, time
+from lmcache_adp import CardStore
+t0 = time.monotonic()
+s = CardStore(sys.argv[1], read_only=True)
+wall = time.monotonic() - t0
+st = s.stats()
+s.close()
+print(json.dumps({{"wall_s": wall, **{{k: st[k] for k in {KEYS!r}}}}}))
+"""
+
+
+def open_once(path: str, tree: str | None = None) -> dict:
+    if tree:
+        env = {**os.environ, "PYTHONPATH": tree}
+        r = subprocess.run([sys.executable, "-P", "-c", OPEN_IN_CHILD, path], env=env, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"open with {tree} failed: {r.stderr}")
+        return json.loads(r.stdout.splitlines()[-1])
     t0 = time.monotonic()
     s = CardStore(path, read_only=True)
     wall = time.monotonic() - t0
     st = s.stats()
     s.close()
-    keys = ("recovery_seconds", "recovered_objects", "recovery_damaged_regions", "recovery_lost_objects")
-    return {"wall_s": wall, **{k: st[k] for k in keys}}
+    return {"wall_s": wall, **{k: st[k] for k in KEYS}}
 
 
 def main() -> int:
@@ -95,6 +142,8 @@ def main() -> int:
     ap.add_argument("--card-gb", type=float, default=4)
     ap.add_argument("--object-mb", type=float, default=2)
     ap.add_argument("--where", choices=("first", "mid"), default="first")
+    ap.add_argument("--damage", choices=("object", "region"), default="object")
+    ap.add_argument("--tree", action="append", default=[], help="NAME=PATH: open with that tree's lmcache_adp")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tag", default="damage-open")
     args = ap.parse_args()
@@ -104,11 +153,14 @@ def main() -> int:
     try:
         st = fill(clean, int(args.card_gb * (1 << 30)), int(args.object_mb * MIB))
         subprocess.run(["cp", "--sparse=always", clean, damaged], check=True)
-        flipped = damage(damaged, args.where)
-        samples: dict[str, list[dict]] = {"clean": [], "damaged": []}
+        flipped = damage(damaged, args.where) if args.damage == "object" else damage_region_headers(damaged)
+        trees = dict(t.split("=", 1) for t in args.tree) or {"": None}
+        samples: dict[str, list[dict]] = {}
         for _ in range(args.repeat):
-            for name, path in (("clean", clean), ("damaged", damaged)):
-                samples[name].append(open_once(path))
+            for tree, tree_path in trees.items():
+                for image, path in (("clean", clean), ("damaged", damaged)):
+                    name = f"{tree} {image}".strip()
+                    samples.setdefault(name, []).append(open_once(path, tree_path))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d-%H%M")
@@ -120,7 +172,9 @@ def main() -> int:
         "regions": st["num_regions"],
         "region_bytes": st["region_bytes"],
         "objects": st["objects"],
+        "damage": args.damage,
         "flipped": flipped,
+        "trees": trees,
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
     (raw / "samples.json").write_text(json.dumps({"meta": meta, "samples": samples}, indent=1))

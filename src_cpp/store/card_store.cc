@@ -914,8 +914,8 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
 }
 
-std::string CardStore::check_object_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
-                                           std::string_view key, Status* io) const {
+std::string CardStore::check_entry_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
+                                          std::string_view key, Status* io) const {
   ObjectHeader hdr;
   if (!decode_object_header(block, card_id_, epoch, &hdr)) return "header damaged";
   if ((hdr.flags & kObjectDeleted) && hdr.seq == e.seq) {  // our own tombstone: deleted or superseded while we read
@@ -981,9 +981,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // Checks the header block in staging against e: empty if it is e's object
   // (or, with *io set to NotFound, if it was deleted while we read, or it is
   // another key with the same 64-bit hash), else the reason it is damaged.
-  auto check_header = [&]() -> std::string {
-    return check_object_header(ctx.staging_.data(), hash, e, epoch, key, io);
-  };
+  auto check_header = [&]() -> std::string { return check_entry_header(ctx.staging_.data(), hash, e, epoch, key, io); };
   std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
   bool header_checked = false;
   // Staging: the header block and a tail block, or (not direct) the object.
@@ -1235,7 +1233,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
   if (mapped) {
     ObjectHeader hdr;
     std::memcpy(&hdr, bounces[0].data(), sizeof hdr);
-    bad = check_object_header(bounces[0].data(), h, e, epoch, key, &io);
+    bad = check_entry_header(bounces[0].data(), h, e, epoch, key, &io);
     if (header_from) prof::add(prof::kHeader, prof::now_ns() - header_from);
     if (!bad.empty() && overwritten_meanwhile(h, e)) io = Status::NotFound("deleted or replaced while it was read");
     if (!io.ok()) {
@@ -1503,7 +1501,7 @@ Status CardStore::check_remove_header(IoContext& ctx, std::string_view key, uint
   }
   counters_.bytes_read += kBlockSize;
   const uint8_t* block = ctx.header_.data();
-  const std::string why = check_object_header(block, hash, e, epoch, key, &io);
+  const std::string why = check_entry_header(block, hash, e, epoch, key, &io);
   if (why.empty()) {
     // NotFound: another key's object, or its own tombstone (deleted or
     // replaced since the lookup).

@@ -368,9 +368,10 @@ class CardStore {
   // Checks an object's header block against e (region epoch `epoch`): empty
   // if it is e's object (or, with *io set to NotFound, if it was deleted
   // meanwhile, or it is another key than a non-empty `key` with the same
-  // hash), else the reason it is damaged.
-  std::string check_object_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
-                                  std::string_view key, Status* io) const;
+  // hash), else the reason it is damaged. (Recovery's check of a header
+  // its walk meets, no entry yet: check_walked_header, recovery_damage.h.)
+  std::string check_entry_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
+                                 std::string_view key, Status* io) const;
   // key's index entry and hash (a miss counted), for get and get_via_bounce.
   Status lookup(std::string_view key, uint64_t* hash, IndexEntry* e);
   // Removes a damaged object from the index and marks it deleted on the card.

@@ -52,7 +52,7 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
     if (!s.ok()) break;
-    if (const char* bad = check_object_header(block, g, rh.epoch, off, &h)) {
+    if (const char* bad = check_walked_header(block, g, rh.epoch, off, &h)) {
       // A crash's cut (older bytes there) ends the walk: the stores behind
       // it were never acknowledged. Damage (this card's header of this
       // epoch, once whole and valid) costs its own record only: the walk

@@ -25,7 +25,7 @@ namespace adp {
 namespace {
 
 constexpr uint64_t kLoggedRegions = 8;      // one ERROR line each, then a summary
-constexpr uint64_t kScanChunk = 256 << 10;  // read at once behind a damaged object header
+constexpr uint64_t kScanChunk = 256 << 10;  // read at once behind damage (RegionBlocks)
 constexpr size_t kListedSpans = 64;         // verify's lines, then how many more
 
 bool all_zero(const uint8_t* block) { return block[0] == 0 && std::memcmp(block, block + 1, kBlockSize - 1) == 0; }
@@ -58,7 +58,7 @@ void note_cont_bytes_damage(const RegionHeader& rh, RegionScan* scan) {
   scan->header_epoch = rh.epoch;
 }
 
-const char* check_object_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
+const char* check_walked_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
                                 ObjectHeader* h) {
   // A record may span at most every region of the card.
   const uint64_t max_payload = uint64_t(g.num_regions) * g.region_bytes;
@@ -77,50 +77,85 @@ bool damaged_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoc
   return std::memcmp(h.magic, kObjectMagic, 8) == 0 && h.card_id == card_id && h.epoch == epoch;
 }
 
+namespace {
+
+// A region's blocks as the scans behind damage read them. Blocks read in a row (the look for the next header that
+// checks out: mostly a record's payload) come kScanChunk at a time: a 4 KiB read per block made a card with one
+// damaged 2 MiB record per region open 37 times slower than undamaged, 256 KiB reads 8 times
+// (benchmarks/results/2026-12-04-1229-damage-open.md). The header a record's length points at, past what was read,
+// is one block, as the walk reads it (scan_region). Without the memory for a chunk, a block at a time.
+class RegionBlocks {
+ public:
+  RegionBlocks(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t* block)
+      : dev_(dev), base_(g.region_offset(r)), region_bytes_(g.region_bytes), block_(block) {
+    chunked_ = chunk_.reserve(kScanChunk);
+  }
+
+  // The block at `off` of the region (off + kBlockSize <= region_bytes); `ahead`: read up to kScanChunk from it
+  // where it is not read yet. nullptr where the read failed (*io).
+  const uint8_t* at(uint64_t off, bool ahead, Status* io) {
+    if (off < from_ || off + kBlockSize > from_ + len_) {
+      len_ = ahead && chunked_ ? std::min(kScanChunk, region_bytes_ - off) : kBlockSize;
+      buf_ = len_ > kBlockSize ? chunk_.data() : block_;
+      from_ = off;
+      *io = dev_.read(base_ + off, buf_, len_);
+      if (!io->ok()) {
+        len_ = 0;
+        return nullptr;
+      }
+    }
+    return buf_ + (off - from_);
+  }
+
+ private:
+  const Device& dev_;
+  const uint64_t base_, region_bytes_;
+  uint8_t* const block_;
+  AlignedBuffer chunk_;
+  bool chunked_ = false;
+  uint8_t* buf_ = nullptr;  // holds the region's bytes from_ to from_ + len_
+  uint64_t from_ = 0, len_ = 0;
+};
+
+}  // namespace
+
 uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t off,
                      const char* why, uint8_t* block, RegionScan* scan, Status* io) {
-  const uint64_t base = g.region_offset(r);
   scan->damage = Damage::kObjectHeader;
   scan->spans.push_back({off, g.region_bytes, header_why(epoch, why)});
-  // Read in chunks (the blocks behind the damage are mostly its record's
-  // payload): a 4 KiB read per block made a card with one damaged 2 MiB
-  // record per region open 37 times slower than undamaged, 256 KiB reads
-  // 8 times (benchmarks/results/2026-12-04-1229-damage-open.md). Without
-  // the memory for a chunk, a block at a time.
-  AlignedBuffer chunk;
-  const bool chunked = chunk.reserve(kScanChunk);
-  uint8_t* buf = chunked ? chunk.data() : block;
-  for (uint64_t at = off + kBlockSize; at + kBlockSize <= g.region_bytes;) {
-    const uint64_t len = std::min(chunked ? kScanChunk : kBlockSize, g.region_bytes - at);
-    *io = dev.read(base + at, buf, len);
-    if (!io->ok()) return g.region_bytes;
-    for (const uint8_t* b = buf; b < buf + len; b += kBlockSize, at += kBlockSize) {
-      ObjectHeader h;
-      const char* bad = check_object_header(b, g, epoch, at, &h);
-      // A payload block of the damaged record, or older bytes (an older
-      // epoch's records, a cut's hole): stepped over.
-      if (bad && !damaged_object_header(b, g.card_id, epoch)) continue;
-      scan->spans.back().end = at;
-      if (!bad) return at;
-      scan->spans.push_back({at, g.region_bytes, header_why(epoch, bad)});  // another damaged header: its own span
-    }
+  RegionBlocks blocks(dev, g, r, block);
+  for (uint64_t at = off + kBlockSize; at + kBlockSize <= g.region_bytes; at += kBlockSize) {
+    const uint8_t* b = blocks.at(at, true, io);
+    if (!b) return g.region_bytes;
+    ObjectHeader h;
+    const char* bad = check_walked_header(b, g, epoch, at, &h);
+    // A payload block of the damaged record, or older bytes (an older
+    // epoch's records, a cut's hole): stepped over.
+    if (bad && !damaged_object_header(b, g.card_id, epoch)) continue;
+    scan->spans.back().end = at;
+    if (!bad) return at;
+    scan->spans.push_back({at, g.region_bytes, header_why(epoch, bad)});  // another damaged header: its own span
   }
   return g.region_bytes;
 }
 
 void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t from,
                         uint8_t* block, std::vector<RecoveredObject>* out) {
-  const uint64_t base = g.region_offset(r), max_payload = uint64_t(g.num_regions) * g.region_bytes;
+  RegionBlocks blocks(dev, g, r, block);
+  bool ahead = true;  // looking for a header, not at one a record's length points at
+  Status io;
   for (uint64_t off = from; off + kBlockSize <= g.region_bytes;) {
+    const uint8_t* b = blocks.at(off, ahead, &io);
+    if (!b) return;
     ObjectHeader h;
-    if (!dev.read(base + off, block, kBlockSize).ok()) return;
-    if (!decode_object_header(block, g.card_id, epoch, &h) || h.payload_bytes > max_payload) {
+    ahead = check_walked_header(b, g, epoch, off, &h) != nullptr;  // the walk's check (a record it would follow)
+    if (ahead) {
       off += kBlockSize;
       continue;
     }
     if (!(h.flags & (kObjectPad | kObjectDeleted)))
-      out->push_back({hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
-                      static_cast<uint32_t>(off / kBlockSize), false, (h.flags & kObjectContinues) != 0});
+      out->push_back({hash_key(object_key(b, h)), h.seq, h.payload_bytes, r, static_cast<uint32_t>(off / kBlockSize),
+                      false, (h.flags & kObjectContinues) != 0});
     off += object_footprint(h.payload_bytes);
   }
 }

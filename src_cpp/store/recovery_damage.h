@@ -23,10 +23,11 @@ void note_region_header_damage(const uint8_t* block, uint64_t card_id, RegionSca
 void note_cont_bytes_damage(const RegionHeader& rh, RegionScan* scan);
 // The walk's check of the block at `off` of a region under `epoch`: nullptr
 // if it is a record the walk follows (decoded into *h), else what about it
-// does not check out.
-const char* check_object_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
+// does not check out. Recovery's scans behind damage take the same check.
+// (A load's check of an indexed object's header: CardStore::check_entry_header.)
+const char* check_walked_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
                                 ObjectHeader* h);
-// Whether a block that failed check_object_header is damage, not a crash's
+// Whether a block that failed check_walked_header is damage, not a crash's
 // cut: an object header of this card (magic, card_id) under `epoch`.
 bool damaged_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch);
 
@@ -40,8 +41,9 @@ uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint6
                      const char* why, uint8_t* block, RegionScan* scan, Status* io);
 
 // The live records (objects, not tombstones or pads) of `epoch` found
-// behind a damaged region header of region r: one read per 4 KiB block from
-// `from` until a header of `epoch` checks out, then its length skipped. What
+// behind a damaged region header of region r: the blocks from `from` read
+// ahead (256 KiB at a time) until a header of `epoch` checks out as the walk
+// checks it (check_walked_header), then its length skipped to the next. What
 // the damage cost, counted and logged, never indexed (the region's epoch and
 // where its records begin are unknown). At most the region's blocks are read.
 void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t from,

@@ -33,7 +33,10 @@ class EmbeddedSession : public BackendSession {
  public:
   explicit EmbeddedSession(std::shared_ptr<CardStore> store) : store_(std::move(store)) {}
   ~EmbeddedSession() override {
-    ctx_.reset();  // seals this worker's open region before the store can go
+    // Gives back this worker's staging memory and ends its CRC thread (IoContext) before the session lets go of the
+    // store, as the members' order would anyway (ctx_ is declared after store_). Nothing is written: the card has
+    // one frontier that every worker appends to, no region of this worker's to seal.
+    ctx_.reset();
   }
 
   // The store writes from the caller's buffers, then checks that the store is

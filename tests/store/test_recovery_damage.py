@@ -8,12 +8,13 @@ tests/cpp/card_crash_test.cc (which checks that nothing is counted after each), 
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 
 import pytest
 
-from lmcache_adp import CardStore
+from lmcache_adp import CardStore, crc32c
 from tests.helpers import corrupt, object_byte, payload
 from tests.support import cpp
 
@@ -46,13 +47,18 @@ def served(s) -> list[str]:
     return [k for k in KEYS if s.get(k) == payload(k, SIZE)]
 
 
+def flip_region_epoch(card, r: int) -> None:
+    """Flips a bit of region r's epoch field (offset 16): its header checksum no longer matches."""
+    with open(card, "r+b") as f:
+        f.seek(region_at(r) + 16)
+        b = f.read(1)
+        f.seek(region_at(r) + 16)
+        f.write(bytes([b[0] ^ 0x04]))
+
+
 def test_flipped_bit_in_a_mid_chain_region_header_is_counted_logged_and_the_rest_served(card, capfd):
     fill(card)
-    with open(card, "r+b") as f:  # region 2's epoch field (offset 16): its checksum no longer matches
-        f.seek(region_at(2) + 16)
-        b = f.read(1)
-        f.seek(region_at(2) + 16)
-        f.write(bytes([b[0] ^ 0x04]))
+    flip_region_epoch(card, 2)
     capfd.readouterr()
     s = CardStore(card)
     st = s.stats()
@@ -87,6 +93,36 @@ def test_garbage_region_header_is_damage_where_the_chain_names_it_and_foreign_by
         f"region 1, offset 0 (its header) to {MIB}: not a region header of this card, though region 2 names it as "
         "the region the frontier came from (the region taken as free: 5 objects found behind it lost)"
     ]
+    s.close()
+
+
+def test_behind_a_damaged_region_header_a_header_whose_length_disagrees_with_its_flag_is_not_followed(card, capfd):
+    """What a damaged region header cost is looked for behind it (find_behind_damage), with the walk's check of a
+    header since session 21: a block that decodes as a header of this card and the region's epoch but whose length
+    runs past the region's end with no continue flag is no record the card wrote (its flag always agrees: the walk
+    does not follow one). Here obj10's header (region 2's first record) is made one (payload_bytes 2 MiB, its checksum
+    made good) and region 2's header damaged. Red before: the look checked only the checksum and the length's bound,
+    followed it past the region's end and counted 1 object of 2 MiB lost where obj11-obj14 (4 of 200 KiB) were."""
+    fill(card)
+    at = region_at(2) + 4096
+    with open(card, "rb") as f:
+        f.seek(at)
+        hdr = bytearray(f.read(4096))
+    assert hdr[:8] == b"ADPOBJT1"
+    assert struct.unpack_from("<I", hdr, 48)[0] & 2 == 0  # flags: no kObjectContinues
+    struct.pack_into("<Q", hdr, 40, 2 * MIB)  # payload_bytes: past the region's end
+    (key_bytes,) = struct.unpack_from("<I", hdr, 52)
+    struct.pack_into("<I", hdr, 60, crc32c(bytes(hdr[64 : 64 + key_bytes]), crc32c(bytes(hdr[:60]))))
+    write_at(card, at, bytes(hdr))
+    flip_region_epoch(card, 2)
+    capfd.readouterr()
+    s = CardStore(card)
+    st = s.stats()
+    err = capfd.readouterr().err
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 4), st
+    assert st["recovery_lost_bytes"] == 4 * SIZE, st
+    assert "lost: 4 objects (0.78 MiB) found behind it" in err, err
+    assert served(s) == KEYS[:10] + KEYS[15:]
     s.close()
 
 
