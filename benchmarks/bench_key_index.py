@@ -50,7 +50,7 @@ void run(const char* name, size_t n, Map& m, Find find) {
   for (auto& k : keys) k = g();
   long base = rss();
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < n; i++) m.try_emplace(keys[i], adp::IndexEntry(uint32_t(i % 1000), 1, 4096, 0, i));
+  for (size_t i = 0; i < n; i++) m.try_emplace(keys[i], adp::IndexEntry(uint32_t(i % 1000), 1, 4096, i));
   double ins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   long grown = rss() - base;
   const size_t q = 1000000;

@@ -83,24 +83,26 @@ void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint
   h.flags = flags;
   h.key_bytes = static_cast<uint32_t>(key.size());
   h.payload_crc = payload_crc;
-  if (!key.empty()) std::memcpy(block + sizeof h, key.data(), key.size());  // tombstones pass a null key
+  if (!key.empty()) std::memcpy(block + sizeof h, key.data(), key.size());  // pads pass a null key
   h.header_crc = header_crc(h, block + sizeof h);
   std::memcpy(block, &h, sizeof h);
 }
 
-void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, uint64_t key_hash,
+void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
                       uint64_t payload_bytes, bool continues) {
-  encode_object_header(block, card_id, epoch, seq, std::string_view(), payload_bytes, 0,
+  // With a key: its hash_key as any header's. Without: key_hash 0, no key named.
+  encode_object_header(block, card_id, epoch, seq, key, payload_bytes, 0,
                        kObjectDeleted | (continues ? uint32_t(kObjectContinues) : 0u));
+  if (!key.empty()) return;
   ObjectHeader h;
   std::memcpy(&h, block, sizeof h);
-  h.key_hash = key_hash;
+  h.key_hash = 0;
   h.header_crc = header_crc(h, block + sizeof h);
   std::memcpy(block, &h, sizeof h);
 }
 
 void encode_pad(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t payload_bytes, bool continues) {
-  encode_tombstone(block, card_id, epoch, 0, 0, payload_bytes, continues);
+  encode_tombstone(block, card_id, epoch, 0, std::string_view(), payload_bytes, continues);
   ObjectHeader h;
   std::memcpy(&h, block, sizeof h);
   h.flags = kObjectPad | (continues ? uint32_t(kObjectContinues) : 0u);

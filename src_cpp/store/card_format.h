@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// On-card format, version 3. The prose spec is docs/card_format.md; keep the
+// On-card format, version 4. The prose spec is docs/card_format.md; keep the
 // two in step and bump kFormatVersion on any incompatible change.
 //
 //   offset 0                  Superblock (one 4 KiB block)
@@ -24,7 +24,11 @@
 
 namespace adp {
 
-constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kFormatVersion = 4;
+// The oldest format this build opens (docs/card_format.md, Versions): a
+// version-3 card is read as written (its tombstones keep no key) and written
+// on as version 4 writes, its superblock left at 3.
+constexpr uint32_t kOldestFormatVersion = 3;
 constexpr uint64_t kBlockSize = 4096;           // unit of every on-card I/O
 constexpr uint64_t kDataOffset = 1u << 20;      // regions start at 1 MiB
 constexpr uint64_t kMinRegionBytes = 1u << 20;  // 1 MiB
@@ -110,7 +114,8 @@ inline bool record_continues(uint64_t offset, uint64_t payload_bytes, uint64_t r
   return offset + object_footprint(payload_bytes) > region_bytes;
 }
 
-// 64-bit hash of a key: the in-memory index stores only this (see docs).
+// MurmurHash64A (public seed) of a key: written in object headers and
+// tombstones. The in-memory index is keyed by index_hash (store/index_hash.h).
 uint64_t hash_key(std::string_view key);
 
 // ---- Record encoding and decoding. Each record checks its own CRC.
@@ -129,12 +134,16 @@ bool decode_region_header(const uint8_t* block, uint64_t card_id, uint32_t index
 // Fills `block` (kBlockSize bytes) with an object header and its key.
 void encode_object_header(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
                           uint64_t payload_bytes, uint32_t payload_crc, uint32_t flags);
-// Fills `block` with the tombstone of the object (key_hash, seq) that was
-// written under `epoch`: written over that object's header block, it keeps
-// payload_bytes and kObjectContinues (so the chain can still be walked) and
-// the key's hash and sequence number (so recovery orders the delete against
-// other copies).
-void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, uint64_t key_hash,
+// Fills `block` with the tombstone of the object (key, seq) that was written
+// under `epoch`: written over that object's header block, it keeps
+// payload_bytes and kObjectContinues (so the chain can still be walked), the
+// key's sequence number and (format 4) the key itself with its hash_key, so
+// that recovery orders the delete against other copies of that key only. An
+// empty key (the object's header could not be read: damaged) names no key
+// (key_hash 0): it orders nothing. Format 3 builds wrote tombstones with the
+// key's hash_key and no key; recovery still reads those as deleting every
+// older copy of any key with that hash.
+void encode_tombstone(uint8_t* block, uint64_t card_id, uint64_t epoch, uint64_t seq, std::string_view key,
                       uint64_t payload_bytes, bool continues);
 // Fills `block` with a pad record: the reservation of `payload_bytes` at
 // this place was abandoned (its write failed); recovery steps over it.

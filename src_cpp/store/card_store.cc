@@ -10,7 +10,7 @@
 #include <thread>
 #include <tuple>
 
-#include "store/key_tag.h"
+#include "store/index_hash.h"
 #include "util/crc32c.h"
 #include "util/load_profile.h"
 #include "util/log.h"
@@ -180,11 +180,11 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
                              " --yes` reformats it (the cache on it is lost)");
     std::memcpy(&sb, buf.data(), sizeof sb);
     if (valid_superblock(sb)) {
-      if (sb.format_version != kFormatVersion)
+      if (sb.format_version < kOldestFormatVersion || sb.format_version > kFormatVersion)
         return Status::InvalidArgument(
             "card " + path + " has format version " + std::to_string(sb.format_version) +
-            "; this build reads version " + std::to_string(kFormatVersion) +
-            ". The card holds a cache only: run `lmcache-adp format --card " + path +
+            "; this build reads versions " + std::to_string(kOldestFormatVersion) + " to " +
+            std::to_string(kFormatVersion) + ". The card holds a cache only: run `lmcache-adp format --card " + path +
             " --yes` to reformat it for this version (its cached objects are lost and will be stored again)");
       if (sb.card_bytes > dev->size() || sb.block_size != kBlockSize || sb.data_offset != kDataOffset ||
           sb.region_bytes < kMinRegionBytes || sb.region_bytes > kMaxRegionBytes || sb.num_regions < 1 ||
@@ -493,7 +493,6 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   std::vector<Location> written;  // parallel to items; region == UINT32_MAX if not written
   written.resize(n, Location{UINT32_MAX, 0, 0, 0, 0});
   std::vector<uint64_t> tickets(n, 0);  // of the written ones
-  std::vector<uint16_t> tags(n, 0);     // their keys' (key_tag.h)
   // Items whose fill failed: their source's failure (the caller answers for
   // it), not counted in store_failures (review r9 S2).
   std::vector<uint8_t> source_failed(n, 0);
@@ -518,7 +517,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
                                    std::to_string(max_object_bytes()) + " bytes: " + max_object_bound() + ")");
       continue;
     }
-    const uint64_t fp = object_footprint(it.size), hash = hash_key(it.key);
+    const uint64_t fp = object_footprint(it.size), hash = index_hash(it.key);
     // Zero-copy when the caller's memory suits O_DIRECT: header block, the
     // aligned body straight from the caller, the tail through a block of ours.
     // Otherwise the whole object is staged.
@@ -582,9 +581,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     }
     resolve(pl.ticket, false);
     counters_.bytes_written += fp;
-    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash};
+    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash, std::string(it.key)};
     tickets[i] = pl.ticket;
-    tags[i] = key_tag(it.key);
     any_written = true;
   }
   if (any_written) {
@@ -639,7 +637,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
       }
       uint64_t h = loc.hash;
       IndexEntry e{loc.region, static_cast<uint32_t>(loc.offset / kBlockSize), static_cast<uint32_t>(loc.payload_bytes),
-                   tags[i], loc.seq};
+                   loc.seq};
       auto [it, inserted] = index_.try_emplace(h, e);
       counters_.stores++;
       if (!inserted) {
@@ -652,9 +650,10 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         }
         regions_.pin(old.region);
         regions_.pin(loc.region);
-        stale.push_back(
-            {{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq, old.payload_bytes, h},
-             loc.region});
+        // The older copy is the same key's (the same index hash: store/index_hash.h).
+        stale.push_back({{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq,
+                          old.payload_bytes, h, loc.key},
+                         loc.region});
         erase_entry_locked(h, old);
         index_.emplace(h, e);
       }
@@ -909,9 +908,18 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
       return std::find(reading_.begin(), reading_.end(), std::make_pair(loc.hash, loc.seq)) == reading_.end();
     });
   }
-  encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.hash, loc.payload_bytes,
-                   continues(loc.offset, loc.payload_bytes));
-  return device_->write(region_offset(loc.region) + loc.offset, ctx.header_.data(), kBlockSize);
+  const uint64_t at = region_offset(loc.region) + loc.offset;
+  std::string from_header;  // loc's key as its header holds it (loc.key empty: recovery, verify)
+  if (loc.key.empty() && loc.seq && device_->read(at, ctx.header_.data(), kBlockSize).ok()) {
+    ObjectHeader h;
+    const uint8_t* b = ctx.header_.data();
+    if (decode_object_header(b, card_id_, loc.epoch, &h) && !(h.flags & (kObjectDeleted | kObjectPad)) &&
+        h.seq == loc.seq && index_hash(object_key(b, h)) == loc.hash)
+      from_header = object_key(b, h);
+  }
+  encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.key.empty() ? from_header : loc.key,
+                   loc.payload_bytes, continues(loc.offset, loc.payload_bytes));
+  return device_->write(at, ctx.header_.data(), kBlockSize);
 }
 
 std::string CardStore::check_entry_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
@@ -924,10 +932,10 @@ std::string CardStore::check_entry_header(const uint8_t* block, uint64_t hash, c
   }
   if ((hdr.flags & kObjectDeleted) || hdr.seq != e.seq || hdr.payload_bytes != e.payload_bytes)
     return "header does not match the index";
-  if (hash_key(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
+  if (index_hash(std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes)) != hash)
     return "key does not match the index";
-  // The whole key, not only its hash (a 64-bit MurmurHash with a public
-  // seed: a colliding key can be crafted): another key's object is a miss
+  // The whole key, not only its index hash (keys share one by chance only,
+  // 2^-64 a pair: store/index_hash.h): another key's object is a miss
   // before any of its bytes reaches the caller's buffer (or bounce buffer).
   if (!key.empty() && std::string_view(reinterpret_cast<const char*>(block) + sizeof hdr, hdr.key_bytes) != key)
     *io = Status::NotFound("another key with the same hash");
@@ -980,7 +988,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   uint32_t body_crc = 0;
   // Checks the header block in staging against e: empty if it is e's object
   // (or, with *io set to NotFound, if it was deleted while we read, or it is
-  // another key with the same 64-bit hash), else the reason it is damaged.
+  // another key with the same index hash), else the reason it is damaged.
   auto check_header = [&]() -> std::string { return check_entry_header(ctx.staging_.data(), hash, e, epoch, key, io); };
   std::string header_why;  // check_header()'s answer, when it was read and checked before the payload
   bool header_checked = false;
@@ -1027,11 +1035,11 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     // (straight into payload_dst) and, when that is all, the tail block:
     // an object of up to a piece in one request. The header is checked after
     // the read; what would make it a miss was ruled out before it: another
-    // key with the same hash by the key's tag (lookup()), a delete or
-    // replacement by `reading_` (a registered load is waited for by the
-    // tombstone of what it reads, write_tombstone()). What is left writes
-    // payload_dst and is then a miss: damage (dropped), a tag collision
-    // (1 in 65536 for a crafted key: key_tag.h).
+    // key by the keyed index hash (lookup()), a delete or replacement by
+    // `reading_` (a registered load is waited for by the tombstone of what
+    // it reads, write_tombstone()). What is left writes payload_dst and is
+    // then a miss: damage (dropped), or two keys of one index hash (2^-64 a
+    // pair, not craftable without the process's secret: index_hash.h).
     // With a guard, the CRC of each piece but the last runs on ctx's
     // CrcWorker while the next piece is read; the last one's (up to a piece)
     // after it, here: on this VM's disk each request waited 15-20 ms in the
@@ -1126,11 +1134,10 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
 Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
   Status ks = check_key(key);
   if (!ks.ok()) return ks;
-  *hash = hash_key(key);
-  const uint16_t tag = key_tag(key);
+  *hash = index_hash(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(*hash);
-  if (it == index_.end() || it->second.tag() != tag) {  // another tag: another key with the same hash
+  if (it == index_.end()) {
     counters_.misses++;
     return Status::NotFound();
   }
@@ -1177,7 +1184,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     // next load of the object finds it damaged again.
     with_ctx([&](IoContext& ctx) {
       ctx.store_ = this;
-      drop_damaged(ctx, h, e);
+      drop_damaged(ctx, h, e, key);
     });
     return Status::NotFound();
   };
@@ -1347,9 +1354,9 @@ bool CardStore::overwritten_meanwhile(uint64_t hash, const IndexEntry& e) {
   return std::find(removing_.begin(), removing_.end(), std::make_pair(hash, uint64_t(e.seq))) != removing_.end();
 }
 
-void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e) {
+void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e, std::string_view key) {
   counters_.checksum_failures++;
-  Location loc{e.region, uint64_t(e.block) * kBlockSize, 0, e.seq, e.payload_bytes, hash};
+  Location loc{e.region, uint64_t(e.block) * kBlockSize, 0, e.seq, e.payload_bytes, hash, std::string(key)};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(hash);
@@ -1373,7 +1380,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   if (!ls.ok()) return ls;
   Status io;
   std::string bad;     // why the object is damaged (it is then dropped)
-  bool other = false;  // another key with the same 64-bit hash
+  bool other = false;  // another key with the same index hash
   // Reads the object (the payload into dst when given), checks header and
   // key (and the payload CRC if asked); true if it is key's intact object.
   auto read = [&](uint8_t* dst, bool check_payload, const PieceGuardFn* guard = nullptr) {
@@ -1443,7 +1450,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     counters_.misses++;
     ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped, served as a miss", e.region,
              uint64_t(e.block) * kBlockSize, path().c_str(), bad.c_str());
-    drop_damaged(ctx, h, e);
+    drop_damaged(ctx, h, e, key);
     return Status::NotFound();
   }
   if (other) {
@@ -1460,11 +1467,10 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
 
 bool CardStore::exists(std::string_view key) {
   if (!check_key(key).ok()) return false;
-  uint64_t h = hash_key(key);
-  const uint16_t tag = key_tag(key);
+  uint64_t h = index_hash(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(h);
-  if (it == index_.end() || it->second.tag() != tag) return false;
+  if (it == index_.end()) return false;
   regions_.touch(it->second.region);
   return true;
 }
@@ -1516,7 +1522,7 @@ Status CardStore::check_remove_header(IoContext& ctx, std::string_view key, uint
   }
   ADP_WARN("object at region %u offset %" PRIu64 " of card %s: %s; dropped at its delete", e.region,
            uint64_t(e.block) * kBlockSize, path().c_str(), why.c_str());
-  drop_damaged(ctx, hash, e);  // as a load would (counted); whose key it held cannot be told
+  drop_damaged(ctx, hash, e, key);  // as a load would (counted); found by key's index hash: key's
   return Status::NotFound("damaged: " + why);
 }
 
@@ -1526,8 +1532,7 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   if (!s.ok()) return s;
   if (read_only_) return read_only_refusal("delete");
   retry_pending(ctx);
-  uint64_t h = hash_key(key);
-  const uint16_t tag = key_tag(key);
+  const uint64_t h = index_hash(key);
   Location loc;
   IndexEntry e;
   {
@@ -1535,15 +1540,14 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     s = remove_refusal_locked(h);
     if (!s.ok()) return s;
     auto it = index_.find(h);
-    // The index is keyed by the 64-bit hash (crafted collisions: key_tag.h):
-    // another key's object is not deleted. Another tag is another key.
-    if (it == index_.end() || it->second.tag() != tag) return Status::NotFound();
+    if (it == index_.end()) return Status::NotFound();
     e = it->second;
     regions_.pin(e.region);
-    loc = {e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h};
+    loc = {e.region,        uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h,
+           std::string(key)};
   }
-  // The same tag: the whole key is compared with the object's header (its
-  // region pinned meanwhile) before anything is written. Not yet in
+  // The whole key is compared with the object's header (its region pinned
+  // meanwhile) before anything is written. Not yet in
   // removing_: a load of the object is not turned away by a delete that
   // may turn out to be another key's.
   bool changed = false;  // the header read found e's object deleted or replaced already

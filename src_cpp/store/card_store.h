@@ -13,7 +13,9 @@
 // before it has been written or marked abandoned (a pad record), so every
 // acknowledged store lies before that point. The in-memory index maps a
 // 64-bit key hash to the object's place; the full key lives in the object's
-// header block and is compared on every read, with both CRCs. When no region
+// header block and is compared on every read, with both CRCs. The hash is
+// index_hash (SipHash under a per-process secret, store/index_hash.h), so
+// keys crafted to collide share nothing in the index. When no region
 // is free, the least recently used sealed region is evicted as a whole (its
 // objects, and any object with bytes in it, leave the index).
 //
@@ -196,9 +198,9 @@ class CardStore {
 
   bool exists(std::string_view key);
   // Ok: the key was present and its delete is on the card. NotFound: it was
-  // not there (another key with the same 64-bit hash is not deleted: its
-  // tag, then its whole key in the object's header, is compared first; an
-  // object whose header is found damaged is dropped, as a load drops it). Busy: a newer copy was stored meanwhile (and
+  // not there (its whole key in the object's header is compared first, so
+  // another key is never deleted; an object whose header is found damaged
+  // is dropped, as a load drops it). Busy: a newer copy was stored meanwhile (and
   // stays), or a store of the key is in flight or being voided (see unsettled_locked). Otherwise the error that kept
   // the delete off the card (the key stays readable).
   Status remove(IoContext& ctx, std::string_view key);
@@ -237,7 +239,10 @@ class CardStore {
     uint64_t epoch;
     uint64_t seq;
     uint64_t payload_bytes;
-    uint64_t hash = 0;
+    uint64_t hash = 0;  // index_hash of the key
+    // The object's key, for its tombstone (empty: write_tombstone reads it
+    // from the object's header).
+    std::string key;
   };
   // An older copy to be marked deleted on the card. Its region is pinned
   // while the tombstone is written; `guard` (or -1) is the region holding
@@ -330,7 +335,9 @@ class CardStore {
   // read's error (counted).
   Status check_remove_header(IoContext& ctx, std::string_view key, uint64_t hash, const IndexEntry& e, uint64_t epoch,
                              bool* changed);
-  // Marks the object at loc deleted on the card (region must be pinned).
+  // Marks the object at loc deleted on the card (region must be pinned):
+  // a tombstone naming loc.key, or (empty) the key its header holds if it is
+  // still loc's object, else no key (a damaged header).
   Status write_tombstone(IoContext& ctx, const Location& loc);
   // Writes the tombstones of `stale` (synced when durable), then unpins
   // their regions and guards. Those that fail go to pending_ (their guard
@@ -374,8 +381,10 @@ class CardStore {
                                  std::string_view key, Status* io) const;
   // key's index entry and hash (a miss counted), for get and get_via_bounce.
   Status lookup(std::string_view key, uint64_t* hash, IndexEntry* e);
-  // Removes a damaged object from the index and marks it deleted on the card.
-  void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e);
+  // Removes a damaged object from the index and marks it deleted on the card
+  // (its tombstone naming `key`, the caller's whose index hash found it, or,
+  // empty, as write_tombstone finds it).
+  void drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e, std::string_view key = {});
   // Whether the header of e (the entry of hash when a load found it) may
   // have been overwritten while the load read it: e is no longer the entry
   // of hash (deleted, replaced, evicted, or dropped), or a delete of it is

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// KeyIndex: the in-memory index of a card, key hash -> where the object is.
+// KeyIndex: the in-memory index of a card, key hash (index_hash: SipHash
+// under a per-process secret, store/index_hash.h) -> where the object is.
 // An open-addressing hash table (linear probing, backward-shift deletion) of
 // 24-byte slots held in one array: no node per object and no bucket array,
 // so about 24 / load bytes per object. The table grows by 1.5x when 3/4 full
@@ -17,27 +18,21 @@
 
 namespace adp {
 
-// The 16-bit key tag (store/key_tag.h) rides in bits the other fields do not
-// need: a block number fits 17 bits (regions up to 512 MiB), a payload 29
-// (objects up to 512 MiB), a region number 20 (kMaxIndexRegions regions).
+// A block number fits 17 bits (regions up to 512 MiB), a payload 29 (objects
+// up to 512 MiB), a region number 20 (kMaxIndexRegions regions); 16 bits are
+// spare (format 3's builds of session 20 kept a 16-bit key tag there, made
+// redundant by the keyed index hash: store/index_hash.h).
 struct IndexEntry {
-  IndexEntry() : seq(0), block(0), tag0(0), region(0), tag1(0), payload_bytes(0), tag2(0) {}
-  IndexEntry(uint32_t region_, uint32_t block_, uint32_t payload_bytes_, uint16_t tag_, uint64_t seq_)
-      : seq(seq_),
-        block(block_),
-        tag0(tag_ & 1u),
-        region(region_),
-        tag1((tag_ >> 1) & 0xfffu),
-        payload_bytes(payload_bytes_),
-        tag2(tag_ >> 13) {}
-  uint16_t tag() const { return static_cast<uint16_t>(tag0 | tag1 << 1 | tag2 << 13); }
+  IndexEntry() : seq(0), block(0), spare0(0), region(0), spare1(0), payload_bytes(0), spare2(0) {}
+  IndexEntry(uint32_t region_, uint32_t block_, uint32_t payload_bytes_, uint64_t seq_)
+      : seq(seq_), block(block_), spare0(0), region(region_), spare1(0), payload_bytes(payload_bytes_), spare2(0) {}
   uint64_t seq : 46;    // card-wide store sequence (7e13 stores)
   uint64_t block : 17;  // offset within the region / 4 KiB (regions up to 512 MiB)
-  uint64_t tag0 : 1;
+  uint64_t spare0 : 1;
   uint32_t region : 20;
-  uint32_t tag1 : 12;
+  uint32_t spare1 : 12;
   uint32_t payload_bytes : 29;
-  uint32_t tag2 : 3;
+  uint32_t spare2 : 3;
 };
 static_assert(sizeof(IndexEntry) == 16, "index entry layout");
 // Regions a card may have: the index holds region numbers in 20 bits, and
@@ -48,7 +43,7 @@ constexpr uint64_t kMaxIndexSeq = (1ull << 46) - 1;
 class KeyIndex {
  public:
   struct Slot {
-    uint64_t first;     // key hash
+    uint64_t first;     // index_hash of the key
     IndexEntry second;  // region == kEmpty: unused slot
   };
   static_assert(sizeof(Slot) == 24, "index slot layout");

@@ -13,7 +13,7 @@
 
 #include "store/card_format.h"
 #include "store/card_store.h"
-#include "store/key_tag.h"
+#include "store/index_hash.h"
 #include "store/recovery_damage.h"
 #include "util/aligned_buffer.h"
 #include "util/amount.h"
@@ -21,13 +21,28 @@
 #include "util/thread_name.h"
 
 namespace adp {
+
+RecoveredObject recovered_record(const uint8_t* block, const ObjectHeader& h, uint32_t region, uint64_t offset,
+                                 bool spans) {
+  const bool deleted = h.flags & kObjectDeleted, keyless = deleted && h.key_bytes == 0;
+  RecoveredObject f{keyless ? 0 : index_hash(object_key(block, h)),
+                    h.seq,
+                    h.payload_bytes,
+                    region,
+                    static_cast<uint32_t>(offset / kBlockSize),
+                    deleted,
+                    spans};
+  f.keyless = keyless;
+  f.key_hash = h.key_hash;
+  return f;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Walks region r's chain into *scan.
 Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t* block, RegionScan* scan) {
   uint64_t base = g.region_offset(r);
   Status s = dev.read(base, block, kBlockSize);
@@ -63,12 +78,8 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
       continue;
     }
     bool spans = record_continues(off, h.payload_bytes, g.region_bytes);
-    if (!(h.flags & kObjectPad)) {  // a pad is an abandoned reservation: stepped over
-      bool deleted = h.flags & kObjectDeleted;
-      scan->objects.push_back({deleted ? h.key_hash : hash_key(object_key(block, h)), h.seq, h.payload_bytes, r,
-                               static_cast<uint32_t>(off / kBlockSize), deleted, spans,
-                               deleted ? uint16_t(0) : key_tag(object_key(block, h))});
-    }
+    if (!(h.flags & kObjectPad))  // a pad is an abandoned reservation: stepped over
+      scan->objects.push_back(recovered_record(block, h, r, off, spans));
     off = spans ? g.region_bytes : off + object_footprint(h.payload_bytes);
     scan->end = off;
   }
@@ -180,46 +191,62 @@ Status CardStore::recover(int threads) {
   }
 
   // Merge: every key is resolved by sequence number across its copies and
-  // its tombstones. The highest wins; if that is a tombstone the key stays
-  // deleted. Older live copies are marked deleted on the card, so that they
-  // cannot come back once the winner's region is reused.
+  // its tombstones, by its index hash (a tombstone keeps its key since
+  // format 4). The highest wins; if that is a tombstone the key stays
+  // deleted. A keyless tombstone of a format-3 build names only hash_key:
+  // it outranks the older copies of every key of that hash_key, as that
+  // build meant it. Older live copies are marked deleted on the card, so
+  // that they cannot come back once the winner's region is reused.
   struct Winner {
     uint64_t seq;
     uint32_t region;
     bool deleted;
   };
-  std::unordered_map<uint64_t, Winner> winners;
+  std::unordered_map<uint64_t, Winner> winners;      // by index hash
+  std::unordered_map<uint64_t, Winner> by_key_hash;  // keyless tombstones by hash_key (none on a format-4 card)
+  auto newer = [](std::unordered_map<uint64_t, Winner>& m, uint64_t h, const RecoveredObject& f) {
+    auto [it, inserted] = m.try_emplace(h, Winner{f.seq, f.region, f.deleted});
+    if (!inserted && it->second.seq < f.seq) it->second = {f.seq, f.region, f.deleted};
+  };
   for (const RegionScan& scan : scans) {
     for (const RecoveredObject& f : scan.objects) {
       next_seq_ = std::max(next_seq_, f.seq + 1);
-      auto [it, inserted] = winners.try_emplace(f.hash, Winner{f.seq, f.region, f.deleted});
-      if (!inserted && it->second.seq < f.seq) it->second = {f.seq, f.region, f.deleted};
+      if (!f.keyless)
+        newer(winners, f.hash, f);
+      else if (f.key_hash)  // 0: over a damaged header, names nothing
+        newer(by_key_hash, f.key_hash, f);
     }
   }
+  // The record that outranks f (a newer copy or tombstone of its key), or null.
+  auto outranked_by = [&](const RecoveredObject& f) -> const Winner* {
+    const Winner* w = nullptr;
+    if (auto it = winners.find(f.hash); it != winners.end() && it->second.seq > f.seq) w = &it->second;
+    if (auto it = by_key_hash.find(f.key_hash); it != by_key_hash.end() && it->second.seq > f.seq)
+      if (!w || it->second.seq > w->seq) w = &it->second;
+    return w;
+  };
   std::vector<Stale> stale;
   for (const RegionScan& scan : scans) {
     for (const RecoveredObject& f : scan.objects) {
       if (f.deleted) continue;
-      const Winner& w = winners[f.hash];
-      if (w.seq == f.seq && !w.deleted) {
-        index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), f.tag, f.seq});
-      } else {
+      if (const Winner* w = outranked_by(f)) {
         stale.push_back({{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash},
-                         static_cast<int64_t>(w.region)});
+                         static_cast<int64_t>(w->region)});
+      } else {
+        index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), f.seq});
       }
     }
   }
   // Damage recovery can prove (not a crash's cut): counted, and what it
   // cost logged. The region itself is placed below as any other.
-  DamageTotals dt = judge_damage(*device_, g, succ, &scans, [&winners](uint64_t hash, uint64_t seq) {
-    auto it = winners.find(hash);
-    return it != winners.end() && it->second.seq > seq;
-  });
+  DamageTotals dt =
+      judge_damage(*device_, g, succ, &scans, [&](const RecoveredObject& f) { return outranked_by(f) != nullptr; });
   damaged_regions_ = dt.regions;
   damage_lost_objects_ = dt.objects;
   damage_lost_bytes_ = dt.bytes;
   damaged_spans_ = std::move(dt.spans);
   winners = {};
+  by_key_hash = {};
   uint64_t next_epoch = 1;
   std::vector<uint32_t> unreadable;
   for (uint32_t r = 0; r < num_regions_; r++) {

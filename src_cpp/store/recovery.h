@@ -30,12 +30,24 @@ struct CardGeometry {
 };
 
 struct RecoveredObject {
+  // hash: index_hash of its key (store/index_hash.h), 0 for a tombstone
+  // that names no key (`keyless`).
   uint64_t hash, seq, payload_bytes;
   uint32_t region, block;  // block: offset within the region / kBlockSize
   bool deleted;            // a tombstone: the key was deleted (or this copy superseded) at `seq`
   bool spans = false;      // continues past the region's end (the region's last record)
-  uint16_t tag = 0;        // key_tag of its key (an object; a tombstone carries no key)
+  // A tombstone without a key: written by a format-3 build (it deletes every
+  // older copy of any key of hash_key `key_hash`), or over a damaged header
+  // (key_hash 0: it names nothing).
+  bool keyless = false;
+  uint64_t key_hash = 0;  // hash_key of its key, as its header holds it
 };
+
+struct ObjectHeader;
+// The record of header block `block` (decoded into h, not a pad) at `offset`
+// in `region`, as recovery collects it.
+RecoveredObject recovered_record(const uint8_t* block, const ObjectHeader& h, uint32_t region, uint64_t offset,
+                                 bool spans);
 
 // Damage the walk can prove, not a crash's cut (docs/card_format.md,
 // Recovery, "Damaged media"): a block every write of which was a whole,

@@ -154,8 +154,7 @@ void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, ui
       continue;
     }
     if (!(h.flags & (kObjectPad | kObjectDeleted)))
-      out->push_back({hash_key(object_key(b, h)), h.seq, h.payload_bytes, r, static_cast<uint32_t>(off / kBlockSize),
-                      false, (h.flags & kObjectContinues) != 0});
+      out->push_back(recovered_record(b, h, r, off, (h.flags & kObjectContinues) != 0));
     off += object_footprint(h.payload_bytes);
   }
 }
@@ -206,7 +205,7 @@ std::string object_damage_line(const CardGeometry& g, const std::vector<RegionSc
 
 DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::vector<uint32_t>& succ,
                           std::vector<RegionScan>* scans,
-                          const std::function<bool(uint64_t hash, uint64_t seq)>& newer_elsewhere) {
+                          const std::function<bool(const RecoveredObject& object)>& newer_elsewhere) {
   std::vector<RegionScan>& sc = *scans;
   // A foreign header block where a valid region of this card says the
   // frontier came from is damage: that region's header was written (and
@@ -248,7 +247,7 @@ DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::v
         if (e && (epoch == 0 || found.size() > behind.size())) epoch = e, behind = std::move(found);
       }
       for (const RecoveredObject& f : behind)
-        if (!newer_elsewhere(f.hash, f.seq)) lost++, lost_bytes += f.payload_bytes;
+        if (!newer_elsewhere(f)) lost++, lost_bytes += f.payload_bytes;
       line = "offset 0: damage, not a crash's cut: " + s.damage_why +
              "; the region is taken as free; lost: " + u64(lost) + " objects (" + log_amount(lost_bytes) +
              ") found behind it" + (epoch ? "" : " (its epoch unknown: none looked for)");

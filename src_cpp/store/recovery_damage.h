@@ -62,14 +62,14 @@ struct DamageTotals {
 };
 
 // Marks the foreign region headers the chain names as damaged, counts what
-// every damage cost (behind a damaged region header: newer_elsewhere(hash,
-// seq), a newer copy or tombstone of that key was found elsewhere, so that
-// object is no loss), and logs one ERROR line per damaged region (the first
+// every damage cost (behind a damaged region header: newer_elsewhere(object),
+// a newer copy or tombstone of that object's key was found elsewhere, so it
+// is no loss), and logs one ERROR line per damaged region (the first
 // 8, then a summary).
 // succ[p]: the region the frontier opened after p (kNoRegion: none found),
 // which holds the continuation of p's last record.
 DamageTotals judge_damage(const Device& dev, const CardGeometry& g, const std::vector<uint32_t>& succ,
                           std::vector<RegionScan>* scans,
-                          const std::function<bool(uint64_t hash, uint64_t seq)>& newer_elsewhere);
+                          const std::function<bool(const RecoveredObject& object)>& newer_elsewhere);
 
 }  // namespace adp

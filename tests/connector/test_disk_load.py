@@ -44,10 +44,10 @@ def test_disk_loads_in_pieces_on_a_slow_card(tmp_path):
 
 
 def test_disk_loads_of_colliding_keys(tmp_path):
-    """One request per object (header, payload and tail blocks, straight into the buffer), so the
-    miss cases are decided before it: a key sharing its 64-bit hash with the stored one but not its
-    key tag is a miss without a read, its buffer untouched; one sharing the tag too (the residual
-    case) is a miss, no damage (tests/cpp/collision_load_test.cc)."""
+    """One request per object (header, payload and tail blocks, straight into the buffer): a key
+    sharing its 64-bit hash_key with the stored one but not its index hash (a crafted key) loads
+    its own object beside it; one sharing the index hash too (the residual case, the hash narrowed
+    to 16 bits to make one) is a miss, no damage (tests/cpp/collision_load_test.cc)."""
     from tests.support import cpp
 
     binary = cpp.build("collision_load_test", tmp_path, ("store", "util", "connector", "testing"),

@@ -598,7 +598,7 @@ void key_index_model() {
     int op = g() % 3;
     if (op < 2) {
       uint64_t seq = g() & adp::kMaxIndexSeq;
-      auto [it, inserted] = idx.try_emplace(h, adp::IndexEntry(7, 3, 100, 0, seq));
+      auto [it, inserted] = idx.try_emplace(h, adp::IndexEntry(7, 3, 100, seq));
       if (!inserted) it->second.seq = seq;
       model[h] = seq;
     } else {

@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Deletes of keys that share their 64-bit hash_key with a stored key (a
-// forged key, tests/cpp/forge_key.h; the index is keyed by that hash). A
-// delete is exact: it never deletes another key's object.
-//   - a forged key of the same key_tag (1 in 65536): the delete reads the
+// forged key, tests/cpp/forge_key.h). The index is keyed by index_hash
+// (SipHash under a per-process secret), narrowed here to 16 bits
+// (narrow_index_hash_for_tests) so that two keys of one index hash can be
+// made. A delete is exact: it never deletes another key's object.
+//   - a forged key of the same index hash (the residual case: 2^-64 a pair
+//     with the whole hash, not craftable without the secret): the delete reads the
 //     object's header block, finds another key there and is NotFound with
 //     nothing written to the card (the image byte for byte as before);
 //     through the Connector the forged key is reported gone (true: it is not
 //     on the card), as any absent key is (delete_result_test);
-//   - a forged key of another key_tag: NotFound decided from memory (every
+//   - a forged key of another index hash: NotFound decided from memory (every
 //     read of the card fails meanwhile: none is made);
 //   - the victim stays loadable, the counters (deletes, objects, misses,
 //     checksum failures, I/O errors) unchanged, and after a restart it is
@@ -27,7 +30,7 @@
 #include "forge_key.h"
 #include "store/card_format.h"
 #include "store/card_store.h"
-#include "store/key_tag.h"
+#include "store/index_hash.h"
 #include "test_card.h"
 #include "test_connector.h"
 #include "testing/fault_device.h"
@@ -71,6 +74,7 @@ void forged_delete_spares(adp::CardStore& s, adp::testing::FaultDevice& dev, con
 }  // namespace
 
 int main() {
+  adp::narrow_index_hash_for_tests(16);  // before any key is hashed
   auto image = std::make_shared<adp::testing::FaultImage>(kCardBytes);
   const adp::CardOptions co = adp::testing::card_options(kRegionBytes);
   adp::testing::FaultDevice* dev = nullptr;
@@ -83,16 +87,17 @@ int main() {
   check(adp::testing::put_one(*s, ctx, kept, kept_bytes).ok(), "the first victim is stored");
   check(adp::testing::put_one(*s, ctx, deleted, deleted_bytes).ok(), "the second victim is stored");
 
-  // The same tag: the header block is read and the whole key compared.
-  forged_delete_spares(*s, *dev, *image, deleted, forge(deleted, true), "same tag: ");
-  check(adp::testing::read_object(*s, deleted) == deleted_bytes, "same tag: the victim still loads its bytes");
+  // The same index hash: the header block is read and the whole key compared.
+  forged_delete_spares(*s, *dev, *image, deleted, forge(deleted, true), "same index hash: ");
+  check(adp::testing::read_object(*s, deleted) == deleted_bytes, "same index hash: the victim still loads its bytes");
   {
     auto c = adp::testing::embedded_connector(s, 1, 30000);
     adp::Completion del = adp::testing::run(*c, OpType::kDelete, {forge(deleted, true)});
-    check(del.ok && del.per_key == std::vector<uint8_t>{1}, "Connector, same tag: the forged key is reported gone");
+    check(del.ok && del.per_key == std::vector<uint8_t>{1},
+          "Connector, same index hash: the forged key is reported gone");
     c->close();
   }
-  check(adp::testing::read_object(*s, deleted) == deleted_bytes, "Connector, same tag: the victim still loads");
+  check(adp::testing::read_object(*s, deleted) == deleted_bytes, "Connector, same index hash: the victim still loads");
 
   // The victim's own delete.
   const uint64_t deletes = s->stats().deletes;
@@ -101,9 +106,9 @@ int main() {
   check(s->stats().deletes == deletes + 1, "the victim's own delete is counted");
   check(!adp::testing::read_object(*s, deleted), "the deleted victim is a miss");
 
-  // Another tag: decided from memory, every read of the card failing meanwhile.
+  // Another index hash: decided from memory, every read of the card failing meanwhile.
   dev->fail_reads(0, kCardBytes);
-  forged_delete_spares(*s, *dev, *image, kept, forge(kept, false), "other tag: ");
+  forged_delete_spares(*s, *dev, *image, kept, forge(kept, false), "other index hash: ");
   s.reset();
 
   // A restart (a new device over the same image, no fault armed): no tombstone of the kept victim.

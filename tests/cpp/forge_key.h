@@ -2,15 +2,17 @@
 // Keys that share their 64-bit hash_key with a given key (MurmurHash64A with
 // a public seed: a collision is solved for, as
 // tests/gateway/test_process_memory.py's colliding_keys does), with or
-// without its key_tag too (store/key_tag.h: searched for, 1 in 65536).
-// For the C++ test programs of tests/cpp that play a client forging keys.
+// without its index hash too (store/index_hash.h: SipHash under a
+// per-process secret; searched for, which takes a test that narrowed it with
+// narrow_index_hash_for_tests). For the C++ test programs of tests/cpp that
+// play a client forging keys.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <string>
 
-#include "store/key_tag.h"
+#include "store/index_hash.h"
 
 namespace adp::testing {
 
@@ -31,9 +33,9 @@ inline uint64_t unmix(uint64_t y) {
 }  // namespace forge_detail
 
 // A 16-byte key with victim's hash_key (victim: 16 bytes), its first 8 bytes
-// from a counter; same_tag: searched until its key_tag is victim's too, else
-// until it differs.
-inline std::string forge(const std::string& victim, bool same_tag) {
+// from a counter; same_index: searched until its index_hash is victim's too,
+// else until it differs.
+inline std::string forge(const std::string& victim, bool same_index) {
   using forge_detail::kM, forge_detail::mix, forge_detail::unmix;
   const uint64_t h0 = 0x41445043415244ull ^ (16 * kM);
   uint64_t a1, a2;
@@ -45,7 +47,7 @@ inline std::string forge(const std::string& victim, bool same_tag) {
     std::string key(16, '\0');
     std::memcpy(key.data(), &b1, 8);
     std::memcpy(key.data() + 8, &b2, 8);
-    if (key != victim && (key_tag(key) == key_tag(victim)) == same_tag) return key;
+    if (key != victim && (index_hash(key) == index_hash(victim)) == same_index) return key;
   }
 }
 

@@ -8,7 +8,8 @@ level: tests/cpp/collision_delete_test.cc)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 from lmcache_adp import ADPConnector
 from lmcache_adp.gateway_stats import read_gateway_stats
@@ -44,13 +45,18 @@ def test_a_forged_delete_spares_the_victim_embedded(card):
         conn.close()
 
 
-def test_a_forged_delete_spares_the_victim_through_the_gateway(gateway):
+@contextlib.contextmanager
+def tenant_and_forger(gateway) -> Iterator[tuple[RawConnector, RawConnector]]:
+    """Two tenants of one gateway: one over its unix socket, the forger over TCP with its token."""
     tenant = ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000)
     forger = ADPConnector(gateway=gateway.tcp_url, token_file=gateway.token_file, num_workers=1, timeout_ms=10000)
     try:
-        forged_delete_spares_the_victim(
-            RawConnector(tenant), RawConnector(forger), lambda: read_gateway_stats(gateway.unix_url)["deletes"]
-        )
+        yield RawConnector(tenant), RawConnector(forger)
     finally:
         tenant.close()
         forger.close()
+
+
+def test_a_forged_delete_spares_the_victim_through_the_gateway(gateway):
+    with tenant_and_forger(gateway) as (tenant, forger):
+        forged_delete_spares_the_victim(tenant, forger, lambda: read_gateway_stats(gateway.unix_url)["deletes"])

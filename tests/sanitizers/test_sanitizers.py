@@ -81,12 +81,21 @@ def test_damage_resume_under_sanitizer(mode, tmp_path):
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 @pytest.mark.parametrize(
-    "name", ["disk_load_test", "put_slices_test", "collision_load_test", "collision_delete_test", "wait_for_test"]
+    "name",
+    [
+        "disk_load_test",
+        "put_slices_test",
+        "collision_load_test",
+        "collision_delete_test",
+        "collision_store_test",
+        "wait_for_test",
+    ],
 )
 def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
     """The connector over the embedded backend on a fault device: disk loads in pieces and loads of
     colliding keys (tests/connector/test_disk_load.py), store slices with one sync
-    (tests/connector/test_put_slices.py), deletes of colliding keys (tests/store/test_collision_delete.py),
+    (tests/connector/test_put_slices.py), deletes and stores of colliding keys (tests/store/test_collision_delete.py,
+    test_collision_store.py),
     the test helper wait_for (tests/connector/test_wait_for_helper.py)."""
     dirs = ("store", "util", "connector", "testing")
     binary = cpp.build(name, tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize=mode)

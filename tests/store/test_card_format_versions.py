@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Format version 3: an older card (1 or 2) is refused with what to run, and the path works."""
+"""Format version 4: an older card (1 or 2) is refused with what to run, and the path works; a version-3 card is
+opened and read as that version wrote it (its tombstones keep no key)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def rewrite_superblock_version(path: str, version: int) -> None:
         f.write(sb)
 
 
-def test_format_version_is_3():
-    assert FORMAT_VERSION == 3
+def test_format_version_is_4():
+    assert FORMAT_VERSION == 4
 
 
 @pytest.mark.parametrize("old", [1, 2])
@@ -37,7 +38,7 @@ def test_older_card_is_refused_with_what_to_run_then_reformatted(card, old):
     with pytest.raises(ValueError) as e:
         CardStore(card)
     msg = str(e.value)
-    assert f"format version {old}" in msg and "reads version 3" in msg
+    assert f"format version {old}" in msg and "reads versions 3 to 4" in msg
     assert f"lmcache-adp format --card {card} --yes" in msg and "lost" in msg
     # The CLI says the same and exits non-zero, touching nothing.
     r = subprocess.run(
@@ -66,7 +67,7 @@ def revive_first_object(card: str, key: bytes, data: bytes) -> None:
         assert hdr[:8] == b"ADPOBJT1"
         flags = struct.unpack_from("<I", hdr, 48)[0]
         assert flags & 1  # deleted (superseded)
-        # A tombstone keeps no key: rebuild the live header from the key.
+        # A tombstone of a format-3 build keeps no key: rebuild the live header from the key.
         struct.pack_into("<I", hdr, 48, 0)  # flags
         struct.pack_into("<I", hdr, 52, len(key))  # key_bytes
         struct.pack_into("<I", hdr, 56, crc32c(data))
@@ -114,3 +115,51 @@ def test_a_read_only_open_leaves_an_older_copy_unmarked(card, capfd):
     assert s.get("k") == payload("new", 8192)
     s.close()
     assert open(card, "rb").read() != before  # the older copy's tombstone, written now
+
+
+def strip_tombstone_keys(card: str) -> int:
+    """Makes every tombstone on the card one a format-3 build wrote: no key (key_bytes 0, the key's bytes zeroed),
+    its hash_key kept. Returns how many it changed."""
+    n = 0
+    with open(card, "r+b") as f:
+        image = bytearray(f.read())
+        for at in range(0, len(image), 4096):
+            hdr = image[at : at + 4096]
+            flags, key_bytes = struct.unpack_from("<II", hdr, 48)
+            if hdr[:8] != b"ADPOBJT1" or not flags & 1 or flags & 4 or not key_bytes:
+                continue
+            hdr[64 : 64 + key_bytes] = bytes(key_bytes)
+            struct.pack_into("<I", hdr, 52, 0)
+            struct.pack_into("<I", hdr, 60, crc32c(bytes(hdr[:60])))
+            image[at : at + 4096] = hdr
+            n += 1
+        f.seek(0)
+        f.write(image)
+    return n
+
+
+def test_a_version_3_card_opens_and_its_keyless_tombstones_still_order_deletes(card):
+    """A version-3 card (its tombstones name only the key's hash_key) opens: its objects load, and a delete there
+    still outranks an older live copy of that hash at recovery (as that version meant it). The superblock stays
+    at 3; tombstones written on it from now on name their key, which a version-3 build reads as before."""
+    s = CardStore(card, 64 * MIB)
+    s.put("k", payload("old", 8192))  # seq 1, region A, first object
+    s.put("k", payload("new", 8192))  # seq 2: marks the old copy deleted
+    assert s.remove("k")  # tombstone over the new copy, seq 2
+    s.put("kept", payload("kept", 20000))
+    s.close()
+    assert strip_tombstone_keys(card) == 2
+    rewrite_superblock_version(card, 3)
+    revive_first_object(card, b"k", payload("old", 8192))
+    s = CardStore(card)
+    assert s.get("k") is None and not s.exists("k"), "a version-3 tombstone no longer ordered the delete"
+    assert s.get("kept") == payload("kept", 20000)
+    assert s.stats()["objects"] == 1
+    s.put("later", payload("later", 3000))
+    assert s.remove("kept")
+    s.close()
+    with open(card, "rb") as f:
+        assert struct.unpack_from("<I", f.read(12), 8)[0] == 3
+    s = CardStore(card)
+    assert s.get("later") == payload("later", 3000) and s.get("kept") is None
+    s.close()

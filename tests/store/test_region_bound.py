@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The index holds a region number in 20 bits (its entry's other bits carry the key tag,
-src_cpp/store/key_index.h): a card that would have more than 1,048,575 regions is refused at
+"""The index holds a region number in 20 bits (src_cpp/store/key_index.h): a card that would have more than 1,048,575 regions is refused at
 format, with the bound and what to do, and one at the bound formats."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "store/key_tag.h"
+#include "store/index_hash.h"
 
+#include <atomic>
 #include <cstring>
 #include <random>
 
@@ -50,11 +51,15 @@ uint64_t siphash24(const SipKey& k, std::string_view in) {
   return v0 ^ v1 ^ v2 ^ v3;
 }
 
+std::atomic<uint64_t> test_mask{~0ull};  // narrow_index_hash_for_tests
+
 }  // namespace
 
-uint16_t key_tag(std::string_view key) {
+uint64_t index_hash(std::string_view key) {
   static const SipKey secret = draw_key();
-  return static_cast<uint16_t>(siphash24(secret, key));
+  return siphash24(secret, key) & test_mask.load(std::memory_order_relaxed);
 }
+
+void narrow_index_hash_for_tests(int bits) { test_mask = bits >= 64 ? ~0ull : (1ull << bits) - 1; }
 
 }  // namespace adp
