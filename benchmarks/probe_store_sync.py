@@ -9,8 +9,13 @@ repetitions (the order reversed every other one), each row moving --total-mb per
   medium, sync per slice    the same writes, an fdatasync after every K objects of a thread: the connector's
                             durability (a store batch of T x K keys is acknowledged after each worker's slice
                             of K objects is synced), its I/O pattern otherwise
-  medium, 2 I/Os + sync     as above, each object written as the connector writes an aligned one of >= 1 MiB:
-                            the body first, then its 4 KiB header block (write_body_then_header)
+  medium, 2 I/Os + sync     as above, each object written as write_body_then_header writes one (an aligned
+                            object above the one-write limit): the body first, then its 4 KiB header block
+  medium, 1 I/O + sync      as "sync per slice", each object's header block and body in one pwritev (4 KiB
+                            more a write), no CRC: what the one-write path's I/O costs without its CRC
+  medium, CRC + 1 I/O + sync  as "sync per slice", each object as the one-write path writes it: its CRC32C
+                            computed first (lmcache_adp.crc32c, on the thread), then its header block and body
+                            in one pwritev
   embedded durable          ADPConnector(num_workers=T, io_depth=T), batches of T x K keys, 4 in flight (as
                             bench_connector): fdatasync per slice
   embedded durable=false    the same without the sync
@@ -36,10 +41,12 @@ import bench_connector as bc  # noqa: E402  (this tree's package when built in p
 BLOCK = 4096
 
 
-def medium_write(path: Path, bufs: list, threads: int, per_sync: int, header_io: bool, syncs: list) -> float:
+def medium_write(path: Path, bufs: list, threads: int, per_sync: int, header_io: str, syncs: list) -> float:
     """Seconds for `threads` threads to write every buffer to its own object-sized slot (thread t: objects
     t, t + threads, ...); an fdatasync after every `per_sync` objects of a thread (0: once, at the end); with
-    `header_io` each object is two writes, its body after one block then that block (as the connector's)."""
+    `header_io` "2" each object is two writes, its body after one block then that block (write_body_then_header);
+    with "1" the block and the body in one pwritev, and with "crc1" the same after its CRC32C (the one-write
+    path)."""
     size = len(bufs[0])
     slot = size + BLOCK
     hdr = bc.aligned_buffers(threads, BLOCK)
@@ -49,9 +56,13 @@ def medium_write(path: Path, bufs: list, threads: int, per_sync: int, header_io:
         n = 0
         for j in range(t, len(bufs), threads):
             off = j * slot
-            if header_io:
+            if header_io == "2":
                 os.pwritev(fd, [bufs[j]], off + BLOCK)
                 os.pwritev(fd, [hdr[t]], off)
+            elif header_io in ("1", "crc1"):
+                if header_io == "crc1":
+                    bc.lmcache_adp.crc32c(bufs[j])
+                os.pwritev(fd, [hdr[t], bufs[j]], off)
             else:
                 os.pwritev(fd, [bufs[j]], off)
             n += 1
@@ -94,7 +105,12 @@ def main() -> None:
         for card in cards:
             bc.prefill(card, bc.card_bytes_for(n * size, size, T, region))
             bc.format_card(str(card), 0, region)
-        syncs: dict[str, list] = {"medium, sync per slice": [], "medium, 2 I/Os + sync": []}
+        syncs: dict[str, list] = {
+            "medium, sync per slice": [],
+            "medium, 2 I/Os + sync": [],
+            "medium, 1 I/O + sync": [],
+            "medium, CRC + 1 I/O + sync": [],
+        }
         times: dict[str, list] = {}
         params = {"num_workers": T, "io_depth": T, "timeout_ms": 60000}
         conns = {
@@ -106,13 +122,15 @@ def main() -> None:
         for c in conns.values():
             c.warm()
 
-        def medium(name: str, per_sync: int, header_io: bool, img=medium_img, src=src, syncs=syncs) -> float:
+        def medium(name: str, per_sync: int, header_io: str, img=medium_img, src=src, syncs=syncs) -> float:
             return medium_write(img, src, T, per_sync, header_io, syncs.get(name, []))
 
         rows = {
-            "medium, end sync": lambda: medium("medium, end sync", 0, False),
-            "medium, sync per slice": lambda: medium("medium, sync per slice", K, False),
-            "medium, 2 I/Os + sync": lambda: medium("medium, 2 I/Os + sync", K, True),
+            "medium, end sync": lambda: medium("medium, end sync", 0, ""),
+            "medium, sync per slice": lambda: medium("medium, sync per slice", K, ""),
+            "medium, 2 I/Os + sync": lambda: medium("medium, 2 I/Os + sync", K, "2"),
+            "medium, 1 I/O + sync": lambda: medium("medium, 1 I/O + sync", K, "1"),
+            "medium, CRC + 1 I/O + sync": lambda: medium("medium, CRC + 1 I/O + sync", K, "crc1"),
         }
         for name, c in conns.items():
             rows[name] = lambda c=c: (c.store(len(c.out["store_s"])), c.out["store_s"][-1])[1]
