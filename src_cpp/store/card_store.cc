@@ -581,7 +581,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     }
     resolve(pl.ticket, false);
     counters_.bytes_written += fp;
-    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash, std::string(it.key)};
+    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash};  // its key copied only for a tombstone (keyed)
     tickets[i] = pl.ticket;
     any_written = true;
   }
@@ -614,6 +614,11 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   for (size_t i = 0; i < n; i++)
     if (written[i].region != UINT32_MAX) all_wanted &= (wanted[i] = synced && item_wanted(i));
   std::vector<Stale> stale;
+  // written[i] with its key, for a tombstone over that copy: copied here, where one is due, not for every store.
+  auto keyed = [&](size_t i) -> const Location& {
+    written[i].key.assign(items[i].key);
+    return written[i];
+  };
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < n; i++) {
@@ -626,13 +631,13 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         // of the hole would find it (docs/card_format.md, Recovery).
         results[i] = Status::IoError("an earlier store in the region failed and could not be marked");
         settle_locked(tickets[i], false);
-        void_copy_locked(loc, &stale);
+        void_copy_locked(keyed(i), &stale);
         loc.region = UINT32_MAX;
         continue;
       }
       settle_locked(tickets[i], wanted[i]);
       if (!wanted[i]) {
-        void_copy_locked(loc, &stale);
+        void_copy_locked(keyed(i), &stale);
         continue;
       }
       uint64_t h = loc.hash;
@@ -645,14 +650,14 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         if (old.seq > loc.seq) {  // a newer copy committed first: this one is already superseded
           regions_.pin(loc.region);
           regions_.pin(old.region);
-          stale.push_back({loc, old.region});
+          stale.push_back({keyed(i), old.region});
           continue;
         }
         regions_.pin(old.region);
         regions_.pin(loc.region);
         // The older copy is the same key's (the same index hash: store/index_hash.h).
         stale.push_back({{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq,
-                          old.payload_bytes, h, loc.key},
+                          old.payload_bytes, h, std::string(items[i].key)},
                          loc.region});
         erase_entry_locked(h, old);
         index_.emplace(h, e);
