@@ -56,7 +56,15 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # client side; servers lo
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from tools import ProcessDied, dead_process, describe_build, fail_fast, native_build, require_tool  # noqa: E402
+from tools import (  # noqa: E402
+    ProcessDied,
+    dead_process,
+    describe_build,
+    fail_fast,
+    native_build,
+    require_tool,
+    round_orders,
+)
 
 from lmcache_adp import __version__ as adp_version  # noqa: E402
 from lmcache_adp import format_card  # noqa: E402
@@ -180,6 +188,15 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
     return result
 
 
+def tier_order_text(res: dict) -> str:
+    """The order the tiers ran in, round by round, for the report (older results: the given order, every
+    other round reversed)."""
+    if not res.get("tier_orders"):
+        return "every other one in reverse tier order"
+    rounds = "; ".join(f"{i + 1}: {', '.join(o)}" for i, o in enumerate(res["tier_orders"]))
+    return f"tier order by round (shuffled by seed {res['seed']}, every other round reversed) {rounds}"
+
+
 def median(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
@@ -200,7 +217,7 @@ def render(res: dict) -> str:
         f"{describe_build(res['versions']['native'])}.",
         f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
         f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier "
-        f"and round, {res.get('rounds', 1)} round(s) (every other one in reverse tier order); "
+        f"and round, {res.get('rounds', 1)} round(s), {tier_order_text(res)}; "
         "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
         "",
         f"Command: `{res.get('command', '(not recorded)')}`; MP servers' added environment: "
@@ -291,8 +308,12 @@ def main() -> int:
         help="comma-separated; NAME+shm runs that tier's server with its L1 in /dev/shm (--shm-name)",
     )
     ap.add_argument(
-        "--rounds", type=int, default=1, help="run the tiers this many times, every other round in reverse order"
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the tiers this many times: in an order shuffled by --seed, every other round in reverse",
     )
+    ap.add_argument("--seed", type=int, help="seed of the tier order (default: a random one, recorded)")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -305,6 +326,8 @@ def main() -> int:
         help="set in every MP server's environment (e.g. OMP_WAIT_POLICY=PASSIVE, see README's CPU-only note)",
     )
     args = ap.parse_args()
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "little")
     require_tool("fio")  # before any run: the limit is measured first
 
     shape = KVShape(num_layers=args.layers, num_heads=args.kv_heads, head_dim=args.head_dim, block_size=16,
@@ -330,6 +353,8 @@ def main() -> int:
         },  # fmt: skip
         "repeat": args.repeat,
         "rounds": args.rounds,
+        "seed": args.seed,
+        "tier_orders": [],
         "versions": {
             "lmcache_adp": adp_version,
             "lmcache": _version("lmcache"),
@@ -369,8 +394,9 @@ def main() -> int:
         format_card(str(work / "card-fit.img"), int(card_gb * GiB), fit)
         res["notes"]["adp_fit"] = f"card formatted with regions of {fit} bytes (two chunks each)"
     server_env = dict(kv.split("=", 1) for kv in args.server_env)
-    for rnd in range(args.rounds):
-        for name in tiers if rnd % 2 == 0 else tiers[::-1]:
+    res["tier_orders"] = round_orders(tiers, args.rounds, args.seed)
+    for rnd, order in enumerate(res["tier_orders"]):
+        for name in order:
             base, _, l1 = name.partition("+")
             gateway = None
             adapter = adapters.get(base)
@@ -409,7 +435,12 @@ def main() -> int:
             t["cpu_tier"] += got["cpu_tier"]
             t["l2"] += got["l2"]
             t["rounds"].append(
-                {"store_s": got["store_s"], "l2_written_s": got["l2_written_s"], "reclaim": got["reclaim"]}
+                {
+                    "store_s": got["store_s"],
+                    "l2_written_s": got["l2_written_s"],
+                    "reclaim": got["reclaim"],
+                    "position": order.index(name) + 1,
+                }
             )
             t["store_s"], t["l2_written_s"] = got["store_s"], got["l2_written_s"]
             print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, "

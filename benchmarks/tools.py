@@ -89,6 +89,17 @@ def print_rounds(times: dict, gib: float, about: str) -> None:
     print(f"card / {peer}, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
 
 
+def round_orders(names: list[str], rounds: int, seed: int) -> list[list[str]]:
+    """The order `names` run in, round by round: shuffled by `seed` (random.Random) in the first round, reversed
+    every other round. A single round then favours none of them by the order they were given (bench_restore.py
+    ran fs_native before the card in every one-round run), and two rounds put each early once and late once."""
+    import random
+
+    first = list(names)
+    random.Random(seed).shuffle(first)
+    return [first if r % 2 == 0 else first[::-1] for r in range(rounds)]
+
+
 def native_build(package: Path | None = None) -> dict:
     """Which native module is measured (the one this process imported, or the one in `package`, an
     lmcache_adp directory): its file, the commit of the tree it was built in (or why there is none), when it

@@ -221,3 +221,16 @@ def test_native_build_judges_a_sanitizer_build_by_its_tree_sources(tmp_path):
         "the module records no source digest (built outside setup.py, or before it recorded one)"
     ]
     assert tools.native_build(tree / "lmcache_adp")["sanitizer"] is None  # the tree's own build
+
+
+def test_round_orders_shuffle_the_first_round_by_the_seed_and_reverse_every_other():
+    """bench_restore.py's tier order: with one round, each tier comes first for some seed (it ran the given
+    order, fs_native before the card, in every one-round run); the same seed gives the same orders (recorded
+    with the results); every other round is the reverse of the first."""
+    tiers = ["mock", "adp", "adp_gw", "fs_native"]
+    firsts = {tools.round_orders(tiers, 1, seed)[0][0] for seed in range(50)}
+    assert firsts == set(tiers)
+    orders = tools.round_orders(tiers, 4, 7)
+    assert orders == tools.round_orders(tiers, 4, 7)
+    assert sorted(orders[0]) == sorted(tiers)
+    assert orders[1] == orders[0][::-1] and orders[2] == orders[0] and orders[3] == orders[1]
