@@ -7,9 +7,10 @@ the index, not fdatasync) on a card image; objects of 1 byte (footprint 8 KiB:
 header block + one payload block) are added in steps. At each step: the
 per-key time of `exists` over 100 k random present keys and 100 k absent ones,
 through the binding (one Python call per key, so the figure includes about
-0.1 us of call overhead); the RSS growth per object since the empty card; then
-the card is closed and reopened and the recovery time is read from its stats; "reopened": the RSS a fresh
-process gains by opening that card (recovery included), per object: the
+0.1 us of call overhead); the growth of the process's anonymous resident memory
+(RssAnon: the store's heap, not the card it maps) per object since the empty card; then
+the card is closed and reopened and the recovery time is read from its stats; "reopened": the anonymous
+memory a fresh process gains by opening that card (recovery included), per object: the
 store's own memory.
 
     PYTHONPATH=. python benchmarks/bench_index.py --card /dev/shm/index.img --steps 10000,100000,1000000
@@ -36,33 +37,33 @@ from lmcache_adp import CardStore
 FOOTPRINT = 8192
 
 
-def rss_bytes() -> int:
+def anon_rss_bytes() -> int:
+    """The process's resident anonymous memory (RssAnon): the store's heap (index, key lists), not the card
+    image it maps. VmRSS counted the mapped /dev/shm card too (RssShmem), 8 KiB for each 1-byte object touched."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError("no RssAnon in /proc/self/status")
 
 
 REOPEN = """
 import sys
+sys.path.insert(0, sys.argv[3])
+from bench_index import anon_rss_bytes
 from lmcache_adp import CardStore
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-base = rss()
+base = anon_rss_bytes()
 s = CardStore(sys.argv[1], durable=False)
-print((rss() - base) / int(sys.argv[2]))
+print((anon_rss_bytes() - base) / int(sys.argv[2]))
 s.close()
 """
 
 
 def reopen_rss_per_object(card: str, n: int) -> float:
-    """RSS a fresh process gains by opening (recovering) the card, per object:
+    """Anonymous memory a fresh process gains by opening (recovering) the card, per object:
     the store's own memory, without this process's Python garbage."""
-    out = subprocess.run([sys.executable, "-c", REOPEN, card, str(n)], capture_output=True, text=True, check=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", REOPEN, card, str(n), here], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -82,7 +83,7 @@ def main() -> None:
         os.unlink(args.card)
 
     store = CardStore(args.card, size, durable=False)
-    base_rss = rss_bytes()
+    base_rss = anon_rss_bytes()
     rows = []
     n = 0
     for target in steps:
@@ -91,7 +92,7 @@ def main() -> None:
             store.put(key(n), b"x")
             n += 1
         insert_s = time.perf_counter() - t0
-        rss_per_obj = (rss_bytes() - base_rss) / n
+        rss_per_obj = (anon_rss_bytes() - base_rss) / n
         probe = [key(random.randrange(n)) for _ in range(100_000)]
         t0 = time.perf_counter()
         hits = sum(map(store.exists, probe))
@@ -117,7 +118,7 @@ def main() -> None:
     os.unlink(args.card)
 
     lines = [
-        "| objects | insert s (step) | exists hit us/key | exists miss us/key | RSS B/object | RSS B/object, reopened "
+        "| objects | insert s (step) | exists hit us/key | exists miss us/key | anon RSS B/object | anon RSS B/object, reopened "
         "| recovery s |",
         "|---|---|---|---|---|---|---|",
     ]
