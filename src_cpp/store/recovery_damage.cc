@@ -83,7 +83,9 @@ namespace {
 // checks out: mostly a record's payload) come kScanChunk at a time: a 4 KiB read per block made a card with one
 // damaged 2 MiB record per region open 37 times slower than undamaged, 256 KiB reads 8 times
 // (benchmarks/results/2026-12-04-1229-damage-open.md). The header a record's length points at, past what was read,
-// is one block, as the walk reads it (scan_region). Without the memory for a chunk, a block at a time.
+// is one block, as the walk reads it (scan_region). Without the memory for a chunk, a block at a time. A chunk
+// whose read fails (an unreadable block somewhere in it) is read again a block at a time: the blocks in front of the
+// unreadable one are found as the walk would find them, and only a read of the block asked for ends the look.
 class RegionBlocks {
  public:
   RegionBlocks(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t* block)
@@ -95,10 +97,16 @@ class RegionBlocks {
   // where it is not read yet. nullptr where the read failed (*io).
   const uint8_t* at(uint64_t off, bool ahead, Status* io) {
     if (off < from_ || off + kBlockSize > from_ + len_) {
-      len_ = ahead && chunked_ ? std::min(kScanChunk, region_bytes_ - off) : kBlockSize;
+      len_ = ahead && chunked_ && off >= blockwise_until_ ? std::min(kScanChunk, region_bytes_ - off) : kBlockSize;
       buf_ = len_ > kBlockSize ? chunk_.data() : block_;
       from_ = off;
       *io = dev_.read(base_ + off, buf_, len_);
+      if (!io->ok() && len_ > kBlockSize) {  // somewhere in the chunk: its blocks one by one
+        blockwise_until_ = off + len_;
+        len_ = kBlockSize;
+        buf_ = block_;
+        *io = dev_.read(base_ + off, buf_, len_);
+      }
       if (!io->ok()) {
         len_ = 0;
         return nullptr;
@@ -115,6 +123,7 @@ class RegionBlocks {
   bool chunked_ = false;
   uint8_t* buf_ = nullptr;  // holds the region's bytes from_ to from_ + len_
   uint64_t from_ = 0, len_ = 0;
+  uint64_t blockwise_until_ = 0;  // a chunk read from below here failed: one block at a time up to here
 };
 
 }  // namespace

@@ -35,8 +35,9 @@ bool damaged_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoc
 // the blocks behind it one by one until a header of `epoch` checks out and
 // returns that offset, where the walk resumes (region_bytes: none did). Each
 // damaged header met is a span of scan->spans, to the next one or to the
-// resume. A read that fails: *io, and region_bytes. At most the region's
-// blocks are read, and only in a damaged region.
+// resume. A read of a block looked at that fails: *io, and region_bytes (a
+// read ahead that fails is read again a block at a time). At most the
+// region's blocks are read, and only in a damaged region.
 uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t off,
                      const char* why, uint8_t* block, RegionScan* scan, Status* io);
 

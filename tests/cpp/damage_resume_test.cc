@@ -11,6 +11,11 @@
 //     walk resumed behind damage in front of the hole finds that copy; with
 //     its own seq it would outrank a delete of its key acknowledged after it
 //     failed, and the deleted key would be back.
+//   - An unreadable block inside a read-ahead window behind damage (the
+//     region's free tail behind a damaged object header; a record's payload
+//     behind a damaged region header): the blocks in front of it are read
+//     one by one, so the objects there are found (and counted) as without
+//     the read-ahead, not lost with the window's failed read.
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -106,10 +111,75 @@ void store_behind_an_unmarked_hole_is_voided() {
         std::string("k was deleted after its store failed and is back") + (got == v2 ? " (the failed copy)" : ""));
 }
 
+// A fault device whose reads of [bad_from, bad_to) fail from its creation: recovery at the open meets them.
+struct UnreadableDevice : adp::testing::FaultDevice {
+  UnreadableDevice(std::shared_ptr<FaultImage> image, std::string name) : FaultDevice(std::move(image), name) {
+    fail_reads(bad_from, bad_to);
+  }
+  static inline uint64_t bad_from = 0, bad_to = 0;
+};
+
+// A card on a new image holding prefix-0 .. prefix-(n-1), each value(i, size), stored one after the other.
+std::shared_ptr<FaultImage> stored_card(const std::string& prefix, int n, size_t size) {
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(8, kRegion));
+  auto s = adp::testing::checked_fault_card(image, kCard, "open");
+  IoContext ctx;
+  for (int i = 0; s && i < n; i++)
+    check(adp::testing::put_one(*s, ctx, prefix + std::to_string(i), value(i, size)).ok(),
+          "store " + prefix + std::to_string(i));
+  return image;
+}
+
+void unreadable_block_ahead_of_the_resume() {
+  constexpr size_t kSize = 100 << 10;  // footprint 104 KiB: three in region 0 end 316 KiB into it
+  auto image = stored_card("tail-", 3, kSize);
+  damage(*image, "tail-1");
+  // A never-written block of the region's free tail, 240 KiB behind tail-1's header block: inside the 256 KiB the
+  // resume reads ahead from there, behind tail-2 (its header 104 KiB behind tail-1's).
+  const uint64_t h1 = header_block(*image, "tail-1");
+  UnreadableDevice::bad_from = h1 + 244 * 1024;
+  UnreadableDevice::bad_to = UnreadableDevice::bad_from + adp::kBlockSize;
+  auto s = adp::testing::checked_fault_card<UnreadableDevice>(image, kCard, "reopen");
+  if (!s) return;
+  adp::StoreStats st = s->stats();
+  check(st.recovery_damaged_regions == 1 && st.recovery_lost_objects == 1, "tail-1's damaged header: one record lost");
+  check(st.media_errors == 0, "no read the walk needs fails: media_errors " + std::to_string(st.media_errors));
+  check(adp::testing::read_object(*s, "tail-0") == value(0, kSize), "tail-0 reads back");
+  check(!adp::testing::read_object(*s, "tail-1"), "tail-1 is a miss");
+  check(adp::testing::read_object(*s, "tail-2") == value(2, kSize),
+        "tail-2, behind the damage and in front of the unreadable block, reads back");
+}
+
+void unreadable_block_behind_a_damaged_region_header() {
+  constexpr size_t kSize = 300 << 10;  // footprint 304 KiB: the fourth continues 196 KiB into region 1
+  auto image = stored_card("cont-", 7, kSize);
+  // Region 1 (after the continuation of region 0's last record): cont-4 at 200 KiB, cont-5 at 504 KiB, cont-6 at
+  // 808 KiB (continuing into region 2). Its header's reserved field flipped (the checksum fails, the epoch holds).
+  const uint64_t r1 = adp::kDataOffset + kRegion;
+  check(header_block(*image, "cont-4") == r1 + (200 << 10), "cont-4 is region 1's first record");
+  image->data[r1 + 48] ^= 1;
+  // A block of cont-4's payload, inside the 256 KiB the look behind the header reads ahead from 4 KiB.
+  UnreadableDevice::bad_from = r1 + (256 << 10);
+  UnreadableDevice::bad_to = UnreadableDevice::bad_from + adp::kBlockSize;
+  auto s = adp::testing::checked_fault_card<UnreadableDevice>(image, kCard, "reopen");
+  if (!s) return;
+  adp::StoreStats st = s->stats();
+  check(st.recovery_damaged_regions == 1, "region 1's header is damage");
+  // Counted lost: cont-4, cont-5 and cont-6, found behind the header (cont-3, whose continuation the region held,
+  // is dropped as any record whose continuation is gone).
+  check(st.recovery_lost_objects == 3, "cont-4, cont-5 and cont-6 counted lost behind the damaged region header: " +
+                                           std::to_string(st.recovery_lost_objects));
+  for (int i = 0; i < 3; i++)
+    check(adp::testing::read_object(*s, "cont-" + std::to_string(i)) == value(i, kSize),
+          "cont-" + std::to_string(i) + " reads back");
+}
+
 }  // namespace
 
 int main() {
   damaged_headers_cost_their_records();
   store_behind_an_unmarked_hole_is_voided();
+  unreadable_block_ahead_of_the_resume();
+  unreadable_block_behind_a_damaged_region_header();
   return adp::testing::finish("damage_resume_test");
 }

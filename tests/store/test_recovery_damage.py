@@ -303,5 +303,6 @@ def test_an_undamaged_card_counts_nothing_and_verify_is_clean(card):
 def test_damage_resume_on_a_fault_device(tmp_path):
     """tests/cpp/damage_resume_test.cc: two damaged headers in a region (one of a record continuing into the
     next) cost their records only; a store that failed behind a hole that could not be marked is voided on the
-    card, so a walk resumed behind damage in front of the hole does not bring back a key deleted after it."""
+    card, so a walk resumed behind damage in front of the hole does not bring back a key deleted after it; an
+    unreadable block inside a read-ahead window behind damage costs nothing in front of it."""
     cpp.run(cpp.build("damage_resume_test", tmp_path), timeout=300)
