@@ -1371,7 +1371,8 @@ void RemoteBackend::reconnect_loop() {
           continue;
         }
         // A gateway older than r10 served it as a client's connection (logged connected and gone at INFO): a
-        // query a second would fill its log. Connect as before r16 instead, the connection kept as the spare.
+        // query a second would fill its log. Connect as before session sixteen instead, the connection kept as the
+        // spare.
         probe_unsupported_.store(true);
         ADP_INFO(
             "%s: the gateway does not know status queries (protocol r9 or older): while idle this connector keeps "
