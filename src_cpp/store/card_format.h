@@ -80,7 +80,8 @@ struct RegionHeader {
 enum ObjectFlags : uint32_t {
   kObjectDeleted = 1,    // deleted or superseded; kept so the chain can be walked
   kObjectContinues = 2,  // the record runs past its region's end into the next region(s)
-  kObjectPad = 4,        // an abandoned reservation: no object, only its length (a hole to step over)
+  // An abandoned reservation, or a crash's cut padded at open: no object, only its length (a hole to step over).
+  kObjectPad = 4,
 };
 
 // First block of an object; the key follows the struct in the same block.

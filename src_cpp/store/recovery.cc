@@ -72,7 +72,10 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
       // it were never acknowledged. Damage (this card's header of this
       // epoch, once whole and valid) costs its own record only: the walk
       // resumes at the next header of the epoch that checks out.
-      if (!damaged_object_header(block, g.card_id, rh.epoch)) break;
+      if (!damaged_object_header(block, g.card_id, rh.epoch)) {
+        scan->cut_at = off;
+        break;
+      }
       off = skip_damage(dev, g, r, rh.epoch, off, bad, block, scan, &s);
       if (!s.ok()) break;
       continue;
@@ -261,6 +264,16 @@ Status CardStore::recover(int threads) {
   }
   regions_.finish_recovery(next_epoch);
   for (uint32_t r : unreadable) regions_.add_free_last(r);
+  // A crash's cut in a region kept: the stores reserved behind it were never
+  // acknowledged (a store is once every one reserved before it is written),
+  // but one whose write landed is still there, and its seq, behind the cut,
+  // was not seen by this walk: stores from now on may get a lower one. A
+  // later walk resumed behind damage in front of the cut would find it and
+  // rank it above them (a key deleted after this restart back with that
+  // copy). A pad over the cut to the region's end hides them from every walk.
+  std::vector<std::pair<uint32_t, uint64_t>> cuts;
+  for (uint32_t r = 0; r < num_regions_; r++)
+    if (scans[r].cut_at && regions_[r].state == RegionManager::State::kSealed) cuts.emplace_back(r, scans[r].cut_at);
   for (uint32_t p = 0; p < num_regions_; p++) {
     uint32_t nx = succ[p];
     if (nx == kNoRegion || regions_[p].state != RegionManager::State::kSealed ||
@@ -280,6 +293,9 @@ Status CardStore::recover(int threads) {
   });
   for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 
+  if (!read_only_ && !pad_cuts(cuts))
+    ADP_WARN("card %s: a crash's cut could not be padded; stores behind it may be found again behind later damage",
+             path().c_str());
   if (!stale.empty() && read_only_) {
     // The index holds the newest copies only; a read-write open marks these.
     ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
@@ -304,6 +320,26 @@ Status CardStore::recover(int threads) {
            index_.size(), log_amount(used_bytes_).c_str(), log_amount(uint64_t(num_regions_) * region_bytes_).c_str(),
            num_regions_, region_bytes_ / double(1u << 20), recovery_seconds_);
   return Status::Ok();
+}
+
+bool CardStore::pad_cuts(const std::vector<std::pair<uint32_t, uint64_t>>& cuts) {
+  if (cuts.empty()) return true;
+  AlignedBuffer block;
+  if (!block.reserve(kBlockSize)) return false;
+  bool all = true, any = false;
+  for (const auto& [r, at] : cuts) {
+    encode_pad(block.data(), card_id_, regions_[r].epoch, region_bytes_ - at - kBlockSize, false);
+    Status s = device_->write(region_offset(r) + at, block.data(), kBlockSize);
+    if (!s.ok()) count_failure(s);
+    all &= s.ok();
+    any |= s.ok();
+  }
+  if (any && durable_) {
+    Status s = device_->sync();
+    if (!s.ok()) count_failure(s);
+    all &= s.ok();
+  }
+  return all;
 }
 
 }  // namespace adp

@@ -11,6 +11,11 @@
 //     walk resumed behind damage in front of the hole finds that copy; with
 //     its own seq it would outrank a delete of its key acknowledged after it
 //     failed, and the deleted key would be back.
+//   - A store cut in flight behind a crash's hole (its write landed, the one
+//     reserved before it did not: never acknowledged), its key stored again
+//     and deleted after the restart, then damage in front of the hole: the
+//     walk resumed behind the damage must not find the cut copy, whose seq
+//     (never seen by the restart's recovery) outranks that delete.
 //   - An unreadable block inside a read-ahead window behind damage (the
 //     region's free tail behind a damaged object header; a record's payload
 //     behind a damaged region header): the blocks in front of it are read
@@ -174,11 +179,37 @@ void unreadable_block_behind_a_damaged_region_header() {
           "cont-" + std::to_string(i) + " reads back");
 }
 
+void store_cut_behind_a_crash_hole_stays_cut() {
+  constexpr size_t kSize = 20000;
+  auto image = stored_card("key-", 3, kSize);  // key-0, key-1, key-2: seq 1, 2, 3, one after the other
+  // A power cut kept key-2's write and not key-1's, reserved before it (a disk's cache reorders unsynced writes):
+  // key-1's place is what it held before, zeros; key-2 was never acknowledged (it waited for key-1's write).
+  const uint64_t h1 = header_block(*image, "key-1");
+  std::fill(image->data.begin() + h1, image->data.begin() + h1 + adp::object_footprint(kSize), 0);
+  {
+    auto s = adp::testing::checked_fault_card(image, kCard, "restart");
+    if (!s) return;
+    check(s->stats().objects == 1, "after the restart: key-0 only (the walk ends at key-1's hole)");
+    IoContext ctx;
+    check(adp::testing::put_one(*s, ctx, "key-2", value(9, kSize)).ok(), "key-2 stored again after the restart");
+    adp::Status d = s->remove(ctx, "key-2");
+    check(d.ok(), "then deleted: " + d.message());
+  }
+  damage(*image, "key-0");  // in front of the hole: the walk resumes behind it
+  auto s = adp::testing::checked_fault_card(image, kCard, "reopen");
+  if (!s) return;
+  check(s->stats().recovery_damaged_regions == 1, "key-0's header is damage");
+  auto got = adp::testing::read_object(*s, "key-2");
+  check(!got, std::string("key-2 was deleted after the restart and is back") +
+                  (got == value(2, kSize) ? " (the copy cut behind the hole)" : ""));
+}
+
 }  // namespace
 
 int main() {
   damaged_headers_cost_their_records();
   store_behind_an_unmarked_hole_is_voided();
+  store_cut_behind_a_crash_hole_stays_cut();
   unreadable_block_ahead_of_the_resume();
   unreadable_block_behind_a_damaged_region_header();
   return adp::testing::finish("damage_resume_test");
