@@ -171,7 +171,7 @@ def run_one(command: list[str], tree: Path, out: Path, lock: str | None, metrics
         for name, spec in metrics.items():
             try:
                 res["values"][name] = ab_metrics.extract(spec, out, r.stdout)
-            except (ab_metrics.MetricMissing, OSError, KeyError, ValueError) as e:
+            except Exception as e:  # a figure it cannot read fails this run, not the whole A/B (reason kept)
                 res["failed"] = f"metric {name} ({spec}): {e}"
                 del res["values"]
                 break

@@ -218,3 +218,16 @@ def test_figures_from_bench_connector_and_probe_store_sync_json(tmp_path):
 def test_a_metric_of_no_known_kind_is_refused():
     with pytest.raises(SystemExit):
         ab.parse_args(["--raw", "x", "--metric", "x=csv:col", "--", "true"])
+
+
+def test_a_figure_that_cannot_be_read_fails_that_run_not_the_whole_ab(tmp_path):
+    """A rows.json of another shape (a list): that run is reported failed with the reason, the rounds go on."""
+    made: list[Path] = []
+    write = "import json, sys; open(sys.argv[1] + '/rows.json', 'w').write(json.dumps([1]))"
+    argv = ["--a", "a", "--b", "b", "--rounds", "1", "--raw", str(tmp_path / "raw"), "--scratch", str(tmp_path)]
+    argv += ["--metric", "store=l2:ADP:store", "--", sys.executable, "-c", write, "{out}"]
+    rc = ab.run_ab(ab.parse_args(argv), make_tree=fake_tree({"A": [1], "B": [1]}, made))
+    runs = json.loads((tmp_path / "raw" / "summary.json").read_text())["runs"]
+    assert rc == 1
+    assert [r["side"] for r in runs] == ["A", "B"]
+    assert all(r["failed"].startswith("metric store (l2:ADP:store): ") for r in runs)
