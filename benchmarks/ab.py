@@ -36,6 +36,9 @@ from pathlib import Path
 import ab_metrics  # (run as a script, this directory is first on sys.path)
 
 WORKTREE = "WORKTREE"
+# Interrupted, how long a running benchmark gets to end on the Ctrl-C it shares with ab.py, then after a SIGINT
+# from ab.py, before SIGKILL (run_benchmark).
+GRACE_S = (5.0, 60.0)
 SIDES = ("A", "B")
 
 
@@ -136,7 +139,7 @@ def run_benchmark(argv: list[str], tree: Path, env: dict) -> subprocess.Complete
     try:
         out, _ = proc.communicate()
     except BaseException:
-        for sig, wait_s in ((None, 5), (signal.SIGINT, 60), (signal.SIGKILL, None)):
+        for sig, wait_s in ((None, GRACE_S[0]), (signal.SIGINT, GRACE_S[1]), (signal.SIGKILL, None)):
             if sig is not None:
                 proc.send_signal(sig)
             try:
@@ -208,6 +211,19 @@ def report(runs: list[dict], metrics: dict, trees: dict) -> tuple[str, dict]:
     return "\n".join(lines), summary
 
 
+def write_summary(raw: Path, runs: list[dict], metrics: dict, trees: dict, done: bool) -> str:
+    """raw/summary.md and summary.json as of the runs so far (rewritten after each run, so that an A/B stopped
+    part way keeps the figures of its finished runs); returns the summary's text."""
+    text, summary = report(runs, metrics, trees)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    state = "" if done else f" (PARTIAL: {len(runs)} runs so far)"
+    head = f"ab.py {' '.join(sys.argv[1:])}\n{now:%Y-%m-%d %H:%M} UTC{state}\n"
+    (raw / "summary.md").write_text(head + text + "\n")
+    data = {"complete": done, "trees": trees, "runs": runs, "metrics": summary}
+    (raw / "summary.json").write_text(json.dumps(data, indent=1))
+    return text
+
+
 def run_ab(args: argparse.Namespace, make_tree=build_tree) -> int:
     """Builds the two trees (make_tree(repo, rev, dest, build_from, log), injectable), runs the rounds, writes
     raw/summary.md and summary.json; returns 0, or 1 when any run failed."""
@@ -233,10 +249,7 @@ def run_ab(args: argparse.Namespace, make_tree=build_tree) -> int:
                 runs.append(run)
                 print(f"round {n} {side}: {run.get('values') or 'FAILED: ' + run['failed']}  "
                       f"[lmcache_adp {run['imported']}; {run['uptime_before']}]", flush=True)  # fmt: skip
-        text, summary = report(runs, metrics, trees)
-        head = f"ab.py {' '.join(sys.argv[1:])}\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
-        (raw / "summary.md").write_text(head + text + "\n")
-        (raw / "summary.json").write_text(json.dumps({"trees": trees, "runs": runs, "metrics": summary}, indent=1))
+                text = write_summary(raw, runs, metrics, trees, done=n == args.rounds and side == order(n)[1])
         print(text)
         return 1 if any("failed" in run for run in runs) else 0
     finally:

@@ -7,6 +7,7 @@ with a stub lmcache_adp package, and the "benchmark" a small script that prints 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -76,7 +77,7 @@ def run(tmp_path, bases, rounds=4, fail="", lock=None, a="a", b="b"):
 
 def test_rounds_alternate_a_b_then_b_a_and_each_run_imports_its_own_tree(tmp_path):
     rc, summary, made = run(tmp_path, {"A": [100] * 4, "B": [100] * 4})
-    assert rc == 0
+    assert rc == 0 and summary["complete"] is True
     assert (tmp_path / "log").read_text().split() == ["A", "B", "B", "A", "A", "B", "B", "A"]
     assert [(r["round"], r["side"]) for r in summary["runs"]] == [
         (1, "A"), (1, "B"), (2, "B"), (2, "A"), (3, "A"), (3, "B"), (4, "B"), (4, "A"),
@@ -231,3 +232,50 @@ def test_a_figure_that_cannot_be_read_fails_that_run_not_the_whole_ab(tmp_path):
     assert rc == 1
     assert [r["side"] for r in runs] == ["A", "B"]
     assert all(r["failed"].startswith("metric store (l2:ADP:store): ") for r in runs)
+
+
+INTERRUPTING = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    marker, first = Path(sys.argv[1]), Path(sys.argv[2])
+    if not first.exists():
+        first.write_text("ran")
+        print("x 1")
+    else:
+        try:
+            os.kill(os.getppid(), signal.SIGTERM)  # ab.py (here: pytest) told to stop while this run is on
+            time.sleep(30)
+        finally:
+            marker.write_text("cleaned up")
+    """
+)
+
+
+def test_sigterm_mid_run_lets_the_benchmark_clean_up_removes_the_trees_and_keeps_the_finished_runs(
+    tmp_path, monkeypatch
+):
+    """SIGTERM to ab.py during B's run of round 1: the benchmark gets SIGINT (its Ctrl-C default restored,
+    though ab.py's children inherit it ignored when started in the background) and its finally runs; the
+    scratch trees are removed; summary.json keeps A's finished run, marked incomplete; SIGTERM's handler is
+    given back."""
+    monkeypatch.setattr(ab, "GRACE_S", (0.2, 5.0))
+    (tmp_path / "bench.py").write_text(INTERRUPTING)
+    argv = ["--a", "a", "--b", "b", "--rounds", "2", "--raw", str(tmp_path / "raw"), "--scratch", str(tmp_path)]
+    argv += ["--metric", r"x=re:x (\d)", "--", sys.executable, str(tmp_path / "bench.py")]
+    argv += [str(tmp_path / "marker"), str(tmp_path / "first")]
+    made: list[Path] = []
+    before = signal.getsignal(signal.SIGTERM)
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for `nohup ab.py ... &` from a script
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ab.run_ab(ab.parse_args(argv), make_tree=fake_tree({"A": [1], "B": [1]}, made))
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert (tmp_path / "marker").read_text() == "cleaned up"
+    assert not made[0].parent.exists()
+    summary = json.loads((tmp_path / "raw" / "summary.json").read_text())
+    assert summary["complete"] is False
+    assert [(r["round"], r["side"], r["values"]) for r in summary["runs"]] == [(1, "A", {"x": 1.0})]
+    assert "PARTIAL: 1 runs so far" in (tmp_path / "raw" / "summary.md").read_text()
