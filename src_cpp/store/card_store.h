@@ -343,11 +343,16 @@ class CardStore {
   // their regions and guards. Those that fail go to pending_ (their guard
   // stays pinned) and are retried by retry_pending(). False if any failed.
   bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale);
-  // At a read-write open: a pad over each crash's cut recovery's walk ended
-  // at ((region, offset) of a sealed region), to the region's end, synced
-  // when durable, so that no later walk finds the stores behind it (never
-  // acknowledged, their seqs unseen: recovery.cc). False if any failed.
-  bool pad_cuts(const std::vector<std::pair<uint32_t, uint64_t>>& cuts);
+  // Where recovery's walk of a region (its header's epoch) ended before its end.
+  struct Cut {
+    uint32_t region;
+    uint64_t epoch, at;
+  };
+  // At a read-write open: a pad over each crash's cut or unreadable block
+  // recovery's walk ended at, to the region's end, synced
+  // when durable, so that no later walk finds the records behind it (their
+  // seqs unseen by this open: recovery.cc). False if any failed.
+  bool pad_cuts(const std::vector<Cut>& cuts);
   // Queues into *stale the void (a tombstone of seq 0) of a copy written but
   // never indexed, its region pinned; a delete of its key is refused until
   // the void is on the card (voiding_). Under mu_.

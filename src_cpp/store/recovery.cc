@@ -66,7 +66,10 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
   while (off + kBlockSize <= g.region_bytes) {
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
-    if (!s.ok()) break;
+    if (!s.ok()) {
+      scan->cut_at = off;
+      break;
+    }
     if (const char* bad = check_walked_header(block, g, rh.epoch, off, &h)) {
       // A crash's cut (older bytes there) ends the walk: the stores behind
       // it were never acknowledged. Damage (this card's header of this
@@ -270,10 +273,16 @@ Status CardStore::recover(int threads) {
   // was not seen by this walk: stores from now on may get a lower one. A
   // later walk resumed behind damage in front of the cut would find it and
   // rank it above them (a key deleted after this restart back with that
-  // copy). A pad over the cut to the region's end hides them from every walk.
-  std::vector<std::pair<uint32_t, uint64_t>> cuts;
-  for (uint32_t r = 0; r < num_regions_; r++)
-    if (scans[r].cut_at && regions_[r].state == RegionManager::State::kSealed) cuts.emplace_back(r, scans[r].cut_at);
+  // copy). So would a later walk past a block this one could not read (an
+  // error that passes), the records behind it lost now and their seqs
+  // unseen, in the region kept or handed out last. A pad over the cut or the
+  // unreadable block to the region's end hides them from every walk.
+  std::vector<Cut> cuts;
+  for (uint32_t r = 0; r < num_regions_; r++) {
+    const RegionScan& scan = scans[r];
+    if (scan.cut_at && scan.valid && (regions_[r].state == RegionManager::State::kSealed || !scan.io.ok()))
+      cuts.push_back({r, scan.epoch, scan.cut_at});
+  }
   for (uint32_t p = 0; p < num_regions_; p++) {
     uint32_t nx = succ[p];
     if (nx == kNoRegion || regions_[p].state != RegionManager::State::kSealed ||
@@ -294,8 +303,10 @@ Status CardStore::recover(int threads) {
   for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 
   if (!read_only_ && !pad_cuts(cuts))
-    ADP_WARN("card %s: a crash's cut could not be padded; stores behind it may be found again behind later damage",
-             path().c_str());
+    ADP_WARN(
+        "card %s: a crash's cut or an unreadable block could not be padded; the records behind it may be found "
+        "again by a later open",
+        path().c_str());
   if (!stale.empty() && read_only_) {
     // The index holds the newest copies only; a read-write open marks these.
     ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
@@ -322,14 +333,14 @@ Status CardStore::recover(int threads) {
   return Status::Ok();
 }
 
-bool CardStore::pad_cuts(const std::vector<std::pair<uint32_t, uint64_t>>& cuts) {
+bool CardStore::pad_cuts(const std::vector<Cut>& cuts) {
   if (cuts.empty()) return true;
   AlignedBuffer block;
   if (!block.reserve(kBlockSize)) return false;
   bool all = true, any = false;
-  for (const auto& [r, at] : cuts) {
-    encode_pad(block.data(), card_id_, regions_[r].epoch, region_bytes_ - at - kBlockSize, false);
-    Status s = device_->write(region_offset(r) + at, block.data(), kBlockSize);
+  for (const Cut& c : cuts) {
+    encode_pad(block.data(), card_id_, c.epoch, region_bytes_ - c.at - kBlockSize, false);
+    Status s = device_->write(region_offset(c.region) + c.at, block.data(), kBlockSize);
     if (!s.ok()) count_failure(s);
     all &= s.ok();
     any |= s.ok();

@@ -6,8 +6,9 @@
 // record that does not check out, so a torn or cut-off store is never found,
 // except at damage no crash can leave (recovery_damage.h): there it resumes
 // at the next header that checks out, and the damage costs its record only.
-// Where a walk ended at a crash's cut, a read-write open pads the cut to the
-// region's end (CardStore::pad_cuts), so no later resume finds what is behind.
+// Where a walk ended at a crash's cut or a block it could not read, a
+// read-write open pads it to the region's end (CardStore::pad_cuts), so no
+// later walk finds what is behind (records whose seqs this open never saw).
 // A last record that continues into the next region is reported with
 // `spans`; the store checks that the regions it continues into are there. What the objects
 // mean (which copy of a key wins) is the store's decision (CardStore::recover).
@@ -76,8 +77,8 @@ struct RegionScan {
   uint64_t prev_epoch = 0;
   uint64_t cont_bytes = 0;  // bytes after the header that continue prev_region's last record
   uint64_t end = 0;         // offset after the last record that checked out
-  // The walk ended at a crash's cut here (a header that is not one of the region's epoch, no damage), before the
-  // region's end; 0: it did not.
+  // The walk ended here, before the region's end, at a crash's cut (a header that is not one of the region's epoch,
+  // no damage) or at a block it could not read (`io`); 0: it did not.
   uint64_t cut_at = 0;
   std::vector<RecoveredObject> objects;  // objects and tombstones, in write order
   Status io;                             // a read that failed: the walk stopped there (damaged media)

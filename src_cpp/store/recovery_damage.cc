@@ -135,7 +135,10 @@ uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint6
   RegionBlocks blocks(dev, g, r, block);
   for (uint64_t at = off + kBlockSize; at + kBlockSize <= g.region_bytes; at += kBlockSize) {
     const uint8_t* b = blocks.at(at, true, io);
-    if (!b) return g.region_bytes;
+    if (!b) {
+      scan->cut_at = at;  // unreadable: the walk ends here (padded at a read-write open, as a cut)
+      return g.region_bytes;
+    }
     ObjectHeader h;
     const char* bad = check_walked_header(b, g, epoch, at, &h);
     // A payload block of the damaged record, or older bytes (an older

@@ -16,6 +16,9 @@
 //     and deleted after the restart, then damage in front of the hole: the
 //     walk resumed behind the damage must not find the cut copy, whose seq
 //     (never seen by the restart's recovery) outranks that delete.
+//   - A record header that could not be read at an open (a transient error),
+//     readable again at the next: the records from there on, lost at that
+//     open, stay lost, as its walk could not see their seqs either.
 //   - An unreadable block inside a read-ahead window behind damage (the
 //     region's free tail behind a damaged object header; a record's payload
 //     behind a damaged region header): the blocks in front of it are read
@@ -204,12 +207,41 @@ void store_cut_behind_a_crash_hole_stays_cut() {
                   (got == value(2, kSize) ? " (the copy cut behind the hole)" : ""));
 }
 
+// behind_damage: gone-0's header damaged too, so that the block is met by the look behind the damage (skip_damage),
+// not by the walk itself.
+void unreadable_at_an_open_stays_lost_once_readable(bool behind_damage) {
+  constexpr size_t kSize = 20000;
+  auto image = stored_card("gone-", 3, kSize);  // gone-0, gone-1, gone-2: seq 1, 2, 3
+  if (behind_damage) damage(*image, "gone-0");
+  UnreadableDevice::bad_from = header_block(*image, "gone-1");
+  UnreadableDevice::bad_to = UnreadableDevice::bad_from + adp::kBlockSize;
+  {
+    auto s = adp::testing::checked_fault_card<UnreadableDevice>(image, kCard, "open, gone-1's header unreadable");
+    if (!s) return;
+    const adp::StoreStats st = s->stats();
+    check(st.objects == (behind_damage ? 0u : 1u) && st.media_errors == 1,
+          "gone-1 and gone-2 lost with the unreadable block (media error)");
+    IoContext ctx;
+    check(adp::testing::put_one(*s, ctx, "gone-2", value(9, kSize)).ok(), "gone-2 stored again");
+    adp::Status d = s->remove(ctx, "gone-2");
+    check(d.ok(), "then deleted: " + d.message());
+  }
+  UnreadableDevice::bad_from = UnreadableDevice::bad_to = 0;
+  auto s = adp::testing::checked_fault_card(image, kCard, "reopen, the block readable again");
+  if (!s) return;
+  auto got = adp::testing::read_object(*s, "gone-2");
+  check(!got, std::string("gone-2 was deleted after the open that could not read it and is back") +
+                  (got == value(2, kSize) ? " (its copy from before that open)" : ""));
+}
+
 }  // namespace
 
 int main() {
   damaged_headers_cost_their_records();
   store_behind_an_unmarked_hole_is_voided();
   store_cut_behind_a_crash_hole_stays_cut();
+  unreadable_at_an_open_stays_lost_once_readable(false);
+  unreadable_at_an_open_stays_lost_once_readable(true);
   unreadable_block_ahead_of_the_resume();
   unreadable_block_behind_a_damaged_region_header();
   return adp::testing::finish("damage_resume_test");
