@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 COMMIT = subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
 ).stdout.strip()
-from tools import describe_build, native_build, native_module, require_tool  # noqa: E402
+from tools import describe_build, exit_on_sigterm, native_build, native_module, require_tool  # noqa: E402
 
 # The package measured: this tree's build if it has one (an editable install may point at another tree),
 # else the installed one; copied aside for the whole run, so that a rebuild meanwhile changes nothing.
@@ -657,6 +657,7 @@ def main() -> None:
     if unknown:
         p.error(f"--row {', '.join(map(repr, unknown))}: no such row; rows: {', '.join(map(repr, names))}")
     require_tool("fio")  # before any run: the limit is measured first
+    exit_on_sigterm()  # stopped by SIGTERM, the run removes its run-<pid>/ and snapshot as on Ctrl-C
     stamp = f"{datetime.datetime.now():%Y-%m-%d-%H%M}"
     for medium in ("disk", "shm") if args.medium == "both" else (args.medium,):
         print(f"wrote {run_medium(medium, args, stamp)}", flush=True)

@@ -89,6 +89,20 @@ def print_rounds(times: dict, gib: float, about: str) -> None:
     print(f"card / {peer}, median of the per-round ratios: {ratio:.2f}x; bytes checked: yes")
 
 
+def exit_on_sigterm() -> None:
+    """From now on SIGTERM raises SystemExit(143) in the main thread: a benchmark stopped by it unwinds as on
+    Ctrl-C (its finally blocks remove its work files, subprocess.run kills the child it waits for, atexit
+    handlers run) and exits non-zero, instead of dying with its card images and peers' files left behind. A
+    second SIGTERM while it cleans up is ignored (a handler that does nothing: children started meanwhile get
+    the default action back at exec, not an ignored signal); SIGKILL still stops it."""
+
+    def stop(signum: int, frame) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def round_orders(names: list[str], rounds: int, seed: int) -> list[list[str]]:
     """The order `names` run in, round by round: shuffled by `seed` (random.Random) in the first round, reversed
     every other round. A single round then favours none of them by the order they were given (bench_restore.py

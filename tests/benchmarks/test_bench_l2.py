@@ -4,9 +4,12 @@ another built package (--extra-adp LABEL=DIR) in the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -152,3 +155,48 @@ def test_an_extra_rows_card_is_formatted_by_its_own_package(tmp_path, monkeypatc
     (snap / "lmcache_adp" / "__init__.py").write_text("")
     with pytest.raises(RuntimeError, match=f"format_card.*failed with {snap}"):
         bench_l2.reset(work, bench_l2.EXTRA["ADP old"]["env"])
+
+
+FAKE_DD = """#!/bin/sh
+# bench_l2's prefill, stopped in the middle: the image named, its writer waiting (its PID kept for the test)
+echo $$ >> "$DD_PIDS"
+for a in "$@"; do case "$a" in of=*) : > "${a#of=}";; esac; done
+exec sleep 30
+"""
+
+
+def test_sigterm_removes_the_run_directory_and_the_snapshot_as_ctrl_c_does(tmp_path):
+    """bench_l2.py stopped by SIGTERM while it writes its images (a dd on PATH that names the image, then
+    waits) exits non-zero and leaves neither its run-<pid>/ (card images, fs_native files) nor its package
+    snapshot behind; the dd it waited for is gone too. Without a handler SIGTERM killed it where it stood."""
+    bin_dir, tmp, work = tmp_path / "bin", tmp_path / "tmp", tmp_path / "work"
+    for d in (bin_dir, tmp, work):
+        d.mkdir()
+    (bin_dir / "dd").write_text(FAKE_DD)
+    (bin_dir / "dd").chmod(0o755)
+    pids = tmp_path / "dd.pids"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp)}
+    env["DD_PIDS"] = str(pids)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_l2.py"), "--medium", "disk", "--dir", str(work)]
+    cmd += ["--quick", "--sizes-kb", "256", "--passes", "1", "--row", "ADP"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(work.glob("run-*/card.img")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert list(work.glob("run-*/card.img")), "the bench never started its images"
+        assert list(tmp.glob("lmcache-adp-bench-*")), "no snapshot in TMPDIR"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode != 0, out
+        assert list(work.iterdir()) == [], (list(work.rglob("*")), out)
+        assert list(tmp.iterdir()) == [], list(tmp.rglob("*"))
+        for pid in map(int, pids.read_text().split()):
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
