@@ -60,12 +60,14 @@ void note_cont_bytes_damage(const RegionHeader& rh, RegionScan* scan) {
 
 const char* check_walked_header(const uint8_t* block, const CardGeometry& g, uint64_t epoch, uint64_t off,
                                 ObjectHeader* h) {
-  // A record may span at most every region of the card.
-  const uint64_t max_payload = uint64_t(g.num_regions) * g.region_bytes;
+  // A record may span at most every region of the card, and none is longer than a largest region (an object is at
+  // most kMaxObjectBytes, a pad at most its region): the index entry holds a payload in 29 bits (key_index.h).
+  static_assert(kMaxRegionBytes < (uint64_t(1) << 29), "a walked record's payload fits an index entry");
+  const uint64_t max_payload = std::min(uint64_t(g.num_regions) * g.region_bytes, kMaxRegionBytes);
   if (!decode_object_header(block, g.card_id, epoch, h))
     return "that fails its checksum (or names a key over 1024 bytes)";
   if (h->payload_bytes > max_payload)  // bounded before it is used
-    return "whose payload_bytes is beyond the card";
+    return "whose payload_bytes is beyond the card or a largest record";
   if (record_continues(off, h->payload_bytes, g.region_bytes) != ((h->flags & kObjectContinues) != 0))
     return "whose continue flag disagrees with its length";
   return nullptr;
