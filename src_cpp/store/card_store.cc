@@ -186,6 +186,11 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
             "; this build reads versions " + std::to_string(kOldestFormatVersion) + " to " +
             std::to_string(kFormatVersion) + ". The card holds a cache only: run `lmcache-adp format --card " + path +
             " --yes` to reformat it for this version (its cached objects are lost and will be stored again)");
+      if (sb.region_bytes % kBlockSize)  // format makes 4 KiB blocks: a region that is not reads nowhere
+        return Status::Corruption("superblock of card " + path + " gives a region size of " +
+                                  std::to_string(sb.region_bytes) + " bytes, not a multiple of " +
+                                  std::to_string(kBlockSize) + "; reformat with `lmcache-adp format --card " + path +
+                                  " --yes`");
       if (sb.card_bytes > dev->size() || sb.block_size != kBlockSize || sb.data_offset != kDataOffset ||
           sb.region_bytes < kMinRegionBytes || sb.region_bytes > kMaxRegionBytes || sb.num_regions < 1 ||
           sb.data_offset + uint64_t(sb.num_regions) * sb.region_bytes > dev->size())

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Format version 4: an older card (1 or 2) is refused with what to run, and the path works; a version-3 card is
-opened and read as that version wrote it (its tombstones keep no key)."""
+opened and read as that version wrote it (its tombstones keep no key). A superblock (valid CRC) whose region size
+format would not make is refused."""
 
 from __future__ import annotations
 
@@ -15,14 +16,19 @@ from lmcache_adp._native import FORMAT_VERSION, crc32c
 from tests.helpers import MIB, payload
 
 
-def rewrite_superblock_version(path: str, version: int) -> None:
-    """Turns a card's superblock into one of format `version` (valid CRC)."""
+def rewrite_superblock_field(path: str, at: int, fmt: str, value: int) -> None:
+    """Sets the superblock field at byte `at` (struct format `fmt`) of a card to `value`, its CRC kept valid."""
     with open(path, "r+b") as f:
         sb = bytearray(f.read(72))
-        struct.pack_into("<I", sb, 8, version)
+        struct.pack_into(fmt, sb, at, value)
         struct.pack_into("<I", sb, 68, crc32c(bytes(sb[:68])))
         f.seek(0)
         f.write(sb)
+
+
+def rewrite_superblock_version(path: str, version: int) -> None:
+    """Turns a card's superblock into one of format `version` (valid CRC)."""
+    rewrite_superblock_field(path, 8, "<I", version)
 
 
 def test_format_version_is_4():
@@ -163,3 +169,16 @@ def test_a_version_3_card_opens_and_its_keyless_tombstones_still_order_deletes(c
     s = CardStore(card)
     assert s.get("later") == payload("later", 3000) and s.get("kept") is None
     s.close()
+
+
+def test_a_superblock_whose_region_size_is_not_4k_blocks_is_refused_naming_it(card):
+    """Format makes the region size 4 KiB blocks; a superblock with a valid CRC that says otherwise would open with
+    every region unreadable (its reads misaligned): it is refused, the value named."""
+    s = CardStore(card, 64 * MIB, region_bytes=2 * MIB)  # 31 regions: 31 x (2 MiB + 512) still fits the image
+    s.put("k", payload("k", 10000))
+    s.close()
+    rewrite_superblock_field(card, 24, "<Q", 2 * MIB + 512)  # region_bytes
+    with pytest.raises(RuntimeError) as e:
+        CardStore(card)
+    assert f"gives a region size of {2 * MIB + 512} bytes, not a multiple of 4096" in str(e.value)
+    assert f"lmcache-adp format --card {card} --yes" in str(e.value)
