@@ -27,8 +27,9 @@ has written every chunk to L2, restore it from L1 (--repeat times), then
 token with identical bytes, and an L2 restore must be reported as L2 by the
 server (log line and counter) or it is not counted.
 
-Run from the repository root, on the tree under test (built in place):
-    PYTHONPATH=. python benchmarks/bench_restore.py
+Run on the tree under test, built in place (it measures the tree it lives in, servers included, even
+where an editable install points at another tree; without a build in place, the installed package):
+    python benchmarks/bench_restore.py
 
 The goal (issue 4): adp - mock (what the card adds) <= 1.05 x the medium's
 limit, and < fs_native - mock. Medians of the repeats are compared; every
@@ -64,8 +65,14 @@ from tools import (  # noqa: E402
     native_build,
     require_tool,
     round_orders,
+    use_own_tree,
 )
 
+# This tree's package when it is built in place, here and in the servers it starts (not an editable install's).
+if __name__ == "__main__":
+    use_own_tree(Path(__file__).resolve().parents[1])
+
+import lmcache_adp  # noqa: E402
 from lmcache_adp import __version__ as adp_version  # noqa: E402
 from lmcache_adp import format_card  # noqa: E402
 from lmcache_adp.gateway_stats import read_gateway_stats  # noqa: E402
@@ -213,7 +220,8 @@ def render(res: dict) -> str:
         f"{res['when']}, {res['host']['cpus']} CPUs (load average {res['host']['loadavg_start'][0]:.1f} at the start, "
         f"{res['host']['loadavg_end'][0]:.1f} at the end: the machine is shared), {res['host']['kernel']}, "
         f"disk: {res['host']['disk']}; "
-        f"lmcache {res['versions']['lmcache']}, lmcache-adp {res['versions']['lmcache_adp']} ({res['versions']['git']}); "
+        f"lmcache {res['versions']['lmcache']}, lmcache-adp {res['versions']['lmcache_adp']} ({res['versions']['git']}, "
+        f"package {res['versions'].get('package', '(not recorded)')}); "
         f"{describe_build(res['versions']['native'])}.",
         f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
         f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier "
@@ -329,6 +337,7 @@ def main() -> int:
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
     require_tool("fio")  # before any run: the limit is measured first
+    print(f"lmcache_adp measured: {Path(lmcache_adp.__file__).parent}", flush=True)
 
     shape = KVShape(num_layers=args.layers, num_heads=args.kv_heads, head_dim=args.head_dim, block_size=16,
                     num_blocks=args.tokens // 16 + 1)  # fmt: skip
@@ -357,6 +366,7 @@ def main() -> int:
         "tier_orders": [],
         "versions": {
             "lmcache_adp": adp_version,
+            "package": str(Path(lmcache_adp.__file__).parent),
             "lmcache": _version("lmcache"),
             "git": _git(),
             "native": native_build(),

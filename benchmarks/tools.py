@@ -11,6 +11,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -170,6 +171,19 @@ def native_build(package: Path | None = None) -> dict:
         "sanitizer": sanitizer,
         "stale": stale,
     }
+
+
+def use_own_tree(root: Path) -> bool:
+    """For a benchmark run as a script: when the tree `root` it lives in is built in place, its lmcache_adp is the
+    one measured, by this process and by every child it starts (MP servers, gateways: root first on sys.path and on
+    PYTHONPATH, ahead of an editable install that may point at another tree), as bench_l2.py and
+    bench_connector.py do; else the installed one. Call before importing lmcache_adp, only from a script's
+    __main__ (it changes sys.path and os.environ). Returns whether the tree's package is used."""
+    if native_module(root / "lmcache_adp") is None:
+        return False
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return True
 
 
 def native_module(package: Path) -> Path | None:
