@@ -61,6 +61,7 @@ from tools import (  # noqa: E402
     ProcessDied,
     dead_process,
     describe_build,
+    exit_on_sigterm,
     fail_fast,
     native_build,
     require_tool,
@@ -97,6 +98,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CHUNK_TOKENS = 256  # LMCache's default chunk size
 ADP_WORKERS = 4  # ADPConnector num_workers = fs_native num_workers = fio jobs
+FIO_BLOCK = 32 * MiB  # fio's request size: one read per 32 MiB object (Llama-8B-shaped KV)
+FIO_JOBS = (ADP_WORKERS, 2 * ADP_WORKERS)  # each job reads its share of the prompt: at least one block
 
 
 def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path, when: str) -> dict:
@@ -120,7 +123,7 @@ def fio_limit(work: Path, nbytes: int, raw: Path, when: str) -> list[dict]:
             ["dd", "if=/dev/urandom", f"of={path}", f"bs={64 * MiB}", f"count={nbytes // (64 * MiB)}",
              "oflag=direct", "conv=fsync", "status=none"], check=True,
         )  # fmt: skip
-    rows = [run_fio(path, nbytes, 32 * MiB, jobs, raw, when) for jobs in (ADP_WORKERS, 2 * ADP_WORKERS)]
+    rows = [run_fio(path, nbytes, FIO_BLOCK, jobs, raw, when) for jobs in FIO_JOBS]
     return rows
 
 
@@ -336,11 +339,24 @@ def main() -> int:
     args = ap.parse_args()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
-    require_tool("fio")  # before any run: the limit is measured first
-    print(f"lmcache_adp measured: {Path(lmcache_adp.__file__).parent}", flush=True)
-
     shape = KVShape(num_layers=args.layers, num_heads=args.kv_heads, head_dim=args.head_dim, block_size=16,
                     num_blocks=args.tokens // 16 + 1)  # fmt: skip
+    need = FIO_BLOCK * max(FIO_JOBS)
+    if args.tokens * shape.bytes_per_token < need:  # fio would fail: a job's share smaller than one block
+        least = -(-need // (shape.bytes_per_token * CHUNK_TOKENS)) * CHUNK_TOKENS
+        ap.error(f"--tokens {args.tokens}: a prompt of {args.tokens * shape.bytes_per_token / MiB:.0f} MiB; the fio "
+                 f"step reads it in {FIO_BLOCK // MiB} MiB blocks with up to {max(FIO_JOBS)} jobs, each its share: "
+                 f"at least {need // MiB} MiB is needed, {least} tokens of this shape")  # fmt: skip
+    require_tool("fio")  # before any run: the limit is measured first
+    exit_on_sigterm()  # stopped by SIGTERM, the servers are stopped and the work directory removed, as on Ctrl-C
+    print(f"lmcache_adp measured: {Path(lmcache_adp.__file__).parent}", flush=True)
+    try:
+        return measure(args, shape)
+    finally:  # on any failure too: the card images, fs_native files and fio file are the disk's
+        shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, shape: KVShape) -> int:
     nbytes = args.tokens * shape.bytes_per_token
     gib = nbytes / GiB
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")

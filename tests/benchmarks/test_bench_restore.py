@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchmarks/bench_restore.py up to its fio step, with dd and fio on PATH replaced (no disk written, no server
 started): the lmcache_adp it measures and its children import (this tree's, when built in place, even where an
-editable install points at another tree)."""
+editable install points at another tree), its refusal of a prompt too small for the fio step, and its work
+directory removed when a step fails or it is stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,12 +63,42 @@ def stopped_after(proc: subprocess.Popen, tmp_path: Path):
 
 
 @pytest.mark.skipif(tools.native_module(ROOT / "lmcache_adp") is None, reason="this tree is not built in place")
-def test_it_measures_this_tree_and_so_do_its_children_(tmp_path):
+def test_it_measures_this_tree_and_so_do_its_children_and_a_failed_step_removes_the_work_directory(tmp_path):
     """Run without PYTHONPATH=. from elsewhere, it imported the editable install's lmcache_adp (another
     worktree's) and so did its MP servers; now this tree's, named in its output, and the environment its
-    children inherit imports it too."""
+    children inherit imports it too. fio failing (a bare CalledProcessError) left --workdir behind."""
     proc = start(tmp_path)
     with stopped_after(proc, tmp_path):
         out, _ = proc.communicate(timeout=120)
     assert f"lmcache_adp measured: {ROOT / 'lmcache_adp'}\n" in out, out
     assert (tmp_path / "fio.saw").read_text().strip() == str(ROOT / "lmcache_adp" / "__init__.py")
+    assert proc.returncode == 1 and "CalledProcessError" in out, out
+    assert not (tmp_path / "work").exists(), list((tmp_path / "work").rglob("*"))
+
+
+def test_a_prompt_too_small_for_the_fio_step_is_refused_before_anything_runs(tmp_path):
+    """Below 2048 tokens of the default shape each of fio's 8 jobs got less than its 32 MiB block: fio failed
+    with a bare CalledProcessError after the fio file was written, and the work directory stayed."""
+    proc = start(tmp_path, "--tokens", "1024")
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert "--tokens 1024: a prompt of 128 MiB" in out and "at least 256 MiB is needed, 2048 tokens" in out, out
+    assert not (tmp_path / "fio.pids").exists() and not (tmp_path / "work").exists()
+
+
+def test_sigterm_stops_the_step_it_waits_for_and_removes_the_work_directory(tmp_path):
+    """SIGTERM during the fio step: fio is stopped, --workdir removed, the exit status 143 (it died where it
+    stood before, with fio left running and the work directory on the disk)."""
+    proc = start(tmp_path, fio_mode="wait")
+    with stopped_after(proc, tmp_path):
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "fio.saw").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "fio.saw").exists(), "fio never started"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, out
+        assert not (tmp_path / "work").exists(), list((tmp_path / "work").rglob("*"))
+        (pid,) = map(int, (tmp_path / "fio.pids").read_text().split())
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
