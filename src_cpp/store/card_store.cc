@@ -406,13 +406,22 @@ Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t
   // second request (the object's last few KiB) waited ~33 ms in this VM's
   // disk queue behind the other workers' reads (strace,
   // benchmarks/results/2026-12-04-*-oneread.md). Writes never cover a header.
+  // A write is one request a region, issued last region first: a record's
+  // header is in its first region, so a process that dies between them
+  // leaves no header over a continuation that never landed (a newer copy
+  // torn there would outrank the older copy of its key, and both be lost).
   thread_local AlignedBuffer gap;
   std::vector<iovec> sub;
   uint64_t sub_at = 0, sub_end = 0;  // the card's bytes [sub_at, sub_end) that sub reads or writes
+  std::vector<std::pair<uint64_t, std::vector<iovec>>> writes;  // a write's requests, in the record's order
   auto flush = [&]() -> Status {
     if (sub.empty()) return Status::Ok();
-    Status s = write ? device_->writev(sub_at, sub.data(), static_cast<int>(sub.size()))
-                     : device_->readv(sub_at, sub.data(), static_cast<int>(sub.size()));
+    if (write) {
+      writes.emplace_back(sub_at, std::move(sub));
+      sub.clear();
+      return Status::Ok();
+    }
+    Status s = device_->readv(sub_at, sub.data(), static_cast<int>(sub.size()));
     sub.clear();
     return s;
   };
@@ -443,7 +452,9 @@ Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t
   Status s = flush();
   if (!s.ok()) return s;
   if (pos != end) return Status::IoError("record extent beyond its placement");
-  return Status::Ok();
+  for (auto w = writes.rbegin(); s.ok() && w != writes.rend(); ++w)
+    s = device_->writev(w->first, w->second.data(), static_cast<int>(w->second.size()));
+  return s;
 }
 
 void CardStore::resolve(uint64_t ticket, bool failed) {

@@ -78,7 +78,7 @@ void FaultDevice::drop_unsynced_locked() const {
   std::mt19937_64 pick(keep_seed_);
   kept_ = dropped_ = 0;
   for (const Undo& u : unsynced_) {
-    if (keep_some_ && pick() % 2) {
+    if (keep_all_ || (keep_some_ && pick() % 2)) {
       std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
       kept_++;
     } else {
@@ -188,6 +188,11 @@ void FaultDevice::keep_unsynced_at_cut(uint64_t seed) {
   std::lock_guard<std::mutex> l(mu_);
   keep_some_ = true;
   keep_seed_ = seed;
+}
+
+void FaultDevice::keep_all_unsynced_at_cut() {
+  std::lock_guard<std::mutex> l(mu_);
+  keep_all_ = true;
 }
 
 uint64_t FaultDevice::kept_at_cut() const {

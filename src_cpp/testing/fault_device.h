@@ -12,7 +12,9 @@
 //     every later I/O fails, and every write not yet synced is undone; or,
 //     with keep_unsynced_at_cut(seed), a seeded arbitrary subset of them
 //     survives (as a disk's cache reorders: LevelDB's fault-injection env
-//     keeps or drops unsynced data the same way).
+//     keeps or drops unsynced data the same way); or, with
+//     keep_all_unsynced_at_cut(), every write before the cut survives (a
+//     process crash: the writes are ordered as the process issued them).
 // The image lives in a FaultImage shared with the test, so a store can be
 // closed and the card opened again (a reboot) on what survived.
 #pragma once
@@ -79,6 +81,11 @@ class FaultDevice : public Device {
   // probability 1/2), in any order, instead of dropping them all: the
   // writes a store did not sync may reach the media in any order.
   void keep_unsynced_at_cut(uint64_t seed);
+  // From now on a cut keeps every write before it, in the order written,
+  // synced or not: the process died there (killed, out of memory), the
+  // machine did not; what it wrote stays in the page cache or reached the
+  // device. (The cut write itself: as cut_power_at_write's tear says.)
+  void keep_all_unsynced_at_cut();
   // How many unsynced writes the last power cut kept, and dropped.
   uint64_t kept_at_cut() const;
   uint64_t dropped_at_cut() const;
@@ -113,7 +120,7 @@ class FaultDevice : public Device {
   mutable uint64_t sync_calls_ = 0;  // syncs run (grouped callers: one)
   mutable GroupSync group_sync_;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
-  bool keep_some_ = false;
+  bool keep_some_ = false, keep_all_ = false;
   uint64_t keep_seed_ = 0;
   mutable uint64_t kept_ = 0, dropped_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;

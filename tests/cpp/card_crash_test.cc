@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Crash consistency of the card store on a fault-injecting device
 // (src_cpp/testing/fault_device.h). Built and run by
-// tests/store/test_crash_consistency.py.
+// tests/store/test_crash_consistency.py. The workload, faults and checks are
+// tests/cpp/crash_harness.h's (card_crash_aligned_test.cc runs them on values
+// in 4 KiB-aligned memory); the values here are not aligned (staged).
 //
 //   card_crash_test [all]
 //
@@ -13,6 +15,9 @@
 //     unsynced write is lost, the card is reopened;
 //   - power cut at that write keeping a seeded subset of the unsynced writes
 //     before it (a disk's cache reorders them: each lands whole or not);
+//   - a process crash at that write: it never lands, every write before it
+//     stays, synced or not, in the order written (no held object may be lost
+//     then, not even to a newer store of its key that was not acknowledged);
 //   - that write fails (an I/O error), the workload goes on, then a power cut
 //     at the end and a reopen.
 // After each reopen:
@@ -56,6 +61,7 @@
 #include <vector>
 
 #include "check.h"
+#include "crash_harness.h"
 #include "store/card_store.h"
 #include "store/key_index.h"
 #include "test_card.h"
@@ -63,42 +69,14 @@
 
 namespace {
 
-using adp::CardOptions;
-using adp::CardStore;
-using adp::IoContext;
-using adp::Status;
+using namespace adp::testing::crash;  // NOLINT: the harness's workload, checks and crashes
 using adp::testing::check_failures;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 using adp::testing::put_one;
 using adp::testing::read_object;
 
-constexpr uint64_t kRegionBytes = 1ull << 20;
-constexpr uint64_t kCardBytes = adp::testing::card_bytes(10, kRegionBytes);
-constexpr int kKeys = 48;
-constexpr int kWriters = 3;
 constexpr int kOps = 160;
-
-std::string key_name(int k) { return "key-" + std::to_string(k); }
-
-// The bytes of value v (unique per store): its id, then a pattern of it.
-std::vector<uint8_t> value_bytes(uint64_t v, size_t size) {
-  std::vector<uint8_t> b(size);
-  std::mt19937_64 g(v * 7919 + 17);
-  for (size_t i = 0; i < size; i += 8) {
-    uint64_t x = g();
-    std::memcpy(b.data() + i, &x, std::min<size_t>(8, size - i));
-  }
-  if (size >= 8) std::memcpy(b.data(), &v, 8);
-  return b;
-}
-
-struct Op {
-  enum Kind { kPut, kDelete, kGet } kind;
-  int writer;
-  std::vector<int> keys;  // put: 1..3 keys, one value each
-  std::vector<size_t> sizes;
-};
 
 std::vector<Op> make_script() {
   std::mt19937 g(12345);
@@ -133,229 +111,6 @@ std::vector<Op> make_span_script() {
     ops.push_back(op);
   }
   return ops;
-}
-
-// What the test knows of a key: the last acknowledged state and the stores
-// attempted since without acknowledgement.
-struct KeyModel {
-  std::optional<uint64_t> acked;  // value id, or none (never stored, or deleted)
-  size_t acked_size = 0;
-  std::map<uint64_t, size_t> unacked;  // value id -> size
-  bool delete_unacked = false;         // a delete was attempted since, and failed
-};
-
-struct Run {
-  std::map<int, KeyModel> model;
-  std::map<int, std::pair<uint64_t, size_t>> held;  // indexed when the power went: key -> value, size
-  uint64_t writes = 0;
-};
-
-// The store on a new device over `image` (a failure a CHECK: "<what>: <why>"), or nullptr; *dev: the device.
-std::unique_ptr<CardStore> open_store(const std::shared_ptr<FaultImage>& image, const std::string& what,
-                                      FaultDevice** dev = nullptr) {
-  CardOptions co = adp::testing::card_options(kRegionBytes);
-  co.recovery_threads = 2;
-  return adp::testing::checked_fault_card(image, co, what, dev, "crash-card");
-}
-
-// Runs the script on an opened store. The device may die (power cut) or fail
-// one write on the way; the model records what was acknowledged.
-void run_script(CardStore& s, FaultDevice& dev, const std::vector<Op>& ops, Run* run) {
-  std::vector<std::unique_ptr<IoContext>> ctx;
-  for (int w = 0; w < kWriters; w++) ctx.push_back(std::make_unique<IoContext>());
-  uint64_t next_value = 1;
-  for (const Op& op : ops) {
-    IoContext& c = *ctx[op.writer];
-    if (op.kind == Op::kPut) {
-      std::vector<std::vector<uint8_t>> bufs;
-      std::vector<adp::PutItem> items;
-      std::vector<std::string> names;
-      std::vector<uint64_t> ids;
-      for (size_t j = 0; j < op.keys.size(); j++) {
-        ids.push_back(next_value++);
-        bufs.push_back(value_bytes(ids.back(), op.sizes[j]));
-        names.push_back(key_name(op.keys[j]));
-      }
-      for (size_t j = 0; j < op.keys.size(); j++) items.push_back({names[j], bufs[j].data(), bufs[j].size()});
-      std::vector<Status> results(items.size());
-      s.put(c, items.data(), items.size(), results.data(), [] { return true; });
-      for (size_t j = 0; j < op.keys.size(); j++) {
-        KeyModel& m = run->model[op.keys[j]];
-        if (results[j].ok()) {
-          m.acked = ids[j];
-          m.acked_size = op.sizes[j];
-          m.unacked.clear();
-          m.delete_unacked = false;
-        } else {
-          m.unacked[ids[j]] = op.sizes[j];
-        }
-      }
-      // Within one batch a later item of the same key is the newer store.
-      for (size_t j = 0; j < op.keys.size(); j++)
-        for (size_t k = j + 1; k < op.keys.size(); k++)
-          if (op.keys[j] == op.keys[k] && results[j].ok() && !results[k].ok()) {
-            KeyModel& m = run->model[op.keys[j]];
-            m.unacked[ids[k]] = op.sizes[k];
-          }
-    } else if (op.kind == Op::kDelete) {
-      KeyModel& m = run->model[op.keys[0]];
-      bool present = s.exists(key_name(op.keys[0]));
-      bool removed = s.remove(c, key_name(op.keys[0])).ok();
-      if (removed) {
-        m.acked.reset();
-        m.unacked.clear();
-        m.delete_unacked = false;
-      } else if (present) {
-        m.delete_unacked = true;  // failed: it may or may not have reached the card
-      }
-    } else {
-      (void)read_object(s, c, key_name(op.keys[0]));
-    }
-  }
-  run->writes = dev.writes();
-}
-
-// What the store holds in memory right now (after the power went: what it
-// believed durable).
-void snapshot_held(CardStore& s, FaultDevice& dev, Run* run) {
-  // exists() answers from the index, without I/O.
-  for (auto& [k, m] : run->model)
-    if (s.exists(key_name(k)) && m.acked) run->held[k] = {*m.acked, m.acked_size};
-  (void)dev;
-}
-
-uint64_t damage_checked = 0;  // reopens after a crash checked for no damage counted
-
-void check_reopened(const std::shared_ptr<FaultImage>& image, const Run& run, const char* what, uint64_t point) {
-  auto s = open_store(image, what + (" " + std::to_string(point)) + ": reopen failed");
-  if (!s) return;
-  IoContext ctx;
-  uint64_t found = 0, footprint = 0;
-  for (int k = 0; k < kKeys; k++) {
-    auto got = read_object(*s, ctx, key_name(k));
-    auto it = run.model.find(k);
-    auto held = run.held.find(k);
-    if (!got) {
-      // A held object may only be missing when a newer store of its key was
-      // attempted and failed (its torn remains may win and then fail their
-      // checksum: absent, never wrong).
-      bool newer_attempt = it != run.model.end() && (!it->second.unacked.empty() || it->second.delete_unacked);
-      CHECK(held == run.held.end() || newer_attempt, "%s %" PRIu64 ": key %d was held (value %" PRIu64 ") and is lost",
-            what, point, k, held == run.held.end() ? 0 : held->second.first);
-      continue;
-    }
-    found++;
-    footprint += adp::object_footprint(got->size());
-    uint64_t v = 0;
-    if (got->size() >= 8) std::memcpy(&v, got->data(), 8);
-    bool allowed = false;
-    if (it != run.model.end()) {
-      const KeyModel& m = it->second;
-      if (m.acked && *m.acked == v && m.acked_size == got->size()) allowed = true;
-      auto u = m.unacked.find(v);
-      if (u != m.unacked.end() && u->second == got->size()) allowed = true;
-    }
-    CHECK(allowed,
-          "%s %" PRIu64 ": key %d serves value %" PRIu64
-          " (%zu bytes), neither its last acknowledged store nor a later one",
-          what, point, k, v, got->size());
-    if (allowed) CHECK(*got == value_bytes(v, got->size()), "%s %" PRIu64 ": key %d: bytes differ", what, point, k);
-    if (held != run.held.end() && allowed)
-      CHECK(v == held->second.first || it->second.unacked.count(v), "%s %" PRIu64 ": key %d: older copy is back", what,
-            point, k);
-  }
-  adp::StoreStats stats = s->stats();
-  CHECK(stats.objects == found, "%s %" PRIu64 ": stats say %" PRIu64 " objects, %" PRIu64 " found", what, point,
-        stats.objects, found);
-  CHECK(stats.used_bytes == footprint, "%s %" PRIu64 ": stats say %" PRIu64 " used bytes, objects found take %" PRIu64,
-        what, point, stats.used_bytes, footprint);
-  CHECK(stats.used_bytes <= stats.capacity_bytes, "%s: used beyond capacity", what);
-  // A crash cuts writes; it damages nothing recovery can tell from a cut.
-  CHECK(stats.recovery_damaged_regions == 0 && stats.recovery_lost_objects == 0,
-        "%s %" PRIu64 ": recovery counted %" PRIu64 " damaged regions (%" PRIu64 " objects lost) after a crash", what,
-        point, stats.recovery_damaged_regions, stats.recovery_lost_objects);
-  damage_checked++;
-  // The card still works: store and load after the reopen.
-  auto b = value_bytes(999999, 5000);
-  Status r = put_one(*s, ctx, "after-reopen", b);
-  CHECK(r.ok() && read_object(*s, ctx, "after-reopen") == b, "%s %" PRIu64 ": card does not work after reopen: %s",
-        what, point, r.message().c_str());
-}
-
-std::shared_ptr<FaultImage> fresh_image() { return std::make_shared<FaultImage>(kCardBytes); }
-
-// Runs the script on a fresh card with one fault armed by inject() (given the
-// device's write and sync counts before the script), then a power cut at the
-// end, and checks what the reopened card holds.
-void run_with_fault(const std::vector<Op>& ops, const std::function<void(FaultDevice*)>& inject, const char* what,
-                    uint64_t point) {
-  auto image = fresh_image();
-  FaultDevice* dev;
-  auto s = open_store(image, "open", &dev);
-  if (!s) return;
-  inject(dev);
-  Run run;
-  run_script(*s, *dev, ops, &run);
-  snapshot_held(*s, *dev, &run);
-  dev->power_cut();
-  s.reset();
-  check_reopened(image, run, what, point);
-}
-
-// Power cut at write `point` (tear: its first block reaches the media).
-void cut_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
-  run_with_fault(
-      ops, [&](FaultDevice* dev) { dev->cut_power_at_write(dev->writes() + point, tear ? adp::kBlockSize : 0); },
-      tear ? "torn cut at write" : "cut at write", point);
-}
-
-// Power cut at write `point` that keeps a subset of the unsynced writes
-// before it (drawn with seed `point`): they reach the media in any order.
-void cut_keeping_some_at(const std::vector<Op>& ops, uint64_t point) {
-  run_with_fault(
-      ops,
-      [&](FaultDevice* dev) {
-        dev->keep_unsynced_at_cut(point);
-        dev->cut_power_at_write(dev->writes() + point);
-      },
-      "cut keeping some unsynced writes at write", point);
-}
-
-// Write `point` fails (torn after its first block when tear), the rest goes on.
-void fail_at(const std::vector<Op>& ops, uint64_t point, bool tear) {
-  run_with_fault(
-      ops, [&](FaultDevice* dev) { dev->fail_write(dev->writes() + point, tear ? adp::kBlockSize : 0); },
-      tear ? "torn failed write" : "failed write", point);
-}
-
-// Sync `point` fails (its writes stay unsynced, a later sync may make them
-// durable), the rest goes on, then a power cut at the end. A store whose
-// sync failed is not acknowledged; its copy must not outlive a later
-// acknowledged delete of its key.
-void fail_sync_at(const std::vector<Op>& ops, uint64_t point) {
-  run_with_fault(ops, [&](FaultDevice* dev) { dev->fail_sync(dev->syncs() + point); }, "failed sync", point);
-}
-
-uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name, uint64_t* syncs = nullptr) {
-  auto image = fresh_image();
-  FaultDevice* dev;
-  auto s = open_store(image, "open", &dev);
-  if (!s) std::exit(1);
-  uint64_t base = dev->writes(), base_syncs = dev->syncs();
-  run_script(*s, *dev, ops, run);
-  adp::StoreStats stats = s->stats();
-  std::printf("card_crash_test: %s workload: %" PRIu64 " writes, %" PRIu64 " syncs, %" PRIu64 " stores, %" PRIu64
-              " deletes, %" PRIu64 " evicted objects\n",
-              name, dev->writes() - base, dev->syncs(), stats.stores, stats.deletes, stats.evicted_objects);
-  CHECK(stats.evicted_objects > 0, "the workload must evict");
-  CHECK(stats.deletes > 0, "the workload must delete");
-  snapshot_held(*s, *dev, run);
-  uint64_t writes = dev->writes() - base;
-  if (syncs) *syncs = dev->syncs() - base_syncs;
-  dev->power_cut();  // nothing unsynced may matter
-  s.reset();
-  check_reopened(image, *run, "clean run", 0);
-  return writes;
 }
 
 // The region header written when the frontier opens a region is synced
@@ -617,17 +372,6 @@ void key_index_model() {
       CHECK(n == model.size(), "key index: for_each saw %zu of %zu", n, model.size());
     }
   }
-}
-
-// The five crashes at write point `point` of ops: power cut there, whole and torn; cut keeping some of the
-// unsynced writes; that write failed, whole and torn. Returns the runs (5).
-uint64_t crashes_at(const std::vector<Op>& ops, uint64_t point) {
-  cut_at(ops, point, false);
-  cut_at(ops, point, true);
-  cut_keeping_some_at(ops, point);
-  fail_at(ops, point, false);
-  fail_at(ops, point, true);
-  return 5;
 }
 
 }  // namespace
