@@ -931,12 +931,17 @@ Status CardStore::write_tombstone(IoContext& ctx, const Location& loc) {
   }
   const uint64_t at = region_offset(loc.region) + loc.offset;
   std::string from_header;  // loc's key as its header holds it (loc.key empty: recovery, verify)
-  if (loc.key.empty() && loc.seq && device_->read(at, ctx.header_.data(), kBlockSize).ok()) {
+  if (loc.key.empty() && loc.seq) {
     ObjectHeader h;
     const uint8_t* b = ctx.header_.data();
-    if (decode_object_header(b, card_id_, loc.epoch, &h) && !(h.flags & (kObjectDeleted | kObjectPad)) &&
-        h.seq == loc.seq && index_hash(object_key(b, h)) == loc.hash)
-      from_header = object_key(b, h);
+    if (Status rs = device_->read(at, ctx.header_.data(), kBlockSize); !rs.ok()) {
+      count_failure(rs);
+      ADP_WARN("object at region %u offset %" PRIu64 " of card %s: its header unreadable (%s): tombstone keyless",
+               loc.region, loc.offset, path().c_str(), rs.message().c_str());
+    } else if (decode_object_header(b, card_id_, loc.epoch, &h) && !(h.flags & kObjectPad) && h.seq == loc.seq &&
+               index_hash(object_key(b, h)) == loc.hash) {
+      from_header = object_key(b, h);  // the object's, or (a retry) its tombstone's already written: kept
+    }
   }
   encode_tombstone(ctx.header_.data(), card_id_, loc.epoch, loc.seq, loc.key.empty() ? from_header : loc.key,
                    loc.payload_bytes, continues(loc.offset, loc.payload_bytes));

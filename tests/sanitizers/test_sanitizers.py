@@ -72,6 +72,13 @@ def test_tombstone_race_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_stale_tombstone_under_sanitizer(mode, tmp_path):
+    """An older copy's tombstone written at the open, its sync failed, retried (tests/cpp/stale_tombstone_test.cc)."""
+    cpp.run(cpp.build("stale_tombstone_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""

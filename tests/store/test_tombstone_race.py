@@ -12,3 +12,10 @@ from tests.support import cpp
 
 def test_load_racing_a_deletes_tombstone_is_a_miss_not_damage(tmp_path):
     cpp.run(cpp.build("tombstone_race_test", tmp_path))
+
+
+def test_a_retried_tombstone_of_an_older_copy_keeps_its_key_and_a_failed_read_is_counted(tmp_path):
+    """tests/cpp/stale_tombstone_test.cc: the open's tombstone of an older copy (no key given: read from its
+    header) is written but not synced, then retried: the retry finds it and writes it again with its key, not
+    keyless; a retry that cannot read the header counts the failed read in io_errors."""
+    cpp.run(cpp.build("stale_tombstone_test", tmp_path))
