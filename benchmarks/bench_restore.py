@@ -307,6 +307,9 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+WORKDIR_MARK = ".bench_restore-workdir"  # in a --workdir this benchmark made
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=8192, help="prompt length (multiple of 256; default 8192 = 1 GiB)")
@@ -347,6 +350,10 @@ def main() -> int:
         ap.error(f"--tokens {args.tokens}: a prompt of {args.tokens * shape.bytes_per_token / MiB:.0f} MiB; the fio "
                  f"step reads it in {FIO_BLOCK // MiB} MiB blocks with up to {max(FIO_JOBS)} jobs, each its share: "
                  f"at least {need // MiB} MiB is needed, {least} tokens of this shape")  # fmt: skip
+    work = Path(args.workdir)
+    if work.exists() and (not work.is_dir() or any(work.iterdir())) and not (work / WORKDIR_MARK).exists():
+        ap.error(f"--workdir {work}: exists and holds files this benchmark did not make; it removes its work "
+                 f"directory before and after a run, so give it an empty or new directory")  # fmt: skip
     require_tool("fio")  # before any run: the limit is measured first
     exit_on_sigterm()  # stopped by SIGTERM, the servers are stopped and the work directory removed, as on Ctrl-C
     print(f"lmcache_adp measured: {Path(lmcache_adp.__file__).parent}", flush=True)
@@ -364,6 +371,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
     shutil.rmtree(work, ignore_errors=True)
     raw = work / "raw"  # staged here, copied into benchmarks/results at the end
     raw.mkdir(parents=True)
+    (work / WORKDIR_MARK).touch()  # a later run may remove this directory (main's --workdir check)
     l1_gb = round(2 * gib + 1, 1)  # the stored copy and a prefetched copy
     card_gb = max(8, 4 * gib)  # region = card/64 must hold one 32 MiB chunk
 

@@ -102,3 +102,30 @@ def test_sigterm_stops_the_step_it_waits_for_and_removes_the_work_directory(tmp_
         assert not (tmp_path / "work").exists(), list((tmp_path / "work").rglob("*"))
         (pid,) = map(int, (tmp_path / "fio.pids").read_text().split())
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_workdir_holding_files_it_did_not_make_is_refused_and_left_alone(tmp_path):
+    """--workdir is removed before and after a run: pointed at a directory holding someone's files, it deleted
+    them. Now refused up front (exit 2), nothing touched; a directory an earlier run made (its marker) or an
+    empty one is still taken."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("not the benchmark's")
+    proc = start(tmp_path)
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "holds files this benchmark did not make" in out, out
+    assert (work / "keep.txt").read_text() == "not the benchmark's"
+    assert not (tmp_path / "fio.pids").exists()
+
+
+def test_a_workdir_an_earlier_run_left_is_taken_and_removed(tmp_path):
+    work = tmp_path / "work"
+    (work / "raw").mkdir(parents=True)
+    (work / ".bench_restore-workdir").touch()
+    (work / "raw" / "old.log").write_text("from a run killed with SIGKILL")
+    proc = start(tmp_path)
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and (tmp_path / "fio.pids").exists(), out  # it got as far as the (failing) fio step
+    assert not work.exists()
