@@ -413,15 +413,17 @@ Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t
   thread_local AlignedBuffer gap;
   std::vector<iovec> sub;
   uint64_t sub_at = 0, sub_end = 0;  // the card's bytes [sub_at, sub_end) that sub reads or writes
-  std::vector<std::pair<uint64_t, std::vector<iovec>>> writes;  // a write's requests, in the record's order
-  auto flush = [&]() -> Status {
+  // A write's requests before its last, in the record's order (none for a record in one region).
+  std::vector<std::pair<uint64_t, std::vector<iovec>>> earlier;
+  auto flush = [&](bool last) -> Status {
     if (sub.empty()) return Status::Ok();
-    if (write) {
-      writes.emplace_back(sub_at, std::move(sub));
+    if (write && !last) {
+      earlier.emplace_back(sub_at, std::move(sub));
       sub.clear();
       return Status::Ok();
     }
-    Status s = device_->readv(sub_at, sub.data(), static_cast<int>(sub.size()));
+    Status s = write ? device_->writev(sub_at, sub.data(), static_cast<int>(sub.size()))
+                     : device_->readv(sub_at, sub.data(), static_cast<int>(sub.size()));
     sub.clear();
     return s;
   };
@@ -433,7 +435,7 @@ Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t
       if (!write && !sub.empty() && at == sub_end + kBlockSize && gap.reserve(kBlockSize)) {
         sub.push_back({gap.data(), kBlockSize});
       } else {
-        Status s = flush();
+        Status s = flush(false);
         if (!s.ok()) return s;
         sub_at = at;
       }
@@ -449,10 +451,9 @@ Status CardStore::io_mapped(bool write, const std::vector<Extent>& ext, uint64_t
     }
     ext_begin = ext_end;
   }
-  Status s = flush();
-  if (!s.ok()) return s;
   if (pos != end) return Status::IoError("record extent beyond its placement");
-  for (auto w = writes.rbegin(); s.ok() && w != writes.rend(); ++w)
+  Status s = flush(true);
+  for (auto w = earlier.rbegin(); s.ok() && w != earlier.rend(); ++w)
     s = device_->writev(w->first, w->second.data(), static_cast<int>(w->second.size()));
   return s;
 }

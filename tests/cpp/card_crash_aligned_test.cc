@@ -92,13 +92,9 @@ uint64_t crash_everywhere(const std::vector<Op>& ops, const char* name, uint64_t
   Run clean;
   uint64_t syncs = 0;
   uint64_t writes = count_writes(ops, &clean, name, &syncs);
-  uint64_t runs = 0, points = 0;
-  for (uint64_t i = 0; i < writes; i++) {
-    uint64_t p = bounded == 0 || writes <= bounded ? i : i * writes / bounded;
-    if ((bounded && writes > bounded && i >= bounded) || p >= writes) break;
-    runs += crashes_at(ops, p, kLaterTear);
-    points++;
-  }
+  uint64_t runs = 0;
+  const uint64_t points = bounded && writes > bounded ? bounded : writes;
+  for (uint64_t i = 0; i < points; i++) runs += crashes_at(ops, i * writes / points, kLaterTear);
   for (uint64_t p = 0; p < syncs; p++) {
     fail_sync_at(ops, p);
     runs++;
