@@ -34,8 +34,23 @@ constexpr size_t kPutChunkItems = 64;
 constexpr uint64_t kPutChunkBytes = 16ull << 20;
 
 // r5 stores: a store buffer is given back once its connection sent nothing
-// for this long (mapped again, populated, by its next store).
+// for this long (mapped again, populated, by its next store). So are the
+// connection's frame buffers (a request's body, its reply's table and inline
+// payload) once larger than kKeptFrameBytes: a TCP connection's 64 MiB put and
+// 64 MiB get left it holding both while it idled (until --idle-timeout-s).
 constexpr int kStoreBufferIdleMs = 5000;
+constexpr size_t kKeptFrameBytes = 1u << 20;
+
+bool frame_buffers_held(const proto::Frame& frame, const std::vector<uint8_t>& table,
+                        const std::vector<uint8_t>& payload) {
+  return frame.body.capacity() > kKeptFrameBytes || table.capacity() > kKeptFrameBytes ||
+         payload.capacity() > kKeptFrameBytes;
+}
+
+void release_frame_buffers(proto::Frame* frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload) {
+  for (std::vector<uint8_t>* v : {&frame->body, table, payload})
+    if (v->capacity() > kKeptFrameBytes) std::vector<uint8_t>().swap(*v);
+}
 
 // How long a client whose sending side had ended at its HelloOk, and that sent no request, is given to show it
 // hung up (a TCP peer's reset in answer to the HelloOk: a round trip) before it counts as one that was there.
@@ -308,14 +323,16 @@ void ClientHandler::run() {
         pollfd p{fd_, POLLIN, 0};
         if (::poll(&p, 1, test_loader_idle_ms_) == 0) loader_.reset();
       }
-      if (store_buf_.capacity() || hold_.capacity()) {
-        // Neither a store buffer nor a load's hold is kept by a connection that sent nothing for a while.
+      if (store_buf_.capacity() || hold_.capacity() || frame_buffers_held(frame, table, payload)) {
+        // Neither a store buffer, a load's hold nor large frame buffers are kept by a connection that sent nothing
+        // for a while.
         int wait_ms = kStoreBufferIdleMs;
         if (idle_ms > 0) wait_ms = std::min(wait_ms, idle_ms);
         pollfd p{fd_, POLLIN, 0};
         if (::poll(&p, 1, wait_ms) == 0) {
           release_store_buffer();
           settle_hold(true);
+          release_frame_buffers(&frame, &table, &payload);
         }
       }
       s = proto::read_frame(fd_, max_body, std::min(idle_by, reserve_by), &frame, segments_enabled_ ? 1 : 0);

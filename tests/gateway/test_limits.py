@@ -526,3 +526,39 @@ def test_two_hellos_race_for_the_last_client_slot(workdir):
         for s in held:
             s.close()
         assert gw.stop() == 0
+
+
+def rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
+
+
+def test_an_idle_tcp_connection_gives_its_large_frame_buffers_back(gateway):
+    """Session 23 (gwreview23): a TCP connection keeps the buffer its last request's body was read into and the one
+    its last reply's inline payload was built in. After a 60 MiB put and a 60 MiB get it held ~120 MiB while it
+    sat idle, until --idle-timeout-s (600 s): 64 such TCP clients held 7.5 GiB. Now buffers over 1 MiB go back
+    after 5 s without a request, as a store buffer does; the connection goes on."""
+    size = 60 << 20
+    pid = gateway.proc.pid
+    s = socket.create_connection(("127.0.0.1", gateway.port))
+    with s:
+        s.settimeout(60)
+        s.sendall(wire.frame(wire.HELLO, 1, wire.hello(token=TOKEN.encode())))
+        assert wire.recv_frame(s)[0] == wire.HELLO_OK
+        before = rss_mib(pid)
+        data = os.urandom(1 << 20) * 60
+        s.sendall(wire.frame(wire.BATCH, 2, wire.batch(wire.PUT, [b"big"], [size], [0], data)))
+        ftype, _, body = wire.recv_frame(s)
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, body[:24]  # stored
+        s.sendall(wire.frame(wire.BATCH, 3, wire.batch(wire.GET, [b"big"], [size], [0])))
+        ftype, _, body = wire.recv_frame(s)
+        assert ftype == wire.BATCH_REPLY and body[8] == 0 and body[-size:] == data
+        held = rss_mib(pid)
+        assert held - before >= 100, (before, held)  # the body and the payload buffers, 60 MiB each
+        deadline = time.monotonic() + 15
+        while rss_mib(pid) > held - 100 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert rss_mib(pid) <= held - 100, (before, held, rss_mib(pid))
+        s.sendall(wire.frame(wire.BATCH, 4, wire.batch(wire.EXISTS, [b"big"])))  # still served
+        ftype, _, body = wire.recv_frame(s)
+        assert ftype == wire.BATCH_REPLY and body[8] == 0
