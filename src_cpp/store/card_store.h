@@ -349,10 +349,16 @@ class CardStore {
     uint64_t epoch, at;
   };
   // At a read-write open: a pad over each crash's cut or unreadable block
-  // recovery's walk ended at, to the region's end, synced
-  // when durable, so that no later walk finds the records behind it (their
-  // seqs unseen by this open: recovery.cc). False if any failed.
-  bool pad_cuts(const std::vector<Cut>& cuts);
+  // recovery's walk ended at, to the region's end, and zeros over each
+  // region header in `unseen` (one it could not walk: the region is free),
+  // synced when durable, so that no later walk finds the records behind
+  // them (their seqs unseen by this open: recovery.cc). False if any failed.
+  bool pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen);
+  // How far past the highest seq recovery saw the next one is set when
+  // records it could not see may stay on the card (docs/card_format.md,
+  // Recovery, "A region header not walked"): kUnseenSeqMargin, or the card's
+  // blocks if more.
+  uint64_t unseen_seq_margin() const;
   // Queues into *stale the void (a tombstone of seq 0) of a copy written but
   // never indexed, its region pinned; a delete of its key is refused until
   // the void is on the card (voiding_). Under mu_.

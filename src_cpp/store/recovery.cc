@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -254,10 +255,11 @@ Status CardStore::recover(int threads) {
   winners = {};
   by_key_hash = {};
   uint64_t next_epoch = 1;
-  std::vector<uint32_t> unreadable;
+  std::vector<uint32_t> unreadable, unseen;
   for (uint32_t r = 0; r < num_regions_; r++) {
     const RegionScan& scan = scans[r];
     if (scan.valid) next_epoch = std::max(next_epoch, scan.epoch + 1);
+    if (!scan.valid && (!scan.io.ok() || scan.damage == Damage::kRegionHeader)) unseen.push_back(r);
     if (scan.valid && (scan.end > kBlockSize + scan.cont_bytes || used_by_span[r]))
       regions_.restore_sealed(r, scan.epoch, scan.end);
     else if (scan.io.ok())
@@ -265,6 +267,12 @@ Status CardStore::recover(int threads) {
     else
       unreadable.push_back(r);
   }
+  // A region header not walked (unreadable, or damage: judge_damage): its
+  // epoch, unseen, may be the newest, and the region, free now, may be the
+  // first handed out. Reopened under that epoch, the records of its last
+  // opening behind the new ones would be walked again (docs/card_format.md,
+  // Recovery, "A region header not walked").
+  if (!unseen.empty()) next_epoch += kUnseenEpochMargin;
   regions_.finish_recovery(next_epoch);
   for (uint32_t r : unreadable) regions_.add_free_last(r);
   // A crash's cut in a region kept: the stores reserved behind it were never
@@ -302,11 +310,18 @@ Status CardStore::recover(int threads) {
   });
   for (uint32_t r = 0; r < num_regions_; r++) regions_[r].hashes.shrink_to_fit();
 
-  if (!read_only_ && !pad_cuts(cuts))
+  // The records behind a region header not walked: their seqs unseen as
+  // well. Zeroing the header (a free region) hides them from every walk, as
+  // a pad does. Where a pad or a zeroing did not reach the card, the next
+  // seq is set past any such record's, so stores from now on outrank it.
+  if (!read_only_ && !pad_cuts(cuts, unseen)) {
+    next_seq_ += unseen_seq_margin();
     ADP_WARN(
-        "card %s: a crash's cut or an unreadable block could not be padded; the records behind it may be found "
-        "again by a later open",
-        path().c_str());
+        "card %s: a crash's cut, an unreadable block or a region header not walked could not be padded or "
+        "zeroed; the records behind it may be found again by a later open (stores from now on outrank them: "
+        "the next seq is set %" PRIu64 " past the highest seen)",
+        path().c_str(), unseen_seq_margin());
+  }
   if (!stale.empty() && read_only_) {
     // The index holds the newest copies only; a read-write open marks these.
     ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
@@ -333,18 +348,27 @@ Status CardStore::recover(int threads) {
   return Status::Ok();
 }
 
-bool CardStore::pad_cuts(const std::vector<Cut>& cuts) {
-  if (cuts.empty()) return true;
+uint64_t CardStore::unseen_seq_margin() const {
+  return std::max(kUnseenSeqMargin, uint64_t(num_regions_) * (region_bytes_ / kBlockSize));
+}
+
+bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen) {
+  if (cuts.empty() && unseen.empty()) return true;
   AlignedBuffer block;
   if (!block.reserve(kBlockSize)) return false;
   bool all = true, any = false;
-  for (const Cut& c : cuts) {
-    encode_pad(block.data(), card_id_, c.epoch, region_bytes_ - c.at - kBlockSize, false);
-    Status s = device_->write(region_offset(c.region) + c.at, block.data(), kBlockSize);
+  auto write = [&](uint64_t offset) {
+    Status s = device_->write(offset, block.data(), kBlockSize);
     if (!s.ok()) count_failure(s);
     all &= s.ok();
     any |= s.ok();
+  };
+  for (const Cut& c : cuts) {
+    encode_pad(block.data(), card_id_, c.epoch, region_bytes_ - c.at - kBlockSize, false);
+    write(region_offset(c.region) + c.at);
   }
+  std::memset(block.data(), 0, kBlockSize);
+  for (uint32_t r : unseen) write(region_offset(r));
   if (any && durable_) {
     Status s = device_->sync();
     if (!s.ok()) count_failure(s);

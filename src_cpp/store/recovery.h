@@ -8,7 +8,10 @@
 // at the next header that checks out, and the damage costs its record only.
 // Where a walk ended at a crash's cut or a block it could not read, a
 // read-write open pads it to the region's end (CardStore::pad_cuts), so no
-// later walk finds what is behind (records whose seqs this open never saw).
+// later walk finds what is behind (records whose seqs this open never saw);
+// a region header the walk could not take is zeroed there, and the next
+// epoch set past the one it may hold (docs/card_format.md, Recovery, "A
+// region header not walked").
 // A last record that continues into the next region is reported with
 // `spans`; the store checks that the regions it continues into are there. What the objects
 // mean (which copy of a key wins) is the store's decision (CardStore::recover).

@@ -306,3 +306,11 @@ def test_damage_resume_on_a_fault_device(tmp_path):
     card, so a walk resumed behind damage in front of the hole does not bring back a key deleted after it; an
     unreadable block inside a read-ahead window behind damage costs nothing in front of it."""
     cpp.run(cpp.build("damage_resume_test", tmp_path), timeout=300)
+
+
+def test_unseen_region_header_on_a_fault_device(tmp_path):
+    """tests/cpp/unseen_region_test.cc: a region header recovery could not walk at a read-write open (unreadable,
+    then readable again; reading back wrong in the frontier's region) does not bring the region's records back
+    over what was stored or deleted after that open: the header is zeroed, the next epoch is set past the unseen
+    one, and where the zeroing fails the next seq past any the region may hold."""
+    cpp.run(cpp.build("unseen_region_test", tmp_path), timeout=300)
