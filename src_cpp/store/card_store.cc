@@ -144,7 +144,24 @@ CardStore::CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool dur
       read_only_(read_only),
       regions_(sb.num_regions) {}
 
-CardStore::~CardStore() = default;
+CardStore::~CardStore() {
+  // A clean close pads the frontier region's unwritten tail, as an open pads
+  // a crash's cut (recovery.cc): the next open's walk then runs to the
+  // region's end, finds no cut and writes nothing (an open after a clean
+  // close leaves the card as it was). Not with a store unresolved or the
+  // region broken: the walk ends in front of the tail there anyway.
+  if (read_only_ || !device_->healthy()) return;
+  std::vector<Cut> tail;
+  {
+    std::lock_guard<std::mutex> flock(frontier_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (frontier_ < 0 || !unresolved_.empty()) return;
+    const RegionManager::Region& reg = regions_[static_cast<uint32_t>(frontier_)];
+    if (reg.write_offset >= region_bytes_ || reg.broken_at != UINT64_MAX) return;
+    tail.push_back({static_cast<uint32_t>(frontier_), reg.epoch, reg.write_offset});
+  }
+  pad_cuts(tail, {});
+}
 
 Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out) {
   std::unique_ptr<CardDevice> dev;

@@ -314,3 +314,9 @@ def test_unseen_region_header_on_a_fault_device(tmp_path):
     over what was stored or deleted after that open: the header is zeroed, the next epoch is set past the unseen
     one, and where the zeroing fails the next seq past any the region may hold."""
     cpp.run(cpp.build("unseen_region_test", tmp_path), timeout=300)
+
+
+def test_open_after_a_clean_close_writes_nothing(tmp_path):
+    """tests/cpp/clean_reopen_test.cc: a clean close pads the frontier's tail, so an open after it writes and syncs
+    nothing (open and close leave the image byte-identical); after a power cut the open still pads it."""
+    cpp.run(cpp.build("clean_reopen_test", tmp_path), timeout=300)
