@@ -14,6 +14,14 @@ damage cost is looked for behind it: find_behind_damage). --tree NAME=PATH (repe
 lmcache_adp of each tree in turn (a child process each open, PYTHONPATH=PATH), so a before and an after are measured
 in one invocation, alternately, on the same images.
 
+--open rw measures what a read-write open costs instead (docs/card_format.md, Recovery: an open pads each crash's cut
+to its region's end and syncs once, since session 22): one image, no damage, opened as `closed`, as the tree under
+test left it at its close (since session 23 a clean close pads the frontier's tail, so the open finds no cut), and
+as `cut`, the same with that pad zeroed: what a crash after the last store leaves, and what every close before
+session 23 left. The tail's block is put back (or zeroed) before each open, so every open of `closed` or `cut` sees
+the same bytes. Each open is read-write, in a child process with each --tree's lmcache_adp. Reported as above, plus
+how many opens changed the tail's block (closed: none wanted).
+
 Run from the repository root, on the tree under test (built in place):
     PYTHONPATH=. python benchmarks/bench_damage_open.py --dir /var/tmp/adp-damage-bench
 Writes benchmarks/results/<date>-damage-open.md and the raw samples to benchmarks/results/raw/<date>-damage-open/.
@@ -106,6 +114,45 @@ def damage_region_headers(path: str) -> int:
     return flipped
 
 
+def tail_pad(path: str) -> int:
+    """The offset of the pad over the frontier region's unwritten tail (the region of the highest epoch: its chain
+    of records followed from its continuation to a pad record running to the region's end), or -1."""
+    with open(path, "rb") as f:
+        region_bytes, bases = region_bases(f)
+        newest, base = -1, -1
+        for b in bases:
+            f.seek(b)
+            head = f.read(56)
+            if head[:8] == b"ADPREGN1" and struct.unpack_from("<Q", head, 16)[0] > newest:
+                newest, base = struct.unpack_from("<Q", head, 16)[0], b
+        if base < 0:
+            return -1
+        f.seek(base)
+        region = f.read(region_bytes)
+    (cont,) = struct.unpack_from("<Q", region, 40)
+    off = BLOCK + cont
+    while off + BLOCK <= region_bytes and region[off : off + 8] == b"ADPOBJT1":
+        payload, flags = struct.unpack_from("<QI", region, off + 40)
+        if flags & 4 and off + BLOCK + payload == region_bytes:  # a pad to the region's end
+            return base + off
+        off += BLOCK + (payload + BLOCK - 1) // BLOCK * BLOCK
+    return -1
+
+
+def read_block(path: str, offset: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(BLOCK)
+
+
+def write_block(path: str, offset: int, block: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 KEYS = ("recovery_seconds", "recovered_objects", "recovery_damaged_regions", "recovery_lost_objects")
 
 # One open in a child process, with the lmcache_adp its PYTHONPATH names (-P: not the working directory's).
@@ -113,7 +160,7 @@ OPEN_IN_CHILD = f"""
 import json, sys, time
 from lmcache_adp import CardStore
 t0 = time.monotonic()
-s = CardStore(sys.argv[1], read_only=True)
+s = CardStore(sys.argv[1], read_only=sys.argv[2] == "ro")
 wall = time.monotonic() - t0
 st = s.stats()
 s.close()
@@ -121,15 +168,17 @@ print(json.dumps({{"wall_s": wall, **{{k: st[k] for k in {KEYS!r}}}}}))
 """
 
 
-def open_once(path: str, tree: str | None = None) -> dict:
+def open_once(path: str, tree: str | None = None, mode: str = "ro") -> dict:
     if tree:
         env = {**os.environ, "PYTHONPATH": tree}
-        r = subprocess.run([sys.executable, "-P", "-c", OPEN_IN_CHILD, path], env=env, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-P", "-c", OPEN_IN_CHILD, path, mode], env=env, capture_output=True, text=True
+        )
         if r.returncode:
             raise RuntimeError(f"open with {tree} failed: {r.stderr}")
         return json.loads(r.stdout.splitlines()[-1])
     t0 = time.monotonic()
-    s = CardStore(path, read_only=True)
+    s = CardStore(path, read_only=mode == "ro")
     wall = time.monotonic() - t0
     st = s.stats()
     s.close()
@@ -145,6 +194,9 @@ def main() -> int:
     ap.add_argument("--damage", choices=("object", "region"), default="object")
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH: open with that tree's lmcache_adp")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--open", choices=("ro", "rw"), default="ro", help="rw: read-write opens of a closed and a cut image"
+    )
     ap.add_argument("--tag", default="damage-open")
     args = ap.parse_args()
     work = Path(args.dir) / f"run-{os.getpid()}"
@@ -152,15 +204,30 @@ def main() -> int:
     clean, damaged = str(work / "clean.img"), str(work / "damaged.img")
     try:
         st = fill(clean, int(args.card_gb * (1 << 30)), int(args.object_mb * MIB))
-        subprocess.run(["cp", "--sparse=always", clean, damaged], check=True)
-        flipped = damage(damaged, args.where) if args.damage == "object" else damage_region_headers(damaged)
+        pad_at, pad = -1, b""
+        if args.open == "rw":  # one image, its tail's pad put back or zeroed before each open
+            pad_at = tail_pad(clean)
+            if pad_at < 0:
+                raise SystemExit("--open rw: the closed image has no pad over its frontier's tail (a tree before 23?)")
+            pad = read_block(clean, pad_at)
+            flipped = 0
+            images = (("closed", clean, pad), ("cut", clean, bytes(BLOCK)))
+        else:
+            subprocess.run(["cp", "--sparse=always", clean, damaged], check=True)
+            flipped = damage(damaged, args.where) if args.damage == "object" else damage_region_headers(damaged)
+            images = (("clean", clean, b""), ("damaged", damaged, b""))
         trees = dict(t.split("=", 1) for t in args.tree) or {"": None}
         samples: dict[str, list[dict]] = {}
         for _ in range(args.repeat):
             for tree, tree_path in trees.items():
-                for image, path in (("clean", clean), ("damaged", damaged)):
+                for image, path, tail in images:
                     name = f"{tree} {image}".strip()
-                    samples.setdefault(name, []).append(open_once(path, tree_path))
+                    if tail:
+                        write_block(path, pad_at, tail)
+                    row = open_once(path, tree_path, args.open)
+                    if tail:
+                        row["tail_block_changed"] = read_block(path, pad_at) != tail
+                    samples.setdefault(name, []).append(row)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d-%H%M")
@@ -172,8 +239,10 @@ def main() -> int:
         "regions": st["num_regions"],
         "region_bytes": st["region_bytes"],
         "objects": st["objects"],
-        "damage": args.damage,
+        "open": args.open,
+        "damage": args.damage if args.open == "ro" else "none",
         "flipped": flipped,
+        "tail_pad_at": pad_at,
         "trees": trees,
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
@@ -187,6 +256,11 @@ def main() -> int:
             f"{name}: recovery_seconds median {med['recovery_seconds']:.3f} (all {each}), wall median "
             f"{med['wall_s']:.3f} s; recovered {last['recovered_objects']}, damaged regions "
             f"{last['recovery_damaged_regions']}, lost {last['recovery_lost_objects']}"
+            + (
+                f"; tail block changed by {sum(r['tail_block_changed'] for r in rows)} of {len(rows)} opens"
+                if pad_at >= 0
+                else ""
+            )
         )
     print("\n".join(lines))
     (raw / "summary.txt").write_text("\n".join(lines) + "\n")
