@@ -18,7 +18,8 @@ KV: 32 layers, 8 KV heads, head dim 128, fp16 = 1 GiB in 32 chunks of 32 MiB):
              chunks' footprints): no chunk runs from one region into the next (not in the default)
   fs_native  L2 = LMCache's `fs_native` with use_odirect on the same disk
   fio        the medium's limit: the prompt's bytes over fio's O_DIRECT sequential
-             read bandwidth, at the card's I/O size (one read per 32 MiB object)
+             read bandwidth, at the card's I/O size (one read per object: the chunk
+             LMCache stores, 256 tokens of the shape given, 32 MiB by default)
              and depth (its 4 workers), plus a deeper row for reference
 
 Each L2 tier gets its own fresh server: store the prompt, wait until LMCache
@@ -35,7 +36,9 @@ The goal (issue 4): adp - mock (what the card adds) <= 1.05 x the medium's
 limit, and < fs_native - mock. Medians of the repeats are compared; every
 sample is kept. Writes benchmarks/results/<date>-restore.md and the raw
 outputs (JSON of every sample, fio's JSON, server logs) to
-benchmarks/results/raw/<date>-restore/.
+benchmarks/results/raw/<date>-restore/; a run that fails or is stopped after it
+started measuring keeps what it has (server and gateway logs, samples so far) in
+benchmarks/results/raw/<date>-restore-FAILED/ (--results-dir: another results directory).
 """
 
 from __future__ import annotations
@@ -98,17 +101,18 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CHUNK_TOKENS = 256  # LMCache's default chunk size
 ADP_WORKERS = 4  # ADPConnector num_workers = fs_native num_workers = fio jobs
-FIO_BLOCK = 32 * MiB  # fio's request size: one read per 32 MiB object (Llama-8B-shaped KV)
 FIO_JOBS = (ADP_WORKERS, 2 * ADP_WORKERS)  # each job reads its share of the prompt: at least one block
 
 
 def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path, when: str) -> dict:
-    """Sequential O_DIRECT read of an nbytes file, `jobs` threads each reading its share in bs requests."""
-    out = raw / f"fio-{when}-bs{bs // MiB}M-j{jobs}.json"
+    """Sequential O_DIRECT read of an nbytes file (whole bs blocks), `jobs` threads each reading its share (the
+    same whole number of blocks each, the remainder unread: fio measures a rate) in bs requests."""
+    out = raw / f"fio-{when}-bs{bs}-j{jobs}.json"
+    share = nbytes // bs // jobs * bs
     cmd = [
         require_tool("fio"), "--name=restore-limit", f"--filename={path}", "--rw=read", "--direct=1",
-        "--ioengine=psync", f"--bs={bs}", f"--numjobs={jobs}", f"--size={nbytes // jobs}",
-        "--offset_increment=" + str(nbytes // jobs), "--group_reporting", "--loops=3",
+        "--ioengine=psync", f"--bs={bs}", f"--numjobs={jobs}", f"--size={share}",
+        f"--offset_increment={share}", "--group_reporting", "--loops=3",
         "--output-format=json", f"--output={out}",
     ]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -116,14 +120,16 @@ def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path, when: str) -
     return {"when": when, "bs": bs, "jobs": jobs, "bw_bytes": job["bw_bytes"], "cmd": " ".join(cmd)}
 
 
-def fio_limit(work: Path, nbytes: int, raw: Path, when: str) -> list[dict]:
+def fio_limit(work: Path, nbytes: int, chunk: int, raw: Path, when: str) -> list[dict]:
+    """fio's rows at the card's I/O size: one read per stored object (`chunk` bytes) of an nbytes file (a whole
+    number of chunks: --tokens a multiple of 256), written with one dd block per chunk, so exactly nbytes long."""
     path = work / "fio.dat"
     if not path.exists() or path.stat().st_size != nbytes:  # written once, for real (no holes)
         subprocess.run(
-            ["dd", "if=/dev/urandom", f"of={path}", f"bs={64 * MiB}", f"count={nbytes // (64 * MiB)}",
+            ["dd", "if=/dev/urandom", f"of={path}", f"bs={chunk}", f"count={nbytes // chunk}", "iflag=fullblock",
              "oflag=direct", "conv=fsync", "status=none"], check=True,
         )  # fmt: skip
-    rows = [run_fio(path, nbytes, FIO_BLOCK, jobs, raw, when) for jobs in FIO_JOBS]
+    rows = [run_fio(path, nbytes, chunk, jobs, raw, when) for jobs in FIO_JOBS]
     return rows
 
 
@@ -265,9 +271,14 @@ def render(res: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for r in fio_rows:
-        lines.append(f"| {r['when']} the tiers | {r['bs'] // MiB} MiB | {r['jobs']} | {r['bw_bytes'] / GiB:.2f} | "
+        lines.append(f"| {r['when']} the tiers | {r['bs'] / MiB:g} MiB | {r['jobs']} | {r['bw_bytes'] / GiB:.2f} | "
                      f"{nbytes / r['bw_bytes']:.3f} |")  # fmt: skip
-    lines += ["", f"The medium's limit is the faster {ADP_WORKERS}-job run (the stricter goal)."]
+    lines += [
+        "",
+        f"fio's block is the object LMCache stores for this shape: one chunk of {CHUNK_TOKENS} tokens, "
+        f"{res['prompt']['chunk_bytes']} bytes ({res['prompt']['chunk_bytes'] / MiB:g} MiB), one read per object "
+        f"as the card does. The medium's limit is the faster {ADP_WORKERS}-job run (the stricter goal).",
+    ]
     for when in ("start", "end"):
         others = res["host"].get(f"other_load_{when}")
         if others:
@@ -332,6 +343,7 @@ def main() -> int:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--tag", default="restore", help="result name: <date>-<tag>")
+    ap.add_argument("--results-dir", default=str(RESULTS), help="where the report and raw/ go (default: %(default)s)")
     ap.add_argument(
         "--server-env",
         action="append",
@@ -344,12 +356,15 @@ def main() -> int:
         args.seed = int.from_bytes(os.urandom(4), "little")
     shape = KVShape(num_layers=args.layers, num_heads=args.kv_heads, head_dim=args.head_dim, block_size=16,
                     num_blocks=args.tokens // 16 + 1)  # fmt: skip
-    need = FIO_BLOCK * max(FIO_JOBS)
+    if args.tokens <= 0 or args.tokens % CHUNK_TOKENS:  # LMCache stores whole chunks: a partial one is not stored
+        ap.error(f"--tokens {args.tokens}: must be a positive multiple of {CHUNK_TOKENS} (LMCache's chunk)")
+    chunk = CHUNK_TOKENS * shape.bytes_per_token  # the object LMCache writes: fio's block
+    need = chunk * max(FIO_JOBS)
     if args.tokens * shape.bytes_per_token < need:  # fio would fail: a job's share smaller than one block
-        least = -(-need // (shape.bytes_per_token * CHUNK_TOKENS)) * CHUNK_TOKENS
+        least = max(FIO_JOBS) * CHUNK_TOKENS
         ap.error(f"--tokens {args.tokens}: a prompt of {args.tokens * shape.bytes_per_token / MiB:.0f} MiB; the fio "
-                 f"step reads it in {FIO_BLOCK // MiB} MiB blocks with up to {max(FIO_JOBS)} jobs, each its share: "
-                 f"at least {need // MiB} MiB is needed, {least} tokens of this shape")  # fmt: skip
+                 f"step reads it in {chunk / MiB:g} MiB blocks (one per chunk) with up to {max(FIO_JOBS)} jobs, each "
+                 f"its share: at least {need / MiB:g} MiB is needed, {least} tokens of this shape")  # fmt: skip
     work = Path(args.workdir)
     if work.exists() and (not work.is_dir() or any(work.iterdir())) and not (work / WORKDIR_MARK).exists():
         ap.error(f"--workdir {work}: exists and holds files this benchmark did not make; it removes its work "
@@ -357,16 +372,35 @@ def main() -> int:
     require_tool("fio")  # before any run: the limit is measured first
     exit_on_sigterm()  # stopped by SIGTERM, the servers are stopped and the work directory removed, as on Ctrl-C
     print(f"lmcache_adp measured: {Path(lmcache_adp.__file__).parent}", flush=True)
+    args.stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     try:
         return measure(args, shape)
+    except BaseException:  # a failed step, Ctrl-C, SIGTERM: the server logs and samples so far are kept
+        keep_failed(args, work / "raw", getattr(args, "partial", None))
+        raise
     finally:  # on any failure too: the card images, fs_native files and fio file are the disk's
         shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+def keep_failed(args: argparse.Namespace, raw: Path, res: dict | None = None) -> Path | None:
+    """Copies the run's raw dir (server and gateway logs, fio's JSON, `res` as samples.json) to
+    <results>/raw/<stamp>-<tag>-FAILED and says where; None when the run made none yet."""
+    if not raw.is_dir():
+        return None
+    if res is not None:
+        (raw / "samples.json").write_text(json.dumps(res, indent=1))
+    (raw / "token").unlink(missing_ok=True)  # the gateway's TCP token: nothing to keep
+    dest = Path(args.results_dir) / "raw" / f"{args.stamp}-{args.tag}-FAILED"
+    shutil.copytree(raw, dest, dirs_exist_ok=True)
+    print(f"raw outputs of the failed run in {dest}", file=sys.stderr, flush=True)
+    return dest
 
 
 def measure(args: argparse.Namespace, shape: KVShape) -> int:
     nbytes = args.tokens * shape.bytes_per_token
     gib = nbytes / GiB
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    stamp = args.stamp
+    results = Path(args.results_dir)
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     raw = work / "raw"  # staged here, copied into benchmarks/results at the end
@@ -406,9 +440,10 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
         "notes": {},
         "tiers": {},
     }
+    args.partial = res  # what main keeps if a step fails
     print(f"fio on {work} ...", flush=True)
     res["host"]["other_load_start"] = other_load()
-    res["fio"] = fio_limit(work, nbytes, raw, "before")
+    res["fio"] = fio_limit(work, nbytes, res["prompt"]["chunk_bytes"], raw, "before")
     adapters = {
         "mock": {"type": "mock", "max_size_gb": gib + 1, "mock_bandwidth_gb": 1000},
         "adp": adp_adapter(card=str(work / "card.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
@@ -450,12 +485,9 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
                         f"{st.get('segment_stores', 0):.0f} stored from it in place, {st.get('hits', 0):.0f} hits"
                     )
             except ProcessDied as e:  # keep what there is (server logs, samples so far) and stop at once
-                (raw / "samples.json").write_text(json.dumps(res, indent=1))
-                (raw / "token").unlink(missing_ok=True)
-                dest = RESULTS / "raw" / f"{stamp}-{args.tag}-FAILED"
-                shutil.copytree(raw, dest, dirs_exist_ok=True)
+                print(f"{name} (round {rnd + 1}): {e}", file=sys.stderr, flush=True)
+                keep_failed(args, raw, res)
                 shutil.rmtree(work, ignore_errors=True)
-                print(f"{name} (round {rnd + 1}): {e}\nraw outputs in {dest}", file=sys.stderr, flush=True)
                 sys.stdout.flush()
                 if gateway is not None:
                     gateway.stop()
@@ -480,16 +512,16 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
             print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, "
                   f"L2 restore {median(t['l2'], 'total_s'):.3f} s", flush=True)  # fmt: skip
     print("fio again ...", flush=True)
-    res["fio"] += fio_limit(work, nbytes, raw, "after")
+    res["fio"] += fio_limit(work, nbytes, res["prompt"]["chunk_bytes"], raw, "after")
     res["host"]["loadavg_end"] = os.getloadavg()
     res["host"]["other_load_end"] = other_load()
 
     (raw / "samples.json").write_text(json.dumps(res, indent=1))
     report = render(res)
     (raw / "token").unlink(missing_ok=True)  # the gateway's TCP token: nothing to keep
-    dest = RESULTS / "raw" / f"{stamp}-{args.tag}"
+    dest = results / "raw" / f"{stamp}-{args.tag}"
     shutil.copytree(raw, dest, dirs_exist_ok=True)
-    (RESULTS / f"{stamp}-{args.tag}.md").write_text(report)
+    (results / f"{stamp}-{args.tag}.md").write_text(report)
     shutil.rmtree(work, ignore_errors=True)
     print(report)
     print(f"raw outputs in {dest}")

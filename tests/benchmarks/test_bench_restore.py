@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchmarks/bench_restore.py up to its fio step, with dd and fio on PATH replaced (no disk written, no server
-started): the lmcache_adp it measures and its children import (this tree's, when built in place, even where an
-editable install points at another tree), its refusal of a prompt too small for the fio step, and its work
-directory removed when a step fails or it is stopped by SIGTERM."""
+"""benchmarks/bench_restore.py up to its fio step, with dd and fio on PATH replaced (no server started; dd
+writes only where a test asks it to): the lmcache_adp it measures and its children import (this tree's, when
+built in place, even where an editable install points at another tree), its refusal of a prompt too small for
+the fio step or not of whole chunks, the fio file's size and fio's block (the chunk of the shape given), its work
+directory removed and its raw outputs kept (<results>/raw/*-FAILED) when a step fails or it is stopped by
+SIGTERM."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,28 +25,46 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 pytest.importorskip("lmcache")
 import tools  # noqa: E402
 
-# fio: records its PID and the lmcache_adp a Python child under its environment (the one every MP server and
-# gateway of the run inherits) imports, then fails, or (FIO_MODE=wait) waits to be stopped.
+# fio: records its PID, the lmcache_adp a Python child under its environment (the one every MP server and
+# gateway of the run inherits) imports, the size of the file it was given and its block size, writes its JSON
+# output file (empty: in the run's raw dir), then fails, or (FIO_MODE=wait) waits to be stopped.
 FAKE_FIO = f"""#!/bin/sh
 echo $$ >> "$FAKE_PIDS"
 {sys.executable} -c 'import lmcache_adp; print(lmcache_adp.__file__)' > "$FIO_SAW" 2>&1
+for a in "$@"; do
+  case "$a" in
+    --filename=*) stat -c %s "${{a#--filename=}}" > "$FIO_SAW.size";;
+    --bs=*) echo "${{a#--bs=}}" > "$FIO_SAW.bs";;
+    --output=*) : > "${{a#--output=}}";;
+  esac
+done
 [ "$FIO_MODE" = wait ] && exec sleep 30
 exit 1
 """
+# dd: does nothing, or (REAL_DD set) runs the real dd without oflag=direct (tmp_path may be a tmpfs).
+FAKE_DD = f"""#!/bin/sh
+[ -z "$REAL_DD" ] && exit 0
+for a in "$@"; do shift; [ "$a" = oflag=direct ] || set -- "$@" "$a"; done
+exec {shutil.which("dd")} "$@"
+"""
 
 
-def start(tmp_path: Path, *args: str, fio_mode: str = "fail") -> subprocess.Popen:
-    """The bench run from tmp_path without PYTHONPATH, its --workdir tmp_path/work, dd and fio faked."""
+def start(tmp_path: Path, *args: str, fio_mode: str = "fail", real_dd: bool = False) -> subprocess.Popen:
+    """The bench run from tmp_path without PYTHONPATH, its --workdir tmp_path/work, --results-dir
+    tmp_path/results, dd and fio faked."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "fio").write_text(FAKE_FIO)
-    (bin_dir / "dd").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "dd").write_text(FAKE_DD)
     for tool in ("fio", "dd"):
         (bin_dir / tool).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FIO_MODE=fio_mode)
     env.update(FAKE_PIDS=str(tmp_path / "fio.pids"), FIO_SAW=str(tmp_path / "fio.saw"))
-    cmd = [sys.executable, str(BENCH), "--workdir", str(tmp_path / "work"), "--tiers", "mock", *args]
+    if real_dd:
+        env["REAL_DD"] = "1"
+    cmd = [sys.executable, str(BENCH), "--workdir", str(tmp_path / "work"), "--tiers", "mock"]
+    cmd += ["--results-dir", str(tmp_path / "results"), *args]
     return subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -129,3 +150,57 @@ def test_a_workdir_an_earlier_run_left_is_taken_and_removed(tmp_path):
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and (tmp_path / "fio.pids").exists(), out  # it got as far as the (failing) fio step
     assert not work.exists()
+
+
+def failed_raw(tmp_path: Path) -> list[str]:
+    """The files of the raw dir the run kept in tmp_path/results/raw/<stamp>-restore-FAILED."""
+    (dest,) = (tmp_path / "results" / "raw").glob("*-restore-FAILED")
+    return sorted(p.name for p in dest.iterdir())
+
+
+def test_a_run_that_fails_outside_the_server_keeps_its_raw_outputs(tmp_path):
+    """Only a server's death kept the raw dir (server logs, fio's JSON, samples so far); any other failure (here
+    fio's) removed it with the work directory. Now every failure copies it to <results>/raw/<stamp>-<tag>-FAILED."""
+    proc = start(tmp_path)
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "CalledProcessError" in out, out
+    assert failed_raw(tmp_path) == ["fio-before-bs33554432-j4.json", "samples.json"], out
+    assert "raw outputs of the failed run in" in out and not (tmp_path / "work").exists()
+
+
+def test_a_run_stopped_by_sigterm_keeps_its_raw_outputs(tmp_path):
+    proc = start(tmp_path, fio_mode="wait")
+    with stopped_after(proc, tmp_path):
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "fio.saw").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "samples.json" in failed_raw(tmp_path), out
+
+
+@pytest.mark.parametrize("tokens", ["1000", "2300", "0"])
+def test_tokens_not_a_multiple_of_the_chunk_are_refused_up_front(tmp_path, tokens):
+    """--tokens 2300 ran: LMCache stores whole 256-token chunks, so the prompt measured was not the one named."""
+    proc = start(tmp_path, "--tokens", tokens)
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert f"--tokens {tokens}: must be a positive multiple of 256 (LMCache's chunk)" in out, out
+    assert not (tmp_path / "fio.pids").exists() and not (tmp_path / "work").exists()
+
+
+def test_the_fio_file_is_the_prompt_exactly_and_fio_reads_it_in_chunks_of_the_shape(tmp_path):
+    """A shape of 512 bytes a token: a chunk (the object LMCache stores) is 128 KiB; 9 chunks (an odd count).
+    dd wrote 64 MiB blocks, nbytes // 64 MiB of them: 0 bytes here (a short file for any odd count of 32 MiB
+    chunks), and fio read 32 MiB blocks whatever the shape. Now the file is the prompt's 9 x 128 KiB and fio's
+    block is the chunk."""
+    shape = ["--layers", "1", "--kv-heads", "1", "--head-dim", "128"]
+    proc = start(tmp_path, "--tokens", str(9 * 256), *shape, real_dd=True)
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out  # the fake fio fails after looking
+    assert (tmp_path / "fio.saw.size").read_text().split() == [str(9 * 128 * 1024)], out
+    assert (tmp_path / "fio.saw.bs").read_text().split() == [str(128 * 1024)], out
