@@ -48,7 +48,6 @@ import multiprocessing as mp
 import os
 import platform
 import resource
-import runpy
 import select
 import shutil
 import signal
@@ -62,12 +61,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# This tree's package when it is built in place (a module `import lmcache_adp._native` loads there: the rule
-# of lmcache_adp/source_digest.py, read by path as setup.py does, not a glob that another interpreter's build
-# also matches); otherwise the installed one.
-if runpy.run_path(str(ROOT / "lmcache_adp" / "source_digest.py"))["native_module"](ROOT / "lmcache_adp"):
-    sys.path.insert(0, str(ROOT))
-    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+# This tree's package when it is built in place, here and in the gateways and client processes it starts;
+# otherwise the installed one. Only when run as a script (also through runpy, which puts no benchmarks/ on
+# sys.path): a test importing this module changes neither sys.path nor the environment its children inherit.
+if __name__ == "__main__":
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tools import use_own_tree
+
+    use_own_tree(ROOT)
 
 import lmcache_adp  # noqa: E402
 from lmcache_adp import ADPConnector, format_card  # noqa: E402

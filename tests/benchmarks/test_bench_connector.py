@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -359,3 +360,19 @@ def test_probe_store_sync_syncs_as_the_connector_does_and_checks_the_stores(tmp_
     assert {k: len(v) for k, v in res["syncs_s"].items()} == dict.fromkeys(per_slice, 8)
     assert all(len(t) == 2 for t in res["times_s"].values()) and len(res["times_s"]) == 7
     assert "| embedded durable | " in r.stdout and not list((tmp_path / "w").iterdir())
+
+
+def test_importing_it_changes_neither_sys_path_nor_pythonpath():
+    """It put its tree first on sys.path and on PYTHONPATH as it was imported (tests import it), so every child
+    a test started after that inherited the change; now only when run as a script (tools.use_own_tree)."""
+    probe = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "before = (list(sys.path), os.environ.get('PYTHONPATH'))\n"
+        "import bench_connector\n"
+        "after = (list(sys.path), os.environ.get('PYTHONPATH'))\n"
+        "print('same' if after == before else f'changed: {before} -> {after}')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stdout + r.stderr
