@@ -15,6 +15,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -92,6 +93,34 @@ std::string file_name(int fd) {
   return log_safe(name);
 }
 
+// The filesystem type of the mount fd was opened through (/proc/self/fdinfo's mnt_id, looked up in
+// /proc/self/mountinfo), read without asking the filesystem; "" where this mount namespace does not list it.
+std::string mount_fs_type(int fd) {
+  std::ifstream info("/proc/self/fdinfo/" + std::to_string(fd));
+  std::string line, mnt;
+  while (mnt.empty() && std::getline(info, line))
+    if (line.starts_with("mnt_id:")) mnt = line.substr(line.find_first_not_of(" \t", 7));
+  if (mnt.empty()) return "";
+  std::ifstream mounts("/proc/self/mountinfo");
+  while (std::getline(mounts, line)) {
+    if (!line.starts_with(mnt + " ")) continue;
+    const size_t sep = line.find(" - ");
+    if (sep == std::string::npos) return "";
+    return line.substr(sep + 3, line.find(' ', sep + 3) - (sep + 3));
+  }
+  return "";
+}
+
+// Whether fd is a file on a FUSE filesystem: by its mount's type; a mount this namespace does not list (a client
+// in another mount namespace) by statfs, which asks the filesystem (a FUSE server that fails it is refused too).
+bool on_fuse(int fd) {
+  const std::string type = mount_fs_type(fd);
+  if (!type.empty()) return type == "fuse" || type == "fuseblk" || type.starts_with("fuse.");
+  struct statfs fs{};
+  if (::fstatfs(fd, &fs) != 0) return errno != EBADF;
+  return fs.f_type == FUSE_SUPER_MAGIC;
+}
+
 constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
 
 // The mappings in use, by file identity: a file registered again (by any
@@ -153,6 +182,17 @@ struct SegmentMapping {
 };
 
 Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegment>* out) {
+  // A FUSE file's pages come from its server, which may be the client itself (an unprivileged fusermount): a
+  // page it never delivers would stall the gateway's access to the mapping without bound, and a load into a
+  // segment populates and copies into it inside the card read, under an I/O context (stop() and even SIGKILL
+  // wait out a read the server took). Told apart before anything asks that server (fstat may): the client
+  // registers /dev/shm files only; the ring serves any other buffer.
+  if (on_fuse(fd)) {
+    ::close(fd);
+    return Status::InvalidArgument(
+        "segment descriptor is a file on a FUSE filesystem, whose server decides when the gateway's accesses to it "
+        "complete: not mapped (register memory files such as /dev/shm; the ring serves any other buffer)");
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes) {
     ::close(fd);

@@ -25,6 +25,7 @@ from lmcache_adp.stats_catalog import LOAD_PROFILE_STEPS
 from tests.gateway import wire
 from tests.helpers import RawConnector, hits_hold_their_own, payload
 from tests.support.gateway import Gateway, temp_gateway
+from tests.support.stalling_fuse import StallingFuse
 
 SIZE = 256 << 10
 REGISTER, SEGMENT_OK = FRAME_TYPES["REGISTER_SEGMENT"], FRAME_TYPES["SEGMENT_OK"]
@@ -855,3 +856,42 @@ def test_failed_store_from_a_segment_never_serves_later_bytes(monkeypatch):
         pool.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_segment_on_a_fuse_file_is_refused(workdir):
+    """Session 23 (gwreview23): a segment was any regular file of the stated size. One on a FUSE filesystem that
+    the client serves itself (an unprivileged user mounts one with fusermount) lets it stall the gateway's
+    accesses to the mapping without bound: a load into it populates and copies into its pages inside the card
+    read, under an I/O context, so a READ its server never answers held that context (and stop()) for good; with
+    --io-contexts 1 every other client's request then timed out waiting for one. The process-memory path holds
+    nothing shared while it writes into a client for that reason (docs/protocol.md, "Process memory"); a
+    segment had no such care. Now a segment on a FUSE filesystem is refused at registration (Error frame, the
+    connection closed: the connector then sends that file's buffers through the ring)."""
+    if why := StallingFuse.available():
+        pytest.skip(f"no FUSE mount here: {why}")
+    gw = Gateway(workdir, extra=("--io-contexts", "1")).start()
+    fuse = StallingFuse(1 << 20)
+    fd = os.open(fuse.path, os.O_RDWR)
+    bystander = RawConnector(ADPConnector(gateway=gw.unix_url, timeout_ms=3000))
+    try:
+        c = RawClient(gw)
+        c.map[4096:8192] = b"\x07" * 4096
+        c.send(wire.BATCH, wire.batch(wire.PUT, [b"k"], [4096], [4096]))
+        assert c.recv()[0] == wire.BATCH_REPLY
+        registered = c.register(fd, 1 << 20)
+        if registered[0] == SEGMENT_OK:  # a gateway that maps it: a load into it waits on the FUSE server
+            c.open_lease(c.rid + 1)
+            c.send(wire.BATCH, wire.batch(wire.GET, [b"k"], [4096], [0], timeout_ms=60000, segments=[1]))
+            assert fuse.wait_for_held_read(10)
+        ok, err, _ = bystander.set(["bystander"], [memoryview(b"still served")])
+        assert ok, f"another client's store failed while a load waited on a FUSE segment: {err}"
+        assert "FUSE" in error_text(registered), registered
+        assert "FUSE" in gw.log()
+    finally:
+        bystander.conn.close()
+        os.close(fd)
+        # The server first: a read it took is waited out even by a SIGKILLed gateway (the kernel's FUSE wait is
+        # not interruptible once the server has the request); its death fails the read, and the gateway's
+        # SIGBUS handler takes the segment as broken.
+        fuse.close()
+        gw.kill()
