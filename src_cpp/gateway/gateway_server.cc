@@ -44,6 +44,10 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   s = CardStore::Open(opts.card, &g->store_);
   if (!s.ok()) return s;
   s = proto::listen_endpoint(&g->unix_ep_, 128, &g->unix_fd_);
+  if (struct stat sock; s.ok() && ::lstat(g->unix_ep_.path.c_str(), &sock) == 0) {
+    g->socket_dev_ = sock.st_dev;
+    g->socket_ino_ = sock.st_ino;
+  }
   if (s.ok() && !opts.tcp_listen.empty()) s = proto::listen_endpoint(&g->tcp_ep_, 128, &g->tcp_fd_);
   if (s.ok()) {
     g->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -393,7 +397,15 @@ void GatewayServer::accept_loop() {
 }
 
 void GatewayServer::shutdown_store() {
-  if (unix_fd_ >= 0) ::unlink(unix_ep_.path.c_str());  // only a socket this gateway made
+  // Only the socket this gateway made: the path may name another gateway's by now (this one's removed, by hand or
+  // a cleaner, and a gateway started on the path since), which it would have cut off from every new client.
+  if (struct stat sock; unix_fd_ >= 0 && ::lstat(unix_ep_.path.c_str(), &sock) == 0) {
+    if (sock.st_dev == socket_dev_ && sock.st_ino == socket_ino_)
+      ::unlink(unix_ep_.path.c_str());
+    else
+      ADP_WARN("gateway: %s is no longer the socket this gateway made (another took its path): left in place",
+               unix_ep_.path.c_str());
+  }
   for (int* fd : {&unix_fd_, &tcp_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;

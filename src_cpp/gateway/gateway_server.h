@@ -11,6 +11,8 @@
 // is done.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -135,6 +137,10 @@ class GatewayServer {
   GatewayOptions opts_;
   proto::Endpoint unix_ep_, tcp_ep_;
   int unix_fd_ = -1, tcp_fd_ = -1, wake_fd_ = -1;
+  // The socket file this gateway bound (device, inode): removed at its end only while the path still names it,
+  // not one a gateway started since in its place made there.
+  dev_t socket_dev_ = 0;
+  ino_t socket_ino_ = 0;
   std::unique_ptr<CardStore> store_;
   std::unique_ptr<IoContextPool> pool_;
   std::shared_ptr<GatewayShared> shared_;  // also held by each connection's thread

@@ -113,6 +113,30 @@ def test_live_socket_is_not_taken_over(gateway, workdir):
     assert os.path.exists(gateway.card)
 
 
+def test_a_stopping_gateway_leaves_a_socket_another_made_in_its_place(workdir):
+    """Session 23 (gwreview23): a gateway removed its socket path at its stop whatever the path named by then.
+    Its socket removed meanwhile (by hand, a tmpfiles cleaner) and a second gateway started on the path, the first
+    one's stop removed the second's socket: every new client of the second failed to connect while it ran on.
+    Now a gateway removes the path only while it names the socket that gateway made (warned otherwise)."""
+    first = Gateway(workdir).start()
+    second = Gateway(workdir, card=os.path.join(workdir, "second.img"))
+    try:
+        os.unlink(first.socket)
+        second.start()
+        assert first.stop() == 0
+        assert os.path.exists(second.socket), "the first gateway's stop removed the second's socket"
+        assert "no longer the socket this gateway made" in first.all_logs()
+        c = RawConnector(ADPConnector(gateway=second.unix_url))
+        assert c.set(["served"], [memoryview(b"by the second")])[0]
+        c.conn.close()
+        assert second.stop() == 0
+        assert not os.path.exists(second.socket)  # its own: removed
+    finally:
+        for gw in (first, second):
+            if gw.proc and gw.proc.poll() is None:
+                gw.kill()
+
+
 def test_a_failed_start_leaves_an_existing_card_alone(workdir):
     """Only an image the failed start itself created is removed: a card that was there stays, byte for byte."""
     gw = Gateway(workdir)
