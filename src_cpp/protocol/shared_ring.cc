@@ -28,12 +28,15 @@ Status check_size(uint64_t bytes) {
 Status check_attachable(int fd, uint64_t bytes) {
   Status s = check_size(bytes);
   if (!s.ok()) return s;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes)
-    return Status::InvalidArgument("ring descriptor is not a memory file of the stated size");
+  // The seals first: the kernel answers them for a memfd and refuses them for any other file without asking its
+  // filesystem, where fstat of a FUSE file asks its server, which may be the client and never answer (the
+  // connection's thread then waited for good, past stop() and SIGKILL, holding its ring's reservation).
   int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & kRequiredSeals) != kRequiredSeals)
     return Status::InvalidArgument("ring descriptor is not sealed against shrinking and growing");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes)
+    return Status::InvalidArgument("ring descriptor is not a memory file of the stated size");
   return Status::Ok();
 }
 

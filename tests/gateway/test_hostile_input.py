@@ -4,6 +4,7 @@ connection that sent them, with a logged reason; everyone else is served."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -12,6 +13,8 @@ import pytest
 from lmcache_adp import ADPConnector
 from tests.gateway import fuzz, wire
 from tests.helpers import RawConnector
+from tests.support.gateway import Gateway
+from tests.support.stalling_fuse import StallingFuse
 
 HELLO = wire.frame(wire.HELLO, 1, wire.hello())
 
@@ -126,3 +129,33 @@ def test_fuzz_live_gateway(gateway):
     assert c.set(["after-fuzz"], [memoryview(b"ok")])[0]
     c.conn.close()
     assert gateway.proc.poll() is None
+
+
+def test_a_ring_on_a_fuse_file_is_refused_without_asking_its_server(workdir):
+    """Session 23 (gwreview23): the ring's checks asked fstat first, which on a FUSE file asks its server (here one
+    that never answers a GETATTR), and only then whether the descriptor is a sealed memfd. The ring was reserved
+    before (--max-ring-total-mb), so a client could hold ring memory and a connection slot with a thread the
+    gateway could neither stop nor SIGKILL (the kernel waits out a request its server took). The seals are asked
+    first now: a FUSE file has none, and is refused at once."""
+    if why := StallingFuse.available():
+        pytest.skip(f"no FUSE mount here: {why}")
+    gw = Gateway(workdir).start()
+    fuse = StallingFuse(1 << 20, stall_getattr=True)
+    fd = os.open(fuse.path, os.O_RDWR)
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(gw.socket)
+            hello = wire.frame(wire.HELLO, 1, wire.hello(features=1, ring_bytes=1 << 20))
+            socket.send_fds(s, [hello], [fd])
+            try:
+                reply = s.recv(4096)
+            except TimeoutError:
+                reply = b""
+        assert reply, "no answer to a Hello whose ring is a FUSE file: the gateway waits on its server"
+        assert "not sealed" in error_reason(reply), reply
+        assert not fuse.wait_for_held_read(0.5)  # its server was never asked
+    finally:
+        os.close(fd)
+        fuse.close()  # first: a gateway waiting on the server ends its wait only then
+        gw.kill()

@@ -43,8 +43,9 @@ def _reply(dev: int, unique: int, body: bytes = b"", error: int = 0) -> None:
         os.write(dev, OUT_HEADER.pack(OUT_HEADER.size + len(body), -error, unique) + body)
 
 
-def serve(size: int, mount: str) -> int:
-    """The child: mounts, says "R" on stdout, then serves; says "H" for each READ it holds (never answered)."""
+def serve(size: int, mount: str, stall_getattr: bool = False) -> int:
+    """The child: mounts, says "R" on stdout, then serves; says "H" for each READ it holds (never answered), and
+    with stall_getattr for each GETATTR of the file (whose attributes it then lets no one cache)."""
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     dev = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     opts = f"fd={dev},rootmode=40000,user_id=0,group_id=0".encode()
@@ -69,10 +70,13 @@ def serve(size: int, mount: str) -> int:
             _reply(dev, unique, struct.pack("<IIIIHHIIHHII24x", 7, min(minor, 31), 0, 0, 0, 0, 1 << 20, 1, 0, 0, 0, 0))
         elif opcode == LOOKUP:
             if nodeid == ROOT and arg.rstrip(b"\0") == NAME:
-                entry = struct.pack("<QQQQII", FILE, 0, 3600, 3600, 0, 0)
+                valid = 0 if stall_getattr else 3600
+                entry = struct.pack("<QQQQII", FILE, 0, valid, valid, 0, 0)
                 _reply(dev, unique, entry + _attr(FILE, size, S_IFREG | 0o600))
             else:
                 _reply(dev, unique, error=errno.ENOENT)
+        elif opcode == GETATTR and nodeid == FILE and stall_getattr:
+            print("H", flush=True)  # held: never answered
         elif opcode == GETATTR:
             attr = _attr(ROOT, 0, S_IFDIR | 0o755) if nodeid == ROOT else _attr(FILE, size, S_IFREG | 0o600)
             _reply(dev, unique, struct.pack("<QII", 3600, 0, 0) + attr)
@@ -93,13 +97,15 @@ def serve(size: int, mount: str) -> int:
 
 class StallingFuse:
     """Mounts a filesystem holding one regular file of `size` bytes (`self.path`), served by a child process
-    that holds every READ of it unanswered. `wait_for_held_read()` waits for the first."""
+    that holds every READ of it unanswered (with stall_getattr, every GETATTR of it too: an fstat of it never
+    returns). `wait_for_held_read()` waits for the first request held."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, stall_getattr: bool = False):
         self.mount = tempfile.mkdtemp(prefix="adp-fuse-", dir="/tmp")
         self.path = os.path.join(self.mount, NAME.decode())
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), str(size), self.mount], stdout=subprocess.PIPE
+            [sys.executable, os.path.abspath(__file__), str(size), self.mount, str(int(stall_getattr))],
+            stdout=subprocess.PIPE,
         )
         line = self.proc.stdout.readline().decode().strip()
         if line != "R":
@@ -139,4 +145,4 @@ class StallingFuse:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), sys.argv[2]))
+    sys.exit(serve(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"))
