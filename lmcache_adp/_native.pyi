@@ -50,10 +50,11 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
 def crc32c_implementation() -> str:
     """Which CRC32C code runs on this CPU (a hardware one, or "bitwise")."""
 
-def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0) -> None:
+def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0, sparse: bool = False) -> None:
     """Writes a new superblock on path (creating an image of create_bytes if it
-    does not exist): every object on the card becomes unreadable. region_bytes
-    0 picks the default. Raises RuntimeError on failure."""
+    does not exist: its blocks allocated, or sparse with sparse=True or on tmpfs):
+    every object on the card becomes unreadable. region_bytes 0 picks the
+    default. Raises RuntimeError on failure."""
 
 def card_image_space(path: str) -> tuple[int, int, int] | None:
     """(size, allocated, free) bytes of the card image file at path: its size, what its filesystem allocated to it
@@ -126,9 +127,11 @@ class CardStore:
         region_bytes: int = 0,
         format_blank: bool = True,
         read_only: bool = False,
+        sparse: bool = False,
     ) -> None:
         """Opens (recovers) the card at path; an image of create_bytes is
-        created and formatted if it does not exist, and a blank card (block 0
+        created (its blocks allocated; sparse with sparse=True or on tmpfs)
+        and formatted if it does not exist, and a blank card (block 0
         all zeros) is formatted unless format_blank is False (then:
         RuntimeError "no card at PATH (block 0 is blank)", nothing written).
         read_only: opened O_RDONLY (still locked against other owners), so a
@@ -188,8 +191,10 @@ class GatewayServer:
         max_pipelined_stores: int = -1,
         request_spin_us: int = 0,
         segment_prefault: bool = True,
+        card_sparse: bool = False,
     ) -> None:
-        """Opens the card and listens on socket_path (and listen, tcp://HOST:PORT,
+        """Opens the card (a new image of card_size_bytes: its blocks allocated,
+        or sparse with card_sparse or on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT,
         with token); the max_* bounds default to GatewayOptions'. process_write_threads:
         helpers writing process loads' pieces (-1: one per usable CPU, 0: none).
         max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2,

@@ -47,7 +47,7 @@ sealed, the socket is removed and it exits 0. Clients refused by a limit
 are told why (README, "Gateway limits")."""
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 MISSING_CARD_HINT = (
-    "; give --card-size-gb N to create an image file of N GiB there (sparse), or `lmcache-adp format --card PATH "
+    "; give --card-size-gb N to create an image file of N GiB there, or `lmcache-adp format --card PATH "
     "--size-gb N` first (a block device must exist)"
 )
 
@@ -109,8 +109,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--card-size-gb",
         type=float,
         default=0,
-        help="create the image file with this size (GiB, sparse) if it does not exist; ignored for an existing "
-        "card (default 0: the card must exist)",
+        help="create the image file with this size (GiB; its blocks allocated, unless --card-sparse or on tmpfs) "
+        "if it does not exist; ignored for an existing card (default 0: the card must exist)",
+    )
+    p.add_argument(
+        "--card-sparse",
+        action="store_true",
+        help="with --card-size-gb: a new image file is left sparse (its filesystem allocates its blocks as the "
+        "first stores write them) instead of allocated when it is created; an existing image is left as it is",
     )
     p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"Unix socket to serve on (default {DEFAULT_SOCKET})")
     p.add_argument(
@@ -249,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         server = _native.GatewayServer(
             card=card,
             card_size_bytes=int(args.card_size_gb * GIB),
+            card_sparse=args.card_sparse,
             socket_path=os.path.abspath(args.socket),
             listen=args.listen,
             token=token,

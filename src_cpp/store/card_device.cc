@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "store/card_format.h"
+#include "store/new_image.h"
 #include "util/amount.h"
 #include "util/log.h"
 #include "util/populate.h"
@@ -123,11 +124,13 @@ std::string card_space_warning(const std::string& path) {
          "card uses, or give the cards sizes that fit together (the size applies when an image is created)";
 }
 
-Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out,
-                        Access access) {
+Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out, Access access,
+                        Creation creation) {
   const bool read_only = access == Access::kReadOnly;
   struct stat st{};
   bool exists = ::stat(path.c_str(), &st) == 0;
+  CardSpace space;                               // a new image's filesystem, as seen before it is made
+  std::vector<std::filesystem::path> made_dirs;  // directories made for a new image
   if (!exists && errno != ENOENT) return Status::IoError("cannot stat card " + path + ": " + errno_text(errno));
   if (!exists && (create_bytes == 0 || read_only)) return Status::NotFound("card " + path + " does not exist");
   if (exists && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
@@ -137,15 +140,16 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
   // read-only open still keeps a gateway or a connector off the card.
   int flags = (read_only ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC;
   if (!exists) {
-    // A sparse image larger than its filesystem's free space would start and
-    // then fail its stores with ENOSPC once the filesystem fills: refused
-    // before anything (a directory, the file) is made.
+    // An image larger than its filesystem's free space is refused before
+    // anything (a directory, the file) is made: a sparse one would start and
+    // then fail its stores with ENOSPC once the filesystem fills. (One that
+    // passes here can still fail its allocation: size_new_image, NoSpace.)
     // (Only this image counts: the others beside it are the WARNING's, see
     // card_space_warning and docs/card_format.md.)
     // One on a read-only filesystem is refused as that, whatever free space it
     // reports (a squashfs or ISO image reports none: audit 15 item 11).
-    CardSpace s;
-    const bool looked = look_at_card_space(path, create_bytes, &s, false);
+    const bool looked = look_at_card_space(path, create_bytes, &space, false);
+    const CardSpace& s = space;
     if (looked && s.read_only)
       return Status::IoError("cannot create card image " + path + ": " + s.at + " is on a read-only filesystem");
     if (looked && s.reports_size && s.grows_by() > s.free)
@@ -154,10 +158,21 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
                              std::to_string(s.free) + " bytes) free; give a size that fits or make room");
     std::error_code ec;
     auto parent = std::filesystem::path(path).parent_path();
+    // The directories this creation makes, deepest first: removed again (if
+    // still empty) when the image cannot be made after all.
+    for (auto d = parent; !d.empty() && d != d.parent_path() && !std::filesystem::exists(d, ec); d = d.parent_path())
+      made_dirs.push_back(d);
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     if (ec) return Status::IoError("cannot create directory " + parent.string() + ": " + ec.message());
     flags |= O_CREAT | O_EXCL;
   }
+  // Removes what this creation made (the image, then its new directories).
+  auto unmake = [&](int fd) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    std::error_code ec;
+    for (const auto& d : made_dirs) std::filesystem::remove(d, ec);
+  };
   bool is_blk = exists && S_ISBLK(st.st_mode);
   if (is_blk) flags |= O_EXCL;  // exclusive claim of the device against mounts and other O_EXCL openers
 
@@ -186,21 +201,22 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
       ::close(fd);
       return Status::IoError("cannot read size of block device " + path + ": " + errno_text(e));
     }
-  } else if (!exists) {
-    create_bytes &= ~(kBlockSize - 1);
-    if (::ftruncate(fd, static_cast<off_t>(create_bytes)) != 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(path.c_str());
-      return Status::IoError("cannot size new card image " + path + ": " + errno_text(e));
-    }
-    size = create_bytes;
-    ADP_INFO("created card image %s (%s, sparse)", path.c_str(), log_amount(size).c_str());
-  } else {
-    size = static_cast<uint64_t>(st.st_size);
   }
   struct statfs fs{};
   bool memory = !is_blk && ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+  if (!is_blk && !exists) {
+    create_bytes &= ~(kBlockSize - 1);
+    NewImage made;
+    Status sized = size_new_image(fd, path, create_bytes, creation == Creation::kSparse, memory, space.free, &made);
+    if (!sized.ok()) {
+      unmake(fd);
+      return sized;
+    }
+    size = create_bytes;
+    ADP_INFO("created card image %s (%s, %s)", path.c_str(), log_amount(size).c_str(), made.how.c_str());
+  } else if (!is_blk) {
+    size = static_cast<uint64_t>(st.st_size);
+  }
   out->reset(new CardDevice(path, fd, size, is_blk, memory, read_only));
   if (memory && size > 0) {
     // Reads only touch blocks that were written, and writes blocks that
@@ -305,7 +321,7 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
     if (n < 0) {
       const int e = errno;
       if (e == EINTR) continue;
-      // An image file (sparse) allocates its blocks as they are first
+      // An image file left sparse allocates its blocks as they are first
       // written: ENOSPC means its filesystem is full, not the card.
       const char* full = e == ENOSPC && !block_device_
                              ? " (the card image's filesystem is full: the image is larger than the space its "

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // CardDevice: the card as a file descriptor opened with O_DIRECT, either a
-// block device or an image file (created sparse when missing), read-write or
+// block device or an image file (created when missing), read-write or
 // read-only. Holds an exclusive flock for its lifetime either way, so a card
 // has one owner at a time.
 // I/O calls are thread-safe (positional), and must use 4 KiB-aligned offsets,
@@ -80,11 +80,20 @@ class CardDevice : public Device {
   // a filesystem the kernel remounted read-only, or an image the caller may
   // not write, can still be read; nothing is created, writev refuses.
   enum class Access { kReadWrite, kReadOnly };
-  // Opens `path`. A missing file is created with `create_bytes` (sparse) if
-  // create_bytes > 0 and access is kReadWrite; otherwise a missing card is
-  // NotFound. Busy if another open description holds the card.
+  // How a new image file gets its size: kAllocated, its blocks allocated at
+  // once (fallocate: the space is the card's from the start, and first-fill
+  // stores on ext4 go 1.1-1.6x faster than into a sparse file here,
+  // benchmarks/results/2026-12-04-*-prealloc.md), except on tmpfs/ramfs and
+  // on a filesystem without fallocate, where it stays sparse; kSparse,
+  // ftruncate: its filesystem allocates the blocks as stores first write them
+  // (store/new_image.h). An existing image is never allocated at open.
+  enum class Creation { kAllocated, kSparse };
+  // Opens `path`. A missing file is created with `create_bytes` if
+  // create_bytes > 0 and access is kReadWrite (`creation`; NoSpace, nothing
+  // left behind, when its filesystem cannot hold it); otherwise a missing
+  // card is NotFound. Busy if another open description holds the card.
   static Status Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out,
-                     Access access = Access::kReadWrite);
+                     Access access = Access::kReadWrite, Creation creation = Creation::kAllocated);
   ~CardDevice() override;
 
   const std::string& path() const override { return path_; }
