@@ -142,8 +142,8 @@ def reset(work: Path, env: dict | None = None) -> None:
     """Fresh state for the next adapter: empty card (new superblock), no files, nothing dirty in the page cache.
     With `env` (an --extra-adp row) the card is formatted by that row's package."""
     shutil.rmtree(work / "files", ignore_errors=True)
-    (work / "new.img").unlink(missing_ok=True)
     (work / "sparse.img").unlink(missing_ok=True)
+    (work / "prealloc.img").unlink(missing_ok=True)
     card = str(work / "card.img")
     if env is None:
         lmcache_adp.format_card(card)
@@ -246,8 +246,8 @@ def adapters(work: Path, bs: int, card_gb: int) -> list[tuple[str, str, dict, in
         ("fs (buffered)", "buffered", {"type": "fs", "base_path": files}, 4096),
         ("ADP durable=false", "diag", adp(durable=False), 4096),
         ("ADP num_workers=8", "diag", adp(num_workers=2 * QD), 4096),
-        ("ADP on a new image", "diag", adp("new.img"), 4096),
-        ("ADP on a new sparse image", "diag", adp("sparse.img", card_sparse=True), 4096),
+        ("ADP on a new sparse image", "diag", adp("sparse.img"), 4096),
+        ("ADP on a new preallocated image", "diag", adp("prealloc.img", card_preallocate=True), 4096),
         (
             "no-op connector",
             "floor",

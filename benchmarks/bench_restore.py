@@ -16,8 +16,8 @@ KV: 32 layers, 8 KV heads, head dim 128, fp16 = 1 GiB in 32 chunks of 32 MiB):
   adp_gw     the same through `lmcache-adp gateway` (when this build has it)
   adp_fit    as adp, on a card formatted with regions of two chunks each (its 4 KiB header and two
              chunks' footprints): no chunk runs from one region into the next (not in the default)
-  adp_sparse as adp, on an image created sparse (adapter_params card_sparse; adp's is allocated at
-             creation): not in the default
+  adp_prealloc as adp, on an image allocated at creation (adapter_params card_preallocate; adp's is
+             sparse): not in the default
   fs_native  L2 = LMCache's `fs_native` with use_odirect on the same disk
   fio        the medium's limit: the prompt's bytes over fio's O_DIRECT sequential
              read bandwidth, at the card's I/O size (one read per object: the chunk
@@ -260,7 +260,7 @@ def render(res: dict) -> str:
     labels = {"mock": "RAM L2 (mock)", "adp": "card, this plugin (embedded)", "adp_gw": "card, this plugin (gateway)",
               "fs_native": "fs_native, O_DIRECT, same disk",
               "adp_fit": "card, this plugin (embedded), regions of two chunks",
-              "adp_sparse": "card, this plugin (embedded), image created sparse"}  # fmt: skip
+              "adp_prealloc": "card, this plugin (embedded), image allocated at creation"}  # fmt: skip
     for name, t in tiers.items():
         base, _, l1 = name.partition("+")
         label = labels[base] + (", L1 in /dev/shm (--shm-name)" if l1 == "shm" else "")
@@ -451,9 +451,9 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
         "mock": {"type": "mock", "max_size_gb": gib + 1, "mock_bandwidth_gb": 1000},
         "adp": adp_adapter(card=str(work / "card.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
         "adp_fit": adp_adapter(card=str(work / "card-fit.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
-        # as adp, on an image created sparse (card_sparse): its blocks allocated as the first stores write them
-        "adp_sparse": adp_adapter(
-            card=str(work / "card-sparse.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS, card_sparse=True
+        # as adp, on an image allocated at creation (card_preallocate), not sparse
+        "adp_prealloc": adp_adapter(
+            card=str(work / "card-prealloc.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS, card_preallocate=True
         ),
         "fs_native": {
             "type": "fs_native",

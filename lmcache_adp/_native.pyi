@@ -50,9 +50,9 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
 def crc32c_implementation() -> str:
     """Which CRC32C code runs on this CPU (a hardware one, or "bitwise")."""
 
-def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0, sparse: bool = False) -> None:
+def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0, preallocate: bool = False) -> None:
     """Writes a new superblock on path (creating an image of create_bytes if it
-    does not exist: its blocks allocated, or sparse with sparse=True or on tmpfs):
+    does not exist: sparse; its blocks allocated with preallocate=True, except on tmpfs):
     every object on the card becomes unreadable. region_bytes 0 picks the
     default. Raises RuntimeError on failure."""
 
@@ -127,10 +127,10 @@ class CardStore:
         region_bytes: int = 0,
         format_blank: bool = True,
         read_only: bool = False,
-        sparse: bool = False,
+        preallocate: bool = False,
     ) -> None:
         """Opens (recovers) the card at path; an image of create_bytes is
-        created (its blocks allocated; sparse with sparse=True or on tmpfs)
+        created (sparse; its blocks allocated with preallocate=True, except on tmpfs)
         and formatted if it does not exist, and a blank card (block 0
         all zeros) is formatted unless format_blank is False (then:
         RuntimeError "no card at PATH (block 0 is blank)", nothing written).
@@ -191,10 +191,10 @@ class GatewayServer:
         max_pipelined_stores: int = -1,
         request_spin_us: int = 0,
         segment_prefault: bool = True,
-        card_sparse: bool = False,
+        card_preallocate: bool = False,
     ) -> None:
-        """Opens the card (a new image of card_size_bytes: its blocks allocated,
-        or sparse with card_sparse or on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT,
+        """Opens the card (a new image of card_size_bytes: sparse, or its blocks
+        allocated with card_preallocate, except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT,
         with token); the max_* bounds default to GatewayOptions'. process_write_threads:
         helpers writing process loads' pieces (-1: one per usable CPU, 0: none).
         max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2,

@@ -114,13 +114,13 @@ PARAMS: dict[str, Param] = {
     "card": Param(None, "embedded mode: card path (block device or image file); default ~/.cache/lmcache-adp/card.img"),
     "card_size_gb": Param(
         16,
-        "embedded mode: size of the image file when it is created (its blocks allocated then, on a filesystem "
-        "with fallocate that is not tmpfs: see card_sparse)",
+        "embedded mode: size of the image file when it is created (sparse; see card_preallocate)",
     ),
-    "card_sparse": Param(
+    "card_preallocate": Param(
         False,
-        "embedded mode: a new image file is left sparse (its filesystem allocates its blocks as the first stores "
-        "write them) instead of allocated when it is created; an existing image is left as it is",
+        "embedded mode: true: a new image file's blocks are allocated when it is created (fallocate; not on tmpfs), "
+        "so its filesystem cannot run out under it later; default false: sparse, its blocks allocated as the first "
+        "stores write them; an existing image is left as it is",
     ),
     "num_workers": Param(
         None,
@@ -182,7 +182,7 @@ PARAMS: dict[str, Param] = {
 }
 
 # Keys that only mean something for one kind of gateway.
-_EMBEDDED_ONLY = ("card", "card_size_gb", "card_sparse", "durable", "io_depth")
+_EMBEDDED_ONLY = ("card", "card_size_gb", "card_preallocate", "durable", "io_depth")
 
 
 class ConfigError(ValueError):
@@ -202,7 +202,7 @@ class ConnectorConfig:
     gateway: str = "embedded"
     card: str = field(default_factory=default_card_path)
     card_size_gb: float = 16
-    card_sparse: bool = False
+    card_preallocate: bool = False
     num_workers: int = 8
     io_depth: int = 4
     timeout_ms: int = 10000
@@ -305,16 +305,16 @@ class ConnectorConfig:
             raise ConfigError(f"adapter_params['metrics_host'] must be an address or host name, got {metrics_host!r}")
         if "metrics_host" in params and not params.get("metrics_port"):
             raise ConfigError("adapter_params['metrics_host'] applies only with a metrics_port")
-        durable, card_sparse = get("durable"), get("card_sparse")
+        durable, card_preallocate = get("durable"), get("card_preallocate")
         if not isinstance(durable, bool):
             raise ConfigError(f"adapter_params['durable'] must be true or false, got {durable!r}")
-        if not isinstance(card_sparse, bool):
-            raise ConfigError(f"adapter_params['card_sparse'] must be true or false, got {card_sparse!r}")
+        if not isinstance(card_preallocate, bool):
+            raise ConfigError(f"adapter_params['card_preallocate'] must be true or false, got {card_preallocate!r}")
         return cls(
             gateway=gateway,
             card=os.path.abspath(os.path.expanduser(card)),
             card_size_gb=float(size),
-            card_sparse=card_sparse,
+            card_preallocate=card_preallocate,
             num_workers=_int("num_workers", params.get("num_workers", 8 if gateway == "embedded" else 4), 1, 64),
             io_depth=_int("io_depth", get("io_depth"), 1, 256),
             timeout_ms=_int("timeout_ms", get("timeout_ms"), 1, 3_600_000),
@@ -336,7 +336,7 @@ class ConnectorConfig:
             "gateway": self.gateway,
             "card": self.card,
             "card_size_bytes": int(self.card_size_gb * GIB),
-            "card_sparse": self.card_sparse,
+            "card_preallocate": self.card_preallocate,
             "num_workers": self.num_workers,
             "io_depth": self.io_depth,
             "timeout_ms": self.timeout_ms,

@@ -109,14 +109,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--card-size-gb",
         type=float,
         default=0,
-        help="create the image file with this size (GiB; its blocks allocated, unless --card-sparse or on tmpfs) "
-        "if it does not exist; ignored for an existing card (default 0: the card must exist)",
+        help="create the image file with this size (GiB; sparse, unless --card-preallocate) if it does not exist; "
+        "ignored for an existing card (default 0: the card must exist)",
     )
     p.add_argument(
-        "--card-sparse",
+        "--card-preallocate",
         action="store_true",
-        help="with --card-size-gb: a new image file is left sparse (its filesystem allocates its blocks as the "
-        "first stores write them) instead of allocated when it is created; an existing image is left as it is",
+        help="with --card-size-gb: a new image file's blocks are allocated when it is created (fallocate; not on "
+        "tmpfs), so its filesystem cannot run out under it later, instead of sparse (allocated as the first stores "
+        "write them); an existing image is left as it is",
     )
     p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"Unix socket to serve on (default {DEFAULT_SOCKET})")
     p.add_argument(
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         server = _native.GatewayServer(
             card=card,
             card_size_bytes=int(args.card_size_gb * GIB),
-            card_sparse=args.card_sparse,
+            card_preallocate=args.card_preallocate,
             socket_path=os.path.abspath(args.socket),
             listen=args.listen,
             token=token,

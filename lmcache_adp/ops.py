@@ -406,7 +406,7 @@ def cmd_format(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     size = int(args.size_gb * GIB) if args.size_gb and not exists else 0
     try:
-        format_card(args.card, size, 0, args.sparse)
+        format_card(args.card, size, 0, args.preallocate)
     except (RuntimeError, ValueError) as e:
         if exists and os.path.isfile(args.card) and "are needed" in str(e):
             # An existing file keeps its size (--size-gb is for a new one): say how to get a card there (audit 14).
@@ -454,14 +454,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--size-gb",
         type=float,
-        help=f"size of a new image file, GiB {card_size_range()} (its blocks allocated, unless --sparse or on "
-        "tmpfs); ignored for an existing card",
+        help=f"size of a new image file, GiB {card_size_range()} (sparse, unless --preallocate); ignored for an "
+        "existing card",
     )
     p.add_argument(
-        "--sparse",
+        "--preallocate",
         action="store_true",
-        help="with --size-gb: a new image file is left sparse (its filesystem allocates its blocks as the first "
-        "stores write them) instead of allocated",
+        help="with --size-gb: a new image file's blocks are allocated when it is created (fallocate; not on tmpfs), "
+        "instead of sparse (allocated as the first stores write them)",
     )
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_format)

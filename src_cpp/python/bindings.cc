@@ -105,7 +105,7 @@ class NativeConnector {
     CardOptions co;
     co.path = cfg["card"].cast<std::string>();
     co.create_bytes = cfg["card_size_bytes"].cast<uint64_t>();
-    co.create_sparse = cfg.contains("card_sparse") && cfg["card_sparse"].cast<bool>();
+    co.create_preallocated = cfg.contains("card_preallocate") && cfg["card_preallocate"].cast<bool>();
     co.durable = cfg["durable"].cast<bool>();
     co.io_depth = cfg["io_depth"].cast<int>();
     std::unique_ptr<CardStore> store;
@@ -237,10 +237,10 @@ class NativeConnector {
 class PyCardStore {
  public:
   PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes, bool format_blank,
-              bool read_only, bool sparse) {
+              bool read_only, bool preallocate) {
     CardOptions co;
     co.path = path;
-    co.create_sparse = sparse;
+    co.create_preallocated = preallocate;
     co.format_blank = format_blank;
     co.read_only = read_only;
     co.create_bytes = create_bytes;
@@ -443,17 +443,18 @@ PYBIND11_MODULE(_native, m) {
         "Which CRC32C code runs on this CPU (a hardware one, or \"bitwise\").");
   m.def(
       "format_card",
-      [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes, bool sparse) {
+      [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes, bool preallocate) {
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = CardStore::Format(path, create_bytes, region_bytes, sparse);
+          s = CardStore::Format(path, create_bytes, region_bytes, preallocate);
         }
         if (!s.ok()) raise(s);
       },
-      py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0, py::arg("sparse") = false,
-      "Writes a new superblock on path (creating an image of create_bytes if it does not exist: its blocks "
-      "allocated, or sparse with sparse=True or on tmpfs): every object on the card becomes unreadable. region_bytes "
+      py::arg("path"), py::arg("create_bytes") = 0, py::arg("region_bytes") = 0, py::arg("preallocate") = false,
+      "Writes a new superblock on path (creating an image of create_bytes if it does not exist: sparse, "
+      "its blocks allocated with preallocate=True, except on tmpfs): every object on the card becomes unreadable. "
+      "region_bytes "
       "0 picks the default. Raises RuntimeError on failure.");
 
   m.def(
@@ -593,11 +594,11 @@ PYBIND11_MODULE(_native, m) {
                        int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
                        uint64_t max_store_buffer_bytes, int process_write_threads,
                        uint64_t max_store_buffer_total_bytes, uint32_t max_request_timeout_ms, int max_pipelined_stores,
-                       int request_spin_us, bool segment_prefault, bool card_sparse) {
+                       int request_spin_us, bool segment_prefault, bool card_preallocate) {
              GatewayOptions o;
              o.card.path = card;
              o.card.create_bytes = card_size_bytes;
-             o.card.create_sparse = card_sparse;
+             o.card.create_preallocated = card_preallocate;
              o.card.durable = durable;
              o.socket_path = socket_path;
              o.tcp_listen = listen;
@@ -635,9 +636,9 @@ PYBIND11_MODULE(_native, m) {
            py::arg("max_request_timeout_ms") = GatewayOptions{}.max_request_timeout_ms,
            py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
            py::arg("request_spin_us") = GatewayOptions{}.request_spin_us,
-           py::arg("segment_prefault") = GatewayOptions{}.segment_prefault, py::arg("card_sparse") = false,
-           "Opens the card (a new image of card_size_bytes: its blocks allocated, or sparse with card_sparse or on "
-           "tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
+           py::arg("segment_prefault") = GatewayOptions{}.segment_prefault, py::arg("card_preallocate") = false,
+           "Opens the card (a new image of card_size_bytes: sparse, or its blocks allocated with card_preallocate, "
+           "except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
            "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
            "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
            "rounded down; 0: none). request_spin_us: how long a connection looks for the next request after a put or "
@@ -656,9 +657,9 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyCardStore>(m, "CardStore")
       .def(py::init<const std::string&, uint64_t, bool, uint64_t, bool, bool, bool>(), py::arg("path"),
            py::arg("create_bytes") = 0, py::arg("durable") = true, py::arg("region_bytes") = 0,
-           py::arg("format_blank") = true, py::arg("read_only") = false, py::arg("sparse") = false,
-           "Opens (recovers) the card at path; an image of create_bytes is created (its blocks allocated; sparse "
-           "with sparse=True or on tmpfs) and formatted if it does not exist, "
+           py::arg("format_blank") = true, py::arg("read_only") = false, py::arg("preallocate") = false,
+           "Opens (recovers) the card at path; an image of create_bytes is created (sparse; its blocks allocated "
+           "with preallocate=True, except on tmpfs) and formatted if it does not exist, "
            "and a blank card (block 0 all zeros) is formatted unless format_blank is False (then: RuntimeError, "
            "nothing written). read_only: opened O_RDONLY (still locked), nothing created, formatted or written; "
            "put, remove and verify(repair=True) raise ValueError. Raises RuntimeError.")

@@ -80,12 +80,14 @@ class CardDevice : public Device {
   // a filesystem the kernel remounted read-only, or an image the caller may
   // not write, can still be read; nothing is created, writev refuses.
   enum class Access { kReadWrite, kReadOnly };
-  // How a new image file gets its size: kAllocated, its blocks allocated at
-  // once (fallocate: the space is the card's from the start, and first-fill
-  // stores on ext4 go 1.1-1.6x faster than into a sparse file here,
-  // benchmarks/results/2026-12-04-*-prealloc.md), except on tmpfs/ramfs and
-  // on a filesystem without fallocate, where it stays sparse; kSparse,
-  // ftruncate: its filesystem allocates the blocks as stores first write them
+  // How a new image file gets its size: kSparse (the default), ftruncate: its
+  // filesystem allocates the blocks as stores first write them; kAllocated
+  // (asked for: card_preallocate), its blocks allocated at once (fallocate:
+  // the space is the card's from the start, no ENOSPC later while the card
+  // has room; first-fill stores on ext4 1.05-1.39x, but loads right after
+  // that fill 0.88-0.90x of a sparse image here,
+  // benchmarks/results/2026-12-04-1930-prealloc.md), except on tmpfs/ramfs
+  // and on a filesystem without fallocate, where it stays sparse
   // (store/new_image.h). An existing image is never allocated at open.
   enum class Creation { kAllocated, kSparse };
   // Opens `path`. A missing file is created with `create_bytes` if
@@ -93,7 +95,7 @@ class CardDevice : public Device {
   // left behind, when its filesystem cannot hold it); otherwise a missing
   // card is NotFound. Busy if another open description holds the card.
   static Status Open(const std::string& path, uint64_t create_bytes, std::unique_ptr<CardDevice>* out,
-                     Access access = Access::kReadWrite, Creation creation = Creation::kAllocated);
+                     Access access = Access::kReadWrite, Creation creation = Creation::kSparse);
   ~CardDevice() override;
 
   const std::string& path() const override { return path_; }

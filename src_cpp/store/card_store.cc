@@ -85,10 +85,11 @@ Status CardStore::read_only_refusal(const char* what) const {
                                  ": it is open read-only (status, verify without --repair)");
 }
 
-Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes, bool create_sparse) {
+Status CardStore::Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes,
+                         bool create_preallocated) {
   std::unique_ptr<CardDevice> dev;
   Status s = CardDevice::Open(path, create_bytes, &dev, CardDevice::Access::kReadWrite,
-                              create_sparse ? CardDevice::Creation::kSparse : CardDevice::Creation::kAllocated);
+                              create_preallocated ? CardDevice::Creation::kAllocated : CardDevice::Creation::kSparse);
   if (!s.ok()) return s;
   return FormatDevice(*dev, region_bytes);
 }
@@ -166,9 +167,10 @@ CardStore::~CardStore() {
 
 Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out) {
   std::unique_ptr<CardDevice> dev;
-  Status s = CardDevice::Open(opts.path, opts.create_bytes, &dev,
-                              opts.read_only ? CardDevice::Access::kReadOnly : CardDevice::Access::kReadWrite,
-                              opts.create_sparse ? CardDevice::Creation::kSparse : CardDevice::Creation::kAllocated);
+  Status s =
+      CardDevice::Open(opts.path, opts.create_bytes, &dev,
+                       opts.read_only ? CardDevice::Access::kReadOnly : CardDevice::Access::kReadWrite,
+                       opts.create_preallocated ? CardDevice::Creation::kAllocated : CardDevice::Creation::kSparse);
   if (!s.ok()) return s;
   dev->set_io_depth(opts.io_depth);
   dev->start_prefault();  // in the background, alongside recovery

@@ -56,11 +56,11 @@ namespace adp {
 
 struct CardOptions {
   std::string path;
-  uint64_t create_bytes = 0;   // size of a new image file; 0 = never create
-  bool create_sparse = false;  // a new image file is left sparse (CardDevice::Creation::kSparse), not allocated
-  uint64_t region_bytes = 0;   // region size when formatting; 0 = chosen from the card size
-  bool durable = true;         // fdatasync before a store is acknowledged
-  int io_depth = 4;            // card I/O in flight at once
+  uint64_t create_bytes = 0;         // size of a new image file; 0 = never create
+  bool create_preallocated = false;  // a new image file's blocks allocated at creation (Creation::kAllocated)
+  uint64_t region_bytes = 0;         // region size when formatting; 0 = chosen from the card size
+  bool durable = true;               // fdatasync before a store is acknowledged
+  int io_depth = 4;                  // card I/O in flight at once
   int recovery_threads = 4;
   // false: a blank card (block 0 all zeros) is NotFound, not formatted, so
   // that opening one (status, verify) never writes to it.
@@ -115,7 +115,7 @@ class CardStore {
   static Status Open(const CardOptions& opts, std::unique_ptr<CardStore>* out);
   // Writes a fresh superblock (new card id): every object on the card is gone.
   static Status Format(const std::string& path, uint64_t create_bytes, uint64_t region_bytes,
-                       bool create_sparse = false);
+                       bool create_preallocated = false);
   // The same on a device of the caller's (tests: testing/fault_device.h).
   // opts.path, create_bytes and io_depth are not used.
   static Status OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opts, std::unique_ptr<CardStore>* out);

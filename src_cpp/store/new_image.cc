@@ -26,8 +26,9 @@ Status size_new_image(int fd, const std::string& path, uint64_t bytes, bool spar
   *out = NewImage{};
   if (sparse_asked || memory) {
     out->sparse = true;
-    out->how = sparse_asked ? "sparse, as asked: its blocks are allocated as stores first write them"
-                            : "sparse: on tmpfs, where its blocks are memory, taken as stores first write them";
+    // The default (no preallocation asked): "sparse", the line as it was before preallocation could be asked for.
+    out->how =
+        sparse_asked ? "sparse" : "sparse: on tmpfs, where its blocks are memory, taken as stores first write them";
     return truncate_to(fd, path, bytes);
   }
   const auto start = std::chrono::steady_clock::now();

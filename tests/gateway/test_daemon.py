@@ -36,7 +36,7 @@ def test_card_lines_give_a_small_card_in_mib(workdir):
     try:
         lines = gw.log().splitlines()
         created = next(line for line in lines if f"created card image {gw.card} (" in line)
-        assert "(256.00 MiB, its blocks allocated in " in created, created  # workdir: on /tmp, a disk
+        assert "(256.00 MiB, sparse)" in created, created
         opened = next(line for line in lines if f"opened card {gw.card}: recovered" in line)
         assert re.search(r"\(0\.00 MiB of 2[45]\d\.\d\d MiB used, ", opened), opened
         line = next(line for line in lines if f"gateway: card {gw.card} open (" in line)

@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A new card image's blocks: allocated at creation (fallocate) on a disk filesystem, or sparse (ftruncate).
+"""A new card image's blocks: sparse (ftruncate, the default) or, when asked, allocated at creation (fallocate).
 
-An image made sparse took its blocks from the filesystem as the first stores wrote them: another process could
-fill the filesystem meanwhile and the card's stores then failed with ENOSPC though the card had room; and on ext4
-each first write allocated (first-fill O_DIRECT writes 1.1-1.9x slower than into a fallocate'd file here:
-benchmarks/results/2026-12-04-*-prealloc.md). Now a new image on a regular filesystem is allocated at creation,
-and one that its filesystem cannot hold fails then, with nothing left behind. It stays sparse on tmpfs (its
-blocks are memory: allocating them takes the whole size at once), on a filesystem without fallocate, and when
-asked (adapter_params card_sparse, `gateway --card-sparse`, `format --sparse`). An existing image is never
-allocated at open.
+A sparse image takes its blocks from the filesystem as the first stores write them: another process can fill the
+filesystem meanwhile and the card's stores then fail with ENOSPC though the card has room. An operator who wants
+the space reserved asks for it (adapter_params card_preallocate, `gateway --card-preallocate`, `format
+--preallocate`): the image is fallocate'd at creation, and one its filesystem cannot hold fails then, with nothing
+left behind. Not the default: measured, first-fill stores ran 1.05-1.39x of a sparse image's but loads right after
+that fill 0.88-0.90x (benchmarks/results/2026-12-04-1930-prealloc.md). It stays sparse on tmpfs even when asked
+(its blocks are memory: allocating them takes the whole size at once) and on a filesystem without fallocate. An
+existing image is never allocated at open.
 """
 
 from __future__ import annotations
@@ -43,68 +43,85 @@ def disk_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_new_image_on_disk_has_its_blocks_allocated(disk_dir, capfd):
+def test_a_new_image_on_disk_is_sparse_by_default(disk_dir, capfd):
+    """CardStore, `format`, the embedded connector and (below) the gateway, asked for nothing: sparse, as before
+    the option existed (only the superblock written)."""
     path = os.path.join(disk_dir, "card.img")
     CardStore(path, SIZE, durable=False).close()
-    assert os.path.getsize(path) == SIZE
-    assert allocated(path) >= SIZE
-    err = capfd.readouterr().err
-    assert f"created card image {path} (64.00 MiB, its blocks allocated in " in err, err
-
-
-def test_the_sparse_choice_stays_sparse(disk_dir, capfd):
-    """CardStore(sparse=True), `format --sparse` and adapter_params card_sparse leave a new image sparse: only
-    the superblock (and, once opened, nothing more) is written."""
-    path = os.path.join(disk_dir, "store.img")
-    CardStore(path, SIZE, durable=False, sparse=True).close()
     assert os.path.getsize(path) == SIZE and allocated(path) < SIZE // 8, allocated(path)
-    assert f"created card image {path} (64.00 MiB, sparse, as asked: " in capfd.readouterr().err
-
+    assert f"created card image {path} (64.00 MiB, sparse)" in capfd.readouterr().err
     path = os.path.join(disk_dir, "format.img")
     r = subprocess.run(
-        [sys.executable, "-m", "lmcache_adp.cli", "format", "--card", path, "--size-gb", "0.0625", "--sparse"],
+        [sys.executable, "-m", "lmcache_adp.cli", "format", "--card", path, "--size-gb", "0.0625", "--yes"],
         capture_output=True,
         text=True,
         cwd=REPO,
     )
     assert r.returncode == 0, r.stderr
     assert os.path.getsize(path) == SIZE and allocated(path) < SIZE // 8, allocated(path)
+    path = os.path.join(disk_dir, "embedded.img")
+    ADPConnector(card=path, card_size_gb=0.0625, num_workers=1).close()
+    assert os.path.getsize(path) == SIZE and allocated(path) < SIZE // 8, allocated(path)
+
+
+def test_preallocation_asked_reserves_the_blocks(disk_dir, capfd):
+    """CardStore(preallocate=True), `format --preallocate` and adapter_params card_preallocate: true allocate a new
+    image's blocks at creation (st_blocks x 512 >= its size)."""
+    path = os.path.join(disk_dir, "store.img")
+    CardStore(path, SIZE, durable=False, preallocate=True).close()
+    assert os.path.getsize(path) == SIZE and allocated(path) >= SIZE, allocated(path)
+    assert f"created card image {path} (64.00 MiB, its blocks allocated in " in capfd.readouterr().err
+
+    path = os.path.join(disk_dir, "format.img")
+    r = subprocess.run(
+        [sys.executable, "-m", "lmcache_adp.cli", "format", "--card", path, "--size-gb", "0.0625", "--preallocate",
+         "--yes"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(path) == SIZE and allocated(path) >= SIZE, allocated(path)
 
     path = os.path.join(disk_dir, "embedded.img")
-    ADPConnector(card=path, card_size_gb=0.0625, card_sparse=True, num_workers=1).close()
-    assert os.path.getsize(path) == SIZE and allocated(path) < SIZE // 8, allocated(path)
-    # and without it, allocated
-    path = os.path.join(disk_dir, "embedded-allocated.img")
-    ADPConnector(card=path, card_size_gb=0.0625, num_workers=1).close()
-    assert allocated(path) >= SIZE
+    ADPConnector(card=path, card_size_gb=0.0625, card_preallocate=True, num_workers=1).close()
+    assert os.path.getsize(path) == SIZE and allocated(path) >= SIZE, allocated(path)
 
 
-def test_the_gateway_creates_a_sparse_image_with_card_sparse():
-    with temp_gateway(memory=False, card_size_gb=0.0625, extra=("--card-sparse",)) as gw:
-        assert os.path.getsize(gw.card) == SIZE and allocated(gw.card) < SIZE // 8, allocated(gw.card)
-        assert "sparse, as asked: " in gw.log()
-    with temp_gateway(memory=False, card_size_gb=0.0625) as gw:
-        assert allocated(gw.card) >= SIZE
+def test_the_gateway_preallocates_only_with_card_preallocate():
+    with temp_gateway(memory=False, card_size_gb=0.0625, extra=("--card-preallocate",)) as gw:
+        assert os.path.getsize(gw.card) == SIZE and allocated(gw.card) >= SIZE, allocated(gw.card)
         assert "its blocks allocated in " in gw.log()
+    with temp_gateway(memory=False, card_size_gb=0.0625) as gw:
+        assert allocated(gw.card) < SIZE // 8, allocated(gw.card)
+        assert "(64.00 MiB, sparse)" in gw.log()
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_a_card_preallocate_that_is_not_true_or_false_is_refused(disk_dir, value):
+    path = os.path.join(disk_dir, "card.img")
+    with pytest.raises(ValueError, match=r"adapter_params\['card_preallocate'\] must be true or false, got "):
+        ADPConnector(card=path, card_size_gb=0.0625, card_preallocate=value, num_workers=1)
+    assert not os.path.exists(path)
 
 
 def test_an_existing_image_is_not_allocated_at_open(disk_dir):
     path = os.path.join(disk_dir, "card.img")
-    CardStore(path, SIZE, durable=False, sparse=True).close()
+    CardStore(path, SIZE, durable=False).close()
     before = allocated(path)
-    s = CardStore(path, SIZE, durable=False)  # the default (allocate a new image) does not apply to this one
+    s = CardStore(path, SIZE, durable=False, preallocate=True)  # applies to a new image only
     s.put("k", b"x" * 4096)
     s.close()
     assert before < allocated(path) < SIZE // 8, (before, allocated(path))
 
 
-def test_a_new_image_on_tmpfs_stays_sparse(capfd):
+def test_a_new_image_on_tmpfs_stays_sparse_even_when_preallocation_is_asked(capfd):
     """On tmpfs the blocks are memory: allocating them would take the card's whole size of RAM at once
     (2.3-2.5 s for 8 GiB here); they are taken as stores fill the card, as before."""
     d = tempfile.mkdtemp(prefix="adp-prealloc-", dir="/dev/shm")
     try:
         path = os.path.join(d, "card.img")
-        CardStore(path, SIZE, durable=False).close()
+        CardStore(path, SIZE, durable=False, preallocate=True).close()
         assert os.path.getsize(path) == SIZE and allocated(path) < SIZE // 8, allocated(path)
         assert f"created card image {path} (64.00 MiB, sparse: on tmpfs, " in capfd.readouterr().err
     finally:
@@ -122,7 +139,7 @@ out = {"free": free, "path": path}
 try:
     # All that the filesystem reports free: it passes the check before creation (size <= free), but ext4's
     # records of the image's extents need a block more than that.
-    CardStore(path, free & ~4095, durable=False)
+    CardStore(path, free & ~4095, durable=False, preallocate=True)
     out["created"] = os.stat(path).st_blocks * 512
 except RuntimeError as e:
     out["error"] = str(e)
@@ -162,9 +179,9 @@ def in_private_ext4(size_mib: int, child: str) -> dict:
 
 
 def test_an_image_its_filesystem_cannot_allocate_is_not_created():
-    """A 1 GiB ext4 of its own: an image of all it reports free passes the check before creation but cannot be
-    allocated. It was made sparse and started (its stores would have failed with ENOSPC near the end); now the
-    creation fails with NoSpace and leaves nothing: no file, no directory, no blocks."""
+    """A 1 GiB ext4 of its own: an image of all it reports free, preallocation asked, passes the check before
+    creation but cannot be allocated. The creation fails with NoSpace and leaves nothing: no file, no directory,
+    no blocks (a sparse one would start and fail its stores with ENOSPC near the end)."""
     out = in_private_ext4(1024, NO_ROOM_CHILD)
     assert "created" not in out, out
     e = out["error"]
