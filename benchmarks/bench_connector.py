@@ -331,6 +331,14 @@ def connector_rounds(params: dict, src, dst, reps: int, batch: int, window: int,
         rounds.close()
 
 
+def same_package(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the tree of the lmcache_adp this process imported first on PYTHONPATH: a gateway it starts runs
+    the package it measures (imported by a test or another script, not only when run as a script: use_own_tree)."""
+    root = str(Path(lmcache_adp.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 @contextlib.contextmanager
 def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
     """`lmcache-adp gateway` owning the card for the duration of the block (SIGTERM after it)."""
@@ -341,7 +349,7 @@ def gateway(card: Path, sock: Path, io_contexts: int, log: Path):
             + os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=showing_info(dict(os.environ)),  # the ready line below is INFO
+            env=same_package(showing_info(dict(os.environ))),  # the ready line below is INFO
             cwd=card.parent,  # `-m` puts the cwd first on sys.path: a checkout's unbuilt package there (audit 13)
         )
         try:

@@ -36,7 +36,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_connector as bc  # noqa: E402  (this tree's package when built in place, as bench_connector)
+if __name__ == "__main__":  # this tree's package when built in place, here and in its children (as bench_connector)
+    from tools import use_own_tree
+
+    use_own_tree(Path(__file__).resolve().parents[1])
+import bench_connector as bc  # noqa: E402
 
 BLOCK = 4096
 
