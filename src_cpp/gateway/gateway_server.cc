@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <system_error>
 
 #include "protocol/messages.h"
 #include "util/amount.h"
@@ -246,6 +247,23 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   c.fd = fd;
   c.tcp = tcp;
   c.control = std::make_shared<ConnectionControl>();
+  try {
+    start_connection(c);
+  } catch (const std::system_error& e) {
+    // No thread for it (a pids limit, memory): refused, where the exception ended the whole gateway (std::terminate
+    // on the accept thread), so that a client flooding connections under such a limit took everyone's down.
+    clients_.pop_back();
+    if (tcp) shared_->tcp_handshakes--;
+    shared_->refused++;
+    ADP_WARN_LIMITED("gateway: refusing a %s connection: cannot start its thread (%s)", tcp ? "TCP" : "local",
+                     e.what());
+    refuse_at_accept(fd, std::string("the gateway cannot start a thread for this connection (") + e.what() + ")");
+  }
+}
+
+void GatewayServer::start_connection(Client& c) {
+  const int fd = c.fd;
+  const bool tcp = c.tcp;
   c.thread = std::thread([this, &c, fd, tcp, id = c.id, shared = shared_, control = c.control] {
     set_thread_name("adp-conn", static_cast<int>(id % 1000000));
     ClientHandler(fd, tcp, id, shared, control).run();

@@ -125,6 +125,8 @@ class GatewayServer {
   GatewayServer() = default;
   void accept_loop();
   void accept_one(int listen_fd, bool tcp);
+  // Starts c's thread; throws std::system_error where none can be started (accept_one refuses c then).
+  void start_connection(Client& c);
   void reap(bool all);
   // The INFO count line of the clients that hung up before their HelloOk (each at DEBUG: audit 13 item 7): one for
   // a burst, gathered kGoneGather from the first, and at most one every kGoneLineEvery; at_once: whatever is

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import select
 import shutil
 import socket
@@ -23,7 +24,7 @@ from lmcache_adp._native import FEATURE_PROCESS_STORES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_process_stores import StoreClient
-from tests.helpers import RawConnector, payload
+from tests.helpers import RawConnector, eventually, payload
 from tests.support.gateway import TOKEN, Gateway
 
 SIZE = 64 * 1024
@@ -562,3 +563,37 @@ def test_an_idle_tcp_connection_gives_its_large_frame_buffers_back(gateway):
         s.sendall(wire.frame(wire.BATCH, 4, wire.batch(wire.EXISTS, [b"big"])))  # still served
         ftype, _, body = wire.recv_frame(s)
         assert ftype == wire.BATCH_REPLY and body[8] == 0
+
+
+def test_a_connection_no_thread_can_be_started_for_is_refused_and_the_gateway_lives_on(workdir):
+    """Session 23 (gwreview23): the accept thread started each connection's thread with no care for its failure;
+    where none could be started (a container's pids limit, or memory: here an address-space limit on the gateway a
+    few thread stacks above its size) std::system_error ended the gateway (std::terminate, SIGABRT), so a client
+    that opened connections under such a limit took every client's gateway down. Now that connection is refused
+    (an Error frame, counted in refused_connections, a rate-limited WARNING) and the gateway goes on."""
+    gw = Gateway(workdir).start()
+    try:
+        pid = gw.proc.pid
+        with open(f"/proc/{pid}/status") as f:
+            vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+        _, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+        resource.prlimit(pid, resource.RLIMIT_AS, (vm + (24 << 20), hard))  # the soft limit, raised again below
+        held = []
+        for _ in range(12):  # each thread's stack takes 8 MiB of the 24
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(gw.socket)
+            held.append(s)
+            time.sleep(0.1)
+            assert gw.proc.poll() is None, f"the gateway died ({gw.proc.returncode}):\n{gw.log()[-2000:]}"
+        assert eventually(lambda: "cannot start its thread" in gw.log()), gw.log()[-2000:]
+        for s in held:
+            s.close()
+        resource.prlimit(pid, resource.RLIMIT_AS, (hard, hard))  # room for a connector's ring again
+        c = RawConnector(ADPConnector(gateway=gw.unix_url))
+        assert eventually(lambda: c.set(["after"], [memoryview(b"served")])[0]), gw.log()[-2000:]
+        c.conn.close()
+        assert gw.stop() == 0
+    finally:
+        if gw.proc:
+            gw.kill()
