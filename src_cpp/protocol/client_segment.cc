@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "util/amount.h"
@@ -267,9 +268,22 @@ void SegmentPrefaulter::add(const ClientSegment& seg) {
         file_name(seg.m_->fd).c_str());
     return;
   }
+  if (!thread_.joinable()) {
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error& e) {
+      // No thread (a pids limit, memory): its loads populate their own pages, and a later registration tries again.
+      // Thrown, the exception ended the gateway (std::terminate on the registering connection's thread).
+      seg.m_->queued.store(false);
+      ADP_WARN_LIMITED(
+          "gateway: segment %s: no thread to populate it in the background (%s); its loads populate "
+          "their own pages",
+          file_name(seg.m_->fd).c_str(), e.what());
+      return;
+    }
+  }
   queue_.push_back(seg.m_);
   pending_.fetch_add(1, std::memory_order_relaxed);
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   cv_.notify_one();
 }
 

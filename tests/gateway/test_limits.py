@@ -13,6 +13,7 @@ import resource
 import select
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -20,7 +21,7 @@ import time
 import pytest
 
 from lmcache_adp import ADPConnector, _native
-from lmcache_adp._native import FEATURE_PROCESS_STORES
+from lmcache_adp._native import FEATURE_PROCESS_STORES, FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
 from tests.gateway.test_process_stores import StoreClient
@@ -593,6 +594,52 @@ def test_a_connection_no_thread_can_be_started_for_is_refused_and_the_gateway_li
         c = RawConnector(ADPConnector(gateway=gw.unix_url))
         assert eventually(lambda: c.set(["after"], [memoryview(b"served")])[0]), gw.log()[-2000:]
         c.conn.close()
+        assert gw.stop() == 0
+    finally:
+        if gw.proc:
+            gw.kill()
+
+
+def test_a_request_whose_helper_thread_cannot_be_started_is_served_without_it(workdir):
+    """Session 23 (gwreview23), as above for the two threads a client's request starts lazily: an I/O context's
+    CRC worker (at its first store of 1 MiB or more from aligned memory on a disk card) and the segment prefaulter
+    (at the first segment registered). Where neither could be started (here an address-space limit with no room
+    for a thread's stack) std::system_error on the connection's thread ended the gateway (SIGABRT). Now the CRC is
+    computed on the connection's thread and the segment is left to its loads (a WARNING); the store and the
+    registration are answered and the object loads back intact."""
+    gw = Gateway(workdir).start()
+    size = 2 << 20
+    data = os.urandom(size)
+    try:
+        pid = gw.proc.pid
+        c = wire.RingClient(gw.socket, FEATURE_RING | FEATURE_SEGMENTS, (8 << 20) + 4096)
+        with open(f"/proc/{pid}/status") as f:
+            vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+        _, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+        resource.prlimit(pid, resource.RLIMIT_AS, (vm + (6 << 20), hard))  # no room for a thread's 8 MiB stack
+        c.map[4096 : 4096 + size] = data
+        c.send(wire.BATCH, wire.batch(wire.PUT, [b"big"], [size], [4096]))
+        ftype, body = c.recv()
+        assert gw.proc.poll() is None, f"the gateway died ({gw.proc.returncode}):\n{gw.log()[-2000:]}"
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, body
+        path = f"/dev/shm/adp-test-seg-{os.getpid()}-{time.monotonic_ns()}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, 1 << 20)
+            c.send(FRAME_TYPES["REGISTER_SEGMENT"], struct.pack("<QII", 1 << 20, 1, 0), [fd])
+            ftype, body = c.recv()
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        assert gw.proc.poll() is None, f"the gateway died ({gw.proc.returncode}):\n{gw.log()[-2000:]}"
+        assert ftype == FRAME_TYPES["SEGMENT_OK"], body
+        resource.prlimit(pid, resource.RLIMIT_AS, (hard, hard))
+        c.send(wire.BATCH, wire.batch(wire.GET, [b"big"], [size], [4096]))
+        ftype, body = c.recv()
+        assert ftype == wire.BATCH_REPLY and body[8] == 0, body
+        assert c.map[4096 : 4096 + size] == data
+        assert "no thread to populate it in the background" in gw.log()
+        c.close()
         assert gw.stop() == 0
     finally:
         if gw.proc:
