@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -99,37 +100,39 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
   scans->assign(g.num_regions, RegionScan{});
   std::atomic<uint32_t> next{0}, done{0};
   std::atomic<uint64_t> found{0};
-  std::mutex err_mu;
-  Status first_error;  // guarded by err_mu
-  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::condition_variable all_exited;
+  int exited = 0;      // guarded by mu: workers returned
+  Status first_error;  // guarded by mu
   auto fail = [&](const Status& st) {
-    std::lock_guard<std::mutex> l(err_mu);
+    std::lock_guard<std::mutex> l(mu);
     if (first_error.ok()) first_error = st;
-    failed = true;
   };
   auto worker = [&] {
     set_thread_name("adp-recover");
     AlignedBuffer block;
     if (!block.reserve(kBlockSize))
-      return fail(Status::IoError("out of memory for recovery", Status::IoClass::kGatewayMemory));
-    for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {
-      RegionScan& scan = (*scans)[r];
-      scan.io = scan_region(dev, g, r, block.data(), &scan);
-      found += scan.objects.size();
-    }
+      fail(Status::IoError("out of memory for recovery", Status::IoClass::kGatewayMemory));
+    else
+      for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {
+        RegionScan& scan = (*scans)[r];
+        scan.io = scan_region(dev, g, r, block.data(), &scan);
+        found += scan.objects.size();
+      }
+    std::lock_guard<std::mutex> l(mu);
+    exited++;
+    all_exited.notify_one();  // under mu: the waiter cannot return and destroy it first
   };
-  int n = std::clamp<int>(threads, 1, static_cast<int>(g.num_regions));
+  const int n = std::clamp<int>(threads, 1, static_cast<int>(g.num_regions));
   std::vector<std::thread> pool;
   for (int i = 0; i < n; i++) pool.emplace_back(worker);
-  // Progress for long recoveries: a line every 5 seconds.
-  auto last_report = Clock::now();
-  while (done.load() < g.num_regions && !failed.load()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (seconds_since(last_report) >= 5) {
-      last_report = Clock::now();
+  // Woken by the last worker's exit, so an open waits for its walk only;
+  // a line of progress every 5 seconds of a long one.
+  {
+    std::unique_lock<std::mutex> l(mu);
+    while (!all_exited.wait_for(l, std::chrono::seconds(5), [&] { return exited == n; }))
       ADP_INFO("recovering card %s: %u/%u regions scanned, %" PRIu64 " objects so far", dev.path().c_str(), done.load(),
                g.num_regions, found.load());
-    }
   }
   for (auto& t : pool) t.join();
   return first_error;
