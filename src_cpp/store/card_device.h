@@ -115,7 +115,9 @@ class CardDevice : public Device {
   // written by another process does not take a page fault per page. Holes
   // are skipped: no tmpfs page is allocated. A no-op without a mapping (disk
   // cards), when already started, or with ADP_CARD_PREFAULT=0 in the
-  // environment. The destructor stops it (stop_prefault).
+  // environment. The destructor stops it (stop_prefault). CardStore::Open
+  // calls it once its open is done: a write to the image (recovery's pads)
+  // waits behind it.
   void start_prefault();
   // Stops the prefault thread within one step and joins it; idempotent.
   void stop_prefault();
