@@ -381,6 +381,11 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   const uint64_t footprint = object_footprint(payload_bytes);
   std::lock_guard<std::mutex> flock(frontier_mu_);
   std::unique_lock<std::mutex> lock(mu_);
+  // An index entry holds a seq in 46 bits: past it a store would be indexed
+  // under its seq cut short, its load would miss (the card's seq differs) and
+  // the older copy it supersedes be marked deleted. Refused instead.
+  if (next_seq_ > kMaxIndexSeq)
+    return Status::NoSpace("card " + path() + ": its store sequence numbers are spent (over 2^46); reformat it");
   uint32_t f;
   if (frontier_ < 0 || regions_[frontier_].write_offset >= region_bytes_) {
     Status s = advance_frontier(ctx, lock, 0, &f);
