@@ -58,8 +58,8 @@ Status size_new_image(int fd, const std::string& path, uint64_t bytes, bool spar
                            "; it reported " + log_amount(free_bytes) + " (" + std::to_string(free_bytes) +
                            " bytes) free, some of which its own records of the image take); give a size that fits "
                            "or make room");
-  return Status::IoError("cannot allocate new card image " + path + " of " + std::to_string(bytes) +
-                         " bytes: " + errno_text(e));
+  return Status::IoError("cannot reserve the blocks of new card image " + path + " of " + std::to_string(bytes) +
+                         " bytes (fallocate: " + errno_text(e) + ")");
 }
 
 }  // namespace adp
