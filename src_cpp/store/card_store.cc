@@ -817,8 +817,10 @@ Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext
       uint64_t len = std::min<uint64_t>(x.len - from, it.size - done);
       pcrc = crc32c_copy_extend(pcrc, map + x.at + from, it.data + done, len);
       done += len;
-      if (done == it.size && tail) std::memset(map + x.at + from + len, 0, kBlockSize - tail);
-      if (done == it.size) break;
+      const bool last = done == it.size;
+      if (last && tail) std::memset(map + x.at + from + len, 0, kBlockSize - tail);
+      device_->mapped_written(x.at + from, last && tail ? len + kBlockSize - tail : len);
+      if (last) break;
     }
     encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
     return device_->write(ext[0].at, hdr, kBlockSize);
@@ -854,10 +856,12 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
   *card_error = false;
   *source_failed = false;
   uint32_t pcrc = 0;
+  uint8_t* map = mapped ? device_->mapped() : nullptr;
   auto fill = [&](uint8_t* dst, uint64_t offset, size_t len) {
     for (size_t done = 0; done < len;) {
       size_t l = std::min(len - done, kFillPieceBytes);
       Status s = it.fill(dst + done, offset + done, l);
+      if (map) device_->mapped_written(static_cast<uint64_t>(dst + done - map), l);  // what it wrote, even failing
       if (!s.ok()) {
         *source_failed = true;
         return s;
@@ -873,7 +877,6 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
   if (mapped) {
     // Straight into the mapping, extent by extent (the regions it spans),
     // the rest of its last block zeroed.
-    uint8_t* map = device_->mapped();
     uint64_t skip = kBlockSize, done = 0;  // the header block, then the payload
     for (const Extent& x : ext) {
       uint64_t from = std::min(skip, x.len);
@@ -882,7 +885,10 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
       s = fill(map + x.at + from, done, len);
       if (!s.ok()) return s;
       done += len;
-      if (done == it.size && tail) std::memset(map + x.at + from + len, 0, kBlockSize - tail);
+      if (done == it.size && tail) {
+        std::memset(map + x.at + from + len, 0, kBlockSize - tail);
+        device_->mapped_written(x.at + from + len, kBlockSize - tail);
+      }
       if (done == it.size) break;
     }
   } else {

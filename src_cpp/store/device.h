@@ -47,6 +47,13 @@ class Device {
     (void)offset, (void)n;
     return false;
   }
+  // The store has copied the bytes [offset, offset + n) into mapped(); it
+  // calls this after each copy, in the order of its copies (a record's
+  // payload pieces, then the header's writev). Nothing to do for a real
+  // mapping: the bytes are in the page cache. A test double
+  // (testing/mapped_fault_device.h) counts each as a write, to cut a process
+  // crash between them.
+  virtual void mapped_written(uint64_t offset, size_t n) const { (void)offset, (void)n; }
 
   Status read(uint64_t offset, void* buf, size_t n) const {
     iovec v{buf, n};

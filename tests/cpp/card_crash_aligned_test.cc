@@ -5,7 +5,7 @@
 // checks after each reopen are tests/cpp/crash_harness.h (card_crash_test.cc
 // runs it on values that are not aligned, which the store stages).
 //
-//   card_crash_aligned_test [all]
+//   card_crash_aligned_test [all | quick]
 //
 // A scripted workload of aligned stores that takes every aligned store path
 // of CardStore::put_each (src_cpp/store/card_store.cc):
@@ -26,9 +26,8 @@
 // before its body is caught here) and that write failed (whole, torn as the
 // cuts); and every sync failed in turn. The default runs every write point of the disk workload
 // and a bounded set of the memory-backed one's; `all` (or ADP_CRASH_ALL=1)
-// every point of both.
-#include <malloc.h>
-
+// every point of both; `quick` (the sanitizer builds) 4 write points and 2
+// sync points of each.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -85,37 +84,11 @@ std::vector<Op> make_aligned_script() {
   };
 }
 
-// Every write point of ops (or `bounded` of them spread over it), each crash of crashes_at with the later
-// tear, then every sync failed in turn; the runs.
-uint64_t crash_everywhere(const std::vector<Op>& ops, const char* name, uint64_t bounded, uint64_t* points_run,
-                          uint64_t* writes_out) {
-  Run clean;
-  uint64_t syncs = 0;
-  uint64_t writes = count_writes(ops, &clean, name, &syncs);
-  uint64_t runs = 0;
-  const uint64_t points = bounded && writes > bounded ? bounded : writes;
-  for (uint64_t i = 0; i < points; i++) runs += crashes_at(ops, i * writes / points, kLaterTear);
-  for (uint64_t p = 0; p < syncs; p++) {
-    fail_sync_at(ops, p);
-    runs++;
-  }
-  std::printf("card_crash_aligned_test: %s: %" PRIu64 " of %" PRIu64 " write points, all %" PRIu64
-              " sync points, %" PRIu64 " runs\n",
-              name, points, writes, syncs, runs);
-  *points_run = points;
-  *writes_out = writes;
-  return runs;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Each run's image (12 MiB) and values (up to 2 MiB) from the heap kept between runs, not mapped and
-  // unmapped each time (half the run time was the kernel's, faulting fresh pages in).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  const char* env = std::getenv("ADP_CRASH_ALL");
-  bool all = (argc > 1 && std::string(argv[1]) == "all") || (env && std::string(env) == "1");
+  const Selection sel = crash_program_start(argc, argv);
+  const bool all = sel.all, quick = sel.quick;
   auto ops = make_aligned_script();
   int small = 0, large = 0, staged = 0;
   for (const Op& op : ops)
@@ -123,14 +96,18 @@ int main(int argc, char** argv) {
   std::printf("card_crash_aligned_test: %d aligned stores under 1 MiB, %d of 1 MiB or more, %d staged\n", small, large,
               staged);
   crash_card() = CrashCard{1536 * kK, 8, false};
-  uint64_t disk_points, disk_writes, mem_points, mem_writes;
-  uint64_t runs = crash_everywhere(ops, "disk", 0, &disk_points, &disk_writes);
+  // Each write point: every crash of crashes_at, with a cut and a failed write torn inside a large body too.
+  auto at = [&](uint64_t p, uint64_t) { return crashes_at(ops, p, kLaterTear); };
+  Coverage disk = crash_everywhere(ops, "disk", quick ? 4 : 0, quick ? 2 : 0, at);
   crash_card().memory_backed = true;
-  runs += crash_everywhere(ops, "memory-backed", all ? 0 : 12, &mem_points, &mem_writes);
-  CHECK(disk_points == disk_writes, "every write point of the disk workload runs");
-  std::printf("card_crash_aligned_test: disk: all %" PRIu64 " write points; memory-backed: %" PRIu64 " of %" PRIu64
+  Coverage mem = crash_everywhere(ops, "memory-backed", all ? 0 : quick ? 4 : 12, quick ? 2 : 0, at);
+  CHECK(quick || disk.points == disk.writes, "every write point of the disk workload runs");
+  std::printf("card_crash_aligned_test: disk: %s %" PRIu64 " write points; memory-backed: %" PRIu64 " of %" PRIu64
               " (%s); %" PRIu64 " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be)\n",
-              disk_writes, mem_points, mem_writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", runs,
-              adp::testing::check_failures, damage_checked);
+              quick ? "quick, 4 of" : "all", disk.writes, mem.points, mem.writes,
+              all     ? "all"
+              : quick ? "quick"
+                      : "bounded; ADP_CRASH_ALL=1 for all",
+              disk.runs + mem.runs, adp::testing::check_failures, damage_checked);
   return adp::testing::finish("card_crash_aligned_test");
 }

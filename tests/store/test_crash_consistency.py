@@ -15,6 +15,11 @@ memory, LMCache's page-aligned buffers: the store's one-write path under 1 MiB, 
 1 MiB, and a memory-backed card's pieces, with supersedes and deletes between them, cut at every write point on a
 disk-like device (whole, torn after the first and the 128th block, keeping some unsynced writes, failed) and at
 every sync; the memory-backed device at a bounded set of points here, at all of them in the slow test.
+
+tests/cpp/card_crash_fill_test.cc runs it on stores from a fill (PutItem::fill, the gateway's path: one staged write,
+or 4 MiB pieces then the header; fills failing at their last piece) with pointer stores between them, on a disk-like
+device and on a tmpfs card with its mapping (testing/mapped_fault_device.h: each payload copy into the mapping a write
+point, cut there by a process crash): a bounded set of write and sync points here, all of them in the slow test.
 """
 
 from __future__ import annotations
@@ -24,25 +29,39 @@ import pytest
 from tests.support import cpp
 
 
+def run_crash_program(name: str, tmp_path, *args: str) -> str:
+    """Builds and runs tests/cpp/<name>.cc with `args`; asserts no check failed and reopens were checked."""
+    output = cpp.run(cpp.build(name, tmp_path), *args, timeout=1800, shown=20000)
+    assert " 0 failures; " in output and "reopens checked for damage counted (none may be)" in output
+    return output
+
+
 def test_crash_consistency_on_fault_device(tmp_path):
-    output = cpp.run(cpp.build("card_crash_test", tmp_path), timeout=1800, shown=20000)
-    assert "unreadable block: card opened" in output
-    assert " 0 failures; " in output and "reopens checked for damage counted (none may be)" in output
+    assert "unreadable block: card opened" in run_crash_program("card_crash_test", tmp_path)
 
 
-def check_aligned_output(output: str) -> None:
-    assert "9 aligned stores under 1 MiB, 12 of 1 MiB or more, 2 staged" in output
-    assert " 0 failures; " in output and "reopens checked for damage counted (none may be)" in output
+# Each store program: what its workload says it stores, and what its default selection says it ran.
+STORE_PROGRAMS = {
+    "card_crash_aligned_test": (
+        "9 aligned stores under 1 MiB, 12 of 1 MiB or more, 2 staged",
+        ("disk: all ", "memory-backed: 12 of "),
+    ),
+    "card_crash_fill_test": (
+        "13 fills, 3 failing fills, 3 pointer stores",
+        ("(every crash at 16)", "(process crash only; "),
+    ),
+}
 
 
-def test_crash_consistency_aligned_stores(tmp_path):
-    output = cpp.run(cpp.build("card_crash_aligned_test", tmp_path), timeout=1800, shown=20000)
-    check_aligned_output(output)
-    assert "disk: all " in output and "memory-backed: 12 of " in output
+@pytest.mark.parametrize("name", STORE_PROGRAMS)
+def test_crash_consistency_stores(name, tmp_path):
+    stores, ran = STORE_PROGRAMS[name]
+    output = run_crash_program(name, tmp_path)
+    assert stores in output and all(said in output for said in ran), output[-3000:]
 
 
 @pytest.mark.slow
-def test_crash_consistency_aligned_stores_every_point(tmp_path):
-    output = cpp.run(cpp.build("card_crash_aligned_test", tmp_path), "all", timeout=1800, shown=20000)
-    check_aligned_output(output)
-    assert "(all)" in output
+@pytest.mark.parametrize("name", STORE_PROGRAMS)
+def test_crash_consistency_stores_every_point(name, tmp_path):
+    output = run_crash_program(name, tmp_path, "all")
+    assert STORE_PROGRAMS[name][0] in output and "(all)" in output, output[-3000:]
