@@ -13,6 +13,7 @@ sanitizer report or failed check makes it exit non-zero.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -114,6 +115,26 @@ def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
 def test_fill_store_under_sanitizer(mode, tmp_path):
     # On tmpfs (the mapped card) and the fault device; see tests/store/test_fill_store.py.
     cpp.run_on_cards(cpp.build("fill_store_test", tmp_path, sanitize=mode), tmp_path, disk=False, timeout=600)
+
+
+def crash_workloads(output: str) -> list[str]:
+    """A crash program's lines counting its workloads' write and sync points."""
+    return re.findall(r"crash harness: \S+ workload: .*", output)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+@pytest.mark.parametrize("name", ["card_crash_aligned_test", "card_crash_fill_test"])
+def test_crash_harness_under_sanitizer(name, mode, tmp_path):
+    """The crash harness (tests/store/test_crash_consistency.py) with `quick`: every crash at 4 write points and
+    2 sync points of each device (the aligned paths and a memory-backed card's pieces; fills, staged and into a
+    tmpfs card's mapping). Its workloads count the write and sync points the plain build counts: the harness
+    places the values itself, not where the allocator does (TSan's serves large ones page-aligned)."""
+    output = cpp.run(cpp.build(name, tmp_path, sanitize=mode), "quick", timeout=600, shown=20000)
+    (tmp_path / "plain").mkdir()
+    plain = cpp.run(cpp.build(name, tmp_path / "plain"), "quick", timeout=600)
+    assert " 0 failures; " in output
+    assert crash_workloads(output) == crash_workloads(plain) != [], output[-5000:]
 
 
 @pytest.mark.sanitizer
