@@ -262,7 +262,11 @@ Status CardStore::recover(int threads) {
   for (uint32_t r = 0; r < num_regions_; r++) {
     const RegionScan& scan = scans[r];
     if (scan.valid) next_epoch = std::max(next_epoch, scan.epoch + 1);
-    if (!scan.valid && (!scan.io.ok() || scan.damage == Damage::kRegionHeader)) unseen.push_back(r);
+    // A header block not this card's (magic or card_id wrong) that no region
+    // names is no damage (bytes from before the format look the same), but
+    // the frontier's own header is one no region names: unseen as well.
+    if (!scan.valid && (!scan.io.ok() || scan.damage == Damage::kRegionHeader || scan.foreign_header))
+      unseen.push_back(r);
     if (scan.valid && (scan.end > kBlockSize + scan.cont_bytes || used_by_span[r]))
       regions_.restore_sealed(r, scan.epoch, scan.end);
     else if (scan.io.ok())
@@ -270,7 +274,7 @@ Status CardStore::recover(int threads) {
     else
       unreadable.push_back(r);
   }
-  // A region header not walked (unreadable, or damage: judge_damage): its
+  // A region header not walked (unreadable, damage: judge_damage, or not this card's): its
   // epoch, unseen, may be the newest, and the region, free now, may be the
   // first handed out. Reopened under that epoch, the records of its last
   // opening behind the new ones would be walked again (docs/card_format.md,
