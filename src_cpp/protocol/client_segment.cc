@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "protocol/client_segment.h"
 
+#include <fcntl.h>
 #include <linux/magic.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -112,14 +113,28 @@ std::string mount_fs_type(int fd) {
   return "";
 }
 
-// Whether fd is a file on a FUSE filesystem: by its mount's type; a mount this namespace does not list (a client
-// in another mount namespace) by statfs, which asks the filesystem (a FUSE server that fails it is refused too).
-bool on_fuse(int fd) {
+// Whether fd is no file of a filesystem's tree (a pipe, a socket, an anonymous inode: its /proc/self/fd link,
+// read without asking any filesystem, is "pipe:[...]" and the like): its fstat asks no server.
+bool pseudo_file(int fd) {
+  char name[8];
+  const std::string fd_link = "/proc/self/fd/" + std::to_string(fd);
+  return ::readlink(fd_link.c_str(), name, sizeof name) > 0 && name[0] != '/';
+}
+
+// Why fd, a segment, is not mapped where its accesses could wait on a FUSE server, or "" (asking no filesystem:
+// fstat and fstatfs of a FUSE file ask its server). A file that has seals (the kernel answers F_GET_SEALS for a
+// tmpfs or hugetlbfs file itself, and refuses any other) is memory; else its mount's type; a mount this
+// namespace does not list (a client in a mount namespace of its own) is refused, but for a pipe or socket (the
+// regular-file check refuses those): only fstatfs could tell, and a FUSE server that never answers it held the
+// connection's thread for good.
+std::string not_mappable(int fd) {
+  if (::fcntl(fd, F_GET_SEALS) >= 0) return "";
   const std::string type = mount_fs_type(fd);
-  if (!type.empty()) return type == "fuse" || type == "fuseblk" || type.starts_with("fuse.");
-  struct statfs fs{};
-  if (::fstatfs(fd, &fs) != 0) return errno != EBADF;
-  return fs.f_type == FUSE_SUPER_MAGIC;
+  if (type.empty() && !pseudo_file(fd))
+    return "a file of a mount the gateway does not see (another mount namespace's), not a memory file";
+  if (type == "fuse" || type == "fuseblk" || type.starts_with("fuse."))
+    return "a file on a FUSE filesystem, whose server decides when the gateway's accesses to it complete";
+  return "";
 }
 
 constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
@@ -188,11 +203,11 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
   // segment populates and copies into it inside the card read, under an I/O context (stop() and even SIGKILL
   // wait out a read the server took). Told apart before anything asks that server (fstat may): the client
   // registers /dev/shm files only; the ring serves any other buffer.
-  if (on_fuse(fd)) {
+  if (const std::string why = not_mappable(fd); !why.empty()) {
     ::close(fd);
-    return Status::InvalidArgument(
-        "segment descriptor is a file on a FUSE filesystem, whose server decides when the gateway's accesses to it "
-        "complete: not mapped (register memory files such as /dev/shm; the ring serves any other buffer)");
+    return Status::InvalidArgument("segment descriptor is " + why +
+                                   ": not mapped (register memory files such as /dev/shm; the ring serves any other "
+                                   "buffer)");
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes) {

@@ -895,3 +895,40 @@ def test_a_segment_on_a_fuse_file_is_refused(workdir):
         # SIGBUS handler takes the segment as broken.
         fuse.close()
         gw.kill()
+
+
+def test_a_segment_on_a_mount_the_gateway_cannot_see_is_refused_without_asking_its_server(workdir):
+    """Review of 33cfc22: a segment's mount is looked up in the gateway's /proc/self/mountinfo; one it does not list
+    (the client in a mount namespace of its own: a container, an unprivileged user namespace) was judged by
+    fstatfs, which on a FUSE file asks its server. One that never answers a STATFS held the connection's thread for
+    good (past stop() and SIGKILL: the kernel waits out a request its server took). Now the seals are asked first
+    (the kernel answers them for a tmpfs or hugetlbfs file without asking a filesystem: a memory file is taken as
+    before), and a file of a mount the gateway does not list is refused without asking anyone."""
+    if why := StallingFuse.available():
+        pytest.skip(f"no FUSE mount here: {why}")
+    gw = Gateway(workdir).start()
+    try:
+        fuse = StallingFuse(1 << 20, own_namespace=True)
+    except OSError as e:
+        gw.kill()
+        pytest.skip(f"no mount namespace of its own for the FUSE server here: {e}")
+    fd = os.open(fuse.path, os.O_RDWR)
+    path, shm = shm_file(1 << 20)
+    try:
+        c = RawClient(gw)
+        c.sock.settimeout(10)
+        try:
+            registered = c.register(fd, 1 << 20)
+        except TimeoutError:
+            registered = None
+        assert registered is not None, "no answer to a registration: the gateway waits on the FUSE server's STATFS"
+        assert "mount" in error_text(registered), registered
+        assert not fuse.wait_for_held_read(0.5)  # its server was never asked
+        c2 = RawClient(gw)
+        assert c2.register(shm, 1 << 20)[0] == SEGMENT_OK  # a /dev/shm file is taken
+    finally:
+        os.close(fd)
+        os.close(shm)
+        os.unlink(path)
+        fuse.close()  # first: a gateway waiting on the server ends its wait only then
+        gw.kill()

@@ -22,9 +22,10 @@ import sys
 import tempfile
 
 # Opcodes and layouts of the FUSE protocol (include/uapi/linux/fuse.h).
-LOOKUP, FORGET, GETATTR, OPEN, READ, RELEASE, FLUSH, INIT, INTERRUPT, DESTROY, BATCH_FORGET = (
-    1, 2, 3, 14, 15, 18, 25, 26, 36, 38, 42,
+LOOKUP, FORGET, GETATTR, OPEN, READ, STATFS, RELEASE, FLUSH, INIT, INTERRUPT, DESTROY, BATCH_FORGET = (
+    1, 2, 3, 14, 15, 17, 18, 25, 26, 36, 38, 42,
 )  # fmt: skip
+CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x20000, 0x4000, 1 << 18
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
 OUT_HEADER = struct.Struct("<IiQ")  # len, error, unique
 ROOT, FILE = 1, 2
@@ -43,13 +44,17 @@ def _reply(dev: int, unique: int, body: bytes = b"", error: int = 0) -> None:
         os.write(dev, OUT_HEADER.pack(OUT_HEADER.size + len(body), -error, unique) + body)
 
 
-def serve(size: int, mount: str, stall_getattr: bool = False) -> int:
+def serve(size: int, mount: str, stall_getattr: bool = False, own_namespace: bool = False) -> int:
     """The child: mounts, says "R" on stdout, then serves; says "H" for each READ it holds (never answered), and
-    with stall_getattr for each GETATTR of the file (whose attributes it then lets no one cache)."""
+    with stall_getattr for each GETATTR of the file (whose attributes it then lets no one cache). With
+    own_namespace it mounts in a mount namespace of its own (its mounts private) and holds every STATFS too."""
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     dev = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     opts = f"fd={dev},rootmode=40000,user_id=0,group_id=0".encode()
     libc = ctypes.CDLL(None, use_errno=True)
+    if own_namespace and (libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)):
+        print(f"E own mount namespace: {os.strerror(ctypes.get_errno())}", flush=True)
+        return 1
     if libc.mount(b"adp-stalling-fuse", mount.encode(), b"fuse.adp-stalling", 0, opts) != 0:
         print(f"E mount fuse on {mount}: {os.strerror(ctypes.get_errno())}", flush=True)
         return 1
@@ -82,7 +87,7 @@ def serve(size: int, mount: str, stall_getattr: bool = False) -> int:
             _reply(dev, unique, struct.pack("<QII", 3600, 0, 0) + attr)
         elif opcode == OPEN:
             _reply(dev, unique, struct.pack("<QII", 1, 0, 0))
-        elif opcode == READ:
+        elif opcode == READ or (opcode == STATFS and own_namespace):
             print("H", flush=True)  # held: never answered
         elif opcode in (RELEASE, FLUSH):
             _reply(dev, unique)
@@ -100,13 +105,13 @@ class StallingFuse:
     that holds every READ of it unanswered (with stall_getattr, every GETATTR of it too: an fstat of it never
     returns). `wait_for_held_read()` waits for the first request held."""
 
-    def __init__(self, size: int, stall_getattr: bool = False):
+    def __init__(self, size: int, stall_getattr: bool = False, own_namespace: bool = False):
         self.mount = tempfile.mkdtemp(prefix="adp-fuse-", dir="/tmp")
         self.path = os.path.join(self.mount, NAME.decode())
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), str(size), self.mount, str(int(stall_getattr))],
-            stdout=subprocess.PIPE,
-        )
+        args = [str(size), self.mount, str(int(stall_getattr)), str(int(own_namespace))]
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE)
+        if own_namespace:  # reached through the server's root: a mount the opener's namespace does not list
+            self.path = f"/proc/{self.proc.pid}/root{self.path}"
         line = self.proc.stdout.readline().decode().strip()
         if line != "R":
             self.proc.kill()
@@ -145,4 +150,4 @@ class StallingFuse:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"))
+    sys.exit(serve(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"))
