@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <system_error>
 #include <vector>
 
 #include "store/card_format.h"
@@ -244,7 +245,14 @@ bool CardDevice::prepare_mapped_write(uint64_t offset, size_t n) const {
 void CardDevice::start_prefault() {
   if (!map_ || prefault_.joinable() || stop_prefault_.load(std::memory_order_relaxed)) return;
   if (const char* v = std::getenv("ADP_CARD_PREFAULT"); v && std::string(v) == "0") return;
-  prefault_ = std::thread([this] { prefault_extents(); });
+  try {
+    prefault_ = std::thread([this] { prefault_extents(); });
+  } catch (const std::system_error& e) {
+    // No thread (a pids limit, memory): loads and stores fault their pages in themselves. Thrown, the exception
+    // ended the process (the gateway) or failed the card's open.
+    ADP_WARN("card %s: no thread to map its written extents in ahead (%s); loads fault its pages in as they read them",
+             path_.c_str(), e.what());
+  }
 }
 
 void CardDevice::prefault_extents() {

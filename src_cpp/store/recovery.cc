@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -109,7 +110,6 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
     if (first_error.ok()) first_error = st;
   };
   auto worker = [&] {
-    set_thread_name("adp-recover");
     AlignedBuffer block;
     if (!block.reserve(kBlockSize))
       fail(Status::IoError("out of memory for recovery", Status::IoClass::kGatewayMemory));
@@ -123,9 +123,25 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
     exited++;
     all_exited.notify_one();  // under mu: the waiter cannot return and destroy it first
   };
-  const int n = std::clamp<int>(threads, 1, static_cast<int>(g.num_regions));
+  const int want = std::clamp<int>(threads, 1, static_cast<int>(g.num_regions));
   std::vector<std::thread> pool;
-  for (int i = 0; i < n; i++) pool.emplace_back(worker);
+  pool.reserve(want);
+  for (int i = 0; i < want; i++) {
+    try {
+      pool.emplace_back([&] {
+        set_thread_name("adp-recover");
+        worker();
+      });
+    } catch (const std::system_error& e) {
+      // No more threads (a pids limit, memory): the walk goes on with those it got, or on this thread. Thrown, the
+      // exception ended the process (a joinable thread destroyed: std::terminate) or failed the open.
+      ADP_WARN("recovering card %s: %zu of %d scan threads started (%s); %s", dev.path().c_str(), pool.size(), want,
+               e.what(), pool.empty() ? "the opening thread walks the card itself" : "they walk it");
+      break;
+    }
+  }
+  const int n = pool.empty() ? 1 : static_cast<int>(pool.size());
+  if (pool.empty()) worker();
   // Woken by the last worker's exit, so an open waits for its walk only;
   // a line of progress every 5 seconds of a long one.
   {

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A card's open where no thread can be started (a container's pids limit, or memory: here an address-space limit
+on a child process with no room for a thread's 8 MiB stack) opens the card all the same. Recovery's scan threads
+(store/recovery.cc, scan_regions) and a tmpfs card's prefault thread (CardDevice::start_prefault) threw
+std::system_error out of the open: a scan thread that failed after another had started ended the process
+(std::terminate: a joinable std::thread destroyed), one that failed first, or the prefault thread, failed the open.
+Now recovery walks the card with the threads it got, or on the opening thread, and the prefault is skipped (a
+WARNING each); the card's objects load back and a store is taken."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from lmcache_adp import CardStore
+from tests.helpers import MIB
+
+CHILD = r"""
+import resource, sys
+from lmcache_adp import CardStore
+card, room = sys.argv[1], int(sys.argv[2])
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+_, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (vm + room, hard))  # no room for a thread's 8 MiB stack
+s = CardStore(card)
+assert all(s.get(f"k{i}") == bytes([i]) * 8192 for i in range(8))
+s.put("after", b"z" * 8192)
+assert s.get("after") == b"z" * 8192
+s.close()
+print("opened and served")
+"""
+
+
+def open_without_threads(card: str, room: int) -> subprocess.CompletedProcess:
+    """Writes the card here and opens it in a child that has started no thread (glibc keeps the stacks of a
+    process's ended threads for its next ones)."""
+    s = CardStore(card, MIB + 16 * MIB, region_bytes=MIB)
+    for i in range(8):
+        s.put(f"k{i}", bytes([i]) * 8192)
+    s.close()
+    env = dict(os.environ, ADP_LOG_LEVEL="WARNING")
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, card, str(room)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(("room", "started"), [(4 * MIB, 0), (12 * MIB, 1)], ids=["none", "one"])
+def test_recovery_walks_with_the_scan_threads_it_got(tmp_path, room, started):
+    """none: the opening thread walks the card (the old code failed the open); one: a thread's stack fits, the
+    second does not, and that one walks it (the old code ended the process: std::terminate)."""
+    card = str(tmp_path / "card.img")  # a disk card: no mapping, no prefault thread
+    r = open_without_threads(card, room)
+    assert r.returncode == 0 and "opened and served" in r.stdout, f"rc {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert f"{started} of 4 scan threads started" in r.stderr, r.stderr[-3000:]
+
+
+def test_a_tmpfs_card_opens_without_its_prefault_thread_when_none_can_be_started():
+    assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
+    with tempfile.TemporaryDirectory(prefix="adp-nothread-", dir="/dev/shm") as d:
+        card = os.path.join(d, "card.img")  # mapped: room for its 17 MiB mapping, none for a thread's stack
+        r = open_without_threads(card, 17 * MIB + 4 * MIB)
+    assert r.returncode == 0 and "opened and served" in r.stdout, f"rc {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert "no thread to map its written extents in ahead" in r.stderr, r.stderr[-3000:]
+    assert "cannot map the image" not in r.stderr, r.stderr[-3000:]  # the mapping was made: the prefault was due
