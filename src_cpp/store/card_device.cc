@@ -17,8 +17,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
-#include <system_error>
 #include <vector>
 
 #include "store/card_format.h"
@@ -247,9 +247,9 @@ void CardDevice::start_prefault() {
   if (const char* v = std::getenv("ADP_CARD_PREFAULT"); v && std::string(v) == "0") return;
   try {
     prefault_ = std::thread([this] { prefault_extents(); });
-  } catch (const std::system_error& e) {
-    // No thread (a pids limit, memory): loads and stores fault their pages in themselves. Thrown, the exception
-    // ended the process (the gateway) or failed the card's open.
+  } catch (const std::exception& e) {
+    // No thread (std::system_error: a pids limit, memory; std::bad_alloc: its state): loads and stores fault their
+    // pages in themselves. Thrown, the exception ended the process (the gateway) or failed the card's open.
     ADP_WARN("card %s: no thread to map its written extents in ahead (%s); loads fault its pages in as they read them",
              path_.c_str(), e.what());
   }

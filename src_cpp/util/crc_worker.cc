@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "util/crc_worker.h"
 
-#include <system_error>
+#include <exception>
 
 #include "util/crc32c.h"
 #include "util/thread_name.h"
@@ -32,9 +32,10 @@ void CrcWorker::start_copy(void* dst, const void* data, size_t n) {
   if (!thread_.joinable()) {
     try {
       thread_ = std::thread([this] { run(); });
-    } catch (const std::system_error&) {
-      // No thread (a pids limit, memory): the caller's thread computes it now, and wait() returns it. Thrown, the
-      // exception ended the gateway (std::terminate on a connection's thread) at a context's first large store.
+    } catch (const std::exception&) {
+      // No thread (std::system_error: a pids limit, memory; std::bad_alloc: its state): the caller's thread computes
+      // it now, and wait() returns it. Thrown, the exception ended the gateway (std::terminate on a connection's
+      // thread) at a context's first large store.
       const uint32_t crc = dst ? crc32c_copy(dst, data, n) : crc32c(data, n);
       std::lock_guard<std::mutex> lock(mu_);
       pending_ = false;

@@ -19,6 +19,7 @@ import pytest
 
 from lmcache_adp import CardStore
 from tests.helpers import MIB
+from tests.support import cpp
 
 CHILD = r"""
 import resource, sys
@@ -73,3 +74,13 @@ def test_a_tmpfs_card_opens_without_its_prefault_thread_when_none_can_be_started
     assert r.returncode == 0 and "opened and served" in r.stdout, f"rc {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
     assert "no thread to map its written extents in ahead" in r.stderr, r.stderr[-3000:]
     assert "cannot map the image" not in r.stderr, r.stderr[-3000:]  # the mapping was made: the prefault was due
+
+
+def test_a_thread_start_that_fails_for_memory_is_done_without(tmp_path):
+    """std::bad_alloc from std::thread's allocation of its state (injected by the program's operator new), as
+    std::system_error above: the CRC worker's CRC computed on the caller's thread, a tmpfs card's prefault skipped
+    (tests/cpp/thread_alloc_test.cc)."""
+    assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
+    binary = cpp.build("thread_alloc_test", tmp_path)
+    with tempfile.TemporaryDirectory(prefix="adp-nothread-", dir="/dev/shm") as d:
+        cpp.run(binary, d)
