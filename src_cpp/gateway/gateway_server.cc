@@ -44,7 +44,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   // away before it touches the socket of the first.
   s = CardStore::Open(opts.card, &g->store_);
   if (!s.ok()) return s;
-  s = proto::listen_endpoint(&g->unix_ep_, 128, &g->unix_fd_);
+  s = proto::listen_endpoint(&g->unix_ep_, 128, &g->unix_fd_, {hooks.socket_bind_gate, hooks.socket_refuse_chmod});
   if (struct stat sock; s.ok() && ::lstat(g->unix_ep_.path.c_str(), &sock) == 0) {
     g->socket_dev_ = sock.st_dev;
     g->socket_ino_ = sock.st_ino;

@@ -172,7 +172,7 @@ Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd, ConnectW
   return Status::Ok();
 }
 
-Status listen_endpoint(Endpoint* ep, int backlog, int* fd) {
+Status listen_endpoint(Endpoint* ep, int backlog, int* fd, const ListenHooks& hooks) {
   if (ep->kind == Endpoint::Kind::kUnix) {
     Status s = clear_stale_socket(*ep);
     if (!s.ok()) return s;
@@ -183,16 +183,26 @@ Status listen_endpoint(Endpoint* ep, int backlog, int* fd) {
   if (!s.ok()) return s;
   int f = new_socket(sa);
   if (f < 0) return Status::IoError("socket: " + errno_text(errno));
-  int one = 1;
-  if (sa.ss_family != AF_UNIX) ::setsockopt(f, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(f, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(f, backlog) != 0) {
-    int err = errno;
+  const bool unix_socket = sa.ss_family == AF_UNIX;
+  const auto fail = [&](const std::string& what, int err, bool bound) {
     ::close(f);
-    return Status::IoError("cannot listen on " + ep->str() + ": " + errno_text(err));
+    if (bound && unix_socket) ::unlink(ep->path.c_str());  // the file this call made: nothing left behind
+    return Status::IoError(what + ep->str() + ": " + errno_text(err));
+  };
+  int one = 1;
+  if (!unix_socket) ::setsockopt(f, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // Not umask(2): process-wide, and an embedded gateway shares its process with LMCache's threads.
+  if (unix_socket && ::fchmod(f, kUnixSocketMode) != 0)
+    return fail("cannot set the mode of the socket for ", errno, false);
+  if (::bind(f, reinterpret_cast<sockaddr*>(&sa), len) != 0) return fail("cannot listen on ", errno, false);
+  if (unix_socket) {
+    for (int i = 0; !hooks.bind_gate.empty() && i < 6000 && ::access(hooks.bind_gate.c_str(), F_OK) != 0; ++i)
+      ::usleep(10000);
+    int rc = hooks.refuse_chmod ? (errno = EPERM, -1) : ::chmod(ep->path.c_str(), kUnixSocketMode);
+    if (rc != 0) return fail("cannot make the socket group-only (chmod 0660) on ", errno, true);
   }
-  if (sa.ss_family == AF_UNIX) {
-    ::chmod(ep->path.c_str(), 0660);  // the socket's group decides who may use the card
-  } else {
+  if (::listen(f, backlog) != 0) return fail("cannot listen on ", errno, true);
+  if (!unix_socket) {
     sockaddr_storage bound;
     socklen_t bl = sizeof bound;
     ::getsockname(f, reinterpret_cast<sockaddr*>(&bound), &bl);

@@ -58,10 +58,23 @@ class ConnectWatch {
 // unwatched before it is closed; on success it stays watched (the caller
 // unwatches it).
 Status connect_endpoint(const Endpoint& ep, Deadline deadline, int* fd, ConnectWatch* watch = nullptr);
+// Test hooks for a Unix listener's start (util/test_hooks.h: ADP_TEST_SOCKET_*).
+struct ListenHooks {
+  std::string bind_gate;      // not empty: between bind(2) and the chmod, waits (60 s at most) for this file to exist
+  bool refuse_chmod = false;  // the socket file's chmod fails (EPERM) without being made
+};
+
 // Binds and listens. Unix: a stale socket file (nobody accepting) is removed
-// first; a live one or a non-socket file at the path is an error. TCP: the
-// bound port is written back into ep->port.
-Status listen_endpoint(Endpoint* ep, int backlog, int* fd);
+// first; a live one or a non-socket file at the path is an error. The socket
+// file is never wider than kUnixSocketMode: the socket is fchmod'ed to it
+// before bind(2) (Linux creates the file with the socket's mode less the
+// umask), then the file is chmod'ed to exactly that mode (a umask narrower
+// than 007 undone) before listen(2); a failed fchmod or chmod is an error,
+// the file removed. TCP: the bound port is written back into ep->port.
+Status listen_endpoint(Endpoint* ep, int backlog, int* fd, const ListenHooks& hooks = {});
+
+// A Unix socket file's mode: its group decides who may use the card.
+constexpr unsigned kUnixSocketMode = 0660;
 
 // A received frame. body holds exactly header.body_bytes bytes.
 struct Frame {
