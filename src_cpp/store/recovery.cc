@@ -9,8 +9,8 @@
 #include <cinttypes>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -132,9 +132,10 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
         set_thread_name("adp-recover");
         worker();
       });
-    } catch (const std::system_error& e) {
-      // No more threads (a pids limit, memory): the walk goes on with those it got, or on this thread. Thrown, the
-      // exception ended the process (a joinable thread destroyed: std::terminate) or failed the open.
+    } catch (const std::exception& e) {
+      // No more threads (std::system_error: a pids limit, memory; std::bad_alloc: a thread's state): the walk goes
+      // on with those it got, or on this thread. Thrown, the exception ended the process (a joinable thread
+      // destroyed: std::terminate) or failed the open.
       ADP_WARN("recovering card %s: %zu of %d scan threads started (%s); %s", dev.path().c_str(), pool.size(), want,
                e.what(), pool.empty() ? "the opening thread walks the card itself" : "they walk it");
       break;

@@ -5,7 +5,7 @@
 // tests/store/test_no_thread.py): the CRC worker computes the CRC on the
 // caller's thread, and a tmpfs card's prefault is skipped. The failure is
 // injected by this program's operator new: the next allocation made on the
-// calling thread throws.
+// calling thread throws (or the one after a given count).
 //
 //   thread_alloc_test TMPFS_DIR
 #include <fcntl.h>
@@ -21,18 +21,21 @@
 #include "check.h"
 #include "page_state.h"
 #include "store/card_device.h"
+#include "store/recovery.h"
 #include "util/crc32c.h"
 #include "util/crc_worker.h"
 
 namespace {
-thread_local int fail_news = 0;  // the next allocations on this thread that throw
+// The allocations on this thread to let through before one throws; -1: none throws (and once it has thrown).
+thread_local int fail_after = -1;
 }  // namespace
 
 void* operator new(std::size_t n) {
-  if (fail_news > 0) {
-    fail_news--;
+  if (fail_after == 0) {
+    fail_after = -1;
     throw std::bad_alloc();
   }
+  if (fail_after > 0) fail_after--;
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -46,16 +49,15 @@ void crc_on_the_callers_thread() {
   const std::vector<uint8_t> data = adp::testing::pattern(2 << 20, 7);
   std::vector<uint8_t> copy(data.size());
   adp::CrcWorker w;
-  fail_news = 1;
+  fail_after = 0;
   try {
     w.start_copy(copy.data(), data.data(), data.size());
   } catch (const std::bad_alloc&) {
-    fail_news = 0;
     CHECK(false, "CrcWorker::start_copy threw std::bad_alloc");
     return;
   }
-  CHECK(fail_news == 0, "start_copy allocated nothing: no failure injected");
-  fail_news = 0;
+  CHECK(fail_after == -1, "start_copy allocated nothing: no failure injected");
+  fail_after = -1;
   CHECK(w.wait() == adp::crc32c(data.data(), data.size()), "the CRC");
   CHECK(copy == data, "the copy");
 }
@@ -69,16 +71,45 @@ void prefault_skipped(const std::string& dir) {
   adp::Status s = adp::CardDevice::Open(path, 0, &dev);
   CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());
   if (s.ok() && dev->mapped()) {
-    fail_news = 1;
+    fail_after = 0;
     try {
       dev->start_prefault();
     } catch (const std::bad_alloc&) {
       CHECK(false, "CardDevice::start_prefault threw std::bad_alloc");
     }
-    CHECK(fail_news == 0, "start_prefault allocated nothing: no failure injected");
-    fail_news = 0;
+    CHECK(fail_after == -1, "start_prefault allocated nothing: no failure injected");
+    fail_after = -1;
     CHECK(adp::testing::threads_named("adp-prefault") == 0 && !dev->prefault_done(), "a prefault started");
     CHECK(dev->mapped()[0] == 'x', "the mapped byte");
+  }
+  dev.reset();
+  ::unlink(path.c_str());
+}
+
+// Recovery's scan of a card of 8 regions (all zeros: nothing found) with 4 threads asked for: its allocations on
+// the calling thread are the scans (1), the pool (1), then each thread's state. `let` 2: the first thread's state
+// throws (the old code failed the scan); 3: the second's, after one started (the old code ended the process:
+// std::terminate, a joinable thread destroyed).
+void recovery_without_a_thread(const std::string& dir, int let) {
+  const std::string path = dir + "/thread-alloc-recovery.img";
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && ::ftruncate(fd, 9 << 20) == 0, "create %s", path.c_str());
+  if (fd >= 0) ::close(fd);
+  std::unique_ptr<adp::CardDevice> dev;
+  adp::Status s = adp::CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok(), "open %s: %s", path.c_str(), s.message().c_str());
+  if (s.ok()) {
+    const adp::CardGeometry g{1, 1 << 20, 1 << 20, 8};
+    std::vector<adp::RegionScan> scans;
+    fail_after = let;
+    try {
+      s = adp::scan_regions(*dev, g, 4, &scans);
+      CHECK(s.ok() && scans.size() == 8, "scan (let %d): %s, %zu scans", let, s.message().c_str(), scans.size());
+    } catch (const std::bad_alloc&) {
+      CHECK(false, "scan_regions (let %d) threw std::bad_alloc", let);
+    }
+    CHECK(fail_after == -1, "scan_regions (let %d): no failure injected", let);
+    fail_after = -1;
   }
   dev.reset();
   ::unlink(path.c_str());
@@ -91,5 +122,7 @@ int main(int argc, char** argv) {
   if (!adp::testing::one_argument(argc, argv, "TMPFS_DIR", &dir)) return 2;
   crc_on_the_callers_thread();
   prefault_skipped(dir);
+  recovery_without_a_thread(dir, 2);
+  recovery_without_a_thread(dir, 3);
   return adp::testing::finish("thread_alloc_test");
 }
