@@ -16,11 +16,11 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
-#include <system_error>
 #include <utility>
 
 #include "util/amount.h"
@@ -286,9 +286,10 @@ void SegmentPrefaulter::add(const ClientSegment& seg) {
   if (!thread_.joinable()) {
     try {
       thread_ = std::thread([this] { run(); });
-    } catch (const std::system_error& e) {
-      // No thread (a pids limit, memory): its loads populate their own pages, and a later registration tries again.
-      // Thrown, the exception ended the gateway (std::terminate on the registering connection's thread).
+    } catch (const std::exception& e) {
+      // No thread (std::system_error: a pids limit, memory; std::bad_alloc: its state): its loads populate their own
+      // pages, and a later registration tries again. Thrown, the exception ended the gateway (std::terminate on the
+      // registering connection's thread).
       seg.m_->queued.store(false);
       ADP_WARN_LIMITED(
           "gateway: segment %s: no thread to populate it in the background (%s); its loads populate "

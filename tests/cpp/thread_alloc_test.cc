@@ -3,7 +3,8 @@
 // std::thread's own allocation of its state, before any clone) is done
 // without, as one that fails with std::system_error is (a1eda4c, 2e31a25,
 // tests/store/test_no_thread.py): the CRC worker computes the CRC on the
-// caller's thread, and a tmpfs card's prefault is skipped. The failure is
+// caller's thread, a tmpfs card's prefault is skipped, a client segment is
+// left to its loads and recovery walks with the threads it got. The failure is
 // injected by this program's operator new: the next allocation made on the
 // calling thread throws (or the one after a given count).
 //
@@ -11,15 +12,18 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
 #include "page_state.h"
+#include "protocol/client_segment.h"
 #include "store/card_device.h"
 #include "store/recovery.h"
 #include "util/crc32c.h"
@@ -43,6 +47,9 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
+
+using adp::proto::ClientSegment;
+using adp::proto::SegmentPrefaulter;
 
 // start_copy's first allocation is its thread's state: it throws.
 void crc_on_the_callers_thread() {
@@ -86,6 +93,37 @@ void prefault_skipped(const std::string& dir) {
   ::unlink(path.c_str());
 }
 
+// The gateway's segment prefaulter (2e31a25): the segment is left to its loads, and a later registration of it
+// starts the thread and populates it.
+void segment_left_to_its_loads(const std::string& dir) {
+  const std::string path = dir + "/thread-alloc-segment";
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && ::ftruncate(fd, 1 << 20) == 0 && ::pwrite(fd, "x", 1, 0) == 1, "create %s", path.c_str());
+  if (fd >= 0) ::close(fd);
+  std::unique_ptr<ClientSegment> seg;
+  adp::Status s = ClientSegment::Attach(::open(path.c_str(), O_RDWR | O_CLOEXEC), 1 << 20, &seg);
+  CHECK(s.ok(), "attach %s: %s", path.c_str(), s.message().c_str());
+  if (s.ok()) {
+    SegmentPrefaulter pre;
+    fail_after = 0;
+    try {
+      pre.add(*seg);
+    } catch (const std::bad_alloc&) {
+      CHECK(false, "SegmentPrefaulter::add threw std::bad_alloc");
+    }
+    CHECK(fail_after == -1, "SegmentPrefaulter::add allocated nothing: no failure injected");
+    fail_after = -1;
+    CHECK(pre.segments_done() == 0 && seg->data()[0] == 'x', "the segment after a failed start");
+    pre.add(*seg);  // registered again: the thread starts now
+    auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (pre.segments_done() == 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(pre.segments_done() == 1, "a later registration did not populate the segment");
+  }
+  seg.reset();
+  ::unlink(path.c_str());
+}
+
 // Recovery's scan of a card of 8 regions (all zeros: nothing found) with 4 threads asked for: its allocations on
 // the calling thread are the scans (1), the pool (1), then each thread's state. `let` 2: the first thread's state
 // throws (the old code failed the scan); 3: the second's, after one started (the old code ended the process:
@@ -122,6 +160,7 @@ int main(int argc, char** argv) {
   if (!adp::testing::one_argument(argc, argv, "TMPFS_DIR", &dir)) return 2;
   crc_on_the_callers_thread();
   prefault_skipped(dir);
+  segment_left_to_its_loads(dir);
   recovery_without_a_thread(dir, 2);
   recovery_without_a_thread(dir, 3);
   return adp::testing::finish("thread_alloc_test");

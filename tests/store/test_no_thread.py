@@ -81,6 +81,6 @@ def test_a_thread_start_that_fails_for_memory_is_done_without(tmp_path):
     std::system_error above: the CRC worker's CRC computed on the caller's thread, a tmpfs card's prefault skipped
     (tests/cpp/thread_alloc_test.cc)."""
     assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
-    binary = cpp.build("thread_alloc_test", tmp_path)
+    binary = cpp.build("thread_alloc_test", tmp_path, extra=("protocol/client_segment.cc",))
     with tempfile.TemporaryDirectory(prefix="adp-nothread-", dir="/dev/shm") as d:
         cpp.run(binary, d)
