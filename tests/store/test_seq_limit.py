@@ -49,3 +49,28 @@ def test_a_store_past_the_index_seq_width_is_refused_not_cut_to_46_bits(card):
     s = CardStore(card)
     assert s.get("a") == b"a" * 8192 and s.get("b") == b"b" * 8192 and s.get("c") is None
     s.close()
+
+
+@pytest.mark.parametrize("seq", [1 << 46, (1 << 46) + 5, (1 << 64) - 1], ids=["2^46", "2^46+5", "2^64-1"])
+def test_a_record_whose_seq_is_past_the_index_width_is_damage_not_indexed_cut(card, seq):
+    """A record found with a seq no build writes (past 46 bits): damage, counted, not indexed under its seq cut to
+    46 bits. Before: the key indexed under the cut seq (its load missed: the card's seq differs), the next seq past
+    the index width (every store refused for good: 2^46, 2^46+5), or at 2^64-1 wrapped (the seq + 1 of the merge
+    is 0) so stores after it ranked below it at the next open."""
+    s = CardStore(card, MIB + 16 * MIB, region_bytes=MIB)
+    s.put("a", b"a" * 8192)
+    s.put("b", b"b" * 8192)
+    s.close()
+    set_first_seq(card, b"a", seq)
+    s = CardStore(card)
+    st = s.stats()
+    assert (st["recovery_damaged_regions"], st["recovery_lost_objects"]) == (1, 1)
+    assert s.get("a") is None and s.get("b") == b"b" * 8192
+    s.put("c", b"c" * 8192)  # before: refused (2^46, 2^46+5)
+    s.put("a", b"A" * 8192)
+    assert s.get("a") == b"A" * 8192 and s.get("c") == b"c" * 8192
+    s.close()
+    s = CardStore(card)
+    # before, at 2^64-1: the old 'a' (ranked by its full seq) over the new one, which was marked deleted
+    assert s.get("a") == b"A" * 8192 and s.get("b") == b"b" * 8192 and s.get("c") == b"c" * 8192
+    s.close()
