@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <thread>
 
@@ -78,11 +79,56 @@ Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& o
   test_delivery_delay_ = std::chrono::milliseconds(hooks.delivery_delay_ms);
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) throw std::runtime_error("eventfd failed: " + errno_text(errno));
-  for (int i = 0; i < opts_.num_workers; i++) workers_.emplace_back(&Connector::worker_loop, this, i);
-  deadline_thread_ = std::thread(&Connector::deadline_loop, this);
   // The CPUs its spin rule counts (reply_spin_us; a container's quota taken), as the gateway's start line says.
+  // Made before the threads start: nothing after them may throw (a joinable thread destroyed in the unwinding).
+  const std::string cpus = PiecePool::usable_cpus_text(hooks.cpu_max_file);
+  start_threads();
   ADP_INFO("ADPConnector ready: %s, %d workers, timeout %d ms, %s", description_.c_str(), opts_.num_workers,
-           opts_.timeout_ms, PiecePool::usable_cpus_text(hooks.cpu_max_file).c_str());
+           opts_.timeout_ms, cpus.c_str());
+}
+
+void Connector::start_threads() {
+  // Each of them is needed: a worker runs the batches (the connector asked for num_workers of them; fewer would
+  // serve them all, slower than asked, with nothing to show it), the deadline thread ends a batch at its timeout
+  // (without it a future whose gateway never answers would never complete). One that cannot be started
+  // (std::system_error: a pids limit, memory for its stack; std::bad_alloc: its state, or workers_' storage) fails
+  // the construction with the reason: those started are stopped and joined first, where the exception ended the
+  // process (a joinable std::thread destroyed in the unwinding: std::terminate).
+  int started = 0;
+  try {
+    workers_.reserve(static_cast<size_t>(std::max(0, opts_.num_workers)));
+    for (; started < opts_.num_workers; started++) workers_.emplace_back(&Connector::worker_loop, this, started);
+    deadline_thread_ = std::thread(&Connector::deadline_loop, this);
+  } catch (const std::exception& e) {
+    stop_threads();
+    ::close(event_fd_);
+    event_fd_ = -1;
+    const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+    const std::string which = started < opts_.num_workers ? "worker thread " + std::to_string(started + 1) + " of " +
+                                                                std::to_string(opts_.num_workers)
+                                                          : std::string("deadline thread");
+    throw std::runtime_error("ADPConnector: cannot start its " + which + " (" +
+                             (memory ? std::string("out of memory: std::bad_alloc") : std::string(e.what())) + ")");
+  }
+}
+
+bool Connector::stop_threads() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    closed_ = true;
+    // Workers blocked on a gateway return first: one holding its batch's
+    // guard for a load into registered memory lets go of it only then.
+    backend_->interrupt();
+    // Everything still pending completes now, as failed.
+    while (!deadlines_.empty()) complete_locked(deadlines_.begin()->second, false, "connector closed", false);
+  }
+  work_cv_.notify_all();
+  deadline_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+  if (deadline_thread_.joinable()) deadline_thread_.join();
+  return true;
 }
 
 Connector::~Connector() {
@@ -451,21 +497,7 @@ void Connector::free_retired() {
 }
 
 void Connector::close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    // Workers blocked on a gateway return first: one holding its batch's
-    // guard for a load into registered memory lets go of it only then.
-    backend_->interrupt();
-    // Everything still pending completes now, as failed.
-    while (!deadlines_.empty()) complete_locked(deadlines_.begin()->second, false, "connector closed", false);
-  }
-  work_cv_.notify_all();
-  deadline_cv_.notify_all();
-  for (auto& w : workers_) w.join();
-  workers_.clear();
-  if (deadline_thread_.joinable()) deadline_thread_.join();
+  if (!stop_threads()) return;
   StoreStats st = backend_->stats();
   {
     std::unique_lock<std::shared_mutex> bl(backend_mu_);

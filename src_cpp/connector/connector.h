@@ -150,6 +150,11 @@ class Connector {
   void publish_locked(Batch* b, bool ok, const std::string& error, bool use_results);
   void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done)
   bool task_done(Batch* b);      // whether it completed b (its last slice, before the deadline or close)
+  // The workers and the deadline thread, at construction; one that cannot be started stops those that were and
+  // throws std::runtime_error with the reason.
+  void start_threads();
+  // Sets closed_, completes what is pending as failed and joins the threads; false if closed_ was set already.
+  bool stop_threads();
 
   mutable std::shared_mutex backend_mu_;  // close() drops the backend while submit() may use it
   std::unique_ptr<Backend> backend_;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <system_error>
 
 #include "protocol/messages.h"
@@ -186,14 +187,19 @@ size_t GatewayServer::clients() const {
 
 namespace {
 
-// Refuses a connection just accepted, on the accept thread (no wait): an Error frame with `reason`, which the
-// client reads in place of HelloOk (the Hello's id is 1), our side ended (FIN), what the peer sent already (its
-// Hello) read, so that closing with unread input does not reset the connection before the frame is read, and
-// the descriptor closed.
-void refuse_at_accept(int fd, const std::string& reason) {
-  std::vector<uint8_t> body;
-  proto::encode_error(reason, &body);
-  proto::write_frame(fd, proto::FrameType::kError, 1, body, {}, proto::Clock::now());
+// Refuses a connection just accepted, on the accept thread (no wait): an Error frame with the text `reason()`
+// makes, which the client reads in place of HelloOk (the Hello's id is 1), our side ended (FIN), what the peer sent
+// already (its Hello) read, so that closing with unread input does not reset the connection before the frame is
+// read, and the descriptor closed. Throws nothing: with no memory for the frame (std::bad_alloc making the text or
+// the body) the connection is closed without it.
+template <class Reason>
+void refuse_at_accept(int fd, const Reason& reason) noexcept {
+  try {
+    std::vector<uint8_t> body;
+    proto::encode_error(reason(), &body);
+    proto::write_frame(fd, proto::FrameType::kError, 1, body, {}, proto::Clock::now());
+  } catch (const std::exception&) {
+  }
   ::shutdown(fd, SHUT_WR);
   uint8_t sink[4096];
   for (int i = 0; i < 4 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
@@ -207,57 +213,67 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;  // EAGAIN, or the peer left first
   std::lock_guard<std::mutex> l(mu_);
-  if (tcp) {
-    // Unauthenticated peers have a pool of their own: however many there
-    // are, they take no slot (and no thread) of local or authenticated clients.
-    // Refused with a reason (r14; closed with none until r13): a connector's
-    // idle status query refused so reads the gateway up, as for local clients.
-    if (shared_->tcp_handshakes.load() >= static_cast<uint32_t>(opts_.max_handshakes)) {
-      shared_->refused++;
-      ADP_WARN_LIMITED("gateway: refusing a TCP connection: %d handshakes in progress already (--max-handshakes)",
-                       opts_.max_handshakes);
-      refuse_at_accept(
-          fd, proto::kTooManyTcpHandshakes + (" (" + std::to_string(opts_.max_handshakes) + ", --max-handshakes)"));
-      return;
-    }
-    shared_->tcp_handshakes++;
-  } else {
-    // --max-clients clients at most, taken at their Hello (ClientHandler::handshake: a connection in its handshake
-    // is not known to be a client yet, review N9), and kStatusQueryReserve more local connections for status
-    // queries (r11): `lmcache-adp status --gateway` still answers on a full gateway (review r15 N2). Here, the
-    // bound of them all, those in their handshake included: a flood of half-open connections holds no more. A status
-    // query within --max-clients is not counted (r16: bounded at its Hello by --max-clients with the clients; counted
-    // here, one connected before the clients filled the gateway kept the operator's out).
-    Open open = open_connections(true);
-    const size_t bound = static_cast<size_t>(opts_.max_clients) + kStatusQueryReserve;
-    if (open.bounded() >= bound) open = open_connections(true, true);  // at the bound: those on their way out apart
-    if (open.bounded() >= bound) {
-      shared_->refused++;
-      ADP_WARN_LIMITED(
-          "gateway: refusing a local connection: %zu clients and %zu status queries on the reserve connected "
-          "already%s (--max-clients %d, and %d more for status queries)",
-          open.clients, open.reserve_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
-      refuse_at_accept(fd,
-                       proto::kTooManyLocalClients + (" (" + std::to_string(opts_.max_clients) + ", --max-clients)"));
-      return;
-    }
-  }
-  Client& c = clients_.emplace_back();
-  c.id = next_client_++;
-  c.fd = fd;
-  c.tcp = tcp;
-  c.control = std::make_shared<ConnectionControl>();
+  // Where anything here cannot be made (std::system_error from the thread's start: a pids limit, memory;
+  // std::bad_alloc from its entry, its control block, its thread's state, or the count of those connected) that
+  // connection is refused and the gateway goes on, where the exception ended the whole gateway (std::terminate on
+  // the accept thread), so that a client flooding connections under such a limit took everyone's down. The
+  // refusals below throw nothing (refuse_at_accept): the descriptor is still this function's at any throw.
+  bool counted_tcp = false, entered = false;
   try {
+    if (tcp) {
+      // Unauthenticated peers have a pool of their own: however many there
+      // are, they take no slot (and no thread) of local or authenticated clients.
+      // Refused with a reason (r14; closed with none until r13): a connector's
+      // idle status query refused so reads the gateway up, as for local clients.
+      if (shared_->tcp_handshakes.load() >= static_cast<uint32_t>(opts_.max_handshakes)) {
+        shared_->refused++;
+        ADP_WARN_LIMITED("gateway: refusing a TCP connection: %d handshakes in progress already (--max-handshakes)",
+                         opts_.max_handshakes);
+        refuse_at_accept(fd, [this] {
+          return proto::kTooManyTcpHandshakes + (" (" + std::to_string(opts_.max_handshakes) + ", --max-handshakes)");
+        });
+        return;
+      }
+      shared_->tcp_handshakes++;
+      counted_tcp = true;
+    } else {
+      // --max-clients clients at most, taken at their Hello (ClientHandler::handshake: a connection in its handshake
+      // is not known to be a client yet, review N9), and kStatusQueryReserve more local connections for status
+      // queries (r11): `lmcache-adp status --gateway` still answers on a full gateway (review r15 N2). Here, the
+      // bound of them all, those in their handshake included: a flood of half-open connections holds no more. A
+      // status query within --max-clients is not counted (r16: bounded at its Hello by --max-clients with the
+      // clients; counted here, one connected before the clients filled the gateway kept the operator's out).
+      Open open = open_connections(true);
+      const size_t bound = static_cast<size_t>(opts_.max_clients) + kStatusQueryReserve;
+      if (open.bounded() >= bound) open = open_connections(true, true);  // at the bound: those on their way out apart
+      if (open.bounded() >= bound) {
+        shared_->refused++;
+        ADP_WARN_LIMITED(
+            "gateway: refusing a local connection: %zu clients and %zu status queries on the reserve connected "
+            "already%s (--max-clients %d, and %d more for status queries)",
+            open.clients, open.reserve_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
+        refuse_at_accept(fd, [this] {
+          return proto::kTooManyLocalClients + (" (" + std::to_string(opts_.max_clients) + ", --max-clients)");
+        });
+        return;
+      }
+    }
+    Client& c = clients_.emplace_back();
+    entered = true;
+    c.id = next_client_++;
+    c.fd = fd;
+    c.tcp = tcp;
+    c.control = std::make_shared<ConnectionControl>();
     start_connection(c);
-  } catch (const std::system_error& e) {
-    // No thread for it (a pids limit, memory): refused, where the exception ended the whole gateway (std::terminate
-    // on the accept thread), so that a client flooding connections under such a limit took everyone's down.
-    clients_.pop_back();
-    if (tcp) shared_->tcp_handshakes--;
+  } catch (const std::exception& e) {
+    if (entered) clients_.pop_back();  // no thread was started for it
+    if (counted_tcp) shared_->tcp_handshakes--;
     shared_->refused++;
-    ADP_WARN_LIMITED("gateway: refusing a %s connection: cannot start its thread (%s)", tcp ? "TCP" : "local",
-                     e.what());
-    refuse_at_accept(fd, std::string("the gateway cannot start a thread for this connection (") + e.what() + ")");
+    const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+    const char* why = memory ? "out of memory: std::bad_alloc" : e.what();
+    ADP_WARN_LIMITED("gateway: refusing a %s connection: cannot start its thread (%s)", tcp ? "TCP" : "local", why);
+    refuse_at_accept(
+        fd, [why] { return std::string("the gateway cannot start a thread for this connection (") + why + ")"; });
   }
 }
 

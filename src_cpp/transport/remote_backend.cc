@@ -256,7 +256,9 @@ class RemoteSession : public BackendSession {
     start_pending_.store(true, std::memory_order_relaxed);
     try {
       start_thread_ = std::thread(&RemoteSession::start_connect, this);
-    } catch (const std::system_error& e) {  // no thread: the first batch connects, as before prepare() was
+    } catch (const std::exception& e) {
+      // No thread (std::system_error: a pids limit, memory for its stack; std::bad_alloc: its state): the first
+      // batch connects, as before prepare() was.
       start_pending_.store(false, std::memory_order_relaxed);
       ADP_DEBUG("%s: no start-up connect (%s)", backend_->describe().c_str(), e.what());
     }
@@ -438,13 +440,22 @@ void RemoteSession::start_connect() {
   set_thread_name("adp-connect");
   const uint64_t connects = backend_->connects();
   std::unique_ptr<GatewayClient> c;
-  Status s = backend_->connect(start_began_ + backend_->connect_timeout_, &c);
-  if (!s.ok()) backend_->note_start_failure(s, connects);
+  Status s;
+  try {
+    s = backend_->connect(start_began_ + backend_->connect_timeout_, &c);
+    if (!s.ok()) backend_->note_start_failure(s, connects);
+  } catch (const std::exception& e) {
+    // No memory for the connect (std::bad_alloc; escaping this thread's function it ended the process): done as if
+    // it had not been tried (Ok, no connection), so the first batch connects on its own, as with no thread.
+    c.reset();
+    s = Status::Ok();
+    ADP_DEBUG("%s: the start-up connect gave up (%s)", backend_->describe().c_str(), e.what());
+  }
   {
     std::lock_guard<std::mutex> l(start_mu_);
     start_done_ = true;
     start_failed_ = Clock::now();
-    start_status_ = s;
+    start_status_ = std::move(s);  // not a copy: nothing here may throw (no memory: std::terminate)
     start_client_ = std::move(c);
   }
   start_cv_.notify_all();
@@ -1304,7 +1315,10 @@ void RemoteBackend::start_reconnect() {
   std::call_once(reconnect_once_, [this] {
     try {
       reconnect_thread_ = std::thread(&RemoteBackend::reconnect_loop, this);
-    } catch (const std::system_error& e) {  // no thread: the next batch reconnects, as before
+    } catch (const std::exception& e) {
+      // No thread (std::system_error: a pids limit, memory for its stack; std::bad_alloc: its state): the next batch
+      // reconnects, as before. Not let through: from connect_new it left a connection freed in live_, on the
+      // start-up connect's thread it ended the process.
       ADP_WARN("%s: no background reconnect (%s): an idle connector stays unreachable until its next batch",
                describe().c_str(), e.what());
     }

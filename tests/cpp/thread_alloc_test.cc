@@ -4,34 +4,70 @@
 // without, as one that fails with std::system_error is (a1eda4c, 2e31a25,
 // tests/store/test_no_thread.py): the CRC worker computes the CRC on the
 // caller's thread, a tmpfs card's prefault is skipped, a client segment is
-// left to its loads and recovery walks with the threads it got. The failure is
-// injected by this program's operator new: the next allocation made on the
-// calling thread throws (or the one after a given count).
+// left to its loads and recovery walks with the threads it got (part
+// "store"). The gateway refuses only the connection whose entry, control
+// block or thread it cannot make, and serves the next (part "gateway"). A
+// Connector whose worker or deadline thread cannot be started fails its
+// construction with the reason, the threads it started joined (part
+// "connector"); a RemoteBackend whose start-up connect or background
+// reconnect has no thread (or no memory on the start-up connect's thread)
+// goes on without it (part "remote"). The failure is injected by this program's operator
+// new: the next allocation made on the calling thread throws (or the one
+// after a given count), or the one after a given count on the thread of a
+// given name (the gateway's accept thread, a session's start-up connect).
 //
-//   thread_alloc_test TMPFS_DIR
+//   thread_alloc_test TMPFS_DIR [store|gateway|connector|remote]   (store by default)
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "check.h"
+#include "connector/connector.h"
 #include "page_state.h"
 #include "protocol/client_segment.h"
+#include "raw_client.h"
 #include "store/card_device.h"
 #include "store/recovery.h"
+#include "test_gateway.h"
+#include "transport/remote_backend.h"
 #include "util/crc32c.h"
 #include "util/crc_worker.h"
 
 namespace {
 // The allocations on this thread to let through before one throws; -1: none throws (and once it has thrown).
 thread_local int fail_after = -1;
+// The same for the thread named `named_thread` (at most 15 characters), whichever it is: set by the test's thread
+// (named_thread first), counted down by that one. -1: none throws; exchange(-1) disarms and tells whether the
+// failure was injected (then it is -1 already).
+std::atomic<int> named_fail_after{-1};
+const char* named_thread = "";
+
+bool on_named_thread() {
+  char name[17] = {};
+  ::prctl(PR_GET_NAME, name, 0, 0, 0);
+  return std::strcmp(name, named_thread) == 0;
+}
+
+// Whether this allocation is the one to throw (the named thread's count taken down by one otherwise).
+bool named_failure_due() {
+  if (named_fail_after.load(std::memory_order_acquire) < 0 || !on_named_thread()) return false;
+  int k = named_fail_after.load(std::memory_order_acquire);
+  while (k >= 0 && !named_fail_after.compare_exchange_weak(k, k == 0 ? -1 : k - 1)) {
+  }
+  return k == 0;
+}
 }  // namespace
 
 void* operator new(std::size_t n) {
@@ -40,11 +76,13 @@ void* operator new(std::size_t n) {
     throw std::bad_alloc();
   }
   if (fail_after > 0) fail_after--;
+  if (named_failure_due()) throw std::bad_alloc();
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// Not inlined: GCC pairs an inlined delete's free() with the new-expression's operator new and warns (mismatched).
+__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -153,15 +191,255 @@ void recovery_without_a_thread(const std::string& dir, int let) {
   ::unlink(path.c_str());
 }
 
+// The frame a new connection gets for a Hello (no ring: payload inline), its type (-1: none), the Error's text in
+// *reason; the named injection disarmed once it came, *injected: whether it had been consumed by then (before the
+// connection is closed: its end wakes the accept thread).
+int hello_reply(const std::string& socket, std::string* reason, bool* injected) {
+  adp::proto::Endpoint ep;
+  adp::proto::parse_endpoint("unix://" + socket, &ep);
+  int fd = -1;
+  int type = -1;
+  if (adp::proto::connect_endpoint(ep, adp::testing::in_seconds(10), &fd).ok()) {
+    std::vector<uint8_t> body;
+    adp::proto::Hello hello;
+    hello.client_name = "thread-alloc";
+    adp::proto::encode_hello(hello, &body);
+    adp::proto::write_frame(fd, adp::proto::FrameType::kHello, 1, body, {}, adp::testing::in_seconds(10));
+    adp::proto::Frame f;
+    if (adp::proto::read_frame(fd, 1 << 20, adp::testing::in_seconds(10), &f).ok()) {
+      type = f.header.type;
+      std::string_view r;
+      if (type == uint8_t(adp::proto::FrameType::kError) && adp::proto::decode_error(f.body, &r).ok())
+        reason->assign(r);
+    }
+  }
+  *injected = named_fail_after.exchange(-1) < 0;
+  if (fd >= 0) ::close(fd);
+  return type;
+}
+
+// accept_one's allocations on the accept thread, each failed in turn (the new connection's entry, its control
+// block, its thread's state; the count of those connected allocates only at the bound): that connection is refused
+// with the reason and counted, the next one is served. The old code let them out of the accept loop (std::terminate:
+// the gateway gone for every client) but for std::system_error at the thread's start.
+void gateway_refuses_only_that_connection(const std::string& dir) {
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 16, 0, "-alloc");
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  if (!gw) return;
+  named_thread = "adp-gw-accept";
+  const int kHelloOk = uint8_t(adp::proto::FrameType::kHelloOk), kError = uint8_t(adp::proto::FrameType::kError);
+  int refused = 0, k = 0;
+  for (; k < 32; k++) {
+    named_fail_after.store(k, std::memory_order_release);
+    std::string reason;
+    bool injected = false;
+    const int a = hello_reply(go.socket_path, &reason, &injected);
+    if (!injected) {  // accept_one made fewer than k + 1 allocations: each has been failed
+      CHECK(a == kHelloOk, "no failure injected (let %d), and no HelloOk: %d %s", k, a, reason.c_str());
+      break;
+    }
+    CHECK(a == kError &&
+              reason == "the gateway cannot start a thread for this connection (out of memory: std::bad_alloc)",
+          "allocation %d at accept failed: frame %d, '%s'", k, a, reason.c_str());
+    refused++;
+    const double counted = adp::testing::stat(gw->stats_json(), "refused_connections");
+    CHECK(counted == refused, "refused_connections %g after %d refused", counted, refused);
+    std::string next_reason;
+    bool next_injected = false;
+    const int b = hello_reply(go.socket_path, &next_reason, &next_injected);
+    CHECK(b == kHelloOk, "allocation %d at accept failed: the next connection got %d '%s'", k, b, next_reason.c_str());
+  }
+  // Its entry, its control block and its thread's state at least: fewer, and the injection missed them.
+  CHECK(refused >= 3 && k < 32, "%d allocations at accept failed (let 0..%d)", refused, k);
+  std::printf("gateway: %d allocations at accept failed, each connection refused, the next served\n", refused);
+  adp::testing::stop_gateway(*gw);
+}
+
+class NullSession : public adp::BackendSession {
+ public:
+  void put(const adp::PutItem*, size_t n, adp::Status* results, adp::Deadline, const adp::GuardedReadFn&) override {
+    for (size_t i = 0; i < n; i++) results[i] = adp::Status::Ok();
+  }
+  void get(const std::string_view*, const size_t*, uint8_t* const*, size_t n, adp::Status* results, adp::Deadline,
+           const adp::DeliverFn&, const adp::GuardedReadFn&) override {
+    for (size_t i = 0; i < n; i++) results[i] = adp::Status::NotFound("null");
+  }
+  void exists(const std::string_view*, size_t n, adp::Status* results, adp::Deadline) override {
+    for (size_t i = 0; i < n; i++) results[i] = adp::Status::NotFound("null");
+  }
+  void remove(const std::string_view*, size_t n, adp::Status* results, adp::Deadline) override {
+    for (size_t i = 0; i < n; i++) results[i] = adp::Status::NotFound("null");
+  }
+};
+
+class NullBackend : public adp::Backend {
+ public:
+  std::unique_ptr<adp::BackendSession> new_session() override { return std::make_unique<NullSession>(); }
+  std::string describe() const override { return "null backend"; }
+  adp::StoreStats stats() const override { return {}; }
+};
+
+// The Connector's constructor, each of its allocations on the calling thread failed in turn: it throws (a
+// runtime_error naming the thread that could not be started, or bad_alloc before any), leaving no thread behind.
+// The old code ended the process at the second worker's state (the first one joinable in the unwinding).
+void connector_fails_with_the_reason() {
+  constexpr int kWorkers = 3;
+  int failed = 0, k = 0;
+  bool worker = false, deadline = false;
+  {
+    // One made first: what is read once and kept (the CPUs' text, its cgroup files read) is not counted below, so
+    // every construction of the sweep makes the same allocations.
+    adp::ConnectorOptions opts;
+    opts.num_workers = kWorkers;
+    adp::Connector warm(std::make_unique<NullBackend>(), opts);
+  }
+  for (; k < 1000; k++) {
+    auto backend = std::make_unique<NullBackend>();
+    adp::ConnectorOptions opts;
+    opts.num_workers = kWorkers;
+    opts.timeout_ms = 1000;
+    std::unique_ptr<adp::Connector> c;
+    std::string error;
+    fail_after = k;
+    try {
+      c = std::make_unique<adp::Connector>(std::move(backend), opts);
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    } catch (const std::bad_alloc&) {
+      error = "std::bad_alloc";
+    }
+    const bool injected = fail_after == -1;
+    fail_after = -1;
+    if (!injected) {
+      CHECK(c != nullptr, "no failure injected (let %d), and no connector: %s", k, error.c_str());
+      break;
+    }
+    if (c) continue;  // a failure the constructor did without
+    failed++;
+    worker = worker || error == "ADPConnector: cannot start its worker thread 2 of 3 (out of memory: std::bad_alloc)";
+    deadline = deadline || error == "ADPConnector: cannot start its deadline thread (out of memory: std::bad_alloc)";
+    CHECK(error == "std::bad_alloc" || error.starts_with("ADPConnector: cannot start its "), "let %d: %s", k,
+          error.c_str());
+    for (int i = 0; i < kWorkers; i++)
+      CHECK(adp::testing::threads_named_after_join("adp-worker-" + std::to_string(i)) == 0,
+            "let %d: adp-worker-%d left running", k, i);
+    CHECK(adp::testing::threads_named_after_join("adp-deadline") == 0, "let %d: adp-deadline left running", k);
+  }
+  CHECK(worker && deadline && k < 1000, "no failed start of the second worker (%d) or the deadline thread (%d)", worker,
+        deadline);
+  std::printf("connector: %d allocations of its construction failed, each a clean failure\n", failed);
+}
+
+adp::GatewayClientOptions nowhere(const std::string& dir) {
+  adp::GatewayClientOptions o;
+  adp::proto::parse_endpoint("unix://" + dir + "/no-gateway.sock", &o.endpoint);
+  o.client_name = "thread-alloc";
+  return o;
+}
+
+// A batch's status for one key against no gateway (the session connects on its own).
+adp::Status exists_one(adp::BackendSession& s) {
+  const std::string_view key = "k";
+  adp::Status st;
+  s.exists(&key, 1, &st, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  return st;
+}
+
+// RemoteSession::prepare: its thread's state fails, the first batch connects on its own (the old code caught only
+// std::system_error: bad_alloc went out of prepare, past the worker's loop: std::terminate).
+void start_connect_without_a_thread(const std::string& dir) {
+  adp::RemoteBackend rb(nowhere(dir));
+  std::unique_ptr<adp::BackendSession> s = rb.new_session();
+  fail_after = 0;
+  try {
+    s->prepare();
+  } catch (const std::bad_alloc&) {
+    CHECK(false, "RemoteSession::prepare threw std::bad_alloc");
+  }
+  CHECK(fail_after == -1, "prepare allocated nothing: no failure injected");
+  fail_after = -1;
+  CHECK(adp::testing::threads_named("adp-connect") == 0, "a start-up connect thread");
+  const adp::Status st = exists_one(*s);
+  CHECK(st.code() == adp::Status::Code::kUnavailable, "the batch after: %s", st.message().c_str());
+}
+
+// The start-up connect's thread, each of its allocations failed in turn (the connect's, then the background
+// reconnect's thread's state, started by the outage it notes): no exception leaves it (the old code: std::terminate
+// at the first), and the batch after gets the outage.
+void start_connect_out_of_memory(const std::string& dir) {
+  named_thread = "adp-connect";
+  int k = 0;
+  for (; k < 1000; k++) {
+    adp::RemoteBackend rb(nowhere(dir));
+    std::unique_ptr<adp::BackendSession> s = rb.new_session();
+    named_fail_after.store(k, std::memory_order_release);
+    s->prepare();
+    const adp::Status st = exists_one(*s);  // waits for the start-up connect's outcome
+    s.reset();                              // joins its thread
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    CHECK(st.code() == adp::Status::Code::kUnavailable, "let %d: the batch after: %s", k, st.message().c_str());
+    if (!injected) break;
+  }
+  CHECK(k > 0 && k < 1000, "%d allocations on the start-up connect's thread failed", k);
+  std::printf("remote: %d allocations on the start-up connect's thread failed, none left it\n", k);
+}
+
+// A batch's connect failing (no gateway) starts the background reconnect (note_down): each allocation of the batch
+// failed in turn, one of them the reconnect thread's state, which is done without (the batch gets the outage, no
+// reconnect thread); the old code caught only std::system_error and let bad_alloc out of the batch.
+void reconnect_without_a_thread(const std::string& dir) {
+  int k = 0, without = 0;
+  for (; k < 1000; k++) {
+    adp::RemoteBackend rb(nowhere(dir));
+    std::unique_ptr<adp::BackendSession> s = rb.new_session();
+    adp::Status st;
+    bool threw = false;
+    fail_after = k;
+    try {
+      st = exists_one(*s);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    const bool injected = fail_after == -1;
+    fail_after = -1;
+    if (!injected) {
+      CHECK(!threw && st.code() == adp::Status::Code::kUnavailable, "let %d: %s", k, st.message().c_str());
+      break;
+    }
+    if (!threw && !rb.stats().gateway_reachable && adp::testing::threads_named_after_join("adp-reconnect") == 0) {
+      CHECK(st.code() == adp::Status::Code::kUnavailable, "let %d: %s", k, st.message().c_str());
+      without++;
+    }
+  }
+  CHECK(without >= 1 && k < 1000, "no batch went on without its background reconnect thread (let 0..%d)", k);
+  std::printf("remote: %d failed allocations of a batch's outage were done without its reconnect thread\n", without);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir;
-  if (!adp::testing::one_argument(argc, argv, "TMPFS_DIR", &dir)) return 2;
-  crc_on_the_callers_thread();
-  prefault_skipped(dir);
-  segment_left_to_its_loads(dir);
-  recovery_without_a_thread(dir, 2);
-  recovery_without_a_thread(dir, 3);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s TMPFS_DIR [store|gateway|connector|remote]\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1], part = argc == 3 ? argv[2] : "store";
+  if (part == "store") {
+    crc_on_the_callers_thread();
+    prefault_skipped(dir);
+    segment_left_to_its_loads(dir);
+    recovery_without_a_thread(dir, 2);
+    recovery_without_a_thread(dir, 3);
+  } else if (part == "gateway") {
+    gateway_refuses_only_that_connection(dir);
+  } else if (part == "connector") {
+    connector_fails_with_the_reason();
+  } else if (part == "remote") {
+    start_connect_without_a_thread(dir);
+    reconnect_without_a_thread(dir);
+    start_connect_out_of_memory(dir);  // last: the old code ended the process here
+  } else {
+    std::fprintf(stderr, "unknown part %s\n", part.c_str());
+    return 2;
+  }
   return adp::testing::finish("thread_alloc_test");
 }

@@ -76,11 +76,47 @@ def test_a_tmpfs_card_opens_without_its_prefault_thread_when_none_can_be_started
     assert "cannot map the image" not in r.stderr, r.stderr[-3000:]  # the mapping was made: the prefault was due
 
 
-def test_a_thread_start_that_fails_for_memory_is_done_without(tmp_path):
+# thread_alloc_test links the store, the gateway and the connector with its transports.
+ALLOC_TEST_DIRS = ("store", "util", "testing", "gateway", "protocol", "connector", "transport")
+
+
+@pytest.fixture(scope="module")
+def thread_alloc_test(tmp_path_factory) -> Path:
+    return cpp.build("thread_alloc_test", tmp_path_factory.mktemp("thread-alloc"), ALLOC_TEST_DIRS)
+
+
+def run_part(binary: Path, part: str) -> str:
+    assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card, the socket)"
+    with tempfile.TemporaryDirectory(prefix="adp-nothread-", dir="/dev/shm") as d:
+        return cpp.run(binary, d, part)
+
+
+def test_a_thread_start_that_fails_for_memory_is_done_without(thread_alloc_test):
     """std::bad_alloc from std::thread's allocation of its state (injected by the program's operator new), as
     std::system_error above: the CRC worker's CRC computed on the caller's thread, a tmpfs card's prefault skipped
     (tests/cpp/thread_alloc_test.cc)."""
-    assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
-    binary = cpp.build("thread_alloc_test", tmp_path, extra=("protocol/client_segment.cc",))
-    with tempfile.TemporaryDirectory(prefix="adp-nothread-", dir="/dev/shm") as d:
-        cpp.run(binary, d)
+    run_part(thread_alloc_test, "store")
+
+
+def test_a_connection_the_gateway_cannot_make_room_for_is_refused_and_the_next_served(thread_alloc_test):
+    """Each allocation of accept_one on the accept thread (the connection's entry, its control block, its thread's
+    state) failed in turn: that connection gets the Error 'the gateway cannot start a thread for this connection
+    (out of memory: std::bad_alloc)', refused_connections counts it, and the next connection is served. Red on
+    905bc86: the first failure left the accept loop (std::terminate, the gateway gone for every client)."""
+    out = run_part(thread_alloc_test, "gateway")
+    assert "3 allocations at accept failed" in out, out[-3000:]
+
+
+def test_a_connector_whose_thread_cannot_be_started_fails_with_the_reason(thread_alloc_test):
+    """Each allocation of the Connector's construction failed in turn: a worker's or the deadline thread's state is
+    a runtime_error 'ADPConnector: cannot start its worker thread 2 of 3 (out of memory: std::bad_alloc)' (Python:
+    RuntimeError), the threads it started joined. Red on 905bc86: std::terminate at the second worker's."""
+    run_part(thread_alloc_test, "connector")
+
+
+def test_a_remote_backend_goes_on_without_its_connect_and_reconnect_threads(thread_alloc_test):
+    """RemoteSession::prepare whose thread's state fails: no exception, the first batch connects on its own; a
+    batch's outage whose background reconnect thread cannot be made: the batch gets the outage; each allocation on
+    the start-up connect's thread failed in turn: none leaves it. Red on 905bc86: prepare threw std::bad_alloc, the
+    batch threw it, and the start-up connect's thread ended the process (std::terminate)."""
+    run_part(thread_alloc_test, "remote")
