@@ -269,7 +269,7 @@ void CardDevice::prefault_extents() {
   }
   const auto start = std::chrono::steady_clock::now();
   uint64_t mapped = 0;
-  const ExtentWalk w = walk_written_extents(fd_, size_, [&](uint64_t p, uint64_t n) {
+  const ExtentWalk w = walk_resident_pages(fd_, map_, size_, kPrefaultPieceBytes, [&](uint64_t p, uint64_t n) {
     if (stop_prefault_.load(std::memory_order_relaxed)) return false;
     // A read fault on a written tmpfs page maps it, writable (tmpfs asks
     // for no write notification: later stores into it take no fault

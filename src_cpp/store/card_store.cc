@@ -152,6 +152,7 @@ CardStore::~CardStore() {
   // region's end, finds no cut and writes nothing (an open after a clean
   // close leaves the card as it was). Not with a store unresolved or the
   // region broken: the walk ends in front of the tail there anyway.
+  device_->stop_background();  // the pad below does not meet a prefault's piece
   if (read_only_ || !device_->healthy()) return;
   std::vector<Cut> tail;
   {

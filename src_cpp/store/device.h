@@ -54,6 +54,10 @@ class Device {
   // (testing/mapped_fault_device.h) counts each as a write, to cut a process
   // crash between them.
   virtual void mapped_written(uint64_t offset, size_t n) const { (void)offset, (void)n; }
+  // Stops the device's background work (CardDevice's prefault) within one of
+  // its pieces, for good: a closing store's last writes (the frontier's pad)
+  // do not meet it.
+  virtual void stop_background() {}
 
   Status read(uint64_t offset, void* buf, size_t n) const {
     iovec v{buf, n};
