@@ -284,6 +284,24 @@ CARD_LIST: tuple[Stat, ...] = (
         "Payload of recovery_lost_objects (a damaged object header's record: its blocks up to where the walk resumed)",
     ),
     Stat(
+        "store_seqs_left",
+        GAUGE,
+        "stores",
+        _CARD,
+        "Store sequence numbers left of the index's 46 bits; once spent every store is refused (NoSpace) until the "
+        "card is reformatted. An open that leaves fewer than 2^42 logs a WARNING (docs/card_format.md, Recovery, "
+        '"A region header not walked")',
+    ),
+    Stat(
+        "recovery_seq_margin",
+        GAUGE,
+        "stores",
+        _CARD,
+        "Sequence numbers the card's open skipped (2^32, or the card's blocks if more) because a pad or region "
+        "header it had to write failed and a block behind it could not be read: 0 unless so; each such open spends "
+        "that much of store_seqs_left",
+    ),
+    Stat(
         "process_loads",
         COUNTER,
         "objects",
@@ -901,6 +919,8 @@ def render_markdown() -> str:
         "| damaged objects dropped | `increase(lmcache_adp_checksum_failures_total[1h]) > 0` |",
         "| damage found on a card at its open (each region in an ERROR line; `lmcache-adp verify`) | "
         "`lmcache_adp_recovery_damaged_regions > 0` |",
+        "| a card nearing the end of its store sequence numbers (then every store is refused until it is "
+        "reformatted) | `lmcache_adp_store_seqs_left < 4398046511104` (2^42) |",
         "| the host short of memory for loads and stores (not the card) | "
         "`rate(lmcache_adp_memory_failures_total[5m]) > 0` |",
         "| card fill | `lmcache_adp_used_bytes / lmcache_adp_capacity_bytes` |",

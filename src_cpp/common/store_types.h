@@ -136,6 +136,10 @@ struct StoreStats {
   // regions, and the objects found behind it (their payload) that no newer
   // copy or delete supersedes: lost.
   uint64_t recovery_damaged_regions = 0, recovery_lost_objects = 0, recovery_lost_bytes = 0;
+  // Store sequence numbers left before every store is refused (46 bits), and
+  // those the open skipped for records it could neither hide nor read
+  // (docs/card_format.md, Recovery, "A region header not walked").
+  uint64_t store_seqs_left = 0, recovery_seq_margin = 0;
   // Through a gateway (r5): objects it wrote straight into this process's
   // memory (the connector), or into its clients' (the gateway); 0 on a card.
   uint64_t process_loads = 0;
@@ -209,6 +213,8 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("recovery_damaged_regions", st.recovery_damaged_regions);
   f("recovery_lost_objects", st.recovery_lost_objects);
   f("recovery_lost_bytes", st.recovery_lost_bytes);
+  f("store_seqs_left", st.store_seqs_left);
+  f("recovery_seq_margin", st.recovery_seq_margin);
   f("process_loads", st.process_loads);
   f("process_stores", st.process_stores);
   f("process_stores_over_limit", st.process_stores_over_limit);

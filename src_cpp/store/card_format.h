@@ -37,9 +37,10 @@ constexpr uint64_t kMaxRegionBytes = kMaxObjectBytes + kMaxObjectBytes / 64 + kB
 constexpr uint32_t kNoRegion = UINT32_MAX;
 // Recovery, a region header it could not walk (docs/card_format.md, "A region
 // header not walked"): the next epoch is set this far past the highest seen,
-// and, where the records behind that header could not be hidden, the next seq
-// (or by the card's blocks if more). An index entry holds a seq in 46 bits:
-// 2^14 such opens before a seq outgrows it (then stores are refused: reserve).
+// and, where the records behind that header could neither be hidden nor read
+// (CardStore::hide_behind), the next seq (or by the card's blocks if more).
+// An index entry holds a seq in 46 bits: 2^14 such opens before a seq
+// outgrows it (then stores are refused: reserve; stat store_seqs_left).
 constexpr uint64_t kUnseenEpochMargin = uint64_t(1) << 32;
 constexpr uint64_t kUnseenSeqMargin = uint64_t(1) << 32;
 constexpr uint32_t kMinRegions = 8;

@@ -1677,6 +1677,7 @@ StoreStats CardStore::stats() const {
     st.first_eviction_inflight_stores = first_eviction_.inflight;
     st.first_eviction_inflight_acked = first_eviction_.acked;
     st.first_eviction_inflight_failed = first_eviction_.failed;
+    st.store_seqs_left = seqs_left();
   }
   st.region_bytes = region_bytes_;
   st.num_regions = num_regions_;
@@ -1693,6 +1694,7 @@ StoreStats CardStore::stats() const {
   st.recovery_damaged_regions = damaged_regions_;
   st.recovery_lost_objects = damage_lost_objects_;
   st.recovery_lost_bytes = damage_lost_bytes_;
+  st.recovery_seq_margin = recovery_seq_margin_;
   st.healthy = device_->healthy();
   return st;
 }

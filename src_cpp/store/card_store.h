@@ -354,13 +354,35 @@ class CardStore {
   // recovery's walk ended at, to the region's end, and zeros over each
   // region header in `unseen` (one it could not walk: the region is free),
   // synced when durable, so that no later walk finds the records behind
-  // them (their seqs unseen by this open: recovery.cc). False if any failed.
-  bool pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen);
+  // them (their seqs unseen by this open: recovery.cc). False if any failed;
+  // then *left (if given) holds where the records may stay: {region, epoch,
+  // from} for each pad or zeroing not written (from: the cut, or kBlockSize
+  // behind a header), or every one of them if the sync failed.
+  bool pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen, std::vector<Cut>* left = nullptr);
+  // What hide_behind found behind the pads and zeroings pad_cuts could not
+  // write (docs/card_format.md, Recovery, "A region header not walked").
+  enum class Behind {
+    kHidden,   // every header of this card there zeroed (synced): no later walk finds a record there
+    kBounded,  // every block read; some header not zeroed, its seq at most *highest
+    kUnknown,  // a block could not be read (or a header of this card that does not check out not zeroed)
+  };
+  // Reads each span of `left` ({region, -, from}: from to the region's end),
+  // 256 KiB at a time, zeroes each block there that holds an object header
+  // of this card (any epoch: nothing there is indexed), and sets *highest to
+  // the highest seq of those that check out (zeroed or not, whatever the
+  // sync). At most the regions' blocks are read, only where a write failed.
+  Behind hide_behind(const std::vector<Cut>& left, uint64_t* highest);
   // How far past the highest seq recovery saw the next one is set when
   // records it could not see may stay on the card (docs/card_format.md,
   // Recovery, "A region header not walked"): kUnseenSeqMargin, or the card's
   // blocks if more.
   uint64_t unseen_seq_margin() const;
+  // Store seqs left before a store is refused (kMaxIndexSeq): stat
+  // store_seqs_left. Under mu_ (or recovery's).
+  uint64_t seqs_left() const { return next_seq_ > kMaxIndexSeq ? 0 : kMaxIndexSeq + 1 - next_seq_; }
+  // An open that leaves fewer logs a WARNING (1/16 of the 46 bits: 2^10
+  // opens that add unseen_seq_margin, or 4e12 stores).
+  static constexpr uint64_t kSeqsLeftWarned = uint64_t(1) << 42;
   // Queues into *stale the void (a tombstone of seq 0) of a copy written but
   // never indexed, its region pinned; a delete of its key is refused until
   // the void is on the card (voiding_). Under mu_.
@@ -481,6 +503,9 @@ class CardStore {
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
+  // The seqs recovery skipped at open past the highest seen, for records it
+  // could neither hide nor read (unseen_seq_margin, or 0): recovery_seq_margin.
+  uint64_t recovery_seq_margin_ = 0;
   // Damage recovery proved at open (recovery_damage.h): regions, and the
   // objects lost to it (their payload).
   uint64_t damaged_regions_ = 0, damage_lost_objects_ = 0, damage_lost_bytes_ = 0;

@@ -336,16 +336,47 @@ Status CardStore::recover(int threads) {
 
   // The records behind a region header not walked: their seqs unseen as
   // well. Zeroing the header (a free region) hides them from every walk, as
-  // a pad does. Where a pad or a zeroing did not reach the card, the next
-  // seq is set past any such record's, so stores from now on outrank it.
-  if (!read_only_ && !pad_cuts(cuts, unseen)) {
-    next_seq_ += unseen_seq_margin();
-    ADP_WARN(
-        "card %s: a crash's cut, an unreadable block or a region header not walked could not be padded or "
-        "zeroed; the records behind it may be found again by a later open (stores from now on outrank them: "
-        "the next seq is set %" PRIu64 " past the highest seen)",
-        path().c_str(), unseen_seq_margin());
+  // a pad does. Where a pad or a zeroing did not reach the card, the blocks
+  // behind it are read and the headers of this card there zeroed one by one
+  // (hide_behind): a key deleted while its region was unseen (nothing
+  // written) stays deleted, and the next seq is set past the highest found,
+  // not by a margin at every such open (2^32 each: the 46 bits spent after
+  // 2^14 of them). Only where a block there cannot be read is the next seq
+  // set past the highest seen by the margin, so stores from now on outrank
+  // what it may hold.
+  std::vector<Cut> left;
+  if (!read_only_ && !pad_cuts(cuts, unseen, &left)) {
+    uint64_t highest = 0;
+    const Behind behind = hide_behind(left, &highest);
+    if (behind != Behind::kUnknown) next_seq_ = std::max(next_seq_, highest + 1);
+    if (behind == Behind::kHidden) {
+      ADP_WARN(
+          "card %s: %zu crash's cuts, unreadable blocks or region headers not walked could not be padded or "
+          "zeroed; the object headers behind them were zeroed instead",
+          path().c_str(), left.size());
+    } else if (behind == Behind::kBounded) {
+      ADP_WARN(
+          "card %s: %zu crash's cuts, unreadable blocks or region headers not walked could not be padded or "
+          "zeroed, nor every object header behind them; those may be found again by a later open (stores from "
+          "now on outrank them: the next seq is set past the highest there, %" PRIu64 ")",
+          path().c_str(), left.size(), highest);
+    } else {
+      recovery_seq_margin_ = unseen_seq_margin();
+      next_seq_ += recovery_seq_margin_;
+      ADP_WARN(
+          "card %s: a crash's cut, an unreadable block or a region header not walked could not be padded or "
+          "zeroed, and a block behind it could not be read; the records behind it may be found again by a later "
+          "open (stores from now on outrank them: the next seq is set %" PRIu64 " past the highest seen; %" PRIu64
+          " store sequence numbers of 2^46 are left)",
+          path().c_str(), recovery_seq_margin_, seqs_left());
+    }
   }
+  if (seqs_left() < kSeqsLeftWarned)
+    ADP_WARN("card %s: %" PRIu64
+             " store sequence numbers are left of 2^46 (stat store_seqs_left); once they are spent every store is "
+             "refused (NoSpace) until the card is reformatted (docs/card_format.md, Recovery, \"A region header not "
+             "walked\")",
+             path().c_str(), seqs_left());
   if (!stale.empty() && read_only_) {
     // The index holds the newest copies only; a read-write open marks these.
     ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
@@ -376,29 +407,87 @@ uint64_t CardStore::unseen_seq_margin() const {
   return std::max(kUnseenSeqMargin, uint64_t(num_regions_) * (region_bytes_ / kBlockSize));
 }
 
-bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen) {
+bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen, std::vector<Cut>* left) {
   if (cuts.empty() && unseen.empty()) return true;
+  std::vector<Cut> all_spans = cuts;
+  for (uint32_t r : unseen) all_spans.push_back({r, 0, kBlockSize});
   AlignedBuffer block;
-  if (!block.reserve(kBlockSize)) return false;
+  if (!block.reserve(kBlockSize)) {
+    if (left) *left = std::move(all_spans);
+    return false;
+  }
   bool all = true, any = false;
-  auto write = [&](uint64_t offset) {
+  auto write = [&](uint64_t offset, const Cut& span) {
     Status s = device_->write(offset, block.data(), kBlockSize);
     if (!s.ok()) count_failure(s);
+    if (!s.ok() && left) left->push_back(span);
     all &= s.ok();
     any |= s.ok();
   };
   for (const Cut& c : cuts) {
     encode_pad(block.data(), card_id_, c.epoch, region_bytes_ - c.at - kBlockSize, false);
-    write(region_offset(c.region) + c.at);
+    write(region_offset(c.region) + c.at, c);
   }
   std::memset(block.data(), 0, kBlockSize);
-  for (uint32_t r : unseen) write(region_offset(r));
+  for (size_t i = cuts.size(); i < all_spans.size(); i++) write(region_offset(all_spans[i].region), all_spans[i]);
   if (any && durable_) {
     Status s = device_->sync();
     if (!s.ok()) count_failure(s);
+    if (!s.ok() && left) *left = std::move(all_spans);  // none of them known to be on the card
     all &= s.ok();
   }
   return all;
+}
+
+CardStore::Behind CardStore::hide_behind(const std::vector<Cut>& left, uint64_t* highest) {
+  *highest = 0;
+  constexpr uint64_t kChunk = 256 << 10;
+  AlignedBuffer chunk, zeros;
+  if (!chunk.reserve(kChunk) || !zeros.reserve(kBlockSize)) return Behind::kUnknown;
+  std::memset(zeros.data(), 0, kBlockSize);
+  bool unknown = false, all_zeroed = true, any_zeroed = false;
+  // One block of the span: an object header of this card (any epoch) is zeroed; one that checks out (and whose seq
+  // a walk would take: check_walked_header) bounds the next seq, zeroed or not.
+  auto look = [&](const uint8_t* b, uint64_t offset) {
+    ObjectHeader h;
+    std::memcpy(&h, b, sizeof h);
+    if (std::memcmp(h.magic, kObjectMagic, 8) != 0 || h.card_id != card_id_) return;
+    const bool valid = decode_object_header(b, card_id_, h.epoch, &h);
+    if (valid && h.seq <= kMaxIndexSeq) *highest = std::max(*highest, h.seq);
+    Status s = device_->write(offset, zeros.data(), kBlockSize);
+    if (!s.ok()) count_failure(s);
+    any_zeroed |= s.ok();
+    all_zeroed &= s.ok();
+    unknown |= !s.ok() && !valid;  // bytes that read back wrong now may read as another seq later
+  };
+  for (const Cut& c : left) {
+    const uint64_t base = region_offset(c.region);
+    for (uint64_t off = c.at; off < region_bytes_;) {
+      const uint64_t len = std::min(kChunk, region_bytes_ - off);
+      Status s = device_->read(base + off, chunk.data(), len);
+      if (s.ok()) {
+        for (uint64_t i = 0; i < len; i += kBlockSize) look(chunk.data() + i, base + off + i);
+      } else {  // somewhere in the chunk: its blocks one by one
+        for (uint64_t i = 0; i < len; i += kBlockSize) {
+          Status bs = device_->read(base + off + i, chunk.data(), kBlockSize);
+          if (bs.ok()) {
+            look(chunk.data(), base + off + i);
+          } else {
+            count_failure(bs);
+            unknown = true;
+          }
+        }
+      }
+      off += len;
+    }
+  }
+  if (any_zeroed && durable_) {
+    Status s = device_->sync();
+    if (!s.ok()) count_failure(s);
+    all_zeroed &= s.ok();
+  }
+  if (unknown) return Behind::kUnknown;
+  return all_zeroed ? Behind::kHidden : Behind::kBounded;
 }
 
 }  // namespace adp

@@ -10,7 +10,9 @@
 // read-write open pads it to the region's end (CardStore::pad_cuts), so no
 // later walk finds what is behind (records whose seqs this open never saw);
 // a region header the walk could not take is zeroed there, and the next
-// epoch set past the one it may hold (docs/card_format.md, Recovery, "A
+// epoch set past the one it may hold; where a pad or zeroing fails, the
+// object headers behind it are zeroed and the next seq set past the
+// highest there (CardStore::hide_behind; docs/card_format.md, Recovery, "A
 // region header not walked").
 // A last record that continues into the next region is reported with
 // `spans`; the store checks that the regions it continues into are there. What the objects

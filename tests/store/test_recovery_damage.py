@@ -312,7 +312,8 @@ def test_unseen_region_header_on_a_fault_device(tmp_path):
     """tests/cpp/unseen_region_test.cc: a region header recovery could not walk at a read-write open (unreadable,
     then readable again; reading back wrong in the frontier's region) does not bring the region's records back
     over what was stored or deleted after that open: the header is zeroed, the next epoch is set past the unseen
-    one, and where the zeroing fails the next seq past any the region may hold."""
+    one, and where the zeroing fails the object headers behind it are zeroed and the next seq set past the highest
+    found (the 2^32 margin only where a block behind cannot be read)."""
     cpp.run(cpp.build("unseen_region_test", tmp_path), timeout=300)
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A store's seq must fit the index entry's 46 bits (store/key_index.h, kMaxIndexSeq). Recovery sets the next seq
-past the highest it walked, and past it by 2^32 at each read-write open that could not zero a region header it did
-not walk (docs/card_format.md, Recovery, "A region header not walked"); once the next seq is past the 46 bits a
+past the highest it walked, and past it by 2^32 at each read-write open that could neither zero nor read what is
+behind a region header it did not walk (docs/card_format.md, Recovery, "A region header not walked"); once the next seq is past the 46 bits a
 store is refused (NoSpace), not indexed under its seq cut to 46 bits (where its load compared the card's full seq
 with the cut one and missed, and its tombstone carried the cut seq)."""
 
