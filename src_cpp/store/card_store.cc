@@ -700,16 +700,18 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         const IndexEntry old = it->second;
         if (old.seq > loc.seq) {  // a newer copy committed first: this one is already superseded
           regions_.pin(loc.region);
-          regions_.pin(old.region);
-          stale.push_back({keyed(i), old.region});
+          auto guards = parts_of_locked(old.region, uint64_t(old.block) * kBlockSize, old.payload_bytes);
+          for (uint32_t r : guards) regions_.pin(r);
+          stale.push_back({keyed(i), std::move(guards)});
           continue;
         }
         regions_.pin(old.region);
-        regions_.pin(loc.region);
+        auto guards = parts_of_locked(loc.region, loc.offset, loc.payload_bytes);
+        for (uint32_t r : guards) regions_.pin(r);
         // The older copy is the same key's (the same index hash: store/index_hash.h).
         stale.push_back({{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq,
                           old.payload_bytes, h, std::string(items[i].key)},
-                         loc.region});
+                         std::move(guards)});
         erase_entry_locked(h, old);
         index_.emplace(h, e);
       }
@@ -736,6 +738,14 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   }
 }
 
+std::vector<uint32_t> CardStore::parts_of_locked(uint32_t region, uint64_t offset, uint64_t payload_bytes) const {
+  std::vector<uint32_t> parts;
+  for_each_part_locked(region, offset, object_footprint(payload_bytes),
+                       [&](uint32_t r, uint64_t, uint64_t) { parts.push_back(r); });
+  if (parts.empty()) parts.push_back(region);
+  return parts;
+}
+
 void CardStore::void_copy_locked(const Location& loc, std::vector<Stale>* stale) {
   // A copy that was never indexed voids only itself: its tombstone carries
   // seq 0 (no store gets it), so recovery's merge ranks it below every copy.
@@ -744,7 +754,7 @@ void CardStore::void_copy_locked(const Location& loc, std::vector<Stale>* stale)
   regions_.pin(loc.region);
   Location own = loc;
   own.seq = 0;
-  stale->push_back({own, -1});
+  stale->push_back({own, {}});
   voiding_.insert(own.hash);
 }
 
@@ -767,7 +777,8 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
       if (v != voiding_.end()) voiding_.erase(v);
     }
     if (ok[i].ok()) {
-      if (stale[i].guard >= 0 && regions_.unpin(static_cast<uint32_t>(stale[i].guard))) unpinned_.notify_all();
+      for (uint32_t r : stale[i].guards)
+        if (regions_.unpin(r)) unpinned_.notify_all();
       continue;
     }
     all = false;
@@ -789,8 +800,9 @@ void CardStore::retry_pending(IoContext& ctx) {
         regions_.pin(p.loc.region);
         retry.push_back(p);
         if (p.loc.seq == 0) voiding_.insert(p.loc.hash);
-      } else if (p.guard >= 0 && regions_.unpin(static_cast<uint32_t>(p.guard))) {
-        unpinned_.notify_all();  // the older copy's region was reused: nothing left to delete
+      } else {
+        for (uint32_t r : p.guards)  // the older copy's region was reused: nothing left to delete
+          if (regions_.unpin(r)) unpinned_.notify_all();
       }
     }
     pending_.clear();

@@ -247,13 +247,20 @@ class CardStore {
     std::string key;
   };
   // An older copy to be marked deleted on the card. Its region is pinned
-  // while the tombstone is written; `guard` (or -1) is the region holding
-  // the newer copy or delete, pinned until the tombstone is durable, so the
-  // older copy cannot outlive what supersedes it.
+  // while the tombstone is written; `guards` (or none) are the regions the
+  // newer copy or delete has bytes in (its first region and every region it
+  // continues into), pinned until the tombstone is durable, so the older
+  // copy cannot outlive what supersedes it: the eviction of any of them
+  // drops the newer copy (before session 24 only the first was pinned: a
+  // region a newer copy continued into could be evicted while the older
+  // copy's tombstone was pending, and the older copy came back at the next
+  // open; tests/cpp/continuation_guard_test.cc).
   struct Stale {
     Location loc;
-    int64_t guard;
+    std::vector<uint32_t> guards;
   };
+  // The regions the object at `offset` of `region` with `payload_bytes` has bytes in (at least `region`).
+  std::vector<uint32_t> parts_of_locked(uint32_t region, uint64_t offset, uint64_t payload_bytes) const;
 
   CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable, bool read_only);
   Status recover(int threads);
@@ -342,8 +349,8 @@ class CardStore {
   // still loc's object, else no key (a damaged header).
   Status write_tombstone(IoContext& ctx, const Location& loc);
   // Writes the tombstones of `stale` (synced when durable), then unpins
-  // their regions and guards. Those that fail go to pending_ (their guard
-  // stays pinned) and are retried by retry_pending(). False if any failed.
+  // their regions and guards. Those that fail go to pending_ (their guards
+  // stay pinned) and are retried by retry_pending(). False if any failed.
   bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale);
   // Where recovery's walk of a region (its header's epoch) ended before its end.
   struct Cut {

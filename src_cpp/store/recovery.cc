@@ -228,12 +228,14 @@ Status CardStore::recover(int threads) {
     uint64_t seq;
     uint32_t region;
     bool deleted;
+    uint32_t block = 0;
+    uint64_t payload_bytes = 0;
   };
   std::unordered_map<uint64_t, Winner> winners;      // by index hash
   std::unordered_map<uint64_t, Winner> by_key_hash;  // keyless tombstones by hash_key (none on a format-4 card)
   auto newer = [](std::unordered_map<uint64_t, Winner>& m, uint64_t h, const RecoveredObject& f) {
-    auto [it, inserted] = m.try_emplace(h, Winner{f.seq, f.region, f.deleted});
-    if (!inserted && it->second.seq < f.seq) it->second = {f.seq, f.region, f.deleted};
+    auto [it, inserted] = m.try_emplace(h, Winner{f.seq, f.region, f.deleted, f.block, f.payload_bytes});
+    if (!inserted && it->second.seq < f.seq) it->second = {f.seq, f.region, f.deleted, f.block, f.payload_bytes};
   };
   for (const RegionScan& scan : scans) {
     for (const RecoveredObject& f : scan.objects) {
@@ -253,12 +255,13 @@ Status CardStore::recover(int threads) {
     return w;
   };
   std::vector<Stale> stale;
+  std::vector<Winner> outranking;  // stale[i]'s winner: its regions are that tombstone's guards (below)
   for (const RegionScan& scan : scans) {
     for (const RecoveredObject& f : scan.objects) {
       if (f.deleted) continue;
       if (const Winner* w = outranked_by(f)) {
-        stale.push_back({{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash},
-                         static_cast<int64_t>(w->region)});
+        stale.push_back({{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash}, {}});
+        outranking.push_back(*w);
       } else {
         index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), f.seq});
       }
@@ -382,9 +385,13 @@ Status CardStore::recover(int threads) {
     ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
              stale.size());
   } else if (!stale.empty()) {
-    for (const Stale& st : stale) {
-      regions_.pin(st.loc.region);
-      regions_.pin(static_cast<uint32_t>(st.guard));
+    for (size_t i = 0; i < stale.size(); i++) {
+      // The winner's regions, every one a live copy continues into included (a tombstone: its header's).
+      const Winner& w = outranking[i];
+      stale[i].guards = w.deleted ? std::vector<uint32_t>{w.region}
+                                  : parts_of_locked(w.region, uint64_t(w.block) * kBlockSize, w.payload_bytes);
+      regions_.pin(stale[i].loc.region);
+      for (uint32_t r : stale[i].guards) regions_.pin(r);
     }
     IoContext ctx;
     if (!write_tombstones(ctx, stale))
