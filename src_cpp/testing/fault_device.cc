@@ -100,6 +100,7 @@ Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) con
   if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned write (O_DIRECT would refuse it)");
   if (offset + n > image_->data.size()) return Status::IoError("write past the end of " + name_);
   uint64_t index = writes_++;
+  if (observer_) observer_(index, offset, n);
   auto failed = [&](const char* why) {
     healthy_ = false;
     return Status::IoError(std::string("write of ") + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
@@ -193,6 +194,11 @@ void FaultDevice::keep_unsynced_at_cut(uint64_t seed) {
 void FaultDevice::keep_all_unsynced_at_cut() {
   std::lock_guard<std::mutex> l(mu_);
   keep_all_ = true;
+}
+
+void FaultDevice::observe_writes(std::function<void(uint64_t, uint64_t, uint64_t)> f) {
+  std::lock_guard<std::mutex> l(mu_);
+  observer_ = std::move(f);
 }
 
 uint64_t FaultDevice::kept_at_cut() const {

@@ -21,6 +21,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -86,6 +87,12 @@ class FaultDevice : public Device {
   // machine did not; what it wrote stays in the page cache or reached the
   // device. (The cut write itself: as cut_power_at_write's tear says.)
   void keep_all_unsynced_at_cut();
+  // Each write from now on, as it is counted (before it is applied, cut or failed), is told to `f`
+  // with its index (writes()'s count before it), offset and length, on the writing thread, under
+  // the device's lock: the order of the calls is the order of the indexes. `f` must not call the
+  // device. For a test of several writers that must know the order the device saw
+  // (tests/cpp/card_crash_mt_test.cc); set it before any I/O.
+  void observe_writes(std::function<void(uint64_t index, uint64_t offset, uint64_t bytes)> f);
   // How many unsynced writes the last power cut kept, and dropped.
   uint64_t kept_at_cut() const;
   uint64_t dropped_at_cut() const;
@@ -123,6 +130,7 @@ class FaultDevice : public Device {
   bool keep_some_ = false, keep_all_ = false;
   uint64_t keep_seed_ = 0;
   mutable uint64_t kept_ = 0, dropped_ = 0;
+  std::function<void(uint64_t, uint64_t, uint64_t)> observer_;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
 };
 

@@ -1,0 +1,519 @@
+// SPDX-License-Identifier: Apache-2.0
+// Crash consistency of the card store with several writers at once: the crash
+// harness's checks (tests/cpp/crash_harness.h: card_crash_test and its
+// siblings, one thread) for N threads (3; 4 in `all`) storing, deleting and
+// loading a shared set of keys on one CardStore, each with its own IoContext,
+// as a gateway's connections or an embedded card's workers do. Records of
+// different keys interleave in a region, a store reserved after another may
+// be written before it (the acknowledgement waits for the stores reserved
+// before it: docs/card_format.md, Writing), frontier moves and tombstones
+// race with payload writes, deletes with stores of their key. Built and run
+// by tests/store/test_crash_consistency.py.
+//
+//   card_crash_mt_test [quick | all] [seed=N] [point=K] [repeat=R] [threads=T]
+//
+// A run: a fresh 8 MiB card (8 regions of 1 MiB) on a fault device, the
+// threads' scripts (drawn from the seed: stores of 1-2 of 16 shared keys,
+// 8 B .. 400 KiB staged or 4 KiB-aligned, a fifth 1-1.6 MiB that continue into
+// the next region; deletes; loads), a fault at write K of the run (the
+// device's K-th write, whichever thread made it), then a power cut at the
+// end, a reopen and the checks. The device logs every write in the order it
+// saw them (FaultDevice::observe_writes: index, offset, length, and here the
+// thread and script step that made it and a stamp of one clock shared with
+// the steps' begin and end), so the checker reasons about the actual order:
+// which steps had written something before the cut (may have landed) and
+// which had not (reached nothing: they excuse no loss). Each writer waits a
+// little at random before some of its writes (a seeded draw per thread), so
+// that a store reserved first is written after one reserved behind it.
+//
+// The guarantees checked (README "atomic visibility", docs/card_format.md):
+//   - acknowledged: a store or delete whose call returned Ok (with `durable`,
+//     the test cards' default, after its fdatasync: the embedded future
+//     completes with that status, the gateway replies it);
+//   - every key after the reopen is absent, or byte-exact the value of a
+//     store of that key that wrote before the cut, and no acknowledged store
+//     or delete of the key began after that store returned (nothing torn or
+//     foreign, no deleted key back, no superseded copy back). Steps that
+//     overlap in time may land in either order;
+//   - a key the store held (indexed) when the power went is back, unless a
+//     delete of it that was not acknowledged wrote before the cut (its
+//     tombstone may have landed); with a cut keeping a seeded subset of the
+//     unsynced writes (`all`), also unless a store of it that was not
+//     acknowledged wrote before the cut (its header may land without its
+//     body). Evicted keys are not held;
+//   - every load during the run is a miss or byte-exact the value of a store
+//     of that key that had begun, not superseded by an acknowledged step
+//     that began after that store returned and ended before the load began;
+//     no checksum failure is counted during the run;
+//   - stats after the reopen match the objects found, no damage counted,
+//     the card stores and loads.
+// Faults at a write point: a power cut (every unsynced write lost), a process
+// crash (every write before the cut kept, in the order the device saw them);
+// in `all` also a power cut keeping a seeded subset of the unsynced writes.
+// Interleavings differ run to run, so a point's write K is a different write
+// in each run; a failure prints the seed, the point and the fault
+// (`seed=N point=K repeat=R` runs that point again R times) and the device's
+// writes around the cut with the steps that made them.
+//
+// Default: seed 1, three threads, a power cut and a process crash at every
+// write point of the run (counted by clean runs), each point once. `quick`
+// (sanitizer builds): 16 points spread over it. `all` (or ADP_CRASH_ALL=1):
+// four threads, seeds 1-4, the three faults at every point.
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "crash_harness.h"
+#include "store/card_store.h"
+#include "test_card.h"
+#include "testing/fault_device.h"
+
+namespace {
+
+using adp::CardStore;
+using adp::IoContext;
+using adp::Status;
+using adp::testing::card_bytes;
+using adp::testing::card_options;
+using adp::testing::checked_fault_card;
+using adp::testing::FaultDevice;
+using adp::testing::FaultImage;
+using adp::testing::put_one;
+using adp::testing::read_object;
+using adp::testing::crash::key_name;
+using adp::testing::crash::value_bytes;
+
+constexpr uint64_t kRegionBytes = 1 << 20, kRegions = 8;
+constexpr int kMtKeys = 16;
+constexpr size_t kK = 1024;
+
+// One clock for the steps' begin and end and the device's writes: a step
+// began after a write (or another step ended) iff its stamp is larger.
+std::atomic<uint64_t> g_clock{1};
+thread_local int t_thread = -1, t_step = -1;
+thread_local std::mt19937_64* t_jitter = nullptr;
+
+// A FaultDevice whose writers wait a little, at random, before some writes:
+// another thread's store reserved later may then be written first.
+class JitterDevice : public FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  Status writev(uint64_t offset, const iovec* iov, int count) const override {
+    if (t_jitter) {
+      uint64_t r = (*t_jitter)() % 16;
+      if (r == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(20 + (*t_jitter)() % 300));
+      else if (r < 4)
+        std::this_thread::yield();
+    }
+    return FaultDevice::writev(offset, iov, count);
+  }
+};
+
+struct Step {
+  enum Kind { kPut, kDelete, kGet } kind;
+  std::vector<int> keys;
+  std::vector<size_t> sizes;
+  bool aligned = false;
+};
+
+// What a thread saw of one step (one per item of a put).
+struct Seen {
+  int thread, step;
+  Step::Kind kind;
+  int key;
+  uint64_t value = 0;  // put: its value id; get: the id read (0: a miss)
+  size_t size = 0;
+  uint64_t begin = 0, end = 0;  // stamps
+  bool ok = false;              // acknowledged (get: found)
+  bool bytes_ok = true;         // get: the bytes are the value's
+  std::string status;
+};
+
+struct Write {
+  uint64_t index, offset, bytes, stamp;
+  int thread, step;
+};
+
+std::vector<Step> make_steps(uint64_t seed, int thread, int steps) {
+  std::mt19937 g(static_cast<uint32_t>(seed * 1009 + thread * 31 + 7));
+  std::vector<Step> out;
+  for (int i = 0; i < steps; i++) {
+    Step s;
+    int r = g() % 20;
+    s.kind = r < 11 ? Step::kPut : r < 15 ? Step::kDelete : Step::kGet;
+    int n = s.kind == Step::kPut ? 1 + (g() % 4 == 0) : 1;
+    while (static_cast<int>(s.keys.size()) < n) {
+      int k = g() % kMtKeys;
+      if (std::find(s.keys.begin(), s.keys.end(), k) != s.keys.end()) continue;
+      s.keys.push_back(k);
+      int z = g() % 10;
+      s.sizes.push_back(z < 2 ? (1024 + g() % 600) * kK : 8 + g() % (400 * kK));
+    }
+    s.aligned = g() % 3 == 0;
+    out.push_back(s);
+  }
+  return out;
+}
+
+void run_thread(CardStore& s, const FaultDevice& dev, const std::vector<Step>& steps, int t, uint64_t jitter_seed,
+                std::vector<Seen>* seen) {
+  t_thread = t;
+  std::mt19937_64 jitter(jitter_seed);
+  t_jitter = &jitter;
+  IoContext ctx;
+  uint64_t next = 1;
+  for (size_t i = 0; i < steps.size(); i++) {
+    if (dev.dead()) break;  // what is begun after the cut reaches nothing
+    t_step = static_cast<int>(i);
+    const Step& st = steps[i];
+    const std::string key = key_name(st.keys[0]);
+    if (st.kind == Step::kPut) {
+      std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> copies;
+      std::vector<adp::PutItem> items;
+      std::vector<std::string> names;
+      std::vector<uint64_t> ids;
+      for (size_t j = 0; j < st.keys.size(); j++) {
+        ids.push_back((uint64_t(t) + 1) << 32 | next++);
+        auto b = value_bytes(ids.back(), st.sizes[j]);
+        const size_t skew = st.aligned ? 0 : 16;  // aligned: the zero-copy paths; else staged
+        size_t n = (skew + b.size() + adp::kBlockSize - 1) / adp::kBlockSize * adp::kBlockSize;
+        copies.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(adp::kBlockSize, n)), &std::free);
+        if (!copies.back()) std::abort();
+        std::memcpy(copies.back().get() + skew, b.data(), b.size());
+        names.push_back(key_name(st.keys[j]));
+      }
+      for (size_t j = 0; j < st.keys.size(); j++)
+        items.push_back({names[j], copies[j].get() + (st.aligned ? 0 : 16), st.sizes[j]});
+      std::vector<Status> results(items.size());
+      uint64_t begin = g_clock.fetch_add(1);
+      s.put(ctx, items.data(), items.size(), results.data(), [] { return true; });
+      uint64_t end = g_clock.fetch_add(1);
+      for (size_t j = 0; j < items.size(); j++)
+        seen->push_back({t, int(i), Step::kPut, st.keys[j], ids[j], st.sizes[j], begin, end, results[j].ok(), true,
+                         results[j].message()});
+    } else if (st.kind == Step::kDelete) {
+      uint64_t begin = g_clock.fetch_add(1);
+      Status r = s.remove(ctx, key);
+      uint64_t end = g_clock.fetch_add(1);
+      seen->push_back({t, int(i), Step::kDelete, st.keys[0], 0, 0, begin, end, r.ok(), true, r.message()});
+    } else {
+      uint64_t begin = g_clock.fetch_add(1);
+      auto got = read_object(s, ctx, key);
+      uint64_t end = g_clock.fetch_add(1);
+      Seen g{t, int(i), Step::kGet, st.keys[0], 0, 0, begin, end, got.has_value(), true, ""};
+      if (got) {
+        g.size = got->size();
+        if (got->size() >= 8) std::memcpy(&g.value, got->data(), 8);
+        g.bytes_ok = got->size() >= 8 && *got == value_bytes(g.value, got->size());
+      }
+      seen->push_back(g);
+    }
+  }
+  t_step = -1;
+  t_jitter = nullptr;
+}
+
+enum Fault { kPowerCut, kProcessCrash, kKeepSome, kNoFault };
+const char* fault_name(Fault f) {
+  static const char* const names[] = {"power cut", "process crash", "power cut keeping some unsynced writes",
+                                      "clean run"};
+  return names[f];
+}
+
+struct Config {
+  int threads = 3, steps = 28;
+  bool all = false, quick = false;
+};
+
+struct Totals {
+  uint64_t runs = 0, cut_reached = 0, concurrent_cuts = 0, overtakes = 0, damage_checked = 0, dumps = 0;
+  uint64_t held_checked = 0, values_checked = 0, gets_checked = 0;
+};
+
+// The context of a failed check: the device's writes around the cut and the steps of `key`.
+void dump(const std::vector<Write>& log, const std::vector<Seen>& seen, uint64_t cut, int key, Totals* tot) {
+  if (tot->dumps++ >= 3) return;
+  std::fprintf(stderr, "  writes around the cut (index offset bytes stamp thread step):\n");
+  for (const Write& w : log)
+    if (w.index + 12 >= cut && w.index <= cut + 2)
+      std::fprintf(stderr, "    %s%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " t%d s%d\n",
+                   w.index == cut ? "CUT " : "", w.index, w.offset, w.bytes, w.stamp, w.thread, w.step);
+  std::fprintf(stderr, "  steps of key %d (thread step kind value size begin end ok status):\n", key);
+  for (const Seen& s : seen)
+    if (s.key == key)
+      std::fprintf(stderr, "    t%d s%d %s %" PRIx64 " %zu %" PRIu64 " %" PRIu64 " %d %s\n", s.thread, s.step,
+                   s.kind == Step::kPut      ? "put"
+                   : s.kind == Step::kDelete ? "delete"
+                                             : "get",
+                   s.value, s.size, s.begin, s.end, s.ok, s.status.c_str());
+}
+
+// One run: the scripts on a fresh card with `fault` at write `point` of the run; returns the run's writes.
+uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Totals* tot) {
+  auto image = std::make_shared<FaultImage>(card_bytes(kRegions, kRegionBytes));
+  adp::CardOptions co = card_options(kRegionBytes);
+  co.recovery_threads = 2;
+  JitterDevice* dev = nullptr;
+  auto s = checked_fault_card<JitterDevice>(image, co, "open", &dev, "crash-mt-card");
+  if (!s) std::exit(1);
+  std::vector<Write> log;
+  log.reserve(4096);
+  const uint64_t base = dev->writes();  // the open's; the log and `cut` count the run's writes from 0
+  dev->observe_writes([&log, base](uint64_t index, uint64_t offset, uint64_t bytes) {
+    log.push_back({index - base, offset, bytes, g_clock.fetch_add(1), t_thread, t_step});
+  });
+  const uint64_t cut = fault == kNoFault ? UINT64_MAX : point;
+  if (fault == kProcessCrash) dev->keep_all_unsynced_at_cut();
+  if (fault == kKeepSome) dev->keep_unsynced_at_cut(seed * 7919 + point);
+  if (fault != kNoFault) dev->cut_power_at_write(base + point);
+
+  std::vector<std::vector<Seen>> per(cfg.threads);
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < cfg.threads; t++)
+      threads.emplace_back(run_thread, std::ref(*s), std::cref(*dev), make_steps(seed, t, cfg.steps), t,
+                           seed * 1000003 + point * 131 + fault * 17 + t, &per[t]);
+    for (auto& th : threads) th.join();
+  }
+  std::vector<Seen> seen;
+  for (auto& p : per) seen.insert(seen.end(), p.begin(), p.end());
+  std::vector<bool> held(kMtKeys);
+  for (int k = 0; k < kMtKeys; k++) held[k] = s->exists(key_name(k));
+  adp::StoreStats live = s->stats();
+  const uint64_t writes = dev->writes() - base;
+  dev->observe_writes(nullptr);  // (the close's pad, on the dead device, is no step's)
+  dev->power_cut();
+  s.reset();
+  tot->runs++;
+
+  char what[160];
+  std::snprintf(what, sizeof what, "seed=%" PRIu64 " point=%" PRIu64 " (%s, %d threads)", seed, point,
+                fault_name(fault), cfg.threads);
+  const bool relaxed = fault == kKeepSome;
+
+  // The cut as the device saw it: its stamp, and which steps wrote before it.
+  uint64_t cut_stamp = UINT64_MAX;
+  std::set<std::pair<int, int>> wrote;  // (thread, step) with a write before the cut
+  for (const Write& w : log) {
+    CHECK(w.thread >= 0, "%s: write %" PRIu64 " made by no writer thread", what, w.index);
+    if (w.index < cut) wrote.insert({w.thread, w.step});
+    if (w.index == cut) cut_stamp = w.stamp;
+  }
+  if (cut_stamp != UINT64_MAX) {
+    tot->cut_reached++;
+    std::set<int> in_flight;
+    for (const Seen& x : seen)
+      if (x.kind != Step::kGet && x.begin < cut_stamp && cut_stamp < x.end) in_flight.insert(x.thread);
+    if (in_flight.size() >= 2) tot->concurrent_cuts++;
+  }
+  // A put's writes begin in another order than the puts began: a thread's store began first, another's wrote first.
+  {
+    std::map<std::pair<int, int>, uint64_t> first;
+    for (const Write& w : log) first.try_emplace({w.thread, w.step}, w.stamp);
+    for (const Seen& a : seen)
+      for (const Seen& b : seen)
+        if (a.kind == Step::kPut && b.kind == Step::kPut && a.thread != b.thread && a.begin < b.begin &&
+            b.begin < a.end && first.count({a.thread, a.step}) && first.count({b.thread, b.step}) &&
+            first[{b.thread, b.step}] < first[{a.thread, a.step}]) {
+          tot->overtakes++;
+          goto counted;
+        }
+  counted:;
+  }
+  auto wrote_before_cut = [&](const Seen& x) { return wrote.count({x.thread, x.step}) > 0; };
+  std::map<uint64_t, const Seen*> puts;  // value id -> its put
+  for (const Seen& x : seen)
+    if (x.kind == Step::kPut) puts[x.value] = &x;
+  // An acknowledged step of `key` other than the put of `value` that began after that put returned
+  // (and, with before_stamp, ended before it).
+  auto superseded = [&](int key, const Seen& p, uint64_t before_stamp) -> const Seen* {
+    for (const Seen& q : seen)
+      if (q.key == key && q.ok && q.kind != Step::kGet && !(q.kind == Step::kPut && q.value == p.value) &&
+          q.begin > p.end && q.end < before_stamp)
+        return &q;
+    return nullptr;
+  };
+
+  // Loads during the run.
+  CHECK(live.checksum_failures == 0, "%s: %" PRIu64 " checksum failures counted during the run", what,
+        uint64_t(live.checksum_failures));
+  for (const Seen& g : seen) {
+    if (g.kind != Step::kGet || !g.ok) continue;
+    tot->gets_checked++;
+    auto it = puts.find(g.value);
+    const Seen* p = it == puts.end() ? nullptr : it->second;
+    bool ok = g.bytes_ok && p && p->key == g.key && p->size == g.size && p->begin < g.end;
+    CHECK(ok,
+          "%s: a load of key %d (thread %d step %d) served %zu bytes of value %" PRIx64
+          ", not a value stored under that key",
+          what, g.key, g.thread, g.step, g.size, g.value);
+    if (!ok) {
+      dump(log, seen, cut, g.key, tot);
+      continue;
+    }
+    const Seen* q = superseded(g.key, *p, g.begin);
+    CHECK(!q,
+          "%s: a load of key %d (thread %d step %d) served value %" PRIx64
+          ", superseded by thread %d step %d's acknowledged %s before the load began",
+          what, g.key, g.thread, g.step, g.value, q ? q->thread : -1, q ? q->step : -1,
+          q && q->kind == Step::kDelete ? "delete" : "store");
+    if (q) dump(log, seen, cut, g.key, tot);
+  }
+
+  // The reopened card.
+  auto r = checked_fault_card(image, co, std::string(what) + ": reopen failed");
+  if (!r) return writes;
+  IoContext ctx;
+  uint64_t found = 0, footprint = 0;
+  for (int k = 0; k < kMtKeys; k++) {
+    auto got = read_object(*r, ctx, key_name(k));
+    if (!got) {
+      if (!held[k]) continue;
+      tot->held_checked++;
+      const Seen* excuse = nullptr;
+      for (const Seen& x : seen)
+        if (x.key == k && !x.ok && wrote_before_cut(x) &&
+            (x.kind == Step::kDelete || (relaxed && x.kind == Step::kPut)))
+          excuse = &x;
+      CHECK(excuse, "%s: key %d was held when the power went and is lost", what, k);
+      if (!excuse) dump(log, seen, cut, k, tot);
+      continue;
+    }
+    found++;
+    footprint += adp::object_footprint(got->size());
+    tot->values_checked++;
+    uint64_t v = 0;
+    if (got->size() >= 8) std::memcpy(&v, got->data(), 8);
+    auto it = puts.find(v);
+    const Seen* p = it == puts.end() ? nullptr : it->second;
+    bool ok = p && p->key == k && p->size == got->size() && *got == value_bytes(v, got->size());
+    CHECK(ok, "%s: key %d serves %zu bytes of value %" PRIx64 ", not a value stored under that key", what, k,
+          got->size(), v);
+    if (!ok) {
+      dump(log, seen, cut, k, tot);
+      continue;
+    }
+    CHECK(wrote_before_cut(*p), "%s: key %d serves value %" PRIx64 " whose store wrote nothing before the cut", what, k,
+          v);
+    const Seen* q = superseded(k, *p, UINT64_MAX);
+    CHECK(!q,
+          "%s: key %d serves value %" PRIx64 " (thread %d step %d), superseded by thread %d step %d's acknowledged %s",
+          what, k, v, p->thread, p->step, q ? q->thread : -1, q ? q->step : -1,
+          q && q->kind == Step::kDelete ? "delete" : "store");
+    if (q) dump(log, seen, cut, k, tot);
+  }
+  adp::StoreStats st = r->stats();
+  CHECK(st.objects == found, "%s: stats say %" PRIu64 " objects, %" PRIu64 " found", what, st.objects, found);
+  CHECK(st.used_bytes == footprint, "%s: stats say %" PRIu64 " used bytes, the objects found take %" PRIu64, what,
+        st.used_bytes, footprint);
+  CHECK(st.recovery_damaged_regions == 0 && st.recovery_lost_objects == 0,
+        "%s: recovery counted %" PRIu64 " damaged regions (%" PRIu64 " objects lost) after a crash", what,
+        st.recovery_damaged_regions, st.recovery_lost_objects);
+  tot->damage_checked++;
+  auto b = value_bytes(999999, 5000);
+  Status w = put_one(*r, ctx, "after-reopen", b);
+  CHECK(w.ok() && read_object(*r, ctx, "after-reopen") == b, "%s: the card does not work after the reopen: %s", what,
+        w.message().c_str());
+  if (fault == kNoFault) {
+    uint64_t acked = 0, failed = 0;
+    for (const Seen& x : seen)
+      if (x.kind != Step::kGet) (x.ok ? acked : failed)++;
+    std::printf("card_crash_mt_test: %s: %" PRIu64 " writes, %" PRIu64 " stores, %" PRIu64 " deletes, %" PRIu64
+                " evicted objects (%" PRIu64 " regions); %" PRIu64 " steps acknowledged, %" PRIu64 " not\n",
+                what, writes, uint64_t(live.stores), uint64_t(live.deletes), uint64_t(live.evicted_objects),
+                uint64_t(live.evicted_regions), acked, failed);
+    CHECK(live.evicted_objects > 0, "%s: the workload must evict", what);
+    CHECK(live.deletes > 0, "%s: the workload must delete", what);
+  }
+  return writes;
+}
+
+uint64_t arg_value(int argc, char** argv, const char* name, uint64_t fallback) {
+  const size_t n = std::strlen(name);
+  for (int i = 1; i < argc; i++)
+    if (std::strncmp(argv[i], name, n) == 0 && argv[i][n] == '=') return std::strtoull(argv[i] + n + 1, nullptr, 10);
+  return fallback;
+}
+
+bool has_arg(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; i++)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);  // the images and values from a heap kept between runs
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  const char* env = std::getenv("ADP_CRASH_ALL");
+  Config cfg;
+  cfg.all = has_arg(argc, argv, "all") || (env && std::string(env) == "1");
+  cfg.quick = has_arg(argc, argv, "quick");
+  cfg.threads = static_cast<int>(arg_value(argc, argv, "threads", cfg.all ? 4 : 3));
+  const uint64_t first_seed = arg_value(argc, argv, "seed", 1);
+  const uint64_t seeds = arg_value(argc, argv, "seed", 0) ? 1 : cfg.all ? 4 : 1;  // seed=N: that one
+  const uint64_t only_point = arg_value(argc, argv, "point", UINT64_MAX);
+  const uint64_t repeat = arg_value(argc, argv, "repeat", 1);
+  std::vector<Fault> faults = {kPowerCut, kProcessCrash};
+  if (cfg.all) faults.push_back(kKeepSome);
+  Totals tot;
+  uint64_t points_run = 0, max_writes = 0;
+  for (uint64_t seed = first_seed; seed < first_seed + seeds; seed++) {
+    // Clean runs count the run's writes (they differ a little with the interleaving): the most of them.
+    uint64_t writes = 0;
+    for (int i = 0; i < 3; i++) writes = std::max(writes, run_point(cfg, seed, i, kNoFault, &tot));
+    max_writes = std::max(max_writes, writes);
+    std::printf("card_crash_mt_test: seed %" PRIu64 ", %d threads: up to %" PRIu64 " writes in a clean run\n", seed,
+                cfg.threads, writes);
+    std::vector<uint64_t> points;
+    if (only_point != UINT64_MAX) {
+      points.push_back(only_point);
+    } else {
+      const uint64_t n = cfg.quick ? std::min<uint64_t>(16, writes) : writes;
+      for (uint64_t i = 0; i < n; i++) points.push_back(i * writes / n);
+    }
+    for (uint64_t p : points)
+      for (uint64_t rep = 0; rep < repeat; rep++)
+        for (Fault f : faults) {
+          run_point(cfg, seed, p, f, &tot);
+          points_run++;
+        }
+  }
+  std::printf("card_crash_mt_test: %s: %" PRIu64 " seed(s) from %" PRIu64 ", %d threads, %zu faults, %" PRIu64
+              " runs at write points (of up to %" PRIu64 " per run), the cut reached in %" PRIu64 ", %" PRIu64
+              " of them with steps of 2+ threads in flight; %" PRIu64
+              " runs with a store written before one that began"
+              " earlier on another thread; checked %" PRIu64 " values, %" PRIu64 " held keys missing, %" PRIu64
+              " loads; %" PRIu64 " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be)\n",
+              cfg.all     ? "all"
+              : cfg.quick ? "quick"
+                          : "default",
+              seeds, first_seed, cfg.threads, faults.size(), points_run, max_writes, tot.cut_reached,
+              tot.concurrent_cuts, tot.overtakes, tot.values_checked, tot.held_checked, tot.gets_checked, tot.runs,
+              adp::testing::check_failures, tot.damage_checked);
+  if (only_point == UINT64_MAX && points_run) {
+    // The interleaving the test is for must happen: cuts with several threads' steps in flight, and stores
+    // written out of the order they began.
+    CHECK(tot.concurrent_cuts * 4 >= tot.cut_reached, "only %" PRIu64 " of %" PRIu64 " cuts had 2+ threads in flight",
+          tot.concurrent_cuts, tot.cut_reached);
+    CHECK(tot.overtakes > 0, "no store was written before one that began earlier on another thread");
+  }
+  return adp::testing::finish("card_crash_mt_test");
+}
