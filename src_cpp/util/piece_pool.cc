@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "util/cpu_quota.h"
+#include "util/log.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -43,12 +44,23 @@ std::string PiecePool::usable_cpus_text(const std::string& cpu_max_file) {
 PiecePool::PiecePool(int threads, int max_helpers, int cpus)
     : max_helpers_(std::max(0, max_helpers)), cpus_(std::max(1, cpus)) {
   if (max_helpers_ == 0) threads = 0;
-  for (int i = 0; i < threads; i++)
-    threads_.emplace_back([this, i] {
-      set_thread_name("adp-gw-piece", i);
-      t_helper = true;
-      helper_loop();
-    });
+  // A helper that cannot be started (std::system_error: a pids limit, memory for its stack; std::bad_alloc: its
+  // state, or threads_' storage): the pool goes on with those started (none: each job on its caller alone), where
+  // the exception ended the gateway's start (a joinable thread destroyed in the unwinding: std::terminate).
+  try {
+    threads_.reserve(static_cast<size_t>(std::max(0, threads)));
+    for (int i = 0; i < threads; i++)
+      threads_.emplace_back([this, i] {
+        set_thread_name("adp-gw-piece", i);
+        t_helper = true;
+        helper_loop();
+      });
+  } catch (const std::exception& e) {
+    ADP_WARN(
+        "gateway: %zu of %d process-memory piece helper threads started (%s): pieces run on the connections' "
+        "threads and the helpers started",
+        threads_.size(), threads, e.what());
+  }
 }
 
 PiecePool::~PiecePool() { stop(); }

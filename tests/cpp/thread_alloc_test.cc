@@ -44,6 +44,7 @@
 #include "transport/remote_backend.h"
 #include "util/crc32c.h"
 #include "util/crc_worker.h"
+#include "util/piece_pool.h"
 
 namespace {
 // The allocations on this thread to let through before one throws; -1: none throws (and once it has thrown).
@@ -415,6 +416,40 @@ void reconnect_without_a_thread(const std::string& dir) {
   std::printf("remote: %d failed allocations of a batch's outage were done without its reconnect thread\n", without);
 }
 
+// The gateway's piece helpers (PiecePool), each allocation of the pool's start failed in turn: the pool goes on
+// with the helpers started and runs every piece (the old code threw out of the constructor, or ended the process
+// once a helper had started: std::terminate).
+void piece_pool_with_the_helpers_it_got() {
+  constexpr int kHelpers = 3;
+  int k = 0;
+  bool some = false;  // a pool with one helper or two
+  for (; k < 100; k++) {
+    std::unique_ptr<adp::PiecePool> pool;
+    fail_after = k;
+    try {
+      pool = std::make_unique<adp::PiecePool>(kHelpers, 2, 64);
+    } catch (const std::bad_alloc&) {
+    }
+    const bool injected = fail_after == -1;
+    fail_after = -1;
+    if (!injected) {
+      CHECK(pool && pool->threads() == kHelpers, "no failure injected (let %d), and no pool of %d", k, kHelpers);
+      break;
+    }
+    if (k == 0) continue;  // the pool itself
+    CHECK(pool != nullptr, "let %d: PiecePool threw std::bad_alloc", k);
+    if (!pool) continue;
+    some = some || (pool->threads() > 0 && pool->threads() < kHelpers);
+    std::atomic<int> ran{0};
+    const bool ok = pool->run(64, [&](size_t, int) {
+      ran++;
+      return true;
+    });
+    CHECK(ok && ran == 64, "let %d: %d of 64 pieces ran with %d helpers", k, ran.load(), pool->threads());
+  }
+  CHECK(some && k < 100, "no pool went on with some of its helpers (let 0..%d)", k);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,6 +464,7 @@ int main(int argc, char** argv) {
     segment_left_to_its_loads(dir);
     recovery_without_a_thread(dir, 2);
     recovery_without_a_thread(dir, 3);
+    piece_pool_with_the_helpers_it_got();
   } else if (part == "gateway") {
     gateway_refuses_only_that_connection(dir);
   } else if (part == "connector") {
