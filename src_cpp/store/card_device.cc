@@ -242,6 +242,16 @@ bool CardDevice::prepare_mapped_write(uint64_t offset, size_t n) const {
   return populate_write(map_ + offset, n);
 }
 
+namespace {
+// How long the prefault leaves the kernel to the card's own I/O before each
+// piece at most (set_card_prefault_yield_for_test), and how often it looks
+// meanwhile (also how soon a stop is seen then).
+std::atomic<std::chrono::milliseconds> prefault_yield{std::chrono::milliseconds(20)};
+constexpr auto kPrefaultYieldPoll = std::chrono::microseconds(100);
+}  // namespace
+
+void set_card_prefault_yield_for_test(std::chrono::milliseconds yield) { prefault_yield.store(yield); }
+
 void CardDevice::start_prefault() {
   if (!map_ || prefault_.joinable() || stop_prefault_.load(std::memory_order_relaxed)) return;
   if (const char* v = std::getenv("ADP_CARD_PREFAULT"); v && std::string(v) == "0") return;
@@ -269,7 +279,13 @@ void CardDevice::prefault_extents() {
   }
   const auto start = std::chrono::steady_clock::now();
   uint64_t mapped = 0;
-  const ExtentWalk w = walk_resident_pages(fd_, map_, size_, kPrefaultPieceBytes, [&](uint64_t p, uint64_t n) {
+  const ExtentWalk w = walk_resident_pages(fd_, map_, size_, kCardPrefaultPieceBytes, [&](uint64_t p, uint64_t n) {
+    // The card's own I/O first: while a store, load or delete is in flight,
+    // wait (polled) up to the yield, then a piece all the same.
+    const auto give_up = std::chrono::steady_clock::now() + prefault_yield.load(std::memory_order_relaxed);
+    while (foreground_.load(std::memory_order_relaxed) > 0 && !stop_prefault_.load(std::memory_order_relaxed) &&
+           std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(kPrefaultYieldPoll);
     if (stop_prefault_.load(std::memory_order_relaxed)) return false;
     // A read fault on a written tmpfs page maps it, writable (tmpfs asks
     // for no write notification: later stores into it take no fault

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <semaphore>
@@ -74,6 +75,11 @@ bool look_at_card_space(const std::string& path, uint64_t create_bytes, CardSpac
 // is more than ..."); empty when it fits or no rule applies.
 std::string card_space_warning(const std::string& path);
 
+// For tests: the longest a card's prefault waits before a piece while the
+// card's own I/O is in flight (kPrefaultYield, 20 ms, otherwise), for every
+// card of this process from now on.
+void set_card_prefault_yield_for_test(std::chrono::milliseconds yield);
+
 class CardDevice : public Device {
  public:
   // kReadOnly (status, verify without --repair): O_RDONLY, so that a card on
@@ -123,10 +129,19 @@ class CardDevice : public Device {
   // walk_resident_pages): tmpfs's SEEK_HOLE held the image's inode lock over
   // a scan of the whole extent, 54 ms from 1 MiB of a full 8 GiB card, and
   // every pwritev of the card (a store's header, a pad) waited for it.
+  // It goes in pieces of kCardPrefaultPieceBytes and, before each, waits
+  // while a store, load or delete of the card is in flight
+  // (begin_foreground), up to kPrefaultYield (20 ms) each time: such an
+  // operation meets at most one piece under way, and does not share the
+  // kernel (page allocation, the LRU) and the CPUs with the prefault for
+  // longer; under a steady load the prefault still goes on, a piece at
+  // least every kPrefaultYield.
   void start_prefault();
   // Stops the prefault thread within one step and joins it; idempotent.
   void stop_prefault();
   void stop_background() override { stop_prefault(); }
+  void begin_foreground() const override { foreground_.fetch_add(1, std::memory_order_relaxed); }
+  void end_foreground() const override { foreground_.fetch_sub(1, std::memory_order_relaxed); }
   // True once the prefault thread has gone over every extent (false while it
   // runs, when it was stopped or failed, or never started).
   bool prefault_done() const { return prefault_done_.load(std::memory_order_acquire); }
@@ -168,6 +183,7 @@ class CardDevice : public Device {
   uint8_t* map_ = nullptr;
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
+  mutable std::atomic<int> foreground_{0};  // stores, loads, deletes in flight (begin_foreground)
   mutable FailingHold failing_;
   mutable GroupSync group_sync_;
   static constexpr int kMaxIoDepth = 256;

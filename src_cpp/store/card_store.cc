@@ -18,6 +18,16 @@
 namespace adp {
 namespace {
 
+// A store, load or delete of the card in flight (Device::begin_foreground):
+// a tmpfs card's prefault waits between its pieces meanwhile.
+struct Foreground {
+  explicit Foreground(const Device& d) : dev(d) { dev.begin_foreground(); }
+  ~Foreground() { dev.end_foreground(); }
+  Foreground(const Foreground&) = delete;
+  Foreground& operator=(const Foreground&) = delete;
+  const Device& dev;
+};
+
 // On a memory-speed card, loads read straight into the caller's buffer and
 // stores write straight from it in pieces of this size, each checksummed
 // while it is in the CPU's cache (L2), so the CRC adds no pass over memory.
@@ -528,6 +538,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
 
 void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
                          const std::function<bool(size_t item)>& item_wanted) {
+  const Foreground busy(*device_);
   ctx.store_ = this;
   if (read_only_) {
     for (size_t i = 0; i < n; i++) results[i] = read_only_refusal("store");
@@ -1227,6 +1238,7 @@ Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
 Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
                                  const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
                                  const SinkFn& sink, const RunPiecesFn& run_pieces, size_t piece_bytes) {
+  const Foreground busy(*device_);
   namespace prof = load_profile;
   if (!piece_bytes) piece_bytes = kBouncePieceBytes;
   const uint64_t look_from = prof::kEnabled ? prof::now_ns() : 0;
@@ -1452,6 +1464,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e,
 
 Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
                       const PieceGuardFn& pieces, size_t piece_bytes) {
+  const Foreground busy(*device_);
   ctx.store_ = this;
   uint64_t h;
   IndexEntry e;
@@ -1606,6 +1619,7 @@ Status CardStore::check_remove_header(IoContext& ctx, std::string_view key, uint
 }
 
 Status CardStore::remove(IoContext& ctx, std::string_view key) {
+  const Foreground busy(*device_);
   ctx.store_ = this;
   Status s = check_key(key);
   if (!s.ok()) return s;

@@ -54,6 +54,13 @@ class Device {
   // (testing/mapped_fault_device.h) counts each as a write, to cut a process
   // crash between them.
   virtual void mapped_written(uint64_t offset, size_t n) const { (void)offset, (void)n; }
+  // A store, load or delete of the card is in flight between
+  // begin_foreground() and its end_foreground() (CardStore's Foreground): a
+  // background pass of the device over itself (CardDevice's prefault) leaves
+  // the kernel to it between its pieces, for a bounded time. Thread-safe: an
+  // atomic count.
+  virtual void begin_foreground() const {}
+  virtual void end_foreground() const {}
   // Stops the device's background work (CardDevice's prefault) within one of
   // its pieces, for good: a closing store's last writes (the frontier's pad)
   // do not meet it.

@@ -15,6 +15,10 @@ namespace adp {
 // One madvise of a prefault: the longest a stop waits for it (about 2 ms on
 // the 2-CPU VM at ~110 ms a GiB).
 constexpr uint64_t kPrefaultPieceBytes = 16ull << 20;
+// A card's prefault goes in smaller pieces (CardDevice::start_prefault): a
+// store or load that begins while one is under way meets at most this much
+// of it (~0.3-0.6 ms here).
+constexpr uint64_t kCardPrefaultPieceBytes = 4ull << 20;
 
 struct ExtentWalk {
   enum class End { kDone, kStopped, kSeekFailed };

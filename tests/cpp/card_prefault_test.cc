@@ -4,8 +4,10 @@
 // pagemap) are exactly the image's written extents, and the image's allocated
 // blocks did not grow (no page allocated for a hole); stopping it, or
 // closing the card while it runs, stops it part-way and cleanly (this test
-// also runs under ASan and TSan); a card on disk, or with
-// ADP_CARD_PREFAULT=0, starts no thread.
+// also runs under ASan and TSan); a store in flight holds it off (it makes
+// no piece until the store is done, then goes on to the end), and a stop
+// while it waits so is prompt; a card on disk, or with ADP_CARD_PREFAULT=0,
+// starts no thread.
 //
 //   card_prefault_test <tmpfs dir> <disk dir>
 #include <dirent.h>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,6 +29,7 @@
 #include "check.h"
 #include "page_state.h"
 #include "store/card_device.h"
+#include "store/card_store.h"
 
 namespace {
 
@@ -139,6 +143,118 @@ void stops_when_asked_and_on_close(const std::string& dir) {
   ::unlink(path.c_str());
 }
 
+// The written extents of the file at path within [0, n), as SEEK_DATA and SEEK_HOLE find them.
+std::vector<std::pair<uint64_t, uint64_t>> written_extents(const std::string& path, uint64_t n) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  for (off_t at = 0; static_cast<uint64_t>(at) < n;) {
+    const off_t data = ::lseek(fd, at, SEEK_DATA);
+    if (data < 0 || static_cast<uint64_t>(data) >= n) break;
+    const off_t hole = ::lseek(fd, data, SEEK_HOLE);
+    const uint64_t end = std::min<uint64_t>(static_cast<uint64_t>(hole), n);
+    out.emplace_back(static_cast<uint64_t>(data), end - static_cast<uint64_t>(data));
+    at = static_cast<off_t>(end);
+  }
+  ::close(fd);
+  return out;
+}
+
+size_t present_count(const uint8_t* p, uint64_t n) {
+  size_t c = 0;
+  for (bool b : present_pages(p, n)) c += b;
+  return c;
+}
+
+// A store in flight holds the prefault off (CardDevice::begin_foreground,
+// from CardStore's put): with its fill held, the prefault started meanwhile
+// maps nothing (the yield set to 60 s here: 20 ms otherwise, after which it
+// makes a piece all the same); once the store is done it maps every written
+// page. A stop while it so waits is prompt.
+void waits_for_a_store_in_flight(const std::string& dir) {
+  const std::string path = dir + "/prefault-store.img";
+  ::unlink(path.c_str());
+  const uint64_t look = 128 * kMiB;  // within the objects stored first (80 of 2 MiB from the card's start)
+  {
+    adp::CardOptions o;
+    o.path = path;
+    o.create_bytes = 256 * kMiB;
+    o.durable = false;
+    std::unique_ptr<adp::CardStore> s;
+    adp::Status st = adp::CardStore::Open(o, &s);
+    CHECK(st.ok(), "create %s: %s", path.c_str(), st.message().c_str());
+    if (!st.ok()) return;
+    adp::IoContext ctx;
+    std::vector<uint8_t> v(2 * kMiB, 0x33);
+    for (int i = 0; i < 80; i++) {
+      const std::string key = "o" + std::to_string(i);
+      adp::PutItem it{key, v.data(), v.size()};
+      s->put(ctx, &it, 1, &st, [] { return true; });
+      CHECK(st.ok(), "put %s: %s", key.c_str(), st.message().c_str());
+    }
+  }
+  adp::set_card_prefault_yield_for_test(std::chrono::seconds(60));
+  std::unique_ptr<CardDevice> dev;
+  adp::Status s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());
+  if (!s.ok() || !dev->mapped()) return;
+  CardDevice* card = dev.get();
+  adp::CardOptions o;
+  o.path = path;
+  o.durable = false;
+  std::unique_ptr<adp::CardStore> store;
+  s = adp::CardStore::OpenDevice(std::move(dev), o, &store);  // starts no prefault (CardStore::Open does)
+  CHECK(s.ok(), "open the store: %s", s.message().c_str());
+  if (!s.ok()) return;
+  CHECK(present_count(card->mapped(), look) == 0, "pages present before the prefault");
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  adp::Status put_status = adp::Status::IoError("not run");
+  std::thread putter([&] {
+    adp::IoContext ctx;
+    bool first = true;
+    adp::PutItem it{"held", nullptr, 2 * kMiB, [&](uint8_t* dst, uint64_t, size_t len) {
+                      if (first) {
+                        first = false;
+                        entered.set_value();
+                        released.wait();
+                      }
+                      std::memset(dst, 7, len);
+                      return adp::Status::Ok();
+                    }};
+    store->put(ctx, &it, 1, &put_status, [] { return true; });
+  });
+  entered.get_future().wait();  // the store is in flight, its fill held
+  card->start_prefault();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const size_t during = present_count(card->mapped(), look);
+  CHECK(during == 0, "the prefault mapped %zu pages (of %llu) while a store was in flight", during,
+        static_cast<unsigned long long>(look / kPage));
+  release.set_value();
+  putter.join();
+  CHECK(put_status.ok(), "the held store: %s", put_status.message().c_str());
+  CHECK(wait_done(*card), "the prefault did not finish once the store was done");
+  const adp::testing::PageDiff d =
+      adp::testing::page_diff(present_pages(card->mapped(), look), written_extents(path, look));
+  CHECK(d.missing == 0 && d.extra == 0, "after the store: %zu pages of written extents not mapped, %zu of holes mapped",
+        d.missing, d.extra);
+  store.reset();
+  // Stopped (the card closed) while it waits for an operation in flight: at
+  // once, not after the yield.
+  s = CardDevice::Open(path, 0, &dev);
+  CHECK(s.ok(), "reopen: %s", s.message().c_str());
+  if (s.ok()) {
+    dev->begin_foreground();
+    dev->start_prefault();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto t0 = std::chrono::steady_clock::now();
+    dev.reset();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(waited < 10, "the close waited %.1f s for a prefault holding off (its yield is 60 s)", waited);
+  }
+  adp::set_card_prefault_yield_for_test(std::chrono::milliseconds(20));
+  ::unlink(path.c_str());
+}
+
 // A card on disk is not mapped: no thread.
 void no_thread_for_a_disk_card(const std::string& dir) {
   const std::string path = dir + "/prefault-disk.img";
@@ -180,6 +296,7 @@ int main(int argc, char** argv) {
   }
   maps_the_written_extents(argv[1]);
   stops_when_asked_and_on_close(argv[1]);
+  waits_for_a_store_in_flight(argv[1]);
   no_thread_for_a_disk_card(argv[2]);
   off_by_environment(argv[1]);
   return adp::testing::finish("card_prefault_test");
