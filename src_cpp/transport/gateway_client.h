@@ -79,7 +79,11 @@ class GatewayClient {
   // Whether a frame went out on this connection since its handshake before
   // the last one (a request, a segment's or this process's registration): it
   // was in use, so the gateway may have closed it while it was idle since.
-  bool used_before() const { return request_id_ > handshake_id_ + 1; }
+  // So is a connection made before the batch that now uses it and held idle meanwhile (a session's start-up
+  // connect, the background reconnect's spare: held_idle()), its first request included (session 24: a restart
+  // within kIdleCheck of its handshake met that request with EPIPE, and the batch failed, the gateway up).
+  bool used_before() const { return held_idle_ || request_id_ > handshake_id_ + 1; }
+  void held_idle() { held_idle_ = true; }
   // Whether the last frame (any of those) met the connection closed (EPIPE,
   // ECONNRESET) on a connection used_before(): the gateway closed it while it
   // was idle (a restart, --idle-timeout-s) and never had that frame whole; it
@@ -199,6 +203,7 @@ class GatewayClient {
   std::string server_;
   uint64_t request_id_ = 0;
   uint64_t handshake_id_ = 0;  // request_id_ once the handshake was done (used_before())
+  bool held_idle_ = false;     // held_idle(): made before the batch that uses it (used_before())
   bool segments_ = false;
   bool segment_stores_ = false;
   bool ring_progress_ = false;

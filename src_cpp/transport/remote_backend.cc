@@ -476,6 +476,7 @@ void RemoteSession::take_start(Deadline deadline) {
       extra = std::move(start_client_);  // this session's own connection came first
     } else if (start_client_) {
       client_ = std::move(start_client_);
+      client_->held_idle();  // made at the start, idle since (used_before())
       if (connected_before_) backend_->reconnects_.fetch_add(1, std::memory_order_relaxed);
       connected_before_ = true;
       segment_ids_.clear();
@@ -1087,6 +1088,7 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
   }
   if (spare && !spare->closed_while_idle()) {
     ADP_DEBUG("%s: a session takes the connection the background reconnect made", describe().c_str());
+    spare->held_idle();  // made by the reconnect thread, idle since (used_before())
     *out = std::move(spare);
     return Status::Ok();
   }

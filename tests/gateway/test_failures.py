@@ -296,6 +296,39 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
         bufs.close()
 
 
+def test_a_start_up_connection_never_used_before_a_restart_is_replaced_quietly(gateway, capfd, monkeypatch):
+    """Session 24 (connector_stress section 7 under TSan, once): worker 0's start-up connection, made at the
+    connector's start and never used, was closed by a restart within kIdleCheck of its handshake, so the idle poll
+    did not look (ADP_TEST_IDLE_CHECK_MS stands in for that window). Its first request met EPIPE on send: never
+    sent, yet not retried (unsent_on_idle() asked for a connection used before), so the user's batch failed with
+    `send failed: Broken pipe` and the outage's WARNING, the gateway up. Now it goes again on a new connection,
+    quietly, as on a used one."""
+    monkeypatch.setenv("ADP_TEST_IDLE_CHECK_MS", "600000")
+    monkeypatch.setenv("ADP_TEST_IDLE_LOOK_MS", "600000")  # no background look (see the test above)
+    conn = ADPConnector(gateway=gateway.unix_url, num_workers=WORKERS, timeout_ms=TIMEOUT_MS)
+    monkeypatch.delenv("ADP_TEST_IDLE_CHECK_MS", raising=False)
+    monkeypatch.delenv("ADP_TEST_IDLE_LOOK_MS", raising=False)
+    c = RawConnector(conn)
+    keys, datas = keys_and_datas(4 * WORKERS, 4096)
+    bufs = Buffers(datas, shm=False)
+    try:
+        deadline = time.monotonic() + 30
+        while read_gateway_stats(gateway.unix_url)["clients"] < 1:  # worker 0's start-up connect; no batch
+            assert time.monotonic() < deadline, "the connector's start-up connect was not made"
+            time.sleep(0.02)
+        assert gateway.stop() == 0
+        gateway.start()
+        capfd.readouterr()
+        results = one_key_batches(conn, c, "set", keys, bufs.src)
+        assert all(ok for ok, _, _ in results), results
+        err = capfd.readouterr().err
+        assert "WARNING" not in err, err
+        assert conn.stats()["gateway_reachable"] is True
+    finally:
+        conn.close()
+        bufs.close()
+
+
 def test_a_tcp_restart_within_the_idle_check_retries_lookups_quietly_and_deletes_loudly(gateway, capfd, monkeypatch):
     """A TCP gateway restarted within kIdleCheck of its last frame (ADP_TEST_IDLE_CHECK_MS stands in for that
     window): the next request's send succeeds and its reply's read finds the connection closed, so the gateway
