@@ -9,7 +9,8 @@
 # seed's deployment runs, in a venv of its own (build/venv-lmcache-0.5.4,
 # kept between runs); they import this tree (pytest's pythonpath) and its
 # extension as built above. ADP_SKIP_LMCACHE_054=1 leaves that run out (for a
-# quick local run; CI does not set it).
+# quick local run; CI does not set it). A run without pytest arguments builds the
+# image in the background meanwhile (ADP_PREBUILD_IMAGE=0 leaves that out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,8 +21,22 @@ python -m pip install --quiet lmcache==0.5.6
 ADP_WERROR=1 python -m pip install --quiet -e '.[test]'   # warnings are errors in CI
 PYTHON=python ./scripts/check_style.sh                     # ruff, clang-format, SPDX lines
 status=0
+# The image (tests/packaging/test_image.py) takes 15-20 minutes to build from nothing,
+# most of it waiting on debootstrap, pip and podman's layer writes. A whole-suite run
+# starts that build now, at low priority, beside the tests; the test's own build then
+# waits on build_image.sh's lock and finds every layer cached. Its log: build/image-prebuild.log
+# (a failure there is reported by the test, whose build runs again).
+prebuild=
+if [ "$#" -eq 0 ] && [ "${ADP_PREBUILD_IMAGE:-1}" = 1 ]; then
+  mkdir -p build
+  nice -n 15 ./scripts/build_image.sh cpu >build/image-prebuild.log 2>&1 &
+  prebuild=$!
+fi
 # --durations: the slowest tests in every CI log, to see where the 90 minutes go.
 python -m pytest -q -p no:cacheprovider --durations=30 tests "$@" || status=$?
+if [ -n "$prebuild" ]; then
+  wait "$prebuild" || echo "run_tests.sh: the image's early build failed (build/image-prebuild.log)"
+fi
 
 if [ "${ADP_SKIP_LMCACHE_054:-0}" != 1 ]; then
   venv=build/venv-lmcache-0.5.4
