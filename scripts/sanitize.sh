@@ -43,7 +43,9 @@ mkdir -p "$out"
 card_dir=${2:-/dev/shm}
 [ -n "${2:-}" ] || [ -w /dev/shm ] || card_dir=$out
 CXX=${CXX:-g++}
-flags=(-std=c++20 -g -O1 "${san[@]}" -Wall -Wextra -Werror -Wno-missing-field-initializers -Isrc_cpp -pthread)
+# tests/support/cpp.py's sanitize_flags() is this, word for word, for asan and tsan: the test suite's sanitized test
+# programs reuse these objects (build/sanitize/<mode>, under the lock below), so a change here goes there too.
+flags=(-std=c++20 -g -O1 -D_GLIBCXX_ASSERTIONS "${san[@]}" -Wall -Wextra -Werror -Wno-missing-field-initializers -Isrc_cpp -pthread)
 PYTHON=${PYTHON:-python}
 if [ "$mode" = asan-python ]; then
   mapfile -t sources < <(find src_cpp -name '*.cc' | sort)

@@ -4,24 +4,34 @@
 A program links the .cc files of the given src_cpp/ directories (and any single
 files), prints "<name>: PASS" and exits 0 when every check held.
 
-Each source is compiled once a test session for each set of flags (the objects
-kept in a directory of the session's, removed at its end), on as many compilers
-at once as there are CPUs: the suite links the same store, util and gateway
-sources into some thirty programs, half of them under a sanitizer. The objects
-sit in /tmp for the session, one set for each of the plain, ASan and TSan
-flags: all of src_cpp with -g takes about 100 MB under ASan and 65 MB under
-TSan (scripts/sanitize.sh's objects, the same flags), so a whole run some
-200 MB. A session killed before its end leaves its directory behind; the
-next one removes it (named by the pid that made it).
+Each source is compiled once for each set of flags, on as many compilers at once
+as there are CPUs: the suite links the same store, util and gateway sources into
+some thirty programs, half of them under a sanitizer. The plain objects are kept
+in a directory of the session's in /tmp, removed at its end (a session killed
+before its end leaves it behind; the next one removes it, named by the pid that
+made it). The sanitized ones (ASan, TSan) are scripts/sanitize.sh's: the same
+compile command as its asan and tsan modes (SANITIZE_FLAGS, word for word) into
+the same directory, build/sanitize/<mode>, judged up to date by
+scripts/object_stamps.py (the command, the content of the source and of every
+header it read) under sanitize.sh's lock; so the suite's sanitizer stress runs
+(tests/sanitizers) and its sanitized test programs compile src_cpp once between
+them, not twice (all of src_cpp with -g: about 100 MB under ASan, 65 MB under
+TSan, kept between runs as sanitize.sh's are).
+
+A program is linked once a session for its sources and flags: the tests that
+run the same program (the crash harnesses, plain and sanitized) share the
+binary, hard-linked into each test's own directory.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import itertools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +45,13 @@ SANITIZERS = {
     "asan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
     "tsan": ["-fsanitize=thread"],
 }
+
+
+def sanitize_flags(mode: str) -> list[str]:
+    """scripts/sanitize.sh's compile flags for `mode` (asan or tsan), in its order: kept the same word for word, so
+    that build() reuses its objects (a difference costs a second compile of src_cpp, nothing else)."""
+    return ["-std=c++20", "-g", "-O1", "-D_GLIBCXX_ASSERTIONS", *SANITIZERS[mode], "-Wall", "-Wextra", "-Werror",
+            "-Wno-missing-field-initializers", "-Isrc_cpp", "-pthread"]  # fmt: skip
 
 
 # This session's objects: (source, flags) -> object file. The sources do not change during a session.
@@ -58,14 +75,19 @@ def _remove_orphaned_object_dirs(tmp: Path) -> None:
             pass  # another user's live process
 
 
-def _compile_all(cxx: str, flags: list[str], sources: list[str]) -> list[Path]:
-    """The objects of `sources` compiled with `flags`, compiling those this session has not yet."""
+def _session_dir() -> Path:
     global _object_dir
     if _object_dir is None:
         tmp = Path(tempfile.gettempdir())
         _remove_orphaned_object_dirs(tmp)
         _object_dir = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=tmp))
         atexit.register(shutil.rmtree, _object_dir, True)
+    return _object_dir
+
+
+def _compile_all(cxx: str, flags: list[str], sources: list[str]) -> list[Path]:
+    """The objects of `sources` compiled with `flags`, compiling those this session has not yet."""
+    _session_dir()
     key = tuple(flags)
     todo = {src: _object_dir / f"{next(_object_numbers)}-{Path(src).stem}.o"
             for src in dict.fromkeys(sources) if (src, key) not in _objects}  # fmt: skip
@@ -83,6 +105,33 @@ def _compile_all(cxx: str, flags: list[str], sources: list[str]) -> list[Path]:
     return [_objects[(src, key)] for src in sources]
 
 
+def _compile_sanitized(cxx: str, mode: str, sources: list[str]) -> list[Path]:
+    """The objects of `sources` (paths relative to the tree) under sanitizer `mode`, in build/sanitize/<mode>: those
+    not up to date compiled by scripts/object_stamps.py, as sanitize.sh compiles them. The caller holds the lock."""
+    proc = subprocess.run(
+        [sys.executable, "scripts/object_stamps.py", f"build/sanitize/{mode}", cxx, *sanitize_flags(mode), "--",
+         *sources],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"the {mode} compile failed:\n{proc.stderr[-5000:]}"
+    objects = [ROOT / line for line in proc.stdout.split()]
+    assert len(objects) == len(sources), proc.stdout[-5000:] + proc.stderr[-5000:]
+    return objects
+
+
+# This session's programs: (compiler, flags, sources) -> the binary linked from them (in the session's directory).
+_binaries: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Path] = {}
+
+
+def _link(cxx: str, flags: list[str], objects: list[Path], binary: Path) -> None:
+    tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+    proc = subprocess.run(
+        [cxx, *flags, *map(str, objects), "-o", str(tmp)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    os.replace(tmp, binary)
+
+
 def build(
     name: str,
     out: Path,
@@ -92,20 +141,37 @@ def build(
 ) -> Path:
     """Compiles tests/cpp/<name>.cc with the sources of `dirs` and `extra` (paths under src_cpp/)
     into out/<name>, warnings as errors, under a sanitizer of SANITIZERS if given; returns the
-    binary's path."""
+    binary's path. A program already linked this session from the same sources and flags is not
+    linked again: out/<name> is a hard link to it (a copy where the link is refused)."""
     cxx = os.environ.get("CXX", "g++")
     assert shutil.which(cxx), f"{cxx} not found: this test needs a C++20 compiler (set CXX)"
-    sources = sorted(str(p) for d in dirs for p in (SRC / d).glob("*.cc"))
-    sources += [str(SRC / f) for f in extra] + [str(ROOT / "tests" / "cpp" / f"{name}.cc")]
+    sources = sorted(f"src_cpp/{d}/{p.name}" for d in dirs for p in (SRC / d).glob("*.cc"))
+    sources += [f"src_cpp/{f}" for f in extra] + [f"tests/cpp/{name}.cc"]
+    if sanitize:
+        flags = sanitize_flags(sanitize)
+    else:
+        flags = ["-std=c++20", "-O1", "-g", "-D_GLIBCXX_ASSERTIONS", "-Wall", "-Wextra", "-Werror"]
+        flags += ["-Wno-missing-field-initializers", f"-I{SRC}", "-pthread"]
+    key = (cxx, tuple(flags), tuple(sources))
+    if key not in _binaries:
+        linked = _session_dir() / f"{next(_object_numbers)}-{name}" / name
+        linked.parent.mkdir()
+        if sanitize:
+            # sanitize.sh's lock over the compile and the link: no run of it rewrites an object this link reads.
+            lock_path = ROOT / "build" / "sanitize" / sanitize / "build.lock"
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(lock_path, "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                _link(cxx, flags, _compile_sanitized(cxx, sanitize, sources), linked)
+        else:
+            _link(cxx, flags, _compile_all(cxx, flags, [str(ROOT / src) for src in sources]), linked)
+        _binaries[key] = linked
     binary = out / name
-    flags = ["-std=c++20", "-O1", "-g", "-D_GLIBCXX_ASSERTIONS", "-Wall", "-Wextra", "-Werror"]
-    flags += SANITIZERS[sanitize] if sanitize else []
-    flags += ["-Wno-missing-field-initializers", f"-I{SRC}", "-pthread"]
-    objects = _compile_all(cxx, flags, sources)
-    proc = subprocess.run(
-        [cxx, *flags, *map(str, objects), "-o", str(binary)], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    binary.unlink(missing_ok=True)
+    try:
+        os.link(_binaries[key], binary)
+    except OSError:
+        shutil.copy2(_binaries[key], binary)
     return binary
 
 
