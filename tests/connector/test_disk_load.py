@@ -18,29 +18,17 @@ load is in transparent huge pages (advised MADV_HUGEPAGE: src_cpp/util/aligned_b
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import cpp
 
 
 def test_disk_loads_in_pieces_on_a_slow_card(tmp_path):
-    cxx = os.environ.get("CXX", "g++")
-    assert shutil.which(cxx), f"{cxx} not found: this test needs a C++20 compiler (set CXX)"
-    src = ROOT / "src_cpp"
-    sources = sorted(str(p) for d in ("store", "util", "connector", "testing") for p in (src / d).glob("*.cc"))
-    sources += [str(src / "transport" / "embedded_backend.cc"), str(ROOT / "tests" / "cpp" / "disk_load_test.cc")]
-    binary = tmp_path / "disk_load_test"
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
-    cmd += [f"-I{src}", "-pthread", *sources, "-o", str(binary)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    env = dict(os.environ, ADP_LOG_LEVEL="ERROR")
-    proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    assert "disk_load_test: PASS" in proc.stdout
+    # Built by tests/support/cpp.py (the session's objects, a compiler per core, -D_GLIBCXX_ASSERTIONS) rather than
+    # by one g++ command of all ~30 sources: that was about a minute of a CI run on one core.
+    binary = cpp.build("disk_load_test", tmp_path, ("store", "util", "connector", "testing"),
+                       ("transport/embedded_backend.cc",))  # fmt: skip
+    cpp.run(binary, timeout=300)
 
 
 def test_disk_loads_of_colliding_keys(tmp_path):
@@ -48,8 +36,6 @@ def test_disk_loads_of_colliding_keys(tmp_path):
     sharing its 64-bit hash_key with the stored one but not its index hash (a crafted key) loads
     its own object beside it; one sharing the index hash too (the residual case, the hash narrowed
     to 16 bits to make one) is a miss, no damage (tests/cpp/collision_load_test.cc)."""
-    from tests.support import cpp
-
     binary = cpp.build("collision_load_test", tmp_path, ("store", "util", "connector", "testing"),
                        ("transport/embedded_backend.cc",))  # fmt: skip
     cpp.run(binary)
