@@ -283,7 +283,7 @@ void CardDevice::prefault_extents() {
     // The card's own I/O first: while a store, load or delete is in flight,
     // wait (polled) up to the yield, then a piece all the same.
     const auto give_up = std::chrono::steady_clock::now() + prefault_yield.load(std::memory_order_relaxed);
-    while (foreground_.load(std::memory_order_relaxed) > 0 && !stop_prefault_.load(std::memory_order_relaxed) &&
+    while (foreground_->load(std::memory_order_relaxed) > 0 && !stop_prefault_.load(std::memory_order_relaxed) &&
            std::chrono::steady_clock::now() < give_up)
       std::this_thread::sleep_for(kPrefaultYieldPoll);
     if (stop_prefault_.load(std::memory_order_relaxed)) return false;

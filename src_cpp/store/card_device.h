@@ -140,8 +140,7 @@ class CardDevice : public Device {
   // Stops the prefault thread within one step and joins it; idempotent.
   void stop_prefault();
   void stop_background() override { stop_prefault(); }
-  void begin_foreground() const override { foreground_.fetch_add(1, std::memory_order_relaxed); }
-  void end_foreground() const override { foreground_.fetch_sub(1, std::memory_order_relaxed); }
+  [[nodiscard]] Foreground begin_foreground() const override { return Foreground(foreground_); }
   // True once the prefault thread has gone over every extent (false while it
   // runs, when it was stopped or failed, or never started).
   bool prefault_done() const { return prefault_done_.load(std::memory_order_acquire); }
@@ -183,7 +182,9 @@ class CardDevice : public Device {
   uint8_t* map_ = nullptr;
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
-  mutable std::atomic<int> foreground_{0};  // stores, loads, deletes in flight (begin_foreground)
+  // Stores, loads, deletes in flight (begin_foreground): shared with each
+  // one's Foreground, which may end after this device is freed.
+  const std::shared_ptr<std::atomic<int>> foreground_ = std::make_shared<std::atomic<int>>(0);
   mutable FailingHold failing_;
   mutable GroupSync group_sync_;
   static constexpr int kMaxIoDepth = 256;

@@ -18,16 +18,6 @@
 namespace adp {
 namespace {
 
-// A store, load or delete of the card in flight (Device::begin_foreground):
-// a tmpfs card's prefault waits between its pieces meanwhile.
-struct Foreground {
-  explicit Foreground(const Device& d) : dev(d) { dev.begin_foreground(); }
-  ~Foreground() { dev.end_foreground(); }
-  Foreground(const Foreground&) = delete;
-  Foreground& operator=(const Foreground&) = delete;
-  const Device& dev;
-};
-
 // On a memory-speed card, loads read straight into the caller's buffer and
 // stores write straight from it in pieces of this size, each checksummed
 // while it is in the CPU's cache (L2), so the CRC adds no pass over memory.
@@ -538,7 +528,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
 
 void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
                          const std::function<bool(size_t item)>& item_wanted) {
-  const Foreground busy(*device_);
+  const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
   if (read_only_) {
     for (size_t i = 0; i < n; i++) results[i] = read_only_refusal("store");
@@ -1238,7 +1228,9 @@ Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
 Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
                                  const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
                                  const SinkFn& sink, const RunPiecesFn& run_pieces, size_t piece_bytes) {
-  const Foreground busy(*device_);
+  // Ends after this store was closed and freed where the run or the sink
+  // said stop (a gateway's thread left behind): it holds only the count.
+  const Foreground busy = device_->begin_foreground();
   namespace prof = load_profile;
   if (!piece_bytes) piece_bytes = kBouncePieceBytes;
   const uint64_t look_from = prof::kEnabled ? prof::now_ns() : 0;
@@ -1365,8 +1357,8 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     const bool ran = run([&](size_t i, int slot) {
       AlignedBuffer& b = bounces[slot];
       const uint64_t off = i * piece_bytes, len = piece_len(i);
-      if (!b.reserve(piece_bytes)) {
-        no_memory = true;
+      if (!b.reserve(piece_bytes)) {  // counted here, inside the run (the store may be gone after it)
+        if (!no_memory.exchange(true)) counters_.memory_failures++;
         return false;
       }
       bool pinned;
@@ -1400,10 +1392,7 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
     if (stopped || (!ran && !changed && !no_memory))
       return Status::TimedOut("the load was stopped while its pieces went out");
     if (changed) return Status::NotFound("evicted, replaced or deleted while its pieces went out");
-    if (no_memory) {
-      counters_.memory_failures++;
-      return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
-    }
+    if (no_memory) return Status::IoError("out of memory for a bounce buffer", Status::IoClass::kGatewayMemory);
     uint32_t crc = 0;
     {
       prof::Timer t(prof::kCombine);
@@ -1464,7 +1453,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e,
 
 Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
                       const PieceGuardFn& pieces, size_t piece_bytes) {
-  const Foreground busy(*device_);
+  const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
   uint64_t h;
   IndexEntry e;
@@ -1619,7 +1608,7 @@ Status CardStore::check_remove_header(IoContext& ctx, std::string_view key, uint
 }
 
 Status CardStore::remove(IoContext& ctx, std::string_view key) {
-  const Foreground busy(*device_);
+  const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
   Status s = check_key(key);
   if (!s.ok()) return s;

@@ -171,8 +171,10 @@ class CardStore {
   // places with `hold` (the caller's), so the context goes back before the
   // first piece goes out. run_pieces may return false with no piece having
   // failed (it ran none, or its caller may not go on): the load then ends
-  // TimedOut, and no failure after the pieces touches the store (a gateway
-  // may have closed its card meanwhile, review r7 B1).
+  // TimedOut, and nothing after the pieces touches the store or its device
+  // (a gateway may have closed its card meanwhile, review r7 B1): a piece
+  // counts its own failure, and the load's in-flight count (Foreground,
+  // device.h) ends in a count that outlives the device.
   using WithContextFn = std::function<bool(const std::function<void(IoContext&)>&)>;
   using RunPiecesFn = std::function<bool(size_t n, const std::function<bool(size_t piece, int slot)>& piece)>;
   Status get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,

@@ -7,13 +7,40 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "util/status.h"
 
 namespace adp {
+
+// A store, load or delete of a device in flight, for this object's life
+// (Device::begin_foreground; CardStore's put, get, get_via_bounce and
+// remove): a background pass of the device over itself (CardDevice's
+// prefault) leaves the kernel to it between its pieces, for a bounded time.
+// It holds the device's count of them (an atomic, shared), not the device:
+// an operation that a stopped gateway left behind (its thread out of the
+// card gate, waiting on its client, when the card was closed and freed:
+// review r7 B1, gateway/client_handler.h's CardGate) ends after the device
+// is gone and touches nothing of it. Session 24's first form called the
+// device from its destructor: a heap use after free there (asan25).
+class Foreground {
+ public:
+  explicit Foreground(std::shared_ptr<std::atomic<int>> count) : count_(std::move(count)) {
+    if (count_) count_->fetch_add(1, std::memory_order_relaxed);
+  }
+  ~Foreground() {
+    if (count_) count_->fetch_sub(1, std::memory_order_relaxed);
+  }
+  Foreground(const Foreground&) = delete;
+  Foreground& operator=(const Foreground&) = delete;
+
+ private:
+  const std::shared_ptr<std::atomic<int>> count_;  // nullptr: nobody looks (a device without background work)
+};
 
 class Device {
  public:
@@ -54,13 +81,10 @@ class Device {
   // (testing/mapped_fault_device.h) counts each as a write, to cut a process
   // crash between them.
   virtual void mapped_written(uint64_t offset, size_t n) const { (void)offset, (void)n; }
-  // A store, load or delete of the card is in flight between
-  // begin_foreground() and its end_foreground() (CardStore's Foreground): a
-  // background pass of the device over itself (CardDevice's prefault) leaves
-  // the kernel to it between its pieces, for a bounded time. Thread-safe: an
-  // atomic count.
-  virtual void begin_foreground() const {}
-  virtual void end_foreground() const {}
+  // A store, load or delete of the card in flight for the returned object's
+  // life (Foreground, which may outlive the device). Thread-safe. Counted
+  // only where background work looks at it (CardDevice).
+  [[nodiscard]] virtual Foreground begin_foreground() const { return Foreground(nullptr); }
   // Stops the device's background work (CardDevice's prefault) within one of
   // its pieces, for good: a closing store's last writes (the frontier's pad)
   // do not meet it.
