@@ -490,6 +490,15 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "reserve (an idle connector's probe among them only when that reserve is taken)",
     ),
     Stat(
+        "failed_connections",
+        COUNTER,
+        "connections",
+        G,
+        "Connections the gateway ended because serving them threw (no memory: std::bad_alloc, say), each logged at "
+        "ERROR with its peer and the reason; their counts and registrations given back, the other connections "
+        "served on (session 25)",
+    ),
+    Stat(
         "refused_status_queries",
         COUNTER,
         "connections",

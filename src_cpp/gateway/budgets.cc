@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gateway/client_handler.h"
+#include "gateway/handler_internal.h"
 
 namespace adp {
 
@@ -125,9 +126,8 @@ Status ClientHandler::grow_store_buffer(uint64_t need, proto::Deadline deadline)
     note_waiting(buffer_moved());  // waiting behind other connections' working stores is not stalled (r7, r10 R3)
     {
       std::unique_lock<std::mutex> l(shared_->store_buffer_mu);
-      shared_->store_buffer_waiters++;
+      CountedWhile<uint32_t> waiting(shared_->store_buffer_waiters, 1);
       shared_->store_buffer_freed.wait_for(l, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
-      shared_->store_buffer_waiters--;
     }
     cur = shared_->store_buffer_bytes.load();
   }

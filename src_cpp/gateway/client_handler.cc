@@ -294,9 +294,37 @@ void ClientHandler::log_coming_and_going(const std::string& line) const {
     ADP_INFO("%s", line.c_str());
 }
 
-void ClientHandler::run() {
+void ClientHandler::run() noexcept {
+  Status s;
+  try {
+    s = serve();
+  } catch (const std::exception& e) {
+    if (card_store_unwound()) {
+      // The card store's shared state may be half made (a store's ticket that every later store waits behind):
+      // going on would hang or lose stores. The process ends as it did for any exception (std::terminate).
+      ADP_ERROR("gateway: client #%llu: %s left the card store's operation half done: the gateway cannot go on",
+                ull(id_), dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory (std::bad_alloc)" : e.what());
+      std::terminate();
+    }
+    note_failure(e);
+  }
+  teardown(s);
+}
+
+void ClientHandler::note_failure(const std::exception& e) noexcept {
+  failed_ = true;
+  shared_->failed_connections.fetch_add(1, std::memory_order_relaxed);
+  const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+  std::snprintf(failure_, sizeof failure_, "the gateway failed serving this connection (%s)",
+                memory ? "out of memory: std::bad_alloc" : e.what());
+}
+
+Status ClientHandler::serve() {
   Status s = handshake();
-  if (tcp_) shared_->tcp_handshakes--;  // counted by the accept thread
+  if (handshake_counted_) {  // counted by the accept thread
+    shared_->tcp_handshakes--;
+    handshake_counted_ = false;
+  }
   if (s.ok()) {
     handshake_done_ = true;
     // Tests only (ADP_TEST_HELLO_OK_DELAY_MS): a client's connection goes on this long after its HelloOk.
@@ -392,6 +420,14 @@ void ClientHandler::run() {
       held_connected_line_.clear();
     }
   }
+  return s;
+}
+
+void ClientHandler::teardown(const Status& s) noexcept {
+  if (handshake_counted_) {  // the handshake threw
+    shared_->tcp_handshakes--;
+    handshake_counted_ = false;
+  }
   // Tests only (ADP_TEST_TEARDOWN_DELAY_MS): the connection, ended, is given back this long later (or at stop()).
   for (auto until = Clock::now() + std::chrono::milliseconds(shared_->hooks.teardown_delay_ms);
        Clock::now() < until && !(control_ && control_->stopping.load(std::memory_order_relaxed));)
@@ -412,7 +448,6 @@ void ClientHandler::run() {
   }
   release_store_buffer();
   settle_hold(true);
-  const bool had_process = process_ != nullptr;
   process_.reset();
   loader_.reset();
   ring_.reset();
@@ -423,13 +458,32 @@ void ClientHandler::run() {
   // The counts a stats reader waits on drop last, once all the above is given back: a connection no longer
   // counted in `clients` (or a process no longer in `processes`) has its segments, ring, store buffer and
   // process memory back too (e58a523, review r14a N7).
-  if (had_process) shared_->processes--;
+  if (process_counted_) shared_->processes--;
   if (local_counted_) shared_->local_clients--;
   // A status query that asked nothing: a connector's liveness probe (RemoteBackend::probe), counted apart.
   if (handshake_done_ && status_query_ && !asked_stats_) shared_->status_probes.fetch_add(1, std::memory_order_relaxed);
   if (control_) control_->phase.store(ConnectionControl::Phase::kEnded, std::memory_order_seq_cst);  // see its comment
   if (client_counted_) shared_->clients--;
-  if (abandoned_) {
+  // What is left makes text (it may throw: no memory): the counts above are given back whatever happens here.
+  try {
+    log_end(s);
+  } catch (const std::exception&) {
+    ADP_ERROR("gateway: client #%llu: its end could not be logged (out of memory)", ull(id_));
+  }
+}
+
+void ClientHandler::log_end(const Status& s) {
+  if (failed_) {
+    // Said at ERROR with the peer (peer_ once past the handshake: a TCP peer reset has none later), and to the client
+    // where it still reads: its batch, if any, is not answered; the gateway goes on with the other connections.
+    ADP_ERROR("gateway: client #%llu (%s): %s; closing the connection (the gateway serves the others)", ull(id_),
+              peer().c_str(), failure_);
+    std::vector<uint8_t> body;
+    proto::encode_error(failure_, &body);
+    proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
+                       Clock::now() + std::chrono::milliseconds(200));
+    proto::finish_sending(fd_);
+  } else if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
              log_safe(s.message()).c_str());
   } else if (gone_before_hello_ok_) {
@@ -479,11 +533,13 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
   uint64_t in_ring = 0;  // occupancy, for status and metrics
   if (ring_)
     for (const auto& it : req.items) in_ring += it.segment ? 0 : it.size;
-  shared_->ring_bytes_in_use += in_ring;
-  alive_request_id_ = frame.header.request_id;
-  alive_sent_at_ = Clock::now();  // the first kAlive (r8) once the batch has taken kAliveFrameEvery
-  s = run_batch(req, frame.header.request_id, &reply, payload);
-  shared_->ring_bytes_in_use -= in_ring;
+  {
+    // Counted while the batch runs, given back however it ends (an exception included: session 25).
+    CountedWhile in_use(shared_->ring_bytes_in_use, in_ring);
+    alive_request_id_ = frame.header.request_id;
+    alive_sent_at_ = Clock::now();  // the first kAlive (r8) once the batch has taken kAliveFrameEvery
+    s = run_batch(req, frame.header.request_id, &reply, payload);
+  }
   if (!s.ok()) return s;
   table->clear();
   proto::encode_batch_reply(reply, table, error_classes_);
@@ -568,6 +624,7 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
     ok.features = process_offered_;
     process_granted_ = process_offered_;
     shared_->processes++;
+    process_counted_ = true;
     ADP_DEBUG("gateway: client #%llu granted process memory (pid %d)", ull(id_), process_->pid());
   } else {
     ok.reason = s.message();

@@ -154,6 +154,9 @@ struct GatewayShared {
   // Clients that hung up before their HelloOk reached them (each logged at DEBUG; the accept thread logs a count
   // line: GatewayServer::log_gone_clients).
   std::atomic<uint64_t> gone_before_hello_ok{0};
+  // Connections ended by an exception on their thread (std::bad_alloc, say: session 25), each logged at ERROR with
+  // its peer and reason; the gateway goes on serving the others (failed_connections).
+  std::atomic<uint64_t> failed_connections{0};
   std::atomic<uint64_t> batches{0};
   // Keys asked by lookups (exists), found / not found on the card (StoreStats::lookup_hits / lookup_misses).
   std::atomic<uint64_t> lookup_hits{0}, lookup_misses{0};
@@ -261,10 +264,25 @@ class ClientHandler {
   // `shared` alive for a thread the server gave up on.
   ClientHandler(int fd, bool tcp, uint64_t id, std::shared_ptr<GatewayShared> shared,
                 std::shared_ptr<ConnectionControl> control = {})
-      : fd_(fd), tcp_(tcp), id_(id), keep_(std::move(shared)), shared_(keep_.get()), control_(std::move(control)) {}
-  void run();
+      : fd_(fd),
+        tcp_(tcp),
+        id_(id),
+        keep_(std::move(shared)),
+        shared_(keep_.get()),
+        control_(std::move(control)),
+        handshake_counted_(tcp) {}
+  // Serves the connection to its end, then gives back all it holds. Throws nothing: an exception while serving it
+  // (std::bad_alloc, say) ends this connection only (logged at ERROR, counted in failed_connections), its counts
+  // and registrations given back as at any end (session 25: it ended the gateway, std::terminate).
+  void run() noexcept;
 
  private:
+  // The handshake and the requests, until the connection ends (its Status).
+  Status serve();
+  // Gives back what the connection holds (each count once), then logs its end; throws nothing.
+  void teardown(const Status& s) noexcept;
+  // Notes an exception that ended serve(): counted, its reason kept in failure_ (no allocation).
+  void note_failure(const std::exception& e) noexcept;
   Status handshake();
   // Takes this connection's ring (a mapping of `mapped` bytes: its payload
   // area counts, proto::ring_area_bytes) out of the gateway's ring budget.
@@ -474,6 +492,8 @@ class ClientHandler {
   // A connection's "connected" and "gone" lines: INFO for a client, DEBUG for a status query (r10), which an
   // operator's `lmcache-adp status` makes each time it runs.
   void log_coming_and_going(const std::string& line) const;
+  // The connection's end line (teardown): its reason, at the level it calls for; a failure's Error frame to the client.
+  void log_end(const Status& s);
 
   const int fd_;
   const bool tcp_;
@@ -586,7 +606,11 @@ class ClientHandler {
   // Why the gateway closed a status query on the reserve (answered, or no Stats in time): its "gone" line.
   const char* reserve_closed_ = nullptr;
   bool handshake_done_ = false;
-  bool client_counted_ = false;        // holds one of shared->clients (counted before its HelloOk went)
+  bool handshake_counted_;        // holds one of shared->tcp_handshakes (a TCP connection, until its handshake ends)
+  bool process_counted_ = false;  // holds one of shared->processes
+  bool failed_ = false;           // serve() ended by an exception (note_failure)
+  char failure_[200] = {};        // its reason, for the ERROR line and the client's Error frame
+  bool client_counted_ = false;   // holds one of shared->clients (counted before its HelloOk went)
   bool gone_before_hello_ok_ = false;  // the client hung up before its HelloOk reached it (audit 13 item 7)
   // The "connected" line of a client whose sending side had ended when its HelloOk went out: logged with its first
   // request, or at its end unless it hung up (then it was gone before its HelloOk).

@@ -59,52 +59,71 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
     g->shutdown_store();
     return s;
   }
-  g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
-  g->shared_.reset(new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
-  g->shared_->request_spin = std::chrono::microseconds(std::max(0, opts.request_spin_us));
-  // By default half the I/O contexts, rounded down: with one context, none
-  // (a pipelined store may hold its context for its bound while its client's
-  // memory is slow; review r9 S4). Only an explicit value reaches the contexts.
-  g->shared_->max_pipelined_stores = opts.max_pipelined_stores >= 0 ? static_cast<uint32_t>(opts.max_pipelined_stores)
-                                                                    : static_cast<uint32_t>(opts.io_contexts) / 2;
-  // An object's pieces on at most kMaxPieceHelpers helpers beside its own
-  // thread: the 16-core probe loaded 4 connections at 1.0-1.3x embedded
-  // with 2 or 3 threads each (benchmarks/README.md, "Session seven").
-  constexpr int kMaxPieceHelpers = 2;
-  const int cpus = PiecePool::usable_cpus(hooks.cpu_max_file);
-  const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
-  // ADP_TEST_GATEWAY_CPUS=N makes the pool count N CPUs in its rule (helpers,
-  // the store pipeline: PiecePool::spare_cpu()), not this machine's, so a
-  // test decides whether its connections find a spare one.
-  g->shared_->hooks = std::move(hooks);
-  warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
-  apply_failing_hold(g->shared_->hooks);
-  const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
-  g->shared_->spin_load.cpus = rule_cpus;
-  if (!g->shared_->hooks.loadavg_file.empty()) g->shared_->spin_load.path = g->shared_->hooks.loadavg_file;
-  if (g->shared_->hooks.spin_load_every_ms >= 0)
-    g->shared_->spin_load.every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
-  if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
-  if (opts.segment_prefault) g->shared_->segment_prefault = std::make_unique<proto::SegmentPrefaulter>();
-  g->shared_->limits = {opts.max_clients,
-                        opts.max_tcp_clients,
-                        opts.handshake_timeout_ms,
-                        opts.idle_timeout_ms,
-                        opts.max_ring_bytes,
-                        opts.max_ring_total_bytes,
-                        opts.max_store_buffer_bytes,
-                        opts.max_store_buffer_total_bytes,
-                        opts.max_request_timeout_ms};
-  StoreStats st = g->store_->stats();
-  // The CPUs its rules count (stats usable_cpus), so that an operator sees a container's quota taken.
-  const std::string cpus_text = g->shared_->hooks.gateway_cpus > 0
-                                    ? std::to_string(rule_cpus) + " CPUs counted (ADP_TEST_GATEWAY_CPUS)"
-                                    : PiecePool::usable_cpus_text(g->shared_->hooks.cpu_max_file);
-  ADP_INFO("gateway: card %s open (%llu objects, %s of %s used); listening on %s%s%s; %s", opts.card.path.c_str(),
-           static_cast<unsigned long long>(st.objects), log_amount(st.used_bytes).c_str(),
-           log_amount(st.capacity_bytes).c_str(), g->unix_ep_.str().c_str(), g->tcp_fd_ >= 0 ? " and " : "",
-           g->tcp_fd_ >= 0 ? g->tcp_ep_.str().c_str() : "", cpus_text.c_str());
-  g->accept_thread_ = std::thread(&GatewayServer::accept_loop, g.get());
+  // From here on, what cannot be made (std::bad_alloc: the I/O contexts, the connections' shared state, the
+  // helpers' pool; std::system_error or std::bad_alloc: the accept thread's start) fails the start with the reason,
+  // the card closed and the socket removed (shutdown_store), where the exception went out of Start (session 25).
+  const char* step = "the gateway cannot make its connections' shared state";
+  try {
+    g->pool_ = std::make_unique<IoContextPool>(opts.io_contexts);
+    g->shared_.reset(
+        new GatewayShared{g->store_.get(), g->pool_.get(), opts.token, "gateway on card " + opts.card.path});
+    g->shared_->request_spin = std::chrono::microseconds(std::max(0, opts.request_spin_us));
+    // By default half the I/O contexts, rounded down: with one context, none
+    // (a pipelined store may hold its context for its bound while its client's
+    // memory is slow; review r9 S4). Only an explicit value reaches the contexts.
+    g->shared_->max_pipelined_stores = opts.max_pipelined_stores >= 0 ? static_cast<uint32_t>(opts.max_pipelined_stores)
+                                                                      : static_cast<uint32_t>(opts.io_contexts) / 2;
+    // An object's pieces on at most kMaxPieceHelpers helpers beside its own
+    // thread: the 16-core probe loaded 4 connections at 1.0-1.3x embedded
+    // with 2 or 3 threads each (benchmarks/README.md, "Session seven").
+    constexpr int kMaxPieceHelpers = 2;
+    const int cpus = PiecePool::usable_cpus(hooks.cpu_max_file);
+    const int helpers = opts.process_write_threads < 0 ? cpus : opts.process_write_threads;
+    // ADP_TEST_GATEWAY_CPUS=N makes the pool count N CPUs in its rule (helpers,
+    // the store pipeline: PiecePool::spare_cpu()), not this machine's, so a
+    // test decides whether its connections find a spare one.
+    g->shared_->hooks = std::move(hooks);
+    warn_test_hooks(g->shared_->hooks, HookSide::kGateway);
+    apply_failing_hold(g->shared_->hooks);
+    const int rule_cpus = g->shared_->hooks.gateway_cpus > 0 ? g->shared_->hooks.gateway_cpus : cpus;
+    g->shared_->spin_load.cpus = rule_cpus;
+    if (!g->shared_->hooks.loadavg_file.empty()) g->shared_->spin_load.path = g->shared_->hooks.loadavg_file;
+    if (g->shared_->hooks.spin_load_every_ms >= 0)
+      g->shared_->spin_load.every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
+    if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
+    if (opts.segment_prefault) g->shared_->segment_prefault = std::make_unique<proto::SegmentPrefaulter>();
+    g->shared_->limits = {opts.max_clients,
+                          opts.max_tcp_clients,
+                          opts.handshake_timeout_ms,
+                          opts.idle_timeout_ms,
+                          opts.max_ring_bytes,
+                          opts.max_ring_total_bytes,
+                          opts.max_store_buffer_bytes,
+                          opts.max_store_buffer_total_bytes,
+                          opts.max_request_timeout_ms};
+    StoreStats st = g->store_->stats();
+    // The CPUs its rules count (stats usable_cpus), so that an operator sees a container's quota taken.
+    const std::string cpus_text = g->shared_->hooks.gateway_cpus > 0
+                                      ? std::to_string(rule_cpus) + " CPUs counted (ADP_TEST_GATEWAY_CPUS)"
+                                      : PiecePool::usable_cpus_text(g->shared_->hooks.cpu_max_file);
+    ADP_INFO("gateway: card %s open (%llu objects, %s of %s used); listening on %s%s%s; %s", opts.card.path.c_str(),
+             static_cast<unsigned long long>(st.objects), log_amount(st.used_bytes).c_str(),
+             log_amount(st.capacity_bytes).c_str(), g->unix_ep_.str().c_str(), g->tcp_fd_ >= 0 ? " and " : "",
+             g->tcp_fd_ >= 0 ? g->tcp_ep_.str().c_str() : "", cpus_text.c_str());
+    step = "the gateway cannot start its accept thread";
+    // Tests only (ADP_TEST_ACCEPT_THREAD_FAIL): that start fails as under a pids limit (system) or with no memory
+    // for the thread's state (alloc).
+    if (const std::string& fail = g->shared_->hooks.accept_thread_fail; fail == "alloc")
+      throw std::bad_alloc();
+    else if (fail == "system")
+      throw std::system_error(EAGAIN, std::generic_category());
+    g->accept_thread_ = std::thread(&GatewayServer::accept_loop, g.get());
+  } catch (const std::exception& e) {
+    const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+    s = Status::IoError(std::string(step) + " (" + (memory ? "out of memory: std::bad_alloc" : e.what()) + ")");
+    g->shutdown_store();
+    return s;
+  }
   *out = std::move(g);
   return Status::Ok();
 }

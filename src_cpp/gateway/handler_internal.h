@@ -6,6 +6,7 @@
 // a process store's reads.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -50,6 +51,20 @@ class CardSection {
   const bool outer_, ok_;
 };
 
+// Adds `n` to `count` for a scope, taken back however it is left (an exception included).
+template <class T>
+class CountedWhile {
+ public:
+  CountedWhile(std::atomic<T>& count, T n) : count_(count), n_(n) { count_ += n_; }
+  ~CountedWhile() { count_ -= n_; }
+  CountedWhile(const CountedWhile&) = delete;
+  CountedWhile& operator=(const CountedWhile&) = delete;
+
+ private:
+  std::atomic<T>& count_;
+  const T n_;
+};
+
 inline unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
 
 // r5 stores: the client's memory is read in pieces of this size, each under
@@ -83,7 +98,17 @@ Status ClientHandler::in_client_memory(F&& fn) {
   // can close meanwhile); back in only if it is still open.
   const bool in_card = t_in_card;
   card_leave(shared_->gate);
-  Status s = fn();
+  Status s;
+  try {
+    s = fn();
+  } catch (...) {  // the transfer's mark taken back (stop() would wait on it), then the connection ends with it
+    if (control_) {
+      std::lock_guard<std::mutex> l(control_->mu);
+      control_->in_transfer--;
+      control_->transfer_since = std::chrono::steady_clock::now();
+    }
+    throw;
+  }
   if (control_) {
     std::lock_guard<std::mutex> l(control_->mu);
     control_->in_transfer--;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <exception>
 #include <optional>
 #include <random>
 #include <thread>
@@ -16,6 +17,29 @@
 #include "util/log.h"
 
 namespace adp {
+
+namespace {
+std::atomic<bool> g_store_unwound{false};
+thread_local int t_store_calls = 0;
+
+// Inside a card store operation for a scope; an exception that leaves it marks the store unwound.
+class StoreCall {
+ public:
+  StoreCall() : uncaught_(std::uncaught_exceptions()) { t_store_calls++; }
+  ~StoreCall() {
+    t_store_calls--;
+    if (std::uncaught_exceptions() > uncaught_) g_store_unwound.store(true, std::memory_order_release);
+  }
+  StoreCall(const StoreCall&) = delete;
+  StoreCall& operator=(const StoreCall&) = delete;
+
+ private:
+  const int uncaught_;
+};
+}  // namespace
+
+bool card_store_unwound() { return g_store_unwound.load(std::memory_order_acquire); }
+int card_store_calls_on_this_thread() { return t_store_calls; }
 namespace {
 
 // On a memory-speed card, loads read straight into the caller's buffer and
@@ -528,6 +552,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
 
 void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
                          const std::function<bool(size_t item)>& item_wanted) {
+  const StoreCall call;
   const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
   if (read_only_) {
@@ -1228,6 +1253,7 @@ Status CardStore::lookup(std::string_view key, uint64_t* hash, IndexEntry* e) {
 Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(size_t size)>& accept,
                                  const WithContextFn& with_ctx, std::span<AlignedBuffer> bounces, AlignedBuffer* hold,
                                  const SinkFn& sink, const RunPiecesFn& run_pieces, size_t piece_bytes) {
+  const StoreCall call;
   // Ends after this store was closed and freed where the run or the sink
   // said stop (a gateway's thread left behind): it holds only the count.
   const Foreground busy = device_->begin_foreground();
@@ -1453,6 +1479,7 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e,
 
 Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
                       const PieceGuardFn& pieces, size_t piece_bytes) {
+  const StoreCall call;
   const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
   uint64_t h;
@@ -1547,6 +1574,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
 }
 
 bool CardStore::exists(std::string_view key) {
+  const StoreCall call;
   if (!check_key(key).ok()) return false;
   uint64_t h = index_hash(key);
   std::lock_guard<std::mutex> lock(mu_);
@@ -1608,6 +1636,7 @@ Status CardStore::check_remove_header(IoContext& ctx, std::string_view key, uint
 }
 
 Status CardStore::remove(IoContext& ctx, std::string_view key) {
+  const StoreCall call;
   const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
   Status s = check_key(key);

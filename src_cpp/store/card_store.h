@@ -108,6 +108,14 @@ struct VerifyReport {
   std::vector<std::string> damaged_spans;
 };
 
+// Whether an exception (std::bad_alloc, say) ever left one of a card store's operations (put, get, get_via_bounce,
+// exists, remove), on any thread of this process: the store's shared state (a store's place on the frontier, its
+// ticket that later stores wait behind, its pins) may be half made, so a caller that would go on past an exception
+// (a gateway's connection) must not (session 25; CardStore is not exception-safe: see README, thread failures).
+bool card_store_unwound();
+// Those operations this thread is inside now (tests/cpp/thread_alloc_test.cc: its injection leaves them alone).
+int card_store_calls_on_this_thread();
+
 class CardStore {
  public:
   // Opens the card at opts.path: formats it when blank or newly created,

@@ -84,7 +84,13 @@ size_t PiecePool::work(Job& job, int slot, bool helper) {
     const size_t i = job.next.fetch_add(1, std::memory_order_relaxed);
     if (i >= job.n) break;
     ran++;
-    if (!(*job.piece)(i, slot)) job.failed.store(true, std::memory_order_release);
+    bool ok = false;
+    try {
+      ok = (*job.piece)(i, slot);
+    } catch (...) {
+      if (!job.threw.exchange(true, std::memory_order_acq_rel)) job.error = std::current_exception();
+    }
+    if (!ok) job.failed.store(true, std::memory_order_release);
   }
   return ran;
 }
@@ -131,6 +137,7 @@ bool PiecePool::run(size_t n, const PieceFn& piece, bool alone) {
     if (at != queue_.end()) queue_.erase(at);
     left_.wait(lock, [&] { return job.running == 0; });  // every piece a helper took has returned
   }
+  if (job.threw.load(std::memory_order_acquire)) std::rethrow_exception(job.error);
   return !job.failed.load(std::memory_order_acquire);
 }
 

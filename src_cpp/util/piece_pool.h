@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -53,6 +54,8 @@ class PiecePool {
   // helpers; returns once every piece started has returned. False if a
   // piece returned false. alone: on this thread only, no helper joins (it
   // still counts as a thread working pieces, for the other jobs' helpers).
+  // A piece that throws (on any thread) stops the job as a failed one does;
+  // the first exception is rethrown here once every piece started returned.
   bool run(size_t n, const PieceFn& piece, bool alone = false);
   // Whether a job run now could take a helper: the pool has helper threads,
   // is not stopping, and the callers alive leave a job at least one
@@ -120,6 +123,10 @@ class PiecePool {
     int limit = 0;  // helpers it may take
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
+    // The first exception a piece threw (session 25), on any thread: the job stops as for a failed piece, and run()
+    // rethrows it on its caller's thread once every helper has left the job (a helper's ended the process before).
+    std::atomic<bool> threw{false};
+    std::exception_ptr error;
     int joined = 0;   // helpers that took part (under mu_)
     int running = 0;  // helpers in it now (under mu_)
   };

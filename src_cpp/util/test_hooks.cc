@@ -69,6 +69,10 @@ constexpr Hook kHooks[] = {
      [](TestHooks& h, const char* v) { h.socket_bind_gate = v; }},
     {"ADP_TEST_SOCKET_REFUSE_CHMOD", HookSide::kGateway, "1: the Unix socket's chmod fails (EPERM) without being made",
      [](TestHooks& h, const char* v) { h.socket_refuse_chmod = std::string_view(v) == "1"; }},
+    {"ADP_TEST_ACCEPT_THREAD_FAIL", HookSide::kGateway,
+     "system: the start of the gateway's accept thread fails with std::system_error (EAGAIN); alloc: with "
+     "std::bad_alloc",
+     [](TestHooks& h, const char* v) { h.accept_thread_fail = v; }},
     {"ADP_TEST_LOADAVG_FILE", HookSide::kBoth,
      "--request-spin-us and reply_spin_us read the runnable threads from this file, not /proc/loadavg",
      [](TestHooks& h, const char* v) { h.loadavg_file = v; }},

@@ -105,6 +105,21 @@ def test_a_connection_the_gateway_cannot_make_room_for_is_refused_and_the_next_s
     905bc86: the first failure left the accept loop (std::terminate, the gateway gone for every client)."""
     out = run_part(thread_alloc_test, "gateway")
     assert "3 allocations at accept failed" in out, out[-3000:]
+    # Session 25 (gwexc25 item 4): ADP_TEST_ACCEPT_THREAD_FAIL=system|alloc: Start returns the reason, the card closed
+    # (a gateway starts on it next). Red with the catch in GatewayServer::Start rethrowing: 'Start threw ...'.
+    assert "a start whose accept thread failed returned the reason, its card closed" in out, out[-3000:]
+
+
+def test_an_exception_on_a_connections_thread_ends_that_connection_only(thread_alloc_test):
+    """Session 25 (gwexc25 item 1): each allocation on a connection's thread (adp-conn-*: handshake, process
+    registration, a process put and get, Stats, teardown) failed in turn, those inside a card store operation left
+    alone: that connection ends (ERROR with its peer, the Error 'the gateway failed serving this connection (out of
+    memory: std::bad_alloc)'), failed_connections counts it, clients, ring bytes, processes, store buffers, load holds
+    and piece callers are back to 0, and the next connection is served. Red with ClientHandler::run's catch
+    rethrowing (the old code had none): rc 134, 'terminate called after throwing an instance of std::bad_alloc'."""
+    out = run_part(thread_alloc_test, "connection")
+    assert "connections failed" in out and "each given back, the next served" in out, out[-3000:]
+    assert "ERROR: gateway: client #1 (unix pid " in out, out[-3000:]
 
 
 def test_a_connector_whose_thread_cannot_be_started_fails_with_the_reason(thread_alloc_test):
