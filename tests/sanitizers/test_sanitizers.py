@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.support import cpp
+from tests.support import cpp, process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "sanitize.sh"
@@ -232,13 +231,8 @@ def test_stress_under_sanitizer(mode, tmp_path):
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         pytest.fail(f"{cxx} not found: the sanitizer build needs a C++20 g++ (apt-get install g++)")
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), mode, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # Its own process group, killed whole past the 600 s: no compiler or stress program left beside the next test.
+    proc = process_group.run(["bash", str(SCRIPT), mode, str(tmp_path)], cwd=ROOT, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"sanitize.sh {mode} exited {proc.returncode}:\n{output[-20000:]}"
     done = "bindings_driver: PASS" if mode == "asan-python" else "connector_stress: PASS"

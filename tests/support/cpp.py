@@ -21,6 +21,10 @@ TSan, kept between runs as sanitize.sh's are).
 A program is linked once a session for its sources and flags: the tests that
 run the same program (the crash harnesses, plain and sanitized) share the
 binary, hard-linked into each test's own directory.
+
+Every compiler, link and program runs in a process group of its own
+(tests/support/process_group.py), killed whole when it times out or the test is
+interrupted: none is left running beside the tests that follow.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from tests.support import process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src_cpp"
@@ -94,11 +100,15 @@ def _compile_all(cxx: str, flags: list[str], sources: list[str]) -> list[Path]:
 
     def compile_one(src: str) -> tuple[str, Path, subprocess.CompletedProcess]:
         obj = todo[src]
-        proc = subprocess.run([cxx, *flags, "-c", src, "-o", str(obj)], capture_output=True, text=True, timeout=600)
+        proc = process_group.run([cxx, *flags, "-c", src, "-o", str(obj)], timeout=600)
         return src, obj, proc
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        done = list(pool.map(compile_one, todo))
+        try:
+            done = list(pool.map(compile_one, todo))
+        except BaseException:  # interrupted: the compilers of the other threads too, not only waited for
+            process_group.kill_all()
+            raise
     for src, obj, proc in done:
         assert proc.returncode == 0, f"{src}:\n{proc.stderr[-5000:]}"
         _objects[(src, key)] = obj
@@ -108,10 +118,10 @@ def _compile_all(cxx: str, flags: list[str], sources: list[str]) -> list[Path]:
 def _compile_sanitized(cxx: str, mode: str, sources: list[str]) -> list[Path]:
     """The objects of `sources` (paths relative to the tree) under sanitizer `mode`, in build/sanitize/<mode>: those
     not up to date compiled by scripts/object_stamps.py, as sanitize.sh compiles them. The caller holds the lock."""
-    proc = subprocess.run(
+    proc = process_group.run(
         [sys.executable, "scripts/object_stamps.py", f"build/sanitize/{mode}", cxx, *sanitize_flags(mode), "--",
          *sources],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        cwd=ROOT, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, f"the {mode} compile failed:\n{proc.stderr[-5000:]}"
     objects = [ROOT / line for line in proc.stdout.split()]
@@ -125,9 +135,7 @@ _binaries: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Path] = {}
 
 def _link(cxx: str, flags: list[str], objects: list[Path], binary: Path) -> None:
     tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
-    proc = subprocess.run(
-        [cxx, *flags, *map(str, objects), "-o", str(tmp)], capture_output=True, text=True, timeout=600
-    )
+    proc = process_group.run([cxx, *flags, *map(str, objects), "-o", str(tmp)], timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     os.replace(tmp, binary)
 
@@ -178,9 +186,9 @@ def build(
 def run(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> str:
     """Runs a built test program (store logging at ERROR); asserts it passed (a sanitizer's report
     makes it exit non-zero), showing the last `shown` characters of its output if not; returns its
-    output."""
+    output. Past `timeout`, subprocess.TimeoutExpired, the program and every process it started killed."""
     env = {**os.environ, "ADP_LOG_LEVEL": "ERROR"}
-    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    proc = process_group.run([str(binary), *args], timeout=timeout, env=env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and f"{binary.name}: PASS" in proc.stdout, output[-shown:]
     return output
