@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "store/card_store.h"
 #include "util/log.h"
 #include "util/piece_pool.h"
 #include "util/test_hooks.h"
@@ -33,14 +34,39 @@ struct Connector::Batch {
   int tasks_left = 0;  // guarded by Connector::mu_
   std::mutex error_mu;
   std::string first_error;  // guarded by error_mu
+  bool error_lost = false;  // guarded by error_mu: an error whose text could not be kept (no memory)
   // Deliveries into caller buffers hold it shared; completion takes it
   // exclusive, so once `completed` is set no delivery is in flight or starts.
   std::shared_mutex guard;
   bool completed = false;  // guarded by guard
 
-  void note_error(const std::string& e) {
+  // Never throws: a failure whose text cannot be kept (no memory for it) still fails the batch (error_lost).
+  void note_error(const std::string& e) noexcept {
     std::lock_guard<std::mutex> l(error_mu);
-    if (first_error.empty()) first_error = e;
+    if (!first_error.empty() || error_lost) return;
+    try {
+      first_error = e;
+    } catch (...) {
+      error_lost = true;
+    }
+  }
+  void note_lost() noexcept {
+    std::lock_guard<std::mutex> l(error_mu);
+    if (first_error.empty()) error_lost = true;
+  }
+  // note_error of a fixed text (no memory for it: note_lost).
+  void note_error_text(const char* e) noexcept {
+    try {
+      note_error(e);
+    } catch (...) {
+      note_lost();
+    }
+  }
+  // The batch's error, "" if none (may throw std::bad_alloc: nothing changed then).
+  std::string error() {
+    std::lock_guard<std::mutex> l(error_mu);
+    if (first_error.empty() && error_lost) return "the connector failed this batch (no memory for the reason)";
+    return first_error;
   }
   bool is_completed() {
     std::shared_lock<std::shared_mutex> l(guard);
@@ -188,12 +214,22 @@ bool Connector::complete_locked(Batch* b, bool ok, const std::string& error, boo
 }
 
 void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+  commit_locked(b, make_completion_locked(b, ok, error, use_results), use_results);
+}
+
+Completion Connector::make_completion_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+  Completion c{b->id, ok, error, {}};
+  c.per_key = use_results ? b->results : std::vector<uint8_t>(b->keys.size(), 0);
+  completions_.reserve(completions_.size() + 1);  // commit_locked's push_back allocates nothing
+  return c;
+}
+
+void Connector::commit_locked(Batch* b, Completion&& c, bool use_results) noexcept {
   if (b->deadline_it != deadlines_.end()) deadlines_.erase(b->deadline_it);
   b->deadline_it = deadlines_.end();
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - b->submitted).count();
   latency_[static_cast<int>(b->op)].record(static_cast<uint64_t>(us));
-  Completion c{b->id, ok, error, {}};
-  c.per_key = use_results ? b->results : std::vector<uint8_t>(b->keys.size(), 0);
+  const bool ok = c.ok;
   if (b->op == OpType::kExists && ok && use_results) {
     // The answer LMCache gets, once per key (a failed or timed-out lookup: in neither; LMCache reads it all misses).
     const auto found = static_cast<uint64_t>(std::count(c.per_key.begin(), c.per_key.end(), uint8_t{1}));
@@ -208,15 +244,38 @@ void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool
 
 bool Connector::task_done(Batch* b) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (--b->tasks_left > 0) return false;
-  std::string err;
-  {
-    std::lock_guard<std::mutex> l(b->error_mu);
-    err = b->first_error;
+  if (b->tasks_left > 1) {
+    b->tasks_left--;
+    return false;
   }
-  const bool completed = complete_locked(b, err.empty(), err, true);
+  // Its last slice: what allocates comes first (a std::bad_alloc leaves the batch as it was, for the worker to
+  // try again: finish_task), then nothing that throws.
+  const std::string err = b->error();
+  Completion c = make_completion_locked(b, err.empty(), err, true);
+  retired_.reserve(retired_.size() + 1);
+  b->tasks_left = 0;
+  const bool completed = b->mark_completed();  // false: the deadline or close() completed it
+  if (completed) commit_locked(b, std::move(c), true);
   retire_locked(b);
   return completed;
+}
+
+bool Connector::finish_task(int index, Batch* b) noexcept {
+  for (int tries = 0;; tries++) {
+    try {
+      return task_done(b);
+    } catch (...) {
+      // Out of memory for the completion: the batch is as it was; tried again after a pause (the future must
+      // complete, and its slice be counted, or its buffers would never be given back).
+      if (tries == 0) {
+        try {
+          ADP_ERROR("ADPConnector: worker %d has no memory to complete a batch (std::bad_alloc): trying again", index);
+        } catch (...) {
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, 1 << std::min(tries, 7))));
+    }
+  }
 }
 
 void Connector::retire_locked(Batch* b) {
@@ -388,36 +447,109 @@ void Connector::note_timing(OpTiming& m, const SliceTimes& at, bool completed, c
   }
 }
 
+namespace {
+
+// An exception's reason for a log line or a batch's error (no allocation).
+const char* reason_of(const std::exception* e) noexcept {
+  if (!e) return "an exception of unknown type";
+  return dynamic_cast<const std::bad_alloc*>(e) ? "out of memory: std::bad_alloc" : e->what();
+}
+
+}  // namespace
+
+std::unique_ptr<BackendSession> Connector::open_session(int index) noexcept {
+  try {
+    return backend_->new_session();
+  } catch (const std::exception& e) {
+    try {
+      static LogRateLimit limit;
+      uint64_t held_back = 0;
+      if (limit.allow(&held_back))
+        ADP_ERROR(
+            "ADPConnector: worker %d has no backend session (%s): its batches fail until it has one [%llu like it "
+            "held back]",
+            index, reason_of(&e), static_cast<unsigned long long>(held_back));
+    } catch (...) {
+    }
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+void Connector::fail_slices(int index, const std::vector<Task>& run, const std::exception* e) noexcept {
+  const char* why = reason_of(e);
+  if (card_store_unwound()) {
+    // An embedded card's store operation left half done (a store's ticket every later store waits behind):
+    // going on would hang or lose stores. The process ends, as the gateway's does (client_handler.cc).
+    ADP_ERROR("ADPConnector: worker %d: %s left the card store's operation half done: this process cannot go on", index,
+              why);
+    std::terminate();
+  }
+  // Nothing of the slices reads as done (a store indexed, a key found): the future fails as a whole.
+  for (const Task& t : run) std::fill(t.batch->results.begin() + t.begin, t.batch->results.begin() + t.end, 0);
+  try {
+    const std::string text = std::string("the connector's worker failed this batch (") + why + ")";
+    for (const Task& t : run) t.batch->note_error(text);
+  } catch (...) {
+    for (const Task& t : run) t.batch->note_lost();
+  }
+  try {
+    ADP_ERROR(
+        "ADPConnector: worker %d: a %s batch of %zu keys failed on an exception (%s): its future fails, the worker "
+        "goes on (with a new backend session)",
+        index, op_name(run[0].batch->op), run[0].batch->keys.size(), why);
+  } catch (...) {
+  }
+}
+
 void Connector::worker_loop(int index) {
   set_thread_name("adp-worker", index);
-  std::unique_ptr<BackendSession> session;
-  try {
-    session = backend_->new_session();
-  } catch (const std::exception& e) {
-    ADP_ERROR("worker %d could not start: %s", index, e.what());
-  }
+  std::unique_ptr<BackendSession> session = open_session(index);
   // One session reaches its peer at start, on a thread of its own (neither the constructor nor this worker waits
   // on it): a gateway that cannot be reached, or refuses the token, shows in stats and /health before any traffic
-  // (audit 13 item 6).
-  if (index == 0 && session) session->prepare();
+  // (audit 13 item 6). An exception out of it is logged, and the first batch connects (session 26: it ended the
+  // process, std::terminate).
+  if (index == 0 && session) {
+    try {
+      session->prepare();
+    } catch (const std::exception& e) {
+      try {
+        ADP_ERROR("ADPConnector: worker %d: the start-up connect failed to begin (%s): the first batch connects", index,
+                  reason_of(&e));
+      } catch (...) {
+      }
+    } catch (...) {
+    }
+  }
   Clock::time_point free_since{};  // when this worker was last done with a slice
-  // A durable embedded card stores the slices queued behind one another with one sync (put_slices).
-  const uint64_t put_cap = session ? session->put_slices_bytes() : 0;
   for (;;) {
+    // A durable embedded card stores the slices queued behind one another with one sync (put_slices).
+    const uint64_t put_cap = session ? session->put_slices_bytes() : 0;
     std::vector<Task> run;  // one task, or store slices taken together
+    try {
+      run.reserve(1);  // room for the slice before it is taken (out of memory: none taken, tried again)
+    } catch (...) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [this] { return closed_ || !tasks_.empty(); });
       if (tasks_.empty()) break;  // closed and nothing left
       run.push_back(tasks_.front());
       tasks_.pop_front();
-      if (put_cap && run[0].batch->op == OpType::kSet) take_puts_locked(put_cap, &run);
+      try {
+        if (put_cap && run[0].batch->op == OpType::kSet) take_puts_locked(put_cap, &run);
+      } catch (...) {  // out of memory for more: the slices taken (each popped once in run) go on their own
+      }
     }
     const Clock::time_point taken = Clock::now();
     // Read now: once its last slice is done, a drain() may free the batch.
     const OpType op = run[0].batch->op;
-    std::vector<Clock::time_point> submitted;
-    for (const Task& t : run) submitted.push_back(t.batch->submitted);
+    // Every exception of a slice's run fails its batch (session 26: one out of this loop ended the process), and
+    // the session that threw is replaced (its connection may be left mid-request).
+    bool threw = false;
+    if (!session) session = open_session(index);
     if (session) {
       session->times = CallTimes{};
       try {
@@ -426,20 +558,26 @@ void Connector::worker_loop(int index) {
         else
           run_puts(*session, run);
       } catch (const std::exception& e) {
-        for (const Task& t : run) t.batch->note_error(std::string("internal error: ") + e.what());
+        threw = true;
+        fail_slices(index, run, &e);
+      } catch (...) {
+        threw = true;
+        fail_slices(index, run, nullptr);
       }
     } else {
-      for (const Task& t : run) t.batch->note_error("worker has no backend session");
+      for (const Task& t : run) t.batch->note_error_text("worker has no backend session");
     }
     const Clock::time_point ran = Clock::now();
     for (size_t k = 0; k < run.size(); k++) {
-      const bool completed = task_done(run[k].batch);
+      const Clock::time_point submitted = run[k].batch->submitted;  // its batch lives until its last slice is done
+      const bool completed = finish_task(index, run[k].batch);
       const Clock::time_point done = Clock::now();
       // A call's requests and spins count once (with its first slice).
       if (op == OpType::kSet || op == OpType::kGet)
-        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted[k], free_since, taken, ran, done},
+        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted, free_since, taken, ran, done},
                     completed, k == 0 ? session.get() : nullptr);
     }
+    if (threw) session.reset();  // the next batch opens a new one
     free_since = Clock::now();
   }
 }

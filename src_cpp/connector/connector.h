@@ -148,8 +148,22 @@ class Connector {
   bool complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
   // Queues b's completion and signals the eventfd; b is already marked completed.
   void publish_locked(Batch* b, bool ok, const std::string& error, bool use_results);
-  void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done)
-  bool task_done(Batch* b);      // whether it completed b (its last slice, before the deadline or close)
+  // publish_locked in two steps: the completion made (and room for it queued: what allocates, so may throw
+  // std::bad_alloc, nothing changed), then queued and signalled (nothing that throws). Caller holds mu_.
+  Completion make_completion_locked(Batch* b, bool ok, const std::string& error, bool use_results);
+  void commit_locked(Batch* b, Completion&& c, bool use_results) noexcept;
+  void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done; room in retired_)
+  // Whether it completed b (its last slice, before the deadline or close). A std::bad_alloc out of it leaves b as
+  // it was (its slice not counted done).
+  bool task_done(Batch* b);
+  // task_done, tried again after a pause while it throws (worker `index`'s: a future must complete).
+  bool finish_task(int index, Batch* b) noexcept;
+  // A worker's slices `run` that an exception `e` (null: not a std::exception) ended: each batch fails with the
+  // reason, logged once at ERROR (session 26: the worker goes on).
+  void fail_slices(int index, const std::vector<Task>& run, const std::exception* e) noexcept;
+  // The worker's session (a new one after an exception: the old one's connection may be mid-request), or null
+  // with the reason logged (its batches fail; the next one tries again).
+  std::unique_ptr<BackendSession> open_session(int index) noexcept;
   // The workers and the deadline thread, at construction; one that cannot be started stops those that were and
   // throws std::runtime_error with the reason.
   void start_threads();

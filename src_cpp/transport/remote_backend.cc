@@ -94,14 +94,19 @@ void cpu_relax() {
 bool link_failure(const Status& s) { return s.code() != Status::Code::kTimedOut; }
 
 // Whether the gateway process is gone (or a zombie): its lease then holds nothing.
-bool process_gone(int pid) {
+// Never throws (a lease's revoke runs in a destructor): no memory to read its state, not known gone.
+bool process_gone(int pid) noexcept {
   if (pid <= 0) return false;
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  try {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  } catch (...) {
+    return false;
+  }
 }
 
 // Proves that p and file offset `offset` are the same memory (a cached
@@ -646,9 +651,15 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
     const uint64_t rid = client_->next_request_id();
     __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
+    // Revoked on every way out, an exception's included (session 26: the worker then fails the batch, and the
+    // gateway must write nothing more into its buffers).
+    struct Revoke {
+      RemoteSession* session;
+      uint64_t rid;
+      ~Revoke() { session->revoke_lease(rid); }
+    } revoke{this, rid};
     s = send_request(req, {}, deadline);
     if (s.ok()) s = read_reply(req, deadline, &reply_);
-    revoke_lease(rid);
   });
   if (stale) {
     backend_->forget_segments();
@@ -1124,6 +1135,19 @@ Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<Gate
     live_.insert(c.get());
     connections_.store(static_cast<int>(live_.size()), std::memory_order_relaxed);
   }
+  // In live_ from here: an exception (its log lines' text) drops it, never leaves it freed there (session 26).
+  try {
+    note_connected(*c);
+  } catch (...) {
+    drop(&c);
+    throw;
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+void RemoteBackend::note_connected(const GatewayClient& cl) {
+  const GatewayClient* c = &cl;
   if (!c->process_refusal().empty() && !process_refusal_logged_.exchange(true))
     ADP_INFO(
         "%s: the gateway does not write loads into this process's memory nor read stores from it (%s): they go "
@@ -1140,8 +1164,6 @@ Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<Gate
     ADP_INFO("%s: connected (%s, %s)", describe().c_str(), log_safe(c->server()).c_str(),
              c->ring() ? ("ring " + std::to_string(c->ring()->size() >> 20) + " MiB per connection").c_str()
                        : "payload inline");
-  *out = std::move(c);
-  return Status::Ok();
 }
 
 void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
@@ -1335,111 +1357,133 @@ void RemoteBackend::reconnect_loop() {
   int64_t try_at = 0;
   std::unique_lock<std::mutex> l(mu_);
   while (!interrupted_) {
-    if (link_.load() == Link::kDown && spare_) {
-      // Down again before a session took it: made before this outage, it proves nothing now (and, kept, it would
-      // hold this loop off while the connector stays unreachable).
-      std::unique_ptr<GatewayClient> old = std::move(spare_);
-      l.unlock();
-      drop(&old);
-      l.lock();
-      continue;
-    }
-    if (link_.load() != Link::kDown) {
-      // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
-      // missed between this look and the wait (link_ is set without mu_), and paces the look at idle connections.
-      backoff = milliseconds{0};
-      reconnect_cv_.wait_for(l, idle_look_);
-      if (interrupted_ || link_.load() != Link::kUp || !all_closed_locked()) continue;
-      // Every connection of this connector, none waiting for a reply, was closed by the gateway (audit 15 item 22:
-      // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch), or
-      // none is left since the last look's status query. Gone, or closing idle connections (--idle-timeout-s): a
-      // status query tells which, holding no --max-clients slot and no ring (review r15 N13). It fails: the outage
-      // (WARNING, 503), and the loop below reconnects; it is answered: no outage, nothing kept, asked again at the
-      // next look. A spare of before is one of those closed: dropped (kept, it would make this look true every
-      // time).
-      std::unique_ptr<GatewayClient> old = std::move(spare_);
-      l.unlock();
-      drop(&old);
-      if (!probe_unsupported_.load()) {
-        bool as_query = false;
-        const Status s = probe(&as_query);
-        // Refused for being full (--max-clients clients and the status-query reserve taken, or --max-tcp-clients):
-        // an answer, so the gateway is up (brief admission item 2: it read as an outage, WARNING and 503). A batch
-        // would be refused as well, and says so when one comes.
-        const bool full = !s.ok() && full_refusal(s);
-        if (full && !full_logged_.exchange(true))
-          ADP_INFO(
-              "%s: the gateway closed this idle connector's connections and is full (%s): it is up; asked again "
-              "every %lld ms until the next batch connects (this line once; the next refusals at DEBUG)",
-              describe().c_str(), log_safe(s.message()).c_str(), static_cast<long long>(idle_look_.count()));
-        else if (full)
-          ADP_DEBUG("%s: idle status query refused: %s", describe().c_str(), log_safe(s.message()).c_str());
-        if (!s.ok() && !full && !closing())
-          note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
-        if (!s.ok() || as_query) {
-          l.lock();
-          if (s.ok() && !idle_probing_)
-            ADP_DEBUG(
-                "%s: the gateway closed this idle connector's connections and answers a status query: "
-                "asked again every %lld ms until the next batch connects",
-                describe().c_str(), static_cast<long long>(idle_look_.count()));
-          if ((s.ok() || full) && !interrupted_) idle_probing_ = true;
-          continue;
-        }
-        // A gateway older than r10 served it as a client's connection (logged connected and gone at INFO): a
-        // query a second would fill its log. Connect as before session sixteen instead, the connection kept as the
-        // spare.
-        probe_unsupported_.store(true);
-        ADP_INFO(
-            "%s: the gateway does not know status queries (protocol r9 or older): while idle this connector keeps "
-            "one connection to it, to see it stop, and connects again after each idle close (--idle-timeout-s)",
-            describe().c_str());
-      }
-      std::unique_ptr<GatewayClient> c;
-      const Status s = connect_new(Clock::now() + connect_timeout_, &c);
-      if (!s.ok() && !closing())
-        note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
-      l.lock();
-      if (s.ok() && !spare_ && !interrupted_) {
-        spare_ = std::move(c);
-      } else if (c) {
-        l.unlock();
-        drop(&c);
-        l.lock();
-      }
-      continue;
-    }
-    if (backoff.count() == 0) {
-      backoff = next_backoff(milliseconds{0}, token_refused_.load());
+    // One look or attempt; an exception out of it (std::bad_alloc: a connect's, a log line's) is a failed attempt:
+    // logged, then the next after the back-off (try_at; a look while the link is up waits idle_look_ first)
+    // (session 26: it ended the process, std::terminate). A connection it made is in spare_ or dropped by then:
+    // connect_new drops one it cannot note, and nothing after a connect's success throws in reconnect_step.
+    try {
+      reconnect_step(l, backoff, try_at);
+    } catch (const std::exception& e) {
+      if (!l.owns_lock()) l.lock();
+      backoff = next_backoff(backoff, false);
       try_at = steady_ns() + ns(backoff);
+      try {
+        ADP_ERROR("%s: the background reconnect's attempt failed on an exception (%s): tried again in %lld ms",
+                  describe().c_str(),
+                  dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory: std::bad_alloc" : e.what(),
+                  static_cast<long long>(backoff.count()));
+      } catch (...) {
+      }
     }
-    // A session that began a connect of its own within the back-off has traffic: it reconnects by itself.
-    try_at = std::max(try_at, session_try_ns_ + ns(backoff));
-    if (const int64_t now = steady_ns(); now < try_at) {
-      reconnect_cv_.wait_for(l, std::chrono::nanoseconds(try_at - now));
-      continue;
-    }
-    const uint64_t before = connects_;
+  }
+}
+
+void RemoteBackend::reconnect_step(std::unique_lock<std::mutex>& l, milliseconds& backoff, int64_t& try_at) {
+  const auto ns = [](milliseconds d) { return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(); };
+  if (link_.load() == Link::kDown && spare_) {
+    // Down again before a session took it: made before this outage, it proves nothing now (and, kept, it would
+    // hold this loop off while the connector stays unreachable).
+    std::unique_ptr<GatewayClient> old = std::move(spare_);
     l.unlock();
+    drop(&old);
+    l.lock();
+    return;
+  }
+  if (link_.load() != Link::kDown) {
+    // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
+    // missed between this look and the wait (link_ is set without mu_), and paces the look at idle connections.
+    backoff = milliseconds{0};
+    reconnect_cv_.wait_for(l, idle_look_);
+    if (interrupted_ || link_.load() != Link::kUp || !all_closed_locked()) return;
+    // Every connection of this connector, none waiting for a reply, was closed by the gateway (audit 15 item 22:
+    // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch), or
+    // none is left since the last look's status query. Gone, or closing idle connections (--idle-timeout-s): a
+    // status query tells which, holding no --max-clients slot and no ring (review r15 N13). It fails: the outage
+    // (WARNING, 503), and the loop below reconnects; it is answered: no outage, nothing kept, asked again at the
+    // next look. A spare of before is one of those closed: dropped (kept, it would make this look true every
+    // time).
+    std::unique_ptr<GatewayClient> old = std::move(spare_);
+    l.unlock();
+    drop(&old);
+    if (!probe_unsupported_.load()) {
+      bool as_query = false;
+      const Status s = probe(&as_query);
+      // Refused for being full (--max-clients clients and the status-query reserve taken, or --max-tcp-clients):
+      // an answer, so the gateway is up (brief admission item 2: it read as an outage, WARNING and 503). A batch
+      // would be refused as well, and says so when one comes.
+      const bool full = !s.ok() && full_refusal(s);
+      if (full && !full_logged_.exchange(true))
+        ADP_INFO(
+            "%s: the gateway closed this idle connector's connections and is full (%s): it is up; asked again "
+            "every %lld ms until the next batch connects (this line once; the next refusals at DEBUG)",
+            describe().c_str(), log_safe(s.message()).c_str(), static_cast<long long>(idle_look_.count()));
+      else if (full)
+        ADP_DEBUG("%s: idle status query refused: %s", describe().c_str(), log_safe(s.message()).c_str());
+      if (!s.ok() && !full && !closing())
+        note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
+      if (!s.ok() || as_query) {
+        l.lock();
+        if (s.ok() && !idle_probing_)
+          ADP_DEBUG(
+              "%s: the gateway closed this idle connector's connections and answers a status query: "
+              "asked again every %lld ms until the next batch connects",
+              describe().c_str(), static_cast<long long>(idle_look_.count()));
+        if ((s.ok() || full) && !interrupted_) idle_probing_ = true;
+        return;
+      }
+      // A gateway older than r10 served it as a client's connection (logged connected and gone at INFO): a
+      // query a second would fill its log. Connect as before session sixteen instead, the connection kept as the
+      // spare.
+      probe_unsupported_.store(true);
+      ADP_INFO(
+          "%s: the gateway does not know status queries (protocol r9 or older): while idle this connector keeps "
+          "one connection to it, to see it stop, and connects again after each idle close (--idle-timeout-s)",
+          describe().c_str());
+    }
     std::unique_ptr<GatewayClient> c;
     const Status s = connect_new(Clock::now() + connect_timeout_, &c);
-    if (!s.ok() && !closing()) {
-      note_down(s);  // the link is down already: logs only a token refused anew (its ERROR, once)
-      ADP_DEBUG("%s: the background reconnect failed (%s)", describe().c_str(), log_safe(s.message()).c_str());
-    }
+    if (!s.ok() && !closing())
+      note_down(Status::Unavailable("the gateway closed this connector's connections: " + s.message()));
     l.lock();
-    if (s.ok() && connects_ == before + 1 && !interrupted_) {
-      spare_ = std::move(c);  // the link is up (connect_new logged "connected")
+    if (s.ok() && !spare_ && !interrupted_) {
+      spare_ = std::move(c);
     } else if (c) {
-      // A session's own connect succeeded while this one was made: one connection each is enough.
       l.unlock();
       drop(&c);
       l.lock();
     }
-    if (!s.ok()) {
-      backoff = next_backoff(backoff, token_refusal(s));
-      try_at = steady_ns() + ns(backoff);
-    }
+    return;
+  }
+  if (backoff.count() == 0) {
+    backoff = next_backoff(milliseconds{0}, token_refused_.load());
+    try_at = steady_ns() + ns(backoff);
+  }
+  // A session that began a connect of its own within the back-off has traffic: it reconnects by itself.
+  try_at = std::max(try_at, session_try_ns_ + ns(backoff));
+  if (const int64_t now = steady_ns(); now < try_at) {
+    reconnect_cv_.wait_for(l, std::chrono::nanoseconds(try_at - now));
+    return;
+  }
+  const uint64_t before = connects_;
+  l.unlock();
+  std::unique_ptr<GatewayClient> c;
+  const Status s = connect_new(Clock::now() + connect_timeout_, &c);
+  if (!s.ok() && !closing()) {
+    note_down(s);  // the link is down already: logs only a token refused anew (its ERROR, once)
+    ADP_DEBUG("%s: the background reconnect failed (%s)", describe().c_str(), log_safe(s.message()).c_str());
+  }
+  l.lock();
+  if (s.ok() && connects_ == before + 1 && !interrupted_) {
+    spare_ = std::move(c);  // the link is up (connect_new logged "connected")
+  } else if (c) {
+    // A session's own connect succeeded while this one was made: one connection each is enough.
+    l.unlock();
+    drop(&c);
+    l.lock();
+  }
+  if (!s.ok()) {
+    backoff = next_backoff(backoff, token_refusal(s));
+    try_at = steady_ns() + ns(backoff);
   }
 }
 

@@ -80,6 +80,9 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   Status connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
   // A new connection (connect() without the spare), watched.
   Status connect_new(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out);
+  // connect_new's notes of a connection made (in live_ already): its log lines, the link up. May throw (their
+  // text): connect_new then drops the connection.
+  void note_connected(const GatewayClient& c);
   // The background reconnect (review r14 S2: an idle connector stayed
   // unreachable, /health 503, until LMCache's next batch, so a readiness probe
   // on /health waited for traffic that waited for it). Started at the first
@@ -108,6 +111,9 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // down again before a session took it (then it tries anew).
   void start_reconnect();
   void reconnect_loop();
+  // One pass of reconnect_loop (`l` holds mu_ on entry and on a return): a look at the connections while the link
+  // is up, or one attempt (or its back-off's wait) while it is down. May throw (std::bad_alloc).
+  void reconnect_step(std::unique_lock<std::mutex>& l, std::chrono::milliseconds& backoff, int64_t& try_at);
   // The gateway answers a status query (r10: Hello bit 9 alone, no ring, not a
   // client), watched like a connect; the connection is closed at once.
   // *as_query: the gateway took bit 9 (false: a gateway older than r10 took a

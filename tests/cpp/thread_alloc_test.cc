@@ -19,7 +19,12 @@
 // A gateway whose accept thread cannot be started returns the reason from its start (part "gateway"); an exception
 // on a connection's thread ends that connection only, all it held given back (part "connection", session 25).
 //
-//   thread_alloc_test TMPFS_DIR [store|gateway|connection|connector|remote]   (store by default)
+// A connector's worker whose session throws (its start-up connect, a batch, or any allocation on the worker's
+// thread) fails the batch it holds with the reason and goes on (part "worker", session 26); the background
+// reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26).
+//
+//   thread_alloc_test TMPFS_DIR [store|gateway|connection|connector|worker|remote|reconnect]   (store by
+//   default)
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -509,6 +514,84 @@ void connector_fails_with_the_reason() {
   std::printf("connector: %d allocations of its construction failed, each a clean failure\n", failed);
 }
 
+// A session whose start-up connect throws (a test double: RemoteSession's does not).
+class ThrowingPrepareSession : public NullSession {
+ public:
+  void prepare() override { throw std::runtime_error("prepare failed for the test"); }
+};
+
+class ThrowingPrepareBackend : public NullBackend {
+ public:
+  std::unique_ptr<adp::BackendSession> new_session() override { return std::make_unique<ThrowingPrepareSession>(); }
+};
+
+// Future `id`'s completion (drained from c), waiting up to 10 s; none: ok false, error "no completion".
+adp::Completion completion_of(adp::Connector& c, uint64_t id) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < give_up) {
+    for (adp::Completion& got : c.drain())
+      if (got.future_id == id) return got;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return {id, false, "no completion", {}};
+}
+
+// One batch of `op` on two keys of 64 bytes each (buffers of `mem`), its completion.
+adp::Completion one_batch(adp::Connector& c, adp::OpType op, std::vector<uint8_t>& mem) {
+  mem.assign(128, 7);
+  const uint64_t id = c.submit(op, {"a", "b"}, {{mem.data(), 64}, {mem.data() + 64, 64}}, nullptr);
+  return completion_of(c, id);
+}
+
+// Session 26: a worker's session->prepare() that throws (outside any try: std::terminate, the LMCache server gone)
+// is logged, and the worker serves its batches.
+void worker_goes_on_after_a_throwing_prepare() {
+  adp::ConnectorOptions opts;
+  opts.num_workers = 1;
+  opts.timeout_ms = 5000;
+  adp::Connector c(std::make_unique<ThrowingPrepareBackend>(), opts);
+  std::vector<uint8_t> mem;
+  const adp::Completion got = one_batch(c, adp::OpType::kSet, mem);
+  CHECK(got.ok && got.per_key == std::vector<uint8_t>({1, 1}), "the store after a throwing prepare: %d '%s'", got.ok,
+        got.error.c_str());
+  std::printf("connector: a worker whose session's prepare threw served its batch\n");
+}
+
+// Session 26: each allocation on a connector's worker thread (adp-worker-0: taking the slice, running it, the
+// session's, its completion) failed in turn, for a store and a load: each future completes (ok, or failed with
+// "the connector's worker failed this batch (out of memory: std::bad_alloc)"), the next batch is served. The old
+// code: std::terminate at the first allocation outside run_task's try (the slice's vector).
+void worker_goes_on_after_an_exception() {
+  adp::ConnectorOptions opts;
+  opts.num_workers = 1;
+  opts.timeout_ms = 10000;
+  adp::Connector c(std::make_unique<NullBackend>(), opts);
+  std::vector<uint8_t> mem;
+  const std::string kReason = "the connector's worker failed this batch (out of memory: std::bad_alloc)";
+  named_thread = "adp-worker-0";
+  int k = 0, failed = 0;
+  for (; k < 500; k++) {
+    named_fail_after.store(k, std::memory_order_release);
+    const adp::Completion put = one_batch(c, adp::OpType::kSet, mem);
+    const adp::Completion get = one_batch(c, adp::OpType::kGet, mem);
+    const bool injected = named_fail_after.exchange(-1) < 0;  // disarmed: the next batch has no failure
+    const adp::Completion next = one_batch(c, adp::OpType::kSet, mem);
+    for (const adp::Completion* got : {&put, &get})
+      CHECK(got->ok || got->error == kReason, "let %d: a batch's completion: %d '%s'", k, got->ok, got->error.c_str());
+    CHECK(put.ok || put.per_key == std::vector<uint8_t>({0, 0}), "let %d: a failed store read as stored", k);
+    failed += !put.ok + !get.ok;
+    CHECK(next.ok && next.per_key == std::vector<uint8_t>({1, 1}), "let %d: the batch after: %d '%s'", k, next.ok,
+          next.error.c_str());
+    if (!injected) break;  // every allocation of the two batches has been failed
+  }
+  CHECK(failed >= 5 && k > 0 && k < 500, "%d batches failed of the allocations let 0..%d", failed, k);
+  CHECK(adp::testing::threads_named("adp-worker-0") == 1, "the worker thread is gone");
+  std::printf(
+      "connector: %d allocations on a worker's thread failed: %d batches failed with the reason, the next "
+      "served\n",
+      k, failed);
+}
+
 adp::GatewayClientOptions nowhere(const std::string& dir) {
   adp::GatewayClientOptions o;
   adp::proto::parse_endpoint("unix://" + dir + "/no-gateway.sock", &o.endpoint);
@@ -594,6 +677,48 @@ void reconnect_without_a_thread(const std::string& dir) {
   std::printf("remote: %d failed allocations of a batch's outage were done without its reconnect thread\n", without);
 }
 
+// Session 26: each allocation on the background reconnect's thread (adp-reconnect, started by a batch's outage)
+// failed in turn while no gateway answers at the connector's socket: the attempt counts as failed (logged, back-off)
+// and the thread goes on: once a gateway answers there (a link made to one's socket), it connects by itself
+// (gateway_reachable, no batch). The old code: std::terminate at the first (nothing caught in reconnect_loop).
+void reconnect_goes_on_after_an_exception(const std::string& dir) {
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 16, 0, "-reconnect");
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  if (!gw) return;
+  const std::string link = dir + "/reconnect-link.sock";
+  adp::GatewayClientOptions o;
+  adp::proto::parse_endpoint("unix://" + link, &o.endpoint);
+  o.client_name = "thread-alloc";
+  ::setenv("ADP_TEST_MAX_BACKOFF_MS", "20", 1);  // read at the RemoteBackend's construction
+  named_thread = "adp-reconnect";
+  constexpr int kAllocations = 60;  // each attempt allocates: more than one attempt's are swept
+  int k = 0;
+  for (; k < kAllocations; k++) {
+    ::unlink(link.c_str());
+    adp::RemoteBackend rb(o);
+    std::unique_ptr<adp::BackendSession> s = rb.new_session();
+    named_fail_after.store(k, std::memory_order_release);
+    const adp::Status st = exists_one(*s);  // the outage: the reconnect thread starts
+    CHECK(st.code() == adp::Status::Code::kUnavailable, "let %d: the batch: %s", k, st.message().c_str());
+    auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (named_fail_after.load() >= 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    CHECK(injected, "let %d: no allocation failed on the reconnect thread within 10 s", k);
+    CHECK(::symlink(go.socket_path.c_str(), link.c_str()) == 0, "symlink %s", link.c_str());
+    give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!rb.stats().gateway_reachable && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(rb.stats().gateway_reachable, "let %d: the background reconnect did not connect after the exception", k);
+    CHECK(adp::testing::threads_named("adp-reconnect") == 1, "let %d: the reconnect thread is gone", k);
+    s.reset();
+  }
+  ::unlink(link.c_str());
+  ::unsetenv("ADP_TEST_MAX_BACKOFF_MS");
+  std::printf("remote: %d allocations on the reconnect thread failed, each a failed attempt, then connected\n", k);
+  adp::testing::stop_gateway(*gw);
+}
+
 // The gateway's piece helpers (PiecePool), each allocation of the pool's start failed in turn: the pool goes on
 // with the helpers started and runs every piece (the old code threw out of the constructor, or ended the process
 // once a helper had started: std::terminate).
@@ -632,7 +757,8 @@ void piece_pool_with_the_helpers_it_got() {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: %s TMPFS_DIR [store|gateway|connection|connector|remote]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s TMPFS_DIR [store|gateway|connection|connector|worker|remote|reconnect]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1], part = argc == 3 ? argv[2] : "store";
@@ -650,6 +776,11 @@ int main(int argc, char** argv) {
     gateway_ends_only_that_connection(dir);
   } else if (part == "connector") {
     connector_fails_with_the_reason();
+  } else if (part == "worker") {
+    worker_goes_on_after_a_throwing_prepare();
+    worker_goes_on_after_an_exception();
+  } else if (part == "reconnect") {
+    reconnect_goes_on_after_an_exception(dir);
   } else if (part == "remote") {
     start_connect_without_a_thread(dir);
     reconnect_without_a_thread(dir);

@@ -135,3 +135,29 @@ def test_a_remote_backend_goes_on_without_its_connect_and_reconnect_threads(thre
     the start-up connect's thread failed in turn: none leaves it. Red on 905bc86: prepare threw std::bad_alloc, the
     batch threw it, and the start-up connect's thread ended the process (std::terminate)."""
     run_part(thread_alloc_test, "remote")
+
+
+def test_a_connector_worker_goes_on_after_an_exception(thread_alloc_test):
+    """Session 26 (gwexc26 item 1): a worker whose session's prepare() throws (a test double) serves its batches;
+    each allocation on a worker's thread (adp-worker-0) failed in turn for a store and a load: each future completes,
+    ok or failed with 'the connector's worker failed this batch (out of memory: std::bad_alloc)', and the next batch
+    is served. Red before session 26: std::terminate (prepare() and the slice's taking were outside any try)."""
+    out = run_part(thread_alloc_test, "worker")
+    assert "a worker whose session's prepare threw served its batch" in out, out[-3000:]
+    assert "batches failed with the reason, the next served" in out, out[-3000:]
+    assert "ERROR: ADPConnector: worker 0: a set batch of 2 keys failed on an exception (out of memory" in out, out[
+        -3000:
+    ]
+
+
+def test_the_background_reconnect_goes_on_after_an_exception(thread_alloc_test):
+    """Session 26 (gwexc26 item 1): each allocation on the reconnect thread (adp-reconnect) failed in turn while no
+    gateway answers: a failed attempt (ERROR, back-off), and once a gateway answers at the socket the thread connects
+    by itself (gateway_reachable with no batch). Red before session 26: std::terminate (nothing caught in
+    reconnect_loop)."""
+    out = run_part(thread_alloc_test, "reconnect")
+    assert "each a failed attempt, then connected" in out, out[-3000:]
+    assert "the background reconnect's attempt failed on an exception (out of memory: std::bad_alloc)" in out, out[
+        -3000:
+    ]
+
