@@ -8,8 +8,12 @@
 # Any sanitizer report or failed check makes the exit code non-zero.
 #
 #   scripts/sanitize.sh asan|tsan|asan-python [card_dir]
+#   scripts/sanitize.sh asan|tsan|asan-python --flags
 #
 # asan = AddressSanitizer + UndefinedBehaviorSanitizer, tsan = ThreadSanitizer.
+# The compile flags are scripts/sanitize_flags.py's (tests/support/cpp.py's
+# sanitized test programs compile with them too, into the same directory);
+# --flags prints the objects' directory and those flags, one a line, and exits.
 # asan-python: ASan + UBSan with libasan preloaded into python and
 # PYTHONMALLOC=malloc (so bytes objects handed to the binding are ASan-tracked);
 # leak checking is off there (the interpreter itself keeps memory at exit).
@@ -18,65 +22,87 @@
 # ADP_STRESS_SCALE=N multiplies the stress test's work (default 1), for soak runs.
 # card_dir holds the test's card image (a 48 MiB file, removed afterwards) and
 # must support O_DIRECT; default /dev/shm (tmpfs has O_DIRECT since Linux 6.6),
-# else build/sanitize. Objects and the binary go to build/sanitize/<mode>/, and
+# else build/sanitize. Objects and the binary go to build/sanitize/<mode>/
+# (asan-python's: bindings.cc's and the digest unit's there, the other objects
+# are asan's, compiled -fPIC for it), and
 # a run reuses the objects there that are up to date, judged as setup.py's
 # build judges its own (scripts/object_stamps.py: the same compile command,
 # the same content of the source and of every header it read): a second run
-# with nothing changed compiles nothing. One build at a time per mode (a lock,
-# build/sanitize/<mode>/build.lock, over the compile and the link); every file
+# with nothing changed compiles nothing. One build at a time per object directory
+# (a lock, build/sanitize/<asan|tsan>/build.lock, over the compile and the link;
+# asan-python takes asan's); every file
 # is written under a temporary name and renamed.
 set -euo pipefail
 
 mode=${1:-}
 case "$mode" in
-  asan | asan-python) san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer) ;;
-  tsan) san=(-fsanitize=thread) ;;
+  asan | tsan | asan-python) ;;
   *)
-    echo "usage: $0 asan|tsan|asan-python [card_dir]" >&2
+    echo "usage: $0 asan|tsan|asan-python [card_dir|--flags]" >&2
     exit 2
     ;;
 esac
+base=${mode%-python}  # asan-python's objects, bindings.cc's aside, are asan's
 
 cd "$(dirname "$0")/.."
 out=build/sanitize/$mode
-mkdir -p "$out"
+objdir=build/sanitize/$base
+mkdir -p "$out" "$objdir"
 card_dir=${2:-/dev/shm}
 [ -n "${2:-}" ] || [ -w /dev/shm ] || card_dir=$out
 CXX=${CXX:-g++}
-# tests/support/cpp.py's sanitize_flags() is this, word for word, for asan and tsan: the test suite's sanitized test
-# programs reuse these objects (build/sanitize/<mode>, under the lock below), so a change here goes there too.
-flags=(-std=c++20 -g -O1 -D_GLIBCXX_ASSERTIONS "${san[@]}" -Wall -Wextra -Werror -Wno-missing-field-initializers -Isrc_cpp -pthread)
 PYTHON=${PYTHON:-python}
+# The flags are scripts/sanitize_flags.py's, which tests/support/cpp.py reads too: the test suite's sanitized test
+# programs compile with them into the same $objdir (under the lock below), so the two reuse each other's objects.
+mapfile -t flags < <("$PYTHON" scripts/sanitize_flags.py "$base")
+if [ "${#flags[@]}" -eq 0 ]; then
+  echo "sanitize.sh: $PYTHON scripts/sanitize_flags.py $base printed no flags" >&2
+  exit 1
+fi
 if [ "$mode" = asan-python ]; then
-  mapfile -t sources < <(find src_cpp -name '*.cc' | sort)
   if ! "$PYTHON" -c 'import pybind11' 2>/dev/null; then
     echo "sanitize.sh asan-python: $PYTHON has no pybind11 (pip install -e '.[test]' installs it)" >&2
     exit 1
   fi
   mapfile -t pyinc < <("$PYTHON" -c 'import sysconfig, pybind11; print(sysconfig.get_paths()["include"]); print(pybind11.get_include())')
-  flags+=(-fPIC -fvisibility=hidden -I"${pyinc[0]}" -I"${pyinc[1]}")
+  # bindings.cc (and the digest unit) only: the Python and pybind11 headers; the other objects are asan's.
+  pyflags=(-I"${pyinc[0]}" -I"${pyinc[1]}")
   # The sources' digest, as setup.py records it (_native.SOURCE_DIGEST, in a generated translation unit
   # bindings.cc links against): benchmarks/tools.native_build() then judges this build by content like any
   # other, instead of calling it stale for want of one.
   "$PYTHON" -c 'import runpy, sys; m = runpy.run_path("lmcache_adp/source_digest.py")
 open(sys.argv[1], "w").write(m["digest_unit"](m["source_digest"](".")))' "$out/adp_source_digest.cc.$$"
   mv "$out/adp_source_digest.cc.$$" "$out/adp_source_digest.cc"
-  sources+=("$out/adp_source_digest.cc")
+  own=(src_cpp/python/bindings.cc "$out/adp_source_digest.cc")
+  mapfile -t sources < <(find src_cpp -name '*.cc' ! -path src_cpp/python/bindings.cc | sort)
 else
+  own=()
   mapfile -t sources < <(find src_cpp -name '*.cc' ! -path src_cpp/python/bindings.cc | sort)
   sources+=(tests/cpp/connector_stress.cc)
 fi
+# --flags: where the objects shared with the test suite go and their compile flags, one a line, as compiled below
+# (tests/sanitizers/test_sanitize_flags.py compares them with tests/support/cpp.py's).
+if [ "${2:-}" = --flags ]; then
+  printf '%s\n' "$objdir" "${flags[@]}"
+  exit 0
+fi
 
 start=$SECONDS
-exec 9>"$out/build.lock"
+# One build at a time per object directory: asan-python takes asan's lock, whose objects it links.
+exec 9>"$objdir/build.lock"
 flock 9
 # One compiler per core (ADP_BUILD_JOBS), the objects not up to date only.
-mapfile -t objs < <(ADP_BUILD_JOBS=${ADP_BUILD_JOBS:-$(nproc)} "$PYTHON" scripts/object_stamps.py \
-  "$out" "$CXX" "${flags[@]}" -- "${sources[@]}" || echo FAILED)
-if [ "${#objs[@]}" -ne "${#sources[@]}" ]; then
+compile() { ADP_BUILD_JOBS=${ADP_BUILD_JOBS:-$(nproc)} "$PYTHON" scripts/object_stamps.py "$@" || echo FAILED; }
+mapfile -t objs < <(compile "$objdir" "$CXX" "${flags[@]}" -- "${sources[@]}")
+more=()
+if [ "${#own[@]}" -gt 0 ]; then
+  mapfile -t more < <(compile "$out" "$CXX" "${flags[@]}" "${pyflags[@]}" -- "${own[@]}")
+fi
+if [ "${#objs[@]}" -ne "${#sources[@]}" ] || [ "${#more[@]}" -ne "${#own[@]}" ]; then
   echo "sanitize.sh: the $mode build failed" >&2
   exit 1
 fi
+objs+=("${more[@]}")
 # The link, unless what is there was linked by the same command from objects of the same content.
 if [ "$mode" = asan-python ]; then
   suffix=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')

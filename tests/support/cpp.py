@@ -10,7 +10,8 @@ some thirty programs, half of them under a sanitizer. The plain objects are kept
 in a directory of the session's in /tmp, removed at its end (a session killed
 before its end leaves it behind; the next one removes it, named by the pid that
 made it). The sanitized ones (ASan, TSan) are scripts/sanitize.sh's: the same
-compile command as its asan and tsan modes (SANITIZE_FLAGS, word for word) into
+compile command as its asan and tsan modes (both read the flags from
+scripts/sanitize_flags.py; asan-python links asan's) into
 the same directory, build/sanitize/<mode>, judged up to date by
 scripts/object_stamps.py (the command, the content of the source and of every
 header it read) under sanitize.sh's lock; so the suite's sanitizer stress runs
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import importlib.util
 import itertools
 import os
 import shutil
@@ -47,17 +49,28 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src_cpp"
 
 
-SANITIZERS = {
-    "asan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
-    "tsan": ["-fsanitize=thread"],
-}
+def _load_sanitize_flags():
+    """scripts/sanitize_flags.py, loaded by its path (sys.path untouched): the sanitized builds' flags, which
+    scripts/sanitize.sh reads too."""
+    spec = importlib.util.spec_from_file_location("adp_sanitize_flags", ROOT / "scripts" / "sanitize_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_sanitize_flags = _load_sanitize_flags()
+SANITIZERS = _sanitize_flags.SANITIZERS
 
 
 def sanitize_flags(mode: str) -> list[str]:
-    """scripts/sanitize.sh's compile flags for `mode` (asan or tsan), in its order: kept the same word for word, so
-    that build() reuses its objects (a difference costs a second compile of src_cpp, nothing else)."""
-    return ["-std=c++20", "-g", "-O1", "-D_GLIBCXX_ASSERTIONS", *SANITIZERS[mode], "-Wall", "-Wextra", "-Werror",
-            "-Wno-missing-field-initializers", "-Isrc_cpp", "-pthread"]  # fmt: skip
+    """scripts/sanitize.sh's compile flags for `mode` (asan or tsan): scripts/sanitize_flags.py's, which it reads, so
+    that build() reuses its objects (a difference would cost a second compile of src_cpp, nothing else)."""
+    return _sanitize_flags.flags(mode)
+
+
+def sanitize_object_dir(mode: str) -> str:
+    """Where sanitize.sh and build() put the objects of `mode`, relative to the tree."""
+    return _sanitize_flags.object_dir(mode)
 
 
 # This session's objects: (source, flags) -> object file. The sources do not change during a session.
@@ -119,7 +132,7 @@ def _compile_sanitized(cxx: str, mode: str, sources: list[str]) -> list[Path]:
     """The objects of `sources` (paths relative to the tree) under sanitizer `mode`, in build/sanitize/<mode>: those
     not up to date compiled by scripts/object_stamps.py, as sanitize.sh compiles them. The caller holds the lock."""
     proc = process_group.run(
-        [sys.executable, "scripts/object_stamps.py", f"build/sanitize/{mode}", cxx, *sanitize_flags(mode), "--",
+        [sys.executable, "scripts/object_stamps.py", sanitize_object_dir(mode), cxx, *sanitize_flags(mode), "--",
          *sources],
         cwd=ROOT, timeout=1800,
     )  # fmt: skip
@@ -166,7 +179,7 @@ def build(
         linked.parent.mkdir()
         if sanitize:
             # sanitize.sh's lock over the compile and the link: no run of it rewrites an object this link reads.
-            lock_path = ROOT / "build" / "sanitize" / sanitize / "build.lock"
+            lock_path = ROOT / sanitize_object_dir(sanitize) / "build.lock"
             lock_path.parent.mkdir(parents=True, exist_ok=True)
             with open(lock_path, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
