@@ -499,6 +499,15 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "served on (session 25)",
     ),
     Stat(
+        "store_reader_failures",
+        COUNTER,
+        "stores",
+        G,
+        "Process stores (or chunks of them) that failed because a connection's store reader threw while reading "
+        "them from the client's memory (no memory: std::bad_alloc, say), each logged at ERROR with the reason and "
+        "answered with it; the reader and the connection go on (session 26)",
+    ),
+    Stat(
         "refused_status_queries",
         COUNTER,
         "connections",

@@ -12,9 +12,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -157,6 +159,8 @@ struct GatewayShared {
   // Connections ended by an exception on their thread (std::bad_alloc, say: session 25), each logged at ERROR with
   // its peer and reason; the gateway goes on serving the others (failed_connections).
   std::atomic<uint64_t> failed_connections{0};
+  // Process stores a connection's store reader failed by throwing (post_read: reader_failure), session 26.
+  std::atomic<uint64_t> store_reader_failures{0};
   std::atomic<uint64_t> batches{0};
   // Keys asked by lookups (exists), found / not found on the card (StoreStats::lookup_hits / lookup_misses).
   std::atomic<uint64_t> lookup_hits{0}, lookup_misses{0};
@@ -382,15 +386,37 @@ class ClientHandler {
   // its mu and wakes its cv: the connection's thread waits for `finished`
   // before it leaves the request (review r9 S1). Job: PipelinedRead or
   // ChunkRead (each with mu, cv, finished).
+  // An exception out of read (session 26: it ended the gateway) is kept in the job's `thrown` (set before
+  // `finished`): the caller fails the request with it (reader_failure), the reader and the connection go on.
+  // False also where the job cannot be made (no memory for it: the buffer path, as with no reader).
   template <class Job, class Read>
   bool post_read(const std::shared_ptr<Job>& job, Read read) {
-    return post_to_reader([job, read] {
-      read(*job);
-      std::lock_guard<std::mutex> l(job->mu);
-      job->finished = true;
-      job->cv.notify_all();
-    });
+    std::function<void()> run;
+    try {
+      const bool fail = shared_->hooks.store_reader_fail == "job";
+      run = [job, read, fail]() noexcept {
+        try {
+          // Tests only (ADP_TEST_STORE_READER_FAIL=job): the job throws before it reads (no memory for it).
+          if (fail) throw std::bad_alloc();
+          read(*job);
+        } catch (...) {
+          job->thrown = std::current_exception();
+        }
+        std::lock_guard<std::mutex> l(job->mu);
+        job->finished = true;
+        job->cv.notify_all();
+      };
+    } catch (const std::exception& e) {
+      note_no_reader(e);
+      return false;
+    }
+    return post_to_reader(std::move(run));
   }
+  // post_to_reader's log line when there is no reader (its thread or its job could not be made).
+  void note_no_reader(const std::exception& e);
+  // A reader job's exception as the status of the store(s) it ends (IoError; out of memory: of the gateway's
+  // memory), logged at ERROR and counted (store_reader_failures).
+  Status reader_failure(const std::exception_ptr& thrown);
   // The largest object a process store may carry: the store buffer's limit
   // (and the gateway's total for them, if lower).
   uint64_t store_object_limit() const;
@@ -436,6 +462,24 @@ class ClientHandler {
   // process memory: the first takes it, the last gives it back.
   bool join_lease(uint64_t request_id, proto::Deadline deadline);
   void leave_lease(uint64_t request_id);
+  // A joined lease, left at now() or on any way out of its scope, an exception's included (session 26: one left
+  // held kept the client's revoke waiting as long as the gateway lived).
+  class LeaseLeave {
+   public:
+    LeaseLeave(ClientHandler& h, uint64_t request_id) : h_(h), request_id_(request_id) {}
+    ~LeaseLeave() { now(); }
+    void now() {
+      if (held_) h_.leave_lease(request_id_);
+      held_ = false;
+    }
+    LeaseLeave(const LeaseLeave&) = delete;
+    LeaseLeave& operator=(const LeaseLeave&) = delete;
+
+   private:
+    ClientHandler& h_;
+    const uint64_t request_id_;
+    bool held_ = true;
+  };
   // r4: item `item`'s first `upto` bytes are in the ring; then the ticket.
   void publish_progress(size_t item, size_t upto);
   // Bumps the progress ticket, waking the client if it sleeps on it.

@@ -105,13 +105,14 @@ Status ClientHandler::load_into_process(const proto::BatchItem& it, uint64_t req
       gave_up = true;
       return false;
     }
+    LeaseLeave leave(*this, request_id);  // an exception's way out too (session 26)
     Status w = in_client_memory([&] {
       prof::Timer t(prof::kWrite);
       return process_->write(it.offset + done, src, len);
     });
     {
       prof::Timer t(prof::kLease);
-      leave_lease(request_id);
+      leave.now();
     }
     bump_alive();  // a piece out (review r10 N3): one object the card gives slowly does not read stalled
     return w.ok() || fail(std::move(w));

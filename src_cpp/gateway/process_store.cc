@@ -102,8 +102,11 @@ thread_local bool t_store_reader = false;
 
 bool ClientHandler::post_to_reader(std::function<void()> job) {
   if (!reader_) {
-    auto r = std::make_shared<StoreReader>();
+    std::shared_ptr<StoreReader> r;
     try {
+      // Tests only (ADP_TEST_STORE_READER_FAIL=post): no memory for the reader (its state, its thread's).
+      if (shared_->hooks.store_reader_fail == "post") throw std::bad_alloc();
+      r = std::make_shared<StoreReader>();
       r->thread = std::thread([r = r.get(), id = id_] {
         set_thread_name("adp-gw-sread", static_cast<int>(id));
         t_store_reader = true;
@@ -113,16 +116,17 @@ bool ClientHandler::post_to_reader(std::function<void()> job) {
           if (!r->pending) return;  // quit, and nothing left to run
           std::function<void()> run = std::move(r->job);
           l.unlock();
-          run();
+          run();  // never throws: post_read's job catches (session 26)
           run = nullptr;
           l.lock();
           r->pending = false;
           r->cv.notify_all();
         }
       });
-    } catch (const std::system_error& e) {  // a thread limit (review r8 S3): the buffer path, as before
-      ADP_WARN_LIMITED("gateway: client #%llu: no store reader thread (%s): its stores go through the buffer", ull(id_),
-                       e.what());
+    } catch (const std::exception& e) {
+      // A thread limit (review r8 S3; std::system_error), or no memory for it (std::bad_alloc: session 26, it ended
+      // the connection): the buffer path, as before.
+      note_no_reader(e);
       return false;
     }
     reader_ = std::move(r);
@@ -133,6 +137,34 @@ bool ClientHandler::post_to_reader(std::function<void()> job) {
   reader_->pending = true;
   reader_->cv.notify_all();
   return true;
+}
+
+void ClientHandler::note_no_reader(const std::exception& e) {
+  ADP_WARN_LIMITED("gateway: client #%llu: no store reader thread (%s): its stores go through the buffer", ull(id_),
+                   dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory: std::bad_alloc" : e.what());
+}
+
+Status ClientHandler::reader_failure(const std::exception_ptr& thrown) {
+  const char* why = "an exception of unknown type";
+  bool memory = false;
+  std::string text;
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const std::bad_alloc&) {
+    memory = true;
+    why = "out of memory: std::bad_alloc";
+  } catch (const std::exception& e) {
+    text = e.what();
+    why = text.c_str();
+  } catch (...) {
+  }
+  shared_->store_reader_failures.fetch_add(1, std::memory_order_relaxed);
+  ADP_ERROR(
+      "gateway: client #%llu (%s): the store reader failed reading a store from the client's memory (%s): that "
+      "store fails, the connection goes on",
+      ull(id_), peer().c_str(), why);
+  return Status::IoError(std::string("the gateway failed reading this object from the client's memory (") + why + ")",
+                         memory ? Status::IoClass::kGatewayMemory : Status::IoClass::kUnsaid);
 }
 
 bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,
@@ -232,6 +264,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
       revoked = true;
       return false;
     }
+    LeaseLeave leave(*this, pr->request_id);  // an exception's way out too (session 26)
     Status s = in_client_memory([&] {
       if (test_process_read_stall_ms_ && (pc.off > 0) != test_process_read_stall_at_start_ &&
           (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
@@ -241,7 +274,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
         std::this_thread::sleep_for(std::chrono::milliseconds(test_process_read_delay_ms_));
       return process_->read(it.offset + pc.off, o.dst + pc.off, pc.len);
     });
-    leave_lease(pr->request_id);
+    leave.now();
     if (s.code() == Status::Code::kClosed) {
       std::lock_guard<std::mutex> l(mu);
       gone = std::move(s);
@@ -314,6 +347,7 @@ struct ClientHandler::PipelinedRead {
   std::condition_variable cv;
   std::vector<uint8_t> done;  // by piece of kProcessReadPieceBytes
   bool finished = false;      // the reader's job has ended
+  std::exception_ptr thrown;  // set (before finished) when the job threw
 };
 
 Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t request_id, proto::Deadline deadline,
@@ -423,6 +457,13 @@ Status ClientHandler::store_pipelined(const proto::BatchItem& first, uint64_t re
   if (!wait_out([&] { return rd->finished; })) {
     abandoned_ = true;
     return Status::Closed("the gateway closed its card while this store's pieces were read");
+  }
+  // The reader's job threw (session 26): this store fails with the reason (a put cut short by it, "ended early",
+  // is not the answer), the connection goes on.
+  if (rd->thrown) {
+    *answer = reader_failure(rd->thrown);
+    *how = Pipelined::kAnswered;
+    return Status::Ok();
   }
   using std::chrono::duration_cast, std::chrono::nanoseconds;
   shared_->process_store_put_ns.fetch_add(duration_cast<nanoseconds>(t1 - t0).count(), std::memory_order_relaxed);

@@ -65,6 +65,7 @@ struct ClientHandler::ChunkRead {
   std::condition_variable cv;
   std::vector<uint8_t*> ready;  // by object: its bytes in the store buffer, once read whole
   bool finished = false;        // the reader's job has ended
+  std::exception_ptr thrown;    // set (before finished) when the job threw
 };
 
 Status ClientHandler::store_chunk_overlapped(const proto::BatchRequest& req, uint64_t request_id, size_t i, size_t end,
@@ -177,6 +178,15 @@ Status ClientHandler::store_chunk_overlapped(const proto::BatchRequest& req, uin
   }
   if (!wait_out([&] { return rd->finished; })) return card_closed;
   *how = Overlapped::kDone;
+  if (rd->thrown) {
+    // The reader's job threw (session 26): the objects not put yet fail with the reason, the connection goes on.
+    const Status failed = reader_failure(rd->thrown);
+    for (size_t o = 0; o < m; o++)
+      if (!answered[o]) (*st)[i + o] = failed;
+    shared_->process_store_read_ns.fetch_add(wait_ns, std::memory_order_relaxed);
+    shared_->process_store_put_ns.fetch_add(put_ns, std::memory_order_relaxed);
+    return Status::Ok();
+  }
   shared_->process_store_read_ns.fetch_add(wait_ns, std::memory_order_relaxed);
   if (!rd->pr.gone.ok()) return rd->pr.gone;  // the client process exited (or stop() gave up)
   if (rd->pr.revoked) {

@@ -42,6 +42,7 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("refused_connections", shared.refused.load());
   field("refused_status_queries", shared.refused_status_queries.load());
   field("failed_connections", shared.failed_connections.load());
+  field("store_reader_failures", shared.store_reader_failures.load());
   field("segments", shared.segments.load());
   field("segment_loads", shared.segment_loads.load());
   field("segment_populates", shared.segment_populates.load());

@@ -73,6 +73,10 @@ constexpr Hook kHooks[] = {
      "system: the start of the gateway's accept thread fails with std::system_error (EAGAIN); alloc: with "
      "std::bad_alloc",
      [](TestHooks& h, const char* v) { h.accept_thread_fail = v; }},
+    {"ADP_TEST_STORE_READER_FAIL", HookSide::kGateway,
+     "post: a connection's store reader cannot be made (std::bad_alloc): its stores take the buffer path; job: "
+     "each job posted to it throws std::bad_alloc before it reads: that store fails with the reason",
+     [](TestHooks& h, const char* v) { h.store_reader_fail = v; }},
     {"ADP_TEST_LOADAVG_FILE", HookSide::kBoth,
      "--request-spin-us and reply_spin_us read the runnable threads from this file, not /proc/loadavg",
      [](TestHooks& h, const char* v) { h.loadavg_file = v; }},

@@ -21,9 +21,10 @@
 //
 // A connector's worker whose session throws (its start-up connect, a batch, or any allocation on the worker's
 // thread) fails the batch it holds with the reason and goes on (part "worker", session 26); the background
-// reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26).
+// reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26). An exception on a
+// connection's store reader fails that store with the reason, the reader and the connection go on (part "reader").
 //
-//   thread_alloc_test TMPFS_DIR [store|gateway|connection|connector|worker|remote|reconnect]   (store by
+//   thread_alloc_test TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect]   (store by
 //   default)
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -719,6 +720,64 @@ void reconnect_goes_on_after_an_exception(const std::string& dir) {
   adp::testing::stop_gateway(*gw);
 }
 
+// Session 26: each allocation on a connection's store reader (adp-gw-sread-*: a pipelined store's read of a 9 MiB
+// object from the client's memory, under the lease, with the piece helpers) failed in turn: that store is answered
+// "the gateway failed reading this object from the client's memory (out of memory: std::bad_alloc)" (or stored, for
+// an allocation whose failure the read does without), store_reader_failures counts it, the lease and every count
+// are given back (the next store and load on the connection are served: a lease left held would stall them), and
+// no connection fails. The old code: std::terminate (nothing caught on the reader's thread).
+void reader_goes_on_after_an_exception(const std::string& dir) {
+  namespace proto = adp::proto;
+  ::setenv("ADP_TEST_GATEWAY_CPUS", "4", 1);  // a spare CPU for the reader on any host: the store is pipelined
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 128, 2, "-reader");
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  ::unsetenv("ADP_TEST_GATEWAY_CPUS");
+  if (!gw) return;
+  adp::testing::RawClient c;
+  adp::testing::ProcessObjects objs(1, (9 << 20) + 4099);  // >= 8 MiB: pipelined
+  if (!adp::testing::connect_process_store_client(go.socket_path, "thread-alloc reader", &c) || !objs.ok()) return;
+  const std::string kReason =
+      "the gateway failed reading this object from the client's memory (out of memory: std::bad_alloc)";
+  named_thread = "adp-gw-sread-*";
+  int k = 0, failures = 0;
+  for (; k < 500; k++) {
+    const std::string key = "reader-" + std::to_string(k);
+    named_fail_after.store(k, std::memory_order_release);
+    std::vector<adp::Status> st = adp::testing::process_batch(c, proto::Op::kPut, {key}, {objs.src[0]}, objs.size);
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    if (!injected) {
+      CHECK(st[0].ok(), "no failure injected (let %d), and the store failed: %s", k, st[0].message().c_str());
+      break;
+    }
+    CHECK(st[0].ok() || st[0].message() == kReason, "let %d: the store: %s", k, st[0].message().c_str());
+    const bool stored = st[0].ok();
+    failures += !stored;
+    std::memset(objs.dst[0], 0, objs.size);
+    st = adp::testing::process_batch(c, proto::Op::kGet, {key}, {objs.dst[0]}, objs.size);
+    CHECK(stored ? st[0].ok() && std::memcmp(objs.dst[0], objs.want[0].data(), objs.size) == 0 : st[0].is_not_found(),
+          "let %d: the load after (stored %d): %s", k, stored, st[0].message().c_str());
+    // The reader goes on: the next store (pipelined again) and its load are served.
+    st = adp::testing::process_batch(c, proto::Op::kPut, {key + "-next"}, {objs.src[0]}, objs.size);
+    CHECK(st[0].ok(), "let %d: the store after: %s", k, st[0].message().c_str());
+    const std::string stats = adp::testing::gateway_stats(c);
+    CHECK(adp::testing::stat(stats, "store_reader_failures") == failures, "let %d: store_reader_failures %g, want %d",
+          k, adp::testing::stat(stats, "store_reader_failures"), failures);
+    // (process_piece_callers is not 0 here: the connection is live, a loader counted until it idles 20 ms.)
+    for (const char* key_name : {"failed_connections", "store_buffer_waiting"})
+      CHECK(adp::testing::stat(stats, key_name) == 0, "let %d: %s %g", k, key_name,
+            adp::testing::stat(stats, key_name));
+  }
+  const double pipelined = adp::testing::stat(adp::testing::gateway_stats(c), "process_store_pipelined");
+  CHECK(failures >= 3 && k < 500 && pipelined >= 1, "%d stores failed of the allocations let 0..%d (%g pipelined)",
+        failures, k, pipelined);
+  std::printf(
+      "gateway: %d allocations on a store reader failed: %d stores failed with the reason, the connection "
+      "and its reader went on\n",
+      k, failures);
+  ::close(c.fd);
+  adp::testing::stop_gateway(*gw);
+}
+
 // The gateway's piece helpers (PiecePool), each allocation of the pool's start failed in turn: the pool goes on
 // with the helpers started and runs every piece (the old code threw out of the constructor, or ended the process
 // once a helper had started: std::terminate).
@@ -757,7 +816,7 @@ void piece_pool_with_the_helpers_it_got() {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: %s TMPFS_DIR [store|gateway|connection|connector|worker|remote|reconnect]\n",
+    std::fprintf(stderr, "usage: %s TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect]\n",
                  argv[0]);
     return 2;
   }
@@ -781,6 +840,8 @@ int main(int argc, char** argv) {
     worker_goes_on_after_an_exception();
   } else if (part == "reconnect") {
     reconnect_goes_on_after_an_exception(dir);
+  } else if (part == "reader") {
+    reader_goes_on_after_an_exception(dir);
   } else if (part == "remote") {
     start_connect_without_a_thread(dir);
     reconnect_without_a_thread(dir);

@@ -189,6 +189,15 @@ def test_stop_left_behind_touches_no_freed_card_under_asan(tmp_path):
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_store_reader_failure_under_sanitizer(mode, tmp_path):
+    """Session 26: a connection's store reader that cannot be made (its stores take the buffer path) and one whose
+    jobs throw (each store fails with the reason, the reader and the connection go on)
+    (tests/cpp/store_reader_fail_test.cc, ADP_TEST_STORE_READER_FAIL)."""
+    run_gateway_program("store_reader_fail_test", tmp_path, mode, timeout=300)
+
+
+@pytest.mark.sanitizer
 def test_stop_during_a_pipelined_store_frees_nothing_its_reader_uses_under_asan(tmp_path):
     """Review r9 S1: stop() gives up on a connection whose pipelined store's reader is in its second
     piece (stalled 8 s) while the connection's thread, woken by the first, waits 6 s before going back
