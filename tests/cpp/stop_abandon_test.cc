@@ -2,7 +2,8 @@
 // A gateway's stop() leaves a load behind, and the process lives on after it
 // (review r7 B1): the thread left behind must touch nothing of the closed
 // card or the freed I/O context pool when its transfer ends. Built and run
-// under AddressSanitizer by tests/gateway/test_stop_abandon.py, which is what
+// under AddressSanitizer by tests/sanitizers/test_sanitizers.py
+// (test_stop_left_behind_touches_no_freed_card_under_asan), which is what
 // turns a use after free into a failure.
 //
 //   stop_abandon_test DIR
