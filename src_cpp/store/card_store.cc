@@ -15,6 +15,7 @@
 #include "util/crc32c.h"
 #include "util/load_profile.h"
 #include "util/log.h"
+#include "util/scope_exit.h"
 
 namespace adp {
 
@@ -93,6 +94,17 @@ Status too_many_regions(const std::string& path, uint64_t regions) {
                                  std::to_string(kMaxIndexRegions) +
                                  " at most: format it with larger regions (region size at least its data bytes / " +
                                  std::to_string(kMaxIndexRegions) + ", up to 260 MiB), or use a smaller card");
+}
+
+// A failure for want of this process's memory whose making allocates nothing (its message fits std::string's
+// own buffer): what a store operation reports where an allocation threw (std::bad_alloc) part way, the change
+// it had begun undone (session 26).
+Status no_memory() { return Status::IoError("out of memory", Status::IoClass::kGatewayMemory); }
+
+// Room for one more element in v, grown geometrically (reserve(size + 1) would copy it on every push).
+template <typename T>
+void room_for_one(std::vector<T>& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<size_t>(8, v.capacity() * 2));
 }
 
 bool all_zero(const void* p, size_t n) {
@@ -282,12 +294,16 @@ bool CardStore::extents_locked(uint32_t region, uint64_t offset, uint64_t footpr
   });
 }
 
-void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
+void CardStore::unaccount_locked(const IndexEntry& e) {
   uint64_t fp = object_footprint(e.payload_bytes);
   for_each_part_locked(e.region, uint64_t(e.block) * kBlockSize, fp,
                        [this](uint32_t r, uint64_t len, uint64_t) { regions_[r].live_bytes -= len; });
   used_bytes_ -= fp;
   payload_bytes_ -= e.payload_bytes;
+}
+
+void CardStore::erase_entry_locked(uint64_t hash, const IndexEntry& e) {
+  unaccount_locked(e);
   index_.erase(hash);
 }
 
@@ -324,16 +340,21 @@ void CardStore::evict_locked(uint32_t r) {
 void CardStore::note_first_eviction_locked() {
   // The store whose reservation evicts has no ticket yet: it is not counted
   // (it does not fit without the eviction).
+  // What may throw (the map of counted keys) is made first: an allocation that fails leaves nothing taken.
   FirstEviction& f = first_eviction_;
+  decltype(f.counted) counted;
+  for (const auto& [ticket, s] : inflight_) {
+    auto it = index_.find(s.hash);
+    uint64_t seq = 0, bytes = 0;
+    if (it != index_.end()) seq = it->second.seq, bytes = it->second.payload_bytes;
+    counted.try_emplace(s.hash, seq, bytes);
+  }
+  f.counted = std::move(counted);
   f.taken = true;
   f.held_bytes = payload_bytes_;
   for (auto& [ticket, s] : inflight_) {
     s.at_first_eviction = true;
     f.inflight++;
-    auto it = index_.find(s.hash);
-    uint64_t seq = 0, bytes = 0;
-    if (it != index_.end()) seq = it->second.seq, bytes = it->second.payload_bytes;
-    f.counted.try_emplace(s.hash, seq, bytes);
   }
 }
 
@@ -350,7 +371,10 @@ void CardStore::settle_locked(uint64_t ticket, bool acked) {
     f.acked++;
     // A key counts once, at its newest acknowledged copy: one held then, or
     // a store of it in flight then.
-    auto& [seq, bytes] = f.counted[s.hash];
+    // Every key in flight then was counted (note_first_eviction_locked): found, never inserted (no allocation).
+    auto c = f.counted.find(s.hash);
+    if (c == f.counted.end()) return;
+    auto& [seq, bytes] = c->second;
     if (s.seq > seq) {
       f.held_bytes = f.held_bytes - bytes + s.payload_bytes;
       seq = s.seq;
@@ -380,11 +404,16 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   uint64_t prev_epoch = frontier_ >= 0 ? regions_[prev].epoch : 0;
   lock.unlock();
   encode_region_header(ctx.header_.data(), card_id_, epoch, r, prev, prev_epoch, cont_bytes);
-  Status s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
-  // The new epoch must be on the card before anything is written under it:
-  // after a power cut that lost it, the epoch could be handed out again and
-  // unsynced leftovers written under it would walk as a valid chain.
-  if (s.ok() && durable_) s = device_->sync();
+  Status s;
+  try {
+    s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
+    // The new epoch must be on the card before anything is written under it:
+    // after a power cut that lost it, the epoch could be handed out again and
+    // unsynced leftovers written under it would walk as a valid chain.
+    if (s.ok() && durable_) s = device_->sync();
+  } catch (const std::bad_alloc&) {
+    s = no_memory();  // the region goes back below (it was taken, and is neither free nor the frontier)
+  }
   lock.lock();
   if (!s.ok()) {
     count_failure(s);
@@ -404,6 +433,20 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
 
 Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl) {
   const uint64_t footprint = object_footprint(payload_bytes);
+  // Everything a reservation allocates is made before it takes anything (session 26): the placement's room for
+  // every region it may span, the nodes of its ticket and of its in-flight entry (inserted below without
+  // allocating). A std::bad_alloc here leaves the store unchanged.
+  const size_t most = 2 + footprint / (region_bytes_ - kBlockSize);
+  pl->regions.reserve(most);
+  pl->ext.reserve(most);
+  decltype(unresolved_)::node_type ticket_node;
+  decltype(inflight_)::node_type inflight_node;
+  {
+    decltype(unresolved_) t{0};
+    ticket_node = t.extract(t.begin());
+    decltype(inflight_) f{{0, InFlight{hash, payload_bytes, 0}}};
+    inflight_node = f.extract(f.begin());
+  }
   std::lock_guard<std::mutex> flock(frontier_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   // An index entry holds a seq in 46 bits: past it a store would be indexed
@@ -432,7 +475,13 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   while (rem) {
     uint64_t take = std::min(rem, region_bytes_ - kBlockSize);
     uint32_t r;
-    Status s = advance_frontier(ctx, lock, take, &r);
+    Status s;
+    try {
+      s = advance_frontier(ctx, lock, take, &r);
+    } catch (const std::bad_alloc&) {  // its refusal's message: the regions taken so far go back as below
+      if (!lock.owns_lock()) lock.lock();
+      s = no_memory();
+    }
     if (!s.ok()) {
       for (uint32_t p : pl->regions)
         if (regions_.unpin(p)) unpinned_.notify_all();
@@ -445,8 +494,11 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   }
   pl->seq = next_seq_++;
   pl->ticket = next_ticket_++;
-  unresolved_.insert(pl->ticket);
-  inflight_.emplace(pl->ticket, InFlight{hash, payload_bytes, pl->seq});
+  ticket_node.value() = pl->ticket;
+  unresolved_.insert(std::move(ticket_node));
+  inflight_node.key() = pl->ticket;
+  inflight_node.mapped().seq = pl->seq;
+  inflight_.insert(std::move(inflight_node));
   return Status::Ok();
 }
 
@@ -527,7 +579,12 @@ void CardStore::abandon(IoContext& ctx, const Placement& pl, uint64_t payload_by
   // A pad over the record's header block lets recovery step over the hole
   // to the stores reserved after it.
   encode_pad(ctx.header_.data(), card_id_, pl.epoch, payload_bytes, continues(pl.offset, payload_bytes));
-  Status s = device_->write(pl.ext[0].at, ctx.header_.data(), kBlockSize);
+  Status s;
+  try {
+    s = device_->write(pl.ext[0].at, ctx.header_.data(), kBlockSize);
+  } catch (const std::bad_alloc&) {
+    s = no_memory();  // not marked: the region broken there, as below
+  }
   if (s.ok()) return;
   count_failure(s);
   // Recovery's walk of the region will stop here: no store behind this
@@ -577,6 +634,27 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // sealed region would otherwise look empty and be evicted (and rewritten)
   // before its objects are indexed.
   std::vector<uint32_t> pinned;
+  std::vector<uint8_t> settled(n, 0);  // 1: the written item's store was acknowledged or failed (settle_locked)
+  std::vector<uint8_t> wanted(n, 0);
+  // Tombstones due (older copies, voids), their regions pinned: at most one an item, so pushed without allocating.
+  std::vector<Stale> stale;
+  stale.reserve(n);
+  bool unpinned = false, stale_handed = false;
+  // An exception (std::bad_alloc) past here leaves the store as if this put had failed (session 26): every item
+  // written and not yet acknowledged is failed (no longer in flight; a copy on the card never indexed, not voided:
+  // its seq outranks the key's indexed copy at the next open), the regions this put pinned are unpinned, and the
+  // tombstones it had queued are dropped (their regions and guards unpinned). Each step allocates nothing. A
+  // failure inside one item's write is no exception out of put: that item fails (out of memory), as a failed
+  // write does, and the rest go on.
+  ScopeExit undo([&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < n; i++)
+      if (written[i].region != UINT32_MAX && !settled[i]) settle_locked(tickets[i], false);
+    if (!unpinned)
+      for (uint32_t r : pinned)
+        if (regions_.unpin(r)) unpinned_.notify_all();
+    if (!stale_handed) drop_stale_locked(stale);
+  });
   uint64_t last_ticket = 0;
   bool any_written = false;
   Placement pl;
@@ -604,56 +682,71 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
       results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
       continue;
     }
-    Status s = reserve(ctx, hash, it.size, &pl);
+    pinned.reserve(pinned.size() + 2 + fp / (region_bytes_ - kBlockSize));  // the regions it may span
+    Status s;
+    try {
+      s = reserve(ctx, hash, it.size, &pl);  // a std::bad_alloc leaves nothing reserved
+    } catch (const std::bad_alloc&) {
+      s = no_memory();
+    }
     if (!s.ok()) {
       results[i] = s;
       continue;
     }
-    pinned.insert(pinned.end(), pl.regions.begin(), pl.regions.end());
+    pinned.insert(pinned.end(), pl.regions.begin(), pl.regions.end());  // room made above: no allocation
     last_ticket = pl.ticket;
     const uint64_t epoch = pl.epoch, seq = pl.seq;
     const uint32_t flags = continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u;
-    iovec iov[3];
-    int iovcnt = 0;
-    bool mapped = device_->mapped() != nullptr;
-    for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
     bool card_error = true;  // false: the fill (the source) failed, or staging memory
-    if (filled) {
-      bool fill_failed = false;
-      s = write_filled(ctx, pl.ext, it, epoch, seq, flags, mapped, &card_error, &fill_failed);
-      source_failed[i] = fill_failed;
-    } else if (mapped || (aligned && device_->memory_backed())) {
-      s = write_in_pieces(ctx, pl.ext, it, epoch, seq, flags, mapped);
-    } else if (aligned && it.size >= kOverlapCrcBytes) {
-      s = write_body_then_header(ctx, pl, it, epoch, seq, flags);
-    } else if (aligned) {
-      uint32_t pcrc = crc32c(it.data, it.size);
-      uint8_t* hdr = ctx.header_.data();
-      encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
-      size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
-      iov[0] = {hdr, kBlockSize};
-      iov[1] = {const_cast<uint8_t*>(it.data), body};
-      iovcnt = 2;
-      if (tail) {
-        uint8_t* tb = hdr + kBlockSize;
-        std::memcpy(tb, it.data + body, tail);
-        std::memset(tb + tail, 0, kBlockSize - tail);
-        iov[iovcnt++] = {tb, kBlockSize};
+    try {  // a std::bad_alloc while it is written fails the item (its place abandoned), as a failed write does
+      iovec iov[3];
+      int iovcnt = 0;
+      bool mapped = device_->mapped() != nullptr;
+      for (const Extent& x : pl.ext) mapped = mapped && device_->prepare_mapped_write(x.at, x.len);
+      if (filled) {
+        bool fill_failed = false;
+        s = write_filled(ctx, pl.ext, it, epoch, seq, flags, mapped, &card_error, &fill_failed);
+        source_failed[i] = fill_failed;
+      } else if (mapped || (aligned && device_->memory_backed())) {
+        s = write_in_pieces(ctx, pl.ext, it, epoch, seq, flags, mapped);
+      } else if (aligned && it.size >= kOverlapCrcBytes) {
+        s = write_body_then_header(ctx, pl, it, epoch, seq, flags);
+      } else if (aligned) {
+        uint32_t pcrc = crc32c(it.data, it.size);
+        uint8_t* hdr = ctx.header_.data();
+        encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
+        size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
+        iov[0] = {hdr, kBlockSize};
+        iov[1] = {const_cast<uint8_t*>(it.data), body};
+        iovcnt = 2;
+        if (tail) {
+          uint8_t* tb = hdr + kBlockSize;
+          std::memcpy(tb, it.data + body, tail);
+          std::memset(tb + tail, 0, kBlockSize - tail);
+          iov[iovcnt++] = {tb, kBlockSize};
+        }
+      } else {
+        uint8_t* st = ctx.staging_.data();
+        uint32_t pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
+        encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
+        std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
+        iov[0] = {st, fp};
+        iovcnt = 1;
       }
-    } else {
-      uint8_t* st = ctx.staging_.data();
-      uint32_t pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
-      encode_object_header(st, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
-      std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
-      iov[0] = {st, fp};
-      iovcnt = 1;
-    }
-    if (iovcnt) s = io_mapped(true, pl.ext, 0, iov, iovcnt);
-    if (!s.ok()) {
-      if (card_error) count_failure(s);
-      results[i] = s;
+      if (iovcnt) s = io_mapped(true, pl.ext, 0, iov, iovcnt);
+    } catch (const std::bad_alloc&) {
+      s = no_memory();
+      card_error = false;
+    } catch (...) {  // another (a fill's own): its place abandoned, its ticket resolved, then it goes on (undo)
       abandon(ctx, pl, it.size);
       resolve(pl.ticket, true);
+      throw;
+    }
+    if (!s.ok()) {
+      if (card_error) count_failure(s);
+      abandon(ctx, pl, it.size);
+      resolve(pl.ticket, true);
+      results[i] = s;
       continue;
     }
     resolve(pl.ticket, false);
@@ -686,11 +779,9 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // A copy whose sync failed is not acknowledged and never indexed, but it
   // may be on the card: it is voided like an abandoned one (below), and a
   // later delete of its key outranks it (remove()).
-  std::vector<uint8_t> wanted(n, 0);
   bool all_wanted = true;
   for (size_t i = 0; i < n; i++)
     if (written[i].region != UINT32_MAX) all_wanted &= (wanted[i] = synced && item_wanted(i));
-  std::vector<Stale> stale;
   // written[i] with its key, for a tombstone over that copy: copied here, where one is due, not for every store.
   auto keyed = [&](size_t i) -> const Location& {
     written[i].key.assign(items[i].key);
@@ -698,6 +789,11 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Each item's allocations are made before it changes anything: room in the index for every item (an item that
+    // replaces a copy overwrites its slot), in each region's key list, and its tombstone's key and guards.
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) count += written[i].region != UINT32_MAX;
+    index_.reserve(index_.size() + count);
     for (size_t i = 0; i < n; i++) {
       Location& loc = written[i];
       if (loc.region == UINT32_MAX) continue;
@@ -706,40 +802,56 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         // ends at that hole. Not acknowledged, never indexed, and voided as
         // a copy not wanted (below): a walk resumed behind damage in front
         // of the hole would find it (docs/card_format.md, Recovery).
-        results[i] = Status::IoError("an earlier store in the region failed and could not be marked");
-        settle_locked(tickets[i], false);
-        void_copy_locked(keyed(i), &stale);
+        keyed(i);
+        void_copy_locked(std::move(loc), &stale);
+        settle_locked(tickets[i], false), settled[i] = 1;
         loc.region = UINT32_MAX;
+        results[i] = Status::IoError("an earlier store in the region failed and could not be marked");
         continue;
       }
-      settle_locked(tickets[i], wanted[i]);
       if (!wanted[i]) {
-        void_copy_locked(keyed(i), &stale);
+        keyed(i);
+        void_copy_locked(std::move(loc), &stale);
+        settle_locked(tickets[i], false), settled[i] = 1;
         continue;
       }
       uint64_t h = loc.hash;
       IndexEntry e{loc.region, static_cast<uint32_t>(loc.offset / kBlockSize), static_cast<uint32_t>(loc.payload_bytes),
                    loc.seq};
+      const std::vector<uint32_t> parts = parts_of_locked(loc.region, loc.offset, loc.payload_bytes);
+      for (uint32_t r : parts) room_for_one(regions_[r].hashes);
+      std::vector<uint32_t> guards;
+      std::string old_key;  // the older copy's tombstone names the key (the same index hash: store/index_hash.h)
+      if (auto found = index_.find(h); found) {
+        const IndexEntry& old = found->second;
+        if (old.seq > loc.seq) {
+          keyed(i);
+          guards = parts_of_locked(old.region, uint64_t(old.block) * kBlockSize, old.payload_bytes);
+        } else {
+          old_key.assign(items[i].key);
+          guards = parts;
+        }
+      }
+      // Nothing below allocates.
+      settle_locked(tickets[i], true), settled[i] = 1;
       auto [it, inserted] = index_.try_emplace(h, e);
       counters_.stores++;
       if (!inserted) {
         const IndexEntry old = it->second;
         if (old.seq > loc.seq) {  // a newer copy committed first: this one is already superseded
           regions_.pin(loc.region);
-          auto guards = parts_of_locked(old.region, uint64_t(old.block) * kBlockSize, old.payload_bytes);
           for (uint32_t r : guards) regions_.pin(r);
-          stale.push_back({keyed(i), std::move(guards)});
+          stale.push_back({std::move(loc), std::move(guards), {}});
           continue;
         }
         regions_.pin(old.region);
-        auto guards = parts_of_locked(loc.region, loc.offset, loc.payload_bytes);
         for (uint32_t r : guards) regions_.pin(r);
-        // The older copy is the same key's (the same index hash: store/index_hash.h).
         stale.push_back({{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq,
-                          old.payload_bytes, h, std::string(items[i].key)},
-                         std::move(guards)});
-        erase_entry_locked(h, old);
-        index_.emplace(h, e);
+                          old.payload_bytes, h, std::move(old_key)},
+                         std::move(guards),
+                         {}});
+        unaccount_locked(old);
+        it->second = e;  // the same key's slot: the older copy's entry replaced in place
       }
       uint64_t fp = object_footprint(loc.payload_bytes);
       for_each_part_locked(loc.region, loc.offset, fp, [&](uint32_t r, uint64_t len, uint64_t) {
@@ -751,7 +863,10 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     }
     for (uint32_t r : pinned)
       if (regions_.unpin(r)) unpinned_.notify_all();
+    unpinned = true;
   }
+  stale_handed = true;
+  undo.release();
   write_tombstones(ctx, stale);
   if (!all_wanted && synced)
     for (size_t i = 0; i < n; i++)
@@ -772,44 +887,72 @@ std::vector<uint32_t> CardStore::parts_of_locked(uint32_t region, uint64_t offse
   return parts;
 }
 
-void CardStore::void_copy_locked(const Location& loc, std::vector<Stale>* stale) {
+void CardStore::void_copy_locked(Location loc, std::vector<Stale>* stale) {
   // A copy that was never indexed voids only itself: its tombstone carries
   // seq 0 (no store gets it), so recovery's merge ranks it below every copy.
   // With its own seq it would outrank the older copy still indexed, and
   // that key would be lost on the next restart.
+  voiding_.insert(loc.hash);  // first: the only step that allocates (stale has room: put_each)
   regions_.pin(loc.region);
-  Location own = loc;
-  own.seq = 0;
-  stale->push_back({own, {}});
-  voiding_.insert(own.hash);
+  loc.seq = 0;
+  stale->push_back({std::move(loc), {}, {}});
+}
+
+void CardStore::drop_stale_locked(std::vector<Stale>& stale) {
+  for (Stale& st : stale) {
+    if (regions_.unpin(st.loc.region)) unpinned_.notify_all();
+    for (uint32_t r : st.guards)
+      if (regions_.unpin(r)) unpinned_.notify_all();
+    if (st.loc.seq == 0) {
+      auto v = voiding_.find(st.loc.hash);
+      if (v != voiding_.end()) voiding_.erase(v);
+    }
+  }
+  stale.clear();
 }
 
 bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
   if (stale.empty()) return true;
-  std::vector<Status> ok(stale.size());
   bool any = false;
-  for (size_t i = 0; i < stale.size(); i++) {
-    ok[i] = write_tombstone(ctx, stale[i].loc);
-    any |= ok[i].ok();
+  try {
+    for (Stale& st : stale) {
+      st.result = write_tombstone(ctx, st.loc);
+      any |= st.result.ok();
+    }
+    if (any && durable_)
+      if (Status s = device_->sync(); !s.ok())
+        for (Stale& st : stale) st.result = s;
+  } catch (const std::bad_alloc&) {
+    // Those written are not synced: each goes to pending_ (or is dropped, below), as a failed one does.
+    for (Stale& st : stale) st.result = no_memory();
   }
-  if (any && durable_)
-    if (Status s = device_->sync(); !s.ok()) ok.assign(stale.size(), s);
   bool all = true;
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = 0; i < stale.size(); i++) {
-    if (regions_.unpin(stale[i].loc.region)) unpinned_.notify_all();
-    if (stale[i].loc.seq == 0) {  // a void: durable now, or pending
-      auto v = voiding_.find(stale[i].loc.hash);
+  // Room for every failed one in pending_, made before anything changes; without it (std::bad_alloc) a failed
+  // tombstone is dropped, its guards unpinned: the older copy it was to delete stays on the card, outranked by
+  // the newer copy's seq while that is there (a void dropped: the never-indexed copy stays unvoided).
+  size_t failed = 0;
+  for (const Stale& st : stale) failed += !st.result.ok();
+  bool room = true;
+  try {
+    pending_.reserve(pending_.size() + failed);
+  } catch (const std::bad_alloc&) {
+    room = false;
+  }
+  for (Stale& st : stale) {
+    if (regions_.unpin(st.loc.region)) unpinned_.notify_all();
+    if (st.loc.seq == 0) {  // a void: durable now, or pending
+      auto v = voiding_.find(st.loc.hash);
       if (v != voiding_.end()) voiding_.erase(v);
     }
-    if (ok[i].ok()) {
-      for (uint32_t r : stale[i].guards)
+    if (st.result.ok() || !room) {
+      for (uint32_t r : st.guards)
         if (regions_.unpin(r)) unpinned_.notify_all();
-      continue;
+      if (st.result.ok()) continue;
     }
     all = false;
-    count_failure(ok[i]);
-    pending_.push_back(stale[i]);
+    count_failure(st.result);
+    if (room) pending_.push_back(std::move(st));
   }
   pending_count_ = pending_.size();
   return all;
@@ -820,19 +963,33 @@ void CardStore::retry_pending(IoContext& ctx) {
   std::vector<Stale> retry;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Stale& p : pending_) {
+    try {
+      retry.reserve(pending_.size());
+    } catch (const std::bad_alloc&) {
+      return;  // a retry is optional: the next store or delete tries again
+    }
+    size_t kept = 0;  // those that stay pending (a void whose voiding_ entry could not be made)
+    for (Stale& p : pending_) {
       const RegionManager::Region& reg = regions_[p.loc.region];
       if (reg.state != RegionManager::State::kFree && reg.epoch == p.loc.epoch) {
+        if (p.loc.seq == 0) {
+          try {
+            voiding_.insert(p.loc.hash);
+          } catch (const std::bad_alloc&) {
+            if (&pending_[kept] != &p) pending_[kept] = std::move(p);
+            kept++;
+            continue;
+          }
+        }
         regions_.pin(p.loc.region);
-        retry.push_back(p);
-        if (p.loc.seq == 0) voiding_.insert(p.loc.hash);
+        retry.push_back(std::move(p));  // room made above: no allocation
       } else {
         for (uint32_t r : p.guards)  // the older copy's region was reused: nothing left to delete
           if (regions_.unpin(r)) unpinned_.notify_all();
       }
     }
-    pending_.clear();
-    pending_count_ = 0;
+    pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(kept), pending_.end());
+    pending_count_ = kept;
   }
   write_tombstones(ctx, retry);
 }
@@ -983,7 +1140,13 @@ Status CardStore::write_body_then_header(IoContext& ctx, const Placement& pl, co
     std::memcpy(tb, it.data + body, tail);
     std::memset(tb + tail, 0, kBlockSize - tail);
   }
-  Status s = io_mapped(true, pl.ext, kBlockSize, iov, tail ? 2 : 1);
+  Status s;
+  try {
+    s = io_mapped(true, pl.ext, kBlockSize, iov, tail ? 2 : 1);
+  } catch (const std::bad_alloc&) {
+    ctx.crc_.wait();  // the worker is reading it.data, which the caller may free once put returns
+    throw;
+  }
   const uint32_t pcrc = ctx.crc_.wait();  // even after a failed write: the worker is reading it.data
   if (!s.ok()) return s;
   encode_object_header(hdr, card_id_, epoch, seq, it.key, it.size, pcrc, flags);
@@ -1089,6 +1252,23 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     regions_.touch(e.region);
     epoch = regions_[e.region].epoch;
   }
+  // Its pins and its reading_ entry go on every way out (an exception too: a tombstone of the object waits for
+  // the entry, an eviction of its regions for the pins; session 26). Allocates nothing.
+  bool released = false;
+  auto release = [&] {
+    if (released) return;
+    released = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t r : regs)
+      if (regions_.unpin(r)) unpinned_.notify_all();
+    if (direct) {
+      auto mine = std::find(reading_.begin(), reading_.end(), std::make_pair(hash, uint64_t(e.seq)));
+      *mine = reading_.back();
+      reading_.pop_back();
+      read_done_.notify_all();
+    }
+  };
+  ScopeExit release_on_exit(release);
   const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   uint32_t body_crc = 0;
   // Checks the header block in staging against e: empty if it is e's object
@@ -1156,6 +1336,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       if (crc_pending) body_crc = crc32c_combine(body_crc, ctx.crc_.wait(), crc_pending);
       crc_pending = 0;
     };
+    ScopeExit join_on_exit([&] { join_crc(); });  // an exception too: the CrcWorker may be reading payload_dst
     size_t done = 0;
     do {
       size_t len = std::min(body - done, piece);
@@ -1188,21 +1369,12 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       done += len;
     } while (io->ok() && done < body);
     join_crc();  // also after a failed or declined piece: the CrcWorker may still read payload_dst
+    join_on_exit.release();
   } else {
     iovec whole{ctx.staging_.data(), fp};
     *io = io_mapped(false, ext, 0, &whole, 1);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (uint32_t r : regs)
-      if (regions_.unpin(r)) unpinned_.notify_all();
-    if (direct) {
-      auto mine = std::find(reading_.begin(), reading_.end(), std::make_pair(hash, uint64_t(e.seq)));
-      *mine = reading_.back();
-      reading_.pop_back();
-      read_done_.notify_all();
-    }
-  }
+  release();
   // Deleted meanwhile, or the caller gave up part way (a failure, not a
   // miss: the buffer may hold the pieces read): no damage either way.
   if (io->is_not_found() || io->code() == Status::Code::kTimedOut) return std::string();
@@ -1471,10 +1643,10 @@ void CardStore::drop_damaged(IoContext& ctx, uint64_t hash, const IndexEntry& e,
     regions_.pin(e.region);
     loc.epoch = regions_[e.region].epoch;
   }
+  const ScopeExit unpin_on_exit([&] { unpin(e.region); });  // an exception too (session 26)
   // A read-only card (CardOptions::read_only) drops it from the index only: its tombstone is no I/O error.
   Status ts = read_only_ ? Status::Ok() : write_tombstone(ctx, loc);
   if (!ts.ok()) count_failure(ts);
-  unpin(e.region);
 }
 
 Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
@@ -1645,6 +1817,7 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   retry_pending(ctx);
   const uint64_t h = index_hash(key);
   Location loc;
+  loc.key.assign(key);  // made before anything changes (session 26)
   IndexEntry e;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1654,9 +1827,26 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     if (it == index_.end()) return Status::NotFound();
     e = it->second;
     regions_.pin(e.region);
-    loc = {e.region,        uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h,
-           std::string(key)};
+    loc.region = e.region;
+    loc.offset = uint64_t(e.block) * kBlockSize;
+    loc.epoch = regions_[e.region].epoch;
+    loc.seq = e.seq;
+    loc.payload_bytes = e.payload_bytes;
+    loc.hash = h;
   }
+  // An exception (std::bad_alloc) out of the delete from here on leaves the key as it was (session 26): its region
+  // unpinned, its removing_ entry (once made) erased, the tombstone maybe written: the key reads as before until
+  // the next open, which finds the tombstone (the delete done) or not. Allocates nothing.
+  bool in_removing = false;
+  ScopeExit undo([&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_removing) {
+      auto mine = std::find(removing_.begin(), removing_.end(), std::make_pair(h, loc.seq));
+      *mine = removing_.back();
+      removing_.pop_back();
+    }
+    if (regions_.unpin(loc.region)) unpinned_.notify_all();
+  });
   // The whole key is compared with the object's header (its region pinned
   // meanwhile) before anything is written. Not yet in
   // removing_: a load of the object is not turned away by a delete that
@@ -1675,12 +1865,12 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
       s = Status::Busy("a newer copy was stored while the key was deleted");
     else if (it == index_.end() || changed)
       s = Status::NotFound();
-    if (s.ok()) removing_.emplace_back(h, loc.seq);  // until the entry is erased, or the write failed
+    if (s.ok()) {  // until the entry is erased, or the write failed
+      removing_.emplace_back(h, loc.seq);
+      in_removing = true;
+    }
   }
-  if (!s.ok()) {
-    unpin(loc.region);
-    return s;
-  }
+  if (!s.ok()) return s;  // undo: unpinned
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come
   // back after a restart).
@@ -1699,6 +1889,7 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     *mine = removing_.back();
     removing_.pop_back();
     if (regions_.unpin(loc.region)) unpinned_.notify_all();
+    undo.release();
   }
   if (!s.ok()) {
     count_failure(s);

@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -268,6 +269,7 @@ class CardStore {
   struct Stale {
     Location loc;
     std::vector<uint32_t> guards;
+    Status result;  // write_tombstones: how its tombstone went (set there)
   };
   // The regions the object at `offset` of `region` with `payload_bytes` has bytes in (at least `region`).
   std::vector<uint32_t> parts_of_locked(uint32_t region, uint64_t offset, uint64_t payload_bytes) const;
@@ -403,7 +405,10 @@ class CardStore {
   // Queues into *stale the void (a tombstone of seq 0) of a copy written but
   // never indexed, its region pinned; a delete of its key is refused until
   // the void is on the card (voiding_). Under mu_.
-  void void_copy_locked(const Location& loc, std::vector<Stale>* stale);
+  void void_copy_locked(Location loc, std::vector<Stale>* stale);
+  // Drops the tombstones of `stale` unwritten: their regions and guards unpinned, the voids' voiding_ entries
+  // erased (an exception out of a put, session 26). Allocates nothing. Under mu_.
+  void drop_stale_locked(std::vector<Stale>& stale);
   void retry_pending(IoContext& ctx);
   // A failed operation's count: memory_failures when it failed for want of
   // this process's memory (Status::IoClass::kGatewayMemory: staging, a
@@ -413,6 +418,8 @@ class CardStore {
     (s.io_class() == Status::IoClass::kGatewayMemory ? counters_.memory_failures : counters_.io_errors)++;
   }
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
+  // erase_entry_locked's accounting (live, used and payload bytes) without the index erase.
+  void unaccount_locked(const IndexEntry& e);
   // Reads the object of (hash, e) into ctx's staging and checks header, key
   // hash and payload CRC. Empty string if good, else the reason. *io is
   // NotFound (and the reason empty) when the object is no longer current:
@@ -478,7 +485,8 @@ class CardStore {
     uint64_t hash, payload_bytes, seq;
     bool at_first_eviction = false;  // in flight when the first eviction happened
   };
-  std::unordered_map<uint64_t, InFlight> inflight_;
+  // Ordered (node-based): reserve() makes its node before it changes anything and inserts it without allocating.
+  std::map<uint64_t, InFlight> inflight_;
   // Keys of copies never indexed (their sync failed, or their caller gave
   // up) whose voiding tombstone is being written (one entry per copy); a
   // failed one goes to pending_. Guarded by mu_.

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <utility>
 
 namespace adp {
@@ -97,8 +98,19 @@ class KeyIndex {
     }
     slots_[i].second.region = kEmpty;
     size_--;
-    if (cap_ > 16 && size_ * 5 < cap_) rehash(cap_ / 2);
+    // Shrinking is optional: without memory for the smaller table this one is kept (an erase never throws).
+    if (cap_ > 16 && size_ * 5 < cap_) try {
+        rehash(cap_ / 2);
+      } catch (const std::bad_alloc&) {
+      }
     return true;
+  }
+  // Makes room for n entries: an insert up to n entries then allocates nothing (cannot throw). Throws
+  // std::bad_alloc (the table unchanged) if the larger table cannot be allocated.
+  void reserve(size_t n) {
+    size_t cap = cap_;
+    while ((n + 1) * 4 > cap * 3) cap += cap / 2;
+    if (cap != cap_) rehash(cap);
   }
   template <typename F>
   void for_each(F&& f) const {
@@ -114,10 +126,13 @@ class KeyIndex {
     return static_cast<size_t>((static_cast<unsigned __int128>(h * 0x9E3779B97F4A7C15ull) * cap_) >> 64);
   }
   size_t next(size_t i) const { return i + 1 == cap_ ? 0 : i + 1; }
+  // Strong guarantee: the new table is allocated before the old one is touched, so a std::bad_alloc leaves the
+  // index as it was (before session 26 the old table was moved out first and lost).
   void rehash(size_t cap) {
+    std::unique_ptr<Slot[]> fresh(new Slot[cap]);
     std::unique_ptr<Slot[]> old = std::move(slots_);
     size_t old_cap = old ? cap_ : 0;
-    slots_.reset(new Slot[cap]);
+    slots_ = std::move(fresh);
     for (size_t i = 0; i < cap; i++) slots_[i].second.region = kEmpty;
     cap_ = cap;
     size_ = 0;

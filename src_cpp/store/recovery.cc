@@ -260,7 +260,8 @@ Status CardStore::recover(int threads) {
     for (const RecoveredObject& f : scan.objects) {
       if (f.deleted) continue;
       if (const Winner* w = outranked_by(f)) {
-        stale.push_back({{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash}, {}});
+        stale.push_back(
+            {{f.region, uint64_t(f.block) * kBlockSize, scan.epoch, f.seq, f.payload_bytes, f.hash}, {}, {}});
         outranking.push_back(*w);
       } else {
         index_.emplace(f.hash, IndexEntry{f.region, f.block, static_cast<uint32_t>(f.payload_bytes), f.seq});

@@ -37,7 +37,9 @@ class RegionManager {
     std::vector<uint64_t> hashes;  // keys with bytes in this region under this epoch (for eviction)
   };
 
-  explicit RegionManager(uint32_t num_regions) : regions_(num_regions) {}
+  // The free list has room for every region from the start: returning a region to it (add_free, add_free_last,
+  // fail_open) never allocates, so never throws (session 26: a store's failure path gives its region back).
+  explicit RegionManager(uint32_t num_regions) : regions_(num_regions) { free_.reserve(num_regions); }
 
   uint32_t size() const { return static_cast<uint32_t>(regions_.size()); }
   Region& operator[](uint32_t r) { return regions_[r]; }

@@ -24,7 +24,7 @@
 // reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26). An exception on a
 // connection's store reader fails that store with the reason, the reader and the connection go on (part "reader").
 //
-//   thread_alloc_test TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect]   (store by
+//   thread_alloc_test TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect|sweep]   (store by
 //   default)
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -812,11 +813,230 @@ void piece_pool_with_the_helpers_it_got() {
   CHECK(some && k < 100, "no pool went on with some of its helpers (let 0..%d)", k);
 }
 
+// Part "sweep" (session 26): an allocation failure inside a card store operation leaves the store as if the
+// operation had failed. A short sequence of store operations (puts of keys of two sizes, one through a fill and two
+// in one put_each, loads, a delete, a replacement, puts that evict) runs on a new card once for each allocation it
+// makes on this thread, that allocation failing (std::bad_alloc), the store's own and the test's alike: an
+// operation then fails (a Status or the exception), and afterwards, with no failure injected, every key reads one
+// of the values stored under it or a miss (never other bytes), none of its deletes is refused (no store left in
+// flight), a put of each key is stored and read back, a card's worth more is stored (evicting), the store's counts
+// match what reads find, and a reopen finds the same: every key of a value stored under it or missing, and after
+// every key is deleted no byte is counted used (no capacity lost). A hang (a ticket never resolved, a pin or a
+// load's entry left behind) ends the program through the watchdog.
+namespace sweep {
+
+constexpr uint64_t kRegion = 1u << 20;
+constexpr size_t kSmall = 20000, kBig = 600u << 10;
+std::atomic<int64_t> watchdog_deadline{0};  // steady-clock seconds; 0: not armed
+std::atomic<int> current_run{0};
+
+int64_t now_s() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Key {
+  std::string name;
+  size_t size;
+  std::vector<std::vector<uint8_t>> values;  // every value stored under it (any may be what it reads)
+};
+
+std::vector<uint8_t> value_of(size_t key, size_t size, int version) {
+  return adp::testing::pattern(size, static_cast<uint8_t>(key * 16 + version));
+}
+
+// What an operation did: ran (any Status), threw std::bad_alloc, or (the injection still armed afterwards) allocated
+// less than the budget left.
+struct Injector {
+  int budget;  // allocations to let through before one fails; -1: the failure came already
+  int thrown = 0;
+  template <typename F>
+  void op(F f) {
+    fail_after = budget;
+    try {
+      f();
+    } catch (const std::bad_alloc&) {
+      thrown++;
+    }
+    budget = fail_after;  // -1 once it failed
+    fail_after = -1;
+  }
+};
+
+adp::Status put_one(adp::CardStore& store, adp::IoContext& ctx, const Key& k, const std::vector<uint8_t>& v,
+                    bool fill) {
+  adp::PutItem item{k.name, v.data(), v.size()};
+  if (fill)
+    item = adp::PutItem{k.name, nullptr, v.size(), [&v](uint8_t* dst, uint64_t off, size_t len) {
+                          std::memcpy(dst, v.data() + off, len);
+                          return adp::Status::Ok();
+                        }};
+  adp::Status r;
+  store.put(ctx, &item, 1, &r, [] { return true; });
+  return r;
+}
+
+// key's value as a load finds it: Ok (in *out), NotFound, or another failure.
+adp::Status read(adp::CardStore& store, adp::IoContext& ctx, const Key& k, std::vector<uint8_t>* out) {
+  return store.get(ctx, k.name, [&](size_t size, const adp::CopyFn& copy) {
+    out->assign(size, 0);
+    return copy(out->data());
+  });
+}
+
+// Every key reads one of its values or a miss; returns the payload bytes and objects found.
+std::pair<uint64_t, uint64_t> check_reads(adp::CardStore& store, adp::IoContext& ctx, const std::vector<Key>& keys,
+                                          const char* when, int run) {
+  uint64_t bytes = 0, objects = 0;
+  std::vector<uint8_t> got;
+  for (const Key& k : keys) {
+    adp::Status s = read(store, ctx, k, &got);
+    if (s.is_not_found()) continue;
+    CHECK(s.ok(), "run %d, %s: load of %s: %s", run, when, k.name.c_str(), s.message().c_str());
+    if (!s.ok()) continue;
+    bool known = false;
+    for (const auto& v : k.values) known |= got == v;
+    CHECK(known, "run %d, %s: %s read %zu bytes that are none of its values", run, when, k.name.c_str(), got.size());
+    bytes += got.size();
+    objects++;
+  }
+  return {bytes, objects};
+}
+
+adp::CardOptions options(const std::string& path) {
+  adp::CardOptions o;
+  o.path = path;
+  o.create_bytes = adp::kDataOffset + 8 * kRegion;
+  o.region_bytes = kRegion;
+  o.recovery_threads = 1;
+  return o;
+}
+
+// One run: the sequence with allocation number `let` + 1 failing. False once the sequence made fewer allocations
+// (the sweep is done).
+bool run_once(const std::string& dir, int let) {
+  const std::string path = dir + "/sweep.img";
+  ::unlink(path.c_str());
+  std::unique_ptr<adp::CardStore> store;
+  adp::Status s = adp::CardStore::Open(options(path), &store);
+  CHECK(s.ok(), "run %d: open: %s", let, s.message().c_str());
+  if (!s.ok()) return false;
+  watchdog_deadline = now_s() + 60;
+  current_run = let;
+  auto ctx = std::make_unique<adp::IoContext>();
+  // a, c: small; b, the h*: big; d: replaced.
+  std::vector<Key> keys;
+  const char* names[] = {"sweep/a", "sweep/b", "sweep/c", "sweep/d"};
+  for (size_t i = 0; i < 4; i++) keys.push_back({names[i], i % 2 ? kBig : kSmall, {}});
+  for (size_t i = 0; i < 12; i++) keys.push_back({"sweep/h" + std::to_string(i), kBig, {}});
+  for (size_t i = 0; i < keys.size(); i++)
+    for (int v = 1; v <= 3; v++) keys[i].values.push_back(value_of(i, keys[i].size, v));
+
+  Injector inj{let};
+  std::vector<uint8_t> got;
+  got.reserve(kBig);
+  {
+    adp::PutItem two[2] = {{keys[0].name, keys[0].values[0].data(), kSmall},
+                           {keys[1].name, keys[1].values[0].data(), kBig}};
+    adp::Status r[2];
+    inj.op([&] { store->put_each(*ctx, two, 2, r, [](size_t) { return true; }); });
+  }
+  inj.op([&] { put_one(*store, *ctx, keys[2], keys[2].values[0], true); });
+  inj.op([&] { put_one(*store, *ctx, keys[3], keys[3].values[0], false); });
+  inj.op([&] { read(*store, *ctx, keys[0], &got); });
+  inj.op([&] { read(*store, *ctx, keys[1], &got); });
+  inj.op([&] { store->remove(*ctx, keys[1].name); });
+  inj.op([&] { put_one(*store, *ctx, keys[3], keys[3].values[1], false); });  // replaces d
+  for (size_t i = 4; i < keys.size(); i++)  // 12 x 600 KiB on 8 MiB: the last ones evict
+    inj.op([&] { put_one(*store, *ctx, keys[i], keys[i].values[0], i % 3 == 0); });
+  inj.op([&] { read(*store, *ctx, keys[3], &got); });
+  inj.op([&] { store->exists(keys[2].name); });
+  const bool injected = inj.budget < 0;
+  if (!injected) {
+    store.reset();
+    ::unlink(path.c_str());
+    watchdog_deadline = 0;
+    return false;
+  }
+
+  // No failure from here on.
+  check_reads(*store, *ctx, keys, "after the failure", let);
+  for (const Key& k : keys) {
+    s = store->remove(*ctx, k.name);
+    CHECK(s.ok() || s.is_not_found(), "run %d: delete of %s after the failure: %s", let, k.name.c_str(),
+          s.message().c_str());
+  }
+  for (size_t i = 0; i < keys.size(); i++) {
+    s = put_one(*store, *ctx, keys[i], keys[i].values[2], i % 2 == 0);
+    CHECK(s.ok(), "run %d: put of %s after the failure: %s", let, keys[i].name.c_str(), s.message().c_str());
+  }
+  for (size_t i = keys.size() - 4; i < keys.size(); i++) {  // the last ones stored: not evicted yet
+    s = read(*store, *ctx, keys[i], &got);
+    CHECK(s.ok() && got == keys[i].values[2], "run %d: %s read back after the failure: %s", let, keys[i].name.c_str(),
+          s.message().c_str());
+  }
+  auto [bytes, objects] = check_reads(*store, *ctx, keys, "after the puts", let);
+  adp::StoreStats st = store->stats();
+  CHECK(st.payload_bytes == bytes && st.objects == objects,
+        "run %d: the store counts %" PRIu64 " objects of %" PRIu64 " bytes; loads found %" PRIu64 " of %" PRIu64, let,
+        uint64_t(st.objects), uint64_t(st.payload_bytes), objects, bytes);
+
+  ctx.reset();
+  store.reset();
+  s = adp::CardStore::Open(options(path), &store);
+  CHECK(s.ok(), "run %d: reopen: %s", let, s.message().c_str());
+  if (s.ok()) {
+    ctx = std::make_unique<adp::IoContext>();
+    check_reads(*store, *ctx, keys, "after the reopen", let);
+    for (const Key& k : keys) {
+      s = store->remove(*ctx, k.name);
+      CHECK(s.ok() || s.is_not_found(), "run %d: delete of %s after the reopen: %s", let, k.name.c_str(),
+            s.message().c_str());
+    }
+    st = store->stats();
+    CHECK(st.used_bytes == 0 && st.payload_bytes == 0 && st.objects == 0,
+          "run %d: after every key was deleted the reopened card counts %" PRIu64 " objects, %" PRIu64
+          " bytes used (of the empty card's 0)",
+          let, uint64_t(st.objects), uint64_t(st.used_bytes));
+  }
+  ctx.reset();
+  store.reset();
+  ::unlink(path.c_str());
+  watchdog_deadline = 0;
+  return true;
+}
+
+void allocation_failure_sweep(const std::string& dir) {
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    while (!done) {
+      int64_t d = watchdog_deadline.load();
+      if (d && now_s() > d) {
+        std::fprintf(stderr, "sweep: run %d (allocation %d failed) hung: no progress in 60 s\n", current_run.load(),
+                     current_run.load() + 1);
+        std::_Exit(3);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  int runs = 0;
+  const int before = adp::testing::check_failures;
+  for (int let = 0; run_once(dir, let); let++) {
+    runs++;
+    if (adp::testing::check_failures - before > 20) break;  // enough to read
+  }
+  done = true;
+  watchdog.join();
+  std::printf("sweep: %d allocations of the sequence failed in turn\n", runs);
+  CHECK(runs > 50, "the sequence made only %d allocations", runs);
+}
+
+}  // namespace sweep
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: %s TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect]\n",
+    std::fprintf(stderr,
+                 "usage: %s TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect|sweep]\n",
                  argv[0]);
     return 2;
   }
@@ -842,6 +1062,8 @@ int main(int argc, char** argv) {
     reconnect_goes_on_after_an_exception(dir);
   } else if (part == "reader") {
     reader_goes_on_after_an_exception(dir);
+  } else if (part == "sweep") {
+    sweep::allocation_failure_sweep(dir);
   } else if (part == "remote") {
     start_connect_without_a_thread(dir);
     reconnect_without_a_thread(dir);
