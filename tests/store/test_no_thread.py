@@ -85,10 +85,10 @@ def thread_alloc_test(tmp_path_factory) -> Path:
     return cpp.build("thread_alloc_test", tmp_path_factory.mktemp("thread-alloc"), ALLOC_TEST_DIRS)
 
 
-def run_part(binary: Path, part: str) -> str:
+def run_part(binary: Path, part: str, timeout: float = 300) -> str:
     assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card, the socket)"
     with tempfile.TemporaryDirectory(prefix="adp-nothread-", dir="/dev/shm") as d:
-        return cpp.run(binary, d, part)
+        return cpp.run(binary, d, part, timeout=timeout)
 
 
 def test_a_thread_start_that_fails_for_memory_is_done_without(thread_alloc_test):
@@ -178,5 +178,7 @@ def test_an_allocation_failure_inside_a_store_operation_leaves_the_store_as_if_i
     failing: afterwards no operation hangs, every key reads one of its values or a miss, no delete is refused (no
     store left in flight), the counts match the loads, and a reopen deletes every key down to 0 bytes used. Red on
     029a20f (the store of main, this test): 'run 7 (allocation 8 failed) hung: no progress in 60 s'."""
-    out = run_part(thread_alloc_test, "sweep")
+    # ~270 runs of the sequence, each with a reopen: 34 s of CPU, 3.5 min wall beside a build (session 26), so
+    # more room than cpp.run's default on a loaded CI host; its own watchdog still ends a hung run after 60 s.
+    out = run_part(thread_alloc_test, "sweep", timeout=900)
     assert "allocations of the sequence failed in turn" in out, out[-3000:]
