@@ -163,8 +163,12 @@ Status ClientHandler::reader_failure(const std::exception_ptr& thrown) {
       "gateway: client #%llu (%s): the store reader failed reading a store from the client's memory (%s): that "
       "store fails, the connection goes on",
       ull(id_), peer().c_str(), why);
-  return Status::IoError(std::string("the gateway failed reading this object from the client's memory (") + why + ")",
-                         memory ? Status::IoClass::kGatewayMemory : Status::IoClass::kUnsaid);
+  // Never read as the card's failure (card_io_error.h): the gateway's own memory, its message's prefix for r8.
+  if (memory)
+    return Status::IoError(
+        "out of memory: the gateway failed reading this object from the client's memory (std::bad_alloc)",
+        Status::IoClass::kGatewayMemory);
+  return Status::Busy(std::string("the gateway failed reading this object (") + why + ")");
 }
 
 bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i, size_t end, proto::Deadline deadline,

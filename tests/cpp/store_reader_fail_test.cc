@@ -43,7 +43,7 @@ constexpr size_t kMiB = 1 << 20;
 constexpr size_t kBig = 9 * kMiB + 4099;  // >= 8 MiB: pipelined
 constexpr size_t kSmall = kMiB;           // two of them: a chunk, overlapped
 const char* const kReason =
-    "the gateway failed reading this object from the client's memory (out of memory: std::bad_alloc)";
+    "out of memory: the gateway failed reading this object from the client's memory (std::bad_alloc)";
 
 void run(const std::string& dir, const std::string& how) {
   const adp::GatewayOptions go = adp::testing::gateway_options(dir, 128, 2, "-" + how);

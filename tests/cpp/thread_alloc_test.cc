@@ -723,7 +723,7 @@ void reconnect_goes_on_after_an_exception(const std::string& dir) {
 
 // Session 26: each allocation on a connection's store reader (adp-gw-sread-*: a pipelined store's read of a 9 MiB
 // object from the client's memory, under the lease, with the piece helpers) failed in turn: that store is answered
-// "the gateway failed reading this object from the client's memory (out of memory: std::bad_alloc)" (or stored, for
+// "out of memory: the gateway failed reading this object from the client's memory (std::bad_alloc)" (or stored, for
 // an allocation whose failure the read does without), store_reader_failures counts it, the lease and every count
 // are given back (the next store and load on the connection are served: a lease left held would stall them), and
 // no connection fails. The old code: std::terminate (nothing caught on the reader's thread).
@@ -738,7 +738,7 @@ void reader_goes_on_after_an_exception(const std::string& dir) {
   adp::testing::ProcessObjects objs(1, (9 << 20) + 4099);  // >= 8 MiB: pipelined
   if (!adp::testing::connect_process_store_client(go.socket_path, "thread-alloc reader", &c) || !objs.ok()) return;
   const std::string kReason =
-      "the gateway failed reading this object from the client's memory (out of memory: std::bad_alloc)";
+      "out of memory: the gateway failed reading this object from the client's memory (std::bad_alloc)";
   named_thread = "adp-gw-sread-*";
   int k = 0, failures = 0;
   for (; k < 500; k++) {

@@ -164,8 +164,8 @@ def test_the_background_reconnect_goes_on_after_an_exception(thread_alloc_test):
 
 def test_an_exception_on_a_store_reader_fails_that_store_only(thread_alloc_test):
     """Session 26 (gwexc26 item 2): each allocation on a connection's store reader (adp-gw-sread-*: a pipelined
-    store's read of a 9 MiB object) failed in turn: that store is answered 'the gateway failed reading this object
-    from the client's memory (out of memory: std::bad_alloc)' (or stored), store_reader_failures counts it, the next
+    store's read of a 9 MiB object) failed in turn: that store is answered 'out of memory: the gateway failed
+    reading this object from the client's memory (std::bad_alloc)' (or stored), store_reader_failures counts it, the next
     store and load on the connection are served (the lease given back), no connection failed. Red before session 26:
     std::terminate on the reader's thread."""
     out = run_part(thread_alloc_test, "reader")
