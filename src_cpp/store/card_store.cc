@@ -639,21 +639,49 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // Tombstones due (older copies, voids), their regions pinned: at most one an item, so pushed without allocating.
   std::vector<Stale> stale;
   stale.reserve(n);
+  // Room in pending_ for every tombstone and void this put may leave there, one an item (a void of its copy, or the
+  // tombstone of what it replaces or of itself): held before anything is written, so none is ever dropped for want
+  // of memory (session 27); given back by write_tombstones, or by the undo below.
+  size_t held = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      hold_pending_room_locked(n);
+      held = n;
+    } catch (const std::bad_alloc&) {  // refused as for want of staging: nothing written, nothing held
+    }
+  }
+  if (held < n) {
+    for (size_t i = 0; i < n; i++) results[i] = no_memory();
+    counters_.store_failures += n;
+    counters_.memory_failures += n;
+    return;
+  }
   bool unpinned = false, stale_handed = false;
   // An exception (std::bad_alloc) past here leaves the store as if this put had failed (session 26): every item
-  // written and not yet acknowledged is failed (no longer in flight; a copy on the card never indexed, not voided:
-  // its seq outranks the key's indexed copy at the next open), the regions this put pinned are unpinned, and the
-  // tombstones it had queued are dropped (their regions and guards unpinned). Each step allocates nothing. A
+  // written and not yet acknowledged is failed (no longer in flight) and its copy, on the card but never indexed,
+  // is voided as a copy not wanted is (a tombstone of seq 0, pending: retried by the next store or delete, which is
+  // refused for that key until it is on the card); the regions this put pinned are unpinned, and the tombstones it
+  // had queued go to pending_ unwritten (their guards kept pinned). Until session 27 such a copy was left unvoided
+  // and the queued tombstones were dropped: the copy's seq outranked a later delete's tombstone (or no delete found
+  // it to mark), and the key deleted came back at the next open. Each step allocates nothing (pending_room_). A
   // failure inside one item's write is no exception out of put: that item fails (out of memory), as a failed
   // write does, and the rest go on.
   ScopeExit undo([&] {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < n; i++)
-      if (written[i].region != UINT32_MAX && !settled[i]) settle_locked(tickets[i], false);
+      if (written[i].region != UINT32_MAX && !settled[i]) {
+        settle_locked(tickets[i], false);
+        Location& loc = written[i];  // its key (maybe not copied) is the one its header holds: write_tombstone
+        loc.seq = 0;
+        pending_.push_back({std::move(loc), {}, {}});  // room held: no allocation
+      }
     if (!unpinned)
       for (uint32_t r : pinned)
         if (regions_.unpin(r)) unpinned_.notify_all();
-    if (!stale_handed) drop_stale_locked(stale);
+    if (!stale_handed) pend_stale_locked(stale);
+    pending_room_ -= held;
+    pending_count_ = pending_.size();
   });
   uint64_t last_ticket = 0;
   bool any_written = false;
@@ -864,10 +892,11 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     for (uint32_t r : pinned)
       if (regions_.unpin(r)) unpinned_.notify_all();
     unpinned = true;
+    if (stale.empty()) pending_room_ -= held, held = 0;  // no tombstone due: the room goes back here
   }
   stale_handed = true;
   undo.release();
-  write_tombstones(ctx, stale);
+  write_tombstones(ctx, stale, held);
   if (!all_wanted && synced)
     for (size_t i = 0; i < n; i++)
       if (written[i].region != UINT32_MAX && !wanted[i])
@@ -898,21 +927,32 @@ void CardStore::void_copy_locked(Location loc, std::vector<Stale>* stale) {
   stale->push_back({std::move(loc), {}, {}});
 }
 
-void CardStore::drop_stale_locked(std::vector<Stale>& stale) {
+void CardStore::pend_stale_locked(std::vector<Stale>& stale) {
   for (Stale& st : stale) {
     if (regions_.unpin(st.loc.region)) unpinned_.notify_all();
-    for (uint32_t r : st.guards)
-      if (regions_.unpin(r)) unpinned_.notify_all();
     if (st.loc.seq == 0) {
       auto v = voiding_.find(st.loc.hash);
       if (v != voiding_.end()) voiding_.erase(v);
     }
+    pending_.push_back(std::move(st));  // room held by the caller: no allocation; its guards stay pinned
   }
   stale.clear();
 }
 
-bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
-  if (stale.empty()) return true;
+void CardStore::hold_pending_room_locked(size_t k) {
+  const size_t need = pending_.size() + pending_room_ + k;
+  if (pending_.capacity() < need) pending_.reserve(std::max(need, 2 * pending_.capacity()));
+  pending_room_ += k;
+}
+
+bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale, size_t held) {
+  if (stale.empty()) {
+    if (held) {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_room_ -= held;
+    }
+    return true;
+  }
   bool any = false;
   try {
     for (Stale& st : stale) {
@@ -928,32 +968,27 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale) {
   }
   bool all = true;
   std::lock_guard<std::mutex> lock(mu_);
-  // Room for every failed one in pending_, made before anything changes; without it (std::bad_alloc) a failed
-  // tombstone is dropped, its guards unpinned: the older copy it was to delete stays on the card, outranked by
-  // the newer copy's seq while that is there (a void dropped: the never-indexed copy stays unvoided).
-  size_t failed = 0;
-  for (const Stale& st : stale) failed += !st.result.ok();
-  bool room = true;
-  try {
-    pending_.reserve(pending_.size() + failed);
-  } catch (const std::bad_alloc&) {
-    room = false;
-  }
+  // Every failed one goes to pending_, into the room the caller held (no allocation). Until session 27 that room
+  // was reserved here, and without it (std::bad_alloc) a failed tombstone was dropped, its guards unpinned: the
+  // older copy it was to delete stayed on the card, and once the newer copy's regions were evicted (a delete's
+  // tombstone over it with them) the older copy came back at the next open (a void dropped: the never-indexed
+  // copy stayed unvoided, outranking a later delete).
   for (Stale& st : stale) {
     if (regions_.unpin(st.loc.region)) unpinned_.notify_all();
     if (st.loc.seq == 0) {  // a void: durable now, or pending
       auto v = voiding_.find(st.loc.hash);
       if (v != voiding_.end()) voiding_.erase(v);
     }
-    if (st.result.ok() || !room) {
+    if (st.result.ok()) {
       for (uint32_t r : st.guards)
         if (regions_.unpin(r)) unpinned_.notify_all();
-      if (st.result.ok()) continue;
+      continue;
     }
     all = false;
     count_failure(st.result);
-    if (room) pending_.push_back(std::move(st));
+    pending_.push_back(std::move(st));
   }
+  pending_room_ -= held;
   pending_count_ = pending_.size();
   return all;
 }
@@ -990,8 +1025,10 @@ void CardStore::retry_pending(IoContext& ctx) {
     }
     pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(kept), pending_.end());
     pending_count_ = kept;
+    // The slots they leave in pending_ are held for them: one that fails again goes back without allocating.
+    pending_room_ += retry.size();
   }
-  write_tombstones(ctx, retry);
+  write_tombstones(ctx, retry, retry.size());
 }
 
 Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,

@@ -363,7 +363,12 @@ class CardStore {
   // Writes the tombstones of `stale` (synced when durable), then unpins
   // their regions and guards. Those that fail go to pending_ (their guards
   // stay pinned) and are retried by retry_pending(). False if any failed.
-  bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale);
+  // The caller holds `held` >= stale.size() slots of pending_room_ (given
+  // back here): a failed one is never dropped for want of memory (session 27).
+  bool write_tombstones(IoContext& ctx, std::vector<Stale>& stale, size_t held);
+  // Holds k more slots of pending_'s capacity (pending_room_), growing it if
+  // needed: std::bad_alloc leaves nothing held. Under mu_.
+  void hold_pending_room_locked(size_t k);
   // Where recovery's walk of a region (its header's epoch) ended before its end.
   struct Cut {
     uint32_t region;
@@ -406,9 +411,11 @@ class CardStore {
   // never indexed, its region pinned; a delete of its key is refused until
   // the void is on the card (voiding_). Under mu_.
   void void_copy_locked(Location loc, std::vector<Stale>* stale);
-  // Drops the tombstones of `stale` unwritten: their regions and guards unpinned, the voids' voiding_ entries
-  // erased (an exception out of a put, session 26). Allocates nothing. Under mu_.
-  void drop_stale_locked(std::vector<Stale>& stale);
+  // Moves the tombstones of `stale` unwritten to pending_ (an exception out of a put): their regions unpinned, their
+  // guards kept pinned, the voids' voiding_ entries erased; retried as any failed one. Until session 27 they were
+  // dropped, and an older copy or a never-indexed one stayed unmarked on the card (a delete undone at the next
+  // open). Into pending_room_ the caller holds (stale.size() slots at least): allocates nothing. Under mu_.
+  void pend_stale_locked(std::vector<Stale>& stale);
   void retry_pending(IoContext& ctx);
   // A failed operation's count: memory_failures when it failed for want of
   // this process's memory (Status::IoClass::kGatewayMemory: staging, a
@@ -509,6 +516,11 @@ class CardStore {
   uint64_t next_seq_ = 1;  // 0 is never a store's: tombstones of never-indexed copies carry it
   bool evicting_logged_ = false;
   std::vector<Stale> pending_;  // tombstones that failed; guarded by mu_
+  // Slots of pending_'s capacity held by the operations in progress that may hand tombstones to it (a put: one per
+  // item; a retry: one per tombstone it took out; an open's marks of older copies): pending_.capacity() >=
+  // pending_.size() + pending_room_ always, so a tombstone or void that failed, or was never written (an exception
+  // out of a put), goes to pending_ without allocating, never dropped (session 27). Guarded by mu_.
+  size_t pending_room_ = 0;
   // Deletes whose tombstone is being written over the header of their
   // object, still indexed meanwhile: (hash, seq). A load reading that header
   // then may see it half-written: overwritten_meanwhile(). Guarded by mu_.

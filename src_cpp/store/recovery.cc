@@ -386,6 +386,10 @@ Status CardStore::recover(int threads) {
     ADP_INFO("card %s is open read-only: %zu older copies are left as they are (not marked deleted)", path().c_str(),
              stale.size());
   } else if (!stale.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hold_pending_room_locked(stale.size());  // every one that fails stays pending, never dropped (session 27)
+    }
     for (size_t i = 0; i < stale.size(); i++) {
       // The winner's regions, every one a live copy continues into included (a tombstone: its header's).
       const Winner& w = outranking[i];
@@ -395,7 +399,7 @@ Status CardStore::recover(int threads) {
       for (uint32_t r : stale[i].guards) regions_.pin(r);
     }
     IoContext ctx;
-    if (!write_tombstones(ctx, stale))
+    if (!write_tombstones(ctx, stale, stale.size()))
       ADP_WARN("card %s: %zu older copies could not be marked deleted yet; their newer copies are kept until they are",
                path().c_str(), pending_.size());
   }

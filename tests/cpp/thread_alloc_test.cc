@@ -821,8 +821,9 @@ void piece_pool_with_the_helpers_it_got() {
 // of the values stored under it or a miss (never other bytes), none of its deletes is refused (no store left in
 // flight), a put of each key is stored and read back, a card's worth more is stored (evicting), the store's counts
 // match what reads find, and a reopen finds the same: every key of a value stored under it or missing, and after
-// every key is deleted no byte is counted used (no capacity lost). A hang (a ticket never resolved, a pin or a
-// load's entry left behind) ends the program through the watchdog.
+// every key is deleted no byte is counted used (no capacity lost). Since session 27 every key is deleted right after
+// the faulted sequence and the card reopened: each must be a miss (deletes stick, docs/card_format.md). A hang (a
+// ticket never resolved, a pin or a load's entry left behind) ends the program through the watchdog.
 namespace sweep {
 
 constexpr uint64_t kRegion = 1u << 20;
@@ -964,6 +965,21 @@ bool run_once(const std::string& dir, int let) {
     s = store->remove(*ctx, k.name);
     CHECK(s.ok() || s.is_not_found(), "run %d: delete of %s after the failure: %s", let, k.name.c_str(),
           s.message().c_str());
+  }
+  // Deletes stick (session 27): every key was just deleted (or missed), the keys whose put failed after its bytes
+  // were written and b, deleted during the sequence, among them; none comes back at the next open. Before session
+  // 27 a copy left by a put that failed late was never voided and outranked the delete's tombstone (or no delete
+  // found it to mark), and a tombstone dropped for want of memory left the older copy to the merge.
+  ctx.reset();
+  store.reset();
+  s = adp::CardStore::Open(options(path), &store);
+  CHECK(s.ok(), "run %d: reopen after the deletes: %s", let, s.message().c_str());
+  if (!s.ok()) return false;
+  ctx = std::make_unique<adp::IoContext>();
+  for (const Key& k : keys) {
+    s = read(*store, *ctx, k, &got);
+    CHECK(s.is_not_found(), "run %d (allocation %d failed): %s, deleted before the reopen, came back after it (%s)",
+          let, let + 1, k.name.c_str(), s.ok() ? "a load found it" : s.message().c_str());
   }
   for (size_t i = 0; i < keys.size(); i++) {
     s = put_one(*store, *ctx, keys[i], keys[i].values[2], i % 2 == 0);

@@ -177,7 +177,11 @@ def test_an_allocation_failure_inside_a_store_operation_leaves_the_store_as_if_i
     one put_each, loads, a delete, a replacement, puts that evict) run once for each of its allocations, that one
     failing: afterwards no operation hangs, every key reads one of its values or a miss, no delete is refused (no
     store left in flight), the counts match the loads, and a reopen deletes every key down to 0 bytes used. Red on
-    029a20f (the store of main, this test): 'run 7 (allocation 8 failed) hung: no progress in 60 s'."""
+    029a20f (the store of main, this test): 'run 7 (allocation 8 failed) hung: no progress in 60 s'. Session 27
+    (storevoid27): every key is deleted right after the faulted sequence and the card reopened: each must be a miss.
+    Red on c04fcc0's store: 'run 71 (allocation 72 failed): sweep/d, deleted before the reopen, came back after it'
+    (a replacement put failed after its write: its copy, never voided, outranked the delete's tombstone) and
+    'run 88 (allocation 89 failed): sweep/h0, ...' (a put failed late, the key not indexed: no delete marked it)."""
     # ~270 runs of the sequence, each with a reopen: 34 s of CPU, 3.5 min wall beside a build (session 26), so
     # more room than cpp.run's default on a loaded CI host; its own watchdog still ends a hung run after 60 s.
     out = run_part(thread_alloc_test, "sweep", timeout=900)
