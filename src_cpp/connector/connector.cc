@@ -208,13 +208,10 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
 }
 
 bool Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+  Completion c = make_completion_locked(b, ok, error, use_results);  // what allocates first: nothing changed on a throw
   if (!b->mark_completed()) return false;
-  publish_locked(b, ok, error, use_results);
+  commit_locked(b, std::move(c), use_results);
   return true;
-}
-
-void Connector::publish_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
-  commit_locked(b, make_completion_locked(b, ok, error, use_results), use_results);
 }
 
 Completion Connector::make_completion_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
@@ -585,6 +582,10 @@ void Connector::worker_loop(int index) {
 void Connector::deadline_loop() {
   set_thread_name("adp-deadline");
   std::unique_lock<std::mutex> lock(mu_);
+  // What allocates here comes before anything changes, and a std::bad_alloc is waited out (deadline_pause): the
+  // future must complete, or its buffers would never be given back. Session 27: an exception out of publishing a
+  // time-out's completion ended the process (std::terminate).
+  int out_of_memory = 0;  // failed tries in a row
   while (!closed_) {
     if (deadlines_.empty()) {
       deadline_cv_.wait(lock);
@@ -596,7 +597,16 @@ void Connector::deadline_loop() {
       continue;
     }
     Batch* b = deadlines_.begin()->second;
-    ADP_DEBUG("future %llu timed out", static_cast<unsigned long long>(b->id));
+    Completion c;
+    try {
+      ADP_DEBUG("future %llu timed out", static_cast<unsigned long long>(b->id));
+      // Test builds' allocation failures (thread_alloc_test part deadline) also come here.
+      c = Completion{b->id, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms",
+                     std::vector<uint8_t>(b->keys.size(), 0)};
+    } catch (...) {
+      deadline_pause(lock, out_of_memory++);  // b is still due: looked at again after the pause
+      continue;
+    }
     // Marking it completed waits for a delivery in flight (on a memory-speed
     // card, a read straight into the caller's buffer): done without mu_, so
     // submits, drains and other workers go on meanwhile. The extra task keeps
@@ -607,9 +617,32 @@ void Connector::deadline_loop() {
     lock.unlock();
     bool marked = b->mark_completed();
     lock.lock();
-    if (marked) publish_locked(b, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms", false);
+    // Room for its completion and its retirement, under mu_ (a drain() swaps both queues out).
+    for (;;) {
+      try {
+        completions_.reserve(completions_.size() + 1);
+        retired_.reserve(retired_.size() + 1);
+        break;
+      } catch (...) {
+        deadline_pause(lock, out_of_memory++);
+      }
+    }
+    out_of_memory = 0;
+    if (marked) commit_locked(b, std::move(c), false);
     if (--b->tasks_left == 0) retire_locked(b);
   }
+}
+
+void Connector::deadline_pause(std::unique_lock<std::mutex>& lock, int tries) noexcept {
+  if (tries == 0) {
+    try {
+      ADP_ERROR("ADPConnector: the deadline thread has no memory to time out a batch (std::bad_alloc): trying again");
+    } catch (...) {
+    }
+  }
+  lock.unlock();
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, 1 << std::min(tries, 7))));
+  lock.lock();
 }
 
 std::vector<Completion> Connector::drain() {

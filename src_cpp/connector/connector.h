@@ -124,6 +124,9 @@ class Connector {
 
   void worker_loop(int index);
   void deadline_loop();
+  // The deadline thread out of memory (its `tries`-th failure in a row; the first logged at ERROR): mu_ released
+  // for a pause (1 ms doubling to 100 ms), then taken again.
+  void deadline_pause(std::unique_lock<std::mutex>& lock, int tries) noexcept;
   void run_task(BackendSession& session, const Task& t);
   // Store slices taken together (take_puts_locked): one put_slices() call.
   void run_puts(BackendSession& session, const std::vector<Task>& tasks);
@@ -142,14 +145,11 @@ class Connector {
   };
   // Adds a get or put slice's times to m; `session`'s CallTimes too if given.
   static void note_timing(OpTiming& m, const SliceTimes& at, bool completed, const BackendSession* session);
-  // Marks b completed (once) and queues its completion. Caller holds mu_.
-  // Completes b (once), waiting for a delivery in flight; caller holds mu_.
-  // Returns whether this call completed it.
+  // Completes b (once), waiting for a delivery in flight, and queues its completion; caller holds mu_.
+  // Returns whether this call completed it. A std::bad_alloc out of it leaves b as it was.
   bool complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
-  // Queues b's completion and signals the eventfd; b is already marked completed.
-  void publish_locked(Batch* b, bool ok, const std::string& error, bool use_results);
-  // publish_locked in two steps: the completion made (and room for it queued: what allocates, so may throw
-  // std::bad_alloc, nothing changed), then queued and signalled (nothing that throws). Caller holds mu_.
+  // A completion in two steps: made (and room for it queued: what allocates, so may throw std::bad_alloc, nothing
+  // changed), then queued and signalled (nothing that throws). Caller holds mu_.
   Completion make_completion_locked(Batch* b, bool ok, const std::string& error, bool use_results);
   void commit_locked(Batch* b, Completion&& c, bool use_results) noexcept;
   void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done; room in retired_)

@@ -237,6 +237,7 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
   std::mutex mu;
   bool revoked = false;
   Status gone;
+  const bool reader_job = t_store_reader;  // this read is a store reader's job (its pieces on helpers too)
   auto piece = [&](size_t p, int) {
     const Piece& pc = pieces[p];
     Obj& o = objs[pc.obj];
@@ -270,6 +271,9 @@ bool ClientHandler::read_process_chunk(const proto::BatchRequest& req, size_t i,
     }
     LeaseLeave leave(*this, pr->request_id);  // an exception's way out too (session 26)
     Status s = in_client_memory([&] {
+      // Tests only (ADP_TEST_STORE_READER_FAIL=read): a store reader job's piece (on the reader or a helper) throws
+      // while it holds the lease.
+      if (reader_job && shared_->hooks.store_reader_fail == "read") throw std::bad_alloc();
       if (test_process_read_stall_ms_ && (pc.off > 0) != test_process_read_stall_at_start_ &&
           (!test_process_stall_on_helper_ || PiecePool::on_helper_thread()) &&
           !g_process_read_stall_taken.exchange(true))

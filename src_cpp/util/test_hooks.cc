@@ -75,7 +75,8 @@ constexpr Hook kHooks[] = {
      [](TestHooks& h, const char* v) { h.accept_thread_fail = v; }},
     {"ADP_TEST_STORE_READER_FAIL", HookSide::kGateway,
      "post: a connection's store reader cannot be made (std::bad_alloc): its stores take the buffer path; job: "
-     "each job posted to it throws std::bad_alloc before it reads: that store fails with the reason",
+     "each job posted to it throws std::bad_alloc before it reads: that store fails with the reason; read: its "
+     "reads of client memory throw std::bad_alloc holding the client's lease (the same answer, the lease given back)",
      [](TestHooks& h, const char* v) { h.store_reader_fail = v; }},
     {"ADP_TEST_LOADAVG_FILE", HookSide::kBoth,
      "--request-spin-us and reply_spin_us read the runnable threads from this file, not /proc/loadavg",

@@ -36,7 +36,7 @@ struct TestHooks {
   std::string socket_bind_gate;              // ADP_TEST_SOCKET_BIND_GATE
   bool socket_refuse_chmod = false;          // ADP_TEST_SOCKET_REFUSE_CHMOD=1
   std::string accept_thread_fail;            // ADP_TEST_ACCEPT_THREAD_FAIL (system or alloc; empty: not set)
-  std::string store_reader_fail;             // ADP_TEST_STORE_READER_FAIL (post or job; empty: not set)
+  std::string store_reader_fail;             // ADP_TEST_STORE_READER_FAIL (post, job or read; empty: not set)
   // Both sides': the spin load rule's (util/idle_cpus.h), set at a gateway's or connector's start.
   std::string loadavg_file;     // ADP_TEST_LOADAVG_FILE (empty: /proc/loadavg)
   int spin_load_every_ms = -1;  // ADP_TEST_SPIN_LOAD_EVERY_MS (-1: not set, kIdleCpusEvery)

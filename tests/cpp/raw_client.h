@@ -154,6 +154,15 @@ inline std::vector<Status> process_batch(RawClient& c, proto::Op op, const std::
   return out;
 }
 
+// The ring's lease word as the client reads it after its last request's reply: lease_word(c.rid, kLeaseOpen) once
+// the gateway gave the lease back (kLeaseWriting: one left held, which a real client's revoke would wait on).
+inline uint64_t lease_word_now(const RawClient& c) {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(c.ring->data()), __ATOMIC_ACQUIRE);
+}
+inline bool lease_given_back(const RawClient& c) {
+  return lease_word_now(c) == proto::lease_word(c.rid, proto::kLeaseOpen);
+}
+
 // The gateway's StatsReply body (JSON), "" if none came.
 inline std::string gateway_stats(RawClient& c, int timeout_s = 60) {
   proto::write_frame(c.fd, proto::FrameType::kStats, ++c.rid, {}, {}, in_seconds(timeout_s));

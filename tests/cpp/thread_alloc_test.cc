@@ -21,11 +21,13 @@
 //
 // A connector's worker whose session throws (its start-up connect, a batch, or any allocation on the worker's
 // thread) fails the batch it holds with the reason and goes on (part "worker", session 26); the background
-// reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26). An exception on a
+// reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26). The deadline
+// thread waits out an allocation failure of a batch's time-out: the future still fails "timed out" (part
+// "deadline", session 27). An exception on a
 // connection's store reader fails that store with the reason, the reader and the connection go on (part "reader").
 //
-//   thread_alloc_test TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect|sweep]   (store by
-//   default)
+//   thread_alloc_test TMPFS_DIR [store|gateway|connection|reader|connector|worker|deadline|remote|reconnect|sweep]
+//   (store by default)
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -594,6 +596,58 @@ void worker_goes_on_after_an_exception() {
       k, failed);
 }
 
+// While set, a HeldSession's stores wait (their batches time out first); cleared, they are served.
+std::atomic<bool> held_puts{false};
+
+class HeldSession : public NullSession {
+ public:
+  void put(const adp::PutItem* items, size_t n, adp::Status* results, adp::Deadline deadline,
+           const adp::GuardedReadFn& read) override {
+    while (held_puts.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    NullSession::put(items, n, results, deadline, read);
+  }
+};
+
+class HeldBackend : public NullBackend {
+ public:
+  std::unique_ptr<adp::BackendSession> new_session() override { return std::make_unique<HeldSession>(); }
+};
+
+// Session 27: each allocation on the connector's deadline thread (adp-deadline: a batch's time-out, its completion
+// and its retirement) failed in turn: the batch's future still completes, failed "timed out after 1000 ms" with no
+// key stored, the deadline thread goes on (the next iteration's batch times out the same way) and a batch the
+// worker serves in time completes ok. The old code: std::terminate (publish_locked's allocations on the deadline
+// thread, outside any try).
+void deadline_goes_on_after_an_exception() {
+  adp::ConnectorOptions opts;
+  opts.num_workers = 1;
+  opts.timeout_ms = 1000;  // the served batch's margin (a NullSession's store takes microseconds)
+  adp::Connector c(std::make_unique<HeldBackend>(), opts);
+  std::vector<uint8_t> mem;
+  const std::string kTimedOut = "timed out after 1000 ms";
+  named_thread = "adp-deadline";
+  int k = 0;
+  for (; k < 100; k++) {
+    held_puts = true;
+    named_fail_after.store(k, std::memory_order_release);
+    const adp::Completion late = one_batch(c, adp::OpType::kSet, mem);
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    held_puts = false;
+    CHECK(!late.ok && late.error == kTimedOut && late.per_key == std::vector<uint8_t>({0, 0}),
+          "let %d: the batch that timed out: %d '%s'", k, late.ok, late.error.c_str());
+    const adp::Completion next = one_batch(c, adp::OpType::kSet, mem);  // behind the held one: the worker's FIFO
+    CHECK(next.ok && next.per_key == std::vector<uint8_t>({1, 1}), "let %d: the batch after: %d '%s'", k, next.ok,
+          next.error.c_str());
+    if (!injected) break;  // every allocation of a time-out has been failed
+  }
+  CHECK(k >= 2 && k < 100, "%d allocations of a time-out failed", k);
+  CHECK(adp::testing::threads_named("adp-deadline") == 1, "the deadline thread is gone");
+  std::printf(
+      "connector: %d allocations on the deadline thread failed: each batch timed out all the same, the next "
+      "served\n",
+      k);
+}
+
 adp::GatewayClientOptions nowhere(const std::string& dir) {
   adp::GatewayClientOptions o;
   adp::proto::parse_endpoint("unix://" + dir + "/no-gateway.sock", &o.endpoint);
@@ -746,6 +800,9 @@ void reader_goes_on_after_an_exception(const std::string& dir) {
     named_fail_after.store(k, std::memory_order_release);
     std::vector<adp::Status> st = adp::testing::process_batch(c, proto::Op::kPut, {key}, {objs.src[0]}, objs.size);
     const bool injected = named_fail_after.exchange(-1) < 0;
+    // The lease given back (session 27): a real client's revoke would wait on one left held.
+    CHECK(adp::testing::lease_given_back(c), "let %d: the store's lease word %#llx", k,
+          static_cast<unsigned long long>(adp::testing::lease_word_now(c)));
     if (!injected) {
       CHECK(st[0].ok(), "no failure injected (let %d), and the store failed: %s", k, st[0].message().c_str());
       break;
@@ -1051,9 +1108,10 @@ void allocation_failure_sweep(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr,
-                 "usage: %s TMPFS_DIR [store|gateway|connection|reader|connector|worker|remote|reconnect|sweep]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s TMPFS_DIR [store|gateway|connection|reader|connector|worker|deadline|remote|reconnect|sweep]\n",
+        argv[0]);
     return 2;
   }
   const std::string dir = argv[1], part = argc == 3 ? argv[2] : "store";
@@ -1074,6 +1132,8 @@ int main(int argc, char** argv) {
   } else if (part == "worker") {
     worker_goes_on_after_a_throwing_prepare();
     worker_goes_on_after_an_exception();
+  } else if (part == "deadline") {
+    deadline_goes_on_after_an_exception();
   } else if (part == "reconnect") {
     reconnect_goes_on_after_an_exception(dir);
   } else if (part == "reader") {

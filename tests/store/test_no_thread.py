@@ -150,6 +150,19 @@ def test_a_connector_worker_goes_on_after_an_exception(thread_alloc_test):
     ]
 
 
+def test_the_connector_deadline_thread_goes_on_after_an_exception(thread_alloc_test):
+    """Session 27 (gwexc27 item 2): each allocation on the connector's deadline thread (adp-deadline: a batch's
+    time-out, its completion, its retirement) failed in turn while the worker holds the batch: the future completes
+    all the same, failed 'timed out after 1000 ms' with no key stored (the failure waited out: ERROR, a pause, tried
+    again), the thread goes on and the next batch is served. Red on c04fcc0 (publish_locked's allocations outside
+    any try): rc 134, 'terminate called after throwing an instance of 'std::bad_alloc''."""
+    out = run_part(thread_alloc_test, "deadline")
+    assert "on the deadline thread failed: each batch timed out all the same, the next served" in out, out[-3000:]
+    assert "ERROR: ADPConnector: the deadline thread has no memory to time out a batch (std::bad_alloc)" in out, out[
+        -3000:
+    ]
+
+
 def test_the_background_reconnect_goes_on_after_an_exception(thread_alloc_test):
     """Session 26 (gwexc26 item 1): each allocation on the reconnect thread (adp-reconnect) failed in turn while no
     gateway answers: a failed attempt (ERROR, back-off), and once a gateway answers at the socket the thread connects
