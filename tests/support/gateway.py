@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcache_adp.testing import child_env
+from tests.support import process_group
 
 # The gateway's one line when it serves (lmcache_adp/gateway.py).
 READY = re.compile(r"gateway ready \(pid \d+\) on unix://\S+(?: and tcp port (\d+))?")
@@ -81,7 +82,9 @@ class Gateway:
         `env`: more environment for this start only (test hooks, ADP_TEST_*: a restart goes without them)."""
         self.log_path = os.path.join(self.workdir, f"gateway{len(self.logs)}.log")
         self.log_file = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
+        # In a process group of its own (tests/support/process_group.py): kill() and a stop that times out end the
+        # gateway with every process it started, none left beside the next tests.
+        self.proc = process_group.popen(
             self.args(),
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
@@ -112,9 +115,9 @@ class Gateway:
     def _finish(self, timeout: float = 30.0) -> int:
         try:
             rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # stuck: not left behind, and the caller sees -9
-            self.proc.kill()
-            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # stuck: not left behind (its whole group), and the caller sees -9
+            process_group.kill_group(self.proc)
+            rc = self.proc.returncode
         self.log_file.close()
         self.logs.append(self.log())
         self.proc = None
@@ -126,7 +129,8 @@ class Gateway:
         return self._finish()
 
     def kill(self) -> None:
-        self.proc.kill()
+        """SIGKILL to the gateway's process group (the gateway and any process it started), then reaps it."""
+        process_group.kill_group(self.proc)
         self._finish()
 
     def pause(self, timeout: float = 10.0) -> None:

@@ -63,6 +63,18 @@ def run(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProces
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def popen(args: list[str], **kwargs) -> subprocess.Popen:
+    """subprocess.Popen(args, **kwargs) started in a session (and process group) of its own, for a process that
+    outlives the call (tests/support/gateway.py's gateways): kill_group() ends it with every process it started."""
+    return subprocess.Popen(args, start_new_session=True, **kwargs)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the group of a popen() process (not if it is reaped already: its id may be another's), then
+    reaps it."""
+    _kill_group(proc)
+
+
 def kill_all() -> None:
     """Kills the group of every run() in progress (in any thread); each of those calls then returns its process's
     exit (-9)."""
