@@ -1179,8 +1179,14 @@ void RemoteBackend::drop(std::unique_ptr<GatewayClient>* client) {
     const int64_t since = c.waiting_since_ns(), now = steady_ns();
     dropped_heard_ns_ = std::max(dropped_heard_ns_, c.heard_ns());
     if (since && now - std::max(since, heard_locked()) >= stall_ns_) {
-      unanswered_ns_ = now;       // stalled until the gateway is heard from after this
-      (void)stalled_locked(now);  // logs the stall if no stats() saw it yet
+      unanswered_ns_ = now;  // stalled until the gateway is heard from after this
+      try {
+        (void)stalled_locked(now);  // logs the stall if no stats() saw it yet
+      } catch (...) {
+        // No memory for its log line (describe()'s text, the message): drop() runs in ~RemoteSession and
+        // ~RemoteBackend, where an exception ends the process (std::terminate); the stall is still flagged
+        // (unanswered_ns_), the next stats() or batch looks again (gwexc27 item 3).
+      }
     }
   }
   client->reset();

@@ -127,6 +127,8 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   bool watch(int fd) override;
   bool cancelled() override;
   void unwatch(int fd) override;
+  // Closes *client and takes it out of live_. Throws nothing (it runs in ~RemoteSession and ~RemoteBackend): a
+  // stall's log line without memory is skipped (session 27).
   void drop(std::unique_ptr<GatewayClient>* client);
   // A failed connect or a dropped connection: logs the link going down once
   // (WARNING), a refused token once until a connect succeeds (ERROR: it does
