@@ -30,7 +30,8 @@ uint32_t crc32c_copy_extend(uint32_t crc, void* dst, const void* src, size_t n);
 // over the bytes).
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
-// Which implementation crc32c_extend uses on this CPU ("sse4.2", "armv8", "bitwise").
+// Which implementation crc32c_extend uses on this CPU for buffers of 512 bytes
+// or more ("vpclmulqdq", "pclmul", "sse4.2", "armv8", "bitwise").
 const char* crc32c_implementation();
 
 }  // namespace adp

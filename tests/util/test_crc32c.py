@@ -21,6 +21,16 @@ def test_matches_reference_library(size, misalign):
     assert _native.crc32c(data) == google_crc32c.value(data)
 
 
+@pytest.mark.parametrize("size", [511, 512, 513, 527, 528, 575, 576, 577, 639, 640, 655, 4096 + 63, (2 << 20) + 4095])
+def test_folding_edges_match_reference_library(size):
+    """Around the folding paths' steps (none under 512 bytes, then 64 bytes a step, 16-byte lanes, the last
+    bytes by the CRC32 instruction), from an odd address, with and without an initial CRC."""
+    data = os.urandom(size + 3)[3:]
+    assert _native.crc32c(data) == google_crc32c.value(data)
+    head = os.urandom(37)
+    assert _native.crc32c(data, _native.crc32c(head)) == google_crc32c.value(head + data)
+
+
 def test_extend_equals_whole():
     data = os.urandom(100_000)
     part = _native.crc32c(data[:33_333])
@@ -28,7 +38,7 @@ def test_extend_equals_whole():
 
 
 def test_uses_hardware_here():
-    assert _native.crc32c_implementation() in ("vpclmulqdq", "sse4.2", "armv8")
+    assert _native.crc32c_implementation() in ("vpclmulqdq", "pclmul", "sse4.2", "armv8")
 
 
 def object_header(image: bytes, key: str) -> tuple[int, int]:
