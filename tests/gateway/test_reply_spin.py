@@ -197,12 +197,6 @@ def test_a_gateway_that_dies_while_a_worker_waits_to_spin_is_seen_at_once(monkey
         assert counted(c)["gateway_get_reply_spins"] == 0
 
 
-def get_spins(c: RawConnector) -> tuple[int, int]:
-    """The connector's (gateway_get_reply_spins, gateway_get_reply_spin_hits), once its worker counted them."""
-    st = counted(c)
-    return st["gateway_get_reply_spins"], st["gateway_get_reply_spin_hits"]
-
-
 def test_a_worker_stops_spinning_where_its_spins_miss_and_resumes_once_a_probe_catches_its_reply(monkeypatch, tmp_path):
     """review r13 S2 (32 MiB x 4: 98% of the waits spun, 1-4% caught the reply). The gateway sleeps 40 ms before
     each object; a load of one 256 KiB object (~40 ms) and one of eight 32 KiB objects (~320 ms) move the same
@@ -258,21 +252,21 @@ def test_a_worker_stops_spinning_where_its_spins_miss_and_resumes_once_a_probe_c
             for _ in range(24):
                 eight()
                 one()
-            spins, hits = get_spins(c)
+            spins, hits = spin_counts(c)["get"]
             assert (spins, hits) == (17, 0)
             waits = 0
             while hits == 0:
                 assert waits < 96, ("no probe caught its reply", spins, waits)
                 one()
                 waits += 1
-                spins, hits = get_spins(c)
+                spins, hits = spin_counts(c)["get"]
             assert hits == 1 and spins - 17 <= waits // 16 + 1, ("paused, more than the probes polled", spins, waits)
             polled = []  # each one-object load's spins; a fast load slowed past ~5 ms by the host may spin too
             for _ in range(8):
                 fast()
-                before, _ = get_spins(c)
+                before, _ = spin_counts(c)["get"]
                 one()
-                polled.append(get_spins(c)[0] - before)
+                polled.append(spin_counts(c)["get"][0] - before)
             assert polled == [1] * 8, ("resumed, a wait expecting its reply later did not spin", spins, polled)
     finally:
         pool.close()
@@ -300,5 +294,5 @@ def test_a_ring_load_in_pieces_does_not_spin(monkeypatch, tmp_path):
             out = bytearray(size)
             assert c.get(["pieces@0"], [memoryview(out)])[2] == [True]
             assert bytes(out) == src
-        assert get_spins(c) == (0, 0)
+        assert spin_counts(c)["get"] == (0, 0)
         assert read_gateway_stats(gw.unix_url)["ring_piece_loads"] >= 4
