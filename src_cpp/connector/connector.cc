@@ -601,8 +601,7 @@ void Connector::deadline_loop() {
     try {
       ADP_DEBUG("future %llu timed out", static_cast<unsigned long long>(b->id));
       // Test builds' allocation failures (thread_alloc_test part deadline) also come here.
-      c = Completion{b->id, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms",
-                     std::vector<uint8_t>(b->keys.size(), 0)};
+      c = make_completion_locked(b, false, "timed out after " + std::to_string(opts_.timeout_ms) + " ms", false);
     } catch (...) {
       deadline_pause(lock, out_of_memory++);  // b is still due: looked at again after the pause
       continue;
