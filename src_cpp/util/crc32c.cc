@@ -166,13 +166,44 @@ __m128i fold_constants(uint64_t bits) {
                         static_cast<long long>(uint64_t(x_pow(bits + 63)) << 32));
 }
 
+// The 128-bit steps, shared by both paths: fold_raw (AVX-512) ends with
+// them, pclmul_raw (below, PCLMULQDQ only: four lanes of 16 bytes, 64 bytes
+// a step) is made of them. pclmul_raw is for CPUs without AVX-512 whose CRC32 instruction
+// does not retire a word a cycle: on the 2-core VM's AMD EPYC (no AVX-512) a
+// 2 MiB CRC took 0.206 ms this way against 0.355 ms with the three-way loop
+// above (5.5 GiB/s), crc32c_copy 0.210 against 0.374 (fastest of 400, session
+// 27: benchmarks/results/2026-12-05-2000-probe27-direct-read.md); eight lanes
+// were no faster.
+#define ADP_PCLMUL_TARGET __attribute__((target("sse4.2,pclmul")))
+
+ADP_PCLMUL_TARGET inline __m128i fold128(__m128i a, __m128i k, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), next);
+}
+
+bool cpu_has_pclmul() { return __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2"); }
+
+template <bool kCopy>
+ADP_PCLMUL_TARGET inline __m128i load128(const uint8_t* p, uint8_t* d, size_t at) {
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
+  if (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + at), v);
+  return v;
+}
+
+// Folds the 16-byte blocks left from `at` into x (one lane congruent to
+// p[0..at)), then the register over the lane and the last n % 16 bytes by
+// the CRC32 instruction: the end of both folding paths.
+template <bool kCopy>
+ADP_PCLMUL_TARGET uint32_t fold_tail(__m128i x, const uint8_t* p, uint8_t* d, size_t at, size_t n) {
+  static const __m128i k128 = fold_constants(128);
+  for (; at + 16 <= n; at += 16) x = fold128(x, k128, load128<kCopy>(p, d, at));
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
+  return hw_raw<kCopy>(static_cast<uint32_t>(c), p + at, d + (kCopy ? at : 0), n - at);
+}
+
 ADP_FOLD_TARGET inline __m512i fold512(__m512i a, __m512i k, __m512i next) {
   return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00), _mm512_clmulepi64_epi128(a, k, 0x11), next,
                                    0x96);
-}
-
-ADP_FOLD_TARGET inline __m128i fold128(__m128i a, __m128i k, __m128i next) {
-  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), next);
 }
 
 constexpr size_t kFoldMin = 512;  // shorter buffers are not worth the set-up
@@ -214,36 +245,7 @@ ADP_FOLD_TARGET uint32_t fold_raw(uint32_t crc, const uint8_t* p, uint8_t* d, si
       _mm512_maskz_extracti32x4_epi32(0xF, z, 0), k384,
       fold128(_mm512_maskz_extracti32x4_epi32(0xF, z, 1), k256,
               fold128(_mm512_maskz_extracti32x4_epi32(0xF, z, 2), k128, _mm512_maskz_extracti32x4_epi32(0xF, z, 3))));
-  for (; at + 16 <= n; at += 16) {
-    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
-    if (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + at), v);
-    x = fold128(x, k128, v);
-  }
-  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
-  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
-  return hw_raw<kCopy>(static_cast<uint32_t>(c), p + at, d + (kCopy ? at : 0), n - at);
-}
-
-// The same folding with 128-bit PCLMULQDQ only (no AVX-512): four lanes of
-// 16 bytes, 64 bytes a step. For CPUs without AVX-512 whose CRC32 instruction
-// does not retire a word a cycle: on the 2-core VM's AMD EPYC (no AVX-512) a
-// 2 MiB CRC took 0.206 ms this way against 0.355 ms with the three-way loop
-// above (5.5 GiB/s), crc32c_copy 0.210 against 0.374 (fastest of 400, session
-// 27: benchmarks/results/2026-12-05-2000-probe27-direct-read.md); eight lanes
-// were no faster.
-#define ADP_PCLMUL_TARGET __attribute__((target("sse4.2,pclmul")))
-
-ADP_PCLMUL_TARGET inline __m128i fold128_pclmul(__m128i a, __m128i k, __m128i next) {
-  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), next);
-}
-
-bool cpu_has_pclmul() { return __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2"); }
-
-template <bool kCopy>
-ADP_PCLMUL_TARGET inline __m128i load128(const uint8_t* p, uint8_t* d, size_t at) {
-  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
-  if (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + at), v);
-  return v;
+  return fold_tail<kCopy>(x, p, d, at, n);
 }
 
 // The raw register over p[0..n), n >= kFoldMin; with kCopy also stored to d.
@@ -255,16 +257,13 @@ ADP_PCLMUL_TARGET uint32_t pclmul_raw(uint32_t crc, const uint8_t* p, uint8_t* d
   __m128i x1 = load128<kCopy>(p, d, 16), x2 = load128<kCopy>(p, d, 32), x3 = load128<kCopy>(p, d, 48);
   size_t at = 64;
   for (; at + 64 <= n; at += 64) {
-    x0 = fold128_pclmul(x0, k512, load128<kCopy>(p, d, at));
-    x1 = fold128_pclmul(x1, k512, load128<kCopy>(p, d, at + 16));
-    x2 = fold128_pclmul(x2, k512, load128<kCopy>(p, d, at + 32));
-    x3 = fold128_pclmul(x3, k512, load128<kCopy>(p, d, at + 48));
+    x0 = fold128(x0, k512, load128<kCopy>(p, d, at));
+    x1 = fold128(x1, k512, load128<kCopy>(p, d, at + 16));
+    x2 = fold128(x2, k512, load128<kCopy>(p, d, at + 32));
+    x3 = fold128(x3, k512, load128<kCopy>(p, d, at + 48));
   }
-  __m128i x = fold128_pclmul(x0, k384, fold128_pclmul(x1, k256, fold128_pclmul(x2, k128, x3)));
-  for (; at + 16 <= n; at += 16) x = fold128_pclmul(x, k128, load128<kCopy>(p, d, at));
-  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
-  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
-  return hw_raw<kCopy>(static_cast<uint32_t>(c), p + at, d + (kCopy ? at : 0), n - at);
+  __m128i x = fold128(x0, k384, fold128(x1, k256, fold128(x2, k128, x3)));
+  return fold_tail<kCopy>(x, p, d, at, n);
 }
 #endif
 
