@@ -115,6 +115,16 @@ def round_orders(names: list[str], rounds: int, seed: int) -> list[list[str]]:
     return [first if r % 2 == 0 else first[::-1] for r in range(rounds)]
 
 
+def _uncommitted(porcelain: str, shown: int = 3) -> str:
+    """' with uncommitted changes in <the changed paths>' from `git status --porcelain` lines (a rename's
+    new path; the first `shown`, then how many more), or '' where nothing changed."""
+    paths = [line[3:].split(" -> ")[-1] for line in porcelain.splitlines() if line.strip()]
+    if not paths:
+        return ""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return f" with uncommitted changes in {', '.join(paths[:shown])}{more}"
+
+
 def native_build(package: Path | None = None) -> dict:
     """Which native module is measured (the one this process imported, or the one in `package`, an
     lmcache_adp directory): its file, the commit of the tree it was built in (or why there is none), when it
@@ -149,7 +159,7 @@ def native_build(package: Path | None = None) -> dict:
     if r.returncode == 0 and r.stdout.strip():
         native_src = ["status", "--porcelain", "-uno", "--", "src_cpp", "setup.py"]
         dirty = subprocess.run([*git, *native_src], capture_output=True, text=True).stdout
-        commit = r.stdout.strip() + (" with uncommitted changes in src_cpp/setup.py" if dirty.strip() else "")
+        commit = r.stdout.strip() + _uncommitted(dirty)
     else:
         commit = f"none ({tree} is not a git checkout)"
     built_from = digests.recorded_digest(so)

@@ -165,6 +165,38 @@ def test_device_matrix_leaves_what_the_device_tool_returns(tmp_path):
     assert "device tool returns 8 at most" not in r.stdout
 
 
+def test_native_build_names_the_uncommitted_native_sources(tmp_path):
+    """A module measured from a git checkout names its commit and, where the tree's native sources (src_cpp,
+    setup.py) have uncommitted changes, which files: the first three, then how many more. A change elsewhere
+    (README.md) is not named: it does not change the module."""
+    from lmcache_adp.source_digest import MARKER, source_digest
+
+    tree, _ = copy_of_tree(tmp_path, b"\x7fELF..." + MARKER + source_digest(ROOT).encode() + b"\0...")
+    (tree / "setup.py").write_text("# setup\n")
+    (tree / "README.md").write_text("# readme\n")
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "src_cpp", "setup.py", "README.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "tree"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert tools.native_build(tree / "lmcache_adp")["commit"] == head
+
+    (tree / "README.md").write_text("# readme, changed\n")
+    assert tools.native_build(tree / "lmcache_adp")["commit"] == head
+    src = tree / "src_cpp" / "store" / "card_device.cc"
+    src.write_bytes(src.read_bytes() + b"\n")
+    (tree / "setup.py").write_text("# setup, changed\n")
+    assert tools.native_build(tree / "lmcache_adp")["commit"] == (
+        f"{head} with uncommitted changes in setup.py, src_cpp/store/card_device.cc"
+    )
+    for name in ("card_store.cc", "recovery.cc", "verify.cc"):
+        (tree / "src_cpp" / "store" / name).write_text("// changed\n")
+    assert tools.native_build(tree / "lmcache_adp")["commit"] == (
+        f"{head} with uncommitted changes in setup.py, src_cpp/store/card_device.cc, "
+        "src_cpp/store/card_store.cc and 2 more"
+    )
+
+
 def test_native_build_measures_the_module_the_import_would_load(tmp_path):
     """Beside the module the import loads (_native<this interpreter's suffix>) a package may hold another
     interpreter's build, an .abi3.so or a plain .so: native_build judges the one `import lmcache_adp._native`
