@@ -78,6 +78,14 @@ TARGETS = (
     "through the gateway (unix + ring) store and load >= 0.9x embedded ADP"
 )
 GATEWAY_ROLES = ("gateway", "gateway-tcp")  # rows served by an `lmcache-adp gateway` process on the card
+# --l1-hugetlb: every `lmcache bench l2` (ADP rows and peers alike) gets its L1 from the 2 MiB hugetlb pool
+# (`--l1-use-hugepages`): one physical run per 2 MiB, the same for every row, where an ordinary L1's
+# scattering differs from process to process (results/2026-12-05-2000-probe27-direct-read.md).
+HUGETLB = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
+L1_HUGETLB = False
+# --fio-think-us: one more fio row, QD4 reads where each job waits that long after each read (as a worker
+# checking a CRC before its next read): fio QD4 over it is what hiding that CPU time behind the I/O can gain.
+FIO_THINK_US = 0
 
 
 def free_port() -> int:
@@ -153,9 +161,40 @@ def reset(work: Path, env: dict | None = None) -> None:
     os.sync()
 
 
-def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int) -> float:
-    """MiB/s of `jobs` synchronous O_DIRECT sequential streams, each over its own slice of a written file."""
-    out = raw / f"fio-{bs // 1024}k-qd{jobs}-{rw}-pass{p}.json"
+def l1_pages(sizes_kb: list[int]) -> int:
+    """2 MiB pages one `lmcache bench l2` L1 takes at the largest chunk size (store and load buffers of a
+    round: 2 x NUM_KEYS x IN_FLIGHT chunks), one more for the rounding."""
+    return -(-2 * NUM_KEYS * IN_FLIGHT * max(sizes_kb) * 1024 // (2 * MiB)) + 1
+
+
+@contextlib.contextmanager
+def hugetlb_pool(pages: int, root: Path = HUGETLB):
+    """Grows the 2 MiB hugetlb pool by `pages` for the run (one row's L1: the rows run one at a time) and gives
+    them back after it, also on an error or Ctrl-C. SystemExit with the reason if the pool cannot be had (not
+    root, or the kernel found too little free contiguous memory)."""
+    total, free = root / "nr_hugepages", root / "free_hugepages"
+    try:
+        before = int(total.read_text())
+        total.write_text(str(before + pages))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--l1-hugetlb: cannot grow the 2 MiB hugetlb pool ({total}): {e}") from None
+    try:
+        got = int(free.read_text())
+        if got < pages:
+            raise SystemExit(
+                f"--l1-hugetlb: the 2 MiB hugetlb pool has {got} free pages after asking for {pages} more "
+                f"(one L1 needs {pages}): too little free contiguous memory; try again when the machine is quieter"
+            )
+        yield before + pages
+    finally:
+        total.write_text(str(before))
+
+
+def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int, think_us: int = 0) -> float:
+    """MiB/s of `jobs` synchronous O_DIRECT sequential streams, each over its own slice of a written file; with
+    `think_us`, each job waits that long after each I/O before its next, as a worker checking a CRC issues nothing
+    meanwhile (asleep: fio 3.33 with --thinktime_spin of the whole think time hung)."""
+    out = raw / f"fio-{bs // 1024}k-qd{jobs}-{rw}{f'-think{think_us}' if think_us else ''}-pass{p}.json"
     per_job = nbytes // jobs
     sh(
         [
@@ -171,6 +210,7 @@ def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int)
             "--direct=1",
             f"--bs={bs}",
             f"--rw={rw}",
+            *([f"--thinktime={think_us}", "--thinktime_blocks=1"] if think_us else []),
             "--end_fsync=1",
             "--group_reporting",
             "--output-format=json",
@@ -284,6 +324,7 @@ def lmcache_bench(
             "--lookup-max-hit-rate",
             "1.0",
             "--no-skip-verify",
+            *(["--l1-use-hugepages"] if L1_HUGETLB else []),
             "--format",
             "json",
             "--output",
@@ -417,6 +458,18 @@ def run_size(
                     "load": fio(work, raw, bs, jobs, "read", nbytes, p),
                 },
             )
+        if FIO_THINK_US:
+            name = f"fio O_DIRECT QD{QD}, {FIO_THINK_US} us CPU after each read"
+            keep(
+                name,
+                {
+                    "name": name,
+                    "role": "info",
+                    "align": "-",
+                    "status": "psync, sequential",
+                    "load": fio(work, raw, bs, QD, "read", nbytes, p, FIO_THINK_US),
+                },
+            )
         if medium == "shm" and p == 1:
             rows["memcpy"] = {
                 "name": "memcpy, 1 thread",
@@ -517,6 +570,13 @@ def report(
         f"lmcache_adp from {PACKAGE}; {describe_build(BUILD)}; {os.cpu_count()} cores, kernel "
         f"{os.uname().release}, load average {load[0]:.1f} at the start and {load[1]:.1f} at the end; "
         f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`",
+        "- L1 of every row: "
+        + (
+            "hugetlb, 2 MiB pages (`lmcache bench l2 --l1-use-hugepages`, --l1-hugetlb): one physical run per "
+            "2 MiB, the same for ADP and peers"
+            if L1_HUGETLB
+            else "ordinary memory (torch.empty), physically scattered differently in each row's process"
+        ),
         *(
             f"- Row '{name}': lmcache_adp from {x['package']}; {describe_build(x['build'])}"
             for name, x in EXTRA.items()
@@ -649,6 +709,19 @@ def main() -> None:
         metavar="LABEL=DIR",
         help="one more ADP row, 'ADP LABEL', from the lmcache_adp built in place in tree DIR (another commit)",
     )
+    p.add_argument(
+        "--l1-hugetlb",
+        action="store_true",
+        help="every row's L1 from the 2 MiB hugetlb pool (grown for the run by one L1's pages, given back after; "
+        "root): the same physical contiguity for ADP and peers",
+    )
+    p.add_argument(
+        "--fio-think-us",
+        type=int,
+        default=0,
+        metavar="US",
+        help="one more fio row: QD4 reads, each job idle US microseconds after each read (a CRC's time)",
+    )
     args = p.parse_args()
     if args.passes < 1:
         p.error("--passes must be at least 1")
@@ -661,8 +734,11 @@ def main() -> None:
     require_tool("fio")  # before any run: the limit is measured first
     exit_on_sigterm()  # stopped by SIGTERM, the run removes its run-<pid>/ and snapshot as on Ctrl-C
     stamp = f"{datetime.datetime.now():%Y-%m-%d-%H%M}"
-    for medium in ("disk", "shm") if args.medium == "both" else (args.medium,):
-        print(f"wrote {run_medium(medium, args, stamp)}", flush=True)
+    global L1_HUGETLB, FIO_THINK_US
+    L1_HUGETLB, FIO_THINK_US = args.l1_hugetlb, args.fio_think_us
+    with hugetlb_pool(l1_pages(args.sizes_kb)) if L1_HUGETLB else contextlib.nullcontext():
+        for medium in ("disk", "shm") if args.medium == "both" else (args.medium,):
+            print(f"wrote {run_medium(medium, args, stamp)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -200,3 +200,47 @@ def test_sigterm_removes_the_run_directory_and_the_snapshot_as_ctrl_c_does(tmp_p
         for pid in map(int, pids.read_text().split()) if pids.exists() else ():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def fake_pool(tmp_path: Path, total: int, free_after: int) -> Path:
+    """A stand-in for /sys/kernel/mm/hugepages/hugepages-2048kB: nr_hugepages as given, free_hugepages what the
+    kernel would report after the pool was grown."""
+    (tmp_path / "nr_hugepages").write_text(f"{total}\n")
+    (tmp_path / "free_hugepages").write_text(f"{free_after}\n")
+    return tmp_path
+
+
+def test_hugetlb_pool_grows_by_one_l1_for_the_run_and_gives_it_back_also_on_an_error(tmp_path):
+    """--l1-hugetlb: a 2 MiB L1 of 2 x 32 x 4 chunks is 256 pages (+1); the pool (another user's 10 pages in it)
+    is grown by that for the run and set back to 10 after it, also when the run fails."""
+    assert bench_l2.l1_pages([256, 2048]) == 257
+    root = fake_pool(tmp_path, 10, 257)
+    with bench_l2.hugetlb_pool(257, root) as total:
+        assert total == 267 and (root / "nr_hugepages").read_text() == "267"
+    assert (root / "nr_hugepages").read_text() == "10"
+    with pytest.raises(KeyboardInterrupt), bench_l2.hugetlb_pool(257, root):
+        raise KeyboardInterrupt
+    assert (root / "nr_hugepages").read_text() == "10"
+
+
+def test_hugetlb_pool_that_cannot_be_had_stops_the_run_with_the_reason_and_gives_back_what_it_got(tmp_path):
+    """The kernel found room for only 100 of the 257 pages: the run stops before any row, saying so, and the pool
+    is back at 10 (not left at 267 with 100 pages taken from the machine's other users)."""
+    root = fake_pool(tmp_path, 10, 100)
+    ran = False
+    with pytest.raises(SystemExit, match="has 100 free pages after asking for 257 more"):
+        with bench_l2.hugetlb_pool(257, root):
+            ran = True
+    assert not ran and (root / "nr_hugepages").read_text() == "10"
+    with pytest.raises(SystemExit, match="cannot grow the 2 MiB hugetlb pool"):
+        with bench_l2.hugetlb_pool(1, tmp_path / "missing"):
+            pass
+
+
+def test_the_report_says_which_l1_every_row_had(monkeypatch):
+    rows = [row("fio O_DIRECT QD4", "fio", [(500, 500)]), row("ADP", "adp", [(200, 100)])]
+    text = bench_l2.report({2048 * 1024: rows}, "disk", Path("/var/tmp/x/run-1"), (0.5, 0.7), 60, passes=1)
+    assert "- L1 of every row: ordinary memory" in text
+    monkeypatch.setattr(bench_l2, "L1_HUGETLB", True)
+    text = bench_l2.report({2048 * 1024: rows}, "disk", Path("/var/tmp/x/run-1"), (0.5, 0.7), 60, passes=1)
+    assert "- L1 of every row: hugetlb, 2 MiB pages" in text
