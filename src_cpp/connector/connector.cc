@@ -39,6 +39,9 @@ struct Connector::Batch {
   // exclusive, so once `completed` is set no delivery is in flight or starts.
   std::shared_mutex guard;
   bool completed = false;  // guarded by guard
+  // Completed by close() without memory for its completion (Connector::lost_, guarded by Connector::mu_): the
+  // next one of them; drain() makes its completion ("connector closed").
+  Batch* lost_next = nullptr;
 
   // Never throws: a failure whose text cannot be kept (no memory for it) still fails the batch (error_lost).
   void note_error(const std::string& e) noexcept {
@@ -138,6 +141,11 @@ void Connector::start_threads() {
   }
 }
 
+namespace {
+// A pending future's error at close() (16 characters: a std::string of it allocates).
+constexpr const char* kClosedError = "connector closed";
+}  // namespace
+
 bool Connector::stop_threads() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -146,8 +154,17 @@ bool Connector::stop_threads() {
     // Workers blocked on a gateway return first: one holding its batch's
     // guard for a load into registered memory lets go of it only then.
     backend_->interrupt();
-    // Everything still pending completes now, as failed.
-    while (!deadlines_.empty()) complete_locked(deadlines_.begin()->second, false, "connector closed", false);
+    // Everything still pending completes now, as failed; one whose completion cannot be made (no memory: close()
+    // and ~Connector throw nothing) is completed all the same and its completion made by the next drain()
+    // (session 28: a std::bad_alloc here ended the process, std::terminate from ~Connector).
+    while (!deadlines_.empty()) {
+      Batch* b = deadlines_.begin()->second;
+      try {
+        complete_locked(b, false, kClosedError, false);
+      } catch (...) {
+        lose_completion_locked(b);
+      }
+    }
   }
   work_cv_.notify_all();
   deadline_cv_.notify_all();
@@ -155,6 +172,36 @@ bool Connector::stop_threads() {
   workers_.clear();
   if (deadline_thread_.joinable()) deadline_thread_.join();
   return true;
+}
+
+void Connector::lose_completion_locked(Batch* b) noexcept {
+  deadlines_.erase(b->deadline_it);
+  b->deadline_it = deadlines_.end();
+  // Completed from here: no worker writes into its buffers, a store of it is never indexed. Its slices' task_done
+  // find it completed; the extra task keeps it from their retirement until drain() made its completion.
+  if (!b->mark_completed()) return;  // completed by another meanwhile: that one queues its completion
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - b->submitted).count();
+  latency_[static_cast<int>(b->op)].record(static_cast<uint64_t>(us));
+  b->tasks_left++;
+  b->lost_next = lost_;
+  lost_ = b;
+  uint64_t one = 1;
+  ssize_t w = ::write(event_fd_, &one, sizeof one);  // a waiter polling the eventfd drains it
+  (void)w;
+}
+
+void Connector::collect_lost_locked() {
+  while (lost_) {
+    Batch* b = lost_;
+    // What allocates first: a std::bad_alloc leaves b on lost_ for the next drain().
+    Completion c{b->id, false, kClosedError, std::vector<uint8_t>(b->keys.size(), 0)};
+    completions_.reserve(completions_.size() + 1);
+    retired_.reserve(retired_.size() + 1);
+    completions_.push_back(std::move(c));
+    lost_ = b->lost_next;
+    b->lost_next = nullptr;
+    if (--b->tasks_left == 0) retire_locked(b);
+  }
 }
 
 Connector::~Connector() {
@@ -652,6 +699,15 @@ std::vector<Completion> Connector::drain() {
   std::vector<std::unique_ptr<Batch>> retired;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    try {
+      collect_lost_locked();
+    } catch (...) {
+      // No memory (Python: MemoryError): the counter set again, so a waiter polling the eventfd drains again.
+      uint64_t one = 1;
+      ssize_t w = ::write(event_fd_, &one, sizeof one);
+      (void)w;
+      throw;
+    }
     out.swap(completions_);
     retired.swap(retired_);
   }
@@ -666,12 +722,24 @@ void Connector::free_retired() {
   }
 }
 
-void Connector::close() {
+void Connector::close() noexcept {
   if (!stop_threads()) return;
-  StoreStats st = backend_->stats();
+  // Nothing here throws out (session 28: ~Connector calls it): the stats of the closing line without memory for
+  // them (a RemoteBackend's) are left out of it.
+  StoreStats st;
+  bool have_stats = true;
+  try {
+    st = backend_->stats();
+  } catch (...) {
+    have_stats = false;
+  }
   {
     std::unique_lock<std::shared_mutex> bl(backend_mu_);
     backend_.reset();
+  }
+  if (!have_stats) {
+    ADP_INFO("ADPConnector closed: %s (no memory for its stats)", description_.c_str());
+    return;
   }
   ADP_INFO("ADPConnector closed: %s (lookups: %llu keys found, %llu not; loads: %llu hits, %llu misses; %llu stores)",
            description_.c_str(), static_cast<unsigned long long>(lookup_hits_.load()),

@@ -101,8 +101,10 @@ class Connector {
                   std::unique_ptr<BufferOwner> owner);
   // Completions since the last call; consumes the eventfd.
   std::vector<Completion> drain();
-  // Fails what is pending, stops the workers, closes the backend. Idempotent.
-  void close();
+  // Fails what is pending, stops the workers, closes the backend. Idempotent. Throws nothing: a pending future
+  // whose completion cannot be made for want of memory is completed all the same, and its completion ("connector
+  // closed") made by the next drain() (which may throw std::bad_alloc for it, the eventfd signalled again).
+  void close() noexcept;
   // Destroys buffer owners of batches whose workers are done.
   void free_retired();
   StoreStats stats() const;
@@ -169,6 +171,12 @@ class Connector {
   void start_threads();
   // Sets closed_, completes what is pending as failed and joins the threads; false if closed_ was set already.
   bool stop_threads();
+  // close()'s failure of pending b without memory for its completion: b completed, its deadline dropped, queued on
+  // lost_ (an extra task keeps it from retirement), the eventfd signalled. Caller holds mu_.
+  void lose_completion_locked(Batch* b) noexcept;
+  // Makes the completions of lost_'s batches ("connector closed", failed) and retires those whose workers are done.
+  // A std::bad_alloc leaves the rest on lost_. Caller holds mu_.
+  void collect_lost_locked();
 
   mutable std::shared_mutex backend_mu_;  // close() drops the backend while submit() may use it
   std::unique_ptr<Backend> backend_;
@@ -186,6 +194,7 @@ class Connector {
   // delivery, under the batch's guard, as a slow read into the buffer would be.
   std::chrono::milliseconds test_delivery_delay_{0};
   std::vector<Completion> completions_;
+  Batch* lost_ = nullptr;  // closed without memory for their completions (lose_completion_locked), drain() makes them
   uint64_t next_future_ = 1;
   bool closed_ = false;
   std::vector<std::thread> workers_;

@@ -304,20 +304,23 @@ void SegmentPrefaulter::add(const ClientSegment& seg) {
 }
 
 void SegmentPrefaulter::stop() {
+  // Allocates nothing (session 28: it runs in ~SegmentPrefaulter; the std::deque it swapped the queue into allocated
+  // its map, and a std::bad_alloc there ended the gateway, std::terminate).
   std::thread t;
-  std::deque<std::weak_ptr<SegmentMapping>> left;
   {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
     stop_.store(true, std::memory_order_relaxed);
     t = std::move(thread_);
-    left.swap(queue_);
-    pending_.fetch_sub(left.size(), std::memory_order_release);
+    pending_.fetch_sub(queue_.size(), std::memory_order_release);
   }
   cv_.notify_all();
   if (t.joinable()) t.join();
-  for (auto& w : left)  // not begun: another prefaulter of this process may take them
+  // The thread is gone and add() queues nothing once stopping_ is set: queue_ is this thread's alone (walked without
+  // mu_: a mapping whose last owner goes here is unmapped under g_mu, never under mu_).
+  for (auto& w : queue_)  // not begun: another prefaulter of this process may take them
     if (auto m = w.lock()) m->queued.store(false);
+  queue_.clear();
 }
 
 void SegmentPrefaulter::run() {

@@ -190,16 +190,26 @@ CardStore::~CardStore() {
   // region broken: the walk ends in front of the tail there anyway.
   device_->stop_background();  // the pad below does not meet a prefault's piece
   if (read_only_ || !device_->healthy()) return;
-  std::vector<Cut> tail;
-  {
-    std::lock_guard<std::mutex> flock(frontier_mu_);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (frontier_ < 0 || !unresolved_.empty()) return;
-    const RegionManager::Region& reg = regions_[static_cast<uint32_t>(frontier_)];
-    if (reg.write_offset >= region_bytes_ || reg.broken_at != UINT64_MAX) return;
-    tail.push_back({static_cast<uint32_t>(frontier_), reg.epoch, reg.write_offset});
+  // Nothing throws out of here (session 28: a std::bad_alloc of the pad's list or its copy in pad_cuts ended the
+  // process, std::terminate): without memory the pad is left to the next open, which pads the tail as a crash's
+  // cut (it writes to the card then, where a clean close's open writes nothing).
+  try {
+    std::vector<Cut> tail;
+    {
+      std::lock_guard<std::mutex> flock(frontier_mu_);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (frontier_ < 0 || !unresolved_.empty()) return;
+      const RegionManager::Region& reg = regions_[static_cast<uint32_t>(frontier_)];
+      if (reg.write_offset >= region_bytes_ || reg.broken_at != UINT64_MAX) return;
+      tail.push_back({static_cast<uint32_t>(frontier_), reg.epoch, reg.write_offset});
+    }
+    pad_cuts(tail, {});
+  } catch (...) {
+    try {
+      ADP_ERROR("card %s: no memory to pad the frontier region's tail at close: the next open pads it", path().c_str());
+    } catch (...) {
+    }
   }
-  pad_cuts(tail, {});
 }
 
 Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out) {

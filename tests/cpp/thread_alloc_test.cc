@@ -23,11 +23,13 @@
 // thread) fails the batch it holds with the reason and goes on (part "worker", session 26); the background
 // reconnect counts an exception as a failed attempt and goes on (part "reconnect", session 26). The deadline
 // thread waits out an allocation failure of a batch's time-out: the future still fails "timed out" (part
-// "deadline", session 27). An exception on a
+// "deadline", session 27). Close() and ~Connector throw nothing: each allocation of either failed in turn with
+// batches pending, every future still completes once, failed "connector closed" (part "close", session 28). An
+// exception on a
 // connection's store reader fails that store with the reason, the reader and the connection go on (part "reader").
 //
-//   thread_alloc_test TMPFS_DIR [store|gateway|connection|reader|connector|worker|deadline|remote|reconnect|sweep]
-//   (store by default)
+//   thread_alloc_test TMPFS_DIR
+//   [store|gateway|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep] (store by default)
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -648,6 +650,142 @@ void deadline_goes_on_after_an_exception() {
       k);
 }
 
+// A backend whose sessions' stores wait until the connector's close() interrupts it (then fail): batches stay
+// pending until close(), whichever worker holds one.
+class BlockingBackend : public NullBackend {
+ public:
+  class Session : public NullSession {
+   public:
+    explicit Session(const std::atomic<bool>* interrupted) : interrupted_(interrupted) {}
+    void put(const adp::PutItem*, size_t n, adp::Status* results, adp::Deadline, const adp::GuardedReadFn&) override {
+      while (!interrupted_->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (size_t i = 0; i < n; i++) results[i] = adp::Status::Closed("interrupted");
+    }
+
+   private:
+    const std::atomic<bool>* interrupted_;
+  };
+  std::unique_ptr<adp::BackendSession> new_session() override { return std::make_unique<Session>(&interrupted_); }
+  void interrupt() override { interrupted_ = true; }
+
+ private:
+  std::atomic<bool> interrupted_{false};
+};
+
+// Session 28: each allocation of close() (on the calling thread) with three store batches pending failed in turn,
+// then each of ~Connector's (close() not called first): the process lives, close() throws nothing, and after it one
+// drain() has every batch's completion, once each, failed "connector closed" with no key stored (one whose
+// completion close() had no memory for is completed all the same; the drain makes it). The old code: close() threw
+// std::bad_alloc out of failing the pending batches, its threads left running, and ~Connector ended the process
+// (std::terminate).
+void close_fails_every_pending_batch() {
+  adp::ConnectorOptions opts;
+  opts.num_workers = 2;
+  opts.timeout_ms = 600000;  // no batch times out before close()
+  const std::vector<uint8_t> none(2, 0);
+  for (const bool destructor : {false, true}) {
+    int k = 0;
+    for (; k < 200; k++) {
+      auto c = std::make_unique<adp::Connector>(std::make_unique<BlockingBackend>(), opts);
+      std::vector<uint8_t> mem(3 * 128, 7);
+      std::vector<uint64_t> ids;
+      for (int i = 0; i < 3; i++) {
+        uint8_t* m = mem.data() + 128 * i;
+        const std::string p = "b" + std::to_string(i) + "/";
+        ids.push_back(c->submit(adp::OpType::kSet, {p + "a", p + "b"}, {{m, 64}, {m + 64, 64}}, nullptr));
+      }
+      fail_after = k;
+      if (destructor) {
+        c.reset();  // noexcept: an exception out of it is std::terminate
+      } else {
+        try {
+          c->close();
+        } catch (...) {
+          CHECK(false, "let %d: close() threw", k);
+        }
+      }
+      const bool injected = fail_after == -1;
+      fail_after = -1;
+      if (!destructor) {
+        std::vector<adp::Completion> got;
+        try {
+          got = c->drain();
+        } catch (const std::bad_alloc&) {
+          CHECK(false, "let %d: the drain after close() threw std::bad_alloc", k);
+        }
+        for (const uint64_t id : ids) {
+          int seen = 0;
+          for (const adp::Completion& g : got) {
+            if (g.future_id != id) continue;
+            seen++;
+            CHECK(!g.ok && g.error == "connector closed" && g.per_key == none,
+                  "let %d: future %" PRIu64 " after close(): %d '%s'", k, id, g.ok, g.error.c_str());
+          }
+          CHECK(seen == 1, "let %d: future %" PRIu64 " completed %d times by close() and a drain", k, id, seen);
+        }
+        CHECK(got.size() == ids.size(), "let %d: %zu completions for %zu futures", k, got.size(), ids.size());
+        CHECK(c->drain().empty(), "let %d: a second drain found more", k);
+        c.reset();
+      }
+      if (!injected) break;  // every allocation of close() (or ~Connector) has been failed
+    }
+    CHECK(k >= 3 && k < 200, "%s: %d allocations failed", destructor ? "~Connector" : "close()", k);
+    std::printf("connector: %d allocations of %s with 3 batches pending failed: the process lives%s\n", k,
+                destructor ? "~Connector" : "close()",
+                destructor ? "" : ", every future completed once, failed 'connector closed'");
+  }
+}
+
+// Session 28 (gwexc28 item 2): each allocation of ~CardStore (the frontier's pad at a clean close: its list, the
+// copy pad_cuts makes) failed in turn after a store: the process lives, and the next open (which pads the tail as a
+// crash's cut) reads the object back and stores another. The old code: std::terminate (out of the destructor).
+void card_store_close_throws_nothing(const std::string& dir) {
+  const std::string path = dir + "/close-pad.img";
+  adp::CardOptions o;
+  o.path = path;
+  o.create_bytes = adp::kDataOffset + 8 * (1u << 20);
+  o.region_bytes = 1u << 20;
+  o.recovery_threads = 1;
+  const std::vector<uint8_t> v = adp::testing::pattern(20000, 3), w = adp::testing::pattern(30000, 4);
+  int k = 0;
+  for (; k < 50; k++) {
+    ::unlink(path.c_str());
+    std::unique_ptr<adp::CardStore> store;
+    adp::Status s = adp::CardStore::Open(o, &store);
+    CHECK(s.ok(), "let %d: open: %s", k, s.message().c_str());
+    if (!s.ok()) return;
+    {
+      adp::IoContext ctx;
+      adp::PutItem item{"pad/a", v.data(), v.size()};
+      store->put(ctx, &item, 1, &s, [] { return true; });
+      CHECK(s.ok(), "let %d: put: %s", k, s.message().c_str());
+    }
+    fail_after = k;
+    store.reset();  // noexcept: an exception out of it is std::terminate
+    const bool injected = fail_after == -1;
+    fail_after = -1;
+    s = adp::CardStore::Open(o, &store);
+    CHECK(s.ok(), "let %d: reopen: %s", k, s.message().c_str());
+    if (!s.ok()) return;
+    adp::IoContext ctx;
+    std::vector<uint8_t> got;
+    s = store->get(ctx, "pad/a", [&](size_t size, const adp::CopyFn& copy) {
+      got.assign(size, 0);
+      return copy(got.data());
+    });
+    CHECK(s.ok() && got == v, "let %d: the object after the reopen: %s", k, s.message().c_str());
+    adp::PutItem item{"pad/b", w.data(), w.size()};
+    store->put(ctx, &item, 1, &s, [] { return true; });
+    CHECK(s.ok(), "let %d: a put after the reopen: %s", k, s.message().c_str());
+    store.reset();
+    if (!injected) break;
+  }
+  CHECK(k >= 1 && k < 50, "%d allocations of ~CardStore failed", k);
+  std::printf("card store: %d allocations of ~CardStore failed: the process lives, the next open reads the object\n",
+              k);
+  ::unlink(path.c_str());
+}
+
 adp::GatewayClientOptions nowhere(const std::string& dir) {
   adp::GatewayClientOptions o;
   adp::proto::parse_endpoint("unix://" + dir + "/no-gateway.sock", &o.endpoint);
@@ -679,6 +817,84 @@ void start_connect_without_a_thread(const std::string& dir) {
   CHECK(adp::testing::threads_named("adp-connect") == 0, "a start-up connect thread");
   const adp::Status st = exists_one(*s);
   CHECK(st.code() == adp::Status::Code::kUnavailable, "the batch after: %s", st.message().c_str());
+}
+
+// Session 28 (gwexc28 item 2): destructors that allocate nothing, each run with the next allocation on this thread
+// set to fail (armed): the injection is still armed afterwards. ~SegmentPrefaulter with its thread started: the old
+// code's stop() swapped its queue into a new std::deque, whose map it allocated (std::terminate here). An IoContext
+// that served a store and a load, a mapped CardDevice whose prefault ran, a GatewayClient-less RemoteSession and its
+// RemoteBackend after an outage (their drops' log lines are caught: each of their allocations failed in turn, the
+// process lives).
+void destructors_allocate_nothing(const std::string& dir) {
+  auto armed_reset = [](const char* what, auto& p) {
+    fail_after = 0;
+    p.reset();
+    CHECK(fail_after == 0, "%s allocated", what);
+    fail_after = -1;
+  };
+  {
+    const std::string path = dir + "/dtor-segment";
+    int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    CHECK(fd >= 0 && ::ftruncate(fd, 1 << 20) == 0, "create %s", path.c_str());
+    if (fd >= 0) ::close(fd);
+    std::unique_ptr<ClientSegment> seg;
+    CHECK(ClientSegment::Attach(::open(path.c_str(), O_RDWR | O_CLOEXEC), 1 << 20, &seg).ok(), "attach");
+    auto pre = std::make_unique<SegmentPrefaulter>();
+    if (seg) pre->add(*seg);  // its thread started
+    armed_reset("~SegmentPrefaulter", pre);
+    seg.reset();
+    ::unlink(path.c_str());
+  }
+  {
+    const std::string path = dir + "/dtor-card.img";
+    adp::CardOptions o;
+    o.path = path;
+    o.create_bytes = adp::kDataOffset + 8 * (1u << 20);
+    o.region_bytes = 1u << 20;
+    o.recovery_threads = 1;
+    std::unique_ptr<adp::CardStore> store;
+    CHECK(adp::CardStore::Open(o, &store).ok(), "open %s", path.c_str());
+    if (store) {
+      auto ctx = std::make_unique<adp::IoContext>();
+      const std::vector<uint8_t> v = adp::testing::pattern(100000, 5);
+      adp::PutItem item{"dtor/a", v.data(), v.size()};
+      adp::Status st;
+      store->put(*ctx, &item, 1, &st, [] { return true; });
+      std::vector<uint8_t> got;
+      st = store->get(*ctx, "dtor/a", [&](size_t size, const adp::CopyFn& copy) {
+        got.assign(size, 0);
+        return copy(got.data());
+      });
+      CHECK(st.ok() && got == v, "the load before ~IoContext: %s", st.message().c_str());
+      armed_reset("~IoContext", ctx);
+      store.reset();
+    }
+    std::unique_ptr<adp::CardDevice> dev;
+    CHECK(adp::CardDevice::Open(path, 0, &dev).ok() && dev->mapped(), "open the device of %s mapped", path.c_str());
+    if (dev) {
+      dev->start_prefault();
+      armed_reset("~CardDevice", dev);
+    }
+    ::unlink(path.c_str());
+  }
+  int k = 0;
+  for (; k < 200; k++) {
+    auto rb = std::make_unique<adp::RemoteBackend>(nowhere(dir));
+    std::unique_ptr<adp::BackendSession> s = rb->new_session();
+    const adp::Status st = exists_one(*s);  // an outage: the background reconnect started
+    CHECK(st.code() == adp::Status::Code::kUnavailable, "the batch: %s", st.message().c_str());
+    fail_after = k;
+    s.reset();
+    rb.reset();
+    const bool injected = fail_after == -1;
+    fail_after = -1;
+    if (!injected) break;
+  }
+  CHECK(k < 200, "~RemoteSession and ~RemoteBackend: %d allocations failed", k);
+  std::printf(
+      "destructors: ~SegmentPrefaulter, ~IoContext and ~CardDevice allocate nothing; %d allocations of ~RemoteSession "
+      "and ~RemoteBackend failed: the process lives\n",
+      k);
 }
 
 // The start-up connect's thread, each of its allocations failed in turn (the connect's, then the background
@@ -1108,10 +1324,10 @@ void allocation_failure_sweep(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(
-        stderr,
-        "usage: %s TMPFS_DIR [store|gateway|connection|reader|connector|worker|deadline|remote|reconnect|sweep]\n",
-        argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s TMPFS_DIR "
+                 "[store|gateway|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1], part = argc == 3 ? argv[2] : "store";
@@ -1134,6 +1350,10 @@ int main(int argc, char** argv) {
     worker_goes_on_after_an_exception();
   } else if (part == "deadline") {
     deadline_goes_on_after_an_exception();
+  } else if (part == "close") {
+    close_fails_every_pending_batch();
+    card_store_close_throws_nothing(dir);
+    destructors_allocate_nothing(dir);
   } else if (part == "reconnect") {
     reconnect_goes_on_after_an_exception(dir);
   } else if (part == "reader") {

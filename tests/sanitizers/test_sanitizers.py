@@ -198,6 +198,22 @@ def test_store_reader_failure_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+def test_close_without_memory_under_asan(tmp_path):
+    """Session 28: Connector::close() and ~Connector with three batches pending, and ~CardStore after a store, each
+    of their allocations failed in turn (tests/cpp/thread_alloc_test.cc part close, its operator new): nothing
+    leaks (a batch close() had no memory to complete is freed by drain() or ~Connector), nothing is used after it
+    is freed."""
+    dirs = ("store", "util", "testing", "gateway", "protocol", "connector", "transport")  # test_no_thread's
+    binary = cpp.build("thread_alloc_test", tmp_path, dirs, sanitize="asan")
+    shm = tempfile.mkdtemp(prefix="adp-thread-alloc-", dir="/dev/shm")
+    try:
+        out = cpp.run(binary, shm, "close", timeout=600)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    assert "of ~Connector with 3 batches pending failed: the process lives" in out, out[-3000:]
+
+
+@pytest.mark.sanitizer
 def test_stop_during_a_pipelined_store_frees_nothing_its_reader_uses_under_asan(tmp_path):
     """Review r9 S1: stop() gives up on a connection whose pipelined store's reader is in its second
     piece (stalled 8 s) while the connection's thread, woken by the first, waits 6 s before going back

@@ -163,6 +163,24 @@ def test_the_connector_deadline_thread_goes_on_after_an_exception(thread_alloc_t
     ]
 
 
+def test_connector_close_and_destructor_throw_nothing_and_fail_every_pending_batch(thread_alloc_test):
+    """Session 28 (gwexc28 item 1): each allocation of Connector::close() with three store batches pending failed in
+    turn, then each of ~Connector's: the process lives, close() throws nothing, and one drain() after it holds every
+    batch's completion once, failed 'connector closed' with no key stored (a completion close() had no memory for is
+    made by the drain); each allocation of ~CardStore (its clean close's pad) failed in turn: the next open reads the
+    object. Red on 688c95a: 'terminate called without an active exception' (close() threw, ~Connector destroyed its
+    running threads) and, for ~CardStore, 'terminate called after throwing an instance of 'std::bad_alloc''."""
+    out = run_part(thread_alloc_test, "close")
+    assert "of close() with 3 batches pending failed: the process lives, every future completed once" in out, out[
+        -3000:
+    ]
+    assert "of ~Connector with 3 batches pending failed: the process lives" in out, out[-3000:]
+    # gwexc28 item 2: ~CardStore's pad at a clean close without memory is left to the next open.
+    assert "of ~CardStore failed: the process lives, the next open reads the object" in out, out[-3000:]
+    assert "no memory to pad the frontier region's tail at close: the next open pads it" in out, out[-3000:]
+    assert "destructors: ~SegmentPrefaulter, ~IoContext and ~CardDevice allocate nothing" in out, out[-3000:]
+
+
 def test_the_background_reconnect_goes_on_after_an_exception(thread_alloc_test):
     """Session 26 (gwexc26 item 1): each allocation on the reconnect thread (adp-reconnect) failed in turn while no
     gateway answers: a failed attempt (ERROR, back-off), and once a gateway answers at the socket the thread connects
