@@ -106,15 +106,21 @@ int main(int argc, char** argv) {
   // before its payload); `full` of them spread over the disk workload every crash of crashes_at (all in `all`);
   // the mapped card's a torn one too in `all`. `quick`: 4 points of each, every crash there.
   const uint64_t full = all ? 0 : 16, syncs = all ? 0 : quick ? 2 : 16, points = quick ? 4 : 0;
-  uint64_t full_points = 0;
+  auto every_crash = [&](uint64_t p, uint64_t writes) {
+    return quick || !full || p * full / writes != (p + 1) * full / writes;
+  };
+  uint64_t full_here = 0;  // of them, crashed at here (crash_shard())
   Coverage disk = crash_everywhere(ops, "disk", points, syncs, [&](uint64_t p, uint64_t writes) -> uint64_t {
-    if (quick || !full || p * full / writes != (p + 1) * full / writes) {
-      full_points++;
+    if (every_crash(p, writes)) {
+      full_here++;
       return crashes_at(ops, p, kLaterTear);
     }
     cut_keeping_at(ops, p, true);
     return 1;
   });
+  uint64_t full_points = 0;  // the points of the selection with every crash
+  for (uint64_t i = 0; i < disk.points; i++) full_points += every_crash(i * disk.writes / disk.points, disk.writes);
+  shard_line("disk", full_here, full_points, "points with every crash");
   crash_card().mapped = true;
   Coverage map = crash_everywhere(ops, "mapped", points, syncs, [&](uint64_t p, uint64_t) -> uint64_t {
     cut_keeping_at(ops, p, true);

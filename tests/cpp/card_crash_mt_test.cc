@@ -95,7 +95,11 @@ using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 using adp::testing::put_one;
 using adp::testing::read_object;
+using adp::testing::crash::crash_shard;
 using adp::testing::crash::key_name;
+using adp::testing::crash::parse_shard;
+using adp::testing::crash::Shard;
+using adp::testing::crash::shard_line;
 using adp::testing::crash::value_bytes;
 
 constexpr uint64_t kRegionBytes = 1 << 20, kRegions = 8;
@@ -463,6 +467,8 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 << 20);  // the images and values from a heap kept between runs
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   const char* env = std::getenv("ADP_CRASH_ALL");
+  parse_shard(argc, argv);
+  const Shard shard = crash_shard();
   Config cfg;
   cfg.all = has_arg(argc, argv, "all") || (env && std::string(env) == "1");
   cfg.quick = has_arg(argc, argv, "quick");
@@ -474,8 +480,12 @@ int main(int argc, char** argv) {
   std::vector<Fault> faults = {kPowerCut, kProcessCrash};
   if (cfg.all) faults.push_back(kKeepSome);
   Totals tot;
-  uint64_t points_run = 0, max_writes = 0;
+  uint64_t points_run = 0, max_writes = 0, here = 0;
   for (uint64_t seed = first_seed; seed < first_seed + seeds; seed++) {
+    // Split (shard=K/N), the seeds are dealt out in turn: each counts its own run's writes (they differ with the
+    // interleaving from process to process), so a point list dealt out would not be one list.
+    if (!shard.takes_in_turn(seed - first_seed)) continue;
+    here++;
     // Clean runs count the run's writes (they differ a little with the interleaving): the most of them.
     uint64_t writes = 0;
     for (int i = 0; i < 3; i++) writes = std::max(writes, run_point(cfg, seed, i, kNoFault, &tot));
@@ -496,6 +506,7 @@ int main(int argc, char** argv) {
           points_run++;
         }
   }
+  shard_line("mt", here, seeds, "seeds");
   std::printf("card_crash_mt_test: %s: %" PRIu64 " seed(s) from %" PRIu64 ", %d threads, %zu faults, %" PRIu64
               " runs at write points (of up to %" PRIu64 " per run), the cut reached in %" PRIu64 ", %" PRIu64
               " of them with steps of 2+ threads in flight; %" PRIu64

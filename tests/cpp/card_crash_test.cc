@@ -379,7 +379,9 @@ void key_index_model() {
 int main(int argc, char** argv) {
   const char* env = std::getenv("ADP_CRASH_ALL");
   bool all = (argc > 1 && std::string(argv[1]) == "all") || (env && std::string(env) == "1");
-  key_index_model();
+  parse_shard(argc, argv);
+  const Shard shard = crash_shard();
+  if (shard.first()) key_index_model();
   auto ops = make_script();
   Run clean;
   uint64_t syncs = 0;
@@ -391,26 +393,35 @@ int main(int argc, char** argv) {
   } else {
     for (uint64_t i = 0; i < kBounded; i++) points.push_back(i * writes / kBounded + (i * 7) % 3);
   }
-  uint64_t runs = 0;
+  uint64_t runs = 0, here = 0, chosen = 0;
   for (uint64_t p : points) {
     if (p >= writes) continue;
-    runs += crashes_at(ops, p);
+    if (shard.takes(chosen++)) runs += crashes_at(ops, p), here++;
   }
+  shard_line("mixed", here, chosen, "write points");
   // Failed syncs: every sync point of the mixed workload.
+  here = 0;
   for (uint64_t p = 0; p < syncs; p++) {
+    if (!shard.takes(p)) continue;
     fail_sync_at(ops, p);
-    runs++;
+    runs++, here++;
   }
+  shard_line("mixed", here, syncs, "sync points");
   // Spanning records: every write point, whole and torn cuts, failed writes.
   auto span_ops = make_span_script();
   Run span_clean;
   uint64_t span_writes = count_writes(span_ops, &span_clean, "spanning");
-  for (uint64_t p = 0; p < span_writes; p++) runs += crashes_at(span_ops, p);
-  hole_before_acknowledged_store();
-  lost_region_header_reused_epoch();
-  delete_while_store_unsettled();
-  unreadable_block();
-  unreadable_superblock();
+  here = 0;
+  for (uint64_t p = 0; p < span_writes; p++)
+    if (shard.takes(p)) runs += crashes_at(span_ops, p), here++;
+  shard_line("spanning", here, span_writes, "write points");
+  if (shard.first()) {  // the one-off scenarios
+    hole_before_acknowledged_store();
+    lost_region_header_reused_epoch();
+    delete_while_store_unsettled();
+    unreadable_block();
+    unreadable_superblock();
+  }
   std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), all %" PRIu64 " sync points, all %" PRIu64
               " write points of the spanning workload, %" PRIu64 " runs, %d failures; %" PRIu64
               " reopens checked for damage counted (none may be)\n",

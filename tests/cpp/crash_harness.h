@@ -422,6 +422,49 @@ struct Selection {
   bool all = false, quick = false;
 };
 
+// The share of its selection a crash program runs: with the argument `shard=K/N` (0 <= K < N), the i-th point
+// of each list it would crash at (write points, sync points) runs only where
+// mix(i) % N == K (mix: splitmix64's finalizer; not i % N, which gave one process every one of the fill
+// test's points with every crash, every 4th), so N processes with K = 0..N-1 run the selection between them, each point
+// once (tests/support/cpp.py run_split: the CI's second core). Without it (0/1) every point runs here. A process with K
+// > 0 leaves out the programs' one-off scenarios (shard 0 runs them). Each list's share is printed as "crash harness:
+// <list>: shard K/N ran R of S <what>" (shard_line), which run_split adds up.
+struct Shard {
+  uint64_t index = 0, count = 1;
+  bool takes(uint64_t i) const {
+    uint64_t z = i + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (z ^ (z >> 31)) % count == index;
+  }
+  bool takes_in_turn(uint64_t i) const { return i % count == index; }  // the multi-writer test's seeds
+  bool first() const { return index == 0; }
+};
+
+inline Shard& crash_shard() {
+  static Shard shard;
+  return shard;
+}
+
+// Reads `shard=K/N` from the arguments into crash_shard(); a malformed one ends the program (exit 2).
+inline void parse_shard(int argc, char** argv) {
+  for (int i = 1; i < argc; i++) {
+    if (std::strncmp(argv[i], "shard=", 6) != 0) continue;
+    unsigned long long k = 0, n = 0;
+    char end = 0;
+    if (std::sscanf(argv[i] + 6, "%llu/%llu%c", &k, &n, &end) != 2 || n == 0 || k >= n) {
+      std::fprintf(stderr, "bad argument %s: shard=K/N with 0 <= K < N\n", argv[i]);
+      std::exit(2);
+    }
+    crash_shard() = Shard{k, n};
+  }
+}
+
+inline void shard_line(const char* list, uint64_t ran, uint64_t selected, const char* what) {
+  std::printf("crash harness: %s: shard %" PRIu64 "/%" PRIu64 " ran %" PRIu64 " of %" PRIu64 " %s\n", list,
+              crash_shard().index, crash_shard().count, ran, selected, what);
+}
+
 // The program's selection from its arguments; and each run's image (12 MiB or so) and values (up to some
 // MiB) from the heap kept between runs, not mapped and unmapped each time (half the run time was the
 // kernel's, faulting fresh pages in).
@@ -430,6 +473,7 @@ inline Selection crash_program_start(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   const char* env = std::getenv("ADP_CRASH_ALL");
   const std::string mode = argc > 1 ? argv[1] : "";
+  parse_shard(argc, argv);
   return Selection{mode == "all" || (env && std::string(env) == "1"), mode == "quick"};
 }
 
@@ -438,6 +482,7 @@ struct Coverage {
   uint64_t points = 0, writes = 0;    // write points crashed at, of the workload's
   uint64_t syncs_run = 0, syncs = 0;  // sync points failed, of the workload's
   uint64_t runs = 0;
+  uint64_t points_here = 0, syncs_here = 0;  // of those, run by this process (crash_shard())
 };
 
 // Runs ops once to count its writes and syncs (checking the clean run), then crashes at each chosen write
@@ -450,12 +495,23 @@ inline Coverage crash_everywhere(const std::vector<Op>& ops, const char* name, u
   Coverage c;
   c.writes = count_writes(ops, &clean, name, &c.syncs);
   c.points = bounded && c.writes > bounded ? bounded : c.writes;
-  for (uint64_t i = 0; i < c.points; i++) c.runs += at_point(i * c.writes / c.points, c.writes);
+  for (uint64_t i = 0; i < c.points; i++) {
+    if (!crash_shard().takes(i)) continue;
+    c.runs += at_point(i * c.writes / c.points, c.writes);
+    c.points_here++;
+  }
   c.syncs_run = bounded_syncs && c.syncs > bounded_syncs ? bounded_syncs : c.syncs;
-  for (uint64_t i = 0; i < c.syncs_run; i++, c.runs++) fail_sync_at(ops, i * c.syncs / c.syncs_run);
+  for (uint64_t i = 0; i < c.syncs_run; i++) {
+    if (!crash_shard().takes(i)) continue;
+    fail_sync_at(ops, i * c.syncs / c.syncs_run);
+    c.runs++;
+    c.syncs_here++;
+  }
   std::printf("crash harness: %s: %" PRIu64 " of %" PRIu64 " write points, %" PRIu64 " of %" PRIu64
               " sync points, %" PRIu64 " runs\n",
               name, c.points, c.writes, c.syncs_run, c.syncs, c.runs);
+  shard_line(name, c.points_here, c.points, "write points");
+  shard_line(name, c.syncs_here, c.syncs_run, "sync points");
   return c;
 }
 

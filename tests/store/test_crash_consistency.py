@@ -35,11 +35,18 @@ import pytest
 from tests.support import cpp
 
 
-def run_crash_program(name: str, tmp_path, *args: str) -> str:
-    """Builds and runs tests/cpp/<name>.cc with `args`; asserts no check failed and reopens were checked."""
-    output = cpp.run(cpp.build(name, tmp_path), *args, timeout=1800, shown=20000)
-    assert " 0 failures; " in output and "reopens checked for damage counted (none may be)" in output
-    return output
+def run_crash_program(name: str, tmp_path, *args: str, split: bool = True) -> str:
+    """Builds and runs tests/cpp/<name>.cc with `args`, split over two processes at once (cpp.run_split: each
+    crashes at its share of the points, all of them between the two; the CI's second core) unless not `split`;
+    asserts no check failed and reopens were checked in each. Returns the outputs joined, shard 0's first (the
+    one-off scenarios')."""
+    if split:
+        outputs = cpp.run_split(cpp.build(name, tmp_path), *args, timeout=1800, shown=20000)
+    else:
+        outputs = [cpp.run(cpp.build(name, tmp_path), *args, timeout=1800, shown=20000)]
+    for output in outputs:
+        assert " 0 failures; " in output and "reopens checked for damage counted (none may be)" in output
+    return "\n".join(outputs)
 
 
 def test_crash_consistency_on_fault_device(tmp_path):
@@ -74,11 +81,13 @@ def test_crash_consistency_stores_every_point(name, tmp_path):
 
 
 def test_crash_consistency_concurrent_writers(tmp_path):
-    output = run_crash_program("card_crash_mt_test", tmp_path)
+    # One seed: the split deals out seeds (each process counts its own run's writes), so it is not split.
+    output = run_crash_program("card_crash_mt_test", tmp_path, split=False)
     assert "default: 1 seed(s) from 1, 3 threads, 2 faults" in output, output[-3000:]
 
 
 @pytest.mark.slow
 def test_crash_consistency_concurrent_writers_every_seed(tmp_path):
-    output = run_crash_program("card_crash_mt_test", tmp_path, "all")
-    assert "all: 4 seed(s) from 1, 4 threads, 3 faults" in output, output[-3000:]
+    output = run_crash_program("card_crash_mt_test", tmp_path, "all")  # seeds 1 and 3 in one process, 2 and 4
+    assert output.count("all: 4 seed(s) from 1, 4 threads, 3 faults") == 2, output[-3000:]
+    assert all(f"card_crash_mt_test: seed {seed}, 4 threads" in output for seed in range(1, 5)), output[-3000:]

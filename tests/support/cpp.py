@@ -35,6 +35,7 @@ import fcntl
 import importlib.util
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,46 @@ def run(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> st
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and f"{binary.name}: PASS" in proc.stdout, output[-shown:]
     return output
+
+
+SPLIT = 2  # processes a split crash program runs in: the CI VM's two cores
+
+
+def run_split(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> list[str]:
+    """Runs a crash program (tests/cpp/crash_harness.h) as SPLIT processes at once, the K-th with the argument
+    `shard=K/SPLIT`: between them they crash at every point of its selection, each point in one of them. Asserts
+    every one passed (the failure message shows the last `shown` characters of each one's output) and that the
+    shares each list printed ("crash harness: <list>: shard K/N ran R of S ...") add up to its selection, each
+    list printed by every process with the same S. Returns their outputs, shard 0's first (it alone runs the
+    programs' one-off scenarios)."""
+    env = {**os.environ, "ADP_LOG_LEVEL": "ERROR"}
+    with ThreadPoolExecutor(SPLIT) as pool:
+        procs = list(
+            pool.map(
+                lambda k: process_group.run([str(binary), *args, f"shard={k}/{SPLIT}"], timeout=timeout, env=env),
+                range(SPLIT),
+            )
+        )
+    outputs = [p.stdout + p.stderr for p in procs]
+    passed = [p.returncode == 0 and f"{binary.name}: PASS" in p.stdout for p in procs]
+    report = "\n".join(
+        f"--- {binary.name} shard={k}/{SPLIT} exited {p.returncode} ---\n{out[-shown:]}"
+        for k, (p, out) in enumerate(zip(procs, outputs, strict=True))
+    )
+    assert all(passed), report
+    shares: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    for k, out in enumerate(outputs):
+        for name, shard, count, ran, selected, what in re.findall(
+            r"^crash harness: (.+): shard (\d+)/(\d+) ran (\d+) of (\d+) (.+)$", out, re.MULTILINE
+        ):
+            assert (int(shard), int(count)) == (k, SPLIT), report
+            shares.setdefault((name, what), []).append((k, int(ran), int(selected)))
+    assert shares, f"no shard lines printed:\n{report}"
+    for key, got in shares.items():
+        # One line a process, the same selection in each; their shares add up to it.
+        assert sorted(k for k, _, _ in got) == list(range(SPLIT)), (key, got)
+        assert len({sel for _, _, sel in got}) == 1 and sum(ran for _, ran, _ in got) == got[0][2], (key, got)
+    return outputs
 
 
 def run_on_cards(binary: Path, tmp_path: Path, tmpfs_says: str = "", disk: bool = True, timeout: float = 300) -> None:
