@@ -597,9 +597,9 @@ def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir):
 class WedgedLoads:
     """A gateway with one I/O context (--io-contexts 1) on a tmpfs card whose loads' card reads "hang" `hang_ms`
     (ADP_TEST_RING_PIECE_DELAY_MS before each 1 MiB object's one piece, inside the context), a@0 and b@0 stored,
-    and connector C (two workers, through the ring, gateway_stall_s=STALL_S). start(): C's load of a@0 takes the
-    context and hangs in its read; 0.3 s later C's load of b@0 waits for the context, and nothing in the gateway
-    moves."""
+    and connector C (two workers, each connected beforehand, through the ring, gateway_stall_s=STALL_S). start():
+    C's load of a@0 takes the context and hangs in its read; 0.3 s later C's load of b@0 waits for the context, and
+    nothing in the gateway moves."""
 
     def __init__(self, hang_ms: int):
         self.dir = tempfile.mkdtemp(prefix="adpwc-", dir="/dev/shm")
@@ -612,14 +612,31 @@ class WedgedLoads:
             ok = w.set(self.keys, [memoryview(x) for x in self.datas])[0]  # only loads' pieces are delayed
             w.conn.close()
             assert ok, self.gw.log()
+            assert eventually(lambda: read_gateway_stats(self.gw.unix_url)["clients"] == 0, 10), self.gw.log()
             self.conn = ADPConnector(
                 gateway=self.gw.unix_url, num_workers=2, timeout_ms=20000, process_memory=False, gateway_stall_s=STALL_S
             )
+            self.connect_both_workers()
         except BaseException:
             self.close()
             raise
         self.c = RawConnector(self.conn)
         self.outs = [bytearray(1 << 20), bytearray(1 << 20)]
+
+    def connect_both_workers(self) -> None:
+        """Both of C's workers connected before the wedge, so that b's load goes on a connection made already. Left to
+        its first batch, b's worker connected while a's read hung, and on a loaded host that connect's HelloOk once
+        came past its 2 s bound (kConnectTimeout): b failed "unavailable: gateway did not answer in time", an outage,
+        not the wait for the context this test is about (cause not found: a new connection is answered within
+        milliseconds during the wedge otherwise). Pairs of lookups until the gateway counts C's two connections
+        (the writer's gone before C started)."""
+        c = RawConnector(self.conn)
+        for _ in range(50):
+            fids = [self.conn.submit_batch_exists([k]) for k in self.keys]
+            assert all(c.wait(f, timeout=10)[0] for f in fids), self.gw.log()
+            if read_gateway_stats(self.gw.unix_url)["clients"] == 2:
+                return
+        raise AssertionError("C's two workers did not both connect in 50 pairs of lookups:\n" + self.gw.log())
 
     def start(self) -> None:
         self.fa = self.conn.submit_batch_get(["a@0"], [memoryview(self.outs[0])])
@@ -634,7 +651,7 @@ class WedgedLoads:
     def finish(self) -> None:
         """Both loads answer once the read ends, and C reads the gateway working again."""
         ra, rb = self.c.wait(self.fa, timeout=20), self.c.wait(self.fb, timeout=20)
-        assert ra[0] and rb[0] and [bytes(o) for o in self.outs] == self.datas, (ra, rb)
+        assert ra[0] and rb[0] and [bytes(o) for o in self.outs] == self.datas, (ra, rb, self.gw.log())
         assert self.conn.stats()["gateway_stalled"] is False
 
     def close(self) -> None:
