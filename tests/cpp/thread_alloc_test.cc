@@ -55,6 +55,7 @@
 #include "store/card_device.h"
 #include "store/card_store.h"
 #include "store/recovery.h"
+#include "test_card.h"
 #include "test_gateway.h"
 #include "transport/remote_backend.h"
 #include "util/crc32c.h"
@@ -741,10 +742,7 @@ void close_fails_every_pending_batch() {
 // crash's cut) reads the object back and stores another. The old code: std::terminate (out of the destructor).
 void card_store_close_throws_nothing(const std::string& dir) {
   const std::string path = dir + "/close-pad.img";
-  adp::CardOptions o;
-  o.path = path;
-  o.create_bytes = adp::kDataOffset + 8 * (1u << 20);
-  o.region_bytes = 1u << 20;
+  adp::CardOptions o = adp::testing::card_options(1u << 20, path, adp::testing::card_bytes(8, 1u << 20));
   o.recovery_threads = 1;
   const std::vector<uint8_t> v = adp::testing::pattern(20000, 3), w = adp::testing::pattern(30000, 4);
   int k = 0;
@@ -847,10 +845,7 @@ void destructors_allocate_nothing(const std::string& dir) {
   }
   {
     const std::string path = dir + "/dtor-card.img";
-    adp::CardOptions o;
-    o.path = path;
-    o.create_bytes = adp::kDataOffset + 8 * (1u << 20);
-    o.region_bytes = 1u << 20;
+    adp::CardOptions o = adp::testing::card_options(1u << 20, path, adp::testing::card_bytes(8, 1u << 20));
     o.recovery_threads = 1;
     std::unique_ptr<adp::CardStore> store;
     CHECK(adp::CardStore::Open(o, &store).ok(), "open %s", path.c_str());
