@@ -986,7 +986,14 @@ Status ClientHandler::run_batch(const proto::BatchRequest& req, uint64_t request
           // deadline (the item then answers TimedOut, a failure, not a miss).
           if (base && ring_progress_) {
             PieceGuardFn piece = [&](size_t upto, const std::function<void()>& read) {
-              if (test_piece_delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(test_piece_delay_ms_));
+              if (test_piece_delay_ms_) {
+                // The line a test waits for: this connection holds its I/O context, its read "hung" from here.
+                ADP_DEBUG(
+                    "gateway: client #%llu: a ring piece's read waits %d ms under its I/O context "
+                    "(ADP_TEST_RING_PIECE_DELAY_MS)",
+                    ull(id_), test_piece_delay_ms_);
+                std::this_thread::sleep_for(std::chrono::milliseconds(test_piece_delay_ms_));
+              }
               if (Clock::now() >= deadline) return false;
               read();
               publish_progress(i, upto);

@@ -594,16 +594,45 @@ def test_a_gateway_waiting_for_store_buffer_room_is_not_stalled(workdir):
         assert gw.stop() == 0
 
 
+def connect_workers(conn: ADPConnector, gw: Gateway, clients: int, within: float = 10.0) -> list[float]:
+    """Pairs of lookups on conn until gw counts `clients` connections (a worker connects on its first batch, the
+    first one at the connector's start), each answered with a hit (a@0 and b@0 stored); fails after `within` s.
+    Bounded by time, not by a count of pairs: under load one worker took all of 50 pairs (20 ms) while the other
+    was not scheduled (hello29: twice beside 2 busy loops). Returns each pair's seconds from its submit to its
+    last answer."""
+    c = RawConnector(conn)
+    took: list[float] = []
+    deadline = time.monotonic() + within
+    while True:
+        t = time.monotonic()
+        fids = [conn.submit_batch_exists([k]) for k in ("a@0", "b@0")]
+        answers = [c.wait(f, timeout=10) for f in fids]
+        took.append(round(time.monotonic() - t, 3))
+        assert all(a[0] and a[2] == [True] for a in answers), (answers, took, gw.log())
+        if read_gateway_stats(gw.unix_url)["clients"] == clients:
+            return took
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{clients} connections not counted in {within} s ({len(took)} pairs of lookups, the longest "
+                f"{max(took)} s):\n" + gw.log()
+            )
+
+
 class WedgedLoads:
     """A gateway with one I/O context (--io-contexts 1) on a tmpfs card whose loads' card reads "hang" `hang_ms`
     (ADP_TEST_RING_PIECE_DELAY_MS before each 1 MiB object's one piece, inside the context), a@0 and b@0 stored,
     and connector C (two workers, each connected beforehand, through the ring, gateway_stall_s=STALL_S). start():
-    C's load of a@0 takes the context and hangs in its read; 0.3 s later C's load of b@0 waits for the context, and
-    nothing in the gateway moves."""
+    C's load of a@0 takes the context and hangs in its read (wedge(): the gateway's DEBUG line for that read); then
+    C's load of b@0 waits for the context, and nothing in the gateway moves."""
+
+    # The gateway's DEBUG line as a ring piece's read begins to "hang" under its I/O context (the test hook's).
+    HUNG = re.compile(r"client #\d+: a ring piece's read waits \d+ ms under its I/O context")
 
     def __init__(self, hang_ms: int):
         self.dir = tempfile.mkdtemp(prefix="adpwc-", dir="/dev/shm")
-        self.gw = Gateway(self.dir, extra=("--io-contexts", "1")).start(env={"ADP_TEST_RING_PIECE_DELAY_MS": hang_ms})
+        self.gw = Gateway(self.dir, extra=("--io-contexts", "1")).start(
+            env={"ADP_TEST_RING_PIECE_DELAY_MS": hang_ms, "ADP_LOG_LEVEL": "DEBUG"}
+        )
         self.conn = None
         try:
             w = RawConnector(ADPConnector(gateway=self.gw.unix_url, num_workers=1, timeout_ms=20000))
@@ -616,31 +645,23 @@ class WedgedLoads:
             self.conn = ADPConnector(
                 gateway=self.gw.unix_url, num_workers=2, timeout_ms=20000, process_memory=False, gateway_stall_s=STALL_S
             )
-            self.connect_both_workers()
+            # Both of C's workers connected before the wedge (51d7d78), so that b's load goes on a connection made
+            # already: these tests are about the wait for the context. A connect during the wedge is
+            # test_a_client_connecting_while_card_io_is_wedged_is_answered's.
+            connect_workers(self.conn, self.gw, 2)
         except BaseException:
             self.close()
             raise
         self.c = RawConnector(self.conn)
         self.outs = [bytearray(1 << 20), bytearray(1 << 20)]
 
-    def connect_both_workers(self) -> None:
-        """Both of C's workers connected before the wedge, so that b's load goes on a connection made already. Left to
-        its first batch, b's worker connected while a's read hung, and on a loaded host that connect's HelloOk once
-        came past its 2 s bound (kConnectTimeout): b failed "unavailable: gateway did not answer in time", an outage,
-        not the wait for the context this test is about (cause not found: a new connection is answered within
-        milliseconds during the wedge otherwise). Pairs of lookups until the gateway counts C's two connections
-        (the writer's gone before C started)."""
-        c = RawConnector(self.conn)
-        for _ in range(50):
-            fids = [self.conn.submit_batch_exists([k]) for k in self.keys]
-            assert all(c.wait(f, timeout=10)[0] for f in fids), self.gw.log()
-            if read_gateway_stats(self.gw.unix_url)["clients"] == 2:
-                return
-        raise AssertionError("C's two workers did not both connect in 50 pairs of lookups:\n" + self.gw.log())
+    def wedge(self) -> None:
+        """C's load of a@0 sent; returns once the gateway logged its read hung under the one I/O context."""
+        self.fa = self.conn.submit_batch_get(["a@0"], [memoryview(self.outs[0])])
+        assert eventually(lambda: self.HUNG.search(self.gw.log()), 10), self.gw.log()
 
     def start(self) -> None:
-        self.fa = self.conn.submit_batch_get(["a@0"], [memoryview(self.outs[0])])
-        time.sleep(0.3)  # a's load holds the context, its read "hung"
+        self.wedge()
         self.t0 = time.monotonic()
         self.fb = self.conn.submit_batch_get(["b@0"], [memoryview(self.outs[1])])
 
@@ -727,6 +748,52 @@ def test_a_gateway_wedged_in_card_io_is_stalled_while_others_store():
             t.join()
         if s:
             s.conn.close()
+        w.close()
+
+
+def test_a_client_connecting_while_card_io_is_wedged_is_answered():
+    """The gateway's only I/O context held by a load whose card read hangs 10 s (WedgedLoads.wedge(), synchronized
+    on the gateway's line for that read): a status query is answered, and a NEW connector N (defaults: the ring and
+    process memory; two workers) connects both its workers during the wedge: one by the start-up connect, the other
+    on its first batch (the path of a new worker of a connector already connected). N's store of n@0 holds one
+    worker (it waits for the wedged context until its 4 s deadline), so N's lookups go to the other. A connect's
+    handshake (Hello, HelloOk, process registration) takes no I/O context and no card I/O, so N's lookups (the
+    index only) are answered inside the connector's 2 s connect bound (kConnectTimeout), no outage, while the read
+    still hangs (batch_gets 0 after them). Brief hello29: session 28 saw a worker that connected during such a wedge
+    get its HelloOk past 2 s once under load (51d7d78); not reproduced here. Red with a handshake that takes the I/O
+    context: N's connect times out, "unavailable: gateway did not answer in time"."""
+    w = WedgedLoads(10000)
+    n = None
+    try:
+        w.wedge()
+        t0 = time.monotonic()
+        st = read_gateway_stats(w.gw.unix_url, timeout=5)  # a status query: its own handshake, then Stats
+        query_s = round(time.monotonic() - t0, 3)
+        assert st["clients"] == 2 and st["batch_gets"] == 0, st
+        t1 = time.monotonic()
+        n = ADPConnector(gateway=w.gw.unix_url, num_workers=2, timeout_ms=4000)
+        made_s = round(time.monotonic() - t1, 3)
+        rn = RawConnector(n)
+        data = payload("n@0", 1 << 20)
+        fput = n.submit_batch_set(["n@0"], [memoryview(data)])  # its worker waits for the context
+        took = connect_workers(n, w.gw, 4)  # C's two and N's two
+        first_s = round(time.monotonic() - t1, 3)
+        nst = n.stats()
+        # Still wedged: a's load not answered (the one get), so every connect above was made during the wedge.
+        assert read_gateway_stats(w.gw.unix_url)["batch_gets"] == 0, (query_s, first_s, took, w.gw.log())
+        # Inside the bound: a connect past it fails its lookup as an outage (asserted in connect_workers).
+        assert nst["gateway_reachable"] is True and nst["gateway_error"] == "", nst
+        print(
+            f"status query {query_s} s, N made in {made_s} s, {len(took)} pairs of its lookups, the longest "
+            f"{max(took)} s (the last answered {first_s} s after its start)"
+        )
+        put = rn.wait(fput, timeout=20)
+        assert not put[0] and n.stats()["gateway_reachable"] is True, put  # timed out waiting: no outage
+        ra = w.c.wait(w.fa, timeout=20)
+        assert ra[0] and bytes(w.outs[0]) == w.datas[0], (ra, w.gw.log())
+    finally:
+        if n:
+            n.close()
         w.close()
 
 
