@@ -233,22 +233,36 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
     answered = backend_ && backend_->exists_now(b->keys.data(), n, b->results.data());
   }
 
+  // What allocates comes before anything of the batch is registered: a std::bad_alloc (Python: MemoryError) refuses
+  // the batch, which is freed here (its owner too, mu_ released first), its buffers never written, nothing of it
+  // kept (session 29: after close() one stayed in live_ and deadlines_ until ~Connector, its completion never
+  // made).
   std::lock_guard<std::mutex> lock(mu_);
   Batch* raw = b.get();
   raw->id = next_future_++;
-  live_.emplace(raw->id, std::move(b));
-  raw->deadline_it = deadlines_.emplace(raw->deadline, raw);
+  raw->deadline_it = deadlines_.end();
   if (closed_ || n == 0 || answered) {
+    // Completed here, never live: room for it in retired_, then its completion made (what throws), then queued.
     raw->tasks_left = 1;
+    retired_.reserve(retired_.size() + 1);
     complete_locked(raw, !closed_, closed_ ? "connector is closed" : "", answered && !closed_);
     raw->tasks_left = 0;
-    uint64_t id = raw->id;
-    retired_.push_back(std::move(live_[id]));
-    live_.erase(id);
+    const uint64_t id = raw->id;
+    retired_.push_back(std::move(b));
     return id;
   }
+  const auto live = live_.emplace(raw->id, nullptr).first;
+  try {
+    raw->deadline_it = deadlines_.emplace(raw->deadline, raw);
+    for (size_t s = 0; s < slices; s++) tasks_.push_back({raw, n * s / slices, n * (s + 1) / slices});
+  } catch (...) {
+    while (!tasks_.empty() && tasks_.back().batch == raw) tasks_.pop_back();
+    if (raw->deadline_it != deadlines_.end()) deadlines_.erase(raw->deadline_it);
+    live_.erase(live);
+    throw;
+  }
+  live->second = std::move(b);
   raw->tasks_left = static_cast<int>(slices);
-  for (size_t s = 0; s < slices; s++) tasks_.push_back({raw, n * s / slices, n * (s + 1) / slices});
   work_cv_.notify_all();
   if (raw->deadline_it == deadlines_.begin()) deadline_cv_.notify_one();
   return raw->id;

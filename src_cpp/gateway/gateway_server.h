@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -112,9 +113,17 @@ class GatewayServer {
     size_t hung_up = 0;  // of the status queries on the reserve and handshakes (without_hung_up only)
     // What the local bound counts (r16: a status query within --max-clients apart, kStatusQueryReserve).
     size_t bounded() const { return clients + reserve_queries + handshakes - hung_up; }
-    // ", N more in their handshake" for the log lines that count them, or nothing where none is.
-    std::string handshakes_text() const {
-      return handshakes ? ", " + std::to_string(handshakes) + " more in their handshake" : "";
+    // ", N more in their handshake" for the log lines that count them, or nothing where none is. In a buffer of its
+    // own, no allocation: the stopping line is made on the accept thread, where a std::bad_alloc ended the gateway
+    // (std::terminate, its card left as a crash leaves it: session 29).
+    struct Text {
+      char text[48] = "";
+      const char* c_str() const { return text; }
+    };
+    Text handshakes_text() const {
+      Text t;
+      if (handshakes) std::snprintf(t.text, sizeof t.text, ", %zu more in their handshake", handshakes);
+      return t;
     }
   };
   // without_hung_up: not counting the local status queries on the reserve and connections in their handshake whose

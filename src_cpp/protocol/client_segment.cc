@@ -332,7 +332,20 @@ void SegmentPrefaulter::run() {
     std::weak_ptr<SegmentMapping> next = std::move(queue_.front());
     queue_.pop_front();
     l.unlock();
-    if (std::shared_ptr<SegmentMapping> m = next.lock()) populate(m);  // the last holder unmaps it here
+    if (std::shared_ptr<SegmentMapping> m = next.lock()) {  // the last holder unmaps it here
+      try {
+        populate(m);
+      } catch (const std::exception& e) {
+        // Session 29: an exception here (std::bad_alloc: the segment's file name, a log line's amount, the walk's
+        // window) ended the gateway (std::terminate on this thread). The segment is left to its loads (they populate
+        // their own pages) and let go of, so that a later registration queues it again; this thread goes on.
+        m->queued.store(false);
+        ADP_ERROR(
+            "gateway: populating a segment in the background stopped on an exception (%s); its loads populate "
+            "their own pages",
+            e.what());
+      }
+    }
     pending_.fetch_sub(1, std::memory_order_release);
     l.lock();
   }

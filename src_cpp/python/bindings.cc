@@ -40,11 +40,20 @@ namespace {
   throw std::runtime_error(s.message());
 }
 
-// Holds Python buffer views for the life of a batch. Destroyed only with the
-// GIL held (Connector::drain / free_retired called from Python).
+// Holds Python buffer views for the life of a batch. Destroyed with the GIL held (Connector::drain / free_retired
+// called from Python), or without it by a Connector::submit that refuses its batch (std::bad_alloc, the GIL
+// released around it): the GIL taken for the release then.
 class PyBufferOwner : public BufferOwner {
  public:
   ~PyBufferOwner() override {
+    if (PyGILState_Check()) {
+      release();
+    } else {
+      py::gil_scoped_acquire gil;
+      release();
+    }
+  }
+  void release() noexcept {
     for (auto& v : views) PyBuffer_Release(&v);
   }
   std::vector<Py_buffer> views;

@@ -256,7 +256,18 @@ void CardDevice::start_prefault() {
   if (!map_ || prefault_.joinable() || stop_prefault_.load(std::memory_order_relaxed)) return;
   if (const char* v = std::getenv("ADP_CARD_PREFAULT"); v && std::string(v) == "0") return;
   try {
-    prefault_ = std::thread([this] { prefault_extents(); });
+    prefault_ = std::thread([this] {
+      // Session 29: an exception here (std::bad_alloc: the walk's window, a log line's amount) ended the process
+      // (std::terminate on this thread: the gateway, at its card's open). Loads fault the pages in themselves.
+      try {
+        prefault_extents();
+      } catch (const std::exception& e) {
+        ADP_ERROR(
+            "card %s: mapping its written extents in ahead stopped on an exception (%s); loads fault its pages in "
+            "as they read them",
+            path_.c_str(), e.what());
+      }
+    });
   } catch (const std::exception& e) {
     // No thread (std::system_error: a pids limit, memory; std::bad_alloc: its state): loads and stores fault their
     // pages in themselves. Thrown, the exception ended the process (the gateway) or failed the card's open.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <unordered_map>
 
@@ -103,22 +104,26 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
   std::atomic<uint64_t> found{0};
   std::mutex mu;
   std::condition_variable all_exited;
-  int exited = 0;      // guarded by mu: workers returned
-  Status first_error;  // guarded by mu
-  auto fail = [&](const Status& st) {
-    std::lock_guard<std::mutex> l(mu);
-    if (first_error.ok()) first_error = st;
-  };
+  int exited = 0;  // guarded by mu: workers returned
+  // A worker out of memory (its block, or std::bad_alloc: a region's records, a failure's text) fails the scan with
+  // "out of memory for recovery", made on the calling thread (session 29: the exception ended the process on a scan
+  // thread, std::terminate). The Status is made by the caller: it allocates too.
+  std::atomic<bool> out_of_memory{false};
   auto worker = [&] {
-    AlignedBuffer block;
-    if (!block.reserve(kBlockSize))
-      fail(Status::IoError("out of memory for recovery", Status::IoClass::kGatewayMemory));
-    else
-      for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {
-        RegionScan& scan = (*scans)[r];
-        scan.io = scan_region(dev, g, r, block.data(), &scan);
-        found += scan.objects.size();
-      }
+    try {
+      AlignedBuffer block;
+      if (!block.reserve(kBlockSize))
+        out_of_memory = true;
+      else
+        for (uint32_t r; (r = next.fetch_add(1)) < g.num_regions; done++) {
+          RegionScan& scan = (*scans)[r];
+          scan.io = scan_region(dev, g, r, block.data(), &scan);
+          found += scan.objects.size();
+        }
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+      next = g.num_regions;  // the others stop at their next region: the scan fails
+    }
     std::lock_guard<std::mutex> l(mu);
     exited++;
     all_exited.notify_one();  // under mu: the waiter cannot return and destroy it first
@@ -152,7 +157,8 @@ Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::
                g.num_regions, found.load());
   }
   for (auto& t : pool) t.join();
-  return first_error;
+  if (out_of_memory) return Status::IoError("out of memory for recovery", Status::IoClass::kGatewayMemory);
+  return Status::Ok();
 }
 
 Status CardStore::recover(int threads) {

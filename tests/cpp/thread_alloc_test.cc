@@ -29,7 +29,8 @@
 // connection's store reader fails that store with the reason, the reader and the connection go on (part "reader").
 //
 //   thread_alloc_test TMPFS_DIR
-//   [store|gateway|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep] (store by default)
+//   [store|gateway|gateway_stop|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep] (store by
+//   default)
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -112,6 +113,16 @@ namespace {
 using adp::proto::ClientSegment;
 using adp::proto::SegmentPrefaulter;
 
+// A file at `path` of `bytes` (sparse), an 'x' written at offset 0 and a 'y' at `y_at` where not 0 (a CHECK on
+// failure).
+void written_file(const std::string& path, off_t bytes, off_t y_at = 0) {
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && ::ftruncate(fd, bytes) == 0 && ::pwrite(fd, "x", 1, 0) == 1 &&
+            (!y_at || ::pwrite(fd, "y", 1, y_at) == 1),
+        "create %s", path.c_str());
+  if (fd >= 0) ::close(fd);
+}
+
 // start_copy's first allocation is its thread's state: it throws.
 void crc_on_the_callers_thread() {
   const std::vector<uint8_t> data = adp::testing::pattern(2 << 20, 7);
@@ -132,9 +143,7 @@ void crc_on_the_callers_thread() {
 
 void prefault_skipped(const std::string& dir) {
   const std::string path = dir + "/thread-alloc.img";
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  CHECK(fd >= 0 && ::ftruncate(fd, 16 << 20) == 0 && ::pwrite(fd, "x", 1, 0) == 1, "create %s", path.c_str());
-  if (fd >= 0) ::close(fd);
+  written_file(path, 16 << 20);
   std::unique_ptr<adp::CardDevice> dev;
   adp::Status s = adp::CardDevice::Open(path, 0, &dev);
   CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());
@@ -158,9 +167,7 @@ void prefault_skipped(const std::string& dir) {
 // starts the thread and populates it.
 void segment_left_to_its_loads(const std::string& dir) {
   const std::string path = dir + "/thread-alloc-segment";
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  CHECK(fd >= 0 && ::ftruncate(fd, 1 << 20) == 0 && ::pwrite(fd, "x", 1, 0) == 1, "create %s", path.c_str());
-  if (fd >= 0) ::close(fd);
+  written_file(path, 1 << 20);
   std::unique_ptr<ClientSegment> seg;
   adp::Status s = ClientSegment::Attach(::open(path.c_str(), O_RDWR | O_CLOEXEC), 1 << 20, &seg);
   CHECK(s.ok(), "attach %s: %s", path.c_str(), s.message().c_str());
@@ -211,6 +218,113 @@ void recovery_without_a_thread(const std::string& dir, int let) {
     fail_after = -1;
   }
   dev.reset();
+  ::unlink(path.c_str());
+}
+
+// Session 29 (gwstop29 item 3): each allocation on the card's prefault thread (adp-prefault: the walk's window) failed
+// in turn: the process lives (ERROR, loads fault the pages in), the card's bytes as they were. The old code:
+// std::terminate on that thread (nothing caught there), the gateway gone at its card's open.
+void card_prefault_out_of_memory(const std::string& dir) {
+  const std::string path = dir + "/prefault-oom.img";
+  written_file(path, 16 << 20, 8 << 20);
+  named_thread = "adp-prefault";
+  int k = 0, failed = 0;
+  for (; k < 50; k++) {
+    std::unique_ptr<adp::CardDevice> dev;
+    if (!adp::CardDevice::Open(path, 0, &dev).ok() || !dev->mapped()) break;
+    named_fail_after.store(k, std::memory_order_release);
+    dev->start_prefault();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (named_fail_after.load() >= 0 && !dev->prefault_done() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    CHECK(dev->mapped()[0] == 'x' && dev->mapped()[8 << 20] == 'y', "let %d: the mapped bytes", k);
+    if (!injected) {
+      CHECK(dev->prefault_done(), "no failure injected (let %d), and the prefault did not finish", k);
+      break;
+    }
+    dev.reset();  // joins it: ended by the exception
+    failed++;
+  }
+  CHECK(failed >= 1 && k < 50, "%d allocations on the card's prefault thread failed", failed);
+  std::printf("store: %d allocations on the card's prefault thread failed: the process lives\n", failed);
+  ::unlink(path.c_str());
+}
+
+// The same for a segment's background populate (adp-segpopulate: its file's name, the walk): each failure leaves the
+// segment to its loads and lets go of it (a later registration populates it), the thread goes on.
+void segment_populate_out_of_memory(const std::string& dir) {
+  const std::string path = dir + "/populate-oom-segment";
+  written_file(path, 1 << 20);
+  named_thread = "adp-segpopulate";
+  int k = 0, failed = 0;
+  for (; k < 50; k++) {
+    std::unique_ptr<ClientSegment> seg;
+    if (!ClientSegment::Attach(::open(path.c_str(), O_RDWR | O_CLOEXEC), 1 << 20, &seg).ok()) break;
+    SegmentPrefaulter pre;
+    named_fail_after.store(k, std::memory_order_release);
+    pre.add(*seg);
+    auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pre.pending() != 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    CHECK(pre.pending() == 0, "let %d: the populate did not end within 10 s", k);
+    if (!injected) {
+      CHECK(pre.segments_done() == 1, "no failure injected (let %d), and the segment was not populated", k);
+      break;
+    }
+    failed++;
+    CHECK(pre.segments_done() == 0 && seg->data()[0] == 'x', "let %d: the segment after the failure", k);
+    pre.add(*seg);  // let go of: queued again, on the same thread
+    give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pre.segments_done() == 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(pre.segments_done() == 1, "let %d: a later registration did not populate the segment", k);
+  }
+  CHECK(failed >= 1 && k < 50, "%d allocations of a segment's populate failed", failed);
+  std::printf("store: %d allocations of a segment's background populate failed: the thread went on\n", failed);
+  ::unlink(path.c_str());
+}
+
+// The same for recovery's scan threads (adp-recover: a region's records), 2 of them on a card of 3 objects: the open
+// fails "out of memory for recovery" (or, for an allocation it does without, finds every object).
+void recovery_scan_out_of_memory(const std::string& dir) {
+  const std::string path = dir + "/recover-oom.img";
+  adp::CardOptions o = adp::testing::card_options(1u << 20, path, adp::testing::card_bytes(8, 1u << 20));
+  o.recovery_threads = 2;
+  const std::vector<uint8_t> v = adp::testing::pattern(100000, 9);
+  {
+    std::unique_ptr<adp::CardStore> store;
+    CHECK(adp::CardStore::Open(o, &store).ok(), "create %s", path.c_str());
+    if (!store) return;
+    adp::IoContext ctx;
+    for (const char* key : {"oom/a", "oom/b", "oom/c"}) {
+      adp::PutItem item{key, v.data(), v.size()};
+      adp::Status st;
+      store->put(ctx, &item, 1, &st, [] { return true; });
+      CHECK(st.ok(), "put %s: %s", key, st.message().c_str());
+    }
+  }
+  o.create_bytes = 0;
+  named_thread = "adp-recover";
+  int k = 0, failed = 0;
+  for (; k < 100; k++) {
+    named_fail_after.store(k, std::memory_order_release);
+    std::unique_ptr<adp::CardStore> store;
+    const adp::Status s = adp::CardStore::Open(o, &store);
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    if (!s.ok()) {
+      CHECK(injected && s.message().ends_with(": out of memory for recovery"), "let %d: the open: %s", k,
+            s.message().c_str());
+      failed++;
+    } else {
+      CHECK(store->stats().objects == 3, "let %d: %llu objects found", k,
+            static_cast<unsigned long long>(store->stats().objects));
+    }
+    if (!injected) break;
+  }
+  CHECK(failed >= 1 && k < 100, "%d opens failed of the allocations let 0..%d on the scan threads", failed, k);
+  std::printf("store: %d allocations on recovery's scan threads failed: the open failed with the reason\n", failed);
   ::unlink(path.c_str());
 }
 
@@ -444,6 +558,107 @@ void gateway_ends_only_that_connection(const std::string& dir) {
       "%d told why), each given back, the next served\n",
       k, failed, ended_sessions, with_reason);
   adp::testing::stop_gateway(*gw);
+}
+
+// A status query's connection (Hello with kFeatureStatusQuery, HelloOk read), left open; -1 where none was made.
+int connect_status_query(const std::string& socket) {
+  namespace proto = adp::proto;
+  proto::Endpoint ep;
+  proto::parse_endpoint("unix://" + socket, &ep);
+  int fd = -1;
+  if (!proto::connect_endpoint(ep, adp::testing::in_seconds(10), &fd).ok()) return -1;
+  std::vector<uint8_t> body;
+  proto::Hello hello;
+  hello.features = proto::kFeatureStatusQuery;
+  hello.client_name = "thread-alloc status";
+  proto::encode_hello(hello, &body);
+  proto::write_frame(fd, proto::FrameType::kHello, 1, body, {}, adp::testing::in_seconds(10));
+  proto::Frame f;
+  if (!proto::read_frame(fd, 1 << 20, adp::testing::in_seconds(10), &f).ok() ||
+      f.header.type != uint8_t(proto::FrameType::kHelloOk)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Session 29 (gwstop29 item 1): each allocation of a gateway's stop on its accept thread (the stopping line's count,
+// the prefaulter's stop, the connections' reaping, the count line of those gone, the card's close and its pad)
+// failed in turn, with a client connected (an object stored), a status query connected and a connection in its
+// handshake: stop() finishes (wait), the socket file is removed, and the card is closed: it opens again (its lock
+// given back) and the object reads back. Then each allocation of ~GatewayServer on the calling thread, the same. The
+// old code: std::terminate (the stopping line's ", 1 more in their handshake" made outside any try on the accept
+// thread), the card left as a crash leaves it.
+void gateway_stops_without_memory(const std::string& dir) {
+  adp::GatewayOptions go = adp::testing::gateway_options(dir, 16, 2, "-stop");  // with piece helpers
+  go.handshake_timeout_ms = 600000;  // the connection in its handshake is there at the stop
+  adp::testing::ProcessObjects objs(1, 64 << 10);
+  for (const bool destructor : {false, true}) {
+    named_thread = "adp-gw-accept";
+    int k = 0;
+    for (; k < 200; k++) {
+      std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+      go.card.create_bytes = 0;  // reopened from here on
+      if (!gw) return;
+      const std::string key = std::string(destructor ? "dtor-" : "stop-") + std::to_string(k);
+      adp::testing::RawClient client;
+      if (!adp::testing::connect_process_store_client(go.socket_path, "thread-alloc stop", &client)) return;
+      const std::vector<adp::Status> put =
+          adp::testing::process_batch(client, adp::proto::Op::kPut, {key}, {objs.src[0]}, objs.size);
+      CHECK(put[0].ok(), "let %d: the store before the stop: %s", k, put[0].message().c_str());
+      const int query = connect_status_query(go.socket_path);
+      CHECK(query >= 0, "let %d: no status query connected", k);
+      adp::proto::Endpoint ep;
+      adp::proto::parse_endpoint("unix://" + go.socket_path, &ep);
+      int half = -1;  // connected, no Hello: in its handshake
+      CHECK(adp::proto::connect_endpoint(ep, adp::testing::in_seconds(10), &half).ok(), "let %d: connect", k);
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (gw->clients() != 2 && std::chrono::steady_clock::now() < give_up)  // the client and the handshake
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      CHECK(gw->clients() == 2, "let %d: %zu connections counted, not the client and the handshake", k, gw->clients());
+      bool injected = false, stopped = false;
+      if (destructor) {
+        fail_after = k;
+        gw.reset();  // noexcept: stops, joins the accept thread and closes the card
+        injected = fail_after == -1;
+        fail_after = -1;
+        stopped = true;
+      } else {
+        named_fail_after.store(k, std::memory_order_release);
+        gw->stop();
+        stopped = gw->wait(std::chrono::seconds(30));
+        injected = named_fail_after.exchange(-1) < 0;
+        CHECK(stopped, "let %d: stop() did not finish within 30 s", k);
+      }
+      CHECK(::access(go.socket_path.c_str(), F_OK) != 0, "let %d: the socket file is left after the stop", k);
+      gw.reset();
+      for (int fd : {client.fd, query, half})
+        if (fd >= 0) ::close(fd);
+      // The card closed: its lock given back (this open would fail on it), the object stored before the stop read.
+      std::unique_ptr<adp::CardStore> store;
+      adp::Status s = adp::CardStore::Open(go.card, &store);
+      CHECK(s.ok(), "let %d: the card after the stop: %s", k, s.message().c_str());
+      if (!s.ok()) return;
+      {
+        adp::IoContext ctx;
+        std::vector<uint8_t> got;
+        s = store->get(ctx, key, [&](size_t size, const adp::CopyFn& copy) {
+          got.assign(size, 0);
+          return copy(got.data());
+        });
+        CHECK(s.ok() && got == objs.want[0], "let %d: %s after the reopen: %s", k, key.c_str(), s.message().c_str());
+      }
+      store.reset();
+      if (!stopped || !injected) break;  // every allocation of the stop has been failed
+    }
+    // ~GatewayServer on the calling thread: none may be made (k 0) or each be failed; the stop's several at least.
+    CHECK(k >= (destructor ? 0 : 1) && k < 200, "%s: %d allocations failed", destructor ? "~GatewayServer" : "the stop",
+          k);
+    std::printf(
+        "gateway stop: %d allocations of %s failed in turn: each stopped, its socket removed, its card closed and "
+        "read back\n",
+        k, destructor ? "~GatewayServer" : "the accept thread's stop");
+  }
 }
 
 class NullSession : public adp::BackendSession {
@@ -734,6 +949,67 @@ void close_fails_every_pending_batch() {
     std::printf("connector: %d allocations of %s with 3 batches pending failed: the process lives%s\n", k,
                 destructor ? "~Connector" : "close()",
                 destructor ? "" : ", every future completed once, failed 'connector closed'");
+  }
+}
+
+// A batch's buffer owner that counts its destruction (the release of the caller's buffers).
+struct CountedOwner : adp::BufferOwner {
+  explicit CountedOwner(int* freed) : freed(freed) {}
+  ~CountedOwner() override { ++*freed; }
+  int* freed;
+};
+
+// Session 29 (gwstop29 item 2): each allocation of Connector::submit() failed in turn, on an open connector and
+// after close(): a submit that throws std::bad_alloc (Python: MemoryError) has freed its batch by then (its owner
+// destroyed: the caller's buffers released, never written) and no completion ever comes for it; one that returns
+// completes once (stored on the open connector; failed "connector is closed" after close()). The old code: after
+// close(), a submit without memory for the completion kept the batch (live, its deadline queued) until ~Connector.
+void submit_refused_without_memory() {
+  adp::ConnectorOptions opts;
+  opts.num_workers = 2;
+  opts.timeout_ms = 600000;
+  for (const bool closed : {true, false}) {
+    auto c = std::make_unique<adp::Connector>(std::make_unique<NullBackend>(), opts);
+    if (closed) c->close();
+    std::vector<uint8_t> mem(128, 7);
+    int k = 0, refused = 0;
+    for (; k < 100; k++) {
+      int freed = 0;
+      std::vector<std::string> keys = {"s/a", "s/b"};
+      std::vector<adp::Buffer> bufs = {{mem.data(), 64}, {mem.data() + 64, 64}};
+      auto owner = std::make_unique<CountedOwner>(&freed);
+      uint64_t id = 0;
+      bool threw = false;
+      fail_after = k;
+      try {
+        id = c->submit(adp::OpType::kSet, std::move(keys), std::move(bufs), std::move(owner));
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      const bool injected = fail_after == -1;
+      fail_after = -1;
+      if (threw) {
+        refused++;
+        CHECK(freed == 1, "%s, let %d: the refused batch's owner freed %d times at the throw",
+              closed ? "closed" : "open", k, freed);
+      } else {
+        const adp::Completion got = completion_of(*c, id);
+        const bool want =
+            closed ? !got.ok && got.error == "connector is closed" && got.per_key == std::vector<uint8_t>(2, 0)
+                   : got.ok && got.per_key == std::vector<uint8_t>(2, 1);
+        CHECK(want, "%s, let %d: the batch: %d '%s'", closed ? "closed" : "open", k, got.ok, got.error.c_str());
+      }
+      CHECK(c->drain().empty(), "%s, let %d: a completion for a refused batch or a second one",
+            closed ? "closed" : "open", k);
+      c->free_retired();
+      CHECK(freed == 1, "%s, let %d: the batch's owner freed %d times once drained", closed ? "closed" : "open", k,
+            freed);
+      if (!injected) break;  // every allocation of submit() has been failed
+    }
+    CHECK(refused >= 2 && k < 100, "%s: %d submits refused of the allocations let 0..%d", closed ? "closed" : "open",
+          refused, k);
+    std::printf("connector: %d allocations of submit() %s failed: %d refused, each batch freed at once\n", k,
+                closed ? "after close()" : "on an open connector", refused);
   }
 }
 
@@ -1319,10 +1595,11 @@ void allocation_failure_sweep(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr,
-                 "usage: %s TMPFS_DIR "
-                 "[store|gateway|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s TMPFS_DIR "
+        "[store|gateway|gateway_stop|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep]\n",
+        argv[0]);
     return 2;
   }
   const std::string dir = argv[1], part = argc == 3 ? argv[2] : "store";
@@ -1333,9 +1610,16 @@ int main(int argc, char** argv) {
     recovery_without_a_thread(dir, 2);
     recovery_without_a_thread(dir, 3);
     piece_pool_with_the_helpers_it_got();
+    card_prefault_out_of_memory(dir);
+    segment_populate_out_of_memory(dir);
+    recovery_scan_out_of_memory(dir);
   } else if (part == "gateway") {
     gateway_start_fails_with_the_reason(dir);
     gateway_refuses_only_that_connection(dir);
+  } else if (part == "gateway_stop") {
+    // INFO: the stop's log lines (whose arguments are made only where their level is logged) are made and failed.
+    ::setenv("ADP_LOG_LEVEL", "INFO", 1);
+    gateway_stops_without_memory(dir);
   } else if (part == "connection") {
     gateway_ends_only_that_connection(dir);
   } else if (part == "connector") {
@@ -1347,6 +1631,7 @@ int main(int argc, char** argv) {
     deadline_goes_on_after_an_exception();
   } else if (part == "close") {
     close_fails_every_pending_batch();
+    submit_refused_without_memory();
     card_store_close_throws_nothing(dir);
     destructors_allocate_nothing(dir);
   } else if (part == "reconnect") {
