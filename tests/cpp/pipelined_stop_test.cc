@@ -18,12 +18,21 @@
 // (ADP_TEST_PIPELINE_WAKE_DELAY_MS: a thread descheduled there), and the
 // reader's second piece stalls 8 s inside the read
 // (ADP_TEST_PROCESS_READ_STALL_MS). The client stores one 12 MiB object
-// (pipelined); stop() at 0.5 s gives up on the connection after 2 s with no
-// transfer ended (about 1.5 s after it was called) and closes the card; the
-// connection's thread wakes at 6 s, the reader at 8 s. Checks: stop() waited
-// for the stalled transfer (so the scenario happened) and returned before the
-// connection's thread woke (below 5.5 s: over 3 s of margin under ASan on a
-// loaded host), no reply came, and no sanitizer report.
+// (pipelined); stop() at 1.5 s gives up on the connection 2 s after the
+// stalled transfer began (about 0.5 s after it was called) and closes the
+// card; the connection's thread wakes at 6 s, the reader at 8 s. Checks:
+// stop() returned at least 2 s after the store was sent (it waited for the
+// stalled transfer, so the scenario happened: a stop that found no transfer
+// returns at about 1.5 s) and before the connection's thread woke (below 6 s
+// from the send: 2.5 s of margin or more under ASan on a loaded host), no
+// reply came, and no sanitizer report.
+//
+// The 1.5 s is a time, not an event: it must cover the send, the request's
+// decode and the reader's first 4 MiB piece under ASan (session 28 found the
+// 0.5 s it was thin on a loaded host; the stalled read's start shows nowhere
+// a client can see, and the test stays test-only). Both checks on stop()'s
+// return count from the send, which precedes the stalled transfer, so the
+// scheduler's lateness at the stop cannot fail them.
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -49,7 +58,7 @@ namespace {
 namespace proto = adp::proto;
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kObject = 12 * kMiB;  // >= 8 MiB on a memory-speed card: pipelined
-constexpr int kWakeDelayMs = 6000, kReadStallMs = 8000, kStopAtMs = 500;
+constexpr int kWakeDelayMs = 6000, kReadStallMs = 8000, kStopAtMs = 1500;
 
 }  // namespace
 
@@ -78,19 +87,21 @@ int main(int argc, char** argv) {
   req.items = {{"S1", kObject, reinterpret_cast<uintptr_t>(src), proto::kProcessSegment}};
   std::vector<uint8_t> body;
   proto::encode_batch(req, &body);
+  const auto sent_at = proto::Clock::now();  // before the stalled transfer began
   proto::write_frame(c.fd, proto::FrameType::kBatch, rid, body, {}, adp::testing::in_seconds(10));
 
   pollfd p{c.fd, POLLIN, 0};
   CHECK(::poll(&p, 1, kStopAtMs) == 0, "the store was answered at once: its read did not stall");
-  const auto stop_at = proto::Clock::now();
   adp::testing::stop_gateway(*gw);
-  // stop() gives up on a connection only after 2 s with no transfer of its memory ended: a quicker
-  // stop means the connection was not in the stalled read (the scenario did not happen).
-  const auto stop_ms = std::chrono::duration_cast<std::chrono::milliseconds>(proto::Clock::now() - stop_at).count();
-  CHECK(stop_ms >= 1000 && stop_ms < kWakeDelayMs - kStopAtMs,
-        "stop() took %lld ms, not the 1.5 s a stalled read holds it", static_cast<long long>(stop_ms));
+  // stop() gives up on a connection only 2 s after a transfer of its memory began with none ended since (the
+  // stalled one began after the send): returned sooner, the connection was not in the stalled read (the scenario
+  // did not happen). The connection's thread wakes 6 s after the reader's first piece, itself after the send.
+  const auto done_ms = std::chrono::duration_cast<std::chrono::milliseconds>(proto::Clock::now() - sent_at).count();
+  CHECK(done_ms >= 2000 && done_ms < kWakeDelayMs,
+        "stop() returned %lld ms after the send, not the 2 s from it a stalled read holds it",
+        static_cast<long long>(done_ms));
   // The process lives on past the stall: the connection's thread wakes at 6 s, the reader at 8 s.
-  std::this_thread::sleep_for(std::chrono::milliseconds(kReadStallMs + 1000 - kStopAtMs - stop_ms));
+  std::this_thread::sleep_until(sent_at + std::chrono::milliseconds(kReadStallMs + 1000));
   proto::Frame f;
   CHECK(!proto::read_frame(c.fd, 1 << 20, proto::Clock::now() + std::chrono::milliseconds(500), &f).ok(),
         "a frame (type %d) came after stop() gave the connection up", int(f.header.type));

@@ -272,10 +272,13 @@ def test_a_restart_fails_no_batch_and_logs_no_outage(gateway, transport, found_b
         assert gateway.stop() == 0
         gateway.start()
         capfd.readouterr()
+        # Until every worker met its old connection. Bounded by time, not by 20 rounds: a round's batches can all go
+        # to the workers that run while another is not scheduled (hello29: 50 lookups in 20 ms taken by one worker).
+        deadline = time.monotonic() + 30
         rounds = 0
-        while conn.stats()["gateway_reconnects"] < WORKERS:  # until every worker met its old connection
+        while conn.stats()["gateway_reconnects"] < WORKERS:
             rounds += 1
-            assert rounds <= 20, conn.stats()
+            assert time.monotonic() < deadline, (rounds, conn.stats())
             results = one_key_batches(conn, c, "set", keys, bufs.src)
             assert all(ok for ok, _, _ in results), results
             for o in bufs.dst:
@@ -518,23 +521,30 @@ def test_a_deadline_met_while_connecting_is_a_timeout_not_an_outage(capfd):
     with silent_gateway_connector() as (srv, conn, c):
         keys, datas = keys_and_datas(1)
         capfd.readouterr()
-        for _ in range(2):
+        # Batches until two of them connected (the connects the silent socket took: the event), not two batches and
+        # `1 <= accepted` (session 28's thin margin: a worker that takes its batch past the deadline, on a loaded
+        # machine, does not connect). Each batch connects at most once, and those that connect wait 300 ms at most
+        # each: 0.6 s of the 2 s of unanswered connects that are an outage.
+        srv.setblocking(False)
+        accepted: list[socket.socket] = []
+        batches = 0
+        give_up = time.monotonic() + 20
+        while len(accepted) < 2:
+            assert time.monotonic() < give_up, (batches, accepted)
             ok, err, _ = c.set(keys, [memoryview(datas[0])])
+            batches += 1
             assert not ok and timed_out(err) and "unavailable" not in err, err
+            while True:  # the connects in the backlog (one a worker makes late is counted at the next look)
+                try:
+                    accepted.append(srv.accept()[0])
+                except BlockingIOError:
+                    break
+            assert len(accepted) <= batches, (batches, accepted)  # each batch connects once at most
         time.sleep(0.1)  # the worker's connect ends with the deadline: its log lines come right after
         out = capfd.readouterr().err
-        assert "WARNING" not in out, out
+        assert "WARNING" not in out, (batches, out)
         st = conn.stats()
-        assert st["gateway_reachable"] is True and health(st)["healthy"] is True, st
-        srv.setblocking(False)
-        accepted = []
-        while True:
-            try:
-                accepted.append(srv.accept()[0])
-            except BlockingIOError:
-                break
-        # each batch connects anew (a worker that took its batch past the deadline, on a loaded machine, does not)
-        assert 1 <= len(accepted) <= 2, accepted
+        assert st["gateway_reachable"] is True and health(st)["healthy"] is True, (batches, st)
         for a in accepted:
             a.close()
         os.unlink(srv.getsockname())  # nothing listens now: refused, the outage

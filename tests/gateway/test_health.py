@@ -327,12 +327,24 @@ def test_a_slow_working_gateway_is_not_stalled(workdir):
         assert gw.stop() == 0
 
 
-def stall_logged_until_resumed(gw: Gateway, conn: ADPConnector, c: RawConnector, fid, capfd) -> tuple:
-    """gw stopped (pause()) while c's load fid waits: the stall's WARNING comes once within the bound plus the wait's
-    check interval (250 ms) and 0.5 s, with the load still waiting; then gw resumes, and the INFO that the gateway
-    answers again comes once after the load ended. The load's (ok, err, per_key)."""
-    time.sleep(STALL_MS / 1000 + 0.75)
-    err = capfd.readouterr().err
+def stall_logged_until_resumed(gw: Gateway, conn: ADPConnector, c: RawConnector, fid, capfd, paused: float) -> tuple:
+    """gw stopped (pause() at `paused`, time.monotonic()) while c's load fid waits: the stall's WARNING comes once,
+    not before the bound (less the 250 ms a ring piece's pause may have come before the SIGSTOP), with the load still
+    waiting; then gw resumes, and the INFO that the gateway answers again comes once after the load ended. The
+    load's (ok, err, per_key).
+    Waits for the WARNING (the event), not a fixed bound + 0.75 s (session 28's thin margin on a loaded host): the
+    load's deadline is far past the 5 s given up after, so a WARNING that came only with the load's end, a scrape or
+    the resume still fails here. Then 0.5 s (two of the wait's 250 ms checks): a WARNING logged again fails below."""
+    err = ""
+    give_up = paused + STALL_S + 5
+    while "nothing heard from the gateway" not in err:
+        assert time.monotonic() < give_up, f"no stall WARNING in {STALL_S + 5} s:\n{err}"
+        time.sleep(0.02)
+        err += capfd.readouterr().err
+    seen_s = time.monotonic() - paused
+    assert seen_s >= STALL_S - 0.25, (seen_s, err)  # not before the bound
+    time.sleep(0.5)
+    err += capfd.readouterr().err
     assert err.count("nothing heard from the gateway") == 1 and "WARNING" in err, err
     assert fid not in c.done and not conn.drain_completions(), "the load ended while the gateway was stopped"
     gw.resume()
@@ -354,9 +366,10 @@ def test_a_stall_is_logged_when_it_starts_without_a_scrape(workdir, capfd):
         assert c.set(keys, [memoryview(d) for d in datas])[0]
         capfd.readouterr()
         gw.pause()
+        paused = time.monotonic()
         outs = [bytearray(len(d)) for d in datas]
         fid = conn.submit_batch_get(keys, [memoryview(o) for o in outs])
-        ok, err, per_key = stall_logged_until_resumed(gw, conn, c, fid, capfd)
+        ok, err, per_key = stall_logged_until_resumed(gw, conn, c, fid, capfd, paused)
         assert ok and all(per_key), (err, per_key)
         assert [bytes(o) for o in outs] == datas
     finally:
@@ -377,12 +390,15 @@ def test_stalls_in_a_row_log_one_warning_and_their_count_and_the_end_says_how_lo
     c = RawConnector(conn)
 
     def stall() -> str:
-        """One stall of about 0.5-0.75 s past the bound, ended by the load's reply; the lines logged."""
+        """One stall of 0.5 s or more from its being seen, ended by the load's reply; the lines logged."""
         capfd.readouterr()
         gw.pause()
         outs = [bytearray(len(d)) for d in datas]
         fid = conn.submit_batch_get(keys, [memoryview(o) for o in outs])
-        time.sleep(STALL_S + 0.75)
+        # The stall seen (the connector's flag; stats() looks too), then 0.5 s more: it lasts >= 0.5 s from its
+        # being seen whatever the load (session 28: a fixed bound + 0.75 s left `lasted` to the scheduler).
+        assert eventually(lambda: conn.stats()["gateway_stalled"] is True, STALL_S + 5), "no stall seen"
+        time.sleep(0.5)
         gw.resume()
         ok, err, per_key = c.wait(fid, timeout=5)
         assert ok and all(per_key) and [bytes(o) for o in outs] == datas, (err, per_key)
@@ -396,7 +412,7 @@ def test_stalls_in_a_row_log_one_warning_and_their_count_and_the_end_says_how_lo
         t1 = time.monotonic()  # stall 1's WARNING was logged before its reply: the interval began before t1
         assert err.count("nothing heard from the gateway") == 1 and "not logged" not in err, err
         lasted = re.findall(r"the gateway answers again, ([0-9.]+) s after the stall was seen", err)
-        assert len(lasted) == 1 and 0.2 <= float(lasted[0]) <= 2, err
+        assert len(lasted) == 1 and 0.5 <= float(lasted[0]) <= 2, err
 
         err = stall()  # within 5 s of the first WARNING
         assert "nothing heard" not in err and "answers again" not in err, err
@@ -405,7 +421,7 @@ def test_stalls_in_a_row_log_one_warning_and_their_count_and_the_end_says_how_lo
         err = stall()
         held = re.findall(r"nothing heard from the gateway .*\[1 stall not logged since the last one logged (\d+) s ago, "
                           r"([0-9.]+) s in all\]", err)  # fmt: skip
-        assert len(held) == 1 and 4 <= int(held[0][0]) <= 15 and 0.2 <= float(held[0][1]) <= 2, err
+        assert len(held) == 1 and 4 <= int(held[0][0]) <= 15 and 0.5 <= float(held[0][1]) <= 2, err
         assert err.count("nothing heard") == 1 and err.count("the gateway answers again, ") == 1, err
     finally:
         conn.close()
@@ -944,7 +960,7 @@ def test_a_gateway_hung_between_published_pieces_is_logged_stalled(workdir, capf
         fid = conn.submit_batch_get([key], [memoryview(out)])
         time.sleep(0.5)  # two pieces published, the third on its way
         gw.pause()
-        ok, err, per_key = stall_logged_until_resumed(gw, conn, c, fid, capfd)
+        ok, err, per_key = stall_logged_until_resumed(gw, conn, c, fid, capfd, time.monotonic())
         assert ok and per_key == [True] and bytes(out) == data, (err, per_key)
         assert read_gateway_stats(gw.unix_url)["ring_piece_loads"] == 1  # it went in pieces
     finally:
