@@ -429,8 +429,13 @@ struct Selection {
 // once (tests/support/cpp.py run_split: the CI's second core). Without it (0/1) every point runs here. A process with K
 // > 0 leaves out the programs' one-off scenarios (shard 0 runs them). Each list's share is printed as "crash harness:
 // <list>: shard K/N ran R of S <what>" (shard_line), which run_split adds up.
+// `quick` (the sanitizer builds: 4 write points and 2 sync points a list, each write point every crash) deals its
+// points in turn instead, across the program's lists in the order it runs them (in_turn): the mix dealt the aligned
+// test 2 of its 12 points to shard 0 and 10 to shard 1 (both lists' syncs among them); in turn each gets 6.
 struct Shard {
   uint64_t index = 0, count = 1;
+  bool in_turn = false;
+  uint64_t dealt = 0;  // the points deal() dealt so far (in_turn)
   bool takes(uint64_t i) const {
     uint64_t z = i + 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -438,6 +443,8 @@ struct Shard {
     return (z ^ (z >> 31)) % count == index;
   }
   bool takes_in_turn(uint64_t i) const { return i % count == index; }  // the multi-writer test's seeds
+  // Whether this process crashes at the i-th point of a list: called for every point of each list, in order.
+  bool deal(uint64_t i) { return in_turn ? takes_in_turn(dealt++) : takes(i); }
   bool first() const { return index == 0; }
 };
 
@@ -474,6 +481,7 @@ inline Selection crash_program_start(int argc, char** argv) {
   const char* env = std::getenv("ADP_CRASH_ALL");
   const std::string mode = argc > 1 ? argv[1] : "";
   parse_shard(argc, argv);
+  crash_shard().in_turn = mode == "quick";
   return Selection{mode == "all" || (env && std::string(env) == "1"), mode == "quick"};
 }
 
@@ -496,13 +504,13 @@ inline Coverage crash_everywhere(const std::vector<Op>& ops, const char* name, u
   c.writes = count_writes(ops, &clean, name, &c.syncs);
   c.points = bounded && c.writes > bounded ? bounded : c.writes;
   for (uint64_t i = 0; i < c.points; i++) {
-    if (!crash_shard().takes(i)) continue;
+    if (!crash_shard().deal(i)) continue;
     c.runs += at_point(i * c.writes / c.points, c.writes);
     c.points_here++;
   }
   c.syncs_run = bounded_syncs && c.syncs > bounded_syncs ? bounded_syncs : c.syncs;
   for (uint64_t i = 0; i < c.syncs_run; i++) {
-    if (!crash_shard().takes(i)) continue;
+    if (!crash_shard().deal(i)) continue;
     fail_sync_at(ops, i * c.syncs / c.syncs_run);
     c.runs++;
     c.syncs_here++;

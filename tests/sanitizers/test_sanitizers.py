@@ -101,19 +101,45 @@ def crash_workloads(output: str) -> list[str]:
     return re.findall(r"crash harness: \S+ workload: .*", output)
 
 
+def crash_counts(output: str) -> tuple[list[str], list[tuple[str, int, str]]]:
+    """A crash program's workload lines and the selection of each of its lists (list, points selected, what)."""
+    return crash_workloads(output), [
+        (name, selected, what) for name, _, _, _, selected, what in cpp.shard_lines(output)
+    ]
+
+
+@pytest.fixture(scope="session")
+def plain_quick_counts(tmp_path_factory):
+    """crash_counts of a crash program's plain build run whole (no `shard=`) with `quick`: run once a session for
+    each program, both sanitizers' entries compare against it (the plain build's counts depend on neither)."""
+    counts: dict[str, tuple[list[str], list[tuple[str, int, str]]]] = {}
+
+    def of(name: str) -> tuple[list[str], list[tuple[str, int, str]]]:
+        if name not in counts:
+            output = cpp.run(cpp.build(name, tmp_path_factory.mktemp(f"plain-{name}")), "quick", timeout=600)
+            assert " 0 failures; " in output, output[-5000:]
+            counts[name] = crash_counts(output)
+        return counts[name]
+
+    return of
+
+
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 @pytest.mark.parametrize("name", ["card_crash_aligned_test", "card_crash_fill_test"])
-def test_crash_harness_under_sanitizer(name, mode, tmp_path):
+def test_crash_harness_under_sanitizer(name, mode, tmp_path, plain_quick_counts):
     """The crash harness (tests/store/test_crash_consistency.py) with `quick`: every crash at 4 write points and
     2 sync points of each device (the aligned paths and a memory-backed card's pieces; fills, staged and into a
-    tmpfs card's mapping). Its workloads count the write and sync points the plain build counts: the harness
-    places the values itself, not where the allocator does (TSan's serves large ones page-aligned)."""
-    output = cpp.run(cpp.build(name, tmp_path, sanitize=mode), "quick", timeout=600, shown=20000)
-    (tmp_path / "plain").mkdir()
-    plain = cpp.run(cpp.build(name, tmp_path / "plain"), "quick", timeout=600)
-    assert " 0 failures; " in output
-    assert crash_workloads(output) == crash_workloads(plain) != [], output[-5000:]
+    tmpfs card's mapping), split over two processes at once (cpp.run_split: every point in one of them, dealt in
+    turn). Each one's workloads count the write and sync points the plain build counts, and its lists select the
+    points the plain build's whole run selects: the harness places the values itself, not where the allocator does
+    (TSan's serves large ones page-aligned)."""
+    outputs = cpp.run_split(cpp.build(name, tmp_path, sanitize=mode), "quick", timeout=600, shown=20000)
+    plain = plain_quick_counts(name)
+    assert plain[0] != [] and plain[1] != [], plain
+    for output in outputs:
+        assert " 0 failures; " in output, output[-5000:]
+        assert crash_counts(output) == plain, output[-5000:]
 
 
 @pytest.mark.sanitizer

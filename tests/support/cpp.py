@@ -211,6 +211,17 @@ def run(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> st
 SPLIT = 2  # processes a split crash program runs in: the CI VM's two cores
 
 
+def shard_lines(output: str) -> list[tuple[str, int, int, int, int, str]]:
+    """A crash program's shares ("crash harness: <list>: shard K/N ran R of S <what>"; a run without `shard=`
+    prints 0/1, its whole selection) as (list, K, N, R, S, what), in the order printed."""
+    return [
+        (name, int(k), int(n), int(ran), int(selected), what)
+        for name, k, n, ran, selected, what in re.findall(
+            r"^crash harness: (.+): shard (\d+)/(\d+) ran (\d+) of (\d+) (.+)$", output, re.MULTILINE
+        )
+    ]
+
+
 def run_split(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> list[str]:
     """Runs a crash program (tests/cpp/crash_harness.h) as SPLIT processes at once, the K-th with the argument
     `shard=K/SPLIT`: between them they crash at every point of its selection, each point in one of them. Asserts
@@ -235,11 +246,9 @@ def run_split(binary: Path, *args: str, timeout: float = 300, shown: int = 5000)
     assert all(passed), report
     shares: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
     for k, out in enumerate(outputs):
-        for name, shard, count, ran, selected, what in re.findall(
-            r"^crash harness: (.+): shard (\d+)/(\d+) ran (\d+) of (\d+) (.+)$", out, re.MULTILINE
-        ):
-            assert (int(shard), int(count)) == (k, SPLIT), report
-            shares.setdefault((name, what), []).append((k, int(ran), int(selected)))
+        for name, shard, count, ran, selected, what in shard_lines(out):
+            assert (shard, count) == (k, SPLIT), report
+            shares.setdefault((name, what), []).append((k, ran, selected))
     assert shares, f"no shard lines printed:\n{report}"
     for key, got in shares.items():
         # One line a process, the same selection in each; their shares add up to it.
