@@ -72,6 +72,10 @@ thread_local int fail_after = -1;
 // failure was injected (then it is -1 already).
 std::atomic<int> named_fail_after{-1};
 const char* named_thread = "";
+// Set by the test with named_fail_after: once that failure is injected, every later allocation on the named thread
+// fails too (memory that stays out), until the test clears both. named_failing is set at the first failure.
+// Reaches what a single failure does not: the allocations of a catch's own handling (a log line's arguments).
+std::atomic<bool> named_fail_sticky{false}, named_failing{false};
 
 bool on_named_thread() {
   char name[17] = {};
@@ -85,11 +89,14 @@ bool on_named_thread() {
 // Allocations inside a card store's operation are left alone: an exception out of one ends the gateway on purpose
 // (adp::card_store_unwound: the store is not exception-safe), as it did before session 25.
 bool named_failure_due() {
-  if (named_fail_after.load(std::memory_order_acquire) < 0 || !on_named_thread()) return false;
+  const bool failing = named_failing.load(std::memory_order_acquire);
+  if ((!failing && named_fail_after.load(std::memory_order_acquire) < 0) || !on_named_thread()) return false;
   if (adp::card_store_calls_on_this_thread() > 0) return false;
+  if (failing) return true;
   int k = named_fail_after.load(std::memory_order_acquire);
   while (k >= 0 && !named_fail_after.compare_exchange_weak(k, k == 0 ? -1 : k - 1)) {
   }
+  if (k == 0 && named_fail_sticky.load(std::memory_order_acquire)) named_failing.store(true, std::memory_order_release);
   return k == 0;
 }
 }  // namespace
@@ -1171,8 +1178,11 @@ void destructors_allocate_nothing(const std::string& dir) {
 // The start-up connect's thread, each of its allocations failed in turn (the connect's, then the background
 // reconnect's thread's state, started by the outage it notes): no exception leaves it (the old code: std::terminate
 // at the first), and the batch after gets the outage.
-void start_connect_out_of_memory(const std::string& dir) {
+// sticky (session 29, allocinfo29): every allocation after the failed one fails too, the catch's own line's among
+// them (its DEBUG line's connector description: this part logs at DEBUG).
+void start_connect_out_of_memory(const std::string& dir, bool sticky) {
   named_thread = "adp-connect";
+  named_fail_sticky.store(sticky, std::memory_order_release);
   int k = 0;
   for (; k < 1000; k++) {
     adp::RemoteBackend rb(nowhere(dir));
@@ -1182,11 +1192,14 @@ void start_connect_out_of_memory(const std::string& dir) {
     const adp::Status st = exists_one(*s);  // waits for the start-up connect's outcome
     s.reset();                              // joins its thread
     const bool injected = named_fail_after.exchange(-1) < 0;
+    named_failing.store(false, std::memory_order_release);
     CHECK(st.code() == adp::Status::Code::kUnavailable, "let %d: the batch after: %s", k, st.message().c_str());
     if (!injected) break;
   }
+  named_fail_sticky.store(false, std::memory_order_release);
   CHECK(k > 0 && k < 1000, "%d allocations on the start-up connect's thread failed", k);
-  std::printf("remote: %d allocations on the start-up connect's thread failed, none left it\n", k);
+  std::printf("remote: %d allocations on the start-up connect's thread failed%s, none left it\n", k,
+              sticky ? ", each with every one after it" : "");
 }
 
 // A batch's connect failing (no gateway) starts the background reconnect (note_down): each allocation of the batch
@@ -1641,9 +1654,12 @@ int main(int argc, char** argv) {
   } else if (part == "sweep") {
     sweep::allocation_failure_sweep(dir);
   } else if (part == "remote") {
+    // DEBUG: the lines whose arguments are made only at DEBUG are made (and failed: the sticky run).
+    ::setenv("ADP_LOG_LEVEL", "DEBUG", 1);
     start_connect_without_a_thread(dir);
     reconnect_without_a_thread(dir);
-    start_connect_out_of_memory(dir);  // last: the old code ended the process here
+    start_connect_out_of_memory(dir, false);  // last: the old code ended the process here
+    start_connect_out_of_memory(dir, true);   // the old code (before allocinfo29) ended it here, at DEBUG
   } else {
     std::fprintf(stderr, "unknown part %s\n", part.c_str());
     return 2;
