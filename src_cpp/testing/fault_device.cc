@@ -238,6 +238,11 @@ uint64_t FaultDevice::syncs() const {
   return syncs_;
 }
 
+uint64_t FaultDevice::syncs_run() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return sync_calls_;
+}
+
 bool FaultDevice::dead() const {
   std::lock_guard<std::mutex> l(mu_);
   return dead_;

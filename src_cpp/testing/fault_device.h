@@ -97,8 +97,9 @@ class FaultDevice : public Device {
   uint64_t kept_at_cut() const;
   uint64_t dropped_at_cut() const;
 
-  uint64_t writes() const;  // writes attempted so far
-  uint64_t syncs() const;   // syncs run and succeeded (callers grouped into one count once)
+  uint64_t writes() const;     // writes attempted so far
+  uint64_t syncs() const;      // syncs run and succeeded (callers grouped into one count once)
+  uint64_t syncs_run() const;  // syncs run, failed ones too (fail_sync's count)
   bool dead() const;
 
  private:

@@ -34,7 +34,7 @@
 // frontier, records spanning regions, eviction of a region a record
 // continues into) is cut at every one of its write points: a cut between
 // the two halves of a spanning object, or before the next region's header.
-// Every sync point of the mixed workload is failed in turn (a store whose
+// Every sync point of both workloads is failed in turn (a store whose
 // sync failed must not outlive a later delete of its key). And two writers
 // at once: a store reserved behind one whose write is stuck is not
 // acknowledged before the hole is written or marked. A region header lost in
@@ -399,22 +399,27 @@ int main(int argc, char** argv) {
     if (shard.takes(chosen++)) runs += crashes_at(ops, p), here++;
   }
   shard_line("mixed", here, chosen, "write points");
-  // Failed syncs: every sync point of the mixed workload.
-  here = 0;
-  for (uint64_t p = 0; p < syncs; p++) {
-    if (!shard.takes(p)) continue;
-    fail_sync_at(ops, p);
-    runs++, here++;
-  }
-  shard_line("mixed", here, syncs, "sync points");
-  // Spanning records: every write point, whole and torn cuts, failed writes.
+  // Failed syncs: every sync point of a workload.
+  auto fail_every_sync = [&](const std::vector<Op>& script, const char* name, uint64_t n) {
+    here = 0;
+    for (uint64_t p = 0; p < n; p++) {
+      if (!shard.takes(p)) continue;
+      fail_sync_at(script, p);
+      runs++, here++;
+    }
+    shard_line(name, here, n, "sync points");
+  };
+  fail_every_sync(ops, "mixed", syncs);
+  // Spanning records: every write point, whole and torn cuts, failed writes; every sync point.
   auto span_ops = make_span_script();
   Run span_clean;
-  uint64_t span_writes = count_writes(span_ops, &span_clean, "spanning");
+  uint64_t span_syncs = 0;
+  uint64_t span_writes = count_writes(span_ops, &span_clean, "spanning", &span_syncs);
   here = 0;
   for (uint64_t p = 0; p < span_writes; p++)
     if (shard.takes(p)) runs += crashes_at(span_ops, p), here++;
   shard_line("spanning", here, span_writes, "write points");
+  fail_every_sync(span_ops, "spanning", span_syncs);
   if (shard.first()) {  // the one-off scenarios
     hole_before_acknowledged_store();
     lost_region_header_reused_epoch();
@@ -423,9 +428,9 @@ int main(int argc, char** argv) {
     unreadable_superblock();
   }
   std::printf("card_crash_test: %" PRIu64 " of %" PRIu64 " write points (%s), all %" PRIu64 " sync points, all %" PRIu64
-              " write points of the spanning workload, %" PRIu64 " runs, %d failures; %" PRIu64
-              " reopens checked for damage counted (none may be)\n",
+              " write points and all %" PRIu64 " sync points of the spanning workload, %" PRIu64
+              " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be)\n",
               static_cast<uint64_t>(points.size()), writes, all ? "all" : "bounded; ADP_CRASH_ALL=1 for all", syncs,
-              span_writes, runs, check_failures, damage_checked);
+              span_writes, span_syncs, runs, check_failures, damage_checked);
   return adp::testing::finish("card_crash_test");
 }

@@ -314,17 +314,24 @@ inline std::shared_ptr<FaultImage> fresh_image() {
 
 // Runs the script on a fresh card with one fault armed by inject() (given the
 // device's write and sync counts before the script), then a power cut at the
-// end, and checks what the reopened card holds.
+// end, and checks what the reopened card holds. The fault is at the workload's
+// write `point` (or, with at_sync, its sync `point`, fail_sync's count): the
+// workload must reach it, else the run tested nothing there (a point past the
+// workload's end: a selection counting points the workload does not have).
 inline void run_with_fault(const std::vector<Op>& ops, const std::function<void(FaultDevice*)>& inject,
-                           const char* what, uint64_t point, bool strict) {
+                           const char* what, uint64_t point, bool strict, bool at_sync = false) {
   auto image = fresh_image();
   FaultDevice* dev;
   auto s = open_store(image, "open", &dev);
   if (!s) return;
+  const uint64_t base = at_sync ? dev->syncs_run() : dev->writes();
   inject(dev);
   Run run;
   run.strict = strict || crash_card().mapped;  // on a mapped card every cut is a process crash
   run_script(*s, *dev, ops, &run);
+  const uint64_t reached = (at_sync ? dev->syncs_run() : dev->writes()) - base;
+  CHECK(reached > point, "%s %" PRIu64 ": the workload ran %" PRIu64 " %s: the fault was never reached", what, point,
+        reached, at_sync ? "syncs" : "writes");
   snapshot_held(*s, *dev, &run);
   dev->power_cut();
   s.reset();
@@ -375,25 +382,34 @@ inline void fail_at(const std::vector<Op>& ops, uint64_t point, uint64_t tear) {
 // sync failed is not acknowledged; its copy must not outlive a later
 // acknowledged delete of its key.
 inline void fail_sync_at(const std::vector<Op>& ops, uint64_t point) {
-  run_with_fault(ops, [&](FaultDevice* dev) { dev->fail_sync(dev->syncs() + point); }, "failed sync", point, true);
+  run_with_fault(
+      ops, [&](FaultDevice* dev) { dev->fail_sync(dev->syncs_run() + point); }, "failed sync", point, true, true);
 }
 
+// The workload's write and sync points: counted from the store's open, as run_with_fault arms its faults. The
+// open's own (a fresh card's format: its superblock written and synced) come before any fault is armed, and the
+// workload is never run on a card whose format failed (open_store's CHECK): they are printed apart, "(and W
+// writes, S syncs at open)", not counted among the points. Nothing is written or synced after the workload: the
+// power is cut before the store closes. (The workload line once printed the syncs since the device's creation,
+// the open's among them, beside the points counted from the open: the fill test's "40 syncs" against its
+// selection's "of 39 sync points".)
 inline uint64_t count_writes(const std::vector<Op>& ops, Run* run, const char* name, uint64_t* syncs = nullptr) {
   auto image = fresh_image();
   FaultDevice* dev;
   auto s = open_store(image, "open", &dev);
   if (!s) std::exit(1);
-  uint64_t base = dev->writes(), base_syncs = dev->syncs();
+  const uint64_t base = dev->writes(), base_syncs = dev->syncs_run();
   run_script(*s, *dev, ops, run);
   adp::StoreStats stats = s->stats();
+  const uint64_t writes = dev->writes() - base, workload_syncs = dev->syncs_run() - base_syncs;
   std::printf("crash harness: %s workload: %" PRIu64 " writes, %" PRIu64 " syncs, %" PRIu64 " stores, %" PRIu64
-              " deletes, %" PRIu64 " evicted objects\n",
-              name, dev->writes() - base, dev->syncs(), stats.stores, stats.deletes, stats.evicted_objects);
+              " deletes, %" PRIu64 " evicted objects (and %" PRIu64 " writes, %" PRIu64 " syncs at open)\n",
+              name, writes, workload_syncs, stats.stores, stats.deletes, stats.evicted_objects, base, base_syncs);
   CHECK(stats.evicted_objects > 0, "the workload must evict");
   CHECK(stats.deletes > 0, "the workload must delete");
+  CHECK(dev->syncs() - base_syncs == workload_syncs, "%s: a sync of the clean run failed", name);
   snapshot_held(*s, *dev, run);
-  uint64_t writes = dev->writes() - base;
-  if (syncs) *syncs = dev->syncs() - base_syncs;
+  if (syncs) *syncs = workload_syncs;
   dev->power_cut();  // nothing unsynced may matter
   s.reset();
   check_reopened(image, *run, "clean run", 0);

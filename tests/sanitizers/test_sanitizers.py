@@ -118,6 +118,7 @@ def plain_quick_counts(tmp_path_factory):
         if name not in counts:
             output = cpp.run(cpp.build(name, tmp_path_factory.mktemp(f"plain-{name}")), "quick", timeout=600)
             assert " 0 failures; " in output, output[-5000:]
+            cpp.check_sync_points(output, every=False)  # `quick`: 2 of each workload's sync points
             counts[name] = crash_counts(output)
         return counts[name]
 

@@ -50,27 +50,33 @@ def run_crash_program(name: str, tmp_path, *args: str, split: bool = True) -> st
 
 
 def test_crash_consistency_on_fault_device(tmp_path):
-    assert "unreadable block: card opened" in run_crash_program("card_crash_test", tmp_path)
+    output = run_crash_program("card_crash_test", tmp_path)
+    assert "unreadable block: card opened" in output
+    cpp.check_sync_points(output, every=True)  # both workloads, every sync
 
 
-# Each store program: what its workload says it stores, and what its default selection says it ran.
+# Each store program: what its workload says it stores, what its default selection says it ran, and whether that
+# fails every sync point (the fill test's: 16 spread over each workload's, every one in `all`).
 STORE_PROGRAMS = {
     "card_crash_aligned_test": (
         "9 aligned stores under 1 MiB, 12 of 1 MiB or more, 2 staged",
         ("disk: all ", "memory-backed: 12 of "),
+        True,
     ),
     "card_crash_fill_test": (
         "13 fills, 3 failing fills, 3 pointer stores",
         ("(every crash at 16)", "(process crash only; "),
+        False,
     ),
 }
 
 
 @pytest.mark.parametrize("name", STORE_PROGRAMS)
 def test_crash_consistency_stores(name, tmp_path):
-    stores, ran = STORE_PROGRAMS[name]
+    stores, ran, every_sync = STORE_PROGRAMS[name]
     output = run_crash_program(name, tmp_path)
     assert stores in output and all(said in output for said in ran), output[-3000:]
+    cpp.check_sync_points(output, every=every_sync)
 
 
 @pytest.mark.slow
@@ -78,6 +84,7 @@ def test_crash_consistency_stores(name, tmp_path):
 def test_crash_consistency_stores_every_point(name, tmp_path):
     output = run_crash_program(name, tmp_path, "all")
     assert STORE_PROGRAMS[name][0] in output and "(all)" in output, output[-3000:]
+    cpp.check_sync_points(output, every=True)
 
 
 def test_crash_consistency_concurrent_writers(tmp_path):

@@ -222,6 +222,26 @@ def shard_lines(output: str) -> list[tuple[str, int, int, int, int, str]]:
     ]
 
 
+def check_sync_points(output: str, every: bool) -> None:
+    """Asserts a crash program's lists (tests/cpp/crash_harness.h) fail the sync points its workloads have: each
+    workload ("crash harness: <list> workload: W writes, S syncs ...": the syncs from the store's open, the points
+    fail_sync_at counts) has a list of sync points ("<list>: shard K/N ran R of S' sync points"), chosen among as
+    many as it has (crash_everywhere's "<list>: ... R of S sync points" where printed), and, if `every`, it selects
+    all of them. Once the workload line counted the open's sync too (the fill test's 40 syncs against "of 39 sync
+    points"), and card_crash_test's spanning workload had no sync points at all."""
+    workloads = {
+        name: int(syncs)
+        for name, syncs in re.findall(r"^crash harness: (\S+) workload: \d+ writes, (\d+) syncs", output, re.MULTILINE)
+    }
+    assert workloads, "no workload lines printed:\n" + output[-3000:]
+    selected = {name: chosen for name, _, _, _, chosen, what in shard_lines(output) if what == "sync points"}
+    among = dict(re.findall(r"^crash harness: (\S+): \d+ of \d+ write points, \d+ of (\d+) sync points", output, re.M))
+    assert selected.keys() == workloads.keys(), (workloads, selected)
+    for name, syncs in workloads.items():
+        assert int(among.get(name, syncs)) == syncs, (name, syncs, among)
+        assert 0 < selected[name] <= syncs and (selected[name] == syncs or not every), (name, syncs, selected[name])
+
+
 def run_split(binary: Path, *args: str, timeout: float = 300, shown: int = 5000) -> list[str]:
     """Runs a crash program (tests/cpp/crash_harness.h) as SPLIT processes at once, the K-th with the argument
     `shard=K/SPLIT`: between them they crash at every point of its selection, each point in one of them. Asserts
