@@ -27,6 +27,14 @@ MIN_RING_MB, MAX_RING_MB = _native.MIN_RING_BYTES // MIB, _native.MAX_RING_BYTES
 # The smallest gateway_stall_s taken: the gateway shows it works every 100 ms at most (docs/protocol.md r7, r8),
 # so a bound near that reads a working gateway stalled between its signs of life (review r10 N8).
 MIN_GATEWAY_STALL_S = 0.5
+# A connect's bound, its handshake included (adapter_params connect_timeout_ms, `status --connect-timeout-ms`), in
+# ms: 2000 by default (src_cpp/transport/gateway_client.h kDefaultConnectTimeout). At least 100: a gateway's handshake
+# maps the client's ring and a loaded host delays its threads by tens of ms, so a shorter bound fails connects to a
+# working gateway (and the gateway's own --handshake-timeout-ms has the same floor). At most 600000 (10 minutes):
+# the connects of an idle connector's background reconnect and status query wait it out one at a time, so a longer
+# bound leaves a gateway that accepts and never answers read reachable (/health 200) that long; a slow TCP link or
+# a loaded gateway answers in seconds (the gateway's --handshake-timeout-ms has the same ceiling).
+DEFAULT_CONNECT_TIMEOUT_MS, MIN_CONNECT_TIMEOUT_MS, MAX_CONNECT_TIMEOUT_MS = 2000, 100, 600_000
 # The longest Unix socket path: sizeof(sockaddr_un.sun_path) - 1 on Linux (src_cpp/protocol/socket_io.cc refuses
 # a longer one at connect or bind, where it failed every request instead of the start).
 MAX_SOCKET_PATH_BYTES = 107
@@ -40,6 +48,23 @@ def card_size_ok(size: Any) -> bool:
     """A number of GiB a card image may be created with (NaN, bools and strings are not)."""
     return (
         not isinstance(size, bool) and isinstance(size, (int, float)) and MIN_CARD_SIZE_GB <= size <= MAX_CARD_SIZE_GB
+    )
+
+
+def connect_timeout_error(value: Any) -> str | None:
+    """Why `value` is not a connect bound (a whole number of ms in [MIN_CONNECT_TIMEOUT_MS, MAX_CONNECT_TIMEOUT_MS]),
+    in words that follow the parameter's or flag's name; None if it is one. The connector's adapter_params and the
+    status command's --connect-timeout-ms take the same values."""
+    if (
+        not isinstance(value, bool)
+        and isinstance(value, int)
+        and MIN_CONNECT_TIMEOUT_MS <= value <= MAX_CONNECT_TIMEOUT_MS
+    ):
+        return None
+    return (
+        f"must be a whole number of milliseconds in [{MIN_CONNECT_TIMEOUT_MS}, {MAX_CONNECT_TIMEOUT_MS}], got "
+        f"{value!r} (below {MIN_CONNECT_TIMEOUT_MS} ms a working gateway on a loaded host misses it; above "
+        f"{MAX_CONNECT_TIMEOUT_MS // 60_000} minutes a gateway that accepts and never answers reads reachable that long)"
     )
 
 
@@ -165,6 +190,13 @@ PARAMS: dict[str, Param] = {
         "it stalled (stat gateway_stalled, /health 503) until it is heard from again (a number of seconds, at least "
         "0.5, at most 3600)",
     ),
+    "connect_timeout_ms": Param(
+        DEFAULT_CONNECT_TIMEOUT_MS,
+        "unix:// or tcp:// gateway: a connect to the gateway, its handshake included, gives up after this many "
+        f"milliseconds ({MIN_CONNECT_TIMEOUT_MS}-{MAX_CONNECT_TIMEOUT_MS}): the start-up connect, a batch's (its "
+        "timeout_ms if sooner), the background reconnect's and an idle connector's status query; connects left "
+        "unanswered this long are an outage (gateway_reachable 0)",
+    ),
     "reply_spin_us": Param(
         200,
         "unix:// or tcp:// gateway: a worker waiting for a store's or load's reply polls the socket without "
@@ -217,6 +249,7 @@ class ConnectorConfig:
     ptracer_follow: bool = False
     gateway_stall_s: float = 5
     reply_spin_us: int = 200
+    connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ConnectorConfig:
@@ -285,6 +318,11 @@ class ConnectorConfig:
         if "reply_spin_us" in params and gateway == "embedded":
             raise ConfigError("adapter_params['reply_spin_us'] applies to a unix:// or tcp:// gateway only")
         reply_spin_us = _int("reply_spin_us", get("reply_spin_us"), 0, 10000)
+        if "connect_timeout_ms" in params and gateway == "embedded":
+            raise ConfigError("adapter_params['connect_timeout_ms'] applies to a unix:// or tcp:// gateway only")
+        connect_timeout_ms = get("connect_timeout_ms")
+        if why := connect_timeout_error(connect_timeout_ms):
+            raise ConfigError(f"adapter_params['connect_timeout_ms'] {why}")
         token = _token(gateway, params.get("token_file"))
         card = params.get("card")
         if card is None:
@@ -329,6 +367,7 @@ class ConnectorConfig:
             ptracer_follow=ptracer_follow,
             gateway_stall_s=float(stall),
             reply_spin_us=reply_spin_us,
+            connect_timeout_ms=connect_timeout_ms,
         )
 
     def to_native(self) -> dict[str, Any]:
@@ -349,6 +388,7 @@ class ConnectorConfig:
             "ptracer_follow": self.ptracer_follow,
             "gateway_stall_ns": round(self.gateway_stall_s * 1e9),
             "reply_spin_us": self.reply_spin_us,
+            "connect_timeout_ms": self.connect_timeout_ms,
         }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
 from typing import Any
 
 from lmcache_adp import _native
@@ -28,21 +29,35 @@ class GatewayError(RuntimeError):
     """The gateway could not be reached or refused the request."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+class _HandshakeTimeout(Exception):
+    """The connect or its handshake ran past the connect's bound (read_gateway_stats' connect_timeout_ms)."""
+
+
+def _recv_exact(sock: socket.socket, n: int, until: float | None = None) -> bytes:
+    """n bytes; with `until` (time.monotonic()), by then in all, not `sock`'s timeout per recv (_HandshakeTimeout)."""
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        if until is not None:
+            if (left := until - time.monotonic()) <= 0:
+                raise _HandshakeTimeout
+            sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(buf))
+        except TimeoutError:
+            if until is None:
+                raise
+            raise _HandshakeTimeout from None
         if not chunk:
             raise GatewayError("the gateway closed the connection")
         buf += chunk
     return bytes(buf)
 
 
-def _read_frame(sock: socket.socket) -> tuple[int, bytes]:
-    magic, version, ftype, _, n, _, _ = HEADER.unpack(_recv_exact(sock, HEADER.size))
+def _read_frame(sock: socket.socket, until: float | None = None) -> tuple[int, bytes]:
+    magic, version, ftype, _, n, _, _ = HEADER.unpack(_recv_exact(sock, HEADER.size, until))
     if magic != MAGIC or version != VERSION or n > MAX_REPLY_BYTES:
         raise GatewayError("not a protocol-1 gateway reply")
-    body = _recv_exact(sock, n)
+    body = _recv_exact(sock, n, until)
     if ftype == ERROR:
         (length,) = struct.unpack_from("<H", body)
         raise GatewayError("gateway refused: " + body[2 : 2 + length].decode(errors="replace"))
@@ -66,14 +81,27 @@ def _connect(url: str, timeout: float) -> socket.socket:
     sock.settimeout(timeout)
     try:
         sock.connect(target)
+    except TimeoutError:
+        sock.close()
+        raise _HandshakeTimeout from None
     except OSError as e:
         sock.close()
         raise GatewayError(f"cannot reach the gateway at {url}: {e.strerror or e}") from None
     return sock
 
 
-def read_gateway_stats(url: str, token: str = "", timeout: float = 5.0) -> dict[str, Any]:
-    sock = _connect(url, timeout)
+def read_gateway_stats(
+    url: str, token: str = "", timeout: float = 5.0, connect_timeout_ms: int | None = None
+) -> dict[str, Any]:
+    """The gateway's StatsReply. The connect and its handshake (Hello to HelloOk) end within connect_timeout_ms in
+    all (`timeout` if None; `lmcache-adp status --connect-timeout-ms`), else GatewayError "did not answer its
+    connect within N ms"; the Stats request then has `timeout` per read."""
+    bound_ms = round(timeout * 1000) if connect_timeout_ms is None else connect_timeout_ms
+    until = time.monotonic() + bound_ms / 1000
+    try:
+        sock = _connect(url, bound_ms / 1000)
+    except _HandshakeTimeout:
+        raise GatewayError(f"the gateway at {url} did not answer its connect within {bound_ms} ms") from None
     try:
         name, tok = b"lmcache-adp status", token.encode()
         hello = struct.pack("<IIQHHI", _native.FEATURE_STATUS_QUERY, 0, 0, len(tok), len(name), 0) + tok + name
@@ -84,14 +112,17 @@ def read_gateway_stats(url: str, token: str = "", timeout: float = 5.0) -> dict[
             # knows: gateway_client.cc): the reason is still in this socket's receive queue (review r15 N3: the
             # status command said "Broken pipe" instead, 1 run in 3).
             pass
-        ftype, _ = _read_frame(sock)
+        ftype, _ = _read_frame(sock, until)
         if ftype != HELLO_OK:
             raise GatewayError(f"unexpected reply type {ftype} to hello")
+        sock.settimeout(timeout)
         sock.sendall(HEADER.pack(MAGIC, VERSION, STATS, 0, 0, 0, 2))
         ftype, body = _read_frame(sock)
         if ftype != STATS_REPLY:
             raise GatewayError(f"unexpected reply type {ftype} to stats")
         return json.loads(body)
+    except _HandshakeTimeout:
+        raise GatewayError(f"the gateway at {url} did not answer its connect within {bound_ms} ms") from None
     except (OSError, struct.error, ValueError) as e:
         raise GatewayError(f"talking to the gateway at {url}: {e}") from None
     finally:

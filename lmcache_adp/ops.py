@@ -19,7 +19,16 @@ import urllib.request
 from typing import Any
 
 from lmcache_adp._native import CardStore, format_card
-from lmcache_adp.config import GIB, ConfigError, card_size_ok, card_size_range, read_token_file
+from lmcache_adp.config import (
+    GIB,
+    MAX_CONNECT_TIMEOUT_MS,
+    MIN_CONNECT_TIMEOUT_MS,
+    ConfigError,
+    card_size_ok,
+    card_size_range,
+    connect_timeout_error,
+    read_token_file,
+)
 from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
 from lmcache_adp.metrics import gateway_not_reached
 from lmcache_adp.stats_catalog import CLIENT, STATS
@@ -236,14 +245,35 @@ def stats_url(url: str) -> str:
     return url + "/stats"
 
 
+# status --gateway's connect bound when --connect-timeout-ms is not given: the command's fixed 5 s of before
+# session 30 (a connector's adapter_params connect_timeout_ms is 2000 by default).
+STATUS_CONNECT_TIMEOUT_MS = 5000
+
+
+def connect_timeout_ms(text: str) -> int:
+    """--connect-timeout-ms's value, or argparse's usage error (exit 2) in adapter_params connect_timeout_ms's words."""
+    try:
+        value: Any = int(text)
+    except ValueError:
+        value = text
+    if why := connect_timeout_error(value):
+        raise argparse.ArgumentTypeError(why)
+    return value
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.connect_timeout_ms is not None and not args.gateway:
+        return _fail("--connect-timeout-ms applies with --gateway only", EXIT_USAGE)
     if args.gateway:
+        bound = args.connect_timeout_ms or STATUS_CONNECT_TIMEOUT_MS
         try:
             token = read_token_file(args.token_file, "--token-file") if args.token_file else ""
-            st = read_gateway_stats(args.gateway, token)
+            st = read_gateway_stats(args.gateway, token, connect_timeout_ms=bound)
         except (GatewayError, ConfigError) as e:
             if args.gateway.startswith("tcp://") and not args.token_file and "authentication failed" in str(e):
                 return _fail(f"{e}: a tcp:// gateway asks for its token: --token-file FILE", EXIT_ERROR)  # audit 13
+            if "did not answer its connect within" in str(e):
+                return _fail(f"{e} (--connect-timeout-ms: raise it for a slow link or a loaded gateway)", EXIT_ERROR)
             return _fail(str(e), EXIT_ERROR)
         st["card"] = f"held by the gateway at {args.gateway}"
     elif args.url:
@@ -431,6 +461,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "its /metrics or /health page)",
     )
     p.add_argument("--token-file", help="with --gateway tcp://: the gateway's token")
+    p.add_argument(
+        "--connect-timeout-ms",
+        type=connect_timeout_ms,
+        metavar="MS",
+        help=f"with --gateway: the connect and its handshake give up after this many milliseconds "
+        f"({MIN_CONNECT_TIMEOUT_MS}-{MAX_CONNECT_TIMEOUT_MS}; default {STATUS_CONNECT_TIMEOUT_MS}; a connector's "
+        "adapter_params connect_timeout_ms, 2000 by default)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
 

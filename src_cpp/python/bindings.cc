@@ -136,6 +136,7 @@ class NativeConnector {
     o.token = cfg["token"].cast<std::string>();
     o.stall_after = std::chrono::nanoseconds(cfg["gateway_stall_ns"].cast<int64_t>());
     o.reply_spin = std::chrono::microseconds(cfg["reply_spin_us"].cast<int64_t>());
+    o.connect_timeout = std::chrono::milliseconds(cfg["connect_timeout_ms"].cast<int64_t>());
     if (o.endpoint.kind == proto::Endpoint::Kind::kUnix) {
       o.ring_bytes = cfg["ring_bytes"].cast<uint64_t>();
       o.segments = cfg["direct_loads"].cast<bool>();

@@ -27,6 +27,9 @@ inline constexpr std::chrono::milliseconds kIdleCheck{100};
 
 // adapter_params reply_spin_us's default (lmcache_adp/config.py states the same).
 inline constexpr std::chrono::microseconds kDefaultReplySpin{200};
+// adapter_params connect_timeout_ms's default (lmcache_adp/config.py states the same): a connect's bound, its
+// handshake included.
+inline constexpr std::chrono::milliseconds kDefaultConnectTimeout{2000};
 
 struct GatewayClientOptions {
   proto::Endpoint endpoint;
@@ -56,6 +59,11 @@ struct GatewayClientOptions {
   // without sleeping, from shortly before the reply is expected
   // (RemoteSession::spin_for_reply), while CPUs are idle; 0: never.
   std::chrono::microseconds reply_spin{kDefaultReplySpin};
+  // connect_timeout_ms: a connect's bound, its handshake included, for every connect RemoteBackend makes (the
+  // start-up connect, a batch's (its deadline, if sooner), the background reconnect's, the idle status query's:
+  // RemoteBackend::connect_timeout_); also the outage bound of connects cut short in a row by their batches.
+  // Not read by GatewayClient::Connect, which takes the deadline it is given.
+  std::chrono::milliseconds connect_timeout{kDefaultConnectTimeout};
 };
 
 class GatewayClient {

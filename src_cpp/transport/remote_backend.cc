@@ -35,8 +35,6 @@ namespace {
 using proto::Clock;
 using std::chrono::milliseconds;
 
-// A connect's bound, its handshake included (ADP_TEST_CONNECT_TIMEOUT_MS for tests: RemoteBackend::connect_timeout_).
-constexpr milliseconds kConnectTimeout{2000};
 // A request's wait for its reply looks at the stall this often (logs its
 // start without a stats() call: RemoteSession::wait_reply;
 // ADP_TEST_STALL_CHECK_MS for tests: RemoteBackend::stall_check_).
@@ -45,7 +43,7 @@ constexpr milliseconds kFirstBackoff{50}, kMaxBackoff{2000};
 // While the link is up, the reconnect thread looks at the connections this
 // often, and an idle connector with none open asks the gateway a status
 // query this often (RemoteBackend::reconnect_loop): a stop is seen within it
-// (plus the query's connect: at once on a stopped gateway, kConnectTimeout
+// (plus the query's connect: at once on a stopped gateway, connect_timeout_
 // on one that accepts and never answers).
 constexpr milliseconds kIdleLook{1000};
 // A batch that needs a connection while the start-up connect (prepare) is
@@ -254,7 +252,7 @@ class RemoteSession : public BackendSession {
   // Connects at the connector's start (BackendSession::prepare), on a thread of its own (start_connect), so
   // that no batch waits behind it: a failure is the outage a batch's would be (the one WARNING, or the token's
   // ERROR; gateway_reachable 0) and the back-off it sets holds for this session's first batch; its connection
-  // is that batch's (take_start). No batch deadline: the connect's own bound (kConnectTimeout), so one left
+  // is that batch's (take_start). No batch deadline: the connect's own bound (connect_timeout_), so one left
   // unanswered is an outage, not a batch cut short.
   void prepare() override {
     start_began_ = Clock::now();
@@ -522,25 +520,27 @@ Status RemoteSession::connected(Deadline deadline) {
   // is back: this batch connects at once (it takes the background one), not failing in front of a reachable link.
   if (now < retry_at_ && backend_->connects() == backoff_connects_) return last_error_;
   own_connect_ = start_pending_.load(std::memory_order_relaxed);
-  Status s = backend_->connect(std::min<Deadline>(deadline, now + backend_->connect_timeout_), &client_);
+  // The batch's deadline when sooner than the connect's own bound: a timeout then is the batch's (cut_short).
+  const bool own_bound = deadline > now + backend_->connect_timeout_;
+  Status s = backend_->connect(own_bound ? now + backend_->connect_timeout_ : deadline, &client_, own_bound);
   // The connector closing cut it short (a connect at start, BackendSession::prepare, or a batch's racing close):
   // nothing to say about the gateway (review r13 S4: a connector closed at once logged an outage).
   if (!s.ok() && backend_->closing()) return s;
-  const bool cut_short = !s.ok() && s.code() == Status::Code::kTimedOut && deadline <= now + backend_->connect_timeout_;
+  const bool cut_short = !s.ok() && s.code() == Status::Code::kTimedOut && !own_bound;
   // Connects cut short in a row add up the time they waited, not the time since the first (review r13 S3: two
   // 300 ms connects 3 s apart were an outage).
   unanswered_ = cut_short ? unanswered_ + (Clock::now() - now) : Clock::duration{};
   if (cut_short && unanswered_ < backend_->connect_timeout_) {
     // The batch's own deadline ran out while connecting (a short timeout_ms, a busy gateway slow to accept or to
     // answer the handshake): this batch's timeout, not an outage. No back-off, gateway_reachable as it was. A
-    // gateway that refuses, or leaves this session's connects unanswered for kConnectTimeout (one connect, or
+    // gateway that refuses, or leaves this session's connects unanswered for connect_timeout_ (one connect, or
     // several cut short in a row that waited that long in all), is still the outage below.
     ADP_DEBUG("%s: the batch's deadline passed while connecting (%s)", backend_->describe().c_str(),
               log_safe(s.message()).c_str());
     return Status::TimedOut("deadline passed while connecting to the gateway: " + s.message());
   }
   if (!s.ok()) {
-    // From the failure, not the connect's start: a connect left unanswered for kConnectTimeout has waited out
+    // From the failure, not the connect's start: a connect left unanswered for connect_timeout_ has waited out
     // any back-off by then, and the batch's next path (run() after try_in_place) connected again at once.
     (void)back_off(s, Clock::now());
     backend_->note_down(s);
@@ -1066,7 +1066,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
       }()),
       stall_ns_(std::max<int64_t>(1, opts_.stall_after.count())),
       stall_check_(hooks.stall_check_ms > 0 ? milliseconds(hooks.stall_check_ms) : kStallCheck),
-      connect_timeout_(hooks.connect_timeout_ms > 0 ? milliseconds(hooks.connect_timeout_ms) : kConnectTimeout),
+      connect_timeout_(opts_.connect_timeout),
       max_backoff_(hooks.max_backoff_ms > 0 ? milliseconds(hooks.max_backoff_ms) : kMaxBackoff),
       idle_look_(hooks.idle_look_ms > 0 ? milliseconds(hooks.idle_look_ms) : kIdleLook),
       stall_log_interval_ns_(std::chrono::nanoseconds(hooks.stall_log_interval_ms >= 0
@@ -1095,7 +1095,7 @@ RemoteBackend::~RemoteBackend() {
   drop(&spare_);
 }
 
-Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out) {
+Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out, bool own_bound) {
   std::unique_ptr<GatewayClient> spare;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -1116,10 +1116,10 @@ Status RemoteBackend::connect(proto::Deadline deadline, std::unique_ptr<GatewayC
     std::lock_guard<std::mutex> l(mu_);
     session_try_ns_ = steady_ns();
   }
-  return connect_new(deadline, out);
+  return connect_new(deadline, out, own_bound);
 }
 
-Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out) {
+Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<GatewayClient>* out, bool own_bound) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (interrupted_) return Status::Closed("connector closed");
@@ -1127,7 +1127,7 @@ Status RemoteBackend::connect_new(proto::Deadline deadline, std::unique_ptr<Gate
   std::unique_ptr<GatewayClient> c;
   Status s = GatewayClient::Connect(opts_, deadline, &c, this);
   if (!s.ok()) {
-    if (!closing()) return s;
+    if (!closing()) return own_bound ? bound_reached(s) : s;
     const std::string why = s.code() == Status::Code::kClosed ? "" : " (" + log_safe(s.message()) + ")";
     ADP_INFO("%s: a connect in progress was abandoned: the connector is closing%s", describe().c_str(), why.c_str());
     return Status::Closed("connector closed");
@@ -1340,10 +1340,16 @@ Status RemoteBackend::probe(bool* as_query) {
   GatewayClientOptions o = opts_;
   o.status_query = true;
   std::unique_ptr<GatewayClient> c;
-  Status s = GatewayClient::Connect(o, Clock::now() + kConnectTimeout, &c, this);
+  Status s = GatewayClient::Connect(o, Clock::now() + connect_timeout_, &c, this);
   if (!s.ok() && closing()) return Status::Closed("connector closed");
   *as_query = s.ok() && c->status_query();
-  return s;  // c, if any, closed here: the gateway logs the query's end at DEBUG
+  return bound_reached(s);  // c, if any, closed here: the gateway logs the query's end at DEBUG
+}
+
+Status RemoteBackend::bound_reached(const Status& s) const {
+  if (s.code() != Status::Code::kTimedOut) return s;
+  return Status::TimedOut(
+      s.message() + " (its connect's bound, connect_timeout_ms: " + std::to_string(connect_timeout_.count()) + " ms)");
 }
 
 void RemoteBackend::start_reconnect() {

@@ -51,7 +51,6 @@ struct TestHooks {
   int yama_ptrace_scope = -1;      // ADP_TEST_YAMA_PTRACE_SCOPE (-1: not set)
   int idle_check_ms = -1;          // ADP_TEST_IDLE_CHECK_MS (-1: not set, kIdleCheck)
   int client_cpus = 0;             // ADP_TEST_CLIENT_CPUS (> 0: used)
-  int connect_timeout_ms = -1;     // ADP_TEST_CONNECT_TIMEOUT_MS (<= 0: not set, kConnectTimeout)
   int max_backoff_ms = -1;         // ADP_TEST_MAX_BACKOFF_MS (<= 0: not set, kMaxBackoff)
   int idle_look_ms = -1;           // ADP_TEST_IDLE_LOOK_MS (<= 0: not set, kIdleLook)
 

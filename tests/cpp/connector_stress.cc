@@ -31,7 +31,7 @@
 //      listener whose full accept queue drops SYNs (connect(2) in progress);
 //      close() races the workers' and the start-up connects (RemoteBackend's
 //      ConnectWatch against interrupt()) and returns within half of
-//      kConnectTimeout, every future completed, the threads joined.
+//      its connect bound (connect_timeout, 2 s), every future completed, the threads joined.
 // Content is a function of (key, version), every write a new version, so every
 // hit is checked byte for byte; misses are allowed (eviction) but never a hit
 // of a key that is known to be gone or of a version known to be overwritten

@@ -34,18 +34,20 @@ def test_gateway_stall_s(tmp_path):
     assert cfg.to_native()["gateway_stall_ns"] == 2 * 10**9
 
 
-def test_reply_spin_us(tmp_path):
-    """The reply spin (README, adapter_params): 200 us by default, any whole number of microseconds in
-    [0, 10000] (0: never), for unix:// and tcp:// alike."""
-    assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).to_native()["reply_spin_us"] == 200
-    for given in (0, 1, 500, 10000):
-        cfg = ConnectorConfig.from_params({"gateway": "unix:///x.sock", "reply_spin_us": given})
-        assert cfg.reply_spin_us == given and cfg.to_native()["reply_spin_us"] == given
+@pytest.mark.parametrize(
+    "key, default, accepted",
+    [("reply_spin_us", 200, (0, 1, 500, 7, 10000)), ("connect_timeout_ms", 2000, (100, 300, 3000, 5000, 600_000))],
+)
+def test_whole_number_gateway_params(tmp_path, key, default, accepted):
+    """The reply spin: 200 us by default, any whole number of microseconds in [0, 10000] (0: never); a connect's
+    bound: 2000 ms by default, any whole number of ms in [100, 600000] (README, adapter_params). For unix:// and
+    tcp:// alike, to the native side as they are."""
+    assert ConnectorConfig.from_params({"gateway": "unix:///x.sock"}).to_native()[key] == default
     (tmp_path / "token").write_text("t")
-    cfg = ConnectorConfig.from_params(
-        {"gateway": "tcp://h:1", "token_file": str(tmp_path / "token"), "reply_spin_us": 7}
-    )
-    assert cfg.to_native()["reply_spin_us"] == 7
+    for where in ({"gateway": "unix:///x.sock"}, {"gateway": "tcp://h:1", "token_file": str(tmp_path / "token")}):
+        for given in accepted:
+            cfg = ConnectorConfig.from_params({**where, key: given})
+            assert getattr(cfg, key) == given and cfg.to_native()[key] == given
 
 
 def test_tcp_gateway_reads_token(tmp_path):
@@ -82,6 +84,24 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "unix:///x.sock", "reply_spin_us": 10001}, r"'reply_spin_us'\] must be in \[0, 10000\]"),
         ({"gateway": "unix:///x.sock", "reply_spin_us": 1.5}, r"'reply_spin_us'\] must be an integer in \[0, 10000\]"),
         ({"gateway": "unix:///x.sock", "reply_spin_us": True}, r"'reply_spin_us'\] must be an integer"),
+        (
+            {"gateway": "embedded", "connect_timeout_ms": 300},
+            r"'connect_timeout_ms'\] applies to a unix:// or tcp:// gateway only",
+        ),
+        (
+            {"gateway": "unix:///x.sock", "connect_timeout_ms": 0},
+            r"'connect_timeout_ms'\] must be a whole number of milliseconds in \[100, 600000\], got 0 \(below 100 ms a "
+            r"working gateway on a loaded host misses it; above 10 minutes a gateway that accepts and never answers "
+            r"reads reachable that long\)",
+        ),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": -300}, r"in \[100, 600000\], got -300 \(below"),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": 99}, r"in \[100, 600000\], got 99 \(below"),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": 600_001}, r"in \[100, 600000\], got 600001 \(below"),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": 10**12}, r"in \[100, 600000\], got 1000000000000 "),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": "300"}, r"in \[100, 600000\], got '300' \(below"),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": 300.0}, r"in \[100, 600000\], got 300.0 \(below"),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": True}, r"in \[100, 600000\], got True \(below"),
+        ({"gateway": "unix:///x.sock", "connect_timeout_ms": None}, r"in \[100, 600000\], got None \(below"),
         ({"gateway": "unix://relative.sock"}, r"valid choices: 'embedded', 'unix:///path/to/gateway.sock'"),
         # 108 bytes: every request failed 'socket path must be 1 to 107 bytes', the start did not (audit 12)
         ({"gateway": "unix:///" + "s" * 107}, r"a Unix socket path is at most 107 bytes, this one is 108"),

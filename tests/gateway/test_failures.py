@@ -583,7 +583,7 @@ def test_a_connector_closed_as_it_starts_logs_no_outage(capfd):
 
 
 def test_connects_left_unanswered_for_two_seconds_are_an_outage(capfd):
-    """The other side of the test above: a gateway that answers none of a session's connects for kConnectTimeout
+    """The other side of the test above: a gateway that answers none of a session's connects for connect_timeout_ms
     (2 s) in all is down, though each connect was cut short by its batch's 300 ms deadline: the WARNING once,
     gateway_reachable 0. Before the first 2 s: each batch "timed out", no WARNING, reachable 1."""
     with silent_gateway_connector() as (_, conn, c):
@@ -615,7 +615,7 @@ def tcp_states(port: int) -> list[str]:
 
 @contextlib.contextmanager
 def never_answering(kind: str, workdir: str) -> Iterator[tuple[str, dict, Callable[[], bool], list[socket.socket]]]:
-    """A gateway address whose connects never end by themselves before kConnectTimeout. "handshake": a Unix socket
+    """A gateway address whose connects never end by themselves before connect_timeout_ms. "handshake": a Unix socket
     that accepts and reads the Hello, and never answers it. "syn": a TCP listener (backlog 0) whose accept queue
     a first connection fills, so the kernel drops the SYNs of the next ones (connect(2) stays in progress).
     Yields (its URL, the connector's parameters for it, whether a connect to it is under way now, the sockets it
@@ -673,27 +673,28 @@ def never_answering(kind: str, workdir: str) -> Iterator[tuple[str, dict, Callab
         assert not [t.name for t in threads if t.is_alive()], "the double's thread outlived it"
 
 
-# How long the test below gives close() (its thread joined for this long): ADP_TEST_CONNECT_TIMEOUT_MS makes a
-# connect's own bound ten times longer, so a close() that waits for the connect is still waiting when this ends.
+# How long the test below gives close() (its thread joined for this long): adapter_params connect_timeout_ms makes
+# a connect's own bound ten times longer, so a close() that waits for the connect is still waiting when this ends.
 CLOSE_JOIN_S = 60
 LONG_CONNECT_TIMEOUT_MS = 600_000
 
 
 @pytest.mark.parametrize("kind", ["handshake", "syn"])
-def test_close_abandons_a_connect_the_gateway_never_answers(kind, workdir, capfd, monkeypatch):
+def test_close_abandons_a_connect_the_gateway_never_answers(kind, workdir, capfd):
     """Review r14 S1: close() (LMCache's shutdown) waited for an in-flight connect to a gateway that accepts and
-    never answers the handshake, or to a TCP address that drops SYNs, until its kConnectTimeout (2 s). interrupt()
+    never answers the handshake, or to a TCP address that drops SYNs, until its connect bound (2 s). interrupt()
     now shuts down the socket being connected: close() returns, the start-up thread is joined and its socket
     closed (the process's threads and descriptors as before the connector), one INFO line says the connect was
-    abandoned, and no outage is logged. The connect's bound is 10 minutes here (ADP_TEST_CONNECT_TIMEOUT_MS), and
+    abandoned, and no outage is logged. The connect's bound is 10 minutes here (connect_timeout_ms), and
     close() runs on a thread joined for CLOSE_JOIN_S: a close() that waits for the connect is still running then
     (review r15 N8: "close() took < 1 s" against a 2 s timeout was the only evidence)."""
-    monkeypatch.setenv("ADP_TEST_CONNECT_TIMEOUT_MS", str(LONG_CONNECT_TIMEOUT_MS))  # read at the connector's start
     with never_answering(kind, workdir) as (url, params, under_way, held):
         gc.collect()
         threads, fds = len(os.listdir("/proc/self/task")), set(os.listdir("/proc/self/fd"))
         capfd.readouterr()
-        conn = ADPConnector(gateway=url, num_workers=1, timeout_ms=5000, **params)
+        conn = ADPConnector(
+            gateway=url, num_workers=1, timeout_ms=5000, connect_timeout_ms=LONG_CONNECT_TIMEOUT_MS, **params
+        )
         assert eventually(under_way, 5), "the start-up connect never reached the double"
         closer = threading.Thread(target=conn.close, name="closer", daemon=True)
         closer.start()

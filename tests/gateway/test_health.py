@@ -774,7 +774,7 @@ def test_a_client_connecting_while_card_io_is_wedged_is_answered():
     on its first batch (the path of a new worker of a connector already connected). N's store of n@0 holds one
     worker (it waits for the wedged context until its 4 s deadline), so N's lookups go to the other. A connect's
     handshake (Hello, HelloOk, process registration) takes no I/O context and no card I/O, so N's lookups (the
-    index only) are answered inside the connector's 2 s connect bound (kConnectTimeout), no outage, while the read
+    index only) are answered inside the connector's 2 s connect bound (connect_timeout_ms), no outage, while the read
     still hangs (batch_gets 0 after them). Brief hello29: session 28 saw a worker that connected during such a wedge
     get its HelloOk past 2 s once under load (51d7d78); not reproduced here. Red with a handshake that takes the I/O
     context: N's connect times out, "unavailable: gateway did not answer in time"."""
@@ -1168,7 +1168,7 @@ def test_the_start_does_not_wait_on_the_gateway(workdir):
     """Audit 13 item 6's connect at start runs on a thread of its own: the connector's constructor does not wait on
     the gateway. (The test above said so with `time.monotonic() - t0 < 1`, which could not fail: a missing socket
     fails at once, waited on or not; review r14.) Here a gateway reads the Hello and answers nothing. A start that
-    waited on it would return only once its connect gave up (kConnectTimeout, 2 s) and had closed the connection;
+    waited on it would return only once its connect gave up (connect_timeout_ms, 2 s) and had closed the connection;
     this one returns while the connection is open with its Hello unanswered, so the connection ends (that give-up,
     or the close below) after the constructor returned."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -1195,7 +1195,7 @@ def test_the_start_does_not_wait_on_the_gateway(workdir):
     )
     constructed.set()
     try:
-        t.join(30)  # its connect gives up after kConnectTimeout: the connection ends
+        t.join(30)  # its connect gives up after connect_timeout_ms: the connection ends
     finally:
         conn.close()
         listener.close()

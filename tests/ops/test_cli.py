@@ -744,3 +744,52 @@ def test_status_names_a_bad_tcp_gateway_address_without_a_traceback(url, why):
     assert "Traceback" not in r.stderr
     said = [line for line in (r.stderr + r.stdout).splitlines() if line.strip()]
     assert len(said) == 1 and said[0].endswith(f"bad gateway address {url!r}: {why}"), said
+
+
+@pytest.mark.parametrize("bound_ms", [300, 3000])
+def test_status_connect_timeout_ms_bounds_the_connect(bound_ms, workdir, capsys):
+    """`status --gateway --connect-timeout-ms N` (session 30): against a gateway that accepts and never answers the
+    Hello, the command gives up after N ms (it waited a fixed 5 s per read), says so, names the flag, and exits 3.
+    Run in this process (cli.main), so the interpreter's start is not in the time; the stand-in's own record
+    (Hello to close) is the bound as the gateway would see it."""
+    from lmcache_adp import cli
+    from tests.support.silent_gateway import SilentGateway
+
+    with SilentGateway(os.path.join(workdir, "silent.sock")) as silent:
+        start = time.monotonic()
+        code = cli.main(["status", "--gateway", silent.url, "--connect-timeout-ms", str(bound_ms)])
+        took = time.monotonic() - start
+        (held,) = silent.wait_ended(1, query=True)
+    err = capsys.readouterr().err
+    assert code == ops.EXIT_ERROR, err
+    assert err == (
+        f"lmcache-adp: error: the gateway at {silent.url} did not answer its connect within {bound_ms} ms "
+        "(--connect-timeout-ms: raise it for a slow link or a loaded gateway)\n"
+    ), err
+    if bound_ms < 2000:
+        assert took < 1.5 and held.held_s < 1.5, (took, held)
+    else:
+        assert took > 2.5 and held.held_s > 2.5, (took, held)  # not the 2 s a connector takes by default
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (("--gateway", "unix:///x.sock", "--connect-timeout-ms", "0"), "in [100, 600000], got 0 (below 100 ms"),
+        (("--gateway", "unix:///x.sock", "--connect-timeout-ms", "-5"), "in [100, 600000], got -5 (below 100 ms"),
+        (("--gateway", "unix:///x.sock", "--connect-timeout-ms", "600001"), "in [100, 600000], got 600001 (below"),
+        (("--gateway", "unix:///x.sock", "--connect-timeout-ms", "1.5"), "in [100, 600000], got '1.5' (below 100 ms"),
+        (("--gateway", "unix:///x.sock", "--connect-timeout-ms", "soon"), "in [100, 600000], got 'soon' (below"),
+    ],
+)
+def test_status_refuses_a_bad_connect_timeout(args, why):
+    """--connect-timeout-ms takes what adapter_params connect_timeout_ms takes, refused in the same words (a usage
+    error, exit 2, before anything is connected)."""
+    r = run("status", *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "argument --connect-timeout-ms: must be a whole number of milliseconds " + why in r.stderr, r.stderr
+
+
+def test_status_connect_timeout_applies_with_gateway_only():
+    r = run("status", "--card", "/nonexistent.img", "--connect-timeout-ms", "300")
+    assert r.returncode == 2 and r.stderr == "lmcache-adp: error: --connect-timeout-ms applies with --gateway only\n"
