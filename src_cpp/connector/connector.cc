@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -34,7 +35,10 @@ struct Connector::Batch {
   int tasks_left = 0;  // guarded by Connector::mu_
   std::mutex error_mu;
   std::string first_error;  // guarded by error_mu
-  bool error_lost = false;  // guarded by error_mu: an error whose text could not be kept (no memory)
+  // Guarded by error_mu: the first error where first_error could not be made (no memory), cut to fit. Session 30:
+  // such a batch completed "the connector failed this batch (no memory for the reason)", where the reason was
+  // known (most often the want of memory itself, made in a buffer by fail_slices); kept here with no allocation.
+  char error_text[160] = {};
   // Deliveries into caller buffers hold it shared; completion takes it
   // exclusive, so once `completed` is set no delivery is in flight or starts.
   std::shared_mutex guard;
@@ -43,33 +47,21 @@ struct Connector::Batch {
   // next one of them; drain() makes its completion ("connector closed").
   Batch* lost_next = nullptr;
 
-  // Never throws: a failure whose text cannot be kept (no memory for it) still fails the batch (error_lost).
-  void note_error(const std::string& e) noexcept {
+  // Never throws and allocates only for first_error: a failure whose text cannot be kept there (no memory for it)
+  // is kept in error_text.
+  void note_error(std::string_view e) noexcept {
     std::lock_guard<std::mutex> l(error_mu);
-    if (!first_error.empty() || error_lost) return;
+    if (!first_error.empty() || error_text[0]) return;
     try {
-      first_error = e;
+      first_error.assign(e);
     } catch (...) {
-      error_lost = true;
-    }
-  }
-  void note_lost() noexcept {
-    std::lock_guard<std::mutex> l(error_mu);
-    if (first_error.empty()) error_lost = true;
-  }
-  // note_error of a fixed text (no memory for it: note_lost).
-  void note_error_text(const char* e) noexcept {
-    try {
-      note_error(e);
-    } catch (...) {
-      note_lost();
+      std::snprintf(error_text, sizeof error_text, "%.*s", static_cast<int>(e.size()), e.data());
     }
   }
   // The batch's error, "" if none (may throw std::bad_alloc: nothing changed then).
   std::string error() {
     std::lock_guard<std::mutex> l(error_mu);
-    if (first_error.empty() && error_lost) return "the connector failed this batch (no memory for the reason)";
-    return first_error;
+    return first_error.empty() ? std::string(error_text) : first_error;
   }
   bool is_completed() {
     std::shared_lock<std::shared_mutex> l(guard);
@@ -545,12 +537,11 @@ void Connector::fail_slices(int index, const std::vector<Task>& run, const std::
   }
   // Nothing of the slices reads as done (a store indexed, a key found): the future fails as a whole.
   for (const Task& t : run) std::fill(t.batch->results.begin() + t.begin, t.batch->results.begin() + t.end, 0);
-  try {
-    const std::string text = std::string("the connector's worker failed this batch (") + why + ")";
-    for (const Task& t : run) t.batch->note_error(text);
-  } catch (...) {
-    for (const Task& t : run) t.batch->note_lost();
-  }
+  // Made in place (session 30): where memory stays out the text's std::string failed too, and the batch completed
+  // "no memory for the reason" though the reason was the want of memory.
+  char text[160];
+  std::snprintf(text, sizeof text, "the connector's worker failed this batch (%s)", why);
+  for (const Task& t : run) t.batch->note_error(text);
   try {
     ADP_ERROR(
         "ADPConnector: worker %d: a %s batch of %zu keys failed on an exception (%s): its future fails, the worker "
@@ -623,7 +614,7 @@ void Connector::worker_loop(int index) {
         fail_slices(index, run, nullptr);
       }
     } else {
-      for (const Task& t : run) t.batch->note_error_text("worker has no backend session");
+      for (const Task& t : run) t.batch->note_error("worker has no backend session");
     }
     const Clock::time_point ran = Clock::now();
     for (size_t k = 0; k < run.size(); k++) {

@@ -65,18 +65,27 @@ constexpr const char* kReserveTimeUp = "a status query on the reserve: closed, n
 
 std::string ClientHandler::peer() const {
   if (!peer_.empty()) return peer_;
-  if (tcp_) {
+  char text[96];
+  peer_text(text, sizeof text);
+  return text;
+}
+
+void ClientHandler::peer_text(char* out, size_t size) const noexcept {
+  if (!peer_.empty()) {
+    std::snprintf(out, size, "%s", peer_.c_str());
+  } else if (tcp_) {
     sockaddr_storage sa;
     socklen_t len = sizeof sa;
     char host[64] = "?";
     if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0)
       ::getnameinfo(reinterpret_cast<sockaddr*>(&sa), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
-    return std::string("tcp ") + host;
+    std::snprintf(out, size, "tcp %s", host);
+  } else {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    ::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+    std::snprintf(out, size, "unix pid %d uid %u", static_cast<int>(cred.pid), static_cast<unsigned>(cred.uid));
   }
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  ::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len);
-  return "unix pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
 }
 
 Status ClientHandler::ended() const {
@@ -95,10 +104,7 @@ void ClientHandler::refuse(const Status& why) {
   else
     ADP_WARN_LIMITED("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(),
                      log_safe(why.message()).c_str());
-  std::vector<uint8_t> body;
-  proto::encode_error(why.message(), &body);
-  proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
-                     Clock::now() + std::chrono::milliseconds(200));
+  proto::send_error_frame(fd_, last_request_id_, why.message(), Clock::now() + std::chrono::milliseconds(200));
   proto::finish_sending(fd_);
 }
 
@@ -476,12 +482,14 @@ void ClientHandler::log_end(const Status& s) {
   if (failed_) {
     // Said at ERROR with the peer (peer_ once past the handshake: a TCP peer reset has none later), and to the client
     // where it still reads: its batch, if any, is not answered; the gateway goes on with the other connections.
-    ADP_ERROR("gateway: client #%llu (%s): %s; closing the connection (the gateway serves the others)", ull(id_),
-              peer().c_str(), failure_);
-    std::vector<uint8_t> body;
-    proto::encode_error(failure_, &body);
-    proto::write_frame(fd_, proto::FrameType::kError, last_request_id_, body, {},
-                       Clock::now() + std::chrono::milliseconds(200));
+    // Nothing here allocates (session 30): the failure is often the want of memory, and memory that stays out made
+    // the peer's text (peer()) and the frame's body throw, so that the operator read "its end could not be logged"
+    // and the client a closed connection, neither the reason.
+    char peer[96];
+    peer_text(peer, sizeof peer);
+    ADP_ERROR("gateway: client #%llu (%s): %s; closing the connection (the gateway serves the others)", ull(id_), peer,
+              failure_);
+    proto::send_error_frame(fd_, last_request_id_, failure_, Clock::now() + std::chrono::milliseconds(200));
     proto::finish_sending(fd_);
   } else if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),

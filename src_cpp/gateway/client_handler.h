@@ -528,6 +528,8 @@ class ClientHandler {
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
   void refuse(const Status& why);
   std::string peer() const;
+  // peer() in `out` (cut to fit), allocating nothing: the failed connection's ERROR line (session 30).
+  void peer_text(char* out, size_t size) const noexcept;
   // Whether the client hung up fully (POLLHUP or POLLERR), waiting up to wait_ms for it. Never the end of the
   // read side alone: a client that shut down only its sending side still reads its replies.
   bool hung_up(int wait_ms) const;

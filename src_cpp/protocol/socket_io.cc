@@ -333,12 +333,51 @@ void close_fds(std::vector<int>* fds) {
   fds->clear();
 }
 
-void finish_sending(int fd) {
+namespace {
+// Whether fd has `events` (or an error or hang-up) before `deadline`; wait_ready without its Status (whose text
+// allocates).
+bool ready_by(int fd, short events, Deadline deadline) noexcept {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, poll_ms(deadline));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+    if (r == 0 && deadline != kNoDeadline && Clock::now() >= deadline) return false;
+  }
+}
+}  // namespace
+
+bool send_error_frame(int fd, uint64_t request_id, std::string_view reason, Deadline deadline) noexcept {
+  reason = reason.substr(0, std::min<size_t>(reason.size(), kMaxMessageBytes));
+  // The frame encode_error and write_frame make: header, u16 length, the text.
+  uint8_t frame[kFrameHeaderBytes + 2 + kMaxMessageBytes];
+  const FrameHeader h = make_header(FrameType::kError, request_id, 2 + reason.size());
+  std::memcpy(frame, &h, sizeof h);
+  const auto n = static_cast<uint16_t>(reason.size());
+  std::memcpy(frame + sizeof h, &n, sizeof n);
+  std::memcpy(frame + sizeof h + 2, reason.data(), reason.size());
+  const size_t size = sizeof h + 2 + reason.size();
+  for (size_t sent = 0; sent < size;) {
+    const ssize_t w = ::send(fd, frame + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      sent += static_cast<size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else if (w < 0 && errno == EAGAIN) {
+      if ((deadline != kNoDeadline && Clock::now() >= deadline) || !ready_by(fd, POLLOUT, deadline)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+void finish_sending(int fd) noexcept {
   ::shutdown(fd, SHUT_WR);
   Deadline until = Clock::now() + std::chrono::milliseconds(200);
   uint8_t sink[16384];
   for (size_t total = 0; total < (1u << 20);) {
-    if (!wait_ready(fd, POLLIN, until).ok()) return;
+    if (!ready_by(fd, POLLIN, until)) return;
     ssize_t r = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return;
     if (r > 0) total += static_cast<size_t>(r);

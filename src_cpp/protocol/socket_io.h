@@ -99,9 +99,18 @@ Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* fram
 
 void close_fds(std::vector<int>* fds);
 
+// An Error frame (the connection's last: why it is closed) with `reason`, cut to kMaxMessageBytes, sent by
+// `deadline` (kNoDeadline: no bound; a deadline passed: only what the socket takes at once). Allocates nothing and
+// throws nothing (session 30): the header and the body are made in a buffer of this call's own, where
+// encode_error's body and write_frame's iovecs were allocated, so a connection ended or refused for want of memory
+// (std::bad_alloc) was closed without its Error frame and its client saw the connection closed, not why. True when
+// the whole frame went out.
+bool send_error_frame(int fd, uint64_t request_id, std::string_view reason, Deadline deadline) noexcept;
+
 // Ends our side (FIN) and discards what the peer still sends for a moment
 // (bounded in time and bytes), so closing with unread input does not reset
-// the connection and lose the Error frame just sent.
-void finish_sending(int fd);
+// the connection and lose the Error frame just sent. Allocates nothing (the
+// path of an Error frame sent for want of memory).
+void finish_sending(int fd) noexcept;
 
 }  // namespace adp::proto

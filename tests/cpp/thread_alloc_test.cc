@@ -28,6 +28,11 @@
 // exception on a
 // connection's store reader fails that store with the reason, the reader and the connection go on (part "reader").
 //
+// Where memory stays out (session 30: each failure followed by every later allocation on that thread, or 8 more on a
+// connector's worker) the reason still reaches the client and the log: a connection refused at accept gets its
+// Error frame (part "gateway"), a connection that failed its ERROR line and Error frame (part "connection"), a
+// RemoteBackend's batch the gateway's reason (part "remote"), a worker's failed batch "out of memory" (part "worker").
+//
 //   thread_alloc_test TMPFS_DIR
 //   [store|gateway|gateway_stop|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep] (store by
 //   default)
@@ -72,10 +77,12 @@ thread_local int fail_after = -1;
 // failure was injected (then it is -1 already).
 std::atomic<int> named_fail_after{-1};
 const char* named_thread = "";
-// Set by the test with named_fail_after: once that failure is injected, every later allocation on the named thread
-// fails too (memory that stays out), until the test clears both. named_failing is set at the first failure.
-// Reaches what a single failure does not: the allocations of a catch's own handling (a log line's arguments).
-std::atomic<bool> named_fail_sticky{false}, named_failing{false};
+// Set by the test with named_fail_after: once that failure is injected, the next named_fail_then allocations on the
+// named thread fail too (kStaysOut: every later one, memory that stays out, until the test clears named_failing).
+// Reaches what a single failure does not: the allocations of a catch's own handling (a log line's arguments, the
+// reason's text). named_failing: those still to fail, set at the first failure.
+constexpr int kStaysOut = INT32_MAX;
+std::atomic<int> named_fail_then{0}, named_failing{0};
 
 bool on_named_thread() {
   char name[17] = {};
@@ -89,14 +96,16 @@ bool on_named_thread() {
 // Allocations inside a card store's operation are left alone: an exception out of one ends the gateway on purpose
 // (adp::card_store_unwound: the store is not exception-safe), as it did before session 25.
 bool named_failure_due() {
-  const bool failing = named_failing.load(std::memory_order_acquire);
-  if ((!failing && named_fail_after.load(std::memory_order_acquire) < 0) || !on_named_thread()) return false;
+  int failing = named_failing.load(std::memory_order_acquire);
+  if ((failing == 0 && named_fail_after.load(std::memory_order_acquire) < 0) || !on_named_thread()) return false;
   if (adp::card_store_calls_on_this_thread() > 0) return false;
-  if (failing) return true;
+  while (failing > 0 && !named_failing.compare_exchange_weak(failing, failing == kStaysOut ? kStaysOut : failing - 1)) {
+  }
+  if (failing > 0) return true;
   int k = named_fail_after.load(std::memory_order_acquire);
   while (k >= 0 && !named_fail_after.compare_exchange_weak(k, k == 0 ? -1 : k - 1)) {
   }
-  if (k == 0 && named_fail_sticky.load(std::memory_order_acquire)) named_failing.store(true, std::memory_order_release);
+  if (k == 0) named_failing.store(named_fail_then.load(std::memory_order_acquire), std::memory_order_release);
   return k == 0;
 }
 }  // namespace
@@ -358,6 +367,7 @@ int hello_reply(const std::string& socket, std::string* reason, bool* injected) 
     }
   }
   *injected = named_fail_after.exchange(-1) < 0;
+  named_failing.store(0, std::memory_order_release);  // memory back once the answer came
   if (fd >= 0) ::close(fd);
   return type;
 }
@@ -366,11 +376,15 @@ int hello_reply(const std::string& socket, std::string* reason, bool* injected) 
 // block, its thread's state; the count of those connected allocates only at the bound): that connection is refused
 // with the reason and counted, the next one is served. The old code let them out of the accept loop (std::terminate:
 // the gateway gone for every client) but for std::system_error at the thread's start.
-void gateway_refuses_only_that_connection(const std::string& dir) {
-  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 16, 0, "-alloc");
+// stays_out (session 30, accepterr30): every allocation on the accept thread after the failed one fails too, until
+// the client read its answer: the refusal's Error frame still goes (before, its text and body were allocated: the
+// connection was closed without it, the client read a closed socket).
+void gateway_refuses_only_that_connection(const std::string& dir, bool stays_out) {
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 16, 0, stays_out ? "-alloc-out" : "-alloc");
   std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
   if (!gw) return;
   named_thread = "adp-gw-accept";
+  named_fail_then.store(stays_out ? kStaysOut : 0, std::memory_order_release);
   const int kHelloOk = uint8_t(adp::proto::FrameType::kHelloOk), kError = uint8_t(adp::proto::FrameType::kError);
   int refused = 0, k = 0;
   for (; k < 32; k++) {
@@ -394,8 +408,10 @@ void gateway_refuses_only_that_connection(const std::string& dir) {
     CHECK(b == kHelloOk, "allocation %d at accept failed: the next connection got %d '%s'", k, b, next_reason.c_str());
   }
   // Its entry, its control block and its thread's state at least: fewer, and the injection missed them.
+  named_fail_then.store(0, std::memory_order_release);
   CHECK(refused >= 3 && k < 32, "%d allocations at accept failed (let 0..%d)", refused, k);
-  std::printf("gateway: %d allocations at accept failed, each connection refused, the next served\n", refused);
+  std::printf("gateway: %d allocations at accept failed%s, each connection refused, the next served\n", refused,
+              stays_out ? ", each with every one after it" : "");
   adp::testing::stop_gateway(*gw);
 }
 
@@ -513,12 +529,17 @@ bool quiet_session(const std::string& socket, adp::testing::ProcessObjects& objs
 // everything it held is given back (clients, ring bytes mapped and in use, processes, store buffers, load holds,
 // piece callers, the open connections the accept thread counts) and the next connection is served. The old code
 // had no catch on the connection's thread: std::terminate, the gateway gone for every client.
-void gateway_ends_only_that_connection(const std::string& dir) {
-  adp::GatewayOptions go = adp::testing::gateway_options(dir, 64, 2, "-conn");
+// stays_out (session 30, accepterr30): every allocation on that thread after the failed one fails too, until the
+// connection ended: each session the failure ended is told why all the same (its Error frame made in place), where
+// the old code's ERROR line (its peer's text) and the frame's body threw, the frame never sent: the client read a
+// closed connection, the log "its end could not be logged (out of memory)".
+void gateway_ends_only_that_connection(const std::string& dir, bool stays_out) {
+  adp::GatewayOptions go = adp::testing::gateway_options(dir, 64, 2, stays_out ? "-conn-out" : "-conn");
   std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
   if (!gw) return;
   adp::testing::ProcessObjects objs(2, 96 << 10);
   named_thread = "adp-conn-*";
+  named_fail_then.store(stays_out ? kStaysOut : 0, std::memory_order_release);
   const char* kReason = "the gateway failed serving this connection (out of memory: std::bad_alloc)";
   int failed = 0, ended_sessions = 0, with_reason = 0, k = 0;
   for (; k < 3000; k++) {
@@ -531,6 +552,7 @@ void gateway_ends_only_that_connection(const std::string& dir) {
     while (gw->clients() != 0 && std::chrono::steady_clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const bool injected = named_fail_after.exchange(-1) < 0;
+    named_failing.store(0, std::memory_order_release);  // memory back for the next session
     const std::string st = gw->stats_json();
     if (!injected) {  // every allocation of the session has been failed
       CHECK(ok, "no failure injected (let %d), and the session failed: '%s'", k, error.c_str());
@@ -543,6 +565,8 @@ void gateway_ends_only_that_connection(const std::string& dir) {
     CHECK(ended == 0 || ended == 1, "let %d: failed_connections %g after %d", k, counted, failed);
     CHECK(ok || ended == 1 || !error.empty(), "let %d: the session failed, with no Error, and no connection failed", k);
     CHECK(error.empty() || error == kReason || ended == 0, "let %d: the Error '%s'", k, error.c_str());
+    CHECK(!stays_out || ok || ended == 0 || error == kReason, "let %d: a session the failure ended not told why: '%s'",
+          k, error.c_str());
     failed = static_cast<int>(counted);
     if (!ok && ended == 1) ended_sessions++;
     with_reason += !ok && error == kReason;
@@ -557,13 +581,14 @@ void gateway_ends_only_that_connection(const std::string& dir) {
     while (gw->clients() != 0 && std::chrono::steady_clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  named_fail_then.store(0, std::memory_order_release);
   CHECK(ended_sessions >= 20 && with_reason >= 10 && k < 3000,
         "%d sessions ended by a failed connection (%d told why) of the allocations let 0..%d", ended_sessions,
         with_reason, k);
   std::printf(
-      "gateway: %d allocations on a connection's thread failed: %d connections failed (%d sessions ended, "
+      "gateway: %d allocations on a connection's thread failed%s: %d connections failed (%d sessions ended, "
       "%d told why), each given back, the next served\n",
-      k, failed, ended_sessions, with_reason);
+      k, stays_out ? ", each with every one after it" : "", failed, ended_sessions, with_reason);
   adp::testing::stop_gateway(*gw);
 }
 
@@ -790,7 +815,11 @@ void worker_goes_on_after_a_throwing_prepare() {
 // session's, its completion) failed in turn, for a store and a load: each future completes (ok, or failed with
 // "the connector's worker failed this batch (out of memory: std::bad_alloc)"), the next batch is served. The old
 // code: std::terminate at the first allocation outside run_task's try (the slice's vector).
-void worker_goes_on_after_an_exception() {
+// then (session 30, accepterr30): each failure followed by `then` more on that thread (the 8 of session 29's run,
+// memory out long enough for the reason's text and short of the completion's retries): a failed batch still gets the
+// reason, where the old code's text failed too and the batch completed "the connector failed this batch (no memory
+// for the reason)".
+void worker_goes_on_after_an_exception(int then) {
   adp::ConnectorOptions opts;
   opts.num_workers = 1;
   opts.timeout_ms = 10000;
@@ -798,12 +827,14 @@ void worker_goes_on_after_an_exception() {
   std::vector<uint8_t> mem;
   const std::string kReason = "the connector's worker failed this batch (out of memory: std::bad_alloc)";
   named_thread = "adp-worker-0";
+  named_fail_then.store(then, std::memory_order_release);
   int k = 0, failed = 0;
   for (; k < 500; k++) {
     named_fail_after.store(k, std::memory_order_release);
     const adp::Completion put = one_batch(c, adp::OpType::kSet, mem);
     const adp::Completion get = one_batch(c, adp::OpType::kGet, mem);
     const bool injected = named_fail_after.exchange(-1) < 0;  // disarmed: the next batch has no failure
+    named_failing.store(0, std::memory_order_release);
     const adp::Completion next = one_batch(c, adp::OpType::kSet, mem);
     for (const adp::Completion* got : {&put, &get})
       CHECK(got->ok || got->error == kReason, "let %d: a batch's completion: %d '%s'", k, got->ok, got->error.c_str());
@@ -813,12 +844,13 @@ void worker_goes_on_after_an_exception() {
           next.error.c_str());
     if (!injected) break;  // every allocation of the two batches has been failed
   }
+  named_fail_then.store(0, std::memory_order_release);
   CHECK(failed >= 5 && k > 0 && k < 500, "%d batches failed of the allocations let 0..%d", failed, k);
   CHECK(adp::testing::threads_named("adp-worker-0") == 1, "the worker thread is gone");
   std::printf(
-      "connector: %d allocations on a worker's thread failed: %d batches failed with the reason, the next "
+      "connector: %d allocations on a worker's thread failed%s: %d batches failed with the reason, the next "
       "served\n",
-      k, failed);
+      k, then ? (", each with " + std::to_string(then) + " after it").c_str() : "", failed);
 }
 
 // While set, a HeldSession's stores wait (their batches time out first); cleared, they are served.
@@ -1182,7 +1214,7 @@ void destructors_allocate_nothing(const std::string& dir) {
 // them (its DEBUG line's connector description: this part logs at DEBUG).
 void start_connect_out_of_memory(const std::string& dir, bool sticky) {
   named_thread = "adp-connect";
-  named_fail_sticky.store(sticky, std::memory_order_release);
+  named_fail_then.store(sticky ? kStaysOut : 0, std::memory_order_release);
   int k = 0;
   for (; k < 1000; k++) {
     adp::RemoteBackend rb(nowhere(dir));
@@ -1192,14 +1224,60 @@ void start_connect_out_of_memory(const std::string& dir, bool sticky) {
     const adp::Status st = exists_one(*s);  // waits for the start-up connect's outcome
     s.reset();                              // joins its thread
     const bool injected = named_fail_after.exchange(-1) < 0;
-    named_failing.store(false, std::memory_order_release);
+    named_failing.store(0, std::memory_order_release);
     CHECK(st.code() == adp::Status::Code::kUnavailable, "let %d: the batch after: %s", k, st.message().c_str());
     if (!injected) break;
   }
-  named_fail_sticky.store(false, std::memory_order_release);
+  named_fail_then.store(0, std::memory_order_release);
   CHECK(k > 0 && k < 1000, "%d allocations on the start-up connect's thread failed", k);
   std::printf("remote: %d allocations on the start-up connect's thread failed%s, none left it\n", k,
               sticky ? ", each with every one after it" : "");
+}
+
+// Session 30 (accepterr30): the connector's side of a connection the gateway fails for want of memory that stays out
+// (each allocation on the connection's thread, adp-conn-*, failed in turn with every one after it, until the batch
+// returned): a RemoteBackend's lookup of one key, on a connection of its own, fails with the gateway's reason (its
+// Error frame: "gateway refused: the gateway failed serving this connection (out of memory: std::bad_alloc)", the
+// outage's WARN line says it too). The old code: the frame was never sent, the batch failed "connection closed" and
+// the connector logged the gateway as gone ("connection closed; its requests fail until it is back").
+void remote_told_why(const std::string& dir) {
+  const adp::GatewayOptions go = adp::testing::gateway_options(dir, 16, 0, "-told");
+  std::unique_ptr<adp::GatewayServer> gw = adp::testing::start_gateway(go);
+  if (!gw) return;
+  adp::GatewayClientOptions o;
+  adp::proto::parse_endpoint("unix://" + go.socket_path, &o.endpoint);
+  o.client_name = "thread-alloc";
+  const std::string kReason = "the gateway failed serving this connection (out of memory: std::bad_alloc)";
+  named_thread = "adp-conn-*";
+  named_fail_then.store(kStaysOut, std::memory_order_release);
+  int k = 0, failed = 0;
+  for (; k < 1000; k++) {
+    adp::RemoteBackend rb(o);
+    std::unique_ptr<adp::BackendSession> s = rb.new_session();
+    named_fail_after.store(k, std::memory_order_release);
+    const adp::Status st = exists_one(*s);
+    s.reset();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (gw->clients() != 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool injected = named_fail_after.exchange(-1) < 0;
+    named_failing.store(0, std::memory_order_release);
+    if (!injected) {
+      CHECK(st.code() == adp::Status::Code::kNotFound, "no failure injected (let %d): %s", k, st.message().c_str());
+      break;
+    }
+    if (st.ok() || st.is_not_found()) continue;  // a failure the connection did without, or after the reply
+    failed++;
+    CHECK(st.message().find(kReason) != std::string::npos, "let %d: the lookup failed without the reason: '%s'", k,
+          st.message().c_str());
+  }
+  named_fail_then.store(0, std::memory_order_release);
+  CHECK(failed >= 5 && k < 1000, "%d lookups failed of the allocations let 0..%d", failed, k);
+  std::printf(
+      "remote: %d allocations on the gateway's connection thread failed, each with every one after it: %d "
+      "lookups failed with the gateway's reason\n",
+      k, failed);
+  adp::testing::stop_gateway(*gw);
 }
 
 // A batch's connect failing (no gateway) starts the background reconnect (note_down): each allocation of the batch
@@ -1628,18 +1706,21 @@ int main(int argc, char** argv) {
     recovery_scan_out_of_memory(dir);
   } else if (part == "gateway") {
     gateway_start_fails_with_the_reason(dir);
-    gateway_refuses_only_that_connection(dir);
+    gateway_refuses_only_that_connection(dir, false);
+    gateway_refuses_only_that_connection(dir, true);
   } else if (part == "gateway_stop") {
     // INFO: the stop's log lines (whose arguments are made only where their level is logged) are made and failed.
     ::setenv("ADP_LOG_LEVEL", "INFO", 1);
     gateway_stops_without_memory(dir);
   } else if (part == "connection") {
-    gateway_ends_only_that_connection(dir);
+    gateway_ends_only_that_connection(dir, false);
+    gateway_ends_only_that_connection(dir, true);
   } else if (part == "connector") {
     connector_fails_with_the_reason();
   } else if (part == "worker") {
     worker_goes_on_after_a_throwing_prepare();
-    worker_goes_on_after_an_exception();
+    worker_goes_on_after_an_exception(0);
+    worker_goes_on_after_an_exception(8);
   } else if (part == "deadline") {
     deadline_goes_on_after_an_exception();
   } else if (part == "close") {
@@ -1660,6 +1741,7 @@ int main(int argc, char** argv) {
     reconnect_without_a_thread(dir);
     start_connect_out_of_memory(dir, false);  // last: the old code ended the process here
     start_connect_out_of_memory(dir, true);   // the old code (before allocinfo29) ended it here, at DEBUG
+    remote_told_why(dir);
   } else {
     std::fprintf(stderr, "unknown part %s\n", part.c_str());
     return 2;

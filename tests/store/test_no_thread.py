@@ -10,6 +10,7 @@ WARNING each); the card's objects load back and a store is taken."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,10 @@ def test_a_connection_the_gateway_cannot_make_room_for_is_refused_and_the_next_s
     905bc86: the first failure left the accept loop (std::terminate, the gateway gone for every client)."""
     out = run_part(thread_alloc_test, "gateway")
     assert "3 allocations at accept failed" in out, out[-3000:]
+    # Session 30 (accepterr30): each failure followed by every allocation after it on the accept thread (memory that
+    # stays out): the Error frame still goes (made in place). Red on 5f6f8c7's sources: "allocation 0 at accept
+    # failed: frame -1, ''" (the frame's text and body allocated: the connection closed without it).
+    assert "3 allocations at accept failed, each with every one after it, each connection refused" in out, out[-3000:]
     # Session 25 (gwexc25 item 4): ADP_TEST_ACCEPT_THREAD_FAIL=system|alloc: Start returns the reason, the card closed
     # (a gateway starts on it next). Red with the catch in GatewayServer::Start rethrowing: 'Start threw ...'.
     assert "a start whose accept thread failed returned the reason, its card closed" in out, out[-3000:]
@@ -126,6 +131,15 @@ def test_an_exception_on_a_connections_thread_ends_that_connection_only(thread_a
     out = run_part(thread_alloc_test, "connection")
     assert "connections failed" in out and "each given back, the next served" in out, out[-3000:]
     assert "ERROR: gateway: client #1 (unix pid " in out, out[-3000:]
+    # Session 30 (accepterr30): the same with every allocation after the failed one failing too (memory that stays
+    # out): each session the failure ended still gets the Error (its frame made in place), and each failed connection
+    # still has its ERROR line (its peer's text made in place). Red on 5f6f8c7's sources: "let 0: a session the
+    # failure ended not told why: ''" (64 sessions, 0 told why) and 65 ERROR lines for 130 failed connections (the
+    # others "its end could not be logged (out of memory)").
+    assert "failed, each with every one after it:" in out, out[-3000:]
+    failed = sum(int(n) for n in re.findall(r"failed[^:]*: (\d+) connections failed", out))
+    lines = out.count("the gateway failed serving this connection (out of memory: std::bad_alloc); closing the")
+    assert failed > 0 and lines == failed, f"{lines} ERROR lines for {failed} failed connections\n{out[-3000:]}"
 
 
 def test_a_connector_whose_thread_cannot_be_started_fails_with_the_reason(thread_alloc_test):
@@ -146,6 +160,13 @@ def test_a_remote_backend_goes_on_without_its_connect_and_reconnect_threads(thre
     # too. Red on 42ed98e's remote_backend.cc: rc 134, 'terminate called after throwing an instance of
     # 'std::bad_alloc'' (the line made in the catch, outside any try).
     assert "on the start-up connect's thread failed, each with every one after it, none left it" in out, out[-3000:]
+    # Session 30 (accepterr30): a connection the gateway fails for want of memory that stays out tells the connector
+    # why: its lookup fails "gateway refused: the gateway failed serving this connection (out of memory:
+    # std::bad_alloc)", and its outage line says so. Red on 5f6f8c7's sources: "let 1: the lookup failed without the
+    # reason: 'gateway ... unavailable: connection closed'" (let 0: "receive failed: Connection reset by peer"), the
+    # WARNING "connection closed; its requests fail until it is back".
+    assert "lookups failed with the gateway's reason" in out, out[-3000:]
+    assert "gateway refused: the gateway failed serving this connection (out of memory" in out, out[-3000:]
 
 
 def test_a_connector_worker_goes_on_after_an_exception(thread_alloc_test):
@@ -156,6 +177,10 @@ def test_a_connector_worker_goes_on_after_an_exception(thread_alloc_test):
     out = run_part(thread_alloc_test, "worker")
     assert "a worker whose session's prepare threw served its batch" in out, out[-3000:]
     assert "batches failed with the reason, the next served" in out, out[-3000:]
+    # Session 30 (accepterr30): each failure followed by 8 more on the worker's thread (the reason's text among them):
+    # a failed batch still completes with the reason, made in place. Red on 5f6f8c7's connector.cc: "let 11: a
+    # batch's completion: 0 'the connector failed this batch (no memory for the reason)'".
+    assert "each with 8 after it:" in out and "no memory for the reason" not in out, out[-3000:]
     assert "ERROR: ADPConnector: worker 0: a set batch of 2 keys failed on an exception (out of memory" in out, out[
         -3000:
     ]
