@@ -112,6 +112,46 @@ bool all_zero(const void* p, size_t n) {
   return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
 }
 
+// Whether block 0 (not a valid superblock) is one of ours that a format did not finish writing (session 30:
+// a power cut or a crash inside the format of a blank card left a torn superblock, and every later open refused
+// the card as "data that is not an ADP card", for good): it begins with the magic (the write torn after it, the
+// CRC then fails), or with a part of the magic and nothing but zeros after it (torn inside it, over a blank
+// block 0). Anything else is foreign.
+bool torn_superblock(const uint8_t* block) {
+  if (std::memcmp(block, kSuperMagic, sizeof kSuperMagic) == 0) return true;
+  size_t n = 0;
+  while (n < sizeof kSuperMagic && block[n] == static_cast<uint8_t>(kSuperMagic[n])) n++;
+  return n > 0 && all_zero(block + n, kBlockSize - n);
+}
+
+// Whether any region header block of the card behind a torn superblock is not all zeros, *written: where a
+// store ever began (a region is opened, its header written and synced, before anything is stored in it).
+// The torn superblock's region size cannot be trusted, so the headers are looked at under each geometry the
+// card can have: the one this open would format (`format_region_bytes`, 0: chosen from the size, as
+// FormatDevice does) and the one the torn block names where it is a region size at all. Region 0's header
+// (at kDataOffset) is in every geometry. 4 KiB reads, one a region (128 on a card of the default geometry).
+Status region_written(Device& dev, const Superblock& torn, uint64_t format_region_bytes, AlignedBuffer& buf,
+                      bool* written) {
+  *written = false;
+  const uint64_t size = dev.size() & ~(kBlockSize - 1);
+  if (size < kDataOffset + kBlockSize) return Status::Ok();
+  const uint64_t data_bytes = size - kDataOffset;
+  const uint64_t geometries[2] = {format_region_bytes ? format_region_bytes : default_region_bytes(data_bytes),
+                                  torn.region_bytes};
+  for (uint64_t r : geometries) {
+    if (r % kBlockSize || r < kMinRegionBytes || r > kMaxRegionBytes) continue;
+    for (uint64_t i = 0; i == 0 || i < data_bytes / r; i++) {
+      Status s = dev.read(kDataOffset + i * r, buf.data(), kBlockSize);
+      if (!s.ok()) return s;
+      if (!all_zero(buf.data(), kBlockSize)) {
+        *written = true;
+        return Status::Ok();
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 IoContext::~IoContext() = default;
@@ -279,15 +319,43 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
       *out = std::move(store);
       return Status::Ok();
     }
-    if (!all_zero(buf.data(), kBlockSize))
+    const bool blank = all_zero(buf.data(), kBlockSize);
+    if (!blank && !torn_superblock(buf.data()))
       return Status::InvalidArgument("card " + path +
                                      " holds data that is not an ADP card; refusing to overwrite it (use "
                                      "`lmcache-adp format --card " +
                                      path + "` to wipe it)");
-    if (!opts.format_blank || opts.read_only)
+    if (!blank) {
+      // A format of this card did not finish (docs/card_format.md, Superblock: a torn superblock). Formatted
+      // again only where nothing was ever stored on it: one whose regions were written (a card reformatted by
+      // `lmcache-adp format` over its data, or one whose block 0 went bad) is not wiped by an open.
+      bool written = false;
+      s = region_written(*dev, sb, opts.region_bytes, buf, &written);
+      if (!s.ok())
+        return Status::IoError("card " + path + ": its superblock is torn and its region headers cannot be read (" +
+                               s.message() + "); check the device; `lmcache-adp format --card " + path +
+                               " --yes` reformats it (the cache on it is lost)");
+      if (written)
+        return Status::Corruption(
+            "card " + path +
+            ": its superblock (block 0) is torn: it begins as an ADP card's but fails its checksum (a format of it "
+            "was interrupted, or block 0 was damaged), and its regions hold data; refusing to format it by itself. "
+            "Run `lmcache-adp format --card " +
+            path + " --yes` to format it (the cache on it is lost)");
+      if (!opts.format_blank || opts.read_only)
+        return Status::NotFound("no card at " + path +
+                                " (its format was interrupted: block 0 holds a torn superblock and no region was "
+                                "written); format it with `lmcache-adp format --card " +
+                                path + "`");
+      ADP_WARN(
+          "card %s: its superblock is torn (a format of it was interrupted: a power cut or a crash) and no region of "
+          "it was written: formatting it again",
+          path.c_str());
+    } else if (!opts.format_blank || opts.read_only) {
       return Status::NotFound("no card at " + path + " (block 0 is blank); format it with `lmcache-adp format --card " +
                               path + "`");
-    // Blank card: format it, then read the new superblock.
+    }
+    // Blank card, or one whose format did not finish: format it, then read the new superblock.
     s = FormatDevice(*dev, opts.region_bytes);
     if (!s.ok()) return s;
   }

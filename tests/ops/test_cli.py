@@ -73,19 +73,60 @@ def test_status_bad_arguments():
     assert r.returncode == 3 and "cannot read" in r.stderr
 
 
+def assert_no_card_unwritten(card, why: str) -> None:
+    """status and verify of `card` refuse it as no card ("no card at X (<why>); format it with ...", exit 3) and
+    write nothing to it."""
+    image = card.read_bytes()
+    for cmd in (["status", "--card", str(card)], ["verify", "--card", str(card)]):
+        r = run(*cmd)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.strip() == (
+            f"lmcache-adp: error: no card at {card} ({why}); format it with `lmcache-adp format --card {card}`"
+        ), r.stderr
+        assert card.read_bytes() == image, f"{cmd[0]} wrote to the card"
+
+
 def test_status_and_verify_leave_a_blank_card_unwritten(tmp_path):
     """Opening a blank file (block 0 all zeros) formatted it: status or verify pointed at a wrong, blank device
     wrote a superblock on it (audit 12, finding 8). Now both refuse it with one line and leave it as it was."""
     blank = tmp_path / "blank.img"
     blank.write_bytes(bytes(64 << 20))
-    for cmd in (["status", "--card", str(blank)], ["verify", "--card", str(blank)]):
-        r = run(*cmd)
-        assert r.returncode == 3, r.stderr
-        assert r.stderr.strip() == (
-            f"lmcache-adp: error: no card at {blank} (block 0 is blank); format it with `lmcache-adp format "
-            f"--card {blank}`"
-        ), r.stderr
-        assert blank.read_bytes() == bytes(64 << 20), f"{cmd[0]} wrote to the blank card"
+    assert_no_card_unwritten(blank, "block 0 is blank")
+
+
+def test_card_whose_first_format_was_torn(tmp_path, capfd):
+    """A blank card's format cut by a power loss or a crash after the superblock's first bytes (session 30): every
+    open refused it for good as "holds data that is not an ADP card". Now status and verify say its format was
+    interrupted and write nothing, and a gateway's or connector's open formats it again (a WARNING); one with data
+    is refused untouched, naming the format to run (tests/cpp/card_format_crash_test.cc crashes every point)."""
+    whole = tmp_path / "whole.img"
+    CardStore(str(whole), 64 << 20).close()
+    superblock = whole.read_bytes()[:72]
+    torn = tmp_path / "torn.img"
+    torn.write_bytes(superblock[:40] + bytes((64 << 20) - 40))  # torn after the region size, before the card id
+    assert_no_card_unwritten(
+        torn, "its format was interrupted: block 0 holds a torn superblock and no region was written"
+    )
+    capfd.readouterr()
+    s = CardStore(str(torn))
+    said = capfd.readouterr().err
+    assert (
+        f"card {torn}: its superblock is torn (a format of it was interrupted: a power cut or a crash) and no region "
+        "of it was written: formatting it again" in said
+    ), said
+    s.put("k", b"v" * 5000)
+    s.close()
+    r = run("status", "--card", str(torn), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["objects"] == 1, r.stdout + r.stderr
+    # The same card, now with data, its superblock torn by an interrupted format (after the new card id).
+    with open(torn, "r+b") as f:
+        f.write(superblock[:60])
+    image = torn.read_bytes()
+    with pytest.raises(RuntimeError, match=f"card {torn}: its superblock \\(block 0\\) is torn.*regions hold data"):
+        CardStore(str(torn))
+    r = run("status", "--card", str(torn))
+    assert r.returncode != 0 and f"lmcache-adp format --card {torn} --yes" in r.stderr, r.stderr
+    assert torn.read_bytes() == image, "a refused open wrote to the card"
 
 
 def test_verify_clean_then_damaged_then_repaired(filled):

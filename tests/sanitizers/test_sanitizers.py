@@ -144,6 +144,18 @@ def test_crash_harness_under_sanitizer(name, mode, tmp_path, plain_quick_counts)
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_format_crash_under_sanitizer(mode, tmp_path):
+    """A blank card's format crashed at each of its points, a torn superblock over data refused, image files left
+    without their superblock (tests/cpp/card_format_crash_test.cc, tests/store/test_crash_consistency.py): 66 runs
+    on 11 MiB cards, one thread each."""
+    images = tmp_path / "images"
+    images.mkdir()
+    output = cpp.run(cpp.build("card_format_crash_test", tmp_path, sanitize=mode), str(images), timeout=600)
+    assert "66 runs, 0 failures" in output, output[-5000:]
+
+
+@pytest.mark.sanitizer
 def test_concurrent_crash_harness_under_tsan(tmp_path):
     """The crash test of several writers at once (tests/cpp/card_crash_mt_test.cc, tests/store/test_crash_consistency.py)
     with `quick`: a power cut and a process crash at 16 write points spread over the run of three threads storing,

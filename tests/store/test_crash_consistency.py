@@ -21,6 +21,14 @@ or 4 MiB pieces then the header; fills failing at their last piece) with pointer
 device and on a tmpfs card with its mapping (testing/mapped_fault_device.h: each payload copy into the mapping a write
 point, cut there by a process crash): a bounded set of write and sync points here, all of them in the slow test.
 
+tests/cpp/card_format_crash_test.cc crashes a blank card's format (its superblock's write and sync, which the harness
+never reaches: it arms its faults after the open): a power cut, a process crash and a failed write at every write
+point (whole, torn inside the magic, the fields, the CRC, after the superblock), a failed sync then a cut or a process
+crash at every sync point, a cut after it; each card reopened read-only (status, verify: nothing written, never
+"foreign data") and by a gateway's open (a valid, empty card that works). A torn superblock over a card with data is
+refused untouched, telling to run `lmcache-adp format`; an image file created and left without its superblock, or
+with it torn, is formatted at the next open.
+
 tests/cpp/card_crash_mt_test.cc runs several writer threads at once on one card (stores, deletes and loads of shared
 keys, each thread with its own IoContext): a power cut and a process crash at every write point of the run, the
 device logging the order it saw the writes in and which thread's step made each, the checks made against what each
@@ -85,6 +93,15 @@ def test_crash_consistency_stores_every_point(name, tmp_path):
     output = run_crash_program(name, tmp_path, "all")
     assert STORE_PROGRAMS[name][0] in output and "(all)" in output, output[-3000:]
     cpp.check_sync_points(output, every=True)
+
+
+def test_crash_consistency_of_format(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    output = cpp.run(cpp.build("card_format_crash_test", tmp_path), str(images), timeout=600, shown=20000)
+    assert "format of a blank card: 1 writes, 1 syncs" in output, output[-3000:]
+    assert "1 write points x 36 crashes, 1 sync points x 2 crashes, a cut after the sync" in output, output[-3000:]
+    assert "66 runs, 0 failures" in output, output[-3000:]
 
 
 def test_crash_consistency_concurrent_writers(tmp_path):

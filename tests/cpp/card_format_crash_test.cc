@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: Apache-2.0
+// Crashes while a fresh card is formatted (session 30): the crash harness (crash_harness.h) arms its faults only
+// after the open, so a blank card's format (its superblock written to block 0, then synced:
+// CardStore::FormatDevice) was never crashed. The gateway and the embedded connector format a blank card at their
+// first start; the host may lose power or the process be killed in the middle. Built and run by
+// tests/store/test_crash_consistency.py.
+//
+//   card_format_crash_test DIR
+//
+// On a fault-injecting device (testing/fault_device.h), the format's write and sync points counted on a clean
+// open of a blank card, then at each of them (a CHECK that every fault was reached):
+//   - write points: a power cut (whole; torn after 1 to 4096 bytes: inside the magic, inside the fields, at the
+//     CRC, just after the 72-byte superblock, the whole block), a process crash (the same tears, every earlier
+//     write kept), that write failed (the same tears);
+//   - sync points: that sync failed, then a power cut (the superblock undone) or a process crash (it stays); and a
+//     power cut after the sync;
+// then the card is reopened as `status` / `verify` do (read-only, format_blank false: nothing written, no "foreign
+// data") and as a gateway or connector does (format_blank true): it must open as a valid, empty card whose
+// superblock's fields agree with the device and the region size asked for, and store and load.
+// A card that holds data and whose superblock is torn (an explicit format over it interrupted) must be refused,
+// untouched, with a message that says to run `lmcache-adp format`, whichever region header is still written, and
+// formatted by that format; one cut before the format's write still opens with its objects.
+// On image files in DIR: an image created (CardDevice::Open, new_image.cc) and left without a superblock (the
+// process gone before the format), sparse and allocated, is formatted at the next open; one with a superblock
+// torn by a process crash (its first 40 bytes written) is formatted again.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "store/card_device.h"
+#include "store/card_format.h"
+#include "store/card_store.h"
+#include "test_card.h"
+#include "testing/fault_device.h"
+
+namespace {
+
+using adp::CardOptions;
+using adp::CardStore;
+using adp::IoContext;
+using adp::kBlockSize;
+using adp::Status;
+using adp::Superblock;
+using adp::testing::card_bytes;
+using adp::testing::card_options;
+using adp::testing::FaultDevice;
+using adp::testing::FaultImage;
+using adp::testing::open_fault_card;
+using adp::testing::put_one;
+using adp::testing::read_object;
+
+constexpr uint64_t kRegionBytes = 1ull << 20;
+constexpr uint64_t kRegions = 10;
+// Where a cut or failed write of the superblock's block is torn: inside the magic (1, 7), just after it (8),
+// inside the fields (24, 40), before the CRC (67, 68), inside it (71), just after the superblock (72), after its
+// first sector (512), the whole block (4096).
+constexpr uint64_t kTears[] = {1, 7, 8, 24, 40, 67, 68, 71, 72, 512, kBlockSize};
+
+int runs = 0;
+int torn_refused = 0;  // torn_format_over_data runs whose superblock was torn (refused)
+
+std::shared_ptr<FaultImage> blank_image() { return std::make_shared<FaultImage>(card_bytes(kRegions, kRegionBytes)); }
+
+Superblock block0(const FaultImage& image) {
+  Superblock sb{};
+  std::memcpy(&sb, image.data.data(), sizeof sb);
+  return sb;
+}
+
+// Block 0 holds a valid superblock whose fields agree with the device and the geometry asked for.
+void check_superblock(const FaultImage& image, const std::string& what) {
+  const Superblock sb = block0(image);
+  CHECK(adp::valid_superblock(sb), "%s: block 0 is not a valid superblock after the reopen", what.c_str());
+  CHECK(sb.format_version == adp::kFormatVersion && sb.block_size == kBlockSize && sb.card_bytes == image.data.size() &&
+            sb.region_bytes == kRegionBytes && sb.num_regions == kRegions && sb.max_key_bytes == adp::kMaxKeyBytes &&
+            sb.data_offset == adp::kDataOffset,
+        "%s: the superblock's fields disagree (version %u, block %u, card %" PRIu64 " of %zu, region %" PRIu64
+        ", %u regions, data at %" PRIu64 ")",
+        what.c_str(), sb.format_version, sb.block_size, sb.card_bytes, image.data.size(), sb.region_bytes,
+        sb.num_regions, sb.data_offset);
+}
+
+// Reopens the card after a crash in its format: as status and verify do (nothing written: a valid card or "no
+// card", never "foreign data"), then as a gateway or a connector does (a valid, empty card that works).
+void check_reopen(const std::shared_ptr<FaultImage>& image, const std::string& what) {
+  runs++;
+  {
+    const std::vector<uint8_t> before = image->data;
+    CardOptions ro = card_options(kRegionBytes);
+    ro.format_blank = false;
+    ro.read_only = true;
+    std::unique_ptr<CardStore> s;
+    Status st = open_fault_card(image, ro, &s);
+    CHECK(st.ok() || st.code() == Status::Code::kNotFound,
+          "%s: the read-only open (status, verify) refused the card: %s", what.c_str(), st.message().c_str());
+    s.reset();
+    CHECK(image->data == before, "%s: the read-only open wrote to the card", what.c_str());
+  }
+  std::unique_ptr<CardStore> s;
+  Status st = open_fault_card(image, card_options(kRegionBytes), &s);
+  CHECK(st.ok(), "%s: the reopen (format_blank) failed: %s", what.c_str(), st.message().c_str());
+  if (!st.ok()) return;
+  check_superblock(*image, what);
+  CHECK(s->stats().objects == 0, "%s: the reopened card holds %" PRIu64 " objects", what.c_str(), s->stats().objects);
+  IoContext ctx;
+  const auto v = adp::testing::pattern(5000, 7);
+  Status r = put_one(*s, ctx, "after-reopen", v);
+  CHECK(r.ok() && read_object(*s, ctx, "after-reopen") == v, "%s: the card does not work after the reopen: %s",
+        what.c_str(), r.message().c_str());
+}
+
+// The device of a crashed format: when it goes (the open that failed frees it) the host or the process goes with
+// it (a power cut: the unsynced writes undone, or, keep_all_unsynced_at_cut, a process crash: all kept), and what
+// it counted stays in *seen (did the fault come?).
+struct Seen {
+  uint64_t writes = 0, syncs_run = 0;
+};
+class CrashingDevice : public FaultDevice {
+ public:
+  CrashingDevice(std::shared_ptr<FaultImage> image, Seen* seen)
+      : FaultDevice(std::move(image), "format-card"), seen_(seen) {}
+  ~CrashingDevice() override {
+    seen_->writes = writes();
+    seen_->syncs_run = syncs_run();
+    power_cut();
+  }
+
+ private:
+  Seen* seen_;
+};
+
+// A gateway's first open of a blank card on a device with `arm` done; the open must fail (the fault is reached:
+// `reached` says so from what the device counted), the device goes with a power cut or, `process_crash`, a
+// process crash (every write kept: also the torn part of a write that failed, which reached the card), and the
+// card is reopened.
+void crash_format(const std::string& what, const std::function<void(FaultDevice*)>& arm,
+                  const std::function<bool(const Seen&)>& reached, bool process_crash) {
+  auto image = blank_image();
+  Seen seen;
+  auto dev = std::make_unique<CrashingDevice>(image, &seen);
+  if (process_crash) dev->keep_all_unsynced_at_cut();
+  arm(dev.get());
+  std::unique_ptr<CardStore> s;
+  Status st = CardStore::OpenDevice(std::move(dev), card_options(kRegionBytes), &s);
+  CHECK(!st.ok(), "%s: the open succeeded", what.c_str());
+  s.reset();  // (if it succeeded: its device goes too)
+  CHECK(reached(seen), "%s: the fault was never reached (%" PRIu64 " writes, %" PRIu64 " syncs)", what.c_str(),
+        seen.writes, seen.syncs_run);
+  check_reopen(image, what);
+}
+
+// The format's write and sync points: a clean open of a blank card.
+void count_format(uint64_t* writes, uint64_t* syncs) {
+  auto image = blank_image();
+  FaultDevice* dev = nullptr;
+  std::unique_ptr<CardStore> s;
+  Status st = open_fault_card(image, card_options(kRegionBytes), &s, &dev);
+  CHECK(st.ok(), "clean format: %s", st.message().c_str());
+  *writes = dev->writes();
+  *syncs = dev->syncs_run();
+  std::printf("card_format_crash_test: format of a blank card: %" PRIu64 " writes, %" PRIu64 " syncs\n", *writes,
+              *syncs);
+  CHECK(*writes >= 1 && *syncs >= 1, "the format writes and syncs");
+  s.reset();
+  check_superblock(*image, "clean format");
+}
+
+std::string tear_name(const char* kind, uint64_t point, uint64_t tear) {
+  return std::string(kind) + " at format write " + std::to_string(point) + " torn after " + std::to_string(tear) +
+         " bytes";
+}
+
+void crash_every_point() {
+  uint64_t writes = 0, syncs = 0;
+  count_format(&writes, &syncs);
+  std::vector<uint64_t> tears{0};
+  tears.insert(tears.end(), std::begin(kTears), std::end(kTears));
+  for (uint64_t w = 0; w < writes; w++) {
+    auto past = [w](const Seen& s) { return s.writes > w; };
+    for (uint64_t tear : tears) {
+      crash_format(
+          tear_name("power cut", w, tear), [&](FaultDevice* d) { d->cut_power_at_write(w, tear); }, past, false);
+      crash_format(
+          tear_name("process crash", w, tear), [&](FaultDevice* d) { d->cut_power_at_write(w, tear); }, past, true);
+      // The write fails (its torn part on the card), the open fails, the process exits: what it wrote stays.
+      crash_format(tear_name("failed write", w, tear), [&](FaultDevice* d) { d->fail_write(w, tear); }, past, true);
+    }
+  }
+  for (uint64_t n = 0; n < syncs; n++) {
+    auto past = [n](const Seen& s) { return s.syncs_run > n; };
+    crash_format(
+        "failed format sync " + std::to_string(n) + ", then a power cut", [&](FaultDevice* d) { d->fail_sync(n); },
+        past, false);
+    crash_format(
+        "failed format sync " + std::to_string(n) + ", then the process gone", [&](FaultDevice* d) { d->fail_sync(n); },
+        past, true);
+  }
+  // A power cut after the format's sync (the open done, nothing stored): the card is formatted, and stays so.
+  auto image = blank_image();
+  std::unique_ptr<CardStore> s;
+  FaultDevice* dev = nullptr;
+  CHECK(open_fault_card(image, card_options(kRegionBytes), &s, &dev).ok(), "open for a cut after the format");
+  dev->power_cut();
+  s.reset();
+  const std::vector<uint8_t> formatted(image->data.begin(), image->data.begin() + kBlockSize);
+  check_reopen(image, "power cut after the format's sync");
+  CHECK(std::equal(formatted.begin(), formatted.end(), image->data.begin()),
+        "power cut after the format's sync: the reopen formatted the card again");
+  std::printf("card_format_crash_test: %" PRIu64 " write points x %zu crashes, %" PRIu64
+              " sync points x 2 crashes, a cut after the sync\n",
+              writes, 3 * tears.size(), syncs);
+}
+
+// A card holding objects, whose explicit format (`lmcache-adp format`: FormatDevice) is cut at its write, torn
+// after `tear` bytes; `zero_region0`: region 0's header zeroed before (the data is in other regions).
+void torn_format_over_data(uint64_t tear, bool zero_region0) {
+  runs++;
+  const std::string what = "torn format over a card with data, after " + std::to_string(tear) + " bytes" +
+                           (zero_region0 ? " (region 0's header zeroed)" : "");
+  auto image = blank_image();
+  {
+    std::unique_ptr<CardStore> s;
+    CHECK(open_fault_card(image, card_options(kRegionBytes), &s).ok(), "%s: first open", what.c_str());
+    IoContext ctx;
+    for (int i = 0; i < 12; i++)  // 12 x 1 MiB: the frontier moves through regions and evicts
+      CHECK(put_one(*s, ctx, "k" + std::to_string(i), adp::testing::pattern(1000 * 1000, uint8_t(i))).ok(),
+            "%s: store %d", what.c_str(), i);
+  }
+  if (zero_region0) std::memset(image->data.data() + adp::kDataOffset, 0, kBlockSize);
+  const uint64_t old_id = block0(*image).card_id;
+  {
+    FaultDevice dev(image, "format-card");
+    dev.cut_power_at_write(0, tear);
+    CHECK(!CardStore::FormatDevice(dev, kRegionBytes).ok(), "%s: the format's cut was not reached", what.c_str());
+  }
+  const std::vector<uint8_t> before = image->data;
+  const Superblock cut = block0(*image);
+  std::unique_ptr<CardStore> s;
+  Status st = open_fault_card(image, card_options(kRegionBytes), &s);
+  if (adp::valid_superblock(cut)) {
+    // Torn before the new card id (the fields before it are the same geometry's: block 0 is the old superblock),
+    // the card opens with its objects; torn after the superblock (or its CRC's last bytes the same), formatted.
+    const bool old = cut.card_id == old_id;
+    CHECK(st.ok() && (s->stats().objects > 0) == old, "%s: not opened as the %s card: %s", what.c_str(),
+          old ? "old" : "formatted", st.message().c_str());
+    return;
+  }
+  torn_refused++;
+  CHECK(!st.ok() && st.message().find("torn") != std::string::npos &&
+            st.message().find("lmcache-adp format --card") != std::string::npos,
+        "%s: the reopen was not refused as a torn card with data (%s)", what.c_str(),
+        st.ok() ? "opened" : st.message().c_str());
+  CHECK(image->data == before, "%s: the refused open wrote to the card", what.c_str());
+  FaultDevice dev(image, "format-card");
+  CHECK(CardStore::FormatDevice(dev, kRegionBytes).ok(), "%s: `lmcache-adp format` failed", what.c_str());
+  s.reset();
+  CHECK(open_fault_card(image, card_options(kRegionBytes), &s).ok() && s->stats().objects == 0,
+        "%s: not opened after `lmcache-adp format`", what.c_str());
+}
+
+// An image file made and left without a superblock, or with one torn (the process gone in the format).
+void image_files(const std::string& dir) {
+  const uint64_t bytes = card_bytes(kRegions, kRegionBytes);
+  for (bool allocated : {false, true}) {
+    runs++;
+    const std::string path = dir + (allocated ? "/allocated.img" : "/sparse.img");
+    {
+      std::unique_ptr<adp::CardDevice> dev;
+      Status st =
+          adp::CardDevice::Open(path, bytes, &dev, adp::CardDevice::Access::kReadWrite,
+                                allocated ? adp::CardDevice::Creation::kAllocated : adp::CardDevice::Creation::kSparse);
+      CHECK(st.ok(), "create %s: %s", path.c_str(), st.message().c_str());
+    }  // the process gone before the format
+    CardOptions co = card_options(kRegionBytes, path, bytes);
+    co.format_blank = false;
+    co.read_only = true;
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::Open(co, &s);
+    CHECK(st.code() == Status::Code::kNotFound && st.message().find("block 0 is blank") != std::string::npos,
+          "%s: status/verify: %s", path.c_str(), st.message().c_str());
+    co = card_options(kRegionBytes, path, bytes);
+    st = CardStore::Open(co, &s);
+    CHECK(st.ok() && s->stats().objects == 0 && s->stats().capacity_bytes > 0, "%s, left unformatted: reopen: %s",
+          path.c_str(), st.message().c_str());
+  }
+  // A process crash inside the superblock's write of a new image: its first 40 bytes there.
+  runs++;
+  const std::string whole = dir + "/whole.img", torn = dir + "/torn.img";
+  CHECK(CardStore::Format(whole, bytes, kRegionBytes).ok(), "format %s", whole.c_str());
+  {
+    std::unique_ptr<adp::CardDevice> dev;
+    CHECK(adp::CardDevice::Open(torn, bytes, &dev).ok(), "create %s", torn.c_str());
+  }
+  uint8_t sb[40];
+  int in = ::open(whole.c_str(), O_RDONLY), out = ::open(torn.c_str(), O_WRONLY);
+  CHECK(in >= 0 && out >= 0 && ::pread(in, sb, sizeof sb, 0) == ssize_t(sizeof sb) &&
+            ::pwrite(out, sb, sizeof sb, 0) == ssize_t(sizeof sb) && ::fsync(out) == 0,
+        "a torn superblock written into %s", torn.c_str());
+  ::close(in);
+  ::close(out);
+  std::unique_ptr<CardStore> s;
+  Status st = CardStore::Open(card_options(kRegionBytes, torn, bytes), &s);
+  CHECK(st.ok() && s->stats().objects == 0, "%s, its superblock torn after 40 bytes: reopen: %s", torn.c_str(),
+        st.message().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  if (!adp::testing::one_argument(argc, argv, "DIR", &dir)) return 2;
+  crash_every_point();
+  for (bool zero_region0 : {false, true}) {
+    torn_format_over_data(0, zero_region0);
+    for (uint64_t tear : kTears) torn_format_over_data(tear, zero_region0);
+  }
+  // The runs torn after the new card id and before the superblock's end (67, 68, 71 bytes) are torn, both ways.
+  CHECK(torn_refused >= 4, "only %d runs left a torn superblock over data", torn_refused);
+  image_files(dir);
+  std::printf("card_format_crash_test: %d runs, %d failures\n", runs, adp::testing::check_failures);
+  return adp::testing::finish("card_format_crash_test");
+}
