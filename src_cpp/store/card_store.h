@@ -424,6 +424,7 @@ class CardStore {
   void count_failure(const Status& s) {
     (s.io_class() == Status::IoClass::kGatewayMemory ? counters_.memory_failures : counters_.io_errors)++;
   }
+  // Erases the entry (accounted as below) and marks the stores of its key in flight with a lower seq outranked.
   void erase_entry_locked(uint64_t hash, const IndexEntry& e);
   // erase_entry_locked's accounting (live, used and payload bytes) without the index erase.
   void unaccount_locked(const IndexEntry& e);
@@ -491,6 +492,10 @@ class CardStore {
   struct InFlight {
     uint64_t hash, payload_bytes, seq;
     bool at_first_eviction = false;  // in flight when the first eviction happened
+    // A copy of its key with a higher seq was indexed and has left the index since (evicted, or dropped as
+    // damaged): the tombstones that copy wrote over older copies outrank this one at recovery, so it commits as
+    // superseded, never indexed (erase_entry_locked; session 30).
+    bool outranked = false;
   };
   // Ordered (node-based): reserve() makes its node before it changes anything and inserts it without allocating.
   std::map<uint64_t, InFlight> inflight_;

@@ -64,7 +64,7 @@ Status FaultDevice::readv(uint64_t offset, const iovec* iov, int count) const {
 void FaultDevice::apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const {
   uint64_t n = std::min(total_bytes(iov, count), limit);
   if (n == 0) return;
-  Undo u{offset,
+  Undo u{offset, writes_ - 1,
          std::vector<uint8_t>(image_->data.begin() + offset, image_->data.begin() + static_cast<ptrdiff_t>(offset + n)),
          std::vector<uint8_t>(n)};
   copy_iov(u.data.data(), iov, count, n);
@@ -77,13 +77,16 @@ void FaultDevice::drop_unsynced_locked() const {
     std::memcpy(image_->data.data() + it->offset, it->old.data(), it->old.size());
   std::mt19937_64 pick(keep_seed_);
   kept_ = dropped_ = 0;
+  cut_writes_.clear();
   for (const Undo& u : unsynced_) {
-    if (keep_all_ || (keep_some_ && pick() % 2)) {
+    const bool keep = keep_all_ || (keep_some_ && pick() % 2);
+    if (keep) {
       std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
       kept_++;
     } else {
       dropped_++;
     }
+    cut_writes_.push_back({u.index, u.offset, u.data.size(), keep});
   }
   unsynced_.clear();
 }
@@ -204,6 +207,11 @@ void FaultDevice::observe_writes(std::function<void(uint64_t, uint64_t, uint64_t
 uint64_t FaultDevice::kept_at_cut() const {
   std::lock_guard<std::mutex> l(mu_);
   return kept_;
+}
+
+std::vector<FaultDevice::CutWrite> FaultDevice::unsynced_at_cut() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return cut_writes_;
 }
 
 uint64_t FaultDevice::dropped_at_cut() const {

@@ -96,6 +96,13 @@ class FaultDevice : public Device {
   // How many unsynced writes the last power cut kept, and dropped.
   uint64_t kept_at_cut() const;
   uint64_t dropped_at_cut() const;
+  // The unsynced writes the last power cut met, in write order: the write's index (writes()'s count before it),
+  // offset, length and whether the cut kept it (for a failed check's report: tests/cpp/card_crash_mt_test.cc).
+  struct CutWrite {
+    uint64_t index, offset, bytes;
+    bool kept;
+  };
+  std::vector<CutWrite> unsynced_at_cut() const;
 
   uint64_t writes() const;     // writes attempted so far
   uint64_t syncs() const;      // syncs run and succeeded (callers grouped into one count once)
@@ -104,7 +111,7 @@ class FaultDevice : public Device {
 
  private:
   struct Undo {
-    uint64_t offset;
+    uint64_t offset, index;
     std::vector<uint8_t> old, data;  // the bytes before the write, and those written
   };
   // The power cut: undoes the unsynced writes, then redoes the ones kept.
@@ -131,6 +138,7 @@ class FaultDevice : public Device {
   bool keep_some_ = false, keep_all_ = false;
   uint64_t keep_seed_ = 0;
   mutable uint64_t kept_ = 0, dropped_ = 0;
+  mutable std::vector<CutWrite> cut_writes_;
   std::function<void(uint64_t, uint64_t, uint64_t)> observer_;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
 };

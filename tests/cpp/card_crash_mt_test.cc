@@ -10,7 +10,7 @@
 // race with payload writes, deletes with stores of their key. Built and run
 // by tests/store/test_crash_consistency.py.
 //
-//   card_crash_mt_test [quick | all] [seed=N] [point=K] [repeat=R] [threads=T]
+//   card_crash_mt_test [quick | all] [seed=N] [point=K] [repeat=R] [threads=T] [keep-some]
 //
 // A run: a fresh 8 MiB card (8 regions of 1 MiB) on a fault device, the
 // threads' scripts (drawn from the seed: stores of 1-2 of 16 shared keys,
@@ -52,8 +52,13 @@
 // in `all` also a power cut keeping a seeded subset of the unsynced writes.
 // Interleavings differ run to run, so a point's write K is a different write
 // in each run; a failure prints the seed, the point and the fault
-// (`seed=N point=K repeat=R` runs that point again R times) and the device's
-// writes around the cut with the steps that made them.
+// (`seed=N point=K repeat=R` runs that point again R times, each repeat with
+// other jitter draws and another subset kept) and the device's writes around
+// the cut with the steps that made them; a held key lost also every write of
+// the run (those unsynced at the cut marked kept or dropped), every step, and
+// the card as recovery walks it. `keep-some` runs only the cut keeping some
+// unsynced writes (with `all` and `repeat=R`: how session 30's loss, 1 in
+// ~7,000 such runs, was caught with a report).
 //
 // Default: seed 1, three threads, a power cut and a process crash at every
 // write point of the run (counted by clean runs), each point once. `quick`
@@ -250,6 +255,39 @@ struct Totals {
   uint64_t held_checked = 0, values_checked = 0, gets_checked = 0;
 };
 
+// What the card holds after the cut, region by region, as recovery walks it: each region's header and its records
+// (the records of `key` marked), up to where the walk ends.
+void dump_card(const std::vector<uint8_t>& image, int key) {
+  adp::Superblock sb;
+  std::memcpy(&sb, image.data(), sizeof sb);
+  const std::string name = key_name(key);
+  for (uint32_t r = 0; r < kRegions; r++) {
+    const uint8_t* region = image.data() + adp::kDataOffset + uint64_t(r) * kRegionBytes;
+    adp::RegionHeader rh;
+    if (!adp::decode_region_header(region, sb.card_id, r, &rh)) {
+      std::fprintf(stderr, "    region %u: no valid header\n", r);
+      continue;
+    }
+    std::fprintf(stderr, "    region %u: epoch %" PRIu64 " prev %d (epoch %" PRIu64 ") cont %" PRIu64 "\n", r, rh.epoch,
+                 int(rh.prev_region), rh.prev_epoch, rh.cont_bytes);
+    uint64_t off = adp::kBlockSize + rh.cont_bytes;
+    while (off < kRegionBytes) {
+      adp::ObjectHeader h;
+      if (!adp::decode_object_header(region + off, sb.card_id, rh.epoch, &h)) {
+        std::fprintf(stderr, "      %" PRIu64 ": walk ends\n", off);
+        break;
+      }
+      const std::string_view k = adp::object_key(region + off, h);
+      std::fprintf(stderr, "      %" PRIu64 ": %s seq %" PRIu64 " %s%s%s %" PRIu64 " bytes (card offset %" PRIu64 ")\n",
+                   off, std::string(k).c_str(), h.seq, (h.flags & adp::kObjectDeleted) ? "deleted " : "",
+                   (h.flags & adp::kObjectPad) ? "pad " : "", (h.flags & adp::kObjectContinues) ? "continues" : "",
+                   h.payload_bytes, adp::kDataOffset + uint64_t(r) * kRegionBytes + off);
+      if (k == name) std::fprintf(stderr, "        ^ key %d\n", key);
+      off += adp::object_footprint(h.payload_bytes);
+    }
+  }
+}
+
 // The context of a failed check: the device's writes around the cut and the steps of `key`.
 void dump(const std::vector<Write>& log, const std::vector<Seen>& seen, uint64_t cut, int key, Totals* tot) {
   if (tot->dumps++ >= 3) return;
@@ -269,7 +307,7 @@ void dump(const std::vector<Write>& log, const std::vector<Seen>& seen, uint64_t
 }
 
 // One run: the scripts on a fresh card with `fault` at write `point` of the run; returns the run's writes.
-uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Totals* tot) {
+uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Totals* tot, uint64_t rep = 0) {
   auto image = std::make_shared<FaultImage>(card_bytes(kRegions, kRegionBytes));
   adp::CardOptions co = card_options(kRegionBytes);
   co.recovery_threads = 2;
@@ -284,7 +322,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
   });
   const uint64_t cut = fault == kNoFault ? UINT64_MAX : point;
   if (fault == kProcessCrash) dev->keep_all_unsynced_at_cut();
-  if (fault == kKeepSome) dev->keep_unsynced_at_cut(seed * 7919 + point);
+  if (fault == kKeepSome) dev->keep_unsynced_at_cut(seed * 7919 + point + rep * 104729);
   if (fault != kNoFault) dev->cut_power_at_write(base + point);
 
   std::vector<std::vector<Seen>> per(cfg.threads);
@@ -292,7 +330,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
     std::vector<std::thread> threads;
     for (int t = 0; t < cfg.threads; t++)
       threads.emplace_back(run_thread, std::ref(*s), std::cref(*dev), make_steps(seed, t, cfg.steps), t,
-                           seed * 1000003 + point * 131 + fault * 17 + t, &per[t]);
+                           seed * 1000003 + point * 131 + fault * 17 + t + rep * 7777, &per[t]);
     for (auto& th : threads) th.join();
   }
   std::vector<Seen> seen;
@@ -303,6 +341,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
   const uint64_t writes = dev->writes() - base;
   dev->observe_writes(nullptr);  // (the close's pad, on the dead device, is no step's)
   dev->power_cut();
+  const std::vector<FaultDevice::CutWrite> cut_writes = dev->unsynced_at_cut();
   s.reset();
   tot->runs++;
 
@@ -380,7 +419,10 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
     if (q) dump(log, seen, cut, g.key, tot);
   }
 
-  // The reopened card.
+  // The reopened card (the card as the cut left it kept for a failed check's report: the open writes pads and
+  // tombstones).
+  static std::vector<uint8_t> as_cut;
+  as_cut.assign(image->data.begin(), image->data.end());
   auto r = checked_fault_card(image, co, std::string(what) + ": reopen failed");
   if (!r) return writes;
   IoContext ctx;
@@ -396,7 +438,31 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
             (x.kind == Step::kDelete || (relaxed && x.kind == Step::kPut)))
           excuse = &x;
       CHECK(excuse, "%s: key %d was held when the power went and is lost", what, k);
-      if (!excuse) dump(log, seen, cut, k, tot);
+      if (!excuse && tot->dumps < 3) {
+        dump(log, seen, cut, k, tot);
+        // Everything else a reader needs to see why: every write of the run (u: unsynced at the cut, kept or
+        // dropped), every step, and the card as recovery walks it.
+        std::map<uint64_t, bool> unsynced;
+        for (const auto& c : cut_writes) unsynced[c.index - base] = c.kept;
+        std::fprintf(stderr, "  every write (index offset bytes stamp thread step [unsynced at the cut]):\n");
+        for (const Write& w : log) {
+          auto u = unsynced.find(w.index);
+          std::fprintf(stderr, "    %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " t%d s%d%s\n", w.index, w.offset,
+                       w.bytes, w.stamp, w.thread, w.step,
+                       u == unsynced.end() ? ""
+                       : u->second         ? " unsynced, kept"
+                                           : " unsynced, dropped");
+        }
+        std::fprintf(stderr, "  every step (thread step kind key value size begin end ok status):\n");
+        for (const Seen& x : seen)
+          std::fprintf(stderr, "    t%d s%d %s k%d %" PRIx64 " %zu %" PRIu64 " %" PRIu64 " %d %s\n", x.thread, x.step,
+                       x.kind == Step::kPut      ? "put"
+                       : x.kind == Step::kDelete ? "delete"
+                                                 : "get",
+                       x.key, x.value, x.size, x.begin, x.end, x.ok, x.status.c_str());
+        std::fprintf(stderr, "  the card after the cut:\n");
+        dump_card(as_cut, k);
+      }
       continue;
     }
     found++;
@@ -479,6 +545,7 @@ int main(int argc, char** argv) {
   const uint64_t repeat = arg_value(argc, argv, "repeat", 1);
   std::vector<Fault> faults = {kPowerCut, kProcessCrash};
   if (cfg.all) faults.push_back(kKeepSome);
+  if (has_arg(argc, argv, "keep-some")) faults = {kKeepSome};  // only the cut keeping some unsynced writes
   Totals tot;
   uint64_t points_run = 0, max_writes = 0, here = 0;
   for (uint64_t seed = first_seed; seed < first_seed + seeds; seed++) {
@@ -502,7 +569,7 @@ int main(int argc, char** argv) {
     for (uint64_t p : points)
       for (uint64_t rep = 0; rep < repeat; rep++)
         for (Fault f : faults) {
-          run_point(cfg, seed, p, f, &tot);
+          run_point(cfg, seed, p, f, &tot, rep);
           points_run++;
         }
   }

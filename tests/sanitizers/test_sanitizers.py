@@ -59,6 +59,14 @@ def test_stale_tombstone_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_outranked_commit_under_sanitizer(mode, tmp_path):
+    """A store committing after its key's newer copy left the index (tests/cpp/outranked_commit_test.cc): the held
+    sync on one thread, the newer stores, the evictions and the damaged load on the other."""
+    cpp.run(cpp.build("outranked_commit_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""

@@ -27,3 +27,14 @@ def test_a_superseded_copy_stays_dead_while_its_tombstone_is_pending(tmp_path):
     in stays pinned until that tombstone is on the card, so after a power cut or a close, and when the open finds
     both copies and its own tombstone write fails, the key serves the newer copy, never the older."""
     cpp.run(cpp.build("continuation_guard_test", tmp_path))
+
+
+def test_a_store_that_commits_after_its_newer_copy_left_the_index_is_not_held(tmp_path):
+    """tests/cpp/outranked_commit_test.cc: store A of a key is held between its write and its commit while newer
+    copies of the key are stored and acknowledged, and the newest leaves the index (its region evicted, or dropped
+    as damaged at a load); its tombstones of older copies carry seqs above A's. A is acknowledged as superseded,
+    not indexed: what the store answers for the key is what the card gives back after a power cut and a reopen.
+    Until session 30 A was indexed and held, and lost at the reopen (card_crash_mt_test, seed=4 point=112)."""
+    output = cpp.run(cpp.build("outranked_commit_test", tmp_path))
+    assert "evicted: A acknowledged, K not held before the power cut and absent after the reopen" in output
+    assert "damaged: A acknowledged, K not held before the power cut and absent after the reopen" in output
