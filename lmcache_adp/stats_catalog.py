@@ -350,7 +350,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         "are dropped meanwhile (/health answers 503 at 0). With no traffic the connector reconnects in the "
         "background meanwhile (every 2 s at the longest), so it turns 1 within 2 s of the gateway's return "
         "without a batch; and an idle connector whose gateway closed all its connections connects once to "
-        "tell a gateway gone (0 within 2 s of its stop) from one closing idle connections (stays 1)",
+        "tell a gateway gone (0 within 2 s of its stop; a gateway that is hung rather than stopped, one that "
+        "accepts and does not answer: within about 1 s plus adapter_params `connect_timeout_ms`, 2000 ms by "
+        "default) from one closing idle connections (stays 1)",
     ),
     Stat(
         "gateway_token_refused",
