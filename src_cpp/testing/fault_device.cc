@@ -137,6 +137,7 @@ Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) con
 
 Status FaultDevice::sync() const {
   return group_sync_.sync([this] {
+    flushing();
     std::lock_guard<std::mutex> l(mu_);
     if (dead_) {
       healthy_ = false;

@@ -109,6 +109,12 @@ class FaultDevice : public Device {
   uint64_t syncs_run() const;  // syncs run, failed ones too (fail_sync's count)
   bool dead() const;
 
+ protected:
+  // Called as each sync run (the flush) begins, on the thread that runs it, outside the device's lock; a
+  // subclass may make the flush take time, as an fdatasync does, so that callers of other threads group into the
+  // next run (tests/cpp/card_crash_mt_test.cc: a failed sync then fails steps of several threads).
+  virtual void flushing() const {}
+
  private:
   struct Undo {
     uint64_t offset, index;

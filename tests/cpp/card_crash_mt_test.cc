@@ -10,7 +10,7 @@
 // race with payload writes, deletes with stores of their key. Built and run
 // by tests/store/test_crash_consistency.py.
 //
-//   card_crash_mt_test [quick | all] [seed=N] [point=K] [repeat=R] [threads=T] [keep-some]
+//   card_crash_mt_test [quick | all] [seed=N] [point=K] [repeat=R] [threads=T] [keep-some | sync-fail]
 //
 // A run: a fresh 8 MiB card (8 regions of 1 MiB) on a fault device, the
 // threads' scripts (drawn from the seed: stores of 1-2 of 16 shared keys,
@@ -50,6 +50,30 @@
 // Faults at a write point: a power cut (every unsynced write lost), a process
 // crash (every write before the cut kept, in the order the device saw them);
 // in `all` also a power cut keeping a seeded subset of the unsynced writes.
+// Faults at a sync point (session 30): sync run K of the run fails
+// (FaultDevice::fail_sync, counted from the run's start as the writes are;
+// the card's syncs are grouped, util/group_sync.h, so it fails every caller
+// it covered: stores', deletes', tombstones' and region opens' syncs, of
+// several threads at once), the threads go on to the end of their scripts
+// (the device stays alive; the writes the failed sync was for stay unsynced,
+// and a later sync makes them durable), then a power cut at the end, every
+// unsynced write lost, or a seeded subset kept. Nothing new is excused: a
+// step whose sync failed is not acknowledged, so it may or may not have
+// landed, as a step in flight at a cut (a delete's tombstone may land and
+// take a held key; with the subset kept, a store's header without its body
+// may too); it supersedes nothing. The flush of the fault device takes
+// 20-220 us at random in half the runs of it (JitterDevice::flushing), as an
+// fdatasync takes time, so that syncs of other threads group into the next
+// run and one failure fails steps of 2+ threads (counted and checked). Sync
+// points: every sync run of the fewest a clean run made (grouping varies, ~80
+// with 3 threads); a run that ends before its sync K (it grouped more) is run
+// again with other jitter, up to 8 times, and a point never reached is a
+// failure (as run_with_fault's check in crash_harness.h). A failed check of
+// such a run prints the full report (every write, SYNC K FAILED where it
+// failed, every step, the card); the summary counts the steps the failures
+// failed, the runs where they were of 2+ threads, the steps acknowledged
+// after them, and what each failed caller had last written (a region header,
+// a tombstone: a header rewritten, a store's record).
 // Interleavings differ run to run, so a point's write K is a different write
 // in each run; a failure prints the seed, the point and the fault
 // (`seed=N point=K repeat=R` runs that point again R times, each repeat with
@@ -58,12 +82,15 @@
 // the run (those unsynced at the cut marked kept or dropped), every step, and
 // the card as recovery walks it. `keep-some` runs only the cut keeping some
 // unsynced writes (with `all` and `repeat=R`: how session 30's loss, 1 in
-// ~7,000 such runs, was caught with a report).
+// ~7,000 such runs, was caught with a report); `sync-fail` only the two
+// sync faults (`point=K`: sync K).
 //
 // Default: seed 1, three threads, a power cut and a process crash at every
-// write point of the run (counted by clean runs), each point once. `quick`
-// (sanitizer builds): 16 points spread over it. `all` (or ADP_CRASH_ALL=1):
-// four threads, seeds 1-4, the three faults at every point.
+// write point of the run (counted by clean runs), and both sync faults at
+// every sync point, each point once. `quick` (sanitizer builds): 16 write
+// points and 8 sync points spread over them. `all` (or ADP_CRASH_ALL=1):
+// four threads, seeds 1-4, the three write faults at every write point and
+// the two sync faults at every sync point.
 #include <malloc.h>
 
 #include <algorithm>
@@ -115,7 +142,9 @@ constexpr size_t kK = 1024;
 // began after a write (or another step ended) iff its stamp is larger.
 std::atomic<uint64_t> g_clock{1};
 thread_local int t_thread = -1, t_step = -1;
+thread_local uint64_t t_last_offset = 0, t_last_bytes = 0;  // the thread's last write (what its sync was for)
 thread_local std::mt19937_64* t_jitter = nullptr;
+thread_local std::mt19937_64* t_flush_jitter = nullptr;  // its own draws: the writes' stay as they were
 
 // A FaultDevice whose writers wait a little, at random, before some writes:
 // another thread's store reserved later may then be written first.
@@ -130,7 +159,39 @@ class JitterDevice : public FaultDevice {
       else if (r < 4)
         std::this_thread::yield();
     }
+    t_last_offset = offset;
+    t_last_bytes = 0;
+    for (int i = 0; i < count; i++) t_last_bytes += iov[i].iov_len;
     return FaultDevice::writev(offset, iov, count);
+  }
+  // The injected sync failure's stamp (0: none failed yet), taken by the first of its callers back: the steps that
+  // began after it went on with the device alive.
+  Status sync() const override {
+    Status s = FaultDevice::sync();
+    if (!s.ok() && !dead()) {
+      uint64_t none = 0;
+      failed_sync_stamp.compare_exchange_strong(none, g_clock.fetch_add(1));
+      std::lock_guard<std::mutex> l(failed_mu);
+      failed_callers.push_back({t_thread, t_step, t_last_offset, t_last_bytes});
+    }
+    return s;
+  }
+  mutable std::atomic<uint64_t> failed_sync_stamp{0};
+  // Each caller the failed sync failed: its thread and step, and the last write it made before (a region header,
+  // a tombstone or a store's record: what the sync was for).
+  struct Caller {
+    int thread, step;
+    uint64_t offset, bytes;
+  };
+  mutable std::mutex failed_mu;
+  mutable std::vector<Caller> failed_callers;
+
+ protected:
+  // A flush takes a while, now and then, as an fdatasync does: the syncs of other threads that come meanwhile
+  // group into the next run (util/group_sync.h), and a failed one fails steps of several threads at once.
+  void flushing() const override {
+    if (t_flush_jitter && (*t_flush_jitter)() % 2 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(20 + (*t_flush_jitter)() % 200));
   }
 };
 
@@ -183,8 +244,9 @@ std::vector<Step> make_steps(uint64_t seed, int thread, int steps) {
 void run_thread(CardStore& s, const FaultDevice& dev, const std::vector<Step>& steps, int t, uint64_t jitter_seed,
                 std::vector<Seen>* seen) {
   t_thread = t;
-  std::mt19937_64 jitter(jitter_seed);
+  std::mt19937_64 jitter(jitter_seed), flush_jitter(jitter_seed ^ 0x5deece66d);
   t_jitter = &jitter;
+  t_flush_jitter = &flush_jitter;
   IoContext ctx;
   uint64_t next = 1;
   for (size_t i = 0; i < steps.size(); i++) {
@@ -236,14 +298,22 @@ void run_thread(CardStore& s, const FaultDevice& dev, const std::vector<Step>& s
   }
   t_step = -1;
   t_jitter = nullptr;
+  t_flush_jitter = nullptr;
 }
 
-enum Fault { kPowerCut, kProcessCrash, kKeepSome, kNoFault };
+// The sync faults come after kNoFault: the earlier ones keep their numbers (a fault's number seeds its jitter, so
+// `seed=N point=K` runs the interleaving a report named).
+enum Fault { kPowerCut, kProcessCrash, kKeepSome, kNoFault, kSyncFail, kSyncFailKeepSome };
 const char* fault_name(Fault f) {
-  static const char* const names[] = {"power cut", "process crash", "power cut keeping some unsynced writes",
-                                      "clean run"};
+  static const char* const names[] = {"power cut",
+                                      "process crash",
+                                      "power cut keeping some unsynced writes",
+                                      "clean run",
+                                      "failed sync, then a power cut",
+                                      "failed sync, then a power cut keeping some unsynced writes"};
   return names[f];
 }
+bool at_sync(Fault f) { return f == kSyncFail || f == kSyncFailKeepSome; }
 
 struct Config {
   int threads = 3, steps = 28;
@@ -253,6 +323,18 @@ struct Config {
 struct Totals {
   uint64_t runs = 0, cut_reached = 0, concurrent_cuts = 0, overtakes = 0, damage_checked = 0, dumps = 0;
   uint64_t held_checked = 0, values_checked = 0, gets_checked = 0;
+  // Runs with a sync failed: the steps it failed (stores, deletes; a region open's or tombstone's failure shows as
+  // its step's), the runs where it failed steps of 2+ threads, and the steps acknowledged that began after it.
+  uint64_t sync_runs = 0, sync_failed_steps = 0, sync_multi = 0, acked_after_sync = 0;
+  // The failed syncs' callers, by what their last write was: a region header (a region open), a header rewritten
+  // (a tombstone: a delete's, a store's over an older copy, a void), a store's record.
+  uint64_t failed_region_opens = 0, failed_tombstones = 0, failed_records = 0;
+};
+
+// What one run did: its writes and sync runs (failed ones too), and whether its armed fault was reached.
+struct Ran {
+  uint64_t writes = 0, syncs = 0;
+  bool reached = true;
 };
 
 // What the card holds after the cut, region by region, as recovery walks it: each region's header and its records
@@ -291,7 +373,7 @@ void dump_card(const std::vector<uint8_t>& image, int key) {
 // The context of a failed check: the device's writes around the cut and the steps of `key`.
 void dump(const std::vector<Write>& log, const std::vector<Seen>& seen, uint64_t cut, int key, Totals* tot) {
   if (tot->dumps++ >= 3) return;
-  std::fprintf(stderr, "  writes around the cut (index offset bytes stamp thread step):\n");
+  if (cut != UINT64_MAX) std::fprintf(stderr, "  writes around the cut (index offset bytes stamp thread step):\n");
   for (const Write& w : log)
     if (w.index + 12 >= cut && w.index <= cut + 2)
       std::fprintf(stderr, "    %s%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " t%d s%d\n",
@@ -306,8 +388,9 @@ void dump(const std::vector<Write>& log, const std::vector<Seen>& seen, uint64_t
                    s.value, s.size, s.begin, s.end, s.ok, s.status.c_str());
 }
 
-// One run: the scripts on a fresh card with `fault` at write `point` of the run; returns the run's writes.
-uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Totals* tot, uint64_t rep = 0) {
+// One run: the scripts on a fresh card with `fault` at write `point` of the run (a sync fault: its sync run `point`,
+// FaultDevice::fail_sync's count, counted from the run's start as the writes are); returns what the run did.
+Ran run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Totals* tot, uint64_t rep = 0) {
   auto image = std::make_shared<FaultImage>(card_bytes(kRegions, kRegionBytes));
   adp::CardOptions co = card_options(kRegionBytes);
   co.recovery_threads = 2;
@@ -316,14 +399,21 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
   if (!s) std::exit(1);
   std::vector<Write> log;
   log.reserve(4096);
-  const uint64_t base = dev->writes();  // the open's; the log and `cut` count the run's writes from 0
+  const uint64_t base = dev->writes();          // the open's; the log and `cut` count the run's writes from 0
+  const uint64_t sync_base = dev->syncs_run();  // the open's (a fresh card's format); `point` of a sync fault from 0
   dev->observe_writes([&log, base](uint64_t index, uint64_t offset, uint64_t bytes) {
     log.push_back({index - base, offset, bytes, g_clock.fetch_add(1), t_thread, t_step});
   });
-  const uint64_t cut = fault == kNoFault ? UINT64_MAX : point;
+  // A sync fault cuts no write: the threads go on to the end of their scripts (the device stays alive; the writes
+  // the failed sync should have made durable stay unsynced, and a later sync makes them durable), then the power
+  // is cut, every unsynced write lost (or, kSyncFailKeepSome, a seeded subset kept).
+  const uint64_t cut = fault == kNoFault || at_sync(fault) ? UINT64_MAX : point;
   if (fault == kProcessCrash) dev->keep_all_unsynced_at_cut();
-  if (fault == kKeepSome) dev->keep_unsynced_at_cut(seed * 7919 + point + rep * 104729);
-  if (fault != kNoFault) dev->cut_power_at_write(base + point);
+  if (fault == kKeepSome || fault == kSyncFailKeepSome) dev->keep_unsynced_at_cut(seed * 7919 + point + rep * 104729);
+  if (at_sync(fault))
+    dev->fail_sync(sync_base + point);
+  else if (fault != kNoFault)
+    dev->cut_power_at_write(base + point);
 
   std::vector<std::vector<Seen>> per(cfg.threads);
   {
@@ -338,7 +428,14 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
   std::vector<bool> held(kMtKeys);
   for (int k = 0; k < kMtKeys; k++) held[k] = s->exists(key_name(k));
   adp::StoreStats live = s->stats();
-  const uint64_t writes = dev->writes() - base;
+  Ran ran;
+  ran.writes = dev->writes() - base;
+  ran.syncs = dev->syncs_run() - sync_base;
+  ran.reached = !at_sync(fault) || ran.syncs > point;
+  // (Copied: the store owns the device, and is closed below.)
+  const uint64_t failed_sync = dev->failed_sync_stamp.load();
+  const std::vector<JitterDevice::Caller> failed_callers = dev->failed_callers;
+  const uint64_t writes = ran.writes;
   dev->observe_writes(nullptr);  // (the close's pad, on the dead device, is no step's)
   dev->power_cut();
   const std::vector<FaultDevice::CutWrite> cut_writes = dev->unsynced_at_cut();
@@ -348,7 +445,42 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
   char what[160];
   std::snprintf(what, sizeof what, "seed=%" PRIu64 " point=%" PRIu64 " (%s, %d threads)", seed, point,
                 fault_name(fault), cfg.threads);
-  const bool relaxed = fault == kKeepSome;
+  const bool relaxed = fault == kKeepSome || fault == kSyncFailKeepSome;
+  // The steps the failed sync failed (it fails every caller it covered: a store's, a delete's, a tombstone's or a
+  // region open's sync, each failing its step), and the acknowledged steps begun after it (the store goes on).
+  if (at_sync(fault) && ran.reached) {
+    tot->sync_runs++;
+    CHECK(failed_sync, "%s: sync %" PRIu64 " was run and failed, and no caller saw it fail", what, point);
+    std::set<int> threads;
+    for (const Seen& x : seen) {
+      if (x.kind != Step::kGet && !x.ok && x.status.find("injected") != std::string::npos) {
+        tot->sync_failed_steps++;
+        threads.insert(x.thread);
+      }
+      if (x.kind != Step::kGet && x.ok && failed_sync && x.begin > failed_sync) tot->acked_after_sync++;
+    }
+    if (threads.size() >= 2) tot->sync_multi++;
+    for (const JitterDevice::Caller& c : failed_callers) {
+      // The caller's last write, and the write at its offset before it: that one rewritten with no record's
+      // payload written after it (a header's payload is the block behind it) is a tombstone.
+      const Write* last = nullptr;
+      for (const Write& w : log)
+        if (w.thread == c.thread && w.offset == c.offset && w.stamp < failed_sync) last = &w;
+      const Write* before = nullptr;
+      for (const Write& w : log)
+        if (last && w.index < last->index && w.offset == c.offset) before = &w;
+      bool rewrite = before && c.bytes == adp::kBlockSize;
+      for (const Write& w : log)
+        if (rewrite && w.index > before->index && w.index < last->index && w.offset == c.offset + adp::kBlockSize)
+          rewrite = false;
+      if ((c.offset - adp::kDataOffset) % kRegionBytes == 0 && c.bytes == adp::kBlockSize)
+        tot->failed_region_opens++;
+      else if (rewrite)
+        tot->failed_tombstones++;
+      else
+        tot->failed_records++;
+    }
+  }
 
   // The cut as the device saw it: its stamp, and which steps wrote before it.
   uint64_t cut_stamp = UINT64_MAX;
@@ -393,6 +525,43 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
     return nullptr;
   };
 
+  // The card as the cut left it, kept for a failed check's report (the reopen writes pads and tombstones).
+  static std::vector<uint8_t> as_cut;
+  as_cut.assign(image->data.begin(), image->data.end());
+  // The report of a failed check of `key`: the writes around the cut and the key's steps; with `full` (a held key
+  // lost, or any failed check of a run with a failed sync) also every write of the run (u: unsynced at the cut, kept
+  // or dropped; the failed sync where it failed), every step, and the card as recovery walks it.
+  auto report = [&](int key, bool full) {
+    const bool first = tot->dumps < 3;
+    dump(log, seen, cut, key, tot);
+    if (!first || !(full || at_sync(fault))) return;
+    std::map<uint64_t, bool> unsynced;
+    for (const auto& c : cut_writes) unsynced[c.index - base] = c.kept;
+    std::fprintf(stderr, "  every write (index offset bytes stamp thread step [unsynced at the cut]):\n");
+    bool sync_shown = !failed_sync;
+    for (const Write& w : log) {
+      if (!sync_shown && w.stamp > failed_sync) {
+        std::fprintf(stderr, "    SYNC %" PRIu64 " FAILED (stamp %" PRIu64 ")\n", point, failed_sync);
+        sync_shown = true;
+      }
+      auto u = unsynced.find(w.index);
+      std::fprintf(stderr, "    %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " t%d s%d%s\n", w.index, w.offset,
+                   w.bytes, w.stamp, w.thread, w.step,
+                   u == unsynced.end() ? ""
+                   : u->second         ? " unsynced, kept"
+                                       : " unsynced, dropped");
+    }
+    std::fprintf(stderr, "  every step (thread step kind key value size begin end ok status):\n");
+    for (const Seen& x : seen)
+      std::fprintf(stderr, "    t%d s%d %s k%d %" PRIx64 " %zu %" PRIu64 " %" PRIu64 " %d %s\n", x.thread, x.step,
+                   x.kind == Step::kPut      ? "put"
+                   : x.kind == Step::kDelete ? "delete"
+                                             : "get",
+                   x.key, x.value, x.size, x.begin, x.end, x.ok, x.status.c_str());
+    std::fprintf(stderr, "  the card after the cut:\n");
+    dump_card(as_cut, key);
+  };
+
   // Loads during the run.
   CHECK(live.checksum_failures == 0, "%s: %" PRIu64 " checksum failures counted during the run", what,
         uint64_t(live.checksum_failures));
@@ -407,7 +576,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
           ", not a value stored under that key",
           what, g.key, g.thread, g.step, g.size, g.value);
     if (!ok) {
-      dump(log, seen, cut, g.key, tot);
+      report(g.key, false);
       continue;
     }
     const Seen* q = superseded(g.key, *p, g.begin);
@@ -416,15 +585,11 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
           ", superseded by thread %d step %d's acknowledged %s before the load began",
           what, g.key, g.thread, g.step, g.value, q ? q->thread : -1, q ? q->step : -1,
           q && q->kind == Step::kDelete ? "delete" : "store");
-    if (q) dump(log, seen, cut, g.key, tot);
+    if (q) report(g.key, false);
   }
 
-  // The reopened card (the card as the cut left it kept for a failed check's report: the open writes pads and
-  // tombstones).
-  static std::vector<uint8_t> as_cut;
-  as_cut.assign(image->data.begin(), image->data.end());
   auto r = checked_fault_card(image, co, std::string(what) + ": reopen failed");
-  if (!r) return writes;
+  if (!r) return ran;
   IoContext ctx;
   uint64_t found = 0, footprint = 0;
   for (int k = 0; k < kMtKeys; k++) {
@@ -438,31 +603,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
             (x.kind == Step::kDelete || (relaxed && x.kind == Step::kPut)))
           excuse = &x;
       CHECK(excuse, "%s: key %d was held when the power went and is lost", what, k);
-      if (!excuse && tot->dumps < 3) {
-        dump(log, seen, cut, k, tot);
-        // Everything else a reader needs to see why: every write of the run (u: unsynced at the cut, kept or
-        // dropped), every step, and the card as recovery walks it.
-        std::map<uint64_t, bool> unsynced;
-        for (const auto& c : cut_writes) unsynced[c.index - base] = c.kept;
-        std::fprintf(stderr, "  every write (index offset bytes stamp thread step [unsynced at the cut]):\n");
-        for (const Write& w : log) {
-          auto u = unsynced.find(w.index);
-          std::fprintf(stderr, "    %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " t%d s%d%s\n", w.index, w.offset,
-                       w.bytes, w.stamp, w.thread, w.step,
-                       u == unsynced.end() ? ""
-                       : u->second         ? " unsynced, kept"
-                                           : " unsynced, dropped");
-        }
-        std::fprintf(stderr, "  every step (thread step kind key value size begin end ok status):\n");
-        for (const Seen& x : seen)
-          std::fprintf(stderr, "    t%d s%d %s k%d %" PRIx64 " %zu %" PRIu64 " %" PRIu64 " %d %s\n", x.thread, x.step,
-                       x.kind == Step::kPut      ? "put"
-                       : x.kind == Step::kDelete ? "delete"
-                                                 : "get",
-                       x.key, x.value, x.size, x.begin, x.end, x.ok, x.status.c_str());
-        std::fprintf(stderr, "  the card after the cut:\n");
-        dump_card(as_cut, k);
-      }
+      if (!excuse) report(k, true);
       continue;
     }
     found++;
@@ -476,7 +617,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
     CHECK(ok, "%s: key %d serves %zu bytes of value %" PRIx64 ", not a value stored under that key", what, k,
           got->size(), v);
     if (!ok) {
-      dump(log, seen, cut, k, tot);
+      report(k, false);
       continue;
     }
     CHECK(wrote_before_cut(*p), "%s: key %d serves value %" PRIx64 " whose store wrote nothing before the cut", what, k,
@@ -486,7 +627,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
           "%s: key %d serves value %" PRIx64 " (thread %d step %d), superseded by thread %d step %d's acknowledged %s",
           what, k, v, p->thread, p->step, q ? q->thread : -1, q ? q->step : -1,
           q && q->kind == Step::kDelete ? "delete" : "store");
-    if (q) dump(log, seen, cut, k, tot);
+    if (q) report(k, false);
   }
   adp::StoreStats st = r->stats();
   CHECK(st.objects == found, "%s: stats say %" PRIu64 " objects, %" PRIu64 " found", what, st.objects, found);
@@ -511,7 +652,7 @@ uint64_t run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault
     CHECK(live.evicted_objects > 0, "%s: the workload must evict", what);
     CHECK(live.deletes > 0, "%s: the workload must delete", what);
   }
-  return writes;
+  return ran;
 }
 
 uint64_t arg_value(int argc, char** argv, const char* name, uint64_t fallback) {
@@ -519,6 +660,16 @@ uint64_t arg_value(int argc, char** argv, const char* name, uint64_t fallback) {
   for (int i = 1; i < argc; i++)
     if (std::strncmp(argv[i], name, n) == 0 && argv[i][n] == '=') return std::strtoull(argv[i] + n + 1, nullptr, 10);
   return fallback;
+}
+
+// The points to fault of `count` (writes or syncs): `only` where given (point=K), else `most` of them spread over
+// them (every one where most >= count).
+std::vector<uint64_t> point_list(uint64_t only, uint64_t count, uint64_t most) {
+  if (only != UINT64_MAX) return {only};
+  std::vector<uint64_t> points;
+  const uint64_t n = std::min(most, count);
+  for (uint64_t i = 0; i < n; i++) points.push_back(i * count / n);
+  return points;
 }
 
 bool has_arg(int argc, char** argv, const char* name) {
@@ -545,46 +696,78 @@ int main(int argc, char** argv) {
   const uint64_t repeat = arg_value(argc, argv, "repeat", 1);
   std::vector<Fault> faults = {kPowerCut, kProcessCrash};
   if (cfg.all) faults.push_back(kKeepSome);
-  if (has_arg(argc, argv, "keep-some")) faults = {kKeepSome};  // only the cut keeping some unsynced writes
+  std::vector<Fault> sync_faults = {kSyncFail, kSyncFailKeepSome};
+  if (has_arg(argc, argv, "keep-some")) {  // only the cut keeping some unsynced writes
+    faults = {kKeepSome};
+    sync_faults.clear();
+  }
+  if (has_arg(argc, argv, "sync-fail")) faults.clear();  // only the failed syncs
   Totals tot;
-  uint64_t points_run = 0, max_writes = 0, here = 0;
+  uint64_t points_run = 0, max_writes = 0, here = 0, sync_points_run = 0, max_syncs = 0, sync_retries = 0;
   for (uint64_t seed = first_seed; seed < first_seed + seeds; seed++) {
     // Split (shard=K/N), the seeds are dealt out in turn: each counts its own run's writes (they differ with the
     // interleaving from process to process), so a point list dealt out would not be one list.
     if (!shard.takes_in_turn(seed - first_seed)) continue;
     here++;
-    // Clean runs count the run's writes (they differ a little with the interleaving): the most of them.
-    uint64_t writes = 0;
-    for (int i = 0; i < 3; i++) writes = std::max(writes, run_point(cfg, seed, i, kNoFault, &tot));
-    max_writes = std::max(max_writes, writes);
-    std::printf("card_crash_mt_test: seed %" PRIu64 ", %d threads: up to %" PRIu64 " writes in a clean run\n", seed,
-                cfg.threads, writes);
-    std::vector<uint64_t> points;
-    if (only_point != UINT64_MAX) {
-      points.push_back(only_point);
-    } else {
-      const uint64_t n = cfg.quick ? std::min<uint64_t>(16, writes) : writes;
-      for (uint64_t i = 0; i < n; i++) points.push_back(i * writes / n);
+    // Clean runs count the run's writes (they differ a little with the interleaving): the most of them; and its
+    // sync runs (callers grouped into one count once, so they differ more): the fewest, each one a run reaches.
+    uint64_t writes = 0, syncs = UINT64_MAX, most_syncs = 0;
+    for (int i = 0; i < 3; i++) {
+      const Ran c = run_point(cfg, seed, i, kNoFault, &tot);
+      writes = std::max(writes, c.writes);
+      syncs = std::min(syncs, c.syncs);
+      most_syncs = std::max(most_syncs, c.syncs);
     }
-    for (uint64_t p : points)
+    max_writes = std::max(max_writes, writes);
+    max_syncs = std::max(max_syncs, syncs);
+    std::printf("card_crash_mt_test: seed %" PRIu64 ", %d threads: up to %" PRIu64 " writes, %" PRIu64 "-%" PRIu64
+                " syncs in a clean run\n",
+                seed, cfg.threads, writes, syncs, most_syncs);
+    for (uint64_t p : point_list(only_point, writes, cfg.quick ? 16 : writes))
       for (uint64_t rep = 0; rep < repeat; rep++)
         for (Fault f : faults) {
           run_point(cfg, seed, p, f, &tot, rep);
           points_run++;
         }
+    // Every sync run of the run fails in turn (quick: 8 spread over them). A run that syncs less than the clean
+    // ones (more callers grouped) may end before sync `p`: it tested nothing there, and is run again with other
+    // jitter (up to 8 times) until one fails sync p; a point no run reaches is a failure, as a fault
+    // run_with_fault arms and the workload never reaches (crash_harness.h).
+    for (uint64_t p : point_list(only_point, syncs, cfg.quick ? 8 : syncs))
+      for (uint64_t rep = 0; rep < repeat; rep++)
+        for (Fault f : sync_faults) {
+          bool reached = false;
+          for (uint64_t again = 0; !reached && again < 8; again++) {
+            reached = run_point(cfg, seed, p, f, &tot, rep + again * 1000).reached;
+            sync_retries += !reached;
+          }
+          CHECK(reached,
+                "seed=%" PRIu64 " point=%" PRIu64 " (%s): 8 runs ended before sync %" PRIu64
+                ": the failure was never reached",
+                seed, p, fault_name(f), p);
+          sync_points_run++;
+        }
   }
   shard_line("mt", here, seeds, "seeds");
-  std::printf("card_crash_mt_test: %s: %" PRIu64 " seed(s) from %" PRIu64 ", %d threads, %zu faults, %" PRIu64
-              " runs at write points (of up to %" PRIu64 " per run), the cut reached in %" PRIu64 ", %" PRIu64
-              " of them with steps of 2+ threads in flight; %" PRIu64
+  std::printf("card_crash_mt_test: %s: %" PRIu64 " seed(s) from %" PRIu64
+              ", %d threads, %zu faults at writes, %zu at"
+              " syncs, %" PRIu64 " runs at write points (of up to %" PRIu64 " per run), the cut reached in %" PRIu64
+              ", %" PRIu64 " of them with steps of 2+ threads in flight; %" PRIu64
               " runs with a store written before one that began"
               " earlier on another thread; checked %" PRIu64 " values, %" PRIu64 " held keys missing, %" PRIu64
-              " loads; %" PRIu64 " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be)\n",
+              " loads; %" PRIu64 " runs at sync points (of up to %" PRIu64 " per run; %" PRIu64
+              " run again to reach theirs), each sync reached and failed, failing %" PRIu64
+              " steps, steps of 2+"
+              " threads in %" PRIu64 " runs, %" PRIu64 " steps acknowledged after it; its callers: %" PRIu64
+              " region opens, %" PRIu64 " tombstones, %" PRIu64 " stores' records; %" PRIu64
+              " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be)\n",
               cfg.all     ? "all"
               : cfg.quick ? "quick"
                           : "default",
-              seeds, first_seed, cfg.threads, faults.size(), points_run, max_writes, tot.cut_reached,
-              tot.concurrent_cuts, tot.overtakes, tot.values_checked, tot.held_checked, tot.gets_checked, tot.runs,
+              seeds, first_seed, cfg.threads, faults.size(), sync_faults.size(), points_run, max_writes,
+              tot.cut_reached, tot.concurrent_cuts, tot.overtakes, tot.values_checked, tot.held_checked,
+              tot.gets_checked, sync_points_run, max_syncs, sync_retries, tot.sync_failed_steps, tot.sync_multi,
+              tot.acked_after_sync, tot.failed_region_opens, tot.failed_tombstones, tot.failed_records, tot.runs,
               adp::testing::check_failures, tot.damage_checked);
   if (only_point == UINT64_MAX && points_run) {
     // The interleaving the test is for must happen: cuts with several threads' steps in flight, and stores
@@ -592,6 +775,13 @@ int main(int argc, char** argv) {
     CHECK(tot.concurrent_cuts * 4 >= tot.cut_reached, "only %" PRIu64 " of %" PRIu64 " cuts had 2+ threads in flight",
           tot.concurrent_cuts, tot.cut_reached);
     CHECK(tot.overtakes > 0, "no store was written before one that began earlier on another thread");
+  }
+  if (only_point == UINT64_MAX && sync_points_run) {
+    // The failed syncs must fail steps, some of several threads at once (a grouped sync: about 1 failure in 10
+    // here, so not asked of `quick`'s 16 runs), and the store must go on after them.
+    CHECK(cfg.quick || tot.sync_multi > 0,
+          "no failed sync failed steps of 2+ threads (%" PRIu64 " steps failed by one)", tot.sync_failed_steps);
+    CHECK(tot.acked_after_sync > 0, "no step was acknowledged after a failed sync");
   }
   return adp::testing::finish("card_crash_mt_test");
 }
