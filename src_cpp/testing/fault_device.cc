@@ -76,16 +76,10 @@ void FaultDevice::drop_unsynced_locked() const {
   for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it)
     std::memcpy(image_->data.data() + it->offset, it->old.data(), it->old.size());
   std::mt19937_64 pick(keep_seed_);
-  kept_ = dropped_ = 0;
   cut_writes_.clear();
   for (const Undo& u : unsynced_) {
     const bool keep = keep_all_ || (keep_some_ && pick() % 2);
-    if (keep) {
-      std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
-      kept_++;
-    } else {
-      dropped_++;
-    }
+    if (keep) std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
     cut_writes_.push_back({u.index, u.offset, u.data.size(), keep});
   }
   unsynced_.clear();
@@ -207,7 +201,7 @@ void FaultDevice::observe_writes(std::function<void(uint64_t, uint64_t, uint64_t
 
 uint64_t FaultDevice::kept_at_cut() const {
   std::lock_guard<std::mutex> l(mu_);
-  return kept_;
+  return std::count_if(cut_writes_.begin(), cut_writes_.end(), [](const CutWrite& w) { return w.kept; });
 }
 
 std::vector<FaultDevice::CutWrite> FaultDevice::unsynced_at_cut() const {
@@ -217,7 +211,7 @@ std::vector<FaultDevice::CutWrite> FaultDevice::unsynced_at_cut() const {
 
 uint64_t FaultDevice::dropped_at_cut() const {
   std::lock_guard<std::mutex> l(mu_);
-  return dropped_;
+  return std::count_if(cut_writes_.begin(), cut_writes_.end(), [](const CutWrite& w) { return !w.kept; });
 }
 
 void FaultDevice::hold_write(uint64_t n) {

@@ -93,7 +93,7 @@ class FaultDevice : public Device {
   // device. For a test of several writers that must know the order the device saw
   // (tests/cpp/card_crash_mt_test.cc); set it before any I/O.
   void observe_writes(std::function<void(uint64_t index, uint64_t offset, uint64_t bytes)> f);
-  // How many unsynced writes the last power cut kept, and dropped.
+  // How many unsynced writes the last power cut kept, and dropped (counted in unsynced_at_cut()).
   uint64_t kept_at_cut() const;
   uint64_t dropped_at_cut() const;
   // The unsynced writes the last power cut met, in write order: the write's index (writes()'s count before it),
@@ -143,7 +143,6 @@ class FaultDevice : public Device {
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
   bool keep_some_ = false, keep_all_ = false;
   uint64_t keep_seed_ = 0;
-  mutable uint64_t kept_ = 0, dropped_ = 0;
   mutable std::vector<CutWrite> cut_writes_;
   std::function<void(uint64_t, uint64_t, uint64_t)> observer_;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
