@@ -50,6 +50,9 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
 def crc32c_implementation() -> str:
     """Which CRC32C code runs on this CPU (a hardware one, or "bitwise")."""
 
+def known_test_hooks() -> list[str]:
+    """The ADP_TEST_* hooks the gateway and the connector read."""
+
 def format_card(path: str, create_bytes: int = 0, region_bytes: int = 0, preallocate: bool = False) -> None:
     """Writes a new superblock on path (creating an image of create_bytes if it
     does not exist: sparse; its blocks allocated with preallocate=True, except on tmpfs):

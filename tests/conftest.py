@@ -61,9 +61,28 @@ def environment_changes(before: dict[str, str]) -> str:
 
 
 def pytest_sessionstart(session):
-    """ADP_ALLOW_STALE_NATIVE=1: the tests run on such a module, with the message as a warning."""
+    """ADP_ALLOW_STALE_NATIVE=1: the tests run on such a module, with the message as a warning. An ADP_TEST_
+    variable the session started with that is no test hook (misspelt, or a hook removed) stops it: every gateway
+    and connector the tests start would inherit it, and it does nothing (each logs it at WARNING, once)."""
     if STALE is not None:
         warnings.warn(f"{STALE}\n{ALLOW}=1: testing it anyway", stacklevel=1)
+    if unknown := unknown_test_hooks(os.environ):
+        raise pytest.UsageError(
+            f"{', '.join(unknown)}: set in the environment the tests started with, but not a test hook: it would "
+            "do nothing (misspelt, or a hook removed?). The hooks: docs/testing.md"
+        )
+
+
+def unknown_test_hooks(env) -> list[str]:
+    """The ADP_TEST_ names of `env` that the native module reads as no hook (none where the module is one allowed
+    stale, without the table)."""
+    from lmcache_adp import _native
+
+    known = getattr(_native, "known_test_hooks", None)
+    if known is None:
+        return []
+    names = set(known())
+    return sorted(k for k in env if k.startswith("ADP_TEST_") and k not in names)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@
 #include "transport/embedded_backend.h"
 #include "transport/remote_backend.h"
 #include "util/crc32c.h"
+#include "util/test_hooks.h"
 
 namespace py = pybind11;
 
@@ -451,6 +452,9 @@ PYBIND11_MODULE(_native, m) {
       py::arg("data"), py::arg("crc") = 0, "CRC32C (Castagnoli) of data, continuing from crc (0 to start).");
   m.def("crc32c_implementation", &crc32c_implementation,
         "Which CRC32C code runs on this CPU (a hardware one, or \"bitwise\").");
+  m.def("known_test_hooks", &known_test_hooks,
+        "The names of every ADP_TEST_* test hook the gateway and the connector read (docs/testing.md); any other "
+        "ADP_TEST_ name in the environment does nothing and is logged at WARNING once per process.");
   m.def(
       "format_card",
       [](const std::string& path, uint64_t create_bytes, uint64_t region_bytes, bool preallocate) {

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "util/test_hooks.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string_view>
 
 #include "util/failing_hold.h"
@@ -116,6 +120,14 @@ constexpr Hook kHooks[] = {
      [](TestHooks& h, const char* v) { h.idle_look_ms = std::atoi(v); }},
 };
 
+constexpr std::string_view kPrefix = "ADP_TEST_";
+
+bool known_hook(std::string_view name) {
+  for (const Hook& k : kHooks)
+    if (name == k.name) return true;
+  return false;
+}
+
 }  // namespace
 
 TestHooks read_test_hooks() {
@@ -126,14 +138,43 @@ TestHooks read_test_hooks() {
     k.take(h, v);
     h.set.push_back({k.name, v, k.side, k.what});
   }
+  // An ADP_TEST_ name no hook has (misspelt, or a hook removed: the connect timeout's, in session 30) did
+  // nothing and said nothing, so a test that set it passed or failed for another reason than the one it meant.
+  for (char** e = environ; e && *e; e++) {
+    const std::string_view var(*e);
+    const std::string_view name = var.substr(0, var.find('='));
+    if (name.substr(0, kPrefix.size()) == kPrefix && !known_hook(name)) h.unknown.emplace_back(name);
+  }
   return h;
 }
 
 void warn_test_hooks(const TestHooks& hooks, HookSide side) {
+  const char* who = side == HookSide::kGateway ? "gateway" : "connector";
   for (const TestHooks::Set& s : hooks.set)
     if (s.side == side || s.side == HookSide::kBoth)
-      ADP_WARN("%s: test hook %s=%s is set (%s): this process is not for production",
-               side == HookSide::kGateway ? "gateway" : "connector", s.name.c_str(), log_safe(s.value).c_str(), s.what);
+      ADP_WARN("%s: test hook %s=%s is set (%s): this process is not for production", who, s.name.c_str(),
+               log_safe(s.value).c_str(), s.what);
+  if (hooks.unknown.empty()) return;  // (the set below made only where needed: no allocation otherwise)
+  // Once per process and name: a test process builds many connectors in the same environment.
+  // Never destroyed: a connector may be built while the process exits.
+  static std::mutex mu;
+  static auto* warned = new std::set<std::string>;
+  for (const std::string& name : hooks.unknown) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!warned->insert(name).second) continue;
+    }
+    ADP_WARN(
+        "%s: %s is set but is not a known test hook: it does nothing (misspelt, or a hook removed? the hooks: "
+        "docs/testing.md)",
+        who, log_safe(name).c_str());
+  }
+}
+
+std::vector<std::string> known_test_hooks() {
+  std::vector<std::string> names;
+  for (const Hook& k : kHooks) names.emplace_back(k.name);
+  return names;
 }
 
 void apply_failing_hold(const TestHooks& hooks) {

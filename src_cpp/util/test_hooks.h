@@ -61,14 +61,23 @@ struct TestHooks {
     const char* what;
   };
   std::vector<Set> set;
+  // The ADP_TEST_ names of the environment that no hook has (each does nothing), as found.
+  std::vector<std::string> unknown;
 };
 
 // Reads every ADP_TEST_ hook from the environment (a number as atoi reads it).
 TestHooks read_test_hooks();
 
 // One WARNING for each hook of `side` that is set: "<gateway|connector>: test
-// hook NAME=value is set (what it does): this process is not for production".
+// hook NAME=value is set (what it does): this process is not for production";
+// and one for each unknown ADP_TEST_ name (TestHooks::unknown), once per
+// process and name: "<side>: NAME is set but is not a known test hook: it
+// does nothing (...)".
 void warn_test_hooks(const TestHooks& hooks, HookSide side);
+
+// The names of every hook (the table read_test_hooks reads), for the tests'
+// check of the environment they start with (tests/conftest.py).
+std::vector<std::string> known_test_hooks();
 
 // Sets this process's card health hold (failing_hold_ms) from `hooks`:
 // ADP_TEST_CARD_FAILING_HOLD_MS if set, else kFailingHold.

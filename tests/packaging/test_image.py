@@ -67,7 +67,7 @@ def image(tmp_path_factory) -> Iterator[str]:
             f"{', '.join(missing)} not installed: the image test needs podman, runc and debootstrap "
             "(scripts/run_tests.sh installs them: apt-get install podman runc debootstrap)"
         )
-    tag = os.environ.get("ADP_TEST_IMAGE", "localhost/lmcache-adp:cpu")
+    tag = os.environ.get("ADP_IMAGE_UNDER_TEST", "localhost/lmcache-adp:cpu")
     log = tmp_path_factory.mktemp("image") / "build.log"
     with open(log, "w") as f:
         r = subprocess.run(

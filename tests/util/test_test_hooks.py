@@ -4,10 +4,16 @@ connector's start, each one set logged at WARNING then; docs/testing.md lists th
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from lmcache_adp import ADPConnector
+import pytest
+
+from lmcache_adp import ADPConnector, _native
 from tests.support.gateway import temp_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,3 +64,66 @@ def test_set_hooks_are_logged_when_a_connector_starts(tmp_path, monkeypatch, cap
     assert len(lines) == 1, lines
     assert "WARNING" in lines[0] and "connector: test hook ADP_TEST_DELIVERY_DELAY_MS=3 is set (" in lines[0], lines
     assert lines[0].endswith("): this process is not for production"), lines
+
+
+def unknown_name(what: str) -> str:
+    """An ADP_TEST_ name no hook has, new to this process (each is logged once per process), put together here so
+    that test_the_tree_names_only_known_hooks does not read it as a misspelt hook."""
+    return "ADP_TEST_" + f"NO_SUCH_{what}_{time.monotonic_ns()}"
+
+
+def test_an_unknown_hook_is_logged_once_by_a_connector(tmp_path, monkeypatch, capfd):
+    """Brief start31: a misspelt or removed ADP_TEST_ variable (the connect timeout's after session 30) did
+    nothing and said nothing. Now a WARNING names it where the hooks are read, once per process: two connectors
+    started in the same environment say it once."""
+    name = unknown_name("CONNECTOR")
+    monkeypatch.setenv(name, "5")
+    card = str(tmp_path / "card.img")
+    ADPConnector(card=card, card_size_gb=0.0625, num_workers=1).close()
+    ADPConnector(card=card, num_workers=1).close()
+    lines = [line for line in capfd.readouterr().err.splitlines() if name in line]
+    assert len(lines) == 1, lines
+    assert " WARNING: " in lines[0] and f"connector: {name} is set but is not a known test hook" in lines[0], lines
+
+
+def test_an_unknown_hook_is_logged_when_the_gateway_starts():
+    name = unknown_name("GATEWAY")
+    with temp_gateway(env={name: "1", "ADP_TEST_SEGMENT_WRITE_DELAY_MS": "7"}) as gw:
+        log = gw.log()
+    lines = [line for line in log.splitlines() if name in line]
+    assert len(lines) == 1 and " WARNING: " in lines[0], log
+    assert f"gateway: {name} is set but is not a known test hook: it does nothing" in lines[0], lines
+    assert "gateway: test hook ADP_TEST_SEGMENT_WRITE_DELAY_MS=7 is set (" in log, log  # a known one as before
+
+
+def test_the_tree_names_only_known_hooks():
+    """Every ADP_TEST_ name written in the tree's sources, tests, scripts and docs is a hook the native module
+    reads: a test that sets a misspelt or removed one (env={...}, setenv) fails here, not for another reason.
+    (ADP_TEST_X: docs/testing.md's placeholder.)"""
+    known = hook_names(HOOKS_CC.read_text())
+    unknown = []
+    for top in ("src_cpp", "lmcache_adp", "tests", "benchmarks", "scripts", "docs", ".ci", "examples", "docker"):
+        for p in sorted((ROOT / top).rglob("*")):
+            if p.suffix not in (".py", ".cc", ".h", ".c", ".sh", ".md", ".yml", ".yaml", ".toml", ".txt", ".json"):
+                continue
+            if "results" in p.relative_to(ROOT).parts:  # benchmarks/results: logs of their day
+                continue
+            for name in sorted(set(re.findall(r"\bADP_TEST_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(errors="replace")))):
+                if name not in known and name != "ADP_TEST_X":
+                    unknown.append(f"{p.relative_to(ROOT)}: {name}")
+    assert unknown == [], unknown
+    assert set(_native.known_test_hooks()) == known, "the module's table (tests/conftest.py's) is not test_hooks.cc's"
+
+
+def test_a_session_started_with_an_unknown_hook_stops():
+    """tests/conftest.py: a pytest session whose environment holds an ADP_TEST_ name that is no hook stops before
+    its first test (every gateway and connector it starts would inherit a variable that does nothing)."""
+    name = unknown_name("SESSION")
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_hooks_are_read_in_one_place_and_documented"],
+        cwd=ROOT, env={**os.environ, name: "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert f"{name}: set in the environment the tests started with, but not a test hook" in out, out
+    assert "1 passed" not in out, out
