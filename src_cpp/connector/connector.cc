@@ -507,10 +507,11 @@ const char* reason_of(const std::exception* e) noexcept {
 
 }  // namespace
 
-std::unique_ptr<BackendSession> Connector::open_session(int index) noexcept {
+std::unique_ptr<BackendSession> Connector::open_session(int index, char* why, size_t why_size) noexcept {
   try {
     return backend_->new_session();
   } catch (const std::exception& e) {
+    std::snprintf(why, why_size, "%s", reason_of(&e));
     try {
       static LogRateLimit limit;
       uint64_t held_back = 0;
@@ -522,6 +523,7 @@ std::unique_ptr<BackendSession> Connector::open_session(int index) noexcept {
     } catch (...) {
     }
   } catch (...) {
+    std::snprintf(why, why_size, "%s", reason_of(nullptr));
   }
   return nullptr;
 }
@@ -553,7 +555,9 @@ void Connector::fail_slices(int index, const std::vector<Task>& run, const std::
 
 void Connector::worker_loop(int index) {
   set_thread_name("adp-worker", index);
-  std::unique_ptr<BackendSession> session = open_session(index);
+  // Why the last session could not be made, for the batches this worker fails while it has none.
+  char no_session[120] = {};
+  std::unique_ptr<BackendSession> session = open_session(index, no_session, sizeof no_session);
   // One session reaches its peer at start, on a thread of its own (neither the constructor nor this worker waits
   // on it): a gateway that cannot be reached, or refuses the token, shows in stats and /health before any traffic
   // (audit 13 item 6). An exception out of it is logged, and the first batch connects (session 26: it ended the
@@ -598,7 +602,7 @@ void Connector::worker_loop(int index) {
     // Every exception of a slice's run fails its batch (session 26: one out of this loop ended the process), and
     // the session that threw is replaced (its connection may be left mid-request).
     bool threw = false;
-    if (!session) session = open_session(index);
+    if (!session) session = open_session(index, no_session, sizeof no_session);
     if (session) {
       session->times = CallTimes{};
       try {
@@ -614,7 +618,11 @@ void Connector::worker_loop(int index) {
         fail_slices(index, run, nullptr);
       }
     } else {
-      for (const Task& t : run) t.batch->note_error("worker has no backend session");
+      // With the reason (session 31: the batch said "worker has no backend session" alone, the reason in the ERROR
+      // line only, rate-limited at that), made in place: the want of memory is the likeliest one.
+      char text[160];
+      std::snprintf(text, sizeof text, "worker has no backend session (%s)", no_session);
+      for (const Task& t : run) t.batch->note_error(text);
     }
     const Clock::time_point ran = Clock::now();
     for (size_t k = 0; k < run.size(); k++) {

@@ -164,8 +164,9 @@ class Connector {
   // reason, logged once at ERROR (session 26: the worker goes on).
   void fail_slices(int index, const std::vector<Task>& run, const std::exception* e) noexcept;
   // The worker's session (a new one after an exception: the old one's connection may be mid-request), or null
-  // with the reason logged (its batches fail; the next one tries again).
-  std::unique_ptr<BackendSession> open_session(int index) noexcept;
+  // with the reason logged and written into why (why_size bytes, cut to fit; no allocation): its batches fail
+  // with it, and the next one tries again.
+  std::unique_ptr<BackendSession> open_session(int index, char* why, size_t why_size) noexcept;
   // The workers and the deadline thread, at construction; one that cannot be started stops those that were and
   // throws std::runtime_error with the reason.
   void start_threads();

@@ -34,8 +34,8 @@
 // RemoteBackend's batch the gateway's reason (part "remote"), a worker's failed batch "out of memory" (part "worker").
 //
 //   thread_alloc_test TMPFS_DIR
-//   [store|gateway|gateway_stop|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep] (store by
-//   default)
+//   [store|gateway|gateway_stop|connection|reader|connector|worker|no_session|deadline|close|remote|reconnect|sweep]
+//   (store by default)
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -851,6 +851,53 @@ void worker_goes_on_after_an_exception(int then) {
       "connector: %d allocations on a worker's thread failed%s: %d batches failed with the reason, the next "
       "served\n",
       k, then ? (", each with " + std::to_string(then) + " after it").c_str() : "", failed);
+}
+
+// How a SessionlessBackend's next session fails: 0 it is made; 1 std::runtime_error; 2 std::bad_alloc, with the
+// next 8 allocations on adp-worker-0 failing too (memory that stays out while the batch is failed: its text, its
+// ERROR line, the completion's first tries).
+std::atomic<int> session_failure{0};
+
+class SessionlessBackend : public NullBackend {
+ public:
+  std::unique_ptr<adp::BackendSession> new_session() override {
+    switch (session_failure.load()) {
+      case 1:
+        throw std::runtime_error("no session for the test");
+      case 2:
+        named_failing.store(8, std::memory_order_release);  // named_thread: adp-worker-0, set by the test
+        throw std::bad_alloc();
+    }
+    return NullBackend::new_session();
+  }
+};
+
+// Session 31 (brief start31 task 3): a batch of a worker that has no backend session failed "worker has no backend
+// session", the reason the session could not be made only in the (rate-limited) ERROR line. Now the batch keeps it,
+// made with no allocation: "worker has no backend session (no session for the test)", and with memory out "(out of
+// memory: std::bad_alloc)". The next batch, once a session can be made, is served.
+void worker_without_a_session_keeps_the_reason() {
+  adp::ConnectorOptions opts;
+  opts.num_workers = 1;
+  opts.timeout_ms = 10000;
+  session_failure = 1;
+  adp::Connector c(std::make_unique<SessionlessBackend>(), opts);  // its start-up session fails too
+  std::vector<uint8_t> mem;
+  const adp::Completion plain = one_batch(c, adp::OpType::kSet, mem);
+  CHECK(!plain.ok && plain.error == "worker has no backend session (no session for the test)",
+        "a batch without a session: %d '%s'", plain.ok, plain.error.c_str());
+  named_thread = "adp-worker-0";
+  session_failure = 2;
+  const adp::Completion memory = one_batch(c, adp::OpType::kGet, mem);
+  named_failing.store(0, std::memory_order_release);
+  CHECK(!memory.ok && memory.error == "worker has no backend session (out of memory: std::bad_alloc)",
+        "a batch without a session, memory out: %d '%s'", memory.ok, memory.error.c_str());
+  session_failure = 0;
+  const adp::Completion next = one_batch(c, adp::OpType::kSet, mem);
+  CHECK(next.ok && next.per_key == std::vector<uint8_t>({1, 1}), "the batch once a session is made: %d '%s'", next.ok,
+        next.error.c_str());
+  std::printf("connector: batches of a worker without a session failed with the reason ('%s', '%s'), the next served\n",
+              plain.error.c_str(), memory.error.c_str());
 }
 
 // While set, a HeldSession's stores wait (their batches time out first); cleared, they are served.
@@ -1686,11 +1733,11 @@ void allocation_failure_sweep(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(
-        stderr,
-        "usage: %s TMPFS_DIR "
-        "[store|gateway|gateway_stop|connection|reader|connector|worker|deadline|close|remote|reconnect|sweep]\n",
-        argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s TMPFS_DIR "
+                 "[store|gateway|gateway_stop|connection|reader|connector|worker|no_session|deadline|close|remote|"
+                 "reconnect|sweep]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1], part = argc == 3 ? argv[2] : "store";
@@ -1721,6 +1768,8 @@ int main(int argc, char** argv) {
     worker_goes_on_after_a_throwing_prepare();
     worker_goes_on_after_an_exception(0);
     worker_goes_on_after_an_exception(8);
+  } else if (part == "no_session") {
+    worker_without_a_session_keeps_the_reason();
   } else if (part == "deadline") {
     deadline_goes_on_after_an_exception();
   } else if (part == "close") {

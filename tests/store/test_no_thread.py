@@ -169,6 +169,16 @@ def test_a_remote_backend_goes_on_without_its_connect_and_reconnect_threads(thre
     assert "gateway refused: the gateway failed serving this connection (out of memory" in out, out[-3000:]
 
 
+def test_a_batch_of_a_worker_without_a_session_keeps_the_reason(thread_alloc_test):
+    """Session 31 (brief start31 task 3): a batch failed because its worker has no backend session completed with
+    "worker has no backend session" alone (the reason in a rate-limited ERROR line only). Now the reason comes with
+    it, made without allocating: a test double's new_session() throwing a runtime_error, then std::bad_alloc with 8
+    more allocations on the worker's thread failing after it; the next batch is served."""
+    out = run_part(thread_alloc_test, "no_session")
+    assert "batches of a worker without a session failed with the reason (" in out, out[-3000:]
+    assert "'worker has no backend session (out of memory: std::bad_alloc)'" in out, out[-3000:]
+
+
 def test_a_connector_worker_goes_on_after_an_exception(thread_alloc_test):
     """Session 26 (gwexc26 item 1): a worker whose session's prepare() throws (a test double) serves its batches;
     each allocation on a worker's thread (adp-worker-0) failed in turn for a store and a load: each future completes,
