@@ -146,12 +146,41 @@ def prefill(path: Path, nbytes: int) -> None:
     )
 
 
-def reset(work: Path, env: dict | None = None) -> None:
+# What the rows leave behind (fs_native's files, the sparse and preallocated card images) is moved aside under
+# run-<pid>/retired/ and deleted with the run, not before the next row: deleting a pass's ~9,200 fs_native files
+# on a disk mounted `discard` (this VM's /) slowed fs_native's next stores 3-4x (1,162 MiB/s, then 360 and 300 in
+# the passes after such a delete; 950, 1,109, 846 with the files moved aside:
+# results/2026-12-06-1040-fsnative-reset.md), a bias in ADP's favour (its card is re-formatted, never deleted).
+# Below this much free space the run deletes instead, and the report names the rows that ran after a delete.
+RETIRE_MIN_FREE = 16 * GiB
+DELETED_BEFORE: list[str] = []  # "<row>, <size> KiB, pass <p>": rows that ran right after a delete
+
+
+def retire(work: Path) -> bool:
+    """Moves the rows' leftovers out of the next row's way (run-<pid>/retired/<n>/) without deleting them;
+    where the filesystem has less than RETIRE_MIN_FREE free, deletes them. False when something was deleted."""
+    leftovers = [p for p in (work / "files", work / "sparse.img", work / "prealloc.img") if p.exists()]
+    if not leftovers:
+        return True
+    st = os.statvfs(work)
+    if st.f_bavail * st.f_frsize < RETIRE_MIN_FREE:
+        for p in leftovers:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        return False
+    retired = work / "retired"
+    retired.mkdir(exist_ok=True)
+    slot = retired / str(len(list(retired.iterdir())))
+    slot.mkdir()
+    for p in leftovers:
+        p.rename(slot / p.name)
+    return True
+
+
+def reset(work: Path, env: dict | None = None) -> bool:
     """Fresh state for the next adapter: empty card (new superblock), no files, nothing dirty in the page cache.
-    With `env` (an --extra-adp row) the card is formatted by that row's package."""
-    shutil.rmtree(work / "files", ignore_errors=True)
-    (work / "sparse.img").unlink(missing_ok=True)
-    (work / "prealloc.img").unlink(missing_ok=True)
+    With `env` (an --extra-adp row) the card is formatted by that row's package. False when the previous rows'
+    leftovers had to be deleted (retire)."""
+    kept = retire(work)
     card = str(work / "card.img")
     if env is None:
         lmcache_adp.format_card(card)
@@ -159,6 +188,7 @@ def reset(work: Path, env: dict | None = None) -> None:
     elif sh([sys.executable, "-c", f"import lmcache_adp; lmcache_adp.format_card({card!r})"], env=env, cwd=work):
         raise RuntimeError(f"format_card({card}) failed with {env['PYTHONPATH']}")
     os.sync()
+    return kept
 
 
 def l1_pages(sizes_kb: list[int]) -> int:
@@ -482,7 +512,8 @@ def run_size(
             if p > 1 and role in ("buffered", "floor"):  # no target rides on them: one pass is enough
                 continue
             env = EXTRA[name]["env"] if name in EXTRA else None
-            reset(work, env)
+            if not reset(work, env):
+                DELETED_BEFORE.append(f"{name}, {bs // 1024} KiB, pass {p}")
             print(f"  {bs // 1024} KiB, pass {p}: {name}", flush=True)
             slug = "".join(c if c.isalnum() else "-" for c in name.lower())
             out = raw / f"{bs // 1024}k-{slug}-pass{p}.json"
@@ -576,6 +607,15 @@ def report(
             "2 MiB, the same for ADP and peers"
             if L1_HUGETLB
             else "ordinary memory (torch.empty), physically scattered differently in each row's process"
+        ),
+        "- Each row's leftovers (fs_native's files, card images) moved aside until the run ended, not deleted "
+        "before the next row (a delete on a `discard` mount slowed the next stores; bench_l2.py retire)"
+        + (
+            f"; **deleted for want of free space (< {RETIRE_MIN_FREE // GiB} GiB) before: "
+            + "; ".join(DELETED_BEFORE)
+            + "**: those rows' stores may be slowed"
+            if DELETED_BEFORE
+            else ""
         ),
         *(
             f"- Row '{name}': lmcache_adp from {x['package']}; {describe_build(x['build'])}"

@@ -244,3 +244,32 @@ def test_the_report_says_which_l1_every_row_had(monkeypatch):
     monkeypatch.setattr(bench_l2, "L1_HUGETLB", True)
     text = bench_l2.report({2048 * 1024: rows}, "disk", Path("/var/tmp/x/run-1"), (0.5, 0.7), 60, passes=1)
     assert "- L1 of every row: hugetlb, 2 MiB pages" in text
+
+
+def test_a_rows_leftovers_are_moved_aside_not_deleted_before_the_next_row(tmp_path, monkeypatch):
+    """reset() before each row: fs_native's files and the other card images go to run-<pid>/retired/<n>/ (deleted
+    with the run), because deleting them on a `discard` mount slowed the next row's stores 3-4x
+    (results/2026-12-06-1040-fsnative-reset.md). Each retire gets a slot of its own; nothing to retire is fine."""
+    work = tmp_path / "run-1"
+    (work / "files").mkdir(parents=True)
+    (work / "files" / "k0").write_bytes(b"x" * 4096)
+    (work / "sparse.img").write_bytes(b"s")
+    assert bench_l2.retire(work)
+    assert not (work / "files").exists() and not (work / "sparse.img").exists()
+    assert (work / "retired" / "0" / "files" / "k0").read_bytes() == b"x" * 4096
+    assert (work / "retired" / "0" / "sparse.img").read_bytes() == b"s"
+    assert bench_l2.retire(work)  # nothing left: no slot
+    (work / "files").mkdir()
+    (work / "files" / "k1").write_bytes(b"y")
+    assert bench_l2.retire(work)
+    assert (work / "retired" / "1" / "files" / "k1").read_bytes() == b"y"
+    # Too little free space: deleted (False), and the report names the row that ran after the delete
+    monkeypatch.setattr(bench_l2, "RETIRE_MIN_FREE", 1 << 62)
+    (work / "files").mkdir()
+    (work / "files" / "k2").write_bytes(b"z")
+    assert not bench_l2.retire(work)
+    assert not (work / "files").exists() and sorted(p.name for p in (work / "retired").iterdir()) == ["0", "1"]
+    monkeypatch.setattr(bench_l2, "DELETED_BEFORE", ["fs_native O_DIRECT, 256 KiB, pass 2"])
+    rows = [row("fio O_DIRECT QD4", "fio", [(500, 500)]), row("ADP", "adp", [(200, 100)])]
+    text = bench_l2.report({256 * 1024: rows}, "disk", work, (0.5, 0.7), 60, passes=1)
+    assert "deleted for want of free space" in text and "fs_native O_DIRECT, 256 KiB, pass 2" in text
