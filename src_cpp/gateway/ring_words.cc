@@ -79,7 +79,7 @@ void ClientHandler::bump_alive() {
     alive_sent_at_ = now;
     pollfd p{fd_, POLLOUT, 0};
     if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT))
-      (void)proto::write_frame(fd_, proto::FrameType::kAlive, alive_request_id_, {}, {}, now + proto::kFrameTimeout);
+      (void)proto::write_frame(fd_, proto::FrameType::kAlive, alive_request_id_, {}, {}, proto::kFramePace);
     return;
   }
   // r7: a relaxed add costing nothing next to the item it follows; the

@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "util/log.h"
 
@@ -44,6 +46,26 @@ Status wait_ready(int fd, short events, Deadline deadline) {
       return Status::Ok();  // readable, writable or hung up: the next call tells which
     }
   }
+}
+
+const char* frame_type_name(uint8_t type) {
+  static constexpr const char* kNames[] = {
+      "unknown",    "Hello",           "HelloOk",   "Batch",           "BatchReply", "Error", "Stats",
+      "StatsReply", "RegisterSegment", "SegmentOk", "RegisterProcess", "ProcessOk",  "Alive"};
+  return type < std::size(kNames) ? kNames[type] : kNames[0];
+}
+
+std::string seconds_since(Deadline start) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", std::chrono::duration<double>(Clock::now() - start).count());
+  return text;
+}
+
+// The pace's rule as a peer cut by it is told (and the log says: log_safe keeps 200 bytes of a reason, so the
+// whole text stays under that with the largest numbers).
+static_assert(kFrameTimeout == std::chrono::seconds(10) && kFrameMinBytesPerSecond == (1u << 20), "pace_rule's text");
+std::string pace_rule(const char* peer) {
+  return std::string("(a frame's rest is due within 10 s + 1 s/MiB: ") + peer + ")";
 }
 
 Status sockaddr_of(const Endpoint& ep, sockaddr_storage* sa, socklen_t* len) {
@@ -96,6 +118,10 @@ Status clear_stale_socket(const Endpoint& ep) {
 }
 
 }  // namespace
+
+Deadline frame_pace_by(Deadline first, uint64_t done) {
+  return first + kFrameTimeout + std::chrono::microseconds(done * 1000000ull / kFrameMinBytesPerSecond);
+}
 
 std::string Endpoint::str() const {
   if (kind == Kind::kUnix) return "unix://" + path;
@@ -226,6 +252,21 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
   for (const iovec& v : payload)
     if (v.iov_len) iov.push_back(v);
 
+  // kFramePace: the gateway's replies keep the frame's pace from here (kFrameTimeout + the bytes sent so far at
+  // kFrameMinBytesPerSecond), a client that stopped reading or reads too slowly is cut behind it.
+  const bool paced = deadline == kFramePace;
+  const Deadline start = Clock::now();
+  const uint64_t total = sizeof h + body;
+  uint64_t sent = 0;
+  const auto due = [&] { return paced ? frame_pace_by(start, sent) : deadline; };
+  const auto cut = [&] {
+    if (!paced) return Status::TimedOut("deadline passed while sending");
+    return Status::TimedOut("frame not taken: " + std::to_string(sent) + " of " + std::to_string(total) +
+                            " bytes of a " + frame_type_name(static_cast<uint8_t>(type)) + " frame (request " +
+                            std::to_string(request_id) + ") in " + seconds_since(start) + " " +
+                            pace_rule("peer not reading or too slow"));
+  };
+
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   size_t next = 0;
   while (next < iov.size()) {
@@ -245,13 +286,14 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) {
-        Status s = wait_ready(fd, POLLOUT, deadline);
-        if (!s.ok()) return s;
+        Status s = wait_ready(fd, POLLOUT, due());
+        if (!s.ok()) return paced && s.code() == Status::Code::kTimedOut ? cut() : s;
         continue;
       }
       return Status::Closed("send failed: " + errno_text(errno));
     }
     pass_fd = -1;  // delivered with the first byte
+    sent += static_cast<uint64_t>(n);
     size_t done = static_cast<size_t>(n);
     while (next < iov.size() && done >= iov[next].iov_len) done -= iov[next++].iov_len;
     if (next < iov.size()) {
@@ -259,7 +301,7 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
       iov[next].iov_len -= done;
       // Checked after every send, not only when the socket is full: a frame
       // cut short here is refused by the peer as truncated, never acted on.
-      if (deadline != kNoDeadline && Clock::now() >= deadline) return Status::TimedOut("deadline passed while sending");
+      if (deadline != kNoDeadline && Clock::now() >= due()) return cut();
     }
   }
   return Status::Ok();
@@ -267,10 +309,19 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
 
 namespace {
 
+// The bytes of a frame received so far, and when its first came: the pace its rest keeps (frame_pace_by).
+struct Pace {
+  Deadline first = kNoDeadline;  // none yet: the first byte is awaited until the caller's deadline alone
+  uint64_t done = 0;
+};
+
 // Receives exactly n bytes, collecting passed descriptors into *fds. An end
 // of stream before a frame's first byte is an orderly close; inside a frame
-// it is a truncated frame.
-Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector<int>* fds, bool frame_start) {
+// it is a truncated frame. Waits until `deadline`, and once the frame's first
+// byte came (pace->first) no longer than its pace allows: TimedOut either way
+// (read_frame tells which).
+Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector<int>* fds, bool frame_start,
+                  Pace* pace) {
   size_t got = 0;
   while (got < n) {
     iovec v{buf + got, n - got};
@@ -284,7 +335,9 @@ Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) {
-        Status s = wait_ready(fd, POLLIN, deadline);
+        const Deadline by =
+            pace->first == kNoDeadline ? deadline : std::min(deadline, frame_pace_by(pace->first, pace->done));
+        Status s = wait_ready(fd, POLLIN, by);
         if (!s.ok()) return s;
         continue;
       }
@@ -304,6 +357,8 @@ Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector
       return frame_start && got == 0 ? Status::Closed("connection closed")
                                      : Status::InvalidArgument("truncated frame: connection closed inside it");
     got += static_cast<size_t>(r);
+    pace->done += static_cast<uint64_t>(r);
+    if (pace->first == kNoDeadline) pace->first = Clock::now();
   }
   return Status::Ok();
 }
@@ -313,18 +368,30 @@ Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector
 Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds) {
   frame->fds.clear();
   auto* hdr = reinterpret_cast<uint8_t*>(&frame->header);
-  Status s = recv_exact(fd, hdr, 1, first_byte_by, &frame->fds, true);
-  Deadline rest_by = std::min(first_byte_by, Clock::now() + kFrameTimeout);
-  if (s.ok()) s = recv_exact(fd, hdr + 1, kFrameHeaderBytes - 1, rest_by, &frame->fds, false);
+  Pace pace;
+  Status s = recv_exact(fd, hdr, 1, first_byte_by, &frame->fds, true, &pace);
+  if (s.ok()) s = recv_exact(fd, hdr + 1, kFrameHeaderBytes - 1, first_byte_by, &frame->fds, false, &pace);
   if (s.ok()) s = check_header(frame->header, max_body);
   if (s.ok()) {
     frame->body.resize(frame->header.body_bytes);
-    s = recv_exact(fd, frame->body.data(), frame->body.size(), rest_by, &frame->fds, false);
+    s = recv_exact(fd, frame->body.data(), frame->body.size(), first_byte_by, &frame->fds, false, &pace);
   }
   if (s.ok() && frame->fds.size() > max_fds) s = Status::InvalidArgument("unexpected descriptors passed with a frame");
   if (!s.ok()) close_fds(&frame->fds);
-  if (s.code() == Status::Code::kTimedOut && first_byte_by == kNoDeadline)
-    return Status::InvalidArgument("frame not completed within " + std::to_string(kFrameTimeout.count()) + " ms");
+  // Behind the pace, not past the caller's deadline: a peer too slow or stalled (slowloris), told what came. Still
+  // TimedOut for a caller with a deadline, as the fixed 10 s was (a connector's read of a reply: a timeout, not an
+  // outage; the gateway refuses it as a bad frame: ClientHandler::serve).
+  if (s.code() == Status::Code::kTimedOut && pace.first != kNoDeadline && Clock::now() < first_byte_by) {
+    const std::string what =
+        pace.done < kFrameHeaderBytes
+            ? std::to_string(pace.done) + " of the " + std::to_string(kFrameHeaderBytes) + " bytes of a frame header"
+            : std::to_string(pace.done) + " of " + std::to_string(kFrameHeaderBytes + frame->header.body_bytes) +
+                  " bytes of a " + frame_type_name(frame->header.type) + " frame (request " +
+                  std::to_string(frame->header.request_id) + ")";
+    std::string why = "frame not completed: " + what + " in " + seconds_since(pace.first) + " " +
+                      pace_rule("peer stalled or too slow");
+    return first_byte_by == kNoDeadline ? Status::InvalidArgument(why) : Status::TimedOut(why);
+  }
   return s;
 }
 

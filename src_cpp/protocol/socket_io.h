@@ -22,8 +22,32 @@ namespace adp::proto {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 constexpr Deadline kNoDeadline = Deadline::max();
-// Once a frame's first byte arrived, the rest must follow within this time.
+// The pace a frame's rest must keep (session 31): once its first byte came (read_frame) or went (write_frame
+// with kFramePace), the byte after its first `done` bytes is due by that moment + kFrameTimeout +
+// done / kFrameMinBytesPerSecond (frame_pace_by); a peer behind that line is cut, the frame incomplete.
+//
+// Why a line and not a fixed time: until session 31 the whole rest had to come within kFrameTimeout. Over TCP (a
+// gateway served to LMCache servers on other hosts) a 32 MiB object at 2.5 MB/s, a 20 Mbit/s share of a busy link,
+// takes 13 s: its put or its load failed and the connection was dropped though the peer was alive and sending.
+// The limit is there against a peer that stalls or trickles (slowloris: a byte now and then holds a connection's
+// thread), and the line keeps that: a peer that stops after its first byte is cut after kFrameTimeout (plus its
+// bytes so far at the rate: it is cut no later than 10 s + 1 s per MiB it sent), a trickling one as soon as it
+// falls behind, and a frame's whole transfer is bounded by kFrameTimeout + its size at the rate (the largest a TCP
+// connection takes, kMaxTableBytes + 64 MiB, about 78 s; a Hello, 4 KiB, within the handshake timeout anyway). A
+// peer must send at the rate, on average, to hold a thread: holding the 64 TCP client threads costs 64 MiB/s.
+// No bound on each gap between bytes: TCP over a busy link delivers in bursts (a retransmission's timeout backs
+// off to seconds), and a peer ahead of the line earned the time it waits; the line bounds the waits anyway.
+//
+// 1 MiB/s (8 Mbit/s): a floor, not a speed; a live link slower than that on average fails only frames larger than
+// what kFrameTimeout covers (at 512 KiB/s, frames over 10 MiB), and a load from a cache at under 1 MiB/s is slower
+// than most recomputes. Not an option: see docs/protocol.md ("Timing of a frame").
 constexpr std::chrono::milliseconds kFrameTimeout{10000};
+constexpr uint64_t kFrameMinBytesPerSecond = 1ull << 20;
+// When the byte after the first `done` of a frame that began at `first` is due (the line above).
+Deadline frame_pace_by(Deadline first, uint64_t done);
+// As write_frame's deadline: the frame's pace alone (the gateway's replies); a caller's own deadline (a client's
+// batch deadline) is kept as given, without the pace: that deadline wins.
+constexpr Deadline kFramePace = Deadline::min();
 
 struct Endpoint {
   enum class Kind { kUnix, kTcp } kind = Kind::kUnix;
@@ -86,13 +110,18 @@ struct Frame {
 // Sends header + table + payload (iovecs) in one go. pass_fd >= 0 rides on
 // the frame's first byte (SCM_RIGHTS). The deadline is checked after every
 // partial send: past it the frame stays incomplete (TimedOut) and the
-// connection must be dropped.
+// connection must be dropped. kFramePace: the frame's pace from this call
+// on (kFrameTimeout + its bytes sent at kFrameMinBytesPerSecond); cut by it,
+// TimedOut says how far it got.
 Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
                    std::span<const iovec> payload, Deadline deadline, int pass_fd = -1);
 
 // Receives one frame whose body is at most max_body bytes (checked before
 // the body is allocated). The first byte is awaited until first_byte_by; the
-// rest must follow within kFrameTimeout (and by first_byte_by).
+// rest must keep the frame's pace (kFrameTimeout + its bytes so far at
+// kFrameMinBytesPerSecond), and come by first_byte_by. Past first_byte_by:
+// TimedOut; behind the pace: TimedOut saying what came and how far ("frame
+// not completed: ..."), InvalidArgument where first_byte_by is kNoDeadline.
 // Descriptors arriving with the frame are kept in frame->fds (at most
 // max_fds; any beyond that are closed and the frame is refused).
 Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds = 0);
