@@ -55,6 +55,12 @@ const char* frame_type_name(uint8_t type) {
   return type < std::size(kNames) ? kNames[type] : kNames[0];
 }
 
+void note_moved(std::atomic<int64_t>* moved_ns) {
+  if (moved_ns)
+    moved_ns->store(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(),
+                    std::memory_order_relaxed);
+}
+
 std::string seconds_since(Deadline start) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f s", std::chrono::duration<double>(Clock::now() - start).count());
@@ -241,7 +247,7 @@ Status listen_endpoint(Endpoint* ep, int backlog, int* fd, const ListenHooks& ho
 }
 
 Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
-                   std::span<const iovec> payload, Deadline deadline, int pass_fd) {
+                   std::span<const iovec> payload, Deadline deadline, int pass_fd, std::atomic<int64_t>* moved_ns) {
   size_t body = table.size();
   for (const iovec& v : payload) body += v.iov_len;
   FrameHeader h = make_header(type, request_id, body);
@@ -294,6 +300,7 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
     }
     pass_fd = -1;  // delivered with the first byte
     sent += static_cast<uint64_t>(n);
+    note_moved(moved_ns);
     size_t done = static_cast<size_t>(n);
     while (next < iov.size() && done >= iov[next].iov_len) done -= iov[next++].iov_len;
     if (next < iov.size()) {
@@ -313,6 +320,7 @@ namespace {
 struct Pace {
   Deadline first = kNoDeadline;  // none yet: the first byte is awaited until the caller's deadline alone
   uint64_t done = 0;
+  std::atomic<int64_t>* moved_ns = nullptr;  // read_frame's
 };
 
 // Receives exactly n bytes, collecting passed descriptors into *fds. An end
@@ -359,16 +367,19 @@ Status recv_exact(int fd, uint8_t* buf, size_t n, Deadline deadline, std::vector
     got += static_cast<size_t>(r);
     pace->done += static_cast<uint64_t>(r);
     if (pace->first == kNoDeadline) pace->first = Clock::now();
+    note_moved(pace->moved_ns);
   }
   return Status::Ok();
 }
 
 }  // namespace
 
-Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds) {
+Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds,
+                  std::atomic<int64_t>* moved_ns) {
   frame->fds.clear();
   auto* hdr = reinterpret_cast<uint8_t*>(&frame->header);
   Pace pace;
+  pace.moved_ns = moved_ns;
   Status s = recv_exact(fd, hdr, 1, first_byte_by, &frame->fds, true, &pace);
   if (s.ok()) s = recv_exact(fd, hdr + 1, kFrameHeaderBytes - 1, first_byte_by, &frame->fds, false, &pace);
   if (s.ok()) s = check_header(frame->header, max_body);

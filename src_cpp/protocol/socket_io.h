@@ -7,6 +7,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -113,8 +114,14 @@ struct Frame {
 // connection must be dropped. kFramePace: the frame's pace from this call
 // on (kFrameTimeout + its bytes sent at kFrameMinBytesPerSecond); cut by it,
 // TimedOut says how far it got.
+//
+// moved_ns (both calls; null: none): set to the steady clock's time in ns
+// (Clock) whenever bytes of the frame move, so a reader of it (a connector's
+// stall check, gateway_stall_s) sees a peer that is sending or taking a
+// long frame on a slow link as alive, not only once the whole frame moved.
 Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
-                   std::span<const iovec> payload, Deadline deadline, int pass_fd = -1);
+                   std::span<const iovec> payload, Deadline deadline, int pass_fd = -1,
+                   std::atomic<int64_t>* moved_ns = nullptr);
 
 // Receives one frame whose body is at most max_body bytes (checked before
 // the body is allocated). The first byte is awaited until first_byte_by; the
@@ -124,7 +131,8 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
 // not completed: ..."), InvalidArgument where first_byte_by is kNoDeadline.
 // Descriptors arriving with the frame are kept in frame->fds (at most
 // max_fds; any beyond that are closed and the frame is refused).
-Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds = 0);
+Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds = 0,
+                  std::atomic<int64_t>* moved_ns = nullptr);
 
 void close_fds(std::vector<int>* fds);
 

@@ -63,7 +63,9 @@ void GatewayClient::begin_wait() { waiting_since_ns_.store(steady_ns(), std::mem
 Status GatewayClient::write(proto::FrameType type, std::span<const iovec> payload, proto::Deadline deadline,
                             int pass_fd) {
   begin_wait();
-  Status s = proto::write_frame(fd_, type, ++request_id_, table_, payload, deadline, pass_fd);
+  // Bytes the gateway takes are a sign of life (heard_ns_): a put of a large object over a slow TCP link (12 s for
+  // 24 MiB at 2 MiB/s) read as a stalled gateway after gateway_stall_s (session 31).
+  Status s = proto::write_frame(fd_, type, ++request_id_, table_, payload, deadline, pass_fd, &heard_ns_);
   unsent_ = closed_unanswered_ = s.code() == Status::Code::kClosed;
   answered_ = false;
   return s;
@@ -298,7 +300,8 @@ Status GatewayClient::retry_process(proto::Deadline deadline) {
 }
 
 Status GatewayClient::receive(uint8_t type, proto::Deadline deadline, bool* alive) {
-  Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_);
+  // So are the bytes of a reply as they come (a load's over a slow link), not only its whole frame.
+  Status s = proto::read_frame(fd_, proto::kMaxFrameBodyBytes, deadline, &frame_, 0, &heard_ns_);
   if (!s.ok()) {
     closed_unanswered_ = closed_unanswered_ || (!answered_ && s.code() == Status::Code::kClosed);
     return s;  // still waiting, as far as RemoteBackend::stats is concerned: the caller drops it
