@@ -150,8 +150,11 @@ class CardDevice : public Device {
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
   // Makes completed writes durable against power loss (fdatasync). Callers
   // share fdatasyncs (group commit, util/group_sync.h): each is answered by
-  // one that began after every write completed before its call.
-  Status sync() const override;
+  // one that began after every write completed before its call, and fails
+  // where a failed one may have lost a write completed after `since`.
+  Status sync(uint64_t since) const override;
+  uint64_t write_mark() const override { return group_sync_.mark(); }
+  bool lost_after(uint64_t since) const override { return group_sync_.lost_after(since); }
   // Bounds the card I/O in flight at once (the card's queue depth): threads
   // beyond it check and copy data while others wait on the card. Call before
   // the device is shared between threads.

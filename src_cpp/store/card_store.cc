@@ -204,8 +204,9 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   sb.created_unix = static_cast<uint64_t>(time(nullptr));
   sb.crc = superblock_crc(sb);
   std::memcpy(buf.data(), &sb, sizeof sb);
+  const uint64_t mark = dev.write_mark();
   Status s = dev.write(0, buf.data(), kBlockSize);
-  if (s.ok()) s = dev.sync();
+  if (s.ok()) s = dev.sync(mark);
   if (s.ok())
     ADP_INFO("formatted card %s: %u regions of %.2f MiB", path.c_str(), sb.num_regions,
              region_bytes / double(1u << 20));
@@ -489,13 +490,14 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   uint64_t prev_epoch = frontier_ >= 0 ? regions_[prev].epoch : 0;
   lock.unlock();
   encode_region_header(ctx.header_.data(), card_id_, epoch, r, prev, prev_epoch, cont_bytes);
+  const uint64_t mark = device_->write_mark();
   Status s;
   try {
     s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
     // The new epoch must be on the card before anything is written under it:
     // after a power cut that lost it, the epoch could be handed out again and
     // unsynced leftovers written under it would walk as a valid chain.
-    if (s.ok() && durable_) s = device_->sync();
+    if (s.ok() && durable_) s = device_->sync(mark);
   } catch (const std::bad_alloc&) {
     s = no_memory();  // the region goes back below (it was taken, and is neither free nor the frontier)
   }
@@ -512,6 +514,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   }
   frontier_ = r;
   regions_[r].write_offset = kBlockSize + cont_bytes;
+  regions_[r].open_mark = mark;
   *region = r;
   return Status::Ok();
 }
@@ -540,6 +543,12 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   if (next_seq_ > kMaxIndexSeq)
     return Status::NoSpace("card " + path() + ": its store sequence numbers are spent (over 2^46); reformat it");
   uint32_t f;
+  // A failed sync since the frontier region was opened may have lost a write
+  // in it for good (a record, a pad: a hole that recovery's walk stops at),
+  // and its stores are failed for it (their sync is given its open_mark):
+  // the frontier moves on, as past a pad that could not be written.
+  if (frontier_ >= 0 && device_->lost_after(regions_[frontier_].open_mark))
+    regions_[frontier_].write_offset = region_bytes_;
   if (frontier_ < 0 || regions_[frontier_].write_offset >= region_bytes_) {
     Status s = advance_frontier(ctx, lock, 0, &f);
     if (!s.ok()) return s;
@@ -549,6 +558,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   pl->region = f;
   pl->offset = head.write_offset;
   pl->epoch = head.epoch;
+  pl->since = head.open_mark;
   pl->regions.assign(1, f);
   pl->ext.assign(1, Extent{region_offset(f) + pl->offset, std::min(footprint, region_bytes_ - pl->offset)});
   regions_.pin(f);
@@ -770,6 +780,9 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   });
   uint64_t last_ticket = 0;
   bool any_written = false;
+  // The oldest open_mark of the regions this put's records start in: its sync fails where a failed sync since may
+  // have lost one of its writes, or one they depend on (a record or pad in front of one of them).
+  uint64_t since = UINT64_MAX;
   Placement pl;
   for (size_t i = 0; i < n; i++) {
     const PutItem& it = items[i];
@@ -867,6 +880,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash};  // its key copied only for a tombstone (keyed)
     tickets[i] = pl.ticket;
     any_written = true;
+    since = std::min(since, pl.since);
   }
   if (any_written) {
     // Every store reserved before this put's last one must be on the card
@@ -877,7 +891,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   }
   bool synced = true;
   if (any_written && durable_) {
-    Status s = device_->sync();
+    Status s = device_->sync(since);
     if (!s.ok()) {
       count_failure(s);
       synced = false;
@@ -1049,13 +1063,14 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale, size
     return true;
   }
   bool any = false;
+  const uint64_t mark = device_->write_mark();
   try {
     for (Stale& st : stale) {
       st.result = write_tombstone(ctx, st.loc);
       any |= st.result.ok();
     }
     if (any && durable_)
-      if (Status s = device_->sync(); !s.ok())
+      if (Status s = device_->sync(mark); !s.ok())
         for (Stale& st : stale) st.result = s;
   } catch (const std::bad_alloc&) {
     // Those written are not synced: each goes to pending_ (or is dropped, below), as a failed one does.
@@ -2006,8 +2021,9 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   // The tombstone goes to the card first (and is synced when durable): a
   // delete that is not on the card is not reported as done (it would come
   // back after a restart).
+  const uint64_t mark = device_->write_mark();
   s = write_tombstone(ctx, loc);
-  if (s.ok() && durable_) s = device_->sync();
+  if (s.ok() && durable_) s = device_->sync(mark);
   bool erased = false, superseded = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

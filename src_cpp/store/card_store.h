@@ -290,6 +290,7 @@ class CardStore {
   struct Placement {
     uint32_t region = 0;
     uint64_t offset = 0, epoch = 0, seq = 0, ticket = 0;
+    uint64_t since = 0;  // its first region's open_mark: what its sync is given (Device::sync)
     std::vector<uint32_t> regions;
     std::vector<Extent> ext;
   };

@@ -435,6 +435,7 @@ bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_
     return false;
   }
   bool all = true, any = false;
+  const uint64_t mark = device_->write_mark();
   auto write = [&](uint64_t offset, const Cut& span) {
     Status s = device_->write(offset, block.data(), kBlockSize);
     if (!s.ok()) count_failure(s);
@@ -449,7 +450,7 @@ bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_
   std::memset(block.data(), 0, kBlockSize);
   for (size_t i = cuts.size(); i < all_spans.size(); i++) write(region_offset(all_spans[i].region), all_spans[i]);
   if (any && durable_) {
-    Status s = device_->sync();
+    Status s = device_->sync(mark);
     if (!s.ok()) count_failure(s);
     if (!s.ok() && left) *left = std::move(all_spans);  // none of them known to be on the card
     all &= s.ok();
@@ -464,6 +465,7 @@ CardStore::Behind CardStore::hide_behind(const std::vector<Cut>& left, uint64_t*
   if (!chunk.reserve(kChunk) || !zeros.reserve(kBlockSize)) return Behind::kUnknown;
   std::memset(zeros.data(), 0, kBlockSize);
   bool unknown = false, all_zeroed = true, any_zeroed = false;
+  const uint64_t mark = device_->write_mark();
   // One block of the span: an object header of this card (any epoch) is zeroed; one that checks out (and whose seq
   // a walk would take: check_walked_header) bounds the next seq, zeroed or not.
   auto look = [&](const uint8_t* b, uint64_t offset) {
@@ -500,7 +502,7 @@ CardStore::Behind CardStore::hide_behind(const std::vector<Cut>& left, uint64_t*
     }
   }
   if (any_zeroed && durable_) {
-    Status s = device_->sync();
+    Status s = device_->sync(mark);
     if (!s.ok()) count_failure(s);
     all_zeroed &= s.ok();
   }

@@ -78,7 +78,11 @@ void FaultDevice::drop_unsynced_locked() const {
   std::mt19937_64 pick(keep_seed_);
   cut_writes_.clear();
   for (const Undo& u : unsynced_) {
-    const bool keep = keep_all_ || (keep_some_ && pick() % 2);
+    if (u.state == 1) {  // synced, behind a lost write: redone in order (not an unsynced write the cut met)
+      std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
+      continue;
+    }
+    const bool keep = u.state == 0 && (keep_all_ || (keep_some_ && pick() % 2));  // a lost one never comes back
     if (keep) std::memcpy(image_->data.data() + u.offset, u.data.data(), u.data.size());
     cut_writes_.push_back({u.index, u.offset, u.data.size(), keep});
   }
@@ -86,17 +90,28 @@ void FaultDevice::drop_unsynced_locked() const {
 }
 
 Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
-  Status s = write_once(offset, iov, count);
+  uint64_t index = UINT64_MAX;
+  Status s = write_once(offset, iov, count, &index);
+  // Counted under mu_, each write's place in the count noted with it: a flush's covers then names exactly the
+  // writes it began after (a failed one loses those, lose_failed_sync_writes).
+  std::lock_guard<std::mutex> l(mu_);
   group_sync_.wrote();  // a sync from now on covers it
+  const uint64_t done = group_sync_.mark();
+  for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it)
+    if (it->index == index) {
+      it->completed = done;
+      break;
+    }
   return s;
 }
 
-Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) const {
+Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count, uint64_t* written) const {
   std::unique_lock<std::mutex> l(mu_);
   uint64_t n = total_bytes(iov, count);
   if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned write (O_DIRECT would refuse it)");
   if (offset + n > image_->data.size()) return Status::IoError("write past the end of " + name_);
   uint64_t index = writes_++;
+  *written = index;
   if (observer_) observer_(index, offset, n);
   auto failed = [&](const char* why) {
     healthy_ = false;
@@ -129,24 +144,47 @@ Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) con
   return Status::Ok();
 }
 
-Status FaultDevice::sync() const {
-  return group_sync_.sync([this] {
-    flushing();
-    std::lock_guard<std::mutex> l(mu_);
-    if (dead_) {
-      healthy_ = false;
-      return Status::IoError("sync of " + name_ + " failed: power cut");
-    }
-    if (sync_calls_++ == fail_sync_n_) return Status::IoError("sync of " + name_ + " failed: injected");
-    syncs_++;
-    unsynced_.clear();
-    return Status::Ok();
-  });
+Status FaultDevice::sync(uint64_t since) const {
+  return group_sync_.sync(
+      [this] {
+        {
+          const uint64_t covers = group_sync_.running_covers();
+          std::lock_guard<std::mutex> l(mu_);
+          for (Undo& u : unsynced_) u.at_flush = u.completed != 0 && u.completed <= covers;
+        }
+        flushing();
+        std::lock_guard<std::mutex> l(mu_);
+        if (dead_) {
+          healthy_ = false;
+          return Status::IoError("sync of " + name_ + " failed: power cut");
+        }
+        if (sync_calls_++ == fail_sync_n_) {
+          if (lose_failed_)
+            for (Undo& u : unsynced_)
+              if (u.state == 0 && u.at_flush) u.state = 2;
+          return Status::IoError("sync of " + name_ + " failed: injected");
+        }
+        syncs_++;
+        bool lost = false;
+        for (const Undo& u : unsynced_) lost |= u.state == 2;
+        if (!lost)
+          unsynced_.clear();
+        else  // kept, to be undone and redone in order at a cut around the lost ones
+          for (Undo& u : unsynced_)
+            if (u.state == 0) u.state = 1;
+        return Status::Ok();
+      },
+      since);
 }
 
 bool FaultDevice::healthy() const {
   std::lock_guard<std::mutex> l(mu_);
   return healthy_;
+}
+
+void FaultDevice::lose_failed_sync_writes() {
+  std::lock_guard<std::mutex> l(mu_);
+  lose_failed_ = true;
 }
 
 void FaultDevice::fail_sync(uint64_t n) {

@@ -45,7 +45,9 @@ class FaultDevice : public Device {
   uint64_t size() const override { return image_->data.size(); }
   Status readv(uint64_t offset, const iovec* iov, int count) const override;
   Status writev(uint64_t offset, const iovec* iov, int count) const override;
-  Status sync() const override;
+  Status sync(uint64_t since) const override;
+  uint64_t write_mark() const override { return group_sync_.mark(); }
+  bool lost_after(uint64_t since) const override { return group_sync_.lost_after(since); }
   bool healthy() const override;
 
   // --- faults (set before or between I/O; thread-safe)
@@ -58,6 +60,11 @@ class FaultDevice : public Device {
   // writes it should have made durable stay unsynced (a later sync makes
   // them durable, a power cut before it undoes them).
   void fail_sync(uint64_t n);
+  // From now on a failed sync loses the writes it was for, for good: those completed (writev returned) when it
+  // began never reach the media, whatever sync follows (a device whose failed cache flush lost them; a kernel
+  // that dropped the dirty pages). Later writes over the same bytes and later syncs are kept as usual. Not set,
+  // a failed sync's writes stay unsynced and the next sync makes them durable.
+  void lose_failed_sync_writes();
   // The n-th write blocks (before it touches the image) until a power cut,
   // which it then fails, or until release_held_write(): a store stuck in
   // flight while others go on. write_held() says whether it is blocked now.
@@ -119,10 +126,14 @@ class FaultDevice : public Device {
   struct Undo {
     uint64_t offset, index;
     std::vector<uint8_t> old, data;  // the bytes before the write, and those written
+    uint64_t completed = 0;          // its place in the count of completed writes (GroupSync::mark()); 0: not yet
+    bool at_flush = false;           // completed when the flush running now began (within its covers)
+    int state = 0;                   // 0 unsynced; lose_failed_sync_writes: 1 synced, kept in the list behind
+                                     // a lost one (undone and redone at a cut), 2 lost
   };
   // The power cut: undoes the unsynced writes, then redoes the ones kept.
   void drop_unsynced_locked() const;
-  Status write_once(uint64_t offset, const iovec* iov, int count) const;  // writev, before wrote()
+  Status write_once(uint64_t offset, const iovec* iov, int count, uint64_t* index) const;  // writev, before wrote()
   bool overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t n) const;
   void apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const;
 
@@ -141,7 +152,7 @@ class FaultDevice : public Device {
   mutable uint64_t sync_calls_ = 0;  // syncs run (grouped callers: one)
   mutable GroupSync group_sync_;
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
-  bool keep_some_ = false, keep_all_ = false;
+  bool keep_some_ = false, keep_all_ = false, lose_failed_ = false;
   uint64_t keep_seed_ = 0;
   mutable std::vector<CutWrite> cut_writes_;
   std::function<void(uint64_t, uint64_t, uint64_t)> observer_;

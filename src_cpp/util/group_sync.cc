@@ -3,7 +3,7 @@
 
 namespace adp {
 
-Status GroupSync::sync(const Flush& flush, uint64_t* number) {
+Status GroupSync::sync(const Flush& flush, uint64_t since, uint64_t* number) {
   // The writes this caller must have flushed: every one completed so far.
   const uint64_t need = written_.load(std::memory_order_acquire);
   std::unique_lock<std::mutex> l(mu_);
@@ -21,9 +21,13 @@ Status GroupSync::sync(const Flush& flush, uint64_t* number) {
       running_ = std::move(next_);
       mine->number = ++started_;
       mine->covers = written_.load(std::memory_order_acquire);
+      mine->lost = lost_.load(std::memory_order_relaxed);
       l.unlock();
       Status s = flush();
       l.lock();
+      // Flushes run one at a time and their covers grow: the latest failed
+      // one's is the largest.
+      if (!s.ok()) lost_.store(mine->covers, std::memory_order_release);
       mine->status = std::move(s);
       mine->done = true;
       running_.reset();
@@ -35,12 +39,19 @@ Status GroupSync::sync(const Flush& flush, uint64_t* number) {
     waiting_--;
   }
   if (number) *number = mine->number;
+  if (mine->status.ok() && mine->lost > since)
+    return Status::IoError("an earlier sync failed after this caller's writes began: they may be lost");
   return mine->status;
 }
 
 uint64_t GroupSync::flushes() const {
   std::lock_guard<std::mutex> l(mu_);
   return started_;
+}
+
+uint64_t GroupSync::running_covers() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return running_ ? running_->covers : 0;
 }
 
 int GroupSync::waiting() const {

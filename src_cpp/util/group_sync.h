@@ -13,10 +13,26 @@
 // caller knows of was done before that flush began: two workers whose
 // writes finish together share one fdatasync), else the next one, which
 // begins when the running one ends and serves every caller that came
-// meanwhile. A failed flush fails every caller it was to cover, and no
-// other: a caller is never answered by a later flush that succeeded (after
-// a failed fdatasync the kernel may have dropped the dirty pages, and a
-// later one succeeds without them).
+// meanwhile. A failed flush fails every caller it was to cover, and a
+// caller is never answered by a later flush that succeeded (after a failed
+// fdatasync the kernel may have dropped the dirty pages, and a later one
+// succeeds without them).
+//
+// Nor is a caller that came after a failed flush began answered Ok when
+// that flush may have lost its writes (session 31): a failed flush may lose,
+// for good, the writes completed when it began (a device whose cache flush
+// failed; the kernel dropping the dirty pages), and the next flush, which
+// succeeds, does not bring them back. A caller passes `since`, the count
+// (mark()) noted before its first write, or before the first write it
+// depends on (a card store: the region it writes in was opened after it).
+// A flush notes, when it begins, the count the latest failed flush began at
+// (`lost`: the writes before it, not yet made durable, may be lost); a
+// caller it answers is failed where that count is above `since` (a write
+// after its mark completed before a failed flush began). A caller whose
+// writes all came after the failed flush began is answered as usual. A
+// caller whose writes a successful flush had already covered before the
+// failed one began is failed too: the count says nothing finer, and a
+// failure is safe (the store is not acknowledged).
 //
 // Thread-safe. One flush at a time, run by one of its callers (the leader)
 // outside the lock; the others wait.
@@ -40,17 +56,31 @@ class GroupSync {
   // A write to the device completed (called after it returned, failed or
   // not): a flush that begins from now on covers it.
   void wrote() { written_.fetch_add(1, std::memory_order_acq_rel); }
+  // The writes completed so far: a caller notes it before its first write,
+  // and passes it to sync() as `since`.
+  uint64_t mark() const { return written_.load(std::memory_order_acquire); }
+  // True when a failed flush has begun after a write completed after
+  // `since` (mark()): that write may be lost for good. One atomic load (a
+  // card store asks it at each reservation, of its frontier region's mark).
+  bool lost_after(uint64_t since) const { return lost_.load(std::memory_order_acquire) > since; }
 
   // Returns the result of a run of `flush` that began after every write
   // completed (wrote()) before this call: one running now that began after
   // them, or the next. `flush` must be the same operation for every caller
-  // (the device's). With `number`, the flush's number (1 for the first).
-  Status sync(const Flush& flush, uint64_t* number = nullptr);
+  // (the device's). A success is an IoError instead where a failed flush
+  // that began before it began after a write completed after `since`
+  // (mark() noted before the caller's first write): that write may be lost.
+  // With `number`, the flush's number (1 for the first).
+  Status sync(const Flush& flush, uint64_t since, uint64_t* number = nullptr);
 
   // The flushes run so far (started, finished or not); callers waiting for
   // one now (for tests: a round is whole when all its callers wait).
   uint64_t flushes() const;
   int waiting() const;
+  // The count of completed writes the flush running now began at (its
+  // covers; 0 when none runs): for a test device's flush, which of its
+  // writes that flush is for (testing/fault_device.h).
+  uint64_t running_covers() const;
 
  private:
   // One flush and the callers it covers: they hold the round, so each reads
@@ -58,11 +88,16 @@ class GroupSync {
   struct Round {
     uint64_t number = 0;  // set when its flush begins
     uint64_t covers = 0;  // the writes completed when it began (written_)
+    uint64_t lost = 0;    // when it began, the covers of the latest failed flush (lost_)
     bool done = false;
     Status status;
   };
 
   std::atomic<uint64_t> written_{0};
+  // The covers of the latest failed flush (0: none failed): the writes before
+  // it that no successful flush had covered may be lost. Written under mu_ by
+  // a failed flush's leader, read by lost_after() without it.
+  std::atomic<uint64_t> lost_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Round> running_;  // the flush in progress, or null

@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   if (fd < 0 || ::dup2(pipe_fds[0], fd) != fd) return 1;
   ::close(pipe_fds[0]);
   ::close(pipe_fds[1]);
-  st = dev->sync();
+  st = dev->sync(dev->write_mark());
   check_card_error(st, "sync", "a failed fdatasync", "fdatasync of ", path);
   CHECK(st.message().ends_with(" failed: Invalid argument"), "fdatasync's error: '%s'", st.message().c_str());
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "check.h"
+#include "held_sync.h"
 #include "store/card_store.h"
 #include "test_card.h"
 
@@ -31,42 +32,12 @@ namespace {
 using adp::Status;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
+using adp::testing::HeldSync;
+using adp::testing::t_hold_sync;
 
 constexpr uint64_t kRegion = 1u << 20, kRegions = 8;
 constexpr uint64_t kUsable = kRegion - adp::kBlockSize;  // a region's bytes after its header
 const adp::CardOptions kCard = adp::testing::card_options(kRegion);
-
-thread_local bool t_hold_sync = false;
-
-// A fault device whose syncs on a thread that asks for it (t_hold_sync) wait until released: store A stays
-// between its write and its commit while the test goes on.
-class HeldSync : public FaultDevice {
- public:
-  using FaultDevice::FaultDevice;
-  Status sync() const override {
-    if (t_hold_sync) {
-      std::unique_lock<std::mutex> l(mu_);
-      held_ = true;
-      cv_.notify_all();
-      cv_.wait(l, [this] { return released_; });
-    }
-    return FaultDevice::sync();
-  }
-  void wait_held() const {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this] { return held_; });
-  }
-  void release() const {
-    std::lock_guard<std::mutex> l(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  mutable bool held_ = false, released_ = false;
-};
 
 std::vector<uint8_t> value(uint8_t fill, size_t size) { return std::vector<uint8_t>(size, fill); }
 

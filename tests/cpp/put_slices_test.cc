@@ -50,13 +50,13 @@ constexpr uint64_t kCardBytes = adp::testing::card_bytes(8, kRegionBytes);
 class HookedDevice : public adp::testing::FaultDevice {
  public:
   using FaultDevice::FaultDevice;
-  Status sync() const override {
+  Status sync(uint64_t since) const override {
     if (at_sync) {
       auto f = std::move(at_sync);
       at_sync = nullptr;
       f();
     }
-    return FaultDevice::sync();
+    return FaultDevice::sync(since);
   }
   mutable std::function<void()> at_sync;
 };

@@ -67,6 +67,15 @@ def test_outranked_commit_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_lost_sync_commit_under_sanitizer(mode, tmp_path):
+    """Stores whose record (or one in front of it) a failed sync lost, answered by a later sync
+    (tests/cpp/lost_sync_commit_test.cc): a held sync and a held write on two threads, the failing delete on a
+    third."""
+    cpp.run(cpp.build("lost_sync_commit_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""
