@@ -59,7 +59,7 @@ class Device {
   // Makes completed writes durable against power loss. Fails too where a
   // failed sync may have lost a write completed after `since` (write_mark()):
   // a failed sync may lose the writes it was for for good, and a later one
-  // that succeeds does not bring them back (docs/card_format.md, Durability).
+  // that succeeds does not bring them back (docs/card_format.md, Writing).
   virtual Status sync(uint64_t since) const = 0;
   // True when a failed sync may have lost a write completed after `since`
   // (write_mark()): one atomic load.

@@ -2,7 +2,7 @@
 // GroupSync: group commit of a device's flush (fdatasync). Callers of
 // sync() share flushes instead of each running its own: with W store
 // workers ending their slices at once, fewer fdatasyncs than W
-// (docs/card_format.md, "Durability").
+// (docs/card_format.md, "Writing").
 //
 // The guarantee is the one a flush of its own gives: sync() returns the
 // result of a flush that began after every write the caller completed
