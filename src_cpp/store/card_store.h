@@ -23,6 +23,10 @@
 // decoding is in card_format, the regions (allocation, chain, pins, victim
 // choice) in region_manager, the walk of the card at open in recovery,
 // verify in verify.cc; this class holds the index and the put/get/commit path.
+// Its definitions, by job: card_store.cc (open, format, lifecycle, stats),
+// card_store_reserve.cc (the frontier, eviction, settling),
+// card_store_put.cc (the put path, tombstones), card_store_get.cc (the read
+// path), card_store_remove.cc; what they share: card_store_internal.h.
 //
 // Thread-safety: all public methods may be called from any thread; each
 // thread brings its own IoContext (staging memory).

@@ -8,7 +8,7 @@
 //   card_crash_aligned_test [all | quick]
 //
 // A scripted workload of aligned stores that takes every aligned store path
-// of CardStore::put_each (src_cpp/store/card_store.cc):
+// of CardStore::put_each (src_cpp/store/card_store_put.cc):
 //   - under kOverlapCrcBytes (1 MiB): header, body and tail block in one
 //     vectored write, the CRC computed first (4 KiB, 12 KiB + 100 B,
 //     200-300 KiB);

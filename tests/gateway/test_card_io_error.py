@@ -42,8 +42,8 @@ GATEWAY_SOURCES = ("gateway", "store", "protocol")
 # the class it is made with (r9; Status::IoClass).
 NOT_CARD = {
     "out of memory for the store buffer of ": ("gateway/budgets.cc", "kGatewayMemory"),
-    "out of memory for staging": ("store/card_store.cc", "kGatewayMemory"),
-    "out of memory for a bounce buffer": ("store/card_store.cc", "kGatewayMemory"),
+    "out of memory for staging": ("store/card_store_put.cc", "kGatewayMemory"),
+    "out of memory for a bounce buffer": ("store/card_store_get.cc", "kGatewayMemory"),
     "out of memory for recovery": ("store/recovery.cc", "kGatewayMemory"),
     "out of memory": ("store/card_store.cc", "kGatewayMemory"),
     "process_vm_readv of ": ("protocol/process_memory.cc", "kClientMemory"),
