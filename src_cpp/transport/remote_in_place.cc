@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0
+// Loads into and stores from the caller's buffers in place, with no ring:
+// in shared memory files the gateway maps (protocol r3) or, where granted,
+// this process's memory (r5): RemoteSession::run_into_segments and
+// try_in_place, the load lease's revoke, and RemoteBackend's cache of this
+// process's mappings (find_segment, forget_segments; a SegmentFile's close)
+// and its hint for buffers that take the ring. Not here: the ring's path
+// (remote_session.cc).
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "transport/remote_session.h"
+#include "util/log.h"
+
+namespace adp {
+namespace {
+
+// Whether the gateway process is gone (or a zombie): its lease then holds nothing.
+// Never throws (a lease's revoke runs in a destructor): no memory to read its state, not known gone.
+bool process_gone(int pid) noexcept {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  try {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  } catch (...) {
+    return false;
+  }
+}
+
+// Proves that p and file offset `offset` are the same memory (a cached
+// mapping may have been replaced): a nonce written through p must read back
+// through the file. p's own 8 bytes are put back. Caller holds the batch's
+// guard (p is the caller's buffer).
+bool aliases(uint8_t* p, const SegmentFile& f, uint64_t offset) {
+  static std::atomic<uint64_t> counter{std::random_device{}()};
+  uint64_t nonce = counter.fetch_add(0x9E3779B97F4A7C15ull) | 1, saved, seen = 0;
+  std::memcpy(&saved, p, 8);
+  std::memcpy(p, &nonce, 8);
+  bool same = ::pread(f.fd, &seen, 8, static_cast<off_t>(offset)) == 8 && seen == nonce;
+  std::memcpy(p, &saved, 8);
+  return same;
+}
+
+}  // namespace
+
+SegmentFile::~SegmentFile() {
+  if (fd >= 0) ::close(fd);
+}
+bool RemoteSession::run_into_segments(proto::Op op, const std::string_view* keys, const size_t* sizes,
+                                      uint8_t* const* bufs, size_t n, Deadline deadline, const GuardedReadFn& guarded,
+                                      const std::function<void(size_t, const Status&)>& finish) {
+  // A connection that died while idle (the gateway restarted) gets one more
+  // try on a new one, as in run(): only when a frame of it (a registration,
+  // the request) never reached the gateway, so nothing was written for it.
+  bool retry = false;
+  if (try_in_place(op, keys, sizes, bufs, n, deadline, guarded, finish, &retry)) return true;
+  return retry && try_in_place(op, keys, sizes, bufs, n, deadline, guarded, finish, nullptr);
+}
+
+bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, const size_t* sizes, uint8_t* const* bufs,
+                                 size_t n, Deadline deadline, const GuardedReadFn& guarded,
+                                 const std::function<void(size_t, const Status&)>& finish, bool* retry) {
+  const bool put = op == proto::Op::kPut;
+  if (!connected(deadline).ok() || n > client_->limits().max_batch_keys) return false;
+  // The connection lost after `why`; one more try if lose() says so.
+  auto lost = [&](const Status& why) {  // a registration: made anew on the new connection
+    if (lose(why, retry != nullptr, true)) *retry = true;
+    return false;
+  };
+  // ptracer_follow: refused while this process named another gateway that has exited since.
+  if (Status s = client_->retry_process(deadline); !s.ok()) return lost(s);
+  // Per buffer: in a shared memory file the gateway maps (r3), else, where
+  // granted, this process's memory (r5); a batch with any other buffer: the ring.
+  // A store's buffer may be read by others meanwhile: only the kernel's
+  // read-only answer proves its mapping (no nonce written into it).
+  const bool in_files = (put ? client_->segment_stores() : client_->segments()) && (!put || maps_.supported());
+  const bool in_process = put ? client_->process_stores() : client_->process_loads();
+  if (!in_files && !in_process) return false;
+  // r6: a store of an object larger than the gateway's store buffer (which
+  // it would refuse) goes through the ring, with the rest of its batch.
+  const uint64_t process_limit = put ? client_->process_store_limit() : UINT64_MAX;
+  std::vector<SegmentSpan> spans(n);
+  for (size_t i = 0; i < n; i++) {
+    if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
+    if (in_files) spans[i] = backend_->find_segment(bufs[i], sizes[i]);
+    if (spans[i].file && spans[i].file->refused) spans[i] = {};
+    if (spans[i].file) continue;
+    if (in_process && sizes[i] <= process_limit) continue;
+    if (in_process) {
+      backend_->process_stores_over_limit_.fetch_add(n, std::memory_order_relaxed);
+    } else if (in_files) {
+      backend_->hint_ring();
+    }
+    return false;
+  }
+  proto::BatchRequest req;
+  req.op = op;
+  req.items.resize(n);
+  size_t process_items = 0;
+  for (size_t i = 0; i < n; i++) {
+    const std::shared_ptr<SegmentFile>& f = spans[i].file;
+    if (!f) {  // r5: the gateway writes at the buffer's address in this process
+      req.items[i] = {keys[i], sizes[i], reinterpret_cast<uintptr_t>(bufs[i]), proto::kProcessSegment};
+      process_items++;
+      continue;
+    }
+    auto it = segment_ids_.find(f);
+    if (it == segment_ids_.end()) {
+      uint32_t id = 0;
+      Status s = client_->register_segment(f->fd, f->bytes, deadline, &id);
+      if (s.code() == Status::Code::kUnavailable) {
+        // The gateway refused the file (its Error frame: it cannot map it as stated) and closed the connection.
+        // No outage: the file's buffers use the ring from now on, this batch's too, on a new connection.
+        if (!f->refused.exchange(true))
+          ADP_INFO("%s: %s; buffers in that shared memory file (%llu bytes) go through the ring from now on",
+                   backend_->describe().c_str(), log_safe(s.message()).c_str(),
+                   static_cast<unsigned long long>(f->bytes));
+        backend_->drop(&client_);
+        return false;
+      }
+      if (!s.ok()) return lost(s);
+      if (id == 0) return false;  // this connection's ids are used up
+      it = segment_ids_.emplace(f, id).first;
+    }
+    req.items[i] = {keys[i], sizes[i], spans[i].offset, it->second};
+  }
+  Status s;
+  bool stale = false;
+  const bool wanted = guarded([&] {
+    // The buffers are still the files' memory (a cached mapping may have been replaced).
+    for (size_t i = 0; i < n && !stale; i++) {
+      if (!spans[i].file) continue;  // process memory: the buffer is the caller's while the guard is held
+      const SegmentFile& f = *spans[i].file;
+      MapProof proof = maps_.check(bufs[i], sizes[i], f, spans[i].offset);
+      if (proof == MapProof::kUnsupported) {
+        const size_t last = (sizes[i] - 1) & ~size_t(7);
+        proof = aliases(bufs[i], f, spans[i].offset) && aliases(bufs[i] + last, f, spans[i].offset + last)
+                    ? MapProof::kSame
+                    : MapProof::kDiffers;
+      }
+      stale = proof != MapProof::kSame;
+    }
+    if (stale) return;
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      s = Status::TimedOut("deadline passed before the request was sent");
+      return;
+    }
+    req.timeout_ms = static_cast<uint32_t>(std::min<long long>(left, UINT32_MAX));
+    const uint64_t rid = client_->next_request_id();
+    __atomic_store_n(client_->lease(), proto::lease_word(rid, proto::kLeaseOpen), __ATOMIC_RELEASE);
+    // Revoked on every way out, an exception's included (session 26: the worker then fails the batch, and the
+    // gateway must write nothing more into its buffers).
+    struct Revoke {
+      RemoteSession* session;
+      uint64_t rid;
+      ~Revoke() { session->revoke_lease(rid); }
+    } revoke{this, rid};
+    s = send_request(req, {}, deadline);
+    if (s.ok()) s = read_reply(req, deadline, &reply_);
+  });
+  if (stale) {
+    backend_->forget_segments();
+    return false;
+  }
+  if (!wanted) s = Status::TimedOut("deadline passed");
+  if (s.ok() && !put)
+    for (size_t i = 0; i < n && s.ok(); i++)
+      if (reply_.results[i].status.ok() && reply_.results[i].size != sizes[i])
+        s = Status::InvalidArgument("gateway reply disagrees with the request");
+  if (s.ok() && process_items) {
+    // EPERM on a process item (this process turned non-dumpable, changed
+    // its credentials or its Yama ptracer): the gateway may no longer touch
+    // this process. The grant is withdrawn for this connection and the whole
+    // batch goes through the ring instead of failing (a load rewrites the
+    // same bytes; a store overwrites its own object).
+    for (size_t i = 0; i < n; i++) {
+      const Status& st = reply_.results[i].status;
+      if (spans[i].file || st.code() != Status::Code::kUnavailable) continue;
+      client_->withdraw_process("the gateway lost access to this process's memory: " + st.message());
+      if (!backend_->process_withdrawn_logged_.exchange(true))
+        ADP_INFO("%s: %s; this connection goes through the ring from now on. Logged once.",
+                 backend_->describe().c_str(), log_safe(client_->process_refusal()).c_str());
+      return false;
+    }
+  }
+  // A request whose send found the connection closed never reached the gateway (nothing can have been
+  // written for it): tried again at once on a new connection, quietly (audit 12; lose()). So is a store found
+  // closed by its reply's read (the gateway only reads its buffers); a load may have written into them.
+  if (!s.ok() && wanted && lose(s, retry != nullptr, put)) {
+    *retry = true;
+    return false;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const Status& st = s.ok() ? reply_.results[i].status : s;
+    if (s.ok()) backend_->note_item(st);
+    if (process_items && !spans[i].file && st.ok())
+      (put ? backend_->process_stores_ : backend_->process_loads_).fetch_add(1, std::memory_order_relaxed);
+    finish(i, st);
+  }
+  return true;
+}
+
+void RemoteSession::revoke_lease(uint64_t rid) {
+  uint64_t* word = client_->lease();
+  for (;;) {
+    uint64_t expected = proto::lease_word(rid, proto::kLeaseOpen);
+    if (__atomic_compare_exchange_n(word, &expected, proto::lease_word(rid, proto::kLeaseRevoked), false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return;
+    if (expected != proto::lease_word(rid, proto::kLeaseWriting)) return;
+    // The gateway is writing one object into the caller's buffer (a
+    // memcpy's time on a memory-speed card, staged otherwise): wait it out.
+    if (process_gone(client_->peer_pid())) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void RemoteBackend::hint_ring() {
+  if (ring_hinted_.exchange(true, std::memory_order_relaxed)) return;
+  ADP_INFO(
+      "%s: LMCache's buffers are not in a shared memory file, so their bytes go through the ring: one more copy "
+      "of every byte each way, which on a memory-speed card halves loads. Start "
+      "`lmcache server` with --shm-name to put its L1 pool in /dev/shm: the gateway then loads into and stores "
+      "from it in place (docs/protocol.md, \"Segments\"). Logged once.",
+      describe().c_str());
+}
+SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> l(seg_mu_);
+  auto lookup = [&]() -> const MappedRange* {  // the cached mapping holding p
+    auto it = ranges_.upper_bound(lo);
+    if (it == ranges_.begin()) return nullptr;
+    --it;
+    return lo < it->second.hi ? &it->second : nullptr;
+  };
+  const MappedRange* r = lookup();
+  auto now = std::chrono::steady_clock::now();
+  // An address no cached mapping holds is newer than the last read: read
+  // again. One known to be anonymous: again at most once a second (it may
+  // have been replaced by a file mapping; till then it uses the ring).
+  if (!r || (!r->file && now - maps_read_at_ >= std::chrono::seconds(1))) {
+    maps_read_at_ = now;
+    // Files already open are kept (by device and inode), so their ids on
+    // live connections stay valid.
+    std::map<std::pair<dev_t, ino_t>, std::shared_ptr<SegmentFile>> open;
+    for (auto& [start, m] : ranges_)
+      if (m.file) {
+        struct stat st;
+        if (::fstat(m.file->fd, &st) == 0) open[{st.st_dev, st.st_ino}] = m.file;
+      }
+    ranges_.clear();
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      unsigned long long start, end, off, ino;
+      unsigned maj, mnr;
+      char perms[8];
+      int path_at = 0;
+      if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &mnr, &ino,
+                      &path_at) < 7)
+        continue;
+      MappedRange m{static_cast<uintptr_t>(end), off, nullptr};
+      std::string path = path_at > 0 ? line.substr(path_at) : "";
+      // Shared, writable mappings of a file in /dev/shm (not deleted: it is opened by name).
+      if (std::string_view(perms).substr(0, 2) == "rw" && perms[3] == 's' && path.rfind("/dev/shm/", 0) == 0) {
+        auto key = std::make_pair(static_cast<dev_t>(makedev(maj, mnr)), static_cast<ino_t>(ino));
+        auto f = open.find(key);
+        if (f != open.end()) {
+          m.file = f->second;
+        } else {
+          int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+          struct stat st;
+          if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == key.first &&
+              st.st_ino == key.second && st.st_size > 0) {
+            m.file = std::make_shared<SegmentFile>();
+            m.file->fd = fd;
+            m.file->bytes = static_cast<uint64_t>(st.st_size);
+            m.file->dev = st.st_dev;
+            m.file->ino = st.st_ino;
+            open[key] = m.file;
+          } else if (fd >= 0) {
+            ::close(fd);
+          }
+        }
+      }
+      ranges_[static_cast<uintptr_t>(start)] = std::move(m);
+    }
+    r = lookup();
+  }
+  if (!r || !r->file || len > r->hi - lo) return {};
+  auto it = std::prev(ranges_.upper_bound(lo));
+  uint64_t at = it->second.file_offset + (lo - it->first);
+  if (at + len > r->file->bytes) return {};
+  return {r->file, at};
+}
+
+void RemoteBackend::forget_segments() {
+  std::lock_guard<std::mutex> l(seg_mu_);
+  ranges_.clear();
+  maps_read_at_ = {};
+}
+
+}  // namespace adp
