@@ -127,3 +127,18 @@ def test_a_session_started_with_an_unknown_hook_stops():
     assert r.returncode == pytest.ExitCode.USAGE_ERROR, out
     assert f"{name}: set in the environment the tests started with, but not a test hook" in out, out
     assert "1 passed" not in out, out
+
+
+def test_the_session_check_needs_no_native_module_unless_a_hook_is_named(monkeypatch):
+    """The sanitizer runs (scripts/device_sanitize.sh) compile tests/cpp programs and run with no lmcache_adp
+    built: the session check must not import the module when no ADP_TEST_ name is set (its first form did, and
+    stopped every such session with an INTERNALERROR), nor stop a session it cannot check."""
+    import lmcache_adp
+    from tests.conftest import unknown_test_hooks
+
+    monkeypatch.delattr(lmcache_adp, "_native")
+    monkeypatch.setitem(sys.modules, "lmcache_adp._native", None)  # the import fails, as where it is not built
+    with pytest.raises(ImportError):
+        from lmcache_adp import _native  # noqa: F401
+    assert unknown_test_hooks({"PATH": "/bin", "ADP_LOG_LEVEL": "INFO"}) == []
+    assert unknown_test_hooks({unknown_name("NOCHECK"): "1"}) == []  # cannot be checked: the tests say why
