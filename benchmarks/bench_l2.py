@@ -165,7 +165,10 @@ def retire(work: Path) -> bool:
     st = os.statvfs(work)
     if st.f_bavail * st.f_frsize < RETIRE_MIN_FREE:
         for p in leftovers:
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
         return False
     retired = work / "retired"
     retired.mkdir(exist_ok=True)
