@@ -415,15 +415,13 @@ Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const {
 }
 
 Status CardDevice::sync(uint64_t since) const {
-  Status s = group_sync_.sync(
+  return group_sync_.sync(
       [this] {
         if (::fdatasync(fd_) != 0)
           return track(Status::IoError("fdatasync of " + path_ + " failed: " + errno_text(errno)));
         return Status::Ok();
       },
       since);
-  if (!s.ok() && s.message().rfind("fdatasync", 0) != 0) s = Status::IoError("sync of " + path_ + ": " + s.message());
-  return s;
 }
 
 }  // namespace adp

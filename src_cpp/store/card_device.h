@@ -189,7 +189,7 @@ class CardDevice : public Device {
   // one's Foreground, which may end after this device is freed.
   const std::shared_ptr<std::atomic<int>> foreground_ = std::make_shared<std::atomic<int>>(0);
   mutable FailingHold failing_;
-  mutable GroupSync group_sync_;
+  mutable GroupSync group_sync_{path_};  // after path_: it is made from it
   static constexpr int kMaxIoDepth = 256;
   mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};
 };

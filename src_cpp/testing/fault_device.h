@@ -149,8 +149,8 @@ class FaultDevice : public Device {
   mutable bool held_ = false;
   bool released_ = false, release_fails_ = false;
   mutable std::condition_variable held_cv_;
-  mutable uint64_t sync_calls_ = 0;  // syncs run (grouped callers: one)
-  mutable GroupSync group_sync_;
+  mutable uint64_t sync_calls_ = 0;      // syncs run (grouped callers: one)
+  mutable GroupSync group_sync_{name_};  // after name_: it is made from it
   uint64_t cut_write_n_ = UINT64_MAX, cut_tear_ = 0;
   bool keep_some_ = false, keep_all_ = false, lose_failed_ = false;
   uint64_t keep_seed_ = 0;

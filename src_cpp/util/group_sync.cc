@@ -40,7 +40,8 @@ Status GroupSync::sync(const Flush& flush, uint64_t since, uint64_t* number) {
   }
   if (number) *number = mine->number;
   if (mine->status.ok() && mine->lost > since)
-    return Status::IoError("an earlier sync failed after this caller's writes began: they may be lost");
+    return Status::IoError("an earlier sync of " + device_ +
+                           " failed after this caller's writes began: they may be lost");
   return mine->status;
 }
 

@@ -44,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "util/status.h"
 
@@ -52,6 +53,10 @@ namespace adp {
 class GroupSync {
  public:
   using Flush = std::function<Status()>;
+
+  // `device` names the device in the answer sync() makes itself (an
+  // earlier flush failed): the flush's own failures name it already.
+  explicit GroupSync(std::string device = "the device") : device_(std::move(device)) {}
 
   // A write to the device completed (called after it returned, failed or
   // not): a flush that begins from now on covers it.
@@ -93,6 +98,7 @@ class GroupSync {
     Status status;
   };
 
+  const std::string device_;
   std::atomic<uint64_t> written_{0};
   // The covers of the latest failed flush (0: none failed): the writes before
   // it that no successful flush had covered may be lost. Written under mu_ by

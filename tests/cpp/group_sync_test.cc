@@ -107,7 +107,7 @@ void late_callers_share_one_flush(bool wrote_meanwhile, uint64_t fail) {
 // record in its region: it depends on that write). B, whose mark was noted
 // after flush 1 began, is answered by flush 2 normally.
 void failed_flush_fails_later_callers_it_may_have_lost() {
-  GroupSync gs;
+  GroupSync gs("/cards/test.img");
   std::atomic<bool> first_began{false};
   auto flush = [&]() -> Status {
     const uint64_t n = gs.flushes();
@@ -136,6 +136,10 @@ void failed_flush_fails_later_callers_it_may_have_lost() {
         static_cast<unsigned long long>(na), static_cast<unsigned long long>(nb), static_cast<unsigned long long>(nc));
   CHECK(!a.ok(), "A, whose write completed before the failed flush 1 began, was answered OK by flush 2");
   CHECK(!c.ok(), "C, whose mark is before A's write (lost with it), was answered OK by flush 2");
+  // The answer names the device (CardDevice passes its path): flush 2 succeeded, so no flush's own message does.
+  const std::string lost_answer =
+      "an earlier sync of /cards/test.img failed after this caller's writes began: they may be lost";
+  CHECK(a.message() == lost_answer, "A's answer does not name the device: %s", a.message().c_str());
   CHECK(b.ok(), "B, whose writes all came after the failed flush 1 began, was failed: %s", b.message().c_str());
   CHECK(gs.lost_after(mark_a) && !gs.lost_after(mark_b), "lost_after: the failed flush's covers not kept");
   // Later callers from A's mark still fail (a successful flush since does not bring the write back).
