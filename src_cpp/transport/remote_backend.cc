@@ -64,6 +64,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
                                                           : kStallLogInterval)
                                  .count()) {
   test_put_delay_ = milliseconds(hooks.put_copy_delay_ms);
+  test_no_procmap_query_ = hooks.no_procmap_query;
   reply_load_.cpus = hooks.client_cpus > 0 ? hooks.client_cpus : PiecePool::usable_cpus(hooks.cpu_max_file);
   if (!hooks.loadavg_file.empty()) reply_load_.path = hooks.loadavg_file;
   if (hooks.spin_load_every_ms >= 0) reply_load_.every_ns = int64_t{hooks.spin_load_every_ms} * 1'000'000;

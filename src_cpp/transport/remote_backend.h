@@ -55,6 +55,8 @@ struct SegmentSpan {
   uint64_t offset = 0;
 };
 
+class MapQuery;
+
 class RemoteBackend : public Backend, private proto::ConnectWatch {
  public:
   explicit RemoteBackend(GatewayClientOptions opts);
@@ -188,10 +190,18 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
   // gateway_card_healthy): an I/O error on the gateway's card makes it
   // failing until a load hits or a store succeeds.
   void note_item(const Status& st);
-  // The segment holding [p, p + len) in one mapping, from /proc/self/maps
-  // (cached; re-read when p lies in no cached mapping).
+  // The segment holding [p, p + len) in one mapping (cached by mapping).
   // Null file: not in a shared memory file (anonymous memory: the ring).
-  SegmentSpan find_segment(const uint8_t* p, size_t len);
+  // Where the kernel has PROCMAP_QUERY, the mapping of p alone is asked of
+  // it with the session's handle, outside seg_mu_: when no cached mapping
+  // holds p, and for one cached as no shared memory file once per batch
+  // (maps.batch()). Elsewhere find_segment_by_scan.
+  SegmentSpan find_segment(const uint8_t* p, size_t len, MapQuery& maps);
+  // The same from a read of the whole of /proc/self/maps, under seg_mu_
+  // (kernels before 6.11, ADP_TEST_NO_PROCMAP_QUERY): read again when p lies
+  // in no cached mapping, and at most once a second for one cached as no
+  // shared memory file.
+  SegmentSpan find_segment_by_scan(const uint8_t* p, size_t len);
   void forget_segments();  // a cached mapping proved stale
   // Once per connector: buffers in anonymous memory take the ring; says how to avoid it.
   void hint_ring();
@@ -271,8 +281,17 @@ class RemoteBackend : public Backend, private proto::ConnectWatch {
     std::shared_ptr<SegmentFile> file;  // null: not a shared memory file
   };
   std::mutex seg_mu_;
-  std::map<uintptr_t, MappedRange> ranges_;  // by start address
-  std::chrono::steady_clock::time_point maps_read_at_{};
+  std::map<uintptr_t, MappedRange> ranges_;               // by start address
+  std::chrono::steady_clock::time_point maps_read_at_{};  // find_segment_by_scan's last read
+  // The cached mapping holding lo (seg_mu_ held; ranges_.end(): none), and the span of [lo, lo + len) in its file.
+  std::map<uintptr_t, MappedRange>::iterator cached_range(uintptr_t lo);
+  SegmentSpan span_in(std::map<uintptr_t, MappedRange>::iterator it, uintptr_t lo, size_t len) const;
+  // The file open for the mapping of (dev, ino) in ranges_, if any (seg_mu_ held).
+  std::shared_ptr<SegmentFile> open_file(dev_t dev, ino_t ino) const;
+  // Tests only (ADP_TEST_NO_PROCMAP_QUERY): every session answers as a kernel
+  // without PROCMAP_QUERY (find_segment_by_scan, the nonce's proof, stores
+  // through the ring).
+  bool test_no_procmap_query_ = false;
   // Tests only (ADP_TEST_PUT_COPY_DELAY_MS): a pause between a put round's
   // start and the copy of its bytes, so a test can make the deadline pass
   // exactly there.

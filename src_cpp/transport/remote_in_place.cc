@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -20,6 +21,10 @@
 
 namespace adp {
 namespace {
+
+// find_segment's cache of mappings asked about, before those of no file are dropped (a process that maps and
+// unmaps buffers, glibc's large mallocs, would otherwise grow it without end).
+constexpr size_t kMaxCachedRanges = 1024;
 
 // Whether the gateway process is gone (or a zombie): its lease then holds nothing.
 // Never throws (a lease's revoke runs in a destructor): no memory to read its state, not known gone.
@@ -49,6 +54,25 @@ bool aliases(uint8_t* p, const SegmentFile& f, uint64_t offset) {
   bool same = ::pread(f.fd, &seen, 8, static_cast<off_t>(offset)) == 8 && seen == nonce;
   std::memcpy(p, &saved, 8);
   return same;
+}
+
+// The regular file at `path`, opened read-write, if it is the one of the
+// mapping (dev, ino) and not empty; null otherwise (a name taken by another
+// file since, an unlinked file's " (deleted)").
+std::shared_ptr<SegmentFile> open_segment_file(const char* path, dev_t dev, ino_t ino) {
+  int fd = ::open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st;
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == dev && st.st_ino == ino &&
+      st.st_size > 0) {
+    auto file = std::make_shared<SegmentFile>();
+    file->fd = fd;
+    file->bytes = static_cast<uint64_t>(st.st_size);
+    file->dev = st.st_dev;
+    file->ino = st.st_ino;
+    return file;
+  }
+  if (fd >= 0) ::close(fd);
+  return nullptr;
 }
 
 }  // namespace
@@ -90,9 +114,10 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
   // it would refuse) goes through the ring, with the rest of its batch.
   const uint64_t process_limit = put ? client_->process_store_limit() : UINT64_MAX;
   std::vector<SegmentSpan> spans(n);
+  maps_.batch();
   for (size_t i = 0; i < n; i++) {
     if (!check_key(keys[i]).ok() || sizes[i] == 0) return false;
-    if (in_files) spans[i] = backend_->find_segment(bufs[i], sizes[i]);
+    if (in_files) spans[i] = backend_->find_segment(bufs[i], sizes[i], maps_);
     if (spans[i].file && spans[i].file->refused) spans[i] = {};
     if (spans[i].file) continue;
     if (in_process && sizes[i] <= process_limit) continue;
@@ -235,21 +260,99 @@ void RemoteBackend::hint_ring() {
       "from it in place (docs/protocol.md, \"Segments\"). Logged once.",
       describe().c_str());
 }
-SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
+
+std::map<uintptr_t, RemoteBackend::MappedRange>::iterator RemoteBackend::cached_range(uintptr_t lo) {
+  auto it = ranges_.upper_bound(lo);
+  if (it == ranges_.begin()) return ranges_.end();
+  --it;
+  return lo < it->second.hi ? it : ranges_.end();
+}
+
+SegmentSpan RemoteBackend::span_in(std::map<uintptr_t, MappedRange>::iterator it, uintptr_t lo, size_t len) const {
+  if (it == ranges_.end() || !it->second.file || len > it->second.hi - lo) return {};
+  uint64_t at = it->second.file_offset + (lo - it->first);
+  if (at + len > it->second.file->bytes) return {};
+  return {it->second.file, at};
+}
+
+std::shared_ptr<SegmentFile> RemoteBackend::open_file(dev_t dev, ino_t ino) const {
+  for (const auto& [start, m] : ranges_)
+    if (m.file && m.file->dev == dev && m.file->ino == ino) return m.file;
+  return nullptr;
+}
+
+// Session 32 (benchmarks/results/2026-12-06-1600-maps-scan32.md): the read
+// of the whole of /proc/self/maps in a process like LMCache's MP server
+// (torch and lmcache imported: ~700 lines) took 2-14 ms on this VM under
+// seg_mu_, which every worker's batch takes; with LMCache's L1 anonymous
+// (no --shm-name) one batch a second paid it, its other workers waiting on
+// the lock. The kernel's answer for the one address is a single ioctl of a
+// few microseconds, made outside the lock; so an address cached as no
+// shared memory file is asked again once per batch (not once a second): a
+// pool remapped into /dev/shm at the same address goes in place from the
+// next batch, and the steady batch pays one ioctl per worker and mapping.
+SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len, MapQuery& maps) {
+  if (!maps.supported()) return find_segment_by_scan(p, len);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  {
+    std::lock_guard<std::mutex> l(seg_mu_);
+    auto it = cached_range(lo);
+    if (it != ranges_.end() && (it->second.file || maps.asked(lo))) return span_in(it, lo, len);
+  }
+  ProcmapQuery q;
+  if (!maps.find(p, &q)) return {};  // no mapping holds p (the caller's buffer: not seen)
+  maps.note_asked(q.vma_start, q.vma_end);
+  const dev_t dev = makedev(q.dev_major, q.dev_minor);
+  const ino_t ino = static_cast<ino_t>(q.inode);
+  // Shared, writable mappings of a regular file in /dev/shm, not deleted (it
+  // is opened by name; the kernel's name of an unlinked file ends in
+  // " (deleted)", which no open finds as that file). A file already open
+  // (by device and inode) is kept, so its ids on live connections stay valid:
+  // its name is not asked.
+  const uint64_t rws = kVmaReadable | kVmaWritable | kVmaShared;
+  std::shared_ptr<SegmentFile> file;
+  if ((q.vma_flags & rws) == rws && q.inode != 0) {
+    {
+      std::lock_guard<std::mutex> l(seg_mu_);
+      file = open_file(dev, ino);
+    }
+    char name[PATH_MAX];
+    ProcmapQuery named;
+    if (!file && maps.find(p, &named, name, sizeof name) && named.vma_start == q.vma_start &&
+        std::string_view(name).starts_with("/dev/shm/")) {
+      file = open_segment_file(name, dev, ino);
+    }
+  }
+  std::lock_guard<std::mutex> l(seg_mu_);
+  // Another session may have opened the same file meanwhile: one SegmentFile a file.
+  if (file)
+    if (auto known = open_file(dev, ino)) file = std::move(known);
+  auto it = ranges_.find(static_cast<uintptr_t>(q.vma_start));
+  if (it != ranges_.end() && it->second.hi == q.vma_end && it->second.file_offset == q.vma_offset &&
+      it->second.file == file)
+    return span_in(it, lo, len);  // as cached (the steady batch's re-check: nothing allocated)
+  // The mappings cached over [vma_start, vma_end) are gone (replaced by this one).
+  auto first = ranges_.lower_bound(static_cast<uintptr_t>(q.vma_start));
+  if (first != ranges_.begin() && std::prev(first)->second.hi > q.vma_start) --first;
+  ranges_.erase(first, ranges_.lower_bound(static_cast<uintptr_t>(q.vma_end)));
+  // Mappings cached once and unmapped since stay until one over them is asked
+  // about: at most kMaxCachedRanges, then those of no file go (a file's are
+  // kept for its SegmentFile).
+  if (ranges_.size() >= kMaxCachedRanges) std::erase_if(ranges_, [](const auto& e) { return !e.second.file; });
+  it =
+      ranges_.emplace(static_cast<uintptr_t>(q.vma_start), MappedRange{q.vma_end, q.vma_offset, std::move(file)}).first;
+  return span_in(it, lo, len);
+}
+
+SegmentSpan RemoteBackend::find_segment_by_scan(const uint8_t* p, size_t len) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> l(seg_mu_);
-  auto lookup = [&]() -> const MappedRange* {  // the cached mapping holding p
-    auto it = ranges_.upper_bound(lo);
-    if (it == ranges_.begin()) return nullptr;
-    --it;
-    return lo < it->second.hi ? &it->second : nullptr;
-  };
-  const MappedRange* r = lookup();
+  auto it = cached_range(lo);
   auto now = std::chrono::steady_clock::now();
   // An address no cached mapping holds is newer than the last read: read
   // again. One known to be anonymous: again at most once a second (it may
   // have been replaced by a file mapping; till then it uses the ring).
-  if (!r || (!r->file && now - maps_read_at_ >= std::chrono::seconds(1))) {
+  if (it == ranges_.end() || (!it->second.file && now - maps_read_at_ >= std::chrono::seconds(1))) {
     maps_read_at_ = now;
     // Files already open are kept (by device and inode), so their ids on
     // live connections stay valid.
@@ -278,31 +381,15 @@ SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len) {
         auto f = open.find(key);
         if (f != open.end()) {
           m.file = f->second;
-        } else {
-          int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-          struct stat st;
-          if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == key.first &&
-              st.st_ino == key.second && st.st_size > 0) {
-            m.file = std::make_shared<SegmentFile>();
-            m.file->fd = fd;
-            m.file->bytes = static_cast<uint64_t>(st.st_size);
-            m.file->dev = st.st_dev;
-            m.file->ino = st.st_ino;
-            open[key] = m.file;
-          } else if (fd >= 0) {
-            ::close(fd);
-          }
+        } else if ((m.file = open_segment_file(path.c_str(), key.first, key.second))) {
+          open[key] = m.file;
         }
       }
       ranges_[static_cast<uintptr_t>(start)] = std::move(m);
     }
-    r = lookup();
+    it = cached_range(lo);
   }
-  if (!r || !r->file || len > r->hi - lo) return {};
-  auto it = std::prev(ranges_.upper_bound(lo));
-  uint64_t at = it->second.file_offset + (lo - it->first);
-  if (at + len > r->file->bytes) return {};
-  return {r->file, at};
+  return span_in(it, lo, len);
 }
 
 void RemoteBackend::forget_segments() {

@@ -60,7 +60,9 @@ using FinishFn = std::function<void(size_t i, const Status& st, const uint8_t* d
 
 // Which file and offset back an address now, asked of the kernel
 // (PROCMAP_QUERY on /proc/self/maps, Linux 6.11+): reads and writes nothing
-// of the buffer. One per session thread.
+// of the buffer. One per session thread: the proof of a cached mapping before
+// each request (check) and RemoteBackend::find_segment's look-up of one
+// address (find), in place of a read of the whole of /proc/self/maps.
 enum class MapProof { kSame, kDiffers, kUnsupported };
 struct ProcmapQuery {  // include/uapi/linux/fs.h, not in older headers
   uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
@@ -73,7 +75,8 @@ constexpr uint64_t kVmaReadable = 0x01, kVmaWritable = 0x02, kVmaShared = 0x08;
 
 class MapQuery {
  public:
-  MapQuery() : fd_(::open("/proc/self/maps", O_RDONLY | O_CLOEXEC)) {}
+  // off (ADP_TEST_NO_PROCMAP_QUERY): answers as a kernel without the ioctl.
+  explicit MapQuery(bool off = false) : fd_(off ? -1 : ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC)) {}
   ~MapQuery() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -100,15 +103,34 @@ class MapQuery {
                 makedev(q.dev_major, q.dev_minor) == f.dev && q.vma_offset + (lo - q.vma_start) == offset;
     return same ? MapProof::kSame : MapProof::kDiffers;
   }
+  // The mapping holding p (supported() true): false where none does. With
+  // `name`, its path as /proc/self/maps shows it (" (deleted)" after an
+  // unlinked file's), NUL-terminated, into the caller's buffer: asked only
+  // where a file must be opened by name.
+  bool find(const uint8_t* p, ProcmapQuery* q, char* name = nullptr, uint32_t name_size = 0) {
+    *q = ProcmapQuery{};
+    q->size = sizeof *q;
+    q->query_addr = reinterpret_cast<uintptr_t>(p);
+    q->vma_name_addr = reinterpret_cast<uintptr_t>(name);
+    q->vma_name_size = name ? name_size : 0;
+    return ::ioctl(fd_, kProcmapQuery, q) == 0;
+  }
+  // find_segment asks the kernel again about an address cached as no shared
+  // memory file once per batch (batch() at its start) and mapping: the last
+  // mapping asked about in this batch, [asked_lo_, asked_hi_).
+  void batch() { asked_lo_ = asked_hi_ = 0; }
+  bool asked(uintptr_t p) const { return asked_lo_ <= p && p < asked_hi_; }
+  void note_asked(uintptr_t lo, uintptr_t hi) { asked_lo_ = lo, asked_hi_ = hi; }
 
  private:
   int fd_;
   bool probed_ = false, works_ = false;
+  uintptr_t asked_lo_ = 0, asked_hi_ = 0;
 };
 
 class RemoteSession : public BackendSession {
  public:
-  explicit RemoteSession(RemoteBackend* backend) : backend_(backend) {}
+  explicit RemoteSession(RemoteBackend* backend) : backend_(backend), maps_(backend->test_no_procmap_query_) {}
   ~RemoteSession() override {
     if (start_thread_.joinable()) start_thread_.join();
     backend_->drop(&start_client_);
@@ -305,7 +327,7 @@ class RemoteSession : public BackendSession {
   std::vector<uint8_t> staging_;  // TCP put: the round's bytes, copied under the guard
   // Registered on client_; held, so that a file's address is never reused for another while it has an id.
   std::map<std::shared_ptr<SegmentFile>, uint32_t> segment_ids_;
-  MapQuery maps_;  // this thread's PROCMAP_QUERY handle
+  MapQuery maps_;  // this thread's PROCMAP_QUERY handle (find_segment's, the proof's)
   proto::BatchReply reply_;
   std::vector<uint64_t> copied_;  // r4: bytes of each item of the current round copied out so far
   // reply_spin: per op (0 put, 1 get), the payload bytes of its last request

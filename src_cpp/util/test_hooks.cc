@@ -114,6 +114,10 @@ constexpr Hook kHooks[] = {
     {"ADP_TEST_MAX_BACKOFF_MS", HookSide::kConnector,
      "the longest wait between connects to a gateway that is away, and a refused token's, is this long, not 2000 ms",
      [](TestHooks& h, const char* v) { h.max_backoff_ms = std::atoi(v); }},
+    {"ADP_TEST_NO_PROCMAP_QUERY", HookSide::kConnector,
+     "1: the connector answers as on a kernel without PROCMAP_QUERY (before 6.11): segments found by reading "
+     "/proc/self/maps whole, a load's mapping proved by a nonce, stores through the ring",
+     [](TestHooks& h, const char* v) { h.no_procmap_query = std::string_view(v) == "1"; }},
     {"ADP_TEST_IDLE_LOOK_MS", HookSide::kConnector,
      "an idle connector looks at its connections for the gateway's close (a status query if all are) this often, "
      "not every 1000 ms",
