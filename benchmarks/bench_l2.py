@@ -86,6 +86,14 @@ L1_HUGETLB = False
 # --fio-think-us: one more fio row, QD4 reads where each job waits that long after each read (as a worker
 # checking a CRC before its next read): fio QD4 over it is what hiding that CPU time behind the I/O can gain.
 FIO_THINK_US = 0
+# The fio row at ADP's durability: QD4 writes, each job with an fdatasync after every SLICE_KEYS writes, as each ADP
+# worker syncs (put_slices) before it acknowledges its slice of a batch (NUM_KEYS keys cut into QD slices). fio's
+# own row syncs once at the end (--end_fsync=1); a store acknowledged only when durable cannot. On this VM's disk
+# those syncs cost fio ~7 % at 256 KiB in the median pass, 2-38 % in single passes
+# (results/2026-12-06-1600-disk32-store-gap.md); ADP's group commit merges some of them (153 fdatasyncs for 17
+# rounds at 256 KiB where the slices alone would be 272), fio's jobs cannot.
+SLICE_KEYS = NUM_KEYS // QD
+FIO_SYNC_ROW = f"fio O_DIRECT QD{QD}, fdatasync every {SLICE_KEYS} writes (ADP's syncs)"
 
 
 def free_port() -> int:
@@ -223,11 +231,15 @@ def hugetlb_pool(pages: int, root: Path = HUGETLB):
         total.write_text(str(before))
 
 
-def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int, think_us: int = 0) -> float:
+def fio(
+    work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int, think_us: int = 0, sync_every: int = 0
+) -> float:
     """MiB/s of `jobs` synchronous O_DIRECT sequential streams, each over its own slice of a written file; with
     `think_us`, each job waits that long after each I/O before its next, as a worker checking a CRC issues nothing
-    meanwhile (asleep: fio 3.33 with --thinktime_spin of the whole think time hung)."""
-    out = raw / f"fio-{bs // 1024}k-qd{jobs}-{rw}{f'-think{think_us}' if think_us else ''}-pass{p}.json"
+    meanwhile (asleep: fio 3.33 with --thinktime_spin of the whole think time hung); with `sync_every`, each job
+    calls fdatasync after every that many writes (--fdatasync)."""
+    tag = f"{f'-think{think_us}' if think_us else ''}{f'-sync{sync_every}' if sync_every else ''}"
+    out = raw / f"fio-{bs // 1024}k-qd{jobs}-{rw}{tag}-pass{p}.json"
     per_job = nbytes // jobs
     sh(
         [
@@ -244,6 +256,7 @@ def fio(work: Path, raw: Path, bs: int, jobs: int, rw: str, nbytes: int, p: int,
             f"--bs={bs}",
             f"--rw={rw}",
             *([f"--thinktime={think_us}", "--thinktime_blocks=1"] if think_us else []),
+            *([f"--fdatasync={sync_every}"] if sync_every else []),
             "--end_fsync=1",
             "--group_reporting",
             "--output-format=json",
@@ -491,6 +504,16 @@ def run_size(
                     "load": fio(work, raw, bs, jobs, "read", nbytes, p),
                 },
             )
+        keep(
+            FIO_SYNC_ROW,
+            {
+                "name": FIO_SYNC_ROW,
+                "role": "fio-sync",
+                "align": "-",
+                "status": "psync, sequential",
+                "store": fio(work, raw, bs, QD, "write", nbytes, p, sync_every=SLICE_KEYS),
+            },
+        )
         if FIO_THINK_US:
             name = f"fio O_DIRECT QD{QD}, {FIO_THINK_US} us idle after each read"
             keep(
@@ -650,6 +673,7 @@ def report(
         peers = [r for r in ok if r["role"] == "odirect"]
         best = {op: max(peers, key=lambda r: r[op]) if peers else {} for op in ("store", "load")}
         fio_row = next(r for r in rows if r["role"] == "fio")
+        fio_sync = next((r["store"] for r in rows if r["role"] == "fio-sync"), None)
         fs_native = {
             k: min((r[k] for r in ok if r["name"].startswith("fs_native") and r.get(k) is not None), default=None)
             for k in ("lookup_us", "native_lookup_us")
@@ -661,8 +685,10 @@ def report(
             "fs_native lookup: the faster of its two rows.",
             "",
             "| ADP row | store / best peer | load / best peer | store / fio QD4 | load / fio QD4 "
-            "| lookup / fs_native | same, connector only |" + (" load / memcpy |" if memcpy else ""),
-            "|---|---|---|---|---|---|---|" + ("---|" if memcpy else ""),
+            "| lookup / fs_native | same, connector only |"
+            + (" store / fio QD4 with ADP's syncs |" if fio_sync else "")
+            + (" load / memcpy |" if memcpy else ""),
+            "|---|---|---|---|---|---|---|" + ("---|" if fio_sync else "") + ("---|" if memcpy else ""),
         ]
         for r in ok:
             if r["role"] in ("adp", "diag"):
@@ -672,8 +698,16 @@ def report(
                     f"{ratio(r['load'], fio_row['load'], 0.9)} | "
                     f"{ratio(r['lookup_us'], fs_native['lookup_us'], 0.2, False)} | "
                     f"{ratio(r.get('native_lookup_us'), fs_native['native_lookup_us'], 0.2, False)} |"
+                    + (f" {ratio(r['store'], fio_sync, 0.9)} |" if fio_sync else "")
                     + (f" {ratio(r['load'], memcpy, 0.7)} |" if memcpy else "")
                 )
+        if fio_sync:
+            lines += [
+                "",
+                f"'store / fio QD4 with ADP's syncs': over the row '{FIO_SYNC_ROW}', fio at the durability of ADP's "
+                "stores (one fdatasync a slice of a batch, each acknowledged only when durable; fio QD4 syncs once, "
+                "at the end). Information beside the target, which stays 'store / fio QD4'.",
+            ]
         lines += pass_pairs(rows)
         embedded = next((r for r in ok if r["name"] == "ADP"), None)
         gateways = [r for r in ok if r["role"] in GATEWAY_ROLES]

@@ -5,6 +5,7 @@ another built package (--extra-adp LABEL=DIR) in the same run."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -112,7 +113,7 @@ def test_an_extra_row_runs_its_own_package_and_the_others_this_one(tmp_path, mon
         return {"status": "verified", "store": 100.0 + len(calls), "load": 50.0 + len(calls), "lookup_us": 1.0}
 
     formatted = []
-    monkeypatch.setattr(bench_l2, "fio", lambda *a: 10.0)
+    monkeypatch.setattr(bench_l2, "fio", lambda *a, **k: 10.0)
     monkeypatch.setattr(bench_l2, "lmcache_bench", fake_bench)
     monkeypatch.setattr(bench_l2, "native_lookup_us", lambda spec, n: 0.5)
     monkeypatch.setattr(bench_l2, "reset", lambda work, env=None: formatted.append(env and env["PYTHONPATH"]))
@@ -132,7 +133,45 @@ def test_an_extra_row_runs_its_own_package_and_the_others_this_one(tmp_path, mon
     assert [p["load"] for p in by_name["ADP old"]["passes"]] == [52.0, 55.0]
     assert by_name["ADP old"]["load"] == 55.0 and "native_lookup_us" not in by_name["ADP old"]
     assert by_name["ADP"]["native_lookup_us"] == 0.5
-    assert set(by_name) == {"fio O_DIRECT QD4", "fio O_DIRECT QD8", *only}
+    assert set(by_name) == {"fio O_DIRECT QD4", "fio O_DIRECT QD8", bench_l2.FIO_SYNC_ROW, *only}
+
+
+def test_fio_at_adps_durability_syncs_after_every_slice_and_adp_is_set_beside_it(tmp_path, monkeypatch):
+    """Each pass runs one more fio row: QD4 writes with an fdatasync after every 8 writes in each job (a batch of 32
+    keys cut into 4 slices, each acknowledged by ADP only once synced); fio QD4 itself syncs only at the end. The
+    ratio table sets each ADP row's store beside it, the target (store / fio QD4) unchanged: 85 MiB/s is 0.85x MISS
+    of fio QD4 (100) and 1.06x of fio with ADP's syncs (80)."""
+    fio_cmds = []
+
+    def fake_sh(cmd, log=None, env=None, cwd=None):
+        if cmd[0] == "fio":
+            fio_cmds.append(cmd)
+            rate = 80 if any(a.startswith("--fdatasync") for a in cmd) else 100
+            out = Path(next(a for a in cmd if a.startswith("--output=")).split("=", 1)[1])
+            mib = {"bw_bytes": rate * bench_l2.MiB}
+            out.write_text(json.dumps({"jobs": [{"write": mib, "read": mib}]}))
+        return 0
+
+    monkeypatch.setattr(bench_l2, "sh", fake_sh)
+    monkeypatch.setattr(bench_l2, "EXTRA", {})
+    bench = {"status": "verified", "store": 85.0, "load": 50.0, "lookup_us": 1.0}
+    monkeypatch.setattr(bench_l2, "lmcache_bench", lambda *a, **k: dict(bench))
+    monkeypatch.setattr(bench_l2, "native_lookup_us", lambda spec, n: 0.5)
+    monkeypatch.setattr(bench_l2, "reset", lambda work, env=None: True)
+    rows = bench_l2.run_size(tmp_path, tmp_path, 256 * 1024, 1 << 30, 4, "disk", passes=1, only=("ADP",))
+
+    synced = [c for c in fio_cmds if any(a.startswith("--fdatasync") for a in c)]
+    assert len(synced) == 1, fio_cmds
+    assert {"--fdatasync=8", "--numjobs=4", "--rw=write", "--bs=262144", "--direct=1"} <= set(synced[0])
+    name = "fio O_DIRECT QD4, fdatasync every 8 writes (ADP's syncs)"
+    by_name = {r["name"]: r for r in rows}
+    assert by_name[name]["store"] == 80 and by_name[name].get("load") is None
+    text = bench_l2.report({256 * 1024: rows}, "disk", tmp_path / "run-1", (0.5, 0.7), 60, passes=1)
+    assert f"| {name} | fio-sync | - | 80 | - |" in text
+    assert "| store / fio QD4 | load / fio QD4 | lookup / fs_native | same, connector only | store / fio QD4 with " \
+        "ADP's syncs |" in text  # fmt: skip
+    adp = next(line for line in text.splitlines() if line.startswith("| ADP | ") and "MISS" in line)
+    assert adp.split(" | ")[3:4] == ["0.85x MISS"] and adp.endswith("| 1.06x ok |"), adp
 
 
 def test_an_extra_rows_card_is_formatted_by_its_own_package(tmp_path, monkeypatch):
