@@ -63,7 +63,7 @@ LIMITS = [
     ("--max-tcp-clients", 64, "authenticated TCP connections (2 more for status queries, protocol r15)"),
     ("--max-handshakes", 16, "TCP connections not yet authenticated; more are refused at accept"),
     ("--handshake-timeout-ms", 2000, "time a new connection has to complete its Hello"),
-    ("--idle-timeout-s", 600, "a connection with no request for this long is closed (0: never)"),
+    ("--idle-timeout-s", 600, "a connection with no request begun for this long is closed (0: never)"),
     ("--max-ring-mb", 1024, "largest shared-memory ring one connection may map (a client's ring_mb)"),
     ("--max-ring-total-mb", 32768, "shared-memory rings of all connections together"),
     (

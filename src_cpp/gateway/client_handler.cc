@@ -104,8 +104,20 @@ void ClientHandler::refuse(const Status& why) {
   else
     ADP_WARN_LIMITED("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(),
                      log_safe(why.message()).c_str());
-  proto::send_error_frame(fd_, last_request_id_, why.message(), Clock::now() + std::chrono::milliseconds(200));
+  if (!torn())
+    proto::send_error_frame(fd_, last_request_id_, why.message(), Clock::now() + std::chrono::milliseconds(200));
   proto::finish_sending(fd_);
+}
+
+Status ClientHandler::send_frame(proto::FrameType type, uint64_t request_id, std::span<const uint8_t> body,
+                                 std::span<const iovec> payload) {
+  if (torn()) return torn_why_.ok() ? Status::Closed("a frame to the client was cut part-way") : torn_why_;
+  Status s = proto::write_frame(fd_, type, request_id, body, payload, proto::kFramePace, -1, nullptr, &frame_sent_);
+  if (s.ok())
+    frame_sent_ = 0;
+  else if (torn())
+    torn_why_ = s;
+  return s;
 }
 
 Status ClientHandler::handshake() {
@@ -264,7 +276,7 @@ Status ClientHandler::handshake() {
   }
   std::vector<uint8_t> body;
   proto::encode_hello_ok(ok, &body);
-  s = proto::write_frame(fd_, proto::FrameType::kHelloOk, frame.header.request_id, body, {}, proto::kFramePace);
+  s = send_frame(proto::FrameType::kHelloOk, frame.header.request_id, body);
   if (s.code() == Status::Code::kClosed) return gone_before_hello_ok();  // EPIPE, ECONNRESET
   if (!s.ok()) return s;
   const std::string how = status_query_ ? std::string("status query")
@@ -368,17 +380,29 @@ Status ClientHandler::serve() {
           release_frame_buffers(&frame, &table, &payload);
         }
       }
-      s = proto::read_frame(fd_, max_body, std::min(idle_by, reserve_by), &frame, segments_enabled_ ? 1 : 0);
+      // The idle limit is the wait for a next frame's first byte alone (session 32): a client whose frame began is
+      // sending, not idle, and its frame's pace governs the rest. Until then read_frame awaited the whole frame
+      // until the limit, so a frame that began before it and took longer than what was left of it (a large put on
+      // a slow link, 10 s + 1 s/MiB allowed; any request begun just before 600 s of quiet) was cut mid-frame and
+      // logged as idle.
+      s = proto::await_frame(fd_, std::min(idle_by, reserve_by));
       if (s.code() == Status::Code::kTimedOut) {
-        if (Clock::now() >= reserve_by && reserve_by < idle_by) {
+        if (reserve_by < idle_by) {
           reserve_closed_ = kReserveTimeUp;
           s = Status::Closed(reserve_closed_);
-          break;
-        }
-        if (Clock::now() >= idle_by) {
+        } else {
           // Closed quietly, as a restart would: the client reconnects on its next batch.
           ADP_INFO("gateway: client #%llu idle for %d s: closing the connection", ull(id_), idle_ms / 1000);
           s = Status::Closed("idle");
+        }
+        break;
+      }
+      // A status query on the reserve is held to its bound for the whole Stats frame, as a Hello to the handshake's.
+      if (s.ok()) s = proto::read_frame(fd_, max_body, reserve_by, &frame, segments_enabled_ ? 1 : 0);
+      if (s.code() == Status::Code::kTimedOut) {
+        if (Clock::now() >= reserve_by) {
+          reserve_closed_ = kReserveTimeUp;
+          s = Status::Closed(reserve_closed_);
           break;
         }
         // A frame behind its pace (proto::kFrameTimeout + its bytes at kFrameMinBytesPerSecond, session 31; a fixed
@@ -490,7 +514,8 @@ void ClientHandler::log_end(const Status& s) {
     peer_text(peer, sizeof peer);
     ADP_ERROR("gateway: client #%llu (%s): %s; closing the connection (the gateway serves the others)", ull(id_), peer,
               failure_);
-    proto::send_error_frame(fd_, last_request_id_, failure_, Clock::now() + std::chrono::milliseconds(200));
+    if (!torn())
+      proto::send_error_frame(fd_, last_request_id_, failure_, Clock::now() + std::chrono::milliseconds(200));
     proto::finish_sending(fd_);
   } else if (abandoned_) {
     ADP_INFO("gateway: client #%llu: the transfer stop() gave up on ended (%s); its thread ends", ull(id_),
@@ -562,8 +587,7 @@ Status ClientHandler::serve_batch(const proto::Frame& frame, std::vector<uint8_t
     (put ? shared_->batch_puts : shared_->batch_gets).fetch_add(1, std::memory_order_relaxed);
     (put ? shared_->batch_put_ns : shared_->batch_get_ns).fetch_add(ns, std::memory_order_relaxed);
   }
-  s = proto::write_frame(fd_, proto::FrameType::kBatchReply, frame.header.request_id, *table,
-                         {&iv, payload->empty() ? 0u : 1u}, proto::kFramePace);
+  s = send_frame(proto::FrameType::kBatchReply, frame.header.request_id, *table, {&iv, payload->empty() ? 0u : 1u});
   // A client asleep on the ticket then finds the reply on the socket.
   if (ring_progress_ && req.op == proto::Op::kGet) bump_ticket();
   answered_batch_ = s.ok() && put_or_get;
@@ -608,7 +632,7 @@ Status ClientHandler::serve_register_segment(proto::Frame* frame) {
   ADP_DEBUG("gateway: client #%llu registered segment %u (%llu MiB)", ull(id_), reg.id, ull(reg.bytes >> 20));
   // Its pages' page tables in the background, so its first loads need not (queued: this reply waits for nothing).
   if (shared_->segment_prefault) shared_->segment_prefault->add(*segments_[reg.id - 1]);
-  return proto::write_frame(fd_, proto::FrameType::kSegmentOk, frame->header.request_id, {}, {}, proto::kFramePace);
+  return send_frame(proto::FrameType::kSegmentOk, frame->header.request_id, {});
 }
 
 Status ClientHandler::serve_register_process(const proto::Frame& frame) {
@@ -642,7 +666,7 @@ Status ClientHandler::serve_register_process(const proto::Frame& frame) {
   }
   std::vector<uint8_t> body;
   proto::encode_process_ok(ok, &body);
-  return proto::write_frame(fd_, proto::FrameType::kProcessOk, frame.header.request_id, body, {}, proto::kFramePace);
+  return send_frame(proto::FrameType::kProcessOk, frame.header.request_id, body);
 }
 
 Status ClientHandler::serve_stats(const proto::Frame& frame) {
@@ -655,7 +679,7 @@ Status ClientHandler::serve_stats(const proto::Frame& frame) {
   asked_stats_ = true;  // its own reply counts it
   std::string json = stats_json(shared_->store->stats(), *shared_);
   std::vector<uint8_t> body(json.begin(), json.end());
-  return proto::write_frame(fd_, proto::FrameType::kStatsReply, frame.header.request_id, body, {}, proto::kFramePace);
+  return send_frame(proto::FrameType::kStatsReply, frame.header.request_id, body);
 }
 
 Status ClientHandler::payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const {

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -526,7 +527,18 @@ class ClientHandler {
   }
   // The memory a request's offsets refer to: the ring, or the inline payload.
   Status payload_area(const proto::BatchRequest& req, uint8_t** base, uint64_t* size) const;
+  // The connection's end for a rule it broke (or a frame that could not go): the WARNING and, unless a frame to the
+  // client was cut part-way (torn()), the Error frame.
   void refuse(const Status& why);
+  // Every frame to the client goes here, at its pace (proto::kFramePace). One cut part-way (behind its pace, a
+  // failed send, or an exception out of its write) leaves the connection inside it for good: every later call
+  // returns why (an Alive frame's cut, which bump_alive() goes on without, ends the batch's reply), and torn() holds.
+  Status send_frame(proto::FrameType type, uint64_t request_id, std::span<const uint8_t> body,
+                    std::span<const iovec> payload = {});
+  // Whether a frame to the client was cut part-way (session 32): the connection then ends without an Error frame,
+  // whose bytes would land inside the frame the client is reading (refuse() and log_end() sent one after the cut
+  // bytes: harmless, the client had lost the frame's bounds, but a protocol never sends a frame into another).
+  bool torn() const { return frame_sent_ != 0; }
   std::string peer() const;
   // peer() in `out` (cut to fit), allocating nothing: the failed connection's ERROR line (session 30).
   void peer_text(char* out, size_t size) const noexcept;
@@ -662,6 +674,10 @@ class ClientHandler {
   // request, or at its end unless it hung up (then it was gone before its HelloOk).
   std::string held_connected_line_;
   std::string peer_;  // peer(), read before the HelloOk goes out (a TCP socket reset in answer to it has none)
+  // Bytes of the frame send_frame() is writing, kept up by write_frame as they go; 0 again once it went whole, so
+  // not 0 after a frame cut part-way (torn()).
+  uint64_t frame_sent_ = 0;
+  Status torn_why_;  // that frame's cut, what every later send_frame() returns
   uint64_t last_request_id_ = 0;
   uint64_t served_ = 0;
   bool asked_stats_ = false;     // a Stats request came (a status query is counted in status_queries at the first)

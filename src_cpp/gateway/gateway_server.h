@@ -67,7 +67,7 @@ struct GatewayOptions {
   int max_tcp_clients = 64;                     // authenticated TCP connections
   int max_handshakes = 16;                      // TCP connections not yet authenticated
   int handshake_timeout_ms = 2000;              // Hello must arrive within this
-  int idle_timeout_ms = 600000;                 // a connection with no request this long is closed
+  int idle_timeout_ms = 600000;                 // a connection with no request begun this long is closed
   uint64_t max_ring_bytes = 1ull << 30;         // one connection's ring
   uint64_t max_ring_total_bytes = 32ull << 30;  // the rings of all connections together
   // r5 stores: one connection's buffer for objects read from its client's

@@ -73,13 +73,14 @@ void ClientHandler::bump_alive() {
     // r8 (TCP): a 24-byte frame, at most one per kAliveFrameEvery, and only
     // while the socket takes it at once: a client that does not read never
     // holds this thread (or the I/O context it may hold) on a sign of life.
-    // A write that fails leaves the connection to fail at the reply.
+    // A write that fails leaves the connection to fail at the reply (one cut part-way: send_frame() then returns
+    // its cut, and nothing more goes).
     const auto now = Clock::now();
     if (now - alive_sent_at_ < proto::kAliveFrameEvery) return;
     alive_sent_at_ = now;
     pollfd p{fd_, POLLOUT, 0};
     if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT))
-      (void)proto::write_frame(fd_, proto::FrameType::kAlive, alive_request_id_, {}, {}, proto::kFramePace);
+      (void)send_frame(proto::FrameType::kAlive, alive_request_id_, {});
     return;
   }
   // r7: a relaxed add costing nothing next to the item it follows; the

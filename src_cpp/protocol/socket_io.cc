@@ -247,7 +247,8 @@ Status listen_endpoint(Endpoint* ep, int backlog, int* fd, const ListenHooks& ho
 }
 
 Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
-                   std::span<const iovec> payload, Deadline deadline, int pass_fd, std::atomic<int64_t>* moved_ns) {
+                   std::span<const iovec> payload, Deadline deadline, int pass_fd, std::atomic<int64_t>* moved_ns,
+                   uint64_t* sent_out) {
   size_t body = table.size();
   for (const iovec& v : payload) body += v.iov_len;
   FrameHeader h = make_header(type, request_id, body);
@@ -264,6 +265,7 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
   const Deadline start = Clock::now();
   const uint64_t total = sizeof h + body;
   uint64_t sent = 0;
+  if (sent_out) *sent_out = 0;
   const auto due = [&] { return paced ? frame_pace_by(start, sent) : deadline; };
   const auto cut = [&] {
     if (!paced) return Status::TimedOut("deadline passed while sending");
@@ -300,6 +302,7 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
     }
     pass_fd = -1;  // delivered with the first byte
     sent += static_cast<uint64_t>(n);
+    if (sent_out) *sent_out = sent;
     note_moved(moved_ns);
     size_t done = static_cast<size_t>(n);
     while (next < iov.size() && done >= iov[next].iov_len) done -= iov[next++].iov_len;
@@ -404,6 +407,16 @@ Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* fram
     return first_byte_by == kNoDeadline ? Status::InvalidArgument(why) : Status::TimedOut(why);
   }
   return s;
+}
+
+Status await_frame(int fd, Deadline by) {
+  for (;;) {  // polled once even with `by` passed: a byte already there is a frame begun, as read_frame reads it
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, poll_ms(by));
+    if (r > 0) return Status::Ok();  // a byte, the end or an error: read_frame tells which
+    if (r < 0 && errno != EINTR) return Status::IoError("poll: " + errno_text(errno));
+    if (r == 0 && by != kNoDeadline && Clock::now() >= by) return Status::TimedOut("no frame began in time");
+  }
 }
 
 void close_fds(std::vector<int>* fds) {

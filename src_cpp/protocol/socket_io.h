@@ -119,9 +119,15 @@ struct Frame {
 // (Clock) whenever bytes of the frame move, so a reader of it (a connector's
 // stall check, gateway_stall_s) sees a peer that is sending or taking a
 // long frame on a slow link as alive, not only once the whole frame moved.
+//
+// sent (null: none): the bytes of this frame the socket took, kept up as they
+// go (session 32). Above 0 after a failure (or an exception out of this
+// call), the connection is inside this frame for good: nothing more may be
+// written on it, an Error frame included, whose bytes would land inside the
+// frame the peer is reading.
 Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const uint8_t> table,
                    std::span<const iovec> payload, Deadline deadline, int pass_fd = -1,
-                   std::atomic<int64_t>* moved_ns = nullptr);
+                   std::atomic<int64_t>* moved_ns = nullptr, uint64_t* sent = nullptr);
 
 // Receives one frame whose body is at most max_body bytes (checked before
 // the body is allocated). The first byte is awaited until first_byte_by; the
@@ -133,6 +139,13 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
 // max_fds; any beyond that are closed and the frame is refused).
 Status read_frame(int fd, uint32_t max_body, Deadline first_byte_by, Frame* frame, size_t max_fds = 0,
                   std::atomic<int64_t>* moved_ns = nullptr);
+
+// Waits until `by` for a next frame's first byte, or the peer's end or an error (read_frame then says which): Ok
+// when there is something to read, TimedOut when `by` passed with nothing (session 32). The gateway's idle limit
+// between requests (--idle-timeout-s) is this wait alone: a peer whose frame began is sending, not idle, and only
+// read_frame's pace governs the rest of its frame. (Given the limit as its first_byte_by, read_frame held the
+// whole frame to it: a request begun shortly before the limit was cut mid-frame, logged as idle.)
+Status await_frame(int fd, Deadline by);
 
 void close_fds(std::vector<int>* fds);
 
