@@ -163,6 +163,42 @@ def test_a_stopped_gateway_is_stalled_until_it_answers(workdir, transport):
         assert gw.stop() == 0
 
 
+def test_a_stopped_gateway_is_stalled_though_another_worker_sends_a_request(workdir):
+    """Review 32 P1: a request frame written into the socket is no sign of the gateway's life. The gateway stopped
+    (SIGSTOP), worker A's load waits; 1.5 s later worker B sends a load too: its frame goes whole into the kernel's
+    socket buffer, which nobody reads. The connector must read stalled gateway_stall_s (2 s) after A's wait began,
+    not after B's write. Red on main 6ad33bc (9820f54 counts the bytes write_frame moves as heard): not stalled
+    at 2.7 s (stalled only from about 3.5 s)."""
+    stall_s = 2.0
+    gw = Gateway(workdir).start()
+    conn = ADPConnector(gateway=gw.unix_url, num_workers=2, timeout_ms=15000, gateway_stall_s=stall_s)
+    try:
+        c = RawConnector(conn)
+        keys = ["a@0", "b@0"]
+        datas = [payload(k, 1 << 16) for k in keys]
+        assert c.set(keys, [memoryview(d) for d in datas])[0]
+        connect_workers(conn, gw, 2)
+        gw.pause()
+        outs = [bytearray(len(d)) for d in datas]
+        t0 = time.monotonic()
+        fa = conn.submit_batch_get(["a@0"], [memoryview(outs[0])])
+        time.sleep(1.5)  # the gap under test: B's write comes this long after A's wait began
+        fb = conn.submit_batch_get(["b@0"], [memoryview(outs[1])])
+        seen = []
+        while time.monotonic() - t0 < stall_s + 0.7:
+            seen.append((round(time.monotonic() - t0, 2), conn.stats()["gateway_stalled"]))
+            time.sleep(0.05)
+        seen.append((round(time.monotonic() - t0, 2), conn.stats()["gateway_stalled"]))
+        gw.resume()
+        ra, rb = c.wait(fa, timeout=10), c.wait(fb, timeout=10)
+        assert ra[0] and rb[0] and [bytes(o) for o in outs] == datas, (ra, rb)
+        assert seen[-1][1] is True, str(seen)
+    finally:
+        conn.close()
+        gw.resume()
+        assert gw.stop() == 0
+
+
 def test_a_load_given_up_on_a_stopped_gateway_keeps_it_stalled(workdir):
     """The load fails by its deadline (nothing hangs); the stall outlives the dropped connection until the
     gateway is heard from again (here: the next store's new connection, after SIGCONT)."""
@@ -713,7 +749,7 @@ def test_a_gateway_wedged_in_card_io_is_stalled():
             seen.append(w.sample())
             time.sleep(0.05)
         seen.append(w.sample())
-        assert seen[-1][1] is True, seen
+        assert seen[-1][1] is True, str(seen)
         w.finish()
     finally:
         w.close()
