@@ -277,6 +277,14 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
 
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   size_t next = 0;
+  // moved_ns: only bytes the socket takes after it had to be waited on (session 32, review32 P1). What sendmsg
+  // takes at once went into this host's socket buffer: nothing on the peer's side had to run, so a request frame
+  // written whole to a stopped gateway read as the gateway heard from, and (the connector's stall check takes the
+  // latest over its connections) one worker's new request hid another's wait on a stopped gateway. Room that came
+  // back after the socket was full was made by the peer taking bytes (a Unix socket's: the peer read them; TCP:
+  // the peer's host acked them into its receive buffer, which a stopped peer fills within that buffer at the
+  // link's rate), so a long frame on a slow link still counts as it goes.
+  bool waited = false;
   while (next < iov.size()) {
     msghdr msg{};
     msg.msg_iov = iov.data() + next;
@@ -296,6 +304,7 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
       if (errno == EAGAIN) {
         Status s = wait_ready(fd, POLLOUT, due());
         if (!s.ok()) return paced && s.code() == Status::Code::kTimedOut ? cut() : s;
+        waited = true;
         continue;
       }
       return Status::Closed("send failed: " + errno_text(errno));
@@ -303,7 +312,8 @@ Status write_frame(int fd, FrameType type, uint64_t request_id, std::span<const 
     pass_fd = -1;  // delivered with the first byte
     sent += static_cast<uint64_t>(n);
     if (sent_out) *sent_out = sent;
-    note_moved(moved_ns);
+    if (waited) note_moved(moved_ns);
+    waited = false;
     size_t done = static_cast<size_t>(n);
     while (next < iov.size() && done >= iov[next].iov_len) done -= iov[next++].iov_len;
     if (next < iov.size()) {

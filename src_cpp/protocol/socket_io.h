@@ -34,8 +34,13 @@ constexpr Deadline kNoDeadline = Deadline::max();
 // thread), and the line keeps that: a peer that stops after its first byte is cut after kFrameTimeout (plus its
 // bytes so far at the rate: it is cut no later than 10 s + 1 s per MiB it sent), a trickling one as soon as it
 // falls behind, and a frame's whole transfer is bounded by kFrameTimeout + its size at the rate (the largest a TCP
-// connection takes, kMaxTableBytes + 64 MiB, about 78 s; a Hello, 4 KiB, within the handshake timeout anyway). A
-// peer must send at the rate, on average, to hold a thread: holding the 64 TCP client threads costs 64 MiB/s.
+// connection takes, kMaxTableBytes + 64 MiB, about 78 s; a Hello, 4 KiB, within the handshake timeout anyway).
+// The line bounds a frame, not a connection: it starts again at each frame's first byte, and between frames the
+// gateway waits for a next frame's first byte until --idle-timeout-s (600 s by default). So it does not make
+// holding a thread dear: a token holder keeps a connection's thread with one small frame per idle period (a
+// 24-byte Stats, sent whole or trickled over about 10 s): the 64 TCP client threads for 64 such frames (1.5 KiB)
+// per 10 min, or about 150 B/s to keep all 64 inside trickled frames. What bounds that is --max-tcp-clients and
+// the token, not the pace (review32 D1; the 10 s per frame before session 31 had the same shape).
 // No bound on each gap between bytes: TCP over a busy link delivers in bursts (a retransmission's timeout backs
 // off to seconds), and a peer ahead of the line earned the time it waits; the line bounds the waits anyway.
 //
@@ -116,9 +121,15 @@ struct Frame {
 // TimedOut says how far it got.
 //
 // moved_ns (both calls; null: none): set to the steady clock's time in ns
-// (Clock) whenever bytes of the frame move, so a reader of it (a connector's
-// stall check, gateway_stall_s) sees a peer that is sending or taking a
-// long frame on a slow link as alive, not only once the whole frame moved.
+// (Clock) whenever the peer demonstrably moved bytes of the frame, so a
+// reader of it (a connector's stall check, gateway_stall_s) sees a peer that
+// is sending or taking a long frame on a slow link as alive, not only once
+// the whole frame moved. read_frame: whenever bytes come. write_frame: only
+// when the socket takes bytes after it was full and had to be waited on (the
+// peer took some to make room); never for what it takes at once, which went
+// into this host's socket buffer whether the peer runs or not (session 32,
+// review32 P1: a request written whole to a stopped gateway read as the
+// gateway heard from).
 //
 // sent (null: none): the bytes of this frame the socket took, kept up as they
 // go (session 32). Above 0 after a failure (or an exception out of this

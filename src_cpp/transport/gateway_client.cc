@@ -64,7 +64,10 @@ Status GatewayClient::write(proto::FrameType type, std::span<const iovec> payloa
                             int pass_fd) {
   begin_wait();
   // Bytes the gateway takes are a sign of life (heard_ns_): a put of a large object over a slow TCP link (12 s for
-  // 24 MiB at 2 MiB/s) read as a stalled gateway after gateway_stall_s (session 31).
+  // 24 MiB at 2 MiB/s) read as a stalled gateway after gateway_stall_s (session 31). Only bytes taken after the
+  // socket was full count (write_frame's moved_ns): a request that goes whole into the socket buffer is no sign of
+  // life, and counted as one it hid a stopped gateway from every connection's wait (heard_locked() is the latest
+  // over them all; session 32, review32 P1).
   Status s = proto::write_frame(fd_, type, ++request_id_, table_, payload, deadline, pass_fd, &heard_ns_);
   unsent_ = closed_unanswered_ = s.code() == Status::Code::kClosed;
   answered_ = false;
