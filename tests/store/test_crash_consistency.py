@@ -137,6 +137,16 @@ def test_a_store_whose_record_a_failed_sync_lost_is_not_acknowledged(tmp_path):
         assert f"lost_sync_commit_test: {said} after the reopen" in output, output[-3000:]
 
 
+def test_a_write_a_failed_sync_may_have_lost_is_not_acknowledged(tmp_path):
+    # Review 32 S1 (tests/cpp/late_flush_commit_test.cc): a region header that reached the device while a failed
+    # sync's round ran (before its device flush), or before it began but counted after, is lost with it; the store
+    # written under that region must not be acknowledged. Red on main 6ad33bc: both "A was acknowledged and is lost".
+    output = cpp.run(cpp.build("late_flush_commit_test", tmp_path))
+    for scenario in ("written during the failed flush", "completed before the failed flush, counted after"):
+        said = re.search(rf"late_flush_commit_test: {scenario}: A (.*) after the reopen", output)
+        assert said and (said[1].startswith("failed") or said[1] == "acknowledged (ok), back"), output[-3000:]
+
+
 @pytest.mark.slow
 def test_crash_consistency_concurrent_writers_every_seed(tmp_path):
     output = run_crash_program("card_crash_mt_test", tmp_path, "all")  # seeds 1 and 3 in one process, 2 and 4
