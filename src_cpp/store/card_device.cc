@@ -409,6 +409,7 @@ Status CardDevice::writev(uint64_t offset, const iovec* iov, int count) const {
   if (read_only_)
     return Status::InvalidArgument("card " + path_ +
                                    " is open read-only (status, verify without --repair): nothing is written to it");
+  group_sync_.issue();  // a failed sync from now on may lose it (before the syscall: util/group_sync.h)
   Status s = track(transfer(true, offset, iov, count));
   group_sync_.wrote();  // a sync from now on covers it
   return s;

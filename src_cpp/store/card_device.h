@@ -151,7 +151,7 @@ class CardDevice : public Device {
   // Makes completed writes durable against power loss (fdatasync). Callers
   // share fdatasyncs (group commit, util/group_sync.h): each is answered by
   // one that began after every write completed before its call, and fails
-  // where a failed one may have lost a write completed after `since`.
+  // where a failed one may have lost a write issued after `since`.
   Status sync(uint64_t since) const override;
   uint64_t write_mark() const override { return group_sync_.mark(); }
   bool lost_after(uint64_t since) const override { return group_sync_.lost_after(since); }

@@ -196,10 +196,11 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   if (next_seq_ > kMaxIndexSeq)
     return Status::NoSpace("card " + path() + ": its store sequence numbers are spent (over 2^46); reformat it");
   uint32_t f;
-  // A failed sync since the frontier region was opened may have lost a write
-  // in it for good (a record, a pad: a hole that recovery's walk stops at),
-  // and its stores are failed for it (their sync is given its open_mark):
-  // the frontier moves on, as past a pad that could not be written.
+  // A failed sync that returned after a write issued from the frontier
+  // region's open_mark on may have lost it for good (its header, a record, a
+  // pad: a hole that recovery's walk stops at; util/group_sync.h), and its
+  // stores are failed for it (their sync is given its open_mark): the
+  // frontier moves on, as past a pad that could not be written.
   if (frontier_ >= 0 && device_->lost_after(regions_[frontier_].open_mark))
     regions_[frontier_].write_offset = region_bytes_;
   if (frontier_ < 0 || regions_[frontier_].write_offset >= region_bytes_) {

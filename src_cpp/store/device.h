@@ -52,16 +52,17 @@ class Device {
   // Thread-safe; offsets, lengths and memory 4 KiB-aligned.
   virtual Status readv(uint64_t offset, const iovec* iov, int count) const = 0;
   virtual Status writev(uint64_t offset, const iovec* iov, int count) const = 0;
-  // The device's count of completed writes: noted before a caller's first
-  // write, or before the first write its own depends on, and passed to
-  // sync() (util/group_sync.h).
+  // The device's count of issued writes (counted before each write's
+  // syscall): noted before a caller's first write, or before the first write
+  // its own depends on, and passed to sync() (util/group_sync.h).
   virtual uint64_t write_mark() const = 0;
   // Makes completed writes durable against power loss. Fails too where a
-  // failed sync may have lost a write completed after `since` (write_mark()):
-  // a failed sync may lose the writes it was for for good, and a later one
-  // that succeeds does not bring them back (docs/card_format.md, Writing).
+  // failed sync may have lost a write issued after `since` (write_mark()):
+  // a failed sync may lose for good every write issued before it returned,
+  // and a later one that succeeds does not bring them back
+  // (docs/card_format.md, Writing).
   virtual Status sync(uint64_t since) const = 0;
-  // True when a failed sync may have lost a write completed after `since`
+  // True when a failed sync may have lost a write issued after `since`
   // (write_mark()): one atomic load.
   virtual bool lost_after(uint64_t since) const = 0;
   // False while the card fails I/O (CardDevice: util/failing_hold.h).

@@ -34,10 +34,11 @@ class RegionManager {
     // marked (a pad write failed): recovery's walk of the region stops
     // there, so no store behind it may be acknowledged.
     uint64_t broken_at = UINT64_MAX;
-    // The device's count of completed writes (Device::write_mark) before
+    // The device's count of issued writes (Device::write_mark) before
     // this region's header was written under its epoch (0 for one the open
     // found): every write a record here depends on came after it. A failed
-    // sync that began after it may have lost one of them (a record in front,
+    // sync that returned after one of them was issued may have lost it (the
+    // header, a record in front,
     // a pad): no store here is acknowledged then (its sync is given this
     // mark), and the frontier leaves it (CardStore::reserve).
     uint64_t open_mark = 0;

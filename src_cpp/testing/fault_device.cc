@@ -90,28 +90,18 @@ void FaultDevice::drop_unsynced_locked() const {
 }
 
 Status FaultDevice::writev(uint64_t offset, const iovec* iov, int count) const {
-  uint64_t index = UINT64_MAX;
-  Status s = write_once(offset, iov, count, &index);
-  // Counted under mu_, each write's place in the count noted with it: a flush's covers then names exactly the
-  // writes it began after (a failed one loses those, lose_failed_sync_writes).
-  std::lock_guard<std::mutex> l(mu_);
+  group_sync_.issue();  // as CardDevice: counted before the write, so a failed sync's lost_ includes it
+  Status s = write_once(offset, iov, count);
   group_sync_.wrote();  // a sync from now on covers it
-  const uint64_t done = group_sync_.mark();
-  for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it)
-    if (it->index == index) {
-      it->completed = done;
-      break;
-    }
   return s;
 }
 
-Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count, uint64_t* written) const {
+Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) const {
   std::unique_lock<std::mutex> l(mu_);
   uint64_t n = total_bytes(iov, count);
   if (!aligned(offset, iov, count)) return Status::InvalidArgument("unaligned write (O_DIRECT would refuse it)");
   if (offset + n > image_->data.size()) return Status::IoError("write past the end of " + name_);
   uint64_t index = writes_++;
-  *written = index;
   if (observer_) observer_(index, offset, n);
   auto failed = [&](const char* why) {
     healthy_ = false;
@@ -147,11 +137,6 @@ Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count, uin
 Status FaultDevice::sync(uint64_t since) const {
   return group_sync_.sync(
       [this] {
-        {
-          const uint64_t covers = group_sync_.running_covers();
-          std::lock_guard<std::mutex> l(mu_);
-          for (Undo& u : unsynced_) u.at_flush = u.completed != 0 && u.completed <= covers;
-        }
         flushing();
         std::lock_guard<std::mutex> l(mu_);
         if (dead_) {
@@ -159,9 +144,11 @@ Status FaultDevice::sync(uint64_t since) const {
           return Status::IoError("sync of " + name_ + " failed: power cut");
         }
         if (sync_calls_++ == fail_sync_n_) {
+          // The device lost its cache: every write it took and no sync made durable, those completed before
+          // this flush began (counted or not yet) and those done while it ran (util/group_sync.h).
           if (lose_failed_)
             for (Undo& u : unsynced_)
-              if (u.state == 0 && u.at_flush) u.state = 2;
+              if (u.state == 0) u.state = 2;
           return Status::IoError("sync of " + name_ + " failed: injected");
         }
         syncs_++;

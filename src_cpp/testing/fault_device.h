@@ -60,10 +60,12 @@ class FaultDevice : public Device {
   // writes it should have made durable stay unsynced (a later sync makes
   // them durable, a power cut before it undoes them).
   void fail_sync(uint64_t n);
-  // From now on a failed sync loses the writes it was for, for good: those completed (writev returned) when it
-  // began never reach the media, whatever sync follows (a device whose failed cache flush lost them; a kernel
-  // that dropped the dirty pages). Later writes over the same bytes and later syncs are kept as usual. Not set,
-  // a failed sync's writes stay unsynced and the next sync makes them durable.
+  // From now on a failed sync loses, for good, every write the device took before it failed that no successful
+  // sync had made durable: those completed when it began, and those applied while it ran (before its flush()
+  // hook and during it) or applied before it began but not yet counted as completed: they sat in the cache the
+  // failed flush lost (a device whose cache flush failed, a device reset; a kernel that dropped the dirty pages).
+  // They never reach the media, whatever sync follows. Later writes over the same bytes and later syncs are kept as
+  // usual. Not set, a failed sync's writes stay unsynced and the next sync makes them durable.
   void lose_failed_sync_writes();
   // The n-th write blocks (before it touches the image) until a power cut,
   // which it then fails, or until release_held_write(): a store stuck in
@@ -126,14 +128,12 @@ class FaultDevice : public Device {
   struct Undo {
     uint64_t offset, index;
     std::vector<uint8_t> old, data;  // the bytes before the write, and those written
-    uint64_t completed = 0;          // its place in the count of completed writes (GroupSync::mark()); 0: not yet
-    bool at_flush = false;           // completed when the flush running now began (within its covers)
     int state = 0;                   // 0 unsynced; lose_failed_sync_writes: 1 synced, kept in the list behind
                                      // a lost one (undone and redone at a cut), 2 lost
   };
   // The power cut: undoes the unsynced writes, then redoes the ones kept.
   void drop_unsynced_locked() const;
-  Status write_once(uint64_t offset, const iovec* iov, int count, uint64_t* index) const;  // writev, before wrote()
+  Status write_once(uint64_t offset, const iovec* iov, int count) const;  // writev, between issue() and wrote()
   bool overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t off, uint64_t n) const;
   void apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const;
 

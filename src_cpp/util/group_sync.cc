@@ -25,9 +25,12 @@ Status GroupSync::sync(const Flush& flush, uint64_t since, uint64_t* number) {
       l.unlock();
       Status s = flush();
       l.lock();
-      // Flushes run one at a time and their covers grow: the latest failed
-      // one's is the largest.
-      if (!s.ok()) lost_.store(mine->covers, std::memory_order_release);
+      // It may have dropped every write the device took before it returned:
+      // those issued so far (issue() precedes the syscall, so a write that
+      // completed during the flush, or before it began but is not counted as
+      // completed yet, is among them). Flushes run one at a time and the
+      // count grows: the latest failed one's is the largest.
+      if (!s.ok()) lost_.store(issued_.load(std::memory_order_acquire), std::memory_order_release);
       mine->status = std::move(s);
       mine->done = true;
       running_.reset();
@@ -48,11 +51,6 @@ Status GroupSync::sync(const Flush& flush, uint64_t since, uint64_t* number) {
 uint64_t GroupSync::flushes() const {
   std::lock_guard<std::mutex> l(mu_);
   return started_;
-}
-
-uint64_t GroupSync::running_covers() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return running_ ? running_->covers : 0;
 }
 
 int GroupSync::waiting() const {

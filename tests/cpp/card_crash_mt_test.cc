@@ -84,7 +84,8 @@
 // unsynced writes (with `all` and `repeat=R`: how session 30's loss, 1 in
 // ~7,000 such runs, was caught with a report); `sync-fail` only the three
 // sync faults (`point=K`: sync K); `sync-lost` only the third: a failed sync
-// that loses the writes completed when it began, for good
+// that loses, for good, every write the device took before it failed
+// (completed when it began, or while it ran: session 32)
 // (FaultDevice::lose_failed_sync_writes: a failed cache flush, a kernel
 // dropping the dirty pages, the model util/group_sync.h names), then a power
 // cut. Until session 31 a store whose record completed before the failed

@@ -18,8 +18,10 @@
 // next round succeeds and, the header's mark not being below F's covers, answers the header's sync Ok. A is written
 // under that region and acknowledged; after a power cut the region header is not on the card: A is lost.
 // Expected: A failed (or back after the reopen). Red on main 6ad33bc: both "A was acknowledged and is lost".
-// With lost_ taken from written_ when the failed flush returns: S1a green, S1b still red. With a count of writes
-// issued (before the syscall) for marks and lost_: both green (tried locally, not in this branch).
+// With lost_ taken from written_ when the failed flush returns: S1a green, S1b still red. Fixed in session 32
+// (syncfix32): a count of writes issued (GroupSync::issue(), before the syscall) for marks and lost_, lost_ noted
+// when the failed flush returns: both green. LateFlush::writev counts as CardDevice::writev does (issue(), the
+// write, wrote()); on main, where GroupSync has no issue(), that line is left out.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -54,6 +56,7 @@ class LateFlush : public adp::Device {
   uint64_t size() const override { return in_->size(); }
   Status readv(uint64_t offset, const iovec* iov, int count) const override { return in_->readv(offset, iov, count); }
   Status writev(uint64_t offset, const iovec* iov, int count) const override {
+    gs_.issue();                                 // as CardDevice::writev (session 32): counted before the syscall
     Status s = in_->writev(offset, iov, count);  // done: on the device (its cache), as pwritev returned
     // Between the write's return and its count (CardDevice::writev: track(transfer(...)), then wrote()): a thread
     // preempted there.

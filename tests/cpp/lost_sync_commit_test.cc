@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// A failed sync that loses for good the writes completed when it began (FaultDevice::lose_failed_sync_writes: a
-// failed cache flush, dirty pages the kernel dropped) must leave no store acknowledged whose recovery needs one of
+// A failed sync that loses for good the writes the device took before it failed (FaultDevice::lose_failed_sync_writes:
+// a failed cache flush, dirty pages the kernel dropped) must leave no store acknowledged whose recovery needs one of
 // them (util/group_sync.h; docs/card_format.md, Writing). On one region:
 //   - store A writes its record and is held before its sync (as a store waiting for the stores in front of it);
 //   - store C, reserved behind A, has its record's write held (not yet done);

@@ -76,6 +76,15 @@ def test_lost_sync_commit_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_late_flush_commit_under_sanitizer(mode, tmp_path):
+    """A region header a failed sync may have lost, written while its round ran or counted after it failed
+    (tests/cpp/late_flush_commit_test.cc): the held round, a held write count and a held sync call on three
+    threads."""
+    cpp.run(cpp.build("late_flush_commit_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""

@@ -36,7 +36,7 @@ thread saw acknowledged and what was in flight at the cut, and every load during
 threads here; four threads, seeds 1-4 and a cut keeping some unsynced writes too in the slow test); and each sync
 run of the run failed in turn (a grouped sync failing several threads' steps at once), the threads going on to the
 end, then a power cut losing every unsynced write or keeping some, or (session 31) the failed sync losing for good
-the writes completed when it began, then a power cut.
+the writes the device took before it failed (session 32: those completed while it ran too), then a power cut.
 
 tests/cpp/lost_sync_commit_test.cc: a store whose record a failed sync lost for good, and one behind it in its region,
 are not acknowledged though a later sync that succeeded answered them; a store after them is placed past the hole.
