@@ -382,7 +382,9 @@ CLIENT_STATS: tuple[Stat, ...] = (
         C,
         "1 once a request has waited gateway_stall_s (adapter_params, 5 s by default) with nothing heard from "
         "the gateway on any of the connector's connections since it was sent (a hung or stopped gateway: the "
-        "connection is open but silent), until the gateway is next heard from (a reply, a published piece, a "
+        "connection is open but silent), until the gateway is next heard from (a reply, its bytes as they come, a "
+        "request's bytes the socket takes once it was full (none that a socket buffer takes at once: those say "
+        "nothing of the gateway, session 32), a published piece, a "
         "new connection's handshake, or, on a ring with a control page, the gateway's alive word moving, over "
         "TCP an alive frame (r8): both come per item or chunk finished and while a request waits for an I/O "
         "context or store-buffer room with what it waits for moving meanwhile (a context given back or card "
