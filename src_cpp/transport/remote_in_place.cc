@@ -294,10 +294,12 @@ std::shared_ptr<SegmentFile> RemoteBackend::open_file(dev_t dev, ino_t ino) cons
 SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len, MapQuery& maps) {
   if (!maps.supported()) return find_segment_by_scan(p, len);
   const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  bool unseen = false;  // no cached mapping holds p: a mapping new since the last look-ups
   {
     std::lock_guard<std::mutex> l(seg_mu_);
     auto it = cached_range(lo);
     if (it != ranges_.end() && (it->second.file || maps.asked(lo))) return span_in(it, lo, len);
+    unseen = it == ranges_.end();
   }
   ProcmapQuery q;
   if (!maps.find(p, &q)) return {};  // no mapping holds p (the caller's buffer: not seen)
@@ -339,6 +341,22 @@ SegmentSpan RemoteBackend::find_segment(const uint8_t* p, size_t len, MapQuery& 
   // about: at most kMaxCachedRanges, then those of no file go (a file's are
   // kept for its SegmentFile).
   if (ranges_.size() >= kMaxCachedRanges) std::erase_if(ranges_, [](const auto& e) { return !e.second.file; });
+  // A file only this cache holds (found, never registered on a connection, or
+  // its registration gone with the connection) whose mapping is gone is
+  // closed (review32b F2: its tmpfs pages would stay allocated while the
+  // unlinked file is open). Asked of the kernel at an address no cached
+  // mapping held (a new mapping: rare on the steady path, where LMCache's
+  // buffers stay put), one ioctl per such file; a file also held elsewhere
+  // (a registration, a batch's span) is kept.
+  if (unseen)
+    std::erase_if(ranges_, [&](const auto& e) {
+      const MappedRange& m = e.second;
+      if (!m.file || m.file.use_count() != 1) return false;
+      ProcmapQuery now;
+      return !maps.find(reinterpret_cast<const uint8_t*>(e.first), &now) || now.vma_start != e.first ||
+             now.inode != m.file->ino || makedev(now.dev_major, now.dev_minor) != m.file->dev ||
+             now.vma_offset != m.file_offset;
+    });
   it =
       ranges_.emplace(static_cast<uintptr_t>(q.vma_start), MappedRange{q.vma_end, q.vma_offset, std::move(file)}).first;
   return span_in(it, lo, len);

@@ -157,3 +157,43 @@ def test_a_mapping_at_an_offset_is_found_at_its_file_offset(stored, lookup):
         libc.munmap(addr, N * SIZE)
         os.close(fd)
         os.unlink(path)
+
+
+def held_open(path: str) -> bool:
+    """Whether this process holds an fd of the unlinked file that was `path`."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == f"{path} (deleted)":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_a_file_no_longer_mapped_nor_registered_is_not_held_open(gateway, lookup):
+    """Review 32b F2: a /dev/shm file found by find_segment but never registered (its batch mixed it with anonymous
+    memory: the ring, process memory off), then unmapped and unlinked, must not stay open in the connector (its
+    tmpfs pages would stay allocated). The read of the whole maps file drops it at its next read (an address no
+    cached mapping holds); the PROCMAP_QUERY path keeps it until a lookup overlaps its old range. Red there on
+    5847c9f: the connector still holds an fd of the deleted file."""
+    keys = ["held@0", "held@1"]
+    c = RawConnector(ADPConnector(gateway=gateway.unix_url, num_workers=1, timeout_ms=10000, process_memory=False))
+    path, fd = shm_file(SIZE, "held")
+    faddr = map_at(None, SIZE, fd)
+    aaddr = map_at(None, SIZE)
+    baddr = 0
+    try:
+        assert c.set(keys, [memoryview(payload(k, SIZE)) for k in keys])[0]
+        assert load(gateway, c, keys, [views(faddr, 1)[0], views(aaddr, 1)[0]]) == 0  # mixed: the ring
+        # Mapped after that lookup (no cached mapping holds it) and before the file's unmap (not at its address).
+        baddr = map_at(None, SIZE)
+        libc.munmap(faddr, SIZE)
+        os.close(fd)
+        os.unlink(path)
+        assert load(gateway, c, keys[:1], [views(baddr, 1)[0]]) == 0  # an address no cached mapping holds
+        assert not held_open(path), "the connector holds the unmapped, unlinked, unregistered /dev/shm file open"
+    finally:
+        c.conn.close()
+        libc.munmap(aaddr, SIZE)
+        if baddr:
+            libc.munmap(baddr, SIZE)
