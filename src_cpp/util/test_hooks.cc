@@ -116,7 +116,8 @@ constexpr Hook kHooks[] = {
      [](TestHooks& h, const char* v) { h.max_backoff_ms = std::atoi(v); }},
     {"ADP_TEST_NO_PROCMAP_QUERY", HookSide::kConnector,
      "1: the connector answers as on a kernel without PROCMAP_QUERY (before 6.11): segments found by reading "
-     "/proc/self/maps whole, a load's mapping proved by a nonce, stores through the ring",
+     "/proc/self/maps whole, a load's mapping proved by a nonce, stores not from segments (process memory where "
+     "granted, else the ring)",
      [](TestHooks& h, const char* v) { h.no_procmap_query = std::string_view(v) == "1"; }},
     {"ADP_TEST_IDLE_LOOK_MS", HookSide::kConnector,
      "an idle connector looks at its connections for the gateway's close (a status query if all are) this often, "
