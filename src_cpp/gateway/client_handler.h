@@ -295,8 +295,9 @@ class ClientHandler {
   // After a put or get (answered_batch_): polls the socket without
   // sleeping for up to shared_->request_spin, while connections x 2 <= CPUs
   // and the machine runs at most CPUs / 2 threads (util/idle_cpus.h), so that a client with more work finds this thread
-  // awake (no wake-up in its round trip). Returns early once a request (or a hang-up) is there.
-  void spin_for_next_request();
+  // awake (no wake-up in its round trip). Returns early once a request (or a hang-up) is there: true then (the
+  // socket seen readable, in error or hung up), so serve() reads the frame with no poll of its own.
+  bool spin_for_next_request();
   Status serve_batch(const proto::Frame& frame, std::vector<uint8_t>* table, std::vector<uint8_t>* payload);
   Status serve_stats(const proto::Frame& frame);
   Status serve_register_segment(proto::Frame* frame);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -597,6 +598,63 @@ def test_the_request_spin_follows_the_machines_runnable_threads(tmp_path):
         assert "ADP_TEST_LOADAVG_FILE" in gw.log()  # the hook is logged as set
     finally:
         c.conn.close()
+        pool.close()
+        gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+POLL_CALL = re.compile(r"^(\d+)\s+poll\(\[\{fd=\d+, events=[^}]*\}\], 1, (-?\d+)\)")
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_request_the_spin_caught_is_read_with_no_poll_of_its_own(tmp_path):
+    """review32b F1 (session 33): once the request spin saw the socket readable, the connection reads the frame at
+    once: none of its waits polls again (await_frame's, the loader's 20 ms and the store buffers' idle checks, each
+    a poll() with a timeout, which would return at once and change nothing). strace, attached to the gateway's
+    threads, counts the polls of the connection's thread, the one with the most polls of timeout 0 (the spin's);
+    every other poll of it is a wait. Waits come only from requests the spin did not catch (the first, any the load made
+    it miss: at most 3 each) and the connection's start, not from the spin's hits. Until then each request waited
+    in 3 polls, spin hit or not: ~3 x 2 x 100 here."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.00 0.00 0.00 0/1234 5678\n")
+    d = tempfile.mkdtemp(prefix="adpspinpoll-", dir="/dev/shm")
+    log = tmp_path / "strace.log"
+    gw = Gateway(d, extra=("--request-spin-us", "10000")).start(
+        env={"ADP_TEST_GATEWAY_CPUS": 1000, "ADP_TEST_LOADAVG_FILE": loadavg}
+    )
+    pool = ShmPool(2, SIZE)
+    tracer = c = None
+    try:
+        tracer = subprocess.Popen(
+            ["strace", "-f", "-e", "trace=poll", "-o", str(log), "-p", str(gw.proc.pid)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        said = tracer.stderr.readline()  # "strace: Process N attached with M threads", once all are
+        assert "attached" in said, said + tracer.stderr.read()
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=10000))
+        rounds = 100
+        n, hits = spin_rounds(gw, c, pool, "polls", rounds, 2 * rounds)
+        tracer.terminate()  # detaches, the log written whole
+        tracer.communicate(timeout=30)
+        by_thread: dict[int, list[int]] = {}
+        for line in log.read_text().splitlines():
+            m = POLL_CALL.match(line)
+            if m:
+                by_thread.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+        # The connection's thread: the one that polls with timeout 0 most (its spins; another may once or twice).
+        spinning = max(by_thread, key=lambda t: by_thread[t].count(0))
+        assert by_thread[spinning].count(0) >= n, {t: len(p) for t, p in by_thread.items()}  # one a spin at least
+        waits = sum(1 for ms in by_thread[spinning] if ms != 0)
+        missed = 2 * rounds - hits  # requests no spin caught (the first, spins the load made miss)
+        assert n == 2 * rounds and hits >= 1, (n, hits)
+        assert waits <= 3 * missed + 10, (waits, missed, hits)
+    finally:
+        if tracer is not None and tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+        if c is not None:
+            c.conn.close()
         pool.close()
         gw.kill()
         shutil.rmtree(d, ignore_errors=True)
