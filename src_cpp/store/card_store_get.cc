@@ -77,8 +77,13 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       return std::string();
     }
     if (direct) reading_.emplace_back(hash, e.seq);
-    for (uint32_t r : regs) regions_.pin(r);  // every region the object has bytes in
-    regions_.touch(e.region);
+    // Every region the object has bytes in: pinned, and refreshed for LRU (not only the header's: a region
+    // holding only the continuation of a hot object would age from its opening and be evicted with it,
+    // review33a F2). Under the lock that checked the entry, so no eviction chooses between the two.
+    for (uint32_t r : regs) {
+      regions_.pin(r);
+      regions_.touch(r);
+    }
     epoch = regions_[e.region].epoch;
   }
   // Its pins and its reading_ entry go on every way out (an exception too: a tombstone of the object waits for
@@ -339,8 +344,10 @@ Status CardStore::get_via_bounce(std::string_view key, const std::function<bool(
       }
       for (uint32_t r : regs) epochs.push_back(regions_[r].epoch);
       epoch = regions_[e.region].epoch;
-      regions_.touch(e.region);
-      for (uint32_t r : regs) regions_.pin(r);
+      for (uint32_t r : regs) {  // every region of it pinned and refreshed, as in read_and_check
+        regions_.pin(r);
+        regions_.touch(r);
+      }
     }
     mapped = ext.back().at + ext.back().len <= device_->size();
     header_from = prof::kEnabled ? prof::now_ns() : 0;
@@ -581,7 +588,11 @@ bool CardStore::exists(std::string_view key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(h);
   if (it == index_.end()) return false;
-  regions_.touch(it->second.region);
+  // Every region the object has bytes in, as a load (read_and_check); allocates nothing. A broken chain (a
+  // region reused meanwhile) cannot be indexed: the eviction that reused it erased the entry under this lock.
+  const IndexEntry& e = it->second;
+  for_each_part_locked(e.region, uint64_t(e.block) * kBlockSize, object_footprint(e.payload_bytes),
+                       [this](uint32_t r, uint64_t, uint64_t) { regions_.touch(r); });
   return true;
 }
 

@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Review 33a's findings F2-F4 in the card store (/work/notes/review33a.md; F1 and F5: test_evict_header.py), each
+a C++ program on a fault device that failed on the code of session 32:
+
+- lru_span_test (F2): exists(), get and get_via_bounce refreshed only the region of an object's header, so the
+  object used most recently was evicted with a region it continues into (LRU was FIFO for objects spanning
+  regions).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import cpp
+
+
+@pytest.mark.parametrize("name", ["lru_span_test"])
+def test_lru_scan_program(tmp_path, name):
+    cpp.run(cpp.build(name, tmp_path), timeout=300)
