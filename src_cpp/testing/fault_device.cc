@@ -64,7 +64,7 @@ Status FaultDevice::readv(uint64_t offset, const iovec* iov, int count) const {
 void FaultDevice::apply_locked(uint64_t offset, const iovec* iov, int count, uint64_t limit) const {
   uint64_t n = std::min(total_bytes(iov, count), limit);
   if (n == 0) return;
-  Undo u{offset, writes_ - 1,
+  Undo u{offset, writes_ - 1, applied_++,
          std::vector<uint8_t>(image_->data.begin() + offset, image_->data.begin() + static_cast<ptrdiff_t>(offset + n)),
          std::vector<uint8_t>(n)};
   copy_iov(u.data.data(), iov, count, n);
@@ -137,6 +137,15 @@ Status FaultDevice::write_once(uint64_t offset, const iovec* iov, int count) con
 Status FaultDevice::sync(uint64_t since) const {
   return group_sync_.sync(
       [this] {
+        // The writes applied when the flush begins are those it makes durable if it succeeds; one applied while it
+        // runs (flushing(), or waiting for mu_) is durable only by a later sync, as with fdatasync, which need not
+        // write back a page dirtied after it began (review32b F5). Until session 33 a successful sync made durable
+        // every write applied when it took the lock.
+        uint64_t begun;
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          begun = applied_;
+        }
         flushing();
         std::lock_guard<std::mutex> l(mu_);
         if (dead_) {
@@ -154,11 +163,14 @@ Status FaultDevice::sync(uint64_t since) const {
         syncs_++;
         bool lost = false;
         for (const Undo& u : unsynced_) lost |= u.state == 2;
+        // unsynced_ is in the order applied: those applied before the flush began are a prefix of it.
+        const auto durable =
+            std::find_if(unsynced_.begin(), unsynced_.end(), [&](const Undo& u) { return u.seq >= begun; });
         if (!lost)
-          unsynced_.clear();
+          unsynced_.erase(unsynced_.begin(), durable);
         else  // kept, to be undone and redone in order at a cut around the lost ones
-          for (Undo& u : unsynced_)
-            if (u.state == 0) u.state = 1;
+          for (auto it = unsynced_.begin(); it != durable; ++it)
+            if (it->state == 0) it->state = 1;
         return Status::Ok();
       },
       since);

@@ -8,6 +8,9 @@
 //     may still make them durable, as after a failed fdatasync); syncs are
 //     grouped as CardDevice's (util/group_sync.h): callers share a sync that
 //     began after their completed writes, and a failed one fails them all;
+//     a sync that succeeds makes durable the writes applied before it began,
+//     not those applied while it ran (a later sync does), as fdatasync
+//     guarantees no more (session 33, review32b F5);
 //   - cut power: at a chosen write (which may be torn) the device dies,
 //     every later I/O fails, and every write not yet synced is undone; or,
 //     with keep_unsynced_at_cut(seed), a seeded arbitrary subset of them
@@ -126,7 +129,7 @@ class FaultDevice : public Device {
 
  private:
   struct Undo {
-    uint64_t offset, index;
+    uint64_t offset, index, seq;     // seq: the order applied (applied_ before it); index: the order counted (writes_)
     std::vector<uint8_t> old, data;  // the bytes before the write, and those written
     int state = 0;                   // 0 unsynced; lose_failed_sync_writes: 1 synced, kept in the list behind
                                      // a lost one (undone and redone at a cut), 2 lost
@@ -142,6 +145,7 @@ class FaultDevice : public Device {
   mutable std::mutex mu_;
   mutable std::vector<Undo> unsynced_;  // in write order
   mutable uint64_t writes_ = 0, syncs_ = 0;
+  mutable uint64_t applied_ = 0;  // writes applied to the image (a held write is counted early, applied late)
   mutable bool dead_ = false, healthy_ = true;
   uint64_t fail_write_n_ = UINT64_MAX, fail_write_tear_ = 0;
   uint64_t fail_sync_n_ = UINT64_MAX;

@@ -7,13 +7,15 @@
 // (issue(), before its syscall) before the failed flush returned: it may
 // have dropped it (session 32); and FaultDevice (src_cpp/testing),
 // which syncs through it, still loses at a power cut only writes no
-// successful sync covered.
+// successful sync covered, and a write applied while a successful sync ran
+// unless a later sync covered it (session 33).
 // Built and run by tests/util/test_group_sync.py (also under TSan:
 // tests/sanitizers/test_sanitizers.py).
 #include "util/group_sync.h"
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -330,6 +332,65 @@ void fault_device_failed_sync() {
   CHECK(image->data[0] == 0, "a write covered only by a failed sync survived the power cut");
 }
 
+// A FaultDevice whose first flush waits, once begun, until released: a write can be applied while a sync runs.
+class HeldFlush : public adp::testing::FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  void wait_held() const {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [this] { return held_; });
+  }
+  void release() const {
+    std::lock_guard<std::mutex> l(m_);
+    go_ = true;
+    cv_.notify_all();
+  }
+
+ protected:
+  void flushing() const override {
+    std::unique_lock<std::mutex> l(m_);
+    held_ = true;
+    cv_.notify_all();
+    cv_.wait(l, [this] { return go_; });
+  }
+
+ private:
+  mutable std::mutex m_;
+  mutable std::condition_variable cv_;
+  mutable bool held_ = false, go_ = false;
+};
+
+// A FaultDevice sync that succeeds makes durable the writes applied before it began, not one applied while it ran
+// (review32b F5, session 33): fdatasync need not write back a page dirtied after it began. That write is undone by a
+// power cut unless a later sync succeeded. Until then the sync made every write applied when it took the device's
+// lock durable: with `later_sync` false, "a write applied while a sync ran survived the power cut".
+void fault_device_sync_makes_durable_only_writes_before_it(bool later_sync) {
+  constexpr size_t kBlock = 4096;
+  auto image = std::make_shared<adp::testing::FaultImage>(4 * kBlock);
+  HeldFlush dev(image);
+  adp::AlignedBuffer buf;
+  CHECK(buf.reserve(kBlock), "no memory");
+  std::memset(buf.data(), 7, kBlock);
+  CHECK(dev.write(0, buf.data(), kBlock).ok(), "write failed");
+  Status synced;
+  std::thread syncer([&] { synced = dev.sync(0); });
+  dev.wait_held();  // the sync began: block 0 was applied before it
+  std::memset(buf.data(), 9, kBlock);
+  CHECK(dev.write(kBlock, buf.data(), kBlock).ok(), "write failed");  // applied while it runs
+  dev.release();
+  syncer.join();
+  CHECK(synced.ok(), "the sync failed: %s", synced.message().c_str());
+  if (later_sync) CHECK(dev.sync(dev.write_mark()).ok(), "the later sync failed");
+  dev.power_cut();
+  CHECK(image->data[0] == 7, "a write applied before a successful sync began did not survive the power cut");
+  if (later_sync)
+    CHECK(image->data[kBlock] == 9, "a write a later sync made durable did not survive the power cut");
+  else
+    CHECK(image->data[kBlock] == 0, "a write applied while a sync ran survived the power cut (no later sync)");
+  std::printf("fault_device_sync_makes_durable_only_writes_before_it(%s): ok\n",
+              later_sync ? "a later sync" : "no later sync");
+}
+
 }  // namespace
 
 int main() {
@@ -340,5 +401,6 @@ int main() {
   callers_covered_by_their_flush();
   fault_device_keeps_acknowledged_writes();
   fault_device_failed_sync();
+  for (bool later_sync : {false, true}) fault_device_sync_makes_durable_only_writes_before_it(later_sync);
   return adp::testing::finish("group_sync_test");
 }
