@@ -95,6 +95,10 @@
 // is lost": 2 of 76 runs in session 30's experiment; with the fix reverted,
 // 2 of 89, 2 of 93, 0 of 84 runs).
 //
+// The clean runs (three a seed) count the run's writes and syncs, and each must evict and delete: one whose
+// interleaving evicted nothing is run again with other jitter, up to 8 times (session 33: once on 16 cores a clean
+// run of seed 7 evicted nothing, its other two 3 and 4 objects), and the seed fails if none of them evicts.
+//
 // Default: seed 1, three threads, a power cut and a process crash at every
 // write point of the run (counted by clean runs), and the three sync faults
 // at every sync point, each point once. `quick` (sanitizer builds): 16 write
@@ -346,6 +350,7 @@ struct Totals {
 struct Ran {
   uint64_t writes = 0, syncs = 0;
   bool reached = true;
+  uint64_t evicted = 0;  // objects evicted during the run (a clean run's precondition: main)
 };
 
 // What the card holds after the cut, region by region, as recovery walks it: each region's header and its records
@@ -444,6 +449,7 @@ Ran run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Tot
   ran.writes = dev->writes() - base;
   ran.syncs = dev->syncs_run() - sync_base;
   ran.reached = !at_sync(fault) || ran.syncs > point;
+  ran.evicted = live.evicted_objects;
   // (Copied: the store owns the device, and is closed below.)
   const uint64_t failed_sync = dev->failed_sync_stamp.load();
   const std::vector<JitterDevice::Caller> failed_callers = dev->failed_callers;
@@ -661,7 +667,6 @@ Ran run_point(const Config& cfg, uint64_t seed, uint64_t point, Fault fault, Tot
                 " evicted objects (%" PRIu64 " regions); %" PRIu64 " steps acknowledged, %" PRIu64 " not\n",
                 what, writes, uint64_t(live.stores), uint64_t(live.deletes), uint64_t(live.evicted_objects),
                 uint64_t(live.evicted_regions), acked, failed);
-    CHECK(live.evicted_objects > 0, "%s: the workload must evict", what);
     CHECK(live.deletes > 0, "%s: the workload must delete", what);
   }
   return ran;
@@ -719,6 +724,8 @@ int main(int argc, char** argv) {
     sync_faults = {kSyncFailLost};
   }
   constexpr uint64_t kReachTries = 32;  // runs that may try to reach one sync point
+  constexpr uint64_t kEvictTries = 8;   // clean runs that may try to evict (each clean run of a seed)
+  uint64_t evict_retries = 0;
   Totals tot;
   uint64_t points_run = 0, max_writes = 0, here = 0, sync_points_run = 0, max_syncs = 0, sync_retries = 0;
   for (uint64_t seed = first_seed; seed < first_seed + seeds; seed++) {
@@ -728,12 +735,29 @@ int main(int argc, char** argv) {
     here++;
     // Clean runs count the run's writes (they differ a little with the interleaving): the most of them; and its
     // sync runs (callers grouped into one count once, so they differ more): the fewest, each one a run reaches.
+    // Each clean run must evict (the fault runs are to meet eviction), but whether one does depends on the
+    // interleaving: the scripts write about what the card holds, so how the threads' records pack into regions
+    // decides whether the frontier comes round (session 32: seed 7 evicted 3, 0 and 4 objects in its three clean
+    // runs on 16 cores, 0 regions in the second). A clean run that evicted nothing is run again with other jitter
+    // (its counts kept: it is a run of the workload too), up to kEvictTries times; one that never evicts fails.
     uint64_t writes = 0, syncs = UINT64_MAX, most_syncs = 0;
     for (int i = 0; i < 3; i++) {
-      const Ran c = run_point(cfg, seed, i, kNoFault, &tot);
-      writes = std::max(writes, c.writes);
-      syncs = std::min(syncs, c.syncs);
-      most_syncs = std::max(most_syncs, c.syncs);
+      Ran c;
+      for (uint64_t again = 0; again < kEvictTries; again++) {
+        c = run_point(cfg, seed, i, kNoFault, &tot, again * 1000);
+        writes = std::max(writes, c.writes);
+        syncs = std::min(syncs, c.syncs);
+        most_syncs = std::max(most_syncs, c.syncs);
+        if (c.evicted > 0) break;
+        evict_retries++;
+        std::printf("card_crash_mt_test: seed=%" PRIu64
+                    " point=%d (clean run, %d threads): evicted nothing in try %" PRIu64 " of %" PRIu64 "%s\n",
+                    seed, i, cfg.threads, again + 1, kEvictTries, again + 1 < kEvictTries ? ": run again" : "");
+      }
+      CHECK(c.evicted > 0,
+            "seed=%" PRIu64 " point=%d (clean run, %d threads): the workload must evict (none of %" PRIu64
+            " runs, each with other jitter, evicted)",
+            seed, i, cfg.threads, kEvictTries);
     }
     max_writes = std::max(max_writes, writes);
     max_syncs = std::max(max_syncs, syncs);
@@ -778,7 +802,8 @@ int main(int argc, char** argv) {
               " steps, steps of 2+"
               " threads in %" PRIu64 " runs, %" PRIu64 " steps acknowledged after it; its callers: %" PRIu64
               " region opens, %" PRIu64 " tombstones, %" PRIu64 " stores' records; %" PRIu64
-              " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be)\n",
+              " runs, %d failures; %" PRIu64 " reopens checked for damage counted (none may be); %" PRIu64
+              " clean runs run again to evict\n",
               cfg.all     ? "all"
               : cfg.quick ? "quick"
                           : "default",
@@ -786,7 +811,7 @@ int main(int argc, char** argv) {
               tot.cut_reached, tot.concurrent_cuts, tot.overtakes, tot.values_checked, tot.held_checked,
               tot.gets_checked, sync_points_run, max_syncs, sync_retries, tot.sync_failed_steps, tot.sync_multi,
               tot.acked_after_sync, tot.failed_region_opens, tot.failed_tombstones, tot.failed_records, tot.runs,
-              adp::testing::check_failures, tot.damage_checked);
+              adp::testing::check_failures, tot.damage_checked, evict_retries);
   if (only_point == UINT64_MAX && points_run) {
     // The interleaving the test is for must happen: cuts with several threads' steps in flight, and stores
     // written out of the order they began.
