@@ -8,19 +8,42 @@ rates are read as the bytes go, so a test stores its fixtures at full speed and 
 sockets take little ahead of the bucket (small receive buffers), so a sender feels the rate after a few hundred
 KiB, not after the kernel's megabytes: what the bucket lets through is what the far side gets, when it gets it.
 Each direction of each connection records its bytes and when its first and last went (`links`): the rate a test
-relies on is measured there, not assumed."""
+relies on is measured there, not assumed.
+
+A side's end goes on to the other side as it came: an end of its bytes (FIN) as a shutdown of the other's writing
+side, a reset (or a write to it failing) as a reset of the other (SO_LINGER 0), and a connection both of whose
+directions ended has its sockets closed. Until session 33 a proxy whose server went away only shut its sockets
+down and kept them open: the client's bytes it had taken but not forwarded sat unread, so a client sending through
+a full window was never reset and its send stalled until its own deadline (a red gateway test waited 30 s)."""
 
 from __future__ import annotations
 
 import contextlib
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
 # What a proxy socket takes ahead of the bucket (SO_RCVBUF; the kernel doubles it).
 RECV_BUFFER = 64 << 10
+
+
+class Aborted(Exception):
+    """A pump's connection was reset by the other pump: it stops."""
+
+
+@dataclass
+class Link:
+    """One forwarded connection: its two sockets, and how many of its two pumps still run (the last one out closes
+    both sockets); `aborted` once one side's reset was passed on to the other."""
+
+    client: socket.socket
+    server: socket.socket
+    pumps: int = 2
+    aborted: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass
@@ -98,6 +121,7 @@ class ThrottleProxy:
             for s in (conn, up_sock):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             flows = (Flow("up"), Flow("down"))
+            link = Link(conn, up_sock)
             with self.lock:
                 if self.closed:
                     conn.close()
@@ -105,18 +129,18 @@ class ThrottleProxy:
                     return
                 self.sockets += [conn, up_sock]
                 self.links.append(flows)
-            self._start(self._pump, conn, up_sock, flows[0])
-            self._start(self._pump, up_sock, conn, flows[1])
+            self._start(self._pump, link, conn, up_sock, flows[0])
+            self._start(self._pump, link, up_sock, conn, flows[1])
 
     def _rate(self, flow: Flow) -> float | None:
         return self.up if flow.direction == "up" else self.down
 
-    def _pump(self, src: socket.socket, dst: socket.socket, flow: Flow) -> None:
+    def _pump(self, link: Link, src: socket.socket, dst: socket.socket, flow: Flow) -> None:
         tokens, last = 0.0, time.monotonic()
         poller = select.poll()
         poller.register(src, select.POLLIN)
         try:
-            while not self.closed:
+            while not self.closed and not link.aborted:
                 # The rate is read once bytes are there to move: one read at a rate set before they came (a
                 # megabyte, unlimited) would let a frame sent after a slow-down through at once.
                 if not poller.poll(50):
@@ -132,20 +156,64 @@ class ThrottleProxy:
                         time.sleep(min((1 - tokens) / rate, 0.05))  # rate re-read at least every 50 ms
                         continue
                     want = int(tokens)
-                data = src.recv(want)
-                if not data:
+                try:
+                    data = src.recv(want)
+                except OSError:  # src reset: so is dst
+                    self._abort(link, dst)
+                    return
+                if not data:  # src's end of its bytes: dst's too, after what went before it
                     with contextlib.suppress(OSError):
                         dst.shutdown(socket.SHUT_WR)
                     return
                 if rate is not None:
                     tokens -= len(data)
-                dst.sendall(data)
+                try:
+                    self._send(link, dst, data)
+                except Aborted:
+                    return
+                except OSError:  # dst reset or closed (its kernel answered the bytes with a reset): src is reset
+                    self._abort(link, src)
+                    return
                 flow.moved(len(data))
-        except OSError:
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                src.shutdown(socket.SHUT_RDWR)
+        finally:
+            self._pump_ended(link)
+
+    @staticmethod
+    def _send(link: Link, dst: socket.socket, data: bytes) -> None:
+        """sendall, but a wait for room that looks every 50 ms whether the other pump reset the connection (a
+        blocking send to a peer that does not read would never see it)."""
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(dst, select.POLLOUT)
+        while view:
+            if link.aborted:
+                raise Aborted
+            try:
+                view = view[dst.send(view, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                poller.poll(50)
+
+    @staticmethod
+    def _abort(link: Link, reset: socket.socket) -> None:
+        """The connection's other side went away with a reset (or failed a write): `reset` is reset when its
+        socket is closed (SO_LINGER 0: an RST, not a FIN after its unread bytes), once both pumps stopped."""
+        with contextlib.suppress(OSError):
+            reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        link.aborted = True
+
+    def _pump_ended(self, link: Link) -> None:
+        """The last of a connection's two pumps out closes its sockets: a side reset is reset then; a side whose
+        bytes the proxy took and did not forward is reset by its kernel (unread data); else a FIN went already.
+        Under the proxy's lock, and not once close() began (it closes them after its own shutdowns): a socket
+        closed while close() shuts it down could have its number reused by another socket meanwhile."""
+        with link.lock:
+            link.pumps -= 1
+            last = link.pumps == 0
+        if last:
+            with self.lock:
+                if not self.closed:
+                    link.client.close()
+                    link.server.close()
 
     def set_rates(self, up: float | None, down: float | None) -> None:
         """Both rates, and every flow's counts started again: what the flows say from here is at these rates."""
