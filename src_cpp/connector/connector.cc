@@ -46,6 +46,13 @@ struct Connector::Batch {
   // Completed by close() without memory for its completion (Connector::lost_, guarded by Connector::mu_): the
   // next one of them; drain() makes its completion ("connector closed").
   Batch* lost_next = nullptr;
+  // Its deadline (or close()) came while a worker held its guard (review33b F1: a load into registered memory
+  // whose stopped gateway holds the WRITING lease; a hung card read into its buffer): no new read into its
+  // buffers starts (guarded_read, deliver), so the guard is let go after the one in flight. Set by the deadline
+  // thread and close(), read by workers.
+  std::atomic<bool> overdue{false};
+  int held_tries = 0;          // guarded by Connector::mu_: the deadline thread's looks at a held guard
+  Batch* held_next = nullptr;  // guarded by Connector::mu_: close()'s list of batches held (stop_threads)
 
   // Never throws and allocates only for first_error: a failure whose text cannot be kept there (no memory for it)
   // is kept in error_text.
@@ -63,9 +70,11 @@ struct Connector::Batch {
     std::lock_guard<std::mutex> l(error_mu);
     return first_error.empty() ? std::string(error_text) : first_error;
   }
+  // Whether its slices are past running: completed, or overdue (a slice of it still queued when its deadline or
+  // close() found another slice's read holding the guard is not started).
   bool is_completed() {
     std::shared_lock<std::shared_mutex> l(guard);
-    return completed;
+    return !takes_reads();
   }
   // Sets `completed`, after any delivery in flight has finished; false if it
   // was already set.
@@ -75,6 +84,22 @@ struct Connector::Batch {
     completed = true;
     return true;
   }
+  // mark_completed without waiting: kHeld while a worker holds the guard (a read into its buffers in flight;
+  // `overdue` is set so that no other starts), the batch left pending. Never blocks, so it is called under
+  // Connector::mu_: one held guard must hold back no other future (review33b F1).
+  enum class Mark { kMarked, kAlready, kHeld };
+  Mark try_mark_completed() noexcept {
+    std::unique_lock<std::shared_mutex> g(guard, std::try_to_lock);
+    if (!g.owns_lock()) {
+      overdue.store(true, std::memory_order_release);
+      return Mark::kHeld;
+    }
+    if (completed) return Mark::kAlready;
+    completed = true;
+    return Mark::kMarked;
+  }
+  // Whether a read into its buffers may start; caller holds the guard (shared).
+  bool takes_reads() const noexcept { return !completed && !overdue.load(std::memory_order_acquire); }
 };
 
 const char* op_name(OpType op) {
@@ -139,6 +164,7 @@ constexpr const char* kClosedError = "connector closed";
 }  // namespace
 
 bool Connector::stop_threads() {
+  Batch* held = nullptr;  // pending batches whose guard a worker holds: completed once the workers are joined
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return false;
@@ -148,13 +174,38 @@ bool Connector::stop_threads() {
     backend_->interrupt();
     // Everything still pending completes now, as failed; one whose completion cannot be made (no memory: close()
     // and ~Connector throw nothing) is completed all the same and its completion made by the next drain()
-    // (session 28: a std::bad_alloc here ended the process, std::terminate from ~Connector).
+    // (session 28: a std::bad_alloc here ended the process, std::terminate from ~Connector). One whose guard a
+    // worker holds is not waited for here, under mu_: a drain() meanwhile (the binding calls it with the GIL
+    // held) would block with it, for as long as a stopped gateway holds its lease (review33b F1). It keeps an
+    // extra task (not retired under us) and completes below, once its worker has returned.
     while (!deadlines_.empty()) {
       Batch* b = deadlines_.begin()->second;
+      Completion c;
+      bool made = true;
       try {
-        complete_locked(b, false, kClosedError, false);
+        c = make_completion_locked(b, false, kClosedError, false);
       } catch (...) {
-        lose_completion_locked(b);
+        made = false;
+      }
+      switch (b->try_mark_completed()) {
+        case Batch::Mark::kMarked:
+          if (made) {
+            commit_locked(b, std::move(c), false);
+          } else {
+            lose_completion_locked(b);
+          }
+          break;
+        case Batch::Mark::kAlready:  // not met: a batch is completed and its deadline dropped under mu_ together
+          deadlines_.erase(b->deadline_it);
+          b->deadline_it = deadlines_.end();
+          break;
+        case Batch::Mark::kHeld:
+          deadlines_.erase(b->deadline_it);
+          b->deadline_it = deadlines_.end();
+          b->tasks_left++;
+          b->held_next = held;
+          held = b;
+          break;
       }
     }
   }
@@ -163,15 +214,41 @@ bool Connector::stop_threads() {
   for (auto& w : workers_) w.join();
   workers_.clear();
   if (deadline_thread_.joinable()) deadline_thread_.join();
+  // The workers are joined: no read into a held batch's buffers is in flight, so marking it waits for nothing.
+  // Its worker's task_done found the extra task and left the batch pending for this.
+  while (held) {
+    Batch* b = held;
+    held = b->held_next;
+    b->held_next = nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    Completion c;
+    bool made = true;
+    try {
+      c = make_completion_locked(b, false, kClosedError, false);
+      retired_.reserve(retired_.size() + 1);
+    } catch (...) {
+      made = false;
+    }
+    if (b->mark_completed()) {
+      if (made) {
+        commit_locked(b, std::move(c), false);
+      } else {
+        lose_completion_locked(b);  // its own extra task: the decrement below does not retire it
+      }
+    }
+    // Marked here (its worker's task_done only counted its slice: the extra task was there), so tasks_left is 0
+    // only where made, whose room is reserved.
+    if (--b->tasks_left == 0) retire_locked(b);
+  }
   return true;
 }
 
 void Connector::lose_completion_locked(Batch* b) noexcept {
-  deadlines_.erase(b->deadline_it);
+  if (b->deadline_it != deadlines_.end()) deadlines_.erase(b->deadline_it);
   b->deadline_it = deadlines_.end();
-  // Completed from here: no worker writes into its buffers, a store of it is never indexed. Its slices' task_done
-  // find it completed; the extra task keeps it from their retirement until drain() made its completion.
-  if (!b->mark_completed()) return;  // completed by another meanwhile: that one queues its completion
+  // Completed (by the caller) from here: no worker writes into its buffers, a store of it is never indexed. Its
+  // slices' task_done find it completed; the extra task keeps it from their retirement until drain() made its
+  // completion.
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - b->submitted).count();
   latency_[static_cast<int>(b->op)].record(static_cast<uint64_t>(us));
   b->tasks_left++;
@@ -300,12 +377,15 @@ bool Connector::task_done(Batch* b) {
   }
   // Its last slice: what allocates comes first (a std::bad_alloc leaves the batch as it was, for the worker to
   // try again: finish_task), then nothing that throws.
-  const std::string err = b->error();
-  Completion c = make_completion_locked(b, err.empty(), err, true);
+  // Overdue: its deadline passed while a read held its guard, so it completes as the deadline thread would have
+  // (failed, timed out), not with what its worker made of the reads it was let do.
+  const bool overdue = b->overdue.load(std::memory_order_acquire);
+  const std::string err = overdue ? "timed out after " + std::to_string(opts_.timeout_ms) + " ms" : b->error();
+  Completion c = make_completion_locked(b, err.empty(), err, !overdue);
   retired_.reserve(retired_.size() + 1);
   b->tasks_left = 0;
   const bool completed = b->mark_completed();  // false: the deadline or close() completed it
-  if (completed) commit_locked(b, std::move(c), true);
+  if (completed) commit_locked(b, std::move(c), !overdue);
   retire_locked(b);
   return completed;
 }
@@ -341,7 +421,7 @@ template <class B>
 GuardedReadFn guarded_read(B* b) {
   return [b](const std::function<void()>& read) {
     std::shared_lock<std::shared_mutex> g(b->guard);
-    if (b->completed) return false;
+    if (!b->takes_reads()) return false;
     read();
     return true;
   };
@@ -416,7 +496,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       DeliverFn deliver = [this, b, &t](size_t i, size_t size, const CopyFn& copy) {
         const Buffer& dst = b->buffers[t.begin + i];
         std::shared_lock<std::shared_mutex> g(b->guard);
-        if (b->completed) return false;
+        if (!b->takes_reads()) return false;
         if (size != dst.size) {
           ADP_WARN_LIMITED("object %s holds %zu bytes but the load buffer has %zu: served as a miss",
                            log_safe(b->keys[t.begin + i]).c_str(), size, dst.size);
@@ -666,29 +746,29 @@ void Connector::deadline_loop() {
       deadline_pause(lock, out_of_memory++);  // b is still due: looked at again after the pause
       continue;
     }
-    // Marking it completed waits for a delivery in flight (on a memory-speed
-    // card, a read straight into the caller's buffer): done without mu_, so
-    // submits, drains and other workers go on meanwhile. The extra task keeps
-    // the batch from being retired under us; whoever ends it last retires it.
-    deadlines_.erase(b->deadline_it);
-    b->deadline_it = deadlines_.end();
-    b->tasks_left++;
-    lock.unlock();
-    bool marked = b->mark_completed();
-    lock.lock();
-    // Room for its completion and its retirement, under mu_ (a drain() swaps both queues out).
-    for (;;) {
-      try {
-        completions_.reserve(completions_.size() + 1);
-        retired_.reserve(retired_.size() + 1);
+    // Marked completed only if no read into its buffers is in flight (its guard free), never waiting for one under
+    // mu_ or not: there is one deadline thread, and a guard held for long (a load into registered memory whose
+    // stopped gateway holds the WRITING lease; a hung card read) held back every other future's deadline with it
+    // (review33b F1). A held batch stays pending and due: looked at again 1 ms later, doubling to 50 ms (a stuck
+    // one costs 20 wake-ups a second); `overdue` refuses its further reads, so a delivery in flight (a memcpy's
+    // time) is the most it waits for. Its future completes when its worker lets go: here or by task_done.
+    switch (b->try_mark_completed()) {
+      case Batch::Mark::kMarked:
+        out_of_memory = 0;
+        commit_locked(b, std::move(c), false);  // room made by make_completion_locked; its tasks retire it
         break;
-      } catch (...) {
-        deadline_pause(lock, out_of_memory++);
+      case Batch::Mark::kAlready:  // not met: a batch is completed and its deadline dropped under mu_ together
+        deadlines_.erase(b->deadline_it);
+        b->deadline_it = deadlines_.end();
+        break;
+      case Batch::Mark::kHeld: {
+        // Moved, not erased and added again: the node is kept (a std::bad_alloc would lose its deadline).
+        auto node = deadlines_.extract(b->deadline_it);
+        node.key() = Clock::now() + std::chrono::milliseconds(std::min(50, 1 << std::min(b->held_tries++, 6)));
+        b->deadline_it = deadlines_.insert(std::move(node));
+        break;
       }
     }
-    out_of_memory = 0;
-    if (marked) commit_locked(b, std::move(c), false);
-    if (--b->tasks_left == 0) retire_locked(b);
   }
 }
 

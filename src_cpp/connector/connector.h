@@ -170,10 +170,12 @@ class Connector {
   // The workers and the deadline thread, at construction; one that cannot be started stops those that were and
   // throws std::runtime_error with the reason.
   void start_threads();
-  // Sets closed_, completes what is pending as failed and joins the threads; false if closed_ was set already.
+  // Sets closed_, completes what is pending as failed and joins the threads; false if closed_ was set already. A
+  // batch whose guard a worker holds is completed after the join, never waited for under mu_ (review33b F1).
   bool stop_threads();
-  // close()'s failure of pending b without memory for its completion: b completed, its deadline dropped, queued on
-  // lost_ (an extra task keeps it from retirement), the eventfd signalled. Caller holds mu_.
+  // close()'s failure of pending b without memory for its completion: b (marked completed by the caller) has its
+  // deadline dropped, is queued on lost_ (an extra task keeps it from retirement), the eventfd signalled. Caller
+  // holds mu_.
   void lose_completion_locked(Batch* b) noexcept;
   // Makes the completions of lost_'s batches ("connector closed", failed) and retires those whose workers are done.
   // A std::bad_alloc leaves the rest on lost_. Caller holds mu_.

@@ -85,6 +85,16 @@ def test_late_flush_commit_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_held_guard_deadline_under_sanitizer(mode, tmp_path):
+    """A batch whose guard a worker holds past its deadline (tests/cpp/held_guard_deadline_test.cc,
+    tests/connector/test_held_guard_deadline.py; review33b F1): the deadline thread's try at the held guard and its
+    completion of the queued future, the worker's late completion of the overdue one, close() completing the held
+    batch after joining its worker while drain() runs on a third thread."""
+    cpp.run(cpp.build("held_guard_deadline_test", tmp_path, ("store", "util", "connector"), sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""
