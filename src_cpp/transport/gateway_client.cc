@@ -50,7 +50,10 @@ Status GatewayClient::Connect(const GatewayClientOptions& opts, proto::Deadline 
   return Status::Ok();
 }
 
-GatewayClient::~GatewayClient() { ::close(fd_); }
+GatewayClient::~GatewayClient() {
+  ::close(fd_);
+  if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
+}
 
 namespace {
 int64_t steady_ns() {
@@ -129,16 +132,15 @@ Status GatewayClient::handshake(const GatewayClientOptions& opts, proto::Deadlin
   error_classes_ = limits_.features & proto::kFeatureErrorClass;
   status_query_ = opts.status_query && (limits_.features & proto::kFeatureStatusQuery);
   process_offered_ = ring_ && opts.process_memory ? limits_.features & proto::kFeatureProcessMemory : 0;
-  if (segments_ || process_offered_) {
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_pid_ = cred.pid;
-  }
+  test_no_peer_pidfd_ = opts.test_no_peer_pidfd;
+  if (segments_ || process_offered_) watch_peer();
   ptracer_follow_ = opts.ptracer_follow;
   test_yama_ptrace_scope_ = opts.test_yama_ptrace_scope;
   server_ = std::string(limits_.server);
   limits_.server = server_;  // the frame buffer is reused
-  return process_offered_ ? register_process(deadline) : Status::Ok();
+  // Not registered where the gateway cannot be watched (watch_peer: process_refusal_ says why); the control page
+  // stays, as the gateway laid the ring out.
+  return process_offered_ && peer_watched_ ? register_process(deadline) : Status::Ok();
 }
 
 namespace {
@@ -188,13 +190,31 @@ bool named_gateway_exited(const PtracerRecord& r) {
 }
 
 // A pidfd of the process at the other end of `sock` (SO_PEERPIDFD, else
-// pidfd_open of its pid), or -1.
-int peer_pidfd(int sock, pid_t pid) {
+// pidfd_open of its pid, if known), or -1. no_peer_pidfd (tests): as on a
+// kernel without SO_PEERPIDFD.
+int peer_pidfd(int sock, pid_t pid, bool no_peer_pidfd) {
   int fd = -1;
   socklen_t len = sizeof fd;
-  if (::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (!no_peer_pidfd && ::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
+  return pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1;
 }
+
+// Whether the process `pid` is gone or a zombie (a kernel without pidfds; the pid may be reused meanwhile).
+// Never throws: no memory to read its state, not known gone.
+bool pid_gone(int pid) noexcept {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  try {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  } catch (...) {
+    return false;
+  }
+}
+
+std::atomic<bool> g_unwatched_logged{false};
 
 // Yama's ptrace_scope (0 without Yama). A test's stand-in for the file
 // (ADP_TEST_YAMA_PTRACE_SCOPE, on a kernel without Yama) if not negative.
@@ -205,6 +225,41 @@ int yama_ptrace_scope(int test_scope) {
   return scope;
 }
 }  // namespace
+
+void GatewayClient::watch_peer() {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_pid_ = cred.pid;
+  // The gateway's pid is 0 where it lives in a PID namespace this process cannot see (separate containers sharing
+  // /dev/shm and the socket: the Dockerfile's deployment); a pidfd names it whatever the namespace, and is not
+  // fooled by a reused pid. Taken once per connection, polled only while a revoke waits out a WRITING lease.
+  peer_pidfd_ = peer_pidfd(fd_, peer_pid_, test_no_peer_pidfd_);
+  if (peer_pidfd_ >= 0 || peer_pid_ > 0) return;
+  // Neither: a gateway killed while it writes an object into LMCache's memory would leave its lease WRITING for
+  // good, and the revoke could not tell it from one stopped mid-copy (which must be waited out: a byte may still
+  // land). Nor does the socket's hang-up tell it: a stopping gateway shuts its connections down while a handler
+  // may still be copying. So this connection loads and stores through the ring (whose bytes the connector copies
+  // itself): slower, never hung.
+  peer_watched_ = false;
+  if (process_offered_)
+    process_refusal_ =
+        "the gateway's process cannot be watched from here (its pid is not visible and the kernel has no "
+        "SO_PEERPIDFD)";
+  if (!g_unwatched_logged.exchange(true))
+    ADP_WARN(
+        "the gateway's process cannot be watched from here: its pid is not visible (another PID namespace) and this "
+        "kernel has no SO_PEERPIDFD (Linux 6.5), so a gateway that died while writing into LMCache's memory could "
+        "not be told from a stopped one; loads and stores go through the ring, not in place (share the PID "
+        "namespace, e.g. docker --pid host, or use Linux 6.5 or later). Logged once.");
+}
+
+bool GatewayClient::peer_gone() const noexcept {
+  if (peer_pidfd_ >= 0) {
+    pollfd p{peer_pidfd_, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+  }
+  return peer_pid_ > 0 && pid_gone(peer_pid_);
+}
 
 void GatewayClient::withdraw_process(const std::string& why) {
   process_granted_ = 0;
@@ -248,7 +303,7 @@ Status GatewayClient::register_process(proto::Deadline deadline) {
                          " has exited: reconnecting to a new gateway needs ptracer_follow=true or a new process";
       return Status::Ok();
     } else if (r.pid == 0 || exited) {
-      const int pidfd = peer_pidfd(fd_, peer_pid_);
+      const int pidfd = peer_pidfd(fd_, peer_pid_, test_no_peer_pidfd_);
       if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(peer_pid_), 0, 0, 0) != 0) {
         process_refusal_ = "prctl(PR_SET_PTRACER) failed: " + errno_text(errno);
         if (pidfd >= 0) ::close(pidfd);

@@ -48,6 +48,9 @@ struct GatewayClientOptions {
   // Tests: stands in for /proc/sys/kernel/yama/ptrace_scope if not negative
   // (ADP_TEST_YAMA_PTRACE_SCOPE, set by RemoteBackend from its test hooks).
   int test_yama_ptrace_scope = -1;
+  // Tests: the gateway's pidfd is not taken from SO_PEERPIDFD, as on a kernel before Linux 6.5
+  // (ADP_TEST_NO_PEER_PIDFD=1, set by RemoteBackend from its test hooks).
+  bool test_no_peer_pidfd = false;
   // Tests: stands in for kIdleCheck (ADP_TEST_IDLE_CHECK_MS, set by RemoteBackend from its test hooks).
   std::chrono::nanoseconds idle_check{kIdleCheck};
   // A status query (protocol r10, Hello bit 9 alone): no ring, not a client
@@ -132,11 +135,13 @@ class GatewayClient {
   Status register_segment(int fd, uint64_t bytes, proto::Deadline deadline, uint32_t* id);
   // Whether the gateway took the segments feature (r3), and stores from
   // segments (granted on a memory-speed card only).
-  bool segments() const { return segments_; }
+  // Not where the gateway's process cannot be watched (peer_gone()): its
+  // death while it writes into a segment could not be told (review33b F4).
+  bool segments() const { return segments_ && peer_watched_; }
   // Whether the gateway took bit 9 (r10; asked with GatewayClientOptions::status_query): an older gateway takes
   // the connection as a client's.
   bool status_query() const { return status_query_; }
-  bool segment_stores() const { return segment_stores_; }
+  bool segment_stores() const { return segment_stores_ && peer_watched_; }
   // Whether the gateway publishes a get's pieces in the control page (r4).
   bool ring_progress() const { return ring_progress_; }
   // Whether the gateway writes loads into this process's memory (r5:
@@ -165,9 +170,15 @@ class GatewayClient {
   uint64_t next_request_id() const { return request_id_ + 1; }
   // The load lease word in the ring's control page (segments() only).
   uint64_t* lease() const { return reinterpret_cast<uint64_t*>(ring_->data()); }
-  // The gateway's pid (SO_PEERCRED), 0 if unknown: a lease it holds is
-  // waited out only while it lives.
+  // The gateway's pid (SO_PEERCRED), 0 if unknown (another PID namespace).
   int peer_pid() const { return peer_pid_; }
+  // Whether the gateway process has exited (a zombie included): a lease it
+  // holds WRITING is waited out only while it lives. Told by a pidfd of it
+  // (SO_PEERPIDFD, Linux 6.5: whatever its PID namespace; else pidfd_open
+  // of its pid), else by its pid; a connection with neither takes no
+  // segments nor process memory (segments(), register_process). No wait,
+  // never throws (RemoteSession::revoke_lease, in a destructor).
+  bool peer_gone() const noexcept;
 
   proto::SharedRing* ring() const { return ring_.get(); }
   const proto::HelloOk& limits() const { return limits_; }
@@ -204,6 +215,9 @@ class GatewayClient {
   // r5: after HelloOk offered process memory: Yama's ptracer, then
   // RegisterProcess with a probe of this process's memory.
   Status register_process(proto::Deadline deadline);
+  // After HelloOk offered segments or process memory: the gateway's pid and
+  // pidfd (peer_gone()); with neither, no segments nor process memory.
+  void watch_peer();
 
   const int fd_;
   std::unique_ptr<proto::SharedRing> ring_;
@@ -228,6 +242,9 @@ class GatewayClient {
   uint8_t probe_[16] = {};           // the probe the gateway reads back (RegisterProcess)
   uint32_t segments_registered_ = 0;
   int peer_pid_ = 0;
+  int peer_pidfd_ = -1;              // a pidfd of the gateway (readable once it exited), -1: none
+  bool peer_watched_ = true;         // false: neither a pidfd nor a pid of it (peer_gone() cannot tell)
+  bool test_no_peer_pidfd_ = false;  // GatewayClientOptions::test_no_peer_pidfd
   std::vector<uint8_t> table_;
   proto::Frame frame_;
   mutable std::atomic<int64_t> waiting_since_ns_{0}, heard_ns_{0};

@@ -51,6 +51,7 @@ RemoteBackend::RemoteBackend(GatewayClientOptions opts) : RemoteBackend(std::mov
 RemoteBackend::RemoteBackend(GatewayClientOptions opts, const TestHooks& hooks)
     : opts_([&] {
         opts.test_yama_ptrace_scope = hooks.yama_ptrace_scope;
+        opts.test_no_peer_pidfd = hooks.no_peer_pidfd;
         if (hooks.idle_check_ms >= 0) opts.idle_check = milliseconds(hooks.idle_check_ms);
         return std::move(opts);
       }()),

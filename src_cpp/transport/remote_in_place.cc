@@ -6,7 +6,6 @@
 // process's mappings (find_segment, forget_segments; a SegmentFile's close)
 // and its hint for buffers that take the ring. Not here: the ring's path
 // (remote_session.cc).
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,22 +24,6 @@ namespace {
 // find_segment's cache of mappings asked about, before those of no file are dropped (a process that maps and
 // unmaps buffers, glibc's large mallocs, would otherwise grow it without end).
 constexpr size_t kMaxCachedRanges = 1024;
-
-// Whether the gateway process is gone (or a zombie): its lease then holds nothing.
-// Never throws (a lease's revoke runs in a destructor): no memory to read its state, not known gone.
-bool process_gone(int pid) noexcept {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  try {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    size_t paren = line.rfind(')');
-    return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-  } catch (...) {
-    return false;
-  }
-}
 
 // Proves that p and file offset `offset` are the same memory (a cached
 // mapping may have been replaced): a nonce written through p must read back
@@ -246,7 +229,8 @@ void RemoteSession::revoke_lease(uint64_t rid) {
     if (expected != proto::lease_word(rid, proto::kLeaseWriting)) return;
     // The gateway is writing one object into the caller's buffer (a
     // memcpy's time on a memory-speed card, staged otherwise): wait it out.
-    if (process_gone(client_->peer_pid())) return;
+    // Gone (review33b F4: told by a pidfd, so also where its pid is not visible here): no byte can come.
+    if (client_->peer_gone()) return;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

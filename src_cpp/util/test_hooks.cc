@@ -119,6 +119,10 @@ constexpr Hook kHooks[] = {
      "/proc/self/maps whole, a load's mapping proved by a nonce, stores not from segments (process memory where "
      "granted, else the ring)",
      [](TestHooks& h, const char* v) { h.no_procmap_query = std::string_view(v) == "1"; }},
+    {"ADP_TEST_NO_PEER_PIDFD", HookSide::kConnector,
+     "1: the connector answers as on a kernel without SO_PEERPIDFD (before 6.5): the gateway's pidfd from pidfd_open "
+     "of its pid, and where that pid is not visible (another PID namespace) no segments nor process memory",
+     [](TestHooks& h, const char* v) { h.no_peer_pidfd = std::string_view(v) == "1"; }},
     {"ADP_TEST_IDLE_LOOK_MS", HookSide::kConnector,
      "an idle connector looks at its connections for the gateway's close (a status query if all are) this often, "
      "not every 1000 ms",

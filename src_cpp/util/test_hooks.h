@@ -54,6 +54,7 @@ struct TestHooks {
   int max_backoff_ms = -1;         // ADP_TEST_MAX_BACKOFF_MS (<= 0: not set, kMaxBackoff)
   int idle_look_ms = -1;           // ADP_TEST_IDLE_LOOK_MS (<= 0: not set, kIdleLook)
   bool no_procmap_query = false;   // ADP_TEST_NO_PROCMAP_QUERY=1
+  bool no_peer_pidfd = false;      // ADP_TEST_NO_PEER_PIDFD=1
 
   // Each hook set, as found: its name, value, side and what it does.
   struct Set {
