@@ -146,7 +146,7 @@ def format_status(st: dict[str, Any]) -> str:
         ("memory failures", f"{st.get('memory_failures', 0)} operations (out of memory here; the card did not fail)"),
         (
             "media errors",
-            f"{st.get('media_errors', 0)} regions unreadable at open (their objects past the damage lost)",
+            f"{st.get('media_errors', 0)} regions with unreadable blocks at open (the objects on them lost)",
         ),
         (
             "damaged at open",
@@ -340,7 +340,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = _open_card(args.card, read_only=read_only)
     progress = _Progress()
     try:
-        # Regions recovery could not read at this open: what was past the failed block is not in the index, so
+        # Regions recovery could not read at this open: what was on the failed blocks is not in the index, so
         # verify cannot read it (review r16: such a card was reported "clean").
         opened = store.stats()
         unreadable = opened.get("media_errors", 0)
@@ -386,8 +386,9 @@ def verify_summary(
     lines.append("not checked: what the index does not hold (deleted objects, older copies, stores a crash cut off)")
     if unreadable_regions:
         lines.append(
-            f"not checked: {unreadable_regions} regions could not be read when the card was opened (media_errors): "
-            "their objects from the failed block on are lost and were not read; check the device"
+            f"not checked: {unreadable_regions} regions had blocks that could not be read when the card was opened "
+            "(media_errors): the objects on them (a whole region where its header failed) are lost and were not read; "
+            "check the device"
         )
     if damaged_regions:
         assert damaged is not None

@@ -210,8 +210,9 @@ CARD_LIST: tuple[Stat, ...] = (
         COUNTER,
         "regions",
         _CARD,
-        "Regions with a read that failed at open (an I/O error: their objects from the failed block on lost; the "
-        "rest served). Damage that reads back wrong is recovery_damaged_regions",
+        "Regions with a read that failed at open (an I/O error: the objects whose header blocks failed lost, or the "
+        "whole region where its header failed; the rest served). Damage that reads back wrong is "
+        "recovery_damaged_regions",
     ),
     Stat(
         "bytes_written",

@@ -182,7 +182,7 @@ CardStore::~CardStore() {
       if (frontier_ < 0 || !unresolved_.empty()) return;
       const RegionManager::Region& reg = regions_[static_cast<uint32_t>(frontier_)];
       if (reg.write_offset >= region_bytes_ || reg.broken_at != UINT64_MAX) return;
-      tail.push_back({static_cast<uint32_t>(frontier_), reg.epoch, reg.write_offset});
+      tail.push_back({static_cast<uint32_t>(frontier_), reg.epoch, reg.write_offset, region_bytes_});
     }
     pad_cuts(tail, {});
   } catch (...) {

@@ -374,19 +374,21 @@ class CardStore {
   // Holds k more slots of pending_'s capacity (pending_room_), growing it if
   // needed: std::bad_alloc leaves nothing held. Under mu_.
   void hold_pending_room_locked(size_t k);
-  // Where recovery's walk of a region (its header's epoch) ended before its end.
+  // Where recovery's walk of a region (its header's epoch) ended before its end (end: the region's), or a span of
+  // blocks it could not read and stepped over (end: where it resumed).
   struct Cut {
     uint32_t region;
-    uint64_t epoch, at;
+    uint64_t epoch, at, end;
   };
-  // At a read-write open: a pad over each crash's cut or unreadable block
-  // recovery's walk ended at, to the region's end, and zeros over each
+  // At a read-write open: a pad over each crash's cut recovery's walk ended
+  // at, to the region's end, and over each span of unreadable blocks it
+  // stepped over, to where it resumed, and zeros over each
   // region header in `unseen` (one it could not walk: the region is free),
   // synced when durable, so that no later walk finds the records behind
   // them (their seqs unseen by this open: recovery.cc). False if any failed;
   // then *left (if given) holds where the records may stay: {region, epoch,
-  // from} for each pad or zeroing not written (from: the cut, or kBlockSize
-  // behind a header), or every one of them if the sync failed.
+  // from, to} for each pad or zeroing not written (from: the cut, or
+  // kBlockSize behind a header), or every one of them if the sync failed.
   bool pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen, std::vector<Cut>* left = nullptr);
   // What hide_behind found behind the pads and zeroings pad_cuts could not
   // write (docs/card_format.md, Recovery, "A region header not walked").
@@ -395,7 +397,7 @@ class CardStore {
     kBounded,  // every block read; some header not zeroed, its seq at most *highest
     kUnknown,  // a block could not be read (or a header of this card that does not check out not zeroed)
   };
-  // Reads each span of `left` ({region, -, from}: from to the region's end),
+  // Reads each span of `left` ({region, -, from, to}),
   // 256 KiB at a time, zeroes each block there that holds an object header
   // of this card (any epoch: nothing there is indexed), and sets *highest to
   // the highest seq of those that check out (zeroed or not, whatever the

@@ -71,8 +71,13 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
     s = dev.read(base + off, block, kBlockSize);
     ObjectHeader h;
     if (!s.ok()) {
-      scan->cut_at = off;
-      break;
+      // No crash leaves a block that cannot be read (a cut leaves its older bytes or its new ones): damage, which
+      // costs the record whose header it is, as one that reads back wrong does (since session 33; until then the
+      // walk ended here and the rest of the region was lost, review33a F4). The walk resumes at the next header of
+      // the epoch that checks out; the span is padded by a read-write open (recover).
+      if (scan->io.ok()) scan->io = s;
+      off = skip_damage(dev, g, r, rh.epoch, off, nullptr, block, scan);
+      continue;
     }
     if (const char* bad = check_walked_header(block, g, rh.epoch, off, &h)) {
       // A crash's cut (older bytes there) ends the walk: the stores behind
@@ -83,8 +88,7 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
         scan->cut_at = off;
         break;
       }
-      off = skip_damage(dev, g, r, rh.epoch, off, bad, block, scan, &s);
-      if (!s.ok()) break;
+      off = skip_damage(dev, g, r, rh.epoch, off, bad, block, scan);
       continue;
     }
     bool spans = record_continues(off, h.payload_bytes, g.region_bytes);
@@ -93,7 +97,7 @@ Status scan_region(const Device& dev, const CardGeometry& g, uint32_t r, uint8_t
     off = spans ? g.region_bytes : off + object_footprint(h.payload_bytes);
     scan->end = off;
   }
-  return s;
+  return scan->io;  // the first block that could not be read, if any
 }
 
 }  // namespace
@@ -171,17 +175,26 @@ Status CardStore::recover(int threads) {
     return Status::IoError("recovery of card " + path() + " failed: " + scan_status.message(), scan_status.io_class());
   }
 
-  // Damaged media costs what it holds: the region keeps what was found
-  // before the failed read (or is free, if its header could not be read).
+  // Damaged media costs what it holds: the records whose header blocks cannot be read (the walk went on behind
+  // them), or the region, free, if its header cannot be read.
   uint64_t damaged = 0;
   for (uint32_t r = 0; r < num_regions_; r++) {
     const RegionScan& scan = scans[r];
     if (scan.io.ok()) continue;
-    if (damaged++ == 0)
+    if (damaged++) continue;
+    if (!scan.valid)
       ADP_ERROR(
-          "card %s: region %u cannot be read (%s); its objects from there on are lost, the rest of the card is "
-          "served (`lmcache-adp verify` checks every object)",
+          "card %s: region %u's header cannot be read (%s); its objects are lost, the rest of the card is served "
+          "(`lmcache-adp verify` checks every object)",
           path().c_str(), r, scan.io.message().c_str());
+    else
+      ADP_ERROR(
+          "card %s: region %u, from offset %" PRIu64
+          ": a block cannot be read (%s); the records whose headers lie "
+          "there are lost (%zu spans), the walk went on behind them; the rest of the card is served (`lmcache-adp "
+          "verify` checks every object)",
+          path().c_str(), r, scan.unreadable.empty() ? uint64_t(0) : scan.unreadable.front().at,
+          scan.io.message().c_str(), scan.unreadable.size());
   }
   if (damaged > 1) ADP_ERROR("card %s: %" PRIu64 " regions had unreadable blocks", path().c_str(), damaged);
   counters_.media_errors += damaged;
@@ -318,12 +331,18 @@ Status CardStore::recover(int threads) {
   // copy). So would a later walk past a block this one could not read (an
   // error that passes), the records behind it lost now and their seqs
   // unseen, in the region kept or handed out last. A pad over the cut or the
-  // unreadable block to the region's end hides them from every walk.
+  // unreadable block to the region's end hides them from every walk. Since
+  // session 33 the walk goes on behind a block it cannot read (no cut: damage)
+  // and finds the records there; the pad over the span it stepped over (from
+  // the block, or the damaged header in front of it, to where it resumed)
+  // hides only what that open could not see.
   std::vector<Cut> cuts;
   for (uint32_t r = 0; r < num_regions_; r++) {
     const RegionScan& scan = scans[r];
-    if (scan.cut_at && scan.valid && (regions_[r].state == RegionManager::State::kSealed || !scan.io.ok()))
-      cuts.push_back({r, scan.epoch, scan.cut_at});
+    if (!scan.valid) continue;
+    if (scan.cut_at && (regions_[r].state == RegionManager::State::kSealed || !scan.io.ok()))
+      cuts.push_back({r, scan.epoch, scan.cut_at, region_bytes_});
+    for (const UnreadableSpan& u : scan.unreadable) cuts.push_back({r, scan.epoch, u.at, u.end});
   }
   for (uint32_t p = 0; p < num_regions_; p++) {
     uint32_t nx = succ[p];
@@ -428,7 +447,7 @@ uint64_t CardStore::unseen_seq_margin() const {
 bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_t>& unseen, std::vector<Cut>* left) {
   if (cuts.empty() && unseen.empty()) return true;
   std::vector<Cut> all_spans = cuts;
-  for (uint32_t r : unseen) all_spans.push_back({r, 0, kBlockSize});
+  for (uint32_t r : unseen) all_spans.push_back({r, 0, kBlockSize, region_bytes_});
   AlignedBuffer block;
   if (!block.reserve(kBlockSize)) {
     if (left) *left = std::move(all_spans);
@@ -444,7 +463,7 @@ bool CardStore::pad_cuts(const std::vector<Cut>& cuts, const std::vector<uint32_
     any |= s.ok();
   };
   for (const Cut& c : cuts) {
-    encode_pad(block.data(), card_id_, c.epoch, region_bytes_ - c.at - kBlockSize, false);
+    encode_pad(block.data(), card_id_, c.epoch, c.end - c.at - kBlockSize, false);
     write(region_offset(c.region) + c.at, c);
   }
   std::memset(block.data(), 0, kBlockSize);
@@ -482,8 +501,8 @@ CardStore::Behind CardStore::hide_behind(const std::vector<Cut>& left, uint64_t*
   };
   for (const Cut& c : left) {
     const uint64_t base = region_offset(c.region);
-    for (uint64_t off = c.at; off < region_bytes_;) {
-      const uint64_t len = std::min(kChunk, region_bytes_ - off);
+    for (uint64_t off = c.at; off < c.end;) {
+      const uint64_t len = std::min(kChunk, c.end - off);
       Status s = device_->read(base + off, chunk.data(), len);
       if (s.ok()) {
         for (uint64_t i = 0; i < len; i += kBlockSize) look(chunk.data() + i, base + off + i);

@@ -6,9 +6,11 @@
 // record that does not check out, so a torn or cut-off store is never found,
 // except at damage no crash can leave (recovery_damage.h): there it resumes
 // at the next header that checks out, and the damage costs its record only.
-// Where a walk ended at a crash's cut or a block it could not read, a
-// read-write open pads it to the region's end (CardStore::pad_cuts), so no
-// later walk finds what is behind (records whose seqs this open never saw);
+// A block it cannot read is no crash's cut either: the walk goes on behind it
+// as behind damage (since session 33), and the span it stepped over is padded
+// by a read-write open. Where a walk ended at a crash's cut, a read-write open
+// pads it to the region's end (CardStore::pad_cuts), so no later walk finds
+// what is behind (records whose seqs this open never saw);
 // a region header the walk could not take is zeroed there, and the next
 // epoch set past the one it may hold; where a pad or zeroing fails, the
 // object headers behind it are zeroed and the next seq set past the
@@ -75,6 +77,14 @@ struct DamagedSpan {
   std::string why;  // what about the header does not check out
 };
 
+// Blocks the walk could not read, from `at` (where it looked for a header, or a block the look behind damage met)
+// to `end` (where it resumed at the next header of the region's epoch that checks out, or the region's end): what
+// they held (their records, seqs unseen) is lost. A read-write open pads the span (CardStore::pad_cuts), so no later
+// walk, the block readable again, finds a record there whose seq this open never saw.
+struct UnreadableSpan {
+  uint64_t at = 0, end = 0;
+};
+
 struct RegionScan {
   bool valid = false;  // a region header of this card was found
   uint64_t epoch = 0;
@@ -83,10 +93,13 @@ struct RegionScan {
   uint64_t cont_bytes = 0;  // bytes after the header that continue prev_region's last record
   uint64_t end = 0;         // offset after the last record that checked out
   // The walk ended here, before the region's end, at a crash's cut (a header that is not one of the region's epoch,
-  // no damage) or at a block it could not read (`io`); 0: it did not.
+  // no damage); 0: it did not.
   uint64_t cut_at = 0;
   std::vector<RecoveredObject> objects;  // objects and tombstones, in write order
-  Status io;                             // a read that failed: the walk stopped there (damaged media)
+  // The first read that failed (damaged media): of the region header (the region is not walked), or of a block the
+  // walk stepped over (`unreadable`).
+  Status io;
+  std::vector<UnreadableSpan> unreadable;  // in the region's order
   Damage damage = Damage::kNone;
   std::string damage_why;          // kRegionHeader: what about the header does not check out
   std::vector<DamagedSpan> spans;  // kObjectHeader: each damaged header, in the region's order
@@ -97,9 +110,9 @@ struct RegionScan {
 };
 
 // Scans every region with `threads` threads into scans[0..num_regions).
-// Logs progress every 5 seconds. A region whose read fails keeps what was
-// found before the failure and carries the error in its `io`: damaged media
-// costs the objects it holds, not the card.
+// Logs progress every 5 seconds. A region with a block that cannot be read
+// carries the error in its `io`: damaged media costs the objects it holds,
+// not the card (an unreadable object header: its own record).
 Status scan_regions(const Device& dev, const CardGeometry& g, int threads, std::vector<RegionScan>* scans);
 
 }  // namespace adp

@@ -136,26 +136,44 @@ class RegionBlocks {
 }  // namespace
 
 uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t off,
-                     const char* why, uint8_t* block, RegionScan* scan, Status* io) {
-  scan->damage = Damage::kObjectHeader;
-  scan->spans.push_back({off, g.region_bytes, header_why(epoch, why)});
+                     const char* why, uint8_t* block, RegionScan* scan) {
+  bool damaged = why != nullptr;  // a damaged span of this look is open (scan->spans.back())
+  bool unreadable = !damaged;     // a block from `off` on could not be read
+  if (damaged) {
+    scan->damage = Damage::kObjectHeader;
+    scan->spans.push_back({off, g.region_bytes, header_why(epoch, why)});
+  }
+  // Where the look ends (at the next header that checks out, or the region's end): a span with an unreadable
+  // block in it is padded from `off` by a read-write open (recovery.cc), the whole look, not only from that block:
+  // a later walk enters the span only at `off` (through the record in front), so the pad there hides every header
+  // in it, one that reads right again included (its seq unseen by this open). Before session 33 an unreadable
+  // block ended the walk (the rest of the region lost, padded to its end).
+  auto end_at = [&](uint64_t at) {
+    if (damaged) scan->spans.back().end = at;
+    if (unreadable) scan->unreadable.push_back({off, at});
+    return at;
+  };
   RegionBlocks blocks(dev, g, r, block);
   for (uint64_t at = off + kBlockSize; at + kBlockSize <= g.region_bytes; at += kBlockSize) {
-    const uint8_t* b = blocks.at(at, true, io);
-    if (!b) {
-      scan->cut_at = at;  // unreadable: the walk ends here (padded at a read-write open, as a cut)
-      return g.region_bytes;
+    Status io;
+    const uint8_t* b = blocks.at(at, true, &io);
+    if (!b) {  // no crash leaves an unreadable block: damage, stepped over as a damaged record's payload
+      if (scan->io.ok()) scan->io = io;
+      unreadable = true;
+      continue;
     }
     ObjectHeader h;
     const char* bad = check_walked_header(b, g, epoch, at, &h);
     // A payload block of the damaged record, or older bytes (an older
     // epoch's records, a cut's hole): stepped over.
     if (bad && !damaged_object_header(b, g.card_id, epoch)) continue;
-    scan->spans.back().end = at;
-    if (!bad) return at;
+    if (!bad) return end_at(at);
+    if (damaged) scan->spans.back().end = at;
+    scan->damage = Damage::kObjectHeader;
     scan->spans.push_back({at, g.region_bytes, header_why(epoch, bad)});  // another damaged header: its own span
+    damaged = true;
   }
-  return g.region_bytes;
+  return end_at(g.region_bytes);
 }
 
 void find_behind_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t from,

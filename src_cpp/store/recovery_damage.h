@@ -31,15 +31,18 @@ const char* check_walked_header(const uint8_t* block, const CardGeometry& g, uin
 // cut: an object header of this card (magic, card_id) under `epoch`.
 bool damaged_object_header(const uint8_t* block, uint64_t card_id, uint64_t epoch);
 
-// The walk of region r met a damaged object header at `off` (`why`): reads
-// the blocks behind it one by one until a header of `epoch` checks out and
-// returns that offset, where the walk resumes (region_bytes: none did). Each
-// damaged header met is a span of scan->spans, to the next one or to the
-// resume. A read of a block looked at that fails: *io, and region_bytes (a
-// read ahead that fails is read again a block at a time). At most the
-// region's blocks are read, and only in a damaged region.
+// The walk of region r met a damaged object header at `off` (`why`), or a
+// block there it could not read (why nullptr; scan->io set by the caller):
+// reads the blocks behind it one by one until a header of `epoch` checks out
+// and returns that offset, where the walk resumes (region_bytes: none did).
+// Each damaged header met is a span of scan->spans, to the next one or to the
+// resume. A block looked at that cannot be read is stepped over (its error
+// kept in scan->io if the first; a read ahead that fails is read again a
+// block at a time); where any could not be read, the look from `off` to the
+// resume is a span of scan->unreadable. At most the region's blocks are read,
+// and only in a damaged region.
 uint64_t skip_damage(const Device& dev, const CardGeometry& g, uint32_t r, uint64_t epoch, uint64_t off,
-                     const char* why, uint8_t* block, RegionScan* scan, Status* io);
+                     const char* why, uint8_t* block, RegionScan* scan);
 
 // The live records (objects, not tombstones or pads) of `epoch` found
 // behind a damaged region header of region r: the blocks from `from` read

@@ -147,7 +147,7 @@ def test_verify_clean_then_damaged_then_repaired(filled):
 
 def test_verify_says_what_it_read_and_what_it_did_not(filled, monkeypatch, capsys):
     """verify reads the objects the card's index holds, no more (review r16): it says so, and a card with regions
-    recovery could not read at open is not "clean" (exit 1: their objects past the failed block are lost and were
+    recovery could not read at open is not "clean" (exit 1: the objects on the failed blocks are lost and were
     never read); bad objects an I/O error kept --repair from dropping are named as left, exit 1."""
     r = run("verify", "--card", filled)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -178,8 +178,8 @@ def test_verify_says_what_it_read_and_what_it_did_not(filled, monkeypatch, capsy
     assert "clean" not in out.replace("not clean", ""), out
     assert out.splitlines()[0].endswith(": not clean (below)"), out
     assert out.splitlines()[-1] == (
-        "not checked: 2 regions could not be read when the card was opened (media_errors): their objects from the "
-        "failed block on are lost and were not read; check the device"
+        "not checked: 2 regions had blocks that could not be read when the card was opened (media_errors): the "
+        "objects on them (a whole region where its header failed) are lost and were not read; check the device"
     ), out
 
     io_failed = clean | {"bad": 2, "repaired": 1, "bad_objects": ["region 3 offset 0: x"] * 2}
