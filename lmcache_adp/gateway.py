@@ -78,6 +78,13 @@ LIMITS = [
         "(and, apart from them, the buffers connections keep of disk-card process loads)",
     ),
     (
+        "--max-segment-total-gb",
+        32768,
+        "client segments (LMCache's --shm-name L1 files, protocol r3) mapped together: address space, each one its "
+        "file's whole size; a registration past it is refused for now (its buffers use the ring, registered again "
+        "later)",
+    ),
+    (
         "--max-request-timeout-s",
         3600,
         "a request's deadline (its timeout_ms) at most; a longer one is held to it, with a warning",
@@ -93,6 +100,7 @@ LIMIT_RANGES = {
     "max_ring_total_mb": (1, 1 << 30),
     "max_store_buffer_mb": (1, 1 << 20),
     "max_store_buffer_total_mb": (1, 1 << 30),
+    "max_segment_total_gb": (1, 1 << 17),
     "max_request_timeout_s": (1, 86400),
 }
 
@@ -275,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
             max_store_buffer_bytes=args.max_store_buffer_mb << 20,
             max_store_buffer_total_bytes=args.max_store_buffer_total_mb << 20,
             max_request_timeout_ms=args.max_request_timeout_s * 1000,
+            max_segment_total_bytes=args.max_segment_total_gb << 30,
         )
     except (RuntimeError, ValueError) as e:
         # A missing image and no size (README's own line names a block device, which has no size): say how to

@@ -495,6 +495,16 @@ GATEWAY_STATS: tuple[Stat, ...] = (
         "reserve (an idle connector's probe among them only when that reserve is taken)",
     ),
     Stat(
+        "accept_backoffs",
+        COUNTER,
+        "pauses",
+        G,
+        "Pauses of the gateway's accept thread after an accept failed for want of descriptors (EMFILE: its "
+        "RLIMIT_NOFILE; ENFILE) or kernel memory, the connection left waiting in the listen backlog: the listening "
+        "sockets are polled again after 100 ms, doubling to 1 s while it goes on (one WARNING an episode; session 33: "
+        "they were polled again at once, a full CPU)",
+    ),
+    Stat(
         "failed_connections",
         COUNTER,
         "connections",
@@ -534,6 +544,14 @@ GATEWAY_STATS: tuple[Stat, ...] = (
     Stat("ring_used_bytes", GAUGE, "bytes", G, "Payload bytes of batches in progress in those rings"),
     Stat("ring_piece_loads", COUNTER, "objects", G, "Objects loaded into a ring in published pieces (protocol r4)"),
     Stat("segments", GAUGE, "segments", G, "Client segments (/dev/shm files) mapped (protocol r3)"),
+    Stat(
+        "segment_bytes",
+        GAUGE,
+        "bytes",
+        G,
+        "Address space of the client segments mapped (their files' whole sizes, a file shared by connections counted "
+        "once), within --max-segment-total-gb: a registration past it is refused for now (protocol r19)",
+    ),
     Stat("segment_loads", COUNTER, "objects", G, "Objects read straight into a client segment"),
     Stat(
         "segment_populates",

@@ -633,7 +633,7 @@ Status ClientHandler::serve_register_segment(proto::Frame* frame) {
     proto::close_fds(&fds);
     return s;
   }
-  s = proto::ClientSegment::Attach(fds[0], reg.bytes, &segments_[reg.id - 1]);
+  s = proto::ClientSegment::Attach(fds[0], reg.bytes, shared_->max_segment_total_bytes, &segments_[reg.id - 1]);
   if (!s.ok()) return s;
   shared_->segments++;
   ADP_DEBUG("gateway: client #%llu registered segment %u (%llu MiB)", ull(id_), reg.id, ull(reg.bytes >> 20));

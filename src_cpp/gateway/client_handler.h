@@ -151,6 +151,11 @@ struct GatewayShared {
   // than it (one past is on the reserve); not counted against clients, nor at accept.
   std::atomic<uint32_t> local_queries{0};
   std::atomic<uint64_t> refused{0};  // connections refused by a limit (refused_connections)
+  // Pauses of the accept thread after an accept failed for want of descriptors or kernel memory (the connection
+  // left in the listen backlog; GatewayServer::accept_paused).
+  std::atomic<uint64_t> accept_backoffs{0};
+  // GatewayOptions::max_segment_total_bytes (--max-segment-total-gb), for ClientSegment::Attach.
+  uint64_t max_segment_total_bytes = UINT64_MAX;
   // Status queries refused at their Hello for being full (--max-tcp-clients): idle connectors' probes, one a
   // second each, and `status --gateway tcp://`; not in `refused`, whose alert is for clients turned away.
   std::atomic<uint64_t> refused_status_queries{0};

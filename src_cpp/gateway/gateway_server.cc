@@ -3,6 +3,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +23,40 @@
 #include "util/thread_name.h"
 
 namespace adp {
+
+namespace {
+
+// Raises this process's soft RLIMIT_NOFILE to its hard limit (review33b F3): under systemd and several container
+// runtimes the soft limit is 1024, while the gateway's own limits allow far more descriptors (per local client its
+// socket, its ring's memfd, its pidfds and up to 8 segment files). Warns when even the hard limit is below what
+// those limits can take, as the accept thread then pauses (accept_paused) with clients waiting in the backlog.
+void raise_open_file_limit(const GatewayOptions& opts) {
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) return;
+  const rlim_t before = nofile.rlim_cur;
+  if (nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) nofile.rlim_cur = before;
+  }
+  // Per local client: socket, ring, pidfd and a thread's pidfd, 8 segment files; per TCP peer its socket; and the
+  // card, the I/O contexts, the listening sockets and the like.
+  constexpr uint64_t kPerLocalClient = 12, kBase = 64;
+  const uint64_t need = kPerLocalClient * (static_cast<uint64_t>(opts.max_clients) + kStatusQueryReserve) +
+                        static_cast<uint64_t>(opts.max_tcp_clients) + opts.max_handshakes + kBase;
+  if (nofile.rlim_cur != before)
+    ADP_INFO("gateway: open-file limit (RLIMIT_NOFILE) raised from %llu to its hard limit %llu",
+             static_cast<unsigned long long>(before), static_cast<unsigned long long>(nofile.rlim_cur));
+  if (nofile.rlim_cur != RLIM_INFINITY && nofile.rlim_cur < need)
+    ADP_WARN(
+        "gateway: open-file limit (RLIMIT_NOFILE) %llu (hard %llu) is below the %llu descriptors --max-clients %d, "
+        "--max-tcp-clients %d and --max-handshakes %d can take (about %llu a local client): past it new "
+        "connections wait in the backlog (raise the hard limit, e.g. LimitNOFILE= or docker --ulimit nofile=)",
+        static_cast<unsigned long long>(nofile.rlim_cur), static_cast<unsigned long long>(nofile.rlim_max),
+        static_cast<unsigned long long>(need), opts.max_clients, opts.max_tcp_clients, opts.max_handshakes,
+        static_cast<unsigned long long>(kPerLocalClient));
+}
+
+}  // namespace
 
 Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayServer>* out) {
   std::unique_ptr<GatewayServer> g(new GatewayServer());
@@ -43,6 +78,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   // the kernel refuses MADV_POPULATE_* (util/populate.h).
   TestHooks hooks = read_test_hooks();
   if (hooks.segment_populate_einval) refuse_populate_for_test();  // segments, card stores, the prefault
+  raise_open_file_limit(opts);
   // The card first: its lock tells a second gateway on the same card to go
   // away before it touches the socket of the first.
   s = CardStore::Open(opts.card, &g->store_);
@@ -93,6 +129,7 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
     if (g->shared_->hooks.spin_load_every_ms >= 0)
       g->shared_->spin_load.every_ns = int64_t{g->shared_->hooks.spin_load_every_ms} * 1'000'000;
     if (helpers > 0) g->shared_->pieces = std::make_unique<PiecePool>(helpers, kMaxPieceHelpers, rule_cpus);
+    g->shared_->max_segment_total_bytes = opts.max_segment_total_bytes;
     if (opts.segment_prefault) g->shared_->segment_prefault = std::make_unique<proto::SegmentPrefaulter>();
     g->shared_->limits = {opts.max_clients,
                           opts.max_tcp_clients,
@@ -231,9 +268,15 @@ __attribute__((format(printf, 2, 3))) void refuse_at_accept(int fd, const char* 
 
 }  // namespace
 
-void GatewayServer::accept_one(int listen_fd, bool tcp) {
+int GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return;  // EAGAIN, or the peer left first
+  if (fd < 0) {
+    // Out of descriptors (EMFILE: this process's RLIMIT_NOFILE; ENFILE: the system's) or kernel memory (ENOBUFS,
+    // ENOMEM): the connection stays in the backlog and the socket stays readable, so the caller stops polling it for
+    // a while (accept_loop). Any other failure (EAGAIN, the peer left first) leaves nothing pending.
+    const int err = errno;
+    return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM ? err : 0;
+  }
   std::lock_guard<std::mutex> l(mu_);
   // Where anything here cannot be made (std::system_error from the thread's start: a pids limit, memory;
   // std::bad_alloc from its entry, its control block, its thread's state, or the count of those connected) that
@@ -252,7 +295,7 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
         ADP_WARN_LIMITED("gateway: refusing a TCP connection: %d handshakes in progress already (--max-handshakes)",
                          opts_.max_handshakes);
         refuse_at_accept(fd, "%s (%d, --max-handshakes)", proto::kTooManyTcpHandshakes, opts_.max_handshakes);
-        return;
+        return 0;
       }
       shared_->tcp_handshakes++;
       counted_tcp = true;
@@ -273,7 +316,7 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
             "already%s (--max-clients %d, and %d more for status queries)",
             open.clients, open.reserve_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
         refuse_at_accept(fd, "%s (%d, --max-clients)", proto::kTooManyLocalClients, opts_.max_clients);
-        return;
+        return 0;
       }
     }
     Client& c = clients_.emplace_back();
@@ -292,6 +335,7 @@ void GatewayServer::accept_one(int listen_fd, bool tcp) {
     ADP_WARN_LIMITED("gateway: refusing a %s connection: cannot start its thread (%s)", tcp ? "TCP" : "local", why);
     refuse_at_accept(fd, "the gateway cannot start a thread for this connection (%s)", why);
   }
+  return 0;
 }
 
 void GatewayServer::start_connection(Client& c) {
@@ -413,12 +457,49 @@ int GatewayServer::log_gone_clients(bool at_once) {
   return -1;
 }
 
+void GatewayServer::accept_paused(int err) {
+  const auto now = proto::Clock::now();
+  accept_backoff_ = std::clamp(accept_backoff_ * 2, kAcceptFirstBackoff, kAcceptMaxBackoff);
+  accept_resume_ = now + accept_backoff_;
+  shared_->accept_backoffs.fetch_add(1, std::memory_order_relaxed);
+  if (accept_paused_since_ != proto::Clock::time_point{}) return;  // one line an episode
+  accept_paused_since_ = now;
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  // Made with no allocation (no std::string): an exception on this thread ends the gateway, and ENOMEM is one cause.
+  const char* what = err == EMFILE    ? "EMFILE, this process's open-file limit (RLIMIT_NOFILE) reached"
+                     : err == ENFILE  ? "ENFILE, the system's open-file limit (fs.file-max) reached"
+                     : err == ENOBUFS ? "ENOBUFS, no kernel memory for the socket"
+                                      : "ENOMEM, no kernel memory for the socket";
+  ADP_WARN(
+      "gateway: cannot accept connections: %s (RLIMIT_NOFILE %llu soft, %llu hard, %d connections open): new "
+      "connections wait in the listen backlog; accepting again every %lld ms at most until one is accepted "
+      "(accept_backoffs)",
+      what, static_cast<unsigned long long>(nofile.rlim_cur), static_cast<unsigned long long>(nofile.rlim_max),
+      static_cast<int>(clients_.size()), static_cast<long long>(kAcceptMaxBackoff.count()));
+}
+
 void GatewayServer::accept_loop() {
   set_thread_name("adp-gw-accept");
   while (!stopping_) {
     pollfd p[3] = {{wake_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
     // Woken by each client's end (reaped here): the count line of those gone before their HelloOk goes when due.
-    int r = ::poll(p, tcp_fd_ >= 0 ? 3 : 2, log_gone_clients(false));
+    int timeout = log_gone_clients(false);
+    // Paused after an accept failed for want of descriptors or memory (accept_paused): the listening sockets stay
+    // readable with the connection left in the backlog, so polling them woke this thread at once, again and again:
+    // a full CPU until a descriptor came free (review33b F3). Only the wake-up is polled until the pause ends.
+    int listening = tcp_fd_ >= 0 ? 3 : 2;
+    if (accept_resume_ != proto::Clock::time_point{}) {
+      const auto now = proto::Clock::now();
+      if (now < accept_resume_) {
+        listening = 1;
+        const int left = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(accept_resume_ - now).count());
+        timeout = timeout < 0 ? left : std::min(timeout, left);
+      } else {
+        accept_resume_ = {};
+      }
+    }
+    int r = ::poll(p, listening, timeout);
     if (r < 0) continue;  // EINTR
     if (p[0].revents) {
       uint64_t v;
@@ -426,9 +507,20 @@ void GatewayServer::accept_loop() {
       (void)rd;
     }
     if (stopping_) break;
-    if (p[1].revents & POLLIN) accept_one(unix_fd_, false);
-    if (tcp_fd_ >= 0 && (p[2].revents & POLLIN)) accept_one(tcp_fd_, true);
-    reap(false);
+    int err = 0;
+    if (listening > 1 && (p[1].revents & POLLIN)) err = accept_one(unix_fd_, false);
+    if (!err && listening > 2 && (p[2].revents & POLLIN)) err = accept_one(tcp_fd_, true);
+    reap(false);  // first: a descriptor given back here may end the pause
+    if (err) {
+      accept_paused(err);
+    } else if (listening > 1 && accept_paused_since_ != proto::Clock::time_point{} &&
+               (p[1].revents | (listening > 2 ? p[2].revents : 0)) & POLLIN) {
+      // An accept went through (or found nothing pending) after a pause: the episode is over.
+      const double s = std::chrono::duration<double>(proto::Clock::now() - accept_paused_since_).count();
+      ADP_INFO("gateway: accepting connections again after %.1f s out of descriptors or memory", s);
+      accept_paused_since_ = {};
+      accept_backoff_ = {};
+    }
   }
   // The stop. Nothing here allocates but the card's close (~CardStore's pad, done without: it logs the ERROR "no
   // memory to pad the frontier region's tail at close: the next open pads it"): an exception out of this thread's

@@ -75,6 +75,10 @@ struct GatewayOptions {
   uint64_t max_store_buffer_bytes = 256ull << 20;
   uint64_t max_store_buffer_total_bytes = 4ull << 30;  // the store buffers of all connections together
   uint32_t max_request_timeout_ms = 3600000;           // a batch's timeout_ms at most (larger: clamped)
+  // The client segments mapped, together (review33b F2): each is a mapping of its file's whole size (up to 1 TiB),
+  // address space of which the gateway has 128 TiB for everything it maps; a registration past it is refused for
+  // now (protocol r19: the client sends that file's buffers through the ring and registers it again later).
+  uint64_t max_segment_total_bytes = 32ull << 40;
 };
 
 class GatewayServer {
@@ -133,7 +137,12 @@ class GatewayServer {
 
   GatewayServer() = default;
   void accept_loop();
-  void accept_one(int listen_fd, bool tcp);
+  // Accepts one connection of listen_fd; 0, or the errno of an accept4 that left the connection in the backlog
+  // (EMFILE, ENFILE, ENOBUFS, ENOMEM: out of descriptors or memory), after which accept_paused is called.
+  int accept_one(int listen_fd, bool tcp);
+  // Stops polling the listening sockets for accept_backoff_ (kAcceptFirstBackoff doubling to kAcceptMaxBackoff
+  // while the failures go on), counts it (accept_backoffs) and logs the episode's first (WARNING, the limit named).
+  void accept_paused(int err);
   // Starts c's thread; throws std::system_error where none can be started (accept_one refuses c then).
   void start_connection(Client& c);
   void reap(bool all);
@@ -168,6 +177,11 @@ class GatewayServer {
   // the first of those not yet was seen, when their line is due, and when the last line went.
   uint64_t gone_logged_ = 0;
   proto::Clock::time_point gone_first_{}, gone_due_{}, gone_last_line_{};
+  // accept_paused's (the accept thread's only): when the listening sockets are polled again, the pause's length,
+  // and when the episode's first failure was (its WARNING logged; {} while accepts go through).
+  static constexpr std::chrono::milliseconds kAcceptFirstBackoff{100}, kAcceptMaxBackoff{1000};
+  proto::Clock::time_point accept_resume_{}, accept_paused_since_{};
+  std::chrono::milliseconds accept_backoff_{0};
 };
 
 }  // namespace adp

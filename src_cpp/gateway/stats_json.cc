@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "gateway/client_handler.h"
+#include "protocol/client_segment.h"
 #include "util/load_profile.h"
 
 namespace adp {
@@ -41,9 +42,11 @@ std::string stats_json(const StoreStats& st, const GatewayShared& shared) {
   field("ring_used_bytes", shared.ring_bytes_in_use.load());
   field("refused_connections", shared.refused.load());
   field("refused_status_queries", shared.refused_status_queries.load());
+  field("accept_backoffs", shared.accept_backoffs.load());
   field("failed_connections", shared.failed_connections.load());
   field("store_reader_failures", shared.store_reader_failures.load());
   field("segments", shared.segments.load());
+  field("segment_bytes", proto::ClientSegment::mapped_bytes());
   field("segment_loads", shared.segment_loads.load());
   field("segment_populates", shared.segment_populates.load());
   field("segment_prefault_bytes", shared.segment_prefault ? shared.segment_prefault->bytes() : 0);

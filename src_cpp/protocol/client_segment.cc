@@ -20,9 +20,11 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
 #include <utility>
 
+#include "protocol/frame.h"
 #include "util/amount.h"
 #include "util/log.h"
 #include "util/populate.h"
@@ -138,11 +140,20 @@ std::string not_mappable(int fd) {
 }
 
 constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
+// The populated bitmap is made per 1 GiB of segment (4096 words, 32 KiB), on the first page of it populated
+// (review33b F2): a segment's stated size, up to 1 TiB of a sparse file that cost its client nothing, cost the
+// gateway a zeroed, so resident, bitmap of 32 MiB at its registration; now 8 bytes a GiB (the chunks' table) and
+// 32 KiB for each GiB the loads or the prefault touched.
+constexpr int kChunkShift = 30;
+constexpr uint64_t kChunkWords = (uint64_t{1} << (kChunkShift - kPageShift)) / 64;
 
 // The mappings in use, by file identity: a file registered again (by any
 // connection) shares the mapping while its size is unchanged.
 std::mutex g_mu;
 std::map<std::pair<dev_t, ino_t>, std::weak_ptr<SegmentMapping>> g_mappings;
+// The bytes of those mappings (each counted once, however many connections share it): address space, held to a
+// gateway's --max-segment-total-gb at each new mapping. Under g_mu.
+uint64_t g_mapped_bytes = 0;
 
 }  // namespace
 
@@ -152,9 +163,9 @@ struct SegmentMapping {
   uint64_t size = 0;
   int slot = -1;
   std::pair<dev_t, ino_t> id;
-  // One bit per 4 KiB page (1/32768 of the segment, against 1/512 for the
-  // page tables that the populated pages cost anyway).
-  std::unique_ptr<std::atomic<uint64_t>[]> populated;
+  // One bit per 4 KiB page (1/32768 of what was populated, against 1/512 for the page tables that those pages
+  // cost anyway), in chunks of kChunkWords words made on first use (word()); a chunk not made has none populated.
+  std::unique_ptr<std::atomic<std::atomic<uint64_t>*>[]> chunks;
   // On a memory filesystem (tmpfs, hugetlbfs, ramfs): a write fault
   // allocates or maps a page there and dirties nothing that is written back.
   bool in_memory = false;
@@ -169,24 +180,53 @@ struct SegmentMapping {
     const uint64_t n = hi - lo + 1;
     return (n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1)) << (lo % 64);
   }
+  // Word w of the bitmap; null where its chunk is not made (make: made now, zeroed; null without memory for it).
+  std::atomic<uint64_t>* word(uint64_t w, bool make) const {
+    std::atomic<std::atomic<uint64_t>*>& slot = chunks[w / kChunkWords];
+    std::atomic<uint64_t>* chunk = slot.load(std::memory_order_acquire);
+    if (!chunk && make) {
+      std::atomic<uint64_t>* made = new (std::nothrow) std::atomic<uint64_t>[kChunkWords]();
+      if (!made) return nullptr;
+      if (slot.compare_exchange_strong(chunk, made, std::memory_order_acq_rel))
+        chunk = made;
+      else
+        delete[] made;  // another thread's came first (chunk holds it)
+    }
+    return chunk ? chunk + w % kChunkWords : nullptr;
+  }
   bool all_populated(uint64_t first, uint64_t last) const {
-    for (uint64_t w = first / 64; w <= last / 64; w++)
-      if ((populated[w].load(std::memory_order_relaxed) & mask(w, first, last)) != mask(w, first, last)) return false;
+    for (uint64_t w = first / 64; w <= last / 64; w++) {
+      const std::atomic<uint64_t>* bits = word(w, false);
+      if (!bits || (bits->load(std::memory_order_relaxed) & mask(w, first, last)) != mask(w, first, last)) return false;
+    }
     return true;
   }
-  // Its pages stay populated (the mapping is never unmapped in part).
-  void mark_populated(uint64_t first, uint64_t last) {
-    for (uint64_t w = first / 64; w <= last / 64; w++)
-      populated[w].fetch_or(mask(w, first, last), std::memory_order_relaxed);
+  // Its pages stay populated (the mapping is never unmapped in part). False without memory for a chunk: those
+  // pages are left unmarked, and a later load populates them again (one system call), as before they were first.
+  bool mark_populated(uint64_t first, uint64_t last) {
+    bool all = true;
+    for (uint64_t w = first / 64; w <= last / 64; w++) {
+      if (std::atomic<uint64_t>* bits = word(w, true))
+        bits->fetch_or(mask(w, first, last), std::memory_order_relaxed);
+      else
+        all = false;
+    }
+    return all;
   }
   bool broken() const { return g_slots[slot].broken.load(std::memory_order_acquire); }
 
   ~SegmentMapping() {
+    if (!data) {  // not mapped (Attach refused it): only its chunks' table, none made
+      return;
+    }
     {
       std::lock_guard<std::mutex> l(g_mu);
       auto it = g_mappings.find(id);
       if (it != g_mappings.end() && it->second.expired()) g_mappings.erase(it);
+      g_mapped_bytes -= size;
     }
+    if (chunks)
+      for (uint64_t c = 0; c <= (size >> kChunkShift); c++) delete[] chunks[c].load(std::memory_order_relaxed);
     Slot& s = g_slots[slot];
     s.lo.store(0, std::memory_order_release);
     s.hi.store(0, std::memory_order_release);
@@ -197,7 +237,12 @@ struct SegmentMapping {
   }
 };
 
-Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegment>* out) {
+uint64_t ClientSegment::mapped_bytes() {
+  std::lock_guard<std::mutex> l(g_mu);
+  return g_mapped_bytes;
+}
+
+Status ClientSegment::Attach(int fd, uint64_t bytes, uint64_t max_total_bytes, std::unique_ptr<ClientSegment>* out) {
   // A FUSE file's pages come from its server, which may be the client itself (an unprivileged fusermount): a
   // page it never delivers would stall the gateway's access to the mapping without bound, and a load into a
   // segment populates and copies into it inside the card read, under an I/O context (stop() and even SIGKILL
@@ -226,9 +271,38 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
       return Status::Ok();
     }
   }
+  // The refusals from here on are about this gateway's state, not the file: each reason starts with
+  // kSegmentRetryLater, so that the client registers the file again later (protocol r19, review33b F5) where it sent
+  // its buffers through the ring for good.
+  auto later = [fd](const std::string& why) {
+    ::close(fd);
+    return Status::Busy(std::string(kSegmentRetryLater) + why);
+  };
+  // Address space (review33b F2): each segment is a mapping of its whole stated size (up to 1 TiB), and the
+  // gateway's 128 TiB ran out after ~127 of them, and with them every other mapping it makes (rings, store buffers,
+  // staging). Held to --max-segment-total-gb, new mappings only (one shared by connections counted once).
+  if (bytes > max_total_bytes || g_mapped_bytes > max_total_bytes - bytes)
+    return later("the segments mapped in this gateway take " + log_amount(g_mapped_bytes) + "; this one's " +
+                 log_amount(bytes) + " would pass --max-segment-total-gb (" + log_amount(max_total_bytes) + ")");
+  // What may throw first, with nothing to undo (a mapping not made frees only its chunks' table): thrown, it failed
+  // the connection (note_failure), which the client took for a refusal of the file. The entry in g_mappings too:
+  // an empty one (a mapping gone) is harmless.
+  std::shared_ptr<SegmentMapping> m;
+  try {
+    m = std::make_shared<SegmentMapping>();
+    // One chunk past the last whole GiB (the bitmap's words reach page (bytes - 1) >> kPageShift).
+    m->chunks.reset(new std::atomic<std::atomic<uint64_t>*>[(bytes >> kChunkShift) + 1]());
+    g_mappings.try_emplace(id);
+  } catch (const std::bad_alloc&) {
+    return later("no memory to keep the segment's state (std::bad_alloc)");
+  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
+    // Out of address space or of mappings (ENOMEM: RLIMIT_AS, vm.max_map_count), or of descriptors: this gateway's
+    // state, which may change; any other errno (ENODEV: a file that cannot be mapped, EACCES, EPERM) is the file's.
+    if (err == ENOMEM || err == EAGAIN || err == ENFILE || err == EMFILE)
+      return later("cannot map the segment: " + errno_text(err));
     ::close(fd);
     return Status::InvalidArgument("cannot map the segment: " + errno_text(err));
   }
@@ -236,21 +310,18 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegme
   int slot = take_slot(lo, lo + bytes);
   if (slot < 0) {
     ::munmap(p, bytes);
-    ::close(fd);
-    return Status::Busy("too many segments mapped in this gateway");
+    return later("too many segments mapped in this gateway");
   }
-  auto m = std::make_shared<SegmentMapping>();
   m->fd = fd;
   m->data = static_cast<uint8_t*>(p);
   m->size = bytes;
   m->slot = slot;
   m->id = id;
+  g_mapped_bytes += bytes;  // given back by ~SegmentMapping
   struct statfs fs{};
   m->in_memory =
       ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-  size_t words = ((bytes >> kPageShift) + 64) / 64;
-  m->populated.reset(new std::atomic<uint64_t>[words]());
-  g_mappings[id] = m;
+  g_mappings[id] = m;  // made above: no allocation
   out->reset(new ClientSegment(std::move(m)));
   return Status::Ok();
 }
@@ -382,7 +453,9 @@ void SegmentPrefaulter::populate(const std::shared_ptr<SegmentMapping>& m) {
       failed = true;
       return false;
     }
-    m->mark_populated(first, last);
+    // No memory for its bitmap's chunk: as any other allocation of this thread that fails (run()), the segment is
+    // left to its loads.
+    if (!m->mark_populated(first, last)) throw std::bad_alloc();
     bytes += n;
     bytes_.fetch_add(n, std::memory_order_relaxed);
     return true;

@@ -33,8 +33,17 @@ struct SegmentMapping;
 
 class ClientSegment {
  public:
-  // Takes over fd. Checks that it is a regular file of exactly `bytes`.
-  static Status Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegment>* out);
+  // Takes over fd. Checks that it is a regular file of exactly `bytes`. A new mapping (not one another connection
+  // made of the same file) is refused where the mappings of this process would pass max_total_bytes (address
+  // space, --max-segment-total-gb). Refusals that are about this process's state, not the file (that cap, mmap's
+  // ENOMEM, the fault handler's table full, no memory), are Busy with a reason starting with kSegmentRetryLater
+  // (protocol r19); those about the file are InvalidArgument.
+  static Status Attach(int fd, uint64_t bytes, uint64_t max_total_bytes, std::unique_ptr<ClientSegment>* out);
+  static Status Attach(int fd, uint64_t bytes, std::unique_ptr<ClientSegment>* out) {
+    return Attach(fd, bytes, UINT64_MAX, out);
+  }
+  // The bytes of this process's segment mappings (each counted once): segment_bytes in StatsReply.
+  static uint64_t mapped_bytes();
   ~ClientSegment();
 
   uint8_t* data() const;

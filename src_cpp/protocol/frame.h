@@ -101,6 +101,12 @@ constexpr const char* kOtherVersion = "protocol version ";
 constexpr const char* kTooManyLocalClients = "too many local clients";
 constexpr const char* kTooManyTcpClients = "too many TCP clients";
 constexpr const char* kTooManyTcpHandshakes = "too many TCP connections in their handshake";
+// r19: the start of the Error frame's reason where the gateway refuses a segment registration for its own state,
+// not the file's (review33b F5): its segments' address space used up (--max-segment-total-gb), mmap's ENOMEM
+// (RLIMIT_AS, vm.max_map_count), the fault handler's table full, no memory. The client registers that file again
+// after a back-off; any other refusal of a registration (the file is on FUSE, not a regular file of the stated
+// size...) keeps its buffers on the ring for good, as did every refusal until r18.
+constexpr const char* kSegmentRetryLater = "segment refused for now, register it again later: ";
 constexpr uint32_t kMaxNameBytes = 256;                     // client name, gateway description
 constexpr uint32_t kMaxMessageBytes = 256;                  // per-key error text, error frame reason
 constexpr uint64_t kMaxObjectBytes = adp::kMaxObjectBytes;  // no card holds a larger object

@@ -582,6 +582,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("FEATURE_STATUS_QUERY") = proto::kFeatureStatusQuery;
   m.attr("PROCESS_SEGMENT") = proto::kProcessSegment;
   m.attr("MAX_SEGMENTS") = proto::kMaxSegments;
+  m.attr("SEGMENT_RETRY_LATER") = proto::kSegmentRetryLater;  // r19: a registration refused for now
   m.attr("MAX_BATCH_KEYS") = proto::kMaxBatchKeys;
   m.attr("MAX_TOKEN_BYTES") = proto::kMaxTokenBytes;
   m.attr("MAX_NAME_BYTES") = proto::kMaxNameBytes;
@@ -602,62 +603,66 @@ PYBIND11_MODULE(_native, m) {
       "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
 
   py::class_<PyGatewayServer>(m, "GatewayServer")
-      .def(py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
-                       const std::string& listen, const std::string& token, int io_contexts, bool durable,
-                       int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
-                       int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
-                       uint64_t max_store_buffer_bytes, int process_write_threads,
-                       uint64_t max_store_buffer_total_bytes, uint32_t max_request_timeout_ms, int max_pipelined_stores,
-                       int request_spin_us, bool segment_prefault, bool card_preallocate) {
-             GatewayOptions o;
-             o.card.path = card;
-             o.card.create_bytes = card_size_bytes;
-             o.card.create_preallocated = card_preallocate;
-             o.card.durable = durable;
-             o.socket_path = socket_path;
-             o.tcp_listen = listen;
-             o.token = token;
-             o.io_contexts = io_contexts;
-             o.card.io_depth = io_contexts;
-             o.max_clients = max_clients;
-             o.max_tcp_clients = max_tcp_clients;
-             o.max_handshakes = max_handshakes;
-             o.handshake_timeout_ms = handshake_timeout_ms;
-             o.idle_timeout_ms = idle_timeout_ms;
-             o.max_ring_bytes = max_ring_bytes;
-             o.max_ring_total_bytes = max_ring_total_bytes;
-             o.max_store_buffer_bytes = max_store_buffer_bytes;
-             o.max_store_buffer_total_bytes = max_store_buffer_total_bytes;
-             o.process_write_threads = process_write_threads;
-             o.max_request_timeout_ms = max_request_timeout_ms;
-             o.max_pipelined_stores = max_pipelined_stores;
-             o.request_spin_us = request_spin_us;
-             o.segment_prefault = segment_prefault;
-             return std::make_unique<PyGatewayServer>(o);
-           }),
-           py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
-           py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true,
-           py::arg("max_clients") = GatewayOptions{}.max_clients,
-           py::arg("max_tcp_clients") = GatewayOptions{}.max_tcp_clients,
-           py::arg("max_handshakes") = GatewayOptions{}.max_handshakes,
-           py::arg("handshake_timeout_ms") = GatewayOptions{}.handshake_timeout_ms,
-           py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
-           py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
-           py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
-           py::arg("max_store_buffer_bytes") = GatewayOptions{}.max_store_buffer_bytes,
-           py::arg("process_write_threads") = GatewayOptions{}.process_write_threads,
-           py::arg("max_store_buffer_total_bytes") = GatewayOptions{}.max_store_buffer_total_bytes,
-           py::arg("max_request_timeout_ms") = GatewayOptions{}.max_request_timeout_ms,
-           py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
-           py::arg("request_spin_us") = GatewayOptions{}.request_spin_us,
-           py::arg("segment_prefault") = GatewayOptions{}.segment_prefault, py::arg("card_preallocate") = false,
-           "Opens the card (a new image of card_size_bytes: sparse, or its blocks allocated with card_preallocate, "
-           "except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
-           "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
-           "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
-           "rounded down; 0: none). request_spin_us: how long a connection looks for the next request after a put or "
-           "get before it sleeps, while CPUs are spare (0: never). segment_prefault: populate registered segments' "
-           "written pages in the background (False: each load populates its own).")
+      .def(
+          py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
+                      const std::string& listen, const std::string& token, int io_contexts, bool durable,
+                      int max_clients, int max_tcp_clients, int max_handshakes, int handshake_timeout_ms,
+                      int idle_timeout_ms, uint64_t max_ring_bytes, uint64_t max_ring_total_bytes,
+                      uint64_t max_store_buffer_bytes, int process_write_threads, uint64_t max_store_buffer_total_bytes,
+                      uint32_t max_request_timeout_ms, int max_pipelined_stores, int request_spin_us,
+                      bool segment_prefault, bool card_preallocate, uint64_t max_segment_total_bytes) {
+            GatewayOptions o;
+            o.card.path = card;
+            o.card.create_bytes = card_size_bytes;
+            o.card.create_preallocated = card_preallocate;
+            o.card.durable = durable;
+            o.socket_path = socket_path;
+            o.tcp_listen = listen;
+            o.token = token;
+            o.io_contexts = io_contexts;
+            o.card.io_depth = io_contexts;
+            o.max_clients = max_clients;
+            o.max_tcp_clients = max_tcp_clients;
+            o.max_handshakes = max_handshakes;
+            o.handshake_timeout_ms = handshake_timeout_ms;
+            o.idle_timeout_ms = idle_timeout_ms;
+            o.max_ring_bytes = max_ring_bytes;
+            o.max_ring_total_bytes = max_ring_total_bytes;
+            o.max_store_buffer_bytes = max_store_buffer_bytes;
+            o.max_store_buffer_total_bytes = max_store_buffer_total_bytes;
+            o.process_write_threads = process_write_threads;
+            o.max_request_timeout_ms = max_request_timeout_ms;
+            o.max_pipelined_stores = max_pipelined_stores;
+            o.request_spin_us = request_spin_us;
+            o.segment_prefault = segment_prefault;
+            o.max_segment_total_bytes = max_segment_total_bytes;
+            return std::make_unique<PyGatewayServer>(o);
+          }),
+          py::arg("card"), py::arg("card_size_bytes"), py::arg("socket_path"), py::arg("listen") = "",
+          py::arg("token") = "", py::arg("io_contexts") = 4, py::arg("durable") = true,
+          py::arg("max_clients") = GatewayOptions{}.max_clients,
+          py::arg("max_tcp_clients") = GatewayOptions{}.max_tcp_clients,
+          py::arg("max_handshakes") = GatewayOptions{}.max_handshakes,
+          py::arg("handshake_timeout_ms") = GatewayOptions{}.handshake_timeout_ms,
+          py::arg("idle_timeout_ms") = GatewayOptions{}.idle_timeout_ms,
+          py::arg("max_ring_bytes") = GatewayOptions{}.max_ring_bytes,
+          py::arg("max_ring_total_bytes") = GatewayOptions{}.max_ring_total_bytes,
+          py::arg("max_store_buffer_bytes") = GatewayOptions{}.max_store_buffer_bytes,
+          py::arg("process_write_threads") = GatewayOptions{}.process_write_threads,
+          py::arg("max_store_buffer_total_bytes") = GatewayOptions{}.max_store_buffer_total_bytes,
+          py::arg("max_request_timeout_ms") = GatewayOptions{}.max_request_timeout_ms,
+          py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
+          py::arg("request_spin_us") = GatewayOptions{}.request_spin_us,
+          py::arg("segment_prefault") = GatewayOptions{}.segment_prefault, py::arg("card_preallocate") = false,
+          py::arg("max_segment_total_bytes") = GatewayOptions{}.max_segment_total_bytes,
+          "Opens the card (a new image of card_size_bytes: sparse, or its blocks allocated with card_preallocate, "
+          "except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
+          "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
+          "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
+          "rounded down; 0: none). request_spin_us: how long a connection looks for the next request after a put or "
+          "get before it sleeps, while CPUs are spare (0: never). segment_prefault: populate registered segments' "
+          "written pages in the background (False: each load populates its own). max_segment_total_bytes: the client "
+          "segments mapped together (address space; a registration past it is refused for now, protocol r19).")
       .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"),
            "Waits for the server to stop; True if it did within timeout_s.")

@@ -46,8 +46,15 @@ struct SegmentFile {
   dev_t dev = 0;
   ino_t ino = 0;
   std::atomic<bool> refused{false};  // a gateway would not map it: use the ring
+  // A registration refused for now (protocol r19, proto::kSegmentRetryLater: the gateway's state, not the file's):
+  // its buffers use the ring until retry_at_ns (steady clock), the back-off doubling from kSegmentFirstBackoff to
+  // kSegmentMaxBackoff while refusals go on (backoff_ms; 0 once one succeeded), the outage logged once (deferred).
+  std::atomic<int64_t> retry_at_ns{0};
+  std::atomic<int64_t> backoff_ms{0};
+  std::atomic<bool> deferred{false};
   ~SegmentFile();
 };
+inline constexpr std::chrono::milliseconds kSegmentFirstBackoff{1000}, kSegmentMaxBackoff{60000};
 
 // Where a buffer lies in a SegmentFile.
 struct SegmentSpan {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -124,8 +125,29 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
     }
     auto it = segment_ids_.find(f);
     if (it == segment_ids_.end()) {
+      // Refused for now a moment ago (below): the ring until its back-off ends, this batch's buffers too.
+      const int64_t now_ns = Clock::now().time_since_epoch() / std::chrono::nanoseconds(1);
+      if (now_ns < f->retry_at_ns.load(std::memory_order_relaxed)) return false;
       uint32_t id = 0;
       Status s = client_->register_segment(f->fd, f->bytes, deadline, &id);
+      if (s.code() == Status::Code::kUnavailable && s.message().find(proto::kSegmentRetryLater) != std::string::npos) {
+        // r19: refused for the gateway's state (its segments' address space used up, mmap's ENOMEM, no memory), not
+        // the file's, and the connection closed: this batch and the file's buffers take the ring (a new connection)
+        // until the back-off ends, then a batch registers it again (review33b F5: until r18 any refusal sent them
+        // through the ring for the process's life, half speed on a memory-speed card, long after the cause passed).
+        const int64_t prev = f->backoff_ms.load(std::memory_order_relaxed);
+        const int64_t next = std::clamp<int64_t>(prev * 2, kSegmentFirstBackoff.count(), kSegmentMaxBackoff.count());
+        f->backoff_ms.store(next, std::memory_order_relaxed);
+        f->retry_at_ns.store(now_ns + next * 1'000'000, std::memory_order_relaxed);
+        if (!f->deferred.exchange(true))
+          ADP_INFO(
+              "%s: %s; buffers in that shared memory file (%llu bytes) go through the ring for now, the file "
+              "registered again in %lld s (then at most every %lld s while refused)",
+              backend_->describe().c_str(), log_safe(s.message()).c_str(), static_cast<unsigned long long>(f->bytes),
+              static_cast<long long>(next / 1000), static_cast<long long>(kSegmentMaxBackoff.count() / 1000));
+        backend_->drop(&client_);
+        return false;
+      }
       if (s.code() == Status::Code::kUnavailable) {
         // The gateway refused the file (its Error frame: it cannot map it as stated) and closed the connection.
         // No outage: the file's buffers use the ring from now on, this batch's too, on a new connection.
@@ -138,6 +160,11 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
       }
       if (!s.ok()) return lost(s);
       if (id == 0) return false;  // this connection's ids are used up
+      if (f->backoff_ms.exchange(0, std::memory_order_relaxed) != 0 && f->deferred.exchange(false))
+        ADP_INFO(
+            "%s: the gateway mapped the shared memory file (%llu bytes) it had refused for now: its buffers go in "
+            "place again",
+            backend_->describe().c_str(), static_cast<unsigned long long>(f->bytes));
       it = segment_ids_.emplace(f, id).first;
     }
     req.items[i] = {keys[i], sizes[i], spans[i].offset, it->second};

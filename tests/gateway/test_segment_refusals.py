@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A segment registration refused for the gateway's state, not the file's, is tried again (protocol r19, review33b
+F5, session 33)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import resource
+import time
+
+from lmcache_adp import ADPConnector
+from lmcache_adp.gateway_stats import read_gateway_stats
+from tests.helpers import RawConnector
+from tests.support.gateway import temp_gateway
+from tests.support.proc import status_bytes
+
+
+def test_a_transient_refusal_of_a_segment_does_not_turn_in_place_loads_off_for_good():
+    """review33b F5: RemoteSession::try_in_place marked a file `refused` for the life of the process on ANY Error
+    frame answering its registration: "buffers in that shared memory file go through the ring from now on". Errors
+    that say nothing about the file - mmap's ENOMEM (address space or vm.max_map_count used up), the gateway's
+    segments past --max-segment-total-gb, the fault handler's table full, no memory - are transient, yet LMCache's
+    L1 pool then loaded through the ring (half speed on a memory-speed card) until the MP server restarted. Here
+    the gateway's RLIMIT_AS is lowered for one registration (mmap fails: ENOMEM, refused for now), then restored:
+    later loads into the same /dev/shm file must go in place again (segment_loads) within 10 s (the first retry
+    comes after 1 s)."""
+    size = 4 << 20
+    path = f"/dev/shm/adp-segrefusal-{os.getpid()}-{time.monotonic_ns()}"
+    with temp_gateway() as gw:
+        c = RawConnector(ADPConnector(gateway=gw.unix_url, num_workers=1, timeout_ms=5000, process_memory=False))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            assert c.set(["refused@1"], [memoryview(b"\x11" * size)])[0]
+            os.ftruncate(fd, 64 << 20)
+            with mmap.mmap(fd, 64 << 20) as m:
+                view = memoryview(m)[:size]
+                pid = gw.proc.pid
+                soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+                resource.prlimit(pid, resource.RLIMIT_AS, (status_bytes(pid, "VmSize") + (16 << 20), hard))
+                try:
+                    c.get(["refused@1"], [view])  # its registration refused: mmap ENOMEM (the load may take the ring)
+                finally:
+                    resource.prlimit(pid, resource.RLIMIT_AS, (soft, hard))
+                assert "cannot map the segment" in gw.log()
+                deadline = time.monotonic() + 10
+                in_place = 0
+                while time.monotonic() < deadline and not in_place:
+                    assert c.get(["refused@1"], [view])[2] == [True]
+                    in_place = read_gateway_stats(gw.unix_url)["segment_loads"]
+                    time.sleep(0.1)
+                view.release()
+            assert in_place, "loads into the file still go through the ring 10 s after the gateway could map it again"
+        finally:
+            c.conn.close()
+            os.close(fd)
+            os.unlink(path)
