@@ -2,10 +2,13 @@
 """adapter_params validation: clear errors, before anything is created."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from lmcache_adp import ADPConnector, ConfigError, ConnectorConfig, default_card_path
+from lmcache_adp.testing import child_env
 
 
 @pytest.mark.parametrize(
@@ -60,3 +63,51 @@ def test_an_empty_card_path_is_refused_not_read_as_the_default(monkeypatch, tmp_
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+_REFUSED_START = """
+import sys
+from lmcache_adp import ADPConnector
+card = sys.argv[1]
+try:
+    ADPConnector(card=card, card_size_gb=0.015625, num_worker=4)
+except Exception as e:
+    print("raised", type(e).__name__, flush=True)
+held = ADPConnector(card=card, card_size_gb=0.015625, num_workers=1)
+try:
+    ADPConnector(card=card)
+except Exception as e:
+    print("raised", type(e).__name__, flush=True)
+held.close()
+"""
+
+
+def test_a_start_refused_is_one_error_line_of_the_plugin(tmp_path):
+    """review33c: inside `lmcache server`, a bad adapter_params key (or a card another process holds) reached the
+    operator only as the last line of LMCache's 40-line traceback, under "Application startup failed"; the plugin
+    logged nothing. Its own log has one ERROR line each now, "ADPConnector not started: <why>" (the prefix the
+    metrics port's refusal already has), so `journalctl | grep lmcache-adp` shows why the server did not start."""
+    card = str(tmp_path / "card.img")
+    r = subprocess.run(
+        [sys.executable, "-c", _REFUSED_START, card], capture_output=True, text=True, timeout=60, env=child_env()
+    )
+    assert r.stdout.split("\n")[:2] == ["raised ConfigError", "raised RuntimeError"], (r.stdout, r.stderr)
+    errors = [line for line in r.stderr.splitlines() if "lmcache-adp ERROR" in line]
+    assert len(errors) == 2, r.stderr
+    assert "ADPConnector not started: unknown adapter_params key(s) 'num_worker'" in errors[0], errors
+    assert f"ADPConnector not started: card {card} is already open" in errors[1], errors
+
+
+def test_a_size_ignored_names_the_image_size_apart_from_the_one_asked(tmp_path):
+    """review33c: `--card-size-gb 0.03` on an existing 32 MiB image warned "--card-size-gb 0.03 ignored: card image
+    X exists with 0.03 GiB and keeps that size": both sizes read the same, so the operator cannot see what differs.
+    Below 1 GiB the image's size is in MiB, as the other card lines write amounts (metrics.amount; audit 14: a
+    small image read "0.04 GiB, 0.02 GiB of it written")."""
+    from lmcache_adp.config import card_size_ignored
+
+    image = tmp_path / "card.img"
+    with open(image, "wb") as f:
+        f.truncate(32 << 20)
+    said = card_size_ignored(str(image), 0.03, "--card-size-gb")
+    assert said is not None and said.startswith(f"--card-size-gb 0.03 ignored: card image {image} exists with "), said
+    assert "exists with 32.00 MiB and keeps that size" in said, said

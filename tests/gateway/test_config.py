@@ -118,6 +118,16 @@ def test_empty_token_file_refused(tmp_path):
         ConnectorConfig.from_params({"gateway": "tcp://h:1", "token_file": str(tmp_path / "empty")})
 
 
+def test_binary_token_file_is_a_config_error(tmp_path):
+    """review33c: a token made with `head -c 32 /dev/urandom > token` (bytes that are not UTF-8) raised
+    UnicodeDecodeError out of adapter_params, a traceback that names neither the key nor the file; it is a
+    ConfigError naming both, as an unreadable or empty token file is."""
+    tok = tmp_path / "token"
+    tok.write_bytes(b"\xd9\x8f\xbb" + bytes(range(29)))
+    with pytest.raises(ConfigError, match=re.escape(f"adapter_params['token_file']: token file {str(tok)!r}")):
+        ConnectorConfig.from_params({"gateway": "tcp://h:1", "token_file": str(tok)})
+
+
 @pytest.mark.parametrize(
     "gateway, why",
     [

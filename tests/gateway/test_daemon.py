@@ -201,6 +201,22 @@ def test_metrics_port_in_use_names_the_flags(workdir):
     assert not os.path.exists(gw.card)
 
 
+def test_binary_token_file_is_one_line_not_a_traceback(workdir):
+    """review33c: `--token-file` of a file that is not UTF-8 text (a token made with `head -c 32 /dev/urandom`)
+    ended the gateway with a 15-line UnicodeDecodeError traceback; it is one line naming the flag and the file,
+    exit 2 like an unreadable or empty token file, and no card is made."""
+    gw = Gateway(workdir)
+    binary = os.path.join(workdir, "binary-token")
+    with open(binary, "wb") as f:
+        f.write(b"\xd9\x8f\xbb" + bytes(range(29)))
+    r = subprocess.run(
+        gw.args("--listen", "tcp://127.0.0.1:0", "--token-file", binary), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"--token-file: token file {binary!r}" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not os.path.exists(gw.card)
+
+
 def test_token_file_without_listen_is_named(workdir):
     """--token-file without --listen was ignored without a word (audit 15): a gateway no TCP client reaches."""
     token = os.path.join(workdir, "token")  # the file Gateway writes
