@@ -205,6 +205,28 @@ def test_metrics_port_setting(script):
         assert r.stderr == f"ADP_METRICS_PORT={bad}: a port number, 1-65535 (0 or unset: no metrics port)\n", r.stderr
 
 
+@pytest.mark.parametrize(
+    "setting, value",
+    [("ADP_CARD_SIZE_GB", "64G"), ("ADP_CARD_SIZE_GB", "sixty-four"), ("ADP_CARD", '/var/lib/lmcache-adp/"card".img')],
+)
+def test_a_setting_never_makes_the_l2_adapter_json_malformed(setting, value):
+    """review33c: ADP_METRICS_PORT is checked because a value that is no port made the JSON malformed (audit 15),
+    but ADP_CARD_SIZE_GB=64G (or a card path with a '"') still went into --l2-adapter as is: `lmcache server` then
+    ended with LMCache's traceback "Invalid JSON for --l2-adapter #1: Expecting ',' delimiter: line 1 column 171",
+    naming no setting. Either the script refuses it (exit 2, the setting named) or the JSON it passes parses."""
+    r = subprocess.run(
+        ["bash", str(EXAMPLES / "run_server_embedded.sh")],
+        env={**child_env(), "ADP_DRY_RUN": "1", setting: value},
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode == 2:
+        assert not r.stdout and r.stderr.startswith(f"{setting}="), r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    json.loads(flag(shlex.split(r.stdout), "--l2-adapter"))
+
+
 # --- configs ------------------------------------------------------------------------
 
 
