@@ -23,7 +23,11 @@ shift || true
 case $role in
   gateway)
     echo gateway >"$role_file"
-    exec lmcache-adp gateway --card "$ADP_CARD" --card-size-gb "${ADP_CARD_SIZE_GB:-64}" --socket "$ADP_SOCKET" "$@"
+    # Named as the launch scripts name it (review33c: argparse's refusal named --card-size-gb, not the setting).
+    size=${ADP_CARD_SIZE_GB:-64}
+    [[ $size =~ ^(0|[1-9][0-9]*)(\.[0-9]+)?$ ]] ||
+      { echo "ADP_CARD_SIZE_GB=$size: a number of GiB, as 64 or 0.5 (the card image's size when it is created)" >&2; exit 2; }
+    exec lmcache-adp gateway --card "$ADP_CARD" --card-size-gb "$size" --socket "$ADP_SOCKET" "$@"
     ;;
   lmcache-server)
     echo lmcache-server >"$role_file"

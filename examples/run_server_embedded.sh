@@ -26,8 +26,15 @@ port=${ADP_METRICS_PORT:-0} metrics=
 [[ $port =~ ^(0|[1-9][0-9]{0,4})$ ]] && ((port <= 65535)) ||
   { echo "ADP_METRICS_PORT=$port: a port number, 1-65535 (0 or unset: no metrics port)" >&2; exit 2; }
 ((port == 0)) || metrics=",\"metrics_port\":$port"
-l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"embedded","card":"%s","card_size_gb":%s%s}}' \
-  "$card" "${ADP_CARD_SIZE_GB:-64}" "$metrics")
+# ADP_CARD_SIZE_GB: checked as ADP_METRICS_PORT is (review33c: 64G went into the JSON as is, malformed).
+size=${ADP_CARD_SIZE_GB:-64}
+[[ $size =~ ^(0|[1-9][0-9]*)(\.[0-9]+)?$ ]] ||
+  { echo "ADP_CARD_SIZE_GB=$size: a number of GiB, as 64 or 0.5 (the card image's size when it is created)" >&2; exit 2; }
+# A path as a JSON string, escaped by a JSON encoder (a '"' or '\' in it made the JSON malformed; review33c).
+json_str() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
+card_json=$(json_str "$card")
+l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"embedded","card":%s,"card_size_gb":%s%s}}' \
+  "$card_json" "$size" "$metrics")
 
 cmd=(lmcache server
   --host "${ADP_MP_HOST:-127.0.0.1}" --port "${ADP_MP_PORT:-5555}"

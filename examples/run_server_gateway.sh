@@ -31,9 +31,18 @@ port=${ADP_METRICS_PORT:-0} metrics=
 [[ $port =~ ^(0|[1-9][0-9]{0,4})$ ]] && ((port <= 65535)) ||
   { echo "ADP_METRICS_PORT=$port: a port number, 1-65535 (0 or unset: no metrics port)" >&2; exit 2; }
 ((port == 0)) || metrics=",\"metrics_port\":$port"
-l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":"unix://%s"%s}}' "$socket" "$metrics")
+if [[ ${ADP_START_GATEWAY:-1} == 1 ]]; then  # the size is the started gateway's only
+  # ADP_CARD_SIZE_GB: checked as ADP_METRICS_PORT is (review33c: the gateway refused 64G naming its flag, not this).
+  size=${ADP_CARD_SIZE_GB:-64}
+  [[ $size =~ ^(0|[1-9][0-9]*)(\.[0-9]+)?$ ]] ||
+    { echo "ADP_CARD_SIZE_GB=$size: a number of GiB, as 64 or 0.5 (the card image's size when it is created)" >&2; exit 2; }
+fi
+# A path as a JSON string, escaped by a JSON encoder (a '"' or '\' in it made the JSON malformed; review33c).
+json_str() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
+gateway_json=$(json_str "unix://$socket")
+l2_adapter=$(printf '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector","adapter_params":{"gateway":%s%s}}' "$gateway_json" "$metrics")
 
-gateway_cmd=(lmcache-adp gateway --card "$card" --card-size-gb "${ADP_CARD_SIZE_GB:-64}" --socket "$socket")
+gateway_cmd=(lmcache-adp gateway --card "$card" --card-size-gb "${size:-64}" --socket "$socket")
 server_cmd=(lmcache server
   --host "${ADP_MP_HOST:-127.0.0.1}" --port "${ADP_MP_PORT:-5555}"
   --http-host "${ADP_HTTP_HOST:-127.0.0.1}" --http-port "${ADP_HTTP_PORT:-8080}"

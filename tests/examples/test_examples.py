@@ -227,6 +227,28 @@ def test_a_setting_never_makes_the_l2_adapter_json_malformed(setting, value):
     json.loads(flag(shlex.split(r.stdout), "--l2-adapter"))
 
 
+def test_the_gateway_script_escapes_its_socket_and_checks_the_size():
+    """review33c M4, run_server_gateway.sh: ADP_SOCKET went into --l2-adapter as is (a '"' in it: malformed JSON,
+    LMCache's traceback), and ADP_CARD_SIZE_GB=64G reached the gateway as `--card-size-gb 64G`, whose refusal names
+    the flag, not the setting. The socket is JSON-escaped, the size refused naming ADP_CARD_SIZE_GB (exit 2) where
+    the script starts the gateway; with ADP_START_GATEWAY=0 no size is used, so none is checked."""
+    sock = '/run/lmcache-adp/"gw" \\ x.sock'
+    gateway, server = dry_run("run_server_gateway.sh", ADP_SOCKET=sock)
+    assert flag(gateway, "--socket") == sock
+    assert json.loads(flag(server, "--l2-adapter"))["adapter_params"] == {"gateway": f"unix://{sock}"}
+    for start, says in (("1", "ADP_CARD_SIZE_GB=64G: a number of GiB"), ("0", "")):
+        r = subprocess.run(
+            ["bash", str(EXAMPLES / "run_server_gateway.sh")],
+            env={**child_env(), "ADP_DRY_RUN": "1", "ADP_CARD_SIZE_GB": "64G", "ADP_START_GATEWAY": start},
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if says:
+            assert r.returncode == 2 and not r.stdout and r.stderr.startswith(says), r.stderr
+            assert len(r.stderr.splitlines()) == 1, r.stderr
+        else:
+            assert r.returncode == 0 and r.stdout.startswith("lmcache server "), r.stderr
+
+
 # --- configs ------------------------------------------------------------------------
 
 

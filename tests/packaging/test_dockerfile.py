@@ -290,6 +290,18 @@ def test_entrypoint_roles(tmp_path):
     srv.close()
 
 
+def test_the_gateway_role_names_a_card_size_that_is_no_number(tmp_path):
+    """review33c M4: the gateway role passed ADP_CARD_SIZE_GB=64G on as `--card-size-gb 64G`, refused by argparse
+    naming the flag, which the container's operator never wrote; it names the setting, as the launch scripts do."""
+    env = {**os.environ, "ADP_ROLE_FILE": str(tmp_path / "role"), "ADP_CARD": str(tmp_path / "card.img")}
+    env.update(ADP_SOCKET=str(tmp_path / "gw.sock"), ADP_CARD_SIZE_GB="64G")
+    r = subprocess.run(
+        ["bash", str(ROOT / "docker" / "entrypoint.sh"), "gateway"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and r.stderr.startswith("ADP_CARD_SIZE_GB=64G: a number of GiB"), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "card.img").exists(), r.stderr
+
+
 def test_the_server_healthcheck_asks_the_plugins_health_when_a_metrics_port_is_set(tmp_path):
     """LMCache's /healthcheck answers while its L1 serves: a server whose gateway is unreachable read healthy
     (audit 15 item 16). With ADP_METRICS_PORT the healthcheck asks the plugin's /health too (its real server
