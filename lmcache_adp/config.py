@@ -68,6 +68,13 @@ def connect_timeout_error(value: Any) -> str | None:
     )
 
 
+def amount(nbytes: int) -> str:
+    """ "1.50 GiB" from 1 GiB up, "48.00 MiB" below, as the card-space WARNING writes them
+    (src_cpp/store/card_device.cc): a small image read "0.04 GiB, 0.02 GiB of it written, 0.00 GiB free" (audit 14).
+    Here, not in metrics (which imports this module), so that card_size_ignored writes sizes the same way."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.2f} MiB"
+
+
 def card_size_range() -> str:
     return f"[{MIN_CARD_SIZE_GB:g}, {MAX_CARD_SIZE_GB}]"
 
@@ -85,7 +92,7 @@ def card_size_ignored(path: str, size_gb: float, what: str) -> str | None:
     if have == int(size_gb * GIB) & ~4095:
         return None
     return (
-        f"{what} {size_gb:g} ignored: card image {path} exists with {have / GIB:.2f} GiB and keeps that size (the "
+        f"{what} {size_gb:g} ignored: card image {path} exists with {amount(have)} and keeps that size (the "
         "size applies when an image is created; to resize, stop, remove the image and start again: its cached "
         "objects are lost)"
     )
@@ -284,8 +291,9 @@ class ConnectorConfig:
         if gateway != "embedded":
             misplaced = [k for k in _EMBEDDED_ONLY if k in params]
             if misplaced:
+                verb = "applies" if len(misplaced) == 1 else "apply"  # review33c C5: "'card' apply to"
                 raise ConfigError(
-                    f"adapter_params {', '.join(map(repr, misplaced))} apply to gateway='embedded' only; "
+                    f"adapter_params {', '.join(map(repr, misplaced))} {verb} to gateway='embedded' only; "
                     "the gateway daemon owns its card (lmcache-adp gateway --card PATH)"
                 )
 
@@ -399,6 +407,13 @@ def read_token_file(path: str, what: str) -> str:
             token = f.read().strip()
     except OSError as e:
         raise ConfigError(f"{what}: cannot read token file {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        # A token made with `head -c 32 /dev/urandom > token` is bytes, not text: the protocol sends the token as
+        # text (as a tcp:// connector's token_file gives it), so it is refused here as one line naming the file,
+        # not a UnicodeDecodeError traceback naming neither it nor the flag (review33c M3).
+        raise ConfigError(
+            f"{what}: token file {path!r} must hold text (UTF-8), e.g. made with `openssl rand -hex 32 > {path}`"
+        ) from None
     if not token or len(token.encode()) > MAX_TOKEN_BYTES:
         raise ConfigError(f"{what}: token file {path!r} must hold 1 to {MAX_TOKEN_BYTES} bytes of token")
     return token

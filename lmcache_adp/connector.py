@@ -11,6 +11,7 @@ are the C++ methods of the base class, so no Python runs per request.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -20,6 +21,16 @@ from lmcache_adp.log import get_logger
 from lmcache_adp.metrics import MetricsServer
 from lmcache_adp.native_check import check_native
 from lmcache_adp.stats_catalog import CLIENT, EMBEDDED
+
+
+def _not_started(why: str) -> str:
+    """Logs "ADPConnector not started: <why>" as one ERROR line of the plugin's own and returns it. Inside
+    `lmcache server` a refused start reached the operator only as the last line of LMCache's 40-line traceback,
+    under "Application startup failed", with nothing of the plugin's in its log (review33c M5): the line is what
+    `journalctl -u ... | grep lmcache-adp` finds. The exception is raised all the same (LMCache must not start)."""
+    said = f"ADPConnector not started: {why}"
+    get_logger().error("%s", said)
+    return said
 
 
 class ADPConnector(NativeConnector):
@@ -40,11 +51,12 @@ class ADPConnector(NativeConnector):
             if not why:
                 raise
         if why:
-            raise RuntimeError(f"ADPConnector not started: {why}")
+            raise RuntimeError(_not_started(why))
         try:
             self.config = ConnectorConfig.from_params(adapter_params)
         except ConfigError as e:
             self._start_failed(str(e))
+            _not_started(str(e))
             raise
         embedded = self.config.gateway == "embedded"
         existed = embedded and os.path.lexists(self.config.card)  # before this start: never this start's to remove
@@ -55,6 +67,13 @@ class ADPConnector(NativeConnector):
             # the size it is then given; one that was there stays.
             if embedded and not existed:
                 remove_new_image(self.config.card, get_logger(), str(e))
+            if embedded and str(e).startswith("cannot create directory "):
+                # The store names the directory and the card; which parameter gave that card is this layer's to
+                # say (review33c C5).
+                why = f"adapter_params['card']: {e}"
+                _not_started(why)
+                raise RuntimeError(why) from None
+            _not_started(str(e))
             raise
         self._native_started = True
         size_gb, what = self.config.card_size_gb, "adapter_params['card_size_gb'] ="
@@ -79,8 +98,17 @@ class ADPConnector(NativeConnector):
                 if embedded and not existed:
                     remove_new_image(self.config.card, get_logger())
                 raise RuntimeError(
-                    f"ADPConnector not started: adapter_params['metrics_port'] {port} on metrics_host {host!r}: "
-                    f"cannot serve metrics there: {e.strerror or e}"
+                    _not_started(
+                        f"adapter_params['metrics_port'] {port} on metrics_host {host!r}: cannot serve metrics "
+                        f"there: {e.strerror or e}"
+                        + (
+                            # Who may hold it, as the gateway's refusal says (review33c C4).
+                            " (another process holds the port: another connector's metrics_port or a gateway's "
+                            "--metrics-port; give each its own)"
+                            if e.errno == errno.EADDRINUSE
+                            else ""
+                        )
+                    )
                 ) from None
 
     def stats(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import signal
+import socket
 
 from lmcache_adp import _native
 from lmcache_adp.config import (
@@ -187,6 +188,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def tcp_port_taken(listen: str) -> str | None:
+    """Why --listen's port (a checked tcp://HOST:PORT) cannot be bound now because another process holds it, or
+    None. Tried as the C++ listener binds it (proto::listen_endpoint: getaddrinfo's first address, SO_REUSEADDR,
+    so a former gateway's connections in TIME_WAIT do not count), then let go for it. Only a port in use is
+    refused here: any other failure (a host that does not resolve, an address not this host's) is the
+    listener's to name, as before."""
+    host, _, port = listen[len("tcp://") :].rpartition(":")
+    if int(port) == 0:
+        return None  # any free port
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return (
+                    f"{e.strerror} (another process holds the port: another gateway's --listen, or another server; "
+                    "give each its own)"
+                )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.card_size_gb != 0 and not card_size_ok(args.card_size_gb):
         log.error(
@@ -248,12 +275,53 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.error("%s", e)
         return 2
+    # The ports before the card (review33c C3): a port another process holds was found only after the card was
+    # opened and recovered, a whole recovery walk on a large card for one line of refusal. The metrics port is
+    # bound here and served once the card is open (a scrape meanwhile waits in its backlog); the TCP port is
+    # tried (the C++ listener binds it after the card's lock, which tells a second gateway on the card to go
+    # away first), so a port taken is refused before anything is opened.
+    metrics = None
+    if args.metrics_port:
+        try:
+            metrics = MetricsServer(
+                lambda: {**json.loads(server.stats_json()), "card": card},
+                args.metrics_port,
+                source=GATEWAY,
+                host=args.metrics_host,
+                start=False,
+            )
+        except OSError as e:
+            # The flags named, as the connector's message names adapter_params (audit 15: "metrics on H:P: ...").
+            log.error(
+                "gateway not started: --metrics-port %d on --metrics-host %s: cannot serve metrics there: %s%s",
+                args.metrics_port,
+                args.metrics_host,
+                e.strerror or e,
+                " (another process holds the port: another gateway's --metrics-port or a connector's metrics_port; "
+                "give each its own)"
+                if e.errno == errno.EADDRINUSE
+                else "",
+            )
+            return 1
+    if args.listen and (taken := tcp_port_taken(args.listen)):
+        log.error("gateway not started: --listen %s: cannot listen there: %s", args.listen, taken)
+        if metrics is not None:
+            metrics.close()
+        return 1
     socket_dir = os.path.dirname(os.path.abspath(args.socket))
     try:
-        os.makedirs(socket_dir, exist_ok=True)
+        # Made where missing (a packaged unit relies on it: /run/lmcache-adp), and said, so that a typo in the
+        # path (as root: /nonexistent/dir) is a line in the log, not a gateway on a socket nobody looks for
+        # (review33c).
+        if not os.path.isdir(socket_dir):
+            os.makedirs(socket_dir)
+            log.info("created the socket directory %s (it did not exist)", socket_dir)
     except OSError as e:
-        log.error("cannot create the socket directory %s: %s", socket_dir, e.strerror)
-        return 1
+        if not os.path.isdir(socket_dir):  # else made meanwhile by another process (a second gateway's start)
+            log.error("cannot create the socket directory %s: %s", socket_dir, e.strerror)
+            if metrics is not None:
+                metrics.close()
+            return 1
 
     # Block the stop signals before the C++ threads start (they inherit the
     # mask), so they reach this thread's sigwait and nothing else.
@@ -292,37 +360,15 @@ def run(args: argparse.Namespace) -> int:
         log.error("gateway not started: %s%s", e, hint)
         if not card_existed:
             remove_new_image(card, log, str(e))
+        if metrics is not None:
+            metrics.close()
         return 1
     if card_existed and args.card_size_gb and (note := card_size_ignored(card, args.card_size_gb, "--card-size-gb")):
         log.warning("%s", note)
     if warning := _native.card_space_warning(card):
         log.warning("%s", warning)
-    metrics = None
-    if args.metrics_port:
-        try:
-            metrics = MetricsServer(
-                lambda: {**json.loads(server.stats_json()), "card": card},
-                args.metrics_port,
-                source=GATEWAY,
-                host=args.metrics_host,
-            )
-        except OSError as e:
-            # The flags named, as the connector's message names adapter_params (audit 15: "metrics on H:P: ...").
-            log.error(
-                "gateway not started: --metrics-port %d on --metrics-host %s: cannot serve metrics there: %s%s",
-                args.metrics_port,
-                args.metrics_host,
-                e.strerror or e,
-                " (another process holds the port: another gateway's --metrics-port or a connector's metrics_port; "
-                "give each its own)"
-                if e.errno == errno.EADDRINUSE
-                else "",
-            )
-            server.stop()
-            server.close()
-            if not card_existed:
-                remove_new_image(card, log)
-            return 1
+    if metrics is not None:
+        metrics.start()
     where = f"unix://{os.path.abspath(args.socket)}"
     if args.listen:
         where += f" and tcp port {server.tcp_port}"

@@ -64,20 +64,31 @@ def _read_frame(sock: socket.socket, until: float | None = None) -> tuple[int, b
     return ftype, body
 
 
+def address_error(url: str) -> str | None:
+    """Why `url` is no gateway address (unix:///path, tcp://HOST:PORT), or None. `lmcache-adp status` asks first,
+    so that a bad address is its usage error (exit 2), not a gateway it could not read (3; review33c C6)."""
+    if url.startswith("unix://"):
+        return None
+    if url.startswith("tcp://"):
+        # The connector's and the gateway's check of the address, not a third one of its own (review r15 N4:
+        # tcp://h:99999 was an OverflowError traceback).
+        why = tcp_address_error(url, 1)
+        return f"bad gateway address {url!r}: {why}" if why else None
+    # A bare socket path (the gateway's --socket as given) is the likely slip: say what it is then.
+    hint = f" (that socket: unix://{url})" if url.startswith("/") else ""
+    return f"bad gateway address {url!r}; expected unix:///path or tcp://HOST:PORT{hint}"
+
+
 def _connect(url: str, timeout: float) -> socket.socket:
+    if why := address_error(url):
+        raise GatewayError(why)
     if url.startswith("unix://"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         target: Any = url[len("unix://") :]
-    elif url.startswith("tcp://"):
-        # The connector's and the gateway's check of the address, not a third one of its own (review r15 N4:
-        # tcp://h:99999 was an OverflowError traceback).
-        if why := tcp_address_error(url, 1):
-            raise GatewayError(f"bad gateway address {url!r}: {why}")
+    else:
         host, _, port = url[len("tcp://") :].rpartition(":")
         sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
         target = (host.strip("[]"), int(port))
-    else:
-        raise GatewayError(f"bad gateway address {url!r}; expected unix:///path or tcp://HOST:PORT")
     sock.settimeout(timeout)
     try:
         sock.connect(target)

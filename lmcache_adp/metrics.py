@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from lmcache_adp._native import card_image_space
-from lmcache_adp.config import GIB
+from lmcache_adp.config import amount
 from lmcache_adp.log import get_logger
 from lmcache_adp.stats_catalog import COUNTER, SOURCES, STATS
 
@@ -88,12 +88,6 @@ def card_filesystem_full(path: str) -> str | None:
         f"{amount(free)} free on its filesystem; stores fail with 'No space left on device' (the card does not "
         "evict for it) until space is made there"
     )
-
-
-def amount(nbytes: int) -> str:
-    """ "1.50 GiB" from 1 GiB up, "48.00 MiB" below, as the card-space WARNING writes them
-    (src_cpp/store/card_device.cc): a small image read "0.04 GiB, 0.02 GiB of it written, 0.00 GiB free" (audit 14)."""
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.2f} MiB"
 
 
 UNTIL_CONNECTED = "loads miss and stores are dropped until a connect succeeds"
@@ -160,7 +154,7 @@ class MetricsServer:
     Loopback by default: the endpoint has no authentication, so another
     address is the caller's explicit choice (`--metrics-host`, `metrics_host`)."""
 
-    def __init__(self, stats_fn: StatsFn, port: int, *, source: str, host: str = "127.0.0.1"):
+    def __init__(self, stats_fn: StatsFn, port: int, *, source: str, host: str = "127.0.0.1", start: bool = True):
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         registry = CollectorRegistry(auto_describe=False)
@@ -197,11 +191,21 @@ class MetricsServer:
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
+        self._host = host
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="lmcache-adp-metrics", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Serves the port bound in __init__. start=False there binds only: the gateway takes its port before it
+        opens the card (a port taken is refused before a recovery walk; review33c C3) and serves once stats_fn
+        can answer; a scrape meanwhile waits in the listen backlog."""
         self._thread.start()
-        logger.info("lmcache-adp metrics on http://%s:%d/metrics (health: /health)", host, self.port)
+        logger.info("lmcache-adp metrics on http://%s:%d/metrics (health: /health)", self._host, self.port)
 
     def close(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():
+            self._httpd.shutdown()  # waits for serve_forever: never started, it would wait for ever
         self._httpd.server_close()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)

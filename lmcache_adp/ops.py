@@ -29,7 +29,7 @@ from lmcache_adp.config import (
     connect_timeout_error,
     read_token_file,
 )
-from lmcache_adp.gateway_stats import GatewayError, read_gateway_stats
+from lmcache_adp.gateway_stats import GatewayError, address_error, read_gateway_stats
 from lmcache_adp.metrics import gateway_not_reached
 from lmcache_adp.stats_catalog import CLIENT, STATS
 
@@ -264,6 +264,8 @@ def connect_timeout_ms(text: str) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     if args.connect_timeout_ms is not None and not args.gateway:
         return _fail("--connect-timeout-ms applies with --gateway only", EXIT_USAGE)
+    if args.gateway and (why := address_error(args.gateway)):
+        return _fail(why, EXIT_USAGE)
     if args.gateway:
         bound = args.connect_timeout_ms or STATUS_CONNECT_TIMEOUT_MS
         try:
@@ -478,8 +480,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check every object's checksum on a card no process holds",
         description="Reads every object the card's index holds and checks it as a load would; says what it did not "
         "read. Exit 0: clean (or every bad object dropped); 1: bad objects remain, regions could not be read when the "
-        "card was opened, or the path holds no card of this format; 2: no such path; 3: it could not be opened "
-        "(held by a process, blank, not writable for --repair), or, with none of 1's, it could not check some "
+        "card was opened, regions recovery found damaged when it opened the card (a header that reads back wrong "
+        "where no crash could have cut a write), or the path holds no card of this format; 2: no such path; 3: it "
+        "could not be opened (held by a process, blank, not writable for --repair), or, with none of 1's, it could not check some "
         "objects (no memory to read them into; deleted or replaced while it read).",
     )
     p.add_argument("--card", required=True, help="card path (must not be held by a running process)")

@@ -164,7 +164,10 @@ Status CardDevice::Open(const std::string& path, uint64_t create_bytes, std::uni
     for (auto d = parent; !d.empty() && d != d.parent_path() && !std::filesystem::exists(d, ec); d = d.parent_path())
       made_dirs.push_back(d);
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    if (ec) return Status::IoError("cannot create directory " + parent.string() + ": " + ec.message());
+    // The card named (review33c C5: "cannot create directory /proc/nope: ..." said not what it was for).
+    if (ec)
+      return Status::IoError("cannot create directory " + parent.string() + " for card image " + path + ": " +
+                             ec.message());
     flags |= O_CREAT | O_EXCL;
   }
   // Removes what this creation made (the image, then its new directories).

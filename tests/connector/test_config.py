@@ -111,3 +111,13 @@ def test_a_size_ignored_names_the_image_size_apart_from_the_one_asked(tmp_path):
     said = card_size_ignored(str(image), 0.03, "--card-size-gb")
     assert said is not None and said.startswith(f"--card-size-gb 0.03 ignored: card image {image} exists with "), said
     assert "exists with 32.00 MiB and keeps that size" in said, said
+
+
+def test_a_card_directory_that_cannot_be_made_names_the_key_and_the_card():
+    """review33c C5: adapter_params card "/proc/nope/card.img" failed "cannot create directory /proc/nope: No such
+    file or directory", naming neither the parameter nor the card the directory was for."""
+    with pytest.raises(RuntimeError) as e:
+        ADPConnector(card="/proc/adp-nope/card.img", card_size_gb=0.015625, num_workers=1)
+    assert str(e.value).startswith(
+        "adapter_params['card']: cannot create directory /proc/adp-nope for card image /proc/adp-nope/card.img: "
+    ), e.value

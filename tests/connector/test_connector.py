@@ -478,7 +478,7 @@ def test_a_size_an_existing_card_ignores_is_warned_about(card):
         assert warnings_of(card_size_gb=0.0625) == [] and warnings_of() == []  # the same size, or none given
         (said,) = warnings_of(card_size_gb=0.125)
         assert said.startswith(
-            f"adapter_params['card_size_gb'] = 0.125 ignored: card image {card} exists with 0.06 GiB"
+            f"adapter_params['card_size_gb'] = 0.125 ignored: card image {card} exists with 64.00 MiB"
         )
         assert os.path.getsize(card) == 64 << 20
     finally:

@@ -68,7 +68,7 @@ def test_tcp_gateway_reads_token(tmp_path):
         ({"gateway": "unix:///x.sock", "ring_mb": 0}, r"'ring_mb'\] must be in \[1, 4096\]"),
         ({"gateway": "embedded", "ptracer_follow": True}, r"'ptracer_follow'\] applies to a unix:// gateway only"),
         ({"gateway": "unix:///x.sock", "ptracer_follow": 1}, r"'ptracer_follow'\] must be true or false, got 1"),
-        ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' apply to gateway='embedded' only"),
+        ({"gateway": "unix:///x.sock", "card": "/c.img"}, r"'card' applies to gateway='embedded' only"),
         ({"gateway": "embedded", "gateway_stall_s": 5}, r"'gateway_stall_s'\] applies to a unix:// or tcp:// gateway"),
         ({"gateway": "unix:///x.sock", "gateway_stall_s": 0}, r"'gateway_stall_s'\] must be a number of seconds, at"),
         ({"gateway": "unix:///x.sock", "gateway_stall_s": -1.5}, r"at least 0.5 and at most 3600, got -1.5"),

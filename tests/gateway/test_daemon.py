@@ -201,6 +201,47 @@ def test_metrics_port_in_use_names_the_flags(workdir):
     assert not os.path.exists(gw.card)
 
 
+@pytest.mark.parametrize("flag", ["--metrics-port", "--listen"])
+def test_a_port_taken_is_found_before_the_card_is_opened(workdir, flag):
+    """review33c C3: a --metrics-port or --listen port another process holds was found only after the card was
+    created or opened and recovered (4-6 INFO lines first; on a large card the whole recovery walk): the ports are
+    taken (the metrics port bound, the TCP port tried) before the card, so the refusal is the start's only line.
+    The card is there before the start, so that "not created" alone cannot pass for "not opened"."""
+    gw = Gateway(workdir)
+    gw.start()
+    assert gw.stop() == 0 and os.path.exists(gw.card)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ("--metrics-port", str(port)) if flag == "--metrics-port" else ("--listen", f"tcp://127.0.0.1:{port}")
+        if flag == "--listen":
+            extra += ("--token-file", gw.token_file)
+        r = subprocess.run(gw.args(*extra), capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert "ERROR: gateway not started: " in lines[0] and "Address already in use (another process holds" in lines[0]
+    assert str(port) in lines[0] and flag in lines[0], lines
+
+
+def test_a_socket_directory_it_creates_is_named(workdir):
+    """review33c: `--socket` in a directory that did not exist made it (and its parents) without a word: a typo in
+    the path (as root, /nonexistent/dir) gave a gateway on a socket nobody looks for. A packaged unit relies on the
+    directory being made (/run/lmcache-adp), so it still is, with one INFO line naming it; an existing one, none."""
+    made = os.path.join(workdir, "new", "dir")
+    gw = Gateway(workdir, socket=os.path.join(made, "gw.sock")).start()
+    try:
+        said = [line for line in gw.log().splitlines() if "socket directory" in line]
+        assert len(said) == 1 and f"INFO: created the socket directory {made} (it did not exist)" in said[0], said
+    finally:
+        assert gw.stop() == 0
+    gw.start()
+    try:
+        assert "socket directory" not in gw.log(), gw.log()
+    finally:
+        assert gw.stop() == 0
+
+
 def test_binary_token_file_is_one_line_not_a_traceback(workdir):
     """review33c: `--token-file` of a file that is not UTF-8 text (a token made with `head -c 32 /dev/urandom`)
     ended the gateway with a 15-line UnicodeDecodeError traceback; it is one line naming the flag and the file,
@@ -292,7 +333,7 @@ def test_a_size_an_existing_card_ignores_is_warned_about(workdir):
     gw.card_size_gb = 0.125
     gw.start()
     try:
-        assert f"WARNING: --card-size-gb 0.125 ignored: card image {gw.card} exists with 0.06 GiB" in gw.log()
+        assert f"WARNING: --card-size-gb 0.125 ignored: card image {gw.card} exists with 64.00 MiB" in gw.log()
     finally:
         assert gw.stop() == 0
     gw.card_size_gb = 0  # must exist: nothing asked, nothing to say

@@ -576,7 +576,19 @@ def test_a_status_query_is_not_a_client(workdir):
     assert any("ring" in line for line in connected) and any("an r9 status command" in line for line in connected)
     assert len([line for line in said if " gone after " in line]) == 2, said
     r = run("status", "--gateway", "http://nope")
-    assert r.returncode == 3 and "expected unix:///path or tcp://HOST:PORT" in r.stderr
+    assert r.returncode == 2 and "expected unix:///path or tcp://HOST:PORT" in r.stderr
+
+
+@pytest.mark.parametrize("url", ["/var/tmp/x.sock", "var/tmp/x.sock", "http://nope"])
+def test_status_a_gateway_address_without_its_scheme_is_a_usage_error(url):
+    """review33c C6: `status --gateway /var/tmp/x.sock` (the socket's path, no unix://) exited 3, the exit of a
+    gateway that could not be read; a bad address is a usage error, exit 2 as everywhere else, and the line says
+    what to write instead."""
+    r = run("status", "--gateway", url)
+    said = [line for line in (r.stderr + r.stdout).splitlines() if line.strip()]
+    assert r.returncode == 2 and len(said) == 1, (r.returncode, said)
+    assert f"bad gateway address {url!r}; expected unix:///path or tcp://HOST:PORT" in said[0], said
+    assert said[0].endswith(f"HOST:PORT (that socket: unix://{url})" if url.startswith("/") else "HOST:PORT"), said
 
 
 def hello_reply(url: str, features: int, ring_bytes: int = 0) -> tuple[int, bytes]:
@@ -793,7 +805,7 @@ def test_status_names_a_bad_tcp_gateway_address_without_a_traceback(url, why):
     gateway address ...; expected tcp://HOST:PORT" also refused the trailing '/' and the missing host, so naming the
     address alone could not tell the shared check from it (review r15: 2 of the 4 cases passed on the old code)."""
     r = run("status", "--gateway", url)
-    assert r.returncode != 0
+    assert r.returncode == 2  # a usage error (review33c C6: it was 3, the exit of a gateway not read)
     assert "Traceback" not in r.stderr
     said = [line for line in (r.stderr + r.stdout).splitlines() if line.strip()]
     assert len(said) == 1 and said[0].endswith(f"bad gateway address {url!r}: {why}"), said

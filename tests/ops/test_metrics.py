@@ -177,6 +177,11 @@ def test_metrics_port_in_use_is_one_clear_line_and_frees_the_card(card):
         msg = str(e.value)
         assert f"adapter_params['metrics_port'] {port} on metrics_host '127.0.0.1'" in msg, msg
         assert "Address already in use" in msg, msg
+        # Who may hold it, as the gateway's refusal says (review33c C4: the connector's ended at "in use").
+        assert msg.endswith(
+            "Address already in use (another process holds the port: another connector's metrics_port or a "
+            "gateway's --metrics-port; give each its own)"
+        ), msg
         assert not os.path.exists(card)  # this start's image: removed
         ADPConnector(card=card, card_size_gb=0.0625).close()
         with pytest.raises(RuntimeError, match="Address already in use"):

@@ -188,7 +188,10 @@ def test_a_filesystem_that_reports_no_size_is_not_read_as_full(tmp_path):
     assert os.statvfs("/sys").f_blocks == 0, "sysfs reports blocks here"
     with pytest.raises(RuntimeError) as e:
         CardStore("/sys/adp-test-nope/card.img", 1 << 20)
-    assert str(e.value).startswith("cannot create directory /sys/adp-test-nope: "), e.value
+    # The card named too (review33c C5: "cannot create directory /proc/nope: ..." named neither it nor the key).
+    assert str(e.value).startswith(
+        "cannot create directory /sys/adp-test-nope for card image /sys/adp-test-nope/card.img: "
+    ), e.value
     _, out = in_private_tmpfs(0, UNLIMITED_CHILD)
     assert out == {"got": "v", "warning": None}, out
 
