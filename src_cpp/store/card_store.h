@@ -305,9 +305,21 @@ class CardStore {
   // Opens the next frontier region (a free one, or one evicted for it) whose
   // first `cont_bytes` continue the current frontier's last record; writes
   // and syncs its header. Called with frontier_mu_ and `lock` (mu_) held;
-  // unlocks mu_ around the I/O.
+  // unlocks mu_ around the I/O. A region whose header write fails is put back
+  // as it was (an evicted one's objects marked deleted: fail_eviction_locked)
+  // and another is tried, up to kOpenTries in all; those that failed are
+  // retired when another one opened (a bad block), else left as they were.
   Status advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes, uint32_t* region);
+  static constexpr int kOpenTries = 3;
+  // Drops from the index every object with bytes in region r (sealed, unpinned), keeping each dropped entry in
+  // evicting_ until r's new header is durable. The caller has made room in evicting_ for r's key list.
   void evict_locked(uint32_t r);
+  // r's new header could not be written (or synced): r is made again the sealed region `saved` (its state before
+  // the eviction: epoch, chain), with no object indexed, and each entry evict_locked dropped goes to pending_ as a
+  // copy to mark deleted (its old record may walk again at the next open); one whose key was stored anew meanwhile
+  // (committed while r's header was written, with no older copy in the index to mark) guarded by the newer copy's
+  // regions. `held` slots of pending_room_ are the caller's. Empties evicting_.
+  void fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, size_t held);
   // Calls f(region, bytes, card offset) for each piece of the record of
   // `footprint` bytes at (region, offset), following the frontier's chain.
   // False if the chain is broken (a region it continues into was reused).
@@ -528,6 +540,13 @@ class CardStore {
   uint64_t next_seq_ = 1;  // 0 is never a store's: tombstones of never-indexed copies carry it
   bool evicting_logged_ = false;
   std::vector<Stale> pending_;  // tombstones that failed; guarded by mu_
+  // The region the frontier is opening (-1: none; an evicted one or a free one) and the index entries its eviction
+  // dropped, from evict_locked until the region's new header is durable (advance_frontier; one at a time:
+  // frontier_mu_). Until then the old header and records still walk at the next open: a delete of one of these keys is
+  // refused (Busy), not NotFound with nothing written (a delete undone by a crash, or by a failed header write, before
+  // session 33: review33a F1), and a pending tombstone in that region is kept (retry_pending). Guarded by mu_.
+  int64_t evicting_region_ = -1;
+  std::vector<std::pair<uint64_t, IndexEntry>> evicting_;
   // Slots of pending_'s capacity held by the operations in progress that may hand tombstones to it (a put: one per
   // item; a retry: one per tombstone it took out; an open's marks of older copies): pending_.capacity() >=
   // pending_.size() + pending_room_ always, so a tombstone or void that failed, or was never written (an exception

@@ -467,7 +467,16 @@ void CardStore::retry_pending(IoContext& ctx) {
     size_t kept = 0;  // those that stay pending (a void whose voiding_ entry could not be made)
     for (Stale& p : pending_) {
       const RegionManager::Region& reg = regions_[p.loc.region];
-      if (reg.state != RegionManager::State::kFree && reg.epoch == p.loc.epoch) {
+      if (evicting_region_ == static_cast<int64_t>(p.loc.region)) {
+        // Its region is being evicted, the new header not yet durable: if that write fails the region is put back
+        // under its old epoch, this copy with it (fail_eviction_locked). Kept, guards and all, until then; before
+        // session 33 it was dropped as reused (review33a, retry_pending), and the superseded copy came back.
+        if (&pending_[kept] != &p) pending_[kept] = std::move(p);
+        kept++;
+        continue;
+      }
+      // Free under the same epoch: a region whose eviction's header write failed, its old records on the card.
+      if (reg.epoch == p.loc.epoch) {
         if (p.loc.seq == 0) {
           try {
             voiding_.insert(p.loc.hash);

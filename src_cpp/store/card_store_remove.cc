@@ -32,6 +32,12 @@ Status CardStore::remove_refusal_locked(uint64_t hash) const {
                              "; the delete is not done");
   if (unsettled_locked(hash))
     return Status::Busy("a store of this key is in flight on card " + path() + "; the delete is not done");
+  // Evicted, its region's new header not yet durable: the old header and record walk again at the next open if
+  // that header never lands (a crash, a failed write), and a NotFound here would be a delete undone (review33a
+  // F1). Refused until the header is durable (then NotFound) or has failed (then its old record is marked deleted).
+  for (const auto& [h, e] : evicting_)
+    if (h == hash)
+      return Status::Busy("this key's region is being evicted on card " + path() + "; the delete is not done");
   return Status::Ok();
 }
 
@@ -83,7 +89,16 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
     s = remove_refusal_locked(h);
     if (!s.ok()) return s;
     auto it = index_.find(h);
-    if (it == index_.end()) return Status::NotFound();
+    if (it == index_.end()) {
+      // A copy of the key whose tombstone is pending (its write failed, here in retry_pending too): one an eviction
+      // whose header write failed left on the card walks again at the next open, so a NotFound with nothing
+      // written would be a delete undone (review33a F1). Refused until it is written.
+      for (const Stale& p : pending_)
+        if (p.loc.hash == h && p.loc.seq)
+          return Status::IoError("a copy of this key is not yet marked deleted on card " + path() +
+                                 "; the delete is not done");
+      return Status::NotFound();
+    }
     e = it->second;
     regions_.pin(e.region);
     loc.region = e.region;

@@ -60,12 +60,11 @@ void CardStore::evict_locked(uint32_t r) {
                          [&](uint32_t part, uint64_t, uint64_t) { touches |= part == r; });
     if (touches) {
       if (!first_eviction_.taken) note_first_eviction_locked();
+      evicting_.emplace_back(h, it->second);  // room made by the caller: one a key list entry at most
       erase_entry_locked(h, it->second);
       evicted++;
     }
   }
-  reg.hashes.clear();
-  reg.hashes.shrink_to_fit();
   if (evicted) {
     counters_.evicted_objects += evicted;
     counters_.evicted_regions++;
@@ -74,6 +73,42 @@ void CardStore::evict_locked(uint32_t r) {
       ADP_INFO("card %s is full: evicting least recently used regions", path().c_str());
     }
   }
+}
+
+void CardStore::fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, size_t held) {
+  const uint32_t pins = regions_[r].pins;  // taken and given back meanwhile, by whom pinned it
+  regions_[r] = std::move(saved);
+  regions_[r].pins = pins;
+  regions_[r].live_bytes = 0;  // none of its objects is indexed again
+  regions_[r].hashes.clear();
+  regions_[r].hashes.shrink_to_fit();
+  for (const auto& [h, e] : evicting_) {
+    // Not indexed again: where the failed write tore the old header, or a failed sync lost nothing and the new
+    // one landed, the object does not walk at the next open, and one that exists() had answered for would be a
+    // held object lost (card_crash_test's torn and failed-sync points, with the first form of this fix). Marked
+    // deleted instead (its tombstone retried as any failed one), so that it does not come back where the old
+    // header is still there.
+    std::vector<uint32_t> guards;
+    if (auto cur = index_.find(h); cur) {
+      // Stored anew while r's header was written (a store reserved before the eviction): that commit found no
+      // older copy to mark deleted. This copy is a superseded one: guarded by the newer copy's regions.
+      try {
+        guards =
+            parts_of_locked(cur->second.region, uint64_t(cur->second.block) * kBlockSize, cur->second.payload_bytes);
+      } catch (const std::bad_alloc&) {
+        guards.clear();  // unguarded: as a tombstone of session 23's (its newer copy's eviction may undo it)
+      }
+      for (uint32_t g : guards) regions_.pin(g);
+    }
+    pending_.push_back(
+        {{e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h, {}},
+         std::move(guards),
+         {}});  // into the room the caller held: no allocation
+  }
+  evicting_.clear();
+  evicting_region_ = -1;
+  pending_room_ -= held;
+  pending_count_ = pending_.size();
 }
 
 void CardStore::note_first_eviction_locked() {
@@ -125,51 +160,119 @@ void CardStore::settle_locked(uint64_t ticket, bool acked) {
 
 Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
                                    uint32_t* region) {
-  uint32_t r;
+  // Regions whose header write failed in this call, retired for now (not taken again by it); retired for good if
+  // another region opens, else put back as they were: a card whose every write fails (gone, read-only, full) keeps
+  // its regions. Before session 33 a failed region went back to the free list, handed out again by the next
+  // store on a full card (the only free region): one bad header block failed every store (review33a F5).
+  uint32_t failed[kOpenTries];
+  int nfailed = 0;
+  Status s, failure;
+  // After a free region's header write failed, only other free regions are tried: a sparse image's filesystem
+  // full (ENOSPC) fails the write of a block never written, and an eviction (its region's blocks written before)
+  // would then succeed and retire the free regions for a full filesystem, not a bad block.
+  bool may_evict = true;
   auto deadline = Clock::now() + std::chrono::seconds(5);
-  for (;;) {
-    if (regions_.take_free(&r)) break;
-    int64_t victim = regions_.choose_victim();
-    if (victim >= 0) {
-      r = static_cast<uint32_t>(victim);
-      evict_locked(r);
-      break;
+  while (nfailed < kOpenTries) {
+    uint32_t r = 0;
+    bool found = false, evicted = false;
+    for (;;) {
+      if ((found = regions_.take_free(&r))) break;
+      int64_t victim = may_evict ? regions_.choose_victim() : -1;
+      if (victim >= 0) {
+        r = static_cast<uint32_t>(victim);
+        found = evicted = true;
+        break;
+      }
+      if (nfailed) break;  // no other region now: the header write's failure is the answer
+      if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
+        return Status::NoSpace("card " + path() + " is full and every region is being written or read");
     }
-    if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
-      return Status::NoSpace("card " + path() + " is full and every region is being written or read");
+    if (!found) break;
+    RegionManager::Region saved;  // the region as it was (its epoch, chain, key list): what a failure puts back
+    size_t held = 0;
+    if (evicted) {
+      // Made before anything changes: room for the entries the eviction drops and for the tombstones its
+      // failure hands to pending_ (fail_eviction_locked). A std::bad_alloc leaves the region as it was.
+      try {
+        evicting_.reserve(regions_[r].hashes.size());
+        hold_pending_room_locked(regions_[r].hashes.size());
+        held = regions_[r].hashes.size();
+      } catch (const std::bad_alloc&) {
+        s = no_memory();
+        break;
+      }
+      evict_locked(r);
+    }
+    // A free region may hold the old records of an eviction that failed (below), their tombstones pending under
+    // its old epoch: kept by retry_pending until this header is durable, as an evicted region's.
+    evicting_region_ = r;
+    saved = std::move(regions_[r]);
+    regions_[r].pins = saved.pins;
+    regions_[r].hashes.clear();
+    uint64_t epoch = regions_.open(r, kBlockSize);
+    uint32_t prev = frontier_ >= 0 ? static_cast<uint32_t>(frontier_) : kNoRegion;
+    uint64_t prev_epoch = frontier_ >= 0 ? regions_[prev].epoch : 0;
+    lock.unlock();
+    encode_region_header(ctx.header_.data(), card_id_, epoch, r, prev, prev_epoch, cont_bytes);
+    const uint64_t mark = device_->write_mark();
+    try {
+      s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
+      // The new epoch must be on the card before anything is written under it:
+      // after a power cut that lost it, the epoch could be handed out again and
+      // unsynced leftovers written under it would walk as a valid chain.
+      if (s.ok() && durable_) s = device_->sync(mark);
+    } catch (const std::bad_alloc&) {
+      s = no_memory();  // the region goes back below (it was taken, and is neither free nor the frontier)
+    }
+    lock.lock();
+    if (!s.ok()) {
+      count_failure(s);
+      // An evicted region's old header and records may still be on the card (the new header is not, or not
+      // durably): its objects would walk again at the next open. Each is marked deleted (review33a F1).
+      if (evicted) {
+        fail_eviction_locked(r, std::move(saved), held);
+      } else {
+        const uint32_t pins = regions_[r].pins;
+        regions_[r] = std::move(saved);  // free, off the free list while retired, under its old epoch
+        regions_[r].pins = pins;
+        evicting_region_ = -1;
+        may_evict = false;
+      }
+      regions_[r].retired = true;
+      failed[nfailed++] = r;
+      failure = s;
+      continue;
+    }
+    evicting_region_ = -1;
+    if (evicted) {
+      evicting_.clear();
+      pending_room_ -= held;
+    }
+    for (int i = 0; i < nfailed; i++)
+      ADP_WARN(
+          "card %s: region %u's header block refused a write; the region is retired until the card is "
+          "reopened (%s)",
+          path().c_str(), failed[i], failure.message().c_str());
+    if (frontier_ >= 0) {
+      regions_[prev].next = r;
+      regions_[prev].next_epoch = epoch;
+      regions_.seal(prev);
+    }
+    frontier_ = r;
+    regions_[r].write_offset = kBlockSize + cont_bytes;
+    regions_[r].open_mark = mark;
+    *region = r;
+    return Status::Ok();
   }
-  uint64_t epoch = regions_.open(r, kBlockSize);
-  uint32_t prev = frontier_ >= 0 ? static_cast<uint32_t>(frontier_) : kNoRegion;
-  uint64_t prev_epoch = frontier_ >= 0 ? regions_[prev].epoch : 0;
-  lock.unlock();
-  encode_region_header(ctx.header_.data(), card_id_, epoch, r, prev, prev_epoch, cont_bytes);
-  const uint64_t mark = device_->write_mark();
-  Status s;
-  try {
-    s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
-    // The new epoch must be on the card before anything is written under it:
-    // after a power cut that lost it, the epoch could be handed out again and
-    // unsynced leftovers written under it would walk as a valid chain.
-    if (s.ok() && durable_) s = device_->sync(mark);
-  } catch (const std::bad_alloc&) {
-    s = no_memory();  // the region goes back below (it was taken, and is neither free nor the frontier)
+  // No region opened (every write fails: a card gone, read-only, its filesystem full): none is taken for a bad
+  // block. Each goes to the free list, after every other free region, under its old epoch (an evicted one's
+  // objects already out of the index, their tombstones pending): the next store takes it again, and evicts
+  // nothing more while the card fails, as before session 33.
+  for (int i = 0; i < nfailed; i++) {
+    regions_[failed[i]].retired = false;
+    regions_.add_free_last(failed[i]);
   }
-  lock.lock();
-  if (!s.ok()) {
-    count_failure(s);
-    regions_.fail_open(r);  // other regions are tried before this one again
-    return s;
-  }
-  if (frontier_ >= 0) {
-    regions_[prev].next = r;
-    regions_[prev].next_epoch = epoch;
-    regions_.seal(prev);
-  }
-  frontier_ = r;
-  regions_[r].write_offset = kBlockSize + cont_bytes;
-  regions_[r].open_mark = mark;
-  *region = r;
-  return Status::Ok();
+  return nfailed ? failure : s;
 }
 
 Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl) {

@@ -27,7 +27,7 @@ int64_t RegionManager::choose_victim() const {
   int64_t victim = -1;
   for (uint32_t i = 0; i < size(); i++) {
     const Region& c = regions_[i];
-    if (c.state != State::kSealed || c.pins) continue;
+    if (c.state != State::kSealed || c.pins || c.retired) continue;
     if (victim < 0) {
       victim = i;
       continue;

@@ -43,10 +43,15 @@ class RegionManager {
     // mark), and the frontier leaves it (CardStore::reserve).
     uint64_t open_mark = 0;
     std::vector<uint64_t> hashes;  // keys with bytes in this region under this epoch (for eviction)
+    // Its header block refused a write when the frontier opened it (a bad block): never handed out or evicted
+    // again in this process. Sealed (its objects still indexed and served, as before the failed open) or free
+    // (never on the free list again). A reopen does not know it: the next open of the region fails and retires it
+    // again (CardStore::advance_frontier).
+    bool retired = false;
   };
 
-  // The free list has room for every region from the start: returning a region to it (add_free, add_free_last,
-  // fail_open) never allocates, so never throws (session 26: a store's failure path gives its region back).
+  // The free list has room for every region from the start: returning a region to it (add_free, add_free_last)
+  // never allocates, so never throws (session 26: a store's failure path gives its region back).
   explicit RegionManager(uint32_t num_regions) : regions_(num_regions) { free_.reserve(num_regions); }
 
   uint32_t size() const { return static_cast<uint32_t>(regions_.size()); }
@@ -61,17 +66,14 @@ class RegionManager {
   // The same, but r is handed out after every other free region (its last
   // I/O failed).
   void add_free_last(uint32_t r);
-  // The region to evict: an unpinned sealed one, empty ones first, then the
-  // least recently used. -1 if every region is open or pinned.
+  // The region to evict: an unpinned sealed one not retired, empty ones first,
+  // then the least recently used. -1 if every region is open, pinned or retired.
   int64_t choose_victim() const;
   // Makes r open for appending under a new epoch (its old contents are no
   // longer indexed); returns the epoch. The first block is the region header.
   uint64_t open(uint32_t r, uint64_t header_bytes);
   // Seals r: no more appends; its key list is trimmed to size.
   void seal(uint32_t r);
-  // A region just opened could not be used (its header write failed): free,
-  // handed out after every other free region.
-  void fail_open(uint32_t r) { add_free_last(r); }
   // Marks r used (reads, writes): the LRU clock.
   void touch(uint32_t r) { regions_[r].last_access = ++clock_; }
   void pin(uint32_t r) { regions_[r].pins++; }

@@ -196,16 +196,31 @@ void cut_and_fail_at_every_write() {
         PutItem ia{"acked", a.data(), a.size()};
         s->put(ctx, &ia, 1, &r, [] { return true; });
         check(r.ok(), what + "the store before the filled one is acknowledged");
-        if (mode == 0)
+        // The card offset of the write that fails: a region header's (the frontier opening a region the store
+        // continues into) makes the store go on in another region since session 33 (review33a F5).
+        uint64_t failed_at = UINT64_MAX;
+        if (mode == 0) {
           dev->cut_power_at_write(dev->writes() + point);
-        else
-          dev->fail_write(dev->writes() + point);
+        } else {
+          const uint64_t n = dev->writes() + point;
+          dev->fail_write(n);
+          dev->observe_writes([&failed_at, n](uint64_t i, uint64_t offset, uint64_t) {
+            if (i == n) failed_at = offset;
+          });
+        }
         PutItem item{"filled", nullptr, f.size(), fill_from(f)};
         s->put(ctx, &item, 1, &r, [] { return true; });
-        check(!r.ok(), what + "the filled store fails");
+        const bool region_header = failed_at != UINT64_MAX && failed_at >= adp::kDataOffset &&
+                                   (failed_at - adp::kDataOffset) % kRegionBytes == 0;
+        check(!r.ok() || region_header, what + "the filled store fails");
         if (mode == 1) {
           check(s->stats().io_errors >= 1, what + "counted as a card I/O error");
-          check(!read_object(*s, "filled"), what + "the filled object is a miss");
+          if (r.ok())
+            check(read_object(*s, "filled") == f, what +
+                                                      "the filled object (its region header's write failed, "
+                                                      "another region opened) reads back");
+          else
+            check(!read_object(*s, "filled"), what + "the filled object is a miss");
           check(read_object(*s, "acked") == a, what + "the earlier object reads back");
           dev->power_cut();
         }

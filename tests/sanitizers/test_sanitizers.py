@@ -95,6 +95,15 @@ def test_held_guard_deadline_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_evict_header_under_sanitizer(mode, tmp_path):
+    """An eviction whose region header write is held or fails (tests/cpp/evict_header_test.cc): the evicting store
+    on one thread, a delete refused and a store committing on others while the header is in flight, the region put
+    back on the failure."""
+    cpp.run(cpp.build("evict_header_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""

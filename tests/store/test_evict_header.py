@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Review 33a's findings F1 and F5 in the card store's eviction (/work/notes/review33a.md), each a C++ program on a
+fault device that fails on the code of session 32:
+
+- evict_header_test (F1, and retry_pending): a key evicted while its region's new header is not yet (or never) on
+  the card, then deleted (NotFound: nothing written), was back after a reopen; a pending tombstone in that region
+  was dropped while the header was in flight, and the superseded copy was the key's value after the reopen;
+- bad_region_header_test (F5): a region header block that refuses writes, on a full card, failed every store from
+  then on (the region was handed out again at once, its header write failed again).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import cpp
+
+
+@pytest.mark.parametrize("name", ["evict_header_test", "bad_region_header_test"])
+def test_evict_header_program(tmp_path, name):
+    cpp.run(cpp.build(name, tmp_path), timeout=300)
