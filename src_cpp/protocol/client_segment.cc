@@ -261,13 +261,17 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, uint64_t max_total_bytes, s
   }
   std::call_once(g_installed, install_handler);
   const auto id = std::make_pair(st.st_dev, st.st_ino);
+  // The mapping found for the file, declared before the lock so that it is let go of after g_mu is (review33d): one
+  // that cannot be shared (its size changed, it broke) may hold the last reference, another connection having let
+  // go of it since the look-up, and ~SegmentMapping takes g_mu (dropped under it, that thread waited on itself).
+  std::shared_ptr<SegmentMapping> found;
   std::lock_guard<std::mutex> l(g_mu);
   auto it = g_mappings.find(id);
   if (it != g_mappings.end()) {
-    std::shared_ptr<SegmentMapping> m = it->second.lock();
-    if (m && m->size == bytes && !g_slots[m->slot].broken.load()) {
+    found = it->second.lock();
+    if (found && found->size == bytes && !g_slots[found->slot].broken.load()) {
       ::close(fd);  // this connection proved access; the mapping has an fd of its own
-      out->reset(new ClientSegment(std::move(m)));
+      out->reset(new ClientSegment(std::move(found)));
       return Status::Ok();
     }
   }
@@ -281,7 +285,15 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, uint64_t max_total_bytes, s
   // Address space (review33b F2): each segment is a mapping of its whole stated size (up to 1 TiB), and the
   // gateway's 128 TiB ran out after ~127 of them, and with them every other mapping it makes (rings, store buffers,
   // staging). Held to --max-segment-total-gb, new mappings only (one shared by connections counted once).
-  if (bytes > max_total_bytes || g_mapped_bytes > max_total_bytes - bytes)
+  // A file larger than the whole cap is mapped in no state of this gateway: refused for good, as a file that cannot
+  // be mapped (review33d: "for now", its client registered it again every 60 s for its life, each time on a new
+  // connection).
+  if (bytes > max_total_bytes) {
+    ::close(fd);
+    return Status::InvalidArgument("segment of " + log_amount(bytes) + " is larger than --max-segment-total-gb (" +
+                                   log_amount(max_total_bytes) + "): not mapped");
+  }
+  if (g_mapped_bytes > max_total_bytes - bytes)
     return later("the segments mapped in this gateway take " + log_amount(g_mapped_bytes) + "; this one's " +
                  log_amount(bytes) + " would pass --max-segment-total-gb (" + log_amount(max_total_bytes) + ")");
   // What may throw first, with nothing to undo (a mapping not made frees only its chunks' table): thrown, it failed
