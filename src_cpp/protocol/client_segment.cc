@@ -264,7 +264,9 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, uint64_t max_total_bytes, s
   // The mapping found for the file, declared before the lock so that it is let go of after g_mu is (review33d): one
   // that cannot be shared (its size changed, it broke) may hold the last reference, another connection having let
   // go of it since the look-up, and ~SegmentMapping takes g_mu (dropped under it, that thread waited on itself).
-  std::shared_ptr<SegmentMapping> found;
+  // So is a new one (m below): a std::bad_alloc out of the ClientSegment's allocation, once it is mapped and
+  // registered, unmaps it on the way out.
+  std::shared_ptr<SegmentMapping> found, m;
   std::lock_guard<std::mutex> l(g_mu);
   auto it = g_mappings.find(id);
   if (it != g_mappings.end()) {
@@ -299,7 +301,6 @@ Status ClientSegment::Attach(int fd, uint64_t bytes, uint64_t max_total_bytes, s
   // What may throw first, with nothing to undo (a mapping not made frees only its chunks' table): thrown, it failed
   // the connection (note_failure), which the client took for a refusal of the file. The entry in g_mappings too:
   // an empty one (a mapping gone) is harmless.
-  std::shared_ptr<SegmentMapping> m;
   try {
     m = std::make_shared<SegmentMapping>();
     // One chunk past the last whole GiB (the bitmap's words reach page (bytes - 1) >> kPageShift).
