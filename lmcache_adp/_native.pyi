@@ -17,6 +17,7 @@ SOURCE_DIGEST: str  # sha256 of the src_cpp sources built (lmcache_adp/source_di
 MAX_KEY_BYTES: int
 PROTOCOL_VERSION: int
 FRAME_MAGIC: int
+SEGMENT_RETRY_LATER: str  # r19: a segment registration refused for now starts its reason with this
 FRAME_HEADER_BYTES: int
 FRAME_TYPES: dict[
     str, int
