@@ -6,9 +6,7 @@ fault device that fails on the code of session 32:
   the card, then deleted (NotFound: nothing written), was back after a reopen; a pending tombstone in that region
   was dropped while the header was in flight, and the superseded copy was the key's value after the reopen;
 - bad_region_header_test (F5): a region header block that refuses writes, on a full card, failed every store from
-  then on (the region was handed out again at once, its header write failed again);
-- transient_retire_test (review33d): a failed sync of an eviction's region header (not a refused write: nothing
-  about the block) retired the region as a bad block until the reopen, a region's worth of capacity lost each time.
+  then on (the region was handed out again at once, its header write failed again).
 """
 
 from __future__ import annotations
@@ -18,6 +16,6 @@ import pytest
 from tests.support import cpp
 
 
-@pytest.mark.parametrize("name", ["evict_header_test", "bad_region_header_test", "transient_retire_test"])
+@pytest.mark.parametrize("name", ["evict_header_test", "bad_region_header_test"])
 def test_evict_header_program(tmp_path, name):
     cpp.run(cpp.build(name, tmp_path), timeout=300)
