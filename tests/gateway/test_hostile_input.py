@@ -79,6 +79,20 @@ CASES = {
         HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.PUT, [b"k"], [100], [0], b"short")),
         "lies outside the payload",
     ),
+    # review34: rules of docs/protocol.md "Rules that close a connection" no case exercised (the fuzzer's frames
+    # assert only that the gateway lives): nonzero flags or reserved fields, an unknown type, a second Hello, and
+    # a batch over the 4096 keys of "Bounds".
+    "nonzero flags": (wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.HELLO, 1, 0, 0, 1), "reserved header fields"),
+    "nonzero reserved": (
+        wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.HELLO, 0, 0, 7, 1),
+        "reserved header fields",
+    ),
+    "unknown type": (wire.HEADER.pack(wire.MAGIC, wire.VERSION, 99, 0, 0, 0, 1), "unknown frame type 99"),
+    "second hello": (HELLO + wire.frame(wire.HELLO, 2, wire.hello()), "unexpected frame type"),
+    "too many keys": (
+        HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.EXISTS, [b"k%d" % i for i in range(4097)])),
+        "key count out of range",
+    ),
     "inline get too large": (
         HELLO + wire.frame(wire.BATCH, 2, wire.batch(wire.GET, [b"a", b"b"], [40 << 20] * 2)),
         "more than one frame's payload",

@@ -298,3 +298,28 @@ def test_verify_finds_and_repairs_damage(card):
     s.close()
     s = open_store(card)
     assert s.get("obj07") is None and s.stats()["objects"] == 29
+
+
+def test_a_full_card_logs_that_it_evicts_once(card):
+    """README, Operations, Logs: "one line per state change: card created, formatted, recovered (...), full and
+    evicting, ... Never one line per request at the default level". A card filled 3 times over logs
+    `card X is full: evicting least recently used regions` (INFO) once, not once per eviction (review34: no test
+    looked for the line)."""
+    script = (
+        "from lmcache_adp import CardStore\n"
+        f"s = CardStore({card!r}, {16 * MIB})\n"
+        "for i in range(150): s.put(f'k{i}', b'x' * (300 << 10))\n"
+        "st = s.stats()\n"
+        "print(st['evicted_objects'], st['evicted_regions'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "ADP_LOG_LEVEL": "INFO"},
+    )
+    evicted_objects, evicted_regions = map(int, out.stdout.split())
+    assert evicted_objects > 0 and evicted_regions > 1, out.stdout
+    lines = [ln for ln in out.stderr.splitlines() if f"card {card} is full: evicting" in ln]
+    assert len(lines) == 1, out.stderr[-3000:]
