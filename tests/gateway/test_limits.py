@@ -297,6 +297,9 @@ def test_idle_connection_is_closed_and_the_client_reconnects(limited):
         ("--max-ring-mb", "0", r"--max-ring-mb must be in \[1, 4096\], got 0"),
         ("--max-pipelined-stores", "65", r"--max-pipelined-stores must be in \[-1, 64\], got 65"),
         ("--request-spin-us", "-1", r"--request-spin-us must be in \[0, 10000\], got -1"),
+        # review34: the two range checks of gateway.run no case reached
+        ("--io-contexts", "0", r"--io-contexts must be in \[1, 64\], got 0"),
+        ("--process-write-threads", "1025", r"--process-write-threads must be in \[-1, 1024\], got 1025"),
     ],
 )
 def test_bad_limit_is_refused_at_start(workdir, flag, value, message):
