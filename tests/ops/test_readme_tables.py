@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lmcache_adp import _native
 from lmcache_adp.cli import build_parser
 from lmcache_adp.config import PARAMS
 
@@ -43,3 +44,15 @@ def test_readme_lists_every_adapter_param():
     missing, stale = sorted(set(PARAMS) - rows), sorted(rows - set(PARAMS))
     assert not missing, f"adapter_params {missing} (lmcache_adp/config.py PARAMS) have no row in README.md's table"
     assert not stale, f"README.md's adapter_params table lists {stale}, which lmcache_adp/config.py does not accept"
+
+
+def test_docs_name_the_protocol_and_format_versions_the_code_speaks():
+    """docs/protocol.md and docs/card_format.md open with the version they describe; the code's constants
+    (src_cpp/protocol/frame.h kProtocolVersion, src_cpp/store/card_format.h kFormatVersion) are what a gateway
+    speaks and a card holds (review34: nothing tied the headings to the constants, so a bump of either could
+    leave its document describing the previous version)."""
+    docs = README.parent / "docs"
+    protocol = re.match(r"# Gateway protocol, version (\d+)\n", (docs / "protocol.md").read_text())
+    card = re.match(r"# On-card format, version (\d+)\n", (docs / "card_format.md").read_text())
+    assert protocol and int(protocol.group(1)) == _native.PROTOCOL_VERSION, "docs/protocol.md's heading"
+    assert card and int(card.group(1)) == _native.FORMAT_VERSION, "docs/card_format.md's heading"
