@@ -95,6 +95,25 @@ def test_failed_store_reports_reason(conn):
     assert conn.exists(["huge"])[2] == [False]
 
 
+def test_a_failed_store_batch_stores_each_of_its_objects_whole_or_not_at_all(conn):
+    """README, "What LMCache is told when something fails": visibility is atomic per object, not per batch
+    (review34 F1; the lead's decision). A batch whose middle key fails (80 MiB: larger than the largest object of
+    this 64 MiB card) fails ok=False; the failed key is absent (no lookup finds it, a load leaves its buffer
+    untouched), while its siblings, stored whole, are found and read back byte for byte: exactly the keys per_key
+    reports stored are visible. test_failed_store_reports_reason checks only the per-key results and a failed
+    key stored alone, not what a lookup and a load of a failed batch's keys find."""
+    keys = ["before", "huge", "after"]
+    srcs = [payload("before", 5000), bytes(range(256)) * (80 * MIB // 256), payload("after", 70_000)]
+    ok, err, per_key = conn.set(keys, [memoryview(b) for b in srcs])
+    assert not ok and "larger than the largest object" in err
+    assert per_key == [True, False, True]
+    assert conn.exists(keys)[2] == per_key, "the keys visible are not those reported stored"
+    outs = [bytearray(b"\x5a" * len(b)) for b in srcs]
+    assert conn.get(keys, [memoryview(o) for o in outs])[2] == per_key
+    assert bytes(outs[0]) == srcs[0] and bytes(outs[2]) == srcs[2], "a stored sibling reads back other bytes"
+    assert outs[1] == b"\x5a" * len(srcs[1]), "the failed key's load buffer was written"
+
+
 def test_empty_batches_complete(conn):
     assert conn.set([], [])[0] and conn.exists([]) == (True, "", [])
 
