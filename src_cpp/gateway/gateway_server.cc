@@ -72,6 +72,16 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   // (review r9 N3; the CLI's range is 1..86400 s).
   if (s.ok() && opts.max_request_timeout_ms == 0)
     s = Status::InvalidArgument("max_request_timeout_ms must be at least 1 (--max-request-timeout-s >= 1)");
+  // Checked here too, not only by the CLI (review34 F3: GatewayServer took them as they were): 0 I/O contexts would
+  // answer the handshake and then time out every request waiting for a context, which looks like a hung gateway; a
+  // negative count reached IoContextPool as a size_t (contexts made until memory ran out). The helpers' bound is the
+  // CLI's, so a program that starts a GatewayServer itself gets what `lmcache-adp gateway` would.
+  if (s.ok() && (opts.io_contexts < 1 || opts.io_contexts > kMaxIoContexts))
+    s = Status::InvalidArgument("io_contexts must be in [1, " + std::to_string(kMaxIoContexts) +
+                                "] (--io-contexts), got " + std::to_string(opts.io_contexts));
+  if (s.ok() && (opts.process_write_threads < -1 || opts.process_write_threads > kMaxProcessWriteThreads))
+    s = Status::InvalidArgument("process_write_threads must be in [-1, " + std::to_string(kMaxProcessWriteThreads) +
+                                "] (--process-write-threads), got " + std::to_string(opts.process_write_threads));
   if (!s.ok()) return s;
   // The test hooks, read once here for every connection; each one set is
   // logged (review r9 N2). Before the card opens: its prefault asks whether

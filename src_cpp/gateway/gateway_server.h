@@ -30,16 +30,20 @@
 
 namespace adp {
 
+// The ranges GatewayServer::Start takes (the CLI's, lmcache_adp/gateway.py, checked there first for its exit 2).
+constexpr int kMaxIoContexts = 64;
+constexpr int kMaxProcessWriteThreads = 1024;
+
 struct GatewayOptions {
   CardOptions card;
   std::string socket_path;  // Unix socket; required
   std::string tcp_listen;   // "tcp://host:port" (port 0: any free port) or empty
   std::string token;        // required with tcp_listen
-  int io_contexts = 4;      // store operations in parallel
+  int io_contexts = 4;      // store operations in parallel, 1 to kMaxIoContexts
   // Helper threads that write the pieces of process loads (r5) beside the
   // connections' threads where CPUs are spare (PiecePool); -1: as many as
   // the CPUs the gateway may use (PiecePool::usable_cpus: sched_getaffinity,
-  // or its cgroup's CPU quota where fewer), 0: none.
+  // or its cgroup's CPU quota where fewer), 0: none; at most kMaxProcessWriteThreads.
   int process_write_threads = -1;
   // Pipelined process stores at once (review r8 S4: each may hold an I/O
   // context and a frontier place for up to its bound); -1: half the I/O

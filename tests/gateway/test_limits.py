@@ -423,6 +423,32 @@ def test_a_request_timeout_cap_of_zero_is_refused(workdir):
     ok.close()
 
 
+@pytest.mark.parametrize(
+    "option, bad, message, good",
+    [
+        ("io_contexts", 0, r"io_contexts must be in \[1, 64\] \(--io-contexts\), got 0", 1),
+        ("io_contexts", -1, r"io_contexts must be in \[1, 64\] \(--io-contexts\), got -1", 64),
+        ("process_write_threads", 1025, r"must be in \[-1, 1024\] \(--process-write-threads\), got 1025", 1024),
+        ("process_write_threads", -2, r"must be in \[-1, 1024\] \(--process-write-threads\), got -2", -1),
+    ],
+)
+def test_the_native_gateway_refuses_io_contexts_and_helpers_out_of_range(workdir, option, bad, message, good):
+    """Review34 F3: only the CLI checked --io-contexts and --process-write-threads; GatewayServer took 0 I/O
+    contexts (a gateway that answers its handshake, then times out every request waiting for a context) and -1
+    (a size_t: contexts made until memory ran out). It refuses them before it opens the card, as the CLI does;
+    the ends of the ranges start."""
+    card = os.path.join(workdir, "card.img")
+    with pytest.raises(ValueError, match=message):
+        _native.GatewayServer(
+            card=card, card_size_bytes=256 << 20, socket_path=os.path.join(workdir, "gw.sock"), **{option: bad}
+        )
+    assert not os.path.exists(card)
+    ok = _native.GatewayServer(
+        card=card, card_size_bytes=256 << 20, socket_path=os.path.join(workdir, "gw.sock"), **{option: good}
+    )
+    ok.close()
+
+
 def test_a_stray_test_cpu_count_is_logged(monkeypatch, workdir):
     """Review r9 N2: ADP_TEST_GATEWAY_CPUS (a test hook) is read in production start-up too; when set,
     the gateway says so at WARNING, with the count it uses instead of the machine's."""
