@@ -14,7 +14,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "protocol/frame.h"
 #include "store/card_store.h"
+#include "util/clip.h"
 #include "util/log.h"
 #include "util/piece_pool.h"
 #include "util/test_hooks.h"
@@ -429,11 +431,29 @@ GuardedReadFn guarded_read(B* b) {
 
 }  // namespace
 
+namespace {
+
+// A future's error text for one key: "<op> of key K failed: <why>". K and <why> are each clipped to the bound of a
+// per-key error text on the wire (proto::kMaxMessageBytes, 256 bytes; a gateway's <why> arrives clipped so), K marked
+// "... (N bytes)" when cut: the text of a store of an over-long key repeated the whole key (review34: 1.2 KB for a
+// 1113-byte key), of a valid one up to 1 KiB. Clipped between UTF-8 characters (util/clip.h).
+std::string key_failure(const char* op, std::string_view key, const Status& st) {
+  const std::string_view shown = clip_utf8(key, proto::kMaxMessageBytes);
+  std::string text = std::string(op) + " of key ";
+  text += shown;
+  if (shown.size() < key.size()) text += "... (" + std::to_string(key.size()) + " bytes)";
+  text += " failed: ";
+  text += clip_utf8(st.message(), proto::kMaxMessageBytes);
+  return text;
+}
+
+}  // namespace
+
 void Connector::put_results(const Task& t, const Status* st) {
   Batch* b = t.batch;
   for (size_t i = 0; i < t.end - t.begin; i++) {
     b->results[t.begin + i] = st[i].ok();
-    if (!st[i].ok()) b->note_error("store of key " + b->keys[t.begin + i] + " failed: " + st[i].message());
+    if (!st[i].ok()) b->note_error(key_failure("store", b->keys[t.begin + i], st[i]));
   }
 }
 
@@ -514,8 +534,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       session.get(keys.data(), sizes.data(), dsts.data(), n, st.data(), b->deadline, deliver, guarded);
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
-        if (!st[i].ok() && !st[i].is_not_found())
-          b->note_error("load of key " + std::string(keys[i]) + " failed: " + st[i].message());
+        if (!st[i].ok() && !st[i].is_not_found()) b->note_error(key_failure("load", keys[i], st[i]));
       }
       break;
     }
@@ -526,8 +545,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       session.exists(keys.data(), n, st.data(), b->deadline);
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok();
-        if (!st[i].ok() && !st[i].is_not_found())
-          b->note_error("lookup of key " + std::string(keys[i]) + " failed: " + st[i].message());
+        if (!st[i].ok() && !st[i].is_not_found()) b->note_error(key_failure("lookup", keys[i], st[i]));
       }
       break;
     }
@@ -540,8 +558,7 @@ void Connector::run_task(BackendSession& session, const Task& t) {
       session.remove(keys.data(), n, st.data(), b->deadline);
       for (size_t i = 0; i < n; i++) {
         b->results[t.begin + i] = st[i].ok() || st[i].is_not_found();
-        if (!b->results[t.begin + i])
-          b->note_error("delete of key " + std::string(keys[i]) + " failed: " + st[i].message());
+        if (!b->results[t.begin + i]) b->note_error(key_failure("delete", keys[i], st[i]));
       }
       break;
     }

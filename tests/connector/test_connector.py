@@ -114,6 +114,24 @@ def test_a_failed_store_batch_stores_each_of_its_objects_whole_or_not_at_all(con
     assert outs[1] == b"\x5a" * len(srcs[1]), "the failed key's load buffer was written"
 
 
+def test_a_failed_keys_error_text_is_clipped_as_the_wire_clips_it(conn):
+    """Review34: a future's error text repeated the whole key ("store of key <1113 bytes> failed: ...", 1.2 KB).
+    The key is clipped to 256 bytes, the bound of a per-key error text on the wire, marked with its length, and
+    the reason after it stays whole; a cut never splits a UTF-8 character (the completion's str() would raise)."""
+    long_key = "k" * 1113
+    ok, err, _ = conn.set([long_key], [memoryview(b"1" * 100)])
+    assert not ok
+    assert err == f"store of key {'k' * 256}... (1113 bytes) failed: key of 1113 bytes exceeds the bound of 1024 bytes"
+    # A valid key of 1000 bytes whose object is too large: the reason is kept whole after the clipped key.
+    ok, err, _ = conn.set(["v" * 1000], [memoryview(bytearray(80 * MIB))])
+    assert not ok and err.startswith(f"store of key {'v' * 256}... (1000 bytes) failed: object of 83886080 bytes")
+    assert err.endswith(")") and len(err) < 600, err
+    # Byte 256 of this key is the second byte of an "é": the clip ends before that character.
+    e_acute = "\u00e9"
+    ok, err, _ = conn.set(["x" + e_acute * 600], [memoryview(b"1" * 100)])
+    assert not ok and err.startswith(f"store of key x{e_acute * 127}... (1201 bytes) failed: key of 1201 bytes"), err
+
+
 def test_empty_batches_complete(conn):
     assert conn.set([], [])[0] and conn.exists([]) == (True, "", [])
 
