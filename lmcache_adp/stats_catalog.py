@@ -215,6 +215,15 @@ CARD_LIST: tuple[Stat, ...] = (
         "recovery_damaged_regions",
     ),
     Stat(
+        "region_waits",
+        COUNTER,
+        "stores",
+        _CARD,
+        "Stores that found no region free or evictable (every sealed region pinned by a load or store in flight) "
+        "and waited for one: up to 5 s from the store's start, then refused (NoSpace; docs/card_format.md, "
+        "Eviction)",
+    ),
+    Stat(
         "bytes_written",
         COUNTER,
         "bytes",

@@ -117,6 +117,9 @@ struct StoreStats {
   uint64_t lookup_hits = 0, lookup_misses = 0;
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
   uint64_t media_errors = 0;  // regions with a read that failed at open (their objects past the failed block are lost)
+  // Stores that found no region free or evictable (every sealed one pinned by a load or store in flight) and
+  // waited for one (up to 5 s, then refused: NoSpace); once a store.
+  uint64_t region_waits = 0;
   // Card operations (loads, stores, tombstones) that failed for want of this
   // process's own memory (staging, a bounce buffer): not the card's, so not
   // in io_errors.
@@ -200,6 +203,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("checksum_failures", st.checksum_failures);
   f("io_errors", st.io_errors);
   f("media_errors", st.media_errors);
+  f("region_waits", st.region_waits);
   f("memory_failures", st.memory_failures);
   f("bytes_written", st.bytes_written);
   f("bytes_read", st.bytes_read);

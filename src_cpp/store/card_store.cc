@@ -326,6 +326,7 @@ StoreStats CardStore::stats() const {
   st.checksum_failures = counters_.checksum_failures;
   st.io_errors = counters_.io_errors;
   st.media_errors = counters_.media_errors;
+  st.region_waits = counters_.region_waits;
   st.memory_failures = counters_.memory_failures;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;

@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -308,8 +309,11 @@ class CardStore {
   // unlocks mu_ around the I/O. A region whose header write fails is put back
   // as it was (an evicted one's objects marked deleted: fail_eviction_locked)
   // and another is tried, up to kOpenTries in all; those that failed are
-  // retired when another one opened (a bad block), else left as they were.
-  Status advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes, uint32_t* region);
+  // retired when another one opened (a bad block), else left as they were. With no region free or evictable
+  // (every sealed one pinned by a load or store in flight) it waits for one until `deadline` (the reservation's:
+  // reserve), then refuses (NoSpace).
+  Status advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
+                          std::chrono::steady_clock::time_point deadline, uint32_t* region);
   static constexpr int kOpenTries = 3;
   // Drops from the index every object with bytes in region r (sealed, unpinned), keeping each dropped entry in
   // evicting_ until r's new header is durable. The caller has made room in evicting_ for r's key list.
@@ -567,6 +571,7 @@ class CardStore {
   struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
     std::atomic<uint64_t> media_errors{0}, memory_failures{0};
+    std::atomic<uint64_t> region_waits{0};  // StoreStats::region_waits
   } counters_;
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   uint64_t recovered_objects_ = 0;

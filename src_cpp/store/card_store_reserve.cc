@@ -159,7 +159,7 @@ void CardStore::settle_locked(uint64_t ticket, bool acked) {
 }
 
 Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
-                                   uint32_t* region) {
+                                   Clock::time_point deadline, uint32_t* region) {
   // Regions whose header write failed in this call, retired for now (not taken again by it); retired for good if
   // another region opens, else put back as they were: a card whose every write fails (gone, read-only, full) keeps
   // its regions. Before session 33 a failed region went back to the free list, handed out again by the next
@@ -171,7 +171,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   // full (ENOSPC) fails the write of a block never written, and an eviction (its region's blocks written before)
   // would then succeed and retire the free regions for a full filesystem, not a bad block.
   bool may_evict = true;
-  auto deadline = Clock::now() + std::chrono::seconds(5);
+  bool waited = false;
   while (nfailed < kOpenTries) {
     uint32_t r = 0;
     bool found = false, evicted = false;
@@ -184,6 +184,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
         break;
       }
       if (nfailed) break;  // no other region now: the header write's failure is the answer
+      if (!waited) counters_.region_waits++, waited = true;
       if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
         return Status::NoSpace("card " + path() + " is full and every region is being written or read");
     }
@@ -291,6 +292,14 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
     decltype(inflight_) f{{0, InFlight{hash, payload_bytes, 0}}};
     inflight_node = f.extract(f.begin());
   }
+  // Taken before frontier_mu_: a store that finds no region free or evictable waits for one (unpinned_) up to
+  // 5 s from here, however long it queued behind another reservation. frontier_mu_ stays held across that wait (a
+  // continuation must be the next region after the one it continues, opened by the same reservation); every store
+  // queued behind it needs a region too (the frontier is full whenever one is opened), and loads and deletes never
+  // take frontier_mu_. Until session 34 each reservation's 5 s started when it took frontier_mu_ (and each
+  // continuation's anew): k stores queued behind one that waited in vain failed after 5, 10, .. 5k s, each holding
+  // its caller's thread (region_wait_test).
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
   std::lock_guard<std::mutex> flock(frontier_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   // An index entry holds a seq in 46 bits: past it a store would be indexed
@@ -307,7 +316,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   if (frontier_ >= 0 && device_->lost_after(regions_[frontier_].open_mark))
     regions_[frontier_].write_offset = region_bytes_;
   if (frontier_ < 0 || regions_[frontier_].write_offset >= region_bytes_) {
-    Status s = advance_frontier(ctx, lock, 0, &f);
+    Status s = advance_frontier(ctx, lock, 0, deadline, &f);
     if (!s.ok()) return s;
   }
   f = static_cast<uint32_t>(frontier_);
@@ -329,7 +338,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
     uint32_t r;
     Status s;
     try {
-      s = advance_frontier(ctx, lock, take, &r);
+      s = advance_frontier(ctx, lock, take, deadline, &r);
     } catch (const std::bad_alloc&) {  // its refusal's message: the regions taken so far go back as below
       if (!lock.owns_lock()) lock.lock();
       s = no_memory();

@@ -49,18 +49,8 @@ const std::vector<uint8_t> kValue(200000, 7);
 
 std::string key(int i) { return "model@0@0@" + std::to_string(i); }
 
-// The number of stores of kValue into a new card before the store that makes its first eviction (the same on
-// every new card: one writer, no reads).
-int stores_before_first_eviction() {
-  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
-  auto s = adp::testing::checked_fault_card(image, kCard, "probe open");
-  if (!s) return -1;
-  adp::IoContext ctx;
-  for (int i = 0;; i++) {
-    check(adp::testing::put_one(*s, ctx, key(i), kValue).ok(), "probe store");
-    if (s->stats().evicted_objects) return i;
-  }
-}
+// The number of stores of kValue into a new card before the store that makes its first eviction.
+int stores_before_first_eviction() { return adp::testing::stores_before_first_eviction(kRegions, kCard, kValue, key); }
 
 // A delete answered Ok or NotFound is done: the key must not load after the reopen.
 bool done(const adp::Status& del) { return del.ok() || del.is_not_found(); }

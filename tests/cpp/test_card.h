@@ -84,6 +84,21 @@ inline Status put_one(CardStore& s, IoContext& ctx, const std::string& key, cons
   return put_one(s, ctx, key, value.data(), value.size(), wanted);
 }
 
+// The number of stores of `value` under key(0), key(1), .. into a new card of `regions` regions (co) before the
+// store that makes its first eviction (the same on every new card: one writer, no reads); -1 if it cannot be opened.
+template <class KeyFn>
+int stores_before_first_eviction(uint64_t regions, const CardOptions& co, const std::vector<uint8_t>& value,
+                                 KeyFn key) {
+  auto image = std::make_shared<FaultImage>(card_bytes(regions, co.region_bytes));
+  auto s = checked_fault_card(image, co, "probe open");
+  if (!s) return -1;
+  IoContext ctx;
+  for (int i = 0;; i++) {
+    check(put_one(*s, ctx, key(i), value).ok(), "probe store");
+    if (s->stats().evicted_objects) return i;
+  }
+}
+
 // The bytes of the object under `key`, or nothing on a miss (NotFound) or an error; *st, when given, is
 // the load's status.
 inline std::optional<std::vector<uint8_t>> read_object(CardStore& s, IoContext& ctx, const std::string& key,

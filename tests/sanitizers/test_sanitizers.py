@@ -104,6 +104,14 @@ def test_evict_header_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_region_wait_under_sanitizer(mode, tmp_path):
+    """A store waiting for a region while every region is pinned by held loads (tests/cpp/region_wait_test.cc): a
+    load and a delete on the main thread, a second store queued behind the first on frontier_mu_, the loads let go."""
+    cpp.run(cpp.build("region_wait_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""
