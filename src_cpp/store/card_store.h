@@ -275,6 +275,10 @@ class CardStore {
     Location loc;
     std::vector<uint32_t> guards;
     Status result;  // write_tombstones: how its tombstone went (set there)
+    // Pending: its tombstone's writes that failed so far, and the retry_pending call (pending_calls_) from which
+    // it is tried again (its back-off: write_tombstones).
+    uint32_t failures = 0;
+    uint64_t due = 0;
   };
   // The regions the object at `offset` of `region` with `payload_bytes` has bytes in (at least `region`).
   std::vector<uint32_t> parts_of_locked(uint32_t region, uint64_t offset, uint64_t payload_bytes) const;
@@ -439,7 +443,13 @@ class CardStore {
   // dropped, and an older copy or a never-indexed one stayed unmarked on the card (a delete undone at the next
   // open). Into pending_room_ the caller holds (stale.size() slots at least): allocates nothing. Under mu_.
   void pend_stale_locked(std::vector<Stale>& stale);
-  void retry_pending(IoContext& ctx);
+  // Writes again the pending tombstones that are due (pending_calls_ has reached their `due`), and, with `hash`,
+  // every one of that key (a delete: refused while one is pending, so never held back). The rest stay pending.
+  void retry_pending(IoContext& ctx, const uint64_t* hash = nullptr);
+  // A pending tombstone whose write failed `failures` times is skipped by the next 2^(failures-1) - 1 calls of
+  // retry_pending, at most kPendingBackoffCalls - 1: the first retry is the next store's or delete's, as before
+  // session 34, and a block that keeps refusing writes costs each store a write no more (stall34 L4).
+  static constexpr uint64_t kPendingBackoffCalls = 1024;
   // A failed operation's count: memory_failures when it failed for want of
   // this process's memory (Status::IoClass::kGatewayMemory: staging, a
   // bounce buffer, recovery's block), else io_errors (the card's; the device
@@ -567,6 +577,10 @@ class CardStore {
   std::vector<std::pair<uint64_t, uint64_t>> reading_;
   std::condition_variable read_done_;  // an entry left reading_
   std::atomic<size_t> pending_count_{0};
+  // Calls of retry_pending so far (each store and delete makes one), and a bound below every pending tombstone's
+  // `due` (0 where one is due at once): below it a call finds none due without taking mu_ or allocating. Written
+  // under mu_.
+  std::atomic<uint64_t> pending_calls_{0}, pending_due_{0};
 
   struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};

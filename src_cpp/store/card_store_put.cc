@@ -121,6 +121,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         Location& loc = written[i];  // its key (maybe not copied) is the one its header holds: write_tombstone
         loc.seq = 0;
         pending_.push_back({std::move(loc), {}, {}});  // room held: no allocation
+        pending_due_ = 0;
       }
     if (!unpinned)
       for (uint32_t r : pinned)
@@ -395,6 +396,7 @@ void CardStore::pend_stale_locked(std::vector<Stale>& stale) {
       if (v != voiding_.end()) voiding_.erase(v);
     }
     pending_.push_back(std::move(st));  // room held by the caller: no allocation; its guards stay pinned
+    pending_due_ = 0;
   }
   stale.clear();
 }
@@ -447,6 +449,12 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale, size
     }
     all = false;
     count_failure(st.result);
+    // Backed off: skipped by the next 2^(failures-1) - 1 retries, so that a block that keeps refusing writes is
+    // not written at every store and delete (an I/O error each, on their path; before session 34 it was).
+    st.failures++;
+    st.due = pending_calls_.load() +
+             std::min<uint64_t>(uint64_t(1) << std::min<uint32_t>(st.failures - 1, 20), kPendingBackoffCalls);
+    if (st.due < pending_due_.load()) pending_due_ = st.due;
     pending_.push_back(std::move(st));
   }
   pending_room_ -= held;
@@ -454,18 +462,44 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale, size
   return all;
 }
 
-void CardStore::retry_pending(IoContext& ctx) {
+void CardStore::retry_pending(IoContext& ctx, const uint64_t* hash) {
   if (pending_count_.load() == 0) return;
+  const uint64_t call = ++pending_calls_;
+  if (!hash && call < pending_due_.load()) return;  // none due: no lock taken, nothing allocated
   std::vector<Stale> retry;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Due: its back-off over, its key's delete, or its region reused (nothing left to delete: dropped at no cost,
+    // its guards unpinned).
+    auto due = [&](const Stale& p) {
+      return p.due <= call || (hash && p.loc.hash == *hash) ||
+             (regions_[p.loc.region].epoch != p.loc.epoch && evicting_region_ != static_cast<int64_t>(p.loc.region));
+    };
+    size_t n = 0;
+    uint64_t next = UINT64_MAX;
+    for (const Stale& p : pending_) {
+      n += due(p);
+      next = std::min(next, p.due);
+    }
+    if (!n) {
+      pending_due_ = next;
+      return;
+    }
     try {
-      retry.reserve(pending_.size());
+      retry.reserve(n);
     } catch (const std::bad_alloc&) {
       return;  // a retry is optional: the next store or delete tries again
     }
-    size_t kept = 0;  // those that stay pending (a void whose voiding_ entry could not be made)
+    size_t kept = 0;  // those that stay pending (backed off; a void whose voiding_ entry could not be made)
+    next = UINT64_MAX;
     for (Stale& p : pending_) {
+      if (!due(p)) {
+        next = std::min(next, p.due);
+        if (&pending_[kept] != &p) pending_[kept] = std::move(p);
+        kept++;
+        continue;
+      }
+      next = std::min(next, call);  // kept below (not retried now): due at the next call
       const RegionManager::Region& reg = regions_[p.loc.region];
       if (evicting_region_ == static_cast<int64_t>(p.loc.region)) {
         // Its region is being evicted, the new header not yet durable: if that write fails the region is put back
@@ -495,6 +529,7 @@ void CardStore::retry_pending(IoContext& ctx) {
     }
     pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(kept), pending_.end());
     pending_count_ = kept;
+    pending_due_ = next;
     // The slots they leave in pending_ are held for them: one that fails again goes back without allocating.
     pending_room_ += retry.size();
   }

@@ -79,8 +79,9 @@ Status CardStore::remove(IoContext& ctx, std::string_view key) {
   Status s = check_key(key);
   if (!s.ok()) return s;
   if (read_only_) return read_only_refusal("delete");
-  retry_pending(ctx);
   const uint64_t h = index_hash(key);
+  // Its key's pending tombstones whatever their back-off: this delete is refused while one is pending.
+  retry_pending(ctx, &h);
   Location loc;
   loc.key.assign(key);  // made before anything changes (session 26)
   IndexEntry e;

@@ -109,6 +109,7 @@ void CardStore::fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, 
   evicting_region_ = -1;
   pending_room_ -= held;
   pending_count_ = pending_.size();
+  pending_due_ = 0;
 }
 
 void CardStore::note_first_eviction_locked() {

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Brief stall34 (session 34): what a store waiting for a region blocks, a C++ program on a fault device that fails on
-the code of session 33:
+"""Brief stall34 (session 34): what a store waiting for a region blocks, and the back-off of a tombstone whose block
+refuses writes, each a C++ program on a fault device that fails on the code of session 33:
 
 - region_wait_test (L1): every region pinned by a load in flight, a store that must open a region waits for one
   (holding frontier_mu_); a load and a delete complete meanwhile, and a store queued behind it gives up with it,
   5 s from its own start (until session 34 its 5 s began when the first gave up: ~5 s after it);
+- tombstone_backoff_test (L4): a superseded copy's tombstone refused by its block is retried by the next store,
+  then every 2nd, 4th, .. (8 writes over 200 stores; 201 before, one a store), the newer copy and a delete still
+  hold after the reopen, and a delete writes its own key's pending void whatever its back-off.
 """
 
 from __future__ import annotations
@@ -14,6 +17,6 @@ import pytest
 from tests.support import cpp
 
 
-@pytest.mark.parametrize("name", ["region_wait_test"])
+@pytest.mark.parametrize("name", ["region_wait_test", "tombstone_backoff_test"])
 def test_store_stall_program(tmp_path, name):
     cpp.run(cpp.build(name, tmp_path), timeout=300)

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// A tombstone whose block refuses writes stays pending (CardStore::pending_) and is written again by later stores
+// and deletes (retry_pending). Until session 34 it was written again by every one of them: a block that keeps
+// refusing writes cost each store on the card a failed write (an I/O error storm on the hot path: "201 writes of
+// the refused tombstone over 200 stores"). Now each pending tombstone backs off (the next store retries it, then
+// every 2nd, 4th, .. call, up to every kPendingBackoffCalls-th), and the promises hold:
+//   - superseded: key 0 stored anew, the older copy's tombstone refused: the key loads as its newer value, also
+//     after the reopen; a delete of key 1 (its older copy's tombstone refused likewise) is done, and key 1 stays
+//     deleted after the reopen;
+//   - void: a store of key 2 not wanted (its copy voided, the void refused) and backed off; once the block takes
+//     writes again, a delete of key 2 writes the void at once (a delete is refused while its key's void is
+//     pending, so its own key's tombstones are never held back): NotFound, done.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "check.h"
+#include "store/card_store.h"
+#include "test_card.h"
+
+namespace {
+
+using adp::testing::check;
+using adp::testing::FaultImage;
+
+constexpr uint64_t kRegion = 1u << 20, kRegions = 8;
+constexpr int kStores = 200;  // stores while a tombstone is refused
+const adp::CardOptions kCard = adp::testing::card_options(kRegion);
+
+std::string key(int i) { return "model@0@0@" + std::to_string(i); }
+
+// A fault device that refuses (an I/O error, the image untouched) every one-block write holding one of the
+// refused keys, or at one of the refused offsets: the tombstones of those keys, or of the copies there (a store of
+// 4 KiB is written in one request of two blocks, and a region header holds no key). Counts them.
+class RefusedTombstones : public adp::testing::FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  adp::Status writev(uint64_t offset, const iovec* iov, int count) const override {
+    if (count == 1 && iov[0].iov_len == adp::kBlockSize) {
+      std::string_view block(static_cast<const char*>(iov[0].iov_base), iov[0].iov_len);
+      std::lock_guard<std::mutex> l(mu_);
+      bool refused = std::find(refused_at_.begin(), refused_at_.end(), offset) != refused_at_.end();
+      for (const std::string& k : refused_) refused |= block.find(k + '\0') != std::string_view::npos;
+      if (refused) {
+        tries_++;
+        return adp::Status::IoError("refused tombstone block (test)");
+      }
+    }
+    return adp::testing::FaultDevice::writev(offset, iov, count);
+  }
+  void refuse(const std::string& k) {
+    std::lock_guard<std::mutex> l(mu_);
+    refused_.push_back(k);
+  }
+  // The block at `offset` too (a copy's header block: its tombstone, not those of the key's other copies).
+  void refuse_at(uint64_t offset) {
+    std::lock_guard<std::mutex> l(mu_);
+    refused_at_.push_back(offset);
+  }
+  void take_all() {
+    std::lock_guard<std::mutex> l(mu_);
+    refused_.clear();
+    refused_at_.clear();
+  }
+  uint64_t tries() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return tries_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> refused_;
+  std::vector<uint64_t> refused_at_;
+  mutable uint64_t tries_ = 0;
+};
+
+void superseded() {
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  const std::vector<uint8_t> older(4096, 1), newer(4096, 2), other(4096, 3);
+  {
+    RefusedTombstones* dev;
+    auto s = adp::testing::checked_fault_card<RefusedTombstones>(image, kCard, "open", &dev);
+    if (!s) return;
+    adp::IoContext ctx;
+    check(adp::testing::put_one(*s, ctx, key(0), older).ok(), "key 0 stored");
+    dev->refuse_at(adp::testing::header_block(*image, key(0)));
+    check(adp::testing::put_one(*s, ctx, key(0), newer).ok(), "key 0 stored anew (its older copy's tombstone refused)");
+    check(dev->tries() == 1, "the older copy's tombstone was tried once by the store");
+    for (int i = 0; i < kStores; i++)
+      check(adp::testing::put_one(*s, ctx, key(100 + i), other).ok(), "a store while the tombstone is refused");
+    const uint64_t writes = dev->tries();
+    std::printf("superseded: %llu writes of the refused tombstone over %d stores\n",
+                static_cast<unsigned long long>(writes), kStores);
+    // The first retry is the next store's (a block that failed once may take the next write); then every 2nd,
+    // 4th, .. store: 1 + 7 over 200 stores.
+    check(writes >= 2, "the refused tombstone was retried by the next store");
+    check(writes <= 10, std::to_string(writes) + " writes of the refused tombstone over " + std::to_string(kStores) +
+                            " stores (one a store: no back-off)");
+    auto got = adp::testing::read_object(*s, ctx, key(0));
+    check(got && *got == newer, "key 0 loads its newer value");
+    // Key 1 likewise, then deleted: the delete is done whatever the older copy's tombstone does.
+    check(adp::testing::put_one(*s, ctx, key(1), older).ok(), "key 1 stored");
+    dev->refuse_at(adp::testing::header_block(*image, key(1)));
+    check(adp::testing::put_one(*s, ctx, key(1), newer).ok(), "key 1 stored anew");
+    for (int i = 0; i < 20; i++)
+      check(adp::testing::put_one(*s, ctx, key(400 + i), other).ok(), "a store while key 1's tombstone is refused");
+    adp::Status del = s->remove(ctx, key(1));
+    check(del.ok(), "key 1 deleted (" + del.message() + ")");
+    check(s->stats().io_errors < 40, std::to_string(s->stats().io_errors) + " I/O errors counted");
+  }
+  auto s = adp::testing::checked_fault_card(image, kCard, "reopen");
+  if (!s) return;
+  auto got = adp::testing::read_object(*s, key(0));
+  check(got && *got == newer, "after the reopen key 0 loads its newer value");
+  check(!adp::testing::read_object(*s, key(1)), "after the reopen key 1, deleted, is back");
+}
+
+void void_then_delete() {
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  const std::vector<uint8_t> value(4096, 4), other(4096, 3);
+  RefusedTombstones* dev;
+  auto s = adp::testing::checked_fault_card<RefusedTombstones>(image, kCard, "open", &dev);
+  if (!s) return;
+  adp::IoContext ctx;
+  dev->refuse(key(2));
+  adp::Status st = adp::testing::put_one(*s, ctx, key(2), value, /*wanted=*/false);
+  check(!st.ok(), "the store of key 2 not wanted");
+  check(dev->tries() == 1, "its void was tried and refused");
+  for (int i = 0; i < 50; i++)
+    check(adp::testing::put_one(*s, ctx, key(100 + i), other).ok(), "a store while the void is refused");
+  adp::Status del = s->remove(ctx, key(2));
+  check(!del.ok() && !del.is_not_found(),
+        "a delete of key 2 while its void is refused: not done (" + del.message() + ")");
+  const uint64_t before = dev->tries();
+  for (int i = 0; i < 3; i++)
+    check(adp::testing::put_one(*s, ctx, key(200 + i), other).ok(), "a store while the void is backed off");
+  check(dev->tries() == before, "the void backed off: not written by the next stores");
+  dev->take_all();
+  del = s->remove(ctx, key(2));
+  check(del.is_not_found(),
+        "a delete of key 2 once the block takes writes: its void written, done (" + del.message() + ")");
+}
+
+}  // namespace
+
+int main() {
+  superseded();
+  void_then_delete();
+  return adp::testing::finish("tombstone_backoff_test");
+}
