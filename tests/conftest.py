@@ -5,6 +5,8 @@ native module under test was built from this tree's sources (tests/support/nativ
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -95,3 +97,15 @@ def unknown_test_hooks(env) -> list[str]:
 def card(tmp_path):
     """Path of a card image that does not exist yet (created on first open)."""
     return str(tmp_path / "cards" / "card.img")
+
+
+@pytest.fixture
+def shm_dir(request):
+    """A fresh directory on /dev/shm (tmpfs: a memory-speed card's image, a segment's shared memory file) for the
+    C++ programs and cards a test runs there, named after the test's module and removed afterwards."""
+    shm = Path("/dev/shm")
+    assert shm.is_dir() and os.access(shm, os.W_OK), "this test needs a writable /dev/shm (tmpfs)"
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    d = tempfile.mkdtemp(prefix=f"adp-{name}-", dir=shm)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

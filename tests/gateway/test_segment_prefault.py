@@ -12,23 +12,9 @@ gateway: tests/gateway/test_segments.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
-import pytest
-
 from tests.support import cpp
 
 SOURCES = ("util",), ("protocol/client_segment.cc",)
-
-
-@pytest.fixture
-def shm_dir():
-    assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (the segments' files)"
-    d = tempfile.mkdtemp(prefix="adp-segpre-", dir="/dev/shm")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_segment_prefault_populates_written_pages_and_lets_go(shm_dir, tmp_path):

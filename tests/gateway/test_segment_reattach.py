@@ -10,21 +10,7 @@ program fails (exit 1, one line) when the registration does not return in 20 s."
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
-import pytest
-
 from tests.support import cpp
-
-
-@pytest.fixture
-def shm_dir():
-    assert os.access("/dev/shm", os.W_OK), "this test needs a writable /dev/shm (the segments' files)"
-    d = tempfile.mkdtemp(prefix="adp-segreat-", dir="/dev/shm")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_registration_of_a_resized_file_as_its_last_holder_lets_go(shm_dir, tmp_path):

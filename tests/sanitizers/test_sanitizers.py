@@ -223,26 +223,18 @@ def test_concurrent_crash_harness_under_tsan(tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
-def test_card_prefault_under_sanitizer(mode, tmp_path):
+def test_card_prefault_under_sanitizer(mode, tmp_path, shm_dir):
     """The prefault thread stopped and closed while it runs (tests/store/test_card_prefault.py)."""
-    shm = tempfile.mkdtemp(prefix="adp-prefault-", dir="/dev/shm")
-    try:
-        cpp.run(cpp.build("card_prefault_test", tmp_path, sanitize=mode), shm, str(tmp_path), timeout=600)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    cpp.run(cpp.build("card_prefault_test", tmp_path, sanitize=mode), shm_dir, str(tmp_path), timeout=600)
 
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
-def test_segment_prefault_under_sanitizer(mode, tmp_path):
+def test_segment_prefault_under_sanitizer(mode, tmp_path, shm_dir):
     """The segments' background populate released, stopped and destroyed while it runs, and a file shrunk
     under it (tests/gateway/test_segment_prefault.py)."""
-    shm = tempfile.mkdtemp(prefix="adp-segpre-", dir="/dev/shm")
-    try:
-        binary = cpp.build("segment_prefault_test", tmp_path, ("util",), ("protocol/client_segment.cc",), sanitize=mode)
-        cpp.run(binary, shm, timeout=600)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    binary = cpp.build("segment_prefault_test", tmp_path, ("util",), ("protocol/client_segment.cc",), sanitize=mode)
+    cpp.run(binary, shm_dir, timeout=600)
 
 
 @pytest.mark.sanitizer
@@ -302,7 +294,7 @@ ASAN_ALLOC_PARTS = {
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("part", sorted(ASAN_ALLOC_PARTS))
-def test_close_without_memory_under_asan(tmp_path, part):
+def test_close_without_memory_under_asan(tmp_path, shm_dir, part):
     """Session 28: Connector::close() and ~Connector with three batches pending, and ~CardStore after a store, each
     of their allocations failed in turn (tests/cpp/thread_alloc_test.cc part close, its operator new): nothing
     leaks (a batch close() had no memory to complete is freed by drain() or ~Connector), nothing is used after it
@@ -311,11 +303,7 @@ def test_close_without_memory_under_asan(tmp_path, part):
     closed without its pad)."""
     dirs = ("store", "util", "testing", "gateway", "protocol", "connector", "transport")  # test_no_thread's
     binary = cpp.build("thread_alloc_test", tmp_path, dirs, sanitize="asan")
-    shm = tempfile.mkdtemp(prefix="adp-thread-alloc-", dir="/dev/shm")
-    try:
-        out = cpp.run(binary, shm, part, timeout=600)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    out = cpp.run(binary, shm_dir, part, timeout=600)
     assert ASAN_ALLOC_PARTS[part] in out, out[-3000:]
 
 

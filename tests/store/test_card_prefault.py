@@ -10,29 +10,16 @@ cleanly; a disk card, or ADP_CARD_PREFAULT=0, starts no thread. Card images go t
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-import pytest
 
 from lmcache_adp import CardStore
 from tests.support import cpp
 
 BLOCK = 4096
-
-
-@pytest.fixture
-def shm_dir():
-    shm = Path("/dev/shm")
-    assert shm.is_dir() and os.access(shm, os.W_OK), "this test needs a writable /dev/shm (tmpfs: the mapped card)"
-    d = tempfile.mkdtemp(prefix="adp-prefault-", dir=shm)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_prefault_maps_written_extents_only_and_stops_on_close(shm_dir, tmp_path):
