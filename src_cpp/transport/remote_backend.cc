@@ -399,10 +399,16 @@ void RemoteBackend::reconnect_step(std::unique_lock<std::mutex>& l, milliseconds
     return;
   }
   if (link_.load() != Link::kDown) {
-    // Reachable (its connection, if any, not taken yet). note_down wakes it; the timeout only bounds a wake-up
-    // missed between this look and the wait (link_ is set without mu_), and paces the look at idle connections.
+    // Reachable (its connection, if any, not taken yet). note_down wakes it (the predicate, looked at under mu_
+    // before each sleep, also catches a link_ set down without mu_ since the look above); idle_look_ paces the look
+    // at idle connections. Only those two end the wait: every connect notifies too (note_connected's
+    // start_reconnect), and a look on that wake-up came at a time set by the scheduler, not idle_look_ (session
+    // 34: on a loaded host a session's reconnect woke it, it ran after the gateway was stopped again, and its
+    // failed status query logged the outage that the test's next request, a delete, was to log;
+    // test_a_tcp_restart_within_the_idle_check_retries_lookups_quietly_and_deletes_loudly failed 5 runs in 13
+    // under 2 busy loops, ADP_TEST_IDLE_LOOK_MS notwithstanding).
     backoff = milliseconds{0};
-    reconnect_cv_.wait_for(l, idle_look_);
+    reconnect_cv_.wait_for(l, idle_look_, [&] { return interrupted_ || link_.load() == Link::kDown; });
     if (interrupted_ || link_.load() != Link::kUp || !all_closed_locked()) return;
     // Every connection of this connector, none waiting for a reply, was closed by the gateway (audit 15 item 22:
     // an idle connector read reachable, /health 200, while its gateway was stopped, until its next batch), or
