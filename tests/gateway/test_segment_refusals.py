@@ -23,8 +23,10 @@ def test_a_transient_refusal_of_a_segment_does_not_turn_in_place_loads_off_for_g
     segments past --max-segment-total-gb, the fault handler's table full, no memory - are transient, yet LMCache's
     L1 pool then loaded through the ring (half speed on a memory-speed card) until the MP server restarted. Here
     the gateway's RLIMIT_AS is lowered for one registration (mmap fails: ENOMEM, refused for now), then restored:
-    later loads into the same /dev/shm file must go in place again (segment_loads) within 10 s (the first retry
-    comes after 1 s)."""
+    later loads into the same /dev/shm file must go in place again (segment_loads). The first retry comes after
+    1 s, in place again within a few seconds; 30 s bounds only a failure (the old code never went in place again),
+    so that a loaded host's slow gets do not fail it (session 34: 10 s, a fixed deadline a loaded 2-core VM could
+    miss)."""
     size = 4 << 20
     path = f"/dev/shm/adp-segrefusal-{os.getpid()}-{time.monotonic_ns()}"
     with temp_gateway() as gw:
@@ -46,14 +48,14 @@ def test_a_transient_refusal_of_a_segment_does_not_turn_in_place_loads_off_for_g
                 # A get may still fail just after the restore (the ring connection the refused batch reconnected
                 # with, under the lowered limit, may have been refused too, and the connector then waits out its
                 # back-off): what must hold is that loads go in place again, and hit.
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 30
                 in_place, results = 0, []
                 while time.monotonic() < deadline and not in_place:
                     results.append(c.get(["refused@1"], [view])[2])
                     in_place = read_gateway_stats(gw.unix_url)["segment_loads"]
                     time.sleep(0.1)
                 assert in_place, (
-                    f"loads into the file still go through the ring 10 s after the gateway could map it again "
+                    f"loads into the file still go through the ring 30 s after the gateway could map it again "
                     f"(results {results[:5]}...{results[-3:]}); gateway log:\n{gw.log()[-3000:]}"
                 )
                 assert c.get(["refused@1"], [view])[2] == [True]
