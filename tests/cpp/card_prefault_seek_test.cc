@@ -64,25 +64,12 @@ namespace {
 
 constexpr uint64_t kPage = 4096, kMiB = 1 << 20;
 
-void write_extent(int fd, uint64_t offset, uint64_t n) {
-  std::vector<uint8_t> chunk(4 * kMiB, 0x5a);
-  for (uint64_t done = 0; done < n;) {
-    size_t len = static_cast<size_t>(std::min<uint64_t>(chunk.size(), n - done));
-    CHECK(::pwrite(fd, chunk.data(), len, static_cast<off_t>(offset + done)) == static_cast<ssize_t>(len), "pwrite");
-    done += len;
-  }
-}
-
 void scans_at_most_a_piece(const std::string& dir) {
   const std::string path = dir + "/prefault-seek.img";
   const uint64_t size = 320 * kMiB;
   const std::vector<std::pair<uint64_t, uint64_t>> extents = {
       {0, kPage}, {kMiB, 256 * kMiB}, {270 * kMiB + 3 * kPage, 40 * kPage}, {300 * kMiB - kPage, 18 * kMiB}};
-  ::unlink(path.c_str());
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(size)) == 0, "create %s", path.c_str());
-  for (auto [offset, n] : extents) write_extent(fd, offset, n);
-  ::close(fd);
+  adp::testing::make_sparse_file(path, size, extents);
   std::unique_ptr<adp::CardDevice> dev;
   adp::Status s = adp::CardDevice::Open(path, 0, &dev);
   CHECK(s.ok() && dev->mapped(), "open %s mapped: %s", path.c_str(), s.message().c_str());

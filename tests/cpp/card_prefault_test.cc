@@ -35,31 +35,11 @@ namespace {
 
 using adp::CardDevice;
 using adp::testing::allocated_bytes;
+// A sparse image holding the given extents, written before any CardDevice opens it (as another process would have).
+using adp::testing::make_sparse_file;
 using adp::testing::present_pages;
 
 constexpr uint64_t kPage = 4096, kMiB = 1 << 20;
-
-// Writes [offset, offset + n) of the file at path with a non-zero pattern.
-void write_extent(const std::string& path, uint64_t offset, uint64_t n) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  std::vector<uint8_t> chunk(4 * kMiB, 0x5a);
-  for (uint64_t done = 0; done < n;) {
-    size_t len = static_cast<size_t>(std::min<uint64_t>(chunk.size(), n - done));
-    CHECK(::pwrite(fd, chunk.data(), len, static_cast<off_t>(offset + done)) == static_cast<ssize_t>(len), "pwrite");
-    done += len;
-  }
-  ::close(fd);
-}
-
-// A sparse image of `bytes` holding the given extents, written before any
-// CardDevice opens it (as another process would have).
-void make_image(const std::string& path, uint64_t bytes, const std::vector<std::pair<uint64_t, uint64_t>>& extents) {
-  ::unlink(path.c_str());
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0, "create %s", path.c_str());
-  ::close(fd);
-  for (auto [offset, n] : extents) write_extent(path, offset, n);
-}
 
 int prefault_threads() { return adp::testing::threads_named("adp-prefault"); }
 
@@ -78,7 +58,7 @@ void maps_the_written_extents(const std::string& dir) {
   const uint64_t size = 256 * kMiB;
   const std::vector<std::pair<uint64_t, uint64_t>> extents = {
       {0, kPage}, {4 * kMiB, 20 * kMiB}, {100 * kMiB, kMiB + 3 * kPage + 100}, {200 * kMiB, 40 * kMiB}};
-  make_image(path, size, extents);
+  make_sparse_file(path, size, extents);
   const uint64_t allocated = allocated_bytes(path);
   std::unique_ptr<CardDevice> dev;
   adp::Status s = CardDevice::Open(path, 0, &dev);
@@ -108,7 +88,7 @@ void maps_the_written_extents(const std::string& dir) {
 void stops_when_asked_and_on_close(const std::string& dir) {
   const std::string path = dir + "/prefault-close.img";
   const uint64_t written = 512 * kMiB;
-  make_image(path, 640 * kMiB, {{0, written}});
+  make_sparse_file(path, 640 * kMiB, {{0, written}});
   const uint64_t allocated = allocated_bytes(path);
   std::unique_ptr<CardDevice> dev;
   adp::Status s = CardDevice::Open(path, 0, &dev);
@@ -260,7 +240,7 @@ void waits_for_a_store_in_flight(const std::string& dir) {
 // A card on disk is not mapped: no thread.
 void no_thread_for_a_disk_card(const std::string& dir) {
   const std::string path = dir + "/prefault-disk.img";
-  make_image(path, 16 * kMiB, {{0, kMiB}});
+  make_sparse_file(path, 16 * kMiB, {{0, kMiB}});
   std::unique_ptr<CardDevice> dev;
   adp::Status s = CardDevice::Open(path, 0, &dev);
   CHECK(s.ok(), "open %s: %s", path.c_str(), s.message().c_str());
@@ -275,7 +255,7 @@ void no_thread_for_a_disk_card(const std::string& dir) {
 // ADP_CARD_PREFAULT=0 turns it off.
 void off_by_environment(const std::string& dir) {
   const std::string path = dir + "/prefault-off.img";
-  make_image(path, 16 * kMiB, {{0, kMiB}});
+  make_sparse_file(path, 16 * kMiB, {{0, kMiB}});
   ::setenv("ADP_CARD_PREFAULT", "0", 1);
   std::unique_ptr<CardDevice> dev;
   adp::Status s = CardDevice::Open(path, 0, &dev);

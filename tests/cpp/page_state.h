@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the prefault tests (card_prefault_test.cc, segment_prefault_test.cc)
-// look at: a file's allocated bytes, which pages of a mapping are present in
+// What the prefault tests (card_prefault_test.cc, card_prefault_seek_test.cc,
+// segment_prefault_test.cc) make and look at: a sparse file with written
+// extents, a file's allocated bytes, which pages of a mapping are present in
 // this process's page tables, and how many of its threads bear a name.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -20,6 +22,23 @@
 #include "check.h"
 
 namespace adp::testing {
+
+// A sparse file of `bytes` at path (made anew) holding the given extents (offset, length) written with a non-zero
+// pattern, as another process, or a client's own stores into its pool, would have written them; the rest holes.
+inline void make_sparse_file(const std::string& path, uint64_t bytes,
+                             const std::vector<std::pair<uint64_t, uint64_t>>& extents) {
+  ::unlink(path.c_str());
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0, "create %s", path.c_str());
+  std::vector<uint8_t> chunk(4 << 20, 0x5a);
+  for (auto [offset, n] : extents)
+    for (uint64_t done = 0; done < n;) {
+      size_t len = static_cast<size_t>(std::min<uint64_t>(chunk.size(), n - done));
+      CHECK(::pwrite(fd, chunk.data(), len, static_cast<off_t>(offset + done)) == static_cast<ssize_t>(len), "pwrite");
+      done += len;
+    }
+  ::close(fd);
+}
 
 inline uint64_t allocated_bytes(const std::string& path) {
   struct stat st{};

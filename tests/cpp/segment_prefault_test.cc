@@ -44,17 +44,7 @@ constexpr uint64_t kPage = 4096, kMiB = 1 << 20;
 // client's own stores into its pool would), the rest holes.
 std::string make_file(const std::string& path, uint64_t bytes,
                       const std::vector<std::pair<uint64_t, uint64_t>>& extents) {
-  ::unlink(path.c_str());
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0, "create %s", path.c_str());
-  std::vector<uint8_t> chunk(4 * kMiB, 0x5a);
-  for (auto [offset, n] : extents)
-    for (uint64_t done = 0; done < n;) {
-      size_t len = static_cast<size_t>(std::min<uint64_t>(chunk.size(), n - done));
-      CHECK(::pwrite(fd, chunk.data(), len, static_cast<off_t>(offset + done)) == static_cast<ssize_t>(len), "pwrite");
-      done += len;
-    }
-  ::close(fd);
+  adp::testing::make_sparse_file(path, bytes, extents);
   return path;
 }
 
