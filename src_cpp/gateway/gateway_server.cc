@@ -82,6 +82,15 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   if (s.ok() && (opts.process_write_threads < -1 || opts.process_write_threads > kMaxProcessWriteThreads))
     s = Status::InvalidArgument("process_write_threads must be in [-1, " + std::to_string(kMaxProcessWriteThreads) +
                                 "] (--process-write-threads), got " + std::to_string(opts.process_write_threads));
+  // The same for these two (utf34: only the CLI checked them): a negative spin was taken as 0 without a word and one
+  // of 10^9 us let a connection's thread spin up to 1000 s after a request for the next; a pipelined-store count under
+  // -1 was taken as -1 (half the contexts) without a word, and one over the CLI's 64 as it was.
+  if (s.ok() && (opts.max_pipelined_stores < -1 || opts.max_pipelined_stores > kMaxPipelinedStores))
+    s = Status::InvalidArgument("max_pipelined_stores must be in [-1, " + std::to_string(kMaxPipelinedStores) +
+                                "] (--max-pipelined-stores), got " + std::to_string(opts.max_pipelined_stores));
+  if (s.ok() && (opts.request_spin_us < 0 || opts.request_spin_us > kMaxRequestSpinUs))
+    s = Status::InvalidArgument("request_spin_us must be in [0, " + std::to_string(kMaxRequestSpinUs) +
+                                "] (--request-spin-us), got " + std::to_string(opts.request_spin_us));
   if (!s.ok()) return s;
   // The test hooks, read once here for every connection; each one set is
   // logged (review r9 N2). Before the card opens: its prefault asks whether

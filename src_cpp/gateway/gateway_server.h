@@ -33,6 +33,8 @@ namespace adp {
 // The ranges GatewayServer::Start takes (the CLI's, lmcache_adp/gateway.py, checked there first for its exit 2).
 constexpr int kMaxIoContexts = 64;
 constexpr int kMaxProcessWriteThreads = 1024;
+constexpr int kMaxPipelinedStores = 64;
+constexpr int kMaxRequestSpinUs = 10000;
 
 struct GatewayOptions {
   CardOptions card;
@@ -47,7 +49,8 @@ struct GatewayOptions {
   int process_write_threads = -1;
   // Pipelined process stores at once (review r8 S4: each may hold an I/O
   // context and a frontier place for up to its bound); -1: half the I/O
-  // contexts, rounded down (none with one context); 0: no pipelined stores.
+  // contexts, rounded down (none with one context); 0: no pipelined stores;
+  // at most kMaxPipelinedStores.
   int max_pipelined_stores = -1;
   // After answering a put or get, a connection's thread looks for the
   // client's next request this long before it sleeps in poll() (a sleeping
@@ -57,6 +60,7 @@ struct GatewayOptions {
   // CPUs) and the machine runs at most CPUs / 2 threads (/proc/loadavg).
   // 0 (the default): never. The 16-core run with 100 cut ~8 of the ~75 us of
   // round trip a 2 MiB request (benchmarks/README.md, "Session eleven").
+  // At most kMaxRequestSpinUs.
   int request_spin_us = 0;
   // Populate each registered segment's written pages in the gateway's page
   // tables in the background (proto::SegmentPrefaulter), so the first load

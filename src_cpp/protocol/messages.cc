@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "protocol/wire.h"
+#include "util/clip.h"
 
 namespace adp::proto {
 namespace {
@@ -21,11 +22,15 @@ constexpr uint8_t kMaxStatusCode = 9;
 
 Status malformed(const char* what) { return Status::InvalidArgument(std::string("malformed ") + what); }
 
+// The token only: cut at the byte bound, byte-exact (compared as bytes). Every text (error texts, reasons, names) is
+// cut with clip_utf8 instead, between UTF-8 characters: it reaches Python as str, and an error text of over 256
+// bytes with a multi-byte character of a card path or key at the bound arrived cut in half, so pybind11's strict
+// decoding raised UnicodeDecodeError from the connector's drain_completions (utf34).
 std::string_view clip(std::string_view s, size_t n) { return s.substr(0, std::min(s.size(), n)); }
 
 // Misses carry no text; errors carry theirs.
 std::string_view wire_message(const Status& s) {
-  return s.ok() || s.is_not_found() ? std::string_view() : clip(s.message(), kMaxMessageBytes);
+  return s.ok() || s.is_not_found() ? std::string_view() : clip_utf8(s.message(), kMaxMessageBytes);
 }
 
 static_assert(static_cast<uint8_t>(Status::IoClass::kCard) == 1 &&
@@ -74,7 +79,7 @@ void encode_hello(const Hello& m, std::vector<uint8_t>* body) {
   w.put<uint32_t>(m.features);
   w.put<uint32_t>(0);
   w.put<uint64_t>(m.ring_bytes);
-  std::string_view token = clip(m.token, kMaxTokenBytes), name = clip(m.client_name, kMaxNameBytes);
+  std::string_view token = clip(m.token, kMaxTokenBytes), name = clip_utf8(m.client_name, kMaxNameBytes);
   w.put<uint16_t>(static_cast<uint16_t>(token.size()));
   w.put<uint16_t>(static_cast<uint16_t>(name.size()));
   w.put<uint32_t>(0);
@@ -99,7 +104,7 @@ Status decode_hello(std::span<const uint8_t> body, Hello* m) {
 
 void encode_hello_ok(const HelloOk& m, std::vector<uint8_t>* body) {
   ByteWriter w(body);
-  std::string_view server = clip(m.server, kMaxNameBytes);
+  std::string_view server = clip_utf8(m.server, kMaxNameBytes);
   w.put<uint32_t>(m.features);
   w.put<uint32_t>(m.max_batch_keys);
   w.put<uint64_t>(m.max_object_bytes);
@@ -263,7 +268,7 @@ Status decode_register_process(std::span<const uint8_t> body, RegisterProcess* m
 
 void encode_process_ok(const ProcessOk& m, std::vector<uint8_t>* body) {
   ByteWriter w(body);
-  std::string_view reason = clip(m.reason, kMaxMessageBytes);
+  std::string_view reason = clip_utf8(m.reason, kMaxMessageBytes);
   w.put<uint32_t>(m.features);
   w.put<uint16_t>(static_cast<uint16_t>(reason.size()));
   w.put<uint16_t>(0);
@@ -288,7 +293,7 @@ Status decode_process_ok(std::span<const uint8_t> body, ProcessOk* m) {
 
 void encode_error(std::string_view reason, std::vector<uint8_t>* body) {
   ByteWriter w(body);
-  reason = clip(reason, kMaxMessageBytes);
+  reason = clip_utf8(reason, kMaxMessageBytes);
   w.put<uint16_t>(static_cast<uint16_t>(reason.size()));
   w.bytes(reason);
 }

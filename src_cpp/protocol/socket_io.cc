@@ -20,6 +20,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "util/clip.h"
 #include "util/log.h"
 
 namespace adp::proto {
@@ -449,7 +450,7 @@ bool ready_by(int fd, short events, Deadline deadline) noexcept {
 }  // namespace
 
 bool send_error_frame(int fd, uint64_t request_id, std::string_view reason, Deadline deadline) noexcept {
-  reason = reason.substr(0, std::min<size_t>(reason.size(), kMaxMessageBytes));
+  reason = clip_utf8(reason, kMaxMessageBytes);  // between UTF-8 characters, as encode_error (utf34)
   // The frame encode_error and write_frame make: header, u16 length, the text.
   uint8_t frame[kFrameHeaderBytes + 2 + kMaxMessageBytes];
   const FrameHeader h = make_header(FrameType::kError, request_id, 2 + reason.size());

@@ -36,9 +36,24 @@ constexpr char kSourceDigestMarker[] = "adp-source-digest:";
 
 namespace {
 
+// Text from a peer or the card (an error text, a gateway's reason, a path or key in a message) as str, decoded
+// with errors="replace": a malformed byte becomes U+FFFD. pybind11's own std::string -> str decodes strictly, and a
+// gateway that cut an error text inside a UTF-8 character (before utf34, at byte 256) made drain_completions raise
+// UnicodeDecodeError in LMCache's completion thread, which must never raise for a bad message. Every std::string
+// handed to Python as str that may carry such text goes through here (the GIL held).
+py::str peer_text(std::string_view text) {
+  PyObject* o = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
+  if (!o) throw py::error_already_set();  // out of memory only: "replace" takes every byte
+  return py::reinterpret_steal<py::str>(o);
+}
+
+// Raises ValueError (InvalidArgument) or RuntimeError with the message made valid UTF-8 by peer_text (the GIL
+// held): a path or a peer's text in it (a card's path, a gateway's reason) cannot turn it into a
+// UnicodeDecodeError. C++ exceptions still, whose what() is the message (NativeConnector::start keeps it).
 [[noreturn]] void raise(const Status& s) {
-  if (s.code() == Status::Code::kInvalidArgument) throw py::value_error(s.message());
-  throw std::runtime_error(s.message());
+  std::string text = peer_text(s.message()).cast<std::string>();
+  if (s.code() == Status::Code::kInvalidArgument) throw py::value_error(text);
+  throw std::runtime_error(text);
 }
 
 // Holds Python buffer views for the life of a batch. Destroyed with the GIL held (Connector::drain / free_retired
@@ -185,7 +200,7 @@ class NativeConnector {
     for (auto& c : done) {
       py::list per_key;
       for (uint8_t v : c.per_key) per_key.append(py::bool_(v != 0));
-      out.append(py::make_tuple(c.future_id, c.ok, c.error, per_key));
+      out.append(py::make_tuple(c.future_id, c.ok, peer_text(c.error), per_key));
     }
     return out;
   }
@@ -215,7 +230,7 @@ class NativeConnector {
                            [&d](const std::string& k, uint64_t v) { d[k.c_str()] = v; });
     return d;
   }
-  std::string describe() const { return conn().describe(); }
+  py::str describe() const { return peer_text(conn().describe()); }
 
   static py::dict stats_dict(const StoreStats& s) {
     py::dict d;
@@ -226,8 +241,8 @@ class NativeConnector {
       d["gateway_reconnects"] = s.gateway_reconnects;
       d["gateway_stalled"] = s.gateway_stalled;
       d["gateway_card_healthy"] = s.gateway_card_healthy;
-      d["gateway_card_error"] = s.gateway_card_error;
-      d["gateway_error"] = s.gateway_error;
+      d["gateway_card_error"] = peer_text(s.gateway_card_error);
+      d["gateway_error"] = peer_text(s.gateway_error);
     }
     return d;
   }
@@ -412,10 +427,14 @@ class PyGatewayServer {
     return NativeConnector::stats_dict(st);
   }
   // Asked by the metrics thread: may race close() (then: RuntimeError).
-  std::string stats_json() const {
-    py::gil_scoped_release nogil;
-    std::shared_lock<std::shared_mutex> l(mu_);
-    return server().stats_json();
+  py::str stats_json() const {
+    std::string json;
+    {
+      py::gil_scoped_release nogil;
+      std::shared_lock<std::shared_mutex> l(mu_);
+      json = server().stats_json();
+    }
+    return peer_text(json);
   }
   // Stops and closes the card now, not whenever Python collects the object;
   // waits for a stats call in progress.
@@ -496,7 +515,7 @@ PYBIND11_MODULE(_native, m) {
           w = card_space_warning(path);
         }
         if (w.empty()) return py::none();
-        return py::str(w);
+        return peer_text(w);  // names other card images of its directory: whatever bytes they have
       },
       py::arg("path"),
       "The WARNING for an existing card image whose filesystem cannot hold what it can still grow by (its size less "
@@ -593,6 +612,10 @@ PYBIND11_MODULE(_native, m) {
   m.attr("MAX_RING_BYTES") = proto::kMaxRingBytes;
   m.attr("MAX_FRAME_BODY_BYTES") = proto::kMaxFrameBodyBytes;
   m.attr("MAX_HELLO_BODY_BYTES") = proto::kMaxHelloBodyBytes;
+  m.def(
+      "_peer_text", [](const py::bytes& b) { return peer_text(std::string_view(b)); },
+      "Tests only: bytes decoded as the bindings hand a peer's or the card's text to Python (UTF-8, "
+      "errors=\"replace\").");
   m.def(
       "parse_frame",
       [](const py::bytes& frame) {

@@ -430,13 +430,18 @@ def test_a_request_timeout_cap_of_zero_is_refused(workdir):
         ("io_contexts", -1, r"io_contexts must be in \[1, 64\] \(--io-contexts\), got -1", 64),
         ("process_write_threads", 1025, r"must be in \[-1, 1024\] \(--process-write-threads\), got 1025", 1024),
         ("process_write_threads", -2, r"must be in \[-1, 1024\] \(--process-write-threads\), got -2", -1),
+        ("max_pipelined_stores", -2, r"max_pipelined_stores must be in \[-1, 64\] \(--max-pipelined-stores\), got -2", -1),
+        ("max_pipelined_stores", 65, r"max_pipelined_stores must be in \[-1, 64\] \(--max-pipelined-stores\), got 65", 64),
+        ("request_spin_us", -1, r"request_spin_us must be in \[0, 10000\] \(--request-spin-us\), got -1", 0),
+        ("request_spin_us", 10001, r"request_spin_us must be in \[0, 10000\] \(--request-spin-us\), got 10001", 10000),
     ],
-)
-def test_the_native_gateway_refuses_io_contexts_and_helpers_out_of_range(workdir, option, bad, message, good):
-    """Review34 F3: only the CLI checked --io-contexts and --process-write-threads; GatewayServer took 0 I/O
-    contexts (a gateway that answers its handshake, then times out every request waiting for a context) and -1
-    (a size_t: contexts made until memory ran out). It refuses them before it opens the card, as the CLI does;
-    the ends of the ranges start."""
+)  # fmt: skip
+def test_the_native_gateway_refuses_options_out_of_range(workdir, option, bad, message, good):
+    """Only the CLI checked these ranges. Review34 F3: GatewayServer took 0 I/O contexts (a gateway that answers
+    its handshake, then times out every request waiting for a context) and -1 (a size_t: contexts made until
+    memory ran out). utf34: it took -2 pipelined stores as -1 and a negative request spin as 0 without a word,
+    and 65 stores or a spin of 10001 us (10^9 us: up to 1000 s of spinning for a next request) as they were.
+    It refuses each before it opens the card, as the CLI does; the ends of the ranges start."""
     card = os.path.join(workdir, "card.img")
     with pytest.raises(ValueError, match=message):
         _native.GatewayServer(
