@@ -305,8 +305,10 @@ class CardStore {
   };
   // Takes the footprint of a store of `payload_bytes` (key hash `hash`) at
   // the write frontier (opening, and evicting for, the regions it continues
-  // into), pins them and registers the ticket, and the store as in flight.
-  Status reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl);
+  // into), pins them and registers the ticket, and the store as in flight. With no region free or evictable it
+  // waits for one up to 5 s from its start (advance_frontier), none with `may_wait` false (put_each: a later item
+  // of a put whose earlier item's wait ran out).
+  Status reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait = true);
   // Opens the next frontier region (a free one, or one evicted for it) whose
   // first `cont_bytes` continue the current frontier's last record; writes
   // and syncs its header. Called with frontier_mu_ and `lock` (mu_) held;

@@ -277,7 +277,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   return nfailed ? failure : s;
 }
 
-Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl) {
+Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait) {
   const uint64_t footprint = object_footprint(payload_bytes);
   // Everything a reservation allocates is made before it takes anything (session 26): the placement's room for
   // every region it may span, the nodes of its ticket and of its in-flight entry (inserted below without
@@ -300,7 +300,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   // take frontier_mu_. Until session 34 each reservation's 5 s started when it took frontier_mu_ (and each
   // continuation's anew): k stores queued behind one that waited in vain failed after 5, 10, .. 5k s, each holding
   // its caller's thread (region_wait_test).
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  const auto deadline = Clock::now() + (may_wait ? std::chrono::seconds(5) : std::chrono::seconds(0));
   std::lock_guard<std::mutex> flock(frontier_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   // An index entry holds a seq in 46 bits: past it a store would be indexed

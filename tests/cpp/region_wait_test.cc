@@ -121,9 +121,47 @@ void every_region_pinned() {
   check(s->stats().evicted_regions >= 1, "it evicted a region");
 }
 
+// One put larger than the card: its earlier items keep their regions pinned until its commit, so the item that must
+// open a region finds every one pinned (by the put itself) and waits its 5 s in vain. The items after it look for a
+// region and wait for none: the put returns ~5 s after that item's wait began. Until review34b each later item
+// waited its own 5 s (the pins mostly the put's own, let go only at its end): a put 3 items past the card took 15 s,
+// k items past it 5k s, its caller's thread held (stall34's note (b)).
+void put_larger_than_the_card() {
+  const int n = stores_before_first_eviction();
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  auto s = adp::testing::checked_fault_card(image, kCard, "open");
+  if (!s) return;
+  adp::IoContext ctx;
+  const int total = n + 3;
+  std::vector<std::string> keys;
+  for (int i = 0; i < total; i++) keys.push_back(key(i));
+  std::vector<adp::PutItem> items;
+  for (int i = 0; i < total; i++) items.push_back({keys[i], kValue.data(), kValue.size()});
+  std::vector<adp::Status> results(total);
+  const auto start = Clock::now();
+  s->put(ctx, items.data(), items.size(), results.data(), [] { return true; });
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  int stored = 0, refused = 0;
+  for (const adp::Status& r : results) {
+    stored += r.ok();
+    refused += r.code() == adp::Status::Code::kNoSpace;
+  }
+  check(stored == n && refused == 3, "a put of " + std::to_string(total) + " objects into a card that holds " +
+                                         std::to_string(n) + ": " + std::to_string(stored) + " stored, " +
+                                         std::to_string(refused) + " refused NoSpace");
+  check(took < 9.0, "the put took " + std::to_string(took) +
+                        " s: each object past the card waited its own 5 s for regions the put itself held pinned");
+  // Its objects are there, and a store after it evicts a region and goes on.
+  auto got = adp::testing::read_object(*s, ctx, key(0));
+  check(got && *got == kValue, "the put's first object reads back");
+  adp::Status st = adp::testing::put_one(*s, ctx, key(total), kValue);
+  check(st.ok(), "a store after the put (" + st.message() + ")");
+}
+
 }  // namespace
 
 int main() {
   every_region_pinned();
+  put_larger_than_the_card();
   return adp::testing::finish("region_wait_test");
 }
