@@ -206,7 +206,9 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
       evict_locked(r);
     }
     // A free region may hold the old records of an eviction that failed (below), their tombstones pending under
-    // its old epoch: kept by retry_pending until this header is durable, as an evicted region's.
+    // its old epoch: kept by retry_pending until this header is durable, as an evicted region's. One that
+    // retry_pending took out before (being written now, the region pinned) is waited for: take_free hands out no
+    // pinned region (session 34).
     evicting_region_ = r;
     saved = std::move(regions_[r]);
     regions_[r].pins = saved.pins;

@@ -59,7 +59,8 @@ class RegionManager {
   const Region& operator[](uint32_t r) const { return regions_[r]; }
   size_t free_count() const { return free_.size(); }
 
-  // Takes a free region; false if none is free.
+  // Takes a free region that is not pinned (a tombstone being written into it under its old epoch: it waits for
+  // that write, CardStore::retry_pending); false if there is none.
   bool take_free(uint32_t* r);
   // Returns r to the free list (never written under its current epoch).
   void add_free(uint32_t r);

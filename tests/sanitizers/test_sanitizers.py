@@ -112,6 +112,14 @@ def test_region_wait_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_free_region_tombstone_under_sanitizer(mode, tmp_path):
+    """A tombstone into a free region held in flight while another thread stores (tests/cpp/
+    free_region_tombstone_test.cc): the region pinned by the retry is not handed out."""
+    cpp.run(cpp.build("free_region_tombstone_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""
