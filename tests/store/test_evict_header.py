@@ -9,7 +9,9 @@ fault device that fails on the code of session 32:
   then on (the region was handed out again at once, its header write failed again);
 - free_region_tombstone_test (session 34: card_crash_mt_test's checksum failure during a live run): a tombstone
   pending in a free region (an eviction whose header did not land), written while a store took that region and
-  wrote a record there, overwrote that record's header (fails on the code of session 33).
+  wrote a record there, overwrote that record's header (fails on the code of session 33);
+- transient_retire_test (review33d): a failed sync of an eviction's region header (not a refused write: nothing
+  about the block) retired the region as a bad block until the reopen, a region's worth of capacity lost each time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import pytest
 from tests.support import cpp
 
 
-@pytest.mark.parametrize("name", ["evict_header_test", "bad_region_header_test", "free_region_tombstone_test"])
+@pytest.mark.parametrize(
+    "name", ["evict_header_test", "bad_region_header_test", "free_region_tombstone_test", "transient_retire_test"]
+)
 def test_evict_header_program(tmp_path, name):
     cpp.run(cpp.build(name, tmp_path), timeout=300)
