@@ -314,8 +314,10 @@ class CardStore {
   // and syncs its header. Called with frontier_mu_ and `lock` (mu_) held;
   // unlocks mu_ around the I/O. A region whose header write fails is put back
   // as it was (an evicted one's objects marked deleted: fail_eviction_locked)
-  // and another is tried, up to kOpenTries in all; those that failed are
-  // retired when another one opened (a bad block), else left as they were. With no region free or evictable
+  // and another is tried, up to kOpenTries in all; those whose header write
+  // the device refused are retired when another one opened (a bad block);
+  // the others (a failed sync, no memory) go to the free list, as when none
+  // opens. With no region free or evictable
   // (every sealed one pinned by a load or store in flight) it waits for one until `deadline` (the reservation's:
   // reserve), then refuses (NoSpace).
   Status advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,

@@ -166,6 +166,9 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   // its regions. Before session 33 a failed region went back to the free list, handed out again by the next
   // store on a full card (the only free region): one bad header block failed every store (review33a F5).
   uint32_t failed[kOpenTries];
+  // Whether failed[i]'s header write itself was refused (a bad block: retired); else its sync failed or there was no
+  // memory, which says nothing about its block (review33d): put back as when no region opens.
+  bool refused[kOpenTries] = {};
   int nfailed = 0;
   Status s, failure;
   // After a free region's header write failed, only other free regions are tried: a sparse image's filesystem
@@ -219,8 +222,10 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
     lock.unlock();
     encode_region_header(ctx.header_.data(), card_id_, epoch, r, prev, prev_epoch, cont_bytes);
     const uint64_t mark = device_->write_mark();
+    bool write_refused = false;
     try {
       s = device_->write(region_offset(r), ctx.header_.data(), kBlockSize);
+      write_refused = !s.ok();
       // The new epoch must be on the card before anything is written under it:
       // after a power cut that lost it, the epoch could be handed out again and
       // unsynced leftovers written under it would walk as a valid chain.
@@ -242,7 +247,8 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
         evicting_region_ = -1;
         may_evict = false;
       }
-      regions_[r].retired = true;
+      regions_[r].retired = true;  // not taken again by this call
+      refused[nfailed] = write_refused;
       failed[nfailed++] = r;
       failure = s;
       continue;
@@ -252,11 +258,17 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
       evicting_.clear();
       pending_room_ -= held;
     }
-    for (int i = 0; i < nfailed; i++)
+    for (int i = 0; i < nfailed; i++) {
+      if (!refused[i]) {
+        regions_[failed[i]].retired = false;
+        regions_.add_free_last(failed[i]);
+        continue;
+      }
       ADP_WARN(
           "card %s: region %u's header block refused a write; the region is retired until the card is "
           "reopened (%s)",
           path().c_str(), failed[i], failure.message().c_str());
+    }
     if (frontier_ >= 0) {
       regions_[prev].next = r;
       regions_[prev].next_epoch = epoch;

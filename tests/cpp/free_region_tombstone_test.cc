@@ -121,5 +121,6 @@ void tombstone_into_a_free_region(bool sync) {
 
 int main() {
   tombstone_into_a_free_region(false);
+  tombstone_into_a_free_region(true);
   return adp::testing::finish("free_region_tombstone_test");
 }

@@ -49,18 +49,8 @@ uint64_t objects_after(int n, int extra, bool fail) {
 }  // namespace
 
 int main() {
-  // The stores before the first eviction (the same on every new card: one writer, no reads).
-  int n = 0;
-  {
-    auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
-    auto s = adp::testing::checked_fault_card(image, kCard, "probe open");
-    if (!s) return adp::testing::finish("transient_retire_test");
-    adp::IoContext ctx;
-    for (;; n++) {
-      check(adp::testing::put_one(*s, ctx, key(n), kValue).ok(), "probe store");
-      if (s->stats().evicted_objects) break;
-    }
-  }
+  const int n = adp::testing::stores_before_first_eviction(kRegions, kCard, kValue, key);
+  if (n < 0) return adp::testing::finish("transient_retire_test");
   const int extra = 4 * n;  // round the card several times
   const uint64_t clean = objects_after(n, extra, false), failed = objects_after(n, extra, true);
   check(failed == clean, "objects held after a failed sync of an eviction's header: " + std::to_string(failed) +
