@@ -224,6 +224,16 @@ CARD_LIST: tuple[Stat, ...] = (
         "Eviction)",
     ),
     Stat(
+        "retired_regions",
+        GAUGE,
+        "regions",
+        _CARD,
+        "Regions retired since the card was opened: the frontier opened each and its header block refused a write "
+        "(a bad block; a WARNING \"region R's header block refused a write; the region is retired until the card is "
+        'reopened" each). Never evicted or handed out again: capacity lost until the card is reopened (the next open '
+        "retires a region again the first time its header refuses a write). A failed sync retires none",
+    ),
+    Stat(
         "bytes_written",
         COUNTER,
         "bytes",

@@ -120,6 +120,9 @@ struct StoreStats {
   // Stores that found no region free or evictable (every sealed one pinned by a load or store in flight) and
   // waited for one (up to 5 s, then refused: NoSpace); once a store.
   uint64_t region_waits = 0;
+  // Regions retired since the card was opened: the frontier opened each and its header block refused a write (a bad
+  // block): never evicted or handed out again until the card is reopened (capacity lost until then).
+  uint64_t retired_regions = 0;
   // Card operations (loads, stores, tombstones) that failed for want of this
   // process's own memory (staging, a bounce buffer): not the card's, so not
   // in io_errors.
@@ -204,6 +207,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("io_errors", st.io_errors);
   f("media_errors", st.media_errors);
   f("region_waits", st.region_waits);
+  f("retired_regions", st.retired_regions);
   f("memory_failures", st.memory_failures);
   f("bytes_written", st.bytes_written);
   f("bytes_read", st.bytes_read);

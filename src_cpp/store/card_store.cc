@@ -316,6 +316,7 @@ StoreStats CardStore::stats() const {
     st.first_eviction_inflight_acked = first_eviction_.acked;
     st.first_eviction_inflight_failed = first_eviction_.failed;
     st.store_seqs_left = seqs_left();
+    st.retired_regions = retired_regions_;
   }
   st.region_bytes = region_bytes_;
   st.num_regions = num_regions_;

@@ -592,6 +592,9 @@ class CardStore {
     std::atomic<uint64_t> region_waits{0};  // StoreStats::region_waits
   } counters_;
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
+  // Regions retired since the open, their header block having refused a write (advance_frontier): stat
+  // retired_regions. Guarded by mu_.
+  uint64_t retired_regions_ = 0;
   uint64_t recovered_objects_ = 0;
   double recovery_seconds_ = 0;
   // The seqs recovery skipped at open past the highest seen, for records it

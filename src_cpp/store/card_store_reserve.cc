@@ -169,8 +169,11 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   // Whether failed[i]'s header write itself was refused (a bad block: retired); else its sync failed or there was no
   // memory, which says nothing about its block (review33d): put back as when no region opens.
   bool refused[kOpenTries] = {};
+  // Each one's own failure (its WARNING says it: before session 34 every retired region's line gave the last
+  // try's message, review33d F4). Moved in: no allocation.
+  Status failures[kOpenTries];
   int nfailed = 0;
-  Status s, failure;
+  Status s;
   // After a free region's header write failed, only other free regions are tried: a sparse image's filesystem
   // full (ENOSPC) fails the write of a block never written, and an eviction (its region's blocks written before)
   // would then succeed and retire the free regions for a full filesystem, not a bad block.
@@ -249,8 +252,8 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
       }
       regions_[r].retired = true;  // not taken again by this call
       refused[nfailed] = write_refused;
+      failures[nfailed] = std::move(s);
       failed[nfailed++] = r;
-      failure = s;
       continue;
     }
     evicting_region_ = -1;
@@ -264,10 +267,11 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
         regions_.add_free_last(failed[i]);
         continue;
       }
+      retired_regions_++;
       ADP_WARN(
           "card %s: region %u's header block refused a write; the region is retired until the card is "
           "reopened (%s)",
-          path().c_str(), failed[i], failure.message().c_str());
+          path().c_str(), failed[i], failures[i].message().c_str());
     }
     if (frontier_ >= 0) {
       regions_[prev].next = r;
@@ -288,7 +292,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
     regions_[failed[i]].retired = false;
     regions_.add_free_last(failed[i]);
   }
-  return nfailed ? failure : s;
+  return nfailed ? failures[nfailed - 1] : s;
 }
 
 Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait) {
