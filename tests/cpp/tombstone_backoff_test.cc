@@ -147,10 +147,47 @@ void void_then_delete() {
         "a delete of key 2 once the block takes writes: its void written, done (" + del.message() + ")");
 }
 
+// A pending tombstone backed off while its older copy's region is evicted (reused: nothing left to mark deleted).
+// retry_pending drops such a tombstone and unpins its guards (the newer copy's regions), but only when it looks, and
+// it looks only when some tombstone is due: until review34b a region's reuse left the tombstone's guards pinned
+// until its back-off ran out (up to 1024 stores or deletes), the card cycling its few other regions. Here a newer
+// copy of 6 regions of 12 stays pinned by the tombstone of a copy in a region since reused: the card held 24 of its
+// last 122 objects stored (61 fit; 60 now). Now a region opened makes the next call look.
+void reused_while_backed_off() {
+  constexpr uint64_t regions = 12;
+  const adp::CardOptions co = adp::testing::card_options(kRegion);
+  const std::vector<uint8_t> value(200000, 5), big(6 * (kRegion - adp::kBlockSize) - 2 * adp::kBlockSize, 6);
+  const int n = adp::testing::stores_before_first_eviction(regions, co, value, key);
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(regions, kRegion));
+  RefusedTombstones* dev;
+  auto s = adp::testing::checked_fault_card<RefusedTombstones>(image, co, "open", &dev);
+  if (!s) return;
+  adp::IoContext ctx;
+  for (int i = 0; i < n; i++) check(adp::testing::put_one(*s, ctx, key(i), value).ok(), "fill");
+  // A key of the next-to-newest region stored anew, 6 regions long: its older copy's tombstone refused, pending,
+  // the newer copy's regions its guards.
+  const std::string k = key(n - 8);
+  dev->refuse(k);
+  check(adp::testing::put_one(*s, ctx, k, big).ok(), "stored anew, 6 regions long");
+  // Deletes of keys not there: each a retry_pending call, the tombstone retried (refused) as it falls due, its
+  // back-off grown past 512 calls.
+  for (int i = 0; i < 600; i++) s->remove(ctx, key(5000 + i));
+  // Stores of other keys: the older copy's region is evicted (reused), its tombstone's guards let go.
+  int fresh = 10000;
+  for (int i = 0; i < 2 * n; i++) check(adp::testing::put_one(*s, ctx, key(fresh++), value).ok(), "a store after");
+  int held = 0;
+  for (int i = 10000; i < fresh; i++) held += adp::testing::read_object(*s, ctx, key(i)).has_value();
+  std::printf("reused_while_backed_off: the card holds %d of the last %d objects stored (%d fit)\n", held, 2 * n, n);
+  check(held >= n * 3 / 4, "the card holds " + std::to_string(held) + " of the last " + std::to_string(2 * n) +
+                               " objects stored (" + std::to_string(n) +
+                               " fit): regions pinned by a tombstone of a region since reused");
+}
+
 }  // namespace
 
 int main() {
   superseded();
   void_then_delete();
+  reused_while_backed_off();
   return adp::testing::finish("tombstone_backoff_test");
 }

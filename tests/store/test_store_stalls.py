@@ -9,7 +9,9 @@ refuses writes, each a C++ program on a fault device that fails on the code of s
   (15 s for 3 before review34b);
 - tombstone_backoff_test (L4): a superseded copy's tombstone refused by its block is retried by the next store,
   then every 2nd, 4th, .. (8 writes over 200 stores; 201 before, one a store), the newer copy and a delete still
-  hold after the reopen, and a delete writes its own key's pending void whatever its back-off.
+  hold after the reopen, and a delete writes its own key's pending void whatever its back-off; a backed-off
+  tombstone whose older copy's region is reused lets go of its guards at the next store (review34b: until its
+  back-off ran out, 24 of 61 objects' room held).
 """
 
 from __future__ import annotations
