@@ -39,12 +39,7 @@ using adp::testing::check;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 
-constexpr uint64_t kRegion = 1u << 20;
-constexpr uint64_t kRegions = 8;
-const adp::CardOptions kCard = adp::testing::card_options(kRegion);
-const std::vector<uint8_t> kValue(200000, 7);
-
-std::string key(int i) { return "model@0@0@" + std::to_string(i); }
+using namespace adp::testing::small_card;  // NOLINT: kRegion, kRegions, kCard, kValue, key
 
 // A fault device whose region header blocks refuse writes while refuse_headers is set (a transient failure: the
 // block takes writes again once it is cleared; FaultDevice::fail_writes is for good).

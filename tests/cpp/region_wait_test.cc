@@ -30,12 +30,7 @@ using adp::testing::FaultImage;
 using adp::testing::HeldReads;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kRegion = 1u << 20;
-constexpr uint64_t kRegions = 8;
-const adp::CardOptions kCard = adp::testing::card_options(kRegion);
-const std::vector<uint8_t> kValue(200000, 7);
-
-std::string key(int i) { return "model@0@0@" + std::to_string(i); }
+using namespace adp::testing::small_card;  // NOLINT: kRegion, kRegions, kCard, kValue, key
 
 // The number of stores of kValue into a new card before the store that makes its first eviction.
 int stores_before_first_eviction() { return adp::testing::stores_before_first_eviction(kRegions, kCard, kValue, key); }

@@ -38,6 +38,16 @@ inline CardOptions card_options(uint64_t region_bytes, const std::string& path =
   return co;
 }
 
+// The small card of the eviction tests (evict_header, transient_retire, free_region_tombstone, region_wait):
+// 8 regions of 1 MiB, objects of 200,000 bytes (five a region), keys "model@0@0@<i>".
+namespace small_card {
+inline constexpr uint64_t kRegion = 1u << 20;
+inline constexpr uint64_t kRegions = 8;
+inline const CardOptions kCard = card_options(kRegion);
+inline const std::vector<uint8_t> kValue(200000, 7);
+inline std::string key(int i) { return "model@0@0@" + std::to_string(i); }
+}  // namespace small_card
+
 // CardStore::OpenDevice on a new Dev(image, name) (a FaultDevice, or a test's own class derived from it)
 // with `co`: a blank image is formatted (co.region_bytes), one that holds a card is recovered. *dev, when
 // given, is the device, owned by the store; each open is a new device over the same image, as a restart

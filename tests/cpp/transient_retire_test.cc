@@ -21,12 +21,7 @@ using adp::testing::check;
 using adp::testing::FaultDevice;
 using adp::testing::FaultImage;
 
-constexpr uint64_t kRegion = 1u << 20;
-constexpr uint64_t kRegions = 8;
-const adp::CardOptions kCard = adp::testing::card_options(kRegion);
-const std::vector<uint8_t> kValue(200000, 7);
-
-std::string key(int i) { return "model@0@0@" + std::to_string(i); }
+using namespace adp::testing::small_card;  // NOLINT: kRegion, kRegions, kCard, kValue, key
 
 // Objects held after n + extra stores of kValue, the sync of the first eviction's header failed once if `fail`.
 uint64_t objects_after(int n, int extra, bool fail) {
