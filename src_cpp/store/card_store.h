@@ -447,6 +447,13 @@ class CardStore {
   // dropped, and an older copy or a never-indexed one stayed unmarked on the card (a delete undone at the next
   // open). Into pending_room_ the caller holds (stale.size() slots at least): allocates nothing. Under mu_.
   void pend_stale_locked(std::vector<Stale>& stale);
+  // Appends st to pending_ (into room the caller held: no allocation) and lowers pending_due_ to its `due` (0 for
+  // one never tried): every tombstone made pending comes through here, so none is held back by a stale bound. Under
+  // mu_.
+  void push_pending_locked(Stale&& st) {
+    if (st.due < pending_due_.load()) pending_due_ = st.due;
+    pending_.push_back(std::move(st));
+  }
   // Writes again the pending tombstones that are due (pending_calls_ has reached their `due`), and, with `hash`,
   // every one of that key (a delete: refused while one is pending, so never held back). The rest stay pending.
   void retry_pending(IoContext& ctx, const uint64_t* hash = nullptr);

@@ -120,8 +120,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         settle_locked(tickets[i], false);
         Location& loc = written[i];  // its key (maybe not copied) is the one its header holds: write_tombstone
         loc.seq = 0;
-        pending_.push_back({std::move(loc), {}, {}});  // room held: no allocation
-        pending_due_ = 0;
+        push_pending_locked({std::move(loc), {}, {}});  // room held: no allocation
       }
     if (!unpinned)
       for (uint32_t r : pinned)
@@ -401,8 +400,7 @@ void CardStore::pend_stale_locked(std::vector<Stale>& stale) {
       auto v = voiding_.find(st.loc.hash);
       if (v != voiding_.end()) voiding_.erase(v);
     }
-    pending_.push_back(std::move(st));  // room held by the caller: no allocation; its guards stay pinned
-    pending_due_ = 0;
+    push_pending_locked(std::move(st));  // room held by the caller: no allocation; its guards stay pinned
   }
   stale.clear();
 }
@@ -460,8 +458,7 @@ bool CardStore::write_tombstones(IoContext& ctx, std::vector<Stale>& stale, size
     st.failures++;
     st.due = pending_calls_.load() +
              std::min<uint64_t>(uint64_t(1) << std::min<uint32_t>(st.failures - 1, 20), kPendingBackoffCalls);
-    if (st.due < pending_due_.load()) pending_due_ = st.due;
-    pending_.push_back(std::move(st));
+    push_pending_locked(std::move(st));
   }
   pending_room_ -= held;
   pending_count_ = pending_.size();

@@ -100,7 +100,7 @@ void CardStore::fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, 
       }
       for (uint32_t g : guards) regions_.pin(g);
     }
-    pending_.push_back(
+    push_pending_locked(
         {{e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h, {}},
          std::move(guards),
          {}});  // into the room the caller held: no allocation
@@ -109,7 +109,6 @@ void CardStore::fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, 
   evicting_region_ = -1;
   pending_room_ -= held;
   pending_count_ = pending_.size();
-  pending_due_ = 0;
 }
 
 void CardStore::note_first_eviction_locked() {
