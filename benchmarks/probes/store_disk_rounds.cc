@@ -25,15 +25,26 @@
 //     (OBJ + 4 KiB) in the thread's own slice, no sync
 //  M) R with the card's shared frontier: OBJ-sized writes appended by every
 //     thread to one sequence (no header, no region, no sync)
+// Session 35 (brief disk35): when a worker syncs. A thread's round is bench_l2's
+// 4 worker slices (SLICE_OBJS objects each: a batch of 32 keys over 4 workers,
+// 8 objects), and every sync goes through the card's group commit
+// (util/group_sync.cc: issue/wrote counted around each write, a thread's mark
+// noted before the first write the sync covers), as device_->sync does:
+//  T) A with a sync after every slice (a store acknowledged per slice: what
+//     a worker does that takes one slice at a time)
+//  J) A with a sync after every 2 slices (a worker that writes the next slice
+//     before it syncs, K = 2)
+//  K) A with a sync after every 4 slices, i.e. one a thread a round (K = 4;
+//     A's schedule, through the group commit)
 // Rate: the median round's (bench_l2's "median round") and the whole pass's; at the end, every mode's median
 // round over all passes (QUIET=1: that alone).
 // Each pass runs every mode once, every other pass in reverse order.
 // Build (from the repository root):
 //   g++ -O2 -std=c++20 -march=native -pthread -Isrc_cpp -o /tmp/sdr benchmarks/probes/store_disk_rounds.cc
-//   src_cpp/util/crc32c.cc src_cpp/util/crc_worker.cc
+//   src_cpp/util/crc32c.cc src_cpp/util/crc_worker.cc src_cpp/util/group_sync.cc src_cpp/util/status.cc
 // Run: /tmp/sdr FILE [PASSES] (FILE prefilled with PASS_MiB + 64 MiB, e.g. dd
 // if=/dev/zero of=FILE bs=64M count=33 oflag=direct); env OBJ_KiB (256),
-// THREADS (4), ROUND_MiB (32), REGION_MiB (32), PASS_MiB (2048), PROBE_MODES.
+// THREADS (4), ROUND_MiB (32), REGION_MiB (32), PASS_MiB (2048), SLICE_OBJS (8), PROBE_MODES.
 #include <fcntl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -52,6 +63,7 @@
 
 #include "util/crc32c.h"
 #include "util/crc_worker.h"
+#include "util/group_sync.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -64,13 +76,22 @@ size_t env_or(const char* name, size_t dflt) {
 struct Mode {
   char name;
   bool rounds, sync, card, region_sync, crc, header, shared, overlap = false;
+  size_t sync_slices = 0;  // 0: a sync a thread a round (sync); n: one after every n slices, through GroupSync
 };
 const Mode kModes[] = {
-    {'F', false, false, false, false, false, false, false}, {'R', true, false, false, false, false, false, false},
-    {'S', true, true, false, false, false, false, false},   {'A', true, true, true, true, true, true, true},
-    {'N', true, true, true, false, true, true, true},       {'P', true, false, true, false, true, true, true},
-    {'C', true, true, true, true, false, true, true},       {'L', true, false, false, false, false, true, false},
-    {'M', true, false, false, false, false, false, true},   {'O', true, true, true, true, true, true, true, true},
+    {'F', false, false, false, false, false, false, false},
+    {'R', true, false, false, false, false, false, false},
+    {'S', true, true, false, false, false, false, false},
+    {'A', true, true, true, true, true, true, true},
+    {'N', true, true, true, false, true, true, true},
+    {'P', true, false, true, false, true, true, true},
+    {'C', true, true, true, true, false, true, true},
+    {'L', true, false, false, false, false, true, false},
+    {'M', true, false, false, false, false, false, true},
+    {'O', true, true, true, true, true, true, true, true},
+    {'T', true, false, true, true, true, true, true, false, 1},
+    {'J', true, false, true, true, true, true, true, false, 2},
+    {'K', true, false, true, true, true, true, true, false, 4},
 };
 constexpr int kNumModes = sizeof kModes / sizeof kModes[0];
 
@@ -93,6 +114,7 @@ int main(int argc, char** argv) {
   const size_t pass = env_or("PASS_MiB", 2048) << 20, blk = 4096;
   const size_t per_round = round / threads / obj;  // objects a thread a round
   const size_t rounds = pass / round;
+  const size_t slice_objs = env_or("SLICE_OBJS", 8);
   const int passes = argc > 2 ? atoi(argv[2]) : 3;
   std::vector<int> order;
   if (const char* m = getenv("PROBE_MODES")) {
@@ -121,6 +143,10 @@ int main(int argc, char** argv) {
       std::vector<double> round_s(rounds, 0.0);
       std::atomic<uint64_t> frontier{0}, syncs{0}, region_opens{0};
       std::mutex frontier_mu;
+      adp::GroupSync group;
+      const adp::GroupSync::Flush flush = [&] {
+        return fdatasync(fd) == 0 ? adp::Status::Ok() : adp::Status::IoError("fdatasync failed");
+      };
       uint64_t next_region = 0;  // the frontier offset at which the next region opens (under frontier_mu)
       Clock::time_point round_start = Clock::now();
       size_t round_no = 0;
@@ -137,6 +163,8 @@ int main(int argc, char** argv) {
           uint8_t* hdr = hdrs + t * blk * 2;
           adp::CrcWorker worker;
           size_t done = 0;  // objects this thread wrote
+          const bool grouped = m.sync_slices != 0;
+          uint64_t since = group.mark();  // before the first write the next sync covers
           for (size_t r = 0; r < rounds; r++) {
             for (size_t k = 0; k < per_round; k++, done++) {
               const uint8_t* data = src + (t * per_round + k) * obj;
@@ -157,9 +185,16 @@ int main(int argc, char** argv) {
                   if (at + obj + blk > next_region) {  // the next region opens: header, sync, under the lock
                     next_region += region;
                     region_opens++;
+                    const uint64_t region_mark = group.mark();  // the region's open_mark
+                    if (grouped) group.issue();
                     check(pwrite(fd, hdr, blk, static_cast<off_t>((next_region - region) % pass)) == ssize_t(blk),
                           "region header");
-                    if (m.region_sync) check(fdatasync(fd) == 0, "fdatasync"), syncs++;
+                    if (grouped) {
+                      group.wrote();
+                      check(group.sync(flush, region_mark).ok(), "group sync");
+                    } else if (m.region_sync) {
+                      check(fdatasync(fd) == 0, "fdatasync"), syncs++;
+                    }
                   }
                 }
                 if (m.overlap) {  // this object's CRC was started with the previous write (or is started now)
@@ -173,9 +208,15 @@ int main(int argc, char** argv) {
                 }
                 iovec iov[2] = {{hdr, blk}, {const_cast<uint8_t*>(data), obj}};
                 want = static_cast<ssize_t>(obj + blk);
+                if (grouped) group.issue();
                 got = pwritev(fd, iov, 2, static_cast<off_t>(at % pass));
+                if (grouped) group.wrote();
               }
               check(got == want, "pwrite");
+              if (grouped && (k + 1) % (slice_objs * m.sync_slices) == 0) {  // the slices' sync, then the next
+                check(group.sync(flush, since).ok(), "group sync");
+                since = group.mark();
+              }
             }
             if (m.sync) check(fdatasync(fd) == 0, "fdatasync"), syncs++;
             if (m.rounds) sync_point.arrive_and_wait();
@@ -191,6 +232,7 @@ int main(int argc, char** argv) {
         median = s[s.size() / 2];
       }
       all_rounds[mi].insert(all_rounds[mi].end(), round_s.begin(), round_s.end());
+      if (m.sync_slices) syncs = group.flushes();
       if (getenv("QUIET")) continue;
       printf("pass %d mode %c: whole %.0f MiB/s, median round %s MiB/s, syncs %lu, region opens %lu\n", p + 1, m.name,
              pass / 1048576.0 / whole, m.rounds ? std::to_string(int(round / 1048576.0 / median)).c_str() : "-",
