@@ -23,10 +23,14 @@ def test_a_transient_refusal_of_a_segment_does_not_turn_in_place_loads_off_for_g
     segments past --max-segment-total-gb, the fault handler's table full, no memory - are transient, yet LMCache's
     L1 pool then loaded through the ring (half speed on a memory-speed card) until the MP server restarted. Here
     the gateway's RLIMIT_AS is lowered for one registration (mmap fails: ENOMEM, refused for now), then restored:
-    later loads into the same /dev/shm file must go in place again (segment_loads). The first retry comes after
-    1 s, in place again within a few seconds; 30 s bounds only a failure (the old code never went in place again),
-    so that a loaded host's slow gets do not fail it (session 34: 10 s, a fixed deadline a loaded 2-core VM could
-    miss)."""
+    later loads into the same /dev/shm file must go in place again (segment_loads). The file (sparse: at most
+    4 MiB written) is made larger than the lowered limit itself, so its mapping fails whatever else the gateway maps
+    or unmaps meanwhile (py35: the limit was its VmSize + 16 MiB read just before, against a 64 MiB file, so 48 MiB
+    unmapped in between - a ring, threads' stacks - would have let the mapping through, and 16 MiB left the
+    gateway's other allocations little room); the limit leaves 1 GiB above its VmSize for those (~0.5 GiB here: a
+    2 GiB file). The first retry comes after 1 s, in place again within a few seconds; 30 s bounds only a failure
+    (the old code never went in place again), so that a loaded host's slow gets do not fail it (session 34: 10 s, a
+    fixed deadline a loaded 2-core VM could miss)."""
     size = 4 << 20
     path = f"/dev/shm/adp-segrefusal-{os.getpid()}-{time.monotonic_ns()}"
     with temp_gateway() as gw:
@@ -34,12 +38,13 @@ def test_a_transient_refusal_of_a_segment_does_not_turn_in_place_loads_off_for_g
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             assert c.set(["refused@1"], [memoryview(b"\x11" * size)])[0]
-            os.ftruncate(fd, 64 << 20)
+            pid = gw.proc.pid
+            soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+            limit = status_bytes(pid, "VmSize") + (1 << 30)
+            os.ftruncate(fd, ((limit >> 30) + 1) << 30)  # the segment the gateway maps whole: more than the limit
             with mmap.mmap(fd, 64 << 20) as m:
                 view = memoryview(m)[:size]
-                pid = gw.proc.pid
-                soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
-                resource.prlimit(pid, resource.RLIMIT_AS, (status_bytes(pid, "VmSize") + (16 << 20), hard))
+                resource.prlimit(pid, resource.RLIMIT_AS, (limit, hard))
                 try:
                     c.get(["refused@1"], [view])  # its registration refused: mmap ENOMEM (the load may take the ring)
                 finally:
