@@ -44,6 +44,9 @@ MIN_RING_BYTES: int
 MAX_RING_BYTES: int
 MAX_FRAME_BODY_BYTES: int
 MAX_HELLO_BODY_BYTES: int
+# GatewayServer's options refused outside these ranges (ValueError), name -> (min, max) inclusive; `lmcache-adp
+# gateway` checks and states its flags' ranges from here (src_cpp/gateway/gateway_server.h, kGatewayOptionRanges).
+GATEWAY_OPTION_RANGES: dict[str, tuple[int, int]]
 
 def crc32c(data: Buffer, crc: int = 0) -> int:
     """CRC32C (Castagnoli) of data, continuing from crc (0 to start)."""
@@ -196,6 +199,7 @@ class GatewayServer:
         request_spin_us: int = 0,
         segment_prefault: bool = True,
         card_preallocate: bool = False,
+        max_segment_total_bytes: int = ...,
     ) -> None:
         """Opens the card (a new image of card_size_bytes: sparse, or its blocks
         allocated with card_preallocate, except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT,
@@ -205,7 +209,10 @@ class GatewayServer:
         rounded down; 0: none). request_spin_us: how long a connection looks for the
         next request after a put or get before it sleeps, while CPUs are spare (0: never).
         segment_prefault: populate registered segments' written pages in the background
-        (False: each load populates its own)."""
+        (False: each load populates its own). max_segment_total_bytes: the client segments mapped together
+        (address space; a registration past it is refused for now, protocol r19).
+        ValueError for an option outside its range (GATEWAY_OPTION_RANGES): io_contexts 1 to 64,
+        process_write_threads -1 to 1024, max_pipelined_stores -1 to 64, request_spin_us 0 to 10000."""
 
     @property
     def tcp_port(self) -> int:

@@ -106,6 +106,30 @@ LIMIT_RANGES = {
 }
 
 
+def native_ranges() -> dict[str, tuple[int, int]]:
+    """GatewayServer's own ranges (_native.GATEWAY_OPTION_RANGES: src_cpp/gateway/gateway_server.h's
+    kGatewayOptionRanges), option name -> (min, max): the flags of the same names (--io-contexts for io_contexts)
+    are checked against these in run() and state them in --help, so that a bound changed there moves the CLI too
+    (py35: 64, 1024 and 10000 were copied here). Read when asked, not at import. getattr: a module built before
+    them (stale) still gets main()'s one line from check_native, not an AttributeError while the parser is built;
+    its GatewayServer checks the same ranges itself."""
+    return getattr(_native, "GATEWAY_OPTION_RANGES", {})
+
+
+def range_help(name: str, form: str = "{lo} to {hi}; ") -> str:
+    """GatewayServer's range of option `name` in `form` ('1 to 64; ') for its flag's --help, or ''."""
+    lo, hi = native_ranges().get(name, (None, None))
+    return "" if lo is None else form.format(lo=lo, hi=hi)
+
+
+def native_range_error(args: argparse.Namespace) -> str | None:
+    """The line run() refuses with (exit 2) for the first flag outside GatewayServer's range, or None."""
+    for name, (lo, hi) in native_ranges().items():
+        if not lo <= (value := getattr(args, name)) <= hi:
+            return f"--{name.replace('_', '-')} must be in [{lo}, {hi}], got {value}"
+    return None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gateway",
@@ -134,7 +158,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--token-file", help="file holding the token TCP clients must present (with --listen)")
     p.add_argument(
-        "--io-contexts", type=int, default=4, help="card operations (loads and stores) run in parallel (default 4)"
+        "--io-contexts",
+        type=int,
+        default=4,
+        help=f"card operations (loads and stores) run in parallel ({range_help('io_contexts')}default 4)",
     )
     p.add_argument(
         "--process-write-threads",
@@ -142,7 +169,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=-1,
         help="helper threads that write the pieces of loads into clients' process memory (and read the pieces of "
         "stores from it) beside the connections' threads, where CPUs are spare (default -1: one per CPU the "
-        "gateway may use, its container's CPU quota counted; 0: none)",
+        "gateway may use, its container's CPU quota counted; 0: none"
+        f"{range_help('process_write_threads', '; {lo} to {hi}')})",
     )
     p.add_argument(
         "--request-spin-us",
@@ -151,7 +179,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="after answering a store or load, a connection looks for the client's next request this long before "
         "it sleeps, while every connection leaves a CPU spare beside its own and its client's (connections x 2 <= "
         "CPUs, a container's CPU quota counted) and the machine runs at most half as many threads as CPUs (/proc/loadavg): no wake-up in that "
-        "request's round trip (default 0: never; the 16-core VM's round trip fell 8 of ~75 us with 100)",
+        f"request's round trip ({range_help('request_spin_us')}default 0: never; the 16-core VM's round trip fell 8 of "
+        "~75 us with 100)",
     )
     p.add_argument(
         "--segment-prefault",
@@ -169,7 +198,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=-1,
         help="large process stores read and copied into the card at once (each may hold an I/O context for up to "
         "200 ms plus its bytes at 512 MiB/s); the rest go through the store buffer (default -1: half of "
-        "--io-contexts, rounded down, so none with one context; 0: none)",
+        "--io-contexts, rounded down, so none with one context; 0: none"
+        f"{range_help('max_pipelined_stores', '; {lo} to {hi}')})",
     )
     p.add_argument(
         "--metrics-port",
@@ -243,17 +273,8 @@ def run(args: argparse.Namespace) -> int:
     if args.token_file and not args.listen:
         # It was ignored without a word: an operator who forgot --listen got a gateway no TCP client reaches.
         log.warning("--token-file %s is ignored without --listen: this gateway serves no TCP clients", args.token_file)
-    if not 1 <= args.io_contexts <= 64:
-        log.error("--io-contexts must be in [1, 64], got %d", args.io_contexts)
-        return 2
-    if not -1 <= args.process_write_threads <= 1024:
-        log.error("--process-write-threads must be in [-1, 1024], got %d", args.process_write_threads)
-        return 2
-    if not 0 <= args.request_spin_us <= 10000:
-        log.error("--request-spin-us must be in [0, 10000], got %d", args.request_spin_us)
-        return 2
-    if not -1 <= args.max_pipelined_stores <= 64:
-        log.error("--max-pipelined-stores must be in [-1, 64], got %d", args.max_pipelined_stores)
+    if why := native_range_error(args):
+        log.error("%s", why)
         return 2
     if args.max_pipelined_stores >= args.io_contexts:
         log.warning(

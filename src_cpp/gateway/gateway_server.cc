@@ -72,25 +72,18 @@ Status GatewayServer::Start(const GatewayOptions& opts, std::unique_ptr<GatewayS
   // (review r9 N3; the CLI's range is 1..86400 s).
   if (s.ok() && opts.max_request_timeout_ms == 0)
     s = Status::InvalidArgument("max_request_timeout_ms must be at least 1 (--max-request-timeout-s >= 1)");
-  // Checked here too, not only by the CLI (review34 F3: GatewayServer took them as they were): 0 I/O contexts would
-  // answer the handshake and then time out every request waiting for a context, which looks like a hung gateway; a
-  // negative count reached IoContextPool as a size_t (contexts made until memory ran out). The helpers' bound is the
-  // CLI's, so a program that starts a GatewayServer itself gets what `lmcache-adp gateway` would.
-  if (s.ok() && (opts.io_contexts < 1 || opts.io_contexts > kMaxIoContexts))
-    s = Status::InvalidArgument("io_contexts must be in [1, " + std::to_string(kMaxIoContexts) +
-                                "] (--io-contexts), got " + std::to_string(opts.io_contexts));
-  if (s.ok() && (opts.process_write_threads < -1 || opts.process_write_threads > kMaxProcessWriteThreads))
-    s = Status::InvalidArgument("process_write_threads must be in [-1, " + std::to_string(kMaxProcessWriteThreads) +
-                                "] (--process-write-threads), got " + std::to_string(opts.process_write_threads));
-  // The same for these two (utf34: only the CLI checked them): a negative spin was taken as 0 without a word and one
-  // of 10^9 us let a connection's thread spin up to 1000 s after a request for the next; a pipelined-store count under
-  // -1 was taken as -1 (half the contexts) without a word, and one over the CLI's 64 as it was.
-  if (s.ok() && (opts.max_pipelined_stores < -1 || opts.max_pipelined_stores > kMaxPipelinedStores))
-    s = Status::InvalidArgument("max_pipelined_stores must be in [-1, " + std::to_string(kMaxPipelinedStores) +
-                                "] (--max-pipelined-stores), got " + std::to_string(opts.max_pipelined_stores));
-  if (s.ok() && (opts.request_spin_us < 0 || opts.request_spin_us > kMaxRequestSpinUs))
-    s = Status::InvalidArgument("request_spin_us must be in [0, " + std::to_string(kMaxRequestSpinUs) +
-                                "] (--request-spin-us), got " + std::to_string(opts.request_spin_us));
+  // The ranges of kGatewayOptionRanges, checked here too, not only by the CLI (review34 F3, utf34): 0 I/O contexts
+  // would answer the handshake and then time out every request waiting for a context, which looks like a hung
+  // gateway; a negative count reached IoContextPool as a size_t (contexts made until memory ran out); a negative spin
+  // was taken as 0 without a word and one of 10^9 us let a connection's thread spin up to 1000 s after a request for
+  // the next; a pipelined-store count under -1 was taken as -1 (half the contexts) without a word. A program that
+  // starts a GatewayServer itself gets what `lmcache-adp gateway` would.
+  for (const GatewayOptionRange& r : kGatewayOptionRanges) {
+    const int v = opts.*r.field;
+    if (s.ok() && (v < r.min || v > r.max))
+      s = Status::InvalidArgument(std::string(r.name) + " must be in [" + std::to_string(r.min) + ", " +
+                                  std::to_string(r.max) + "] (" + r.flag + "), got " + std::to_string(v));
+  }
   if (!s.ok()) return s;
   // The test hooks, read once here for every connection; each one set is
   // logged (review r9 N2). Before the card opens: its prefault asks whether

@@ -30,7 +30,7 @@
 
 namespace adp {
 
-// The ranges GatewayServer::Start takes (the CLI's, lmcache_adp/gateway.py, checked there first for its exit 2).
+// The upper bounds of GatewayServer::Start's ranges (kGatewayOptionRanges below: the CLI's too).
 constexpr int kMaxIoContexts = 64;
 constexpr int kMaxProcessWriteThreads = 1024;
 constexpr int kMaxPipelinedStores = 64;
@@ -87,6 +87,24 @@ struct GatewayOptions {
   // address space of which the gateway has 128 TiB for everything it maps; a registration past it is refused for
   // now (protocol r19: the client sends that file's buffers through the ring and registers it again later).
   uint64_t max_segment_total_bytes = 32ull << 40;
+};
+
+// The options Start refuses outside a range of their own (InvalidArgument, before the card is opened), one row each:
+// Start checks them from here, the bindings export the ranges (_native.GATEWAY_OPTION_RANGES) and `lmcache-adp
+// gateway` (lmcache_adp/gateway.py) builds its checks and --help from that, so that a bound changed here moves all
+// three (py35: the CLI kept its own copies of 64, 1024, 10000 beside these).
+struct GatewayOptionRange {
+  const char* name;  // the GatewayOptions field, and GatewayServer's keyword in Python
+  const char* flag;  // `lmcache-adp gateway`'s
+  int min, max;
+  int GatewayOptions::* field;
+};
+inline constexpr GatewayOptionRange kGatewayOptionRanges[] = {
+    {"io_contexts", "--io-contexts", 1, kMaxIoContexts, &GatewayOptions::io_contexts},
+    {"process_write_threads", "--process-write-threads", -1, kMaxProcessWriteThreads,
+     &GatewayOptions::process_write_threads},
+    {"max_pipelined_stores", "--max-pipelined-stores", -1, kMaxPipelinedStores, &GatewayOptions::max_pipelined_stores},
+    {"request_spin_us", "--request-spin-us", 0, kMaxRequestSpinUs, &GatewayOptions::request_spin_us},
 };
 
 class GatewayServer {

@@ -47,6 +47,18 @@ py::str peer_text(std::string_view text) {
   return py::reinterpret_steal<py::str>(o);
 }
 
+// "ValueError for an option outside its range (GATEWAY_OPTION_RANGES): io_contexts 1 to 64, ...": the ranges of
+// kGatewayOptionRanges in GatewayServer's docstring, from the table Start checks (not a second copy of the numbers).
+std::string gateway_ranges_text() {
+  std::string text = "ValueError for an option outside its range (GATEWAY_OPTION_RANGES):";
+  const char* sep = " ";
+  for (const GatewayOptionRange& r : kGatewayOptionRanges) {
+    text += sep + std::string(r.name) + " " + std::to_string(r.min) + " to " + std::to_string(r.max);
+    sep = ", ";
+  }
+  return text + ".";
+}
+
 // Raises ValueError (InvalidArgument) or RuntimeError with the message made valid UTF-8 by peer_text (the GIL
 // held): a path or a peer's text in it (a card's path, a gateway's reason) cannot turn it into a
 // UnicodeDecodeError. C++ exceptions still, whose what() is the message (NativeConnector::start keeps it).
@@ -612,6 +624,10 @@ PYBIND11_MODULE(_native, m) {
   m.attr("MAX_RING_BYTES") = proto::kMaxRingBytes;
   m.attr("MAX_FRAME_BODY_BYTES") = proto::kMaxFrameBodyBytes;
   m.attr("MAX_HELLO_BODY_BYTES") = proto::kMaxHelloBodyBytes;
+  // GatewayServer's ranges (kGatewayOptionRanges): what `lmcache-adp gateway` checks and states in --help.
+  py::dict ranges;
+  for (const GatewayOptionRange& r : kGatewayOptionRanges) ranges[r.name] = py::make_tuple(r.min, r.max);
+  m.attr("GATEWAY_OPTION_RANGES") = ranges;
   m.def(
       "_peer_text", [](const py::bytes& b) { return peer_text(std::string_view(b)); },
       "Tests only: bytes decoded as the bindings hand a peer's or the card's text to Python (UTF-8, "
@@ -625,6 +641,17 @@ PYBIND11_MODULE(_native, m) {
       },
       "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
 
+  // Built once, with the ranges from kGatewayOptionRanges (static: pybind keeps the pointer's text).
+  static const std::string gateway_init_doc =
+      "Opens the card (a new image of card_size_bytes: sparse, or its blocks allocated with card_preallocate, "
+      "except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
+      "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
+      "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
+      "rounded down; 0: none). request_spin_us: how long a connection looks for the next request after a put or "
+      "get before it sleeps, while CPUs are spare (0: never). segment_prefault: populate registered segments' "
+      "written pages in the background (False: each load populates its own). max_segment_total_bytes: the client "
+      "segments mapped together (address space; a registration past it is refused for now, protocol r19). " +
+      gateway_ranges_text();
   py::class_<PyGatewayServer>(m, "GatewayServer")
       .def(
           py::init([](const std::string& card, uint64_t card_size_bytes, const std::string& socket_path,
@@ -677,15 +704,7 @@ PYBIND11_MODULE(_native, m) {
           py::arg("max_pipelined_stores") = GatewayOptions{}.max_pipelined_stores,
           py::arg("request_spin_us") = GatewayOptions{}.request_spin_us,
           py::arg("segment_prefault") = GatewayOptions{}.segment_prefault, py::arg("card_preallocate") = false,
-          py::arg("max_segment_total_bytes") = GatewayOptions{}.max_segment_total_bytes,
-          "Opens the card (a new image of card_size_bytes: sparse, or its blocks allocated with card_preallocate, "
-          "except on tmpfs) and listens on socket_path (and listen, tcp://HOST:PORT, with token); the max_* bounds "
-          "default to GatewayOptions'. process_write_threads: helpers writing process loads' pieces (-1: one per "
-          "usable CPU, 0: none). max_pipelined_stores: large process stores pipelined at once (-1: io_contexts / 2, "
-          "rounded down; 0: none). request_spin_us: how long a connection looks for the next request after a put or "
-          "get before it sleeps, while CPUs are spare (0: never). segment_prefault: populate registered segments' "
-          "written pages in the background (False: each load populates its own). max_segment_total_bytes: the client "
-          "segments mapped together (address space; a registration past it is refused for now, protocol r19).")
+          py::arg("max_segment_total_bytes") = GatewayOptions{}.max_segment_total_bytes, gateway_init_doc.c_str())
       .def("stop", &PyGatewayServer::stop, "Stops accepting and closes every connection (returns at once).")
       .def("wait", &PyGatewayServer::wait, py::arg("timeout_s"),
            "Waits for the server to stop; True if it did within timeout_s.")

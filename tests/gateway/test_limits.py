@@ -6,8 +6,10 @@ unharmed."""
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import json
+import logging
 import os
 import resource
 import select
@@ -17,10 +19,11 @@ import struct
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from lmcache_adp import ADPConnector, _native
+from lmcache_adp import ADPConnector, _native, cli, gateway
 from lmcache_adp._native import FEATURE_PROCESS_STORES, FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from tests.gateway import wire
@@ -452,6 +455,83 @@ def test_the_native_gateway_refuses_options_out_of_range(workdir, option, bad, m
         card=card, card_size_bytes=256 << 20, socket_path=os.path.join(workdir, "gw.sock"), **{option: good}
     )
     ok.close()
+
+
+def flag_help(flag: str) -> str:
+    """`lmcache-adp gateway`'s --help text of `flag`, as built now."""
+    gateway_parser = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["gateway"]
+    return next(a.help for a in gateway_parser._actions if flag in a.option_strings)
+
+
+def test_the_cli_refuses_what_the_native_gateway_refuses(workdir):
+    """py35: `lmcache-adp gateway` kept its own copies of GatewayServer's ranges (64 I/O contexts, 1024 helpers,
+    64 pipelined stores, 10000 us of spin) beside the native ones (608bd91, 39fd04f). Both now come from
+    _native.GATEWAY_OPTION_RANGES: for each option the CLI refuses exactly what GatewayServer refuses (the ends
+    outside, with its exit-2 line; the ends inside pass), and its --help states the range."""
+    ranges = _native.GATEWAY_OPTION_RANGES
+    assert set(ranges) == {"io_contexts", "process_write_threads", "max_pipelined_stores", "request_spin_us"}
+    card = os.path.join(workdir, "card.img")
+    for name, (lo, hi) in ranges.items():
+        flag = "--" + name.replace("_", "-")
+        for value, refused in ((lo - 1, True), (lo, False), (hi, False), (hi + 1, True)):
+            args = cli.build_parser().parse_args(["gateway", "--card", card, flag, str(value)])
+            said = gateway.native_range_error(args)
+            assert said == (f"{flag} must be in [{lo}, {hi}], got {value}" if refused else None), (name, value)
+            if refused:  # the native refusal of the same value, before the card is opened
+                with pytest.raises(ValueError, match=rf"^{name} must be in \[{lo}, {hi}\] \({flag}\), got {value}$"):
+                    _native.GatewayServer(
+                        card=card,
+                        card_size_bytes=256 << 20,
+                        socket_path=os.path.join(workdir, "gw.sock"),
+                        **{name: value},
+                    )
+        assert not os.path.exists(card)
+        assert f"{lo} to {hi}" in flag_help(flag), flag_help(flag)
+
+
+def test_the_cli_ranges_move_with_the_native_ones(monkeypatch, workdir):
+    """py35: the CLI reads its ranges from the module, not a copy: with the module's ranges narrowed (as a changed
+    constant in gateway_server.h would make them), `lmcache-adp gateway` refuses a value past the new end with exit 2
+    and its line, and --help states the new range. Before, it kept its own 64, 1024 and 10000: the value passed its
+    checks and the gateway went on to open the card (here: none, exit 1)."""
+    # Each narrowed to end at 5 (the defaults inside), 6 past it: inside every range of the module.
+    narrowed = {"io_contexts": (1, 5), "process_write_threads": (-1, 5), "max_pipelined_stores": (-1, 5)}
+    narrowed["request_spin_us"] = (0, 5)
+    monkeypatch.setattr(_native, "GATEWAY_OPTION_RANGES", narrowed, raising=False)
+    card, sock = os.path.join(workdir, "none.img"), os.path.join(workdir, "gw.sock")
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("lmcache_adp").addHandler(handler)  # its own handler holds the stderr of its first use
+    try:
+        for name in narrowed:
+            flag = "--" + name.replace("_", "-")
+            said.clear()
+            assert cli.main(["gateway", "--card", card, "--socket", sock, flag, "6"]) == 2, (flag, said)
+            assert said == [f"{flag} must be in [{narrowed[name][0]}, 5], got 6"], said
+    finally:
+        logging.getLogger("lmcache_adp").removeHandler(handler)
+    for name in narrowed:
+        flag = "--" + name.replace("_", "-")
+        assert f"{narrowed[name][0]} to 5" in flag_help(flag), flag_help(flag)
+
+
+def test_the_stub_states_the_native_ranges():
+    """GatewayServer's docstring (bindings.cc) states its ranges from the table Start checks; the stub
+    (_native.pyi) states the same, so a changed bound that is not written there fails here."""
+    doc = " ".join(_native.GatewayServer.__init__.__doc__.split())
+    ranges = ", ".join(f"{name} {lo} to {hi}" for name, (lo, hi) in _native.GATEWAY_OPTION_RANGES.items())
+    said = f"ValueError for an option outside its range (GATEWAY_OPTION_RANGES): {ranges}."
+    assert said in doc, doc
+    stub = Path(__file__).resolve().parents[2] / "lmcache_adp" / "_native.pyi"
+    init = next(
+        f
+        for c in ast.parse(stub.read_text()).body
+        if isinstance(c, ast.ClassDef) and c.name == "GatewayServer"
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    )
+    assert said in " ".join(ast.get_docstring(init).split())
 
 
 def test_a_stray_test_cpu_count_is_logged(monkeypatch, workdir):
