@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <new>
 #include <system_error>
@@ -255,31 +254,6 @@ size_t GatewayServer::clients() const {
   return open.clients + open.handshakes;
 }
 
-namespace {
-
-// Refuses a connection just accepted, on the accept thread (no wait): an Error frame with the reason (printf's
-// `fmt`), which the client reads in place of HelloOk (the Hello's id is 1), our side ended (FIN), what the peer sent
-// already (its Hello) read, so that closing with unread input does not reset the connection before the frame is
-// read, and the descriptor closed. Allocates nothing and throws nothing (session 30): the text is made in a buffer of
-// its own and the frame by send_error_frame, so a connection refused for want of memory gets its Error frame where
-// memory stays out (until session 29 the text and the frame's body were std::string and std::vector: with no memory
-// for them the connection was closed without the frame, and its client saw a closed socket, not why).
-__attribute__((format(printf, 2, 3))) void refuse_at_accept(int fd, const char* fmt, ...) noexcept {
-  char reason[proto::kMaxMessageBytes + 1];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(reason, sizeof reason, fmt, ap);
-  va_end(ap);
-  proto::send_error_frame(fd, 1, reason, proto::Clock::now());
-  ::shutdown(fd, SHUT_WR);
-  uint8_t sink[4096];
-  for (int i = 0; i < 4 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
-  }
-  ::close(fd);
-}
-
-}  // namespace
-
 int GatewayServer::accept_one(int listen_fd, bool tcp) {
   int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) {
@@ -306,7 +280,7 @@ int GatewayServer::accept_one(int listen_fd, bool tcp) {
         shared_->refused++;
         ADP_WARN_LIMITED("gateway: refusing a TCP connection: %d handshakes in progress already (--max-handshakes)",
                          opts_.max_handshakes);
-        refuse_at_accept(fd, "%s (%d, --max-handshakes)", proto::kTooManyTcpHandshakes, opts_.max_handshakes);
+        proto::refuse_at_accept(fd, "%s (%d, --max-handshakes)", proto::kTooManyTcpHandshakes, opts_.max_handshakes);
         return 0;
       }
       shared_->tcp_handshakes++;
@@ -327,7 +301,7 @@ int GatewayServer::accept_one(int listen_fd, bool tcp) {
             "gateway: refusing a local connection: %zu clients and %zu status queries on the reserve connected "
             "already%s (--max-clients %d, and %d more for status queries)",
             open.clients, open.reserve_queries, open.handshakes_text().c_str(), opts_.max_clients, kStatusQueryReserve);
-        refuse_at_accept(fd, "%s (%d, --max-clients)", proto::kTooManyLocalClients, opts_.max_clients);
+        proto::refuse_at_accept(fd, "%s (%d, --max-clients)", proto::kTooManyLocalClients, opts_.max_clients);
         return 0;
       }
     }
@@ -345,7 +319,7 @@ int GatewayServer::accept_one(int listen_fd, bool tcp) {
     const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
     const char* why = memory ? "out of memory: std::bad_alloc" : e.what();
     ADP_WARN_LIMITED("gateway: refusing a %s connection: cannot start its thread (%s)", tcp ? "TCP" : "local", why);
-    refuse_at_accept(fd, "the gateway cannot start a thread for this connection (%s)", why);
+    proto::refuse_at_accept(fd, "the gateway cannot start a thread for this connection (%s)", why);
   }
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -472,6 +473,24 @@ bool send_error_frame(int fd, uint64_t request_id, std::string_view reason, Dead
     }
   }
   return true;
+}
+
+void refuse_at_accept(int fd, const char* fmt, ...) noexcept {
+  // One byte past the bound: send_error_frame's clip_utf8 must see the byte after it to tell whether the bound cuts
+  // a character. In a buffer of kMaxMessageBytes + 1 (until py35) vsnprintf cut the text at the bound itself, so a
+  // character across it went out cut in half, its lead byte last (pybind11's strict decode raises on it).
+  char reason[kMaxMessageBytes + 2];
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = std::vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  if (n < 0) reason[0] = '\0';
+  send_error_frame(fd, 1, reason, Clock::now());
+  ::shutdown(fd, SHUT_WR);
+  uint8_t sink[4096];
+  for (int i = 0; i < 4 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+  }
+  ::close(fd);
 }
 
 void finish_sending(int fd) noexcept {

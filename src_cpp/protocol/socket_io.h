@@ -168,6 +168,16 @@ void close_fds(std::vector<int>* fds);
 // the whole frame went out.
 bool send_error_frame(int fd, uint64_t request_id, std::string_view reason, Deadline deadline) noexcept;
 
+// Refuses a connection just accepted, on the accept thread (no wait): an Error frame with the reason (printf's
+// `fmt`), which the client reads in place of HelloOk (the Hello's id is 1), our side ended (FIN), what the peer sent
+// already (its Hello) read, so that closing with unread input does not reset the connection before the frame is
+// read, and the descriptor closed. Allocates nothing and throws nothing (session 30): the text is made in a buffer of
+// its own and the frame by send_error_frame, so a connection refused for want of memory gets its Error frame where
+// memory stays out (until session 29 the text and the frame's body were std::string and std::vector: with no memory
+// for them the connection was closed without the frame, and its client saw a closed socket, not why). A reason over
+// kMaxMessageBytes is cut between UTF-8 characters, as every text of the protocol (utf34).
+__attribute__((format(printf, 2, 3))) void refuse_at_accept(int fd, const char* fmt, ...) noexcept;
+
 // Ends our side (FIN) and discards what the peer still sends for a moment
 // (bounded in time and bytes), so closing with unread input does not reset
 // the connection and lose the Error frame just sent. Allocates nothing (the

@@ -637,7 +637,7 @@ PYBIND11_MODULE(_native, m) {
       [](const py::bytes& frame) {
         std::string_view v = frame;
         Status s = proto::parse_frame({reinterpret_cast<const uint8_t*>(v.data()), v.size()});
-        if (!s.ok()) throw py::value_error(s.message());
+        if (!s.ok()) raise(s);  // as every other text (peer_text: errors="replace"), not pybind's strict decode
       },
       "Checks one whole protocol frame as the gateway would; ValueError says why it is refused.");
 

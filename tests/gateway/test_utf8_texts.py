@@ -12,8 +12,10 @@ import os
 import pytest
 
 from lmcache_adp import ADPConnector, _native
+from tests.gateway import wire
 from tests.gateway.test_failures import keys_and_datas
 from tests.helpers import RawConnector
+from tests.support import cpp
 from tests.support.gateway import Gateway
 
 END = "unexpected end of card "  # the card device's message for a read past a truncated image
@@ -34,6 +36,44 @@ def test_peer_text_decodes_invalid_utf8_with_replacement(raw, text):
     """The bindings' helper for a peer's or the card's text: valid UTF-8 as it is, each malformed byte U+FFFD,
     never UnicodeDecodeError."""
     assert _native._peer_text(raw) == text
+
+
+@pytest.mark.parametrize(
+    "frame, said",
+    [
+        (b"\x01\x02", "malformed frame: shorter than its header"),
+        (wire.HEADER.pack(0x1234, 1, 1, 0, 0, 0, 1), "bad frame magic"),
+        (wire.frame(wire.HELLO, 1, b"", version=9), "protocol version 9 (this side speaks 1)"),
+        (wire.frame(99, 1, b""), "unknown frame type 99"),
+        (wire.frame(wire.HELLO, 1, b"abc", body_bytes=5), "malformed frame: body length disagrees with the header"),
+        (wire.frame(wire.HELLO, 1, wire.hello()[:-3]), "malformed hello: lengths disagree with the body"),
+    ],
+)
+def test_parse_frame_refuses_as_the_other_bindings_do(frame, said):
+    """py35: parse_frame's binding raised its message through pybind11's ValueError, which decodes it strictly (a
+    byte that is not UTF-8 there raised UnicodeDecodeError, itself a ValueError, with the message lost); it now
+    raises as every other binding does (raise(): ValueError for InvalidArgument, the text through _peer_text's
+    errors="replace"). Its texts are fixed ASCII today: this holds each refusal's type and text."""
+    with pytest.raises(ValueError) as refused:
+        _native.parse_frame(frame)
+    assert refused.type is ValueError and str(refused.value) == said
+
+
+def test_a_refusal_at_accept_is_cut_between_characters(tmp_path):
+    """py35: the gateway's refusal of a connection at accept (proto::refuse_at_accept: too many clients or
+    handshakes, no thread) formatted its text into a buffer of kMaxMessageBytes + 1, so a text longer than the
+    bound was cut at it by vsnprintf, inside a character that crossed it, before send_error_frame's clip_utf8 could
+    see that byte. Builds tests/cpp/refuse_text_test.cc: a 2- and a 3-byte character across the bound are left
+    out whole, one ending at it is kept, short and exactly-bound texts go as they are."""
+    cpp.run(
+        cpp.build(
+            "refuse_text_test",
+            tmp_path,
+            (),
+            ("protocol/socket_io.cc", "protocol/frame.cc", "util/log.cc", "util/status.cc"),
+        ),
+        timeout=60,
+    )
 
 
 def test_an_error_text_cut_at_a_multibyte_character_reaches_drain_valid(workdir):
