@@ -127,6 +127,13 @@ def test_damage_resume_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+def test_card_fuzz_under_asan(tmp_path):
+    """The card-image fuzzer (tests/cpp/card_fuzz_test.cc, tests/store/test_card_fuzz.py), a short range of seeds:
+    recovery's walk, verify and the loads over damaged images, bounds and lengths read from damaged headers."""
+    cpp.run(cpp.build("card_fuzz_test", tmp_path, sanitize="asan"), "seeds=0:60", timeout=600)
+
+
+@pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 @pytest.mark.parametrize(
     "name",
