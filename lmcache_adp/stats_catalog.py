@@ -221,7 +221,7 @@ CARD_LIST: tuple[Stat, ...] = (
         _CARD,
         "Stores that found no region free or evictable (every sealed region pinned by a load or store in flight) "
         "and waited for one: up to 5 s from the store's start, then refused (NoSpace; docs/card_format.md, "
-        "Eviction)",
+        "Eviction). Not one refused at once, every such region being pinned by its own put's earlier objects",
     ),
     Stat(
         "retired_regions",

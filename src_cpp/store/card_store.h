@@ -307,8 +307,15 @@ class CardStore {
   // the write frontier (opening, and evicting for, the regions it continues
   // into), pins them and registers the ticket, and the store as in flight. With no region free or evictable it
   // waits for one up to 5 s from its start (advance_frontier), none with `may_wait` false (put_each: a later item
-  // of a put whose earlier item's wait ran out).
-  Status reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait = true);
+  // of a put whose earlier item's wait ran out). `own`: the regions the caller's put holds pinned (its earlier
+  // items', one entry a pin), which it lets go of only at its commit: no wait is made for them.
+  Status reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait = true,
+                 std::span<const uint32_t> own = {});
+  // The regions a reservation's put holds pinned itself: its earlier items' (`earlier`) and those of the item being
+  // reserved, taken so far (`current`, the regions it continues from). None goes before the put's commit.
+  struct OwnPins {
+    std::span<const uint32_t> earlier, current;
+  };
   // Opens the next frontier region (a free one, or one evicted for it) whose
   // first `cont_bytes` continue the current frontier's last record; writes
   // and syncs its header. Called with frontier_mu_ and `lock` (mu_) held;
@@ -319,9 +326,10 @@ class CardStore {
   // the others (a failed sync, no memory) go to the free list, as when none
   // opens. With no region free or evictable
   // (every sealed one pinned by a load or store in flight) it waits for one until `deadline` (the reservation's:
-  // reserve), then refuses (NoSpace).
+  // reserve), then refuses (NoSpace); at once where every such region is one `own` holds (the reservation's own
+  // put: no one else's unpin would free it).
   Status advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
-                          std::chrono::steady_clock::time_point deadline, uint32_t* region);
+                          std::chrono::steady_clock::time_point deadline, const OwnPins& own, uint32_t* region);
   static constexpr int kOpenTries = 3;
   // Drops from the index every object with bytes in region r (sealed, unpinned), keeping each dropped entry in
   // evicting_ until r's new header is durable. The caller has made room in evicting_ for r's key list.

@@ -138,7 +138,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // False once an item's wait for a region ran out (NoSpace: every region pinned for 5 s): the later items look for
   // a region free or evictable, and wait for none. A put's earlier items keep their regions pinned until its commit,
   // so a put larger than the card's unpinned room waited 5 s for each item past it (n items, 5n s, its caller's
-  // thread held; until review34b), for pins that were mostly its own (region_wait_test).
+  // thread held; until review34b), for pins that were mostly its own (region_wait_test). Its own pins (`pinned`)
+  // are never waited for (advance_frontier): an item that finds every region held by them fails at once.
   bool may_wait = true;
   for (size_t i = 0; i < n; i++) {
     const PutItem& it = items[i];
@@ -167,7 +168,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     pinned.reserve(pinned.size() + 2 + fp / (region_bytes_ - kBlockSize));  // the regions it may span
     Status s;
     try {
-      s = reserve(ctx, hash, it.size, &pl, may_wait);  // a std::bad_alloc leaves nothing reserved
+      s = reserve(ctx, hash, it.size, &pl, may_wait, pinned);  // a std::bad_alloc leaves nothing reserved
     } catch (const std::bad_alloc&) {
       s = no_memory();
     }

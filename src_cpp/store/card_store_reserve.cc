@@ -159,7 +159,7 @@ void CardStore::settle_locked(uint64_t ticket, bool acked) {
 }
 
 Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>& lock, uint64_t cont_bytes,
-                                   Clock::time_point deadline, uint32_t* region) {
+                                   Clock::time_point deadline, const OwnPins& own, uint32_t* region) {
   // Regions whose header write failed in this call, retired for now (not taken again by it); retired for good if
   // another region opens, else put back as they were: a card whose every write fails (gone, read-only, full) keeps
   // its regions. Before session 33 a failed region went back to the free list, handed out again by the next
@@ -190,6 +190,11 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
         break;
       }
       if (nfailed) break;  // no other region now: the header write's failure is the answer
+      // Only a pin that someone else lets go of can free a region: where every region passed over is one this
+      // store's own put holds (its earlier objects', kept until its commit, which waits for this store), a wait is
+      // futile. Until session 35 a put larger than the card waited its 5 s here for them (region_wait_test).
+      if (!regions_.others_may_unpin(own.earlier, own.current))
+        return Status::NoSpace("card " + path() + " is full and every region is held by this put's own objects");
       if (!waited) counters_.region_waits++, waited = true;
       if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
         return Status::NoSpace("card " + path() + " is full and every region is being written or read");
@@ -299,7 +304,8 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
   return nfailed ? failures[nfailed - 1] : s;
 }
 
-Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait) {
+Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait,
+                          std::span<const uint32_t> own) {
   const uint64_t footprint = object_footprint(payload_bytes);
   // Everything a reservation allocates is made before it takes anything (session 26): the placement's room for
   // every region it may span, the nodes of its ticket and of its in-flight entry (inserted below without
@@ -339,7 +345,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   if (frontier_ >= 0 && device_->lost_after(regions_[frontier_].open_mark))
     regions_[frontier_].write_offset = region_bytes_;
   if (frontier_ < 0 || regions_[frontier_].write_offset >= region_bytes_) {
-    Status s = advance_frontier(ctx, lock, 0, deadline, &f);
+    Status s = advance_frontier(ctx, lock, 0, deadline, {own, {}}, &f);
     if (!s.ok()) return s;
   }
   f = static_cast<uint32_t>(frontier_);
@@ -361,7 +367,7 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
     uint32_t r;
     Status s;
     try {
-      s = advance_frontier(ctx, lock, take, deadline, &r);
+      s = advance_frontier(ctx, lock, take, deadline, {own, pl->regions}, &r);
     } catch (const std::bad_alloc&) {  // its refusal's message: the regions taken so far go back as below
       if (!lock.owns_lock()) lock.lock();
       s = no_memory();

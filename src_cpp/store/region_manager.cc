@@ -47,6 +47,17 @@ int64_t RegionManager::choose_victim() const {
   return victim;
 }
 
+bool RegionManager::others_may_unpin(std::span<const uint32_t> mine, std::span<const uint32_t> mine_too) {
+  for (uint32_t r : mine) regions_[r].mine = true;
+  for (uint32_t r : mine_too) regions_[r].mine = true;
+  bool may = false;
+  for (const Region& c : regions_)
+    may |= c.pins && !c.mine && !c.retired && (c.state == State::kSealed || c.state == State::kFree);
+  for (uint32_t r : mine) regions_[r].mine = false;
+  for (uint32_t r : mine_too) regions_[r].mine = false;
+  return may;
+}
+
 uint64_t RegionManager::open(uint32_t r, uint64_t header_bytes) {
   Region& reg = regions_[r];
   reg.state = State::kOpen;

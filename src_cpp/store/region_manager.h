@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace adp {
@@ -48,6 +49,8 @@ class RegionManager {
     // (never on the free list again). A reopen does not know it: the next open of the region fails and retires it
     // again (CardStore::advance_frontier).
     bool retired = false;
+    // Scratch of others_may_unpin: false outside it.
+    bool mine = false;
   };
 
   // The free list has room for every region from the start: returning a region to it (add_free, add_free_last)
@@ -70,6 +73,11 @@ class RegionManager {
   // The region to evict: an unpinned sealed one not retired, empty ones first,
   // then the least recently used. -1 if every region is open, pinned or retired.
   int64_t choose_victim() const;
+  // Whether a region that choose_victim or take_free passes over for its pins (sealed and not retired, or free)
+  // would be taken once they go, counting as never going the pins of `mine` and `mine_too` (regions the caller holds
+  // pinned while it waits, each listed once a pin or more): a region one of them pins stays pinned whoever else lets
+  // go of it. False: a wait for a region is futile. Allocates nothing.
+  bool others_may_unpin(std::span<const uint32_t> mine, std::span<const uint32_t> mine_too);
   // Makes r open for appending under a new epoch (its old contents are no
   // longer indexed); returns the epoch. The first block is the region header.
   uint64_t open(uint32_t r, uint64_t header_bytes);

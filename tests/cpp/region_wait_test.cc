@@ -8,10 +8,14 @@
 //   - that store's wait is not stacked behind the first one's: both give up together (NoSpace), 5 s from their
 //     start. Until session 34 each reservation's 5 s began when it took frontier_mu_: a store queued behind one that
 //     waited in vain failed 5 s after it ("the second store gave up ~5 s after the first"), the k-th 5k s after;
-//   - once the loads let go of their regions, a store evicts one and goes on.
+//   - once the loads let go of their regions, a store evicts one and goes on;
+//   - a put larger than the card does not wait for the regions it holds pinned itself (its earlier objects', until
+//     its commit: no one else's unpin frees them), even where a load pins one of them too; it still waits where a
+//     region is pinned by a load alone, and goes on once the load lets go (session 35).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -117,10 +121,10 @@ void every_region_pinned() {
 }
 
 // One put larger than the card: its earlier items keep their regions pinned until its commit, so the item that must
-// open a region finds every one pinned (by the put itself) and waits its 5 s in vain. The items after it look for a
-// region and wait for none: the put returns ~5 s after that item's wait began. Until review34b each later item
-// waited its own 5 s (the pins mostly the put's own, let go only at its end): a put 3 items past the card took 15 s,
-// k items past it 5k s, its caller's thread held (stall34's note (b)).
+// open a region finds every one pinned, by the put itself: it fails at once (NoSpace), and so do the items after it.
+// Until review34b each of those items waited its own 5 s for pins that only the put's end lets go of (a put 3 items
+// past the card took 15 s, k items past it 5k s, its caller's thread held: stall34's note (b)); until session 35 the
+// first of them still did (5 s, one region wait).
 void put_larger_than_the_card() {
   const int n = stores_before_first_eviction();
   auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
@@ -146,6 +150,9 @@ void put_larger_than_the_card() {
                                          std::to_string(refused) + " refused NoSpace");
   check(took < 9.0, "the put took " + std::to_string(took) +
                         " s: each object past the card waited its own 5 s for regions the put itself held pinned");
+  check(s->stats().region_waits == 0, "the put waited " + std::to_string(took) + " s for a region (region_waits " +
+                                          std::to_string(s->stats().region_waits) +
+                                          "): every region was pinned by the put's own objects");
   // Its objects are there, and a store after it evicts a region and goes on.
   auto got = adp::testing::read_object(*s, ctx, key(0));
   check(got && *got == kValue, "the put's first object reads back");
@@ -153,10 +160,99 @@ void put_larger_than_the_card() {
   check(st.ok(), "a store after the put (" + st.message() + ")");
 }
 
+// When the held load of put_beside_a_load lets go: once the put has returned, or once the put waits for a region.
+enum class LetGo { kAfterThePut, kWhenThePutWaits };
+
+// What put_beside_a_load saw: the put's results, the region waits counted, and whether the load's object was still
+// there after the put (not evicted).
+struct PutBesideALoad {
+  std::vector<adp::Status> results;
+  uint64_t region_waits = 0;
+  bool loaded_kept = false;
+  int stored = 0, refused = 0;
+};
+
+// A put of n + 3 objects (n: what the card holds) into a full card, on a thread of its own, while a load of
+// key(loaded), its read held, pins that object's regions; the load lets go as `when` says.
+PutBesideALoad put_beside_a_load(int loaded, LetGo when) {
+  const int n = stores_before_first_eviction();
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  HeldReads* dev;
+  auto s = adp::testing::checked_fault_card<HeldReads>(image, kCard, "open", &dev);
+  PutBesideALoad out;
+  if (!s) return out;
+  adp::IoContext ctx;
+  for (int i = 0; i < n; i++) check(adp::testing::put_one(*s, ctx, key(i), kValue).ok(), "fill");
+  std::thread load([&] {
+    adp::testing::t_hold_read = true;
+    auto got = adp::testing::read_object(*s, key(loaded));
+    check(got && *got == kValue, "the held load reads its object");
+  });
+  dev->wait_held(1);
+  const int total = n + 3;
+  std::vector<std::string> keys;
+  for (int i = 0; i < total; i++) keys.push_back(key(1000 + i));
+  std::vector<adp::PutItem> items;
+  for (int i = 0; i < total; i++) items.push_back({keys[i], kValue.data(), kValue.size()});
+  out.results.resize(total);
+  std::thread put([&] {
+    adp::IoContext c;
+    s->put(c, items.data(), items.size(), out.results.data(), [] { return true; });
+  });
+  if (when == LetGo::kAfterThePut) {
+    put.join();
+  } else {
+    wait_for_region_waits(*s, 1);
+  }
+  dev->release();
+  load.join();
+  if (put.joinable()) put.join();
+  out.region_waits = s->stats().region_waits;
+  out.loaded_kept = adp::testing::read_object(*s, ctx, key(loaded)).has_value();
+  for (const adp::Status& r : out.results) {
+    out.stored += r.ok();
+    out.refused += r.code() == adp::Status::Code::kNoSpace;
+  }
+  check(out.stored + out.refused == total, "each of the put's objects stored or refused NoSpace");
+  return out;
+}
+
+// The held load's object lies in the card's frontier region, whose tail the put's first object takes: that region
+// is pinned by the put from then on, and every other by the put's later objects. The objects past the card fail at
+// once (no region wait): the load letting go would free nothing (the put's own pin stays). Until session 35 the put
+// waited 5 s for it.
+void put_past_a_load_in_its_own_region() {
+  const int n = stores_before_first_eviction();
+  // The last object stored before the put lies in the frontier region (with a tail of the region left after it).
+  PutBesideALoad r = put_beside_a_load(n - 1, LetGo::kAfterThePut);
+  std::printf("put_past_a_load_in_its_own_region: %d stored, %d refused, %llu region waits\n", r.stored, r.refused,
+              static_cast<unsigned long long>(r.region_waits));
+  check(r.stored > 0 && r.refused > 0, "the put stored some objects and was refused the rest");
+  check(r.region_waits == 0, "the put waited for a region (" + std::to_string(r.region_waits) +
+                                 " region waits) that a load and the put itself held pinned");
+  check(r.loaded_kept, "the load's object, in the put's first region, is still there");
+}
+
+// The held load's object lies in the least recently used region, which no object of the put is in: the put evicts
+// every other region, then waits for that one (another's pin), and once the load lets go, evicts it and goes on: a
+// put that fits once others let go still waits. Its next object past the card fails at once: until session 35 it
+// waited 5 s more for the put's own regions (2 region waits).
+void put_waits_for_a_load_elsewhere() {
+  PutBesideALoad r = put_beside_a_load(0, LetGo::kWhenThePutWaits);
+  std::printf("put_waits_for_a_load_elsewhere: %d stored, %d refused, %llu region waits\n", r.stored, r.refused,
+              static_cast<unsigned long long>(r.region_waits));
+  check(r.region_waits == 1,
+        "the put waited once for the region the load held (" + std::to_string(r.region_waits) + " region waits)");
+  check(!r.loaded_kept, "the put evicted the load's region once the load let go");
+  check(r.stored > 0 && r.refused > 0, "the put stored some objects and was refused the rest");
+}
+
 }  // namespace
 
 int main() {
   every_region_pinned();
   put_larger_than_the_card();
+  put_past_a_load_in_its_own_region();
+  put_waits_for_a_load_elsewhere();
   return adp::testing::finish("region_wait_test");
 }

@@ -106,7 +106,8 @@ def test_evict_header_under_sanitizer(mode, tmp_path):
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_region_wait_under_sanitizer(mode, tmp_path):
     """A store waiting for a region while every region is pinned by held loads (tests/cpp/region_wait_test.cc): a
-    load and a delete on the main thread, a second store queued behind the first on frontier_mu_, the loads let go."""
+    load and a delete on the main thread, a second store queued behind the first on frontier_mu_, the loads let go;
+    a put past the card beside a held load, on a thread of its own."""
     cpp.run(cpp.build("region_wait_test", tmp_path, sanitize=mode), timeout=600)
 
 

@@ -5,8 +5,9 @@ refuses writes, each a C++ program on a fault device that fails on the code of s
 - region_wait_test (L1): every region pinned by a load in flight, a store that must open a region waits for one
   (holding frontier_mu_); a load and a delete complete meanwhile, and a store queued behind it gives up with it,
   5 s from its own start (until session 34 its 5 s began when the first gave up: ~5 s after it); and a put larger
-  than the card (its earlier objects' regions pinned by itself) waits once, not 5 s for each object past the card
-  (15 s for 3 before review34b);
+  than the card (its earlier objects' regions pinned by itself) waits for none of them, also where a load pins one
+  of them too (15 s for 3 objects past the card before review34b, 5 s before session 35), and still waits for a
+  region a load alone pins;
 - tombstone_backoff_test (L4): a superseded copy's tombstone refused by its block is retried by the next store,
   then every 2nd, 4th, .. (8 writes over 200 stores; 201 before, one a store), the newer copy and a delete still
   hold after the reopen, and a delete writes its own key's pending void whatever its back-off; a backed-off
