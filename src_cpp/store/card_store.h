@@ -282,6 +282,12 @@ class CardStore {
   };
   // The regions the object at `offset` of `region` with `payload_bytes` has bytes in (at least `region`).
   std::vector<uint32_t> parts_of_locked(uint32_t region, uint64_t offset, uint64_t payload_bytes) const;
+  // Pins `guards`, the guards of a tombstone over the older copy whose header is in region `older`, less `older`
+  // itself (erased from guards: allocates nothing). A newer copy with bytes in the older copy's own region needs no
+  // guard there: evicting that region drops the older copy with it (its header under a new epoch no longer walks).
+  // Until session 35 it was pinned too (review34b): a region no eviction could take while the tombstone was
+  // pending (a block that refuses writes: until the reopen). Under mu_.
+  void pin_guards_locked(uint32_t older, std::vector<uint32_t>& guards);
 
   CardStore(std::unique_ptr<Device> dev, const Superblock& sb, bool durable, bool read_only);
   Status recover(int threads);

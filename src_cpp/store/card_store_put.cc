@@ -335,12 +335,12 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         const IndexEntry old = it->second;
         if (old.seq > loc.seq) {  // a newer copy committed first: this one is already superseded
           regions_.pin(loc.region);
-          for (uint32_t r : guards) regions_.pin(r);
+          pin_guards_locked(loc.region, guards);
           stale.push_back({std::move(loc), std::move(guards), {}});
           continue;
         }
         regions_.pin(old.region);
-        for (uint32_t r : guards) regions_.pin(r);
+        pin_guards_locked(old.region, guards);
         stale.push_back({{old.region, uint64_t(old.block) * kBlockSize, regions_[old.region].epoch, old.seq,
                           old.payload_bytes, h, std::move(old_key)},
                          std::move(guards),
@@ -381,6 +381,11 @@ std::vector<uint32_t> CardStore::parts_of_locked(uint32_t region, uint64_t offse
                        [&](uint32_t r, uint64_t, uint64_t) { parts.push_back(r); });
   if (parts.empty()) parts.push_back(region);
   return parts;
+}
+
+void CardStore::pin_guards_locked(uint32_t older, std::vector<uint32_t>& guards) {
+  guards.erase(std::remove(guards.begin(), guards.end(), older), guards.end());
+  for (uint32_t r : guards) regions_.pin(r);
 }
 
 void CardStore::void_copy_locked(Location loc, std::vector<Stale>* stale) {

@@ -98,7 +98,7 @@ void CardStore::fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, 
       } catch (const std::bad_alloc&) {
         guards.clear();  // unguarded: as a tombstone of session 23's (its newer copy's eviction may undo it)
       }
-      for (uint32_t g : guards) regions_.pin(g);
+      pin_guards_locked(e.region, guards);
     }
     push_pending_locked(
         {{e.region, uint64_t(e.block) * kBlockSize, regions_[e.region].epoch, e.seq, e.payload_bytes, h, {}},

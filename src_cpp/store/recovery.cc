@@ -421,7 +421,7 @@ Status CardStore::recover(int threads) {
       stale[i].guards = w.deleted ? std::vector<uint32_t>{w.region}
                                   : parts_of_locked(w.region, uint64_t(w.block) * kBlockSize, w.payload_bytes);
       regions_.pin(stale[i].loc.region);
-      for (uint32_t r : stale[i].guards) regions_.pin(r);
+      pin_guards_locked(stale[i].loc.region, stale[i].guards);
     }
     IoContext ctx;
     if (!write_tombstones(ctx, stale, stale.size()))

@@ -9,7 +9,10 @@
 //     deleted after the reopen;
 //   - void: a store of key 2 not wanted (its copy voided, the void refused) and backed off; once the block takes
 //     writes again, a delete of key 2 writes the void at once (a delete is refused while its key's void is
-//     pending, so its own key's tombstones are never held back): NotFound, done.
+//     pending, so its own key's tombstones are never held back): NotFound, done;
+//   - guard in its own region: a key stored anew into the region of its older copy, that copy's tombstone refused:
+//     the region is not pinned for it (evicting it drops both copies), so it is evicted in its turn, and the key
+//     does not come back at the reopen.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -183,11 +186,50 @@ void reused_while_backed_off() {
                                " fit): regions pinned by a tombstone of a region since reused");
 }
 
+// A newer copy in the same region as its older copy, whose tombstone its block refuses: the region would be the
+// tombstone's guard, but evicting it drops the older copy with the newer (the region's header under a new epoch:
+// neither walks again), so it guards nothing. Until session 35 it was pinned all the same (review34b): with the
+// block refusing writes for good, the region was never evicted again until the reopen (the card cycled its 7 other
+// regions; the key's newer copy stayed after 3n stores of other keys).
+void guard_in_its_own_region() {
+  const std::vector<uint8_t> value(200000, 5), older(200000, 1), newer(200000, 2);
+  const int n = adp::testing::stores_before_first_eviction(kRegions, kCard, value, key);
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  {
+    RefusedTombstones* dev;
+    auto s = adp::testing::checked_fault_card<RefusedTombstones>(image, kCard, "open", &dev);
+    if (!s) return;
+    adp::IoContext ctx;
+    check(adp::testing::put_one(*s, ctx, key(0), older).ok(), "key 0 stored");
+    const uint64_t at = adp::testing::header_block(*image, key(0));
+    dev->refuse_at(at);
+    check(adp::testing::put_one(*s, ctx, key(0), newer).ok(), "key 0 stored anew (its older copy's tombstone refused)");
+    check(adp::testing::header_block(*image, key(0)) == at, "the first copy is where it was");
+    check(dev->tries() == 1, "the older copy's tombstone was tried once by the store");
+    int fresh = 10000;
+    for (int i = 0; i < 3 * n; i++) check(adp::testing::put_one(*s, ctx, key(fresh++), value).ok(), "a store after");
+    int held = 0;
+    for (int i = fresh - n; i < fresh; i++) held += adp::testing::read_object(*s, ctx, key(i)).has_value();
+    const bool kept = adp::testing::read_object(*s, ctx, key(0)).has_value();
+    std::printf("guard_in_its_own_region: key 0 %s after %d stores; the card holds %d of the last %d stored\n",
+                kept ? "kept" : "evicted", 3 * n, held, n);
+    check(!kept,
+          "key 0's region, pinned as the guard of its older copy's tombstone (the same region), was not "
+          "evicted over " +
+              std::to_string(3 * n) + " stores (the card holds " + std::to_string(held) + " of the last " +
+              std::to_string(n) + " objects stored)");
+  }
+  auto s = adp::testing::checked_fault_card(image, kCard, "reopen");
+  if (!s) return;
+  check(!adp::testing::read_object(*s, key(0)), "after the reopen key 0, evicted, is back");
+}
+
 }  // namespace
 
 int main() {
   superseded();
   void_then_delete();
   reused_while_backed_off();
+  guard_in_its_own_region();
   return adp::testing::finish("tombstone_backoff_test");
 }

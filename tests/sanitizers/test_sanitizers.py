@@ -113,6 +113,14 @@ def test_region_wait_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_tombstone_backoff_under_sanitizer(mode, tmp_path):
+    """Pending tombstones whose block refuses writes, backed off, their guards let go at the reuse of the older
+    copy's region, none in that region itself (tests/cpp/tombstone_backoff_test.cc)."""
+    cpp.run(cpp.build("tombstone_backoff_test", tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_free_region_tombstone_under_sanitizer(mode, tmp_path):
     """A tombstone into a free region held in flight while another thread stores (tests/cpp/
     free_region_tombstone_test.cc): the region pinned by the retry is not handed out."""

@@ -12,7 +12,8 @@ refuses writes, each a C++ program on a fault device that fails on the code of s
   then every 2nd, 4th, .. (8 writes over 200 stores; 201 before, one a store), the newer copy and a delete still
   hold after the reopen, and a delete writes its own key's pending void whatever its back-off; a backed-off
   tombstone whose older copy's region is reused lets go of its guards at the next store (review34b: until its
-  back-off ran out, 24 of 61 objects' room held).
+  back-off ran out, 24 of 61 objects' room held); a key stored anew into its older copy's region pins no guard there
+  (session 35: that region was never evicted while the tombstone was refused).
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ def test_a_retried_tombstone_of_an_older_copy_keeps_its_key_and_a_failed_read_is
 
 def test_a_superseded_copy_stays_dead_while_its_tombstone_is_pending(tmp_path):
     """tests/cpp/continuation_guard_test.cc: a key's newer copy continues into the next region and the older
-    copy's tombstone cannot be written (pending); stores then evict regions. Every region the newer copy has bytes
-    in stays pinned until that tombstone is on the card, so after a power cut or a close, and when the open finds
-    both copies and its own tombstone write fails, the key serves the newer copy, never the older."""
+    copy's tombstone cannot be written (pending); stores then evict a region. Every region the newer copy has bytes
+    in stays pinned until that tombstone is on the card but the older copy's own (evicting it drops the older copy
+    too: session 35), so after a power cut or a close, and when the open finds both copies and its own tombstone
+    write fails, the key serves the newer copy or nothing, never the older."""
     cpp.run(cpp.build("continuation_guard_test", tmp_path))
 
 
