@@ -164,6 +164,16 @@ class CardStore {
   // the bytes one load keeps in the card's queue.
   Status get(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into = ReadInto::kStaging,
              const PieceGuardFn& pieces = {}, size_t piece_bytes = 0);
+  // Loads keys[0, n) one after another, each as get(ctx, keys[i], deliver(i, ...), kPieces, pieces, piece_bytes)
+  // would (results[i] its Status), on two contexts taken in turn: while a disk card's staged object (one piece or
+  // less) is copied into its buffer, its CRC computed on the way (on its context's CrcWorker, inside its `pieces`,
+  // so nothing is written after `pieces` returned), the next key's object is read into the other context's staging.
+  // A load of 256 KiB objects left the disk idle between two reads of a worker for the copy (session 35, issue 10);
+  // the next read then starts inside this one's `pieces`, which waits for both (a deadline held up by one read of
+  // up to a piece, as a direct load's piece holds it). The next key is looked up and read before deliver() sees it.
+  using DeliverEachFn = std::function<bool(size_t i, size_t size, const CopyFn& copy)>;
+  void get_each(IoContext& ctx, IoContext& other, const std::string_view* keys, size_t n, Status* results,
+                const DeliverEachFn& deliver, const PieceGuardFn& pieces, size_t piece_bytes = 0);
   // Protocol r5 loads: hands key's payload to sink in pieces of
   // piece_bytes (0: kBouncePieceBytes), the last one shorter, each first copied into a bounce buffer
   // (the caller's, reused) and handed out from there, so that while sink
@@ -511,6 +521,25 @@ class CardStore {
                                  std::string_view key, Status* io) const;
   // key's index entry and hash (a miss counted), for get and get_via_bounce.
   Status lookup(std::string_view key, uint64_t* hash, IndexEntry* e);
+  // A key's object read ahead into a context's staging by get_each (stage_ahead), for get_one: its lookup's
+  // answer, and read_and_check's (io, bad) with whether the header holds another key.
+  struct StagedRead {
+    Status lookup;
+    uint64_t hash = 0;
+    IndexEntry e{};
+    Status io;
+    std::string bad;
+    bool other = false;
+  };
+  // Looks key up and, if get() would stage its object (a disk card's of one piece or less), reads and checks
+  // its header into ctx's staging (the payload's CRC at the copy); false if it did not (a larger object, a
+  // memory-speed card), nothing kept.
+  bool stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out);
+  // get(), kPieces when `staged` or `ahead` is given: `staged`, the object read ahead into ctx (stage_ahead);
+  // `ahead`, run on this thread while a staged object's copy runs on ctx's CrcWorker (inside `pieces`).
+  Status get_one(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
+                 const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged,
+                 const std::function<void()>* ahead);
   // Removes a damaged object from the index and marks it deleted on the card
   // (its tombstone naming `key`, the caller's whose index hash found it, or,
   // empty, as write_tombstone finds it).

@@ -489,10 +489,60 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
                       const PieceGuardFn& pieces, size_t piece_bytes) {
   const StoreCall call;
   const Foreground busy = device_->begin_foreground();
+  return get_one(ctx, key, deliver, into, pieces, piece_bytes, nullptr, nullptr);
+}
+
+bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out) {
+  ctx.store_ = this;
+  out->lookup = lookup(key, &out->hash, &out->e);
+  if (!out->lookup.ok()) return true;  // a miss (counted) or a bad key: get_one answers it as get() would
+  // Only what get()'s kPieces load stages whatever the buffer's alignment: not a memory-speed card (copied from
+  // its mapping), not an object of more than a piece (read straight into an aligned buffer).
+  if (device_->mapped() || device_->memory_backed() || out->e.payload_bytes > kGuardedPieceBytes) return false;
+  out->bad = read_and_check(ctx, out->hash, out->e, &out->io, false, nullptr, nullptr, key);
+  if (out->io.ok() && out->bad.empty()) {
+    ObjectHeader hdr;
+    std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
+    out->other =
+        std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
+  }
+  return true;
+}
+
+void CardStore::get_each(IoContext& ctx, IoContext& other, const std::string_view* keys, size_t n, Status* results,
+                         const DeliverEachFn& deliver, const PieceGuardFn& pieces, size_t piece_bytes) {
+  const StoreCall call;
+  const Foreground busy = device_->begin_foreground();
+  IoContext* ctxs[2] = {&ctx, &other};
+  StagedRead next;
+  bool have_next = false;
+  for (size_t i = 0; i < n; i++) {
+    IoContext& c = *ctxs[i % 2];
+    StagedRead cur;
+    const bool have_cur = have_next;
+    if (have_cur) cur = std::move(next);
+    have_next = false;
+    // Key i+1's lookup and read, into the other context, while key i's copy runs (once at most).
+    const std::function<void()> ahead = [&] {
+      if (i + 1 < n && !have_next) {
+        next = StagedRead{};
+        have_next = stage_ahead(*ctxs[(i + 1) % 2], keys[i + 1], &next);
+      }
+    };
+    results[i] = get_one(
+        c, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, ReadInto::kPieces, pieces,
+        piece_bytes, have_cur ? &cur : nullptr, i + 1 < n ? &ahead : nullptr);
+  }
+}
+
+Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
+                          const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged,
+                          const std::function<void()>* ahead) {
   ctx.store_ = this;
   uint64_t h;
   IndexEntry e;
-  Status ls = lookup(key, &h, &e);
+  Status ls = staged ? staged->lookup : lookup(key, &h, &e);
+  if (staged) h = staged->hash, e = staged->e;
   if (!ls.ok()) return ls;
   Status io;
   std::string bad;     // why the object is damaged (it is then dropped)
@@ -507,11 +557,26 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
     other = std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
     return !other;
   };
-  // Copies a payload read into staging to dst, checking its CRC on the way.
+  // Copies a payload read into staging to dst, checking its CRC on the way. With `ahead` (get_each, a kPieces
+  // load) the copy runs on ctx's CrcWorker while ahead() reads the next key's object on this thread, and is
+  // waited for before this returns (inside `pieces`: nothing is written into dst after it), an exception too.
   auto copy_staged = [&](uint8_t* dst) {
     ObjectHeader hdr;
     std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
-    if (crc32c_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes) == hdr.payload_crc) return true;
+    uint32_t crc;
+    if (ahead) {
+      ctx.crc_.start_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes);
+      bool joined = false;
+      ScopeExit join_on_exit([&] {
+        if (!joined) ctx.crc_.wait();
+      });
+      (*ahead)();
+      crc = ctx.crc_.wait();
+      joined = true;
+    } else {
+      crc = crc32c_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes);
+    }
+    if (crc == hdr.payload_crc) return true;
     bad = "payload checksum mismatch";
     return false;
   };
@@ -550,7 +615,14 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
       delivered = read(dst, true, &pieces);
     } else if (delivered) {  // one piece or less, or unaligned: staged, then copied in one piece
       bool copied = false;
-      delivered = read(nullptr, false) && pieces(e.payload_bytes, [&] { copied = copy_staged(dst); }) && copied;
+      bool got;
+      if (staged) {  // read ahead (get_each): stage_ahead took only what is staged here
+        io = staged->io, bad = staged->bad, other = staged->other;
+        got = io.ok() && bad.empty() && !other;
+      } else {
+        got = read(nullptr, false);
+      }
+      delivered = got && pieces(e.payload_bytes, [&] { copied = copy_staged(dst); }) && copied;
     }
   } else {
     delivered = deliver(e.payload_bytes, [&](uint8_t* dst) {
