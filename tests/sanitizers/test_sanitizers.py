@@ -136,6 +136,15 @@ def test_damage_resume_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_load_ahead_under_sanitizer(mode, tmp_path):
+    """A disk card's load of several keys (tests/cpp/load_ahead_test.cc): the next key's object read into the other
+    IoContext's staging while this key's copy and CRC run on the CrcWorker thread, an absent, a declined and a
+    damaged key among them."""
+    cpp.run(cpp.build("load_ahead_test", tmp_path, ("store", "util", "testing"), sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
 def test_card_fuzz_under_asan(tmp_path):
     """The card-image fuzzer (tests/cpp/card_fuzz_test.cc, tests/store/test_card_fuzz.py), a short range of seeds:
     recovery's walk, verify and the loads over damaged images, bounds and lengths read from damaged headers."""
