@@ -167,7 +167,8 @@ class CardStore {
   // Loads keys[0, n) one after another, each as get(ctx, keys[i], deliver(i, ...), kPieces, pieces, piece_bytes)
   // would (results[i] its Status), on two contexts taken in turn: while a disk card's staged object (one piece or
   // less) is copied into its buffer, its CRC computed on the way (on its context's CrcWorker, inside its `pieces`,
-  // so nothing is written after `pieces` returned), the next key's object is read into the other context's staging.
+  // so nothing is written after `pieces` returned), the next key's object is read into the other context's staging
+  // (not where the next key is this one again: read after this one's load, as get() would).
   // A load of 256 KiB objects left the disk idle between two reads of a worker for the copy (session 35, issue 10);
   // the next read then starts inside this one's `pieces`, which waits for both (a deadline held up by one read of
   // up to a piece, as a direct load's piece holds it). The next key is looked up and read before deliver() sees it.

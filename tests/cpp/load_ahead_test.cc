@@ -15,6 +15,10 @@
 //   - an absent key read ahead is a miss counted once; a key whose `pieces`
 //     declines is not delivered (NotFound, as get()), the next key then read
 //     and delivered as usual.
+//   - a damaged key twice in a row (review35): the second is a miss as get()
+//     answers it (the first dropped it from the index), the damage counted
+//     once; read ahead, the second read the damaged object before the first
+//     was judged and counted it again.
 //
 //   load_ahead_test
 #include <atomic>
@@ -150,6 +154,22 @@ int main() {
     check(s->stats().checksum_failures == failures + 1, "the damage is counted once");
     check(!s->exists(keys[4]), "the damaged object is dropped from the index");
     check(std::memcmp(l.dst[2].data(), w[2].data(), kBytes) == 0, "the key after the damaged one has its bytes");
+  }
+  {  // a damaged key twice in a row: the second is not read ahead (it would be read before the first is judged)
+    const uint64_t block = adp::testing::header_block(*image, keys[1]);
+    image->data[block + 4096 + 1000] ^= 1;
+    const std::vector<std::string> k{keys[0], keys[1], keys[1], keys[2]};
+    const std::vector<std::vector<uint8_t>> w{want[0], want[1], want[1], want[2]};
+    const uint64_t failures = s->stats().checksum_failures, misses = s->stats().misses;
+    Load l = load(*s, a, b, dev, k, w);
+    check(l.st[0].ok() && l.st[3].ok(), "the keys around a damaged key loaded twice hit");
+    check(l.st[1].is_not_found() && l.st[2].is_not_found(), "a damaged key loaded twice is a miss both times");
+    check(s->stats().checksum_failures == failures + 1,
+          "the damage of a key loaded twice in a row is counted once, got " +
+              std::to_string(s->stats().checksum_failures - failures));
+    check(s->stats().misses == misses + 2,
+          "its two misses are counted once each, got " + std::to_string(s->stats().misses - misses));
+    check(std::memcmp(l.dst[3].data(), w[3].data(), kBytes) == 0, "the key after it has its bytes");
   }
   return adp::testing::finish("load_ahead_test");
 }
