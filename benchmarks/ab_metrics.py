@@ -6,6 +6,7 @@ A metric is NAME=KIND:ARGS (benchmarks/README.md, "A/B of two trees"):
                              (needed when the run measured more than one size)
   connector:ROW:OP[:MB[:W]]  bench_connector.py's rows.json (run it with --out {out}): GB/s of row ROW's OP
                              (store, load) from the median of its repetitions' seconds, at MB MiB objects, W workers
+                             (the medium's row, run before and after the others: its better pass)
   probe:ROW[:MB]             probe_store_sync.py's JSON (run it with --out {out}/probe.json): GB/s of row ROW
   re:REGEX                   the last match of REGEX in the run's output: its first group, as a number
 """
@@ -70,7 +71,12 @@ def _connector(args: str, out: Path, output: str) -> float:
         rows = [r for r in rows if r["object_mb"] == float(where[0])]
     if len(where) > 1:
         rows = [r for r in rows if r["workers"] == int(where[1])]
-    if len(rows) != 1 or not rows[0].get(f"{op}_s"):
+    rows = [r for r in rows if r.get(f"{op}_s")]
+    if len(rows) > 1 and all("pass" in r for r in rows):
+        # The medium's row runs before and after the connector rows (a "pass" each): its better pass is the limit,
+        # as bench_connector's own report takes it.
+        return max(r["bytes"] / statistics.median(r[f"{op}_s"]) / 1e9 for r in rows)
+    if len(rows) != 1:
         raise MetricMissing(f"{len(rows)} rows {row!r} with {op}_s (connector:ROW:OP:MB:WORKERS picks one)")
     return rows[0]["bytes"] / statistics.median(rows[0][f"{op}_s"]) / 1e9
 

@@ -209,6 +209,14 @@ def test_figures_from_bench_connector_and_probe_store_sync_json(tmp_path):
     assert ab_metrics.extract("connector:embedded:store:2", tmp_path / "c", "") == pytest.approx(2.0)
     with pytest.raises(ab_metrics.MetricMissing):
         ab_metrics.extract("connector:embedded:store", tmp_path / "c", "")  # two sizes: which?
+    # The medium's row comes twice (its passes before and after the connector rows): the better pass, as the
+    # bench's report takes it.
+    medium = [
+        {"row": "medium O_DIRECT", "pass": 1, "object_mb": 2.0, "workers": 2, "bytes": 4e9, "load_s": [2.0, 2.0]},
+        {"row": "medium O_DIRECT", "pass": 2, "object_mb": 2.0, "workers": 2, "bytes": 4e9, "load_s": [1.0, 1.0]},
+    ]
+    (tmp_path / "c" / "raw" / "x" / "rows.json").write_text(json.dumps({"meta": {}, "rows": rows + medium}))
+    assert ab_metrics.extract("connector:medium O_DIRECT:load:2:2", tmp_path / "c", "") == pytest.approx(4.0)
     (tmp_path / "p").mkdir()
     sizes = {"2.0": {"bytes": 3e9, "times_s": {"embedded durable": [3.0, 1.0, 1.5]}}}
     (tmp_path / "p" / "probe.json").write_text(json.dumps({"sizes": sizes}))
