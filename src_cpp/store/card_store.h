@@ -536,6 +536,8 @@ class CardStore {
   // its header into ctx's staging (the payload's CRC at the copy); false if it did not (a larger object, a
   // memory-speed card), nothing kept.
   bool stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out);
+  // Whether the object header in ctx's staging holds a key other than `key` (one with the same index hash).
+  static bool staged_other_key(const IoContext& ctx, std::string_view key);
   // get(), kPieces when `staged` or `ahead` is given: `staged`, the object read ahead into ctx (stage_ahead);
   // `ahead`, run on this thread while a staged object's copy runs on ctx's CrcWorker (inside `pieces`).
   Status get_one(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,

@@ -500,13 +500,14 @@ bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* ou
   // its mapping), not an object of more than a piece (read straight into an aligned buffer).
   if (device_->mapped() || device_->memory_backed() || out->e.payload_bytes > kGuardedPieceBytes) return false;
   out->bad = read_and_check(ctx, out->hash, out->e, &out->io, false, nullptr, nullptr, key);
-  if (out->io.ok() && out->bad.empty()) {
-    ObjectHeader hdr;
-    std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
-    out->other =
-        std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
-  }
+  if (out->io.ok() && out->bad.empty()) out->other = staged_other_key(ctx, key);
   return true;
+}
+
+bool CardStore::staged_other_key(const IoContext& ctx, std::string_view key) {
+  ObjectHeader hdr;
+  std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
+  return std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
 }
 
 void CardStore::get_each(IoContext& ctx, IoContext& other, const std::string_view* keys, size_t n, Status* results,
@@ -526,12 +527,15 @@ void CardStore::get_each(IoContext& ctx, IoContext& other, const std::string_vie
     // is key i again: its object would be read before key i's load has judged it, and a damaged one counted and
     // logged twice (review35: get() found it gone from the index, a miss, as a fresh lookup now does).
     const bool read_ahead = i + 1 < n && keys[i + 1] != keys[i];
-    const std::function<void()> ahead = [&] {
+    // Its closure holds one pointer, which std::function keeps in place: a capture of each local by reference
+    // (seven) would be allocated on the heap for every key.
+    const auto read_next = [&] {
       if (i + 1 < n && !have_next) {
         next = StagedRead{};
         have_next = stage_ahead(*ctxs[(i + 1) % 2], keys[i + 1], &next);
       }
     };
+    const std::function<void()> ahead = [f = &read_next] { (*f)(); };
     results[i] = get_one(
         c, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, ReadInto::kPieces, pieces,
         piece_bytes, have_cur ? &cur : nullptr, read_ahead ? &ahead : nullptr);
@@ -555,9 +559,7 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
   auto read = [&](uint8_t* dst, bool check_payload, const PieceGuardFn* guard = nullptr) {
     bad = read_and_check(ctx, h, e, &io, check_payload, dst, guard, key, piece_bytes);
     if (!io.ok() || !bad.empty()) return false;
-    ObjectHeader hdr;
-    std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
-    other = std::string_view(reinterpret_cast<const char*>(ctx.staging_.data()) + sizeof hdr, hdr.key_bytes) != key;
+    other = staged_other_key(ctx, key);
     return !other;
   };
   // Copies a payload read into staging to dst, checking its CRC on the way. With `ahead` (get_each, a kPieces
