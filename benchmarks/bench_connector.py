@@ -1186,6 +1186,15 @@ def main() -> None:
         "gateway may then load straight into it; a ring row and a segments row are run)",
     )
     args = ap.parse_args()
+    if args.interleave and args.no_gateway:
+        # Nothing to pair with the embedded row: say so rather than leave a reader of the command line to
+        # think the medium and embedded rows were interleaved (the report's "order" line says it too).
+        print(
+            "bench_connector: --interleave pairs each gateway row's repetitions with the embedded row's; with "
+            "--no-gateway there are none, so the rows run back to back",
+            file=sys.stderr,
+            flush=True,
+        )
     os.environ["ADP_BENCH_L1"] = args.l1  # spawned client processes allocate alike
     Rounds.warm_loads = args.warm_loads
 

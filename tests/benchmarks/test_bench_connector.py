@@ -376,3 +376,16 @@ def test_importing_it_changes_neither_sys_path_nor_pythonpath():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "same", r.stdout + r.stderr
+
+
+def test_interleave_without_gateway_rows_says_the_rows_ran_back_to_back(tmp_path):
+    """--interleave with --no-gateway has nothing to pair: the run warns on stderr and its report's order is
+    "back to back" (session 35 ran it so, and nothing said the flag did nothing)."""
+    out = tmp_path / "out"
+    args = ["--workers", "2", "--sizes-mb", "1", "--total-mb", "4", "--reps", "1", "--interleave", "--no-gateway"]
+    cmd = [sys.executable, str(BENCH), *args, "--dir", str(tmp_path / "card"), "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "with --no-gateway there are none, so the rows run back to back" in r.stderr
+    (md,) = out.glob("*.md")
+    assert "- order: back to back" in md.read_text()
