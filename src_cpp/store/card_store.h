@@ -242,6 +242,12 @@ class CardStore {
                 VerifyReport* report);
 
   StoreStats stats() const;
+  // The stores' and deletes' looks at the pending tombstones (retry_pending), lock taken, since the open: none while
+  // none is due but a delete's (tests/cpp/evict_header_test.cc).
+  uint64_t pending_scans() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_scans_;
+  }
   const std::string& path() const { return device_->path(); }
   // Largest payload one object can hold: objects span regions, up to half
   // of the card's regions (kMaxObjectBytes at most).
@@ -618,6 +624,13 @@ class CardStore {
   // session 33: review33a F1), and a pending tombstone in that region is kept (retry_pending). Guarded by mu_.
   int64_t evicting_region_ = -1;
   std::vector<std::pair<uint64_t, IndexEntry>> evicting_;
+  // The region's opening is over (its header durable, or the region put back): evicting_region_ = -1, and the next
+  // retry_pending looks at the pending tombstones (pending_due_ = 0) if any: those of the region, not due while it
+  // was being opened, are due or dropped now. Under mu_.
+  void end_evicting_locked() {
+    evicting_region_ = -1;
+    if (!pending_.empty()) pending_due_ = 0;
+  }
   // Slots of pending_'s capacity held by the operations in progress that may hand tombstones to it (a put: one per
   // item; a retry: one per tombstone it took out; an open's marks of older copies): pending_.capacity() >=
   // pending_.size() + pending_room_ always, so a tombstone or void that failed, or was never written (an exception
@@ -638,6 +651,8 @@ class CardStore {
   // `due` (0 where one is due at once): below it a call finds none due without taking mu_ or allocating. Written
   // under mu_.
   std::atomic<uint64_t> pending_calls_{0}, pending_due_{0};
+  // The calls of retry_pending that took mu_ to look at pending_ (pending_scans()). Guarded by mu_.
+  uint64_t pending_scans_ = 0;
 
   struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};

@@ -478,17 +478,25 @@ void CardStore::retry_pending(IoContext& ctx, const uint64_t* hash) {
   std::vector<Stale> retry;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    pending_scans_++;
+    // Its region is being evicted, the new header not yet durable: if that write fails the region is put back
+    // under its old epoch, this copy with it (fail_eviction_locked). Kept, guards and all, until then (before
+    // session 33 it was dropped as reused: review33a, retry_pending, and the superseded copy came back), and not due
+    // meanwhile: the eviction's end makes the next call look (end_evicting_locked). Until session 36 such a
+    // tombstone counted as due and lowered pending_due_ to the call, so that while the header was in flight every
+    // store took mu_, scanned pending_ and allocated its retry list for nothing (review34b).
+    auto held = [&](const Stale& p) { return evicting_region_ == static_cast<int64_t>(p.loc.region); };
     // Due: its back-off over, its key's delete, or its region reused (nothing left to delete: dropped at no cost,
     // its guards unpinned).
     auto due = [&](const Stale& p) {
-      return p.due <= call || (hash && p.loc.hash == *hash) ||
-             (regions_[p.loc.region].epoch != p.loc.epoch && evicting_region_ != static_cast<int64_t>(p.loc.region));
+      return !held(p) &&
+             (p.due <= call || (hash && p.loc.hash == *hash) || regions_[p.loc.region].epoch != p.loc.epoch);
     };
     size_t n = 0;
     uint64_t next = UINT64_MAX;
     for (const Stale& p : pending_) {
       n += due(p);
-      next = std::min(next, p.due);
+      if (!held(p)) next = std::min(next, p.due);
     }
     if (!n) {
       pending_due_ = next;
@@ -503,21 +511,13 @@ void CardStore::retry_pending(IoContext& ctx, const uint64_t* hash) {
     next = UINT64_MAX;
     for (Stale& p : pending_) {
       if (!due(p)) {
-        next = std::min(next, p.due);
+        if (!held(p)) next = std::min(next, p.due);
         if (&pending_[kept] != &p) pending_[kept] = std::move(p);
         kept++;
         continue;
       }
       next = std::min(next, call);  // kept below (not retried now): due at the next call
       const RegionManager::Region& reg = regions_[p.loc.region];
-      if (evicting_region_ == static_cast<int64_t>(p.loc.region)) {
-        // Its region is being evicted, the new header not yet durable: if that write fails the region is put back
-        // under its old epoch, this copy with it (fail_eviction_locked). Kept, guards and all, until then; before
-        // session 33 it was dropped as reused (review33a, retry_pending), and the superseded copy came back.
-        if (&pending_[kept] != &p) pending_[kept] = std::move(p);
-        kept++;
-        continue;
-      }
       // Free under the same epoch: a region whose eviction's header write failed, its old records on the card.
       if (reg.epoch == p.loc.epoch) {
         if (p.loc.seq == 0) {

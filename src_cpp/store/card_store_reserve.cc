@@ -106,7 +106,7 @@ void CardStore::fail_eviction_locked(uint32_t r, RegionManager::Region&& saved, 
          {}});  // into the room the caller held: no allocation
   }
   evicting_.clear();
-  evicting_region_ = -1;
+  end_evicting_locked();
   pending_room_ -= held;
   pending_count_ = pending_.size();
 }
@@ -251,7 +251,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
         const uint32_t pins = regions_[r].pins;
         regions_[r] = std::move(saved);  // free, off the free list while retired, under its old epoch
         regions_[r].pins = pins;
-        evicting_region_ = -1;
+        end_evicting_locked();
         may_evict = false;
       }
       regions_[r].retired = true;  // not taken again by this call
@@ -260,16 +260,15 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
       failed[nfailed++] = r;
       continue;
     }
-    evicting_region_ = -1;
-    if (evicted) {
-      evicting_.clear();
-      pending_room_ -= held;
-    }
     // r is reused: a pending tombstone of a copy in it has nothing left to mark deleted, and the next retry_pending
     // drops it and lets go of its guards, backed off or not. Until review34b it looked only when some tombstone was
     // due: a backed-off one kept its newer copy's regions pinned for up to kPendingBackoffCalls stores and deletes
     // after its region's reuse (tombstone_backoff_test: 24 of 61 objects' room held).
-    if (pending_count_.load()) pending_due_ = 0;
+    end_evicting_locked();
+    if (evicted) {
+      evicting_.clear();
+      pending_room_ -= held;
+    }
     for (int i = 0; i < nfailed; i++) {
       if (!refused[i]) {
         regions_[failed[i]].retired = false;

@@ -16,7 +16,9 @@
 //     is reopening, a delete or store (retry_pending) while that region's header is in flight, then the header
 //     write fails. retry_pending took the region for reused and dropped the tombstone, unpinning the newer copy's
 //     regions (review33a, retry_pending): the newer copy was evicted and the superseded one was the key's value
-//     after the reopen. Now the tombstone is kept until the header lands or the region is put back;
+//     after the reopen. Now the tombstone is kept until the header lands or the region is put back, and not due
+//     meanwhile: the stores while the header is in flight do not scan the pending list (until session 36, once its
+//     back-off ran out, every store did: review34b);
 //   - stored anew: a store of an evicted key reserved before the eviction commits while the header is in flight
 //     (no older copy indexed: no tombstone), then the header write fails. The region put back, the older copy
 //     there is marked deleted as a superseded one, its tombstone guarded by the newer copy's
@@ -153,6 +155,15 @@ void pending_tombstone_in_the_evicted_region() {
     // Region 0 evicted, its new header in flight (the device waits in the observer: this delete does no I/O,
     // key absent). Its retry_pending meets the pending tombstone of key 0's older copy in region 0.
     check(s->remove(ctx, "model@0@0@absent").is_not_found(), "a delete of an absent key");
+    // Stores meanwhile (of an empty key: refused before they reserve, so not queued behind the evicting store; more
+    // than the tombstone's back-off) find no tombstone due: the one in region 0 waits for the header. They neither lock
+    // nor scan the pending list. Until session 36 that tombstone counted as due (and was kept), so every store scanned
+    // and allocated its retry list until the header was written (review34b).
+    const uint64_t scans = s->pending_scans();
+    for (int k = 0; k < 64; k++) check(!adp::testing::put_one(*s, ctx, "", kValue).ok(), "a store of an empty key");
+    check(s->pending_scans() == scans, std::to_string(s->pending_scans() - scans) +
+                                           " of 64 stores while region 0's header is in flight scanned the pending "
+                                           "tombstones, none due (the one in region 0 waits for the header)");
     {
       std::lock_guard<std::mutex> l(mu);
       go = true;
@@ -160,9 +171,14 @@ void pending_tombstone_in_the_evicted_region() {
     }
     stores.join();
     check(in_window, "region 0 was evicted");
-    // The header write failed: region 0 is back under its old epoch, key 0's older copy with it. The stores
-    // after it evict every region they may; the newer copy's must not be one of them while that copy's tombstone
-    // is not written.
+    // The header write failed: region 0 is back under its old epoch, key 0's older copy with it. Its tombstone is
+    // due again: the next store looks at the pending tombstones.
+    const uint64_t before = s->pending_scans();
+    check(adp::testing::put_one(*s, ctx, key(next++), kValue).ok(), "a store after region 0's eviction failed");
+    check(s->pending_scans() == before + 1,
+          "the store after region 0's eviction ended looked at the pending tombstones");
+    // The stores after it evict every region they may; the newer copy's must not be one of them while that copy's
+    // tombstone is not written.
     for (int k = 0; k < 60; k++)
       check(adp::testing::put_one(*s, ctx, key(next++), kValue).ok(), "a store after region 0's eviction failed");
   }
