@@ -16,6 +16,9 @@ repetitions (the order reversed every other one), each row moving --total-mb per
   medium, CRC + 1 I/O + sync  as "sync per slice", each object as the one-write path writes it: its CRC32C
                             computed first (lmcache_adp.crc32c, on the thread), then its header block and body
                             in one pwritev
+  medium, 1 I/O             as "end sync", each object's header block and body in one pwritev, no CRC: what the
+                            one-write path's I/O costs with no sync per slice (embedded durable=false's medium)
+  medium, CRC + 1 I/O       the same after each object's CRC32C on its thread (the one-write path without its sync)
   embedded durable          ADPConnector(num_workers=T, io_depth=T), batches of T x K keys, 4 in flight (as
                             bench_connector): fdatasync per slice
   embedded durable=false    the same without the sync
@@ -135,6 +138,8 @@ def main() -> None:
             "medium, 2 I/Os + sync": lambda: medium("medium, 2 I/Os + sync", K, "2"),
             "medium, 1 I/O + sync": lambda: medium("medium, 1 I/O + sync", K, "1"),
             "medium, CRC + 1 I/O + sync": lambda: medium("medium, CRC + 1 I/O + sync", K, "crc1"),
+            "medium, 1 I/O": lambda: medium("medium, 1 I/O", 0, "1"),
+            "medium, CRC + 1 I/O": lambda: medium("medium, CRC + 1 I/O", 0, "crc1"),
         }
         for name, c in conns.items():
             rows[name] = lambda c=c: (c.store(len(c.out["store_s"])), c.out["store_s"][-1])[1]

@@ -341,8 +341,8 @@ def test_timed_threads_waits_for_every_thread_and_raises_the_first_error():
 def test_probe_store_sync_syncs_as_the_connector_does_and_checks_the_stores(tmp_path):
     """benchmarks/probe_store_sync.py, tiny: 8 objects of 1 MiB, 2 threads, 2 objects a slice: each "sync per
     slice" row (the plain one, 2 I/Os, 1 I/O, CRC + 1 I/O) makes 2 fdatasyncs a thread per repetition (4),
-    timed; the end-sync row none timed; both connector rows store every key (0 failed), and every row (7) has
-    its repetitions' times."""
+    timed; the end-sync rows (the plain one, 1 I/O, CRC + 1 I/O: durable=false's medium, session 36) none timed;
+    both connector rows store every key (0 failed), and every row (9) has its repetitions' times."""
     out = tmp_path / "times.json"
     probe = ROOT / "benchmarks" / "probe_store_sync.py"
     cmd = [sys.executable, str(probe), "--dir", str(tmp_path / "w"), "--sizes-mb", "1", "--workers", "2"]
@@ -358,7 +358,9 @@ def test_probe_store_sync_syncs_as_the_connector_does_and_checks_the_stores(tmp_
         "medium, CRC + 1 I/O + sync",
     )
     assert {k: len(v) for k, v in res["syncs_s"].items()} == dict.fromkeys(per_slice, 8)
-    assert all(len(t) == 2 for t in res["times_s"].values()) and len(res["times_s"]) == 7
+    assert all(len(t) == 2 for t in res["times_s"].values()) and len(res["times_s"]) == 9
+    assert {"medium, end sync", "medium, 1 I/O", "medium, CRC + 1 I/O"} <= set(res["times_s"])
+    assert "| medium, CRC + 1 I/O | " in r.stdout
     assert "| embedded durable | " in r.stdout and not list((tmp_path / "w").iterdir())
 
 
