@@ -14,6 +14,8 @@ bc.prefill(card, bc.card_bytes_for(n * size, size, T, region)); bc.format_card(s
 r = bc.Rounds({"num_workers": T, "io_depth": T, "timeout_ms": 60000, "card": str(card), "durable": durable}, src, dst, T * K, 4, "x")
 r.warm()
 if os.environ.get("PAUSE"): print("ready", os.getpid(), flush=True); time.sleep(float(os.environ["PAUSE"]))
+import gc
+if os.environ.get("NOGC"): gc.collect(); gc.disable()
 for i in range(reps): r.store(i)
 out = r.finish()
 print("GB/s", " ".join(f"{n*size/t/1e9:.2f}" for t in out["store_s"]), "cpu_s", " ".join(f"{c:.3f}" for c in out["store_cpu_s"]), "failed", out["failed_keys"])
