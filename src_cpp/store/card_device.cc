@@ -344,7 +344,7 @@ void CardDevice::set_io_depth(int depth) {
 Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const {
   io_slots_.acquire();
   struct Release {
-    std::counting_semaphore<kMaxIoDepth>& s;
+    IoSlots& s;
     ~Release() { s.release(); }
   } release{io_slots_};
   size_t total = 0;

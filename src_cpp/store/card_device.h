@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "store/device.h"
 #include "util/failing_hold.h"
 #include "util/group_sync.h"
+#include "util/io_slots.h"
 #include "util/status.h"
 
 namespace adp {
@@ -191,7 +191,7 @@ class CardDevice : public Device {
   mutable FailingHold failing_;
   mutable GroupSync group_sync_{path_};  // after path_: it is made from it
   static constexpr int kMaxIoDepth = 256;
-  mutable std::counting_semaphore<kMaxIoDepth> io_slots_{kMaxIoDepth};
+  mutable IoSlots io_slots_{kMaxIoDepth};  // set_io_depth keeps `depth` of them free (util/io_slots.h)
 };
 
 }  // namespace adp
