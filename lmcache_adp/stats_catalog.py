@@ -221,7 +221,10 @@ CARD_LIST: tuple[Stat, ...] = (
         _CARD,
         "Stores that found no region free or evictable (every sealed region pinned by a load or store in flight) "
         "and waited for one: up to 5 s from the store's start, then refused (NoSpace; docs/card_format.md, "
-        "Eviction). Not one refused at once, every such region being pinned by its own put's earlier objects",
+        "Eviction). Not counted: a store refused at once, every such region being pinned by its own put (its "
+        "earlier objects' regions, or those of the object being stored), or one with no time left to wait (a put's "
+        "objects after one whose wait ran out; a store whose 5 s ran out while it queued behind a waiting one): "
+        "their refusals count in store_failures",
     ),
     Stat(
         "retired_regions",

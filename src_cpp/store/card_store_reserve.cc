@@ -195,9 +195,16 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
       // futile. Until session 35 a put larger than the card waited its 5 s here for them (region_wait_test).
       if (!regions_.others_may_unpin(own.earlier, own.current))
         return Status::NoSpace("card " + path() + " is full and every region is held by this put's own objects");
-      if (!waited) counters_.region_waits++, waited = true;
-      if (unpinned_.wait_until(lock, deadline) == std::cv_status::timeout)
-        return Status::NoSpace("card " + path() + " is full and every region is being written or read");
+      // A store whose deadline has passed waits for nothing and is not counted in region_waits, which counts the
+      // stores that waited: a later item of a put whose earlier item's wait ran out (put_each; its deadline is its
+      // start; the put's wait that ran out was counted, once), or one whose 5 s ran out while it queued for
+      // frontier_mu_. Its refusal is in store_failures, as any other. Until session 36 each was counted, then failed
+      // without waiting (region_wait_test: a put past the card beside a held load, 12 region waits for its one).
+      if (Clock::now() < deadline) {
+        if (!waited) counters_.region_waits++, waited = true;
+        if (unpinned_.wait_until(lock, deadline) == std::cv_status::no_timeout) continue;
+      }
+      return Status::NoSpace("card " + path() + " is full and every region is being written or read");
     }
     if (!found) break;
     RegionManager::Region saved;  // the region as it was (its epoch, chain, key list): what a failure puts back

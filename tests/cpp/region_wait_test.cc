@@ -11,7 +11,9 @@
 //   - once the loads let go of their regions, a store evicts one and goes on;
 //   - a put larger than the card does not wait for the regions it holds pinned itself (its earlier objects', until
 //     its commit: no one else's unpin frees them), even where a load pins one of them too; it still waits where a
-//     region is pinned by a load alone, and goes on once the load lets go (session 35).
+//     region is pinned by a load alone, and goes on once the load lets go (session 35);
+//   - region_waits counts the stores that waited: a put's objects after the one whose wait ran out are refused at
+//     once, uncounted, where a load still pins a region (session 36; each was counted before, without waiting).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -247,6 +249,24 @@ void put_waits_for_a_load_elsewhere() {
   check(r.stored > 0 && r.refused > 0, "the put stored some objects and was refused the rest");
 }
 
+// The held load's object lies in the least recently used region, as in put_waits_for_a_load_elsewhere, but the load
+// holds it until the put has returned: the object that must open a region waits its 5 s for it and is refused
+// (NoSpace; one region wait), and the objects after it, told to wait for none (put_each: a deadline of now), are
+// refused at once, the load's pin notwithstanding. Only the one that waited is counted: until session 36 each of
+// them counted a region wait too (region_waits 12 for a put that waited once) and failed without waiting.
+void put_refused_past_a_wait_counts_one() {
+  PutBesideALoad r = put_beside_a_load(0, LetGo::kAfterThePut);
+  std::printf("put_refused_past_a_wait_counts_one: %d stored, %d refused, %llu region waits\n", r.stored, r.refused,
+              static_cast<unsigned long long>(r.region_waits));
+  check(r.stored > 0 && r.refused >= 2,
+        "the put stored some objects and was refused at least two: the one that "
+        "waited and one after it that did not");
+  check(r.region_waits == 1, "the put waited once, for the region the load held, and was counted " +
+                                 std::to_string(r.region_waits) +
+                                 " region waits: its later objects, refused at once, were counted as waits");
+  check(r.loaded_kept, "the load's object, pinned throughout the put, is still there");
+}
+
 }  // namespace
 
 int main() {
@@ -254,5 +274,6 @@ int main() {
   put_larger_than_the_card();
   put_past_a_load_in_its_own_region();
   put_waits_for_a_load_elsewhere();
+  put_refused_past_a_wait_counts_one();
   return adp::testing::finish("region_wait_test");
 }
