@@ -168,6 +168,7 @@ constexpr const char* kClosedError = "connector closed";
 bool Connector::stop_threads() {
   Batch* held = nullptr;  // pending batches whose guard a worker holds: completed once the workers are joined
   {
+    Signal sig(*this);  // one write for all of them, after the lock
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return false;
     closed_ = true;
@@ -192,9 +193,9 @@ bool Connector::stop_threads() {
       switch (b->try_mark_completed()) {
         case Batch::Mark::kMarked:
           if (made) {
-            commit_locked(b, std::move(c), false);
+            commit_locked(b, std::move(c), false, sig);
           } else {
-            lose_completion_locked(b);
+            lose_completion_locked(b, sig);
           }
           break;
         case Batch::Mark::kAlready:  // not met: a batch is completed and its deadline dropped under mu_ together
@@ -222,6 +223,7 @@ bool Connector::stop_threads() {
     Batch* b = held;
     held = b->held_next;
     b->held_next = nullptr;
+    Signal sig(*this);
     std::lock_guard<std::mutex> lock(mu_);
     Completion c;
     bool made = true;
@@ -233,9 +235,9 @@ bool Connector::stop_threads() {
     }
     if (b->mark_completed()) {
       if (made) {
-        commit_locked(b, std::move(c), false);
+        commit_locked(b, std::move(c), false, sig);
       } else {
-        lose_completion_locked(b);  // its own extra task: the decrement below does not retire it
+        lose_completion_locked(b, sig);  // its own extra task: the decrement below does not retire it
       }
     }
     // Marked here (its worker's task_done only counted its slice: the extra task was there), so tasks_left is 0
@@ -245,7 +247,7 @@ bool Connector::stop_threads() {
   return true;
 }
 
-void Connector::lose_completion_locked(Batch* b) noexcept {
+void Connector::lose_completion_locked(Batch* b, Signal& sig) noexcept {
   if (b->deadline_it != deadlines_.end()) deadlines_.erase(b->deadline_it);
   b->deadline_it = deadlines_.end();
   // Completed (by the caller) from here: no worker writes into its buffers, a store of it is never indexed. Its
@@ -256,9 +258,7 @@ void Connector::lose_completion_locked(Batch* b) noexcept {
   b->tasks_left++;
   b->lost_next = lost_;
   lost_ = b;
-  uint64_t one = 1;
-  ssize_t w = ::write(event_fd_, &one, sizeof one);  // a waiter polling the eventfd drains it
-  (void)w;
+  sig.set();  // a waiter polling the eventfd drains it
 }
 
 void Connector::collect_lost_locked() {
@@ -308,6 +308,7 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
   // the batch, which is freed here (its owner too, mu_ released first), its buffers never written, nothing of it
   // kept (session 29: after close() one stayed in live_ and deadlines_ until ~Connector, its completion never
   // made).
+  Signal sig(*this);  // after the lock (below): a batch completed here is signalled once mu_ is released
   std::lock_guard<std::mutex> lock(mu_);
   Batch* raw = b.get();
   raw->id = next_future_++;
@@ -316,7 +317,7 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
     // Completed here, never live: room for it in retired_, then its completion made (what throws), then queued.
     raw->tasks_left = 1;
     retired_.reserve(retired_.size() + 1);
-    complete_locked(raw, !closed_, closed_ ? "connector is closed" : "", answered && !closed_);
+    complete_locked(raw, !closed_, closed_ ? "connector is closed" : "", answered && !closed_, sig);
     raw->tasks_left = 0;
     const uint64_t id = raw->id;
     retired_.push_back(std::move(b));
@@ -339,10 +340,10 @@ uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector
   return raw->id;
 }
 
-bool Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results) {
+bool Connector::complete_locked(Batch* b, bool ok, const std::string& error, bool use_results, Signal& sig) {
   Completion c = make_completion_locked(b, ok, error, use_results);  // what allocates first: nothing changed on a throw
   if (!b->mark_completed()) return false;
-  commit_locked(b, std::move(c), use_results);
+  commit_locked(b, std::move(c), use_results, sig);
   return true;
 }
 
@@ -353,7 +354,13 @@ Completion Connector::make_completion_locked(Batch* b, bool ok, const std::strin
   return c;
 }
 
-void Connector::commit_locked(Batch* b, Completion&& c, bool use_results) noexcept {
+void Connector::signal() const noexcept {
+  uint64_t one = 1;
+  ssize_t w = ::write(event_fd_, &one, sizeof one);
+  (void)w;  // the counter cannot overflow in practice; a full counter still reads as readable
+}
+
+void Connector::commit_locked(Batch* b, Completion&& c, bool use_results, Signal& sig) noexcept {
   if (b->deadline_it != deadlines_.end()) deadlines_.erase(b->deadline_it);
   b->deadline_it = deadlines_.end();
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - b->submitted).count();
@@ -365,13 +372,12 @@ void Connector::commit_locked(Batch* b, Completion&& c, bool use_results) noexce
     lookup_hits_.fetch_add(found, std::memory_order_relaxed);
     lookup_misses_.fetch_add(c.per_key.size() - found, std::memory_order_relaxed);
   }
-  completions_.push_back(std::move(c));
-  uint64_t one = 1;
-  ssize_t w = ::write(event_fd_, &one, sizeof one);
-  (void)w;  // the counter cannot overflow in practice; a full counter still reads as readable
+  completions_.push_back(std::move(c));  // room reserved by make_completion_locked: allocates nothing
+  sig.set();
 }
 
 bool Connector::task_done(Batch* b) {
+  Signal sig(*this);  // written after the lock below is released: the driver woken by it finds mu_ free
   std::lock_guard<std::mutex> lock(mu_);
   if (b->tasks_left > 1) {
     b->tasks_left--;
@@ -387,7 +393,7 @@ bool Connector::task_done(Batch* b) {
   retired_.reserve(retired_.size() + 1);
   b->tasks_left = 0;
   const bool completed = b->mark_completed();  // false: the deadline or close() completed it
-  if (completed) commit_locked(b, std::move(c), !overdue);
+  if (completed) commit_locked(b, std::move(c), !overdue, sig);
   retire_locked(b);
   return completed;
 }
@@ -770,10 +776,17 @@ void Connector::deadline_loop() {
     // one costs 20 wake-ups a second); `overdue` refuses its further reads, so a delivery in flight (a memcpy's
     // time) is the most it waits for. Its future completes when its worker lets go: here or by task_done.
     switch (b->try_mark_completed()) {
-      case Batch::Mark::kMarked:
+      case Batch::Mark::kMarked: {
         out_of_memory = 0;
-        commit_locked(b, std::move(c), false);  // room made by make_completion_locked; its tasks retire it
+        {
+          // Written with mu_ released (Signal): the loop looks at deadlines_ afresh once it has it again.
+          Signal sig(*this);
+          commit_locked(b, std::move(c), false, sig);  // room made by make_completion_locked; its tasks retire it
+          lock.unlock();
+        }
+        lock.lock();
         break;
+      }
       case Batch::Mark::kAlready:  // not met: a batch is completed and its deadline dropped under mu_ together
         deadlines_.erase(b->deadline_it);
         b->deadline_it = deadlines_.end();
@@ -812,10 +825,9 @@ std::vector<Completion> Connector::drain() {
     try {
       collect_lost_locked();
     } catch (...) {
-      // No memory (Python: MemoryError): the counter set again, so a waiter polling the eventfd drains again.
-      uint64_t one = 1;
-      ssize_t w = ::write(event_fd_, &one, sizeof one);
-      (void)w;
+      // No memory (Python: MemoryError): the counter set again, so a waiter polling the eventfd drains again
+      // (under mu_: the caller is the drainer itself, no other waits for this wake-up).
+      signal();
       throw;
     }
     out.swap(completions_);

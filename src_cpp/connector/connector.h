@@ -147,13 +147,38 @@ class Connector {
   };
   // Adds a get or put slice's times to m; `session`'s CallTimes too if given.
   static void note_timing(OpTiming& m, const SliceTimes& at, bool completed, const BackendSession* session);
-  // Completes b (once), waiting for a delivery in flight, and queues its completion; caller holds mu_.
-  // Returns whether this call completed it. A std::bad_alloc out of it leaves b as it was.
-  bool complete_locked(Batch* b, bool ok, const std::string& error, bool use_results);
+  // The eventfd write for completions queued under mu_, made once mu_ is released: declared before the lock it
+  // follows, so destroyed after it. Session 36 (convoy36): commit_locked wrote the eventfd holding mu_, and the
+  // driver it woke went straight for mu_ in drain(), a futex wait and wake on every completion (tmpfs loads'
+  // `done` 30-55 us of a 256 KiB slice on the 2-core VM). No wake-up is lost by writing later: the completion
+  // is in completions_ before mu_ is released, so the write comes after it, and a drain() woken by the write
+  // takes mu_ after the write, so finds it (or an earlier drain() took it and this one finds nothing). Each
+  // completion has a write after it (two workers completing at once: two writes; close(): one for all it
+  // completes under one hold of mu_). ~Connector closes the eventfd after close() joined every writer.
+  class Signal {
+   public:
+    explicit Signal(const Connector& c) noexcept : c_(c) {}
+    ~Signal() {
+      if (due_) c_.signal();
+    }
+    Signal(const Signal&) = delete;
+    Signal& operator=(const Signal&) = delete;
+    void set() noexcept { due_ = true; }
+
+   private:
+    const Connector& c_;
+    bool due_ = false;
+  };
+  void signal() const noexcept;  // the eventfd written (a waiter polling it drains); called without mu_
+  // Completes b (once), waiting for a delivery in flight, and queues its completion; caller holds mu_, `sig`
+  // declared before its lock. Returns whether this call completed it. A std::bad_alloc out of it leaves b as it
+  // was.
+  bool complete_locked(Batch* b, bool ok, const std::string& error, bool use_results, Signal& sig);
   // A completion in two steps: made (and room for it queued: what allocates, so may throw std::bad_alloc, nothing
-  // changed), then queued and signalled (nothing that throws). Caller holds mu_.
+  // changed), then queued (nothing that throws) and its eventfd write left to `sig`, made once the caller has
+  // released mu_. Caller holds mu_.
   Completion make_completion_locked(Batch* b, bool ok, const std::string& error, bool use_results);
-  void commit_locked(Batch* b, Completion&& c, bool use_results) noexcept;
+  void commit_locked(Batch* b, Completion&& c, bool use_results, Signal& sig) noexcept;
   void retire_locked(Batch* b);  // moves b from live_ to retired_ (its last task is done; room in retired_)
   // Whether it completed b (its last slice, before the deadline or close). A std::bad_alloc out of it leaves b as
   // it was (its slice not counted done).
@@ -174,9 +199,9 @@ class Connector {
   // batch whose guard a worker holds is completed after the join, never waited for under mu_ (review33b F1).
   bool stop_threads();
   // close()'s failure of pending b without memory for its completion: b (marked completed by the caller) has its
-  // deadline dropped, is queued on lost_ (an extra task keeps it from retirement), the eventfd signalled. Caller
-  // holds mu_.
-  void lose_completion_locked(Batch* b) noexcept;
+  // deadline dropped, is queued on lost_ (an extra task keeps it from retirement), the eventfd signalled by `sig`
+  // once mu_ is released. Caller holds mu_.
+  void lose_completion_locked(Batch* b, Signal& sig) noexcept;
   // Makes the completions of lost_'s batches ("connector closed", failed) and retires those whose workers are done.
   // A std::bad_alloc leaves the rest on lost_. Caller holds mu_.
   void collect_lost_locked();

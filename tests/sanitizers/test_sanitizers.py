@@ -162,6 +162,7 @@ def test_card_fuzz_under_asan(tmp_path):
         "collision_delete_test",
         "collision_store_test",
         "wait_for_test",
+        "completion_signal_test",
     ],
 )
 def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
@@ -169,7 +170,9 @@ def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
     colliding keys (tests/connector/test_disk_load.py), store slices with one sync
     (tests/connector/test_put_slices.py), deletes and stores of colliding keys (tests/store/test_collision_delete.py,
     test_collision_store.py),
-    the test helper wait_for (tests/connector/test_wait_for_helper.py)."""
+    the test helper wait_for (tests/connector/test_wait_for_helper.py), the completions' eventfd writes after
+    their completions, with the connector's mutex released, from 8 workers, the deadline thread and close()
+    (tests/connector/test_completion_signal.py)."""
     dirs = ("store", "util", "connector", "testing")
     binary = cpp.build(name, tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize=mode)
     cpp.run(binary, timeout=600)
