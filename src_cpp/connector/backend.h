@@ -90,10 +90,17 @@ class BackendSession {
   // Up to how many bytes of store slices (of batches queued behind one
   // another) a worker hands to one put_slices(); 0: one slice a call.
   virtual uint64_t put_slices_bytes() const { return 0; }
+  // More store slices for a put_slices() call, asked by a session that shares its sync between slices once the
+  // call's own are written and before that sync (the connector takes those queued meanwhile, within its bounds).
+  // Returns how many, *slices pointing at them (valid until put_slices returns); each slice's results are set
+  // (the session stores them as the call's own, one sync for all). 0: none.
+  using MoreSlicesFn = std::function<size_t(const PutSlice** slices)>;
   // Stores several slices, each as put() would; a session may share work
   // between them (an embedded durable card: all written, one sync, then each
-  // slice's objects indexed if its guarded() still lets them).
-  virtual void put_slices(const PutSlice* slices, size_t count) {
+  // slice's objects indexed if its guarded() still lets them), and may ask
+  // `more` (if given) once for slices to write before that sync.
+  virtual void put_slices(const PutSlice* slices, size_t count, const MoreSlicesFn* more) {
+    (void)more;  // a session that shares nothing takes no more
     for (size_t s = 0; s < count; s++)
       put(slices[s].items, slices[s].n, slices[s].results, slices[s].deadline, *slices[s].guarded);
   }

@@ -463,43 +463,87 @@ void Connector::put_results(const Task& t, const Status* st) {
   }
 }
 
-void Connector::take_puts_locked(uint64_t cap, std::vector<Task>* run) {
+void Connector::take_puts_locked(uint64_t cap, std::vector<Task>* run, bool more) {
   auto bytes_of = [](const Task& t) {
     uint64_t n = 0;
     for (size_t i = t.begin; i < t.end; i++) n += t.batch->buffers[i].size;
     return n;
   };
   const size_t workers = static_cast<size_t>(std::max(1, opts_.num_workers));
-  const size_t share = (tasks_.size() + workers) / workers;  // ceil((queued + this one) / workers)
-  uint64_t bytes = bytes_of(run->front());
+  // A free worker: ceil((queued + this one) / workers) in all. A run written, not synced (more): ceil(queued /
+  // workers) besides it, the rest left to the other workers.
+  const size_t share =
+      more ? run->size() + (tasks_.size() + workers - 1) / workers : (tasks_.size() + workers) / workers;
+  uint64_t bytes = 0;
+  for (const Task& t : *run) bytes += bytes_of(t);
   while (run->size() < share && !tasks_.empty() && tasks_.front().batch->op == OpType::kSet) {
-    const uint64_t more = bytes_of(tasks_.front());
-    if (bytes + more > cap) break;
-    bytes += more;
-    run->push_back(tasks_.front());
+    const uint64_t more_bytes = bytes_of(tasks_.front());
+    if (bytes + more_bytes > cap) break;
+    bytes += more_bytes;
+    run->push_back(tasks_.front());  // first: a std::bad_alloc leaves it queued
     tasks_.pop_front();
   }
 }
 
-void Connector::run_puts(BackendSession& session, const std::vector<Task>& tasks) {
+void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap) {
   struct Slice {
-    const Task* task;
+    Task task;  // a copy: `run` grows (more) while the slices are stored
     std::vector<PutItem> items;
     std::vector<Status> st;
     GuardedReadFn guarded;
   };
+  // Each slice's PutSlice points into its Slice: the vectors are reserved before the first is made, never grown.
+  auto make = [this](const std::vector<Task>& tasks, size_t from, std::vector<Slice>* own,
+                     std::vector<BackendSession::PutSlice>* slices) {
+    own->reserve(tasks.size() - from);
+    slices->reserve(tasks.size() - from);
+    for (size_t k = from; k < tasks.size(); k++) {
+      const Task& t = tasks[k];
+      Batch* b = t.batch;
+      if (b->is_completed()) continue;  // timed out or closed while queued
+      Slice& s = own->emplace_back(Slice{t, {}, std::vector<Status>(t.end - t.begin), guarded_read(b)});
+      for (size_t i = t.begin; i < t.end; i++) s.items.push_back({b->keys[i], b->buffers[i].data, b->buffers[i].size});
+      slices->push_back({s.items.data(), s.items.size(), s.st.data(), b->deadline, &s.guarded});
+    }
+  };
   std::vector<Slice> own;
-  own.reserve(tasks.size());  // the PutSlices point into it
   std::vector<BackendSession::PutSlice> slices;
-  for (const Task& t : tasks) {
-    Batch* b = t.batch;
-    if (b->is_completed()) continue;  // timed out or closed while queued
-    Slice& s = own.emplace_back(Slice{&t, {}, std::vector<Status>(t.end - t.begin), guarded_read(b)});
-    for (size_t i = t.begin; i < t.end; i++) s.items.push_back({b->keys[i], b->buffers[i].data, b->buffers[i].size});
-    slices.push_back({s.items.data(), s.items.size(), s.st.data(), b->deadline, &s.guarded});
-  }
-  if (!slices.empty()) session.put_slices(slices.data(), slices.size());
-  for (const Slice& s : own) put_results(*s.task, s.st.data());
+  make(run, 0, &own, &slices);
+  // The store slices queued by the time the run's writes are done (session 35, brief disk35): written before the
+  // run's sync, which makes them durable too, instead of waiting for the next run and a sync of their own. Taken
+  // as take_puts_locked takes them (the share keeps the other workers fed; within `cap`), once a run; nothing is
+  // waited for. Their slice times count from the run's take.
+  std::vector<Slice> more_own;
+  std::vector<BackendSession::PutSlice> more_slices;
+  const BackendSession::MoreSlicesFn more = [&](const BackendSession::PutSlice** out) -> size_t {
+    const size_t first = run.size();
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      take_puts_locked(cap, &run, true);
+    } catch (...) {  // out of memory for more: those taken (each in run once) go on
+    }
+    if (run.size() == first) return 0;
+    try {
+      make(run, first, &more_own, &more_slices);
+    } catch (...) {
+      // Out of memory for their slices: each taken one not made (one half made is dropped: its results would read
+      // Ok) fails; the run's finish completes it.
+      while (more_own.size() > more_slices.size()) more_own.pop_back();
+      for (size_t k = first; k < run.size(); k++) {
+        const Task& t = run[k];
+        bool made = false;
+        for (const Slice& s : more_own) made |= s.task.batch == t.batch && s.task.begin == t.begin;
+        if (made || t.batch->is_completed()) continue;
+        std::fill(t.batch->results.begin() + t.begin, t.batch->results.begin() + t.end, 0);
+        t.batch->note_error("the connector's worker has no memory for this store slice");
+      }
+    }
+    *out = more_slices.data();
+    return more_slices.size();
+  };
+  if (!slices.empty()) session.put_slices(slices.data(), slices.size(), cap ? &more : nullptr);
+  for (const Slice& s : own) put_results(s.task, s.st.data());
+  for (const Slice& s : more_own) put_results(s.task, s.st.data());
 }
 
 void Connector::run_task(BackendSession& session, const Task& t) {
@@ -709,10 +753,12 @@ void Connector::worker_loop(int index) {
     if (session) {
       session->times = CallTimes{};
       try {
-        if (run.size() == 1)
+        // A durable disk card's store slice goes through put_slices even alone: it may take the slices queued
+        // while it is written (run_puts).
+        if (run.size() == 1 && !(put_cap && op == OpType::kSet))
           run_task(*session, run[0]);
         else
-          run_puts(*session, run);
+          run_puts(*session, run, put_cap);
       } catch (const std::exception& e) {
         threw = true;
         fail_slices(index, run, &e);

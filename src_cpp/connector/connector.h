@@ -130,16 +130,21 @@ class Connector {
   // for a pause (1 ms doubling to 100 ms), then taken again.
   void deadline_pause(std::unique_lock<std::mutex>& lock, int tries) noexcept;
   void run_task(BackendSession& session, const Task& t);
-  // Store slices taken together (take_puts_locked): one put_slices() call.
-  void run_puts(BackendSession& session, const std::vector<Task>& tasks);
+  // Store slices taken together (take_puts_locked): one put_slices() call. With `cap` (put_slices_bytes), the
+  // session may ask for the slices queued by the time the run's writes are done (take_puts_locked, `more`): they
+  // are appended to `run`, written before the run's one sync and completed with it.
+  void run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap);
   // Records a store slice's results in its batch.
   void put_results(const Task& t, const Status* st);
   // Appends to `run` (one store slice) the store slices queued next, while
   // their bytes stay within `cap` and they are at most this worker's share
   // of the queue (it and this one over all the workers: a busy worker that
   // comes back finds its share, and no worker idles behind another's
-  // slices). Caller holds mu_.
-  void take_puts_locked(uint64_t cap, std::vector<Task>* run);
+  // slices). With `more`, a run already written and not yet synced
+  // (run_puts): at most its share of the queue (the queue over all the
+  // workers) is appended, its bytes and the run's within `cap`. Caller holds
+  // mu_.
+  void take_puts_locked(uint64_t cap, std::vector<Task>* run, bool more = false);
   // A slice's times: its batch's submit, its worker's previous slice done,
   // taken, the backend call returned, the slice done (task_done).
   struct SliceTimes {

@@ -41,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -145,8 +146,25 @@ class CardStore {
   // several batches): all written, then one sync, then item i is indexed only
   // if wanted(i) is true at that moment (asked once the sync is done, for each
   // written item, in order, before any is indexed).
+  // With `share`, its sync may be shared with a later put (a connector worker's store slices queued while it wrote
+  // these: EmbeddedSession::put_slices, session 35): see SyncShare.
+  struct SyncShare;
   void put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
-                const std::function<bool(size_t item)>& wanted);
+                const std::function<bool(size_t item)>& wanted, SyncShare* share = nullptr);
+  // One sync for two puts of one thread: the first's items written (and every store reserved before them on the
+  // card), its `before_sync` runs the second put with `since` set to the first's mark; that put's sync covers the
+  // first's writes too (they completed before it began; a failed flush since the first's first write was issued
+  // fails it: util/group_sync.h), and its result, `result`, is used as the first's own sync: nothing of the first is
+  // indexed or acknowledged before it. A put that makes no sync of that kind (it failed before writing: staging
+  // memory, read-only) leaves `result` empty, and the first syncs itself.
+  struct SyncShare {
+    // In (the second put): the mark of the first put's first write; its sync covers from there.
+    uint64_t since = UINT64_MAX;
+    // In (the first put): runs the second; returns its sync's result (nullopt: none made).
+    std::function<std::optional<Status>(uint64_t since)> before_sync;
+    // Out: this put's sync result, where it made one (any item written, or `since` given).
+    std::optional<Status> result;
+  };
   bool durable() const { return durable_; }
 
   // Reads key and checks its header and key, then lets deliver() place the

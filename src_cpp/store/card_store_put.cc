@@ -54,7 +54,7 @@ void CardStore::put(IoContext& ctx, const PutItem* items, size_t n, Status* resu
 }
 
 void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status* results,
-                         const std::function<bool(size_t item)>& item_wanted) {
+                         const std::function<bool(size_t item)>& item_wanted, SyncShare* share) {
   const StoreCall call;
   const Foreground busy = device_->begin_foreground();
   ctx.store_ = this;
@@ -133,7 +133,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   bool any_written = false;
   // The oldest open_mark of the regions this put's records start in: its sync fails where a failed sync since may
   // have lost one of its writes, or one they depend on (a record or pad in front of one of them).
-  uint64_t since = UINT64_MAX;
+  // A put that shares an earlier put's sync (SyncShare) starts from that put's mark.
+  uint64_t since = share ? share->since : UINT64_MAX;
   Placement pl;
   // False once an item's wait for a region ran out (NoSpace: every region pinned for 5 s): the later items look for
   // a region free or evictable, and wait for none. A put's earlier items keep their regions pinned until its commit,
@@ -248,10 +249,14 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     resolved_.wait(lock, [&] { return unresolved_.empty() || *unresolved_.begin() > last_ticket; });
   }
   bool synced = true;
-  if (any_written && durable_) {
-    Status s = device_->sync(since);
+  // The later put that shares this one's sync (SyncShare) is written first; its sync (counted there) is this one's.
+  std::optional<Status> shared;
+  if (any_written && durable_ && share && share->before_sync) shared = share->before_sync(since);
+  if ((any_written || (share && share->since != UINT64_MAX)) && durable_) {
+    Status s = shared ? *shared : device_->sync(since);
+    if (share) share->result = s;
     if (!s.ok()) {
-      count_failure(s);
+      if (!shared) count_failure(s);
       synced = false;
       for (size_t i = 0; i < n; i++)
         if (written[i].region != UINT32_MAX) results[i] = s;

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <new>
+#include <optional>
 #include <vector>
 
 namespace adp {
@@ -53,22 +55,30 @@ class EmbeddedSession : public BackendSession {
 
   // One put of every slice's items, one sync: an item is indexed only if its
   // slice's batch still wants it once the sync is done (asked once a slice).
-  void put_slices(const PutSlice* slices, size_t count) override {
-    std::vector<PutItem> items;
-    std::vector<size_t> slice_of;
-    for (size_t s = 0; s < count; s++) {
-      items.insert(items.end(), slices[s].items, slices[s].items + slices[s].n);
-      slice_of.insert(slice_of.end(), slices[s].n, s);
-    }
-    std::vector<Status> results(items.size());
-    std::vector<int8_t> wanted(count, -1);
-    store_->put_each(*ctx_, items.data(), items.size(), results.data(), [&](size_t i) {
-      const size_t s = slice_of[i];
-      if (wanted[s] < 0) wanted[s] = (*slices[s].guarded)([] {});
-      return wanted[s] > 0;
-    });
-    for (size_t s = 0, i = 0; s < count; s++)
-      for (size_t j = 0; j < slices[s].n; j++) slices[s].results[j] = std::move(results[i++]);
+  // With `more`, the store slices queued while these were written (asked once,
+  // after their writes) are written before that sync, and it covers them all
+  // (CardStore::SyncShare): a worker with store slices queued behind its run
+  // pays one sync for both, instead of one now and one for the next run.
+  void put_slices(const PutSlice* slices, size_t count, const MoreSlicesFn* more) override {
+    CardStore::SyncShare share;
+    if (more)
+      share.before_sync = [this, more](uint64_t since) -> std::optional<Status> {
+        const PutSlice* extra = nullptr;
+        const size_t k = (*more)(&extra);
+        if (k == 0) return std::nullopt;
+        CardStore::SyncShare second;  // no before_sync: one put deferred a run, so the first waits for one more
+        second.since = since;
+        try {
+          put_group(extra, k, &second);
+        } catch (const std::bad_alloc&) {  // before the put: none of them written; "out of memory" allocates nothing
+          for (size_t s = 0; s < k; s++)
+            for (size_t j = 0; j < extra[s].n; j++)
+              extra[s].results[j] = Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
+          return std::nullopt;
+        }
+        return second.result;
+      };
+    put_group(slices, count, more ? &share : nullptr);
   }
 
   void get(const std::string_view* keys, const size_t*, uint8_t* const*, size_t n, Status* results, Deadline deadline,
@@ -103,6 +113,28 @@ class EmbeddedSession : public BackendSession {
   }
 
  private:
+  // The slices' items as one put_each (its sync shared as `share` says).
+  void put_group(const PutSlice* slices, size_t count, CardStore::SyncShare* share) {
+    std::vector<PutItem> items;
+    std::vector<size_t> slice_of;
+    for (size_t s = 0; s < count; s++) {
+      items.insert(items.end(), slices[s].items, slices[s].items + slices[s].n);
+      slice_of.insert(slice_of.end(), slices[s].n, s);
+    }
+    std::vector<Status> results(items.size());
+    std::vector<int8_t> wanted(count, -1);
+    store_->put_each(
+        *ctx_, items.data(), items.size(), results.data(),
+        [&](size_t i) {
+          const size_t s = slice_of[i];
+          if (wanted[s] < 0) wanted[s] = (*slices[s].guarded)([] {});
+          return wanted[s] > 0;
+        },
+        share);
+    for (size_t s = 0, i = 0; s < count; s++)
+      for (size_t j = 0; j < slices[s].n; j++) slices[s].results[j] = std::move(results[i++]);
+  }
+
   std::shared_ptr<CardStore> store_;
   // A memory-speed card is read straight into LMCache's buffer: the read
   // then takes a memcpy's time under the batch's deadline guard. Any other

@@ -4,8 +4,10 @@
 Builds tests/cpp/put_slices_test.cc with the store, the connector, the embedded backend and the fault
 device, and runs it: a power cut as the shared sync starts leaves no key of any slice visible,
 acknowledged, or on the card after the reopen; a power cut after the sync, before indexing, leaves every
-key on the card; a slice whose batch gave up gets nothing indexed while the other's keys are; and a
-one-worker Connector stores the four batches queued behind a held one with one sync (see the .cc file).
+key on the card; a slice whose batch gave up gets nothing indexed while the other's keys are; a
+one-worker Connector writes the four batches queued while a held one was written before that one's sync, and
+stores all five with that one sync (session 35; two before), none visible before it; when that sync fails, all
+five fail and none is on the card after a reopen (see the .cc file).
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@
 //     (its keys answer TimedOut) while the other slice's keys are, before and
 //     after a reopen;
 //   - the Connector (one worker, durable embedded card) stores the batches
-//     queued while its worker was busy with one sync: five batches, the first
-//     held at its write while the other four are submitted, take 2 syncs.
+//     queued while its worker was writing with the same sync: five batches,
+//     the first held at its write while the other four are submitted, take 1
+//     sync (session 35: 2 before, the first's own and then the others');
+//     none of their keys is visible at that sync; and when that sync fails,
+//     every batch of the five fails, none of their keys is visible or on the
+//     card after a reopen, and the next store is acknowledged.
 //
 //   put_slices_test
 #include <atomic>
@@ -86,7 +90,7 @@ struct Slices {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     BackendSession::PutSlice slices[2] = {{&items[0], 2, &results[0], deadline, &guards[0]},
                                           {&items[2], 2, &results[2], deadline, &guards[1]}};
-    session.put_slices(slices, 2);
+    session.put_slices(slices, 2, nullptr);
   }
   std::vector<std::string> keys;
   std::vector<std::vector<uint8_t>> values;
@@ -201,27 +205,37 @@ void one_slice_unwanted() {
 }
 
 // Five batches of two 64 KiB keys through a one-worker Connector: the first held at its write while the
-// other four are queued, which the worker then stores with one sync.
-void connector_takes_queued_slices() {
+// other four are queued, which the worker then writes before the first's sync: one sync makes all five
+// durable. With `fail`, that sync fails: every batch of the five fails, and none of their keys is left.
+void connector_takes_queued_slices(bool fail) {
+  const char* what = fail ? "queued slices, their sync failed" : "queued slices";
   auto image = std::make_shared<FaultImage>(kCardBytes);
   HookedDevice* dev;
   auto store = open_card(image, "open", &dev);
   if (!store) return;
   auto conn = adp::testing::embedded_connector(store, 1, 60000);
   std::vector<std::vector<uint8_t>> values;
+  auto key = [](int b, int i) { return "m@00000000@0@q" + std::to_string(b) + "-" + std::to_string(i); };
   auto batch = [&](int b) {
     std::vector<std::string> keys;
     std::vector<adp::Buffer> bufs;
     for (int i = 0; i < 2; i++) {
-      keys.push_back("m@00000000@0@q" + std::to_string(b) + "-" + std::to_string(i));
+      keys.push_back(key(b, i));
       values.push_back(adp::testing::pattern(64 << 10, static_cast<uint8_t>(2 * b + i)));
       bufs.push_back({values.back().data(), values.back().size()});
     }
     return conn->submit(adp::OpType::kSet, std::move(keys), std::move(bufs), nullptr);
   };
-  values.reserve(12);
+  values.reserve(14);
   check(adp::testing::wait_for(*conn, batch(0)).ok, "warm-up store");  // opens the worker's region
   const uint64_t syncs = dev->syncs();
+  int seen = -1;  // keys of the five visible as their sync starts
+  dev->at_sync = [&] {
+    seen = 0;
+    for (int b = 1; b <= 5; b++)
+      for (int i = 0; i < 2; i++) seen += store->exists(key(b, i));
+  };
+  if (fail) dev->fail_sync(syncs);
   dev->hold_write(dev->writes());
   std::vector<uint64_t> ids{batch(1)};
   for (int i = 0; i < 2000 && !dev->write_held(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -234,15 +248,31 @@ void connector_takes_queued_slices() {
     for (const adp::Completion& c : conn->drain()) done[c.future_id] = c.ok;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (uint64_t id : ids) CHECK(done.count(id) && done[id], "batch %llu failed", (unsigned long long)id);
-  CHECK(dev->syncs() - syncs == 2, "5 batches (4 queued behind the first) took %llu syncs, not 2",
-        (unsigned long long)(dev->syncs() - syncs));
+  for (uint64_t id : ids)
+    CHECK(done.count(id) && done[id] == !fail, "%s: batch %llu %s", what, (unsigned long long)id,
+          done.count(id) ? (done[id] ? "acknowledged" : "failed") : "not completed");
+  // Failed, the put then writes and syncs the voids of its copies (CardStore::write_tombstones): one more.
+  const uint64_t want = fail ? 2 : 1;
+  CHECK(dev->syncs() - syncs == want, "%s: 5 batches (4 queued while the first was written) took %llu syncs, not %llu",
+        what, (unsigned long long)(dev->syncs() - syncs), (unsigned long long)want);
+  CHECK(seen == 0, "%s: %d of their keys were visible as their sync started", what, seen);
   for (int b = 1; b <= 5; b++)
-    for (int i = 0; i < 2; i++)
-      CHECK(adp::testing::read_object(*store, "m@00000000@0@q" + std::to_string(b) + "-" + std::to_string(i)) ==
-                values[2 * b + i],
-            "batch %d key %d not stored", b, i);
+    for (int i = 0; i < 2; i++) {
+      const auto got = adp::testing::read_object(*store, key(b, i));
+      CHECK(fail ? !got : got == values[2 * b + i], "%s: batch %d key %d %s", what, b, i,
+            fail ? "visible after its sync failed" : "not stored");
+    }
+  if (fail) check(adp::testing::wait_for(*conn, batch(6)).ok, "the store after the failed sync");
   conn->close();
+  conn.reset();
+  if (!fail) return;
+  store.reset();
+  auto again = open_card(image, "queued slices, their sync failed: reopen");
+  for (int b = 1; again && b <= 5; b++)
+    for (int i = 0; i < 2; i++)
+      CHECK(!adp::testing::read_object(*again, key(b, i)), "%s: batch %d key %d on the card after the reopen", what, b,
+            i);
+  if (again) check(adp::testing::read_object(*again, key(6, 0)) == values[12], "the later store after the reopen");
 }
 
 }  // namespace
@@ -251,6 +281,7 @@ int main() {
   cut_at_sync();
   cut_after_sync();
   one_slice_unwanted();
-  connector_takes_queued_slices();
+  connector_takes_queued_slices(false);
+  connector_takes_queued_slices(true);
   return adp::testing::finish("put_slices_test");
 }
