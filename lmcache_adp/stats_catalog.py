@@ -880,6 +880,29 @@ def _request_timing() -> tuple[Stat, ...]:
                 "Of those, the ones whose reply came while the worker polled (no wake-up in its round trip)",
             ),
         ]
+        if op == "put":
+            out += [
+                Stat(
+                    f"{w}_runs",
+                    COUNTER,
+                    "runs",
+                    E | C,
+                    "Runs of store slices the connector's workers made: the slices a worker took together (on an "
+                    "embedded durable card, those queued behind one another, up to 16 MiB), stored by one backend "
+                    "call; on an embedded durable card each makes at most one fdatasync, so worker_put_slices / "
+                    "worker_put_runs is the store slices a sync",
+                ),
+                Stat(
+                    f"{w}_late_slices",
+                    COUNTER,
+                    "slices",
+                    E | C,
+                    "Of worker_put_slices, those a run took once its first slices were written, before its sync "
+                    "(an embedded durable card: the slices queued by then, written and made durable by that sync "
+                    "instead of waiting for a run and a sync of their own); their queue and pickup times end when "
+                    "they were taken",
+                ),
+            ]
     return tuple(out)
 
 

@@ -485,7 +485,7 @@ void Connector::take_puts_locked(uint64_t cap, std::vector<Task>* run, bool more
   }
 }
 
-void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap) {
+void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap, Clock::time_point* late_taken) {
   struct Slice {
     Task task;  // a copy: `run` grows (more) while the slices are stored
     std::vector<PutItem> items;
@@ -523,6 +523,7 @@ void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64
     } catch (...) {  // out of memory for more: those taken (each in run once) go on
     }
     if (run.size() == first) return 0;
+    *late_taken = Clock::now();
     try {
       make(run, first, &more_own, &more_slices);
     } catch (...) {
@@ -744,6 +745,9 @@ void Connector::worker_loop(int index) {
       }
     }
     const Clock::time_point taken = Clock::now();
+    // The slices a store run takes once its first ones are written (run_puts) come after these, taken later.
+    const size_t taken_first = run.size();
+    Clock::time_point late_taken = taken;
     // Read now: once its last slice is done, a drain() may free the batch.
     const OpType op = run[0].batch->op;
     // Every exception of a slice's run fails its batch (session 26: one out of this loop ended the process), and
@@ -758,7 +762,7 @@ void Connector::worker_loop(int index) {
         if (run.size() == 1 && !(put_cap && op == OpType::kSet))
           run_task(*session, run[0]);
         else
-          run_puts(*session, run, put_cap);
+          run_puts(*session, run, put_cap, &late_taken);
       } catch (const std::exception& e) {
         threw = true;
         fail_slices(index, run, &e);
@@ -774,14 +778,21 @@ void Connector::worker_loop(int index) {
       for (const Task& t : run) t.batch->note_error(text);
     }
     const Clock::time_point ran = Clock::now();
+    if (op == OpType::kSet) {
+      put_timing_.runs.fetch_add(1, std::memory_order_relaxed);
+      put_timing_.late_slices.fetch_add(run.size() - taken_first, std::memory_order_relaxed);
+    }
     for (size_t k = 0; k < run.size(); k++) {
       const Clock::time_point submitted = run[k].batch->submitted;  // its batch lives until its last slice is done
       const bool completed = finish_task(index, run[k].batch);
       const Clock::time_point done = Clock::now();
+      // A late slice's times count from its own take: it was submitted after the run's (session 35's branch counted
+      // them from the run's take, and its queue and pickup, negative, read ~4.5e12 us a slice).
+      const Clock::time_point at = k < taken_first ? taken : late_taken;
       // A call's requests and spins count once (with its first slice).
       if (op == OpType::kSet || op == OpType::kGet)
-        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted, free_since, taken, ran, done},
-                    completed, k == 0 ? session.get() : nullptr);
+        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted, free_since, at, ran, done}, completed,
+                    k == 0 ? session.get() : nullptr);
     }
     if (threw) session.reset();  // the next batch opens a new one
     free_since = Clock::now();

@@ -82,6 +82,11 @@ struct OpTiming {
   std::atomic<uint64_t> finish_ns{0};        // the slice's last reply read -> the backend call returned
   std::atomic<uint64_t> reply_spins{0};      // waits for a reply that polled (reply_spin_us: CallTimes)
   std::atomic<uint64_t> reply_spin_hits{0};  // those whose reply came while they polled
+  // Stores only (worker_put_runs, worker_put_late_slices): the runs the slices took (a run of store slices
+  // taken together is one backend call: on an embedded durable card, one sync), and the slices a run took once its
+  // first slices were written, before its sync (run_puts, `more`).
+  std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> late_slices{0};
 };
 
 struct ConnectorOptions {
@@ -133,7 +138,8 @@ class Connector {
   // Store slices taken together (take_puts_locked): one put_slices() call. With `cap` (put_slices_bytes), the
   // session may ask for the slices queued by the time the run's writes are done (take_puts_locked, `more`): they
   // are appended to `run`, written before the run's one sync and completed with it.
-  void run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap);
+  // *late_taken: when those were taken (their queue and pickup end there, not at the run's take).
+  void run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap, Clock::time_point* late_taken);
   // Records a store slice's results in its batch.
   void put_results(const Task& t, const Status* st);
   // Appends to `run` (one store slice) the store slices queued next, while
@@ -251,6 +257,10 @@ void Connector::for_each_timing(bool gateway, F&& f) const {
     f(w + "_done_ns", load(t->done_ns));
     f(w + "_batches", load(t->batches));
     f(w + "_batch_ns", load(t->batch_ns));
+    if (t == &put_timing_) {
+      f(w + "_runs", load(t->runs));
+      f(w + "_late_slices", load(t->late_slices));
+    }
     if (!gateway) continue;
     f(g + "_slices", load(t->sent_slices));
     f(g + "_setup_ns", load(t->setup_ns));

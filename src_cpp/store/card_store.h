@@ -160,8 +160,13 @@ class CardStore {
   struct SyncShare {
     // In (the second put): the mark of the first put's first write; its sync covers from there.
     uint64_t since = UINT64_MAX;
-    // In (the first put): runs the second; returns its sync's result (nullopt: none made).
-    std::function<std::optional<Status>(uint64_t since)> before_sync;
+    // In (the second put): the regions the first put holds pinned (its objects', until its commit, which comes after
+    // the second returns): the second's own pins too, never waited for (advance_frontier). Until session 36 the
+    // second put, full with every region held by the first's objects, waited 5 s for them before NoSpace.
+    std::span<const uint32_t> pins;
+    // In (the first put): runs the second with the first's mark and pins; returns its sync's result (nullopt: none
+    // made).
+    std::function<std::optional<Status>(uint64_t since, std::span<const uint32_t> pins)> before_sync;
     // Out: this put's sync result, where it made one (any item written, or `since` given).
     std::optional<Status> result;
   };

@@ -79,7 +79,12 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // Regions holding this put's objects stay pinned until the commit: a
   // sealed region would otherwise look empty and be evicted (and rewritten)
   // before its objects are indexed.
+  // A put that shares an earlier put's sync (SyncShare) starts with that put's pins (its first `borrowed`): its
+  // reservations treat them as its own (never waited for), and it never unpins them (the earlier put does, at its
+  // commit).
   std::vector<uint32_t> pinned;
+  if (share) pinned.assign(share->pins.begin(), share->pins.end());
+  const size_t borrowed = pinned.size();
   std::vector<uint8_t> settled(n, 0);  // 1: the written item's store was acknowledged or failed (settle_locked)
   std::vector<uint8_t> wanted(n, 0);
   // Tombstones due (older copies, voids), their regions pinned: at most one an item, so pushed without allocating.
@@ -123,8 +128,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         push_pending_locked({std::move(loc), {}, {}});  // room held: no allocation
       }
     if (!unpinned)
-      for (uint32_t r : pinned)
-        if (regions_.unpin(r)) unpinned_.notify_all();
+      for (size_t k = borrowed; k < pinned.size(); k++)
+        if (regions_.unpin(pinned[k])) unpinned_.notify_all();
     if (!stale_handed) pend_stale_locked(stale);
     pending_room_ -= held;
     pending_count_ = pending_.size();
@@ -251,7 +256,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   bool synced = true;
   // The later put that shares this one's sync (SyncShare) is written first; its sync (counted there) is this one's.
   std::optional<Status> shared;
-  if (any_written && durable_ && share && share->before_sync) shared = share->before_sync(since);
+  if (any_written && durable_ && share && share->before_sync) shared = share->before_sync(since, pinned);
   if ((any_written || (share && share->since != UINT64_MAX)) && durable_) {
     Status s = shared ? *shared : device_->sync(since);
     if (share) share->result = s;
@@ -361,8 +366,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
       used_bytes_ += fp;
       payload_bytes_ += loc.payload_bytes;
     }
-    for (uint32_t r : pinned)
-      if (regions_.unpin(r)) unpinned_.notify_all();
+    for (size_t k = borrowed; k < pinned.size(); k++)
+      if (regions_.unpin(pinned[k])) unpinned_.notify_all();
     unpinned = true;
     if (stale.empty()) pending_room_ -= held, held = 0;  // no tombstone due: the room goes back here
   }

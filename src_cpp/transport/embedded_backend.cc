@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <new>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace adp {
@@ -62,12 +63,13 @@ class EmbeddedSession : public BackendSession {
   void put_slices(const PutSlice* slices, size_t count, const MoreSlicesFn* more) override {
     CardStore::SyncShare share;
     if (more)
-      share.before_sync = [this, more](uint64_t since) -> std::optional<Status> {
+      share.before_sync = [this, more](uint64_t since, std::span<const uint32_t> pins) -> std::optional<Status> {
         const PutSlice* extra = nullptr;
         const size_t k = (*more)(&extra);
         if (k == 0) return std::nullopt;
         CardStore::SyncShare second;  // no before_sync: one put deferred a run, so the first waits for one more
         second.since = since;
+        second.pins = pins;  // the first's objects' regions, held until its commit: not waited for
         try {
           put_group(extra, k, &second);
         } catch (const std::bad_alloc&) {  // before the put: none of them written; "out of memory" allocates nothing

@@ -18,7 +18,9 @@
 //     sync (session 35: 2 before, the first's own and then the others');
 //     none of their keys is visible at that sync; and when that sync fails,
 //     every batch of the five fails, none of their keys is visible or on the
-//     card after a reopen, and the next store is acknowledged.
+//     card after a reopen, and the next store is acknowledged; the connector's
+//     stats count 2 runs (the warm-up's, the five's), 4 slices taken late,
+//     and no slice's queue or pickup time longer than the test (session 36).
 //
 //   put_slices_test
 #include <atomic>
@@ -227,6 +229,7 @@ void connector_takes_queued_slices(bool fail) {
     return conn->submit(adp::OpType::kSet, std::move(keys), std::move(bufs), nullptr);
   };
   values.reserve(14);
+  const auto start = std::chrono::steady_clock::now();
   check(adp::testing::wait_for(*conn, batch(0)).ok, "warm-up store");  // opens the worker's region
   const uint64_t syncs = dev->syncs();
   int seen = -1;  // keys of the five visible as their sync starts
@@ -256,6 +259,23 @@ void connector_takes_queued_slices(bool fail) {
   CHECK(dev->syncs() - syncs == want, "%s: 5 batches (4 queued while the first was written) took %llu syncs, not %llu",
         what, (unsigned long long)(dev->syncs() - syncs), (unsigned long long)want);
   CHECK(seen == 0, "%s: %d of their keys were visible as their sync started", what, seen);
+  // The connector's stats: 2 runs (the warm-up, then the five: worker_put_runs), the 4 queued taken late by the
+  // first's run (worker_put_late_slices); and every slice's queue and pickup within the test's time. Session 35's
+  // branch counted a late slice's from its run's take, before its submit: negative, ~4.5e12 us a slice.
+  std::map<std::string, uint64_t> st;
+  for (int i = 0; i < 6000 && st["worker_put_slices"] < 6; i++) {  // a slice counts once its worker is done with it
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    conn->for_each_timing(false, [&](const std::string& k, uint64_t v) { st[k] = v; });
+  }
+  const uint64_t spent = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  CHECK(st["worker_put_slices"] == 6 && st["worker_put_runs"] == 2 && st["worker_put_late_slices"] == 4,
+        "%s: worker_put_slices %llu, worker_put_runs %llu, worker_put_late_slices %llu (6, 2 and 4 wanted)", what,
+        (unsigned long long)st["worker_put_slices"], (unsigned long long)st["worker_put_runs"],
+        (unsigned long long)st["worker_put_late_slices"]);
+  for (const char* k : {"worker_put_queue_ns", "worker_put_pickup_ns"})
+    CHECK(st[k] <= 6 * spent, "%s: %s %llu, over 6 slices' %llu ns each (the test's time)", what, k,
+          (unsigned long long)st[k], (unsigned long long)spent);
   for (int b = 1; b <= 5; b++)
     for (int i = 0; i < 2; i++) {
       const auto got = adp::testing::read_object(*store, key(b, i));

@@ -13,13 +13,17 @@
 //     its commit: no one else's unpin frees them), even where a load pins one of them too; it still waits where a
 //     region is pinned by a load alone, and goes on once the load lets go (session 35);
 //   - region_waits counts the stores that waited: a put's objects after the one whose wait ran out are refused at
-//     once, uncounted, where a load still pins a region (session 36; each was counted before, without waiting).
+//     once, uncounted, where a load still pins a region (session 36; each was counted before, without waiting);
+//   - nor does a put that shares an earlier put's sync (CardStore::SyncShare) for the regions that earlier put, its
+//     caller, holds pinned (session 36).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -267,6 +271,54 @@ void put_refused_past_a_wait_counts_one() {
   check(r.loaded_kept, "the load's object, pinned throughout the put, is still there");
 }
 
+// Two puts of one sync (CardStore::SyncShare, a connector worker's store slices queued while its run was written:
+// EmbeddedSession::put_slices): the first fills the card, and its before_sync runs the second, whose object must open
+// a region where every one is held by the first's objects (pinned until the first's commit, after the second
+// returns). It fails at once (NoSpace), with no region wait, and the first's objects are stored with the second's
+// sync; a store after them evicts a region (the first's pins let go once, at its commit). Until session 36 the
+// second put waited its 5 s for the first's pins (one region wait), its caller's whole run held.
+void second_put_of_a_shared_sync() {
+  const int n = stores_before_first_eviction();
+  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  auto s = adp::testing::checked_fault_card(image, kCard, "open");
+  if (!s) return;
+  adp::IoContext ctx, second_ctx;
+  std::vector<std::string> keys;
+  for (int i = 0; i <= n; i++) keys.push_back(key(i));
+  std::vector<adp::PutItem> items;
+  for (int i = 0; i < n; i++) items.push_back({keys[i], kValue.data(), kValue.size()});
+  const adp::PutItem late{keys[n], kValue.data(), kValue.size()};
+  std::vector<adp::Status> results(n);
+  adp::Status late_result;
+  double late_took = -1;
+  adp::CardStore::SyncShare share;
+  share.before_sync = [&](uint64_t since, std::span<const uint32_t> pins) -> std::optional<adp::Status> {
+    adp::CardStore::SyncShare second;
+    second.since = since;
+    second.pins = pins;
+    const auto start = Clock::now();
+    s->put_each(second_ctx, &late, 1, &late_result, [](size_t) { return true; }, &second);
+    late_took = std::chrono::duration<double>(Clock::now() - start).count();
+    return second.result;
+  };
+  s->put_each(ctx, items.data(), items.size(), results.data(), [](size_t) { return true; }, &share);
+  int stored = 0;
+  for (const adp::Status& r : results) stored += r.ok();
+  check(stored == n, "the first put stored " + std::to_string(stored) + " of its " + std::to_string(n) + " objects");
+  check(late_took >= 0, "the first put ran the second before its sync");
+  check(late_result.code() == adp::Status::Code::kNoSpace,
+        "the second put, every region held by the first's objects: NoSpace (" + late_result.message() + ")");
+  check(late_took < 2.5, "the second put took " + std::to_string(late_took) +
+                             " s: it waited for regions that the first put, its caller, held pinned");
+  check(s->stats().region_waits == 0,
+        "the second put waited for a region (region_waits " + std::to_string(s->stats().region_waits) + ")");
+  auto got = adp::testing::read_object(*s, ctx, key(0));
+  check(got && *got == kValue, "the first put's first object reads back");
+  adp::Status st = adp::testing::put_one(*s, ctx, key(n + 1), kValue);
+  check(st.ok(), "a store after the two puts (" + st.message() + ")");
+  check(s->stats().evicted_regions >= 1, "it evicted a region");
+}
+
 }  // namespace
 
 int main() {
@@ -275,5 +327,6 @@ int main() {
   put_past_a_load_in_its_own_region();
   put_waits_for_a_load_elsewhere();
   put_refused_past_a_wait_counts_one();
+  second_put_of_a_shared_sync();
   return adp::testing::finish("region_wait_test");
 }
