@@ -14,8 +14,8 @@
 //     region is pinned by a load alone, and goes on once the load lets go (session 35);
 //   - region_waits counts the stores that waited: a put's objects after the one whose wait ran out are refused at
 //     once, uncounted, where a load still pins a region (session 36; each was counted before, without waiting);
-//   - nor does a put that shares an earlier put's sync (CardStore::SyncShare) for the regions that earlier put, its
-//     caller, holds pinned (session 36).
+//   - a put that shares an earlier put's sync (CardStore::SyncShare) does not wait for the regions that earlier put,
+//     its caller, holds pinned (session 36).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
