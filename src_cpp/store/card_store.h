@@ -354,9 +354,11 @@ class CardStore {
   // into), pins them and registers the ticket, and the store as in flight. With no region free or evictable it
   // waits for one up to 5 s from its start (advance_frontier), none with `may_wait` false (put_each: a later item
   // of a put whose earlier item's wait ran out). `own`: the regions the caller's put holds pinned (its earlier
-  // items', one entry a pin), which it lets go of only at its commit: no wait is made for them.
+  // items', one entry a pin), which it lets go of only at its commit: no wait is made for them. `shared`: the
+  // caller is the second put of a shared sync (SyncShare), which never queues for frontier_mu_ behind a store that
+  // waits for a region (NoSpace at once): see region_waiters_.
   Status reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait = true,
-                 std::span<const uint32_t> own = {});
+                 std::span<const uint32_t> own = {}, bool shared = false);
   // The regions a reservation's put holds pinned itself: its earlier items' (`earlier`) and those of the item being
   // reserved, taken so far (`current`, the regions it continues from). None goes before the put's commit.
   struct OwnPins {
@@ -596,6 +598,12 @@ class CardStore {
   std::mutex frontier_mu_;
   mutable std::mutex mu_;
   std::condition_variable unpinned_;
+  // Stores waiting for a region (advance_frontier's wait on unpinned_, frontier_mu_ held: 0 or 1). Guarded by mu_.
+  // The second put of a shared sync (SyncShare) runs before the first put's commit, which lets go of the first's
+  // pins: queued for frontier_mu_ behind a store that waits for a region the first put holds, neither went on
+  // until that store's 5 s ran out, and it failed NoSpace where the first's commit would have freed a region
+  // (review36, region_wait_test store_waiting_beside_a_shared_sync). Such a second put is refused NoSpace instead.
+  int region_waiters_ = 0;
   std::condition_variable resolved_;
   int64_t frontier_ = -1;  // the region open for appending; guarded by both
   // Tickets of reservations not yet written (or marked abandoned): a store

@@ -85,6 +85,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   std::vector<uint32_t> pinned;
   if (share) pinned.assign(share->pins.begin(), share->pins.end());
   const size_t borrowed = pinned.size();
+  // The second put of a shared sync (the first's mark given): it queues behind no store that waits for a region.
+  const bool second_put = share && share->since != UINT64_MAX;
   std::vector<uint8_t> settled(n, 0);  // 1: the written item's store was acknowledged or failed (settle_locked)
   std::vector<uint8_t> wanted(n, 0);
   // Tombstones due (older copies, voids), their regions pinned: at most one an item, so pushed without allocating.
@@ -174,7 +176,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     pinned.reserve(pinned.size() + 2 + fp / (region_bytes_ - kBlockSize));  // the regions it may span
     Status s;
     try {
-      s = reserve(ctx, hash, it.size, &pl, may_wait, pinned);  // a std::bad_alloc leaves nothing reserved
+      s = reserve(ctx, hash, it.size, &pl, may_wait, pinned, second_put);  // a std::bad_alloc leaves nothing reserved
     } catch (const std::bad_alloc&) {
       s = no_memory();
     }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <mutex>
+#include <thread>
 
 #include "store/card_store.h"
 #include "store/card_store_internal.h"
@@ -202,7 +203,10 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
       // without waiting (region_wait_test: a put past the card beside a held load, 12 region waits for its one).
       if (Clock::now() < deadline) {
         if (!waited) counters_.region_waits++, waited = true;
-        if (unpinned_.wait_until(lock, deadline) == std::cv_status::no_timeout) continue;
+        region_waiters_++;
+        const std::cv_status w = unpinned_.wait_until(lock, deadline);
+        region_waiters_--;
+        if (w == std::cv_status::no_timeout) continue;
       }
       return Status::NoSpace("card " + path() + " is full and every region is being written or read");
     }
@@ -311,7 +315,7 @@ Status CardStore::advance_frontier(IoContext& ctx, std::unique_lock<std::mutex>&
 }
 
 Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes, Placement* pl, bool may_wait,
-                          std::span<const uint32_t> own) {
+                          std::span<const uint32_t> own, bool shared) {
   const uint64_t footprint = object_footprint(payload_bytes);
   // Everything a reservation allocates is made before it takes anything (session 26): the placement's room for
   // every region it may span, the nodes of its ticket and of its in-flight entry (inserted below without
@@ -335,7 +339,26 @@ Status CardStore::reserve(IoContext& ctx, uint64_t hash, uint64_t payload_bytes,
   // continuation's anew): k stores queued behind one that waited in vain failed after 5, 10, .. 5k s, each holding
   // its caller's thread (region_wait_test).
   const auto deadline = Clock::now() + (may_wait ? std::chrono::seconds(5) : std::chrono::seconds(0));
-  std::lock_guard<std::mutex> flock(frontier_mu_);
+  std::unique_lock<std::mutex> flock(frontier_mu_, std::defer_lock);
+  if (!shared) {
+    flock.lock();
+  } else {
+    // The second put of a shared sync holds the first put's objects uncommitted, their regions pinned, until it
+    // returns: a store ahead of it on frontier_mu_ that waits for a region may wait for those, and would fail
+    // after its 5 s with this put stuck behind it (region_waiters_). This one fails instead, at once. Polled: the
+    // holder of frontier_mu_ may begin such a wait at any time, and a reservation holds it for microseconds, the
+    // opening of a region for a header write and its sync.
+    while (!flock.try_lock()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (region_waiters_ > 0)
+          return Status::NoSpace("card " + path() +
+                                 " is full: a store waits for a region, and this one (sharing an earlier store's "
+                                 "sync, whose regions it holds) waits for none");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
   // An index entry holds a seq in 46 bits: past it a store would be indexed
   // under its seq cut short, its load would miss (the card's seq differs) and

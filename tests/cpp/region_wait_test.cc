@@ -15,11 +15,14 @@
 //   - region_waits counts the stores that waited: a put's objects after the one whose wait ran out are refused at
 //     once, uncounted, where a load still pins a region (session 36; each was counted before, without waiting);
 //   - a put that shares an earlier put's sync (CardStore::SyncShare) does not wait for the regions that earlier put,
-//     its caller, holds pinned (session 36).
+//     its caller, holds pinned (session 36), nor queue behind another thread's store that waits for them: it fails
+//     NoSpace at once, the first put's commit lets go of its regions, and that store evicts one (review36; both
+//     stuck for 5 s before, and that store failed).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -271,6 +274,43 @@ void put_refused_past_a_wait_counts_one() {
   check(r.loaded_kept, "the load's object, pinned throughout the put, is still there");
 }
 
+// A new card, the keys of a first put of n objects (as many as it holds before its first eviction: every region
+// then holds some of them, pinned until that put's commit) and of a late object after them, for a second put that
+// shares the first's sync (CardStore::SyncShare).
+struct SharedSyncPuts {
+  int n = stores_before_first_eviction();
+  std::shared_ptr<FaultImage> image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
+  std::unique_ptr<adp::CardStore> s = adp::testing::checked_fault_card(image, kCard, "open");
+  std::vector<std::string> keys;
+  std::vector<adp::PutItem> items;
+  adp::IoContext ctx, second_ctx;
+  std::vector<adp::Status> results;
+  adp::Status late_result;
+  SharedSyncPuts() {
+    for (int i = 0; i <= n; i++) keys.push_back(key(i));
+    for (int i = 0; i < n; i++) items.push_back({keys[i], kValue.data(), kValue.size()});
+  }
+  // The first put, `before_sync` given; returns how many of its objects it stored.
+  int first_put(const std::function<std::optional<adp::Status>(uint64_t, std::span<const uint32_t>)>& before_sync) {
+    adp::CardStore::SyncShare share;
+    share.before_sync = before_sync;
+    results.assign(n, adp::Status());
+    s->put_each(ctx, items.data(), items.size(), results.data(), [](size_t) { return true; }, &share);
+    int stored = 0;
+    for (const adp::Status& r : results) stored += r.ok();
+    return stored;
+  }
+  // The second put, of the late object, sharing the first's sync (before_sync's arguments): its sync's result.
+  std::optional<adp::Status> second_put(uint64_t since, std::span<const uint32_t> pins) {
+    adp::CardStore::SyncShare second;
+    second.since = since;
+    second.pins = pins;
+    const adp::PutItem item{keys[n], kValue.data(), kValue.size()};
+    s->put_each(second_ctx, &item, 1, &late_result, [](size_t) { return true; }, &second);
+    return second.result;
+  }
+};
+
 // Two puts of one sync (CardStore::SyncShare, a connector worker's store slices queued while its run was written:
 // EmbeddedSession::put_slices): the first fills the card, and its before_sync runs the second, whose object must open
 // a region where every one is held by the first's objects (pinned until the first's commit, after the second
@@ -278,32 +318,19 @@ void put_refused_past_a_wait_counts_one() {
 // sync; a store after them evicts a region (the first's pins let go once, at its commit). Until session 36 the
 // second put waited its 5 s for the first's pins (one region wait), its caller's whole run held.
 void second_put_of_a_shared_sync() {
-  const int n = stores_before_first_eviction();
-  auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
-  auto s = adp::testing::checked_fault_card(image, kCard, "open");
-  if (!s) return;
-  adp::IoContext ctx, second_ctx;
-  std::vector<std::string> keys;
-  for (int i = 0; i <= n; i++) keys.push_back(key(i));
-  std::vector<adp::PutItem> items;
-  for (int i = 0; i < n; i++) items.push_back({keys[i], kValue.data(), kValue.size()});
-  const adp::PutItem late{keys[n], kValue.data(), kValue.size()};
-  std::vector<adp::Status> results(n);
-  adp::Status late_result;
+  SharedSyncPuts p;
+  if (!p.s) return;
+  const int n = p.n;
+  auto& s = p.s;
   double late_took = -1;
-  adp::CardStore::SyncShare share;
-  share.before_sync = [&](uint64_t since, std::span<const uint32_t> pins) -> std::optional<adp::Status> {
-    adp::CardStore::SyncShare second;
-    second.since = since;
-    second.pins = pins;
+  const int stored = p.first_put([&](uint64_t since, std::span<const uint32_t> pins) {
     const auto start = Clock::now();
-    s->put_each(second_ctx, &late, 1, &late_result, [](size_t) { return true; }, &second);
+    std::optional<adp::Status> r = p.second_put(since, pins);
     late_took = std::chrono::duration<double>(Clock::now() - start).count();
-    return second.result;
-  };
-  s->put_each(ctx, items.data(), items.size(), results.data(), [](size_t) { return true; }, &share);
-  int stored = 0;
-  for (const adp::Status& r : results) stored += r.ok();
+    return r;
+  });
+  const adp::Status& late_result = p.late_result;
+  adp::IoContext& ctx = p.ctx;
   check(stored == n, "the first put stored " + std::to_string(stored) + " of its " + std::to_string(n) + " objects");
   check(late_took >= 0, "the first put ran the second before its sync");
   check(late_result.code() == adp::Status::Code::kNoSpace,
@@ -319,6 +346,38 @@ void second_put_of_a_shared_sync() {
   check(s->stats().evicted_regions >= 1, "it evicted a region");
 }
 
+// Another thread's store that must open a region while the first put of a shared sync holds every region pinned
+// waits for them (they are not its own), holding frontier_mu_; the second put, run by the first before its sync
+// (before it lets go of its pins), queues for frontier_mu_ behind it. Neither can go on until the other's 5 s run
+// out: the other thread's store fails NoSpace after 5 s, where without the shared sync the first put's commit lets
+// go of its regions at once and it evicts one (review36).
+void store_waiting_beside_a_shared_sync() {
+  SharedSyncPuts p;
+  if (!p.s) return;
+  const int n = p.n;
+  std::unique_ptr<TimedStore> other;
+  const auto start = Clock::now();
+  const int stored = p.first_put([&](uint64_t since, std::span<const uint32_t> pins) {
+    // The other thread's store, waiting for a region (every one held by this put's objects).
+    other = std::make_unique<TimedStore>(*p.s, key(n + 1), kValue);
+    wait_for_region_waits(*p.s, 1);
+    return p.second_put(since, pins);
+  });
+  const double first_took = std::chrono::duration<double>(Clock::now() - start).count();
+  check(other != nullptr, "the first put ran the second before its sync");
+  if (!other) return;
+  other->thread.join();
+  const double other_took = std::chrono::duration<double>(other->done - start).count();
+  const adp::Status& late_result = p.late_result;
+  check(stored == n, "the first put stored " + std::to_string(stored) + " of its " + std::to_string(n) + " objects");
+  check(first_took < 2.5, "the first put took " + std::to_string(first_took) +
+                              " s: its second put queued behind a store that waited for the first's own pins");
+  check(late_result.code() == adp::Status::Code::kNoSpace,
+        "the second put, a store ahead of it waiting for a region: NoSpace (" + late_result.message() + ")");
+  check(other->result.ok(), "the other thread's store, once the first put let go of its regions: " +
+                                other->result.message() + " after " + std::to_string(other_took) + " s");
+}
+
 }  // namespace
 
 int main() {
@@ -328,5 +387,6 @@ int main() {
   put_waits_for_a_load_elsewhere();
   put_refused_past_a_wait_counts_one();
   second_put_of_a_shared_sync();
+  store_waiting_beside_a_shared_sync();
   return adp::testing::finish("region_wait_test");
 }
