@@ -87,6 +87,10 @@ class BackendSession {
     Deadline deadline;
     const GuardedReadFn* guarded;
   };
+  // Called by a session of a backend that overlaps_store_syncs() once a store's writes are done and every store
+  // reserved before them resolved, as its sync begins (possibly more than once a call): set by the connector once a
+  // session (never per operation); empty: nothing called.
+  std::function<void()> written_hook;
   // Up to how many bytes of store slices (of batches queued behind one
   // another) a worker hands to one put_slices(); 0: one slice a call.
   virtual uint64_t put_slices_bytes() const { return 0; }
@@ -143,6 +147,10 @@ class Backend {
   // One line for logs and status: which card or gateway this is.
   virtual std::string describe() const = 0;
   virtual StoreStats stats() const = 0;
+  // True where a store's sync is worth overlapping with the next store's writes (an embedded durable disk card:
+  // the connector then runs each worker as two threads that take turns writing, and a session calls its
+  // written_hook once a store's writes are done and its sync begins: Connector::worker_loop).
+  virtual bool overlaps_store_syncs() const { return false; }
   // Makes session calls blocked on I/O return soon (as failed). Called by
   // Connector::close() before it joins its workers; a no-op for backends
   // that never block on a peer.

@@ -142,19 +142,27 @@ void Connector::start_threads() {
   // (std::system_error: a pids limit, memory for its stack; std::bad_alloc: its state, or workers_' storage) fails
   // the construction with the reason: those started are stopped and joined first, where the exception ended the
   // process (a joinable std::thread destroyed in the unwinding: std::terminate).
-  int started = 0;
+  // An embedded durable disk card: two threads a worker, taking turns writing (lanes_: the sync off the writer's
+  // path). The second of each is started after every worker's first.
+  const int workers = std::max(0, opts_.num_workers);
+  int started = 0, threads = workers;
   try {
-    workers_.reserve(static_cast<size_t>(std::max(0, opts_.num_workers)));
-    for (; started < opts_.num_workers; started++) workers_.emplace_back(&Connector::worker_loop, this, started);
+    if (workers && backend_->overlaps_store_syncs()) {
+      lanes_ = std::make_unique<Lane[]>(static_cast<size_t>(workers));
+      threads = 2 * workers;
+    }
+    workers_.reserve(static_cast<size_t>(threads));
+    for (; started < threads; started++)
+      workers_.emplace_back(&Connector::worker_loop, this, started % std::max(1, workers), started >= workers);
     deadline_thread_ = std::thread(&Connector::deadline_loop, this);
   } catch (const std::exception& e) {
     stop_threads();
     ::close(event_fd_);
     event_fd_ = -1;
     const bool memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
-    const std::string which = started < opts_.num_workers ? "worker thread " + std::to_string(started + 1) + " of " +
-                                                                std::to_string(opts_.num_workers)
-                                                          : std::string("deadline thread");
+    const std::string which = started < threads
+                                  ? "worker thread " + std::to_string(started + 1) + " of " + std::to_string(threads)
+                                  : std::string("deadline thread");
     throw std::runtime_error("ADPConnector: cannot start its " + which + " (" +
                              (memory ? std::string("out of memory: std::bad_alloc") : std::string(e.what())) + ")");
   }
@@ -701,16 +709,34 @@ void Connector::fail_slices(int index, const std::vector<Task>& run, const std::
   }
 }
 
-void Connector::worker_loop(int index) {
-  set_thread_name("adp-worker", index);
+void Connector::worker_loop(int index, bool second) {
+  set_thread_name(second ? "adp-twin" : "adp-worker", index);  // a lane's second thread: adp-twin-N
+  // The worker's lane (two threads taking turns writing: lanes_), or none. `turn`: this thread holds the lane's
+  // writing turn; let_go() gives it to the other thread (once a store run's writes are done: written_hook; and at
+  // the end). Made once a thread: nothing allocated a run.
+  Lane* const lane = lanes_ ? &lanes_[index] : nullptr;
+  bool turn = false;
+  const std::function<void()> let_go = [lane, &turn] {
+    if (!turn) return;
+    turn = false;
+    {
+      std::lock_guard<std::mutex> l(lane->mu);
+      lane->writing = false;
+    }
+    lane->cv.notify_one();
+  };
+  auto own = [&](BackendSession* s) {
+    if (s && lane) s->written_hook = let_go;  // a copy of a captured pair: once a session, not a run
+  };
   // Why the last session could not be made, for the batches this worker fails while it has none.
   char no_session[120] = {};
   std::unique_ptr<BackendSession> session = open_session(index, no_session, sizeof no_session);
+  own(session.get());
   // One session reaches its peer at start, on a thread of its own (neither the constructor nor this worker waits
   // on it): a gateway that cannot be reached, or refuses the token, shows in stats and /health before any traffic
   // (audit 13 item 6). An exception out of it is logged, and the first batch connects (session 26: it ended the
   // process, std::terminate).
-  if (index == 0 && session) {
+  if (index == 0 && !second && session) {
     try {
       session->prepare();
     } catch (const std::exception& e) {
@@ -733,10 +759,17 @@ void Connector::worker_loop(int index) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
+    // The turn is given up only as a store's sync begins (written_hook): a thread whose run made none (a load, a
+    // store refused before any write) keeps it and takes the next run, with no hand-off between the two threads.
+    if (lane && !turn) {  // the other thread's run written: this one takes the next
+      std::unique_lock<std::mutex> l(lane->mu);
+      lane->cv.wait(l, [lane] { return !lane->writing; });
+      lane->writing = turn = true;
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [this] { return closed_ || !tasks_.empty(); });
-      if (tasks_.empty()) break;  // closed and nothing left
+      if (tasks_.empty()) break;  // closed and nothing left (the turn given back below)
       run.push_back(tasks_.front());
       tasks_.pop_front();
       try {
@@ -753,7 +786,7 @@ void Connector::worker_loop(int index) {
     // Every exception of a slice's run fails its batch (session 26: one out of this loop ended the process), and
     // the session that threw is replaced (its connection may be left mid-request).
     bool threw = false;
-    if (!session) session = open_session(index, no_session, sizeof no_session);
+    if (!session) own((session = open_session(index, no_session, sizeof no_session)).get());
     if (session) {
       session->times = CallTimes{};
       try {
@@ -797,6 +830,7 @@ void Connector::worker_loop(int index) {
     if (threw) session.reset();  // the next batch opens a new one
     free_since = Clock::now();
   }
+  if (lane) let_go();  // closed: the other thread sees it too
 }
 
 void Connector::deadline_loop() {

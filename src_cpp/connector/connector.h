@@ -129,7 +129,7 @@ class Connector {
   };
   using Clock = std::chrono::steady_clock;
 
-  void worker_loop(int index);
+  void worker_loop(int index, bool second);
   void deadline_loop();
   // The deadline thread out of memory (its `tries`-th failure in a row; the first logged at ERROR): mu_ released
   // for a pause (1 ms doubling to 100 ms), then taken again.
@@ -237,6 +237,21 @@ class Connector {
   uint64_t next_future_ = 1;
   bool closed_ = false;
   std::vector<std::thread> workers_;
+  // A worker of a backend that overlaps_store_syncs() is two threads (workers_ holds both) that take turns writing
+  // (session 36, brief behind36): the one holding its lane's turn takes the next run from the queue and keeps the
+  // turn until a store run's writes are done and its sync begins (BackendSession::written_hook; a run that makes
+  // no sync, a load, keeps it: no hand-off between the threads for it); the other then takes the next run and writes it
+  // while that sync (and the commit, and the completions) go on. So a worker writes one run at a time, as one thread
+  // would, and has at most two runs in flight: one written, its sync pending, and one being written (or syncing too).
+  // Each thread syncs, commits and completes its own runs through the store's put path as before (CardStore::put_each:
+  // GroupSync's rules, the ticket wait, the pins): the "committer" of a run is the thread that wrote it, no longer
+  // holding the writing turn. Made before the threads; null for other backends (one thread a worker, no turn).
+  struct Lane {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool writing = false;  // a thread of the lane holds the turn
+  };
+  std::unique_ptr<Lane[]> lanes_;
   std::thread deadline_thread_;
   LatencyHistogram latency_[kNumOpTypes];
   OpTiming put_timing_, get_timing_;

@@ -169,6 +169,10 @@ class CardStore {
     std::function<std::optional<Status>(uint64_t since, std::span<const uint32_t> pins)> before_sync;
     // Out: this put's sync result, where it made one (any item written, or `since` given).
     std::optional<Status> result;
+    // In (either put): called once the put's writes are done and every store reserved before them resolved, just
+    // before its sync (or before_sync) begins, on a durable card; not called where nothing was written. The
+    // connector lets the worker's other thread write meanwhile (session 36: the sync off the writer's path).
+    const std::function<void()>* written = nullptr;
   };
   bool durable() const { return durable_; }
 

@@ -259,7 +259,11 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // The later put that shares this one's sync (SyncShare) is written first; its sync (counted there) is this one's.
   std::optional<Status> shared;
   if (any_written && durable_ && share && share->before_sync) shared = share->before_sync(since, pinned);
-  if ((any_written || (share && share->since != UINT64_MAX)) && durable_) {
+  const bool syncs = (any_written || (share && share->since != UINT64_MAX)) && durable_;
+  // The writes are done (the later put that shares this one's sync called it before its own): the worker's other
+  // thread may write while this sync runs (SyncShare::written).
+  if (syncs && !shared && share && share->written && *share->written) (*share->written)();
+  if (syncs) {
     Status s = shared ? *shared : device_->sync(since);
     if (share) share->result = s;
     if (!s.ok()) {

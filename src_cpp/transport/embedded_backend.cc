@@ -62,6 +62,7 @@ class EmbeddedSession : public BackendSession {
   // pays one sync for both, instead of one now and one for the next run.
   void put_slices(const PutSlice* slices, size_t count, const MoreSlicesFn* more) override {
     CardStore::SyncShare share;
+    share.written = &written_hook;  // the connector's worker lets its lane's other thread write (overlaps_store_syncs)
     if (more)
       share.before_sync = [this, more](uint64_t since, std::span<const uint32_t> pins) -> std::optional<Status> {
         const PutSlice* extra = nullptr;
@@ -70,6 +71,7 @@ class EmbeddedSession : public BackendSession {
         CardStore::SyncShare second;  // no before_sync: one put deferred a run, so the first waits for one more
         second.since = since;
         second.pins = pins;  // the first's objects' regions, held until its commit: not waited for
+        second.written = &written_hook;
         try {
           put_group(extra, k, &second);
         } catch (const std::bad_alloc&) {  // before the put: none of them written; "out of memory" allocates nothing
@@ -80,7 +82,7 @@ class EmbeddedSession : public BackendSession {
         }
         return second.result;
       };
-    put_group(slices, count, more ? &share : nullptr);
+    put_group(slices, count, &share);
   }
 
   void get(const std::string_view* keys, const size_t*, uint8_t* const*, size_t n, Status* results, Deadline deadline,

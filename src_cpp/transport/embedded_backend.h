@@ -19,6 +19,8 @@ class EmbeddedBackend : public Backend {
     return true;
   }
   std::string describe() const override;
+  // A durable disk card: a store's fdatasync overlaps the worker's next writes (session 36, brief behind36).
+  bool overlaps_store_syncs() const override { return store_->durable() && !store_->memory_speed(); }
   StoreStats stats() const override { return store_->stats(); }
 
  private:

@@ -218,16 +218,7 @@ void connector_takes_queued_slices(bool fail) {
   auto conn = adp::testing::embedded_connector(store, 1, 60000);
   std::vector<std::vector<uint8_t>> values;
   auto key = [](int b, int i) { return "m@00000000@0@q" + std::to_string(b) + "-" + std::to_string(i); };
-  auto batch = [&](int b) {
-    std::vector<std::string> keys;
-    std::vector<adp::Buffer> bufs;
-    for (int i = 0; i < 2; i++) {
-      keys.push_back(key(b, i));
-      values.push_back(adp::testing::pattern(64 << 10, static_cast<uint8_t>(2 * b + i)));
-      bufs.push_back({values.back().data(), values.back().size()});
-    }
-    return conn->submit(adp::OpType::kSet, std::move(keys), std::move(bufs), nullptr);
-  };
+  auto batch = [&](int b) { return adp::testing::submit_two_keys(*conn, key, b, values); };
   values.reserve(14);
   const auto start = std::chrono::steady_clock::now();
   check(adp::testing::wait_for(*conn, batch(0)).ok, "warm-up store");  // opens the worker's region

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "check.h"
 #include "connector/connector.h"
 #include "store/card_store.h"
 #include "transport/embedded_backend.h"
@@ -103,6 +104,20 @@ inline Completion wait_for(Connector& c, uint64_t id, std::chrono::milliseconds 
 // Submits `op` on `keys` (with `bufs`, one a key, for a get or a set) and waits for its completion.
 inline Completion run(Connector& c, OpType op, std::vector<std::string> keys, std::vector<Buffer> bufs = {}) {
   return wait_for(c, c.submit(op, std::move(keys), std::move(bufs), nullptr));
+}
+
+// Submits a store of two 64 KiB keys, key(b, 0) and key(b, 1), their bytes pattern(2b + i) appended to `values`
+// (reserved by the caller: the buffers point into it until the future completes); returns the future's id.
+template <typename KeyFn>
+uint64_t submit_two_keys(Connector& c, const KeyFn& key, int b, std::vector<std::vector<uint8_t>>& values) {
+  std::vector<std::string> keys;
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 2; i++) {
+    keys.push_back(key(b, i));
+    values.push_back(pattern(64 << 10, static_cast<uint8_t>(2 * b + i)));
+    bufs.push_back({values.back().data(), values.back().size()});
+  }
+  return c.submit(OpType::kSet, std::move(keys), std::move(bufs), nullptr);
 }
 
 }  // namespace adp::testing

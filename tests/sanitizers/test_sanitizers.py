@@ -163,6 +163,7 @@ def test_card_fuzz_under_asan(tmp_path):
         "collision_store_test",
         "wait_for_test",
         "completion_signal_test",
+        "sync_overlap_test",
     ],
 )
 def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
@@ -172,7 +173,8 @@ def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
     test_collision_store.py),
     the test helper wait_for (tests/connector/test_wait_for_helper.py), the completions' eventfd writes after
     their completions, with the connector's mutex released, from 8 workers, the deadline thread and close()
-    (tests/connector/test_completion_signal.py)."""
+    (tests/connector/test_completion_signal.py), a worker's next store written while its last one's flush runs,
+    on its second thread (tests/connector/test_sync_overlap.py)."""
     dirs = ("store", "util", "connector", "testing")
     binary = cpp.build(name, tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize=mode)
     cpp.run(binary, timeout=600)
