@@ -74,7 +74,10 @@ class EmbeddedSession : public BackendSession {
         second.written = &written_hook;
         try {
           put_group(extra, k, &second);
-        } catch (const std::bad_alloc&) {  // before the put: none of them written; "out of memory" allocates nothing
+        } catch (const std::bad_alloc&) {
+          // Mostly before the put (none of them written); one out of put_each's commit may come after some were
+          // indexed: those are reported failed too, which is safe (LMCache stores them again; review36). "out of
+          // memory" allocates nothing.
           for (size_t s = 0; s < k; s++)
             for (size_t j = 0; j < extra[s].n; j++)
               extra[s].results[j] = Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
