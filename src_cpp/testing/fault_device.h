@@ -22,6 +22,7 @@
 // closed and the card opened again (a reboot) on what survived.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -161,6 +162,42 @@ class FaultDevice : public Device {
   mutable std::vector<CutWrite> cut_writes_;
   std::function<void(uint64_t, uint64_t, uint64_t)> observer_;
   std::vector<std::pair<uint64_t, uint64_t>> bad_reads_, bad_writes_;
+};
+
+// A FaultDevice whose next flush after hold_next() waits, once begun, until release(): a write can be applied, or a
+// worker's next store written, while a sync runs (group_sync_test, sync_overlap_test).
+class HeldFlushDevice : public FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  void hold_next() const {
+    std::lock_guard<std::mutex> l(hold_mu_);
+    hold_armed_ = true;
+  }
+  // Until the held flush is in; false after `limit` (nothing held).
+  bool wait_held(std::chrono::seconds limit = std::chrono::seconds(60)) const {
+    std::unique_lock<std::mutex> l(hold_mu_);
+    return hold_cv_.wait_for(l, limit, [this] { return holding_; });
+  }
+  void release() const {
+    std::lock_guard<std::mutex> l(hold_mu_);
+    hold_released_ = true;
+    hold_cv_.notify_all();
+  }
+
+ protected:
+  void flushing() const override {
+    std::unique_lock<std::mutex> l(hold_mu_);
+    if (!hold_armed_) return;
+    hold_armed_ = false;
+    holding_ = true;
+    hold_cv_.notify_all();
+    hold_cv_.wait(l, [this] { return hold_released_; });
+  }
+
+ private:
+  mutable std::mutex hold_mu_;
+  mutable std::condition_variable hold_cv_;
+  mutable bool hold_armed_ = false, holding_ = false, hold_released_ = false;
 };
 
 }  // namespace adp::testing

@@ -332,33 +332,7 @@ void fault_device_failed_sync() {
   CHECK(image->data[0] == 0, "a write covered only by a failed sync survived the power cut");
 }
 
-// A FaultDevice whose first flush waits, once begun, until released: a write can be applied while a sync runs.
-class HeldFlush : public adp::testing::FaultDevice {
- public:
-  using FaultDevice::FaultDevice;
-  void wait_held() const {
-    std::unique_lock<std::mutex> l(m_);
-    cv_.wait(l, [this] { return held_; });
-  }
-  void release() const {
-    std::lock_guard<std::mutex> l(m_);
-    go_ = true;
-    cv_.notify_all();
-  }
-
- protected:
-  void flushing() const override {
-    std::unique_lock<std::mutex> l(m_);
-    held_ = true;
-    cv_.notify_all();
-    cv_.wait(l, [this] { return go_; });
-  }
-
- private:
-  mutable std::mutex m_;
-  mutable std::condition_variable cv_;
-  mutable bool held_ = false, go_ = false;
-};
+using HeldFlush = adp::testing::HeldFlushDevice;
 
 // A FaultDevice sync that succeeds makes durable the writes applied before it began, not one applied while it ran
 // (review32b F5, session 33): fdatasync need not write back a page dirtied after it began. That write is undone by a
@@ -368,6 +342,7 @@ void fault_device_sync_makes_durable_only_writes_before_it(bool later_sync) {
   constexpr size_t kBlock = 4096;
   auto image = std::make_shared<adp::testing::FaultImage>(4 * kBlock);
   HeldFlush dev(image);
+  dev.hold_next();  // its first flush waits, once begun, until released
   adp::AlignedBuffer buf;
   CHECK(buf.reserve(kBlock), "no memory");
   std::memset(buf.data(), 7, kBlock);

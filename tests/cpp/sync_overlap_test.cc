@@ -37,39 +37,7 @@ constexpr uint64_t kRegionBytes = 4ull << 20;
 constexpr uint64_t kCardBytes = adp::testing::card_bytes(8, kRegionBytes);
 
 // The next flush after hold_next() waits in it (GroupSync's flush, the device's fdatasync) until release().
-class HeldFlush : public adp::testing::FaultDevice {
- public:
-  using FaultDevice::FaultDevice;
-  void hold_next() {
-    std::lock_guard<std::mutex> l(m_);
-    armed_ = true;
-  }
-  // Until the held flush is in; false after 60 s (nothing held).
-  bool wait_held() {
-    std::unique_lock<std::mutex> l(m_);
-    return cv_.wait_for(l, std::chrono::seconds(60), [this] { return held_; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> l(m_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- protected:
-  void flushing() const override {
-    std::unique_lock<std::mutex> l(m_);
-    if (!armed_) return;
-    armed_ = false;
-    held_ = true;
-    cv_.notify_all();
-    cv_.wait(l, [this] { return released_; });
-  }
-
- private:
-  mutable std::mutex m_;
-  mutable std::condition_variable cv_;
-  mutable bool armed_ = false, held_ = false, released_ = false;
-};
+using HeldFlush = adp::testing::HeldFlushDevice;
 
 std::unique_ptr<adp::CardStore> open_card(const std::shared_ptr<FaultImage>& image, const std::string& what,
                                           HeldFlush** dev = nullptr) {
