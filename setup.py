@@ -41,7 +41,9 @@ if os.environ.get("ADP_WERROR") == "1":
 # .p2align in the body lands where the compiler puts the asm, not necessarily at the loop head it lays out; the
 # compiler's own -falign-loops pads at the head it chose, GCC's and clang's (13 on) alike, and makes the
 # object's .text 64-aligned, so the linker keeps the boundary in the module. Checked on the built module by
-# tests/util/test_crc32c.py (test_crc_loops_are_64_byte_aligned).
+# tests/util/test_crc32c.py (test_crc_loops_are_64_byte_aligned). A flag the compiler does not accept (clang
+# before 13 does not know -falign-loops: with ADP_WERROR=1 the build failed) is left out, logged: each probed once a
+# build (scripts/object_stamps.py, accepted_flags; tests/packaging/test_setup_flags.py).
 SOURCE_FLAGS = {"src_cpp/util/crc32c.cc": ["-falign-loops=64"]}
 
 
@@ -69,8 +71,15 @@ def incremental_compile(compiler, sources, output_dir=None, macros=None, include
     versions = [stamps_ns["compiler_version"](exe) for exe in compilers]
     command = json.dumps([compiler.compiler_so, cxx, cc_args, extra_postargs, versions])
 
+    # A source's own flags that this compiler accepts: each probed once a build (scripts/object_stamps.py,
+    # accepted_flags; clang before 13 rejects -falign-loops=64), a rejected one left out with a line saying so.
+    accepted = {}
+
     def own_flags(obj):
-        return SOURCE_FLAGS.get(os.path.relpath(build[obj][0], ROOT), [])
+        source = os.path.relpath(build[obj][0], ROOT)
+        if source not in accepted:
+            accepted[source] = stamps_ns["accepted_flags"](cxx or compiler.compiler_so, SOURCE_FLAGS.get(source, []))
+        return accepted[source]
 
     # A source with flags of its own (SOURCE_FLAGS) is judged by a command with them: an object built without them
     # (or with others) compiles again, the rest keep the common command (and their objects).

@@ -19,11 +19,13 @@ one build at a time per OUT_DIR (sanitize.sh holds a lock over the compile and t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +57,35 @@ def compiler_of(argv: list[str]) -> str:
 
 def compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+
+
+def accepted_flags(compiler: list[str], flags: list[str], log: Callable[[str], None] = print) -> list[str]:
+    """Those of `flags` that `compiler` (a command line: the compiler and its own flags) accepts: each probed once
+    (an empty C++ file compiled with it and -Werror, which makes an unknown or ignored flag fail, as ADP_WERROR=1's
+    build would), the others left out with a line through `log` naming the flag and the compiler. setup.py's
+    SOURCE_FLAGS: clang before 13 does not know -falign-loops=64 (a warning, -Wignored-optimization-argument, or
+    an error), and with ADP_WERROR=1 the build failed on it."""
+    kept = []
+    for flag in flags:
+        if _flag_accepted(tuple(compiler), flag):
+            kept.append(flag)
+        else:
+            log(
+                f"lmcache_adp._native: {compiler_of(compiler)} does not accept {flag} (probed with -Werror): built without it"
+            )
+    return kept
+
+
+@functools.cache
+def _flag_accepted(compiler: tuple[str, ...], flag: str) -> bool:
+    with tempfile.TemporaryDirectory(prefix="adp-flag-probe-") as tmp:
+        source = Path(tmp) / "probe.cc"
+        source.write_text("")
+        command = [*compiler, "-Werror", flag, "-c", str(source), "-o", str(Path(tmp) / "probe.o")]
+        try:
+            return subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
 
 
 def jobs() -> int:
