@@ -123,6 +123,15 @@ bool pseudo_file(int fd) {
   return ::readlink(fd_link.c_str(), name, sizeof name) > 0 && name[0] != '/';
 }
 
+// The path fd was opened by (its /proc/self/fd link, which the kernel answers without asking the filesystem), or
+// "descriptor N" where it has none.
+std::string fd_path(int fd) {
+  char name[PATH_MAX];
+  const std::string fd_link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(fd_link.c_str(), name, sizeof name);
+  return n > 0 ? std::string(name, static_cast<size_t>(n)) : "descriptor " + std::to_string(fd);
+}
+
 // Why fd, a segment, is not mapped where its accesses could wait on a FUSE server, or "" (asking no filesystem:
 // fstat and fstatfs of a FUSE file ask its server). A file that has seals (the kernel answers F_GET_SEALS for a
 // tmpfs or hugetlbfs file itself, and refuses any other) is memory; else its mount's type; a mount this
@@ -134,10 +143,29 @@ std::string not_mappable(int fd) {
   const std::string type = mount_fs_type(fd);
   if (type.empty() && !pseudo_file(fd))
     return "a file of a mount the gateway does not see (another mount namespace's), not a memory file";
+  return segment_fs_refusal(type, fd_path(fd));
+}
+
+}  // namespace
+
+std::string segment_fs_refusal(std::string_view type, std::string_view path) {
+  const std::string where = " (" + std::string(type) + " mount: " + std::string(path) + ")";
   if (type == "fuse" || type == "fuseblk" || type.starts_with("fuse."))
-    return "a file on a FUSE filesystem, whose server decides when the gateway's accesses to it complete";
+    return "a file on a FUSE filesystem" + where + ", whose server decides when the gateway's accesses to it complete";
+  // A network filesystem's pages come from its server too: an access to the mapping waits on it (a hard NFS mount
+  // for good, as a FUSE server that never answers), and its shared mappings are not kept coherent with another
+  // host's writes (debt37). Those the kernel names so in mountinfo; a FUSE one (sshfs, glusterfs) is refused above.
+  static constexpr std::string_view kNetwork[] = {"nfs", "nfs4", "cifs",   "smb3",      "smbfs", "9p",       "ceph",
+                                                  "afs", "coda", "lustre", "glusterfs", "ncpfs", "orangefs", "gpfs"};
+  for (std::string_view net : kNetwork)
+    if (type == net)
+      return "a file on a network filesystem" + where +
+             ", whose server decides when the gateway's accesses to it complete and whose shared mappings are not "
+             "coherent across hosts";
   return "";
 }
+
+namespace {
 
 constexpr int kPageShift = 12;  // populated-ness is tracked per 4 KiB page
 // The populated bitmap is made per 1 GiB of segment (4096 words, 32 KiB), on the first page of it populated

@@ -23,6 +23,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "util/status.h"
@@ -30,6 +32,11 @@
 namespace adp::proto {
 
 struct SegmentMapping;
+
+// Why a segment file at `path` on a mount of filesystem type `type` (its name in /proc/self/mountinfo: "tmpfs",
+// "nfs4", "fuse.sshfs"; read without asking the filesystem) is not mapped, naming both, or "" where it may be.
+// ClientSegment::Attach's check (not_mappable), by name so that tests inject the type (tests/cpp/segment_fs_test.cc).
+std::string segment_fs_refusal(std::string_view type, std::string_view path);
 
 class ClientSegment {
  public:
