@@ -129,6 +129,18 @@ def test_free_region_tombstone_under_sanitizer(mode, tmp_path):
 
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
+@pytest.mark.parametrize("name", ["bad_region_header_test", "transient_retire_test"])
+def test_region_header_failure_under_sanitizer(name, mode, tmp_path):
+    """A full card's evictions meeting a region header block that refuses writes (tests/cpp/bad_region_header_test.cc:
+    the region retired, its WARNING read back from the log through a dup'd stderr) or a failed sync of the header
+    (tests/cpp/transient_retire_test.cc: not retired). The stores run on the test's thread; each card's open runs
+    recovery's 4 scan threads (store/recovery.cc, "adp-recover": 8 and 12 in these programs, strace): TSan for
+    those, ASan for the evictions' and retirements' bookkeeping (tests/store/test_evict_header.py runs both plain)."""
+    cpp.run(cpp.build(name, tmp_path, sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_damage_resume_under_sanitizer(mode, tmp_path):
     """Recovery's walk resumed behind damaged headers, and a store failing behind an unmarked hole, its void
     (tests/cpp/damage_resume_test.cc): the resume's chunked reads, two writer threads and the held write."""
