@@ -87,7 +87,9 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   const size_t borrowed = pinned.size();
   // The second put of a shared sync (the first's mark given): it queues behind no store that waits for a region.
   const bool second_put = share && share->since != UINT64_MAX;
-  std::vector<uint8_t> settled(n, 0);  // 1: the written item's store was acknowledged or failed (settle_locked)
+  // The written item's store was acknowledged (kIndexed) or failed (1) (settle_locked).
+  constexpr uint8_t kIndexed = 2;
+  std::vector<uint8_t> settled(n, 0);
   std::vector<uint8_t> wanted(n, 0);
   // Tombstones due (older copies, voids), their regions pinned: at most one an item, so pushed without allocating.
   std::vector<Stale> stale;
@@ -120,15 +122,24 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // it to mark), and the key deleted came back at the next open. Each step allocates nothing (pending_room_). A
   // failure inside one item's write is no exception out of put: that item fails (out of memory), as a failed
   // write does, and the rest go on.
+  // Each item's result is left true (debt37, review36): one indexed before the exception stays Ok (it is on the card
+  // and visible), one written and not indexed (voided here or by the commit as unwanted) fails as out of memory,
+  // counted; the others already hold their failure.
   ScopeExit undo([&] {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
       if (written[i].region != UINT32_MAX && !settled[i]) {
         settle_locked(tickets[i], false);
         Location& loc = written[i];  // its key (maybe not copied) is the one its header holds: write_tombstone
         loc.seq = 0;
         push_pending_locked({std::move(loc), {}, {}});  // room held: no allocation
       }
+      if (written[i].region != UINT32_MAX && settled[i] != kIndexed && results[i].ok()) {
+        results[i] = no_memory();  // allocates nothing
+        counters_.store_failures++;
+        counters_.memory_failures++;
+      }
+    }
     if (!unpinned)
       for (size_t k = borrowed; k < pinned.size(); k++)
         if (regions_.unpin(pinned[k])) unpinned_.notify_all();
@@ -338,7 +349,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         }
       }
       // Nothing below allocates.
-      settle_locked(tickets[i], true), settled[i] = 1;
+      settle_locked(tickets[i], true), settled[i] = kIndexed;
       if (outranked) {  // a newer copy was indexed and left the index while this one was in flight
         counters_.stores++;
         regions_.pin(loc.region);

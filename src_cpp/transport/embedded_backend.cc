@@ -75,12 +75,9 @@ class EmbeddedSession : public BackendSession {
         try {
           put_group(extra, k, &second);
         } catch (const std::bad_alloc&) {
-          // Mostly before the put (none of them written); one out of put_each's commit may come after some were
-          // indexed: those are reported failed too, which is safe (LMCache stores them again; review36). "out of
-          // memory" allocates nothing.
-          for (size_t s = 0; s < k; s++)
-            for (size_t j = 0; j < extra[s].n; j++)
-              extra[s].results[j] = Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
+          // Each item's result is already its own (put_group): failed "out of memory" where the put did not reach
+          // it or did not index it, Ok where put_each's commit indexed it before the exception (review36: reported
+          // failed until debt37, though on the card and visible). The first put makes its own sync.
           return std::nullopt;
         }
         return second.result;
@@ -120,26 +117,49 @@ class EmbeddedSession : public BackendSession {
   }
 
  private:
-  // The slices' items as one put_each (its sync shared as `share` says).
+  // The slices' items as one put_each (its sync shared as `share` says). A std::bad_alloc is passed on once each
+  // slice's results are set, each item's its own: failed "out of memory" before its put (none of them made, or
+  // put_each not begun), Ok where put_each indexed it before the exception (it is on the card and visible: from its
+  // commit, review36), failed where it was not (CardStore::put_each's undo).
   void put_group(const PutSlice* slices, size_t count, CardStore::SyncShare* share) {
+    auto out_of_memory = [&] {  // allocates nothing
+      for (size_t s = 0; s < count; s++)
+        for (size_t j = 0; j < slices[s].n; j++)
+          slices[s].results[j] = Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
+    };
     std::vector<PutItem> items;
     std::vector<size_t> slice_of;
-    for (size_t s = 0; s < count; s++) {
-      items.insert(items.end(), slices[s].items, slices[s].items + slices[s].n);
-      slice_of.insert(slice_of.end(), slices[s].n, s);
+    std::vector<Status> results;
+    std::vector<int8_t> wanted;
+    try {
+      for (size_t s = 0; s < count; s++) {
+        items.insert(items.end(), slices[s].items, slices[s].items + slices[s].n);
+        slice_of.insert(slice_of.end(), slices[s].n, s);
+      }
+      results.assign(items.size(), Status::IoError("out of memory", Status::IoClass::kGatewayMemory));
+      wanted.assign(count, -1);
+    } catch (const std::bad_alloc&) {
+      out_of_memory();
+      throw;
     }
-    std::vector<Status> results(items.size());
-    std::vector<int8_t> wanted(count, -1);
-    store_->put_each(
-        *ctx_, items.data(), items.size(), results.data(),
-        [&](size_t i) {
-          const size_t s = slice_of[i];
-          if (wanted[s] < 0) wanted[s] = (*slices[s].guarded)([] {});
-          return wanted[s] > 0;
-        },
-        share);
-    for (size_t s = 0, i = 0; s < count; s++)
-      for (size_t j = 0; j < slices[s].n; j++) slices[s].results[j] = std::move(results[i++]);
+    auto hand_out = [&] {  // moves: allocates nothing
+      for (size_t s = 0, i = 0; s < count; s++)
+        for (size_t j = 0; j < slices[s].n; j++) slices[s].results[j] = std::move(results[i++]);
+    };
+    try {
+      store_->put_each(
+          *ctx_, items.data(), items.size(), results.data(),
+          [&](size_t i) {
+            const size_t s = slice_of[i];
+            if (wanted[s] < 0) wanted[s] = (*slices[s].guarded)([] {});
+            return wanted[s] > 0;
+          },
+          share);
+    } catch (const std::bad_alloc&) {
+      hand_out();
+      throw;
+    }
+    hand_out();
   }
 
   std::shared_ptr<CardStore> store_;

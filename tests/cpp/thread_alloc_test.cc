@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "alloc_fault.h"
 #include "check.h"
 #include "connector/connector.h"
 #include "page_state.h"
@@ -68,9 +69,9 @@
 #include "util/crc_worker.h"
 #include "util/piece_pool.h"
 
+using adp::testing::fail_after;
+
 namespace {
-// The allocations on this thread to let through before one throws; -1: none throws (and once it has thrown).
-thread_local int fail_after = -1;
 // The same for the thread named `named_thread` (at most 15 characters; ending in '*': any whose name starts so, such as
 // "adp-conn-*", every connection's thread), whichever it is: set by the test's thread
 // (named_thread first), counted down by that one. -1: none throws; exchange(-1) disarms and tells whether the
@@ -110,19 +111,8 @@ bool named_failure_due() {
 }
 }  // namespace
 
-void* operator new(std::size_t n) {
-  if (fail_after == 0) {
-    fail_after = -1;
-    throw std::bad_alloc();
-  }
-  if (fail_after > 0) fail_after--;
-  if (named_failure_due()) throw std::bad_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-// Not inlined: GCC pairs an inlined delete's free() with the new-expression's operator new and warns (mismatched).
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// This program's operator new (alloc_fault.h): fail_after, then the named thread's failures.
+bool adp::testing::alloc_fault_due() { return named_failure_due(); }
 
 namespace {
 

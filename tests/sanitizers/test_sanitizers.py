@@ -193,6 +193,16 @@ def test_embedded_card_program_under_sanitizer(name, mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+def test_put_slices_out_of_memory_under_asan(tmp_path):
+    """A std::bad_alloc injected at each allocation of a shared sync's two commits (tests/cpp/put_slices_memory_test.cc,
+    tests/connector/test_put_slices.py): CardStore::put_each's undo and the embedded backend's results on the way
+    out of the exception. The puts run on the test's thread (the open's 4 scan threads aside): ASan only."""
+    dirs = ("store", "util", "connector", "testing")
+    binary = cpp.build("put_slices_memory_test", tmp_path, dirs, ("transport/embedded_backend.cc",), sanitize="asan")
+    cpp.run(binary, timeout=600)
+
+
+@pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_fill_store_under_sanitizer(mode, tmp_path):
     # On tmpfs (the mapped card) and the fault device; see tests/store/test_fill_store.py.
