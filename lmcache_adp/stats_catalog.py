@@ -785,8 +785,14 @@ def _request_timing() -> tuple[Stat, ...]:
                 "nanoseconds",
                 E | C,
                 "Of those slices, from when the slice could be taken (its batch's submit, or the worker's previous "
-                "slice done if later) to taken: the queue's hand-off to a worker (an idle worker's wake-up), not "
-                "the worker's idle time waiting for a submit",
+                "slice done if later"
+                + (
+                    "; a slice a run took late, worker_put_late_slices: its run's writes done, if later"
+                    if op == "put"
+                    else ""
+                )
+                + ") to taken: the queue's hand-off to a worker (an idle worker's wake-up), not "
+                "the worker's idle time waiting for a submit nor a slice's wait for its worker's run",
             ),
             Stat(
                 f"{w}_run_ns",
@@ -900,7 +906,7 @@ def _request_timing() -> tuple[Stat, ...]:
                     "Of worker_put_slices, those a run took once its first slices were written, before its sync "
                     "(an embedded durable card: the slices queued by then, written and made durable by that sync "
                     "instead of waiting for a run and a sync of their own); their queue and pickup times end when "
-                    "they were taken",
+                    "they were taken, their pickup counts from their run's writes done (or their submit, if later)",
                 ),
             ]
     return tuple(out)

@@ -493,7 +493,8 @@ void Connector::take_puts_locked(uint64_t cap, std::vector<Task>* run, bool more
   }
 }
 
-void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap, Clock::time_point* late_taken) {
+void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap, Clock::time_point* late_taken,
+                         Clock::time_point* late_ready) {
   struct Slice {
     Task task;  // a copy: `run` grows (more) while the slices are stored
     std::vector<PutItem> items;
@@ -524,6 +525,7 @@ void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64
   std::vector<Slice> more_own;
   std::vector<BackendSession::PutSlice> more_slices;
   const BackendSession::MoreSlicesFn more = [&](const BackendSession::PutSlice** out) -> size_t {
+    const Clock::time_point ready = Clock::now();  // the run's writes done: a slice can be taken late from here
     const size_t first = run.size();
     try {
       std::lock_guard<std::mutex> lock(mu_);
@@ -531,6 +533,7 @@ void Connector::run_puts(BackendSession& session, std::vector<Task>& run, uint64
     } catch (...) {  // out of memory for more: those taken (each in run once) go on
     }
     if (run.size() == first) return 0;
+    *late_ready = ready;
     *late_taken = Clock::now();
     try {
       make(run, first, &more_own, &more_slices);
@@ -780,7 +783,7 @@ void Connector::worker_loop(int index, bool second) {
     const Clock::time_point taken = Clock::now();
     // The slices a store run takes once its first ones are written (run_puts) come after these, taken later.
     const size_t taken_first = run.size();
-    Clock::time_point late_taken = taken;
+    Clock::time_point late_taken = taken, late_ready = taken;
     // Read now: once its last slice is done, a drain() may free the batch.
     const OpType op = run[0].batch->op;
     // Every exception of a slice's run fails its batch (session 26: one out of this loop ended the process), and
@@ -795,7 +798,7 @@ void Connector::worker_loop(int index, bool second) {
         if (run.size() == 1 && !(put_cap && op == OpType::kSet))
           run_task(*session, run[0]);
         else
-          run_puts(*session, run, put_cap, &late_taken);
+          run_puts(*session, run, put_cap, &late_taken, &late_ready);
       } catch (const std::exception& e) {
         threw = true;
         fail_slices(index, run, &e);
@@ -820,11 +823,14 @@ void Connector::worker_loop(int index, bool second) {
       const bool completed = finish_task(index, run[k].batch);
       const Clock::time_point done = Clock::now();
       // A late slice's times count from its own take: it was submitted after the run's (session 35's branch counted
-      // them from the run's take, and its queue and pickup, negative, read ~4.5e12 us a slice).
-      const Clock::time_point at = k < taken_first ? taken : late_taken;
+      // them from the run's take, and its queue and pickup, negative, read ~4.5e12 us a slice). Its pickup counts
+      // from its run's writes done (late_ready), when it could first be taken, or its submit if later: until debt37
+      // from the worker's previous run done (free_since), so the run's whole write phase read as pickup (review36).
+      const bool late = k >= taken_first;
+      const Clock::time_point at = late ? late_taken : taken, from = late ? late_ready : free_since;
       // A call's requests and spins count once (with its first slice).
       if (op == OpType::kSet || op == OpType::kGet)
-        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted, free_since, at, ran, done}, completed,
+        note_timing(op == OpType::kSet ? put_timing_ : get_timing_, {submitted, from, at, ran, done}, completed,
                     k == 0 ? session.get() : nullptr);
     }
     if (threw) session.reset();  // the next batch opens a new one

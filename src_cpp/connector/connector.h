@@ -68,8 +68,10 @@ struct OpTiming {
   std::atomic<uint64_t> slices{0};    // slices of such batches run by workers
   std::atomic<uint64_t> queue_ns{0};  // submit -> a worker took the slice
   // From when the slice could be taken (its submit, or its worker's previous
-  // slice done if later) to taken: the queue's hand-off (a worker's wake-up
-  // when it was idle), not the time it waited for LMCache's next submit.
+  // slice done if later; a store slice a run took late, its run's writes done
+  // if later) to taken: the queue's hand-off (a worker's wake-up when it was
+  // idle), not the time it waited for LMCache's next submit nor for its
+  // worker's run.
   std::atomic<uint64_t> pickup_ns{0};
   std::atomic<uint64_t> run_ns{0};           // taken -> the backend call returned
   std::atomic<uint64_t> done_ns{0};          // returned -> the worker done with it (the last slice: eventfd written)
@@ -138,8 +140,12 @@ class Connector {
   // Store slices taken together (take_puts_locked): one put_slices() call. With `cap` (put_slices_bytes), the
   // session may ask for the slices queued by the time the run's writes are done (take_puts_locked, `more`): they
   // are appended to `run`, written before the run's one sync and completed with it.
-  // *late_taken: when those were taken (their queue and pickup end there, not at the run's take).
-  void run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap, Clock::time_point* late_taken);
+  // *late_taken: when those were taken (their queue and pickup end there, not at the run's take); *late_ready: when
+  // the session asked for them, its writes done (their pickup counts from there, or from their submit if later: a
+  // slice can be taken late no sooner; debt37, until then it counted from the worker's previous run done, the
+  // run's write phase in it).
+  void run_puts(BackendSession& session, std::vector<Task>& run, uint64_t cap, Clock::time_point* late_taken,
+                Clock::time_point* late_ready);
   // Records a store slice's results in its batch.
   void put_results(const Task& t, const Status* st);
   // Appends to `run` (one store slice) the store slices queued next, while
@@ -153,6 +159,8 @@ class Connector {
   void take_puts_locked(uint64_t cap, std::vector<Task>* run, bool more = false);
   // A slice's times: its batch's submit, its worker's previous slice done,
   // taken, the backend call returned, the slice done (task_done).
+  // free_since: the worker's previous slice done (a store slice a run took late: its run's writes done); the pickup
+  // counts from it or from the submit, whichever is later.
   struct SliceTimes {
     Clock::time_point submitted, free_since, taken, ran, done;
   };

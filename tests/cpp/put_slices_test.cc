@@ -20,7 +20,12 @@
 //     every batch of the five fails, none of their keys is visible or on the
 //     card after a reopen, and the next store is acknowledged; the connector's
 //     stats count 2 runs (the warm-up's, the five's), 4 slices taken late,
-//     and no slice's queue or pickup time longer than the test (session 36).
+//     and no slice's queue or pickup time longer than the test (session 36);
+//     the five's pickup no longer than the first's wait for its take plus,
+//     for each of the four taken late, the time from the held write's release
+//     to their completions: a late slice's pickup counts from its run's writes
+//     done (debt37; until then from the worker's previous run done, so the
+//     first's write, held kHoldMs here, read as each late slice's pickup).
 //
 //   put_slices_test
 #include <atomic>
@@ -51,6 +56,8 @@ using adp::testing::FaultImage;
 
 constexpr uint64_t kRegionBytes = 4ull << 20;
 constexpr uint64_t kCardBytes = adp::testing::card_bytes(8, kRegionBytes);
+// How long the first batch's write stays held once the other four are queued (connector_takes_queued_slices).
+constexpr int kHoldMs = 1000;
 
 // Runs `at_sync` as each sync starts, while armed (then syncs as any FaultDevice).
 class HookedDevice : public adp::testing::FaultDevice {
@@ -222,6 +229,17 @@ void connector_takes_queued_slices(bool fail) {
   values.reserve(14);
   const auto start = std::chrono::steady_clock::now();
   check(adp::testing::wait_for(*conn, batch(0)).ok, "warm-up store");  // opens the worker's region
+  // The connector's timing stats once `slices` store slices are counted (a slice counts once its worker is done
+  // with it).
+  std::map<std::string, uint64_t> st;
+  auto timing_after = [&](uint64_t slices) {
+    for (int i = 0; i < 6000 && st["worker_put_slices"] < slices; i++) {
+      if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      conn->for_each_timing(false, [&](const std::string& k, uint64_t v) { st[k] = v; });
+    }
+  };
+  timing_after(1);
+  const uint64_t warm_pickup = st["worker_put_pickup_ns"];
   const uint64_t syncs = dev->syncs();
   int seen = -1;  // keys of the five visible as their sync starts
   dev->at_sync = [&] {
@@ -231,10 +249,15 @@ void connector_takes_queued_slices(bool fail) {
   };
   if (fail) dev->fail_sync(syncs);
   dev->hold_write(dev->writes());
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point first_submitted = Clock::now();
   std::vector<uint64_t> ids{batch(1)};
   for (int i = 0; i < 2000 && !dev->write_held(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   check(dev->write_held(), "the first batch's write is held");
+  const Clock::time_point held = Clock::now();  // the first batch taken before
   for (int b = 2; b <= 5; b++) ids.push_back(batch(b));
+  std::this_thread::sleep_for(std::chrono::milliseconds(kHoldMs));  // the run's write phase, the four queued
+  const Clock::time_point released = Clock::now();                  // the run's writes done after this
   dev->release_held_write(false);
   // Their completions come together: drained until every one is in.
   std::map<uint64_t, bool> done;
@@ -242,6 +265,7 @@ void connector_takes_queued_slices(bool fail) {
     for (const adp::Completion& c : conn->drain()) done[c.future_id] = c.ok;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  const Clock::time_point drained = Clock::now();  // the four late slices taken before
   for (uint64_t id : ids)
     CHECK(done.count(id) && done[id] == !fail, "%s: batch %llu %s", what, (unsigned long long)id,
           done.count(id) ? (done[id] ? "acknowledged" : "failed") : "not completed");
@@ -253,11 +277,7 @@ void connector_takes_queued_slices(bool fail) {
   // The connector's stats: 2 runs (the warm-up, then the five: worker_put_runs), the 4 queued taken late by the
   // first's run (worker_put_late_slices); and every slice's queue and pickup within the test's time. Session 35's
   // branch counted a late slice's from its run's take, before its submit: negative, ~4.5e12 us a slice.
-  std::map<std::string, uint64_t> st;
-  for (int i = 0; i < 6000 && st["worker_put_slices"] < 6; i++) {  // a slice counts once its worker is done with it
-    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    conn->for_each_timing(false, [&](const std::string& k, uint64_t v) { st[k] = v; });
-  }
+  timing_after(6);
   const uint64_t spent = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   CHECK(st["worker_put_slices"] == 6 && st["worker_put_runs"] == 2 && st["worker_put_late_slices"] == 4,
@@ -267,6 +287,22 @@ void connector_takes_queued_slices(bool fail) {
   for (const char* k : {"worker_put_queue_ns", "worker_put_pickup_ns"})
     CHECK(st[k] <= 6 * spent, "%s: %s %llu, over 6 slices' %llu ns each (the test's time)", what, k,
           (unsigned long long)st[k], (unsigned long long)spent);
+  // The five's pickup (debt37, review36): the first's from its submit (or the warm-up's slice done) to its take,
+  // before its write was seen held; each late one's from its run's writes done (after the release) to its take
+  // (before the completions were drained). Until debt37 each late one's counted from the warm-up's slice done
+  // (before their submits), so their 4 x pickup took in the kHoldMs the write was held.
+  auto ns = [](Clock::duration d) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+  };
+  const uint64_t pickup = st["worker_put_pickup_ns"] - warm_pickup;
+  const uint64_t bound = ns(held - first_submitted) + 4 * ns(drained - released);
+  CHECK(pickup <= bound,
+        "%s: the five's worker_put_pickup_ns %llu, over %llu: the first's submit to its write held (%llu) + 4 x the "
+        "release to the completions (%llu) (the write held %d ms)",
+        what, (unsigned long long)pickup, (unsigned long long)bound, (unsigned long long)ns(held - first_submitted),
+        (unsigned long long)ns(drained - released), kHoldMs);
+  std::printf("%s: the five's pickup %.3f ms (bound %.3f ms), the write held %d ms\n", what, pickup / 1e6, bound / 1e6,
+              kHoldMs);
   for (int b = 1; b <= 5; b++)
     for (int i = 0; i < 2; i++) {
       const auto got = adp::testing::read_object(*store, key(b, i));
