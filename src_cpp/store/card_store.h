@@ -199,6 +199,11 @@ class CardStore {
   // A load of 256 KiB objects left the disk idle between two reads of a worker for the copy (session 35, issue 10);
   // the next read then starts inside this one's `pieces`, which waits for both (a deadline held up by one read of
   // up to a piece, as a direct load's piece holds it). The next key is looked up and read before deliver() sees it.
+  // An object of more than a piece (read straight into an aligned buffer): its CRC runs on its context's CrcWorker
+  // while the next key's object is read (deliver() asked for the next key's buffer then, its pieces each under
+  // `pieces`), then its header and tail are checked: a worker's disk request no longer waits for the CRC of the
+  // object before it (32 MiB: 3-4 ms of this VM's CPU, more on a loaded one; session 37's strace, a worker's reads
+  // 4-9 ms apart against fs_native's 0.2). A damaged object is then judged (dropped) after the next one was read.
   using DeliverEachFn = std::function<bool(size_t i, size_t size, const CopyFn& copy)>;
   void get_each(IoContext& ctx, IoContext& other, const std::string_view* keys, size_t n, Status* results,
                 const DeliverEachFn& deliver, const PieceGuardFn& pieces, size_t piece_bytes = 0);
@@ -545,9 +550,27 @@ class CardStore {
   // With `key`, the whole key is compared with the header's where the header
   // is checked (before any payload byte on a mapped card and with a guard):
   // another key is NotFound in *io, no damage.
+  // With `deferred_epoch` (get_each's loads of more than a piece), a direct load with check_payload stops after its
+  // I/O: read without an error, it returns empty with the region's epoch there, header, tail and CRC left to
+  // finish_direct.
   std::string read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io, bool check_payload,
                              uint8_t* payload_dst = nullptr, const PieceGuardFn* guard = nullptr,
-                             std::string_view key = {}, size_t guard_piece_bytes = 0);
+                             std::string_view key = {}, size_t guard_piece_bytes = 0,
+                             uint64_t* deferred_epoch = nullptr);
+  // How read_and_check read the payload: copied from the card's mapping (its CRC fused), straight into the
+  // caller's 4 KiB aligned buffer (the header and a partial last block into staging), or into staging whole.
+  enum class ReadKind { kMapped, kDirect, kStaged };
+  // read_and_check's verdict once its I/O is done (its *io as the I/O left it): an I/O failure counted; header and
+  // key checked (header_why: the answer of a check made already, mapped); a direct load's tail copied under
+  // `guard`; the payload's CRC (body_crc: of what a mapped or direct read covered) compared.
+  std::string judge_read(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch, std::string_view key,
+                         Status* io, bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard, ReadKind kind,
+                         uint32_t body_crc, const std::string* header_why);
+  // A direct load deferred by read_and_check (region epoch `epoch`, payload in payload_dst): its CRC, on ctx's
+  // CrcWorker while ahead() runs on this thread when given (the next key's read), then judge_read.
+  std::string finish_direct(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch, Status* io,
+                            uint8_t* payload_dst, const PieceGuardFn* guard, std::string_view key,
+                            const std::function<void()>* ahead);
   // Checks an object's header block against e (region epoch `epoch`): empty
   // if it is e's object (or, with *io set to NotFound, if it was deleted
   // meanwhile, or it is another key than a non-empty `key` with the same
@@ -559,6 +582,8 @@ class CardStore {
   Status lookup(std::string_view key, uint64_t* hash, IndexEntry* e);
   // A key's object read ahead into a context's staging by get_each (stage_ahead), for get_one: its lookup's
   // answer, and read_and_check's (io, bad) with whether the header holds another key.
+  // `direct`: an object of more than a piece read straight into `dst` (deliver() answered `delivered`), its checks
+  // deferred (read_and_check's `epoch`), header in ctx's staging.
   struct StagedRead {
     Status lookup;
     uint64_t hash = 0;
@@ -566,15 +591,22 @@ class CardStore {
     Status io;
     std::string bad;
     bool other = false;
+    bool direct = false;
+    bool delivered = false;
+    uint8_t* dst = nullptr;
+    uint64_t epoch = 0;
   };
-  // Looks key up and, if get() would stage its object (a disk card's of one piece or less), reads and checks
-  // its header into ctx's staging (the payload's CRC at the copy); false if it did not (a larger object, a
-  // memory-speed card), nothing kept.
-  bool stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out);
+  // Looks key up and, as get()'s kPieces load reads a disk card's object, reads it: one of a piece or less into
+  // ctx's staging, header checked (the payload's CRC at the copy); a larger one, once deliver() gave a 4 KiB
+  // aligned buffer, straight into it in pieces under `pieces` (of piece_bytes), header, tail and CRC left to
+  // get_one (finish_direct). False if it read nothing (a memory-speed card, an unaligned buffer), nothing kept.
+  bool stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out, const DeliverPayloadFn& deliver,
+                   const PieceGuardFn& pieces, size_t piece_bytes);
   // Whether the object header in ctx's staging holds a key other than `key` (one with the same index hash).
   static bool staged_other_key(const IoContext& ctx, std::string_view key);
   // get(), kPieces when `staged` or `ahead` is given: `staged`, the object read ahead into ctx (stage_ahead);
-  // `ahead`, run on this thread while a staged object's copy runs on ctx's CrcWorker (inside `pieces`).
+  // `ahead`, run on this thread while a staged object's copy runs on ctx's CrcWorker (inside `pieces`), or a direct
+  // load's CRC (after its pieces: finish_direct).
   Status get_one(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
                  const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged,
                  const std::function<void()>* ahead);

@@ -18,6 +18,22 @@
 #include "util/scope_exit.h"
 
 namespace adp {
+namespace {
+
+// Runs ahead() on this thread while the CRC just started on `crc` runs, and returns that CRC; the CrcWorker is
+// waited for on every way out (an exception of ahead() too: it may be reading or writing the caller's buffer).
+uint32_t crc_beside(CrcWorker& crc, const std::function<void()>& ahead) {
+  bool joined = false;
+  ScopeExit join_on_exit([&] {
+    if (!joined) crc.wait();
+  });
+  ahead();
+  const uint32_t got = crc.wait();
+  joined = true;
+  return got;
+}
+
+}  // namespace
 
 std::string CardStore::check_entry_header(const uint8_t* block, uint64_t hash, const IndexEntry& e, uint64_t epoch,
                                           std::string_view key, Status* io) const {
@@ -41,7 +57,7 @@ std::string CardStore::check_entry_header(const uint8_t* block, uint64_t hash, c
 
 std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const IndexEntry& e, Status* io,
                                       bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard,
-                                      std::string_view key, size_t guard_piece_bytes) {
+                                      std::string_view key, size_t guard_piece_bytes, uint64_t* deferred_epoch) {
   uint64_t epoch;
   uint64_t fp = object_footprint(e.payload_bytes);
   std::vector<Extent> ext;
@@ -55,7 +71,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   // that each is checked while it is still in the CPU's cache; with a guard
   // each piece is read under it (the header block with the first).
   const uint8_t* map = payload_dst ? device_->mapped() : nullptr;
-  bool mapped = false, direct = false;
+  bool mapped = false, direct = false, defer = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Checked under the same lock as the pins: once unlocked after a lookup,
@@ -164,7 +180,10 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     // after it, here: on this VM's disk each request waited 15-20 ms in the
     // card's queue (an MP server's prefetch, 4 workers) against 1-3 ms for a
     // 32 MiB CRC (benchmarks/results/2026-12-04-0625-diskload.md).
-    const bool overlap = guard && check_payload;
+    // Deferred (deferred_epoch, get_each's large loads): no CRC here; finish_direct checks the payload while the
+    // next key's object is read.
+    defer = check_payload && deferred_epoch;
+    const bool overlap = guard && check_payload && !defer;
     size_t crc_pending = 0;  // bytes whose CRC runs on ctx.crc_
     auto join_crc = [&] {
       if (crc_pending) body_crc = crc32c_combine(body_crc, ctx.crc_.wait(), crc_pending);
@@ -187,7 +206,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
         *io = Status::TimedOut("deadline passed while the object was read into the buffer");
         break;
       }
-      if (check_payload && io->ok()) {
+      if (check_payload && !defer && io->ok()) {
         if (!overlap) {
           body_crc = crc32c_extend(body_crc, payload_dst + done, len);
         } else if (done + len < body) {
@@ -209,6 +228,20 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     *io = io_mapped(false, ext, 0, &whole, 1);
   }
   release();
+  if (defer && io->ok()) {  // its header, tail and CRC checked by finish_direct
+    *deferred_epoch = epoch;
+    return std::string();
+  }
+  const ReadKind kind = mapped ? ReadKind::kMapped : direct ? ReadKind::kDirect : ReadKind::kStaged;
+  return judge_read(ctx, hash, e, epoch, key, io, check_payload, payload_dst, guard, kind, body_crc,
+                    header_checked ? &header_why : nullptr);
+}
+
+std::string CardStore::judge_read(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch,
+                                  std::string_view key, Status* io, bool check_payload, uint8_t* payload_dst,
+                                  const PieceGuardFn* guard, ReadKind kind, uint32_t body_crc,
+                                  const std::string* header_why) {
+  const size_t body = e.payload_bytes & ~(kBlockSize - 1), tail = e.payload_bytes - body;
   // Deleted meanwhile, or the caller gave up part way (a failure, not a
   // miss: the buffer may hold the pieces read): no damage either way.
   if (io->is_not_found() || io->code() == Status::Code::kTimedOut) return std::string();
@@ -216,9 +249,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
     count_failure(*io);  // the card's, or (no staging) this process's memory
     return io->message();
   }
-  counters_.bytes_read += fp;
+  counters_.bytes_read += object_footprint(e.payload_bytes);
   const uint8_t* block = ctx.staging_.data();
-  std::string why = header_checked ? header_why : check_header();
+  std::string why = header_why ? *header_why : check_entry_header(block, hash, e, epoch, key, io);
   if (!why.empty() && overwritten_meanwhile(hash, e)) {
     *io = Status::NotFound("deleted or replaced while it was read");
     return std::string();
@@ -226,6 +259,7 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
   if (!why.empty() || !io->ok()) return why;
   ObjectHeader hdr;
   std::memcpy(&hdr, block, sizeof hdr);
+  const bool direct = kind == ReadKind::kDirect;
   if (direct && tail) {
     auto copy_tail = [&] { std::memcpy(payload_dst + body, block + kBlockSize, tail); };
     if (!guard) {
@@ -235,9 +269,9 @@ std::string CardStore::read_and_check(IoContext& ctx, uint64_t hash, const Index
       return std::string();
     }
   }
-  if (check_payload && (mapped   ? body_crc
-                        : direct ? crc32c_extend(body_crc, payload_dst + body, tail)
-                                 : crc32c(block + kBlockSize, hdr.payload_bytes)) != hdr.payload_crc)
+  if (check_payload && (kind == ReadKind::kMapped ? body_crc
+                        : direct                  ? crc32c_extend(body_crc, payload_dst + body, tail)
+                                                  : crc32c(block + kBlockSize, hdr.payload_bytes)) != hdr.payload_crc)
     return "payload checksum mismatch";
   return std::string();
 }
@@ -492,16 +526,56 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
   return get_one(ctx, key, deliver, into, pieces, piece_bytes, nullptr, nullptr);
 }
 
-bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out) {
+bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out, const DeliverPayloadFn& deliver,
+                            const PieceGuardFn& pieces, size_t piece_bytes) {
   ctx.store_ = this;
   out->lookup = lookup(key, &out->hash, &out->e);
   if (!out->lookup.ok()) return true;  // a miss (counted) or a bad key: get_one answers it as get() would
-  // Only what get()'s kPieces load stages whatever the buffer's alignment: not a memory-speed card (copied from
-  // its mapping), not an object of more than a piece (read straight into an aligned buffer).
-  if (device_->mapped() || device_->memory_backed() || out->e.payload_bytes > kGuardedPieceBytes) return false;
-  out->bad = read_and_check(ctx, out->hash, out->e, &out->io, false, nullptr, nullptr, key);
-  if (out->io.ok() && out->bad.empty()) out->other = staged_other_key(ctx, key);
+  // What get()'s kPieces load reads from a disk card (not a memory-speed one: copied from its mapping). One piece or
+  // less: staged whatever the buffer's alignment, its CRC at the copy.
+  if (device_->mapped() || device_->memory_backed()) return false;
+  if (out->e.payload_bytes <= kGuardedPieceBytes) {
+    out->bad = read_and_check(ctx, out->hash, out->e, &out->io, false, nullptr, nullptr, key);
+    if (out->io.ok() && out->bad.empty()) out->other = staged_other_key(ctx, key);
+    return true;
+  }
+  // More: read straight into its buffer (deliver() asked for it now), each piece under `pieces` as get() reads it;
+  // its header, tail and CRC checked by finish_direct (get_one) while the key after it is read. An unaligned
+  // buffer (get() stages it) is left to get_one.
+  uint8_t* dst = nullptr;
+  out->delivered = deliver(out->e.payload_bytes, [&](uint8_t* d) {
+    dst = d;
+    return true;
+  });
+  if (out->delivered && reinterpret_cast<uintptr_t>(dst) % kBlockSize) return false;
+  out->direct = true;
+  out->dst = dst;
+  if (out->delivered)
+    out->bad = read_and_check(ctx, out->hash, out->e, &out->io, true, dst, &pieces, key, piece_bytes, &out->epoch);
   return true;
+}
+
+std::string CardStore::finish_direct(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch, Status* io,
+                                     uint8_t* payload_dst, const PieceGuardFn* guard, std::string_view key,
+                                     const std::function<void()>* ahead) {
+  const size_t body = e.payload_bytes & ~(kBlockSize - 1);
+  uint32_t body_crc;
+  if (ahead) {
+    ctx.crc_.start(payload_dst, body);
+    body_crc = crc_beside(ctx.crc_, *ahead);
+  } else {
+    body_crc = crc32c(payload_dst, body);
+  }
+  std::string why =
+      judge_read(ctx, hash, e, epoch, key, io, true, payload_dst, guard, ReadKind::kDirect, body_crc, nullptr);
+  // Its CRC ran after its pieces returned, beside the next key's read (tens of ms on a disk): the buffer is the
+  // caller's only while `guard` agrees. One it declines now may have been handed to another object meanwhile (the
+  // future completed): no verdict on bytes that may not be the card's, a failure as a declined piece is.
+  if (!why.empty() && guard && !(*guard)(e.payload_bytes, [] {})) {
+    *io = Status::TimedOut("deadline passed while the object was checked");
+    return std::string();
+  }
+  return why;
 }
 
 bool CardStore::staged_other_key(const IoContext& ctx, std::string_view key) {
@@ -532,7 +606,10 @@ void CardStore::get_each(IoContext& ctx, IoContext& other, const std::string_vie
     const auto read_next = [&] {
       if (i + 1 < n && !have_next) {
         next = StagedRead{};
-        have_next = stage_ahead(*ctxs[(i + 1) % 2], keys[i + 1], &next);
+        const DeliverPayloadFn deliver_next = [&](size_t size, const CopyFn& copy) {
+          return deliver(i + 1, size, copy);
+        };
+        have_next = stage_ahead(*ctxs[(i + 1) % 2], keys[i + 1], &next, deliver_next, pieces, piece_bytes);
       }
     };
     const std::function<void()> ahead = [f = &read_next] { (*f)(); };
@@ -571,13 +648,7 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
     uint32_t crc;
     if (ahead) {
       ctx.crc_.start_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes);
-      bool joined = false;
-      ScopeExit join_on_exit([&] {
-        if (!joined) ctx.crc_.wait();
-      });
-      (*ahead)();
-      crc = ctx.crc_.wait();
-      joined = true;
+      crc = crc_beside(ctx.crc_, *ahead);
     } else {
       crc = crc32c_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes);
     }
@@ -585,9 +656,23 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
     bad = "payload checksum mismatch";
     return false;
   };
+  // A direct read whose checks were deferred (read_and_check's deferred_epoch), read into dst without an error: its
+  // CRC (beside ahead()), header and tail checked; true if it is key's intact object.
+  auto finish = [&](uint8_t* dst, uint64_t epoch) {
+    if (io.ok() && bad.empty()) {
+      bad = finish_direct(ctx, h, e, epoch, &io, dst, &pieces, key, ahead);
+      other = io.ok() && bad.empty() && staged_other_key(ctx, key);
+    }
+    return io.ok() && bad.empty() && !other;
+  };
   bool delivered;
   if (into == ReadInto::kStaging) {
     delivered = read(nullptr, false) && deliver(e.payload_bytes, copy_staged);
+  } else if (into == ReadInto::kPieces && staged && staged->direct) {
+    // Read ahead straight into its buffer (stage_ahead: deliver() was asked then, and the pieces ran under `pieces`);
+    // its CRC runs on ctx's CrcWorker while ahead() reads the next key's object, then header and tail are checked.
+    io = staged->io, bad = staged->bad;
+    delivered = staged->delivered && finish(staged->dst, staged->epoch);
   } else if (into == ReadInto::kPieces) {
     uint8_t* dst = nullptr;
     delivered = deliver(e.payload_bytes, [&](uint8_t* d) {
@@ -615,8 +700,13 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
     // A memory-speed card is copied from its mapping in pieces at any size
     // and alignment (a gateway publishes each piece to its client).
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % kBlockSize == 0;
-    if (delivered &&
-        (device_->mapped() || (aligned && e.payload_bytes > kGuardedPieceBytes && !device_->memory_backed()))) {
+    const bool large = aligned && e.payload_bytes > kGuardedPieceBytes && !device_->memory_backed();
+    if (delivered && !device_->mapped() && large && ahead) {
+      // get_each: its CRC on ctx's CrcWorker while ahead() reads the next key's object (as a staged read ahead's).
+      uint64_t epoch = 0;
+      bad = read_and_check(ctx, h, e, &io, true, dst, &pieces, key, piece_bytes, &epoch);
+      delivered = finish(dst, epoch);
+    } else if (delivered && (device_->mapped() || large)) {
       delivered = read(dst, true, &pieces);
     } else if (delivered) {  // one piece or less, or unaligned: staged, then copied in one piece
       bool copied = false;

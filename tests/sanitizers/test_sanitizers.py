@@ -157,6 +157,15 @@ def test_load_ahead_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_large_load_ahead_under_sanitizer(mode, tmp_path):
+    """A disk card's load of several objects of more than a piece (tests/cpp/large_load_ahead_test.cc): each one's
+    CRC on its IoContext's CrcWorker thread while the next key's object is read straight into its buffer on this
+    thread; a damaged, an absent and a declined key among them."""
+    cpp.run(cpp.build("large_load_ahead_test", tmp_path, ("store", "util", "testing"), sanitize=mode), timeout=600)
+
+
+@pytest.mark.sanitizer
 def test_card_fuzz_under_asan(tmp_path):
     """The card-image fuzzer (tests/cpp/card_fuzz_test.cc, tests/store/test_card_fuzz.py), a short range of seeds:
     recovery's walk, verify and the loads over damaged images, bounds and lengths read from damaged headers."""
