@@ -44,6 +44,9 @@ int main() {
   for (const char* fuse : {"fuse", "fuseblk", "fuse.sshfs", "fuse.glusterfs"}) refused(fuse, "FUSE filesystem");
   for (const char* net : {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "afs", "lustre", "glusterfs", "ncpfs"})
     refused(net, "network filesystem");
+  // The names the kernel's clients register, as mountinfo shows them (review37a): OrangeFS's module registers
+  // "pvfs2" (fs/orangefs/orangefs-mod.c; `mount -t pvfs2`), not "orangefs"; BeeGFS's client "beegfs".
+  for (const char* net : {"pvfs2", "beegfs"}) refused(net, "network filesystem");
   for (const char* local : {"tmpfs", "hugetlbfs", "ramfs", "ext4", "xfs", "btrfs", "overlay"}) taken(local);
   // A name that merely starts like a network one is not one ("nfsd" is the NFS server's control filesystem, no
   // file of which is a segment; "cephfs-like" stands for any unknown name): taken, as before.
