@@ -77,7 +77,12 @@ class EmbeddedSession : public BackendSession {
         } catch (const std::bad_alloc&) {
           // Each item's result is already its own (put_group): failed "out of memory" where the put did not reach
           // it or did not index it, Ok where put_each's commit indexed it before the exception (review36: reported
-          // failed until debt37, though on the card and visible). The first put makes its own sync.
+          // failed until debt37, though on the card and visible). One out of the put itself (put_each) left a card
+          // store operation: the store's shared state may be half made (card_store_unwound), so it goes on out of
+          // the first put and put_slices, whose caller ends the process (the connector's fail_slices), as one out of
+          // the first put's does (review37a: until then the first put synced and committed past it, and the
+          // process went on marked unwound). One before the put (its items' copies): the first makes its own sync.
+          if (card_store_unwound()) throw;
           return std::nullopt;
         }
         return second.result;
