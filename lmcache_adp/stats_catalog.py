@@ -227,6 +227,16 @@ CARD_LIST: tuple[Stat, ...] = (
         "their refusals count in store_failures",
     ),
     Stat(
+        "writes_overlapped",
+        COUNTER,
+        "stores",
+        _CARD,
+        "Disk stores copied (or filled) and checksummed while the store before them, of the same put, was being "
+        "written (its write in flight through the card's Linux AIO context): a worker's slice of K objects of one "
+        "write each (up to 4 MiB staged, under 1 MiB zero-copy) overlaps K-1. 0 on a tmpfs card, where io_setup "
+        "failed (a WARNING at the first store), or with ADP_CARD_AIO=0",
+    ),
+    Stat(
         "retired_regions",
         GAUGE,
         "regions",

@@ -120,6 +120,9 @@ struct StoreStats {
   // Stores that found no region free or evictable (every sealed one pinned by a load or store in flight) and
   // waited for one (up to 5 s, then refused: NoSpace); once a store.
   uint64_t region_waits = 0;
+  // Disk stores copied (or filled) and checksummed while the store before them, of the same put, was being written
+  // (its write in flight: CardStore::put_each, Linux AIO); 0 where the card's writes are synchronous.
+  uint64_t writes_overlapped = 0;
   // Regions retired since the card was opened: the frontier opened each and its header block refused a write (a bad
   // block): never evicted or handed out again until the card is reopened (capacity lost until then).
   uint64_t retired_regions = 0;
@@ -207,6 +210,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("io_errors", st.io_errors);
   f("media_errors", st.media_errors);
   f("region_waits", st.region_waits);
+  f("writes_overlapped", st.writes_overlapped);
   f("retired_regions", st.retired_regions);
   f("memory_failures", st.memory_failures);
   f("bytes_written", st.bytes_written);

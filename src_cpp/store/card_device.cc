@@ -2,6 +2,7 @@
 #include "store/card_device.h"
 
 #include <fcntl.h>
+#include <linux/aio_abi.h>
 #include <linux/fs.h>
 #include <linux/magic.h>
 #include <sys/file.h>
@@ -9,16 +10,20 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "store/card_format.h"
@@ -359,16 +364,7 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
     if (n < 0) {
       const int e = errno;
       if (e == EINTR) continue;
-      // An image file left sparse allocates its blocks as they are first
-      // written: ENOSPC means its filesystem is full, not the card.
-      const char* full = e == ENOSPC && !block_device_
-                             ? " (the card image's filesystem is full: the image is larger than the space its "
-                               "filesystem has left; free space there, or remove the image and start with a size "
-                               "that fits)"
-                             : "";
-      return Status::IoError(std::string(is_write ? "write" : "read") + " of " + std::to_string(total - done) +
-                             " bytes at offset " + std::to_string(offset + done) + " of " + path_ +
-                             " failed: " + errno_text(e) + full);
+      return io_error(is_write, total - done, offset + done, e);
     }
     if (n == 0)
       return Status::IoError("unexpected end of card " + path_ + " at offset " + std::to_string(offset + done));
@@ -389,6 +385,131 @@ Status CardDevice::transfer(bool is_write, uint64_t offset, const iovec* iov, in
     cur_count = static_cast<int>(rest.size());
   }
   return Status::Ok();
+}
+
+Status CardDevice::io_error(bool is_write, uint64_t bytes, uint64_t offset, int e) const {
+  // An image file left sparse allocates its blocks as they are first
+  // written: ENOSPC means its filesystem is full, not the card.
+  const char* full = e == ENOSPC && !block_device_
+                         ? " (the card image's filesystem is full: the image is larger than the space its "
+                           "filesystem has left; free space there, or remove the image and start with a size "
+                           "that fits)"
+                         : "";
+  return Status::IoError(std::string(is_write ? "write" : "read") + " of " + std::to_string(bytes) +
+                         " bytes at offset " + std::to_string(offset) + " of " + path_ + " failed: " + errno_text(e) +
+                         full);
+}
+
+// One write in flight at a time through its own AIO context (io_setup(1)), made once for the writer.
+class CardDevice::AioWriter : public DeviceWriter {
+ public:
+  AioWriter(const CardDevice& dev, aio_context_t ctx) : dev_(dev), ctx_(ctx) {}
+  ~AioWriter() override {
+    if (in_flight_) (void)wait();  // the kernel may still read the caller's memory
+    ::syscall(SYS_io_destroy, ctx_);
+  }
+  AioWriter(const AioWriter&) = delete;
+  AioWriter& operator=(const AioWriter&) = delete;
+  bool asynchronous() const override { return true; }
+
+  void submit(uint64_t offset, const iovec* iov, int count) override {
+    offset_ = offset;
+    iov_.assign(iov, iov + count);  // kept for a short write's rest; capacity reused
+    total_ = 0;
+    for (int i = 0; i < count; i++) total_ += iov[i].iov_len;
+    dev_.io_slots_.acquire();
+    dev_.group_sync_.issue();  // before the syscall, as writev's
+    std::memset(&cb_, 0, sizeof cb_);
+    cb_.aio_fildes = static_cast<uint32_t>(dev_.fd_);
+    cb_.aio_lio_opcode = IOCB_CMD_PWRITEV;
+    cb_.aio_buf = reinterpret_cast<uint64_t>(iov_.data());
+    cb_.aio_nbytes = static_cast<uint64_t>(count);
+    cb_.aio_offset = static_cast<int64_t>(offset);
+    iocb* list[1] = {&cb_};
+    long r;
+    do {
+      r = ::syscall(SYS_io_submit, ctx_, 1L, list);
+    } while (r < 0 && errno == EINTR);
+    if (r == 1) {
+      in_flight_ = true;
+      return;
+    }
+    // Not taken (EAGAIN, or a file the kernel cannot write so): this write made synchronously.
+    const int e = r < 0 ? errno : EAGAIN;
+    if (!submit_failed_logged_.exchange(true))
+      ADP_WARN("card %s: io_submit failed (%s): this write, and any other whose io_submit fails, made synchronously",
+               dev_.path_.c_str(), errno_text(e).c_str());
+    dev_.io_slots_.release();
+    result_ = dev_.track(dev_.transfer(true, offset, iov, count));
+    dev_.group_sync_.wrote();
+  }
+
+  Status wait() override {
+    if (!in_flight_) return std::move(result_);
+    in_flight_ = false;
+    io_event ev{};
+    long r;
+    do {
+      r = ::syscall(SYS_io_getevents, ctx_, 1L, 1L, &ev, nullptr);
+    } while (r < 0 && errno == EINTR);
+    dev_.io_slots_.release();
+    Status s;
+    if (r != 1) {
+      // The write's fate unknown (io_getevents itself failed: not seen): the card is failed for it.
+      s = dev_.io_error(true, total_, offset_, r < 0 ? errno : EIO);
+    } else if (ev.res < 0) {
+      s = dev_.io_error(true, total_, offset_, static_cast<int>(-ev.res));
+    } else if (static_cast<uint64_t>(ev.res) < total_) {  // short: the rest synchronously (rare)
+      uint64_t skip = static_cast<uint64_t>(ev.res);
+      std::vector<iovec> rest;
+      for (const iovec& v : iov_) {
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        rest.push_back({static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip});
+        skip = 0;
+      }
+      s = ev.res == 0
+              ? Status::IoError("unexpected end of card " + dev_.path_ + " at offset " + std::to_string(offset_))
+              : dev_.transfer(true, offset_ + static_cast<uint64_t>(ev.res), rest.data(),
+                              static_cast<int>(rest.size()));
+    }
+    s = dev_.track(std::move(s));
+    dev_.group_sync_.wrote();  // a sync from now on covers it
+    return s;
+  }
+
+ private:
+  static inline std::atomic<bool> submit_failed_logged_{false};
+  const CardDevice& dev_;
+  const aio_context_t ctx_;
+  iocb cb_{};
+  std::vector<iovec> iov_;
+  uint64_t offset_ = 0, total_ = 0;
+  bool in_flight_ = false;
+  Status result_;
+};
+
+std::unique_ptr<DeviceWriter> CardDevice::make_writer() const {
+  static std::atomic<bool> setup_failed_logged{false};
+  // ADP_CARD_AIO=0: synchronous writes (an A/B of the overlap in one build: benchmarks/results/*-aio37-*.md).
+  const char* aio = std::getenv("ADP_CARD_AIO");
+  if (read_only_ || memory_backed_ || (aio && std::string(aio) == "0")) return Device::make_writer();
+  aio_context_t ctx = 0;
+  if (::syscall(SYS_io_setup, 1U, &ctx) != 0) {
+    const int e = errno;
+    if (!setup_failed_logged.exchange(true))
+      ADP_WARN(
+          "card %s: io_setup failed (%s%s): stores write synchronously, their copy and CRC not overlapped with "
+          "the previous write",
+          path_.c_str(), errno_text(e).c_str(),
+          e == EAGAIN                 ? "; fs.aio-max-nr spent"
+          : e == ENOSYS || e == EPERM ? "; not allowed here"
+                                      : "");
+    return Device::make_writer();
+  }
+  return std::make_unique<AioWriter>(*this, ctx);
 }
 
 Status CardDevice::track(Status s) const {

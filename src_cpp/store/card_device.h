@@ -153,6 +153,14 @@ class CardDevice : public Device {
   // one that began after every write completed before its call, and fails
   // where a failed one may have lost a write issued after `since`.
   Status sync(uint64_t since) const override;
+  // A disk card's writer issues its write with Linux native AIO (raw io_setup/io_submit/io_getevents; Docker's
+  // default seccomp allows them, and blocks io_uring), one AIO context for the writer's life, never one a write: its
+  // thread prepares the next store while the write is in flight (CardStore::put_each). The write takes one of the
+  // card's I/O slots (set_io_depth) and counts as issued (write_mark) at submit, as completed at wait, as a
+  // synchronous write does around its syscall. Where io_setup fails (ENOSYS, EAGAIN from fs.aio-max-nr, seccomp),
+  // and for a memory-backed or read-only card, a SyncDeviceWriter (the failure logged once a process); where one
+  // io_submit fails, that write is made synchronously.
+  std::unique_ptr<DeviceWriter> make_writer() const override;
   uint64_t write_mark() const override { return group_sync_.mark(); }
   bool lost_after(uint64_t since) const override { return group_sync_.lost_after(since); }
   // Bounds the card I/O in flight at once (the card's queue depth): threads
@@ -172,7 +180,10 @@ class CardDevice : public Device {
         block_device_(block_device),
         memory_backed_(memory_backed),
         read_only_(read_only) {}
+  class AioWriter;
   Status transfer(bool is_write, uint64_t offset, const iovec* iov, int count) const;
+  // A failed read or write of `bytes` at `offset` (errno `e`).
+  Status io_error(bool is_write, uint64_t bytes, uint64_t offset, int e) const;
   void prefault_extents();  // the adp-prefault thread
   Status track(Status s) const;
 

@@ -328,6 +328,7 @@ StoreStats CardStore::stats() const {
   st.io_errors = counters_.io_errors;
   st.media_errors = counters_.media_errors;
   st.region_waits = counters_.region_waits;
+  st.writes_overlapped = counters_.writes_overlapped;
   st.memory_failures = counters_.memory_failures;
   st.recovered_objects = recovered_objects_;
   st.recovery_seconds = recovery_seconds_;

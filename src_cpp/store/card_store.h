@@ -99,6 +99,15 @@ class IoContext {
   AlignedBuffer staging_{true};
   AlignedBuffer header_;  // header and tail blocks of a zero-copy write
   CrcWorker crc_;         // a disk store's body while it is written, a disk load's piece while the next is read
+  // A disk store's write in flight while the next store is copied and checksummed (CardStore::put_each): that next
+  // store's staging is the other one of staging_ and staging2_ (a staged object of up to 4 MiB), or the other two of
+  // tails_'s four blocks (a zero-copy object's header and tail blocks). Made once, reused.
+  AlignedBuffer staging2_{true};
+  AlignedBuffer tails_;
+  // The card's writer for this thread (Device::make_writer: a disk card's holds its AIO context), made at its first
+  // store; writer_store_: the CardStore it is of (CardStore::serial_), another one's replaced.
+  std::unique_ptr<DeviceWriter> writer_;
+  uint64_t writer_store_ = 0;
 };
 
 struct VerifyReport {
@@ -418,6 +427,8 @@ class CardStore {
   // The first eviction since open: records what the card holds (first_eviction_).
   void note_first_eviction_locked();
   void unpin(uint32_t r);
+  // ctx's writer of this card (made at its first store, then reused); nullptr for want of memory.
+  DeviceWriter* writer_of(IoContext& ctx);
   // Writes object `it` over `ext`, the header (with `flags`) and its CRC
   // last. For memory-speed cards. `mapped` (the extents prepared for a mapped write;
   // any memory): the payload is copied into the mapping and checksummed in
@@ -724,8 +735,12 @@ class CardStore {
   struct Counters : OpCounters {
     std::atomic<uint64_t> evicted_objects{0}, evicted_regions{0}, checksum_failures{0}, io_errors{0};
     std::atomic<uint64_t> media_errors{0}, memory_failures{0};
-    std::atomic<uint64_t> region_waits{0};  // StoreStats::region_waits
+    std::atomic<uint64_t> region_waits{0};       // StoreStats::region_waits
+    std::atomic<uint64_t> writes_overlapped{0};  // StoreStats::writes_overlapped
   } counters_;
+  // This store among every CardStore of the process (an IoContext's writer is of one: writer_of).
+  static inline std::atomic<uint64_t> next_serial_{1};
+  const uint64_t serial_ = next_serial_.fetch_add(1, std::memory_order_relaxed);
   std::atomic<bool> oversize_logged_{false};  // the first refused oversize object is logged
   // Regions retired since the open, their header block having refused a write (advance_frontier): stat
   // retired_regions. Guarded by mu_.

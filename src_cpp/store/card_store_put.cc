@@ -36,6 +36,29 @@ constexpr size_t kFillPieceBytes = 256u << 10;
 // (15 GiB/s: 2 ms per 32 MiB, 0.13 ms per 2 MiB).
 constexpr size_t kOverlapCrcBytes = 1u << 20;
 
+// On a disk card (no mapping, not memory-backed: CardStore::put_each), a store of one I/O (the header block with the
+// payload: an aligned object below kOverlapCrcBytes, a staged or filled one of at most this footprint) is copied (or
+// filled) and checksummed before its reservation, into the staging buffer the previous store's write, in flight,
+// does not use: that copy and CRC run while the previous write is on the card, on the same thread. The bound is the
+// second staging buffer's (the same as write_filled's whole-object staging): a larger object is written as before.
+constexpr size_t kAheadBytes = kGuardedPieceBytes;
+
+// Fills [dst, dst + len) from it.fill (the object's bytes from `offset`) in pieces of kFillPieceBytes, each
+// checksummed where it landed (*crc extended) while it is in the CPU's cache. `dev` (a mapped fill): each piece
+// told to it as written to its mapping `map`, even failing. A failed piece's status: the source failed.
+Status fill_checked(const PutItem& it, uint8_t* dst, uint64_t offset, size_t len, uint32_t* crc,
+                    const Device* dev = nullptr, const uint8_t* map = nullptr) {
+  for (size_t done = 0; done < len;) {
+    size_t l = std::min(len - done, kFillPieceBytes);
+    Status s = it.fill(dst + done, offset + done, l);
+    if (dev) dev->mapped_written(static_cast<uint64_t>(dst + done - map), l);  // what it wrote, even failing
+    if (!s.ok()) return s;
+    *crc = crc32c_extend(*crc, dst + done, l);
+    done += l;
+  }
+  return Status::Ok();
+}
+
 // Room for one more element in v, grown geometrically (reserve(size + 1) would copy it on every push).
 template <typename T>
 void room_for_one(std::vector<T>& v) {
@@ -62,7 +85,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     for (size_t i = 0; i < n; i++) results[i] = read_only_refusal("store");
     return;
   }
-  if (!ctx.header_.reserve(2 * kBlockSize)) {
+  if (!ctx.header_.reserve(2 * kBlockSize) || !ctx.tails_.reserve(4 * kBlockSize)) {
     for (size_t i = 0; i < n; i++)
       results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
     counters_.store_failures += n;
@@ -160,6 +183,67 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
   // thread held; until review34b), for pins that were mostly its own (region_wait_test). Its own pins (`pinned`)
   // are never waited for (advance_frontier): an item that finds every region held by them fails at once.
   bool may_wait = true;
+  // Item i's write done (or failed): its place abandoned and its ticket resolved as failed, or resolved and
+  // recorded as written (indexed at the commit, after the sync).
+  auto settle_write = [&](size_t i, const Placement& p, Status s, bool card_error) {
+    const PutItem& it = items[i];
+    if (!s.ok()) {
+      if (card_error) count_failure(s);
+      abandon(ctx, p, it.size);
+      resolve(p.ticket, true);
+      results[i] = std::move(s);
+      return;
+    }
+    resolve(p.ticket, false);
+    counters_.bytes_written += object_footprint(it.size);
+    // Its key copied only for a tombstone (keyed).
+    written[i] = {p.region, p.offset, p.epoch, p.seq, it.size, index_hash(it.key)};
+    tickets[i] = p.ticket;
+    any_written = true;
+    since = std::min(since, p.since);
+  };
+  // Reserves item i's place (pl), its regions pinned until the commit; false (results[i] set) where refused.
+  auto place = [&](size_t i, uint64_t hash, uint64_t fp) {
+    pinned.reserve(pinned.size() + 2 + fp / (region_bytes_ - kBlockSize));  // the regions it may span
+    Status s;
+    try {
+      s = reserve(ctx, hash, items[i].size, &pl, may_wait, pinned, second_put);  // a std::bad_alloc: none reserved
+    } catch (const std::bad_alloc&) {
+      s = no_memory();
+    }
+    if (!s.ok()) {
+      if (s.code() == Status::Code::kNoSpace) may_wait = false;
+      results[i] = std::move(s);
+      return false;
+    }
+    pinned.insert(pinned.end(), pl.regions.begin(), pl.regions.end());  // room made above: no allocation
+    last_ticket = pl.ticket;
+    return true;
+  };
+  // A disk card's stores of one I/O overlap (kAheadBytes): the write of one item is in flight (ctx's writer) while
+  // the next is copied (or filled) and checksummed into the other staging buffer; then the first is waited for and
+  // settled, and the next reserved and submitted. No device I/O of this thread while a write is in flight: the
+  // reservation (which may open a region: a header write and its sync; or wait for a region another put holds,
+  // itself waiting for this put's ticket), abandon and the commit's sync all come after the wait.
+  DeviceWriter* writer = device_->mapped() || device_->memory_backed() ? nullptr : writer_of(ctx);
+  Placement flight_pl;  // the item in flight's placement (swapped with pl: no allocation)
+  size_t flight_item = 0;
+  int flight_buf = 0;  // its staging buffer: 0, ctx.staging_ (ctx.tails_'s first two blocks); 1, ctx.staging2_
+  bool in_flight = false;
+  auto land = [&] {
+    if (!in_flight) return;
+    in_flight = false;
+    Status s;
+    try {
+      s = writer->wait();
+    } catch (const std::bad_alloc&) {  // its result's message: the write is complete, its fate unknown
+      s = no_memory();
+    }
+    settle_write(flight_item, flight_pl, std::move(s), true);
+  };
+  // An exception while a write is in flight (a fill's own, std::bad_alloc) waits for it first (it reads the
+  // caller's memory and ctx's), and settles it: then undo (declared before: it runs after) voids it if written.
+  ScopeExit landed([&] { land(); });
   for (size_t i = 0; i < n; i++) {
     const PutItem& it = items[i];
     results[i] = check_key(it.key);
@@ -180,24 +264,81 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     // Otherwise the whole object is staged.
     const bool filled = static_cast<bool>(it.fill);
     bool aligned = !filled && (reinterpret_cast<uintptr_t>(it.data) % kBlockSize) == 0 && it.size >= kBlockSize;
+    const bool staged = filled || !aligned;
+    if (writer && (staged ? fp <= kAheadBytes : it.size < kOverlapCrcBytes)) {
+      const int b = in_flight ? 1 - flight_buf : 0;
+      AlignedBuffer& buf = b ? ctx.staging2_ : ctx.staging_;
+      if (staged && !buf.reserve(fp)) {
+        results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
+        continue;
+      }
+      // The header block, then the payload (staged), or the tail block (zero-copy).
+      uint8_t* st = staged ? buf.data() : ctx.tails_.data() + b * 2 * kBlockSize;
+      const size_t body = it.size & ~(kBlockSize - 1), tail = it.size - body;
+      uint32_t pcrc = 0;
+      if (filled) {
+        Status fs;
+        try {  // another exception (the fill's own) goes up: nothing of this item reserved or written
+          fs = fill_checked(it, st + kBlockSize, 0, it.size, &pcrc);
+        } catch (const std::bad_alloc&) {
+          results[i] = no_memory();
+          continue;
+        }
+        if (!fs.ok()) {  // its source failed (the caller answers for it): no place taken
+          source_failed[i] = 1;
+          results[i] = std::move(fs);
+          continue;
+        }
+      } else if (!aligned) {
+        pcrc = crc32c_copy(st + kBlockSize, it.data, it.size);  // stage and checksum in one pass
+      } else {
+        pcrc = crc32c(it.data, it.size);
+        if (tail) {
+          std::memcpy(st + kBlockSize, it.data + body, tail);
+          std::memset(st + kBlockSize + tail, 0, kBlockSize - tail);
+        }
+      }
+      if (staged) std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
+      if (in_flight && writer->asynchronous()) counters_.writes_overlapped++;
+      land();
+      if (!place(i, hash, fp)) continue;
+      Status s;
+      const uint32_t flags = continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u;
+      encode_object_header(st, card_id_, pl.epoch, pl.seq, it.key, it.size, pcrc, flags);
+      iovec iov[3] = {{st, staged ? fp : kBlockSize}};
+      int iovcnt = 1;
+      if (!staged) {
+        iov[iovcnt++] = {const_cast<uint8_t*>(it.data), body};
+        if (tail) iov[iovcnt++] = {st + kBlockSize, kBlockSize};
+      }
+      if (pl.ext.size() == 1) {  // one request: in flight while the next item is prepared
+        try {
+          writer->submit(pl.ext[0].at, iov, iovcnt);
+        } catch (const std::bad_alloc&) {
+          settle_write(i, pl, no_memory(), false);
+          continue;
+        }
+        in_flight = true, flight_item = i, flight_buf = b;
+        std::swap(pl, flight_pl);
+        continue;
+      }
+      bool card_error = true;  // a record over several regions: its requests in order (io_mapped), now
+      try {
+        s = io_mapped(true, pl.ext, 0, iov, iovcnt);
+      } catch (const std::bad_alloc&) {
+        s = no_memory();
+        card_error = false;
+      }
+      settle_write(i, pl, std::move(s), card_error);
+      continue;
+    }
+    land();
     if (!filled && !aligned && !ctx.staging_.reserve(fp)) {
       results[i] = Status::IoError("out of memory for staging", Status::IoClass::kGatewayMemory);
       continue;
     }
-    pinned.reserve(pinned.size() + 2 + fp / (region_bytes_ - kBlockSize));  // the regions it may span
+    if (!place(i, hash, fp)) continue;
     Status s;
-    try {
-      s = reserve(ctx, hash, it.size, &pl, may_wait, pinned, second_put);  // a std::bad_alloc leaves nothing reserved
-    } catch (const std::bad_alloc&) {
-      s = no_memory();
-    }
-    if (!s.ok()) {
-      if (s.code() == Status::Code::kNoSpace) may_wait = false;
-      results[i] = s;
-      continue;
-    }
-    pinned.insert(pinned.end(), pl.regions.begin(), pl.regions.end());  // room made above: no allocation
-    last_ticket = pl.ticket;
     const uint64_t epoch = pl.epoch, seq = pl.seq;
     const uint32_t flags = continues(pl.offset, it.size) ? uint32_t(kObjectContinues) : 0u;
     bool card_error = true;  // false: the fill (the source) failed, or staging memory
@@ -245,20 +386,9 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
       resolve(pl.ticket, true);
       throw;
     }
-    if (!s.ok()) {
-      if (card_error) count_failure(s);
-      abandon(ctx, pl, it.size);
-      resolve(pl.ticket, true);
-      results[i] = s;
-      continue;
-    }
-    resolve(pl.ticket, false);
-    counters_.bytes_written += fp;
-    written[i] = {pl.region, pl.offset, epoch, seq, it.size, hash};  // its key copied only for a tombstone (keyed)
-    tickets[i] = pl.ticket;
-    any_written = true;
-    since = std::min(since, pl.since);
+    settle_write(i, pl, std::move(s), card_error);
   }
+  land();
   if (any_written) {
     // Every store reserved before this put's last one must be on the card
     // (or marked abandoned) first: recovery walks a region up to its first
@@ -572,6 +702,18 @@ void CardStore::retry_pending(IoContext& ctx, const uint64_t* hash) {
   write_tombstones(ctx, retry, retry.size());
 }
 
+DeviceWriter* CardStore::writer_of(IoContext& ctx) {
+  if (ctx.writer_ && ctx.writer_store_ == serial_) return ctx.writer_.get();
+  ctx.writer_.reset();  // another store's (its AIO context given back first)
+  try {
+    ctx.writer_ = device_->make_writer();
+  } catch (const std::bad_alloc&) {
+    return nullptr;  // this put's writes made as without one
+  }
+  ctx.writer_store_ = serial_;
+  return ctx.writer_.get();
+}
+
 Status CardStore::write_in_pieces(IoContext& ctx, const std::vector<Extent>& ext, const PutItem& it, uint64_t epoch,
                                   uint64_t seq, uint32_t flags, bool mapped) {
   // The header carries the CRC, so it goes last (an object whose header is
@@ -632,18 +774,9 @@ Status CardStore::write_filled(IoContext& ctx, const std::vector<Extent>& ext, c
   uint32_t pcrc = 0;
   uint8_t* map = mapped ? device_->mapped() : nullptr;
   auto fill = [&](uint8_t* dst, uint64_t offset, size_t len) {
-    for (size_t done = 0; done < len;) {
-      size_t l = std::min(len - done, kFillPieceBytes);
-      Status s = it.fill(dst + done, offset + done, l);
-      if (map) device_->mapped_written(static_cast<uint64_t>(dst + done - map), l);  // what it wrote, even failing
-      if (!s.ok()) {
-        *source_failed = true;
-        return s;
-      }
-      pcrc = crc32c_extend(pcrc, dst + done, l);
-      done += l;
-    }
-    return Status::Ok();
+    Status s = fill_checked(it, dst, offset, len, &pcrc, map ? device_.get() : nullptr, map);
+    *source_failed = !s.ok();
+    return s;
   };
   uint8_t* hdr = ctx.header_.data();
   const size_t tail = it.size % kBlockSize;

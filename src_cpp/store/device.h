@@ -42,6 +42,37 @@ class Foreground {
   const std::shared_ptr<std::atomic<int>> count_;  // nullptr: nobody looks (a device without background work)
 };
 
+// One write at a time, issued by its owner and waited for later (Device::writer): the owner prepares its next write
+// (a store's copy and CRC: CardStore::put_each) while this one is in flight. One owner (an IoContext's thread);
+// at most one write in flight (the same I/O concurrency as a synchronous write a thread).
+class DeviceWriter {
+ public:
+  virtual ~DeviceWriter() = default;
+  // Issues the write of iov's bytes at `offset` (Device::writev's rules). The memory iov points to stays valid and
+  // unchanged until wait() returns (the iovec array itself only for the call). One in flight: wait() first.
+  virtual void submit(uint64_t offset, const iovec* iov, int count) = 0;
+  // The result of the write submitted (once for each submit): it is complete (and counted as completed for
+  // Device::sync) when this returns.
+  virtual Status wait() = 0;
+  // True when submit() only issues the write, which completes meanwhile; false when it is done in submit().
+  virtual bool asynchronous() const { return false; }
+};
+
+class Device;
+
+// The default DeviceWriter: Device::writev in submit(), its result kept for wait(). Every test device keeps its
+// faults (testing/fault_device.h: a crash at any write, a failed write) and its order of writes.
+class SyncDeviceWriter : public DeviceWriter {
+ public:
+  explicit SyncDeviceWriter(const Device& dev) : dev_(dev) {}
+  void submit(uint64_t offset, const iovec* iov, int count) override;
+  Status wait() override { return std::move(result_); }
+
+ private:
+  const Device& dev_;
+  Status result_;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -101,6 +132,10 @@ class Device {
   // do not meet it.
   virtual void stop_background() {}
 
+  // A writer of this device for one thread (an IoContext's), made once and kept: it may hold a kernel context
+  // (CardDevice: a Linux AIO context). Default: SyncDeviceWriter. Never nullptr.
+  virtual std::unique_ptr<DeviceWriter> make_writer() const { return std::make_unique<SyncDeviceWriter>(*this); }
+
   Status read(uint64_t offset, void* buf, size_t n) const {
     iovec v{buf, n};
     return readv(offset, &v, 1);
@@ -110,5 +145,9 @@ class Device {
     return writev(offset, &v, 1);
   }
 };
+
+inline void SyncDeviceWriter::submit(uint64_t offset, const iovec* iov, int count) {
+  result_ = dev_.writev(offset, iov, count);
+}
 
 }  // namespace adp

@@ -22,6 +22,7 @@
 // closed and the card opened again (a reboot) on what survived.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -198,6 +199,45 @@ class HeldFlushDevice : public FaultDevice {
   mutable std::mutex hold_mu_;
   mutable std::condition_variable hold_cv_;
   mutable bool hold_armed_ = false, holding_ = false, hold_released_ = false;
+};
+
+// A FaultDevice whose writer (make_writer) holds each submitted write until its wait(): the write is applied then
+// (writev: every fault of FaultDevice's applies, counted and ordered there), after on_wait(offset), if set, ran on
+// the waiting thread. Its writer says it is asynchronous, so that a store prepares its next object while one is held
+// (tests/cpp/write_ahead_test.cc). Writes other than a writer's are made at once, as FaultDevice's.
+class DeferredWriteDevice : public FaultDevice {
+ public:
+  using FaultDevice::FaultDevice;
+  // Set before any store; `f` may call the device (fail_write(writes()) fails the write it is told of).
+  void on_wait(std::function<void(uint64_t offset)> f) { on_wait_ = std::move(f); }
+  std::unique_ptr<DeviceWriter> make_writer() const override { return std::make_unique<Writer>(*this); }
+  // Writes submitted through writers, and waited for (equal when none is held).
+  uint64_t submitted() const { return submitted_.load(); }
+  uint64_t waited() const { return waited_.load(); }
+
+ private:
+  class Writer : public DeviceWriter {
+   public:
+    explicit Writer(const DeferredWriteDevice& dev) : dev_(dev) {}
+    bool asynchronous() const override { return true; }
+    void submit(uint64_t offset, const iovec* iov, int count) override {
+      iov_.assign(iov, iov + count);
+      offset_ = offset;
+      dev_.submitted_++;
+    }
+    Status wait() override {
+      dev_.waited_++;
+      if (dev_.on_wait_) dev_.on_wait_(offset_);
+      return dev_.writev(offset_, iov_.data(), static_cast<int>(iov_.size()));
+    }
+
+   private:
+    const DeferredWriteDevice& dev_;
+    std::vector<iovec> iov_;
+    uint64_t offset_ = 0;
+  };
+  std::function<void(uint64_t)> on_wait_;
+  mutable std::atomic<uint64_t> submitted_{0}, waited_{0};
 };
 
 }  // namespace adp::testing

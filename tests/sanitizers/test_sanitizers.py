@@ -166,6 +166,16 @@ def test_large_load_ahead_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_write_ahead_under_sanitizer(mode, tmp_path):
+    """A disk store prepared while the write before it is in flight (tests/cpp/write_ahead_test.cc): the held
+    writes of the fault device, a fill that throws with a write in flight, and Linux AIO on a card image in
+    tmp_path (the kernel reads the staging and the caller's memory while the next object is copied)."""
+    binary = cpp.build("write_ahead_test", tmp_path, sanitize=mode)
+    cpp.run(binary, str(tmp_path / "card.img"), timeout=600)
+
+
+@pytest.mark.sanitizer
 def test_card_fuzz_under_asan(tmp_path):
     """The card-image fuzzer (tests/cpp/card_fuzz_test.cc, tests/store/test_card_fuzz.py), a short range of seeds:
     recovery's walk, verify and the loads over damaged images, bounds and lengths read from damaged headers."""
