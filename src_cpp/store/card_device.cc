@@ -403,11 +403,13 @@ Status CardDevice::io_error(bool is_write, uint64_t bytes, uint64_t offset, int 
 // One write in flight at a time through its own AIO context (io_setup(1)), made once for the writer.
 class CardDevice::AioWriter : public DeviceWriter {
  public:
-  AioWriter(const CardDevice& dev, aio_context_t ctx) : dev_(dev), ctx_(ctx) {}
+  explicit AioWriter(const CardDevice& dev) : dev_(dev) {}
   ~AioWriter() override {
     if (in_flight_) (void)wait();  // the kernel may still read the caller's memory
-    ::syscall(SYS_io_destroy, ctx_);
+    if (ctx_) ::syscall(SYS_io_destroy, ctx_);
   }
+  // Its AIO context (one write at a time); errno's value where io_setup failed, else 0.
+  int setup() { return ::syscall(SYS_io_setup, 1U, &ctx_) == 0 ? 0 : errno; }
   AioWriter(const AioWriter&) = delete;
   AioWriter& operator=(const AioWriter&) = delete;
   bool asynchronous() const override { return true; }
@@ -483,7 +485,7 @@ class CardDevice::AioWriter : public DeviceWriter {
  private:
   static inline std::atomic<bool> submit_failed_logged_{false};
   const CardDevice& dev_;
-  const aio_context_t ctx_;
+  aio_context_t ctx_ = 0;
   iocb cb_{};
   std::vector<iovec> iov_;
   uint64_t offset_ = 0, total_ = 0;
@@ -496,9 +498,8 @@ std::unique_ptr<DeviceWriter> CardDevice::make_writer() const {
   // ADP_CARD_AIO=0: synchronous writes (an A/B of the overlap in one build: benchmarks/results/*-aio37-*.md).
   const char* aio = std::getenv("ADP_CARD_AIO");
   if (read_only_ || memory_backed_ || (aio && std::string(aio) == "0")) return Device::make_writer();
-  aio_context_t ctx = 0;
-  if (::syscall(SYS_io_setup, 1U, &ctx) != 0) {
-    const int e = errno;
+  auto w = std::make_unique<AioWriter>(*this);  // first: a std::bad_alloc leaves no AIO context behind
+  if (const int e = w->setup(); e != 0) {
     if (!setup_failed_logged.exchange(true))
       ADP_WARN(
           "card %s: io_setup failed (%s%s): stores write synchronously, their copy and CRC not overlapped with "
@@ -509,7 +510,7 @@ std::unique_ptr<DeviceWriter> CardDevice::make_writer() const {
                                       : "");
     return Device::make_writer();
   }
-  return std::make_unique<AioWriter>(*this, ctx);
+  return w;
 }
 
 Status CardDevice::track(Status s) const {
