@@ -38,7 +38,14 @@ HERE = Path(__file__).resolve().parent
 COMMIT = subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
 ).stdout.strip()
-from tools import describe_build, exit_on_sigterm, native_build, native_module, require_tool  # noqa: E402
+from tools import (  # noqa: E402
+    describe_build,
+    exit_on_sigterm,
+    hugetlb_pool,
+    native_build,
+    native_module,
+    require_tool,
+)
 
 # The package measured: this tree's build if it has one (an editable install may point at another tree),
 # else the installed one; copied aside for the whole run, so that a rebuild meanwhile changes nothing.
@@ -81,7 +88,6 @@ GATEWAY_ROLES = ("gateway", "gateway-tcp")  # rows served by an `lmcache-adp gat
 # --l1-hugetlb: every `lmcache bench l2` (ADP rows and peers alike) gets its L1 from the 2 MiB hugetlb pool
 # (`--l1-use-hugepages`): one physical run per 2 MiB, the same for every row, where an ordinary L1's
 # scattering differs from process to process (results/2026-12-05-2000-probe27-direct-read.md).
-HUGETLB = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 L1_HUGETLB = False
 # --fio-think-us: one more fio row, QD4 reads where each job waits that long after each read (as a worker
 # checking a CRC before its next read): fio QD4 over it is what hiding that CPU time behind the I/O can gain.
@@ -206,29 +212,6 @@ def l1_pages(sizes_kb: list[int]) -> int:
     """2 MiB pages one `lmcache bench l2` L1 takes at the largest chunk size (store and load buffers of a
     round: 2 x NUM_KEYS x IN_FLIGHT chunks), one more for the rounding."""
     return -(-2 * NUM_KEYS * IN_FLIGHT * max(sizes_kb) * 1024 // (2 * MiB)) + 1
-
-
-@contextlib.contextmanager
-def hugetlb_pool(pages: int, root: Path = HUGETLB):
-    """Grows the 2 MiB hugetlb pool by `pages` for the run (one row's L1: the rows run one at a time) and gives
-    them back after it, also on an error or Ctrl-C. SystemExit with the reason if the pool cannot be had (not
-    root, or the kernel found too little free contiguous memory)."""
-    total, free = root / "nr_hugepages", root / "free_hugepages"
-    try:
-        before = int(total.read_text())
-        total.write_text(str(before + pages))
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--l1-hugetlb: cannot grow the 2 MiB hugetlb pool ({total}): {e}") from None
-    try:
-        got = int(free.read_text())
-        if got < pages:
-            raise SystemExit(
-                f"--l1-hugetlb: the 2 MiB hugetlb pool has {got} free pages after asking for {pages} more "
-                f"(one L1 needs {pages}): too little free contiguous memory; try again when the machine is quieter"
-            )
-        yield before + pages
-    finally:
-        total.write_text(str(before))
 
 
 def fio(

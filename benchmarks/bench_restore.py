@@ -46,6 +46,7 @@ benchmarks/results/raw/<date>-restore-FAILED/ (--results-dir: another results di
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -68,6 +69,7 @@ from tools import (  # noqa: E402
     describe_build,
     exit_on_sigterm,
     fail_fast,
+    hugetlb_pool,
     native_build,
     require_tool,
     round_orders,
@@ -149,12 +151,12 @@ def other_load() -> list[str]:
 
 def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: int, l1_gb: float,
                  raw: Path, l1_shm: bool = False, gateway: Gateway | None = None,
-                 server_env: dict | None = None) -> dict:  # fmt: skip
+                 server_env: dict | None = None, l1_hugetlb: bool = False) -> dict:  # fmt: skip
     """One fresh server with this L2: store, restores from L1, then restores from L2. l1_shm: LMCache's L1
     pool in a /dev/shm file (`lmcache server --shm-name`), as docs tell a gateway's operators to run it.
     If the server (or the gateway it uses) dies meanwhile, ProcessDied with its log tail, at once."""
     shm = f"adp-restore-{os.getpid()}-{name.replace('+', '-')}"
-    extra = ["--shm-name", shm] if l1_shm else []
+    extra = (["--shm-name", shm] if l1_shm else []) + (["--l1-use-hugepages"] if l1_hugetlb else [])
     server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name, extra_args=extra)
     server.env.update(server_env or {})
     before = _reclaim()
@@ -237,7 +239,8 @@ def render(res: dict) -> str:
         f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
         f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier "
         f"and round, {res.get('rounds', 1)} round(s), {tier_order_text(res)}; "
-        "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
+        "method in benchmarks/bench_restore.py; raw samples and server logs in raw/."
+        + (" Every server's L1 from 2 MiB hugetlb pages (--l1-hugetlb)." if res.get("l1_hugetlb") else ""),
         "",
         f"Command: `{res.get('command', '(not recorded)')}`; MP servers' added environment: "
         f"{', '.join(res.get('server_env') or []) or 'none'}",
@@ -321,6 +324,11 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def l1_size_gb(nbytes: int) -> float:
+    """Each MP server's L1 for a prompt of `nbytes`: the stored copy and a prefetched copy, and a GiB."""
+    return round(2 * nbytes / GiB + 1, 1)
+
+
 WORKDIR_MARK = ".bench_restore-workdir"  # in a --workdir this benchmark made
 
 
@@ -347,6 +355,13 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--tag", default="restore", help="result name: <date>-<tag>")
     ap.add_argument("--results-dir", default=str(RESULTS), help="where the report and raw/ go (default: %(default)s)")
+    ap.add_argument(
+        "--l1-hugetlb",
+        action="store_true",
+        help="every MP server's L1 from the 2 MiB hugetlb pool (`lmcache server --l1-use-hugepages`; the pool grown "
+        "by one L1's pages for the run, given back after; root): the same physical contiguity for every tier, "
+        "where an ordinary L1's differs from server to server and sets the disk requests' size (restore37)",
+    )
     ap.add_argument(
         "--server-env",
         action="append",
@@ -376,8 +391,12 @@ def main() -> int:
     exit_on_sigterm()  # stopped by SIGTERM, the servers are stopped and the work directory removed, as on Ctrl-C
     print(f"lmcache_adp measured: {Path(lmcache_adp.__file__).parent}", flush=True)
     args.stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    if args.l1_hugetlb and any(t.endswith("+shm") for t in args.tiers.split(",")):
+        ap.error("--l1-hugetlb with a NAME+shm tier: LMCache's hugetlb L1 cannot be a /dev/shm pool (--shm-name)")
+    l1_pages = -(-int(l1_size_gb(args.tokens * shape.bytes_per_token) * GiB) // (2 * MiB)) + 1
     try:
-        return measure(args, shape)
+        with hugetlb_pool(l1_pages) if args.l1_hugetlb else contextlib.nullcontext():
+            return measure(args, shape)
     except BaseException:  # a failed step, Ctrl-C, SIGTERM: the server logs and samples so far are kept
         keep_failed(args, work / "raw", getattr(args, "partial", None))
         raise
@@ -409,7 +428,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
     raw = work / "raw"  # staged here, copied into benchmarks/results at the end
     raw.mkdir(parents=True)
     (work / WORKDIR_MARK).touch()  # a later run may remove this directory (main's --workdir check)
-    l1_gb = round(2 * gib + 1, 1)  # the stored copy and a prefetched copy
+    l1_gb = l1_size_gb(nbytes)
     card_gb = max(8, 4 * gib)  # region = card/64 must hold one 32 MiB chunk
 
     res: dict = {
@@ -439,6 +458,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
             "loadavg_start": os.getloadavg(),
         },  # fmt: skip
         "l1_size_gb": l1_gb,
+        "l1_hugetlb": args.l1_hugetlb,
         "server_env": args.server_env,
         "notes": {},
         "tiers": {},
@@ -483,7 +503,17 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
             print(f"{name} (round {rnd + 1}) ...", flush=True)
             try:
                 got = measure_tier(
-                    name, adapter, shape, args.tokens, args.repeat, l1_gb, raw, l1 == "shm", gateway, server_env
+                    name,
+                    adapter,
+                    shape,
+                    args.tokens,
+                    args.repeat,
+                    l1_gb,
+                    raw,
+                    l1 == "shm",
+                    gateway,
+                    server_env,
+                    args.l1_hugetlb,
                 )
                 if gateway is not None:  # which path the gateway's loads took: segments (one copy) or the ring
                     st = read_gateway_stats(gateway.url)

@@ -275,3 +275,29 @@ def fail_fast(watched: dict, poll_s: float = 0.5):
         stop.set()
         watcher.join()
         signal.signal(signal.SIGUSR1, previous)
+
+
+HUGETLB = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
+
+
+@contextlib.contextmanager
+def hugetlb_pool(pages: int, root: Path = HUGETLB):
+    """Grows the 2 MiB hugetlb pool by `pages` for the run (one L1: bench_l2's rows and bench_restore's servers run one at a time) and gives
+    them back after it, also on an error or Ctrl-C. SystemExit with the reason if the pool cannot be had (not
+    root, or the kernel found too little free contiguous memory)."""
+    total, free = root / "nr_hugepages", root / "free_hugepages"
+    try:
+        before = int(total.read_text())
+        total.write_text(str(before + pages))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--l1-hugetlb: cannot grow the 2 MiB hugetlb pool ({total}): {e}") from None
+    try:
+        got = int(free.read_text())
+        if got < pages:
+            raise SystemExit(
+                f"--l1-hugetlb: the 2 MiB hugetlb pool has {got} free pages after asking for {pages} more "
+                f"(one L1 needs {pages}): too little free contiguous memory; try again when the machine is quieter"
+            )
+        yield before + pages
+    finally:
+        total.write_text(str(before))

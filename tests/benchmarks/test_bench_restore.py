@@ -204,3 +204,15 @@ def test_the_fio_file_is_the_prompt_exactly_and_fio_reads_it_in_chunks_of_the_sh
     assert proc.returncode == 1, out  # the fake fio fails after looking
     assert (tmp_path / "fio.saw.size").read_text().split() == [str(9 * 128 * 1024)], out
     assert (tmp_path / "fio.saw.bs").read_text().split() == [str(128 * 1024)], out
+
+
+def test_l1_hugetlb_with_an_shm_tier_is_refused_up_front(tmp_path):
+    """--l1-hugetlb (restore37: the L1's physical layout sets the disk requests' size and moved the item-5 ratio
+    more than the plugin did) puts every server's L1 on 2 MiB hugetlb pages; LMCache cannot make such an L1 a
+    /dev/shm pool, so a NAME+shm tier beside it is refused before anything runs."""
+    proc = start(tmp_path, "--l1-hugetlb", "--tiers", "mock,adp+shm")
+    with stopped_after(proc, tmp_path):
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert "--l1-hugetlb with a NAME+shm tier" in out, out
+    assert not (tmp_path / "fio.pids").exists() and not (tmp_path / "work").exists()
