@@ -195,6 +195,7 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
       return;
     }
     resolve(p.ticket, false);
+    results[i] = Status::Ok();
     counters_.bytes_written += object_footprint(it.size);
     // Its key copied only for a tombstone (keyed).
     written[i] = {p.region, p.offset, p.epoch, p.seq, it.size, index_hash(it.key)};
@@ -248,6 +249,10 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
     const PutItem& it = items[i];
     results[i] = check_key(it.key);
     if (!results[i].ok()) continue;
+    // Failed until its write is done (settle_write): a std::bad_alloc out of put_each before that (its reservation's
+    // room among the pins, an oversize refusal's text) leaves it reported failed, not Ok unstored (review37b: the
+    // key check's Ok stood, and EmbeddedSession::put_group handed it out). Allocates nothing.
+    results[i] = no_memory();
     if (it.size > max_object_bytes()) {
       if (!oversize_logged_.exchange(true))
         ADP_ERROR("card %s refuses objects larger than %" PRIu64 " bytes (%s); got one of %zu bytes%s", path().c_str(),

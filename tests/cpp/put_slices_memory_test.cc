@@ -16,6 +16,11 @@
 // indexed, some not) and one the first put part-way. An exception out of either put's put_each (a card store
 // operation: card_store_unwound) leaves put_slices (review37a: the late slice's was taken by its catch, the run went
 // on); the store is used on here only to check the items, as no caller of it would.
+// A second sweep (review37b) arms the K-th allocation from put_slices' start: every allocation of both puts, their
+// item loops too, with the same check. An item whose store a std::bad_alloc cut short before its write (its
+// reservation's room among the put's pins) was reported Ok though not on the card: put_each set its result to its
+// key check's Ok before storing it, and put_group handed that out. At least one K must leave put_slices with an item
+// not stored.
 //
 //   put_slices_memory_test
 #include <chrono>
@@ -138,6 +143,41 @@ int main() {
   check(k > 0 && k < 400, "the sweep ended with a put that made fewer allocations than k: " + std::to_string(k));
   check(late_part_way > 0, "no allocation failed the late slice's commit part-way");
   check(first_part_way > 0, "no allocation failed the first slice's commit part-way");
+  // From put_slices' start (review37b): every allocation of both puts, their item loops too. An item whose store
+  // was cut short by it (before its write: its reservation's room among the put's pins) was left reported Ok (its key
+  // checked, the result set to that check's Ok before the store was made), though not on the card.
+  int cut_short = 0;
+  for (k = 0; k < 400; k++) {
+    const std::string tag = "s" + std::to_string(k);
+    Slice first("first-" + tag, 3), late("late-" + tag, 3);
+    BackendSession::PutSlice one{first.items.data(), first.items.size(), first.results.data(), deadline, &wanted};
+    BackendSession::PutSlice more_slice{late.items.data(), late.items.size(), late.results.data(), deadline, &wanted};
+    const BackendSession::MoreSlicesFn more = [&](const BackendSession::PutSlice** out) -> size_t {
+      *out = &more_slice;
+      return 1;
+    };
+    bool threw = false;
+    fail_after = k;
+    try {
+      session->put_slices(&one, 1, &more);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    const bool injected = fail_after == -1;
+    fail_after = -1;
+    const std::string what = "allocation " + std::to_string(k) + " from put_slices' start";
+    const int late_ok = late.check_truthful(*store, what + ", the late slice");
+    const int first_ok = first.check_truthful(*store, what + ", the first slice");
+    cut_short += threw && first_ok + late_ok < 6;
+    if (!injected) break;
+  }
+  std::printf(
+      "put_slices_memory_test: %d points from put_slices' start, %d with the std::bad_alloc out of it and an "
+      "item not stored\n",
+      k, cut_short);
+  check(k > 0 && k < 400,
+        "the sweep from the start ended with a put that made fewer allocations than k: " + std::to_string(k));
+  check(cut_short > 0, "no allocation from put_slices' start left it with an item not stored");
   // The store goes on: a put after them all.
   Slice after("after", 2);
   BackendSession::PutSlice last{after.items.data(), after.items.size(), after.results.data(), deadline, &wanted};
