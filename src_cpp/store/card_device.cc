@@ -32,6 +32,7 @@
 #include "util/log.h"
 #include "util/populate.h"
 #include "util/prefault.h"
+#include "util/scope_exit.h"
 #include "util/thread_name.h"
 
 namespace adp {
@@ -412,13 +413,17 @@ class CardDevice::AioWriter : public DeviceWriter {
   int setup() { return ::syscall(SYS_io_setup, 1U, &ctx_) == 0 ? 0 : errno; }
   AioWriter(const AioWriter&) = delete;
   AioWriter& operator=(const AioWriter&) = delete;
-  bool asynchronous() const override { return true; }
+  bool in_flight() const override { return in_flight_; }
 
   void submit(uint64_t offset, const iovec* iov, int count) override {
     offset_ = offset;
     iov_.assign(iov, iov + count);  // kept for a short write's rest; capacity reused
     total_ = 0;
     for (int i = 0; i < count; i++) total_ += iov[i].iov_len;
+    if (!ctx_) {  // its context destroyed after a failed io_getevents (wait()): every write synchronous since
+      result_ = dev_.writev(offset, iov, count);
+      return;
+    }
     dev_.io_slots_.acquire();
     dev_.group_sync_.issue();  // before the syscall, as writev's
     std::memset(&cb_, 0, sizeof cb_);
@@ -436,14 +441,16 @@ class CardDevice::AioWriter : public DeviceWriter {
       in_flight_ = true;
       return;
     }
-    // Not taken (EAGAIN, or a file the kernel cannot write so): this write made synchronously.
+    // Not taken (EAGAIN, or a file the kernel cannot write so): this write made synchronously. Its slot given back
+    // first, and it is counted completed on every way out: the log line allocates, and a std::bad_alloc there kept
+    // the slot for good (review37b: with io_depth 1 every later I/O of the card then waited for it).
     const int e = r < 0 ? errno : EAGAIN;
+    dev_.io_slots_.release();
+    const ScopeExit completed([this] { dev_.group_sync_.wrote(); });
     if (!submit_failed_logged_.exchange(true))
       ADP_WARN("card %s: io_submit failed (%s): this write, and any other whose io_submit fails, made synchronously",
                dev_.path_.c_str(), errno_text(e).c_str());
-    dev_.io_slots_.release();
     result_ = dev_.track(dev_.transfer(true, offset, iov, count));
-    dev_.group_sync_.wrote();
   }
 
   Status wait() override {
@@ -454,11 +461,25 @@ class CardDevice::AioWriter : public DeviceWriter {
     do {
       r = ::syscall(SYS_io_getevents, ctx_, 1L, 1L, &ev, nullptr);
     } while (r < 0 && errno == EINTR);
+    const int e = r < 0 ? errno : EIO;
+    if (r != 1) {
+      // Not reaped: the kernel may still be making the write, from the caller's memory and ctx's staging (soon
+      // reused) to the place the store abandons next (its pad could land under it). io_destroy returns once every
+      // request of the context has ended; this writer writes synchronously from then on (review37b).
+      ::syscall(SYS_io_destroy, ctx_);
+      ctx_ = 0;
+    }
     dev_.io_slots_.release();
+    const ScopeExit completed([this] { dev_.group_sync_.wrote(); });  // a sync from now on covers it
     Status s;
     if (r != 1) {
+      if (!getevents_failed_logged_.exchange(true))
+        ADP_WARN(
+            "card %s: io_getevents failed (%s): a store's write of unknown outcome failed; this writer's AIO "
+            "context destroyed, its writes made synchronously",
+            dev_.path_.c_str(), errno_text(e).c_str());
       // The write's fate unknown (io_getevents itself failed: not seen): the card is failed for it.
-      s = dev_.io_error(true, total_, offset_, r < 0 ? errno : EIO);
+      s = dev_.io_error(true, total_, offset_, e);
     } else if (ev.res < 0) {
       s = dev_.io_error(true, total_, offset_, static_cast<int>(-ev.res));
     } else if (static_cast<uint64_t>(ev.res) < total_) {  // short: the rest synchronously (rare)
@@ -477,13 +498,11 @@ class CardDevice::AioWriter : public DeviceWriter {
               : dev_.transfer(true, offset_ + static_cast<uint64_t>(ev.res), rest.data(),
                               static_cast<int>(rest.size()));
     }
-    s = dev_.track(std::move(s));
-    dev_.group_sync_.wrote();  // a sync from now on covers it
-    return s;
+    return dev_.track(std::move(s));
   }
 
  private:
-  static inline std::atomic<bool> submit_failed_logged_{false};
+  static inline std::atomic<bool> submit_failed_logged_{false}, getevents_failed_logged_{false};
   const CardDevice& dev_;
   aio_context_t ctx_ = 0;
   iocb cb_{};

@@ -304,7 +304,8 @@ void CardStore::put_each(IoContext& ctx, const PutItem* items, size_t n, Status*
         }
       }
       if (staged) std::memset(st + kBlockSize + it.size, 0, fp - kBlockSize - it.size);
-      if (in_flight && writer->asynchronous()) counters_.writes_overlapped++;
+      // Counted only where the write before is in flight: not one made synchronously (a failed io_submit: review37b).
+      if (in_flight && writer->in_flight()) counters_.writes_overlapped++;
       land();
       if (!place(i, hash, fp)) continue;
       Status s;

@@ -54,8 +54,9 @@ class DeviceWriter {
   // The result of the write submitted (once for each submit): it is complete (and counted as completed for
   // Device::sync) when this returns.
   virtual Status wait() = 0;
-  // True when submit() only issues the write, which completes meanwhile; false when it is done in submit().
-  virtual bool asynchronous() const { return false; }
+  // True while the write submitted last is in flight (submit() only issued it, wait() not yet called); false when it
+  // was made in submit() (a synchronous writer, or an AIO writer whose io_submit failed) or once waited for.
+  virtual bool in_flight() const { return false; }
 };
 
 class Device;

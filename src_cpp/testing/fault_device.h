@@ -203,8 +203,8 @@ class HeldFlushDevice : public FaultDevice {
 
 // A FaultDevice whose writer (make_writer) holds each submitted write until its wait(): the write is applied then
 // (writev: every fault of FaultDevice's applies, counted and ordered there), after on_wait(offset), if set, ran on
-// the waiting thread. Its writer says it is asynchronous, so that a store prepares its next object while one is held
-// (tests/cpp/write_ahead_test.cc). Writes other than a writer's are made at once, as FaultDevice's.
+// the waiting thread. Its writer says a write is in flight until its wait(), so that a store prepares its next object
+// while one is held (tests/cpp/write_ahead_test.cc). Writes other than a writer's are made at once, as FaultDevice's.
 class DeferredWriteDevice : public FaultDevice {
  public:
   using FaultDevice::FaultDevice;
@@ -219,13 +219,15 @@ class DeferredWriteDevice : public FaultDevice {
   class Writer : public DeviceWriter {
    public:
     explicit Writer(const DeferredWriteDevice& dev) : dev_(dev) {}
-    bool asynchronous() const override { return true; }
+    bool in_flight() const override { return held_; }
     void submit(uint64_t offset, const iovec* iov, int count) override {
       iov_.assign(iov, iov + count);
       offset_ = offset;
       dev_.submitted_++;
+      held_ = true;
     }
     Status wait() override {
+      held_ = false;
       dev_.waited_++;
       if (dev_.on_wait_) dev_.on_wait_(offset_);
       return dev_.writev(offset_, iov_.data(), static_cast<int>(iov_.size()));
@@ -235,6 +237,7 @@ class DeferredWriteDevice : public FaultDevice {
     const DeferredWriteDevice& dev_;
     std::vector<iovec> iov_;
     uint64_t offset_ = 0;
+    bool held_ = false;
   };
   std::function<void(uint64_t)> on_wait_;
   mutable std::atomic<uint64_t> submitted_{0}, waited_{0};

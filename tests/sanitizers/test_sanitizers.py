@@ -176,6 +176,17 @@ def test_write_ahead_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+@pytest.mark.parametrize("mode", ["asan", "tsan"])
+def test_aio_fallback_under_sanitizer(mode, tmp_path):
+    """A disk card's AIO writer where io_setup, io_submit or io_getevents fails (tests/cpp/aio_fallback_test.cc, its
+    own seccomp filter): the synchronous fallbacks, the AIO context destroyed after a failed io_getevents while the
+    kernel may still be writing, the card's recovery threads at each open."""
+    binary = cpp.build("aio_fallback_test", tmp_path, sanitize=mode)
+    for syscall in ("setup", "submit", "getevents"):
+        cpp.run(binary, syscall, str(tmp_path / "card.img"), timeout=600)
+
+
+@pytest.mark.sanitizer
 def test_card_fuzz_under_asan(tmp_path):
     """The card-image fuzzer (tests/cpp/card_fuzz_test.cc, tests/store/test_card_fuzz.py), a short range of seeds:
     recovery's walk, verify and the loads over damaged images, bounds and lengths read from damaged headers."""
