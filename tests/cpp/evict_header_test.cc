@@ -206,27 +206,28 @@ void stored_anew_while_evicted() {
     const uint64_t region0 = adp::kDataOffset;
     check(adp::testing::header_block(*image, key(0)) < region0 + kRegion, "key 0 is in region 0");
     dev->fail_writes(region0, region0 + adp::kBlockSize);
-    // The newer copy's store: reserved, then waits in its fill (no device lock held) for the eviction.
+    // The newer copy's store: reserved, written and synced, then waits before its commit (put's still_wanted, asked
+    // with no store lock held) for the eviction. Not in its fill: a disk card's store of one I/O is filled before its
+    // reservation (the write ahead of aio37), so a fill that waits holds nothing reserved.
     std::mutex mu;
     std::condition_variable cv;
-    bool filling = false, go = false;
+    bool waiting = false, go = false;
     adp::Status anew;
     std::thread a([&] {
       adp::IoContext c;
       std::string k = key(0);
-      adp::PutItem item{k, nullptr, newer.size(), [&](uint8_t* dst, uint64_t off, size_t len) {
-                          std::unique_lock<std::mutex> l(mu);
-                          filling = true;
-                          cv.notify_all();
-                          cv.wait(l, [&] { return go; });
-                          std::memcpy(dst, newer.data() + off, len);
-                          return adp::Status::Ok();
-                        }};
-      s->put(c, &item, 1, &anew, [] { return true; });
+      adp::PutItem item{k, newer.data(), newer.size()};
+      s->put(c, &item, 1, &anew, [&] {
+        std::unique_lock<std::mutex> l(mu);
+        waiting = true;
+        cv.notify_all();
+        cv.wait(l, [&] { return go; });
+        return true;
+      });
     });
     {
       std::unique_lock<std::mutex> l(mu);
-      cv.wait(l, [&] { return filling; });
+      cv.wait(l, [&] { return waiting; });
     }
     check(s->stats().evicted_objects == 0, "the newer copy's reservation evicted nothing");
     dev->hold_write(dev->writes());  // the next write: region 0's new header (the eviction for the store below)
