@@ -43,7 +43,8 @@ if os.environ.get("ADP_WERROR") == "1":
 # object's .text 64-aligned, so the linker keeps the boundary in the module. Checked on the built module by
 # tests/util/test_crc32c.py (test_crc_loops_are_64_byte_aligned). A flag the compiler does not accept (clang
 # before 13 does not know -falign-loops: with ADP_WERROR=1 the build failed) is left out, logged: each probed once a
-# build (scripts/object_stamps.py, accepted_flags; tests/packaging/test_setup_flags.py).
+# build with the build's other arguments (scripts/object_stamps.py, accepted_flags; tests/packaging/test_setup_flags.py);
+# a probe that times out or cannot run leaves the flag out too, its line saying so.
 SOURCE_FLAGS = {"src_cpp/util/crc32c.cc": ["-falign-loops=64"]}
 
 
@@ -71,14 +72,19 @@ def incremental_compile(compiler, sources, output_dir=None, macros=None, include
     versions = [stamps_ns["compiler_version"](exe) for exe in compilers]
     command = json.dumps([compiler.compiler_so, cxx, cc_args, extra_postargs, versions])
 
-    # A source's own flags that this compiler accepts: each probed once a build (scripts/object_stamps.py,
-    # accepted_flags; clang before 13 rejects -falign-loops=64), a rejected one left out with a line saying so.
+    # A source's own flags that this compiler accepts beside the build's other arguments (defines, include dirs,
+    # -std=c++20 and the extra compile args: a flag is judged as it will be compiled): each probed once a build
+    # (scripts/object_stamps.py, accepted_flags; clang before 13 rejects -falign-loops=64); one rejected, or whose
+    # probe timed out or could not run, left out with a line saying which.
     accepted = {}
+    probe_args = [a for a in cc_args if a != "-c"] + list(extra_postargs)
 
     def own_flags(obj):
         source = os.path.relpath(build[obj][0], ROOT)
         if source not in accepted:
-            accepted[source] = stamps_ns["accepted_flags"](cxx or compiler.compiler_so, SOURCE_FLAGS.get(source, []))
+            accepted[source] = stamps_ns["accepted_flags"](
+                cxx or compiler.compiler_so, SOURCE_FLAGS.get(source, []), args=probe_args
+            )
         return accepted[source]
 
     # A source with flags of its own (SOURCE_FLAGS) is judged by a command with them: an object built without them

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,33 +60,66 @@ def compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
 
 
-def accepted_flags(compiler: list[str], flags: list[str], log: Callable[[str], None] = print) -> list[str]:
-    """Those of `flags` that `compiler` (a command line: the compiler and its own flags) accepts: each probed once
-    (an empty C++ file compiled with it and -Werror, which makes an unknown or ignored flag fail, as ADP_WERROR=1's
-    build would), the others left out with a line through `log` naming the flag and the compiler. setup.py's
-    SOURCE_FLAGS: clang before 13 does not know -falign-loops=64 (a warning, -Wignored-optimization-argument, or
-    an error), and with ADP_WERROR=1 the build failed on it."""
+# How long one flag's probe may take (an empty file: well under a second on an idle host). Past it the probe is
+# stopped, its compiler's whole process group killed (a driver's cc1plus too), and the flag left out, said so.
+PROBE_TIMEOUT_S = 120
+
+
+def accepted_flags(
+    compiler: list[str],
+    flags: list[str],
+    log: Callable[[str], None] = print,
+    args: list[str] | tuple[str, ...] = (),
+    timeout: float = PROBE_TIMEOUT_S,
+) -> list[str]:
+    """Those of `flags` that `compiler` (a command line: the compiler and its own flags) accepts together with
+    `args`, the build's other arguments for the source (setup.py: distutils' include dirs, defines and extra
+    compile args, -std=c++20 among them): each probed once (an empty C++ file compiled with them, the flag and
+    -Werror, which makes an unknown or ignored flag fail, as ADP_WERROR=1's build would). A flag is judged with
+    the arguments it will be compiled with: one that a compiler accepts alone but rejects beside them (or the
+    reverse) is judged as the build will meet it (review of 6afff83: probed alone, such a flag was kept and
+    failed the build). Kept only when the probe succeeds; every other flag is left out with a line through `log`
+    naming the flag, the compiler and why: rejected, the probe timed out (`timeout` seconds), or the probe could
+    not run (the compiler not found). setup.py's SOURCE_FLAGS: clang before 13 does not know -falign-loops=64 (a
+    warning, -Wignored-optimization-argument, or an error), and with ADP_WERROR=1 the build failed on it."""
     kept = []
     for flag in flags:
-        if _flag_accepted(tuple(compiler), flag):
+        verdict = _flag_verdict(tuple(compiler), tuple(args), flag, timeout)
+        if verdict == "accepted":
             kept.append(flag)
-        else:
+        elif verdict == "rejected":
             log(
-                f"lmcache_adp._native: {compiler_of(compiler)} does not accept {flag} (probed with -Werror): built without it"
+                f"lmcache_adp._native: {compiler_of(compiler)} does not accept {flag} (probed with -Werror and the "
+                "build's arguments): built without it"
             )
+        else:
+            log(f"lmcache_adp._native: {flag} not judged, {verdict}: built without it (the next build probes again)")
     return kept
 
 
 @functools.cache
-def _flag_accepted(compiler: tuple[str, ...], flag: str) -> bool:
+def _flag_verdict(compiler: tuple[str, ...], args: tuple[str, ...], flag: str, timeout: float) -> str:
+    """'accepted', 'rejected', or why the probe gave no answer."""
     with tempfile.TemporaryDirectory(prefix="adp-flag-probe-") as tmp:
         source = Path(tmp) / "probe.cc"
         source.write_text("")
-        command = [*compiler, "-Werror", flag, "-c", str(source), "-o", str(Path(tmp) / "probe.o")]
+        command = [*compiler, *args, "-Werror", flag, "-c", str(source), "-o", str(Path(tmp) / "probe.o")]
         try:
-            return subprocess.run(command, capture_output=True, timeout=120).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return False
+            # A session of its own: on a timeout the whole group goes (the driver and the cc1plus it runs, which
+            # holds the pipes: killing the driver alone left communicate() waiting for the compiler to finish).
+            proc = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
+        except OSError as e:
+            return f"the probe could not run {compiler_of(list(compiler))} ({e.strerror or e})"
+        try:
+            return "accepted" if proc.wait(timeout=timeout) == 0 else "rejected"
+        except subprocess.TimeoutExpired:
+            return f"the probe with {compiler_of(list(compiler))} timed out after {timeout:g} s"
+        finally:
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def jobs() -> int:
