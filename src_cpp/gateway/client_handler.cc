@@ -97,13 +97,14 @@ Status ClientHandler::ended() const {
 
 void ClientHandler::refuse(const Status& why) {
   // Before the handshake the peer is unknown (and may be one of hundreds):
-  // those lines are rate-limited.
+  // those lines are rate-limited. The reason as long as the client's Error frame carries it (kMaxMessageBytes;
+  // log_safe's default, 200, cut a segment's refusal before its verdict: debt38b).
+  const std::string reason = log_safe(why.message(), proto::kMaxMessageBytes);
   if (handshake_done_)
-    ADP_WARN("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(),
-             log_safe(why.message()).c_str());
+    ADP_WARN("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(), reason.c_str());
   else
     ADP_WARN_LIMITED("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(),
-                     log_safe(why.message()).c_str());
+                     reason.c_str());
   if (!torn())
     proto::send_error_frame(fd_, last_request_id_, why.message(), Clock::now() + std::chrono::milliseconds(200));
   proto::finish_sending(fd_);

@@ -27,15 +27,22 @@
 #include <string_view>
 #include <thread>
 
+#include "protocol/frame.h"
 #include "util/status.h"
 
 namespace adp::proto {
 
 struct SegmentMapping;
 
+// The longest a refusal of segment_fs_refusal is: the Error frame's limit (kMaxMessageBytes, 256), so that the frame
+// and the gateway's log line of it (ClientHandler::refuse, as long) carry it whole.
+constexpr size_t kSegmentReasonBytes = kMaxMessageBytes;
+
 // Why a segment file at `path` on a mount of filesystem type `type` (its name in /proc/self/mountinfo: "tmpfs",
-// "nfs4", "fuse.sshfs"; read without asking the filesystem) is not mapped, naming both, or "" where it may be.
-// ClientSegment::Attach's check (not_mappable), by name so that tests inject the type (tests/cpp/segment_fs_test.cc).
+// "nfs4", "fuse.sshfs"; read without asking the filesystem) is not mapped, or "" where it may be: "segment not
+// mapped: " first, then the kind of file, the type and the path, at most kSegmentReasonBytes (a long path cut in
+// the middle). ClientSegment::Attach's check (not_mappable), by name so that tests inject the type
+// (tests/cpp/segment_fs_test.cc).
 std::string segment_fs_refusal(std::string_view type, std::string_view path);
 
 class ClientSegment {

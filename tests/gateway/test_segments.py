@@ -20,7 +20,7 @@ import time
 import pytest
 
 from lmcache_adp import ADPConnector
-from lmcache_adp._native import FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES
+from lmcache_adp._native import FEATURE_RING, FEATURE_SEGMENTS, FRAME_TYPES, MAX_MESSAGE_BYTES
 from lmcache_adp.gateway_stats import read_gateway_stats
 from lmcache_adp.stats_catalog import LOAD_PROFILE_STEPS
 from tests.gateway import wire
@@ -951,6 +951,35 @@ def test_a_segment_on_a_fuse_file_is_refused(workdir):
         # The server first: a read it took is waited out even by a SIGKILLed gateway (the kernel's FUSE wait is
         # not interruptible once the server has the request); its death fails the read, and the gateway's
         # SIGBUS handler takes the segment as broken.
+        fuse.close()
+        gw.kill()
+
+
+def test_a_refused_segments_reason_is_whole_in_the_log_and_the_error_frame(workdir, tmp_path):
+    """debt38b: a segment's refusal ran to 260 bytes and more, its verdict ("not mapped") at the end: the gateway's
+    log line (log_safe's 200 bytes) never carried it, and with a long path the Error frame (256 bytes,
+    kMaxMessageBytes) lost it too. Now the reason starts with its verdict and the type, cuts a long path in the
+    middle (its head and tail kept) and fits the frame whole; the log line carries that whole text. A FUSE file
+    whose path is about 400 bytes."""
+    if why := StallingFuse.available():
+        pytest.skip(f"no FUSE mount here: {why}")
+    parent = tmp_path / ("head-" + "d" * 120) / ("e" * 120) / ("f" * 120)
+    parent.mkdir(parents=True)
+    gw = Gateway(workdir).start()
+    fuse = StallingFuse(1 << 20, parent=str(parent))
+    fd = os.open(fuse.path, os.O_RDWR)
+    try:
+        assert len(fuse.path) > 380, fuse.path
+        text = error_text(RawClient(gw).register(fd, 1 << 20))
+        assert len(text.encode()) <= MAX_MESSAGE_BYTES, text
+        assert text.startswith("segment not mapped: a FUSE file (fuse.adp-stalling mount: "), text
+        assert fuse.path[:24] in text and "f" * 20 + "/adp-fuse-" in text and text.count("...") == 1, text
+        advice = "/segment): its server decides when the gateway's accesses complete; register memory files (/dev/shm)"
+        assert text.endswith(advice), text
+        said = [line for line in gw.log().splitlines() if "fuse.adp-stalling mount" in line]
+        assert len(said) == 1 and f"{text}; closing the connection" in said[0], said
+    finally:
+        os.close(fd)
         fuse.close()
         gw.kill()
 

@@ -105,8 +105,8 @@ class StallingFuse:
     that holds every READ of it unanswered (with stall_getattr, every GETATTR of it too: an fstat of it never
     returns). `wait_for_held_read()` waits for the first request held."""
 
-    def __init__(self, size: int, stall_getattr: bool = False, own_namespace: bool = False):
-        self.mount = tempfile.mkdtemp(prefix="adp-fuse-", dir="/tmp")
+    def __init__(self, size: int, stall_getattr: bool = False, own_namespace: bool = False, parent: str = "/tmp"):
+        self.mount = tempfile.mkdtemp(prefix="adp-fuse-", dir=parent)  # parent: where the mount point is made
         self.path = os.path.join(self.mount, NAME.decode())
         args = [str(size), self.mount, str(int(stall_getattr)), str(int(own_namespace))]
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE)
