@@ -181,6 +181,23 @@ std::string segment_fs_refusal(std::string_view type, std::string_view path) {
       what = "a network filesystem's file";
       why = "its server decides when accesses complete and shared mappings are not coherent across hosts";
     }
+  // A hypervisor's shared folder: the guest's file is the host's, served by a file server there. virtiofs is FUSE
+  // (fs/fuse/virtio_fs.c registers "virtiofs", so mountinfo does not say "fuse.": until debt38b it was mapped), its
+  // server the host's virtiofsd: without DAX a fault reads the page through it (FUSE_READ); with DAX the mapping is
+  // the host's page cache through the device's window, and a fault outside the window's present ranges waits for a
+  // FUSE_SETUPMAPPING, the window's ranges reclaimed by REMOVEMAPPING when it fills. The gateway and its client are
+  // one kernel (the segment's fd was passed over a Unix socket), and within one kernel MAP_SHARED mappings of a file
+  // share its pages in both modes (the page cache; DAX: the window's pages), so it is the wait on the host's server
+  // that refuses it, as for FUSE, in either mode (without DAX the host's and other guests' writes are not coherent
+  // with the mapping either). VirtualBox's vboxsf (fs/vboxsf: pages read from and written back to the host's shared
+  // folder service) alike; VMware's "vmhgfs" (open-vm-tools' kernel client; its FUSE client "fuse.vmhgfs-fuse" is
+  // refused above) and Parallels' "prl_fs" too.
+  static constexpr std::string_view kHypervisor[] = {"virtiofs", "vboxsf", "vmhgfs", "prl_fs"};
+  for (std::string_view shared : kHypervisor)
+    if (type == shared) {
+      what = "a hypervisor-shared file";
+      why = "the host's file server decides when the gateway's accesses complete";
+    }
   if (!what) return "";
   // The reason fits the Error frame whole (kMaxMessageBytes, docs/protocol.md: a wire limit, not raised), and the
   // gateway's log line of it (ClientHandler::refuse) as long (debt38b: it ran to 260 bytes and more, the verdict

@@ -5,8 +5,11 @@
 // file (session 23) and, since debt37, a file on a network filesystem (NFS, CIFS/SMB, 9p, Ceph, AFS, Lustre,
 // GlusterFS...) are refused, the refusal naming the type and the path: a network file's pages come from its
 // server (an access to the mapping waits on it, as on a FUSE server; a hard NFS mount waits for good), and its
-// shared mappings are not kept coherent with other hosts' writes. Until debt37 those were mapped. Memory and
-// local disk filesystems are taken. Also: a /dev/shm file (tmpfs) is attached through the whole check.
+// shared mappings are not kept coherent with other hosts' writes. Until debt37 those were mapped; a hypervisor's
+// shared folder (virtiofs, vboxsf, vmhgfs, prl_fs: the host's file server serves its pages) until debt38b. Memory
+// and local disk filesystems are taken. The refusal fits the Error frame (256 bytes) whole, the verdict and the
+// type first, a long path cut in the middle (debt38b). Also: a /dev/shm file (tmpfs) is attached through the whole
+// check.
 //
 //   segment_fs_test
 #include <fcntl.h>
@@ -103,6 +106,12 @@ int main() {
   // The names the kernel's clients register, as mountinfo shows them (review37a): OrangeFS's module registers
   // "pvfs2" (fs/orangefs/orangefs-mod.c; `mount -t pvfs2`), not "orangefs"; BeeGFS's client "beegfs".
   for (const char* net : {"pvfs2", "beegfs"}) refused(net, "network filesystem");
+  // debt38b: a hypervisor's shared folder (virtiofs is FUSE, but mountinfo says "virtiofs"; vboxsf; VMware's vmhgfs;
+  // Parallels' prl_fs): its pages come from the host's file server, as a FUSE file's from its server. Until then
+  // mapped.
+  for (const char* shared : {"virtiofs", "vboxsf", "vmhgfs", "prl_fs"}) refused(shared, "hypervisor-shared file");
+  for (const char* shared : {"virtiofs", "vboxsf"})
+    fits(shared, "/mnt/" + std::string(600, 'v') + "/seg", "/mnt/vvv", "vvv/seg");
   for (const char* local : {"tmpfs", "hugetlbfs", "ramfs", "ext4", "xfs", "btrfs", "overlay"}) taken(local);
   // A name that merely starts like a network one is not one ("nfsd" is the NFS server's control filesystem, no
   // file of which is a segment; "cephfs-like" stands for any unknown name): taken, as before.
