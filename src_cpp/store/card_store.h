@@ -208,6 +208,8 @@ class CardStore {
   // A load of 256 KiB objects left the disk idle between two reads of a worker for the copy (session 35, issue 10);
   // the next read then starts inside this one's `pieces`, which waits for both (a deadline held up by one read of
   // up to a piece, as a direct load's piece holds it). The next key is looked up and read before deliver() sees it.
+  // A next key of more than a piece is only looked up there, and loaded after (its deliver() and pieces would take
+  // the caller's guard again on this thread, inside the copy's `pieces`).
   // An object of more than a piece (read straight into an aligned buffer): its CRC runs on its context's CrcWorker
   // while the next key's object is read (deliver() asked for the next key's buffer then, its pieces each under
   // `pieces`), then its header and tail are checked: a worker's disk request no longer waits for the CRC of the
@@ -577,11 +579,13 @@ class CardStore {
   std::string judge_read(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch, std::string_view key,
                          Status* io, bool check_payload, uint8_t* payload_dst, const PieceGuardFn* guard, ReadKind kind,
                          uint32_t body_crc, const std::string* header_why);
+  // get_each's read of the next key, run beside a CRC; its argument: whether it runs inside a `pieces` call.
+  using AheadFn = std::function<void(bool inside_pieces)>;
   // A direct load deferred by read_and_check (region epoch `epoch`, payload in payload_dst): its CRC, on ctx's
   // CrcWorker while ahead() runs on this thread when given (the next key's read), then judge_read.
   std::string finish_direct(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch, Status* io,
                             uint8_t* payload_dst, const PieceGuardFn* guard, std::string_view key,
-                            const std::function<void()>* ahead);
+                            const AheadFn* ahead);
   // Checks an object's header block against e (region epoch `epoch`): empty
   // if it is e's object (or, with *io set to NotFound, if it was deleted
   // meanwhile, or it is another key than a non-empty `key` with the same
@@ -610,17 +614,18 @@ class CardStore {
   // Looks key up and, as get()'s kPieces load reads a disk card's object, reads it: one of a piece or less into
   // ctx's staging, header checked (the payload's CRC at the copy); a larger one, once deliver() gave a 4 KiB
   // aligned buffer, straight into it in pieces under `pieces` (of piece_bytes), header, tail and CRC left to
-  // get_one (finish_direct). False if it read nothing (a memory-speed card, an unaligned buffer), nothing kept.
+  // get_one (finish_direct). False if it read nothing (a memory-speed card, an unaligned buffer; a larger object
+  // `inside_pieces`: ahead() runs inside a `pieces` call, whose guard deliver() and `pieces` would take again on
+  // this thread: get_one loads it after), nothing kept.
   bool stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out, const DeliverPayloadFn& deliver,
-                   const PieceGuardFn& pieces, size_t piece_bytes);
+                   const PieceGuardFn& pieces, size_t piece_bytes, bool inside_pieces);
   // Whether the object header in ctx's staging holds a key other than `key` (one with the same index hash).
   static bool staged_other_key(const IoContext& ctx, std::string_view key);
   // get(), kPieces when `staged` or `ahead` is given: `staged`, the object read ahead into ctx (stage_ahead);
-  // `ahead`, run on this thread while a staged object's copy runs on ctx's CrcWorker (inside `pieces`), or a direct
-  // load's CRC (after its pieces: finish_direct).
+  // `ahead`, run on this thread while a staged object's copy runs on ctx's CrcWorker (inside `pieces`: ahead(true)),
+  // or a direct load's CRC (after its pieces: finish_direct, ahead(false)).
   Status get_one(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
-                 const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged,
-                 const std::function<void()>* ahead);
+                 const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged, const AheadFn* ahead);
   // Removes a damaged object from the index and marks it deleted on the card
   // (its tombstone naming `key`, the caller's whose index hash found it, or,
   // empty, as write_tombstone finds it).

@@ -22,7 +22,8 @@ namespace {
 
 // Runs ahead() on this thread while the CRC just started on `crc` runs, and returns that CRC; the CrcWorker is
 // waited for on every way out (an exception of ahead() too: it may be reading or writing the caller's buffer).
-uint32_t crc_beside(CrcWorker& crc, const std::function<void()>& ahead) {
+template <class Ahead>
+uint32_t crc_beside(CrcWorker& crc, const Ahead& ahead) {
   bool joined = false;
   ScopeExit join_on_exit([&] {
     if (!joined) crc.wait();
@@ -527,7 +528,7 @@ Status CardStore::get(IoContext& ctx, std::string_view key, const DeliverPayload
 }
 
 bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out, const DeliverPayloadFn& deliver,
-                            const PieceGuardFn& pieces, size_t piece_bytes) {
+                            const PieceGuardFn& pieces, size_t piece_bytes, bool inside_pieces) {
   ctx.store_ = this;
   out->lookup = lookup(key, &out->hash, &out->e);
   if (!out->lookup.ok()) return true;  // a miss (counted) or a bad key: get_one answers it as get() would
@@ -539,7 +540,12 @@ bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* ou
     if (out->io.ok() && out->bad.empty()) out->other = staged_other_key(ctx, key);
     return true;
   }
-  // More: read straight into its buffer (deliver() asked for it now), each piece under `pieces` as get() reads it;
+  // More, inside a `pieces` call (the copy of a staged key before it): left to get_one, nothing asked. Its deliver()
+  // and pieces would each take the caller's guard again on this thread while the copy's holds it (review of
+  // restore37: a batch's std::shared_mutex taken shared twice by one thread, undefined; a writer-preferring lock
+  // deadlocks where the completion's exclusive lock queues between the two).
+  if (inside_pieces) return false;
+  // Else read straight into its buffer (deliver() asked for it now), each piece under `pieces` as get() reads it;
   // its header, tail and CRC checked by finish_direct (get_one) while the key after it is read. An unaligned
   // buffer (get() stages it) is left to get_one.
   uint8_t* dst = nullptr;
@@ -557,12 +563,12 @@ bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* ou
 
 std::string CardStore::finish_direct(IoContext& ctx, uint64_t hash, const IndexEntry& e, uint64_t epoch, Status* io,
                                      uint8_t* payload_dst, const PieceGuardFn* guard, std::string_view key,
-                                     const std::function<void()>* ahead) {
+                                     const AheadFn* ahead) {
   const size_t body = e.payload_bytes & ~(kBlockSize - 1);
   uint32_t body_crc;
   if (ahead) {
     ctx.crc_.start(payload_dst, body);
-    body_crc = crc_beside(ctx.crc_, *ahead);
+    body_crc = crc_beside(ctx.crc_, [ahead] { (*ahead)(false); });  // after its pieces, outside them
   } else {
     body_crc = crc32c(payload_dst, body);
   }
@@ -603,16 +609,17 @@ void CardStore::get_each(IoContext& ctx, IoContext& other, const std::string_vie
     const bool read_ahead = i + 1 < n && keys[i + 1] != keys[i];
     // Its closure holds one pointer, which std::function keeps in place: a capture of each local by reference
     // (seven) would be allocated on the heap for every key.
-    const auto read_next = [&] {
+    const auto read_next = [&](bool inside_pieces) {
       if (i + 1 < n && !have_next) {
         next = StagedRead{};
         const DeliverPayloadFn deliver_next = [&](size_t size, const CopyFn& copy) {
           return deliver(i + 1, size, copy);
         };
-        have_next = stage_ahead(*ctxs[(i + 1) % 2], keys[i + 1], &next, deliver_next, pieces, piece_bytes);
+        have_next =
+            stage_ahead(*ctxs[(i + 1) % 2], keys[i + 1], &next, deliver_next, pieces, piece_bytes, inside_pieces);
       }
     };
-    const std::function<void()> ahead = [f = &read_next] { (*f)(); };
+    const AheadFn ahead = [f = &read_next](bool inside_pieces) { (*f)(inside_pieces); };
     results[i] = get_one(
         c, keys[i], [&](size_t size, const CopyFn& copy) { return deliver(i, size, copy); }, ReadInto::kPieces, pieces,
         piece_bytes, have_cur ? &cur : nullptr, read_ahead ? &ahead : nullptr);
@@ -620,8 +627,7 @@ void CardStore::get_each(IoContext& ctx, IoContext& other, const std::string_vie
 }
 
 Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPayloadFn& deliver, ReadInto into,
-                          const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged,
-                          const std::function<void()>* ahead) {
+                          const PieceGuardFn& pieces, size_t piece_bytes, StagedRead* staged, const AheadFn* ahead) {
   ctx.store_ = this;
   uint64_t h;
   IndexEntry e;
@@ -642,13 +648,14 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
   // Copies a payload read into staging to dst, checking its CRC on the way. With `ahead` (get_each, a kPieces
   // load) the copy runs on ctx's CrcWorker while ahead() reads the next key's object on this thread, and is
   // waited for before this returns (inside `pieces`: nothing is written into dst after it), an exception too.
+  // ahead(true): it runs inside `pieces` (or deliver()), so it takes neither again (stage_ahead).
   auto copy_staged = [&](uint8_t* dst) {
     ObjectHeader hdr;
     std::memcpy(&hdr, ctx.staging_.data(), sizeof hdr);
     uint32_t crc;
     if (ahead) {
       ctx.crc_.start_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes);
-      crc = crc_beside(ctx.crc_, *ahead);
+      crc = crc_beside(ctx.crc_, [ahead] { (*ahead)(true); });
     } else {
       crc = crc32c_copy(dst, ctx.staging_.data() + kBlockSize, e.payload_bytes);
     }

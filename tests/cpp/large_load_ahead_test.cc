@@ -19,11 +19,18 @@
 //   - a damaged object (no tail) whose pieces decline once its CRC is known
 //     (the buffer may be another object's by then): TimedOut, not counted
 //     nor dropped; judged again with the pieces agreeing, a miss, dropped.
+//   - in every load: deliver() and the pieces take one std::shared_mutex
+//     shared, as the connector's batch guard, instrumented: no thread takes it
+//     while it holds it (a staged key's copy runs inside its pieces, and the
+//     next key of more than a piece read ahead there took it again: debt38);
+//     Staged and large keys in turn, one large key's buffer not 4 KiB
+//     aligned: every key hits.
 //
 //   large_load_ahead_test
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,20 +91,41 @@ std::vector<uint8_t> pattern(int i, size_t n) {
 struct Load {
   std::vector<adp::Status> st;
   std::vector<adp::AlignedBuffer> dst;
-  std::string events;  // e.g. "R0 R1 G R2 G G"
+  std::string events;        // e.g. "R0 R1 G R2 G G"
+  std::vector<uint8_t*> at;  // the buffer deliver() gave each key (dst, or 8 bytes into it: `unaligned`)
+};
+
+// The caller's guard as the connector's (a batch's std::shared_mutex, taken shared by deliver() and by each piece),
+// instrumented: a shared acquisition by a thread that holds it already is counted (undefined for std::shared_mutex;
+// a writer-preferring lock deadlocks there once a writer queues between the two).
+struct CheckedGuard {
+  std::shared_mutex mu;
+  int reentered = 0;  // this test's get_each runs on one thread
+  static inline thread_local int held = 0;
+  template <class F>
+  bool shared(F&& f) {
+    if (held) reentered++;
+    std::shared_lock<std::shared_mutex> lock(mu);
+    held++;
+    const bool r = f();
+    held--;
+    return r;
+  }
 };
 
 Load load(adp::CardStore& s, adp::IoContext& a, adp::IoContext& b, LoggingDevice* dev,
           const std::vector<std::string>& keys, const std::vector<size_t>& sizes,
           const std::vector<uint64_t>& header_at, int decline = -1, size_t piece_bytes = 32u << 20,
-          bool decline_exact_check = false) {
+          bool decline_exact_check = false, int unaligned = -1) {
   const size_t n = keys.size();
-  Load l{std::vector<adp::Status>(n), std::vector<adp::AlignedBuffer>(n), ""};
+  Load l{std::vector<adp::Status>(n), std::vector<adp::AlignedBuffer>(n), "", std::vector<uint8_t*>(n)};
   std::vector<std::string_view> views(keys.begin(), keys.end());
   for (size_t i = 0; i < n; i++) {
-    l.dst[i].reserve(sizes[i]);
-    std::memset(l.dst[i].data(), 0x5a, sizes[i]);
+    l.dst[i].reserve(sizes[i] + 4096);
+    l.at[i] = l.dst[i].data() + (int(i) == unaligned ? 8 : 0);
+    std::memset(l.at[i], 0x5a, sizes[i]);
   }
+  CheckedGuard guard;
   dev->take();
   std::vector<std::pair<char, uint64_t>> log;  // the device's events and the tails, in order
   auto drain = [&] {
@@ -109,21 +137,25 @@ Load load(adp::CardStore& s, adp::IoContext& a, adp::IoContext& b, LoggingDevice
       a, b, views.data(), n, l.st.data(),
       [&](size_t i, size_t size, const adp::CopyFn& copy) {
         cur = i;
-        return size == sizes[i] && copy(l.dst[i].data());
+        return guard.shared([&] { return size == sizes[i] && copy(l.at[i]); });
       },
       [&](size_t upto, const std::function<void()>& piece) {
         const bool tail = upto == kLarge;
         if (int(cur) == decline && !tail) return false;
         // A kExact object's second call (its one piece's, then the check of its damage verdict): declined.
         if (upto == kExact && ++exact_calls == 2 && decline_exact_check) return false;
-        drain();
-        piece();
-        drain();
-        if (tail) log.emplace_back('G', 0);
-        return true;
+        return guard.shared([&] {
+          drain();
+          piece();
+          drain();
+          if (tail) log.emplace_back('G', 0);
+          return true;
+        });
       },
       piece_bytes);
   drain();
+  check(guard.reentered == 0, "no thread takes the guard (shared) while it holds it: taken again " +
+                                  std::to_string(guard.reentered) + " times");
   for (auto& [op, at] : log) {
     if (!l.events.empty()) l.events += ' ';
     l.events += op;
@@ -136,9 +168,8 @@ Load load(adp::CardStore& s, adp::IoContext& a, adp::IoContext& b, LoggingDevice
   return l;
 }
 
-bool holds(const adp::AlignedBuffer& b, const std::vector<uint8_t>& want) {
-  return std::memcmp(b.data(), want.data(), want.size()) == 0;
-}
+bool holds(const uint8_t* b, const std::vector<uint8_t>& want) { return std::memcmp(b, want.data(), want.size()) == 0; }
+bool holds(const adp::AlignedBuffer& b, const std::vector<uint8_t>& want) { return holds(b.data(), want); }
 
 bool untouched(const adp::AlignedBuffer& b, size_t n) {
   for (size_t j = 0; j < n; j++)
@@ -229,6 +260,16 @@ int main() {
     const int idx[] = {0, 7, 1, 7, 2};
     for (size_t i = 0; i < k.size(); i++)
       check(l.st[i].ok() && holds(l.dst[i], want[idx[i]]), k[i] + " hits among keys of both sizes");
+  }
+  {  // staged and large keys in turn: a large key after a staged one (read ahead inside the staged one's pieces, the
+     // guard taken again), and a large key after a large one whose buffer is not 4 KiB aligned
+    auto [k, n, h] = pick({7, 0, 1, 2, 7, 3});
+    Load l = load(*s, a, b, dev, k, n, h, -1, 32u << 20, false, 2);
+    const int idx[] = {7, 0, 1, 2, 7, 3};
+    for (size_t i = 0; i < k.size(); i++)
+      check(l.st[i].ok() && holds(l.at[i], want[idx[i]]), k[i] + " hits among staged and large keys" +
+                                                              (i == 2 ? " (its buffer unaligned)" : "") + ": " +
+                                                              l.st[i].message());
   }
   {  // a damaged key twice in a row: not read ahead (it would be read before the first is judged)
     image->data[at[1] + 4096 + 1000] ^= 1;
