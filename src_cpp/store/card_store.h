@@ -599,6 +599,8 @@ class CardStore {
   // answer, and read_and_check's (io, bad) with whether the header holds another key.
   // `direct`: an object of more than a piece read straight into `dst` (deliver() answered `delivered`), its checks
   // deferred (read_and_check's `epoch`), header in ctx's staging.
+  // `asked`: deliver() was asked for an object of more than a piece and gave an unaligned buffer (`dst`): nothing
+  // read, get_one stages it without asking deliver() again.
   struct StagedRead {
     Status lookup;
     uint64_t hash = 0;
@@ -610,13 +612,14 @@ class CardStore {
     bool delivered = false;
     uint8_t* dst = nullptr;
     uint64_t epoch = 0;
+    bool asked = false;
   };
   // Looks key up and, as get()'s kPieces load reads a disk card's object, reads it: one of a piece or less into
   // ctx's staging, header checked (the payload's CRC at the copy); a larger one, once deliver() gave a 4 KiB
   // aligned buffer, straight into it in pieces under `pieces` (of piece_bytes), header, tail and CRC left to
-  // get_one (finish_direct). False if it read nothing (a memory-speed card, an unaligned buffer; a larger object
-  // `inside_pieces`: ahead() runs inside a `pieces` call, whose guard deliver() and `pieces` would take again on
-  // this thread: get_one loads it after), nothing kept.
+  // get_one (finish_direct); with an unaligned one, deliver()'s answer kept (`asked`), nothing read. False if it
+  // kept nothing (a memory-speed card; a larger object `inside_pieces`: ahead() runs inside a `pieces` call, whose
+  // guard deliver() and `pieces` would take again on this thread: get_one loads it after).
   bool stage_ahead(IoContext& ctx, std::string_view key, StagedRead* out, const DeliverPayloadFn& deliver,
                    const PieceGuardFn& pieces, size_t piece_bytes, bool inside_pieces);
   // Whether the object header in ctx's staging holds a key other than `key` (one with the same index hash).

@@ -547,13 +547,17 @@ bool CardStore::stage_ahead(IoContext& ctx, std::string_view key, StagedRead* ou
   if (inside_pieces) return false;
   // Else read straight into its buffer (deliver() asked for it now), each piece under `pieces` as get() reads it;
   // its header, tail and CRC checked by finish_direct (get_one) while the key after it is read. An unaligned
-  // buffer (get() stages it) is left to get_one.
+  // buffer (get() stages it) is left to get_one, with deliver()'s answer (`asked`: not asked twice).
   uint8_t* dst = nullptr;
   out->delivered = deliver(out->e.payload_bytes, [&](uint8_t* d) {
     dst = d;
     return true;
   });
-  if (out->delivered && reinterpret_cast<uintptr_t>(dst) % kBlockSize) return false;
+  if (out->delivered && reinterpret_cast<uintptr_t>(dst) % kBlockSize) {
+    out->asked = true;
+    out->dst = dst;
+    return true;
+  }
   out->direct = true;
   out->dst = dst;
   if (out->delivered)
@@ -682,10 +686,15 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
     delivered = staged->delivered && finish(staged->dst, staged->epoch);
   } else if (into == ReadInto::kPieces) {
     uint8_t* dst = nullptr;
-    delivered = deliver(e.payload_bytes, [&](uint8_t* d) {
-      dst = d;
-      return true;
-    });
+    if (staged && staged->asked) {  // stage_ahead asked deliver() already (an unaligned buffer): once a key
+      delivered = true;
+      dst = staged->dst;
+    } else {
+      delivered = deliver(e.payload_bytes, [&](uint8_t* d) {
+        dst = d;
+        return true;
+      });
+    }
     // Read straight into dst only an object of more than one piece from
     // 4 KiB aligned memory, from a disk card: its header is checked after the
     // read (read_and_check), and a gateway's ring loads in pieces (r4: each
@@ -718,7 +727,7 @@ Status CardStore::get_one(IoContext& ctx, std::string_view key, const DeliverPay
     } else if (delivered) {  // one piece or less, or unaligned: staged, then copied in one piece
       bool copied = false;
       bool got;
-      if (staged) {  // read ahead (get_each): stage_ahead took only what is staged here
+      if (staged && !staged->asked) {  // read ahead (get_each): stage_ahead took only what is staged here
         io = staged->io, bad = staged->bad, other = staged->other;
         got = io.ok() && bad.empty() && !other;
       } else {

@@ -23,10 +23,12 @@
 //     shared, as the connector's batch guard, instrumented: no thread takes it
 //     while it holds it (a staged key's copy runs inside its pieces, and the
 //     next key of more than a piece read ahead there took it again: debt38);
-//     Staged and large keys in turn, one large key's buffer not 4 KiB
-//     aligned: every key hits.
+//     deliver() is asked once a key (a large next key's unaligned buffer was
+//     asked for twice: read ahead, then again by its load). Staged and large
+//     keys in turn, one large key's buffer not 4 KiB aligned: every key hits.
 //
 //   large_load_ahead_test
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -126,6 +128,7 @@ Load load(adp::CardStore& s, adp::IoContext& a, adp::IoContext& b, LoggingDevice
     std::memset(l.at[i], 0x5a, sizes[i]);
   }
   CheckedGuard guard;
+  std::vector<int> asked(n, 0);
   dev->take();
   std::vector<std::pair<char, uint64_t>> log;  // the device's events and the tails, in order
   auto drain = [&] {
@@ -137,6 +140,7 @@ Load load(adp::CardStore& s, adp::IoContext& a, adp::IoContext& b, LoggingDevice
       a, b, views.data(), n, l.st.data(),
       [&](size_t i, size_t size, const adp::CopyFn& copy) {
         cur = i;
+        asked[i]++;
         return guard.shared([&] { return size == sizes[i] && copy(l.at[i]); });
       },
       [&](size_t upto, const std::function<void()>& piece) {
@@ -156,6 +160,8 @@ Load load(adp::CardStore& s, adp::IoContext& a, adp::IoContext& b, LoggingDevice
   drain();
   check(guard.reentered == 0, "no thread takes the guard (shared) while it holds it: taken again " +
                                   std::to_string(guard.reentered) + " times");
+  const int most = n ? *std::max_element(asked.begin(), asked.end()) : 0;
+  check(most <= 1, "deliver() is asked once a key at most: asked " + std::to_string(most) + " times for one");
   for (auto& [op, at] : log) {
     if (!l.events.empty()) l.events += ' ';
     l.events += op;
@@ -262,7 +268,7 @@ int main() {
       check(l.st[i].ok() && holds(l.dst[i], want[idx[i]]), k[i] + " hits among keys of both sizes");
   }
   {  // staged and large keys in turn: a large key after a staged one (read ahead inside the staged one's pieces, the
-     // guard taken again), and a large key after a large one whose buffer is not 4 KiB aligned
+     // guard taken again), and a large key after a large one whose buffer is not 4 KiB aligned (asked for twice)
     auto [k, n, h] = pick({7, 0, 1, 2, 7, 3});
     Load l = load(*s, a, b, dev, k, n, h, -1, 32u << 20, false, 2);
     const int idx[] = {7, 0, 1, 2, 7, 3};
