@@ -420,12 +420,12 @@ class CardDevice::AioWriter : public DeviceWriter {
     iov_.assign(iov, iov + count);  // kept for a short write's rest; capacity reused
     total_ = 0;
     for (int i = 0; i < count; i++) total_ += iov[i].iov_len;
+    dev_.group_sync_.issue();  // before the syscall, as writev's
     if (!ctx_) {  // its context destroyed after a failed io_getevents (wait()): every write synchronous since
-      result_ = dev_.writev(offset, iov, count);
+      result_ = write_now(offset, iov, count, [] {});
       return;
     }
     dev_.io_slots_.acquire();
-    dev_.group_sync_.issue();  // before the syscall, as writev's
     std::memset(&cb_, 0, sizeof cb_);
     cb_.aio_fildes = static_cast<uint32_t>(dev_.fd_);
     cb_.aio_lio_opcode = IOCB_CMD_PWRITEV;
@@ -446,11 +446,11 @@ class CardDevice::AioWriter : public DeviceWriter {
     // the slot for good (review37b: with io_depth 1 every later I/O of the card then waited for it).
     const int e = r < 0 ? errno : EAGAIN;
     dev_.io_slots_.release();
-    const ScopeExit completed([this] { dev_.group_sync_.wrote(); });
-    if (!submit_failed_logged_.exchange(true))
-      ADP_WARN("card %s: io_submit failed (%s): this write, and any other whose io_submit fails, made synchronously",
-               dev_.path_.c_str(), errno_text(e).c_str());
-    result_ = dev_.track(dev_.transfer(true, offset, iov, count));
+    result_ = write_now(offset, iov, count, [&] {
+      if (!submit_failed_logged_.exchange(true))
+        ADP_WARN("card %s: io_submit failed (%s): this write, and any other whose io_submit fails, made synchronously",
+                 dev_.path_.c_str(), errno_text(e).c_str());
+    });
   }
 
   Status wait() override {
@@ -502,6 +502,17 @@ class CardDevice::AioWriter : public DeviceWriter {
   }
 
  private:
+  // A write made now on this thread, as CardDevice::writev makes one: both ways submit() writes synchronously (no
+  // AIO context, io_submit refused) come here. Counted issued by submit() (before any syscall of it), completed here
+  // on every way out (an exception of note(), a log line that allocates, or of the write too), the result tracked
+  // (the card's failing/working state).
+  template <class Note>
+  Status write_now(uint64_t offset, const iovec* iov, int count, const Note& note) {
+    const ScopeExit completed([this] { dev_.group_sync_.wrote(); });
+    note();
+    return dev_.track(dev_.transfer(true, offset, iov, count));
+  }
+
   static inline std::atomic<bool> submit_failed_logged_{false}, getevents_failed_logged_{false};
   const CardDevice& dev_;
   aio_context_t ctx_ = 0;
