@@ -407,10 +407,13 @@ class CardDevice::AioWriter : public DeviceWriter {
   explicit AioWriter(const CardDevice& dev) : dev_(dev) {}
   ~AioWriter() override {
     if (in_flight_) (void)wait();  // the kernel may still read the caller's memory
-    if (ctx_) ::syscall(SYS_io_destroy, ctx_);
+    if (ctx_ && ::getpid() == pid_) ::syscall(SYS_io_destroy, ctx_);
   }
-  // Its AIO context (one write at a time); errno's value where io_setup failed, else 0.
-  int setup() { return ::syscall(SYS_io_setup, 1U, &ctx_) == 0 ? 0 : errno; }
+  // Its AIO context (one write at a time), this process's; errno's value where io_setup failed, else 0.
+  int setup() {
+    pid_ = ::getpid();
+    return ::syscall(SYS_io_setup, 1U, &ctx_) == 0 ? 0 : errno;
+  }
   AioWriter(const AioWriter&) = delete;
   AioWriter& operator=(const AioWriter&) = delete;
   bool in_flight() const override { return in_flight_; }
@@ -420,8 +423,21 @@ class CardDevice::AioWriter : public DeviceWriter {
     iov_.assign(iov, iov + count);  // kept for a short write's rest; capacity reused
     total_ = 0;
     for (int i = 0; i < count; i++) total_ += iov[i].iov_len;
+    // An AIO context is its process's: a child forked after io_setup (a DataLoader's worker, multiprocessing's
+    // fork) has none, and each io_submit there failed EINVAL before its write was made synchronously (debt38). The
+    // child writes synchronously for good, one WARNING a process (getpid(): one syscall a write, against the
+    // io_submit's; no pid cache in glibc since 2.25).
+    if (ctx_ && ::getpid() != pid_) {
+      ctx_ = 0;  // the parent's: not destroyed here (it is not this process's to destroy)
+      const pid_t me = ::getpid();
+      if (forked_logged_.exchange(me) != me)
+        ADP_WARN(
+            "card %s: this process (pid %d) was forked from the one whose AIO context its stores used (pid %d): "
+            "they write synchronously here, their copy and CRC not overlapped with the previous write",
+            dev_.path_.c_str(), static_cast<int>(me), static_cast<int>(pid_));
+    }
     dev_.group_sync_.issue();  // before the syscall, as writev's
-    if (!ctx_) {  // its context destroyed after a failed io_getevents (wait()): every write synchronous since
+    if (!ctx_) {  // its context destroyed after a failed io_getevents (wait()), or a forked process's: synchronous
       result_ = write_now(offset, iov, count, [] {});
       return;
     }
@@ -514,7 +530,9 @@ class CardDevice::AioWriter : public DeviceWriter {
   }
 
   static inline std::atomic<bool> submit_failed_logged_{false}, getevents_failed_logged_{false};
+  static inline std::atomic<pid_t> forked_logged_{0};  // the process that logged the forked WARNING
   const CardDevice& dev_;
+  pid_t pid_ = 0;  // the process of ctx_
   aio_context_t ctx_ = 0;
   iocb cb_{};
   std::vector<iovec> iov_;

@@ -13,16 +13,29 @@
 //   getevents  io_getevents fails (EINVAL): the first write's fate unknown, that store fails and is not on the
 //              card after a reopen; the writer no longer uses its AIO context (destroyed: io_destroy waits for
 //              the write the kernel may still be making), so every later store is made synchronously, whole.
+//   fork       no syscall refused: stores (through AIO: io_submit called), then forks; the child stores through
+//              the same IoContext (its writer's AIO context the parent's: io_submit there fails EINVAL, an AIO
+//              context is a process's) and must call io_submit not once (each call counted by this program's
+//              syscall()), count none overlapped and log one WARNING (its stderr read back: the fork named, no
+//              "io_submit failed"); every store acknowledged. The parent, once the child passed, runs this program
+//              again as `fork-verify` (its own store is not closed: its clean close would pad its frontier over
+//              the child's stores): every store of both, whole after a reopen. debt38: aio37 tried io_submit on
+//              each of the child's writes, then wrote it synchronously.
 //
 //   aio_fallback_test MODE CARD_IMAGE [K]
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +52,21 @@
 #include "test_card.h"
 
 bool adp::testing::alloc_fault_due() { return false; }
+
+// This process's io_submit calls (the store makes them through syscall(), which this definition takes; every call
+// goes on to libc's).
+static std::atomic<long> io_submits{0};
+
+extern "C" long syscall(long number, ...) {
+  va_list ap;
+  va_start(ap, number);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);
+  va_end(ap);
+  if (number == SYS_io_submit) io_submits.fetch_add(1);
+  static const auto real = reinterpret_cast<long (*)(long, ...)>(dlsym(RTLD_NEXT, "syscall"));
+  return real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
 
 namespace {
 
@@ -118,14 +146,127 @@ void check_loads(adp::CardStore& s, const std::string& what, const Batch& b, con
   }
 }
 
+// A card image made afresh at co.path and opened; nullptr where the open failed (a check failed) or the card is
+// memory-backed (no O_DIRECT: skipped, said).
+std::unique_ptr<adp::CardStore> open_disk_card(const adp::CardOptions& co, const std::string& what) {
+  std::remove(co.path.c_str());
+  auto s = adp::testing::checked_card(co, what + ": open");
+  if (s && s->memory_speed()) {
+    std::printf("aio_fallback_test: %s is memory-backed (no O_DIRECT): skipped\n", co.path.c_str());
+    s.reset();
+  }
+  return s;
+}
+
+// The text of file `path`.
+std::string slurp(const std::string& path) {
+  std::string out;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    std::fclose(f);
+  }
+  return out;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+  return n;
+}
+
+// The fork mode's child: stores `second` through ctx (its writer made in the parent) and checks it; its exit status.
+int forked_child(adp::CardStore& s, IoContext& ctx, Batch& second, const std::string& log_path) {
+  const long submits = io_submits.load();
+  const uint64_t overlapped = s.stats().writes_overlapped;
+  // Its stderr (the store's log) into log_path while it stores, then read back.
+  std::fflush(stderr);
+  const int saved = ::dup(2), logged = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  check(saved >= 0 && logged >= 0 && ::dup2(logged, 2) == 2, "fork: the child's stderr goes to " + log_path);
+  std::vector<Status> r = second.put(s, ctx);
+  std::vector<Status> again = second.put(s, ctx);  // a second put: still one WARNING
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  const std::string log = slurp(log_path);
+  std::fprintf(stderr, "%s", log.c_str());
+  for (int i = 0; i < kItems; i++)
+    check(r[i].ok() && again[i].ok(),
+          "fork: the child's store of item " + std::to_string(i) + ": " + r[i].message() + " / " + again[i].message());
+  const long tried = io_submits.load() - submits;
+  std::printf("fork: the child's io_submit calls %ld, writes_overlapped +%llu\n", tried,
+              static_cast<unsigned long long>(s.stats().writes_overlapped - overlapped));
+  check(tried == 0, "fork: the child calls io_submit on the parent's AIO context not once: " + std::to_string(tried));
+  check(s.stats().writes_overlapped == overlapped, "fork: none of the child's writes counted overlapped");
+  check(count_of(log, "was forked from") == 1,
+        "fork: one WARNING naming the fork in the child: " + std::to_string(count_of(log, "was forked from")));
+  check(count_of(log, "io_submit failed") == 0, "fork: no io_submit failure logged in the child");
+  return adp::testing::finish("aio_fallback_test fork child");
+}
+
+// Mode fork (see the top): store, fork, the child stores; then this program again as fork-verify.
+int fork_mode(const std::string& self, const std::string& path) {
+  auto s = open_disk_card(adp::testing::card_options(kRegionBytes, path, kCardBytes), "fork");
+  if (!s) return adp::testing::finish("aio_fallback_test");
+  IoContext ctx;
+  Batch first(0), second(10);
+  alarm(30);
+  std::vector<Status> r = first.put(*s, ctx);
+  for (int i = 0; i < kItems; i++) check(r[i].ok(), "fork: the parent's store of item " + std::to_string(i));
+  if (io_submits.load() == 0) {
+    std::printf("aio_fallback_test: no AIO context here (io_setup refused): fork skipped\n");
+    return adp::testing::finish("aio_fallback_test");
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int code = forked_child(*s, ctx, second, path + ".child.log");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(code);  // the store not closed: the parent's and the child's are the same card's
+  }
+  int status = -1;
+  const bool reaped = child > 0 && ::waitpid(child, &status, 0) == child;
+  check(reaped && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "fork: the child's stores and checks pass (wait status " + std::to_string(status) + ")");
+  std::remove((path + ".child.log").c_str());
+  if (adp::testing::check_failures) return adp::testing::finish("aio_fallback_test");
+  // This store's view lacks the child's stores: not closed (its close pads its frontier's tail), the reopen in a
+  // fresh process (the card's descriptor is O_CLOEXEC: its lock goes with the exec).
+  (void)s.release();
+  std::fflush(stdout);
+  ::execl(self.c_str(), self.c_str(), "fork-verify", path.c_str(), static_cast<char*>(nullptr));
+  check(false, std::string("fork: exec of fork-verify: ") + std::strerror(errno));
+  return adp::testing::finish("aio_fallback_test");
+}
+
+// Mode fork-verify: every store of the fork mode's parent and child, whole after a reopen.
+int fork_verify(const std::string& path) {
+  Batch first(0), second(10);
+  {
+    auto s = adp::testing::checked_card(adp::testing::card_options(kRegionBytes, path), "fork: reopen");
+    if (s) {
+      check_loads(*s, "fork: the parent's stores after a reopen", first, std::vector<bool>(kItems, true));
+      check_loads(*s, "fork: the child's stores after a reopen", second, std::vector<bool>(kItems, true));
+    }
+  }
+  std::remove(path.c_str());
+  return adp::testing::finish("aio_fallback_test");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: aio_fallback_test setup|submit|getevents CARD_IMAGE [K]\n");
+    std::fprintf(stderr, "usage: aio_fallback_test setup|submit|getevents|fork CARD_IMAGE [K]\n");
     return 2;
   }
   const std::string mode = argv[1], path = argv[2];
+  if (mode == "fork") {
+    ::setenv("ADP_LOG_LEVEL", "WARNING", 1);  // the child's WARNING counted (before the first log line)
+    return fork_mode("/proc/self/exe", path);
+  }
+  if (mode == "fork-verify") return fork_verify(path);
   const int k = argc > 3 ? std::atoi(argv[3]) : -1;
   const long nr = mode == "setup" ? SYS_io_setup : mode == "submit" ? SYS_io_submit : SYS_io_getevents;
   const int err = mode == "setup" ? ENOSYS : mode == "submit" ? EAGAIN : EINVAL;
@@ -133,16 +274,11 @@ int main(int argc, char** argv) {
     std::printf("aio_fallback_test: no seccomp filter here (%s): skipped\n", std::strerror(errno));
     return adp::testing::finish("aio_fallback_test");
   }
-  std::remove(path.c_str());
   const std::string what = mode + (k >= 0 ? " K=" + std::to_string(k) : "");
   adp::CardOptions co = adp::testing::card_options(kRegionBytes, path, kCardBytes);
   if (k >= 0) co.io_depth = 1;  // a slot kept by a failed submit: the next I/O waits for good
-  auto s = adp::testing::checked_card(co, what + ": open");
+  auto s = open_disk_card(co, what);
   if (!s) return adp::testing::finish("aio_fallback_test");
-  if (s->memory_speed()) {
-    std::printf("aio_fallback_test: %s is memory-backed (no O_DIRECT): skipped\n", path.c_str());
-    return adp::testing::finish("aio_fallback_test");
-  }
   IoContext ctx;
   Batch first(0), second(10);
   // A load or store that waits for good (an I/O slot never given back) ends the program: a failure.

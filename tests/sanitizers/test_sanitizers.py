@@ -180,9 +180,10 @@ def test_write_ahead_under_sanitizer(mode, tmp_path):
 def test_aio_fallback_under_sanitizer(mode, tmp_path):
     """A disk card's AIO writer where io_setup, io_submit or io_getevents fails (tests/cpp/aio_fallback_test.cc, its
     own seccomp filter): the synchronous fallbacks, the AIO context destroyed after a failed io_getevents while the
-    kernel may still be writing, the card's recovery threads at each open."""
+    kernel may still be writing, the card's recovery threads at each open; a forked child's stores through the
+    parent's writer (synchronous, the child starts no thread), the reopen in the exec'd fork-verify."""
     binary = cpp.build("aio_fallback_test", tmp_path, sanitize=mode)
-    for syscall in ("setup", "submit", "getevents"):
+    for syscall in ("setup", "submit", "getevents", "fork"):
         cpp.run(binary, syscall, str(tmp_path / "card.img"), timeout=600)
 
 
