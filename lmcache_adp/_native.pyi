@@ -54,6 +54,10 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
 def crc32c_implementation() -> str:
     """Which CRC32C code runs on this CPU (a hardware one, or "bitwise")."""
 
+# crc32c_implementation() names the CPU's best ("vpclmulqdq" (AVX-512), "vpclmulqdq-avx2", "pclmul", "sse4.2",
+# "armv8", "bitwise"). Every other one this CPU runs is checked by forcing it by name, in C++ only (no binding):
+# adp::crc32c_extend_by (src_cpp/util/crc32c.h), from tests/cpp/crc32c_paths_test.cc (tests/util/test_crc32c.py).
+
 def known_test_hooks() -> list[str]:
     """The ADP_TEST_* hooks the gateway and the connector read."""
 

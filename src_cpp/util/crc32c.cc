@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstring>
+#include <iterator>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -166,9 +167,9 @@ __m128i fold_constants(uint64_t bits) {
                         static_cast<long long>(uint64_t(x_pow(bits + 63)) << 32));
 }
 
-// The 128-bit steps, shared by both paths: fold_raw (AVX-512) ends with
-// them, pclmul_raw (below, PCLMULQDQ only: four lanes of 16 bytes, 64 bytes
-// a step) is made of them. pclmul_raw is for CPUs without AVX-512 whose CRC32 instruction
+// The 128-bit steps, shared by every folding path: fold_raw (AVX-512) and
+// fold256_raw (AVX2) end with them, pclmul_raw (below, PCLMULQDQ only: four lanes of 16 bytes, 64 bytes
+// a step) is made of them. pclmul_raw is for CPUs without VPCLMULQDQ whose CRC32 instruction
 // does not retire a word a cycle: on the 2-core VM's AMD EPYC (no AVX-512) a
 // 2 MiB CRC took 0.206 ms this way against 0.355 ms with the three-way loop
 // above (5.5 GiB/s), crc32c_copy 0.210 against 0.374 (fastest of 400, session
@@ -248,6 +249,72 @@ ADP_FOLD_TARGET uint32_t fold_raw(uint32_t crc, const uint8_t* p, uint8_t* d, si
   return fold_tail<kCopy>(x, p, d, at, n);
 }
 
+// 256-bit VPCLMULQDQ folding for CPUs with AVX2 and VPCLMULQDQ but no AVX-512 (e.g. AMD Zen 3, the 2-core
+// VM's EPYC): two 128-bit lanes a ymm register, kYmmLanes registers (32 * kYmmLanes bytes a step), then one
+// register 32 bytes a step, then the 128-bit tail (fold_tail) as the others. VEX-encoded VPCLMULQDQ needs AVX2
+// only, not AVX-512. On the VM (session 38, fastest of 200, A/B in one run, load 8-10): 2 MiB in 0.081 ms
+// (24 GiB/s) against pclmul_raw's 0.162 and the three-way CRC32 loop's 0.093, crc32c_copy the same; a plain
+// read pass takes 0.042 (benchmarks/results/2026-12-07-crc38-vpclmulqdq-avx2.md). 2, 4 and 8 registers
+// measured the same there (VPCLMULQDQ's throughput the limit); 4 keep a CPU whose VPCLMULQDQ issues one a
+// cycle with a latency of 4 busy (a lane's round: 2 multiplies then 2 xors in a row).
+#define ADP_FOLD256_TARGET __attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq")))
+
+bool cpu_has_fold256() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul") &&
+         __builtin_cpu_supports("sse4.2");
+}
+
+ADP_FOLD256_TARGET inline __m256i fold256(__m256i a, __m256i k, __m256i next) {
+  return _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(a, k, 0x00), _mm256_clmulepi64_epi128(a, k, 0x11)),
+                          next);
+}
+
+template <bool kCopy>
+ADP_FOLD256_TARGET inline __m256i load256(const uint8_t* p, uint8_t* d, size_t at) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + at));
+  if (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + at), v);
+  return v;
+}
+
+#ifndef ADP_FOLD256_LANES  // the probe's other lane counts (benchmarks/results/raw/2026-12-07-crc38/crcprobe.cc)
+#define ADP_FOLD256_LANES 4
+#endif
+constexpr int kYmmLanes = ADP_FOLD256_LANES;
+static_assert(kYmmLanes >= 1 && 32 * kYmmLanes <= kFoldMin, "the first loads must fit any buffer fold256_raw gets");
+
+// The raw register over p[0..n), n >= kFoldMin; with kCopy also stored to d.
+template <bool kCopy>
+ADP_FOLD256_TARGET uint32_t fold256_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
+  constexpr size_t kStep = 32 * kYmmLanes;
+  struct Constants {
+    __m128i k[kYmmLanes + 1];  // k[j]: the constants for 256 * j bits, j = 1..kYmmLanes
+  };
+  static const Constants c = [] {
+    Constants t{};
+    for (int j = 1; j <= kYmmLanes; j++) t.k[j] = fold_constants(256 * j);
+    return t;
+  }();
+  __m256i k[kYmmLanes + 1];
+#pragma GCC unroll 16
+  for (int j = 1; j <= kYmmLanes; j++) k[j] = _mm256_broadcastsi128_si256(c.k[j]);
+  static const __m128i k128 = fold_constants(128);
+  __m256i y[kYmmLanes];
+  y[0] = _mm256_xor_si256(load256<kCopy>(p, d, 0), _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(crc))));
+#pragma GCC unroll 16
+  for (int j = 1; j < kYmmLanes; j++) y[j] = load256<kCopy>(p, d, 32 * j);
+  size_t at = kStep;
+  for (; at + kStep <= n; at += kStep) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kYmmLanes; j++) y[j] = fold256(y[j], k[kYmmLanes], load256<kCopy>(p, d, at + 32 * j));
+  }
+  __m256i z = y[kYmmLanes - 1];
+#pragma GCC unroll 16
+  for (int j = kYmmLanes - 2; j >= 0; j--) z = fold256(y[j], k[kYmmLanes - 1 - j], z);
+  for (; at + 32 <= n; at += 32) z = fold256(z, k[1], load256<kCopy>(p, d, at));
+  __m128i x = fold128(_mm256_castsi256_si128(z), k128, _mm256_extracti128_si256(z, 1));
+  return fold_tail<kCopy>(x, p, d, at, n);
+}
+
 // The raw register over p[0..n), n >= kFoldMin; with kCopy also stored to d.
 template <bool kCopy>
 ADP_PCLMUL_TARGET uint32_t pclmul_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
@@ -267,21 +334,62 @@ ADP_PCLMUL_TARGET uint32_t pclmul_raw(uint32_t crc, const uint8_t* p, uint8_t* d
 }
 #endif
 
-// The raw register over p[0..n) by the fastest way this CPU has.
-template <bool kCopy>
-uint32_t best_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
+enum class Impl { kFold512, kFold256, kPclmul, kHw, kBitwise };
+
+bool always() { return true; }
+
+struct ImplEntry {
+  Impl impl;
+  const char* name;
+  bool (*supported)();
+};
+
+// Every implementation, best first: the first one a CPU supports is the one it runs. An AVX-512 CPU (which has
+// AVX2 and the 256-bit VPCLMULQDQ too) keeps fold_raw; one with AVX2 and VPCLMULQDQ but no AVX-512 takes
+// fold256_raw; one with PCLMULQDQ and no VPCLMULQDQ (or no AVX2) keeps pclmul_raw.
+const ImplEntry kImpls[] = {
 #if defined(__x86_64__)
-  static const bool fold = cpu_has_fold();
-  if (fold && n >= kFoldMin) return fold_raw<kCopy>(crc, p, d, n);
-  static const bool pclmul = cpu_has_pclmul();
-  if (!fold && pclmul && n >= kFoldMin) return pclmul_raw<kCopy>(crc, p, d, n);
+    {Impl::kFold512, "vpclmulqdq", cpu_has_fold},
+    {Impl::kFold256, "vpclmulqdq-avx2", cpu_has_fold256},
+    {Impl::kPclmul, "pclmul", cpu_has_pclmul},
 #endif
 #ifdef ADP_HAVE_HW
-  static const bool hw = cpu_has_hw();
-  if (hw) return hw_raw<kCopy>(crc, p, d, n);
+    {Impl::kHw, kHwName, cpu_has_hw},
+#endif
+    {Impl::kBitwise, "bitwise", always},
+};
+
+const ImplEntry& best_impl() {
+  static const ImplEntry* best = [] {
+    for (const ImplEntry& e : kImpls)
+      if (e.supported()) return &e;
+    return &kImpls[std::size(kImpls) - 1];
+  }();
+  return *best;
+}
+
+// The raw register over p[0..n) by `impl` (the folding ones from kFoldMin bytes, the CRC32 instruction below).
+template <bool kCopy>
+uint32_t raw_by(Impl impl, uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
+#if defined(__x86_64__)
+  if (n >= kFoldMin) {
+    if (impl == Impl::kFold512) return fold_raw<kCopy>(crc, p, d, n);
+    if (impl == Impl::kFold256) return fold256_raw<kCopy>(crc, p, d, n);
+    if (impl == Impl::kPclmul) return pclmul_raw<kCopy>(crc, p, d, n);
+  }
+#endif
+#ifdef ADP_HAVE_HW
+  if (impl != Impl::kBitwise) return hw_raw<kCopy>(crc, p, d, n);
 #endif
   if (kCopy) std::memcpy(d, p, n);
   return bitwise_raw(crc, p, n);
+}
+
+// The raw register over p[0..n) by the fastest way this CPU has.
+template <bool kCopy>
+uint32_t best_raw(uint32_t crc, const uint8_t* p, uint8_t* d, size_t n) {
+  static const Impl impl = best_impl().impl;
+  return raw_by<kCopy>(impl, crc, p, d, n);
 }
 
 }  // namespace
@@ -302,15 +410,25 @@ uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
   return mult_mod_p(x_pow_8n(len_b), crc_a) ^ crc_b;  // zlib's crc32_combine: A shifted past B's bytes
 }
 
-const char* crc32c_implementation() {
-#if defined(__x86_64__)
-  if (cpu_has_fold()) return "vpclmulqdq";
-  if (cpu_has_pclmul()) return "pclmul";
-#endif
-#ifdef ADP_HAVE_HW
-  if (cpu_has_hw()) return kHwName;
-#endif
-  return "bitwise";
+const char* crc32c_implementation() { return best_impl().name; }
+
+std::vector<const char*> crc32c_implementations() {
+  std::vector<const char*> names;
+  for (const ImplEntry& e : kImpls)
+    if (e.supported()) names.push_back(e.name);
+  return names;
+}
+
+std::optional<uint32_t> crc32c_extend_by(std::string_view implementation, uint32_t crc, void* dst, const void* src,
+                                         size_t n) {
+  for (const ImplEntry& e : kImpls) {
+    if (implementation != e.name) continue;
+    if (!e.supported()) return std::nullopt;
+    const auto* p = static_cast<const uint8_t*>(src);
+    if (dst) return ~raw_by<true>(e.impl, ~crc, p, static_cast<uint8_t*>(dst), n);
+    return ~raw_by<false>(e.impl, ~crc, p, nullptr, n);
+  }
+  return std::nullopt;
 }
 
 }  // namespace adp

@@ -1,14 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // CRC32C (Castagnoli) checksums for the card store.
 //
-// Uses the CPU's CRC32C instruction (SSE4.2 on x86-64, ARMv8 CRC on aarch64)
-// over three interleaved streams, joined with the GF(2) shift operator so the
+// Folds with carry-less multiplies where the CPU has them (VPCLMULQDQ on
+// 512-bit or 256-bit registers, PCLMULQDQ), else uses the CPU's CRC32C
+// instruction (SSE4.2 on x86-64, ARMv8 CRC on aarch64) over three interleaved
+// streams, joined with the GF(2) shift operator so the
 // result equals the plain byte-serial CRC. A bitwise fallback keeps other CPUs
 // correct (slowly). Thread-safe: pure functions.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 namespace adp {
 
@@ -31,7 +36,18 @@ uint32_t crc32c_copy_extend(uint32_t crc, void* dst, const void* src, size_t n);
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 // Which implementation crc32c_extend uses on this CPU for buffers of 512 bytes
-// or more ("vpclmulqdq", "pclmul", "sse4.2", "armv8", "bitwise").
+// or more ("vpclmulqdq" (AVX-512), "vpclmulqdq-avx2" (256-bit, AVX2 without
+// AVX-512), "pclmul", "sse4.2", "armv8", "bitwise").
 const char* crc32c_implementation();
+
+// Tests and benchmarks only: every implementation this CPU can run, best first
+// (the first is crc32c_implementation()).
+std::vector<const char*> crc32c_implementations();
+// Tests and benchmarks only: crc32c_copy_extend (dst not null) or
+// crc32c_extend (dst null) by the named implementation instead of the best
+// (a folding one from 512 bytes, as crc32c_implementation(); the CRC32
+// instruction below); nullopt for a name this CPU cannot run.
+std::optional<uint32_t> crc32c_extend_by(std::string_view implementation, uint32_t crc, void* dst, const void* src,
+                                         size_t n);
 
 }  // namespace adp

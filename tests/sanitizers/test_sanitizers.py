@@ -94,6 +94,14 @@ def test_held_guard_deadline_under_sanitizer(mode, tmp_path):
 
 
 @pytest.mark.sanitizer
+def test_crc32c_paths_under_asan(tmp_path):
+    """Every CRC32C implementation this CPU runs, forced by name (tests/cpp/crc32c_paths_test.cc), each buffer a heap
+    block of exactly what the call may touch: a folding loop that reads or writes past either end fails. One thread:
+    ASan (+UBSan) only."""
+    cpp.run(cpp.build("crc32c_paths_test", tmp_path, dirs=(), extra=("util/crc32c.cc",), sanitize="asan"), timeout=900)
+
+
+@pytest.mark.sanitizer
 @pytest.mark.parametrize("mode", ["asan", "tsan"])
 def test_evict_header_under_sanitizer(mode, tmp_path):
     """An eviction whose region header write is held or fails (tests/cpp/evict_header_test.cc): the evicting store

@@ -43,7 +43,40 @@ def test_extend_equals_whole():
 
 
 def test_uses_hardware_here():
-    assert _native.crc32c_implementation() in ("vpclmulqdq", "pclmul", "sse4.2", "armv8")
+    assert _native.crc32c_implementation() in ("vpclmulqdq", "vpclmulqdq-avx2", "pclmul", "sse4.2", "armv8")
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(), reason="x86-64 Linux")
+def test_picks_the_widest_folding_this_cpu_has():
+    """AVX-512 with VPCLMULQDQ: the 512-bit folding (fold_raw); AVX2 with VPCLMULQDQ and no AVX-512 (the 2-core
+    VM's AMD EPYC): the 256-bit one (fold256_raw); PCLMULQDQ alone: the 128-bit one (pclmul_raw)."""
+    flags = cpu_flags()
+    if {"avx512f", "avx512vl", "avx512bw", "vpclmulqdq", "pclmulqdq", "sse4_2"} <= flags:
+        expected = "vpclmulqdq"
+    elif {"avx2", "vpclmulqdq", "pclmulqdq", "sse4_2"} <= flags:
+        expected = "vpclmulqdq-avx2"
+    elif {"pclmulqdq", "sse4_2"} <= flags:
+        expected = "pclmul"
+    else:
+        expected = "sse4.2" if "sse4_2" in flags else "bitwise"
+    assert _native.crc32c_implementation() == expected
+
+
+def test_every_implementation_matches_bitwise(tmp_path):
+    """Each implementation this CPU runs, forced by name (tests/cpp/crc32c_paths_test.cc), not only the one the CPU
+    picks: every length 0..5000 at every misalignment 0..63 with initial CRCs, as crc32c_extend and as
+    crc32c_copy_extend (the destination's bytes and the bytes around it), large sizes, pieces by two
+    implementations joined by crc32c_combine. Under ASan too (tests/sanitizers/test_sanitizers.py)."""
+    from tests.support import cpp
+
+    cpp.run(cpp.build("crc32c_paths_test", tmp_path, dirs=(), extra=("util/crc32c.cc",)), timeout=600)
 
 
 def crc_loop_heads(module: str) -> list[tuple[int, str]]:
