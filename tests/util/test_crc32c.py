@@ -79,6 +79,17 @@ def test_every_implementation_matches_bitwise(tmp_path):
     cpp.run(cpp.build("crc32c_paths_test", tmp_path, dirs=(), extra=("util/crc32c.cc",)), timeout=600)
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64: CPUID, XGETBV")
+def test_cpu_gate_on_other_cpus(tmp_path):
+    """The dispatch's CPU gate on CPUs this machine is not (tests/cpp/crc32c_gate_test.cc: crc32c.cc built with a
+    fake __builtin_cpu_supports): an AVX-512 CPU keeps fold_raw, AVX2 with VPCLMULQDQ takes fold256_raw, VPCLMULQDQ
+    with AVX2 masked (a hypervisor) or AVX2 without VPCLMULQDQ keeps pclmul_raw; forcing a name the CPU lacks is
+    refused; and libgcc reports AVX2/VPCLMULQDQ/AVX-512F here only with their XCR0 state enabled."""
+    from tests.support import cpp
+
+    cpp.run(cpp.build("crc32c_gate_test", tmp_path, dirs=()), timeout=300)
+
+
 def crc_loop_heads(module: str) -> list[tuple[int, str]]:
     """(address, function) of the head of every CRC loop in the disassembly of `module`: a loop being a backward
     conditional branch and what lies between its target and it, a CRC loop one whose body has a carry-less
