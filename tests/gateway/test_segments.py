@@ -984,6 +984,29 @@ def test_a_refused_segments_reason_is_whole_in_the_log_and_the_error_frame(workd
         gw.kill()
 
 
+def test_a_refused_segments_non_ascii_path_is_in_the_log_as_in_the_error_frame(workdir, tmp_path):
+    """review38 of e6cef15: a segment's refusal makes its path printable ASCII with log_safe's \\xNN escapes, and the
+    gateway's WARNING line (ClientHandler::refuse) passed that text through log_safe again, which escapes a backslash:
+    a path with a non-ASCII byte was logged "caf\\x5cxc3\\x5cxa9" where the Error frame said "caf\\xc3\\xa9", so
+    the log line did not carry the frame's reason. A FUSE file whose kept path tail holds an "\u00e9"."""
+    if why := StallingFuse.available():
+        pytest.skip(f"no FUSE mount here: {why}")
+    parent = tmp_path / ("head-" + "d" * 120) / ("e" * 120) / ("f" * 40 + "caf\u00e9")
+    parent.mkdir(parents=True)
+    gw = Gateway(workdir).start()
+    fuse = StallingFuse(1 << 20, parent=str(parent))
+    fd = os.open(fuse.path, os.O_RDWR)
+    try:
+        text = error_text(RawClient(gw).register(fd, 1 << 20))
+        assert "caf\\xc3\\xa9/adp-fuse-" in text, text
+        said = [line for line in gw.log().splitlines() if "fuse.adp-stalling mount" in line]
+        assert len(said) == 1 and f"{text}; closing the connection" in said[0], said
+    finally:
+        os.close(fd)
+        fuse.close()
+        gw.kill()
+
+
 def test_a_segment_on_a_mount_the_gateway_cannot_see_is_refused_without_asking_its_server(workdir):
     """Review of 33cfc22: a segment's mount is looked up in the gateway's /proc/self/mountinfo; one it does not list
     (the client in a mount namespace of its own: a container, an unprivileged user namespace) was judged by
