@@ -411,8 +411,8 @@ std::atomic<uint64_t> g_forks{0};
 uint64_t fork_count() {
   static const int registered =
       ::pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
-  (void)
-      registered;  // fails only without memory (ENOMEM): then a child's io_submit fails and its write goes synchronous
+  // It fails only without memory (ENOMEM): then a child's io_submit fails and that write goes synchronous.
+  (void)registered;
   return g_forks.load(std::memory_order_relaxed);
 }
 
