@@ -955,6 +955,22 @@ def test_a_segment_on_a_fuse_file_is_refused(workdir):
         gw.kill()
 
 
+def refused_fuse_segment(workdir, parent):
+    """Registers a file of a stalling FUSE mount made under `parent` (created) with a fresh gateway, which refuses
+    it: (the file's path, the Error frame's text, the gateway's log lines naming the mount)."""
+    parent.mkdir(parents=True)
+    gw = Gateway(workdir).start()
+    fuse = StallingFuse(1 << 20, parent=str(parent))
+    fd = os.open(fuse.path, os.O_RDWR)
+    try:
+        text = error_text(RawClient(gw).register(fd, 1 << 20))
+        return fuse.path, text, [line for line in gw.log().splitlines() if "fuse.adp-stalling mount" in line]
+    finally:
+        os.close(fd)
+        fuse.close()
+        gw.kill()
+
+
 def test_a_refused_segments_reason_is_whole_in_the_log_and_the_error_frame(workdir, tmp_path):
     """debt38b: a segment's refusal ran to 260 bytes and more, its verdict ("not mapped") at the end: the gateway's
     log line (log_safe's 200 bytes) never carried it, and with a long path the Error frame (256 bytes,
@@ -963,25 +979,14 @@ def test_a_refused_segments_reason_is_whole_in_the_log_and_the_error_frame(workd
     whose path is about 400 bytes."""
     if why := StallingFuse.available():
         pytest.skip(f"no FUSE mount here: {why}")
-    parent = tmp_path / ("head-" + "d" * 120) / ("e" * 120) / ("f" * 120)
-    parent.mkdir(parents=True)
-    gw = Gateway(workdir).start()
-    fuse = StallingFuse(1 << 20, parent=str(parent))
-    fd = os.open(fuse.path, os.O_RDWR)
-    try:
-        assert len(fuse.path) > 380, fuse.path
-        text = error_text(RawClient(gw).register(fd, 1 << 20))
-        assert len(text.encode()) <= MAX_MESSAGE_BYTES, text
-        assert text.startswith("segment not mapped: a FUSE file (fuse.adp-stalling mount: "), text
-        assert fuse.path[:24] in text and "f" * 20 + "/adp-fuse-" in text and text.count("...") == 1, text
-        advice = "/segment): its server decides when the gateway's accesses complete; register memory files (/dev/shm)"
-        assert text.endswith(advice), text
-        said = [line for line in gw.log().splitlines() if "fuse.adp-stalling mount" in line]
-        assert len(said) == 1 and f"{text}; closing the connection" in said[0], said
-    finally:
-        os.close(fd)
-        fuse.close()
-        gw.kill()
+    path, text, said = refused_fuse_segment(workdir, tmp_path / ("head-" + "d" * 120) / ("e" * 120) / ("f" * 120))
+    assert len(path) > 380, path
+    assert len(text.encode()) <= MAX_MESSAGE_BYTES, text
+    assert text.startswith("segment not mapped: a FUSE file (fuse.adp-stalling mount: "), text
+    assert path[:24] in text and "f" * 20 + "/adp-fuse-" in text and text.count("...") == 1, text
+    advice = "/segment): its server decides when the gateway's accesses complete; register memory files (/dev/shm)"
+    assert text.endswith(advice), text
+    assert len(said) == 1 and f"{text}; closing the connection" in said[0], said
 
 
 def test_a_refused_segments_non_ascii_path_is_in_the_log_as_in_the_error_frame(workdir, tmp_path):
@@ -991,20 +996,11 @@ def test_a_refused_segments_non_ascii_path_is_in_the_log_as_in_the_error_frame(w
     the log line did not carry the frame's reason. A FUSE file whose kept path tail holds an "\u00e9"."""
     if why := StallingFuse.available():
         pytest.skip(f"no FUSE mount here: {why}")
-    parent = tmp_path / ("head-" + "d" * 120) / ("e" * 120) / ("f" * 40 + "caf\u00e9")
-    parent.mkdir(parents=True)
-    gw = Gateway(workdir).start()
-    fuse = StallingFuse(1 << 20, parent=str(parent))
-    fd = os.open(fuse.path, os.O_RDWR)
-    try:
-        text = error_text(RawClient(gw).register(fd, 1 << 20))
-        assert "caf\\xc3\\xa9/adp-fuse-" in text, text
-        said = [line for line in gw.log().splitlines() if "fuse.adp-stalling mount" in line]
-        assert len(said) == 1 and f"{text}; closing the connection" in said[0], said
-    finally:
-        os.close(fd)
-        fuse.close()
-        gw.kill()
+    _, text, said = refused_fuse_segment(
+        workdir, tmp_path / ("head-" + "d" * 120) / ("e" * 120) / ("f" * 40 + "caf\u00e9")
+    )
+    assert "caf\\xc3\\xa9/adp-fuse-" in text, text
+    assert len(said) == 1 and f"{text}; closing the connection" in said[0], said
 
 
 def test_a_segment_on_a_mount_the_gateway_cannot_see_is_refused_without_asking_its_server(workdir):
