@@ -23,7 +23,13 @@
 //     (no older copy indexed: no tombstone), then the header write fails. The region put back, the older copy
 //     there is marked deleted as a superseded one, its tombstone guarded by the newer copy's
 //     region. Without that, once the newer copy's region was evicted the older copy was back after the reopen
-//     (shown by leaving the older copy unmarked: "stored anew: key 0's superseded copy is its value").
+//     (shown by leaving the older copy unmarked: "stored anew: key 0's superseded copy is its value");
+//   - stored anew, its tombstone failing: the same, the older copy's header block refusing writes too, so that its
+//     tombstone stays pending. The guard is what keeps the newer copy: its region is pinned until that tombstone is
+//     written, and without the pin the stores after it evicted the newer copy and the older one was the key's value
+//     after the reopen (debt39 item 2: s38's check found that the scenario above, whose tombstone is written by the
+//     next store, passed with the guard removed; this one fails then: "stored anew, its tombstone failing: key 0's
+//     superseded copy is its value").
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -192,8 +198,9 @@ void pending_tombstone_in_the_evicted_region() {
 // header is in flight: it finds no older copy in the index, so writes no tombstone. The header write then fails and
 // the region is put back: key 0's older copy there is marked deleted as a superseded one, guarded by the newer
 // copy's region. The newer copy's region then evicted: after the reopen key 0 is the newer
-// value or nothing, never the older.
-void stored_anew_while_evicted() {
+// value or nothing, never the older. With `tombstone_fails` the older copy's header block refuses writes: its
+// tombstone stays pending for good, and only the guard (the newer copy's region pinned) keeps the newer copy.
+void stored_anew_while_evicted(bool tombstone_fails) {
   const int n = stores_before_first_eviction();
   auto image = std::make_shared<FaultImage>(adp::testing::card_bytes(kRegions, kRegion));
   const std::vector<uint8_t> newer(4096, 8);  // fits the frontier's tail: its reservation evicts nothing
@@ -204,8 +211,10 @@ void stored_anew_while_evicted() {
     adp::IoContext ctx;
     for (int i = 0; i < n; i++) check(adp::testing::put_one(*s, ctx, key(i), kValue).ok(), "fill");
     const uint64_t region0 = adp::kDataOffset;
-    check(adp::testing::header_block(*image, key(0)) < region0 + kRegion, "key 0 is in region 0");
+    const uint64_t older = adp::testing::header_block(*image, key(0));
+    check(older < region0 + kRegion, "key 0 is in region 0");
     dev->fail_writes(region0, region0 + adp::kBlockSize);
+    if (tombstone_fails) dev->fail_writes(older, older + adp::kBlockSize);
     // The newer copy's store: reserved, written and synced, then waits before its commit (put's still_wanted, asked
     // with no store lock held) for the eviction. Not in its fill: a disk card's store of one I/O is filled before its
     // reservation (the write ahead of aio37), so a fill that waits holds nothing reserved.
@@ -249,13 +258,20 @@ void stored_anew_while_evicted() {
     check(st.ok(), "the store whose eviction's header write failed went on (" + st.message() + ")");
     auto got = adp::testing::read_object(*s, ctx, key(0));
     check(got && *got == newer, "key 0 loads its newer copy");
+    const uint64_t scans = s->pending_scans();
     for (int k = 0; k < 60; k++)
       check(adp::testing::put_one(*s, ctx, key(n + 1 + k), kValue).ok(), "a store evicting the newer copy");
+    if (tombstone_fails) {
+      check(s->pending_scans() > scans, "the stores after it tried the older copy's pending tombstone");
+      got = adp::testing::read_object(*s, ctx, key(0));
+      check(got && *got == newer, "stored anew, its tombstone failing: key 0 still loads its newer copy (pinned)");
+    }
   }
   auto s = adp::testing::checked_fault_card(image, kCard, "reopen");
   if (!s) return;
   auto got = adp::testing::read_object(*s, key(0));
-  check(!got || *got == newer, "stored anew: key 0's superseded copy is its value after the reopen");
+  check(!got || *got == newer, std::string(tombstone_fails ? "stored anew, its tombstone failing" : "stored anew") +
+                                   ": key 0's superseded copy is its value after the reopen");
 }
 
 }  // namespace
@@ -264,6 +280,7 @@ int main() {
   evicted_key_deleted(false);
   evicted_key_deleted(true);
   pending_tombstone_in_the_evicted_region();
-  stored_anew_while_evicted();
+  stored_anew_while_evicted(false);
+  stored_anew_while_evicted(true);
   return adp::testing::finish("evict_header_test");
 }
