@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "connector/connector.h"
 
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -284,6 +285,17 @@ void Connector::collect_lost_locked() {
 }
 
 Connector::~Connector() {
+  if (inherited()) {
+    // A forked child's (see inherited()): the parent's threads are not here, and the backend's close would write to
+    // the card or on the parent's connections. Both left as they are (leaked), the eventfd is this process's. The
+    // binding never destroys one there (it leaks it whole): a condition variable a parent's thread waited on at the
+    // fork is waited out for ever by its destructor (glibc counts its waiters).
+    static_cast<void>(new std::vector<std::thread>(std::move(workers_)));
+    static_cast<void>(new std::thread(std::move(deadline_thread_)));
+    static_cast<void>(backend_.release());
+    if (event_fd_ >= 0) ::close(event_fd_);
+    return;
+  }
   close();
   free_retired();
   if (event_fd_ >= 0) ::close(event_fd_);
@@ -291,6 +303,7 @@ Connector::~Connector() {
 
 uint64_t Connector::submit(OpType op, std::vector<std::string> keys, std::vector<Buffer> buffers,
                            std::unique_ptr<BufferOwner> owner) {
+  if (inherited()) return refuse_inherited(op, keys.size(), std::move(owner));
   auto b = std::make_unique<Batch>();
   b->op = op;
   b->keys = std::move(keys);
@@ -911,7 +924,58 @@ void Connector::deadline_pause(std::unique_lock<std::mutex>& lock, int tries) no
   lock.lock();
 }
 
+void Connector::inherited_first_locked() {
+  if (inherited_seen_) return;
+  inherited_seen_ = true;
+  inherited_next_ = next_future_;  // the parent's count at the fork: its futures' ids are not reused
+  // An eventfd of this process's on the same number: the inherited one is the parent's (this child's signal would
+  // wake its drainer, and its drain() would take this child's).
+  const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd >= 0 && ::dup3(fd, event_fd_, O_CLOEXEC) == event_fd_) ::close(fd);
+  const int parent = static_cast<int>(owner_.pid());
+  ADP_ERROR(
+      "ADPConnector (%s): used in pid %d, forked from pid %d that opened it: here its stores and deletes fail and "
+      "its loads and lookups miss, nothing sent to the card or gateway (pid %d's: two processes writing one card "
+      "through their own views of it overwrite each other's records, and frames of two processes on one connection "
+      "interleave); open a new ADPConnector in this process (an embedded card is its opener's: a gateway shares one "
+      "card between processes)",
+      description_.c_str(), static_cast<int>(::getpid()), parent, parent);
+}
+
+uint64_t Connector::refuse_inherited(OpType op, size_t n, std::unique_ptr<BufferOwner> owner) {
+  const bool fails = op == OpType::kSet || op == OpType::kDelete;
+  std::lock_guard<std::mutex> lock(inherited_mu_);
+  inherited_first_locked();
+  Completion c{inherited_next_++, !fails, "", std::vector<uint8_t>(n, 0)};
+  if (fails) {
+    const std::string parent = std::to_string(owner_.pid());
+    c.error = "this connector was opened by pid " + parent + "; this process (pid " + std::to_string(::getpid()) +
+              ") was forked from pid " + parent +
+              ": nothing is stored or deleted here; open a new ADPConnector in "
+              "this process";
+  }
+  inherited_done_.reserve(inherited_done_.size() + 1);
+  if (owner) inherited_owners_.push_back(std::move(owner));
+  inherited_done_.push_back(std::move(c));
+  signal();
+  return inherited_done_.back().future_id;
+}
+
+std::vector<Completion> Connector::drain_inherited() {
+  std::vector<Completion> out;
+  std::vector<std::unique_ptr<BufferOwner>> owners;  // destroyed after the lock, on the caller's thread
+  std::lock_guard<std::mutex> lock(inherited_mu_);
+  inherited_first_locked();  // the eventfd read below is this process's
+  uint64_t v;
+  ssize_t r = ::read(event_fd_, &v, sizeof v);
+  (void)r;
+  out.swap(inherited_done_);
+  owners.swap(inherited_owners_);
+  return out;
+}
+
 std::vector<Completion> Connector::drain() {
+  if (inherited()) return drain_inherited();
   uint64_t v;
   ssize_t r = ::read(event_fd_, &v, sizeof v);  // resets the counter; EAGAIN when already zero
   (void)r;
@@ -934,6 +998,7 @@ std::vector<Completion> Connector::drain() {
 }
 
 void Connector::free_retired() {
+  if (inherited()) return;  // mu_ is the parent's (a thread of its may have held it at the fork)
   std::vector<std::unique_ptr<Batch>> retired;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -942,6 +1007,7 @@ void Connector::free_retired() {
 }
 
 void Connector::close() noexcept {
+  if (inherited()) return;  // nothing of the parent's stopped or closed here: see inherited()
   if (!stop_threads()) return;
   // Nothing here throws out (session 28: ~Connector calls it): the stats of the closing line without memory for
   // them (a RemoteBackend's) are left out of it.
@@ -968,7 +1034,7 @@ void Connector::close() noexcept {
 
 StoreStats Connector::stats() const {
   StoreStats s;
-  {
+  if (!inherited()) {  // in a forked child nothing of the parent's backend is asked (its locks may be held)
     std::shared_lock<std::shared_mutex> bl(backend_mu_);
     if (backend_) s = backend_->stats();
   }

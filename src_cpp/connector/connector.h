@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "connector/backend.h"
+#include "util/fork_owner.h"
 #include "util/latency_histogram.h"
 
 namespace adp {
@@ -122,6 +123,13 @@ class Connector {
   // worker_{put,get}_*, and with `gateway` gateway_{put,get}_* too.
   template <typename F>
   void for_each_timing(bool gateway, F&& f) const;
+  // In a process forked from the one that made it (debt39): its card, its parent's view of it (index, frontier) and
+  // its gateway connections are the parent's, its threads are not here. There submit() completes each batch at once
+  // (puts and deletes failed, gets and lookups all misses) and touches neither the backend nor mu_ (a parent's thread
+  // may have held it at the fork), with one ERROR line naming the parent; drain() hands those over, close() only
+  // marks it closed, and ~Connector leaves the threads and the backend as they are (a joinable std::thread destroyed
+  // ends the process; the backend's close would write to the card or on the parent's connections).
+  bool inherited() const { return owner_.inherited(); }
 
  private:
   struct Batch;
@@ -224,6 +232,19 @@ class Connector {
   // Makes the completions of lost_'s batches ("connector closed", failed) and retires those whose workers are done.
   // A std::bad_alloc leaves the rest on lost_. Caller holds mu_.
   void collect_lost_locked();
+  // submit() and drain() in a forked child (inherited()), and their first call's work there: the child's own
+  // eventfd, its future ids, the ERROR line. Under inherited_mu_.
+  void inherited_first_locked();
+  uint64_t refuse_inherited(OpType op, size_t n, std::unique_ptr<BufferOwner> owner);
+  std::vector<Completion> drain_inherited();
+
+  const ForkOwner owner_;
+  // A forked child's state (inherited()), under inherited_mu_: never taken in the process that made it.
+  std::mutex inherited_mu_;
+  bool inherited_seen_ = false;  // the child's first call made its eventfd and logged the ERROR line
+  uint64_t inherited_next_ = 0;
+  std::vector<Completion> inherited_done_;
+  std::vector<std::unique_ptr<BufferOwner>> inherited_owners_;  // freed by drain(), the caller's thread
 
   mutable std::shared_mutex backend_mu_;  // close() drops the backend while submit() may use it
   std::unique_ptr<Backend> backend_;

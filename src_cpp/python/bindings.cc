@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -20,6 +21,8 @@
 #include "transport/embedded_backend.h"
 #include "transport/remote_backend.h"
 #include "util/crc32c.h"
+#include "util/fork_owner.h"
+#include "util/log.h"
 #include "util/test_hooks.h"
 
 namespace py = pybind11;
@@ -117,6 +120,13 @@ class NativeConnector {
  public:
   NativeConnector() = default;
   explicit NativeConnector(const py::dict& cfg) { start(cfg); }
+  // In a forked child the connector is left whole (Connector::inherited(): its destructor would wait for ever on
+  // condition variables the parent's threads waited on at the fork).
+  ~NativeConnector() {
+    if (connector_ && connector_->inherited()) static_cast<void>(connector_.release());
+  }
+  NativeConnector(const NativeConnector&) = delete;
+  NativeConnector& operator=(const NativeConnector&) = delete;
 
   void start(const py::dict& cfg) {
     if (connector_) throw std::runtime_error("this connector is started already");
@@ -275,7 +285,8 @@ class NativeConnector {
 class PyCardStore {
  public:
   PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes, bool format_blank,
-              bool read_only, bool preallocate) {
+              bool read_only, bool preallocate)
+      : path_(path) {
     CardOptions co;
     co.path = path;
     co.create_preallocated = preallocate;
@@ -292,8 +303,19 @@ class PyCardStore {
     if (!s.ok()) raise(s);
     ctx_ = std::make_unique<IoContext>();
   }
+  // In a forked child the store is left whole: its close would write to the card, and its destructor waits for ever
+  // on condition variables the parent's threads waited on at the fork.
+  ~PyCardStore() {
+    if (owner_.inherited()) {
+      static_cast<void>(store_.release());
+      static_cast<void>(ctx_.release());
+    }
+  }
+  PyCardStore(const PyCardStore&) = delete;
+  PyCardStore& operator=(const PyCardStore&) = delete;
 
   bool put(const std::string& key, const py::buffer& data) {
+    refuse_inherited();
     py::buffer_info info = data.request();
     PutItem item{key, static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
     Status st;
@@ -307,6 +329,7 @@ class PyCardStore {
   }
 
   py::object get(const std::string& key) {
+    if (inherited_here()) return py::none();
     std::string out;
     Status s;
     {
@@ -323,11 +346,13 @@ class PyCardStore {
   }
 
   bool exists(const std::string& key) {
+    if (inherited_here()) return false;
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> l(mu_);
     return store().exists(key);
   }
   bool remove(const std::string& key) {
+    refuse_inherited();
     Status s;
     {
       py::gil_scoped_release nogil;
@@ -339,6 +364,7 @@ class PyCardStore {
     return true;
   }
   py::dict stats() const {
+    refuse_inherited();
     StoreStats st;
     {
       py::gil_scoped_release nogil;
@@ -350,6 +376,7 @@ class PyCardStore {
 
   // progress(done, total) is called from time to time, with the GIL.
   py::dict verify(bool repair, const py::object& progress) {
+    refuse_inherited();
     VerifyReport r;
     Status s;
     {
@@ -378,12 +405,18 @@ class PyCardStore {
     return d;
   }
   uint64_t max_object_bytes() const {
+    refuse_inherited();
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> l(mu_);
     return store().max_object_bytes();
   }
   // Waits for an operation in progress (on another thread) to finish first.
   void close() {
+    if (inherited_here()) {  // left whole (see ~PyCardStore), closed for this process
+      static_cast<void>(store_.release());
+      static_cast<void>(ctx_.release());
+      return;
+    }
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> l(mu_);
     ctx_.reset();
@@ -391,6 +424,28 @@ class PyCardStore {
   }
 
  private:
+  // True in a process forked from the one that opened the store (debt39): there the card, its index and frontier
+  // are the parent's (two processes writing through their own views overwrite each other's records) and mu_ may
+  // have been held by a parent's thread at the fork. Nothing of the store is touched there; one ERROR line.
+  bool inherited_here() const {
+    if (!owner_.inherited()) return false;
+    if (store_ && !inherited_said_.exchange(true))
+      ADP_ERROR(
+          "card store %s: used in pid %d, forked from pid %d that opened it: here its puts, removes and verify "
+          "fail and its gets and lookups miss, nothing written (pid %d's: two processes writing one card through "
+          "their own views of it overwrite each other's records); open the card in one process only",
+          path_.c_str(), static_cast<int>(::getpid()), static_cast<int>(owner_.pid()), static_cast<int>(owner_.pid()));
+    return true;
+  }
+  void refuse_inherited() const {
+    if (inherited_here())
+      throw std::runtime_error("card store " + path_ + " was opened by pid " + std::to_string(owner_.pid()) +
+                               "; this process (pid " + std::to_string(::getpid()) + ") was forked from pid " +
+                               std::to_string(owner_.pid()) + ": nothing is written here");
+  }
+  const ForkOwner owner_;
+  const std::string path_;
+  mutable std::atomic<bool> inherited_said_{false};
   CardStore& store() const {
     if (!store_) throw std::runtime_error("card store is closed");
     return *store_;

@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A connector or card store used in a process forked from the one that opened it (debt39 item 1, review38)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+
+import pytest
+
+from lmcache_adp import ADPConnector, CardStore
+from tests.helpers import RawConnector
+from tests.support.gateway import temp_gateway
+
+SIZE = 64 << 10
+
+
+def in_child(body, log_path: str, timeout_s: float = 120.0) -> dict:
+    """Runs body() in a child of os.fork(), its stderr (the native log) in log_path; returns the dict it returns,
+    read back through a pipe. The child leaves by os._exit: nothing of the parent's closed or flushed there."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(r)
+        code = 1
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(fd, 2)
+            out = body()
+            os.write(w, json.dumps(out).encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, whatever it is
+            os.write(w, json.dumps({"raised": repr(e)}).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    try:
+        while True:
+            ready, _, _ = select.select([r], [], [], timeout_s)
+            assert ready, f"the forked child reported nothing in {timeout_s} s"
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    out = json.loads(data or b"{}")
+    assert os.waitstatus_to_exitcode(status) == 0 and "raised" not in out, out
+    return out
+
+
+def error_lines(log_path: str) -> list[str]:
+    with open(log_path, errors="replace") as f:
+        return [line for line in f.read().splitlines() if " ERROR: " in line]
+
+
+@pytest.mark.parametrize("where", ["embedded", "gateway"])
+def test_an_inherited_connector_refuses_every_operation_in_a_forked_child(where, card, tmp_path):
+    """review38: a forked child storing on an inherited embedded connector shared the card with its parent's
+    in-memory view (index, frontier): both writing overwrite each other's records. Before debt39 the child's lookup
+    answered from the parent's index (a hit), and its puts and gets waited for workers that are not in the child
+    (its futures failed at their deadline), on a gateway over the parent's connections. Now in the child every put
+    and delete fails at once, every get and lookup misses, nothing reaches the card or the gateway, and one ERROR
+    line names the parent's pid and says to open a new connector there; the parent is unaffected."""
+    ctx = temp_gateway() if where == "gateway" else None
+    gw = ctx.__enter__() if ctx else None
+    params = dict(gateway=gw.unix_url) if gw else dict(card=card, card_size_gb=0.0625)
+    conn = ADPConnector(**params, num_workers=2, timeout_ms=20000)
+    c = RawConnector(conn)
+    try:
+        assert c.set(["parent@1"], [memoryview(b"\x11" * SIZE)])[0]
+        parent = os.getpid()
+
+        def child() -> dict:
+            put = c.set(["child@1"], [memoryview(b"\x22" * SIZE)])
+            out = bytearray(SIZE)
+            got = c.get(["parent@1"], [memoryview(out)])
+            looked = c.exists(["parent@1", "child@1"])
+            deleted = c.delete(["parent@1"])
+            stats = conn.stats()  # answered, nothing of the parent's backend asked
+            conn.close()  # the child's: the parent's threads and card or connections left alone
+            return dict(
+                put=put, get=got, untouched=bytes(out) == bytes(SIZE), exists=looked, delete=deleted, stats=len(stats)
+            )
+
+        log = str(tmp_path / "child.log")
+        got = in_child(child, log)
+        assert got["put"][0] is False and got["put"][2] == [False], got
+        assert f"forked from pid {parent}" in got["put"][1], got
+        assert got["get"][2] == [False] and got["untouched"], got
+        assert got["exists"][2] == [False, False], got
+        assert got["delete"][0] is False, got
+        said = error_lines(log)
+        assert len(said) == 1, said
+        assert f"forked from pid {parent}" in said[0] and "open a new ADPConnector in this process" in said[0], said
+        # The parent's connector works on, and nothing of the child's is stored.
+        assert c.set(["parent@2"], [memoryview(b"\x33" * SIZE)])[0]
+        assert c.exists(["parent@1", "parent@2", "child@1"])[2] == [True, True, False]
+        out = bytearray(SIZE)
+        assert c.get(["parent@1"], [memoryview(out)])[2] == [True] and bytes(out) == b"\x11" * SIZE
+    finally:
+        conn.close()
+    # Reopened (the embedded card recovered from what is on it; the gateway's card as it holds it): the parent's
+    # objects, none of the child's.
+    again = RawConnector(ADPConnector(**params, num_workers=1, timeout_ms=20000))
+    try:
+        assert again.exists(["parent@1", "parent@2", "child@1"])[2] == [True, True, False]
+    finally:
+        again.conn.close()
+        if ctx:
+            ctx.__exit__(None, None, None)
+
+
+def test_an_inherited_card_store_writes_nothing_in_a_forked_child(card, tmp_path):
+    """The same for a CardStore (tools' direct access): in a forked child put and remove raise, get and exists
+    miss, close writes nothing, one ERROR line; the parent's store goes on, and the card has nothing of the child's.
+    Before debt39 the child's put was written to the card, into the parent's frontier."""
+    s = CardStore(card, create_bytes=64 << 20)
+    try:
+        s.put("parent@1", b"\x11" * SIZE)
+        parent = os.getpid()
+
+        def child() -> dict:
+            out = {}
+            for name, call in (
+                ("put", lambda: s.put("child@1", b"\x22" * SIZE)),
+                ("remove", lambda: s.remove("parent@1")),
+            ):
+                try:
+                    out[name] = repr(call())
+                except RuntimeError as e:
+                    out[name] = "raised: " + str(e)
+            out["get"] = s.get("parent@1") is None
+            out["exists"] = s.exists("parent@1")
+            s.close()
+            return out
+
+        log = str(tmp_path / "child.log")
+        got = in_child(child, log)
+        assert got["put"].startswith("raised: ") and f"forked from pid {parent}" in got["put"], got
+        assert got["remove"].startswith("raised: "), got
+        assert got["get"] is True and got["exists"] is False, got
+        said = error_lines(log)
+        assert len(said) == 1 and f"forked from pid {parent}" in said[0], said
+        s.put("parent@2", b"\x33" * SIZE)
+        assert s.get("parent@1") == b"\x11" * SIZE and not s.exists("child@1")
+    finally:
+        s.close()
+    s = CardStore(card)
+    try:
+        assert s.exists("parent@1") and s.exists("parent@2") and not s.exists("child@1")
+        assert s.get("parent@2") == b"\x33" * SIZE
+    finally:
+        s.close()
