@@ -102,10 +102,7 @@ void ClientHandler::refuse(const Status& why) {
   // A reason of printable ASCII only is logged as it is: a segment's refusal has made its path so with log_safe's
   // \xNN escapes, and log_safe again escaped their backslashes (the log said "caf\x5cxc3" where the Error frame
   // says "caf\xc3": review38 of e6cef15). Any other (a control or non-ASCII byte) through log_safe as before.
-  const std::string& message = why.message();
-  const bool printable = message.size() <= proto::kMaxMessageBytes &&
-                         std::all_of(message.begin(), message.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-  const std::string reason = printable ? message : log_safe(message, proto::kMaxMessageBytes);
+  const std::string reason = log_printable(why.message(), proto::kMaxMessageBytes);
   if (handshake_done_)
     ADP_WARN("gateway: client #%llu (%s): %s; closing the connection", ull(id_), peer().c_str(), reason.c_str());
   else

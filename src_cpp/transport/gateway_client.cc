@@ -376,7 +376,7 @@ Status GatewayClient::receive(uint8_t type, proto::Deadline deadline, bool* aliv
   if (frame_.header.type == static_cast<uint8_t>(proto::FrameType::kError)) {
     std::string_view reason;
     s = proto::decode_error(frame_.body, &reason);
-    return Status::Unavailable("gateway refused: " + std::string(s.ok() ? reason : "(unreadable reason)"));
+    return Status::Unavailable(std::string(kGatewayRefused) + std::string(s.ok() ? reason : "(unreadable reason)"));
   }
   if (frame_.header.type != type || frame_.header.request_id != request_id_)
     return Status::InvalidArgument("gateway sent an unexpected frame");

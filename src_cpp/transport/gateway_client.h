@@ -12,12 +12,18 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "protocol/messages.h"
 #include "protocol/shared_ring.h"
 #include "protocol/socket_io.h"
 
 namespace adp {
+
+// What a gateway's Error frame reads as on this side (GatewayClient::receive): this, then the frame's reason (up to
+// proto::kMaxMessageBytes).
+constexpr std::string_view kGatewayRefused = "gateway refused: ";
+constexpr size_t kMaxRefusalBytes = kGatewayRefused.size() + proto::kMaxMessageBytes;
 
 // A connection nothing was heard on for this long is looked at (one poll)
 // before its next request: the gateway may have closed it meanwhile (a

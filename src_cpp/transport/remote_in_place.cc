@@ -143,17 +143,19 @@ bool RemoteSession::try_in_place(proto::Op op, const std::string_view* keys, con
           ADP_INFO(
               "%s: %s; buffers in that shared memory file (%llu bytes) go through the ring for now, the file "
               "registered again in %lld s (then at most every %lld s while refused)",
-              backend_->describe().c_str(), log_safe(s.message()).c_str(), static_cast<unsigned long long>(f->bytes),
-              static_cast<long long>(next / 1000), static_cast<long long>(kSegmentMaxBackoff.count() / 1000));
+              backend_->describe().c_str(), log_printable(s.message(), kMaxRefusalBytes).c_str(),
+              static_cast<unsigned long long>(f->bytes), static_cast<long long>(next / 1000),
+              static_cast<long long>(kSegmentMaxBackoff.count() / 1000));
         backend_->drop(&client_);
         return false;
       }
       if (s.code() == Status::Code::kUnavailable) {
         // The gateway refused the file (its Error frame: it cannot map it as stated) and closed the connection.
-        // No outage: the file's buffers use the ring from now on, this batch's too, on a new connection.
+        // No outage: the file's buffers use the ring from now on, this batch's too, on a new connection. The line
+        // carries the frame's whole reason, as it has it (log_safe's 200 bytes cut a segment's refusal: debt39).
         if (!f->refused.exchange(true))
           ADP_INFO("%s: %s; buffers in that shared memory file (%llu bytes) go through the ring from now on",
-                   backend_->describe().c_str(), log_safe(s.message()).c_str(),
+                   backend_->describe().c_str(), log_printable(s.message(), kMaxRefusalBytes).c_str(),
                    static_cast<unsigned long long>(f->bytes));
         backend_->drop(&client_);
         return false;

@@ -3,6 +3,7 @@
 
 #include <sys/time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,12 @@ std::string log_safe(std::string_view s, size_t max_bytes) {
   }
   if (s.size() > max_bytes) out += "...";
   return out;
+}
+
+std::string log_printable(std::string_view s, size_t max_bytes) {
+  const bool printable =
+      s.size() <= max_bytes && std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+  return printable ? std::string(s) : log_safe(s, max_bytes);
 }
 
 }  // namespace adp

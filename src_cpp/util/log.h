@@ -22,6 +22,10 @@ void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(pri
 // printable ASCII become \xNN and long text is cut, so a client cannot forge
 // or garble log lines.
 std::string log_safe(std::string_view s, size_t max_bytes = 200);
+// A text already made printable (a peer's reason with log_safe's \xNN escapes in it: a segment's refusal) as it is,
+// where it is printable ASCII only (0x20-0x7e) and at most max_bytes; any other through log_safe(s, max_bytes). So
+// such a reason is logged as its Error frame has it, not its escapes' backslashes escaped again (review38).
+std::string log_printable(std::string_view s, size_t max_bytes);
 
 // Lets one line through per interval at a call site and counts the lines it
 // held back, so a peer or a stream of bad requests cannot flood the log with

@@ -7,10 +7,15 @@ from __future__ import annotations
 import mmap
 import os
 import resource
+import socket
+import struct
 import time
 
-from lmcache_adp import ADPConnector
+import pytest
+
+from lmcache_adp import ADPConnector, _native
 from lmcache_adp.gateway_stats import read_gateway_stats
+from tests.gateway import wire
 from tests.helpers import RawConnector
 from tests.support.gateway import temp_gateway
 from tests.support.proc import status_bytes
@@ -70,3 +75,102 @@ def test_a_transient_refusal_of_a_segment_does_not_turn_in_place_loads_off_for_g
             c.conn.close()
             os.close(fd)
             os.unlink(path)
+
+
+class RefusingGateway:
+    """A gateway stand-in on a Unix socket: grants the ring and segments at each Hello and answers every segment
+    registration with an Error frame of `reason`, then closes the connection (as a gateway that refuses a file); any
+    other frame closes it too."""
+
+    def __init__(self, path: str, reason: bytes):
+        self.path, self.reason = path, reason
+        self.registrations = 0
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen(16)
+        wire.serve_connections(self.listener, self._client)
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    @staticmethod
+    def _recv(conn: socket.socket) -> tuple[int, int, bytes]:
+        head, fds, _, _ = socket.recv_fds(conn, wire.HEADER.size, 4)
+        for fd in fds:
+            os.close(fd)  # the ring or the segment's file: not mapped here
+        if len(head) < wire.HEADER.size:
+            raise ConnectionError("closed")
+        ftype, n, rid = wire.parse_header(head)
+        body = b""
+        while len(body) < n:
+            chunk = conn.recv(n - len(body))
+            if not chunk:
+                raise ConnectionError("closed")
+            body += chunk
+        return ftype, rid, body
+
+    def _client(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                ftype, rid, body = self._recv(conn)
+                if ftype != wire.HELLO:
+                    return
+                features = struct.unpack_from("<I", body)[0]
+                granted = features & (_native.FEATURE_RING | _native.FEATURE_SEGMENTS)
+                name = b"refusing test gateway"
+                limits = (_native.MAX_BATCH_KEYS, 1 << 20, _native.MAX_INLINE_PAYLOAD_BYTES)
+                conn.sendall(
+                    wire.frame(wire.HELLO_OK, rid, struct.pack("<IIQQII", granted, *limits, len(name), 0) + name)
+                )
+                ftype, rid, _ = self._recv(conn)
+                if ftype == _native.FRAME_TYPES["REGISTER_SEGMENT"]:
+                    self.registrations += 1
+                    conn.sendall(wire.frame(wire.ERROR, rid, struct.pack("<H", len(self.reason)) + self.reason))
+            except (ConnectionError, OSError):
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize(
+    "verdict,said_as",
+    [
+        ("segment not mapped: ", "buffers in that shared memory file (1048576 bytes) go through the ring from now on"),
+        (
+            "segment refused for now, register it again later: ",
+            "buffers in that shared memory file (1048576 bytes) go through the ring for now",
+        ),
+    ],
+)
+def test_a_long_segment_refusal_reaches_the_connectors_log_whole(verdict, said_as, tmp_path, capfd):
+    """debt39 item 3: the connector's INFO line for a shared memory file the gateway refused ("gateway refused:
+    <reason>; buffers in that shared memory file ... go through the ring from now on") passed the message through
+    log_safe's default 200 bytes, and a gateway's Error frame carries up to 256 (a segment's refusal runs that long:
+    debt38b): the line lost the reason's end, the part that says what to do. A stand-in gateway refuses the file
+    with a 256-byte reason (printable ASCII, a backslash escape in it as a segment's escaped path has): the line
+    carries it whole, the escape as the frame has it. Both lines: refused for good, and for now (protocol r19)."""
+    reason = (verdict + "caf\\xc3\\xa9 " + "r" * 150 + " what to do: ").encode()
+    reason += b"x" * (_native.MAX_MESSAGE_BYTES - len(reason) - 4) + b" END"
+    assert len(reason) == _native.MAX_MESSAGE_BYTES
+    gw = RefusingGateway(str(tmp_path / "gw.sock"), reason)
+    path = f"/dev/shm/adp-longrefusal-{os.getpid()}-{time.monotonic_ns()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    conn = ADPConnector(gateway=gw.url, num_workers=1, timeout_ms=2000, process_memory=False)
+    try:
+        os.ftruncate(fd, 1 << 20)
+        with mmap.mmap(fd, 1 << 20) as m:
+            view = memoryview(m)[: 64 << 10]
+            capfd.readouterr()
+            RawConnector(conn).get(["k"], [view])  # fails: the stand-in serves no batch
+            view.release()
+        err = capfd.readouterr().err
+        said = [line for line in err.splitlines() if said_as in line]
+        assert gw.registrations >= 1 and len(said) == 1, err
+        assert f"gateway refused: {reason.decode()}; {said_as}" in said[0], said[0]
+    finally:
+        conn.close()
+        gw.close()
+        os.close(fd)
+        os.unlink(path)

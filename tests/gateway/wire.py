@@ -122,6 +122,21 @@ def recv_frame(sock: socket.socket) -> tuple[int, int, bytes]:
     return ftype, rid, body
 
 
+def serve_connections(listener: socket.socket, client) -> None:
+    """Accepts on `listener` on a daemon thread until it is closed, each connection served by client(conn) on a daemon
+    thread of its own (the gateway stand-ins of the tests)."""
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=client, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
 class FailingGateway:
     """Speaks protocol v1 over TCP (no token check) and answers every batch with an error per key: status
     `code` (an I/O error by default), its message `message`, and `error_class` in each item's byte 1 (0, as a
@@ -136,15 +151,7 @@ class FailingGateway:
         self.port = self.listener.getsockname()[1]
         self.batches: list[int] = []
         self.hellos: list[int] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
+        serve_connections(self.listener, self._client)
 
     def _client(self, conn: socket.socket):
         with conn:
