@@ -51,10 +51,13 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -151,7 +154,8 @@ def other_load() -> list[str]:
 
 def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: int, l1_gb: float,
                  raw: Path, l1_shm: bool = False, gateway: Gateway | None = None,
-                 server_env: dict | None = None, l1_hugetlb: bool = False) -> dict:  # fmt: skip
+                 server_env: dict | None = None, l1_hugetlb: bool = False,
+                 trace: tuple[str, str] | None = None) -> dict:  # fmt: skip
     """One fresh server with this L2: store, restores from L1, then restores from L2. l1_shm: LMCache's L1
     pool in a /dev/shm file (`lmcache server --shm-name`), as docs tell a gateway's operators to run it.
     If the server (or the gateway it uses) dies meanwhile, ProcessDied with its log tail, at once."""
@@ -178,7 +182,12 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
                     left = drop_l1(server)
                     if left:
                         raise RuntimeError(f"{name}: {left} objects stay in L1 after POST /cache/clear")
-                    samples["l2"].append(restore_prompt(server, client, stored))
+                    if trace is None:
+                        samples["l2"].append(restore_prompt(server, client, stored))
+                        continue
+                    how, rnd = trace
+                    with trace_of(server.proc.pid, raw / f"{how}-{name}-{rnd}-l2-{len(samples['l2']) + 1}.txt", how):
+                        samples["l2"].append(restore_prompt(server, client, stored))
             except BaseException as e:
                 # A dead server can show as another error first (a refused HTTP request): reported as its death.
                 dead = dead_process(watched, grace_s=2.0)
@@ -206,6 +215,62 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
                 raise RuntimeError(f"{name} {kind}: restore came from the wrong tier: {r}, log: {p}")
             result[kind].append({**asdict(r), "prefetch": asdict(p) if p else None, "total_s": r.total_s})
     return result
+
+
+@contextlib.contextmanager
+def trace_of(pid: int, out: Path, how: str):
+    """A trace of a running server (every thread) around one restore (--trace): `strace` (strace -f -tt -T: its
+    reads, eventfd writes and futex hand-offs; slows every syscall) or `perf` (perf record of the read and write
+    syscalls' tracepoints and the scheduler's switches and wake-ups: little cost, and shows the CPU time of the
+    card's CRC threads and how long a woken thread waited for a CPU), written as text to `out`; the threads' names
+    beside it (out + .threads, the process's own id first). benchmarks/restore_timeline.py reads either."""
+    names = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda p: (int(p.name) != pid, int(p.name))):
+        try:
+            names.append(f"{task.name} {(task / 'comm').read_text().strip()}")
+        except OSError:
+            pass
+    Path(str(out) + ".threads").write_text("\n".join(names) + "\n")
+    if how == "strace":
+        calls = "pread64,preadv,preadv2,read,write,futex,openat,close,io_submit,io_getevents,io_uring_enter"
+        cmd = ["strace", "-f", "-tt", "-T", "-e", f"trace={calls}", "-p", str(pid), "-o", str(out)]
+    else:
+        events = [
+            f"syscalls:sys_{e}_{c}" for c in ("read", "pread64", "preadv", "write", "openat") for e in ("enter", "exit")
+        ]
+        events += ["sched:sched_switch", "sched:sched_wakeup"]
+        # System-wide (-a): `perf record -p` of these tracepoints recorded nothing here; the server's lines kept below.
+        cmd = ["perf", "record", "-q", "-a", "-e", ",".join(events), "-o", str(out) + ".data"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # every thread attached
+    disk = Path(str(out) + ".diskstats")  # the disks' counters around the restore: its requests' mean size
+    disk.write_text(Path("/proc/diskstats").read_text())
+    try:
+        yield
+    finally:
+        with disk.open("a") as f:
+            f.write(Path("/proc/diskstats").read_text())
+        time.sleep(0.3)  # the completions' last syscalls
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        if how == "perf":
+            fields = "comm,pid,tid,time,event,trace"
+            r = subprocess.run(
+                ["perf", "script", "-F", fields, "-i", str(out) + ".data"], capture_output=True, text=True
+            )
+            out.write_text(server_lines(r.stdout, pid))
+            Path(str(out) + ".data").unlink(missing_ok=True)
+
+
+def server_lines(script: str, pid: int) -> str:
+    """`perf script` lines of one process: its threads' syscalls, and the scheduler events naming one of its threads
+    (a thread switched in or woken shows in another task's line). A comm may hold spaces."""
+    mine = re.compile(rf"^\s*\S.*? {pid}/(\d+) ")
+    lines = script.splitlines()
+    tids = {m.group(1) for m in map(mine.match, lines) if m}
+    named = re.compile(r"(?:next_pid|prev_pid| pid)=(\d+)")
+    keep = (ln for ln in lines if mine.match(ln) or (" sched:sched_" in ln and set(named.findall(ln)) & tids))
+    return "".join(ln + "\n" for ln in keep)
 
 
 def tier_order_text(res: dict) -> str:
@@ -369,6 +434,13 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="set in every MP server's environment (e.g. OMP_WAIT_POLICY=PASSIVE, see README's CPU-only note)",
     )
+    ap.add_argument(
+        "--trace",
+        choices=("strace", "perf"),
+        help="trace every server around each L2 restore (raw/HOW-TIER-rN-l2-I.txt, the threads' names beside: "
+        "benchmarks/restore_timeline.py reads them): strace slows the traced restores (a timeline, not a timing); "
+        "perf records syscall and scheduler tracepoints (root)",
+    )
     args = ap.parse_args()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
@@ -514,6 +586,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
                     gateway,
                     server_env,
                     args.l1_hugetlb,
+                    (args.trace, f"r{rnd + 1}") if args.trace else None,
                 )
                 if gateway is not None:  # which path the gateway's loads took: segments (one copy) or the ring
                     st = read_gateway_stats(gateway.url)
@@ -534,6 +607,12 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
             finally:
                 if gateway is not None:
                     gateway.stop()
+            # What a tier left unwritten (fs_native's O_DIRECT files are never synced: this VM's host may hold them)
+            # is written now, not during the next tier's restores (tl39: the card's ran 1.3-2.3x slower right after
+            # fs_native's than after mock's or first); how long it took is noted.
+            t0 = time.monotonic()
+            os.sync()
+            res["notes"][f"sync after {name}, round {rnd + 1}"] = f"{time.monotonic() - t0:.2f} s"
             t = res["tiers"].setdefault(name, {"cpu_tier": [], "l2": [], "rounds": []})
             t["cpu_tier"] += got["cpu_tier"]
             t["l2"] += got["l2"]
