@@ -925,13 +925,16 @@ void Connector::deadline_pause(std::unique_lock<std::mutex>& lock, int tries) no
 }
 
 void Connector::inherited_first_locked() {
-  if (inherited_seen_) return;
-  inherited_seen_ = true;
-  inherited_next_ = next_future_;  // the parent's count at the fork: its futures' ids are not reused
+  const uint64_t forks = fork_count();
+  if (inherited_forks_ == forks) return;
+  // The parent's count at the fork: its futures' ids are not reused. A child of a child goes on from its parent's.
+  if (inherited_forks_ == 0) inherited_next_ = next_future_;
+  inherited_forks_ = forks;
   // An eventfd of this process's on the same number: the inherited one is the parent's (this child's signal would
-  // wake its drainer, and its drain() would take this child's).
+  // wake its drainer, and its drain() would take this child's), and in a child of a child its parent's (review39).
   const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd >= 0 && ::dup3(fd, event_fd_, O_CLOEXEC) == event_fd_) ::close(fd);
+  if (!inherited_done_.empty()) signal();  // completions its parent had not drained at the fork: this process's too
   const int parent = static_cast<int>(owner_.pid());
   ADP_ERROR(
       "ADPConnector (%s): used in pid %d, forked from pid %d that opened it: here its stores and deletes fail and "

@@ -241,7 +241,9 @@ class Connector {
   const ForkOwner owner_;
   // A forked child's state (inherited()), under inherited_mu_: never taken in the process that made it.
   std::mutex inherited_mu_;
-  bool inherited_seen_ = false;  // the child's first call made its eventfd and logged the ERROR line
+  // fork_count() of the process whose first call made its eventfd and logged the ERROR line (0: none yet). A count,
+  // not a flag: a child forked from such a child copies it, and makes its own (review39).
+  uint64_t inherited_forks_ = 0;
   uint64_t inherited_next_ = 0;
   std::vector<Completion> inherited_done_;
   std::vector<std::unique_ptr<BufferOwner>> inherited_owners_;  // freed by drain(), the caller's thread

@@ -155,3 +155,39 @@ def test_an_inherited_card_store_writes_nothing_in_a_forked_child(card, tmp_path
         assert s.get("parent@2") == b"\x33" * SIZE
     finally:
         s.close()
+
+
+def test_a_grandchild_of_an_inherited_connector_has_its_own_eventfd(card, tmp_path):
+    """review39: the child's first call gives it an eventfd of its own on the inherited number, but that was done
+    once per connector, not per process: a child forked from that child (a worker's own worker) took the child's
+    eventfd as it was, so its drain() took the child's signal (a completion of the child's then woke nobody: the
+    child's wait on its eventfd lost it) and its own completions woke the child's drainer, and it said no ERROR
+    line of its own. Now each forked process makes its own on its first call, and says its line."""
+    conn = ADPConnector(card=card, card_size_gb=0.0625, num_workers=2, timeout_ms=20000)
+    c = RawConnector(conn)
+    try:
+        assert c.set(["parent@1"], [memoryview(b"\x11" * SIZE)])[0]
+
+        def child() -> dict:
+            fid = conn.submit_batch_exists(["parent@1"])  # its first call (the child's own eventfd), not drained yet
+            fd = conn.event_fd()
+
+            def grandchild() -> dict:
+                ok, _, per_key = c.exists(["parent@1"])  # waits on its eventfd and drains it
+                return dict(ok=ok, per_key=per_key)
+
+            grand_log = str(tmp_path / "grandchild.log")
+            grand = in_child(grandchild, grand_log)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            woke = bool(poller.poll(0))  # the child's completion is still signalled: the grandchild drained its own
+            drained = [d[0] for d in conn.drain_completions()]
+            return dict(grand=grand, grand_said=error_lines(grand_log), woke=woke, fid=fid, drained=drained)
+
+        got = in_child(child, str(tmp_path / "child.log"))
+        assert got["grand"] == dict(ok=True, per_key=[False]), got
+        assert got["woke"] and got["drained"] == [got["fid"]], got
+        assert len(got["grand_said"]) == 1 and "open a new ADPConnector in this process" in got["grand_said"][0], got
+        assert c.exists(["parent@1"])[2] == [True]
+    finally:
+        conn.close()
