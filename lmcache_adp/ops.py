@@ -81,6 +81,7 @@ _CARD_ROWS = {
     "I/O errors": "io_errors",
     "memory failures": "memory_failures",
     "media errors": "media_errors",
+    "superblock": "superblock_block_zero_bad",
     "damaged at open": "recovery_damaged_regions",
     "recovered at open": "recovered_objects",
 }
@@ -119,6 +120,24 @@ def _lookups(st: dict[str, Any]) -> str:
     return f"{hits} / {misses} keys (hit ratio {_ratio(hits, misses)}; evicted keys are misses)"
 
 
+def superblock_copies(st: dict[str, Any]) -> tuple[str, bool]:
+    """The superblock's two copies at the open (block 0 and its backup at 1 MiB - 4 KiB; docs/card_format.md,
+    "The backup superblock"): a line, and whether a copy is still bad (not rewritten)."""
+    block0, backup = st.get("superblock_block_zero_bad", 0), st.get("superblock_backup_bad", 0)
+    if not block0 and not backup:
+        return "both copies good (block 0 and the backup at 1 MiB - 4 KiB)", False
+    rewritten = st.get("superblock_rewritten", 0)
+    if block0:
+        what = "block 0 bad (unreadable or damaged): opened with the backup at 1 MiB - 4 KiB"
+        fixed = "block 0 rewritten from it"
+    else:
+        what = "the backup at 1 MiB - 4 KiB missing or bad (block 0 good)"
+        fixed = "rewritten from block 0"
+    if rewritten:
+        return f"{what}; {fixed}", False
+    return f"{what}; not rewritten (a read-write open rewrites it: verify --repair, or the gateway)", True
+
+
 def format_status(st: dict[str, Any]) -> str:
     hits, misses = st.get("hits", 0), st.get("misses", 0)
     cap = st.get("capacity_bytes", 0)
@@ -148,6 +167,7 @@ def format_status(st: dict[str, Any]) -> str:
             "media errors",
             f"{st.get('media_errors', 0)} regions with unreadable blocks at open (the objects on them lost)",
         ),
+        ("superblock", superblock_copies(st)[0]),
         (
             "damaged at open",
             f"{st.get('recovery_damaged_regions', 0)} regions ({st.get('recovery_lost_objects', 0)} objects, "
@@ -351,31 +371,42 @@ def cmd_verify(args: argparse.Namespace) -> int:
         # each region at ERROR.
         damaged = {k: opened.get(k, 0) for k in ("recovery_damaged_regions", "recovery_lost_objects")}
         damaged["recovery_lost_bytes"] = opened.get("recovery_lost_bytes", 0)
+        superblock = superblock_copies(opened)
         report = store.verify(repair=args.repair, progress=progress)
     finally:
         progress.close()
         store.close()
-    lines, code = verify_summary(args.card, report, unreadable_regions=unreadable, read_only=read_only, damaged=damaged)
+    lines, code = verify_summary(
+        args.card, report, unreadable_regions=unreadable, read_only=read_only, damaged=damaged, superblock=superblock
+    )
     print("\n".join(lines))
     return code
 
 
 def verify_summary(
-    card: str, report: dict, *, unreadable_regions: int, read_only: bool, damaged: dict | None = None
+    card: str,
+    report: dict,
+    *,
+    unreadable_regions: int,
+    read_only: bool,
+    damaged: dict | None = None,
+    superblock: tuple[str, bool] | None = None,
 ) -> tuple[list[str], int]:
     """verify's lines: what it read and checked, what it did not, the verdict; and its exit code (0: every object
     the index holds was checked and passed or was dropped, and every region was read at open and found undamaged;
     1: bad objects remain, or regions could not be read at open, or recovery found regions damaged (`damaged`:
     the open's recovery_damaged_regions, _lost_objects, _lost_bytes); 3: none of these, but verify could not check
     some objects: no memory to read them into, or deleted or replaced while it read, which no process holding the
-    card should do)."""
+    card should do). `superblock`: superblock_copies() of the open; a copy still bad (read-only) is exit 1 too,
+    one the open (--repair) rewrote is said and is not."""
+    sb_line, sb_bad = superblock or ("", False)
     damaged_regions = (damaged or {}).get("recovery_damaged_regions", 0)
     lines = [f"bad object: {line}" for line in report["bad_objects"]]
     left = report["bad"] - report["repaired"]
     no_memory, gone = report["no_memory"], report["gone"]
     if report["bad"]:
         verdict = f"{report['bad']} bad, {report['repaired']} dropped"
-    elif unreadable_regions or damaged_regions or no_memory or gone:
+    elif unreadable_regions or damaged_regions or no_memory or gone or sb_bad:
         verdict = "not clean (below)"
     else:
         verdict = "clean"
@@ -392,6 +423,8 @@ def verify_summary(
             "(media_errors): the objects on them (a whole region where its header failed) are lost and were not read; "
             "check the device"
         )
+    if sb_line and (sb_bad or "rewritten from" in sb_line):
+        lines.append(f"superblock: {sb_line}")
     if damaged_regions:
         assert damaged is not None
         lines.append(
@@ -419,7 +452,7 @@ def verify_summary(
         lines.append(
             f"{left} bad objects could not be read back and were left on the card (an I/O error: check the device)"
         )
-    if left or unreadable_regions or damaged_regions:
+    if left or unreadable_regions or damaged_regions or sb_bad:
         return lines, EXIT_BAD_CARD
     return lines, EXIT_ERROR if no_memory or gone else EXIT_OK
 

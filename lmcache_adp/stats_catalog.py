@@ -215,6 +215,33 @@ CARD_LIST: tuple[Stat, ...] = (
         "recovery_damaged_regions",
     ),
     Stat(
+        "superblock_block_zero_bad",
+        GAUGE,
+        "copies",
+        _CARD,
+        "1 where the card's superblock (block 0) was unreadable, blank, torn or not a superblock at the open and "
+        'the card opened with its backup copy (at 1 MiB - 4 KiB; docs/card_format.md, "The backup superblock"); '
+        "a read-write open rewrites block 0 from it (superblock_rewritten). 0 otherwise",
+    ),
+    Stat(
+        "superblock_backup_bad",
+        GAUGE,
+        "copies",
+        _CARD,
+        "1 where the backup superblock (at 1 MiB - 4 KiB) was missing (a card formatted before session 39), "
+        "unreadable, damaged or not block 0's at the open, block 0 valid; a read-write open rewrites it from "
+        "block 0 (superblock_rewritten). 0 otherwise",
+    ),
+    Stat(
+        "superblock_rewritten",
+        GAUGE,
+        "copies",
+        _CARD,
+        "1 where this open rewrote the bad copy of the superblock (superblock_block_zero_bad or _backup_bad) from the "
+        "good one; 0 where both were good, the open was read-only (status, verify without --repair), or the write "
+        "failed (a WARNING: the card is served as opened and the next open reads the good copy again)",
+    ),
+    Stat(
         "region_waits",
         COUNTER,
         "stores",

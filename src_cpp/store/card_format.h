@@ -3,6 +3,8 @@
 // two in step and bump kFormatVersion on any incompatible change.
 //
 //   offset 0                  Superblock (one 4 KiB block)
+//   kBackupSuperblockOffset   its backup copy (the block before kDataOffset;
+//                             session 39: zeros on a card of an older build)
 //   kDataOffset               region 0 | region 1 | ... | region N-1
 //   region                    RegionHeader block, the continuation of an
 //                             object begun in the previous region (if any),
@@ -29,8 +31,13 @@ constexpr uint32_t kFormatVersion = 4;
 // version-3 card is read as written (its tombstones keep no key) and written
 // on as version 4 writes, its superblock left at 3.
 constexpr uint32_t kOldestFormatVersion = 3;
-constexpr uint64_t kBlockSize = 4096;           // unit of every on-card I/O
-constexpr uint64_t kDataOffset = 1u << 20;      // regions start at 1 MiB
+constexpr uint64_t kBlockSize = 4096;       // unit of every on-card I/O
+constexpr uint64_t kDataOffset = 1u << 20;  // regions start at 1 MiB
+// The backup superblock (session 39, docs/card_format.md "The backup
+// superblock"): block 0's 4 KiB again, in the last block of the unused area
+// before region 0, far from block 0 (a device that loses a page or an erase
+// unit loses its neighbours with it). A format writes and syncs it first.
+constexpr uint64_t kBackupSuperblockOffset = kDataOffset - kBlockSize;
 constexpr uint64_t kMinRegionBytes = 1u << 20;  // 1 MiB
 // The largest region (objects span regions, so this bounds no object).
 constexpr uint64_t kMaxRegionBytes = kMaxObjectBytes + kMaxObjectBytes / 64 + kBlockSize;
@@ -49,7 +56,9 @@ constexpr char kSuperMagic[8] = {'A', 'D', 'P', 'C', 'A', 'R', 'D', '1'};
 constexpr char kRegionMagic[8] = {'A', 'D', 'P', 'R', 'E', 'G', 'N', '1'};
 constexpr char kObjectMagic[8] = {'A', 'D', 'P', 'O', 'B', 'J', 'T', '1'};
 
-// Block 0 of the card. Written by `format`; read-only afterwards.
+// Block 0 of the card, and its backup at kBackupSuperblockOffset (the same
+// 4 KiB). Written by `format` (the backup first); afterwards only an open
+// that found one copy bad rewrites it from the other.
 struct Superblock {
   char magic[8];
   uint32_t format_version;

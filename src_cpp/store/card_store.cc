@@ -92,6 +92,36 @@ Status region_written(Device& dev, const Superblock& torn, uint64_t format_regio
   return Status::Ok();
 }
 
+// Whether a region header of card `sb` (under its own geometry) checks out: a card that was stored on. Asked of
+// the backup superblock where block 0 is not a superblock of ours at all (not blank, not torn): such a block 0 is
+// taken for damage only then, not for another program's data written over the card (DESIGN: the store never
+// overwrites data that is not a card). Unreadable headers name nothing; the first found ends the look.
+bool names_a_region(Device& dev, const Superblock& sb, AlignedBuffer& buf) {
+  if (sb.region_bytes % kBlockSize || sb.region_bytes < kMinRegionBytes || sb.region_bytes > kMaxRegionBytes)
+    return false;
+  const uint64_t size = dev.size() & ~(kBlockSize - 1);
+  for (uint64_t i = 0; i < sb.num_regions && kDataOffset + i * sb.region_bytes + kBlockSize <= size; i++) {
+    RegionHeader rh;
+    if (dev.read(kDataOffset + i * sb.region_bytes, buf.data(), kBlockSize).ok() &&
+        decode_region_header(buf.data(), sb.card_id, static_cast<uint32_t>(i), &rh))
+      return true;
+  }
+  return false;
+}
+
+// Why a backup superblock (read as `read`, its block in `block`) is not block 0's (`block0`), or "" where it is.
+std::string backup_problem(const Status& read, const uint8_t* block, const uint8_t* block0) {
+  if (!read.ok()) return "cannot be read (" + read.message() + ")";
+  if (std::memcmp(block, block0, kBlockSize) == 0) return "";
+  if (all_zero(block, kBlockSize)) return "is missing (zeros: a card formatted by a build before session 39)";
+  Superblock b;
+  std::memcpy(&b, block, sizeof b);
+  if (valid_superblock(b))
+    return "is another superblock than block 0's (a format interrupted before its block 0, or one by an older "
+           "build, which writes block 0 only)";
+  return "is damaged";
+}
+
 }  // namespace
 
 IoContext::~IoContext() = default;
@@ -144,8 +174,17 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   sb.created_unix = static_cast<uint64_t>(time(nullptr));
   sb.crc = superblock_crc(sb);
   std::memcpy(buf.data(), &sb, sizeof sb);
-  const uint64_t mark = dev.write_mark();
-  Status s = dev.write(0, buf.data(), kBlockSize);
+  // The backup first, written and synced, then block 0 (docs/card_format.md, "The backup superblock"): a crash
+  // leaves block 0 as it was (blank, the old card's or torn: the backup, valid, is the new card's), or torn with
+  // the new backup valid (the new card opens), or both new; never the old card's superblock in the backup with a
+  // new block 0 (each open reads block 0 first anyway).
+  uint64_t mark = dev.write_mark();
+  Status s = dev.write(kBackupSuperblockOffset, buf.data(), kBlockSize);
+  if (s.ok()) s = dev.sync(mark);
+  if (s.ok()) {
+    mark = dev.write_mark();
+    s = dev.write(0, buf.data(), kBlockSize);
+  }
   if (s.ok()) s = dev.sync(mark);
   if (s.ok())
     ADP_INFO("formatted card %s: %u regions of %.2f MiB", path.c_str(), sb.num_regions,
@@ -225,17 +264,47 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
         std::to_string(kDataOffset + kMinRegions * kMinRegionBytes) +
         " bytes); check the path, or remove the file and start again with a size (card_size_gb, --card-size-gb) "
         "to create a card image there");
-  AlignedBuffer buf;
-  if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
+  // backup_buf and look_buf: 4 KiB each, let go before recovery (which runs with room for little else:
+  // tests/store/test_no_thread.py).
+  AlignedBuffer buf, backup_buf, look_buf;
+  if (!buf.reserve(kBlockSize) || !backup_buf.reserve_exact(kBlockSize) || !look_buf.reserve_exact(kBlockSize))
+    return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
   Superblock sb{};
   for (int attempt = 0; attempt < 2; attempt++) {
+    // Both copies of the superblock (docs/card_format.md, "The backup superblock"): block 0 wins where it is
+    // valid; where it is not and the backup is, the card opens with the backup.
     Status s = dev->read(0, buf.data(), kBlockSize);
-    if (!s.ok())
+    Status backup_read = dev->size() >= kDataOffset ? dev->read(kBackupSuperblockOffset, backup_buf.data(), kBlockSize)
+                                                    : Status::IoError("the card ends before it");
+    Superblock backup{};
+    if (backup_read.ok()) std::memcpy(&backup, backup_buf.data(), sizeof backup);
+    const bool backup_valid = backup_read.ok() && valid_superblock(backup);
+    if (s.ok()) std::memcpy(&sb, buf.data(), sizeof sb);
+    const bool block0_valid = s.ok() && valid_superblock(sb);
+    std::string block0_bad;  // why block 0 is not used, the backup being used instead
+    if (!block0_valid && backup_valid) {
+      if (!s.ok())
+        block0_bad = "cannot be read (" + s.message() + ")";
+      else if (all_zero(buf.data(), kBlockSize))
+        block0_bad = "is blank (zeros)";
+      else if (torn_superblock(buf.data()))
+        block0_bad = "is torn (it begins as a superblock but fails its checksum)";
+      else if (names_a_region(*dev, backup, look_buf))
+        block0_bad = "is damaged (not a superblock)";
+    }
+    if (!block0_bad.empty()) {
+      sb = backup;
+      ADP_WARN(
+          "card %s: its superblock (block 0, offset 0) %s; opening it with the backup superblock at offset %" PRIu64
+          " (1 MiB - 4 KiB)%s",
+          path.c_str(), block0_bad.c_str(), kBackupSuperblockOffset,
+          opts.read_only ? " (a read-only open: block 0 not rewritten; a read-write open rewrites it)" : "");
+    } else if (!s.ok()) {
       return Status::IoError("cannot read the superblock of card " + path + " (" + s.message() +
                              "); the card cannot be opened. Check the device; `lmcache-adp format --card " + path +
                              " --yes` reformats it (the cache on it is lost)");
-    std::memcpy(&sb, buf.data(), sizeof sb);
-    if (valid_superblock(sb)) {
+    }
+    if (block0_valid || !block0_bad.empty()) {
       if (sb.format_version < kOldestFormatVersion || sb.format_version > kFormatVersion)
         return Status::InvalidArgument(
             "card " + path + " has format version " + std::to_string(sb.format_version) +
@@ -254,9 +323,24 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
                                   std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format --card " +
                                   path + " --yes`");
       if (sb.num_regions > kMaxIndexRegions) return too_many_regions(path, sb.num_regions);
+      const std::string backup_bad =
+          block0_bad.empty() ? backup_problem(backup_read, backup_buf.data(), buf.data()) : std::string();
       std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable, opts.read_only));
+      store->superblock_block_zero_bad_ = !block0_bad.empty();
+      store->superblock_backup_bad_ = !backup_bad.empty();
+      // buf holds the good copy from here on (the one the card opened with), for rewrite_superblock_copy.
+      if (!block0_bad.empty()) std::memcpy(buf.data(), backup_buf.data(), kBlockSize);
+      AlignedBuffer().swap(backup_buf);
+      AlignedBuffer().swap(look_buf);
       s = store->recover(std::max(1, opts.recovery_threads));
       if (!s.ok()) return s;
+      if (!backup_bad.empty() && opts.read_only)
+        ADP_WARN("card %s: its backup superblock (offset %" PRIu64
+                 ") %s; a read-only open: not rewritten (a read-write open, or `lmcache-adp verify --repair`, "
+                 "rewrites it from block 0)",
+                 path.c_str(), kBackupSuperblockOffset, backup_bad.c_str());
+      if (!opts.read_only && (store->superblock_block_zero_bad_ || store->superblock_backup_bad_))
+        store->rewrite_superblock_copy(buf.data(), backup_bad);
       *out = std::move(store);
       return Status::Ok();
     }
@@ -303,6 +387,28 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
   return Status::Corruption("card " + path + " could not be formatted");
 }
 
+void CardStore::rewrite_superblock_copy(const uint8_t* good, const std::string& backup_bad) {
+  // Block 0 bad: written from the backup; else the backup from block 0. Its failure leaves the card served as
+  // opened (a WARNING: the next open reads the good copy again).
+  const bool block0 = superblock_block_zero_bad_;
+  const uint64_t offset = block0 ? 0 : kBackupSuperblockOffset;
+  const uint64_t mark = device_->write_mark();
+  Status s = device_->write(offset, good, kBlockSize);
+  if (s.ok()) s = device_->sync(mark);
+  superblock_rewritten_ = s.ok();
+  if (!s.ok())
+    ADP_WARN(
+        "card %s: rewriting its %s from the %s failed (%s): the card is served as opened; the next open reads "
+        "the good copy again",
+        path().c_str(), block0 ? "superblock (block 0)" : "backup superblock", block0 ? "backup" : "block 0",
+        s.message().c_str());
+  else if (block0)
+    ADP_WARN("card %s: its superblock (block 0) rewritten from the backup superblock", path().c_str());
+  else
+    ADP_WARN("card %s: its backup superblock (offset %" PRIu64 ") %s: rewritten from block 0", path().c_str(),
+             kBackupSuperblockOffset, backup_bad.c_str());
+}
+
 StoreStats CardStore::stats() const {
   StoreStats st;
   {
@@ -327,6 +433,9 @@ StoreStats CardStore::stats() const {
   st.checksum_failures = counters_.checksum_failures;
   st.io_errors = counters_.io_errors;
   st.media_errors = counters_.media_errors;
+  st.superblock_block_zero_bad = superblock_block_zero_bad_;
+  st.superblock_backup_bad = superblock_backup_bad_;
+  st.superblock_rewritten = superblock_rewritten_;
   st.region_waits = counters_.region_waits;
   st.writes_overlapped = counters_.writes_overlapped;
   st.memory_failures = counters_.memory_failures;

@@ -640,6 +640,11 @@ class CardStore {
   // (a miss), not damage (docs/card_format.md, Writing).
   bool overwritten_meanwhile(uint64_t hash, const IndexEntry& e);
 
+  // At a read-write open whose superblock copies disagree: writes `good` (the copy the card opened with) over
+  // the bad one (block 0 where superblock_block_zero_bad_, else the backup, whose problem `backup_bad` says) and
+  // syncs it; superblock_rewritten_ says whether it landed (a failure: a WARNING, the card served as opened).
+  void rewrite_superblock_copy(const uint8_t* good, const std::string& backup_bad);
+
   std::unique_ptr<Device> device_;
   const uint64_t card_id_;
   const uint64_t data_offset_;
@@ -762,6 +767,8 @@ class CardStore {
   // objects lost to it (their payload).
   uint64_t damaged_regions_ = 0, damage_lost_objects_ = 0, damage_lost_bytes_ = 0;
   std::vector<std::string> damaged_spans_;  // VerifyReport::damaged_spans (set at open)
+  // The superblock's copies at the open (stats superblock_block_zero_bad, _backup_bad, _rewritten; set at open).
+  bool superblock_block_zero_bad_ = false, superblock_backup_bad_ = false, superblock_rewritten_ = false;
 };
 
 template <typename F>

@@ -42,7 +42,7 @@
 // not be handed out again, or the leftovers come back as valid records and
 // a deleted key with them). Also checked: an unreadable object header
 // block costs its own object, not the card; an unreadable superblock
-// is refused with what to run.
+// opens with its backup, and both unreadable are refused with what to run.
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -332,12 +332,21 @@ void hole_before_acknowledged_store() {
 void unreadable_superblock() {
   auto image = fresh_image();
   if (!open_store(image, "open")) return;
+  // Block 0 unreadable, the backup superblock (session 39) readable: the card opens with the backup.
   auto dev = std::make_unique<FaultDevice>(image, "bad-superblock-card");
   dev->fail_reads(0, adp::kBlockSize);
   std::unique_ptr<CardStore> s;
   Status st = CardStore::OpenDevice(std::move(dev), CardOptions{}, &s);
+  CHECK(st.ok() && s->stats().superblock_block_zero_bad == 1, "unreadable block 0, the backup readable: %s",
+        st.message().c_str());
+  s.reset();
+  // Both copies unreadable: refused, with what to run.
+  dev = std::make_unique<FaultDevice>(image, "bad-superblock-card");
+  dev->fail_reads(0, adp::kBlockSize);
+  dev->fail_reads(adp::kBackupSuperblockOffset, adp::kDataOffset);
+  st = CardStore::OpenDevice(std::move(dev), CardOptions{}, &s);
   CHECK(!st.ok() && st.message().find("lmcache-adp format --card bad-superblock-card --yes") != std::string::npos,
-        "unreadable superblock: %s", st.message().c_str());
+        "unreadable superblock and backup: %s", st.message().c_str());
 }
 
 // KeyIndex against std::unordered_map: random inserts, replaces and erases

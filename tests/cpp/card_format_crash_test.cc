@@ -220,12 +220,15 @@ void crash_every_point() {
               writes, 3 * tears.size(), syncs);
 }
 
-// A card holding objects, whose explicit format (`lmcache-adp format`: FormatDevice) is cut at its write, torn
-// after `tear` bytes; `zero_region0`: region 0's header zeroed before (the data is in other regions).
-void torn_format_over_data(uint64_t tear, bool zero_region0) {
+// A card holding objects, whose explicit format (`lmcache-adp format`: FormatDevice) is cut at its write `write`
+// (0: the backup superblock's, 1: block 0's, the backup synced before it), torn after `tear` bytes; `zero_region0`:
+// region 0's header zeroed before (the data is in other regions); `older_build`: the backup zeroed after the cut
+// (an older build's format, which wrote block 0 only, over a card of its own: no backup).
+void torn_format_over_data(uint64_t write, uint64_t tear, bool zero_region0, bool older_build) {
   runs++;
-  const std::string what = "torn format over a card with data, after " + std::to_string(tear) + " bytes" +
-                           (zero_region0 ? " (region 0's header zeroed)" : "");
+  const std::string what = "format over a card with data cut at its write " + std::to_string(write) + " torn after " +
+                           std::to_string(tear) + " bytes" + (zero_region0 ? " (region 0's header zeroed)" : "") +
+                           (older_build ? " (an older build's: no backup)" : "");
   auto image = blank_image();
   {
     std::unique_ptr<CardStore> s;
@@ -239,9 +242,12 @@ void torn_format_over_data(uint64_t tear, bool zero_region0) {
   const uint64_t old_id = block0(*image).card_id;
   {
     FaultDevice dev(image, "format-card");
-    dev.cut_power_at_write(0, tear);
+    dev.cut_power_at_write(write, tear);
     CHECK(!CardStore::FormatDevice(dev, kRegionBytes).ok(), "%s: the format's cut was not reached", what.c_str());
   }
+  if (older_build) std::memset(image->data.data() + adp::kDataOffset - kBlockSize, 0, kBlockSize);
+  Superblock backup{};
+  std::memcpy(&backup, image->data.data() + adp::kDataOffset - kBlockSize, sizeof backup);
   const std::vector<uint8_t> before = image->data;
   const Superblock cut = block0(*image);
   std::unique_ptr<CardStore> s;
@@ -249,9 +255,24 @@ void torn_format_over_data(uint64_t tear, bool zero_region0) {
   if (adp::valid_superblock(cut)) {
     // Torn before the new card id (the fields before it are the same geometry's: block 0 is the old superblock),
     // the card opens with its objects; torn after the superblock (or its CRC's last bytes the same), formatted.
+    // Block 0 wins over the backup, and the backup is made block 0's again.
     const bool old = cut.card_id == old_id;
     CHECK(st.ok() && (s->stats().objects > 0) == old, "%s: not opened as the %s card: %s", what.c_str(),
           old ? "old" : "formatted", st.message().c_str());
+    CHECK(write == 1 || old, "%s: block 0 changed by a cut at the backup's write", what.c_str());
+    CHECK(std::memcmp(image->data.data(), image->data.data() + adp::kDataOffset - kBlockSize, kBlockSize) == 0,
+          "%s: the backup was not rewritten from block 0", what.c_str());
+    return;
+  }
+  if (adp::valid_superblock(backup)) {
+    // Block 0 torn after the new card id, the backup (written and synced first) the new card's: it opens, empty,
+    // with the backup (no refusal), and block 0 is rewritten from it. Never the old card's objects.
+    CHECK(!older_build && write == 1 && backup.card_id != old_id, "%s: a backup of card %" PRIx64, what.c_str(),
+          backup.card_id);
+    CHECK(st.ok() && s->stats().objects == 0, "%s: not opened as the new card with the backup: %s", what.c_str(),
+          st.ok() ? std::to_string(s->stats().objects).c_str() : st.message().c_str());
+    CHECK(std::memcmp(image->data.data(), image->data.data() + adp::kDataOffset - kBlockSize, kBlockSize) == 0,
+          "%s: block 0 was not rewritten from the backup", what.c_str());
     return;
   }
   torn_refused++;
@@ -313,19 +334,229 @@ void image_files(const std::string& dir) {
         st.message().c_str());
 }
 
+// ---- The backup superblock (session 39): a copy of block 0 at kBackup (1 MiB - 4 KiB), written and synced first
+// by a format. A bad block 0 with a valid backup opens with the backup (every object kept), a read-write open
+// rewrites the bad copy from the good one; both bad: refused (or blank) as before session 39.
+
+constexpr uint64_t kBackup = adp::kDataOffset - kBlockSize;
+constexpr int kObjects = 20;
+
+std::string object_key(int i) { return "obj" + std::to_string(i); }
+std::vector<uint8_t> object_value(int i) { return adp::testing::pattern(100 * 1000, uint8_t(i + 1)); }
+
+// A card holding kObjects objects of 100 KB (no eviction), closed cleanly.
+std::shared_ptr<FaultImage> used_card() {
+  auto image = blank_image();
+  std::unique_ptr<CardStore> s;
+  CHECK(open_fault_card(image, card_options(kRegionBytes), &s).ok(), "used card: first open");
+  IoContext ctx;
+  for (int i = 0; i < kObjects; i++)
+    CHECK(put_one(*s, ctx, object_key(i), object_value(i)).ok(), "used card: store %d", i);
+  return image;
+}
+
+uint8_t* block_at(FaultImage& image, uint64_t offset) { return image.data.data() + offset; }
+bool same_block(const FaultImage& image, uint64_t a, uint64_t b) {
+  return std::memcmp(image.data.data() + a, image.data.data() + b, kBlockSize) == 0;
+}
+
+// Every object of used_card() loads.
+void check_objects(CardStore& s, const std::string& what, uint64_t objects = kObjects) {
+  IoContext ctx;
+  CHECK(s.stats().objects == objects, "%s: %" PRIu64 " objects, not %" PRIu64, what.c_str(), s.stats().objects,
+        objects);
+  for (int i = 0; i < kObjects; i++)
+    CHECK(read_object(s, ctx, object_key(i)) == object_value(i), "%s: object %d does not load", what.c_str(), i);
+}
+
+uint64_t stat(const CardStore& s, const char* name) {
+  uint64_t v = UINT64_MAX;
+  adp::for_each_stat(s.stats(), [&](const char* k, auto x) {
+    if (std::strcmp(k, name) == 0) v = static_cast<uint64_t>(x);
+  });
+  CHECK(v != UINT64_MAX, "no stat %s", name);
+  return v;
+}
+
+// How a copy of the superblock (at `offset`) is damaged.
+enum class Bad { kZeroed, kGarbage, kTorn, kUnreadable, kUnreadableUnwritable, kOtherCard };
+const char* bad_name(Bad b) {
+  switch (b) {
+    case Bad::kZeroed:
+      return "zeroed";
+    case Bad::kGarbage:
+      return "garbage";
+    case Bad::kTorn:
+      return "torn";
+    case Bad::kUnreadable:
+      return "unreadable";
+    case Bad::kUnreadableUnwritable:
+      return "unreadable and unwritable";
+    case Bad::kOtherCard:
+      return "another card's";
+  }
+  return "?";
+}
+
+void damage(FaultImage& image, uint64_t offset, Bad b) {
+  uint8_t* p = block_at(image, offset);
+  switch (b) {
+    case Bad::kZeroed:
+      std::memset(p, 0, kBlockSize);
+      break;
+    case Bad::kGarbage: {
+      const auto g = adp::testing::pattern(kBlockSize, 99);
+      std::memcpy(p, g.data(), kBlockSize);
+      break;
+    }
+    case Bad::kTorn:
+      std::memset(p + 40, 0, kBlockSize - 40);
+      break;  // its first 40 bytes: magic and fields
+    case Bad::kOtherCard: {
+      Superblock sb{};
+      std::memcpy(&sb, p, sizeof sb);
+      sb.card_id ^= 0x5a5a;
+      sb.crc = adp::superblock_crc(sb);
+      std::memcpy(p, &sb, sizeof sb);
+      break;
+    }
+    case Bad::kUnreadable:
+    case Bad::kUnreadableUnwritable:
+      break;  // the device's faults
+  }
+}
+
+std::unique_ptr<FaultDevice> damaged_device(const std::shared_ptr<FaultImage>& image, uint64_t offset, Bad b) {
+  auto dev = std::make_unique<FaultDevice>(image, "backup-card");
+  if (b == Bad::kUnreadable || b == Bad::kUnreadableUnwritable) dev->fail_reads(offset, offset + kBlockSize);
+  if (b == Bad::kUnreadableUnwritable) dev->fail_writes(offset, offset + kBlockSize);
+  return dev;
+}
+
+// One copy (`offset`: block 0 or the backup) of a used card's superblock damaged as `b`: the card opens with all
+// its objects, read-only (nothing written) and read-write (the bad copy rewritten from the good one, where its
+// block takes writes), and the next open finds both copies good.
+void one_copy_bad(uint64_t offset, Bad b) {
+  runs++;
+  const bool block0 = offset == 0;
+  const std::string what = std::string(block0 ? "block 0" : "the backup superblock") + " " + bad_name(b);
+  auto image = used_card();
+  CHECK(same_block(*image, 0, kBackup), "%s: the format did not write the backup superblock", what.c_str());
+  damage(*image, offset, b);
+  const std::vector<uint8_t> before = image->data;
+  const uint64_t good = block0 ? kBackup : 0;
+  {
+    CardOptions ro = card_options(kRegionBytes);
+    ro.format_blank = false;
+    ro.read_only = true;
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(damaged_device(image, offset, b), ro, &s);
+    CHECK(st.ok(), "%s: the read-only open refused the card: %s", what.c_str(), st.message().c_str());
+    if (st.ok()) {
+      check_objects(*s, what + ", read-only");
+      CHECK(stat(*s, block0 ? "superblock_block_zero_bad" : "superblock_backup_bad") == 1 &&
+                stat(*s, block0 ? "superblock_backup_bad" : "superblock_block_zero_bad") == 0 &&
+                stat(*s, "superblock_rewritten") == 0,
+            "%s, read-only: the superblock stats do not say which copy is bad", what.c_str());
+    }
+    s.reset();
+    CHECK(image->data == before, "%s: the read-only open wrote to the card", what.c_str());
+  }
+  const bool unwritable = b == Bad::kUnreadableUnwritable;
+  {
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(damaged_device(image, offset, b), card_options(kRegionBytes), &s);
+    CHECK(st.ok(), "%s: the open refused the card: %s", what.c_str(), st.message().c_str());
+    if (!st.ok()) return;
+    check_objects(*s, what);
+    CHECK(stat(*s, "superblock_rewritten") == (unwritable ? 0u : 1u), "%s: superblock_rewritten is %" PRIu64,
+          what.c_str(), stat(*s, "superblock_rewritten"));
+    IoContext ctx;
+    const auto v = adp::testing::pattern(5000, 3);
+    CHECK(put_one(*s, ctx, "after", v).ok() && read_object(*s, ctx, "after") == v, "%s: a store after the open",
+          what.c_str());
+  }
+  if (unwritable) {  // block 0 refused the rewrite: left as it was, the card served from the backup
+    CHECK(std::memcmp(block_at(*image, offset), before.data() + offset, kBlockSize) == 0,
+          "%s: a block that refuses writes changed", what.c_str());
+    return;
+  }
+  CHECK(same_block(*image, 0, kBackup), "%s: the bad copy was not rewritten from the good one", what.c_str());
+  CHECK(std::memcmp(block_at(*image, good), before.data() + good, kBlockSize) == 0, "%s: the good copy changed",
+        what.c_str());
+  std::unique_ptr<CardStore> s;
+  FaultDevice* dev = nullptr;
+  Status st = open_fault_card(image, card_options(kRegionBytes), &s, &dev);
+  CHECK(st.ok() && stat(*s, "superblock_block_zero_bad") == 0 && stat(*s, "superblock_backup_bad") == 0,
+        "%s: the next open: %s", what.c_str(), st.message().c_str());
+  if (st.ok()) check_objects(*s, what + ", the next open", kObjects + 1);  // and "after"
+}
+
+// Both copies bad: the open refuses the card as before session 39 (block 0's refusal), writing nothing.
+void both_bad(Bad b0, Bad backup, const char* refusal, bool with_data = true) {
+  runs++;
+  const std::string what = std::string("block 0 ") + bad_name(b0) + ", the backup " + bad_name(backup);
+  auto image = with_data ? used_card() : blank_image();
+  if (!with_data) {
+    std::unique_ptr<CardStore> s;
+    CHECK(open_fault_card(image, card_options(kRegionBytes), &s).ok(), "%s: format", what.c_str());
+  }
+  damage(*image, 0, b0);
+  damage(*image, kBackup, backup);
+  const std::vector<uint8_t> before = image->data;
+  auto dev = damaged_device(image, 0, b0);
+  if (backup == Bad::kUnreadable) dev->fail_reads(kBackup, kBackup + kBlockSize);
+  std::unique_ptr<CardStore> s;
+  Status st = CardStore::OpenDevice(std::move(dev), card_options(kRegionBytes), &s);
+  CHECK(!st.ok() && st.message().find(refusal) != std::string::npos, "%s: not refused with '%s' (%s)", what.c_str(),
+        refusal, st.ok() ? "opened" : st.message().c_str());
+  s.reset();
+  CHECK(image->data == before, "%s: the refused open wrote to the card", what.c_str());
+}
+
+// A card formatted before session 39: no backup (zeros there). It opens as before; a read-only open writes nothing,
+// a read-write one adds the backup.
+void older_layout_card() {
+  runs++;
+  auto image = used_card();
+  std::memset(block_at(*image, kBackup), 0, kBlockSize);
+  one_copy_bad(kBackup, Bad::kZeroed);
+}
+
+void backup_superblock() {
+  for (Bad b : {Bad::kZeroed, Bad::kGarbage, Bad::kTorn, Bad::kUnreadable, Bad::kUnreadableUnwritable})
+    one_copy_bad(0, b);
+  for (Bad b : {Bad::kZeroed, Bad::kGarbage, Bad::kTorn, Bad::kUnreadable, Bad::kOtherCard}) one_copy_bad(kBackup, b);
+  older_layout_card();
+  both_bad(Bad::kGarbage, Bad::kGarbage, "holds data that is not an ADP card");
+  both_bad(Bad::kGarbage, Bad::kZeroed, "holds data that is not an ADP card");
+  both_bad(Bad::kUnreadable, Bad::kZeroed, "cannot read the superblock");
+  both_bad(Bad::kUnreadable, Bad::kUnreadable, "cannot read the superblock");
+  both_bad(Bad::kTorn, Bad::kGarbage, "is torn");
+  both_bad(Bad::kTorn, Bad::kTorn, "is torn");
+  // A foreign block 0 over a card that names no region of its backup's card (nothing stored): not taken for a
+  // damaged superblock (it may be another program's data over the card): refused as foreign data.
+  both_bad(Bad::kGarbage, Bad::kOtherCard, "holds data that is not an ADP card", false);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string dir;
   if (!adp::testing::one_argument(argc, argv, "DIR", &dir)) return 2;
   crash_every_point();
-  for (bool zero_region0 : {false, true}) {
-    torn_format_over_data(0, zero_region0);
-    for (uint64_t tear : kTears) torn_format_over_data(tear, zero_region0);
-  }
-  // The runs torn after the new card id and before the superblock's end (67, 68, 71 bytes) are torn, both ways.
+  std::vector<uint64_t> tears{0};
+  tears.insert(tears.end(), std::begin(kTears), std::end(kTears));
+  for (bool zero_region0 : {false, true})
+    for (uint64_t tear : tears) {
+      torn_format_over_data(0, tear, zero_region0, false);  // cut at the backup's write
+      torn_format_over_data(1, tear, zero_region0, false);  // at block 0's: the backup opens the new card
+      torn_format_over_data(1, tear, zero_region0, true);   // an older build's format: no backup
+    }
+  // The older build's runs torn after the new card id and before the superblock's end (67, 68, 71 bytes) are torn,
+  // both ways: refused as before session 39 (no backup to open with).
   CHECK(torn_refused >= 4, "only %d runs left a torn superblock over data", torn_refused);
   image_files(dir);
+  backup_superblock();
   std::printf("card_format_crash_test: %d runs, %d failures\n", runs, adp::testing::check_failures);
   return adp::testing::finish("card_format_crash_test");
 }

@@ -5,15 +5,16 @@
 // stored again, some deleted, the card evicting), then for each seed of a range: a copy of its image is damaged
 // (bytes flipped, 4 KiB blocks zeroed or made random, its tail cut off, blocks that cannot be read or written
 // through the FaultDevice, an object header block put back as it was before its tombstone: a lost write), aimed at
-// the superblock, region headers, object headers, tombstones and payload; then it is opened read-only (what
-// `lmcache-adp status` and `verify` do) and read-write, verified, and every key loaded; old keys are deleted and
+// the superblock and its backup, region headers, object headers, tombstones and payload; then it is opened read-only
+// (what `lmcache-adp status` and `verify` do) and read-write, verified, and every key loaded; old keys are deleted and
 // stored again and new ones stored; a third of the seeds damage it more (while it is open, or once closed), at half
 // of them the read errors pass, and the card is opened once more.
 //
 // What the format promises, and what is checked (docs/card_format.md, Recovery):
-//   - An open either succeeds or refuses with a Status that says why; it refuses only where block 0 (the
-//     superblock) or the card's size was damaged (a damaged region or record costs what it holds, never the
-//     card). No crash, no hang (an alarm per seed), no exception out of the store.
+//   - An open either succeeds or refuses with a Status that says why; it refuses only where both copies of the
+//     superblock (block 0 and its backup at 1 MiB - 4 KiB, session 39) or the card's size were damaged (a damaged
+//     region or record, or one copy of the superblock, costs what it holds, never the card). No crash, no hang (an
+//     alarm per seed), no exception out of the store.
 //   - A load is a miss or exactly the bytes of the key's newest copy the undamaged card served. Every record
 //     checks a CRC32C and a tombstone is written over the very header block of the copy it deletes, so damage
 //     that only destroys (flips, zeros, garbage, unreadable blocks, a cut tail) cannot bring back an older copy
@@ -262,6 +263,11 @@ struct Damage {
   std::string text;               // what was done, for a failed check's report
 
   bool touched(uint64_t block) const { return changed.count(block) || unreadable.count(block); }
+  // Both copies of the superblock damaged (block 0 and the backup, session 39), or the image cut short: the one
+  // damage that may cost the card (its open refused); a record behind it is not required.
+  bool superblock_lost() const {
+    return (touched(0) && touched(adp::kBackupSuperblockOffset / kBlockSize)) || size < kCardBytes;
+  }
 };
 
 // Damages image (a copy of w's) as seed draws; returns what it did.
@@ -283,6 +289,8 @@ Damage damage(const Workload& w, FaultImage& image, std::mt19937_64& rng) {
     std::string what;
     if (aim < 3) {
       block = 0, what = "superblock";
+    } else if (aim < 5) {
+      block = adp::kBackupSuperblockOffset / kBlockSize, what = "backup superblock";
     } else if (aim < 25) {
       uint32_t r = rng() % small_card::kRegions;
       block = region_base(r) / kBlockSize, what = "region " + std::to_string(r) + " header";
@@ -360,7 +368,7 @@ Damage damage(const Workload& w, FaultImage& image, std::mt19937_64& rng) {
 // blocks only: the walk steps over payload).
 bool intact(const Workload& w, const Damage& d, size_t i) {
   const Record& rec = w.records[i];
-  if (d.size < kCardBytes || d.touched(0)) return false;
+  if (d.superblock_lost()) return false;
   if (!rec.complete) return false;  // continues into a region the walk did not find
   for (uint32_t r : rec.regions)
     if (d.touched(region_base(r) / kBlockSize)) return false;
@@ -523,8 +531,9 @@ void run_seed(const Workload& w, int seed, bool verbose, Totals* t) {
     for (uint64_t b : d.unwritable) dev->fail_writes(b * kBlockSize, (b + 1) * kBlockSize);
     return dev;
   };
-  // An open of the card as it is now, refused only with a reason and only where block 0 or the size was damaged.
-  const bool may_refuse = d.touched(0) || d.size < kCardBytes;
+  // An open of the card as it is now, refused only with a reason and only where both copies of the superblock
+  // (block 0 and its backup, session 39: one of them damaged costs nothing) or the size were damaged.
+  const bool may_refuse = d.superblock_lost();
   auto open = [&](bool read_only, FaultDevice** dev_out, std::unique_ptr<CardStore>* s) {
     auto dev = device(read_only ? "fuzz-ro" : "fuzz-rw");
     *dev_out = dev.get();

@@ -130,15 +130,59 @@ def test_card_whose_first_format_was_torn(tmp_path, capfd):
     s.close()
     r = run("status", "--card", str(torn), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["objects"] == 1, r.stdout + r.stderr
-    # The same card, now with data, its superblock torn by an interrupted format (after the new card id).
+    # The same card, now with data, its superblock torn by an interrupted format (after the new card id). Its
+    # backup superblock (session 39) is valid: the card opens with it, its object there.
     with open(torn, "r+b") as f:
         f.write(superblock[:60])
+    r = run("status", "--card", str(torn), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["objects"] == 1, r.stdout + r.stderr
+    assert json.loads(r.stdout)["superblock_block_zero_bad"] == 1, r.stdout
+    # Without the backup (an older build's format, which writes block 0 only, torn): refused as before.
+    with open(torn, "r+b") as f:
+        f.seek(BACKUP_SUPERBLOCK)
+        f.write(bytes(4096))
     image = torn.read_bytes()
     with pytest.raises(RuntimeError, match=f"card {torn}: its superblock \\(block 0\\) is torn.*regions hold data"):
         CardStore(str(torn))
     r = run("status", "--card", str(torn))
     assert r.returncode != 0 and f"lmcache-adp format --card {torn} --yes" in r.stderr, r.stderr
     assert torn.read_bytes() == image, "a refused open wrote to the card"
+
+
+BACKUP_SUPERBLOCK = (1 << 20) - 4096  # docs/card_format.md, "The backup superblock" (session 39)
+
+
+@pytest.mark.parametrize("bad", ["block 0", "backup"])
+def test_status_and_verify_name_a_bad_superblock_copy_and_repair_rewrites_it(filled, bad):
+    """Session 39: one copy of the superblock bad (block 0 zeroed: the card opens with its backup at 1 MiB - 4 KiB;
+    or the backup zeroed, as on a card formatted by an older build) costs nothing: status shows which, verify (read-
+    only) says it and is not clean (exit 1), verify --repair rewrites the bad copy from the good one, and the next
+    verify is clean."""
+    image = open(filled, "rb").read()
+    assert image[:4096] == image[BACKUP_SUPERBLOCK : BACKUP_SUPERBLOCK + 4096], "the format wrote no backup"
+    with open(filled, "r+b") as f:
+        f.seek(0 if bad == "block 0" else BACKUP_SUPERBLOCK)
+        f.write(bytes(4096))
+    damaged = open(filled, "rb").read()
+    r = run("status", "--card", filled)
+    assert r.returncode == 0 and [line.split() for line in r.stdout.splitlines() if line.startswith("objects")] == [
+        ["objects", "12"]
+    ], r.stdout + r.stderr
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("superblock")]
+    assert ("block 0 bad" if bad == "block 0" else "the backup at 1 MiB - 4 KiB missing or bad") in row, row
+    assert "not rewritten" in row, row
+    r = run("verify", "--card", filled)
+    assert r.returncode == 1 and "12 objects" in r.stdout and "not clean" in r.stdout, r.stdout + r.stderr
+    assert "superblock: " in r.stdout and "not rewritten" in r.stdout, r.stdout
+    assert open(filled, "rb").read() == damaged, "a read-only verify wrote to the card"
+    r = run("verify", "--card", filled, "--repair")
+    assert r.returncode == 0 and "rewritten from" in r.stdout, r.stdout + r.stderr
+    image = open(filled, "rb").read()
+    assert image[:4096] == image[BACKUP_SUPERBLOCK : BACKUP_SUPERBLOCK + 4096]
+    r = run("verify", "--card", filled)
+    assert r.returncode == 0 and "clean" in r.stdout and "superblock: " not in r.stdout, r.stdout
+    r = run("status", "--card", filled)
+    assert "both copies good" in r.stdout, r.stdout
 
 
 def test_verify_clean_then_damaged_then_repaired(filled):
