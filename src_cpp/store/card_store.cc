@@ -159,6 +159,14 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
 
   AlignedBuffer buf;
   if (!buf.reserve(kBlockSize)) return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
+  // Whether the backup's block holds a card's superblock before this format (see below, at its write): read into
+  // buf, before the new superblock is made there.
+  bool backup_was_a_card = false;
+  if (dev.read(kBackupSuperblockOffset, buf.data(), kBlockSize).ok()) {
+    Superblock old{};
+    std::memcpy(&old, buf.data(), sizeof old);
+    backup_was_a_card = valid_superblock(old);
+  }
   std::memset(buf.data(), 0, kBlockSize);
   Superblock sb{};
   std::memcpy(sb.magic, kSuperMagic, 8);
@@ -178,9 +186,21 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   // leaves block 0 as it was (blank, the old card's or torn: the backup, valid, is the new card's), or torn with
   // the new backup valid (the new card opens), or both new; never the old card's superblock in the backup with a
   // new block 0 (each open reads block 0 first anyway).
+  // A backup whose write or sync fails (a block that refuses writes) fails the format only where that block held
+  // a card's superblock before it (a card formatted since session 39): block 0 new beside it would let the old card
+  // open again from it once block 0 went bad. Anywhere else (a blank card, one of an older build: zeros; damage;
+  // unreadable) the card is formatted with block 0 alone, as before session 39, its open reporting the backup bad:
+  // a bad block there costs no card.
   uint64_t mark = dev.write_mark();
   Status s = dev.write(kBackupSuperblockOffset, buf.data(), kBlockSize);
   if (s.ok()) s = dev.sync(mark);
+  if (!s.ok() && !backup_was_a_card) {
+    ADP_WARN("card %s: writing its backup superblock (offset %" PRIu64
+             ") failed (%s); it held no card's superblock: formatting the card with block 0 alone (an open reports "
+             "the backup bad and rewrites it where it can)",
+             path.c_str(), kBackupSuperblockOffset, s.message().c_str());
+    s = Status::Ok();
+  }
   if (s.ok()) {
     mark = dev.write_mark();
     s = dev.write(0, buf.data(), kBlockSize);
