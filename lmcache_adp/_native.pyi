@@ -139,6 +139,7 @@ class CardStore:
         format_blank: bool = True,
         read_only: bool = False,
         preallocate: bool = False,
+        restore_block_zero: bool = False,
     ) -> None:
         """Opens (recovers) the card at path; an image of create_bytes is
         created (sparse; its blocks allocated with preallocate=True, except on tmpfs)
@@ -148,7 +149,11 @@ class CardStore:
         read_only: opened O_RDONLY (still locked against other owners), so a
         card on a read-only filesystem opens; nothing is created, formatted or
         written, and put, remove and verify(repair=True) raise ValueError
-        ("... it is open read-only ..."). Raises RuntimeError."""
+        ("... it is open read-only ..."). restore_block_zero (verify --repair only,
+        with read_only False): a block 0 of readable bytes that are not a superblock,
+        with a valid backup superblock, is rewritten from the backup; without it
+        such a card is refused (ValueError "block 0 is not an ADP superblock ...",
+        nothing written). Raises RuntimeError."""
 
     @property
     def max_object_bytes(self) -> int:

@@ -128,7 +128,7 @@ def superblock_copies(st: dict[str, Any]) -> tuple[str, bool]:
         return "both copies good (block 0 and the backup at 1 MiB - 4 KiB)", False
     rewritten = st.get("superblock_rewritten", 0)
     if block0:
-        what = "block 0 bad (unreadable or damaged): opened with the backup at 1 MiB - 4 KiB"
+        what = "block 0 bad (unreadable, blank, torn or not a superblock): opened with the backup at 1 MiB - 4 KiB"
         fixed = "block 0 rewritten from it"
     else:
         what = "the backup at 1 MiB - 4 KiB missing or bad (block 0 good)"
@@ -226,14 +226,18 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _open_card(path: str, *, read_only: bool) -> CardStore:
+def _open_card(path: str, *, read_only: bool, restore_block_zero: bool = False) -> CardStore:
     if not os.path.exists(path):
         raise SystemExit(_fail(f"card {path} does not exist", EXIT_USAGE))
     try:
         # A blank file or device is refused, not formatted: status and verify never write to it. Read-only
         # (O_RDONLY, still locked against a gateway or a server): a disk the kernel remounted read-only after
         # errors is when verify is wanted, and an image the operator may not write is read (audit 15).
-        return CardStore(path, 0, durable=True, format_blank=False, read_only=read_only)
+        # restore_block_zero: verify --repair only, the operator's command: a block 0 of another kind's bytes beside
+        # a valid backup superblock is rewritten from the backup (every other open refuses that card; fd39).
+        return CardStore(
+            path, 0, durable=True, format_blank=False, read_only=read_only, restore_block_zero=restore_block_zero
+        )
     except RuntimeError as e:
         msg = str(e)
         if "already open" in msg:
@@ -359,7 +363,7 @@ class _Progress:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     read_only = not args.repair
-    store = _open_card(args.card, read_only=read_only)
+    store = _open_card(args.card, read_only=read_only, restore_block_zero=args.repair)
     progress = _Progress()
     try:
         # Regions recovery could not read at this open: what was on the failed blocks is not in the index, so
@@ -514,12 +518,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Reads every object the card's index holds and checks it as a load would; says what it did not "
         "read. Exit 0: clean (or every bad object dropped); 1: bad objects remain, regions could not be read when the "
         "card was opened, regions recovery found damaged when it opened the card (a header that reads back wrong "
-        "where no crash could have cut a write), or the path holds no card of this format; 2: no such path; 3: it "
+        "where no crash could have cut a write), a copy of the superblock is bad (block 0 holding data of another kind beside "
+        "a valid backup: --repair rewrites it from the backup), or the path holds no card of this format; 2: no such path; 3: it "
         "could not be opened (held by a process, blank, not writable for --repair), or, with none of 1's, it could not check some "
         "objects (no memory to read them into; deleted or replaced while it read).",
     )
     p.add_argument("--card", required=True, help="card path (must not be held by a running process)")
-    p.add_argument("--repair", action="store_true", help="drop the objects that fail")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="drop the objects that fail, and rewrite a bad copy of the superblock from the good one: block 0 from the "
+        "backup also where it holds data of another kind (damage or another program's: your decision; logged)",
+    )
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("format", help="create or wipe a card")

@@ -219,7 +219,8 @@ CARD_LIST: tuple[Stat, ...] = (
         GAUGE,
         "copies",
         _CARD,
-        "1 where the card's superblock (block 0) was unreadable, blank, torn or not a superblock at the open and "
+        "1 where the card's superblock (block 0) was unreadable, blank, torn or (verify --repair only: every other "
+        "open refuses that card) data of another kind at the open and "
         'the card opened with its backup copy (at 1 MiB - 4 KiB; docs/card_format.md, "The backup superblock"); '
         "a read-write open rewrites block 0 from it (superblock_rewritten). 0 otherwise",
     ),

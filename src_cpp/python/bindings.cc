@@ -285,13 +285,14 @@ class NativeConnector {
 class PyCardStore {
  public:
   PyCardStore(const std::string& path, uint64_t create_bytes, bool durable, uint64_t region_bytes, bool format_blank,
-              bool read_only, bool preallocate)
+              bool read_only, bool preallocate, bool restore_block_zero)
       : path_(path) {
     CardOptions co;
     co.path = path;
     co.create_preallocated = preallocate;
     co.format_blank = format_blank;
     co.read_only = read_only;
+    co.restore_block_zero = restore_block_zero;
     co.create_bytes = create_bytes;
     co.durable = durable;
     co.region_bytes = region_bytes;
@@ -771,14 +772,17 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("clients", &PyGatewayServer::clients, "Connected clients now.");
 
   py::class_<PyCardStore>(m, "CardStore")
-      .def(py::init<const std::string&, uint64_t, bool, uint64_t, bool, bool, bool>(), py::arg("path"),
+      .def(py::init<const std::string&, uint64_t, bool, uint64_t, bool, bool, bool, bool>(), py::arg("path"),
            py::arg("create_bytes") = 0, py::arg("durable") = true, py::arg("region_bytes") = 0,
            py::arg("format_blank") = true, py::arg("read_only") = false, py::arg("preallocate") = false,
+           py::arg("restore_block_zero") = false,
            "Opens (recovers) the card at path; an image of create_bytes is created (sparse; its blocks allocated "
            "with preallocate=True, except on tmpfs) and formatted if it does not exist, "
            "and a blank card (block 0 all zeros) is formatted unless format_blank is False (then: RuntimeError, "
            "nothing written). read_only: opened O_RDONLY (still locked), nothing created, formatted or written; "
-           "put, remove and verify(repair=True) raise ValueError. Raises RuntimeError.")
+           "put, remove and verify(repair=True) raise ValueError. restore_block_zero (verify --repair only): a block 0 "
+           "of readable bytes that are not a superblock, with a valid backup superblock, is rewritten from the backup "
+           "(else: ValueError, nothing written). Raises RuntimeError.")
       .def("put", &PyCardStore::put, "Stores data under key (replacing an older copy); True, or RuntimeError.")
       .def("get", &PyCardStore::get, "The object's bytes, checked against its CRC; None for a miss or a failed check.")
       .def("exists", &PyCardStore::exists, "Whether key is in the index.")

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -92,21 +93,27 @@ Status region_written(Device& dev, const Superblock& torn, uint64_t format_regio
   return Status::Ok();
 }
 
-// Whether a region header of card `sb` (under its own geometry) checks out: a card that was stored on. Asked of
-// the backup superblock where block 0 is not a superblock of ours at all (not blank, not torn): such a block 0 is
-// taken for damage only then, not for another program's data written over the card (DESIGN: the store never
-// overwrites data that is not a card). Unreadable headers name nothing; the first found ends the look.
-bool names_a_region(Device& dev, const Superblock& sb, AlignedBuffer& buf) {
-  if (sb.region_bytes % kBlockSize || sb.region_bytes < kMinRegionBytes || sb.region_bytes > kMaxRegionBytes)
-    return false;
-  const uint64_t size = dev.size() & ~(kBlockSize - 1);
-  for (uint64_t i = 0; i < sb.num_regions && kDataOffset + i * sb.region_bytes + kBlockSize <= size; i++) {
-    RegionHeader rh;
-    if (dev.read(kDataOffset + i * sb.region_bytes, buf.data(), kBlockSize).ok() &&
-        decode_region_header(buf.data(), sb.card_id, static_cast<uint32_t>(i), &rh))
-      return true;
-  }
-  return false;
+// The refusal of a card whose block 0 holds readable bytes that are not a superblock of ours (not blank, not torn)
+// while its backup superblock (`backup`, valid) names a card (fd39): damage to block 0, or another program's data
+// written over the card (`parted mklabel`, an mkfs run on the card device by mistake). Which one cannot be told from
+// the card, and the store never overwrites data that is not ours without the operator's command: every open refuses,
+// writing nothing; `verify --repair` (CardOptions::restore_block_zero) rewrites block 0 from the backup.
+Status foreign_block_zero(const std::string& path, const Superblock& backup) {
+  char id[24];
+  std::snprintf(id, sizeof id, "%016" PRIx64, backup.card_id);
+  char geometry[512];
+  std::snprintf(geometry, sizeof geometry, "%u regions of %.2f MiB, format version %u", backup.num_regions,
+                backup.region_bytes / double(1u << 20), backup.format_version);
+  return Status::InvalidArgument(
+      "card " + path + ": block 0 is not an ADP superblock (it holds data of another kind), but the backup " +
+      "superblock at offset " + std::to_string(kBackupSuperblockOffset) + " (1 MiB - 4 KiB) names card " + id + " (" +
+      geometry +
+      "). Either block 0 was damaged or another program wrote its data over the card (a partition table, a "
+      "filesystem); nothing was written to it. If block 0 was damaged, `lmcache-adp verify --card " +
+      path +
+      " --repair` rewrites block 0 from the backup and opens the card with its objects; to use the device as a new "
+      "card, `lmcache-adp format --card " +
+      path + " --yes` (the cache on it is lost)");
 }
 
 // Why a backup superblock (read as `read`, its block in `block`) is not block 0's (`block0`), or "" where it is.
@@ -284,10 +291,9 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
         std::to_string(kDataOffset + kMinRegions * kMinRegionBytes) +
         " bytes); check the path, or remove the file and start again with a size (card_size_gb, --card-size-gb) "
         "to create a card image there");
-  // backup_buf and look_buf: 4 KiB each, let go before recovery (which runs with room for little else:
-  // tests/store/test_no_thread.py).
-  AlignedBuffer buf, backup_buf, look_buf;
-  if (!buf.reserve(kBlockSize) || !backup_buf.reserve_exact(kBlockSize) || !look_buf.reserve_exact(kBlockSize))
+  // backup_buf: 4 KiB, let go before recovery (which runs with room for little else: tests/store/test_no_thread.py).
+  AlignedBuffer buf, backup_buf;
+  if (!buf.reserve(kBlockSize) || !backup_buf.reserve_exact(kBlockSize))
     return Status::IoError("out of memory", Status::IoClass::kGatewayMemory);
   Superblock sb{};
   for (int attempt = 0; attempt < 2; attempt++) {
@@ -309,8 +315,12 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
         block0_bad = "is blank (zeros)";
       else if (torn_superblock(buf.data()))
         block0_bad = "is torn (it begins as a superblock but fails its checksum)";
-      else if (names_a_region(*dev, backup, look_buf))
-        block0_bad = "is damaged (not a superblock)";
+      else if (!opts.restore_block_zero || opts.read_only)
+        return foreign_block_zero(path, backup);  // damage or another program's data: the operator decides (fd39)
+      else
+        block0_bad =
+            "is not an ADP superblock (it holds data of another kind): taken for damage at the operator's command "
+            "(verify --repair), its bytes overwritten";
     }
     if (!block0_bad.empty()) {
       sb = backup;
@@ -351,7 +361,6 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
       // buf holds the good copy from here on (the one the card opened with), for rewrite_superblock_copy.
       if (!block0_bad.empty()) std::memcpy(buf.data(), backup_buf.data(), kBlockSize);
       AlignedBuffer().swap(backup_buf);
-      AlignedBuffer().swap(look_buf);
       s = store->recover(std::max(1, opts.recovery_threads));
       if (!s.ok()) return s;
       if (!backup_bad.empty() && opts.read_only)

@@ -77,6 +77,11 @@ struct CardOptions {
   // for a read-write open to mark deleted); put, remove and a repairing
   // verify fail. Status and verify without --repair open a card so.
   bool read_only = false;
+  // Block 0 holding readable bytes that are not a superblock of ours (not blank, not torn) while the backup
+  // superblock is valid: false (every open but one), the open is refused, nothing written (damage, or another
+  // program's data over the card: docs/card_format.md, "The backup superblock"); true (`verify --repair` only, the
+  // operator's command; with read_only false), block 0 is taken for damage and rewritten from the backup.
+  bool restore_block_zero = false;
 };
 
 class CardStore;

@@ -517,6 +517,78 @@ void both_bad(Bad b0, Bad backup, const char* refusal, bool with_data = true) {
   CHECK(image->data == before, "%s: the refused open wrote to the card", what.c_str());
 }
 
+// Block 0 holds readable bytes that are not a superblock of ours (not blank, not torn: `parted mklabel` or an mkfs
+// run on the card device by mistake, or damage) beside a valid backup (fd39). No open can tell damage from another
+// program's data: every open refuses it, writing nothing, naming the backup's card and the two ways on; only
+// CardOptions::restore_block_zero (what `verify --repair` passes, read-write) rewrites block 0 from the backup and
+// opens the card with its objects. `unwritable`: block 0 refuses writes, the repair's open serves the card as
+// opened and the next open refuses it again. (sb39 took such a block 0 for damage where a region header of the
+// backup's card checked out and rewrote it at any read-write open: the other program's data lost.)
+void foreign_block_zero(bool unwritable) {
+  runs++;
+  const std::string what = std::string("block 0 garbage beside a valid backup") + (unwritable ? ", unwritable" : "");
+  auto image = used_card();
+  damage(*image, 0, Bad::kGarbage);
+  const std::vector<uint8_t> before = image->data;
+  Superblock backup{};
+  std::memcpy(&backup, block_at(*image, kBackup), sizeof backup);
+  char id[24];
+  std::snprintf(id, sizeof id, "%016" PRIx64, backup.card_id);
+  auto device = [&] {
+    auto dev = std::make_unique<FaultDevice>(image, "backup-card");
+    if (unwritable) dev->fail_writes(0, kBlockSize);
+    return dev;
+  };
+  auto refused = [&](const CardOptions& co, const char* how) {
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(device(), co, &s);
+    CHECK(!st.ok(), "%s: %s opened the card", what.c_str(), how);
+    for (const std::string& want :
+         {std::string("block 0 is not an ADP superblock"), std::string("backup superblock at offset 1044480"),
+          std::string("names card ") + id, std::string("10 regions of 1.00 MiB"), std::string("another program"),
+          std::string("`lmcache-adp verify --card backup-card --repair`"),
+          std::string("`lmcache-adp format --card backup-card --yes`")})
+      CHECK(st.message().find(want) != std::string::npos, "%s: %s: the refusal does not say '%s': %s", what.c_str(),
+            how, want.c_str(), st.message().c_str());
+    s.reset();
+    CHECK(image->data == before, "%s: %s wrote to the card", what.c_str(), how);
+  };
+  CardOptions ro = card_options(kRegionBytes);
+  ro.format_blank = false;
+  ro.read_only = true;
+  refused(ro, "the read-only open (status, verify)");
+  refused(card_options(kRegionBytes), "the read-write open (a gateway)");
+  CardOptions ro_repair = ro;
+  ro_repair.restore_block_zero = true;  // ignored read-only: nothing is written
+  refused(ro_repair, "a read-only open with restore_block_zero");
+  CardOptions repair = card_options(kRegionBytes);
+  repair.format_blank = false;
+  repair.restore_block_zero = true;
+  {
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(device(), repair, &s);
+    CHECK(st.ok(), "%s: the open with restore_block_zero (verify --repair) refused: %s", what.c_str(),
+          st.message().c_str());
+    if (!st.ok()) return;
+    check_objects(*s, what + ", repaired");
+    CHECK(stat(*s, "superblock_block_zero_bad") == 1 && stat(*s, "superblock_backup_bad") == 0 &&
+              stat(*s, "superblock_rewritten") == (unwritable ? 0u : 1u),
+          "%s, repaired: the superblock stats do not say block 0 was bad and rewritten", what.c_str());
+  }
+  if (unwritable) {
+    CHECK(std::memcmp(block_at(*image, 0), before.data(), kBlockSize) == 0, "%s: a block that refuses writes changed",
+          what.c_str());
+    refused(card_options(kRegionBytes), "the open after a repair whose write failed");
+    return;
+  }
+  CHECK(same_block(*image, 0, kBackup), "%s: block 0 was not rewritten from the backup", what.c_str());
+  std::unique_ptr<CardStore> s;
+  Status st = open_fault_card(image, card_options(kRegionBytes), &s);
+  CHECK(st.ok() && stat(*s, "superblock_block_zero_bad") == 0 && stat(*s, "superblock_backup_bad") == 0,
+        "%s: the next open: %s", what.c_str(), st.message().c_str());
+  if (st.ok()) check_objects(*s, what + ", the next open");
+}
+
 // A card formatted before session 39: no backup (zeros there). It opens as before; a read-only open writes nothing,
 // a read-write one adds the backup.
 void older_layout_card() {
@@ -570,8 +642,9 @@ void backup_unwritable() {
 
 void backup_superblock() {
   backup_unwritable();
-  for (Bad b : {Bad::kZeroed, Bad::kGarbage, Bad::kTorn, Bad::kUnreadable, Bad::kUnreadableUnwritable})
-    one_copy_bad(0, b);
+  for (Bad b : {Bad::kZeroed, Bad::kTorn, Bad::kUnreadable, Bad::kUnreadableUnwritable}) one_copy_bad(0, b);
+  foreign_block_zero(false);  // block 0 garbage: refused, opened by verify --repair's option (fd39)
+  foreign_block_zero(true);
   for (Bad b : {Bad::kZeroed, Bad::kGarbage, Bad::kTorn, Bad::kUnreadable, Bad::kOtherCard}) one_copy_bad(kBackup, b);
   older_layout_card();
   both_bad(Bad::kGarbage, Bad::kGarbage, "holds data that is not an ADP card");
@@ -580,9 +653,9 @@ void backup_superblock() {
   both_bad(Bad::kUnreadable, Bad::kUnreadable, "cannot read the superblock");
   both_bad(Bad::kTorn, Bad::kGarbage, "is torn");
   both_bad(Bad::kTorn, Bad::kTorn, "is torn");
-  // A foreign block 0 over a card that names no region of its backup's card (nothing stored): not taken for a
-  // damaged superblock (it may be another program's data over the card): refused as foreign data.
-  both_bad(Bad::kGarbage, Bad::kOtherCard, "holds data that is not an ADP card", false);
+  // A foreign block 0 beside another card's valid backup over a card with nothing stored: refused as every foreign
+  // block 0 beside a valid backup is (fd39), naming the backup's card; nothing written.
+  both_bad(Bad::kGarbage, Bad::kOtherCard, "block 0 is not an ADP superblock", false);
 }
 }  // namespace
 

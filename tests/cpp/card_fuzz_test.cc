@@ -13,8 +13,11 @@
 // What the format promises, and what is checked (docs/card_format.md, Recovery):
 //   - An open either succeeds or refuses with a Status that says why; it refuses only where both copies of the
 //     superblock (block 0 and its backup at 1 MiB - 4 KiB, session 39) or the card's size were damaged (a damaged
-//     region or record, or one copy of the superblock, costs what it holds, never the card). No crash, no hang (an
-//     alarm per seed), no exception out of the store.
+//     region or record, or one copy of the superblock, costs what it holds, never the card), and where block 0
+//     holds readable bytes that are not a superblock (not blank, not torn) beside a valid backup: damage or another
+//     program's data, which no open tells apart (fd39): every open refuses it, writing nothing, naming
+//     `verify --repair`, and the open with restore_block_zero (what --repair passes) serves the card as the backup
+//     has it. No crash, no hang (an alarm per seed), no exception out of the store.
 //   - A load is a miss or exactly the bytes of the key's newest copy the undamaged card served. Every record
 //     checks a CRC32C and a tombstone is written over the very header block of the copy it deletes, so damage
 //     that only destroys (flips, zeros, garbage, unreadable blocks, a cut tail) cannot bring back an older copy
@@ -473,7 +476,28 @@ std::string damage_more(FaultImage& image, std::mt19937_64& rng) {
 
 struct Totals {
   uint64_t seeds = 0, refused = 0, hits = 0, misses = 0, required = 0, put_back_served = 0, verify_bad = 0;
+  uint64_t foreign_refused = 0;  // read-write opens refused for a foreign block 0, then opened by restore_block_zero
 };
+
+// Whether block 0 as an open reads it now holds readable bytes that are not a superblock of ours (not blank, not
+// torn: the magic, or a part of it and zeros after it) while the backup superblock is valid (fd39): damage or
+// another program's data, which no open tells apart. Every open refuses such a card, writing nothing; only
+// CardOptions::restore_block_zero (`verify --repair`) opens it, rewriting block 0 from the backup.
+bool foreign_block_zero(const FaultImage& image, const Damage& d) {
+  const uint64_t backup_at = adp::kBackupSuperblockOffset;
+  if (image.data.size() < adp::kDataOffset || d.unreadable.count(0) || d.unreadable.count(backup_at / kBlockSize))
+    return false;
+  const uint8_t* b = image.data.data();
+  adp::Superblock sb, backup;
+  std::memcpy(&sb, b, sizeof sb);
+  std::memcpy(&backup, b + backup_at, sizeof backup);
+  if (adp::valid_superblock(sb) || !adp::valid_superblock(backup)) return false;
+  auto zeros = [&](size_t from) { return std::all_of(b + from, b + kBlockSize, [](uint8_t c) { return c == 0; }); };
+  size_t n = 0;
+  while (n < sizeof adp::kSuperMagic && b[n] == static_cast<uint8_t>(adp::kSuperMagic[n])) n++;
+  const bool torn = n == sizeof adp::kSuperMagic || (n > 0 && zeros(n));
+  return !zeros(0) && !torn;
+}
 
 std::string describe(const std::vector<int>& ids) {
   std::string s;
@@ -541,11 +565,30 @@ void run_seed(const Workload& w, int seed, bool verbose, Totals* t) {
     co.read_only = read_only;
     co.format_blank = !read_only;
     co.recovery_threads = 1 + seed % 4;
+    const bool foreign = foreign_block_zero(*image, d);
+    const std::vector<uint8_t> before = foreign ? image->data : std::vector<uint8_t>();
     Status st = CardStore::OpenDevice(std::move(dev), co, s);
     const std::string which = read_only ? "the read-only open" : "the open";
     check(st.ok() || !st.message().empty(), where + ": " + which + " refused without saying why");
-    check(st.ok() || may_refuse,
+    check(st.ok() || may_refuse || foreign,
           where + ": " + which + " refused a card whose superblock is intact: '" + st.message() + "'");
+    if (foreign) {
+      // Block 0 holds other bytes beside a valid backup: refused, nothing written (fd39), then opened read-write
+      // with restore_block_zero, as `verify --repair` does, which rewrites block 0 from the backup.
+      check(!st.ok() && st.message().find("block 0 is not an ADP superblock") != std::string::npos &&
+                st.message().find("--repair") != std::string::npos,
+            where + ": " + which + " of a card whose block 0 holds other bytes beside a valid backup: " +
+                (st.ok() ? "opened" : "'" + st.message() + "'") + ", not refused naming verify --repair");
+      check(image->data == before, where + ": " + which + " of a card whose block 0 holds other bytes wrote to it");
+      if (read_only || st.ok()) return st;
+      t->foreign_refused++;
+      auto again = device("fuzz-repair");
+      *dev_out = again.get();
+      co.restore_block_zero = true;
+      st = CardStore::OpenDevice(std::move(again), co, s);
+      check(st.ok() || may_refuse,
+            where + ": the open with restore_block_zero (verify --repair) refused: '" + st.message() + "'");
+    }
     return st;
   };
   t->seeds++;
@@ -724,8 +767,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "card_fuzz_test: seeds %d to %d: %llu opens refused, %llu loads served, %llu missed, %llu of them required "
-      "(intact), %llu served a copy whose header was put back, verify found %llu bad\n",
+      "(intact), %llu served a copy whose header was put back, verify found %llu bad; %llu opens refused for other "
+      "bytes in block 0 beside a valid backup, then opened with verify --repair's option\n",
       first, first + count - 1, (unsigned long long)t.refused, (unsigned long long)t.hits, (unsigned long long)t.misses,
-      (unsigned long long)t.required, (unsigned long long)t.put_back_served, (unsigned long long)t.verify_bad);
+      (unsigned long long)t.required, (unsigned long long)t.put_back_served, (unsigned long long)t.verify_bad,
+      (unsigned long long)t.foreign_refused);
   return adp::testing::finish("card_fuzz_test");
 }

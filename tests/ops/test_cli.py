@@ -185,6 +185,55 @@ def test_status_and_verify_name_a_bad_superblock_copy_and_repair_rewrites_it(fil
     assert "both copies good" in r.stdout, r.stdout
 
 
+def test_block_zero_overwritten_by_another_program_is_refused_until_verify_repair(filled):
+    """fd39: block 0 overwritten with another program's bytes (here an MBR partition table's 0x55AA signature over
+    other bytes, as `parted mklabel msdos` leaves; neither zeros nor a torn superblock of ours) while the backup at
+    1 MiB - 4 KiB is valid: the card cannot tell damage from that program's data. status and verify (read-only) and a
+    read-write open (a gateway's, a connector's) refuse it, exit 1, writing nothing, naming the backup's card and the
+    two ways on; `verify --repair` (the operator's decision) rewrites block 0 from the backup, logs it, and keeps
+    every object. Before (sb39), a read-write open took block 0 for damage (a region header of the backup's card
+    checked out) and rewrote it: the other program's data destroyed, the card served over it."""
+    image = open(filled, "rb").read()
+    card_id = struct.unpack_from("<Q", image, 48)[0]  # Superblock.card_id (card_format.h)
+    assert image[:8] == b"ADPCARD1" and image[:4096] == image[BACKUP_SUPERBLOCK : BACKUP_SUPERBLOCK + 4096]
+    foreign = bytearray(b"\xfa\x31\xc0\x8e\xd8" + bytes(4091))  # boot code, then the partition table's signature
+    foreign[446:462] = bytes([0, 0, 2, 0, 0xEE, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 0xFF, 0xFF, 0, 0])
+    foreign[510:512] = b"\x55\xaa"
+    with open(filled, "r+b") as f:
+        f.write(foreign)
+    damaged = open(filled, "rb").read()
+    why = (
+        f"card {filled}: block 0 is not an ADP superblock (it holds data of another kind), but the backup superblock "
+        f"at offset 1044480 (1 MiB - 4 KiB) names card {card_id:016x} ("
+    )
+    for cmd in (["status", "--card", filled], ["verify", "--card", filled]):
+        r = run(*cmd)
+        assert r.returncode == 1 and r.stdout == "", cmd + [r.stdout, r.stderr]
+        assert r.stderr.startswith(f"lmcache-adp: error: {why}"), r.stderr
+        for way in (
+            "another program",
+            f"`lmcache-adp verify --card {filled} --repair`",
+            f"format --card {filled} --yes",
+        ):
+            assert way in r.stderr, (way, r.stderr)
+        assert open(filled, "rb").read() == damaged, f"{cmd[0]} wrote to the card"
+    with pytest.raises(ValueError, match="block 0 is not an ADP superblock"):
+        CardStore(filled, 64 << 20)  # as a gateway or a connector opens it: read-write
+    assert open(filled, "rb").read() == damaged, "the read-write open wrote to the card"
+    r = run("verify", "--card", filled, "--repair")
+    assert r.returncode == 0 and "12 objects" in r.stdout and "block 0 rewritten from it" in r.stdout, (
+        r.stdout + r.stderr
+    )
+    assert "taken for damage at the operator's command (verify --repair)" in r.stderr, r.stderr  # the WARNING logged
+    image = open(filled, "rb").read()
+    assert image[:4096] == image[BACKUP_SUPERBLOCK : BACKUP_SUPERBLOCK + 4096] == damaged[BACKUP_SUPERBLOCK:][:4096]
+    r = run("status", "--card", filled)
+    assert r.returncode == 0 and "both copies good" in r.stdout, r.stdout + r.stderr
+    s = CardStore(filled)
+    assert all(s.get(f"k{i}") == payload(f"k{i}", 20000) for i in range(12))
+    s.close()
+
+
 def test_verify_clean_then_damaged_then_repaired(filled):
     r = run("verify", "--card", filled)
     assert r.returncode == 0 and "12 objects" in r.stdout and "clean" in r.stdout
@@ -228,7 +277,7 @@ def test_verify_says_what_it_read_and_what_it_did_not(filled, monkeypatch, capsy
 
     clean = {"checked": 12, "bytes": 240000, "bad": 0, "repaired": 0, "bad_objects": []}
     clean |= {"no_memory": 0, "no_memory_bytes": 0, "gone": 0}
-    monkeypatch.setattr(ops, "_open_card", lambda path, read_only: Card(2, clean))
+    monkeypatch.setattr(ops, "_open_card", lambda path, read_only, **_: Card(2, clean))
     assert ops.cmd_verify(argparse.Namespace(card=filled, repair=False)) == ops.EXIT_BAD_CARD
     out = capsys.readouterr().out
     assert "clean" not in out.replace("not clean", ""), out
@@ -239,7 +288,7 @@ def test_verify_says_what_it_read_and_what_it_did_not(filled, monkeypatch, capsy
     ), out
 
     io_failed = clean | {"bad": 2, "repaired": 1, "bad_objects": ["region 3 offset 0: x"] * 2}
-    monkeypatch.setattr(ops, "_open_card", lambda path, read_only: Card(0, io_failed))
+    monkeypatch.setattr(ops, "_open_card", lambda path, read_only, **_: Card(0, io_failed))
     assert ops.cmd_verify(argparse.Namespace(card=filled, repair=True)) == ops.EXIT_BAD_CARD
     out = capsys.readouterr().out
     assert ": 2 bad, 1 dropped" in out and "(opened read-only" not in out, out
@@ -265,7 +314,7 @@ class Limited:
         return self.store.verify(repair=repair, progress=progress)
 
 open_card = ops._open_card
-ops._open_card = lambda path, read_only: Limited(open_card(path, read_only=read_only))
+ops._open_card = lambda path, read_only, **kw: Limited(open_card(path, read_only=read_only, **kw))
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -310,7 +359,7 @@ def test_verify_short_of_memory_says_what_it_could_not_check(card, monkeypatch, 
         def close(self):
             pass
 
-    monkeypatch.setattr(ops, "_open_card", lambda path, read_only: Card())
+    monkeypatch.setattr(ops, "_open_card", lambda path, read_only, **_: Card())
     assert ops.cmd_verify(argparse.Namespace(card=card, repair=False)) == ops.EXIT_ERROR
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith(": not clean (below)") and out.splitlines()[-1] == (
