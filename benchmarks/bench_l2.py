@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 COMMIT = subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
 ).stdout.strip()
+from hugetlb_l1 import REPORT_ENV  # noqa: E402
 from tools import (  # noqa: E402
     describe_build,
     exit_on_sigterm,
@@ -330,10 +331,17 @@ def lmcache_bench(
     spec: dict, align: int, bs: int, rounds: int, out: Path, only: list[str], env: dict | None = None
 ) -> dict:
     """Runs `lmcache bench l2`; rates come from the median round, which bursts of load from other
-    processes on a shared machine move less than the mean."""
+    processes on a shared machine move less than the mean. --l1-hugetlb: run through hugetlb_l1.py (LMCache
+    0.5.6 without CUDA gives `--l1-use-hugepages` ordinary memory), which records what the process's
+    /proc/self/smaps showed right after mapping its L1 (out + .l1.jsonl); a row whose L1 was not on 2 MiB hugetlb
+    pages stops the run (SystemExit with what smaps showed)."""
+    l1_report = out.with_suffix(".l1.jsonl")
+    if L1_HUGETLB:
+        l1_report.unlink(missing_ok=True)
+        env = {**(env or SUB_ENV), REPORT_ENV: str(l1_report)}
     rc = sh(
         [
-            "lmcache",
+            *([sys.executable, str(HERE / "hugetlb_l1.py")] if L1_HUGETLB else ["lmcache"]),
             "bench",
             "l2",
             "--l2-adapter",
@@ -364,6 +372,12 @@ def lmcache_bench(
         out.with_suffix(".log"),
         env,
     )
+    if L1_HUGETLB:
+        checks = [json.loads(ln) for ln in l1_report.read_text().splitlines()] if l1_report.exists() else []
+        if not checks or not all(c["ok"] for c in checks):
+            seen = "; ".join(c["check"] for c in checks) or "no L1 mapped through hugetlb_l1.py (none recorded)"
+            raise SystemExit(f"--l1-hugetlb: `lmcache bench l2` ({out.name}, exit {rc}): {seen}; refusing the run "
+                             f"(its L1 would be ordinary memory; log: {out.with_suffix('.log')})")  # fmt: skip
     if not out.exists():
         return {"status": f"FAILED (exit {rc})"}
     ops = {m["operation"]: m for k, m in json.loads(out.read_text())["metrics"].items() if k.startswith("op_")}
@@ -612,8 +626,9 @@ def report(
         f"took {seconds / 60:.1f} min. Command: `python benchmarks/bench_l2.py {' '.join(sys.argv[1:])}`",
         "- L1 of every row: "
         + (
-            "hugetlb, 2 MiB pages (`lmcache bench l2 --l1-use-hugepages`, --l1-hugetlb): one physical run per "
-            "2 MiB, the same for ADP and peers"
+            "hugetlb, 2 MiB pages (`lmcache bench l2 --l1-use-hugepages` run through benchmarks/hugetlb_l1.py, "
+            "--l1-hugetlb): one physical run per 2 MiB, the same for ADP and peers; each row's process checked its "
+            "L1 in /proc/self/smaps right after mapping it (KernelPageSize 2048 kB, all of it hugetlb; raw/*.l1.jsonl)"
             if L1_HUGETLB
             else "ordinary memory (torch.empty), physically scattered differently in each row's process"
         ),
@@ -776,7 +791,9 @@ def main() -> None:
         "--l1-hugetlb",
         action="store_true",
         help="every row's L1 from the 2 MiB hugetlb pool (grown for the run by one L1's pages, given back after; "
-        "root): the same physical contiguity for ADP and peers",
+        "root): the same physical contiguity for ADP and peers. Each `lmcache bench l2` runs through "
+        "benchmarks/hugetlb_l1.py (LMCache 0.5.6 without CUDA falls back to ordinary memory) and checks its L1 in "
+        "/proc/self/smaps: a row whose L1 is not on hugetlb pages stops the run",
     )
     p.add_argument(
         "--fio-think-us",

@@ -22,7 +22,8 @@ KV: 32 layers, 8 KV heads, head dim 128, fp16 = 1 GiB in 32 chunks of 32 MiB):
   fio        the medium's limit: the prompt's bytes over fio's O_DIRECT sequential
              read bandwidth, at the card's I/O size (one read per object: the chunk
              LMCache stores, 256 tokens of the shape given, 32 MiB by default)
-             and depth (its 4 workers), plus a deeper row for reference
+             and depth (its 4 workers), plus a deeper row for reference; with
+             --l1-hugetlb the same rows into 2 MiB hugetlb buffers as well
 
 Each L2 tier gets its own fresh server: store the prompt, wait until LMCache
 has written every chunk to L2, restore it from L1 (--repeat times), then
@@ -66,6 +67,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # client side; servers lo
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from hugetlb_l1 import l1_check_pid  # noqa: E402
 from tools import (  # noqa: E402
     ProcessDied,
     dead_process,
@@ -111,25 +113,29 @@ ADP_WORKERS = 4  # ADPConnector num_workers = fs_native num_workers = fio jobs
 FIO_JOBS = (ADP_WORKERS, 2 * ADP_WORKERS)  # each job reads its share of the prompt: at least one block
 
 
-def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path, when: str) -> dict:
+def run_fio(path: Path, nbytes: int, bs: int, jobs: int, raw: Path, when: str, iomem: str = "malloc") -> dict:
     """Sequential O_DIRECT read of an nbytes file (whole bs blocks), `jobs` threads each reading its share (the
-    same whole number of blocks each, the remainder unread: fio measures a rate) in bs requests."""
-    out = raw / f"fio-{when}-bs{bs}-j{jobs}.json"
+    same whole number of blocks each, the remainder unread: fio measures a rate) in bs requests, into buffers of
+    `iomem`: malloc (fio's default, ordinary 4 KiB pages) or mmaphuge (anonymous MAP_HUGETLB, 2 MiB pages: the
+    request size an L1 on hugetlb pages lets the disk see; item5v: scattered pages cap a request near 1 MiB)."""
+    out = raw / (f"fio-{when}-bs{bs}-j{jobs}" + ("" if iomem == "malloc" else f"-{iomem}") + ".json")
     share = nbytes // bs // jobs * bs
     cmd = [
         require_tool("fio"), "--name=restore-limit", f"--filename={path}", "--rw=read", "--direct=1",
         "--ioengine=psync", f"--bs={bs}", f"--numjobs={jobs}", f"--size={share}",
         f"--offset_increment={share}", "--group_reporting", "--loops=3",
-        "--output-format=json", f"--output={out}",
+        "--output-format=json", f"--output={out}", *([f"--iomem={iomem}"] if iomem != "malloc" else []),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     job = json.loads(out.read_text())["jobs"][0]["read"]
-    return {"when": when, "bs": bs, "jobs": jobs, "bw_bytes": job["bw_bytes"], "cmd": " ".join(cmd)}
+    return {"when": when, "bs": bs, "jobs": jobs, "iomem": iomem, "bw_bytes": job["bw_bytes"], "cmd": " ".join(cmd)}
 
 
-def fio_limit(work: Path, nbytes: int, chunk: int, raw: Path, when: str) -> list[dict]:
+def fio_limit(work: Path, nbytes: int, chunk: int, raw: Path, when: str, hugetlb: bool = False) -> list[dict]:
     """fio's rows at the card's I/O size: one read per stored object (`chunk` bytes) of an nbytes file (a whole
-    number of chunks: --tokens a multiple of 256), written with one dd block per chunk, so exactly nbytes long."""
+    number of chunks: --tokens a multiple of 256), written with one dd block per chunk, so exactly nbytes long.
+    hugetlb (--l1-hugetlb): the same rows again into 2 MiB hugetlb buffers (fio --iomem=mmaphuge, from the pool
+    grown for the servers' L1, idle while fio runs)."""
     path = work / "fio.dat"
     if not path.exists() or path.stat().st_size != nbytes:  # written once, for real (no holes)
         subprocess.run(
@@ -137,6 +143,8 @@ def fio_limit(work: Path, nbytes: int, chunk: int, raw: Path, when: str) -> list
              "oflag=direct", "conv=fsync", "status=none"], check=True,
         )  # fmt: skip
     rows = [run_fio(path, nbytes, chunk, jobs, raw, when) for jobs in FIO_JOBS]
+    if hugetlb:
+        rows += [run_fio(path, nbytes, chunk, jobs, raw, when, "mmaphuge") for jobs in FIO_JOBS]
     return rows
 
 
@@ -162,9 +170,18 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
     shm = f"adp-restore-{os.getpid()}-{name.replace('+', '-')}"
     extra = (["--shm-name", shm] if l1_shm else []) + (["--l1-use-hugepages"] if l1_hugetlb else [])
     server = MPServer([adapter], raw, l1_size_gb=l1_gb, chunk_size=CHUNK_TOKENS, name=name, extra_args=extra)
+    if l1_hugetlb:  # LMCache's own --l1-use-hugepages falls back to ordinary memory without CUDA: hugetlb_l1.py
+        server.args = [sys.executable, str(HERE / "hugetlb_l1.py"), *server.args[server.args.index("server") :]]
     server.env.update(server_env or {})
     before = _reclaim()
     server.start()
+    # What the server's L1 is made of (/proc/PID/smaps), recorded for the report; with --l1-hugetlb a server whose
+    # L1 is not on 2 MiB hugetlb pages stops the run (item5v: every "--l1-hugetlb" L1 had been 4 KiB pages).
+    l1 = l1_check_pid(server.pid, int(l1_gb * GiB))
+    if l1_hugetlb and not l1.ok:
+        server.stop()
+        raise SystemExit(f"--l1-hugetlb: {name}'s MP server (PID {server.pid}), /proc/PID/smaps: {l1.text}; "
+                         "refusing the run (its L1 would be ordinary memory)")  # fmt: skip
     samples: dict[str, list] = {"cpu_tier": [], "l2": []}
     watched = {f"lmcache server ({name})": (server.proc, server.log_tail)}
     if gateway is not None:
@@ -175,7 +192,7 @@ def measure_tier(name: str, adapter: dict, shape: KVShape, tokens: int, repeat: 
             dead = None
             try:
                 stored = store_prompt(server, client, tokens)
-                result = {"store_s": stored.store_s, "l2_written_s": stored.l2_write_s}
+                result = {"store_s": stored.store_s, "l2_written_s": stored.l2_write_s, "l1_check": l1.text}
                 for _ in range(repeat):
                     samples["cpu_tier"].append(restore_prompt(server, client, stored))
                 for _ in range(repeat):
@@ -286,10 +303,30 @@ def median(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def l1_text(res: dict) -> str:
+    """What the report can say of the servers' L1: what each server's /proc/PID/smaps showed after its start (runs
+    since hugel1 record it), never what was merely asked for."""
+    checks = [(n, i + 1, r["l1_check"]) for n, t in res["tiers"].items() for i, r in enumerate(t.get("rounds", []))
+              if r.get("l1_check")]  # fmt: skip
+    asked = "asked for (--l1-hugetlb, each server started through benchmarks/hugetlb_l1.py)" if res.get(
+        "l1_hugetlb") else "not asked for"  # fmt: skip
+    if not checks:
+        return (f"L1: hugetlb {asked}; the servers' L1 was not checked in this run (before hugel1 an L1 asked for "
+                "on hugetlb pages was ordinary 4 KiB pages on a host without CUDA: LMCache 0.5.6's fallback).")  # fmt: skip
+    on_huge = sum(c.startswith("L1 on 2 MiB hugetlb pages") for _, _, c in checks)
+    lines = [f"L1: hugetlb {asked}; each server's /proc/PID/smaps checked after its start: {on_huge} of "
+             f"{len(checks)} servers with the L1 ({res['l1_size_gb']} GiB) in one mapping on 2 MiB hugetlb pages "
+             "(KernelPageSize 2048 kB, all of it Private_/Shared_Hugetlb):"]  # fmt: skip
+    lines += [f"- {n}, round {rnd}: {c}" for n, rnd, c in checks]
+    return "\n".join(lines)
+
+
 def render(res: dict) -> str:
     nbytes = res["prompt"]["bytes"]
     fio_rows = res["fio"]
-    limit_bw = max(r["bw_bytes"] for r in fio_rows if r["jobs"] == ADP_WORKERS)
+    # The limit for the servers' L1: into hugetlb buffers where it was (--l1-hugetlb), else fio's own (4 KiB pages).
+    iomem = "mmaphuge" if res.get("l1_hugetlb") and any(r.get("iomem") == "mmaphuge" for r in fio_rows) else "malloc"
+    limit_bw = max(r["bw_bytes"] for r in fio_rows if r["jobs"] == ADP_WORKERS and r.get("iomem", "malloc") == iomem)
     limit_s = nbytes / limit_bw
     tiers = res["tiers"]
     lines = [
@@ -304,8 +341,9 @@ def render(res: dict) -> str:
         f"Shape {res['prompt']['shape']}; chunk {CHUNK_TOKENS} tokens "
         f"({res['prompt']['chunk_bytes'] / MiB:.0f} MiB per object); {res['repeat']} restores per tier "
         f"and round, {res.get('rounds', 1)} round(s), {tier_order_text(res)}; "
-        "method in benchmarks/bench_restore.py; raw samples and server logs in raw/."
-        + (" Every server's L1 from 2 MiB hugetlb pages (--l1-hugetlb)." if res.get("l1_hugetlb") else ""),
+        "method in benchmarks/bench_restore.py; raw samples and server logs in raw/.",
+        "",
+        l1_text(res),
         "",
         f"Command: `{res.get('command', '(not recorded)')}`; MP servers' added environment: "
         f"{', '.join(res.get('server_env') or []) or 'none'}",
@@ -338,17 +376,20 @@ def render(res: dict) -> str:
         "",
         "fio, sequential O_DIRECT read of a 1-prompt file on the same disk (psync, the jobs share it):",
         "",
-        "| run | block | jobs | GiB/s | prompt in s |",
-        "|---|---|---|---|---|",
+        "| run | block | jobs | buffers | GiB/s | prompt in s |",
+        "|---|---|---|---|---|---|",
     ]
+    buffers = {"malloc": "4 KiB pages (fio's malloc)", "mmaphuge": "2 MiB hugetlb (--iomem=mmaphuge)"}
     for r in fio_rows:
-        lines.append(f"| {r['when']} the tiers | {r['bs'] / MiB:g} MiB | {r['jobs']} | {r['bw_bytes'] / GiB:.2f} | "
+        lines.append(f"| {r['when']} the tiers | {r['bs'] / MiB:g} MiB | {r['jobs']} | "
+                     f"{buffers[r.get('iomem', 'malloc')]} | {r['bw_bytes'] / GiB:.2f} | "
                      f"{nbytes / r['bw_bytes']:.3f} |")  # fmt: skip
     lines += [
         "",
         f"fio's block is the object LMCache stores for this shape: one chunk of {CHUNK_TOKENS} tokens, "
         f"{res['prompt']['chunk_bytes']} bytes ({res['prompt']['chunk_bytes'] / MiB:g} MiB), one read per object "
-        f"as the card does. The medium's limit is the faster {ADP_WORKERS}-job run (the stricter goal).",
+        f"as the card does. The medium's limit is the faster {ADP_WORKERS}-job run (the stricter goal) into "
+        f"{buffers[iomem]} buffers, as the servers' L1.",
     ]
     for when in ("start", "end"):
         others = res["host"].get(f"other_load_{when}")
@@ -423,9 +464,12 @@ def main() -> int:
     ap.add_argument(
         "--l1-hugetlb",
         action="store_true",
-        help="every MP server's L1 from the 2 MiB hugetlb pool (`lmcache server --l1-use-hugepages`; the pool grown "
-        "by one L1's pages for the run, given back after; root): the same physical contiguity for every tier, "
-        "where an ordinary L1's differs from server to server and sets the disk requests' size (restore37)",
+        help="every MP server's L1 from the 2 MiB hugetlb pool (`lmcache server --l1-use-hugepages`, started through "
+        "benchmarks/hugetlb_l1.py: LMCache 0.5.6 without CUDA falls back to ordinary memory; the pool grown by one "
+        "L1's pages for the run, given back after; root): the same physical contiguity for every tier, where an "
+        "ordinary L1's differs from server to server and sets the disk requests' size (restore37, item5v). Each "
+        "server's /proc/PID/smaps is checked: a run whose L1 is not on hugetlb pages is refused. fio's rows are "
+        "run again into hugetlb buffers (--iomem=mmaphuge), the limit for such an L1",
     )
     ap.add_argument(
         "--server-env",
@@ -538,7 +582,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
     args.partial = res  # what main keeps if a step fails
     print(f"fio on {work} ...", flush=True)
     res["host"]["other_load_start"] = other_load()
-    res["fio"] = fio_limit(work, nbytes, res["prompt"]["chunk_bytes"], raw, "before")
+    res["fio"] = fio_limit(work, nbytes, res["prompt"]["chunk_bytes"], raw, "before", args.l1_hugetlb)
     adapters = {
         "mock": {"type": "mock", "max_size_gb": gib + 1, "mock_bandwidth_gb": 1000},
         "adp": adp_adapter(card=str(work / "card.img"), card_size_gb=card_gb, num_workers=ADP_WORKERS),
@@ -621,6 +665,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
                     "store_s": got["store_s"],
                     "l2_written_s": got["l2_written_s"],
                     "reclaim": got["reclaim"],
+                    "l1_check": got["l1_check"],
                     "position": order.index(name) + 1,
                 }
             )
@@ -628,7 +673,7 @@ def measure(args: argparse.Namespace, shape: KVShape) -> int:
             print(f"  L1 restore {median(t['cpu_tier'], 'total_s'):.3f} s, "
                   f"L2 restore {median(t['l2'], 'total_s'):.3f} s", flush=True)  # fmt: skip
     print("fio again ...", flush=True)
-    res["fio"] += fio_limit(work, nbytes, res["prompt"]["chunk_bytes"], raw, "after")
+    res["fio"] += fio_limit(work, nbytes, res["prompt"]["chunk_bytes"], raw, "after", args.l1_hugetlb)
     res["host"]["loadavg_end"] = os.getloadavg()
     res["host"]["other_load_end"] = other_load()
 

@@ -312,3 +312,42 @@ def test_a_rows_leftovers_are_moved_aside_not_deleted_before_the_next_row(tmp_pa
     rows = [row("fio O_DIRECT QD4", "fio", [(500, 500)]), row("ADP", "adp", [(200, 100)])]
     text = bench_l2.report({256 * 1024: rows}, "disk", work, (0.5, 0.7), 60, passes=1)
     assert "deleted for want of free space" in text and "fs_native O_DIRECT, 256 KiB, pass 2" in text
+
+
+@pytest.mark.parametrize(
+    "seen, refused",
+    [
+        ([], "no L1 mapped through hugetlb_l1.py (none recorded)"),
+        ([{"pid": 7, "bytes": 1 << 29, "ok": False, "check": "no mapping of >= 512 MiB on 2 MiB hugetlb pages: x"}],
+         "no mapping of >= 512 MiB on 2 MiB hugetlb pages: x"),
+        ([{"pid": 7, "bytes": 1 << 29, "ok": True, "check": "L1 on 2 MiB hugetlb pages: y"}], None),
+    ],
+)  # fmt: skip
+def test_l1_hugetlb_runs_each_bench_through_the_launcher_and_refuses_a_row_whose_l1_is_not_hugetlb(
+    tmp_path, monkeypatch, seen, refused
+):
+    """--l1-hugetlb: `lmcache bench l2 --l1-use-hugepages` ran on ordinary memory (LMCache 0.5.6 without CUDA)
+    and the report said hugetlb. Now each bench runs through benchmarks/hugetlb_l1.py, which writes what its
+    /proc/self/smaps showed after mapping the L1 to HUGETLB_L1_REPORT; a row with none recorded, or one not on
+    hugetlb pages, stops the run with what was seen."""
+    calls, report_env = [], "HUGETLB_L1_REPORT"
+
+    def fake_sh(cmd, log, env=None, cwd=None):
+        calls.append((cmd, env or {}))
+        if report_env in (env or {}):
+            Path(env[report_env]).write_text("".join(json.dumps(s) + "\n" for s in seen))
+        return 0
+
+    monkeypatch.setattr(bench_l2, "L1_HUGETLB", True)
+    monkeypatch.setattr(bench_l2, "sh", fake_sh)
+    out = tmp_path / "2048k-adp-pass1.json"
+    if refused:
+        with pytest.raises(SystemExit, match="--l1-hugetlb: `lmcache bench l2` \\(2048k-adp-pass1.json, exit 0\\): "):
+            bench_l2.lmcache_bench({}, 4096, 2 << 20, 2, out, [])
+        with pytest.raises(SystemExit, match=refused.replace("(", "\\(").replace(")", "\\)")):
+            bench_l2.lmcache_bench({}, 4096, 2 << 20, 2, out, [])
+    else:
+        assert bench_l2.lmcache_bench({}, 4096, 2 << 20, 2, out, [])["status"] == "FAILED (exit 0)"
+    cmd, env = calls[0]
+    assert cmd[:4] == [sys.executable, str(ROOT / "benchmarks" / "hugetlb_l1.py"), "bench", "l2"], cmd
+    assert "--l1-use-hugepages" in cmd and env.get(report_env) == str(tmp_path / "2048k-adp-pass1.l1.jsonl")

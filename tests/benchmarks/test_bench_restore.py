@@ -216,3 +216,108 @@ def test_l1_hugetlb_with_an_shm_tier_is_refused_up_front(tmp_path):
     assert proc.returncode == 2, out
     assert "--l1-hugetlb with a NAME+shm tier" in out, out
     assert not (tmp_path / "fio.pids").exists() and not (tmp_path / "work").exists()
+
+
+def restored(total_s: float) -> dict:
+    """One restore's sample as measure_tier keeps it (an L2 restore of 8 chunks)."""
+    return {"total_s": total_s, "lookup_s": total_s / 2, "retrieve_s": total_s / 2, "l2_loaded_chunks": 8.0,
+            "prefetch": {"hits": 8, "requested": 8, "from_l1": 0, "from_l2": 8, "ms": total_s * 500}}  # fmt: skip
+
+
+def a_run(l1_hugetlb: bool, checks: dict[str, str | None]) -> dict:
+    """samples.json of a run of the tiers in `checks` (tier -> its server's l1_check, None: not recorded, as
+    before hugel1) with fio's rows into ordinary and hugetlb buffers."""
+    import bench_restore
+
+    fio = [{"when": "before", "bs": 32 << 20, "jobs": j, "iomem": m, "bw_bytes": bw, "cmd": "fio"}
+           for j, m, bw in ((4, "malloc", 1 << 30), (8, "malloc", 3 << 29), (4, "mmaphuge", 2 << 30),
+                            (8, "mmaphuge", 5 << 29))]  # fmt: skip
+    tiers = {
+        name: {"cpu_tier": [restored(0.4)], "l2": [restored({"mock": 0.2}.get(name, 0.6))], "store_s": 1.0,
+               "l2_written_s": 1.0, "rounds": [{"position": i + 1, "reclaim": {}, "store_s": 1.0,
+                                                "l2_written_s": 1.0, **({"l1_check": c} if c else {})}]}
+        for i, (name, c) in enumerate(checks.items())
+    }  # fmt: skip
+    return {
+        "when": "2026-12-07T21:30:00", "command": "python benchmarks/bench_restore.py", "repeat": 1, "rounds": 1,
+        "seed": 1, "tier_orders": [list(checks)], "l1_size_gb": 1.5, "l1_hugetlb": l1_hugetlb, "server_env": [],
+        "notes": {}, "fio": fio, "tiers": tiers,
+        "prompt": {"tokens": 2048, "bytes": 256 << 20, "chunk_bytes": 32 << 20, "shape": {"num_layers": 32}},
+        "host": {"cpus": 2, "kernel": "6", "disk": "/dev/vda ext4", "loadavg_start": [1.0, 1.0, 1.0],
+                 "loadavg_end": [2.0, 2.0, 2.0]},
+        "versions": {"lmcache_adp": "0.1.0", "lmcache": "0.5.6", "git": "abc", "package": "p",
+                     "native": bench_restore.native_build()},
+    }  # fmt: skip
+
+
+HUGE = "L1 on 2 MiB hugetlb pages: its largest mapping 1536 MiB (/anon_hugepage (deleted)), KernelPageSize 2048 kB"
+SMALL = (
+    "no mapping of >= 1536 MiB on 2 MiB hugetlb pages: its largest mapping 1536 MiB (anonymous), KernelPageSize 4 kB"
+)
+
+
+def test_the_report_states_the_l1_each_server_was_seen_with_never_only_what_was_asked():
+    """Its header said "Every server's L1 from 2 MiB hugetlb pages (--l1-hugetlb)" whenever the flag was given;
+    with LMCache 0.5.6 on a host without CUDA every such L1 was 4 KiB pages (item5v). Now it says what each
+    server's /proc/PID/smaps showed, and that an unchecked run's L1 was not checked; the limit is fio's read into
+    hugetlb buffers where the L1 was (2 GiB/s: 0.125 s for 256 MiB), fio's own (1 GiB/s: 0.250 s) otherwise."""
+    import bench_restore
+
+    old = bench_restore.render(a_run(True, {"mock": None, "adp": None}))
+    assert "hugetlb pages (--l1-hugetlb)" not in old and "Every server's L1 from" not in old
+    assert "the servers' L1 was not checked in this run" in old
+    seen = bench_restore.render(a_run(True, {"mock": HUGE, "adp": SMALL}))
+    assert "each server's /proc/PID/smaps checked after its start: 1 of 2 servers" in seen, seen
+    assert f"- mock, round 1: {HUGE}" in seen and f"- adp, round 1: {SMALL}" in seen
+    assert "| medium's limit: bytes / fio O_DIRECT read | 0.125 |" in seen
+    assert "| before the tiers | 32 MiB | 4 | 2 MiB hugetlb (--iomem=mmaphuge) | 2.00 | 0.125 |" in seen
+    plain = bench_restore.render(a_run(False, {"mock": SMALL}))
+    assert "L1: hugetlb not asked for;" in plain and "| medium's limit: bytes / fio O_DIRECT read | 0.250 |" in plain
+
+
+class FakeServer:
+    """An MPServer whose process is `sleep` (ordinary memory only); the run must stop before any client."""
+
+    started: list[FakeServer] = []
+
+    def __init__(self, adapters, workdir, **kw):
+        self.args = [sys.executable, "-c", "pass", "server", "--l1-size-gb", str(kw["l1_size_gb"])]
+        self.env: dict = {}
+        self.proc = None
+        FakeServer.started.append(self)
+
+    def start(self):
+        self.proc = subprocess.Popen(["sleep", "60"])
+        self.pid = self.proc.pid
+        return self
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    def log_tail(self) -> str:
+        return ""
+
+    @property
+    def url(self):
+        raise AssertionError("a client was started: the server's L1 was not checked")
+
+
+def test_l1_hugetlb_refuses_a_server_whose_l1_is_not_on_hugetlb_pages(tmp_path, monkeypatch):
+    """--l1-hugetlb: each server is started through benchmarks/hugetlb_l1.py (LMCache's own --l1-use-hugepages
+    falls back to ordinary memory without CUDA) and its /proc/PID/smaps is read once it answers; a server with no
+    mapping of the L1's size on 2 MiB hugetlb pages (here `sleep`) stops the run with what smaps showed, the
+    server stopped, before any client. Before, the run went on and its report claimed hugetlb L1s."""
+    import bench_restore
+
+    monkeypatch.setattr(bench_restore, "MPServer", FakeServer)
+    shape = bench_restore.KVShape(num_layers=2, num_heads=1, head_dim=8, block_size=16, num_blocks=17)
+    with pytest.raises(SystemExit) as e:
+        bench_restore.measure_tier("adp", {}, shape, 256, 1, 0.5, tmp_path, l1_hugetlb=True)
+    msg = str(e.value)
+    assert "--l1-hugetlb: adp's MP server (PID" in msg and "no mapping of >= 512 MiB on 2 MiB hugetlb pages" in msg
+    assert "KernelPageSize 4 kB" in msg and "refusing the run" in msg
+    server = FakeServer.started[-1]
+    assert server.args[:3] == [sys.executable, str(ROOT / "benchmarks" / "hugetlb_l1.py"), "server"], server.args
+    assert server.proc.poll() is not None
