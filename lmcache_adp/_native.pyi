@@ -159,6 +159,11 @@ class CardStore:
     def max_object_bytes(self) -> int:
         """The largest object this card holds (one region minus its header room)."""
 
+    @property
+    def superblock_rewrite_error(self) -> str:
+        """What failed where when this open rewrote a bad copy of the superblock ("writing its backup superblock
+        (4096 bytes at offset 1044480) failed: ..."); "" where none failed."""
+
     def put(self, key: str, data: Buffer, /) -> bool:
         """Stores data under key (replacing an older copy); True, or RuntimeError."""
 

@@ -120,25 +120,51 @@ def _lookups(st: dict[str, Any]) -> str:
     return f"{hits} / {misses} keys (hit ratio {_ratio(hits, misses)}; evicted keys are misses)"
 
 
-def superblock_copies(st: dict[str, Any]) -> tuple[str, bool]:
+def superblock_copies(
+    st: dict[str, Any], *, opened_read_only: bool = False, rewrite_error: str = "", card: str = ""
+) -> tuple[str, bool]:
     """The superblock's two copies at the open (block 0 and its backup at 1 MiB - 4 KiB; docs/card_format.md,
-    "The backup superblock"): a line, and whether a copy is still bad (not rewritten)."""
+    "The backup superblock"): a line, and whether a copy is still bad (not rewritten). `opened_read_only`: the stats
+    are of a read-only open (status --card, verify), which writes nothing; else of a read-write open (a gateway's,
+    verify --repair's), whose rewrite failed where a copy is still bad: `rewrite_error` (CardStore's
+    superblock_rewrite_error, where this process opened the card) says what failed where. A backup never written
+    (superblock_backup_blank: a card formatted by an older build) is a note, not a bad copy."""
     block0, backup = st.get("superblock_block_zero_bad", 0), st.get("superblock_backup_bad", 0)
-    if not block0 and not backup:
+    blank = st.get("superblock_backup_blank", 0)
+    if not block0 and not backup and not blank:
         return "both copies good (block 0 and the backup at 1 MiB - 4 KiB)", False
     rewritten = st.get("superblock_rewritten", 0)
     if block0:
-        what = "block 0 bad (unreadable, blank, torn or not a superblock): opened with the backup at 1 MiB - 4 KiB"
+        what = (
+            "block 0 bad (unreadable, blank, torn, not a superblock or damaged past it): opened with the backup at "
+            "1 MiB - 4 KiB"
+        )
         fixed = "block 0 rewritten from it"
-    else:
-        what = "the backup at 1 MiB - 4 KiB missing or bad (block 0 good)"
+    elif backup:
+        what = "the backup at 1 MiB - 4 KiB bad (unreadable, damaged or another superblock; block 0 good)"
         fixed = "rewritten from block 0"
+    else:
+        what = "no backup superblock yet at 1 MiB - 4 KiB (card formatted by an older build)"
+        fixed = "written from block 0 at this open"
     if rewritten:
         return f"{what}; {fixed}", False
-    return f"{what}; not rewritten (a read-write open rewrites it: verify --repair, or the gateway)", True
+    if opened_read_only:
+        if not block0 and not backup:
+            return f"{what}; written at the next read-write open (the gateway's, or verify --repair)", False
+        return f"{what}; not rewritten (a read-write open rewrites it: verify --repair, or the gateway)", True
+    # A read-write open whose write failed: running it again fails the same way; the device is the next step.
+    failed = rewrite_error or "its error and offset are in the WARNING the process that opened the card logged"
+    last = f"`lmcache-adp format --card {card} --yes`" if card else "`lmcache-adp format --card CARD --yes`"
+    return (
+        f"{what}; rewriting it failed ({failed}): the card is served with the good copy meanwhile. Check the device "
+        f"(its kernel log, SMART); if that block keeps refusing writes, {last} makes a new card as a last resort "
+        "(the cache on it is lost)",
+        True,
+    )
 
 
-def format_status(st: dict[str, Any]) -> str:
+def format_status(st: dict[str, Any], *, opened_read_only: bool = False) -> str:
+    """status's rows; `opened_read_only`: `st` is of the card opened read-only here (status --card)."""
     hits, misses = st.get("hits", 0), st.get("misses", 0)
     cap = st.get("capacity_bytes", 0)
     rows = [
@@ -167,7 +193,7 @@ def format_status(st: dict[str, Any]) -> str:
             "media errors",
             f"{st.get('media_errors', 0)} regions with unreadable blocks at open (the objects on them lost)",
         ),
-        ("superblock", superblock_copies(st)[0]),
+        ("superblock", superblock_copies(st, opened_read_only=opened_read_only)[0]),
         (
             "damaged at open",
             f"{st.get('recovery_damaged_regions', 0)} regions ({st.get('recovery_lost_objects', 0)} objects, "
@@ -333,7 +359,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Lookups are counted by the process serving the card, never by the card: null, not a 0 / 0 that reads
         # as "no lookups" (review r16 N4; the text row says where they are).
         st["lookup_hits"] = st["lookup_misses"] = None
-    print(json.dumps(st, indent=2, sort_keys=True) if args.json else format_status(st))
+    print(
+        json.dumps(st, indent=2, sort_keys=True) if args.json else format_status(st, opened_read_only=bool(args.card))
+    )
     return EXIT_OK
 
 
@@ -375,7 +403,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         # each region at ERROR.
         damaged = {k: opened.get(k, 0) for k in ("recovery_damaged_regions", "recovery_lost_objects")}
         damaged["recovery_lost_bytes"] = opened.get("recovery_lost_bytes", 0)
-        superblock = superblock_copies(opened)
+        superblock = superblock_copies(
+            opened, opened_read_only=read_only, rewrite_error=store.superblock_rewrite_error, card=args.card
+        )
         report = store.verify(repair=args.repair, progress=progress)
     finally:
         progress.close()
@@ -401,8 +431,9 @@ def verify_summary(
     1: bad objects remain, or regions could not be read at open, or recovery found regions damaged (`damaged`:
     the open's recovery_damaged_regions, _lost_objects, _lost_bytes); 3: none of these, but verify could not check
     some objects: no memory to read them into, or deleted or replaced while it read, which no process holding the
-    card should do). `superblock`: superblock_copies() of the open; a copy still bad (read-only) is exit 1 too,
-    one the open (--repair) rewrote is said and is not."""
+    card should do). `superblock`: superblock_copies() of the open; a copy still bad (read-only, or a rewrite that
+    failed) is exit 1 too, one the open (--repair) rewrote is said and is not, and so is a backup not written yet
+    (a card of an older build: a note)."""
     sb_line, sb_bad = superblock or ("", False)
     damaged_regions = (damaged or {}).get("recovery_damaged_regions", 0)
     lines = [f"bad object: {line}" for line in report["bad_objects"]]
@@ -427,7 +458,7 @@ def verify_summary(
             "(media_errors): the objects on them (a whole region where its header failed) are lost and were not read; "
             "check the device"
         )
-    if sb_line and (sb_bad or "rewritten from" in sb_line):
+    if sb_line and not sb_line.startswith("both copies good"):
         lines.append(f"superblock: {sb_line}")
     if damaged_regions:
         assert damaged is not None
@@ -519,7 +550,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "read. Exit 0: clean (or every bad object dropped); 1: bad objects remain, regions could not be read when the "
         "card was opened, regions recovery found damaged when it opened the card (a header that reads back wrong "
         "where no crash could have cut a write), a copy of the superblock is bad (block 0 holding data of another kind beside "
-        "a valid backup: --repair rewrites it from the backup), or the path holds no card of this format; 2: no such path; 3: it "
+        "a valid backup: --repair rewrites it from the backup; a backup not written yet, on a card an older build "
+        "formatted, is a note, not bad) or --repair's rewrite of it failed (its error and offset said), or the path holds "
+        "no card of this format; 2: no such path; 3: it "
         "could not be opened (held by a process, blank, not writable for --repair), or, with none of 1's, it could not check some "
         "objects (no memory to read them into; deleted or replaced while it read).",
     )

@@ -219,19 +219,28 @@ CARD_LIST: tuple[Stat, ...] = (
         GAUGE,
         "copies",
         _CARD,
-        "1 where the card's superblock (block 0) was unreadable, blank, torn or (verify --repair only: every other "
-        "open refuses that card) data of another kind at the open and "
-        'the card opened with its backup copy (at 1 MiB - 4 KiB; docs/card_format.md, "The backup superblock"); '
-        "a read-write open rewrites block 0 from it (superblock_rewritten). 0 otherwise",
+        "1 where the card's superblock (block 0) was unreadable, blank, torn, not a superblock, or damaged past its "
+        "superblock (the rest of its 4 KiB not zeros, the backup whole) at the open and the card opened with its "
+        'backup copy (at 1 MiB - 4 KiB; docs/card_format.md, "The backup superblock"); a read-write open rewrites '
+        "block 0 from it (superblock_rewritten). 0 otherwise",
     ),
     Stat(
         "superblock_backup_bad",
         GAUGE,
         "copies",
         _CARD,
-        "1 where the backup superblock (at 1 MiB - 4 KiB) was missing (a card formatted before session 39), "
-        "unreadable, damaged or not block 0's at the open, block 0 valid; a read-write open rewrites it from "
-        "block 0 (superblock_rewritten). 0 otherwise",
+        "1 where the backup superblock (at 1 MiB - 4 KiB) was unreadable, damaged or another superblock than "
+        "block 0's at the open, block 0 valid; a read-write open rewrites it from block 0 (superblock_rewritten). "
+        "0 otherwise (also where its block was all zeros: superblock_backup_blank)",
+    ),
+    Stat(
+        "superblock_backup_blank",
+        GAUGE,
+        "copies",
+        _CARD,
+        "1 where the backup superblock's block (at 1 MiB - 4 KiB) was all zeros at the open, block 0 valid: no "
+        "backup yet, a card formatted by a build before session 39 (never written there), not damage; a read-write "
+        "open writes it from block 0 (superblock_rewritten). 0 otherwise",
     ),
     Stat(
         "superblock_rewritten",
@@ -239,8 +248,9 @@ CARD_LIST: tuple[Stat, ...] = (
         "copies",
         _CARD,
         "1 where this open rewrote the bad copy of the superblock (superblock_block_zero_bad or _backup_bad) from the "
-        "good one; 0 where both were good, the open was read-only (status, verify without --repair), or the write "
-        "failed (a WARNING: the card is served as opened and the next open reads the good copy again)",
+        "good one, or wrote the missing backup (superblock_backup_blank); 0 where both were good, the open was "
+        "read-only (status, verify without --repair), or the write failed (a WARNING with the error and the offset: "
+        "the card is served as opened and the next open reads the good copy again)",
     ),
     Stat(
         "region_waits",

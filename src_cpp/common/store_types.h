@@ -118,10 +118,13 @@ struct StoreStats {
   uint64_t evicted_objects = 0, evicted_regions = 0, checksum_failures = 0, io_errors = 0;
   uint64_t media_errors = 0;  // regions with a read that failed at open (their objects past the failed block are lost)
   // The two copies of the superblock at the open (docs/card_format.md, "The backup superblock"): block 0 bad
-  // (unreadable, blank, torn or not a superblock: the card opened with the backup), the backup bad (missing on a
-  // card of an older build, damaged, unreadable or another superblock than block 0's), and whether the open
+  // (unreadable, blank, torn, not a superblock, or damaged past its superblock: the card opened with the backup),
+  // the backup bad (damaged, unreadable or another superblock than block 0's), and whether the open
   // rewrote the bad copy from the good one (a read-write open; 0 where that write failed). 0 or 1 each.
   uint64_t superblock_block_zero_bad = 0, superblock_backup_bad = 0, superblock_rewritten = 0;
+  // The backup's block all zeros at the open, block 0 valid (not superblock_backup_bad): no backup yet, a card
+  // formatted by a build before session 39 (a read-write open writes it: superblock_rewritten). 0 or 1.
+  uint64_t superblock_backup_blank = 0;
   // Stores that found no region free or evictable (every sealed one pinned by a load or store in flight) and
   // waited for one (up to 5 s, then refused: NoSpace); once a store.
   uint64_t region_waits = 0;
@@ -216,6 +219,7 @@ void for_each_stat(const StoreStats& st, F&& f) {
   f("media_errors", st.media_errors);
   f("superblock_block_zero_bad", st.superblock_block_zero_bad);
   f("superblock_backup_bad", st.superblock_backup_bad);
+  f("superblock_backup_blank", st.superblock_backup_blank);
   f("superblock_rewritten", st.superblock_rewritten);
   f("region_waits", st.region_waits);
   f("writes_overlapped", st.writes_overlapped);

@@ -411,6 +411,12 @@ class PyCardStore {
     std::lock_guard<std::mutex> l(mu_);
     return store().max_object_bytes();
   }
+  std::string superblock_rewrite_error() const {
+    refuse_inherited();
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
+    return store().superblock_rewrite_error();
+  }
   // Waits for an operation in progress (on another thread) to finish first.
   void close() {
     if (inherited_here()) {  // left whole (see ~PyCardStore), closed for this process
@@ -795,5 +801,9 @@ PYBIND11_MODULE(_native, m) {
            "progress(done, total) is called now and then.")
       .def_property_readonly("max_object_bytes", &PyCardStore::max_object_bytes,
                              "The largest object this card holds (one region minus its header room).")
+      .def_property_readonly("superblock_rewrite_error", &PyCardStore::superblock_rewrite_error,
+                             "What failed where when this open rewrote a bad copy of the superblock (\"writing its "
+                             "backup superblock (4096 bytes at offset 1044480) failed: ...\"); \"\" where none "
+                             "failed.")
       .def("close", &PyCardStore::close, "Closes the card; the store is unusable afterwards.");
 }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/card_format.h"
 
+#include <algorithm>
+
 #include "util/crc32c.h"
 
 namespace adp {
@@ -40,6 +42,18 @@ uint32_t superblock_crc(const Superblock& sb) { return crc32c(&sb, offsetof(Supe
 
 bool valid_superblock(const Superblock& sb) {
   return std::memcmp(sb.magic, kSuperMagic, 8) == 0 && sb.crc == superblock_crc(sb);
+}
+
+bool all_zero(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
+}
+
+bool torn_superblock(const uint8_t* block) {
+  if (std::memcmp(block, kSuperMagic, sizeof kSuperMagic) == 0) return true;
+  size_t n = 0;
+  while (n < sizeof kSuperMagic && block[n] == static_cast<uint8_t>(kSuperMagic[n])) n++;
+  return n > 0 && all_zero(block + n, kBlockSize - n);
 }
 
 namespace {

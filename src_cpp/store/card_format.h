@@ -141,6 +141,18 @@ uint64_t hash_key(std::string_view key);
 uint32_t superblock_crc(const Superblock& sb);
 // True if sb has the magic and its CRC checks out (any version).
 bool valid_superblock(const Superblock& sb);
+// Whether the n bytes at p are all zero.
+bool all_zero(const void* p, size_t n);
+// Whether a block 0 (kBlockSize bytes, not a valid superblock) is one of ours that a format did not finish writing
+// (session 30): it begins with the magic (the write torn after it, the CRC then fails), or with a part of the magic
+// and nothing but zeros after it (torn inside it, over a blank block 0). Anything else but zeros is foreign.
+bool torn_superblock(const uint8_t* block);
+// Whether a card whose block 0 (`block0_read`: its read succeeded; `block0` its kBlockSize bytes) is not a valid
+// superblock opens with a valid backup superblock without the operator's word: block 0 unreadable, blank or torn
+// (docs/card_format.md, "The backup superblock"). Readable bytes of another kind are refused by every open (fd39).
+inline bool opens_with_backup(bool block0_read, const uint8_t* block0) {
+  return !block0_read || all_zero(block0, kBlockSize) || torn_superblock(block0);
+}
 
 // Fills `block` (kBlockSize bytes) with the header of region `index` opened
 // under `epoch`, continuing `cont_bytes` of region prev_region's last record.

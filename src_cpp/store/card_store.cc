@@ -48,23 +48,6 @@ Status too_many_regions(const std::string& path, uint64_t regions) {
                                  std::to_string(kMaxIndexRegions) + ", up to 260 MiB), or use a smaller card");
 }
 
-bool all_zero(const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
-}
-
-// Whether block 0 (not a valid superblock) is one of ours that a format did not finish writing (session 30:
-// a power cut or a crash inside the format of a blank card left a torn superblock, and every later open refused
-// the card as "data that is not an ADP card", for good): it begins with the magic (the write torn after it, the
-// CRC then fails), or with a part of the magic and nothing but zeros after it (torn inside it, over a blank
-// block 0). Anything else is foreign.
-bool torn_superblock(const uint8_t* block) {
-  if (std::memcmp(block, kSuperMagic, sizeof kSuperMagic) == 0) return true;
-  size_t n = 0;
-  while (n < sizeof kSuperMagic && block[n] == static_cast<uint8_t>(kSuperMagic[n])) n++;
-  return n > 0 && all_zero(block + n, kBlockSize - n);
-}
-
 // Whether any region header block of the card behind a torn superblock is not all zeros, *written: where a
 // store ever began (a region is opened, its header written and synced, before anything is stored in it).
 // The torn superblock's region size cannot be trusted, so the headers are looked at under each geometry the
@@ -116,17 +99,57 @@ Status foreign_block_zero(const std::string& path, const Superblock& backup) {
       path + " --yes` (the cache on it is lost)");
 }
 
-// Why a backup superblock (read as `read`, its block in `block`) is not block 0's (`block0`), or "" where it is.
-std::string backup_problem(const Status& read, const uint8_t* block, const uint8_t* block0) {
-  if (!read.ok()) return "cannot be read (" + read.message() + ")";
-  if (std::memcmp(block, block0, kBlockSize) == 0) return "";
-  if (all_zero(block, kBlockSize)) return "is missing (zeros: a card formatted by a build before session 39)";
-  Superblock b;
+// How the backup superblock's block compares with a valid block 0 (docs/card_format.md, "The backup superblock").
+enum class BackupCopy {
+  kSame,           // the same 4 KiB
+  kBlank,          // all zeros: no backup yet (a card formatted by a build before session 39), not damage
+  kBad,            // unreadable, damaged, or another superblock: `why` says which
+  kBlockZeroTail,  // the same superblock, block 0's bytes after it damaged (not zeros), the backup's whole
+};
+
+// The backup's block (read as `read`, its bytes in `block`) against block 0's (`block0`, a valid superblock);
+// *why: what is wrong with the backup (kBad), or with block 0 (kBlockZeroTail), for the WARNING and the stats.
+// All zeros is taken for a card of an older build (it never writes 4 KiB..1 MiB, zeros on an image or a blank
+// device): a backup zeroed by damage on a newer card reads the same, and is rewritten the same (block 0 is valid).
+BackupCopy compare_backup(const Status& read, const uint8_t* block, const uint8_t* block0, std::string* why) {
+  why->clear();
+  if (!read.ok()) {
+    *why = "cannot be read (" + read.message() + ")";
+    return BackupCopy::kBad;
+  }
+  if (std::memcmp(block, block0, kBlockSize) == 0) return BackupCopy::kSame;
+  if (all_zero(block, kBlockSize)) {
+    *why = "is not written yet (zeros: a card formatted by an older build, before session 39)";
+    return BackupCopy::kBlank;
+  }
+  constexpr size_t kSb = sizeof(Superblock);
+  if (std::memcmp(block, block0, kSb) == 0) {
+    // The same superblock: a tail damaged (a format writes zeros after the superblock in both copies).
+    if (all_zero(block + kSb, kBlockSize - kSb)) {
+      *why = "is damaged past its superblock (bytes " + std::to_string(kSb) +
+             " to 4095 of block 0, zeros on a card, are not; its superblock and the backup are intact)";
+      return BackupCopy::kBlockZeroTail;
+    }
+    *why = "is damaged past its superblock (bytes " + std::to_string(kSb) +
+           " to 4095, zeros on a card, are not; the superblock in it is block 0's)";
+    return BackupCopy::kBad;
+  }
+  Superblock b, b0;
   std::memcpy(&b, block, sizeof b);
-  if (valid_superblock(b))
-    return "is another superblock than block 0's (a format interrupted before its block 0, or one by an older "
-           "build, which writes block 0 only)";
-  return "is damaged";
+  std::memcpy(&b0, block0, sizeof b0);
+  if (valid_superblock(b) && b.card_id != b0.card_id) {
+    char id[24];
+    std::snprintf(id, sizeof id, "%016" PRIx64, b.card_id);
+    *why = std::string("is another card's superblock (card ") + id +
+           ": a format interrupted before its block 0, or one by an older build, which writes block 0 only)";
+  } else if (valid_superblock(b)) {
+    *why = "is a superblock of this card whose fields differ from block 0's (damaged)";
+  } else if (torn_superblock(block)) {
+    *why = "is damaged (it begins as a superblock but fails its checksum)";
+  } else {
+    *why = "is damaged (neither a superblock nor zeros)";
+  }
+  return BackupCopy::kBad;
 }
 
 }  // namespace
@@ -203,8 +226,8 @@ Status CardStore::FormatDevice(Device& dev, uint64_t region_bytes) {
   if (s.ok()) s = dev.sync(mark);
   if (!s.ok() && !backup_was_a_card) {
     ADP_WARN("card %s: writing its backup superblock (offset %" PRIu64
-             ") failed (%s); it held no card's superblock: formatting the card with block 0 alone (an open reports "
-             "the backup bad and rewrites it where it can)",
+             ") failed (%s); it held no card's superblock: formatting the card with block 0 alone (an open reports it "
+             "bad, or not written yet where it reads as zeros, and rewrites it where it can)",
              path.c_str(), kBackupSuperblockOffset, s.message().c_str());
     s = Status::Ok();
   }
@@ -353,23 +376,39 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
                                   std::to_string(dev->size()) + " bytes); reformat with `lmcache-adp format --card " +
                                   path + " --yes`");
       if (sb.num_regions > kMaxIndexRegions) return too_many_regions(path, sb.num_regions);
-      const std::string backup_bad =
-          block0_bad.empty() ? backup_problem(backup_read, backup_buf.data(), buf.data()) : std::string();
+      std::string copy_why;  // what compare_backup found wrong (the backup's, or block 0's tail)
+      const BackupCopy copy = block0_bad.empty() ? compare_backup(backup_read, backup_buf.data(), buf.data(), &copy_why)
+                                                 : BackupCopy::kSame;
+      if (copy == BackupCopy::kBlockZeroTail) {
+        // The two copies hold the same superblock: the card opens with it either way; block 0 is the bad copy,
+        // rewritten from the backup (not the backup from block 0, which would copy the damage).
+        block0_bad = copy_why;
+        ADP_WARN("card %s: its superblock (block 0, offset 0) %s%s", path.c_str(), block0_bad.c_str(),
+                 opts.read_only
+                     ? " (a read-only open: not rewritten; a read-write open rewrites block 0 from the backup)"
+                     : "");
+      }
       std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable, opts.read_only));
       store->superblock_block_zero_bad_ = !block0_bad.empty();
-      store->superblock_backup_bad_ = !backup_bad.empty();
+      store->superblock_backup_bad_ = copy == BackupCopy::kBad;
+      store->superblock_backup_blank_ = copy == BackupCopy::kBlank;
       // buf holds the good copy from here on (the one the card opened with), for rewrite_superblock_copy.
       if (!block0_bad.empty()) std::memcpy(buf.data(), backup_buf.data(), kBlockSize);
       AlignedBuffer().swap(backup_buf);
       s = store->recover(std::max(1, opts.recovery_threads));
       if (!s.ok()) return s;
-      if (!backup_bad.empty() && opts.read_only)
+      if (store->superblock_backup_bad_ && opts.read_only)
         ADP_WARN("card %s: its backup superblock (offset %" PRIu64
                  ") %s; a read-only open: not rewritten (a read-write open, or `lmcache-adp verify --repair`, "
                  "rewrites it from block 0)",
-                 path.c_str(), kBackupSuperblockOffset, backup_bad.c_str());
-      if (!opts.read_only && (store->superblock_block_zero_bad_ || store->superblock_backup_bad_))
-        store->rewrite_superblock_copy(buf.data(), backup_bad);
+                 path.c_str(), kBackupSuperblockOffset, copy_why.c_str());
+      if (store->superblock_backup_blank_ && opts.read_only)  // an older build's card: a note, not damage
+        ADP_INFO("card %s: no backup superblock yet (offset %" PRIu64
+                 "; a card formatted by an older build, before session 39): written at the next read-write open",
+                 path.c_str(), kBackupSuperblockOffset);
+      if (!opts.read_only &&
+          (store->superblock_block_zero_bad_ || store->superblock_backup_bad_ || store->superblock_backup_blank_))
+        store->rewrite_superblock_copy(buf.data(), copy_why);
       *out = std::move(store);
       return Status::Ok();
     }
@@ -416,26 +455,34 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
   return Status::Corruption("card " + path + " could not be formatted");
 }
 
-void CardStore::rewrite_superblock_copy(const uint8_t* good, const std::string& backup_bad) {
-  // Block 0 bad: written from the backup; else the backup from block 0. Its failure leaves the card served as
-  // opened (a WARNING: the next open reads the good copy again).
+void CardStore::rewrite_superblock_copy(const uint8_t* good, const std::string& backup_why) {
+  // Block 0 bad: written from the backup; else the backup (bad or blank) from block 0. Its failure leaves the card
+  // served as opened (a WARNING: the next open reads the good copy again); superblock_rewrite_error_ says what
+  // failed where, for `verify --repair` to say (review39b: it named itself as the remedy).
   const bool block0 = superblock_block_zero_bad_;
   const uint64_t offset = block0 ? 0 : kBackupSuperblockOffset;
+  const char* copy = block0 ? "superblock (block 0)" : "backup superblock";
   const uint64_t mark = device_->write_mark();
   Status s = device_->write(offset, good, kBlockSize);
-  if (s.ok()) s = device_->sync(mark);
+  const bool wrote = s.ok();
+  if (wrote) s = device_->sync(mark);
   superblock_rewritten_ = s.ok();
-  if (!s.ok())
-    ADP_WARN(
-        "card %s: rewriting its %s from the %s failed (%s): the card is served as opened; the next open reads "
-        "the good copy again",
-        path().c_str(), block0 ? "superblock (block 0)" : "backup superblock", block0 ? "backup" : "block 0",
-        s.message().c_str());
-  else if (block0)
+  if (!s.ok()) {
+    superblock_rewrite_error_ = std::string(wrote ? "syncing" : "writing") + " its " + copy + " (" +
+                                std::to_string(kBlockSize) + " bytes at offset " + std::to_string(offset) +
+                                ") failed: " + s.message();
+    ADP_WARN("card %s: %s: the card is served as opened; the next open reads the good copy again", path().c_str(),
+             superblock_rewrite_error_.c_str());
+  } else if (block0) {
     ADP_WARN("card %s: its superblock (block 0) rewritten from the backup superblock", path().c_str());
-  else
+  } else if (superblock_backup_blank_) {
+    ADP_INFO("card %s: its backup superblock (offset %" PRIu64
+             ") written from block 0 (a card formatted by an older build had none)",
+             path().c_str(), kBackupSuperblockOffset);
+  } else {
     ADP_WARN("card %s: its backup superblock (offset %" PRIu64 ") %s: rewritten from block 0", path().c_str(),
-             kBackupSuperblockOffset, backup_bad.c_str());
+             kBackupSuperblockOffset, backup_why.c_str());
+  }
 }
 
 StoreStats CardStore::stats() const {
@@ -464,6 +511,7 @@ StoreStats CardStore::stats() const {
   st.media_errors = counters_.media_errors;
   st.superblock_block_zero_bad = superblock_block_zero_bad_;
   st.superblock_backup_bad = superblock_backup_bad_;
+  st.superblock_backup_blank = superblock_backup_blank_;
   st.superblock_rewritten = superblock_rewritten_;
   st.region_waits = counters_.region_waits;
   st.writes_overlapped = counters_.writes_overlapped;

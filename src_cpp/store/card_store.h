@@ -290,6 +290,10 @@ class CardStore {
                 VerifyReport* report);
 
   StoreStats stats() const;
+  // Where this open's rewrite of a bad superblock copy failed ("" where none failed): "writing its backup
+  // superblock (4096 bytes at offset 1044480) failed: <the device's error>" (or syncing; or block 0, offset 0).
+  // Set at open, never changed after: `verify --repair` says it (the stats say only superblock_rewritten 0).
+  const std::string& superblock_rewrite_error() const { return superblock_rewrite_error_; }
   // The stores' and deletes' looks at the pending tombstones (retry_pending), lock taken, since the open: none while
   // none is due but a delete's (tests/cpp/evict_header_test.cc).
   uint64_t pending_scans() const {
@@ -646,9 +650,10 @@ class CardStore {
   bool overwritten_meanwhile(uint64_t hash, const IndexEntry& e);
 
   // At a read-write open whose superblock copies disagree: writes `good` (the copy the card opened with) over
-  // the bad one (block 0 where superblock_block_zero_bad_, else the backup, whose problem `backup_bad` says) and
-  // syncs it; superblock_rewritten_ says whether it landed (a failure: a WARNING, the card served as opened).
-  void rewrite_superblock_copy(const uint8_t* good, const std::string& backup_bad);
+  // the bad one (block 0 where superblock_block_zero_bad_, else the backup, bad as `backup_why` says, or blank)
+  // and syncs it; superblock_rewritten_ says whether it landed (a failure: a WARNING, the card served as opened,
+  // superblock_rewrite_error_ set).
+  void rewrite_superblock_copy(const uint8_t* good, const std::string& backup_why);
 
   std::unique_ptr<Device> device_;
   const uint64_t card_id_;
@@ -774,6 +779,8 @@ class CardStore {
   std::vector<std::string> damaged_spans_;  // VerifyReport::damaged_spans (set at open)
   // The superblock's copies at the open (stats superblock_block_zero_bad, _backup_bad, _rewritten; set at open).
   bool superblock_block_zero_bad_ = false, superblock_backup_bad_ = false, superblock_rewritten_ = false;
+  bool superblock_backup_blank_ = false;  // stats superblock_backup_blank: an older build's card, no backup yet
+  std::string superblock_rewrite_error_;  // superblock_rewrite_error(): what failed where ("" if nothing did)
 };
 
 template <typename F>

@@ -382,7 +382,9 @@ uint64_t stat(const CardStore& s, const char* name) {
 }
 
 // How a copy of the superblock (at `offset`) is damaged.
-enum class Bad { kZeroed, kGarbage, kTorn, kUnreadable, kUnreadableUnwritable, kOtherCard };
+// kTail: the superblock intact, bytes past it (zeros on a card) damaged (sbfix40: block 0 so was reported as the
+// backup being "another superblock").
+enum class Bad { kZeroed, kGarbage, kTorn, kUnreadable, kUnreadableUnwritable, kOtherCard, kTail };
 const char* bad_name(Bad b) {
   switch (b) {
     case Bad::kZeroed:
@@ -397,6 +399,8 @@ const char* bad_name(Bad b) {
       return "unreadable and unwritable";
     case Bad::kOtherCard:
       return "another card's";
+    case Bad::kTail:
+      return "damaged past its superblock";
   }
   return "?";
 }
@@ -421,6 +425,11 @@ void damage(FaultImage& image, uint64_t offset, Bad b) {
       sb.card_id ^= 0x5a5a;
       sb.crc = adp::superblock_crc(sb);
       std::memcpy(p, &sb, sizeof sb);
+      break;
+    }
+    case Bad::kTail: {
+      const auto g = adp::testing::pattern(kBlockSize - 512, 77);
+      std::memcpy(p + 512, g.data(), g.size());
       break;
     }
     case Bad::kUnreadable:
@@ -457,10 +466,15 @@ void one_copy_bad(uint64_t offset, Bad b) {
     CHECK(st.ok(), "%s: the read-only open refused the card: %s", what.c_str(), st.message().c_str());
     if (st.ok()) {
       check_objects(*s, what + ", read-only");
-      CHECK(stat(*s, block0 ? "superblock_block_zero_bad" : "superblock_backup_bad") == 1 &&
-                stat(*s, block0 ? "superblock_backup_bad" : "superblock_block_zero_bad") == 0 &&
-                stat(*s, "superblock_rewritten") == 0,
-            "%s, read-only: the superblock stats do not say which copy is bad", what.c_str());
+      // A zeroed backup is a card of an older build's (no backup yet): superblock_backup_blank, not _bad (sbfix40).
+      const char* said = block0              ? "superblock_block_zero_bad"
+                         : b == Bad::kZeroed ? "superblock_backup_blank"
+                                             : "superblock_backup_bad";
+      uint64_t others = 0;
+      for (const char* n : {"superblock_block_zero_bad", "superblock_backup_bad", "superblock_backup_blank"})
+        if (std::strcmp(n, said) != 0) others += stat(*s, n);
+      CHECK(stat(*s, said) == 1 && others == 0 && stat(*s, "superblock_rewritten") == 0,
+            "%s, read-only: the superblock stats do not say which copy is bad (%s)", what.c_str(), said);
     }
     s.reset();
     CHECK(image->data == before, "%s: the read-only open wrote to the card", what.c_str());
@@ -474,12 +488,18 @@ void one_copy_bad(uint64_t offset, Bad b) {
     check_objects(*s, what);
     CHECK(stat(*s, "superblock_rewritten") == (unwritable ? 0u : 1u), "%s: superblock_rewritten is %" PRIu64,
           what.c_str(), stat(*s, "superblock_rewritten"));
+    // What failed where, for `verify --repair` to say (sbfix40: it named verify --repair itself as the remedy).
+    const std::string want = "writing its " + std::string(block0 ? "superblock (block 0)" : "backup superblock") +
+                             " (4096 bytes at offset " + std::to_string(offset) + ") failed: ";
+    const std::string& said = s->superblock_rewrite_error();
+    CHECK(unwritable ? said.find(want) == 0 && said.size() > want.size() : said.empty(),
+          "%s: superblock_rewrite_error is '%s'", what.c_str(), said.c_str());
     IoContext ctx;
     const auto v = adp::testing::pattern(5000, 3);
     CHECK(put_one(*s, ctx, "after", v).ok() && read_object(*s, ctx, "after") == v, "%s: a store after the open",
           what.c_str());
   }
-  if (unwritable) {  // block 0 refused the rewrite: left as it was, the card served from the backup
+  if (unwritable) {  // the bad copy refused the rewrite: left as it was, the card served from the good one
     CHECK(std::memcmp(block_at(*image, offset), before.data() + offset, kBlockSize) == 0,
           "%s: a block that refuses writes changed", what.c_str());
     return;
@@ -598,6 +618,105 @@ void older_layout_card() {
   one_copy_bad(kBackup, Bad::kZeroed);
 }
 
+// The open's own rewrite of a bad copy (sbfix40): a read-write open that found one copy of the superblock bad
+// writes the good one over it (block 0 from the backup, or the backup from block 0) and syncs it. Each write and
+// sync of that open (on a card closed cleanly: the rewrite's alone) cut by a power cut or a process crash, or
+// failed, torn after each of kTears bytes (and none), and each sync failed then the power or the process gone: the
+// card opens again read-only (nothing written) and read-write with the same objects, and that open leaves both
+// copies the 4 KiB the format wrote (the same card id; no damage copied from the bad copy into the good one). Block
+// 0 garbage (`offset` 0, kGarbage): every read-write open with restore_block_zero, as `verify --repair` (the only
+// open that rewrites such a block 0); a read-only open may refuse it again as data of another kind (a cut inside
+// the magic leaves such bytes).
+void crash_copy_rewrite(uint64_t offset, Bad b) {
+  const bool at0 = offset == 0, repair = at0 && b == Bad::kGarbage;
+  const std::string base = std::string("the rewrite of ") + (at0 ? "block 0 " : "the backup ") + bad_name(b);
+  CardOptions rw = card_options(kRegionBytes);
+  rw.format_blank = false;
+  rw.restore_block_zero = repair;
+  CardOptions ro = card_options(kRegionBytes);
+  ro.format_blank = false;
+  ro.read_only = true;
+  // The open's writes and syncs, counted on a clean run: the rewrite's (one write at `offset`, one sync).
+  uint64_t writes = 0, syncs = 0;
+  bool at_offset = false;
+  {
+    auto image = used_card();
+    damage(*image, offset, b);
+    auto dev = std::make_unique<FaultDevice>(image, "rewrite-card");
+    FaultDevice* d = dev.get();
+    d->observe_writes([&at_offset, offset](uint64_t, uint64_t off, uint64_t) { at_offset |= off == offset; });
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(std::move(dev), rw, &s);
+    writes = d->writes();
+    syncs = d->syncs_run();
+    CHECK(st.ok() && stat(*s, "superblock_rewritten") == 1 && at_offset && writes >= 1 && syncs >= 1,
+          "%s: a clean rewrite (%s; %" PRIu64 " writes, %" PRIu64 " syncs)", base.c_str(), st.message().c_str(), writes,
+          syncs);
+    if (!st.ok()) return;
+  }
+  enum Crash { kPowerCut, kProcessCrash, kFailedWrite, kFailedSyncCut, kFailedSyncCrash };
+  struct Point {
+    Crash crash;
+    uint64_t n, tear;
+  };
+  std::vector<Point> points;
+  for (uint64_t w = 0; w < writes; w++)
+    for (Crash c : {kPowerCut, kProcessCrash, kFailedWrite}) {
+      points.push_back({c, w, 0});
+      for (uint64_t tear : kTears) points.push_back({c, w, tear});
+    }
+  for (uint64_t n = 0; n < syncs; n++) {
+    points.push_back({kFailedSyncCut, n, 0});
+    points.push_back({kFailedSyncCrash, n, 0});
+  }
+  static const char* const kCrashNames[] = {"power cut", "process crash", "failed write", "failed sync, power cut",
+                                            "failed sync, process gone"};
+  for (const Point& p : points) {
+    runs++;
+    const bool at_sync = p.crash == kFailedSyncCut || p.crash == kFailedSyncCrash;
+    const std::string what = base + ": " + kCrashNames[p.crash] + " at the open's " + (at_sync ? "sync " : "write ") +
+                             std::to_string(p.n) + (at_sync ? "" : " torn after " + std::to_string(p.tear) + " bytes");
+    auto image = used_card();
+    const std::vector<uint8_t> formatted(block_at(*image, 0), block_at(*image, 0) + kBlockSize);
+    damage(*image, offset, b);
+    {
+      auto dev = damaged_device(image, offset, b);
+      FaultDevice* d = dev.get();
+      if (p.crash != kPowerCut && p.crash != kFailedSyncCut) d->keep_all_unsynced_at_cut();
+      if (p.crash == kPowerCut || p.crash == kProcessCrash) d->cut_power_at_write(p.n, p.tear);
+      if (p.crash == kFailedWrite) d->fail_write(p.n, p.tear);
+      if (at_sync) d->fail_sync(p.n);
+      std::unique_ptr<CardStore> s;
+      Status st = CardStore::OpenDevice(std::move(dev), rw, &s);
+      // The rewrite's failure is a WARNING: the card is served as opened.
+      CHECK(st.ok() && stat(*s, "superblock_rewritten") == 0 && !s->superblock_rewrite_error().empty(),
+            "%s: the open (%s)", what.c_str(), st.message().c_str());
+      if (st.ok() && p.crash != kPowerCut && p.crash != kProcessCrash) check_objects(*s, what + ", the open");
+      d->power_cut();  // the host or the process gone, as the crash says (a cut device: already dead)
+      s.reset();
+    }
+    {
+      const std::vector<uint8_t> before = image->data;
+      std::unique_ptr<CardStore> s;
+      Status st = CardStore::OpenDevice(std::make_unique<FaultDevice>(image, "rewrite-card"), ro, &s);
+      CHECK(st.ok() || (repair && st.message().find("block 0 is not an ADP superblock") != std::string::npos),
+            "%s: the read-only reopen: %s", what.c_str(), st.message().c_str());
+      if (st.ok()) check_objects(*s, what + ", read-only");
+      s.reset();
+      CHECK(image->data == before, "%s: the read-only reopen wrote to the card", what.c_str());
+    }
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(std::make_unique<FaultDevice>(image, "rewrite-card"), rw, &s);
+    CHECK(st.ok(), "%s: the reopen: %s", what.c_str(), st.message().c_str());
+    if (!st.ok()) continue;
+    check_objects(*s, what + ", the reopen");
+    s.reset();
+    CHECK(std::memcmp(block_at(*image, 0), formatted.data(), kBlockSize) == 0 &&
+              std::memcmp(block_at(*image, kBackup), formatted.data(), kBlockSize) == 0,
+          "%s: the reopen did not leave both copies the format's 4 KiB", what.c_str());
+  }
+}
+
 // The backup's block refuses writes (review39b). A blank card is formatted with block 0 alone, as before session 39:
 // the open succeeds, reports the backup bad, and the card works (before: the format failed, so did every open and
 // `lmcache-adp format`: one bad block cost the card). Over a card whose backup is a card's superblock the format
@@ -642,11 +761,17 @@ void backup_unwritable() {
 
 void backup_superblock() {
   backup_unwritable();
-  for (Bad b : {Bad::kZeroed, Bad::kTorn, Bad::kUnreadable, Bad::kUnreadableUnwritable}) one_copy_bad(0, b);
+  for (Bad b : {Bad::kZeroed, Bad::kTorn, Bad::kUnreadable, Bad::kUnreadableUnwritable, Bad::kTail}) one_copy_bad(0, b);
   foreign_block_zero(false);  // block 0 garbage: refused, opened by verify --repair's option (fd39)
   foreign_block_zero(true);
-  for (Bad b : {Bad::kZeroed, Bad::kGarbage, Bad::kTorn, Bad::kUnreadable, Bad::kOtherCard}) one_copy_bad(kBackup, b);
+  for (Bad b : {Bad::kZeroed, Bad::kGarbage, Bad::kTorn, Bad::kUnreadable, Bad::kUnreadableUnwritable, Bad::kOtherCard,
+                Bad::kTail})
+    one_copy_bad(kBackup, b);
   older_layout_card();
+  for (auto [offset, b] :
+       {std::pair{uint64_t(0), Bad::kZeroed}, std::pair{uint64_t(0), Bad::kTorn}, std::pair{uint64_t(0), Bad::kGarbage},
+        std::pair{uint64_t(0), Bad::kTail}, std::pair{kBackup, Bad::kZeroed}, std::pair{kBackup, Bad::kGarbage}})
+    crash_copy_rewrite(offset, b);
   both_bad(Bad::kGarbage, Bad::kGarbage, "holds data that is not an ADP card");
   both_bad(Bad::kGarbage, Bad::kZeroed, "holds data that is not an ADP card");
   both_bad(Bad::kUnreadable, Bad::kZeroed, "cannot read the superblock");

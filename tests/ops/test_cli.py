@@ -155,21 +155,21 @@ BACKUP_SUPERBLOCK = (1 << 20) - 4096  # docs/card_format.md, "The backup superbl
 @pytest.mark.parametrize("bad", ["block 0", "backup"])
 def test_status_and_verify_name_a_bad_superblock_copy_and_repair_rewrites_it(filled, bad):
     """Session 39: one copy of the superblock bad (block 0 zeroed: the card opens with its backup at 1 MiB - 4 KiB;
-    or the backup zeroed, as on a card formatted by an older build) costs nothing: status shows which, verify (read-
-    only) says it and is not clean (exit 1), verify --repair rewrites the bad copy from the good one, and the next
-    verify is clean."""
+    or the backup damaged) costs nothing: status shows which, verify (read-only) says it and is not clean (exit 1),
+    verify --repair rewrites the bad copy from the good one, and the next verify is clean. (A zeroed backup is an
+    older build's card since sbfix40: test_an_older_builds_card_without_a_backup_is_a_note_not_damage.)"""
     image = open(filled, "rb").read()
     assert image[:4096] == image[BACKUP_SUPERBLOCK : BACKUP_SUPERBLOCK + 4096], "the format wrote no backup"
     with open(filled, "r+b") as f:
         f.seek(0 if bad == "block 0" else BACKUP_SUPERBLOCK)
-        f.write(bytes(4096))
+        f.write(bytes(4096) if bad == "block 0" else os.urandom(4096))
     damaged = open(filled, "rb").read()
     r = run("status", "--card", filled)
     assert r.returncode == 0 and [line.split() for line in r.stdout.splitlines() if line.startswith("objects")] == [
         ["objects", "12"]
     ], r.stdout + r.stderr
     (row,) = [line for line in r.stdout.splitlines() if line.startswith("superblock")]
-    assert ("block 0 bad" if bad == "block 0" else "the backup at 1 MiB - 4 KiB missing or bad") in row, row
+    assert ("block 0 bad" if bad == "block 0" else "the backup at 1 MiB - 4 KiB bad") in row, row
     assert "not rewritten" in row, row
     r = run("verify", "--card", filled)
     assert r.returncode == 1 and "12 objects" in r.stdout and "not clean" in r.stdout, r.stdout + r.stderr
@@ -183,6 +183,101 @@ def test_status_and_verify_name_a_bad_superblock_copy_and_repair_rewrites_it(fil
     assert r.returncode == 0 and "clean" in r.stdout and "superblock: " not in r.stdout, r.stdout
     r = run("status", "--card", filled)
     assert "both copies good" in r.stdout, r.stdout
+
+
+def test_an_older_builds_card_without_a_backup_is_a_note_not_damage(filled):
+    """sbfix40 (review39b): a card formatted by a build before session 39 has no backup superblock (its block at
+    1 MiB - 4 KiB all zeros: nothing of an older build writes 4 KiB..1 MiB) until its first read-write open. verify
+    exited 1 on every such card after an upgrade (monitoring that runs it paged the operator). Now it is a note:
+    status and verify say so, verify exits 0 (clean) and writes nothing; superblock_backup_blank 1, _backup_bad 0;
+    verify --repair (or a gateway's open) writes the backup, and then both copies are good. A damaged backup
+    (test_status_and_verify_name_a_bad_superblock_copy_and_repair_rewrites_it) stays not clean."""
+    with open(filled, "r+b") as f:
+        f.seek(BACKUP_SUPERBLOCK)
+        f.write(bytes(4096))
+    older = open(filled, "rb").read()
+    note = "no backup superblock yet at 1 MiB - 4 KiB (card formatted by an older build)"
+    r = run("status", "--card", filled)
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("superblock")]
+    assert r.returncode == 0 and note in row and "written at the next read-write open" in row, r.stdout + r.stderr
+    r = run("status", "--card", filled, "--json")
+    st = json.loads(r.stdout)
+    assert (st["superblock_backup_blank"], st["superblock_backup_bad"], st["superblock_rewritten"]) == (1, 0, 0), st
+    r = run("verify", "--card", filled)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ": clean" in r.stdout and f"superblock: {note}; written at the next read-write open" in r.stdout, r.stdout
+    assert "WARNING" not in r.stderr, r.stderr
+    assert open(filled, "rb").read() == older, "a read-only verify wrote to the card"
+    r = run("verify", "--card", filled, "--repair")
+    assert r.returncode == 0 and f"superblock: {note}; written from block 0 at this open" in r.stdout, r.stdout
+    image = open(filled, "rb").read()
+    assert image[:4096] == image[BACKUP_SUPERBLOCK : BACKUP_SUPERBLOCK + 4096]
+    r = run("status", "--card", filled)
+    assert "both copies good" in r.stdout, r.stdout
+
+
+def test_block_zero_damaged_past_its_superblock_is_named_as_block_zero(filled):
+    """sbfix40 (review39b): block 0's superblock intact, the rest of its 4 KiB (zeros on a card) damaged: the backup
+    was reported as "another superblock than block 0's" and rewritten from block 0 (the damage copied into it). Now
+    block 0 is named (superblock_block_zero_bad), and verify --repair rewrites block 0 from the backup."""
+    image = open(filled, "rb").read()
+    with open(filled, "r+b") as f:
+        f.seek(512)
+        f.write(os.urandom(1024))
+    r = run("verify", "--card", filled)
+    assert r.returncode == 1 and "not clean" in r.stdout, r.stdout + r.stderr
+    assert "another superblock" not in r.stderr and "another card's" not in r.stderr, r.stderr
+    assert "its superblock (block 0, offset 0) is damaged past its superblock (bytes 72 to 4095" in r.stderr, r.stderr
+    r = run("status", "--card", filled, "--json")
+    st = json.loads(r.stdout)
+    assert (st["superblock_block_zero_bad"], st["superblock_backup_bad"], st["superblock_backup_blank"]) == (1, 0, 0)
+    r = run("verify", "--card", filled, "--repair")
+    assert r.returncode == 0 and "block 0 rewritten from it" in r.stdout, r.stdout + r.stderr
+    assert open(filled, "rb").read() == image, "block 0 not rewritten from the backup, or the backup changed"
+
+
+def _file_size_limited(limit: int):
+    """A child's preexec: writes at or past `limit` bytes of any file fail with EFBIG (RLIMIT_FSIZE; SIGXFSZ
+    ignored, so the write returns the error instead of the signal ending the process)."""
+
+    def limit_writes():
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limit_writes
+
+
+def test_verify_repair_whose_rewrite_fails_says_the_error_and_the_next_step(filled):
+    """sbfix40 (review39b): verify --repair whose rewrite of a bad superblock copy fails said "not rewritten (a
+    read-write open rewrites it: verify --repair, or the gateway)": itself as the remedy, which fails the same way.
+    Now its line says the failed write's error and offset, to check the device, and `format --yes` as the last
+    resort; exit 1. The fault: a file size limit (RLIMIT_FSIZE) at the backup's offset, so the rewrite's write there
+    fails (EFBIG) while the open reads, and writes nothing else."""
+    with open(filled, "r+b") as f:
+        f.seek(BACKUP_SUPERBLOCK)
+        f.write(os.urandom(4096))
+    damaged = open(filled, "rb").read()
+    r = subprocess.run(
+        [sys.executable, "-m", "lmcache_adp.cli", "verify", "--card", filled, "--repair"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=_file_size_limited(BACKUP_SUPERBLOCK),
+    )
+    assert r.returncode == 1 and "12 objects" in r.stdout and "not clean" in r.stdout, r.stdout + r.stderr
+    (line,) = [line for line in r.stdout.splitlines() if line.startswith("superblock: ")]
+    assert "the backup at 1 MiB - 4 KiB bad" in line, line
+    assert (
+        "rewriting it failed (writing its backup superblock (4096 bytes at offset 1044480) failed: " in line
+        and "File too large" in line
+    ), line
+    assert "Check the device" in line and f"`lmcache-adp format --card {filled} --yes`" in line, line
+    assert "verify --repair" not in line and "not rewritten" not in line, line
+    assert open(filled, "rb").read() == damaged, "the failed repair changed the card"
 
 
 def test_block_zero_overwritten_by_another_program_is_refused_until_verify_repair(filled):
@@ -263,6 +358,8 @@ def test_verify_says_what_it_read_and_what_it_did_not(filled, monkeypatch, capsy
     ], r.stdout
 
     class Card:  # a card whose open found unreadable regions (an I/O error there: a test cannot make one on a file)
+        superblock_rewrite_error = ""
+
         def __init__(self, media_errors, report):
             self.media_errors, self.report = media_errors, report
 
@@ -349,6 +446,8 @@ def test_verify_short_of_memory_says_what_it_could_not_check(card, monkeypatch, 
     assert r.returncode == 0 and ": 5 objects, 24.1 MiB checked" in r.stdout and "clean" in r.stdout, r.stdout
 
     class Card:  # deleted or replaced while verify read it: no process may hold the card, so stubbed here
+        superblock_rewrite_error = ""
+
         def stats(self):
             return {"media_errors": 0}
 

@@ -308,7 +308,8 @@ def test_images_that_fit_alone_but_not_together_are_warned_about():
     assert out["a_beside_a_file"] is None, out
 
 
-GROWN_CHILD = r"""
+# A 48 MiB image a that wrote about 24 MiB, and b's path beside it (the children below).
+A_GROWN_BY_24_MIB = r"""
 import json, os, sys
 from lmcache_adp import CardStore
 from lmcache_adp._native import card_image_space, card_space_warning
@@ -317,6 +318,11 @@ a, b = f"{d}/a.img", f"{d}/b.img"
 first = CardStore(a, 48 << 20, durable=False)
 for i in range(24):
     first.put(f"k{i}", os.urandom(1 << 20))  # about 24 MiB written: a can still grow by about 24 MiB
+"""
+
+GROWN_CHILD = (
+    A_GROWN_BY_24_MIB
+    + r"""
 out = {"a": card_image_space(a)}
 CardStore(b, 16 << 20).close()  # 24 + 16 fit the ~56 MiB free (a's size, 48 + 16, would not)
 out["small"], out["free_small"] = card_space_warning(b), card_image_space(b)[2]
@@ -326,6 +332,7 @@ out["big"], out["free_big"] = card_space_warning(b), card_image_space(b)[2]
 first.close()
 print(json.dumps(out))
 """
+)
 
 
 def test_the_images_beside_count_what_they_can_still_grow_by():
@@ -345,3 +352,37 @@ def test_the_images_beside_count_what_they_can_still_grow_by():
         big
     ), big
     assert f"than the {out['free_big'] / (1 << 20):.2f} MiB its filesystem has free" in big, big
+
+
+THROUGH_BACKUP_CHILD = (
+    A_GROWN_BY_24_MIB
+    + r"""
+first.close()
+out = {}
+CardStore(b, 40 << 20).close()  # alone, 40 fit; with a's 24, not
+for name, block0 in (
+    ("whole", None),
+    ("blank", bytes(4096)),  # block 0 zeroed: the card opens with its backup
+    ("torn", b"ADPCARD" + bytes(4089)),  # a write of block 0 torn inside the magic, over zeros
+    ("foreign", b"\x55\xaa" * 2048),  # another program's bytes: every open refuses it (fd39)
+):
+    if block0 is not None:
+        with open(a, "r+b") as f:
+            f.write(block0)
+    out[name] = card_space_warning(b)
+print(json.dumps(out))
+"""
+)
+
+
+def test_a_card_that_opens_through_its_backup_counts_as_a_card_image_beside():
+    """sbfix40 (review39b): the free-space look counted an image as a card only where block 0 began with the
+    superblock's magic; one whose block 0 is blank or torn beside a valid backup superblock (at 1 MiB - 4 KiB), which
+    every open opens through the backup, was not counted, and what it can still grow by went unwarned. Now it is
+    counted as the open would open it; block 0 of another program's bytes (refused by every open) is not. On a
+    private 80 MiB tmpfs: a 48 MiB image that wrote about 24 MiB, a 40 MiB one beside it (24 + 40 do not fit)."""
+    mnt, out = in_private_tmpfs(80, THROUGH_BACKUP_CHILD)
+    beside = " and 1 other card image beside it by "
+    for name in ("whole", "blank", "torn"):
+        assert out[name] is not None and beside in out[name] and f"({mnt}/a.img " in out[name], (name, out)
+    assert out["foreign"] is None, out  # b alone fits

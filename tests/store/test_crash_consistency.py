@@ -109,7 +109,7 @@ def test_crash_consistency_of_format(tmp_path):
     output = cpp.run(cpp.build("card_format_crash_test", tmp_path), str(images), timeout=600, shown=20000)
     assert "format of a blank card: 2 writes, 2 syncs" in output, output[-3000:]
     assert "2 write points x 36 crashes, 2 sync points x 2 crashes, a cut after the sync" in output, output[-3000:]
-    assert "173 runs, 0 failures" in output, output[-3000:]
+    assert "404 runs, 0 failures" in output, output[-3000:]
 
 
 def assert_every_sync_failed(output: str) -> None:
