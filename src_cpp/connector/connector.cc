@@ -2,6 +2,7 @@
 #include "connector/connector.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -131,7 +132,13 @@ Connector::Connector(std::unique_ptr<Backend> backend, const ConnectorOptions& o
   // The CPUs its spin rule counts (reply_spin_us; a container's quota taken), as the gateway's start line says.
   // Made before the threads start: nothing after them may throw (a joinable thread destroyed in the unwinding).
   const std::string cpus = PiecePool::usable_cpus_text(hooks.cpu_max_file);
-  start_threads();
+  enlist();  // may throw (std::bad_alloc): nothing started yet
+  try {
+    start_threads();
+  } catch (...) {
+    delist();
+    throw;
+  }
   ADP_INFO("ADPConnector ready: %s, %d workers, timeout %d ms, %s", description_.c_str(), opts_.num_workers,
            opts_.timeout_ms, cpus.c_str());
 }
@@ -285,6 +292,7 @@ void Connector::collect_lost_locked() {
 }
 
 Connector::~Connector() {
+  delist();  // first: a fork from now on does not see it
   if (inherited()) {
     // A forked child's (see inherited()): the parent's threads are not here, and the backend's close would write to
     // the card or on the parent's connections. Both left as they are (leaked), the eventfd is this process's. The
@@ -924,10 +932,93 @@ void Connector::deadline_pause(std::unique_lock<std::mutex>& lock, int tries) no
   lock.lock();
 }
 
-void Connector::inherited_first_locked() {
-  const uint64_t forks = fork_count();
-  if (inherited_forks_ == forks) return;
-  // The parent's count at the fork: its futures' ids are not reused. A child of a child goes on from its parent's.
+namespace {
+// Every connector of this process, for fork()'s handlers (Connector::fork_prepare). Leaked: a fork during static
+// destruction still finds it.
+struct ForkList {
+  std::mutex mu;
+  std::vector<Connector*> all;
+};
+ForkList& fork_list() {
+  static ForkList* const l = new ForkList;
+  return *l;
+}
+}  // namespace
+
+void Connector::enlist() {
+  // Registered with the first connector, so after util/log.cc's (made as the library is loaded): prepare handlers
+  // run in the reverse order, ours first, and a thread holding mu_ while it logs a line finishes it before log.cc's
+  // takes the line's lock. It fails only without memory (ENOMEM): then a child finds no pending future of the
+  // parent's, and makes its eventfd at its first call (inherited_first_locked), as before.
+  static const int registered =
+      ::pthread_atfork(&Connector::fork_prepare, &Connector::fork_parent, &Connector::fork_child);
+  (void)registered;
+  ForkList& l = fork_list();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.all.push_back(this);
+}
+
+void Connector::delist() noexcept {
+  ForkList& l = fork_list();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.all.erase(std::remove(l.all.begin(), l.all.end(), this), l.all.end());
+}
+
+void Connector::fork_prepare() noexcept {
+  ForkList& l = fork_list();
+  l.mu.lock();
+  for (Connector* c : l.all) {
+    // One inherited already (this process a forked child): its mu_ may be held for ever (by a thread of the parent's
+    // at that fork), and its state is inherited_mu_'s.
+    c->fork_took_inherited_ = c->inherited();
+    (c->fork_took_inherited_ ? c->inherited_mu_ : c->mu_).lock();
+  }
+}
+
+void Connector::fork_parent() noexcept {
+  ForkList& l = fork_list();
+  for (Connector* c : l.all) (c->fork_took_inherited_ ? c->inherited_mu_ : c->mu_).unlock();
+  l.mu.unlock();
+}
+
+void Connector::fork_child() noexcept {
+  ForkList& l = fork_list();
+  for (Connector* c : l.all) {
+    c->forked_child();
+    (c->fork_took_inherited_ ? c->inherited_mu_ : c->mu_).unlock();
+  }
+  l.mu.unlock();
+}
+
+void Connector::forked_child() noexcept {
+  try {
+    if (!fork_took_inherited_) {
+      // The opener's connector, mu_ held since before the fork: its futures not drained there are this child's
+      // (its copies of them), and no thread here completes them. Those done at the fork as they were, those lost by
+      // close() as drain() would make them, the others refused as this child's own submit() refuses them.
+      inherited_next_ = next_future_;  // ids go on from the parent's: none handed out twice
+      std::string refused;
+      for (const Completion& c : completions_) inherited_done_.push_back(c);
+      for (Batch* b = lost_; b; b = b->lost_next)
+        inherited_done_.push_back({b->id, false, kClosedError, std::vector<uint8_t>(b->keys.size(), 0)});
+      for (const auto& [id, b] : live_) {
+        if (b->completed) continue;  // its completion in completions_ (above), or drained by the parent
+        const bool fails = b->op == OpType::kSet || b->op == OpType::kDelete;
+        if (fails && refused.empty()) refused = inherited_error();
+        inherited_done_.push_back({id, !fails, fails ? refused : "", std::vector<uint8_t>(b->keys.size(), 0)});
+      }
+      std::sort(inherited_done_.begin(), inherited_done_.end(),
+                [](const Completion& a, const Completion& b) { return a.future_id < b.future_id; });
+    }
+  } catch (...) {
+    // No memory: those not handed over are never completed here, as before fork40.
+  }
+  inherited_setup_locked(fork_count());
+}
+
+void Connector::inherited_setup_locked(uint64_t forks) noexcept {
+  // The parent's count at the fork (where no fork handler set it): its futures' ids are not reused. A child of a
+  // child goes on from its parent's.
   if (inherited_forks_ == 0) inherited_next_ = next_future_;
   inherited_forks_ = forks;
   // An eventfd of this process's on the same number: the inherited one is the parent's (this child's signal would
@@ -935,6 +1026,21 @@ void Connector::inherited_first_locked() {
   const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd >= 0 && ::dup3(fd, event_fd_, O_CLOEXEC) == event_fd_) ::close(fd);
   if (!inherited_done_.empty()) signal();  // completions its parent had not drained at the fork: this process's too
+}
+
+std::string Connector::inherited_error() const {
+  const std::string parent = std::to_string(owner_.pid());
+  return "this connector was opened by pid " + parent + "; this process (pid " + std::to_string(::getpid()) +
+         ") was forked from pid " + parent +
+         ": nothing is stored or deleted here; open a new ADPConnector in this "
+         "process";
+}
+
+void Connector::inherited_first_locked() {
+  const uint64_t forks = fork_count();
+  if (inherited_forks_ != forks) inherited_setup_locked(forks);  // no fork handler of the connectors ran here
+  if (inherited_said_ == forks) return;
+  inherited_said_ = forks;
   const int parent = static_cast<int>(owner_.pid());
   ADP_ERROR(
       "ADPConnector (%s): used in pid %d, forked from pid %d that opened it: here its stores and deletes fail and "
@@ -950,13 +1056,7 @@ uint64_t Connector::refuse_inherited(OpType op, size_t n, std::unique_ptr<Buffer
   std::lock_guard<std::mutex> lock(inherited_mu_);
   inherited_first_locked();
   Completion c{inherited_next_++, !fails, "", std::vector<uint8_t>(n, 0)};
-  if (fails) {
-    const std::string parent = std::to_string(owner_.pid());
-    c.error = "this connector was opened by pid " + parent + "; this process (pid " + std::to_string(::getpid()) +
-              ") was forked from pid " + parent +
-              ": nothing is stored or deleted here; open a new ADPConnector in "
-              "this process";
-  }
+  if (fails) c.error = inherited_error();
   inherited_done_.reserve(inherited_done_.size() + 1);
   if (owner) inherited_owners_.push_back(std::move(owner));
   inherited_done_.push_back(std::move(c));

@@ -129,6 +129,11 @@ class Connector {
   // may have held it at the fork), with one ERROR line naming the parent; drain() hands those over, close() only
   // marks it closed, and ~Connector leaves the threads and the backend as they are (a joinable std::thread destroyed
   // ends the process; the backend's close would write to the card or on the parent's connections).
+  // Its futures pending at the fork (submitted by the parent, not drained there) are the child's too (fork40): fork()'s
+  // handlers (pthread_atfork, registered with the first connector) take mu_ before the fork, so the child sees them
+  // whole, and the child's handler hands them to the child's drain() at once: those done at the fork as they were
+  // done, the others as the child's own submit() completes them (puts and deletes failed, gets and lookups all
+  // misses); the child's eventfd is made and signalled there. Nothing added to a call in the parent.
   bool inherited() const { return owner_.inherited(); }
 
  private:
@@ -232,9 +237,25 @@ class Connector {
   // Makes the completions of lost_'s batches ("connector closed", failed) and retires those whose workers are done.
   // A std::bad_alloc leaves the rest on lost_. Caller holds mu_.
   void collect_lost_locked();
-  // submit() and drain() in a forked child (inherited()), and their first call's work there: the child's own
-  // eventfd, its future ids, the ERROR line. Under inherited_mu_.
+  // submit() and drain() in a forked child (inherited()), and their first call's work there: the ERROR line (and
+  // inherited_setup_locked, where no fork handler of the connectors ran). Under inherited_mu_.
   void inherited_first_locked();
+  // A forked child's own eventfd on the inherited number (signalled where inherited_done_ holds completions) and its
+  // future ids; `forks`: this process's fork_count(). Under inherited_mu_ (or in the fork's child handler).
+  void inherited_setup_locked(uint64_t forks) noexcept;
+  // The error of a put or delete refused in a forked child.
+  std::string inherited_error() const;
+  // fork()'s handlers over every connector of the process (fork40; the list: enlist/delist, the constructor and the
+  // destructor). prepare takes each one's mu_ (inherited_mu_ for one inherited already), so that no thread of the
+  // parent holds it at the fork; parent gives them back; child gives them back after forked_child().
+  void enlist();
+  void delist() noexcept;
+  static void fork_prepare() noexcept;
+  static void fork_parent() noexcept;
+  static void fork_child() noexcept;
+  // In the child of a fork, with the lock fork_prepare took held: the parent's futures not drained at the fork handed
+  // to the child's drain(), its eventfd made (inherited_setup_locked).
+  void forked_child() noexcept;
   uint64_t refuse_inherited(OpType op, size_t n, std::unique_ptr<BufferOwner> owner);
   std::vector<Completion> drain_inherited();
 
@@ -244,6 +265,8 @@ class Connector {
   // fork_count() of the process whose first call made its eventfd and logged the ERROR line (0: none yet). A count,
   // not a flag: a child forked from such a child copies it, and makes its own (review39).
   uint64_t inherited_forks_ = 0;
+  uint64_t inherited_said_ = 0;       // fork_count() of the process that logged the ERROR line (0: none yet)
+  bool fork_took_inherited_ = false;  // fork_prepare took inherited_mu_ (not mu_): set and read by the forking thread
   uint64_t inherited_next_ = 0;
   std::vector<Completion> inherited_done_;
   std::vector<std::unique_ptr<BufferOwner>> inherited_owners_;  // freed by drain(), the caller's thread

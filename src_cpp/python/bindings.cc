@@ -155,6 +155,7 @@ class NativeConnector {
     co.create_preallocated = cfg.contains("card_preallocate") && cfg["card_preallocate"].cast<bool>();
     co.durable = cfg["durable"].cast<bool>();
     co.io_depth = cfg["io_depth"].cast<int>();
+    co.release_in_forked_child = true;  // a forked child refuses its work (Connector::inherited()): no card lock there
     std::unique_ptr<CardStore> store;
     Status s;
     {
@@ -296,6 +297,7 @@ class PyCardStore {
     co.create_bytes = create_bytes;
     co.durable = durable;
     co.region_bytes = region_bytes;
+    co.release_in_forked_child = true;  // a forked child refuses its work (inherited_here()): no card lock there
     Status s;
     {
       py::gil_scoped_release nogil;
@@ -436,7 +438,8 @@ class PyCardStore {
   // have been held by a parent's thread at the fork. Nothing of the store is touched there; one ERROR line.
   bool inherited_here() const {
     if (!owner_.inherited()) return false;
-    if (store_ && !inherited_said_.exchange(true))
+    const uint64_t forks = fork_count();
+    if (store_ && inherited_said_.exchange(forks) != forks)
       ADP_ERROR(
           "card store %s: used in pid %d, forked from pid %d that opened it: here its puts, removes and verify "
           "fail and its gets and lookups miss, nothing written (pid %d's: two processes writing one card through "
@@ -452,7 +455,9 @@ class PyCardStore {
   }
   const ForkOwner owner_;
   const std::string path_;
-  mutable std::atomic<bool> inherited_said_{false};
+  // fork_count() of the process that said its ERROR line (0: none). A count, not a flag: a child forked from such a
+  // child copies it and says its own (fork40; review39's for the connector).
+  mutable std::atomic<uint64_t> inherited_said_{0};
   CardStore& store() const {
     if (!store_) throw std::runtime_error("card store is closed");
     return *store_;

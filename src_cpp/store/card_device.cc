@@ -5,7 +5,6 @@
 #include <linux/aio_abi.h>
 #include <linux/fs.h>
 #include <linux/magic.h>
-#include <pthread.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -30,6 +29,7 @@
 #include "store/card_format.h"
 #include "store/new_image.h"
 #include "util/amount.h"
+#include "util/fork_owner.h"
 #include "util/log.h"
 #include "util/populate.h"
 #include "util/prefault.h"
@@ -344,8 +344,15 @@ void CardDevice::stop_prefault() {
   if (prefault_.joinable()) prefault_.join();
 }
 
+void CardDevice::release_in_forked_child() {
+  if (fork_released_) return;
+  fork_release(fd_, map_, map_ ? size_ : 0);
+  fork_released_ = true;
+}
+
 CardDevice::~CardDevice() {
-  stop_prefault();  // before the mapping goes
+  stop_prefault();                               // before the mapping goes
+  if (fork_released_) fork_release_forget(fd_);  // before the number can be another's
   if (map_) ::munmap(map_, size_);
   ::close(fd_);
 }
@@ -409,22 +416,6 @@ Status CardDevice::io_error(bool is_write, uint64_t bytes, uint64_t offset, int 
                          full);
 }
 
-namespace {
-
-// Forks of this process: bumped in each child fork() makes (pthread_atfork's child handler, registered with the
-// first AIO context; os.fork and multiprocessing's fork run it; a vfork child execs before it could write).
-std::atomic<uint64_t> g_forks{0};
-
-uint64_t fork_count() {
-  static const int registered =
-      ::pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
-  // It fails only without memory (ENOMEM): then a child's io_submit fails and that write goes synchronous.
-  (void)registered;
-  return g_forks.load(std::memory_order_relaxed);
-}
-
-}  // namespace
-
 // One write in flight at a time through its own AIO context (io_setup(1)), made once for the writer.
 class CardDevice::AioWriter : public DeviceWriter {
  public:
@@ -452,7 +443,7 @@ class CardDevice::AioWriter : public DeviceWriter {
     // fork) has none, and each io_submit there failed EINVAL before its write was made synchronously (debt38). The
     // child writes synchronously for good, one WARNING a process. Told by the fork count (a relaxed load a write),
     // not getpid() (a syscall a write: 1.3-2.2 us on the 2-core VM, debt38's results; no pid cache in glibc).
-    if (ctx_ && g_forks.load(std::memory_order_relaxed) != forks_) {
+    if (ctx_ && fork_count() != forks_) {
       ctx_ = 0;  // the parent's: not destroyed here (it is not this process's to destroy)
       const pid_t me = ::getpid();
       if (forked_logged_.exchange(me) != me)

@@ -171,6 +171,12 @@ class CardDevice : public Device {
   // last error (util/failing_hold.h): each episode logged once at its start
   // and once at its end, however errors and successes interleave.
   bool healthy() const override { return !failing_.failing(); }
+  // From now on, a child fork() makes keeps nothing of the card: its descriptor refers to nothing there and its
+  // mapping (a memory card's) is gone from it (util/fork_owner.h, fork_release), so the card's flock is held by this
+  // process alone (fork40: a forked child kept it while it lived). For an owner that refuses its work in a forked
+  // child (the connector, the binding's CardStore: CardOptions::release_in_forked_child); any I/O of a child on the
+  // card then fails EBADF. Call before the device is shared between threads; idempotent.
+  void release_in_forked_child();
 
  private:
   CardDevice(std::string path, int fd, uint64_t size, bool block_device, bool memory_backed, bool read_only)
@@ -194,6 +200,7 @@ class CardDevice : public Device {
   bool memory_backed_;
   bool read_only_;
   uint8_t* map_ = nullptr;
+  bool fork_released_ = false;  // release_in_forked_child() registered fd_ (and map_)
   std::thread prefault_;
   std::atomic<bool> stop_prefault_{false}, prefault_done_{false};
   // Stores, loads, deletes in flight (begin_foreground): shared with each

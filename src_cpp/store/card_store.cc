@@ -290,6 +290,7 @@ Status CardStore::Open(const CardOptions& opts, std::unique_ptr<CardStore>* out)
                        opts.create_preallocated ? CardDevice::Creation::kAllocated : CardDevice::Creation::kSparse);
   if (!s.ok()) return s;
   dev->set_io_depth(opts.io_depth);
+  if (opts.release_in_forked_child) dev->release_in_forked_child();
   // The prefault (a tmpfs card's mapping, in the background) starts once the
   // open is done: recovery's writes (the pads over a crash's cuts, the
   // tombstones) would wait behind it, ~50 ms on an 8 GiB card

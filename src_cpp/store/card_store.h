@@ -82,6 +82,11 @@ struct CardOptions {
   // program's data over the card: docs/card_format.md, "The backup superblock"); true (`verify --repair` only, the
   // operator's command; with read_only false), block 0 is taken for damage and rewritten from the backup.
   bool restore_block_zero = false;
+  // A child fork() makes keeps nothing of the card (CardDevice::release_in_forked_child): set by an owner that
+  // refuses its work in a forked child (the embedded connector, the binding's CardStore), so that the child does not
+  // hold the card's flock while it lives. False (tools, tests using a CardStore directly): a child keeps the card's
+  // descriptor and can store there (the AIO writer's fork mode), as before.
+  bool release_in_forked_child = false;
 };
 
 class CardStore;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "util/log.h"
 
+#include <pthread.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -37,6 +38,17 @@ const char* level_name(LogLevel l) {
   return "?";
 }
 
+// One line at a time. Taken by fork()'s prepare handler and given back in the parent and the child (fork40): a thread
+// of the parent inside a line at the fork left it locked in the child for ever (no thread there to unlock it), and the
+// child's first line (the connector's or the AIO writer's forked-child line) waited for good. Registered as the
+// library is loaded, so before the connectors' handlers (registered with the first connector): prepare handlers run in
+// the reverse order of registration, so this one runs after theirs, which take a lock (a connector's mu_) that a
+// thread may hold while it logs a line.
+// It fails only without memory (ENOMEM): then a child may wait as before.
+std::mutex g_line_mu;  // constant-initialized: a line logged before this file's initializers ran finds it
+[[maybe_unused]] const int g_line_fork_safe =
+    ::pthread_atfork([] { g_line_mu.lock(); }, [] { g_line_mu.unlock(); }, [] { g_line_mu.unlock(); });
+
 }  // namespace
 
 bool log_enabled(LogLevel level) {
@@ -51,15 +63,15 @@ void log_message(LogLevel level, const char* fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
 
+  // The time is taken under the lock too: localtime_r takes glibc's time zone lock, which a fork does not give back
+  // in the child either (a line of a thread of the parent's at the fork would have left it locked there).
+  std::lock_guard<std::mutex> lock(g_line_mu);
   timeval tv;
   gettimeofday(&tv, nullptr);
   tm t;
   localtime_r(&tv.tv_sec, &t);
   char ts[32];
   strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &t);
-
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
   fprintf(stderr, "[%s,%03ld] lmcache-adp %s: %s\n", ts, static_cast<long>(tv.tv_usec / 1000), level_name(level), msg);
   fflush(stderr);
 }

@@ -191,3 +191,139 @@ def test_a_grandchild_of_an_inherited_connector_has_its_own_eventfd(card, tmp_pa
         assert c.exists(["parent@1"])[2] == [True]
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("kind", ["connector", "store"])
+@pytest.mark.parametrize("where", ["disk", "memory"])
+def test_a_forked_child_does_not_keep_the_card_locked(kind, where, card, shm_dir, tmp_path):
+    """fork40 item 1: a forked child kept its copy of the card's descriptor (and a memory card's mapping of it), so
+    the card's flock (its open file description's) stayed held while the child lived: the parent that closed its
+    embedded connector or CardStore could not open the card again ("already open by another connector or gateway").
+    Now a child keeps nothing of the card: with one child that only waits and one that closed the inherited
+    connector or store, both alive, the parent closes its own and opens the card again, and finds its object."""
+    path = os.path.join(shm_dir, "card.img") if where == "memory" else card
+
+    def open_card():
+        if kind == "connector":
+            return ADPConnector(card=path, card_size_gb=0.0625, num_workers=1, timeout_ms=20000)
+        return CardStore(path, create_bytes=64 << 20)
+
+    def put(obj, key: str) -> None:
+        if kind == "connector":
+            assert RawConnector(obj).set([key], [memoryview(b"\x11" * SIZE)])[0]
+        else:
+            obj.put(key, b"\x11" * SIZE)
+
+    def has(obj, key: str) -> bool:
+        if kind == "connector":
+            return RawConnector(obj).exists([key])[2] == [True]
+        return obj.exists(key)
+
+    first = open_card()
+    put(first, "parent@1")
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    children = []
+    try:
+        for closes in (False, True):
+            pid = os.fork()
+            if pid == 0:  # the child: (closes the inherited one,) says so, then lives until the parent closes w
+                code = 1
+                try:
+                    os.close(w)
+                    fd = os.open(str(tmp_path / f"child-{int(closes)}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+                    os.dup2(fd, 2)
+                    if closes:
+                        first.close()
+                    os.write(ready_w, b"1")
+                    os.read(r, 1)
+                    code = 0
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        # Both children running (past fork()'s handlers in the child, which let go of the card: until the child is
+        # scheduled to run them, its copies of the descriptor and the mapping are still there).
+        ready = b""
+        while len(ready) < 2:
+            chunk = os.read(ready_r, 2)
+            assert chunk, "a child ended before it said it was ready"
+            ready += chunk
+        first.close()
+        again = open_card()  # main: "card ... is already open by another connector or gateway"
+        try:
+            assert has(again, "parent@1")
+            put(again, "parent@2")
+        finally:
+            again.close()
+    finally:
+        for fd in (r, ready_r, ready_w):
+            os.close(fd)
+        os.close(w)  # the children's read returns: they leave
+        for pid in children:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_futures_pending_at_the_fork_complete_in_the_child(card, tmp_path, monkeypatch):
+    """fork40 item 4: a future the parent submitted and had not drained at the fork never completed in the child (its
+    drain() handed over only the child's own futures, and the parent's workers are not there): a child waiting on it
+    waited for ever. Now the child's drain() hands over each: one done at the fork as it was done (a lookup that
+    found its key), one still in flight (a load whose delivery is paused) completed as the child's own would be (a
+    miss), with the child's one ERROR line; the parent's own wait gets its real results."""
+    monkeypatch.setenv("ADP_TEST_DELIVERY_DELAY_MS", "3000")  # read by the connector at construction
+    conn = ADPConnector(card=card, card_size_gb=0.0625, num_workers=2, timeout_ms=20000)
+    c = RawConnector(conn)
+    try:
+        assert c.set(["parent@1"], [memoryview(b"\x11" * SIZE)])[0]
+        done = conn.submit_batch_exists(["parent@1"])
+        poller = select.poll()
+        poller.register(conn.event_fd(), select.POLLIN)
+        assert poller.poll(20000), "the lookup did not complete"  # completed, not drained
+        out = bytearray(SIZE)
+        pending = conn.submit_batch_get(["parent@1"], [memoryview(out)])  # its delivery paused 3 s: in flight
+
+        def child() -> dict:
+            cc = RawConnector(conn)
+            got = cc.wait(pending, timeout=20.0)  # main: TimeoutError (no thread here completes it)
+            was = cc.wait(done, timeout=20.0)
+            return dict(got=list(got), was=list(was))
+
+        log = str(tmp_path / "child.log")
+        got = in_child(child, log)
+        assert got["got"] == [True, "", [False]], got
+        assert got["was"] == [True, "", [True]], got
+        said = error_lines(log)
+        assert len(said) == 1 and "open a new ADPConnector in this process" in said[0], said
+        assert c.wait(done)[2] == [True]
+        assert c.wait(pending)[2] == [True] and bytes(out) == b"\x11" * SIZE
+    finally:
+        conn.close()
+
+
+def test_a_grandchild_of_an_inherited_card_store_says_its_error_line(card, tmp_path):
+    """fork40 item 5: a CardStore's ERROR line was said once per store, a flag copied into a child of the child that
+    said it: that grandchild refused its work without a line of its own. Now each forked process says it once."""
+    s = CardStore(card, create_bytes=64 << 20)
+    try:
+        s.put("parent@1", b"\x11" * SIZE)
+        opener = os.getpid()
+
+        def child() -> dict:
+            found = s.exists("parent@1")  # the child's line
+
+            def grandchild() -> dict:
+                return dict(exists=s.exists("parent@1"))
+
+            grand_log = str(tmp_path / "grandchild.log")
+            grand = in_child(grandchild, grand_log)
+            return dict(found=found, grand=grand, grand_said=error_lines(grand_log))
+
+        log = str(tmp_path / "child.log")
+        got = in_child(child, log)
+        assert got["found"] is False and got["grand"] == dict(exists=False), got
+        assert len(error_lines(log)) == 1, error_lines(log)
+        said = got["grand_said"]
+        assert len(said) == 1 and f"forked from pid {opener}" in said[0], got  # main: [] (the child's flag copied)
+        assert s.exists("parent@1")
+    finally:
+        s.close()
