@@ -151,7 +151,20 @@ def superblock_copies(
     if opened_read_only:
         if not block0 and not backup:
             return f"{what}; written at the next read-write open (the gateway's, or verify --repair)", False
-        return f"{what}; not rewritten (a read-write open rewrites it: verify --repair, or the gateway)", True
+        return (
+            f"{what}; not rewritten (a read-write open rewrites it: verify --repair, or the gateway; block 0's bytes "
+            "past its superblock, which may be another program's: verify --repair alone)",
+            True,
+        )
+    if block0 and not rewrite_error:
+        # A read-write open that did not rewrite block 0 and said no error here (a gateway's, status --url): its write
+        # failed, or block 0's bytes past its superblock were kept, which only verify --repair rewrites (review40).
+        return (
+            f"{what}; not rewritten at that open: the WARNING its process logged says why (its write failed: the error "
+            "and offset; or block 0's bytes past its superblock kept, as they may be another program's: verify "
+            "--repair rewrites them)",
+            True,
+        )
     # A read-write open whose write failed: running it again fails the same way; the device is the next step.
     failed = rewrite_error or "its error and offset are in the WARNING the process that opened the card logged"
     last = f"`lmcache-adp format --card {card} --yes`" if card else "`lmcache-adp format --card CARD --yes`"

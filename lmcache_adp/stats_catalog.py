@@ -222,7 +222,8 @@ CARD_LIST: tuple[Stat, ...] = (
         "1 where the card's superblock (block 0) was unreadable, blank, torn, not a superblock, or damaged past its "
         "superblock (the rest of its 4 KiB not zeros, the backup whole) at the open and the card opened with its "
         'backup copy (at 1 MiB - 4 KiB; docs/card_format.md, "The backup superblock"); a read-write open rewrites '
-        "block 0 from it (superblock_rewritten). 0 otherwise",
+        "block 0 from it (superblock_rewritten), but for a block 0 damaged past its superblock, which verify --repair "
+        "alone rewrites (those bytes may be another program's: a partition table). 0 otherwise",
     ),
     Stat(
         "superblock_backup_bad",

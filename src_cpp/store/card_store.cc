@@ -380,14 +380,22 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
       std::string copy_why;  // what compare_backup found wrong (the backup's, or block 0's tail)
       const BackupCopy copy = block0_bad.empty() ? compare_backup(backup_read, backup_buf.data(), buf.data(), &copy_why)
                                                  : BackupCopy::kSame;
+      // Block 0's bytes past its superblock are not zeros, the backup the same superblock with zeros there: the card
+      // opens with that superblock either way, and block 0 is the bad copy (the backup is not rewritten from it,
+      // which would copy the bytes into it). Those bytes may be another program's (`parted mklabel` keeps a boot
+      // sector's first 440 bytes, our superblock, and writes its partition table at 446 and a GPT header at 512), so
+      // as for a block 0 of another kind (fd39) only restore_block_zero (`verify --repair`) rewrites block 0: any
+      // other read-write open leaves it (review40: every read-write open rewrote it, the partition table lost).
+      const bool tail_kept = copy == BackupCopy::kBlockZeroTail && !(opts.restore_block_zero && !opts.read_only);
       if (copy == BackupCopy::kBlockZeroTail) {
-        // The two copies hold the same superblock: the card opens with it either way; block 0 is the bad copy,
-        // rewritten from the backup (not the backup from block 0, which would copy the damage).
         block0_bad = copy_why;
-        ADP_WARN("card %s: its superblock (block 0, offset 0) %s%s", path.c_str(), block0_bad.c_str(),
-                 opts.read_only
-                     ? " (a read-only open: not rewritten; a read-write open rewrites block 0 from the backup)"
-                     : "");
+        ADP_WARN("card %s: its superblock (block 0, offset 0) %s%s%s%s", path.c_str(), block0_bad.c_str(),
+                 tail_kept
+                     ? "; not rewritten: those bytes may be another program's data (a partition table) or damage, "
+                       "which the card cannot tell apart. Check what is on the device; if block 0 was damaged, "
+                       "`lmcache-adp verify --card "
+                     : "",
+                 tail_kept ? path.c_str() : "", tail_kept ? " --repair` rewrites it from the backup" : "");
       }
       std::unique_ptr<CardStore> store(new CardStore(std::move(dev), sb, opts.durable, opts.read_only));
       store->superblock_block_zero_bad_ = !block0_bad.empty();
@@ -407,7 +415,7 @@ Status CardStore::OpenDevice(std::unique_ptr<Device> dev, const CardOptions& opt
         ADP_INFO("card %s: no backup superblock yet (offset %" PRIu64
                  "; a card formatted by an older build, before session 39): written at the next read-write open",
                  path.c_str(), kBackupSuperblockOffset);
-      if (!opts.read_only &&
+      if (!opts.read_only && !tail_kept &&
           (store->superblock_block_zero_bad_ || store->superblock_backup_bad_ || store->superblock_backup_blank_))
         store->rewrite_superblock_copy(buf.data(), copy_why);
       *out = std::move(store);

@@ -480,9 +480,27 @@ void one_copy_bad(uint64_t offset, Bad b) {
     CHECK(image->data == before, "%s: the read-only open wrote to the card", what.c_str());
   }
   const bool unwritable = b == Bad::kUnreadableUnwritable;
-  {
+  if (block0 && b == Bad::kTail) {
+    // Block 0's bytes past its superblock may be another program's (a partition table: `parted mklabel` keeps the
+    // first 440 bytes): a read-write open without restore_block_zero opens the card and leaves block 0 as it is
+    // (review40: it was rewritten at every read-write open); `verify --repair`'s option rewrites it (below).
     std::unique_ptr<CardStore> s;
     Status st = CardStore::OpenDevice(damaged_device(image, offset, b), card_options(kRegionBytes), &s);
+    CHECK(st.ok(), "%s: the open refused the card: %s", what.c_str(), st.message().c_str());
+    if (st.ok()) {
+      check_objects(*s, what + ", a read-write open");
+      CHECK(stat(*s, "superblock_block_zero_bad") == 1 && stat(*s, "superblock_rewritten") == 0 &&
+                s->superblock_rewrite_error().empty(),
+            "%s: a read-write open without restore_block_zero rewrote block 0, or its stats say so", what.c_str());
+    }
+    s.reset();
+    CHECK(image->data == before, "%s: a read-write open without restore_block_zero wrote block 0", what.c_str());
+  }
+  {
+    CardOptions rw = card_options(kRegionBytes);
+    rw.restore_block_zero = block0 && b == Bad::kTail;
+    std::unique_ptr<CardStore> s;
+    Status st = CardStore::OpenDevice(damaged_device(image, offset, b), rw, &s);
     CHECK(st.ok(), "%s: the open refused the card: %s", what.c_str(), st.message().c_str());
     if (!st.ok()) return;
     check_objects(*s, what);
@@ -628,7 +646,7 @@ void older_layout_card() {
 // open that rewrites such a block 0); a read-only open may refuse it again as data of another kind (a cut inside
 // the magic leaves such bytes).
 void crash_copy_rewrite(uint64_t offset, Bad b) {
-  const bool at0 = offset == 0, repair = at0 && b == Bad::kGarbage;
+  const bool at0 = offset == 0, repair = at0 && (b == Bad::kGarbage || b == Bad::kTail);
   const std::string base = std::string("the rewrite of ") + (at0 ? "block 0 " : "the backup ") + bad_name(b);
   CardOptions rw = card_options(kRegionBytes);
   rw.format_blank = false;

@@ -329,6 +329,43 @@ def test_block_zero_overwritten_by_another_program_is_refused_until_verify_repai
     s.close()
 
 
+def test_a_partition_table_past_block_zeros_superblock_is_kept_by_a_read_write_open(filled):
+    """review40 (of sbfix40): `parted mklabel gpt` over a card keeps the protective MBR's first 440 bytes (boot code:
+    here the card's superblock, bytes 0..71) and writes its partition entry at 446, the 0x55AA signature at 510 and
+    the GPT header at 512. sbfix40 took those bytes for damage past block 0's superblock and every read-write open (a
+    gateway's, a connector's) rewrote block 0 from the backup: the partition table gone without the operator's word,
+    against fd39's rule for readable bytes of another kind in block 0. The card opens as before (its superblock is
+    intact and the backup's), block 0 is kept and its WARNING names both readings and `verify --repair`, the
+    operator's decision, which rewrites it."""
+    image = open(filled, "rb").read()
+    with open(filled, "r+b") as f:
+        f.seek(446)
+        f.write(bytes([0, 0, 2, 0, 0xEE, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]))
+        f.seek(510)
+        f.write(b"\x55\xaaEFI PART" + bytes([0, 0, 1, 0, 92, 0, 0, 0]) + os.urandom(76))
+    damaged = open(filled, "rb").read()
+    opened = subprocess.run(
+        [sys.executable, "-c", f"from lmcache_adp import CardStore; s = CardStore({filled!r}, 64 << 20); s.close()"],
+        capture_output=True,
+        text=True,
+    )  # as a gateway or a connector opens it: read-write
+    assert opened.returncode == 0, opened.stderr
+    assert open(filled, "rb").read() == damaged, "a read-write open rewrote block 0 (the partition table lost)"
+    assert "may be another program's data (a partition table) or damage" in opened.stderr, opened.stderr
+    assert f"`lmcache-adp verify --card {filled} --repair` rewrites it from the backup" in opened.stderr, opened.stderr
+    s = CardStore(filled)
+    st = s.stats()
+    assert (st["superblock_block_zero_bad"], st["superblock_rewritten"], s.superblock_rewrite_error) == (1, 0, ""), st
+    assert all(s.get(f"k{i}") == payload(f"k{i}", 20000) for i in range(12))
+    s.close()
+    assert open(filled, "rb").read() == damaged
+    r = run("verify", "--card", filled)
+    assert r.returncode == 1 and "not clean" in r.stdout, r.stdout + r.stderr
+    r = run("verify", "--card", filled, "--repair")
+    assert r.returncode == 0 and "block 0 rewritten from it" in r.stdout, r.stdout + r.stderr
+    assert open(filled, "rb").read() == image, "verify --repair did not rewrite block 0 from the backup"
+
+
 def test_verify_clean_then_damaged_then_repaired(filled):
     r = run("verify", "--card", filled)
     assert r.returncode == 0 and "12 objects" in r.stdout and "clean" in r.stdout
