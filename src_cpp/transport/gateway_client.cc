@@ -177,8 +177,11 @@ void ptracer_after_fork_child() {
   g_ptracer = PtracerRecord{};
   g_ptracer_mu.unlock();
 }
+// The line's lock's handlers registered first (log_fork_handlers): a registration logs a WARNING under the record's
+// lock, so a fork takes the record's before the line's (review40b: the other way round, a fork and a registration
+// waited for each other for ever).
 [[maybe_unused]] const int g_ptracer_atfork =
-    ::pthread_atfork(ptracer_before_fork, ptracer_after_fork_parent, ptracer_after_fork_child);
+    (log_fork_handlers(), ::pthread_atfork(ptracer_before_fork, ptracer_after_fork_parent, ptracer_after_fork_child));
 
 // Whether the gateway the record names has exited.
 bool named_gateway_exited(const PtracerRecord& r) {

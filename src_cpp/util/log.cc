@@ -40,16 +40,23 @@ const char* level_name(LogLevel l) {
 
 // One line at a time. Taken by fork()'s prepare handler and given back in the parent and the child (fork40): a thread
 // of the parent inside a line at the fork left it locked in the child for ever (no thread there to unlock it), and the
-// child's first line (the connector's or the AIO writer's forked-child line) waited for good. Registered as the
-// library is loaded, so before the connectors' handlers (registered with the first connector): prepare handlers run in
-// the reverse order of registration, so this one runs after theirs, which take a lock (a connector's mu_) that a
-// thread may hold while it logs a line.
-// It fails only without memory (ENOMEM): then a child may wait as before.
+// child's first line (the connector's or the AIO writer's forked-child line) waited for good.
 std::mutex g_line_mu;  // constant-initialized: a line logged before this file's initializers ran finds it
-[[maybe_unused]] const int g_line_fork_safe =
-    ::pthread_atfork([] { g_line_mu.lock(); }, [] { g_line_mu.unlock(); }, [] { g_line_mu.unlock(); });
+[[maybe_unused]] const int g_line_fork_safe = log_fork_handlers();
 
 }  // namespace
+
+int log_fork_handlers() {
+  // Prepare handlers run in the reverse order of registration: this one, registered before every other handler that
+  // takes a lock a thread may hold while it logs a line (each calls this first), runs after theirs, so the forking
+  // thread takes the line's lock last. Registered after one of them (review40b: gateway_client.cc's ptracer record,
+  // whose static initializer ran before this file's, the sources linked in name order), the forking thread held the
+  // line's lock and waited for the record's while a registration held the record's and waited for the line's (its
+  // WARNING): both for ever. It fails only without memory (ENOMEM): then a child may wait as before fork40.
+  static const int registered =
+      ::pthread_atfork([] { g_line_mu.lock(); }, [] { g_line_mu.unlock(); }, [] { g_line_mu.unlock(); });
+  return registered;
+}
 
 bool log_enabled(LogLevel level) {
   static const LogLevel threshold = threshold_from_env();

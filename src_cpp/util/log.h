@@ -16,6 +16,11 @@ namespace adp {
 enum class LogLevel { kDebug = 10, kInfo = 20, kWarning = 30, kError = 40 };
 
 bool log_enabled(LogLevel level);
+// Registers the fork handlers of the line's lock (pthread_atfork: taken before a fork, given back after it in the
+// parent and the child), once; returns pthread_atfork's result. Every other fork handler of this library that takes a
+// lock a thread may hold while it logs calls this before its own pthread_atfork (review40b), so that the line's lock
+// is the last one a fork takes. Also made as the library is loaded.
+int log_fork_handlers();
 void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // Text from a peer (client name, key) made fit for a log line: bytes outside

@@ -160,25 +160,36 @@ print(json.dumps(out), flush=True)
 """
 
 
-def run_story(tmp_path, mode):
-    """Runs CHILD in `mode` ("follow" or "default"): its JSON, its stderr, the pids the shim saw named (None
-    under real Yama)."""
+def yama_scope():
+    """Yama's ptrace_scope here (None: no Yama in this kernel; this VM: Linux 6.18, none); fails the test at 2 or 3."""
     try:
         scope = int(Path(YAMA).read_text())
     except FileNotFoundError:
-        scope = None  # no Yama in this kernel (this VM: Linux 6.18, none)
+        scope = None
     if scope is not None and scope >= 2:
         pytest.fail(f"Yama ptrace_scope is {scope} here: no gateway may write a client, so this test cannot run")
+    return scope
+
+
+def build_shim(tmp_path):
+    """tests/support/prctl_record_shim.cc built into tmp_path: its path."""
+    cxx = os.environ.get("CXX", "g++")
+    assert shutil.which(cxx), f"{cxx} not found: this test builds an LD_PRELOAD shim (set CXX)"
+    shim = tmp_path / "prctl_record_shim.so"
+    cmd = [cxx, "-std=c++20", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", str(SHIM), "-o", str(shim)]
+    r = subprocess.run([*cmd, "-ldl"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return shim
+
+
+def run_story(tmp_path, mode):
+    """Runs CHILD in `mode` ("follow" or "default"): its JSON, its stderr, the pids the shim saw named (None
+    under real Yama)."""
+    scope = yama_scope()
     env = {**os.environ, "ADP_LOG_LEVEL": "INFO"}
     log = tmp_path / "named"
     if scope != 1:  # stand in for Yama's record
-        cxx = os.environ.get("CXX", "g++")
-        assert shutil.which(cxx), f"{cxx} not found: this test builds an LD_PRELOAD shim (set CXX)"
-        shim = tmp_path / "prctl_record_shim.so"
-        cmd = [cxx, "-std=c++20", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", str(SHIM), "-o", str(shim)]
-        r = subprocess.run([*cmd, "-ldl"], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        env.update(LD_PRELOAD=str(shim), PRCTL_SHIM_LOG=str(log), ADP_TEST_YAMA_PTRACE_SCOPE="1")
+        env.update(LD_PRELOAD=str(build_shim(tmp_path)), PRCTL_SHIM_LOG=str(log), ADP_TEST_YAMA_PTRACE_SCOPE="1")
     dirs = [tempfile.mkdtemp(prefix="adppt-", dir="/tmp") for _ in range(2)]  # short: socket paths
     try:
         r = subprocess.run(
@@ -231,3 +242,98 @@ def test_the_ptracer_record_follows_a_restarted_gateway_with_ptracer_follow(tmp_
     assert "its requests fail until it is back" not in err, err[-5000:]
     if named is not None:
         assert named[:3] == [str(a1), str(a2), str(b)] and named[-1] == str(out["a4"]), named
+
+
+# A fork while a connection's registration holds the ptracer record's lock and logs its WARNING under it (review40b):
+# fork40's util/log.cc prepare handler took the line's lock before the record's handler (registered earlier as the
+# library was loaded: prepare handlers run in the reverse order) took the record's, so the forking thread held the
+# line's lock and waited for the record's, while the registering thread held the record's and waited for the line's:
+# both for ever. The shim holds the registration inside prctl (the record's lock held) until the fork is under way.
+FORK_CHILD = """
+import os, sys, threading, time
+os.environ.pop("LD_PRELOAD", None)  # the gateway this child starts loads no shim
+from lmcache_adp import ADPConnector
+from tests.helpers import RawConnector, payload
+from tests.support.gateway import Gateway
+
+SIZE = 1 << 20
+hold, pids = sys.argv[2], sys.argv[3]
+os.environ["ADP_TEST_IDLE_LOOK_MS"] = "600000"  # the restart met by the next batch (as the story above)
+a = Gateway(sys.argv[1])
+
+
+def started():
+    a.start()
+    with open(pids, "a") as f:
+        f.write(f"{a.proc.pid}\\n")
+
+
+def store(c, key):
+    deadline = time.monotonic() + 60
+    while not c.set([key], [memoryview(bytearray(payload(key, SIZE)))])[0]:
+        assert time.monotonic() < deadline, "the key did not land"
+        time.sleep(0.1)
+
+
+try:
+    started()
+    ca = RawConnector(ADPConnector(gateway=a.url, num_workers=1, timeout_ms=20000, ptracer_follow=True))
+    store(ca, "a@0")  # names the first gateway
+    a.kill()
+    started()  # a new pid: the next registration names it, with a WARNING under the record's lock
+    open(hold, "w").close()
+    t = threading.Thread(target=store, args=(ca, "a@1"))
+    t.start()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(hold + ".held"):
+        assert time.monotonic() < deadline, "no registration came"
+        time.sleep(0.01)
+    pid = os.fork()  # the worker inside prctl, the record's lock held: it logs its WARNING next
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    t.join()
+    ca.conn.close()
+finally:
+    a.kill()
+print("forked", flush=True)
+"""
+
+
+def test_a_fork_while_a_registration_logs_under_the_ptracer_lock_does_not_hang(tmp_path):
+    yama_scope()
+    shim = build_shim(tmp_path)
+    hold, pids = tmp_path / "hold", tmp_path / "gateway-pids"
+    # The shim stands in for Yama's record (also under a real scope 1: the hold is the shim's).
+    env = {
+        **os.environ,
+        "ADP_LOG_LEVEL": "INFO",
+        "LD_PRELOAD": str(shim),
+        "PRCTL_SHIM_LOG": str(tmp_path / "named"),
+        "ADP_TEST_YAMA_PTRACE_SCOPE": "1",
+        "PRCTL_SHIM_HOLD": str(hold),
+        "PRCTL_SHIM_HOLD_MS": "2000",
+    }
+    d = tempfile.mkdtemp(prefix="adppt-", dir="/tmp")  # short: socket paths
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", FORK_CHILD, d, str(hold), str(pids)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    except subprocess.TimeoutExpired as e:
+        for p in pids.read_text().split() if pids.exists() else []:  # its gateways: process groups of their own
+            try:
+                os.killpg(int(p), 9)
+            except OSError:
+                pass
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"the client hung at its fork (the log's and the ptracer record's locks): {err[-3000:]}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-5000:]
+    assert r.stdout.strip().splitlines()[-1] == "forked", r.stdout
+    assert "with PR_SET_PTRACER (gateway pid" in r.stderr, r.stderr[-5000:]  # the WARNING, logged under the lock
