@@ -109,7 +109,12 @@ def card_device_errors(tmp_path) -> dict[str, str]:
     past the image's end (cut short under it) and failing an fdatasync (EINVAL: a pipe in its descriptor's place),
     as it makes them (tests/cpp/card_io_error_test.cc, which also checks that transport/card_io_error.h reads each
     as the card's), by kind: read, write, end, sync."""
-    binary = cpp.build("card_io_error_test", tmp_path, ("util",), ("store/card_device.cc", "store/new_image.cc"))
+    binary = cpp.build(
+        "card_io_error_test",
+        tmp_path,
+        ("util",),
+        ("store/card_device.cc", "store/card_format.cc", "store/new_image.cc"),
+    )
     out = cpp.run(binary, str(tmp_path), timeout=120)
     return dict(line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("MESSAGE "))
 
