@@ -946,12 +946,10 @@ ForkList& fork_list() {
 }  // namespace
 
 void Connector::enlist() {
-  // Registered with the first connector, so after util/log.cc's (made as the library is loaded): prepare handlers
-  // run in the reverse order, ours first, and a thread holding mu_ while it logs a line finishes it before log.cc's
-  // takes the line's lock. It fails only without memory (ENOMEM): then a child finds no pending future of the
-  // parent's, and makes its eventfd at its first call (inherited_first_locked), as before.
-  // The line's lock's handlers registered first (util/log.h, log_fork_handlers; review40b): the line's lock is the
-  // last one a fork takes.
+  // Registered with the first connector, after the line's lock's handlers (util/log.h, log_fork_handlers; review40b):
+  // prepare handlers run in the reverse order, so a thread holding mu_ while it logs a line finishes it before the
+  // fork takes the line's lock, the last one a fork takes. It fails only without memory (ENOMEM): then a child finds
+  // no pending future of the parent's, and makes its eventfd at its first call (inherited_first_locked), as before.
   log_fork_handlers();
   static const int registered =
       ::pthread_atfork(&Connector::fork_prepare, &Connector::fork_parent, &Connector::fork_child);

@@ -262,8 +262,8 @@ class Connector {
   const ForkOwner owner_;
   // A forked child's state (inherited()), under inherited_mu_: never taken in the process that made it.
   std::mutex inherited_mu_;
-  // fork_count() of the process whose first call made its eventfd and logged the ERROR line (0: none yet). A count,
-  // not a flag: a child forked from such a child copies it, and makes its own (review39).
+  // fork_count() of the process that made its own eventfd and future ids (inherited_setup_locked; 0: none yet). A
+  // count, not a flag: a child forked from such a child copies it, and makes its own (review39).
   uint64_t inherited_forks_ = 0;
   uint64_t inherited_said_ = 0;       // fork_count() of the process that logged the ERROR line (0: none yet)
   bool fork_took_inherited_ = false;  // fork_prepare took inherited_mu_ (not mu_): set and read by the forking thread
